@@ -1,0 +1,156 @@
+"""Benchmark: one scheduling pass, 50,000 pending jobs over 1,000 nodes x 8 GPUs.
+
+About a third of the nodes are partly busy and a tenth fully busy with running jobs; the
+queue mixes job shapes (1-8 GPU jobs, a few gang and pinned jobs, several users).  Each
+policy is timed over several passes; the median is printed and written to
+``bench/results/scheduler.json``.  No assertions: this reports figures.
+
+    PYTHONPATH=src python bench/scheduler.py [--runs 7] [--pending 50000] [--nodes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from mgpu.scheduler import (
+    JobRequest,
+    NodeView,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    schedule,
+)
+from mgpu.scheduler.types import QueuePolicy
+
+GPUS_PER_NODE = 8
+USERS = [f"user{i:02d}" for i in range(40)]
+
+
+def build(n_nodes: int, n_pending: int, seed: int = 1) -> Snapshot:
+    rng = random.Random(seed)
+    now = 1_000_000.0
+    nodes: list[NodeView] = []
+    running: list[RunningJob] = []
+    for i in range(n_nodes):
+        nid = f"node{i:04d}"
+        all_gpus = tuple(range(GPUS_PER_NODE))
+        roll = rng.random()
+        busy = (
+            set(all_gpus)
+            if roll < 0.1
+            else set(rng.sample(all_gpus, rng.randint(1, 7)))
+            if roll < 0.45
+            else set()
+        )
+        free = frozenset(set(all_gpus) - busy)
+        if busy:
+            running.append(
+                RunningJob(
+                    job_id=f"run{i}",
+                    user=rng.choice(USERS),
+                    placements=(Placement(nid, tuple(sorted(busy))),),
+                    start_time=now - rng.uniform(0, 20_000),
+                    time_limit=rng.choice([3600.0, 4 * 3600.0, 24 * 3600.0]),
+                    priority=rng.uniform(0, 5000),
+                    preemptible=rng.random() < 0.2,
+                )
+            )
+        nodes.append(
+            NodeView(nid, all_gpus, free, gpu_type="a100", rack=f"rack{i // 40:02d}")
+        )
+    pending: list[JobRequest] = []
+    for j in range(n_pending):
+        roll = rng.random()
+        common = {
+            "job_id": f"job{j:06d}",
+            "user": rng.choice(USERS),
+            "submit_time": now - (n_pending - j) * 0.5,
+            "time_limit": rng.choice([600.0, 3600.0, 4 * 3600.0, None]),
+            "priority": rng.choice([0, 0, 0, 10, 100]),
+        }
+        if roll < 0.02:
+            pending.append(JobRequest(**common, gpus=32, nodes=4, gpus_per_node=8))  # type: ignore[arg-type]
+        elif roll < 0.03:
+            nid = f"node{rng.randrange(n_nodes):04d}"
+            pending.append(
+                JobRequest(**common, gpus=2, node_gpu_ids=((nid, (0, 1)),))  # type: ignore[arg-type]
+            )
+        else:
+            gpus = rng.choice([1, 1, 1, 2, 2, 4, 8])
+            pending.append(JobRequest(**common, gpus=gpus))  # type: ignore[arg-type]
+    return Snapshot(now=now, nodes=nodes, pending=pending, running=running)
+
+
+def time_pass(snapshot: Snapshot, policy: QueuePolicy, runs: int) -> dict[str, float | int]:
+    snap = Snapshot(
+        now=snapshot.now,
+        nodes=snapshot.nodes,
+        pending=snapshot.pending,
+        running=snapshot.running,
+        config=SchedulerConfig(queue_policy=policy),
+    )
+    times = []
+    decisions = schedule(snap)  # warm-up
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        decisions = schedule(snap)
+        times.append(time.perf_counter() - t0)
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 2),
+        "min_ms": round(min(times) * 1000, 2),
+        "max_ms": round(max(times) * 1000, 2),
+        "starts": len(decisions.starts),
+        "reasons": len(decisions.reasons),
+        "preempt": len(decisions.preempt),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--pending", type=int, default=50_000)
+    parser.add_argument("--nodes", type=int, default=1000)
+    args = parser.parse_args()
+    snapshot = build(args.nodes, args.pending)
+    free = sum(len(n.free_gpus) for n in snapshot.nodes)
+    print(
+        f"{args.pending} pending, {args.nodes} nodes x {GPUS_PER_NODE} GPUs "
+        f"({free} free, {len(snapshot.running)} running jobs), {args.runs} runs"
+    )
+    results: dict[str, object] = {
+        "pending": args.pending,
+        "nodes": args.nodes,
+        "gpus_per_node": GPUS_PER_NODE,
+        "free_gpus": free,
+        "running_jobs": len(snapshot.running),
+        "runs": args.runs,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "policies": {},
+    }
+    policies: dict[str, object] = {}
+    for policy in ("fifo", "priority", "backfill"):
+        figures = time_pass(snapshot, policy, args.runs)  # type: ignore[arg-type]
+        policies[policy] = figures
+        print(
+            f"  {policy:9s} median {figures['median_ms']:8.2f} ms  "
+            f"(min {figures['min_ms']}, max {figures['max_ms']})  "
+            f"starts {figures['starts']}, preempt {figures['preempt']}"
+        )
+    results["policies"] = policies
+    out = Path(__file__).resolve().parent / "results" / "scheduler.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Install the Debian packages mgpu's test suite needs, only when missing.
+#
+#   iproute2, util-linux, hostname  network/UTS namespaces for multi-node tests (tests/netns.py)
+#   openmpi-bin, libopenmpi-dev     MPI runtime + headers (to build mpi4py in the venv)
+#   chromium                        headless browser tests of the web UI
+#
+# Idempotent and fast when everything is present (one dpkg-query, no apt-get).
+# Skips with a message (exit 0) when not root or when apt-get is unavailable, so
+# `make test` still runs elsewhere; the tests needing these packages then skip.
+set -euo pipefail
+
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium)
+
+log() { printf 'install-system-deps: %s\n' "$*" >&2; }
+
+if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+    log "no dpkg/apt-get on this machine; skipping (tests needing system packages will skip)"
+    exit 0
+fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$pkg" 2>/dev/null || true)
+    # "ii " = desired install, currently installed.
+    [[ "$status" == ii* ]] || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+    exit 0
+fi
+
+if [[ "$(id -u)" -ne 0 ]]; then
+    log "not root; cannot install missing packages: ${missing[*]} (skipping)"
+    exit 0
+fi
+
+log "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+logfile=$(mktemp /tmp/install-system-deps.XXXXXX.log)
+trap 'rm -f "$logfile"' EXIT
+
+run() {
+    if ! "$@" >>"$logfile" 2>&1; then
+        log "command failed: $*"
+        tail -n 40 "$logfile" >&2
+        exit 1
+    fi
+}
+
+run apt-get update -qq
+run apt-get install -y -qq --no-install-recommends "${missing[@]}"
+log "done"

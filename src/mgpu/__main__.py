@@ -1,0 +1,3 @@
+from mgpu.client.cli import main
+
+main()

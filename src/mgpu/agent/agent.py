@@ -1,0 +1,308 @@
+"""`mgpu node`: the agent on one GPU machine.
+
+It dials the master (so it works behind NAT), says hello with its hostname, IP,
+GPUs and whatever it already runs, then launches and stops jobs as told and
+streams their output back.  When the master goes away, jobs keep running;
+messages wait in an ordered outbox and the agent reconnects with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from mgpu.agent.gpus import GpuInfo, detect_gpus
+from mgpu.agent.launcher import Launcher, LaunchError, Running
+from mgpu.protocol import (
+    Exited,
+    GpuDesc,
+    Heartbeat,
+    Hello,
+    Kill,
+    Launch,
+    Output,
+    PortReserved,
+    Refused,
+    ReservePort,
+    RunningReport,
+    Started,
+    Welcome,
+    encode,
+    parse_master_message,
+)
+
+log = logging.getLogger("mgpu.agent")
+
+OUTPUT_POLL = 0.05
+"""Seconds between looks at running jobs' spool files."""
+
+
+class AgentRefused(RuntimeError):
+    pass
+
+
+class Agent:
+    def __init__(
+        self,
+        node_id: str,
+        master_host: str,
+        master_port: int,
+        state_dir: Path,
+        fake_gpus: int | None = None,
+        advertise_ip: str | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.url = f"ws://{master_host}:{master_port}/api/agent"
+        self.master = (master_host, master_port)
+        self.state_dir = state_dir
+        self.fake_gpus = fake_gpus
+        self.advertise_ip = advertise_ip
+        self.token = token
+        self.hostname = socket.gethostname()
+        self.gpus: list[GpuInfo] = []
+        self.gpu_source = "none"
+        self.launcher = Launcher(state_dir / f"node-{node_id}" / "spool", self._on_output)
+        self.outbox: deque[str] = deque()
+        self._outbox_ready = asyncio.Event()
+        self.heartbeat_interval = 5.0
+        self.connected = False
+        self._unreported: set[str] = set()
+        """Jobs whose exit has not yet been handed to a live connection."""
+
+    # ---- outbound -----------------------------------------------------------
+
+    def send(self, message: BaseModel) -> None:
+        self.outbox.append(encode(message))
+        self._outbox_ready.set()
+
+    def _on_output(self, job_id: str, epoch: int, stream: str, text: str) -> None:
+        self.send(Output(job_id=job_id, epoch=epoch, stream=stream, data=text))  # type: ignore[arg-type]
+
+    # ---- main loop ----------------------------------------------------------
+
+    async def run(self) -> None:
+        self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
+        log.info(
+            "node %s on %s: %d GPU(s) via %s",
+            self.node_id,
+            self.hostname,
+            len(self.gpus),
+            self.gpu_source,
+        )
+        for rec in self.launcher.load_previous():
+            alive = self.launcher.adopt(rec)
+            log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
+            asyncio.get_running_loop().create_task(self._watch(self.launcher.running[rec.job_id]))
+        asyncio.get_running_loop().create_task(self._pump_loop())
+        delay = 0.2
+        while True:
+            try:
+                await self._session()
+                delay = 0.2
+            except AgentRefused:
+                raise
+            except (TimeoutError, OSError) as e:
+                log.warning("cannot reach the master at %s: %s", self.url, e)
+            except Exception as e:
+                log.warning("connection to the master lost: %s", e)
+            self.connected = False
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 10.0)
+
+    async def _session(self) -> None:
+        import websockets
+
+        async with websockets.connect(
+            self.url, max_size=64 * 1024 * 1024, open_timeout=10, ping_interval=None
+        ) as ws:
+            ip = self.advertise_ip or ws.local_address[0]
+            hello = Hello(
+                node_id=self.node_id,
+                hostname=self.hostname,
+                ip=ip,
+                gpus=[GpuDesc(**vars(g)) for g in self.gpus],
+                gpu_source=self.gpu_source,
+                running=self._running_reports(),
+                token=self.token,
+            )
+            await ws.send(encode(hello))
+            reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
+            if isinstance(reply, Refused):
+                raise AgentRefused(reply.reason)
+            if not isinstance(reply, Welcome):
+                raise ConnectionError("the master did not welcome us")
+            self.heartbeat_interval = reply.heartbeat_interval
+            for rep in reply.kill:
+                run = self.launcher.running.get(rep.job_id)
+                if run is not None and run.rec.epoch == rep.epoch:
+                    log.warning("killing %s: the master does not expect it here", rep.job_id)
+                    self.launcher.kill(run, "unknown to the master", 0.0)
+            log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
+            self.connected = True
+            sender = asyncio.create_task(self._sender(ws))
+            beater = asyncio.create_task(self._heartbeats())
+            try:
+                async for raw in ws:
+                    self._handle(parse_master_message(raw))
+            finally:
+                sender.cancel()
+                beater.cancel()
+                self.connected = False
+
+    def _running_reports(self) -> list[RunningReport]:
+        reps = []
+        for run in self.launcher.running.values():
+            reps.append(
+                RunningReport(
+                    job_id=run.rec.job_id,
+                    epoch=run.rec.epoch,
+                    pid=run.rec.pid,
+                    exited=run.exited.is_set(),
+                )
+            )
+        return reps
+
+    async def _sender(self, ws: Any) -> None:
+        while True:
+            while self.outbox:
+                item = self.outbox[0]
+                await ws.send(item)
+                self.outbox.popleft()
+            self._outbox_ready.clear()
+            await self._outbox_ready.wait()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            self.send(Heartbeat(telemetry=[]))
+
+    async def _pump_loop(self) -> None:
+        while True:
+            await asyncio.sleep(OUTPUT_POLL)
+            if self.connected:
+                self.launcher.pump_all()
+
+    # ---- inbound ------------------------------------------------------------
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, Launch):
+            self._launch(msg)
+        elif isinstance(msg, Kill):
+            run = self.launcher.running.get(msg.job_id)
+            if run is not None and (msg.epoch is None or msg.epoch == run.rec.epoch):
+                self.launcher.kill(run, msg.reason, msg.grace)
+        elif isinstance(msg, ReservePort):
+            self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
+
+    def _launch(self, msg: Launch) -> None:
+        old = self.launcher.running.get(msg.job_id)
+        if old is not None:
+            if old.rec.epoch == msg.epoch:
+                return  # duplicate
+            self.launcher.kill(old, "superseded", 0.0)
+        try:
+            rec = self.launcher.launch(
+                msg.job_id,
+                msg.epoch,
+                msg.argv,
+                msg.env,
+                msg.cwd,
+                msg.time_limit,
+                msg.kill_grace,
+            )
+        except LaunchError as e:
+            log.error("job %s: %s", msg.job_id, e)
+            self.send(
+                Exited(
+                    job_id=msg.job_id,
+                    epoch=msg.epoch,
+                    exit_code=None,
+                    time=time.time(),
+                    launch_error=str(e),
+                )
+            )
+            return
+        self.send(
+            Started(
+                job_id=msg.job_id,
+                epoch=msg.epoch,
+                pid=rec.pid,
+                hostname=self.hostname,
+                ip=self.advertise_ip or _ip_towards(self.master[0]),
+                time=rec.start_time,
+            )
+        )
+        asyncio.get_running_loop().create_task(self._watch(self.launcher.running[msg.job_id]))
+
+    async def _watch(self, run: Running) -> None:
+        await run.exited.wait()
+        self.launcher.pump_output(run)
+        code = self.launcher.exit_code(run)
+        error = None
+        if code is None:
+            error = "the job's process vanished while the agent was down"
+        self.send(
+            Exited(
+                job_id=run.rec.job_id,
+                epoch=run.rec.epoch,
+                exit_code=code,
+                time=time.time(),
+                timed_out=run.timed_out,
+                launch_error=error,
+            )
+        )
+        self.launcher.finish(run)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+_ip_cache: dict[str, str] = {}
+
+
+def _ip_towards(host: str) -> str:
+    """The local address this machine uses to reach `host` (what others can reach us at)."""
+    ip = _ip_cache.get(host)
+    if ip is None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, 9))
+                ip = str(s.getsockname()[0])
+        except OSError:
+            ip = "127.0.0.1"
+        _ip_cache[host] = ip
+    return ip
+
+
+def run_agent(
+    node_id: str,
+    master_host: str,
+    master_port: int,
+    state_dir: Path,
+    fake_gpus: int | None,
+    advertise_ip: str | None = None,
+    token: str | None = None,
+) -> None:
+    agent = Agent(
+        node_id, master_host, master_port, state_dir, fake_gpus, advertise_ip, token=token
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(agent.run())
+
+
+__all__ = ["Agent", "AgentRefused", "run_agent"]
+_ = os

@@ -1,0 +1,326 @@
+"""Starting, watching and stopping job processes on one node.
+
+Each job runs under a tiny `/bin/sh` shim in its own session (process group):
+
+    sh -c 'trap : TERM INT HUP; "$@"; echo $? > EXITFILE' EXITFILE ARGV...
+
+stdout and stderr go to spool files, not pipes, and the shim writes the exit
+status to a file.  So the job neither depends on nor notices the agent: if the
+agent is killed and restarted it re-adopts the shim (checked by pid *and*
+start time, so a reused pid is never mistaken), keeps tailing the files and
+still learns the real exit code.  Exit is noticed through a pidfd, which works
+for adopted processes that are not the agent's children too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger("mgpu.agent")
+
+SHIM = 'trap : TERM INT HUP; "$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"'
+READ_CHUNK = 256 * 1024
+
+
+class LaunchError(RuntimeError):
+    """The node could not start the job (a node failure, not the job's)."""
+
+
+@dataclass
+class RunRecord:
+    """What survives an agent restart, per running job (in running.json)."""
+
+    job_id: str
+    epoch: int
+    pid: int
+    create_time: float
+    start_time: float
+    out_path: str
+    err_path: str
+    exit_path: str
+    deadline: float | None = None
+    kill_grace: float = 10.0
+    out_sent: int = 0
+    err_sent: int = 0
+
+
+@dataclass
+class Running:
+    rec: RunRecord
+    popen: subprocess.Popen[bytes] | None = None
+    pidfd: int | None = None
+    decoders: dict[str, Any] = field(default_factory=dict)
+    timed_out: bool = False
+    kill_reason: str | None = None
+    kill_task: asyncio.Task[None] | None = None
+    poll_task: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+OutputSink = Callable[[str, int, str, str], None]
+"""(job_id, epoch, stream "o"/"e", text)"""
+
+
+class Launcher:
+    def __init__(self, spool: Path, on_output: OutputSink) -> None:
+        self.spool = spool
+        spool.mkdir(parents=True, exist_ok=True)
+        self.on_output = on_output
+        self.running: dict[str, Running] = {}
+        self._state_file = spool / "running.json"
+
+    # ---- persistence --------------------------------------------------------
+
+    def save(self) -> None:
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(r.rec) for r in self.running.values()]))
+        os.replace(tmp, self._state_file)
+
+    def load_previous(self) -> list[RunRecord]:
+        try:
+            return [RunRecord(**r) for r in json.loads(self._state_file.read_text())]
+        except (OSError, ValueError, TypeError):
+            return []
+
+    # ---- launch -------------------------------------------------------------
+
+    def launch(
+        self,
+        job_id: str,
+        epoch: int,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        time_limit: float | None,
+        kill_grace: float,
+        user_ids: tuple[int, int, list[int]] | None = None,
+    ) -> RunRecord:
+        base = self.spool / f"{job_id}.{epoch}"
+        out_path, err_path, exit_path = (
+            Path(f"{base}.out"),
+            Path(f"{base}.err"),
+            Path(f"{base}.exit"),
+        )
+        try:
+            out_f = open(out_path, "wb")  # noqa: SIM115
+            err_f = open(err_path, "wb")  # noqa: SIM115
+        except OSError as e:
+            raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
+        if cwd and not os.path.isdir(cwd):
+            cwd = None  # the submit dir may not exist on this node; run in the spool's home
+        full_env = dict(env)
+        full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        kwargs: dict[str, Any] = {}
+        if user_ids is not None:
+            uid, gid, groups = user_ids
+            kwargs.update(user=uid, group=gid, extra_groups=groups)
+        try:
+            popen = subprocess.Popen(
+                ["/bin/sh", "-c", SHIM, str(exit_path), *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out_f,
+                stderr=err_f,
+                cwd=cwd or os.path.expanduser("~"),
+                env=full_env,
+                start_new_session=True,
+                close_fds=True,
+                **kwargs,
+            )
+        except OSError as e:
+            raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+        finally:
+            out_f.close()
+            err_f.close()
+        now = time.time()
+        try:
+            create_time = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            create_time = 0.0
+        rec = RunRecord(
+            job_id=job_id,
+            epoch=epoch,
+            pid=popen.pid,
+            create_time=create_time,
+            start_time=now,
+            out_path=str(out_path),
+            err_path=str(err_path),
+            exit_path=str(exit_path),
+            deadline=(now + time_limit) if time_limit else None,
+            kill_grace=kill_grace,
+        )
+        self._track(Running(rec=rec, popen=popen))
+        self.save()
+        return rec
+
+    def adopt(self, rec: RunRecord) -> bool:
+        """Take over a job started by an earlier agent process, if it is really still ours."""
+        try:
+            proc = psutil.Process(rec.pid)
+            alive = abs(proc.create_time() - rec.create_time) < 0.05
+        except psutil.Error:
+            alive = False
+        run = Running(rec=rec)
+        if alive:
+            self._track(run)
+        else:
+            self.running[rec.job_id] = run
+            run.exited.set()
+        return alive
+
+    def _track(self, run: Running) -> None:
+        self.running[run.rec.job_id] = run
+        try:
+            run.pidfd = os.pidfd_open(run.rec.pid)
+        except (OSError, AttributeError):
+            run.pidfd = None
+        loop = asyncio.get_running_loop()
+        if run.pidfd is not None:
+            loop.add_reader(run.pidfd, self._on_exit, run)
+        else:  # pragma: no cover - kernels before 5.3
+            run.poll_task = loop.create_task(self._poll_exit(run))
+        if run.rec.deadline is not None:
+            delay = max(0.0, run.rec.deadline - time.time())
+            loop.call_later(delay, self._time_limit, run)
+
+    async def _poll_exit(self, run: Running) -> None:
+        while psutil.pid_exists(run.rec.pid):
+            if run.popen is not None and run.popen.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        self._on_exit(run)
+
+    def _on_exit(self, run: Running) -> None:
+        if run.pidfd is not None:
+            asyncio.get_running_loop().remove_reader(run.pidfd)
+            os.close(run.pidfd)
+            run.pidfd = None
+        run.exited.set()
+
+    # ---- output -------------------------------------------------------------
+
+    def pump_output(self, run: Running) -> None:
+        """Send whatever the job wrote since last time."""
+        for stream, path_attr, sent_attr in (
+            ("o", "out_path", "out_sent"),
+            ("e", "err_path", "err_sent"),
+        ):
+            path = getattr(run.rec, path_attr)
+            sent = getattr(run.rec, sent_attr)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            if size <= sent:
+                continue
+            with open(path, "rb") as f:
+                f.seek(sent)
+                while True:
+                    data = f.read(READ_CHUNK)
+                    if not data:
+                        break
+                    sent += len(data)
+                    dec = run.decoders.get(stream)
+                    if dec is None:
+                        dec = run.decoders[stream] = codecs.getincrementaldecoder("utf-8")(
+                            errors="replace"
+                        )
+                    text = dec.decode(data)
+                    if text:
+                        self.on_output(run.rec.job_id, run.rec.epoch, stream, text)
+            setattr(run.rec, sent_attr, sent)
+
+    def pump_all(self) -> None:
+        for run in list(self.running.values()):
+            self.pump_output(run)
+
+    # ---- exit ---------------------------------------------------------------
+
+    def exit_code(self, run: Running) -> int | None:
+        """The job's exit status: the shim's file, else what the shim itself died of."""
+        try:
+            return int(Path(run.rec.exit_path).read_text().strip())
+        except (OSError, ValueError):
+            pass
+        if run.popen is not None:
+            rc = run.popen.wait()
+            return 128 - rc if rc < 0 else rc
+        return None
+
+    def finish(self, run: Running) -> None:
+        """Forget a job that has ended and whose end was reported."""
+        if run.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.popen.wait(timeout=1)
+        # Leftovers in the job's process group die with the job, as in Slurm.
+        with contextlib.suppress(OSError):
+            os.killpg(run.rec.pid, signal.SIGKILL)
+        self.running.pop(run.rec.job_id, None)
+        for p in (run.rec.out_path, run.rec.err_path, run.rec.exit_path):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        self.save()
+
+    # ---- stopping -----------------------------------------------------------
+
+    def _time_limit(self, run: Running) -> None:
+        if not run.exited.is_set() and run.kill_task is None:
+            run.timed_out = True
+            self.kill(run, "time limit", run.rec.kill_grace)
+
+    def kill(self, run: Running, reason: str, grace: float) -> None:
+        if run.kill_task is not None or run.exited.is_set():
+            return
+        run.kill_reason = reason
+        run.kill_task = asyncio.get_running_loop().create_task(self._kill(run, grace))
+
+    async def _kill(self, run: Running, grace: float) -> None:
+        targets = self._job_processes(run)
+        self._signal(run, targets, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.exited.wait(), timeout=grace)
+        # Escaped descendants (setsid) may outlive the shim: check them all.
+        targets |= self._job_processes(run)
+        self._signal(run, targets, signal.SIGKILL)
+
+    def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(run.rec.pid, sig)
+        for p in targets:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    def _job_processes(self, run: Running) -> set[psutil.Process]:
+        """The shim's descendants, plus any process tagged with this job in its environment."""
+        found: set[psutil.Process] = set()
+        try:
+            found.update(psutil.Process(run.rec.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        tag = f"MGPU_JOB_ID={run.rec.job_id}".encode()
+        me = os.getpid()
+        for pid in psutil.pids():
+            if pid in (me, run.rec.pid):
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if tag in env.split(b"\0"):
+                with contextlib.suppress(psutil.Error):
+                    found.add(psutil.Process(pid))
+        return found

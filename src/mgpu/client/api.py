@@ -1,0 +1,258 @@
+"""`mgpu.Client`: a small typed client for the master's HTTP API.
+
+Built on the standard library's `http.client` so that `import mgpu` and the CLI
+start fast (no heavy HTTP stack to import for a one-shot `mgpu queue`).  One
+keep-alive connection is reused across calls.
+"""
+
+from __future__ import annotations
+
+import getpass
+import http.client
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+
+
+class MgpuError(Exception):
+    """Any failure the user should see as one sentence."""
+
+
+class ConnectError(MgpuError):
+    pass
+
+
+class RequestError(MgpuError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    id: str
+    task_ids: list[str] | None = None
+
+
+def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """--host/--port, else $MGPU_MASTER (host:port), else 127.0.0.1:8080."""
+    env = os.environ.get("MGPU_MASTER", "")
+    env_host, _, env_port = env.rpartition(":") if ":" in env else (env, "", "")
+    default_host, _, default_port = DEFAULT_ADDRESS.partition(":")
+    h = host or env_host or default_host
+    try:
+        p = port or int(env_port or default_port)
+    except ValueError:
+        raise MgpuError(f"$MGPU_MASTER={env!r} is not host:port") from None
+    return h, p
+
+
+class Client:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        user: str | None = None,
+    ) -> None:
+        if address is not None:
+            a_host, _, a_port = address.rpartition(":")
+            host = host or a_host or address
+            port = port or (int(a_port) if a_port.isdigit() else None)
+        self.host, self.port = resolve_address(host, port)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.user = user or _login_name()
+        self._conn: http.client.HTTPConnection | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    # ---- transport ----------------------------------------------------------
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+        try:
+            conn.connect()
+        except (TimeoutError, OSError) as e:
+            reason = "timed out" if isinstance(e, socket.timeout | TimeoutError) else str(e)
+            raise ConnectError(
+                f"cannot reach the mgpu master at {self.address} ({reason}); "
+                "is `mgpu master` running? (set --host/--port or $MGPU_MASTER)"
+            ) from None
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", "X-MGPU-User": self.user}
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        for attempt in (0, 1):
+            conn = self._conn
+            fresh = conn is None
+            if conn is None:
+                conn = self._conn = self._connect(timeout or self.timeout)
+            elif conn.sock is not None:
+                conn.sock.settimeout(timeout or self.timeout)
+            try:
+                conn.request(method, path, body=data, headers=self._headers())
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (http.client.HTTPException, OSError) as e:
+                self.close()
+                if fresh or attempt == 1:
+                    if isinstance(e, socket.timeout | TimeoutError):
+                        raise MgpuError(
+                            f"the mgpu master at {self.address} did not answer in time"
+                        ) from None
+                    raise ConnectError(
+                        f"lost the connection to the mgpu master at {self.address}: {e}"
+                    ) from None
+                continue  # a kept-alive connection the server closed: retry once on a new one
+            return self._decode(resp.status, raw)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _decode(status: int, raw: bytes) -> Any:
+        try:
+            payload = json.loads(raw) if raw else None
+        except ValueError:
+            payload = None
+        if status >= 400:
+            detail = payload.get("detail") if isinstance(payload, dict) else None
+            if not isinstance(detail, str):
+                detail = f"the master answered HTTP {status}"
+            raise RequestError(status, detail)
+        return payload
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- API ----------------------------------------------------------------
+
+    def submit(self, command: str | list[str], **options: Any) -> SubmittedJob:
+        """Queue a job.  A string runs with /bin/sh -c; a list is executed directly.
+
+        Options are those of `mgpu submit`: gpus, gpu_ids, node_gpu_ids, nodes,
+        gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
+        retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
+        preemptible, gpu_type, policy, cwd, env.
+        """
+        body: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        if isinstance(command, str):
+            body["command"] = command
+        else:
+            body["argv"] = list(command)
+        body.setdefault("cwd", os.getcwd())
+        if "env" not in body:
+            body["env"] = dict(os.environ)
+        out = self._request("POST", "/api/jobs", body)
+        return SubmittedJob(out["job_id"], out.get("task_ids"))
+
+    def queue(self, all: bool = False) -> dict[str, Any]:
+        return dict(self._request("GET", "/api/jobs?all=1" if all else "/api/jobs"))
+
+    def show(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/api/jobs/{_quote(job_id)}"))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/nodes")["nodes"])
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/cancel"))
+
+    def drain(self, node_id: str, reason: str | None = None) -> dict[str, Any]:
+        return dict(
+            self._request("POST", f"/api/nodes/{_quote(node_id)}/drain", {"reason": reason})
+        )
+
+    def resume(self, node_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/nodes/{_quote(node_id)}/resume"))
+
+    def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job has ended (or `timeout` seconds passed); return the job."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            chunk = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
+            job = self._request(
+                "GET", f"/api/jobs/{_quote(job_id)}/wait?timeout={chunk}", timeout=chunk + 30
+            )
+            if job["state"] not in ("queued", "running"):
+                return dict(job)
+            if deadline is not None and time.monotonic() >= deadline:
+                return dict(job)
+
+    def logs(self, job_id: str) -> str:
+        """The job's output so far, stdout and stderr interleaved as they came."""
+        return "".join(r.get("d", "") for r in self.stream(job_id, follow=False))
+
+    def stream(
+        self, job_id: str, follow: bool = True, read_timeout: float = 60.0, since: int = 0
+    ) -> Iterator[dict[str, Any]]:
+        """Output records ({"s","d","n"}), and when following, status lines and a last
+        {"end": true, "state", "exit_code"} line."""
+        conn = self._connect(read_timeout)
+        try:
+            path = (
+                f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
+            )
+            conn.request("GET", path, headers=self._headers())
+            resp = conn.getresponse()
+            if resp.status >= 400:
+                self._decode(resp.status, resp.read())
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    if isinstance(e, socket.timeout | TimeoutError):
+                        raise MgpuError(
+                            f"no word from the mgpu master at {self.address} for {read_timeout:g} s"
+                        ) from None
+                    raise ConnectError(
+                        f"lost the connection to the mgpu master at {self.address}"
+                    ) from None
+                if not line:
+                    return
+                yield json.loads(line)
+        finally:
+            conn.close()
+
+
+def _quote(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part, safe="")
+
+
+def _login_name() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return str(os.getuid())

@@ -1,0 +1,412 @@
+"""The `mgpu` command line: a thin skin over `mgpu.Client` (and the server entry points).
+
+Only the standard library is imported at start-up, so `mgpu queue` answers fast;
+the server stacks load only for `mgpu master` / `mgpu node`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from mgpu.client.api import Client, MgpuError, RequestError
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: `mgpu: error: ...`."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    print(f"mgpu: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+# ---- job options ------------------------------------------------------------
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("job options")
+    g.add_argument("--gpus", type=int, help="GPUs in total (default 1; 0 for a CPU job)")
+    g.add_argument("--gpu-ids", help="these GPU indices on the chosen node, e.g. 0,1")
+    g.add_argument("--node-gpu-ids", help='exactly these GPUs, e.g. "node001:0,1;node002:0"')
+    g.add_argument("--nodes", "-N", type=int, help="gang: this many nodes")
+    g.add_argument("--gpus-per-node", type=int, help="gang: GPUs on each node")
+    g.add_argument("--nodelist", "-w", help="only these nodes (a,b or node[001-004])")
+    g.add_argument("--exclude", "-x", help="never these nodes")
+    g.add_argument("--gpu-type", help="only nodes with this GPU type (e.g. A100)")
+    g.add_argument("--policy", choices=["fill_first", "spread"], help="placement policy")
+    g.add_argument("--distributed", action="store_true", help="torchrun environment per node")
+    g.add_argument("--mpi", action="store_true", help="mpirun on the first node, hostfile set")
+    g.add_argument("--time", "-t", help="time limit: MIN, MM:SS, HH:MM:SS or D-HH:MM:SS")
+    g.add_argument("--name", "-J", help="job name")
+    g.add_argument("--priority", type=int, default=0, help="user priority (higher first)")
+    g.add_argument("--retries", type=int, help="requeues allowed after node failures")
+    g.add_argument("--dependency", "-d", help="afterok:ID[:ID], afterany:ID, afternotok:ID")
+    g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
+    g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    t = p.add_argument_group("client waiting limits (from the original tool)")
+    t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
+    t.add_argument("--connection-timeout", type=float, help="seconds to reach the master")
+    t.add_argument("--max-wait-time", type=float, help="seconds without word from the master")
+    t.add_argument("--max-consecutive-timeouts", type=int, help="silent periods before giving up")
+
+
+JOB_FIELDS = (
+    "gpus",
+    "gpu_ids",
+    "node_gpu_ids",
+    "nodes",
+    "gpus_per_node",
+    "nodelist",
+    "exclude",
+    "gpu_type",
+    "policy",
+    "distributed",
+    "mpi",
+    "time",
+    "name",
+    "priority",
+    "retries",
+    "dependency",
+    "array",
+    "preemptible",
+)
+
+
+def job_options(args: argparse.Namespace) -> dict[str, Any]:
+    out = {k: getattr(args, k) for k in JOB_FIELDS if getattr(args, k, None) not in (None, False)}
+    return out
+
+
+# ---- commands ---------------------------------------------------------------
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    connect_timeout = getattr(args, "connection_timeout", None) or 10.0
+    return Client(host=args.host, port=args.port, connect_timeout=connect_timeout)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    command = " ".join(args.command) if len(args.command) > 1 else "".join(args.command)
+    if not command.strip():
+        raise UsageError("the command is empty")
+    client = make_client(args)
+    opts = job_options(args)
+    if args.interactive:
+        opts["interactive"] = True
+    job = client.submit(command, **opts)
+    if args.interactive:
+        return follow_job(client, job.id, args)
+    if args.json:
+        out: dict[str, Any] = {"job_id": job.id}
+        if job.task_ids is not None:
+            out["task_ids"] = job.task_ids
+        print(json.dumps(out))
+    else:
+        print(job.id)
+    return 0
+
+
+def cmd_srun(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv or not argv[0].strip():
+        raise UsageError("srun needs a command after --")
+    client = make_client(args)
+    opts = job_options(args)
+    opts["interactive"] = True
+    job = client.submit(argv, **opts)
+    return follow_job(client, job.id, args)
+
+
+def follow_job(client: Client, job_id: str, args: argparse.Namespace) -> int:
+    """Stream a job's output live; Ctrl-C cancels it, as srun does.  Returns its exit code."""
+    from mgpu.client.stream import follow
+
+    return follow(
+        client,
+        job_id,
+        session_timeout=getattr(args, "session_timeout", None),
+        max_wait_time=getattr(args, "max_wait_time", None) or 60.0,
+        max_consecutive_timeouts=getattr(args, "max_consecutive_timeouts", None) or 3,
+    )
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    data = client.queue(all=args.all)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    from mgpu.client.render import render_queue
+
+    print(render_queue(data, show_all=args.all))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    job = client.show(args.job)
+    if args.json:
+        print(json.dumps(job))
+        return 0
+    from mgpu.client.render import render_job
+
+    print(render_job(job))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from mgpu.client.stream import print_logs
+
+    client = make_client(args)
+    return print_logs(client, args.job, follow=args.follow)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    status = 0
+    for job_id in args.jobs:
+        try:
+            res = client.cancel(job_id)
+        except RequestError as e:
+            print(f"mgpu: error: {e}", file=sys.stderr)
+            status = 1
+            continue
+        for j in res["cancelled"]:
+            print(f"cancelled {j}")
+        for j in res["already_ended"]:
+            print(f"{j} had already ended", file=sys.stderr)
+    return status
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    nodes = client.nodes()
+    if args.json:
+        print(json.dumps({"nodes": nodes}))
+        return 0
+    from mgpu.client.render import render_nodes
+
+    print(render_nodes(nodes))
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    node = make_client(args).drain(args.node, args.reason)
+    print(
+        f"{node['node_id']}: {node['state']}" + (f" ({node['reason']})" if node["reason"] else "")
+    )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    node = make_client(args).resume(args.node)
+    print(f"{node['node_id']}: {node['state']}")
+    return 0
+
+
+def cmd_master(args: argparse.Namespace) -> int:
+    from mgpu.config import ConfigError
+    from mgpu.master.server import default_state_dir, run_master
+
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    try:
+        run_master(args.host, args.port, state_dir, args.config, args.verbose)
+    except ConfigError as e:
+        _fail(str(e))
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from mgpu.agent.agent import AgentRefused, run_agent
+    from mgpu.master.server import default_state_dir, setup_logging
+    from mgpu.spec import SpecError, validate_node_id
+
+    try:
+        validate_node_id(args.node_id)
+    except SpecError as e:
+        _fail(str(e))
+    if args.fake_gpus is not None and args.fake_gpus < 0:
+        _fail("--fake-gpus must not be negative")
+    setup_logging(args.verbose)
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    try:
+        run_agent(
+            args.node_id,
+            args.master_host,
+            args.master_port,
+            state_dir,
+            args.fake_gpus,
+            advertise_ip=args.advertise_ip,
+        )
+    except AgentRefused as e:
+        _fail(f"the master refused this node: {e}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from mgpu.client.local import cluster_up
+
+    return cluster_up(args.port, args.fake_gpus, args.state_dir)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from mgpu.client.local import cluster_down
+
+    return cluster_down(args.state_dir)
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from mgpu.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as e:
+        _fail(str(e))
+    print(f"{args.file}: OK ({len(cfg.nodes)} nodes, policy {cfg.scheduling.default_policy})")
+    return 0
+
+
+# ---- parser -----------------------------------------------------------------
+
+
+def _address_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="master host (default $MGPU_MASTER or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="master port (default 8080)")
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="mgpu", description="mgpu: a multi-node GPU job scheduler")
+    _address_options(p)
+    p.add_argument("--version", action="version", version="mgpu 0.1.0")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> Parser:
+        sp: Parser = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    s = add("submit", cmd_submit, "queue a job; prints its id")
+    add_job_options(s)
+    s.add_argument("--interactive", "-i", action="store_true", help="stream output, wait")
+    s.add_argument("command", nargs=argparse.REMAINDER, help="the command (run with /bin/sh -c)")
+
+    s = add("srun", cmd_srun, "run a job in the foreground with live output")
+    add_job_options(s)
+    s.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
+
+    s = add("queue", cmd_queue, "pending and running jobs, and nodes")
+    s.add_argument("--all", "-a", action="store_true", help="include finished jobs")
+    s.add_argument("--json", action="store_true")
+
+    s = add("show", cmd_show, "one job in full")
+    s.add_argument("job")
+    s.add_argument("--json", action="store_true")
+
+    s = add("logs", cmd_logs, "a job's output")
+    s.add_argument("job")
+    s.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+
+    s = add("cancel", cmd_cancel, "cancel queued or running jobs")
+    s.add_argument("jobs", nargs="+", metavar="JOB")
+
+    s = add("nodes", cmd_nodes, "nodes and their GPUs")
+    s.add_argument("--json", action="store_true")
+
+    s = add("drain", cmd_drain, "stop new work on a node; running jobs finish")
+    s.add_argument("node")
+    s.add_argument("--reason", help="why (shown in mgpu nodes)")
+
+    s = add("resume", cmd_resume, "reopen a drained node")
+    s.add_argument("node")
+
+    s = add("master", cmd_master, "run the control plane (foreground)")
+    s.add_argument("--host", dest="host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", dest="port", type=int, help="port (default 8080)")
+    s.add_argument("--config", help="cluster_config.yaml")
+    s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument("--verbose", "-v", action="store_true")
+
+    s = add("node", cmd_node, "run a node agent (foreground)")
+    s.add_argument("--node-id", required=True)
+    s.add_argument("--master-host", default="127.0.0.1")
+    s.add_argument("--master-port", type=int, default=8080)
+    s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
+    s.add_argument("--advertise-ip", help="the IP other nodes reach this one at")
+    s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument("--verbose", "-v", action="store_true")
+
+    s = add("up", cmd_up, "start a local cluster (master + one node) in the background")
+    s.add_argument("--fake-gpus", type=int, help="simulate N GPUs (default: 4 if none found)")
+    s.add_argument("--port", dest="port", type=int, default=8080)
+    s.add_argument("--state-dir")
+
+    s = add("down", cmd_down, "stop the local cluster started by mgpu up")
+    s.add_argument("--state-dir")
+
+    s = add("config", cmd_config_check, "check a cluster config file")
+    s.add_argument("action", choices=["check"])
+    s.add_argument("file")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
+    args_list = [*prefix, *(sys.argv[1:] if argv is None else argv)]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+        if getattr(args, "fn", None) is None:
+            parser.print_help()
+            raise SystemExit(2)
+        code = args.fn(args)
+    except UsageError as e:
+        _fail(str(e), 2)
+    except MgpuError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except BrokenPipeError:
+        # `mgpu logs X | head`: the reader left; that is not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0) from None
+    raise SystemExit(code)
+
+
+def _alias(subcommand: str) -> Callable[[], None]:
+    """Legacy names: `mgpu_srun --host H ARGS` = `mgpu --host H srun ARGS`."""
+
+    def entry() -> None:
+        argv = sys.argv[1:]
+        front: list[str] = []
+        # Client address options may come first, as with mgpu_client; master and node
+        # take --host/--port as their own options.
+        movable = subcommand not in ("master", "node")
+        while movable and argv and argv[0] in ("--host", "--port") and len(argv) > 1:
+            front += argv[:2]
+            argv = argv[2:]
+        main([*front, subcommand, *argv])
+
+    return entry
+
+
+main_master = _alias("master")
+main_node = _alias("node")
+main_srun = _alias("srun")
+main_queue = _alias("queue")
+main_cancel = _alias("cancel")

@@ -1,0 +1,134 @@
+"""`mgpu up` / `mgpu down`: an all-in-one local cluster in the background."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mgpu.client.api import Client, MgpuError
+
+
+def _state_dir(raw: str | None) -> Path:
+    from mgpu.master.server import default_state_dir
+
+    return Path(raw).expanduser() if raw else default_state_dir()
+
+
+def _pidfile(state_dir: Path) -> Path:
+    return state_dir / "local-cluster.json"
+
+
+def _alive(pid: int, started: float) -> bool:
+    import psutil
+
+    try:
+        return abs(psutil.Process(pid).create_time() - started) < 0.05
+    except psutil.Error:
+        return False
+
+
+def _start(argv: list[str], log: Path) -> tuple[int, float]:
+    import psutil
+
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    return proc.pid, psutil.Process(proc.pid).create_time()
+
+
+def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> int:
+    state_dir = _state_dir(state_dir_raw)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pidfile = _pidfile(state_dir)
+    if pidfile.exists():
+        info = json.loads(pidfile.read_text())
+        if any(_alive(p["pid"], p["started"]) for p in info["processes"]):
+            print(f"a local cluster is already running on port {info['port']} (mgpu down stops it)")
+            return 0
+    if fake_gpus is None:
+        from mgpu.agent.gpus import detect_gpus
+
+        gpus, _ = detect_gpus(None)
+        fake_gpus = None if gpus else 4
+    exe = [sys.executable, "-m", "mgpu"]
+    master = _start(
+        [*exe, "master", "--port", str(port), "--state-dir", str(state_dir)],
+        state_dir / "master.log",
+    )
+    node_argv = [
+        *exe,
+        "node",
+        "--node-id",
+        "node001",
+        "--master-port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+    ]
+    if fake_gpus is not None:
+        node_argv += ["--fake-gpus", str(fake_gpus)]
+    node = _start(node_argv, state_dir / "node001.log")
+    procs = [
+        {"role": "master", "pid": master[0], "started": master[1]},
+        {"role": "node001", "pid": node[0], "started": node[1]},
+    ]
+    pidfile.write_text(json.dumps({"port": port, "processes": procs}))
+    client = Client(host="127.0.0.1", port=port, connect_timeout=1.0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            nodes = client.nodes()
+            if any(n["state"] == "online" for n in nodes):
+                break
+        except MgpuError:
+            pass
+        if not _alive(master[0], master[1]):
+            print(
+                f"mgpu: error: the master did not start; see {state_dir / 'master.log'}",
+                file=sys.stderr,
+            )
+            cluster_down(str(state_dir))
+            return 1
+        time.sleep(0.1)
+    else:
+        print("mgpu: error: the local cluster did not come up within 30 s", file=sys.stderr)
+        return 1
+    what = f"{fake_gpus} simulated GPUs" if fake_gpus is not None else "its GPUs"
+    print(f"local cluster up: master on 127.0.0.1:{port}, node001 with {what}")
+    print(f"state and logs in {state_dir}; stop it with: mgpu down")
+    return 0
+
+
+def cluster_down(state_dir_raw: str | None) -> int:
+    state_dir = _state_dir(state_dir_raw)
+    pidfile = _pidfile(state_dir)
+    if not pidfile.exists():
+        print("no local cluster is running")
+        return 0
+    info = json.loads(pidfile.read_text())
+    procs = [p for p in info["processes"] if _alive(p["pid"], p["started"])]
+    # Agents first, so they do not spin reconnecting to a master that is gone.
+    for p in sorted(procs, key=lambda p: p["role"] == "master"):
+        with contextlib.suppress(OSError):
+            os.killpg(p["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p["pid"], p["started"]) for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if _alive(p["pid"], p["started"]):
+            with contextlib.suppress(OSError):
+                os.killpg(p["pid"], signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    print("local cluster stopped")
+    return 0

@@ -1,0 +1,176 @@
+"""Plain-text tables for the terminal (no heavy imports: the CLI must start fast)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    if h:
+        return f"{h}:{m:02d}:{s:02d}"
+    return f"{m}:{s:02d}"
+
+
+def where(job: dict[str, Any]) -> str:
+    alloc = job.get("allocation") or []
+    if job["state"] == "queued" or not alloc:
+        return f"({job.get('reason') or 'queued'})"
+    parts = []
+    for a in alloc:
+        gpus = ",".join(map(str, a["gpu_ids"]))
+        parts.append(f"{a['node_id']}:{gpus}" if gpus else a["node_id"])
+    text = ";".join(parts)
+    if job["state"] not in ("queued", "running") and job.get("reason"):
+        text += f" ({job['reason']})"
+    return text
+
+
+def _job_row(job: dict[str, Any], now: float) -> list[str]:
+    start = job.get("start_time")
+    end = job.get("end_time") or now
+    elapsed = duration(end - start) if start else "-"
+    prio = job.get("priority_value")
+    return [
+        job["id"],
+        (job.get("name") or "")[:20],
+        job["user"],
+        job["state"],
+        str(job["gpus"]),
+        f"{prio:.0f}" if isinstance(prio, int | float) else "-",
+        elapsed,
+        where(job),
+    ]
+
+
+def render_queue(data: dict[str, Any], show_all: bool = False) -> str:
+    now = time.time()
+    rows = []
+    folded: dict[str, list[dict[str, Any]]] = {}
+    for job in data["jobs"]:
+        # Pending tasks of one array fold into one line, as squeue does.
+        if job["state"] == "queued" and job.get("array_job_id"):
+            folded.setdefault(job["array_job_id"], []).append(job)
+            continue
+        rows.append(_job_row(job, now))
+    for array_id, tasks in folded.items():
+        first = tasks[0]
+        ids = [t["array_task_id"] for t in tasks]
+        row = _job_row(first, now)
+        row[0] = f"{array_id}_[{_ranges(ids)}]"
+        rows.append(row)
+    headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "NODES (REASON)"]
+    out = ["Jobs:"]
+    out.append(table(headers, rows) if rows else "  (no jobs)")
+    out.append("")
+    out.append("Nodes:")
+    out.append(render_nodes(data["nodes"]))
+    return "\n".join(out)
+
+
+def _ranges(ids: list[int]) -> str:
+    ids = sorted(ids)
+    parts = []
+    start = prev = ids[0]
+    for i in [*ids[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(parts)
+
+
+def render_nodes(nodes: list[dict[str, Any]]) -> str:
+    if not nodes:
+        return "  (no nodes; start one with `mgpu node --node-id node001`)"
+    rows = []
+    for n in nodes:
+        gpus = n.get("gpus") or []
+        busy = sum(1 for g in gpus if g.get("busy_job"))
+        state = n["state"] + ("" if n.get("connected", True) else "*")
+        rows.append(
+            [
+                n["node_id"],
+                state,
+                str(len(gpus)),
+                str(len(gpus) - busy),
+                str(busy),
+                (gpus[0]["name"] if gpus else "-")[:28],
+                n.get("hostname") or "-",
+                n.get("ip") or "-",
+                n.get("reason") or "",
+            ]
+        )
+    headers = ["NODE", "STATE", "GPUS", "FREE", "BUSY", "GPU TYPE", "HOSTNAME", "IP", "REASON"]
+    return table(headers, rows)
+
+
+def render_job(job: dict[str, Any]) -> str:
+    now = time.time()
+    lines = [
+        f"Job {job['id']}" + (f" ({job['name']})" if job.get("name") else ""),
+        f"  user:       {job['user']}",
+        f"  state:      {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""),
+        f"  command:    {job['command']}",
+        f"  gpus:       {job['gpus']}",
+        f"  exit code:  {job['exit_code'] if job['exit_code'] is not None else '-'}",
+        f"  submitted:  {_ts(job['submit_time'])}",
+        f"  started:    {_ts(job.get('start_time'))}",
+        f"  ended:      {_ts(job.get('end_time'))}",
+    ]
+    if job.get("time_limit"):
+        lines.append(f"  time limit: {duration(job['time_limit'])}")
+    if job.get("start_time"):
+        end = job.get("end_time") or now
+        lines.append(f"  elapsed:    {duration(end - job['start_time'])}")
+    lines.append(f"  retries:    {job['retries']} of {job.get('max_retries', '-')}")
+    factors = job.get("priority_factors")
+    if job.get("priority_value") is not None:
+        detail = ""
+        if factors:
+            detail = " = " + " + ".join(f"{k} {v:.0f}" for k, v in factors.items())
+        lines.append(f"  priority:   {job['priority_value']:.0f}{detail}")
+    if job.get("expected_start"):
+        lines.append(f"  expected start: {_ts(job['expected_start'])}")
+    for a in job.get("allocation") or []:
+        gpus = ",".join(map(str, a["gpu_ids"])) or "none"
+        lines.append(
+            f"  ran on:     {a['node_id']} GPUs {gpus}  host {a.get('hostname') or '-'}"
+            f"  ip {a.get('ip') or '-'}  pid {a.get('pid') or '-'}"
+        )
+    attempts = job.get("attempts") or []
+    if attempts:
+        lines.append("  attempts:")
+        for i, at in enumerate(attempts, 1):
+            nodes = ",".join(at["nodes"])
+            span = f"start {_ts(at.get('start_time'))}  end {_ts(at.get('end_time'))}"
+            lines.append(f"    {i}. {nodes}  {span}  {at.get('end_reason') or ''}".rstrip())
+    return "\n".join(lines)
+
+
+def _ts(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))

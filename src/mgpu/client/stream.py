@@ -1,0 +1,143 @@
+"""Printing a job's output: `mgpu logs [-f]`, `srun` and `submit --interactive`.
+
+Records carry the stream ("o"/"e") and the node.  A job that spans several nodes
+gets a `[node001] ` prefix at the start of each line, per node, so lines from
+different nodes never run together.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+from mgpu.client.api import Client, ConnectError, MgpuError
+
+
+class LinePrefixer:
+    """Adds `[node] ` at the start of each line, remembering per (node, stream) where lines end."""
+
+    def __init__(self) -> None:
+        self.at_line_start: dict[tuple[str, str], bool] = {}
+        self.multi = False
+
+    def render(self, node: str, stream: str, text: str) -> str:
+        if not self.multi:
+            return text
+        key = (node, stream)
+        start = self.at_line_start.get(key, True)
+        prefix = f"[{node}] "
+        out = []
+        for piece in text.splitlines(keepends=True):
+            out.append((prefix if start else "") + piece)
+            start = piece.endswith("\n")
+        self.at_line_start[key] = start
+        return "".join(out)
+
+
+def _write(f: TextIO, text: str) -> None:
+    f.write(text)
+    f.flush()
+
+
+def print_logs(client: Client, job_id: str, follow: bool) -> int:
+    """Both streams to stdout, in the order they came."""
+    job = client.show(job_id)
+    prefixer = LinePrefixer()
+    prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
+    for rec in client.stream(job_id, follow=follow):
+        if "d" in rec:
+            _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
+    return 0
+
+
+def follow(
+    client: Client,
+    job_id: str,
+    session_timeout: float | None = None,
+    max_wait_time: float = 60.0,
+    max_consecutive_timeouts: int = 3,
+) -> int:
+    """Stream until the job ends; stdout to stdout, stderr to stderr.  Ctrl-C cancels."""
+    status_tty = sys.stderr.isatty()
+    prefixer = LinePrefixer()
+    deadline = None if session_timeout is None else time.monotonic() + session_timeout
+    silent = 0
+    seen = 0  # output records already printed, so a reconnect does not repeat them
+    old_handler = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        while True:
+            try:
+                records = client.stream(job_id, follow=True, read_timeout=max_wait_time, since=seen)
+                for rec in records:
+                    silent = 0
+                    if deadline is not None and time.monotonic() > deadline:
+                        print(
+                            f"mgpu: session timeout reached; job {job_id} keeps running "
+                            f"(mgpu logs -f {job_id})",
+                            file=sys.stderr,
+                        )
+                        return 124
+                    if "d" in rec:
+                        seen += 1
+                        if not prefixer.multi and rec.get("n"):
+                            prefixer.multi = _is_multi_node(client, job_id)
+                        out = sys.stdout if rec["s"] == "o" else sys.stderr
+                        _write(out, prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
+                    elif rec.get("end"):
+                        return _exit_code(rec, job_id)
+                    elif "status" in rec and status_tty:
+                        _status_line(job_id, rec)
+                return _exit_code(client.show(job_id), job_id)
+            except MgpuError as e:
+                silent += 1
+                if silent >= max_consecutive_timeouts:
+                    raise MgpuError(f"{e} (job {job_id} may still be running)") from None
+                if isinstance(e, ConnectError):
+                    time.sleep(min(2.0, 0.2 * 2**silent))
+    except KeyboardInterrupt:
+        try:
+            client.cancel(job_id)
+            print(f"\nmgpu: cancelled job {job_id}", file=sys.stderr)
+        except MgpuError:
+            print(f"\nmgpu: could not cancel job {job_id}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+
+
+_multi_cache: dict[str, bool] = {}
+
+
+def _is_multi_node(client: Client, job_id: str) -> bool:
+    if job_id not in _multi_cache:
+        job = client.show(job_id)
+        _multi_cache[job_id] = len(job.get("allocation") or []) > 1
+    return _multi_cache[job_id]
+
+
+def _status_line(job_id: str, rec: dict[str, Any]) -> None:
+    state = rec.get("status")
+    reason = rec.get("reason") or ""
+    pos = rec.get("position")
+    where = f" (position {pos})" if pos else ""
+    print(f"mgpu: job {job_id} {state}{where}: {reason}".rstrip(": "), file=sys.stderr)
+
+
+def _exit_code(rec: dict[str, Any], job_id: str) -> int:
+    state = rec.get("state")
+    code = rec.get("exit_code")
+    if state == "completed":
+        return 0
+    reason = rec.get("reason")
+    if state != "failed" or code is None:
+        print(f"mgpu: job {job_id} {state}" + (f": {reason}" if reason else ""), file=sys.stderr)
+    if isinstance(code, int):
+        return code if 0 <= code < 256 else 1
+    return 1

@@ -1,0 +1,134 @@
+"""The cluster configuration file (`cluster_config.yaml`, the seeds' format).
+
+Loaded into pydantic models that forbid unknown keys, so a typo is refused with
+the file, the field and the reason instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MasterAddr(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+
+class ClusterSection(_Strict):
+    name: str = "mgpu"
+    master: MasterAddr = Field(default_factory=MasterAddr)
+    allow_unlisted_nodes: bool = True
+
+
+class NodeEntry(_Strict):
+    node_id: str
+    hostname: str | None = None
+    ip: str | None = None
+    port: int | None = None
+    """Accepted for the seeds' format; agents dial the master, so it is unused."""
+    gpu_count: int | None = Field(default=None, ge=0)
+    gpu_type: str | None = None
+    rack: str | None = None
+    switch: str | None = None
+
+
+class Networking(_Strict):
+    heartbeat_interval: float = Field(default=5.0, gt=0)
+    timeout: float = Field(default=30.0, gt=0)
+
+
+class PriorityWeightsConf(_Strict):
+    age: float = 1000.0
+    fairshare: float = 10000.0
+    job_size: float = 100.0
+    user_priority: float = 1000.0
+    max_age_hours: float = 168.0
+
+
+class Scheduling(_Strict):
+    default_policy: Literal["fill_first", "spread"] = "fill_first"
+    policy: Literal["fifo", "priority", "backfill"] = "backfill"
+    max_retries: int = Field(default=5, ge=0)
+    node_failure_threshold: int = Field(default=3, ge=1)
+    retry_backoff_base: float = Field(default=1.0, ge=0)
+    retry_backoff_max: float = Field(default=300.0, ge=0)
+    default_time_limit: str | None = None
+    kill_grace: float = Field(default=10.0, ge=0)
+    fairshare_half_life_hours: float = Field(default=168.0, gt=0)
+    weights: PriorityWeightsConf = Field(default_factory=PriorityWeightsConf)
+    shares: dict[str, float] = Field(default_factory=dict)
+    max_gpus_per_user: int | None = Field(default=None, ge=0)
+    max_running_jobs_per_user: int | None = Field(default=None, ge=0)
+    preemption: bool = True
+
+
+class ClusterConfig(_Strict):
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    nodes: list[NodeEntry] = Field(default_factory=list)
+    networking: Networking = Field(default_factory=Networking)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_node_ids(cls, nodes: list[NodeEntry]) -> list[NodeEntry]:
+        seen: set[str] = set()
+        for n in nodes:
+            if n.node_id in seen:
+                raise ValueError(f"duplicate node_id {n.node_id!r}")
+            seen.add(n.node_id)
+        return nodes
+
+    def node(self, node_id: str) -> NodeEntry | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_config(path: str | Path | None) -> ClusterConfig:
+    """Read and validate a config file; None gives the defaults."""
+    if path is None:
+        return ClusterConfig()
+    import yaml
+
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the file: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{p}: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    try:
+        return ClusterConfig.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = _field_path(tuple(err["loc"]))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        return_msg = f"{p}: {field}: {msg}"
+        raise ConfigError(return_msg) from None

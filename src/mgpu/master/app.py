@@ -1,0 +1,314 @@
+"""The master's HTTP API, the agents' WebSocket, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mgpu.config import ClusterConfig
+from mgpu.master.cluster import Cluster, NotFound, SubmitError
+from mgpu.master.registry import AgentLink
+from mgpu.model import Job, JobState
+from mgpu.protocol import Hello, Refused, encode, parse_agent_message
+
+log = logging.getLogger("mgpu.master")
+
+
+class SubmitRequest(BaseModel):
+    """A job as the client sends it; the master validates every field again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | None = None
+    argv: list[str] | None = None
+    name: str | None = None
+    user: str | None = None
+    gpus: int | None = Field(default=None, ge=0, le=100000)
+    gpu_ids: str | list[int] | None = None
+    node_gpu_ids: str | None = None
+    nodes: int | None = Field(default=None, ge=1, le=100000)
+    gpus_per_node: int | None = Field(default=None, ge=0, le=100000)
+    nodelist: str | list[str] | None = None
+    exclude: str | list[str] | None = None
+    gpu_type: str | None = None
+    policy: str | None = None
+    distributed: bool = False
+    mpi: bool = False
+    time: str | None = None
+    priority: int = Field(default=0, ge=-1000000, le=1000000)
+    retries: int | None = Field(default=None, ge=0, le=1000)
+    dependency: str | None = None
+    array: str | None = None
+    preemptible: bool = False
+    interactive: bool = False
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class DrainRequest(BaseModel):
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+    msg = str(err.get("msg", "invalid value")).replace("Input should be", "must be")
+    if not loc:
+        return msg
+    # Name the option as the user typed it (--gpus-per-node), not the JSON field.
+    where = "--" + loc[0].replace("_", "-") + "".join(f"[{p}]" for p in loc[1:])
+    return f"{where} {msg}"
+
+
+def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
+    cluster: Cluster | None = None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        nonlocal cluster
+        cluster = Cluster(state_dir, config)
+        app.state.cluster = cluster
+        task = asyncio.create_task(cluster.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            cluster.outputs.close_all()
+            cluster.store.close()
+
+    app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
+
+    def c() -> Cluster:
+        assert cluster is not None
+        return cluster
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, _validation_sentence(exc))
+
+    def find(job_id: str) -> Job:
+        job = c().get_job(job_id)
+        if job is None:
+            raise NotFound(job_id)
+        return job
+
+    @app.exception_handler(NotFound)
+    async def _on_not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, f"no such job or node: {exc.args[0]}")
+
+    # ---- jobs ---------------------------------------------------------------
+
+    @app.post("/api/jobs")
+    async def submit(req: SubmitRequest, request: Request) -> JSONResponse:
+        user = req.user or request.headers.get("x-mgpu-user")
+        try:
+            result = c().submit(req.model_dump(), user)
+        except SubmitError as e:
+            return _error(400, str(e))
+        body: dict[str, Any] = {"job_id": result.job_id}
+        if result.task_ids is not None:
+            body["task_ids"] = result.task_ids
+        return JSONResponse(body, status_code=201)
+
+    @app.get("/api/jobs")
+    async def queue(all: bool = False) -> dict[str, Any]:
+        return c().queue(include_finished=all)
+
+    @app.get("/api/jobs/{job_id}")
+    async def show(job_id: str) -> dict[str, Any]:
+        return c().public_job(find(job_id))
+
+    @app.get("/api/jobs/{job_id}/wait")
+    async def wait(job_id: str, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
+        """Answer once the job has ended (or after `timeout` seconds, whatever its state)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = find(job_id)
+            left = deadline - time.monotonic()
+            if job.terminal or left <= 0:
+                return c().public_job(job)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
+
+    @app.post("/api/jobs/{job_id}/cancel")
+    async def cancel(job_id: str, request: Request) -> dict[str, Any]:
+        actor = request.headers.get("x-mgpu-user")
+        jobs = c().resolve(job_id)
+        done = [j.id for j in jobs if c().cancel(j, actor=actor)]
+        return {"cancelled": done, "already_ended": [j.id for j in jobs if j.id not in done]}
+
+    @app.get("/api/jobs/{job_id}/output")
+    async def output(
+        job_id: str, follow: bool = False, since: int = Query(default=0, ge=0)
+    ) -> StreamingResponse:
+        find(job_id)
+        return StreamingResponse(
+            _output_stream(c(), job_id, follow, since), media_type="application/x-ndjson"
+        )
+
+    # ---- nodes --------------------------------------------------------------
+
+    @app.get("/api/nodes")
+    async def nodes() -> dict[str, Any]:
+        return {"nodes": c().nodes_public()}
+
+    @app.post("/api/nodes/{node_id}/drain")
+    async def drain(node_id: str, body: DrainRequest, request: Request) -> dict[str, Any]:
+        users = {j.id: j.user for j in c().jobs.values()}
+        node = c().drain(node_id, body.reason, actor=request.headers.get("x-mgpu-user"))
+        return node.to_public(users)
+
+    @app.post("/api/nodes/{node_id}/resume")
+    async def resume(node_id: str, request: Request) -> dict[str, Any]:
+        users = {j.id: j.user for j in c().jobs.values()}
+        return c().resume(node_id, actor=request.headers.get("x-mgpu-user")).to_public(users)
+
+    # ---- health -------------------------------------------------------------
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        cl = c()
+        online = sum(1 for n in cl.nodes.values() if n.schedulable)
+        loop_alive = time.time() - cl.last_pass_time < 5 or not any(
+            j.state == JobState.QUEUED for j in cl.jobs.values()
+        )
+        try:
+            cl.store.set_meta("readyz", str(time.time()))
+            writable = True
+        except Exception:
+            writable = False
+        ok = writable and loop_alive
+        body: dict[str, Any] = {"ready": ok, "store_writable": writable}
+        body.update(scheduler_alive=loop_alive, nodes_online=online)
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        from mgpu.master.metrics import render_metrics
+
+        return PlainTextResponse(render_metrics(c()), media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        page = Path(__file__).resolve().parent.parent / "web" / "index.html"
+        if page.exists():
+            return HTMLResponse(page.read_text(encoding="utf-8"))
+        return HTMLResponse("<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>")
+
+    # ---- agents -------------------------------------------------------------
+
+    @app.websocket("/api/agent")
+    async def agent_channel(ws: WebSocket) -> None:
+        await ws.accept()
+        cl = c()
+        try:
+            first = parse_agent_message(await ws.receive_text())
+        except (ValidationError, WebSocketDisconnect, ValueError):
+            with contextlib.suppress(Exception):
+                await ws.send_text(encode(Refused(reason="the first message must be hello")))
+                await ws.close()
+            return
+        if not isinstance(first, Hello):
+            await ws.send_text(encode(Refused(reason="the first message must be hello")))
+            await ws.close()
+            return
+        link = AgentLink(first.node_id, ws)
+        welcome = cl.agent_hello(first, link)
+        await ws.send_text(encode(welcome))
+        writer = asyncio.create_task(link.writer())
+        try:
+            while True:
+                raw = await ws.receive_text()
+                try:
+                    msg = parse_agent_message(raw)
+                except ValidationError:
+                    log.warning("bad message from %s: %.200s", first.node_id, raw)
+                    continue
+                cl.agent_message(first.node_id, msg)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            link.close()
+            cl.agent_disconnected(first.node_id, link)
+            writer.cancel()
+
+    return app
+
+
+async def _output_stream(
+    cluster: Cluster, job_id: str, follow: bool, since: int
+) -> AsyncIterator[bytes]:
+    """JSON lines: output records, then (when following) status lines and a final end line."""
+    q = cluster.outputs.subscribe(job_id) if follow else None
+    try:
+        records = cluster.outputs.read(job_id, since)
+        seen = since + len(records)
+        if records:
+            yield "".join(json.dumps(r) + "\n" for r in records).encode()
+        if q is None:
+            return
+        last_status = None
+        while True:
+            job = cluster.get_job(job_id)
+            if job is None:
+                return
+            if job.terminal:
+                # Drain anything written between our read and the end.
+                rest = cluster.outputs.read(job_id, seen)
+                if rest:
+                    yield "".join(json.dumps(r) + "\n" for r in rest).encode()
+                end = {"end": True, "state": job.state.value, "exit_code": job.exit_code}
+                end["reason"] = job.reason
+                yield (json.dumps(end) + "\n").encode()
+                return
+            status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
+            if job.state == JobState.QUEUED:
+                status["position"] = cluster.queue_position(job)
+            if status != last_status:
+                last_status = status
+                yield (json.dumps(status) + "\n").encode()
+            try:
+                item = await asyncio.wait_for(q.get(), timeout=1.0)
+            except TimeoutError:
+                yield b'{"ping":1}\n'
+                continue
+            batch = []
+            while item is not None:
+                index, rec = item
+                if index >= seen:
+                    batch.append(rec)
+                    seen = index + 1
+                if q.empty():
+                    break
+                item = q.get_nowait()
+            if batch:
+                yield "".join(json.dumps(r) + "\n" for r in batch).encode()
+            if item is None:
+                job = cluster.get_job(job_id)
+                if job is not None and not job.terminal:
+                    continue
+    finally:
+        if q is not None:
+            cluster.outputs.unsubscribe(job_id, q)

@@ -1,0 +1,1008 @@
+"""The master's controller: jobs and nodes in memory, mirrored to the store.
+
+All mutation happens on the asyncio loop, so there is no locking.  The rules
+that keep a GPU from being given twice and a job from running twice:
+
+* a GPU is taken (`_allocate`) only from a node's free set and only while the
+  job is written as running with a new epoch; it is given back (`_release`)
+  only when every slot of that epoch has ended or the node is declared lost;
+* agents echo the epoch in every job message; messages of an older epoch are
+  ignored, and an agent that reports a process the master does not expect is
+  told to kill it before anything else happens on that node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import math
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu import spec as specs
+from mgpu.config import ClusterConfig
+from mgpu.master.outputs import OutputStore
+from mgpu.master.registry import AgentLink, NodeRecord
+from mgpu.master.store import Store
+from mgpu.model import Attempt, Job, JobState, NodeState, Slot
+from mgpu.protocol import (
+    Exited,
+    Heartbeat,
+    Hello,
+    Kill,
+    Launch,
+    Output,
+    PortReserved,
+    ReservePort,
+    RunningReport,
+    Started,
+    Welcome,
+)
+from mgpu.scheduler import could_ever_fit, schedule
+from mgpu.scheduler.types import (
+    JobRequest,
+    NodeView,
+    PriorityWeights,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
+from mgpu.scheduler.types import Placement as SchedPlacement
+
+log = logging.getLogger("mgpu.master")
+
+# Environment a client must not pass into a job: the scheduler sets these.
+_RESERVED_ENV_PREFIXES = ("MGPU_", "PET_", "SLURM_")
+_RESERVED_ENV = {
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NNODES",
+    "NODE_RANK",
+    "NPROC_PER_NODE",
+    "RANK",
+    "LOCAL_RANK",
+}
+
+
+class SubmitError(ValueError):
+    """A request that is refused at submit; the message is one sentence for the user."""
+
+
+class NotFound(KeyError):
+    pass
+
+
+@dataclass
+class SubmitResult:
+    job_id: str
+    task_ids: list[str] | None = None
+
+
+class Cluster:
+    def __init__(self, state_dir: Path, config: ClusterConfig) -> None:
+        self.state_dir = state_dir
+        self.config = config
+        self.store = Store(state_dir / "mgpu.db")
+        self.outputs = OutputStore(state_dir / "output")
+        self.jobs: dict[str, Job] = {}
+        self.nodes: dict[str, NodeRecord] = {}
+        self._requests: dict[str, JobRequest] = {}
+        self._wake = asyncio.Event()
+        self._job_events: dict[str, asyncio.Event] = {}
+        self.last_pass_time = 0.0
+        self.last_pass_duration = 0.0
+        self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
+        self._pending_reasons: dict[str, str] = {}
+        self._priorities: dict[str, float] = {}
+        self._factors: dict[str, dict[str, float]] = {}
+        self._expected_start: dict[str, float] = {}
+        self.default_user = getpass.getuser()
+        self._load()
+
+    # ---- start-up ---------------------------------------------------------
+
+    def _load(self) -> None:
+        for node_id, rec in self.store.load_nodes().items():
+            node = self._node_from_config(node_id)
+            node.hostname = rec.get("hostname", "")
+            node.ip = rec.get("ip", "")
+            from mgpu.protocol import GpuDesc
+
+            node.gpus = [GpuDesc(**g) for g in rec.get("gpus", [])]
+            node.gpu_source = rec.get("gpu_source", "unknown")
+            node.drain_requested = bool(rec.get("drain_requested"))
+            node.reason = rec.get("reason")
+            node.failures = int(rec.get("failures", 0))
+            node.features = list(rec.get("features", []))
+            node.last_seen = time.time()  # grace: agents get a full timeout to come back
+            node.state = NodeState.OFFLINE
+        for entry in self.config.nodes:
+            self._node_from_config(entry.node_id)
+        for job in self.store.load_active_jobs():
+            self.jobs[job.id] = job
+            if job.state == JobState.RUNNING:
+                self._hold_resources(job)
+        log.info(
+            "loaded %d active jobs, %d nodes from %s",
+            len(self.jobs),
+            len(self.nodes),
+            self.state_dir,
+        )
+
+    def _node_from_config(self, node_id: str) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = NodeRecord(node_id=node_id)
+            entry = self.config.node(node_id)
+            if entry is not None:
+                node.gpu_type = entry.gpu_type
+                node.rack = entry.rack or entry.switch
+                node.hostname = entry.hostname or ""
+                node.ip = entry.ip or ""
+                node.last_seen = time.time()
+        return node
+
+    def _hold_resources(self, job: Job) -> None:
+        """Mark the GPUs of a running job busy (used when loading state)."""
+        for slot in job.allocation:
+            node = self._node_from_config(slot.node_id)
+            if not slot.done:
+                node.jobs.add(job.id)
+                for g in slot.gpu_ids:
+                    node.busy[g] = job.id
+
+    # ---- submit -----------------------------------------------------------
+
+    def submit(self, req: dict[str, Any], user: str | None) -> SubmitResult:
+        """Validate and queue; raises SubmitError with one sentence, storing nothing."""
+        try:
+            jobs = self._build_jobs(req, user or self.default_user)
+        except specs.SpecError as e:
+            raise SubmitError(str(e)) from None
+        self.store.save_jobs(jobs)
+        for job in jobs:
+            self.jobs[job.id] = job
+        self.store.record_event("submit", actor=jobs[0].user, target=jobs[0].id)
+        self.wake()
+        if jobs[0].array_job_id is not None:
+            return SubmitResult(jobs[0].array_job_id, [j.id for j in jobs])
+        return SubmitResult(jobs[0].id)
+
+    def _build_jobs(self, req: dict[str, Any], user: str) -> list[Job]:
+        sched = self.config.scheduling
+        argv: list[str]
+        if req.get("argv"):
+            argv = [str(a) for a in req["argv"]]
+            if not argv[0].strip():
+                raise SubmitError("the command is empty")
+            command = shlex.join(argv)
+        else:
+            command = specs.validate_command(str(req.get("command") or ""))
+            argv = ["/bin/sh", "-c", command]
+        name = req.get("name")
+        if name is not None:
+            name = specs.validate_job_name(str(name))
+        gpu_ids = None
+        if req.get("gpu_ids") not in (None, "", []):
+            raw = req["gpu_ids"]
+            gpu_ids = list(
+                specs.parse_gpu_ids(raw if isinstance(raw, str) else ",".join(map(str, raw)))
+            )
+        node_gpu_ids = None
+        if req.get("node_gpu_ids"):
+            node_gpu_ids = [(n, list(g)) for n, g in specs.parse_node_gpu_ids(req["node_gpu_ids"])]
+        nodes = req.get("nodes")
+        gpus_per_node = req.get("gpus_per_node")
+        gpus = req.get("gpus")
+        if nodes is not None or gpus_per_node is not None:
+            nodes = 1 if nodes is None else int(nodes)
+            if gpus_per_node is None:
+                gpus_per_node = 1 if gpus is None else max(0, int(gpus) // max(nodes, 1))
+            gpus_per_node = int(gpus_per_node)
+            if nodes < 1:
+                raise SubmitError("--nodes must be at least 1")
+            if gpus_per_node < 0:
+                raise SubmitError("--gpus-per-node must not be negative")
+            if gpus is not None and int(gpus) != nodes * gpus_per_node:
+                raise SubmitError(
+                    f"--gpus {gpus} does not match --nodes {nodes} × --gpus-per-node "
+                    f"{gpus_per_node}"
+                )
+            gpus = nodes * gpus_per_node
+        elif node_gpu_ids is not None:
+            total = sum(len(g) for _, g in node_gpu_ids)
+            if gpus is not None and int(gpus) != total:
+                raise SubmitError(
+                    f"--gpus {gpus} does not match the {total} GPUs in --node-gpu-ids"
+                )
+            gpus = total
+        elif gpu_ids is not None:
+            if gpus is not None and int(gpus) != len(gpu_ids):
+                raise SubmitError(f"--gpus {gpus} does not match the {len(gpu_ids)} --gpu-ids")
+            gpus = len(gpu_ids)
+        gpus = 1 if gpus is None else int(gpus)
+        if gpus < 0:
+            raise SubmitError("--gpus must not be negative")
+        if gpu_ids is not None and node_gpu_ids is not None:
+            raise SubmitError("use either --gpu-ids or --node-gpu-ids, not both")
+        nodelist = self._node_names(req.get("nodelist"))
+        exclude = self._node_names(req.get("exclude")) or []
+        time_limit = None
+        if req.get("time") not in (None, ""):
+            time_limit = specs.parse_time_limit(str(req["time"]))
+            if math.isinf(time_limit):
+                time_limit = None
+        elif sched.default_time_limit:
+            time_limit = specs.parse_time_limit(sched.default_time_limit)
+        retries = req.get("retries")
+        retries = sched.max_retries if retries is None else int(retries)
+        if retries < 0:
+            raise SubmitError("--retries must not be negative")
+        policy = req.get("policy")
+        if policy not in (None, "fill_first", "spread"):
+            raise SubmitError(f"unknown placement policy {policy!r} (use fill_first or spread)")
+        dependency: list[tuple[str, str]] = []
+        if req.get("dependency"):
+            for dep in specs.parse_dependency(str(req["dependency"])):
+                if self._find_dependency_target(dep.job_id) is None:
+                    raise SubmitError(f"dependency on unknown job {dep.job_id}")
+                dependency.append((dep.kind, dep.job_id))
+        cwd = req.get("cwd")
+        env = {
+            str(k): str(v)
+            for k, v in (req.get("env") or {}).items()
+            if k not in _RESERVED_ENV and not str(k).startswith(_RESERVED_ENV_PREFIXES)
+        }
+        now = time.time()
+        base = Job(
+            id=specs.new_job_id(),
+            user=user,
+            argv=argv,
+            command=command,
+            name=name,
+            reason="waiting to be scheduled",
+            gpus=gpus,
+            gpu_ids=gpu_ids,
+            node_gpu_ids=node_gpu_ids,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            nodelist=nodelist,
+            exclude=exclude,
+            gpu_type=req.get("gpu_type") or None,
+            policy=policy,
+            distributed=bool(req.get("distributed")),
+            mpi=bool(req.get("mpi")),
+            time_limit=time_limit,
+            priority=int(req.get("priority") or 0),
+            max_retries=retries,
+            preemptible=bool(req.get("preemptible")),
+            dependency=dependency,
+            cwd=str(cwd) if cwd else None,
+            env=env,
+            interactive=bool(req.get("interactive")),
+            submit_time=now,
+            eligible_time=now,
+        )
+        while base.id in self.jobs or self.store.get_job(base.id) is not None:
+            base.id = specs.new_job_id()
+        why = could_ever_fit(self._request_for(base), self._node_views())
+        if why is not None:
+            raise SubmitError(why)
+        if not req.get("array"):
+            return [base]
+        array = specs.parse_array(str(req["array"]))
+        out = []
+        for index in array.indices:
+            rec = base.to_record()
+            rec["id"] = f"{base.id}_{index}"
+            job = Job.from_record(rec)
+            job.array_job_id = base.id
+            job.array_task_id = index
+            job.array_max_running = array.max_running
+            out.append(job)
+        return out
+
+    def _node_names(self, raw: Any) -> list[str] | None:
+        if raw in (None, "", []):
+            return None
+        if isinstance(raw, str):
+            return list(specs.parse_node_list(raw))
+        return [specs.validate_node_id(str(n)) for n in raw]
+
+    def _find_dependency_target(self, job_id: str) -> list[Job] | None:
+        job = self.get_job(job_id)
+        if job is not None:
+            return [job]
+        tasks = self.array_tasks(job_id)
+        return tasks or None
+
+    # ---- queries ----------------------------------------------------------
+
+    def get_job(self, job_id: str) -> Job | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.store.get_job(job_id)
+        return job
+
+    def array_tasks(self, array_id: str) -> list[Job]:
+        if len(array_id) != 8:
+            return []
+        found = {j.id: j for j in self.store.jobs_with_prefix(array_id + "_")}
+        for j in self.jobs.values():
+            if j.array_job_id == array_id:
+                found[j.id] = j
+        return sorted(found.values(), key=lambda j: j.array_task_id or 0)
+
+    def resolve(self, job_id: str) -> list[Job]:
+        """A job id, or an array id meaning all its tasks."""
+        job = self.get_job(job_id)
+        if job is not None:
+            return [job]
+        tasks = self.array_tasks(job_id)
+        if not tasks:
+            raise NotFound(job_id)
+        return tasks
+
+    def public_job(self, job: Job) -> dict[str, Any]:
+        out = job.to_public()
+        if job.state == JobState.QUEUED:
+            out["priority_value"] = self._priorities.get(job.id)
+            out["priority_factors"] = self._factors.get(job.id)
+            out["expected_start"] = self._expected_start.get(job.id)
+        return out
+
+    def queue(self, include_finished: bool = False) -> dict[str, Any]:
+        jobs = [self.public_job(j) for j in self.jobs.values()]
+        if include_finished:
+            jobs += [j.to_public() for j in reversed(self.store.finished_jobs(limit=1000))]
+        users = {j.id: j.user for j in self.jobs.values()}
+        return {"jobs": jobs, "nodes": [n.to_public(users) for n in self._sorted_nodes()]}
+
+    def nodes_public(self) -> list[dict[str, Any]]:
+        users = {j.id: j.user for j in self.jobs.values()}
+        return [n.to_public(users) for n in self._sorted_nodes()]
+
+    def _sorted_nodes(self) -> list[NodeRecord]:
+        return [self.nodes[k] for k in sorted(self.nodes)]
+
+    def job_event(self, job_id: str) -> asyncio.Event:
+        ev = self._job_events.get(job_id)
+        if ev is None:
+            ev = self._job_events[job_id] = asyncio.Event()
+        return ev
+
+    def _notify(self, job: Job) -> None:
+        ev = self._job_events.pop(job.id, None)
+        if ev is not None:
+            ev.set()
+
+    def queue_position(self, job: Job) -> int:
+        pos = 1
+        for j in self.jobs.values():
+            if j.id == job.id:
+                return pos
+            if j.state == JobState.QUEUED:
+                pos += 1
+        return pos
+
+    # ---- cancel and node admin --------------------------------------------
+
+    def cancel(self, job: Job, actor: str | None = None, reason: str = "cancelled") -> bool:
+        """Cancel a queued or running job; False if it had already ended."""
+        job = self.jobs.get(job.id, job)
+        if job.terminal:
+            return False
+        self.store.record_event("cancel", actor=actor, target=job.id)
+        if job.state == JobState.QUEUED:
+            self._finish(
+                job, JobState.CANCELLED, reason if actor is None else f"cancelled by {actor}"
+            )
+            return True
+        job.cancel_requested = True
+        job.reason = "cancelling"
+        self.store.save_job(job)
+        self._kill_slots(job, "cancelled")
+        return True
+
+    def drain(self, node_id: str, reason: str | None, actor: str | None = None) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise NotFound(node_id)
+        node.drain_requested = True
+        node.reason = reason or "drained by admin"
+        if node.state != NodeState.OFFLINE:
+            node.state = NodeState.DRAINING
+            node.settle_drain()
+        self.store.save_node(node_id, node.to_record())
+        self.store.record_event("drain", actor=actor, target=node_id, detail=node.reason)
+        return node
+
+    def resume(self, node_id: str, actor: str | None = None) -> NodeRecord:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise NotFound(node_id)
+        node.drain_requested = False
+        node.reason = None
+        node.failures = 0
+        if node.state != NodeState.OFFLINE:
+            node.state = NodeState.ONLINE
+        self.store.save_node(node_id, node.to_record())
+        self.store.record_event("resume", actor=actor, target=node_id)
+        self.wake()
+        return node
+
+    # ---- the scheduling loop ----------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Schedule whenever something changed, and at least once a second."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.check_heartbeats()
+                self.schedule_pass()
+            except Exception:
+                log.exception("scheduling pass failed")
+            await asyncio.sleep(0)  # let queued submissions in before the next pass
+
+    def _node_views(self) -> list[NodeView]:
+        return [
+            NodeView(
+                node_id=n.node_id,
+                gpu_indices=tuple(g.index for g in n.gpus),
+                free_gpus=n.free_gpus(),
+                schedulable=n.schedulable,
+                gpu_type=n.gpu_type or (n.gpus[0].name if n.gpus else None),
+                rack=n.rack,
+                features=frozenset(n.features),
+            )
+            for n in self._sorted_nodes()
+        ]
+
+    def _request_for(self, job: Job) -> JobRequest:
+        req = self._requests.get(job.id)
+        if req is None:
+            req = JobRequest(
+                job_id=job.id,
+                user=job.user,
+                submit_time=job.submit_time,
+                gpus=job.gpus,
+                gpu_ids=tuple(job.gpu_ids) if job.gpu_ids is not None else None,
+                node_gpu_ids=(
+                    tuple((n, tuple(g)) for n, g in job.node_gpu_ids)
+                    if job.node_gpu_ids is not None
+                    else None
+                ),
+                nodes=job.nodes,
+                gpus_per_node=job.gpus_per_node,
+                nodelist=frozenset(job.nodelist) if job.nodelist is not None else None,
+                exclude=frozenset(job.exclude),
+                gpu_type=job.gpu_type,
+                distributed=job.distributed or job.mpi,
+                policy=job.policy,  # type: ignore[arg-type]
+                priority=job.priority,
+                time_limit=job.time_limit,
+                preemptible=job.preemptible,
+            )
+            if job.state == JobState.QUEUED and job.id in self.jobs:
+                self._requests[job.id] = req
+        return req
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        s = self.config.scheduling
+        w = s.weights
+        return SchedulerConfig(
+            queue_policy=s.policy,
+            placement_policy=s.default_policy,
+            default_time_limit=(
+                specs.parse_time_limit(s.default_time_limit)
+                if s.default_time_limit
+                else 24 * 3600.0
+            ),
+            weights=PriorityWeights(
+                age=w.age,
+                fairshare=w.fairshare,
+                job_size=w.job_size,
+                user_priority=w.user_priority,
+                max_age=w.max_age_hours * 3600,
+            ),
+            shares=s.shares,
+            max_gpus_per_user=s.max_gpus_per_user,
+            max_running_jobs_per_user=s.max_running_jobs_per_user,
+            preemption=s.preemption,
+        )
+
+    def _eligible(self, job: Job, now: float, array_running: dict[str, int]) -> str | None:
+        """None if the job may be scheduled now, else why it waits."""
+        if job.eligible_time > now:
+            until = time.strftime("%H:%M:%S", time.localtime(job.eligible_time))
+            return f"retry backoff until {until}"
+        for kind, dep_id in job.dependency:
+            targets = self._find_dependency_target(dep_id) or []
+            for t in targets:
+                if not t.terminal:
+                    return f"waiting for dependency {dep_id}"
+                ok = t.state == JobState.COMPLETED
+                if (kind == "afterok" and not ok) or (kind == "afternotok" and ok):
+                    self._finish(
+                        job,
+                        JobState.CANCELLED,
+                        f"dependency {kind}:{dep_id} can never be satisfied "
+                        f"({t.id} ended {t.state.value})",
+                    )
+                    return "cancelled"
+        cap = job.array_max_running
+        array_id = job.array_job_id
+        if array_id is not None and cap is not None and array_running.get(array_id, 0) >= cap:
+            return f"array limit of {cap} running tasks"
+        return None
+
+    def schedule_pass(self) -> None:
+        now = time.time()
+        t0 = time.perf_counter()
+        array_running: dict[str, int] = {}
+        running: list[RunningJob] = []
+        for j in self.jobs.values():
+            if j.state == JobState.RUNNING:
+                if j.array_job_id is not None:
+                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
+                running.append(
+                    RunningJob(
+                        job_id=j.id,
+                        user=j.user,
+                        placements=tuple(
+                            SchedPlacement(s.node_id, tuple(s.gpu_ids)) for s in j.allocation
+                        ),
+                        start_time=j.start_time or now,
+                        time_limit=j.time_limit,
+                        priority=self._priorities.get(j.id, 0.0),
+                        preemptible=j.preemptible,
+                    )
+                )
+        pending: list[JobRequest] = []
+        waiting: dict[str, str] = {}
+        for j in list(self.jobs.values()):
+            if j.state != JobState.QUEUED:
+                continue
+            why = self._eligible(j, now, array_running)
+            if why is None:
+                pending.append(self._request_for(j))
+            elif why != "cancelled":
+                waiting[j.id] = why
+        for job_id, why in waiting.items():
+            self._set_reason(self.jobs[job_id], why)
+        if not pending:
+            self.last_pass_duration = time.perf_counter() - t0
+            return
+        snap = Snapshot(
+            now=now,
+            nodes=self._node_views(),
+            pending=pending,
+            running=running,
+            config=self._scheduler_config(),
+        )
+        decisions = schedule(snap)
+        self._priorities.update(decisions.priorities)
+        self._factors.update(decisions.factors)
+        self._expected_start = dict(decisions.expected_start)
+        started: set[str] = set()
+        for start in decisions.starts:
+            job = self.jobs.get(start.job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            if self._start(job, [(p.node_id, list(p.gpu_ids)) for p in start.placements]):
+                started.add(job.id)
+        for job_id in decisions.preempt:
+            job = self.jobs.get(job_id)
+            if job is not None and job.state == JobState.RUNNING and not job.cancel_requested:
+                self._preempt(job)
+        for job_id, why in decisions.reasons.items():
+            job = self.jobs.get(job_id)
+            if job is not None and job.id not in started and job.state == JobState.QUEUED:
+                self._set_reason(job, why)
+        self.last_pass_time = now
+        self.last_pass_duration = time.perf_counter() - t0
+
+    def _set_reason(self, job: Job, why: str) -> None:
+        # Reasons are advisory and change often: kept in memory, not written on every pass.
+        job.reason = why
+
+    # ---- starting a job ---------------------------------------------------
+
+    def _start(self, job: Job, placements: list[tuple[str, list[int]]]) -> bool:
+        for node_id, gpu_ids in placements:
+            node = self.nodes.get(node_id)
+            if node is None or not node.schedulable:
+                return False
+            if any(g in node.busy for g in gpu_ids):
+                log.error("scheduler offered busy GPUs %s on %s to %s", gpu_ids, node_id, job.id)
+                return False
+        job.epoch += 1
+        job.transition(JobState.RUNNING, "launching")
+        job.allocation = [Slot(node_id=n, gpu_ids=list(g)) for n, g in placements]
+        job.attempts.append(
+            Attempt(
+                epoch=job.epoch,
+                nodes=[n for n, _ in placements],
+                gpu_ids={n: list(g) for n, g in placements},
+            )
+        )
+        job.start_time = None
+        job.exit_code = None
+        job.timed_out = job.preempt_requested = False
+        job.failed_node = None
+        self._requests.pop(job.id, None)
+        for node_id, gpu_ids in placements:
+            self._allocate(job, node_id, gpu_ids)
+        self.store.save_job(job)  # written before any agent hears of it
+        self.counters["started"] += 1
+        if len(placements) > 1 or job.distributed or job.mpi:
+            first = self.nodes[placements[0][0]]
+            assert first.link is not None
+            first.link.send(ReservePort(job_id=job.id, epoch=job.epoch))
+        else:
+            self._launch_all(job, port=None)
+        return True
+
+    def _allocate(self, job: Job, node_id: str, gpu_ids: Iterable[int]) -> None:
+        node = self.nodes[node_id]
+        node.jobs.add(job.id)
+        for g in gpu_ids:
+            node.busy[g] = job.id
+
+    def _release(self, job: Job, slot: Slot) -> None:
+        node = self.nodes.get(slot.node_id)
+        if node is None:
+            return
+        node.jobs.discard(job.id)
+        for g in slot.gpu_ids:
+            if node.busy.get(g) == job.id:
+                del node.busy[g]
+        node.settle_drain()
+        self.wake()
+
+    def _launch_all(self, job: Job, port: int | None) -> None:
+        nnodes = len(job.allocation)
+        first = self.nodes[job.allocation[0].node_id]
+        world = sum(len(s.gpu_ids) or 1 for s in job.allocation)
+        for rank, slot in enumerate(job.allocation):
+            node = self.nodes[slot.node_id]
+            env = dict(job.env)
+            env.update(
+                {
+                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpu_ids)),
+                    "MGPU_JOB_ID": job.id,
+                    "MGPU_NODE_ID": slot.node_id,
+                    "MGPU_GPU_IDS": ",".join(map(str, slot.gpu_ids)),
+                    "MGPU_JOB_NAME": job.name or "",
+                    "MGPU_USER": job.user,
+                    "MGPU_NNODES": str(nnodes),
+                    "MGPU_NODE_RANK": str(rank),
+                    "MGPU_NODELIST": ",".join(s.node_id for s in job.allocation),
+                }
+            )
+            if job.array_job_id is not None:
+                env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
+                env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
+            if port is not None:
+                nproc = len(slot.gpu_ids) or 1
+                dist = {
+                    "MASTER_ADDR": first.ip,
+                    "MASTER_PORT": str(port),
+                    "NNODES": str(nnodes),
+                    "NODE_RANK": str(rank),
+                    "NPROC_PER_NODE": str(nproc),
+                    "WORLD_SIZE": str(world),
+                }
+                env.update(dist)
+                env.update(
+                    {
+                        "PET_NNODES": dist["NNODES"],
+                        "PET_NODE_RANK": dist["NODE_RANK"],
+                        "PET_NPROC_PER_NODE": dist["NPROC_PER_NODE"],
+                        "PET_MASTER_ADDR": dist["MASTER_ADDR"],
+                        "PET_MASTER_PORT": dist["MASTER_PORT"],
+                    }
+                )
+            if job.mpi and rank > 0:
+                continue  # MPI: only rank 0 runs COMMAND; mpirun starts the rest through mgpu
+            if node.link is None:
+                continue
+            node.link.send(
+                Launch(
+                    job_id=job.id,
+                    epoch=job.epoch,
+                    argv=job.argv,
+                    env=env,
+                    cwd=job.cwd,
+                    gpu_ids=slot.gpu_ids,
+                    time_limit=job.time_limit,
+                    kill_grace=self.config.scheduling.kill_grace,
+                    user=job.user,
+                )
+            )
+        if job.mpi:
+            for slot in job.allocation[1:]:
+                slot.done = True  # held for mpirun's remote ranks; ends with rank 0
+
+    def _kill_slots(self, job: Job, reason: str, except_node: str | None = None) -> None:
+        for slot in job.allocation:
+            if slot.done or slot.node_id == except_node:
+                continue
+            node = self.nodes.get(slot.node_id)
+            if node is not None and node.link is not None:
+                node.link.send(
+                    Kill(
+                        job_id=job.id,
+                        epoch=job.epoch,
+                        reason=reason,
+                        grace=self.config.scheduling.kill_grace,
+                    )
+                )
+
+    def _preempt(self, job: Job) -> None:
+        job.reason = "preempting"
+        job.preempt_requested = True
+        self._kill_slots(job, "preempted")
+
+    # ---- ending a job -----------------------------------------------------
+
+    def _finish(self, job: Job, state: JobState, reason: str | None) -> None:
+        now = time.time()
+        job.transition(state, reason)
+        job.end_time = now
+        for slot in job.allocation:
+            self._release(job, slot)
+        if job.attempts and job.attempts[-1].end_time is None:
+            job.attempts[-1].end_time = now
+            job.attempts[-1].end_reason = reason or state.value
+        self.store.save_job(job)
+        self.jobs.pop(job.id, None)
+        self._requests.pop(job.id, None)
+        self._priorities.pop(job.id, None)
+        self._factors.pop(job.id, None)
+        self.outputs.close(job.id)
+        self.counters["completed" if state == JobState.COMPLETED else "failed"] += 1
+        self._notify(job)
+        self.wake()
+
+    def _requeue(self, job: Job, why: str, count_retry: bool = True) -> None:
+        """Back to the queue after a node failure (or preemption); fail when out of retries."""
+        for slot in job.allocation:
+            self._release(job, slot)
+        self._kill_slots(job, "requeued")
+        if count_retry:
+            if job.retries >= job.max_retries:
+                self._finish(job, JobState.FAILED, why)
+                return
+            job.retries += 1
+            s = self.config.scheduling
+            backoff = min(s.retry_backoff_base * 2 ** (job.retries - 1), s.retry_backoff_max)
+            job.eligible_time = time.time() + backoff
+            reason = f"requeued: {why} (retry {job.retries}/{job.max_retries})"
+        else:
+            reason = f"requeued: {why}"
+        now = time.time()
+        if job.attempts and job.attempts[-1].end_time is None:
+            job.attempts[-1].end_time = now
+            job.attempts[-1].end_reason = why
+        job.transition(JobState.QUEUED, reason)
+        for slot in job.allocation:
+            slot.done = True
+        self.store.save_job(job)
+        self._notify(job)
+        self.wake()
+
+    def _slot(self, job: Job, node_id: str) -> Slot | None:
+        for s in job.allocation:
+            if s.node_id == node_id:
+                return s
+        return None
+
+    def _node_failure(self, node: NodeRecord, why: str) -> None:
+        node.failures += 1
+        threshold = self.config.scheduling.node_failure_threshold
+        if node.failures >= threshold and not node.drain_requested:
+            node.drain_requested = True
+            node.reason = f"{node.failures} consecutive failures, last: {why}"
+            if node.state != NodeState.OFFLINE:
+                node.state = NodeState.DRAINING
+                node.settle_drain()
+            log.warning("draining %s: %s", node.node_id, node.reason)
+        self.store.save_node(node.node_id, node.to_record())
+
+    # ---- agent messages ---------------------------------------------------
+
+    def agent_hello(self, hello: Hello, link: AgentLink) -> Welcome:
+        node = self._node_from_config(hello.node_id)
+        if node.link is not None and node.link is not link:
+            node.link.close()
+        node.link = link
+        node.hostname = hello.hostname
+        node.ip = hello.ip
+        node.gpus = list(hello.gpus)
+        node.gpu_source = hello.gpu_source
+        node.features = list(hello.features)
+        node.run_as_user = hello.run_as_user
+        node.last_seen = time.time()
+        entry = self.config.node(hello.node_id)
+        if entry is not None and entry.gpu_type:
+            node.gpu_type = entry.gpu_type
+        if node.drain_requested:
+            node.state = NodeState.DRAINING
+            node.settle_drain()
+        else:
+            node.state = NodeState.ONLINE
+        kill = self._reconcile(node, hello.running)
+        self.store.save_node(node.node_id, node.to_record())
+        log.info(
+            "node %s connected: %s (%s), %d GPU(s) via %s",
+            node.node_id,
+            node.hostname,
+            node.ip,
+            len(node.gpus),
+            node.gpu_source,
+        )
+        self.wake()
+        return Welcome(heartbeat_interval=self.config.networking.heartbeat_interval, kill=kill)
+
+    def _reconcile(self, node: NodeRecord, reports: list[RunningReport]) -> list[RunningReport]:
+        """Compare what the agent runs with what the master expects there."""
+        kill: list[RunningReport] = []
+        reported: set[str] = set()
+        for rep in reports:
+            job = self.jobs.get(rep.job_id)
+            slot = self._slot(job, node.node_id) if job is not None else None
+            expected = (
+                job is not None
+                and job.state == JobState.RUNNING
+                and job.epoch == rep.epoch
+                and slot is not None
+                and not slot.done
+            )
+            if not expected:
+                if not rep.exited:
+                    kill.append(rep)
+                continue
+            assert job is not None
+            reported.add(job.id)
+            if job.cancel_requested and not rep.exited:
+                kill.append(rep)
+        for job_id in list(node.jobs):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != JobState.RUNNING or job_id in reported:
+                continue
+            slot = self._slot(job, node.node_id)
+            if slot is None or slot.done:
+                continue
+            if job.reason == "launching" and job.start_time is None:
+                # A launch sent on the old connection may never have arrived.
+                pass
+            self._slot_lost(job, node, f"{node.node_id} restarted and no longer runs it")
+        return kill
+
+    def _slot_lost(self, job: Job, node: NodeRecord, why: str) -> None:
+        if job.cancel_requested:
+            self._finish(job, JobState.CANCELLED, "cancelled")
+            return
+        self._node_failure(node, why)
+        self._requeue(job, why)
+
+    def agent_disconnected(self, node_id: str, link: AgentLink) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None and node.link is link:
+            node.link = None
+            log.warning("node %s disconnected", node_id)
+
+    def agent_message(self, node_id: str, msg: Any) -> None:
+        node = self.nodes[node_id]
+        node.last_seen = time.time()
+        if isinstance(msg, Heartbeat):
+            node.telemetry = {t.index: t for t in msg.telemetry}
+            return
+        job = self.jobs.get(msg.job_id)
+        if job is None or job.epoch != msg.epoch or job.state != JobState.RUNNING:
+            if isinstance(msg, Output):
+                return  # late output of an ended run: already closed
+            if isinstance(msg, Started | PortReserved) and node.link is not None:
+                node.link.send(Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+            return
+        slot = self._slot(job, node_id)
+        if slot is None:
+            return
+        if isinstance(msg, Output):
+            self.outputs.append(job.id, msg.stream, msg.data, node_id)
+        elif isinstance(msg, Started):
+            slot.pid, slot.hostname, slot.ip = msg.pid, msg.hostname, msg.ip
+            if job.start_time is None:
+                job.start_time = msg.time
+                if job.attempts:
+                    job.attempts[-1].start_time = msg.time
+            if job.reason == "launching":
+                job.reason = None
+            self.store.save_job(job)
+            self._notify(job)
+        elif isinstance(msg, PortReserved):
+            self._launch_all(job, port=msg.port)
+        elif isinstance(msg, Exited):
+            self._slot_exited(job, node, slot, msg)
+
+    def _slot_exited(self, job: Job, node: NodeRecord, slot: Slot, msg: Exited) -> None:
+        if msg.launch_error is not None:
+            why = f"{node.node_id} could not launch the job: {msg.launch_error}"
+            self._slot_lost(job, node, why)
+            return
+        slot.done = True
+        slot.exit_code = msg.exit_code
+        if msg.timed_out:
+            job.timed_out = True
+        node.failures = 0
+        failed_here = msg.exit_code != 0
+        live = [s for s in job.allocation if not s.done]
+        if failed_here and live and not job.cancel_requested:
+            # As srun --kill-on-bad-exit: one rank failing ends the others.
+            job.failed_node = node.node_id
+            self._kill_slots(job, f"{node.node_id} failed")
+        self._release(job, slot)
+        if live:
+            self.store.save_job(job)
+            return
+        self._complete(job, msg.time)
+
+    def _complete(self, job: Job, when: float) -> None:
+        codes = [s.exit_code for s in job.allocation if s.exit_code is not None]
+        bad = [c for c in codes if c != 0]
+        job.exit_code = bad[0] if bad else (codes[0] if codes else None)
+        if job.preempt_requested and not job.cancel_requested:
+            job.preempt_requested = False
+            self._requeue(job, "preempted by higher-priority work", count_retry=False)
+            return
+        if job.cancel_requested:
+            state, reason = JobState.CANCELLED, "cancelled"
+        elif job.timed_out:
+            state, reason = JobState.TIMEOUT, "time limit reached"
+        elif not bad:
+            state, reason = JobState.COMPLETED, None
+        else:
+            first = job.failed_node
+            where = f" on {first}" if first and len(job.allocation) > 1 else ""
+            state, reason = JobState.FAILED, f"exit code {job.exit_code}{where}"
+        self._finish(job, state, reason)
+
+    # ---- node liveness ----------------------------------------------------
+
+    def check_heartbeats(self) -> None:
+        now = time.time()
+        timeout = self.config.networking.timeout
+        for node in self.nodes.values():
+            if node.state == NodeState.OFFLINE or now - node.last_seen <= timeout:
+                continue
+            if node.link is not None:
+                node.link.close()
+                node.link = None
+            node.state = NodeState.OFFLINE
+            log.warning("node %s lost: silent for %.0f s", node.node_id, now - node.last_seen)
+            for job_id in list(node.jobs):
+                job = self.jobs.get(job_id)
+                if job is None or job.state != JobState.RUNNING:
+                    node.jobs.discard(job_id)
+                    continue
+                if job.cancel_requested:
+                    self._finish(job, JobState.CANCELLED, "cancelled")
+                else:
+                    self._requeue(job, f"node {node.node_id} lost")
+            node.busy.clear()
+            node.jobs.clear()

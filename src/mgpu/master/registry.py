@@ -1,0 +1,133 @@
+"""The nodes the master knows: what each has, its state, which GPU runs which job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from mgpu.model import NodeState
+from mgpu.protocol import GpuDesc, GpuTelemetry, encode
+
+log = logging.getLogger("mgpu.master")
+
+
+class AgentLink:
+    """The master's end of one agent's WebSocket: an outbox drained by a writer task."""
+
+    def __init__(self, node_id: str, ws: Any) -> None:
+        self.node_id = node_id
+        self.ws = ws
+        self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self.closed = False
+
+    def send(self, message: BaseModel) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(encode(message))
+
+    async def writer(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if item is None:
+                return
+            try:
+                await self.ws.send_text(item)
+            except Exception:  # the reader side notices and cleans up
+                self.closed = True
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    hostname: str = ""
+    ip: str = ""
+    gpus: list[GpuDesc] = field(default_factory=list)
+    gpu_source: str = "unknown"
+    state: NodeState = NodeState.OFFLINE
+    reason: str | None = None
+    drain_requested: bool = False
+    gpu_type: str | None = None
+    rack: str | None = None
+    features: list[str] = field(default_factory=list)
+    run_as_user: str | None = None
+    failures: int = 0
+    """Consecutive node failures (launch errors, lost jobs); reset by a clean job end."""
+    last_seen: float = 0.0
+    telemetry: dict[int, GpuTelemetry] = field(default_factory=dict)
+    busy: dict[int, str] = field(default_factory=dict)
+    """GPU index -> job id holding it."""
+    jobs: set[str] = field(default_factory=set)
+    """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
+    link: AgentLink | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None and not self.link.closed
+
+    @property
+    def schedulable(self) -> bool:
+        return self.connected and self.state == NodeState.ONLINE
+
+    def free_gpus(self) -> frozenset[int]:
+        return frozenset(g.index for g in self.gpus if g.index not in self.busy)
+
+    def settle_drain(self) -> None:
+        """draining becomes drained once the last job has left."""
+        if self.drain_requested and self.state in (NodeState.DRAINING, NodeState.ONLINE):
+            self.state = NodeState.DRAINED if not self.jobs else NodeState.DRAINING
+
+    def to_record(self) -> dict[str, Any]:
+        """What survives a master restart."""
+        return {
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "gpus": [g.model_dump() for g in self.gpus],
+            "gpu_source": self.gpu_source,
+            "drain_requested": self.drain_requested,
+            "reason": self.reason,
+            "failures": self.failures,
+            "features": self.features,
+        }
+
+    def to_public(self, job_users: dict[str, str] | None = None) -> dict[str, Any]:
+        gpus = []
+        for g in self.gpus:
+            job = self.busy.get(g.index)
+            tel = self.telemetry.get(g.index)
+            gpus.append(
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "memory_mb": g.memory_mb,
+                    "busy_job": job,
+                    "busy_user": (job_users or {}).get(job) if job else None,
+                    "telemetry": tel.model_dump() if tel else None,
+                }
+            )
+        return {
+            "node_id": self.node_id,
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "state": self.state.value,
+            "reason": self.reason,
+            "connected": self.connected,
+            "gpu_source": self.gpu_source,
+            "gpu_type": self.gpu_type,
+            "rack": self.rack,
+            "features": self.features,
+            "run_as_user": self.run_as_user,
+            "failures": self.failures,
+            "last_seen": self.last_seen,
+            "jobs": sorted(self.jobs),
+            "gpus": gpus,
+        }

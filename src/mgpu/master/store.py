@@ -1,0 +1,190 @@
+"""The master's durable state: SQLite in WAL mode under the state dir.
+
+Each job is one row: a few indexed columns for queries plus the whole record as
+JSON.  The master writes a job here after every state change and before acting
+on it.  `synchronous=NORMAL` in WAL mode survives a crash or kill -9 of the
+master (the WAL is in the OS page cache); only a power loss can drop the last
+transactions, which is the trade-off Slurm's own state save makes too.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mgpu.model import Job
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    user TEXT NOT NULL,
+    submit_time REAL NOT NULL,
+    end_time REAL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    actor TEXT,
+    address TEXT,
+    target TEXT,
+    detail TEXT
+);
+"""
+
+ACTIVE_STATES = ("queued", "running")
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()
+        self._seq = int(row[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- jobs -------------------------------------------------------------
+
+    def save_job(self, job: Job) -> None:
+        self.save_jobs([job])
+
+    def save_jobs(self, jobs: list[Job]) -> None:
+        """Write jobs in one transaction (a whole array is stored or nothing)."""
+        rows = []
+        for job in jobs:
+            self._seq += 1
+            rows.append(
+                (
+                    job.id,
+                    self._seq,
+                    job.state.value,
+                    job.user,
+                    job.submit_time,
+                    job.end_time,
+                    json.dumps(job.to_record(), separators=(",", ":")),
+                )
+            )
+        with self._tx():
+            # seq keeps the first insert's order: it is submit order for the queue.
+            self.db.executemany(
+                "INSERT INTO jobs(id, seq, state, user, submit_time, end_time, record) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET "
+                "state=excluded.state, end_time=excluded.end_time, record=excluded.record",
+                rows,
+            )
+
+    def load_active_jobs(self) -> list[Job]:
+        cur = self.db.execute(
+            "SELECT record FROM jobs WHERE state IN (?, ?) ORDER BY seq", ACTIVE_STATES
+        )
+        return [Job.from_record(json.loads(r[0])) for r in cur]
+
+    def get_job(self, job_id: str) -> Job | None:
+        row = self.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else Job.from_record(json.loads(row[0]))
+
+    def finished_jobs(self, since: float | None = None, limit: int = 1000) -> list[Job]:
+        cur = self.db.execute(
+            "SELECT record FROM jobs WHERE state NOT IN (?, ?) AND end_time >= ? "
+            "ORDER BY end_time DESC LIMIT ?",
+            (*ACTIVE_STATES, since or 0.0, limit),
+        )
+        return [Job.from_record(json.loads(r[0])) for r in cur]
+
+    def jobs_with_prefix(self, prefix: str) -> list[Job]:
+        cur = self.db.execute(
+            "SELECT record FROM jobs WHERE id >= ? AND id < ? ORDER BY seq",
+            (prefix, prefix + "\U0010ffff"),
+        )
+        return [Job.from_record(json.loads(r[0])) for r in cur]
+
+    # ---- nodes and meta ---------------------------------------------------
+
+    def save_node(self, node_id: str, record: dict[str, Any]) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO nodes(node_id, record) VALUES (?, ?) "
+                "ON CONFLICT(node_id) DO UPDATE SET record=excluded.record",
+                (node_id, json.dumps(record)),
+            )
+
+    def load_nodes(self) -> dict[str, dict[str, Any]]:
+        cur = self.db.execute("SELECT node_id, record FROM nodes")
+        return {r[0]: json.loads(r[1]) for r in cur}
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+
+    def record_event(
+        self,
+        kind: str,
+        actor: str | None = None,
+        address: str | None = None,
+        target: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO events(time, kind, actor, address, target, detail) "
+                "VALUES (?,?,?,?,?,?)",
+                (time.time(), kind, actor, address, target, detail),
+            )
+
+    def events(self, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:
+        cur = self.db.execute(
+            "SELECT time, kind, actor, address, target, detail FROM events "
+            "WHERE time >= ? ORDER BY id DESC LIMIT ?",
+            (since, limit),
+        )
+        keys = ("time", "kind", "actor", "address", "target", "detail")
+        return [dict(zip(keys, r, strict=True)) for r in cur]
+
+    # ---- helpers ----------------------------------------------------------
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> None:
+            self.db.execute("BEGIN")
+
+        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+    def _tx(self) -> Store._Tx:
+        return Store._Tx(self.db)
+
+    def iter_all_jobs(self) -> Iterator[Job]:
+        for (rec,) in self.db.execute("SELECT record FROM jobs ORDER BY seq"):
+            yield Job.from_record(json.loads(rec))

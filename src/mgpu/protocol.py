@@ -1,0 +1,169 @@
+"""Every message between the master and a node agent.
+
+Messages are JSON objects over one WebSocket that the agent dials.  Each has a
+`type`; `parse_agent_message` / `parse_master_message` turn raw JSON into the
+typed models and refuse anything else.  Job-scoped messages carry the
+allocation `epoch`, so a message from an older run of a requeued job is
+recognised as stale and ignored (fencing).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+
+
+class GpuDesc(BaseModel):
+    index: int
+    name: str
+    memory_mb: int
+    uuid: str | None = None
+
+
+class GpuTelemetry(BaseModel):
+    index: int
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    simulated: bool = False
+    foreign_processes: list[int] = Field(default_factory=list)
+
+
+class RunningReport(BaseModel):
+    job_id: str
+    epoch: int
+    pid: int | None = None
+    exited: bool = False
+    exit_code: int | None = None
+
+
+# ---- agent -> master -------------------------------------------------------
+
+
+class Hello(BaseModel):
+    type: Literal["hello"] = "hello"
+    protocol: int = PROTOCOL_VERSION
+    node_id: str
+    hostname: str
+    ip: str
+    gpus: list[GpuDesc]
+    gpu_source: str = "fake"
+    running: list[RunningReport] = Field(default_factory=list)
+    features: list[str] = Field(default_factory=list)
+    run_as_user: str | None = None
+    """Set when the agent cannot switch users: every job runs as this account."""
+    token: str | None = None
+
+
+class Heartbeat(BaseModel):
+    type: Literal["heartbeat"] = "heartbeat"
+    telemetry: list[GpuTelemetry] = Field(default_factory=list)
+
+
+class Started(BaseModel):
+    type: Literal["started"] = "started"
+    job_id: str
+    epoch: int
+    pid: int
+    hostname: str
+    ip: str
+    time: float
+    port: int | None = None
+
+
+class Output(BaseModel):
+    type: Literal["output"] = "output"
+    job_id: str
+    epoch: int
+    stream: Literal["o", "e"]
+    data: str
+
+
+class Exited(BaseModel):
+    type: Literal["exited"] = "exited"
+    job_id: str
+    epoch: int
+    exit_code: int | None
+    time: float
+    timed_out: bool = False
+    launch_error: str | None = None
+    """Set when the node could not start the job at all: a node failure, not the job's."""
+
+
+class PortReserved(BaseModel):
+    type: Literal["port_reserved"] = "port_reserved"
+    job_id: str
+    epoch: int
+    port: int
+
+
+AgentMessage = Annotated[
+    Hello | Heartbeat | Started | Output | Exited | PortReserved, Field(discriminator="type")
+]
+
+# ---- master -> agent -------------------------------------------------------
+
+
+class Welcome(BaseModel):
+    type: Literal["welcome"] = "welcome"
+    heartbeat_interval: float
+    kill: list[RunningReport] = Field(default_factory=list)
+    """Processes the agent runs that the master does not know (or knows as stale)."""
+
+
+class Refused(BaseModel):
+    type: Literal["refused"] = "refused"
+    reason: str
+
+
+class Launch(BaseModel):
+    type: Literal["launch"] = "launch"
+    job_id: str
+    epoch: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    gpu_ids: list[int]
+    time_limit: float | None = None
+    kill_grace: float = 10.0
+    user: str | None = None
+
+
+class Kill(BaseModel):
+    type: Literal["kill"] = "kill"
+    job_id: str
+    epoch: int | None = None
+    """None = whatever epoch the agent runs."""
+    reason: str = "cancelled"
+    grace: float = 10.0
+
+
+class ReservePort(BaseModel):
+    type: Literal["reserve_port"] = "reserve_port"
+    job_id: str
+    epoch: int
+
+
+MasterMessage = Annotated[
+    Welcome | Refused | Launch | Kill | ReservePort, Field(discriminator="type")
+]
+
+_agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+_master_adapter: TypeAdapter[MasterMessage] = TypeAdapter(MasterMessage)
+
+
+def parse_agent_message(raw: str | bytes) -> AgentMessage:
+    return _agent_adapter.validate_json(raw)
+
+
+def parse_master_message(raw: str | bytes) -> MasterMessage:
+    return _master_adapter.validate_json(raw)
+
+
+def encode(message: BaseModel) -> str:
+    return message.model_dump_json()

@@ -1,0 +1,234 @@
+"""Choosing which preemptible running jobs to stop so a higher-priority job can start.
+
+Only running jobs that are `preemptible` and of strictly lower priority than the waiting
+job are candidates.  Among them the plan prefers, in order: fewest victims, lowest
+highest-victim priority, fewest GPUs taken away.  Victims of equal priority are taken
+youngest first (least work lost), as Slurm does.
+
+* one-node requests (`--gpus N`, `--gpu-ids`): the best single node is chosen;
+* gang requests (`--nodes`): the N cheapest nodes to clear, each cleared on its own;
+* pinned requests (`--node-gpu-ids`): exactly the holders of the named GPUs, which must
+  all be candidates;
+* split `--distributed` requests: victims are added lowest priority first until the job
+  fits, then any that turn out unneeded are dropped.
+
+The plan's placement is what the job would get once the victims are gone; the core
+protects it from backfill until the job starts (on a later pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from .placement import FreePool, gpus_per_node, place, requested_gpus
+from .types import JobRequest, Placement, Policy, RunningJob
+
+__all__ = ["PreemptionPlan", "plan_preemption"]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    victims: tuple[str, ...]
+    placements: tuple[Placement, ...]
+
+
+def _gpus_on(job: RunningJob, node_id: str) -> set[int]:
+    return {g for p in job.placements if p.node_id == node_id for g in p.gpu_ids}
+
+
+def _after(pool: FreePool, victims: Iterable[RunningJob]) -> FreePool:
+    sim = pool.copy()
+    for v in victims:
+        for p in v.placements:
+            sim.release(p.node_id, p.gpu_ids)
+    return sim
+
+
+def _cost(victims: Sequence[RunningJob]) -> tuple[int, float, int]:
+    return (
+        len(victims),
+        max((v.priority for v in victims), default=float("-inf")),
+        sum(v.gpus for v in victims),
+    )
+
+
+def plan_preemption(
+    job: JobRequest,
+    priority: float,
+    pool: FreePool,
+    running: Sequence[RunningJob],
+    default_policy: Policy,
+) -> PreemptionPlan | None:
+    """Victims whose GPUs would let `job` start, or None if no acceptable set exists."""
+    candidates = [r for r in running if r.preemptible and r.priority < priority]
+    if not candidates:
+        return None
+    candidates.sort(key=lambda r: (r.priority, -r.start_time, r.job_id))
+    if job.node_gpu_ids is not None:
+        return _pinned(job, pool, running, candidates)
+    if job.nodes is not None:
+        return _gang(job, pool, candidates, default_policy)
+    if job.gpu_ids is None and job.distributed and job.gpus > pool.eligible(job).max_total:
+        return _greedy(job, pool, candidates, default_policy)
+    return _one_node(job, pool, candidates, default_policy)
+
+
+def _by_node(
+    pool: FreePool, job: JobRequest, candidates: Sequence[RunningJob]
+) -> dict[str, list[RunningJob]]:
+    """Candidates on each eligible up node, in preference order."""
+    eligible = pool.eligible(job)
+    by_node: dict[str, list[RunningJob]] = {}
+    for v in candidates:
+        for p in v.placements:
+            if p.node_id in eligible and pool.is_up(p.node_id):
+                victims = by_node.setdefault(p.node_id, [])
+                if not victims or victims[-1] is not v:
+                    victims.append(v)
+    return by_node
+
+
+def _clear(
+    pool: FreePool,
+    node_id: str,
+    victims: Sequence[RunningJob],
+    need: int,
+    ids: frozenset[int] | None,
+) -> list[RunningJob] | None:
+    """The fewest of `victims` (in order) whose GPUs on `node_id` make the request fit there."""
+    free = set(pool.free(node_id))
+    chosen: list[RunningJob] = []
+    if ids is not None:
+        missing = ids - free
+        for v in victims:
+            if not missing:
+                break
+            held = _gpus_on(v, node_id)
+            if held & missing:
+                chosen.append(v)
+                missing -= held
+        return None if missing else chosen
+    for v in victims:
+        if len(free) >= need:
+            break
+        chosen.append(v)
+        free |= _gpus_on(v, node_id)
+    if len(free) < need:
+        return None
+    for v in reversed(list(chosen)):  # drop the ones that turned out unnecessary
+        without = free - _gpus_on(v, node_id)
+        if len(without) >= need:
+            chosen.remove(v)
+            free = without
+    return chosen
+
+
+def _restricted(job: JobRequest, nodes: Iterable[str]) -> JobRequest:
+    return replace(job, nodelist=frozenset(nodes))
+
+
+def _one_node(
+    job: JobRequest, pool: FreePool, candidates: Sequence[RunningJob], policy: Policy
+) -> PreemptionPlan | None:
+    ids = frozenset(job.gpu_ids) if job.gpu_ids is not None else None
+    need = requested_gpus(job)
+    best: tuple[tuple[int, float, int, str], str, list[RunningJob]] | None = None
+    for nid, victims in _by_node(pool, job, candidates).items():
+        if ids is not None and not ids <= set(pool.views[nid].gpu_indices):
+            continue
+        chosen = _clear(pool, nid, victims, need, ids)
+        if chosen is None:
+            continue
+        key = (*_cost(chosen), nid)
+        if best is None or key < best[0]:
+            best = (key, nid, chosen)
+    if best is None:
+        return None
+    _, nid, chosen = best
+    placements = place(_restricted(job, [nid]), _after(pool, chosen), policy)
+    if placements is None:
+        return None
+    return PreemptionPlan(tuple(v.job_id for v in chosen), placements)
+
+
+def _gang(
+    job: JobRequest, pool: FreePool, candidates: Sequence[RunningJob], policy: Policy
+) -> PreemptionPlan | None:
+    assert job.nodes is not None
+    per = gpus_per_node(job)
+    if per is None:
+        return None
+    by_node = _by_node(pool, job, candidates)
+    options: list[tuple[tuple[int, float, int, str], list[RunningJob]]] = []
+    eligible = pool.eligible(job)
+    nodes = pool.views if eligible.nodes is None else eligible.nodes
+    for nid in nodes:
+        if not pool.is_up(nid) or nid not in eligible:
+            continue
+        chosen = _clear(pool, nid, by_node.get(nid, []), per, None)
+        if chosen is not None:
+            options.append(((*_cost(chosen), nid), chosen))
+    if len(options) < job.nodes:
+        return None
+    options.sort(key=lambda o: o[0])
+    picked = options[: job.nodes]
+    victims: dict[str, RunningJob] = {}
+    for _, chosen in picked:
+        for v in chosen:
+            victims.setdefault(v.job_id, v)
+    placements = place(
+        _restricted(job, [key[3] for key, _ in picked]), _after(pool, victims.values()), policy
+    )
+    if placements is None:
+        return None
+    return PreemptionPlan(tuple(victims), placements)
+
+
+def _pinned(
+    job: JobRequest,
+    pool: FreePool,
+    running: Sequence[RunningJob],
+    candidates: Sequence[RunningJob],
+) -> PreemptionPlan | None:
+    assert job.node_gpu_ids is not None
+    owner = {(p.node_id, g): r for r in running for p in r.placements for g in p.gpu_ids}
+    allowed = {id(c) for c in candidates}
+    victims: dict[str, RunningJob] = {}
+    for nid, ids in job.node_gpu_ids:
+        if not pool.is_up(nid):
+            return None
+        for g in set(ids) - set(pool.free(nid)):
+            holder = owner.get((nid, g))
+            if holder is None or id(holder) not in allowed:
+                return None
+            victims.setdefault(holder.job_id, holder)
+    placements = place(job, _after(pool, victims.values()), "fill_first")
+    if placements is None or not victims:
+        return None
+    return PreemptionPlan(tuple(victims), placements)
+
+
+def _greedy(
+    job: JobRequest, pool: FreePool, candidates: Sequence[RunningJob], policy: Policy
+) -> PreemptionPlan | None:
+    need = requested_gpus(job)
+    sim = pool.copy()
+    chosen: list[RunningJob] = []
+    placements = None
+    for v in candidates:
+        for p in v.placements:
+            sim.release(p.node_id, p.gpu_ids)
+        chosen.append(v)
+        if sim.total_free >= need:
+            placements = place(job, sim, policy)
+            if placements is not None:
+                break
+    if placements is None:
+        return None
+    for v in reversed(list(chosen)):
+        trial = [c for c in chosen if c is not v]
+        found = place(job, _after(pool, trial), policy)
+        if found is not None:
+            chosen, placements = trial, found
+    return PreemptionPlan(tuple(v.job_id for v in chosen), placements)

@@ -1,0 +1,121 @@
+"""Multifactor job priority, after Slurm's priority/multifactor plugin.
+
+Each factor is a number in [0, 1]; a job's priority is the weighted sum
+
+    priority = w_age·age + w_fairshare·fairshare + w_job_size·job_size + w_user·user_priority
+
+* **age** — time since submission divided by `weights.max_age`, saturating at 1.
+* **fairshare** — Slurm's classic formula `2^(-U/S)`: `U` is the user's share of all
+  decayed usage (`Snapshot.usage`), `S` the user's share of all configured shares.  A user
+  who has used nothing scores 1; one who has used exactly their share scores 0.5.  Users
+  not in `config.shares` get the mean configured share (1.0 when nothing is configured),
+  so with no configuration every user seen (pending, running or with usage) is equal.
+  A configured share of 0 scores 0.
+* **job_size** — GPUs asked for / GPUs in the cluster, at most 1 (bigger jobs first, as
+  Slurm does by default: they are the hardest to fit later).
+* **user_priority** — the job's `--priority`, clamped to [-1000, 1000] and mapped linearly
+  onto [0, 1]: -1000 → 0, 0 → 0.5, 1000 → 1.  With the default weight of 1000 each unit
+  of `--priority` is worth one point (about ten minutes of age with the default weights).
+
+`Decisions.factors` records each job's *weighted* contributions under the keys `age`,
+`fairshare`, `job_size` and `user_priority`; they add up to the job's priority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from .placement import requested_gpus
+from .types import JobRequest, PriorityWeights, RunningJob, Snapshot
+
+__all__ = [
+    "USER_PRIORITY_RANGE",
+    "compute_priorities",
+    "fairshare_factors",
+    "user_priority_factor",
+]
+
+USER_PRIORITY_RANGE = 1000
+"""`--priority` is clamped to ±this before being mapped onto [0, 1]."""
+
+
+def user_priority_factor(priority: float) -> float:
+    """`--priority` mapped onto [0, 1] (-1000 → 0, 0 → 0.5, 1000 → 1)."""
+    p = max(-USER_PRIORITY_RANGE, min(USER_PRIORITY_RANGE, priority))
+    return (p + USER_PRIORITY_RANGE) / (2 * USER_PRIORITY_RANGE)
+
+
+def fairshare_factors(
+    users: Iterable[str], shares: Mapping[str, float], usage: Mapping[str, float]
+) -> dict[str, float]:
+    """Each user's fairshare factor `2^(-U/S)` (see the module docstring).
+
+    `users` are the users seen this pass; configured users and users with usage are
+    added, since they all take part in the normalisation.
+    """
+    everyone = set(users) | set(shares) | {u for u, v in usage.items() if v > 0}
+    configured = [max(0.0, s) for s in shares.values()]
+    default_share = sum(configured) / len(configured) if configured else 1.0
+    share = {u: max(0.0, shares.get(u, default_share)) for u in everyone}
+    total_share = sum(share.values())
+    total_usage = sum(max(0.0, usage.get(u, 0.0)) for u in everyone)
+    factors: dict[str, float] = {}
+    for user in everyone:
+        used = max(0.0, usage.get(user, 0.0)) / total_usage if total_usage > 0 else 0.0
+        owned = share[user] / total_share if total_share > 0 else 0.0
+        if owned <= 0.0:
+            factors[user] = 0.0
+        else:
+            factors[user] = 2.0 ** (-used / owned)
+    return factors
+
+
+def cluster_size(snapshot: Snapshot) -> int:
+    if snapshot.config.cluster_gpus > 0:
+        return snapshot.config.cluster_gpus
+    return sum(len(n.gpu_indices) for n in snapshot.nodes)
+
+
+def compute_priorities(
+    snapshot: Snapshot, needs: Sequence[int] | None = None
+) -> tuple[list[float], list[dict[str, float]]]:
+    """Priority and weighted factor breakdown of each pending job, in `pending` order.
+
+    `needs` (each job's `requested_gpus`) may be passed when the caller has it already.
+    The work is done in list comprehensions on purpose: this runs over every pending
+    job on every pass, and is the bulk of a pass over a long queue.
+    """
+    pending: Sequence[JobRequest] = snapshot.pending
+    running: Sequence[RunningJob] = snapshot.running
+    cfg = snapshot.config
+    w: PriorityWeights = cfg.weights
+    users = {j.user for j in pending}
+    users.update(r.user for r in running)
+    fairshare = fairshare_factors(users, cfg.shares, snapshot.usage)
+    weighted_fs = {u: w.fairshare * f for u, f in fairshare.items()}
+    if needs is None:
+        needs = [requested_gpus(j) for j in pending]
+
+    now = snapshot.now
+    age_scale = w.age / w.max_age if w.max_age > 0 else 0.0
+    w_age, w_size = w.age, w.job_size
+    total = cluster_size(snapshot)
+    size_scale = w_size / total if total > 0 else 0.0
+    user_scale = w.user_priority / (2 * USER_PRIORITY_RANGE)
+    bound = USER_PRIORITY_RANGE
+
+    ages = [(now - j.submit_time) * age_scale for j in pending]
+    ages = [w_age if a > w_age else (a if a > 0.0 else 0.0) for a in ages]
+    sizes = [n * size_scale for n in needs]
+    sizes = [w_size if s > w_size else s for s in sizes]
+    shares = [weighted_fs[j.user] for j in pending]
+    users_p = [
+        ((bound if p > bound else (-bound if p < -bound else p)) + bound) * user_scale
+        for p in [j.priority for j in pending]
+    ]
+    priorities = [a + f + s + u for a, f, s, u in zip(ages, shares, sizes, users_p, strict=True)]
+    factors = [
+        {"age": a, "fairshare": f, "job_size": s, "user_priority": u}
+        for a, f, s, u in zip(ages, shares, sizes, users_p, strict=True)
+    ]
+    return priorities, factors
