@@ -63,9 +63,7 @@ def build(n_nodes: int, n_pending: int, seed: int = 1) -> Snapshot:
                     preemptible=rng.random() < 0.2,
                 )
             )
-        nodes.append(
-            NodeView(nid, all_gpus, free, gpu_type="a100", rack=f"rack{i // 40:02d}")
-        )
+        nodes.append(NodeView(nid, all_gpus, free, gpu_type="a100", rack=f"rack{i // 40:02d}"))
     pending: list[JobRequest] = []
     for j in range(n_pending):
         roll = rng.random()

@@ -7,7 +7,7 @@ after each transition and before acting on it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -141,8 +141,11 @@ class Job:
         return self.state.terminal
 
     def to_record(self) -> dict[str, Any]:
-        """Everything, for the store."""
-        return asdict(self)
+        """Everything, for the store (by hand: dataclasses.asdict is slow on a hot path)."""
+        rec = {f: getattr(self, f) for f in _JOB_FIELDS}
+        rec["allocation"] = [{f: getattr(s, f) for f in _SLOT_FIELDS} for s in self.allocation]
+        rec["attempts"] = [{f: getattr(a, f) for f in _ATTEMPT_FIELDS} for a in self.attempts]
+        return rec
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Job:
@@ -200,3 +203,8 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
         }
+
+
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
+_SLOT_FIELDS = tuple(f.name for f in fields(Slot))
+_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))

@@ -124,7 +124,11 @@ class Agent:
         import websockets
 
         async with websockets.connect(
-            self.url, max_size=64 * 1024 * 1024, open_timeout=10, ping_interval=None
+            self.url,
+            max_size=64 * 1024 * 1024,
+            open_timeout=10,
+            ping_interval=None,
+            compression=None,
         ) as ws:
             ip = self.advertise_ip or ws.local_address[0]
             hello = Hello(

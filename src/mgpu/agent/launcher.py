@@ -32,7 +32,7 @@ import psutil
 
 log = logging.getLogger("mgpu.agent")
 
-SHIM = 'trap : TERM INT HUP; "$@"; echo $? > "$0.tmp" && mv "$0.tmp" "$0"'
+SHIM = 'trap : TERM INT HUP; "$@"; echo $? > "$0"'
 READ_CHUNK = 256 * 1024
 
 
@@ -81,20 +81,27 @@ class Launcher:
         spool.mkdir(parents=True, exist_ok=True)
         self.on_output = on_output
         self.running: dict[str, Running] = {}
-        self._state_file = spool / "running.json"
 
     # ---- persistence --------------------------------------------------------
 
-    def save(self) -> None:
-        tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(r.rec) for r in self.running.values()]))
-        os.replace(tmp, self._state_file)
+    def _record_path(self, rec: RunRecord) -> Path:
+        return self.spool / f"{rec.job_id}.{rec.epoch}.run"
+
+    def save(self, rec: RunRecord) -> None:
+        """One small file per running job: cheaper than rewriting a shared index."""
+        path = self._record_path(rec)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(rec)))
+        os.replace(tmp, path)
 
     def load_previous(self) -> list[RunRecord]:
-        try:
-            return [RunRecord(**r) for r in json.loads(self._state_file.read_text())]
-        except (OSError, ValueError, TypeError):
-            return []
+        records = []
+        for path in sorted(self.spool.glob("*.run")):
+            try:
+                records.append(RunRecord(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                continue
+        return records
 
     # ---- launch -------------------------------------------------------------
 
@@ -162,8 +169,8 @@ class Launcher:
             deadline=(now + time_limit) if time_limit else None,
             kill_grace=kill_grace,
         )
+        self.save(rec)
         self._track(Running(rec=rec, popen=popen))
-        self.save()
         return rec
 
     def adopt(self, rec: RunRecord) -> bool:
@@ -272,7 +279,8 @@ class Launcher:
         for p in (run.rec.out_path, run.rec.err_path, run.rec.exit_path):
             with contextlib.suppress(OSError):
                 os.unlink(p)
-        self.save()
+        with contextlib.suppress(OSError):
+            os.unlink(self._record_path(run.rec))
 
     # ---- stopping -----------------------------------------------------------
 

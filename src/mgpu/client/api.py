@@ -209,6 +209,19 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 return dict(job)
 
+    def wait_all(self, job_ids: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
+        """Block until every listed job has ended (or `timeout` passed); return them."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
+            out = self._request(
+                "POST", "/api/wait", {"ids": job_ids, "timeout": left}, timeout=left + 30
+            )
+            jobs: list[dict[str, Any]] = out["jobs"]
+            active = [j["id"] for j in jobs if j["state"] in ("queued", "running")]
+            if not active or (deadline is not None and time.monotonic() >= deadline):
+                return jobs
+
     def logs(self, job_id: str) -> str:
         """The job's output so far, stdout and stderr interleaved as they came."""
         return "".join(r.get("d", "") for r in self.stream(job_id, follow=False))

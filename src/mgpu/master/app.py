@@ -57,6 +57,11 @@ class SubmitRequest(BaseModel):
     env: dict[str, str] | None = None
 
 
+class WaitRequest(BaseModel):
+    ids: list[str] = Field(max_length=100000)
+    timeout: float = Field(default=30.0, ge=0, le=3600)
+
+
 class DrainRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=1000)
 
@@ -147,6 +152,21 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
                 return c().public_job(job)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
+
+    @app.post("/api/wait")
+    async def wait_many(body: WaitRequest) -> dict[str, Any]:
+        """Answer once every listed job has ended (or after `timeout` seconds)."""
+        deadline = time.monotonic() + body.timeout
+        for job_id in body.ids:
+            while True:
+                job = find(job_id)
+                left = deadline - time.monotonic()
+                if job.terminal or left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
+        jobs = [find(j) for j in body.ids]
+        return {"jobs": [c().public_job(j) for j in jobs]}
 
     @app.post("/api/jobs/{job_id}/cancel")
     async def cancel(job_id: str, request: Request) -> dict[str, Any]:

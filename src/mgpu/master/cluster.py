@@ -14,6 +14,7 @@ that keep a GPU from being given twice and a job from running twice:
 from __future__ import annotations
 
 import asyncio
+import copy
 import getpass
 import logging
 import math
@@ -23,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
@@ -104,7 +107,44 @@ class Cluster:
         self._factors: dict[str, dict[str, float]] = {}
         self._expected_start: dict[str, float] = {}
         self.default_user = getpass.getuser()
+        self._dirty: dict[str, Job] = {}
+        self._outbox: list[tuple[AgentLink, BaseModel]] = []
+        self._flush_armed = False
         self._load()
+
+    # ---- group commit -----------------------------------------------------
+
+    def _persist(self, job: Job) -> None:
+        """Mark a changed job for the next flush (one transaction per loop turn)."""
+        self._dirty[job.id] = job
+        self._arm_flush()
+
+    def _send(self, link: AgentLink, message: BaseModel) -> None:
+        """Send to an agent after the state that led to it is on disk."""
+        self._outbox.append((link, message))
+        self._arm_flush()
+
+    def _arm_flush(self) -> None:
+        if self._flush_armed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._flush_armed = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every changed job in one transaction, then send what waited on it."""
+        self._flush_armed = False
+        if self._dirty:
+            jobs = list(self._dirty.values())
+            self._dirty.clear()
+            self.store.save_jobs(jobs)
+        outbox, self._outbox = self._outbox, []
+        for link, message in outbox:
+            link.send(message)
 
     # ---- start-up ---------------------------------------------------------
 
@@ -166,10 +206,11 @@ class Cluster:
             jobs = self._build_jobs(req, user or self.default_user)
         except specs.SpecError as e:
             raise SubmitError(str(e)) from None
-        self.store.save_jobs(jobs)
+        self.store.save_jobs(
+            jobs, event=("submit", jobs[0].user, jobs[0].array_job_id or jobs[0].id)
+        )
         for job in jobs:
             self.jobs[job.id] = job
-        self.store.record_event("submit", actor=jobs[0].user, target=jobs[0].id)
         self.wake()
         if jobs[0].array_job_id is not None:
             return SubmitResult(jobs[0].array_job_id, [j.id for j in jobs])
@@ -300,7 +341,7 @@ class Cluster:
         array = specs.parse_array(str(req["array"]))
         out = []
         for index in array.indices:
-            rec = base.to_record()
+            rec = copy.deepcopy(base.to_record())
             rec["id"] = f"{base.id}_{index}"
             job = Job.from_record(rec)
             job.array_job_id = base.id
@@ -326,7 +367,7 @@ class Cluster:
     # ---- queries ----------------------------------------------------------
 
     def get_job(self, job_id: str) -> Job | None:
-        job = self.jobs.get(job_id)
+        job = self.jobs.get(job_id) or self._dirty.get(job_id)
         if job is None:
             job = self.store.get_job(job_id)
         return job
@@ -404,11 +445,12 @@ class Cluster:
             self._finish(
                 job, JobState.CANCELLED, reason if actor is None else f"cancelled by {actor}"
             )
-            return True
-        job.cancel_requested = True
-        job.reason = "cancelling"
-        self.store.save_job(job)
-        self._kill_slots(job, "cancelled")
+        else:
+            job.cancel_requested = True
+            job.reason = "cancelling"
+            self._persist(job)
+            self._kill_slots(job, "cancelled")
+        self.flush()  # on disk before the user is told
         return True
 
     def drain(self, node_id: str, reason: str | None, actor: str | None = None) -> NodeRecord:
@@ -647,12 +689,12 @@ class Cluster:
         self._requests.pop(job.id, None)
         for node_id, gpu_ids in placements:
             self._allocate(job, node_id, gpu_ids)
-        self.store.save_job(job)  # written before any agent hears of it
+        self._persist(job)  # written before any agent hears of it (see _flush)
         self.counters["started"] += 1
         if len(placements) > 1 or job.distributed or job.mpi:
             first = self.nodes[placements[0][0]]
             assert first.link is not None
-            first.link.send(ReservePort(job_id=job.id, epoch=job.epoch))
+            self._send(first.link, ReservePort(job_id=job.id, epoch=job.epoch))
         else:
             self._launch_all(job, port=None)
         return True
@@ -721,7 +763,8 @@ class Cluster:
                 continue  # MPI: only rank 0 runs COMMAND; mpirun starts the rest through mgpu
             if node.link is None:
                 continue
-            node.link.send(
+            self._send(
+                node.link,
                 Launch(
                     job_id=job.id,
                     epoch=job.epoch,
@@ -732,7 +775,7 @@ class Cluster:
                     time_limit=job.time_limit,
                     kill_grace=self.config.scheduling.kill_grace,
                     user=job.user,
-                )
+                ),
             )
         if job.mpi:
             for slot in job.allocation[1:]:
@@ -744,13 +787,14 @@ class Cluster:
                 continue
             node = self.nodes.get(slot.node_id)
             if node is not None and node.link is not None:
-                node.link.send(
+                self._send(
+                    node.link,
                     Kill(
                         job_id=job.id,
                         epoch=job.epoch,
                         reason=reason,
                         grace=self.config.scheduling.kill_grace,
-                    )
+                    ),
                 )
 
     def _preempt(self, job: Job) -> None:
@@ -769,7 +813,7 @@ class Cluster:
         if job.attempts and job.attempts[-1].end_time is None:
             job.attempts[-1].end_time = now
             job.attempts[-1].end_reason = reason or state.value
-        self.store.save_job(job)
+        self._persist(job)
         self.jobs.pop(job.id, None)
         self._requests.pop(job.id, None)
         self._priorities.pop(job.id, None)
@@ -802,7 +846,7 @@ class Cluster:
         job.transition(JobState.QUEUED, reason)
         for slot in job.allocation:
             slot.done = True
-        self.store.save_job(job)
+        self._persist(job)
         self._notify(job)
         self.wake()
 
@@ -918,7 +962,7 @@ class Cluster:
             if isinstance(msg, Output):
                 return  # late output of an ended run: already closed
             if isinstance(msg, Started | PortReserved) and node.link is not None:
-                node.link.send(Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+                self._send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
             return
         slot = self._slot(job, node_id)
         if slot is None:
@@ -933,7 +977,7 @@ class Cluster:
                     job.attempts[-1].start_time = msg.time
             if job.reason == "launching":
                 job.reason = None
-            self.store.save_job(job)
+            self._persist(job)
             self._notify(job)
         elif isinstance(msg, PortReserved):
             self._launch_all(job, port=msg.port)
@@ -958,7 +1002,7 @@ class Cluster:
             self._kill_slots(job, f"{node.node_id} failed")
         self._release(job, slot)
         if live:
-            self.store.save_job(job)
+            self._persist(job)
             return
         self._complete(job, msg.time)
 

@@ -50,5 +50,6 @@ def run_master(
         log_level="debug" if verbose else "warning",
         access_log=verbose,
         ws_ping_interval=None,
+        ws_per_message_deflate=False,
         ws_max_size=64 * 1024 * 1024,
     )

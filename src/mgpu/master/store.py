@@ -70,8 +70,9 @@ class Store:
     def save_job(self, job: Job) -> None:
         self.save_jobs([job])
 
-    def save_jobs(self, jobs: list[Job]) -> None:
-        """Write jobs in one transaction (a whole array is stored or nothing)."""
+    def save_jobs(self, jobs: list[Job], event: tuple[str, str, str] | None = None) -> None:
+        """Write jobs in one transaction (a whole array is stored or nothing), with an
+        optional audit event (kind, actor, target) in the same transaction."""
         rows = []
         for job in jobs:
             self._seq += 1
@@ -94,6 +95,11 @@ class Store:
                 "state=excluded.state, end_time=excluded.end_time, record=excluded.record",
                 rows,
             )
+            if event is not None:
+                self.db.execute(
+                    "INSERT INTO events(time, kind, actor, target) VALUES (?,?,?,?)",
+                    (time.time(), *event),
+                )
 
     def load_active_jobs(self) -> list[Job]:
         cur = self.db.execute(

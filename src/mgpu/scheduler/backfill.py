@@ -77,18 +77,16 @@ def find_reservation(
     """
     need = requested_gpus(job)
     sim = pool.copy()
-    i = 0
-    while i < len(events):
-        when = events[i].time
-        while i < len(events) and events[i].time == when:
-            for p in events[i].placements:
-                sim.release(p.node_id, p.gpu_ids)
-            i += 1
+    for event in events:
+        for p in event.placements:
+            sim.release(p.node_id, p.gpu_ids)
+        # Trying after every release (not only after the last one at this time) finds the
+        # same time, with fewer placement attempts when many jobs end together.
         if sim.total_free < need:
             continue
         placements = place(job, sim, default_policy)
         if placements is not None:
-            return Reservation(job.job_id, when, placements)
+            return Reservation(job.job_id, event.time, placements)
     return None
 
 

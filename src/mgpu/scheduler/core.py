@@ -30,6 +30,10 @@ is dominated by computing their priorities.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from .backfill import Reservation, find_reservation, release_events, shadow_pool
 from .placement import FreePool, place, requested_gpus, wait_reason
 from .preemption import plan_preemption
@@ -63,7 +67,26 @@ def _shape_key(job: JobRequest) -> _ShapeKey:
 
 def schedule(snapshot: Snapshot) -> Decisions:
     """Decide which pending jobs start now, where, and why the others wait."""
-    return _Pass(snapshot).run()
+    with _cyclic_gc_paused():
+        return _Pass(snapshot).run()
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for the pass.
+
+    A pass over a long queue allocates tens of thousands of short-lived objects, which
+    makes CPython run full collections over everything the caller holds (every job of
+    the master) — a quarter of the pass in measurements.  The pass creates no reference
+    cycles, so reference counting frees all of it; collection resumes right after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Pass:

@@ -144,9 +144,19 @@ class FreePool:
     (backfill reservations, preemption) costs one copy of the free sets.
     """
 
-    __slots__ = ("_buckets", "_eligible", "_free", "max_gpus", "total_free", "up_count", "views")
+    __slots__ = (
+        "_all",
+        "_buckets",
+        "_eligible",
+        "_free",
+        "max_gpus",
+        "total_free",
+        "up_count",
+        "views",
+    )
 
     views: dict[str, NodeView]
+    _all: dict[str, frozenset[int]]
     _free: dict[str, set[int]]
     _buckets: list[list[str]]
     _eligible: dict[_EligibleKey, Eligible]
@@ -157,12 +167,15 @@ class FreePool:
     def __init__(self, nodes: Iterable[NodeView]) -> None:
         self.views = {}
         self._free = {}
+        self._all = {}
         max_gpus = 0
         for node in nodes:
             self.views[node.node_id] = node
             max_gpus = max(max_gpus, len(node.gpu_indices))
             if node.schedulable:
-                self._free[node.node_id] = set(node.free_gpus.intersection(node.gpu_indices))
+                every = frozenset(node.gpu_indices)
+                self._all[node.node_id] = every
+                self._free[node.node_id] = set(node.free_gpus & every)
         self.max_gpus = max_gpus
         self._buckets = [[] for _ in range(max_gpus + 1)]
         for nid, free in self._free.items():
@@ -176,6 +189,7 @@ class FreePool:
     def copy(self) -> FreePool:
         other = FreePool.__new__(FreePool)
         other.views = self.views
+        other._all = self._all
         other._free = {nid: set(free) for nid, free in self._free.items()}
         other._buckets = [list(b) for b in self._buckets]
         other._eligible = self._eligible
@@ -267,7 +281,9 @@ class FreePool:
         if free is None:
             return
         before = len(free)
-        free.update(i for i in gpu_ids if i in self.views[node_id].gpu_indices)
+        free.update(gpu_ids)
+        if len(free) > before and not free <= self._all[node_id]:
+            free &= self._all[node_id]
         self._moved(node_id, before, len(free))
 
     def _moved(self, node_id: str, before: int, after: int) -> None:
@@ -545,7 +561,8 @@ def _gang_never_fits(req: JobRequest, eligible: list[NodeView]) -> str | None:
         return f"the job needs {n} nodes but only {len(eligible)} can run it"
     big = sum(1 for v in eligible if len(v.gpu_indices) >= per)
     if big < n:
-        return f"the job needs {n} nodes with {per} GPUs each but only {big} have that many"
+        have = "has" if big == 1 else "have"
+        return f"the job needs {n} nodes with {per} GPUs each but only {big} {have} that many"
     return None
 
 
@@ -603,7 +620,10 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
         return "no node that is up can run it", False
     if req.nodes is not None:
         per = gpus_per_node(req) or 0
-        return f"waiting for {req.nodes} nodes with {_plural(per, 'free GPU')} each", True
+        return (
+            f"waiting for {_plural(req.nodes, 'node')} with {_plural(per, 'free GPU')} each",
+            True,
+        )
     if req.gpu_ids is not None:
         eligible = pool.eligible(req)
         where = "one node"

@@ -1,0 +1,115 @@
+"""Submit-to-running latency and end-to-end throughput on an idle local cluster.
+
+4 agents x 4 fake GPUs on this machine, driven through the Python client:
+
+(a) latency: 200 jobs submitted one at a time, each waited for; the figure is the
+    job's start_time (when the agent had started the process) minus its
+    submit_time, both stamped on this machine's clock;
+(b) throughput: 1000 `true` jobs, wall time from the first submit to the last
+    completion;
+(c) the floor: a bare `subprocess.run(["true"])` in the same run.
+
+Prints the figures and writes bench/results/latency.json.  Not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mgpu import Client
+from mgpu.testing import LocalCluster
+
+RESULTS = Path(__file__).resolve().parent / "results" / "latency.json"
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def floor_subprocess(n: int = 200) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_latency(client: Client, n: int) -> list[float]:
+    latencies = []
+    for _ in range(n):
+        job = client.submit(["true"], gpus=1, env={})
+        done = client.wait(job.id, timeout=60)
+        assert done["state"] == "completed", done
+        latencies.append(done["start_time"] - done["submit_time"])
+    return latencies
+
+
+def bench_throughput(client: Client, n: int) -> float:
+    t0 = time.perf_counter()
+    ids = [client.submit(["true"], gpus=1, env={}).id for _ in range(n)]
+    for done in client.wait_all(ids, timeout=300):
+        assert done["state"] == "completed", done
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    n_latency = int(os.environ.get("BENCH_LATENCY_JOBS", 200))
+    n_throughput = int(os.environ.get("BENCH_THROUGHPUT_JOBS", 1000))
+    with tempfile.TemporaryDirectory(prefix="mgpu-bench-") as tmp:
+        cluster = LocalCluster(Path(tmp))
+        try:
+            cluster.start_master()
+            for i in range(1, 5):
+                cluster.start_agent(f"node{i:03d}", gpus=4)
+            with cluster.client() as client:
+                bench_latency(client, 20)  # warm-up
+                latencies = bench_latency(client, n_latency)
+                wall = bench_throughput(client, n_throughput)
+        finally:
+            cluster.stop()
+    floor = floor_subprocess()
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
+        "cluster": "4 agents x 4 fake GPUs, loopback",
+        "latency_jobs": n_latency,
+        "submit_to_running_ms": {
+            "p50": round(statistics.median(latencies) * 1000, 2),
+            "p99": round(percentile(latencies, 99) * 1000, 2),
+            "mean": round(statistics.fmean(latencies) * 1000, 2),
+        },
+        "throughput_jobs": n_throughput,
+        "throughput_wall_s": round(wall, 3),
+        "throughput_jobs_per_s": round(n_throughput / wall, 1),
+        "floor_subprocess_run_true_ms": round(floor * 1000, 3),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    lat = result["submit_to_running_ms"]
+    print(
+        f"submit->running latency over {n_latency} jobs: p50 {lat['p50']} ms, p99 {lat['p99']} ms"
+    )
+    print(
+        f"throughput: {n_throughput} jobs in {wall:.2f} s = "
+        f"{result['throughput_jobs_per_s']} jobs/s end to end"
+    )
+    print(f"floor: subprocess.run(['true']) median {result['floor_subprocess_run_true_ms']} ms")
+    print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Real masters and agents as processes on loopback, for tests and benchmarks.
+
+Every process is started in its own session and stopped by process group, by
+pid, never by name.  Waiting is on observable conditions with a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mgpu import Client
+
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float = 15.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as e:  # the thing may not be up yet
+            last_error = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}: {last_error}")
+
+
+def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+class LocalCluster:
+    """A master and agents on 127.0.0.1 with fake GPUs."""
+
+    def __init__(self, root: Path, config: str | None = None) -> None:
+        self.root = root
+        self.port = free_port()
+        self.state_dir = root / "master"
+        self.config_path: Path | None = None
+        if config is not None:
+            self.config_path = root / "cluster.yaml"
+            self.config_path.write_text(config)
+        self.master: subprocess.Popen[bytes] | None = None
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self.address = f"127.0.0.1:{self.port}"
+        self.env = {**os.environ, "MGPU_MASTER": self.address}
+        self.env.pop("MGPU_STATE_DIR", None)
+
+    def _spawn(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=self.env,
+            )
+        self._procs.append(proc)
+        return proc
+
+    def start_master(self, wait: bool = True) -> subprocess.Popen[bytes]:
+        argv = [str(BIN / "mgpu"), "master", "--port", str(self.port)]
+        argv += ["--state-dir", str(self.state_dir)]
+        if self.config_path is not None:
+            argv += ["--config", str(self.config_path)]
+        self.master = self._spawn(argv, self.root / "master.log")
+        if wait:
+            wait_for(lambda: self.client().nodes() is not None, what="the master")
+        return self.master
+
+    def start_agent(
+        self, node_id: str, gpus: int = 4, wait: bool = True, extra: list[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        argv = [str(BIN / "mgpu"), "node", "--node-id", node_id, "--master-port", str(self.port)]
+        argv += ["--fake-gpus", str(gpus), "--state-dir", str(self.root / f"agent-{node_id}")]
+        argv += extra or []
+        proc = self._spawn(argv, self.root / f"{node_id}.log")
+        self.agents[node_id] = proc
+        if wait:
+            self.wait_node(node_id, "online")
+        return proc
+
+    def wait_node(self, node_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            for n in self.client().nodes():
+                matches = n["node_id"] == node_id and n["state"] == state
+                if matches and (state != "online" or n["connected"]):
+                    return n
+            return None
+
+        return wait_for(check, timeout=timeout, what=f"{node_id} {state}")
+
+    def client(self) -> Client:
+        return Client(self.address, connect_timeout=2.0)
+
+    def cli(
+        self, *args: str, timeout: float = 60, input: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(BIN / "mgpu"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            input=input,
+        )
+        if check and res.returncode != 0:
+            raise AssertionError(f"mgpu {' '.join(args)} failed: {res.stderr}")
+        return res
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        for proc in reversed(self._procs):
+            kill_group(proc)
+
+
+@contextlib.contextmanager
+def local_cluster(
+    root: Path, agents: int = 2, gpus: int = 4, config: str | None = None
+) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(root, config)
+    try:
+        cluster.start_master()
+        for i in range(1, agents + 1):
+            cluster.start_agent(f"node{i:03d}", gpus=gpus)
+        yield cluster
+    finally:
+        cluster.stop()
