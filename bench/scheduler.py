@@ -34,7 +34,8 @@ GPUS_PER_NODE = 8
 USERS = [f"user{i:02d}" for i in range(40)]
 
 
-def build(n_nodes: int, n_pending: int, seed: int = 1) -> Snapshot:
+def build(n_nodes: int, n_pending: int, seed: int = 1, idle: bool = False) -> Snapshot:
+    """The model; `idle` leaves every GPU free (the pass then starts thousands of jobs)."""
     rng = random.Random(seed)
     now = 1_000_000.0
     nodes: list[NodeView] = []
@@ -42,7 +43,7 @@ def build(n_nodes: int, n_pending: int, seed: int = 1) -> Snapshot:
     for i in range(n_nodes):
         nid = f"node{i:04d}"
         all_gpus = tuple(range(GPUS_PER_NODE))
-        roll = rng.random()
+        roll = 1.0 if idle else rng.random()
         busy = (
             set(all_gpus)
             if roll < 0.1
@@ -144,6 +145,13 @@ def main() -> None:
             f"starts {figures['starts']}, preempt {figures['preempt']}"
         )
     results["policies"] = policies
+    idle = build(args.nodes, args.pending, idle=True)
+    figures = time_pass(idle, "backfill", args.runs)
+    results["idle_cluster_backfill"] = figures
+    print(
+        f"  idle cluster, backfill: median {figures['median_ms']:8.2f} ms  "
+        f"(min {figures['min_ms']}, max {figures['max_ms']})  starts {figures['starts']}"
+    )
     out = Path(__file__).resolve().parent / "results" / "scheduler.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

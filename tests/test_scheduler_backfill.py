@@ -157,3 +157,82 @@ def test_find_reservation_releases_in_time_order() -> None:
     assert res is not None and res.time == 100.0
     overdue = release_events(runs, [], now=70.0, default_limit=100.0)
     assert [e.time for e in overdue] == [70.0, 70.0, 100.0]
+
+
+# --------------------------------------------------------------------------- property
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # the property test needs hypothesis (a dev dependency)
+    st = None  # type: ignore[assignment]
+
+if st is None:
+
+    def test_backfill_never_delays_the_reservation() -> None:
+        import pytest
+
+        pytest.skip("hypothesis is not installed")
+
+else:
+
+    @st.composite
+    def busy_clusters(draw: st.DrawFn) -> Snapshot:
+        nodes: list[NodeView] = []
+        runs: list[RunningJob] = []
+        for i in range(draw(st.integers(1, 5))):
+            busy = draw(st.sets(st.integers(0, 3), max_size=4))
+            nodes.append(node(f"n{i}", tuple(sorted(set(range(4)) - busy))))
+            if busy:
+                limit = float(draw(st.integers(1, 10)) * 100)
+                runs.append(
+                    RunningJob(f"r{i}", "bob", (Placement(f"n{i}", tuple(busy)),), NOW, limit)
+                )
+        pending = []
+        for j in range(draw(st.integers(1, 10))):
+            shape = draw(st.sampled_from(["plain", "gang", "pinned"]))
+            kw: dict[str, object] = {
+                "time_limit": float(draw(st.integers(1, 12)) * 100),
+                "priority": draw(st.integers(0, 3)),
+            }
+            if shape == "plain":
+                kw["gpus"] = draw(st.integers(1, 4))
+            elif shape == "gang":
+                n, m = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+                kw.update(gpus=n * m, nodes=n, gpus_per_node=m)
+            else:
+                target = draw(st.sampled_from(nodes)).node_id
+                ids = tuple(sorted(draw(st.sets(st.integers(0, 3), min_size=1, max_size=4))))
+                kw.update(gpus=len(ids), node_gpu_ids=((target, ids),))
+            pending.append(job(f"j{j}", float(j), **kw))
+        return Snapshot(
+            now=NOW,
+            nodes=nodes,
+            pending=pending,
+            running=runs,
+            config=SchedulerConfig(queue_policy="backfill", preemption=False),
+        )
+
+    @settings(max_examples=300, deadline=None)
+    @given(busy_clusters())
+    def test_backfill_never_delays_the_reservation(snap: Snapshot) -> None:
+        d = schedule(snap)
+        if not d.expected_start:
+            return
+        ((head_id, reserved_at),) = d.expected_start.items()
+        requests = {j.job_id: j for j in snap.pending}
+        # The cluster as it is after the pass: started jobs now hold their GPUs.
+        taken: dict[str, set[int]] = {}
+        after_runs = list(snap.running)
+        for s in d.starts:
+            req = requests[s.job_id]
+            after_runs.append(RunningJob(s.job_id, req.user, s.placements, NOW, req.time_limit))
+            for p in s.placements:
+                taken.setdefault(p.node_id, set()).update(p.gpu_ids)
+        after_nodes = [
+            NodeView(n.node_id, n.gpu_indices, n.free_gpus - taken.get(n.node_id, set()))
+            for n in snap.nodes
+        ]
+        events = release_events(after_runs, [], NOW, snap.config.default_time_limit)
+        again = find_reservation(requests[head_id], FreePool(after_nodes), events, "fill_first")
+        assert again is not None and again.time <= reserved_at

@@ -355,7 +355,7 @@ else:
         )
         return Snapshot(now=100.0, nodes=nodes, pending=pending, running=running, config=config)
 
-    @settings(max_examples=5000, deadline=None)
+    @settings(max_examples=400, deadline=None)
     @given(snapshots())
     def test_no_gpu_is_ever_given_twice_and_every_start_fits(snap: Snapshot) -> None:
         d = schedule(snap)

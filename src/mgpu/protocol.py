@@ -132,6 +132,10 @@ class Launch(BaseModel):
     time_limit: float | None = None
     kill_grace: float = 10.0
     user: str | None = None
+    mpi: bool = False
+    """Set up mpirun: the agent writes `hostfile` and points Open MPI / MPICH at it
+    and at `mgpu rsh` as their remote launcher."""
+    hostfile: str | None = None
 
 
 class Kill(BaseModel):

@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -77,8 +78,7 @@ class Agent:
         self._outbox_ready = asyncio.Event()
         self.heartbeat_interval = 5.0
         self.connected = False
-        self._unreported: set[str] = set()
-        """Jobs whose exit has not yet been handed to a live connection."""
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- outbound -----------------------------------------------------------
 
@@ -101,9 +101,10 @@ class Agent:
             self.gpu_source,
         )
         for rec in self.launcher.load_previous():
-            alive = self.launcher.adopt(rec)
+            run = self.launcher.adopt(rec)
+            alive = not run.exited.is_set()
             log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
-            asyncio.get_running_loop().create_task(self._watch(self.launcher.running[rec.job_id]))
+            self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
         asyncio.get_running_loop().create_task(self._pump_loop())
         delay = 0.2
         while True:
@@ -148,8 +149,8 @@ class Agent:
                 raise ConnectionError("the master did not welcome us")
             self.heartbeat_interval = reply.heartbeat_interval
             for rep in reply.kill:
-                run = self.launcher.running.get(rep.job_id)
-                if run is not None and run.rec.epoch == rep.epoch:
+                run = self.launcher.find(rep.job_id, rep.epoch)
+                if run is not None:
                     log.warning("killing %s: the master does not expect it here", rep.job_id)
                     self.launcher.kill(run, "unknown to the master", 0.0)
             log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
@@ -203,27 +204,28 @@ class Agent:
         if isinstance(msg, Launch):
             self._launch(msg)
         elif isinstance(msg, Kill):
-            run = self.launcher.running.get(msg.job_id)
-            if run is not None and (msg.epoch is None or msg.epoch == run.rec.epoch):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None:
                 self.launcher.kill(run, msg.reason, msg.grace)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
 
     def _launch(self, msg: Launch) -> None:
-        old = self.launcher.running.get(msg.job_id)
+        old = self.launcher.find(msg.job_id)
         if old is not None:
             if old.rec.epoch == msg.epoch:
                 return  # duplicate
             self.launcher.kill(old, "superseded", 0.0)
         try:
-            rec = self.launcher.launch(
+            run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
                 msg.argv,
-                msg.env,
+                self._job_env(msg),
                 msg.cwd,
                 msg.time_limit,
                 msg.kill_grace,
+                hostfile=msg.hostfile,
             )
         except LaunchError as e:
             log.error("job %s: %s", msg.job_id, e)
@@ -241,13 +243,29 @@ class Agent:
             Started(
                 job_id=msg.job_id,
                 epoch=msg.epoch,
-                pid=rec.pid,
+                pid=run.rec.pid,
                 hostname=self.hostname,
                 ip=self.advertise_ip or _ip_towards(self.master[0]),
-                time=rec.start_time,
+                time=run.rec.start_time,
             )
         )
-        asyncio.get_running_loop().create_task(self._watch(self.launcher.running[msg.job_id]))
+        self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
+
+    def _job_env(self, msg: Launch) -> dict[str, str]:
+        env = dict(msg.env)
+        # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
+        env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
+        if msg.mpi:
+            launcher = f"{sys.executable} -m mgpu rsh"
+            env.update(
+                {
+                    "OMPI_MCA_plm_rsh_agent": launcher,  # Open MPI 4
+                    "PRTE_MCA_plm_ssh_agent": launcher,  # Open MPI 5 (PRRTE)
+                    "HYDRA_LAUNCHER": "ssh",  # MPICH: ssh-style launcher...
+                    "HYDRA_LAUNCHER_EXEC": launcher,  # ...that is really mgpu rsh
+                }
+            )
+        return env
 
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
@@ -267,6 +285,9 @@ class Agent:
             )
         )
         self.launcher.finish(run)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.discard(task)
 
 
 def _free_port() -> int:

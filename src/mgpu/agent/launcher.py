@@ -80,7 +80,8 @@ class Launcher:
         self.spool = spool
         spool.mkdir(parents=True, exist_ok=True)
         self.on_output = on_output
-        self.running: dict[str, Running] = {}
+        self.running: dict[tuple[str, int], Running] = {}
+        """Keyed by (job id, epoch): an old run being killed and its successor can overlap."""
 
     # ---- persistence --------------------------------------------------------
 
@@ -115,7 +116,8 @@ class Launcher:
         time_limit: float | None,
         kill_grace: float,
         user_ids: tuple[int, int, list[int]] | None = None,
-    ) -> RunRecord:
+        hostfile: str | None = None,
+    ) -> Running:
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -131,6 +133,16 @@ class Launcher:
             cwd = None  # the submit dir may not exist on this node; run in the spool's home
         full_env = dict(env)
         full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        if hostfile is not None:
+            hosts = Path(f"{base}.hosts")
+            hosts.write_text(hostfile)
+            for var in (
+                "MGPU_HOSTFILE",
+                "OMPI_MCA_orte_default_hostfile",
+                "PRTE_MCA_prte_default_hostfile",
+                "HYDRA_HOST_FILE",
+            ):
+                full_env[var] = str(hosts)
         kwargs: dict[str, Any] = {}
         if user_ids is not None:
             uid, gid, groups = user_ids
@@ -170,10 +182,18 @@ class Launcher:
             kill_grace=kill_grace,
         )
         self.save(rec)
-        self._track(Running(rec=rec, popen=popen))
-        return rec
+        run = Running(rec=rec, popen=popen)
+        self._track(run)
+        return run
 
-    def adopt(self, rec: RunRecord) -> bool:
+    def find(self, job_id: str, epoch: int | None = None) -> Running | None:
+        """The run of `job_id` (of that epoch, or the newest)."""
+        if epoch is not None:
+            return self.running.get((job_id, epoch))
+        runs = [r for (j, _), r in self.running.items() if j == job_id]
+        return max(runs, key=lambda r: r.rec.epoch) if runs else None
+
+    def adopt(self, rec: RunRecord) -> Running:
         """Take over a job started by an earlier agent process, if it is really still ours."""
         try:
             proc = psutil.Process(rec.pid)
@@ -184,12 +204,12 @@ class Launcher:
         if alive:
             self._track(run)
         else:
-            self.running[rec.job_id] = run
+            self.running[(rec.job_id, rec.epoch)] = run
             run.exited.set()
-        return alive
+        return run
 
     def _track(self, run: Running) -> None:
-        self.running[run.rec.job_id] = run
+        self.running[(run.rec.job_id, run.rec.epoch)] = run
         try:
             run.pidfd = os.pidfd_open(run.rec.pid)
         except (OSError, AttributeError):
@@ -275,7 +295,7 @@ class Launcher:
         # Leftovers in the job's process group die with the job, as in Slurm.
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, signal.SIGKILL)
-        self.running.pop(run.rec.job_id, None)
+        self.running.pop((run.rec.job_id, run.rec.epoch), None)
         for p in (run.rec.out_path, run.rec.err_path, run.rec.exit_path):
             with contextlib.suppress(OSError):
                 os.unlink(p)

@@ -209,6 +209,16 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 return dict(job)
 
+    def start_step(self, job_id: str, host: str, argv: list[str]) -> str:
+        """Start `argv` on one of a running job's nodes; returns the step id."""
+        out = self._request(
+            "POST", f"/api/jobs/{_quote(job_id)}/steps", {"host": host, "argv": argv}
+        )
+        return str(out["step_id"])
+
+    def step_stream(self, step_id: str) -> Iterator[dict[str, Any]]:
+        return self._stream_path(f"/api/steps/{_quote(step_id)}/output", read_timeout=3600 * 24)
+
     def wait_all(self, job_ids: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
         """Block until every listed job has ended (or `timeout` passed); return them."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -231,11 +241,12 @@ class Client:
     ) -> Iterator[dict[str, Any]]:
         """Output records ({"s","d","n"}), and when following, status lines and a last
         {"end": true, "state", "exit_code"} line."""
+        path = f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
+        return self._stream_path(path, read_timeout)
+
+    def _stream_path(self, path: str, read_timeout: float) -> Iterator[dict[str, Any]]:
         conn = self._connect(read_timeout)
         try:
-            path = (
-                f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
-            )
             conn.request("GET", path, headers=self._headers())
             resp = conn.getresponse()
             if resp.status >= 400:

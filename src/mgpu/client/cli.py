@@ -87,7 +87,9 @@ JOB_FIELDS = (
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
-    out = {k: getattr(args, k) for k in JOB_FIELDS if getattr(args, k, None) not in (None, False)}
+    # `is`, not `in`: 0 == False, and --gpus 0 / --retries 0 / --priority 0 are real values.
+    values = {k: getattr(args, k, None) for k in JOB_FIELDS}
+    out = {k: v for k, v in values.items() if v is not None and v is not False}
     return out
 
 
@@ -271,6 +273,24 @@ def cmd_down(args: argparse.Namespace) -> int:
     return cluster_down(args.state_dir)
 
 
+def cmd_rsh(args: argparse.Namespace) -> int:
+    """`mgpu rsh HOST CMD...`: the remote launcher mpirun uses inside an --mpi job."""
+    from mgpu.client.stream import run_step
+
+    words = list(args.words)
+    # Accept ssh-style options before the host (-x, -l USER, -p PORT), as launchers pass them.
+    while words and words[0].startswith("-"):
+        flag = words.pop(0)
+        if flag in ("-l", "-p", "-o", "-i") and words:
+            words.pop(0)
+    if len(words) < 2:
+        raise UsageError("rsh needs a host and a command")
+    job_id = os.environ.get("MGPU_JOB_ID")
+    if not job_id:
+        raise UsageError("rsh runs inside an mgpu job ($MGPU_JOB_ID is not set)")
+    return run_step(make_client(args), job_id, words[0], words[1:])
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     from mgpu.config import ConfigError, load_config
 
@@ -358,6 +378,9 @@ def build_parser() -> Parser:
 
     s = add("down", cmd_down, "stop the local cluster started by mgpu up")
     s.add_argument("--state-dir")
+
+    s = add("rsh", cmd_rsh, "start a process on a node of the current job (for mpirun)")
+    s.add_argument("words", nargs=argparse.REMAINDER, metavar="[-x] HOST COMMAND...")
 
     s = add("config", cmd_config_check, "check a cluster config file")
     s.add_argument("action", choices=["check"])

@@ -141,3 +141,17 @@ def _exit_code(rec: dict[str, Any], job_id: str) -> int:
     if isinstance(code, int):
         return code if 0 <= code < 256 else 1
     return 1
+
+
+def run_step(client: Client, job_id: str, host: str, argv: list[str]) -> int:
+    """Run a step on `host` inside the job, relay its output, return its exit code."""
+    step_id = client.start_step(job_id, host, argv)
+    for rec in client.step_stream(step_id):
+        if "d" in rec:
+            _write(sys.stdout if rec["s"] == "o" else sys.stderr, rec["d"])
+        elif rec.get("end"):
+            if rec.get("error"):
+                print(f"mgpu rsh: {rec['error']}", file=sys.stderr)
+            code = rec.get("exit_code")
+            return code if isinstance(code, int) and 0 <= code < 256 else 255
+    return 255

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mgpu.config import ClusterConfig
 from mgpu.master.cluster import Cluster, NotFound, SubmitError
 from mgpu.master.registry import AgentLink
+from mgpu.master.steps import Step
 from mgpu.model import Job, JobState
 from mgpu.protocol import Hello, Refused, encode, parse_agent_message
 
@@ -60,6 +61,11 @@ class SubmitRequest(BaseModel):
 class WaitRequest(BaseModel):
     ids: list[str] = Field(max_length=100000)
     timeout: float = Field(default=30.0, ge=0, le=3600)
+
+
+class StepRequest(BaseModel):
+    host: str = Field(min_length=1, max_length=255)
+    argv: list[str] = Field(min_length=1)
 
 
 class DrainRequest(BaseModel):
@@ -184,6 +190,23 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
             _output_stream(c(), job_id, follow, since), media_type="application/x-ndjson"
         )
 
+    @app.post("/api/jobs/{job_id}/steps")
+    async def start_step(job_id: str, body: StepRequest) -> JSONResponse:
+        """Start a process inside a running job's allocation (used by `mgpu rsh`)."""
+        find(job_id)
+        try:
+            step = c().start_step(job_id, body.host, body.argv)
+        except SubmitError as e:
+            return _error(409, str(e))
+        return JSONResponse({"step_id": step.id}, status_code=201)
+
+    @app.get("/api/steps/{step_id}/output")
+    async def step_output(step_id: str) -> StreamingResponse:
+        step = c().steps.by_id.get(step_id)
+        if step is None:
+            raise NotFound(step_id)
+        return StreamingResponse(_step_stream(c(), step), media_type="application/x-ndjson")
+
     # ---- nodes --------------------------------------------------------------
 
     @app.get("/api/nodes")
@@ -252,6 +275,12 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
             return
         if not isinstance(first, Hello):
             await ws.send_text(encode(Refused(reason="the first message must be hello")))
+            await ws.close()
+            return
+        refusal = cl.refuse_hello(first)
+        if refusal is not None:
+            log.warning("refused agent %s from %s: %s", first.node_id, ws.client, refusal)
+            await ws.send_text(encode(Refused(reason=refusal)))
             await ws.close()
             return
         link = AgentLink(first.node_id, ws)
@@ -332,3 +361,23 @@ async def _output_stream(
     finally:
         if q is not None:
             cluster.outputs.unsubscribe(job_id, q)
+
+
+async def _step_stream(cluster: Cluster, step: Step) -> AsyncIterator[bytes]:
+    """A step's output as JSON lines, then {"end": true, "exit_code": ...}."""
+    q = cluster.outputs.subscribe(step.id)
+    try:
+        seen = 0
+        while True:
+            records = cluster.outputs.read(step.id, seen)
+            seen += len(records)
+            if records:
+                yield "".join(json.dumps(r) + "\n" for r in records).encode()
+            if step.done:
+                end = {"end": True, "exit_code": step.exit_code, "error": step.error}
+                yield (json.dumps(end) + "\n").encode()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(q.get(), timeout=1.0)
+    finally:
+        cluster.outputs.unsubscribe(step.id, q)

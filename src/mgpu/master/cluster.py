@@ -31,7 +31,9 @@ from mgpu import spec as specs
 from mgpu.config import ClusterConfig
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
+from mgpu.master.steps import Step, Steps, is_step_id
 from mgpu.master.store import Store
+from mgpu.master.usage import UsageLedger
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
     Exited,
@@ -97,6 +99,7 @@ class Cluster:
         self.jobs: dict[str, Job] = {}
         self.nodes: dict[str, NodeRecord] = {}
         self._requests: dict[str, JobRequest] = {}
+        self.steps = Steps()
         self._wake = asyncio.Event()
         self._job_events: dict[str, asyncio.Event] = {}
         self.last_pass_time = 0.0
@@ -110,6 +113,9 @@ class Cluster:
         self._dirty: dict[str, Job] = {}
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._flush_armed = False
+        half_life = config.scheduling.fairshare_half_life_hours * 3600
+        self.usage = UsageLedger.loads(half_life, self.store.get_meta("usage"))
+        self._usage_dirty = False
         self._load()
 
     # ---- group commit -----------------------------------------------------
@@ -142,6 +148,9 @@ class Cluster:
             jobs = list(self._dirty.values())
             self._dirty.clear()
             self.store.save_jobs(jobs)
+        if self._usage_dirty:
+            self._usage_dirty = False
+            self.store.set_meta("usage", self.usage.dumps())
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
             link.send(message)
@@ -629,11 +638,15 @@ class Cluster:
         if not pending:
             self.last_pass_duration = time.perf_counter() - t0
             return
+        usage = self.usage.snapshot(now)
+        for r in running:  # running work counts too, as in Slurm
+            usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
         snap = Snapshot(
             now=now,
             nodes=self._node_views(),
             pending=pending,
             running=running,
+            usage=usage,
             config=self._scheduler_config(),
         )
         decisions = schedule(snap)
@@ -716,51 +729,59 @@ class Cluster:
         node.settle_drain()
         self.wake()
 
+    def _job_env(self, job: Job, rank: int, slot: Slot) -> dict[str, str]:
+        """The environment of the job's process on one node (rank = index in the allocation)."""
+        alloc = job.allocation
+        gpus = ",".join(map(str, slot.gpu_ids))
+        env = dict(job.env)
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": gpus,
+                "MGPU_JOB_ID": job.id,
+                "MGPU_NODE_ID": slot.node_id,
+                "MGPU_GPU_IDS": gpus,
+                "MGPU_JOB_NAME": job.name or "",
+                "MGPU_USER": job.user,
+                "MGPU_NNODES": str(len(alloc)),
+                "MGPU_NODE_RANK": str(rank),
+                "MGPU_NODELIST": ",".join(s.node_id for s in alloc),
+            }
+        )
+        if job.array_job_id is not None:
+            env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
+            env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
+        if job.port is not None:
+            dist = {
+                "MASTER_ADDR": self.nodes[alloc[0].node_id].ip,
+                "MASTER_PORT": str(job.port),
+                "NNODES": str(len(alloc)),
+                "NODE_RANK": str(rank),
+                "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
+                "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
+            }
+            env.update(dist)
+            # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
+            env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
+            env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+        return env
+
+    def _hostfile(self, job: Job) -> str:
+        """One line per node, slots = its GPUs (Open MPI and MPICH both read this form)."""
+        lines = []
+        for s in job.allocation:
+            node = self.nodes[s.node_id]
+            lines.append(f"{node.hostname or node.ip or s.node_id} slots={len(s.gpu_ids) or 1}")
+        return "\n".join(lines) + "\n"
+
     def _launch_all(self, job: Job, port: int | None) -> None:
-        nnodes = len(job.allocation)
-        first = self.nodes[job.allocation[0].node_id]
-        world = sum(len(s.gpu_ids) or 1 for s in job.allocation)
+        job.port = port
         for rank, slot in enumerate(job.allocation):
-            node = self.nodes[slot.node_id]
-            env = dict(job.env)
-            env.update(
-                {
-                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpu_ids)),
-                    "MGPU_JOB_ID": job.id,
-                    "MGPU_NODE_ID": slot.node_id,
-                    "MGPU_GPU_IDS": ",".join(map(str, slot.gpu_ids)),
-                    "MGPU_JOB_NAME": job.name or "",
-                    "MGPU_USER": job.user,
-                    "MGPU_NNODES": str(nnodes),
-                    "MGPU_NODE_RANK": str(rank),
-                    "MGPU_NODELIST": ",".join(s.node_id for s in job.allocation),
-                }
-            )
-            if job.array_job_id is not None:
-                env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
-                env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
-            if port is not None:
-                nproc = len(slot.gpu_ids) or 1
-                dist = {
-                    "MASTER_ADDR": first.ip,
-                    "MASTER_PORT": str(port),
-                    "NNODES": str(nnodes),
-                    "NODE_RANK": str(rank),
-                    "NPROC_PER_NODE": str(nproc),
-                    "WORLD_SIZE": str(world),
-                }
-                env.update(dist)
-                env.update(
-                    {
-                        "PET_NNODES": dist["NNODES"],
-                        "PET_NODE_RANK": dist["NODE_RANK"],
-                        "PET_NPROC_PER_NODE": dist["NPROC_PER_NODE"],
-                        "PET_MASTER_ADDR": dist["MASTER_ADDR"],
-                        "PET_MASTER_PORT": dist["MASTER_PORT"],
-                    }
-                )
             if job.mpi and rank > 0:
-                continue  # MPI: only rank 0 runs COMMAND; mpirun starts the rest through mgpu
+                # mpirun on rank 0 starts the other ranks through `mgpu rsh` (job steps);
+                # their slots stay allocated until the job ends.
+                slot.done = True
+                continue
+            node = self.nodes[slot.node_id]
             if node.link is None:
                 continue
             self._send(
@@ -769,17 +790,72 @@ class Cluster:
                     job_id=job.id,
                     epoch=job.epoch,
                     argv=job.argv,
-                    env=env,
+                    env=self._job_env(job, rank, slot),
                     cwd=job.cwd,
                     gpu_ids=slot.gpu_ids,
                     time_limit=job.time_limit,
                     kill_grace=self.config.scheduling.kill_grace,
                     user=job.user,
+                    mpi=job.mpi,
+                    hostfile=self._hostfile(job) if job.mpi else None,
                 ),
             )
-        if job.mpi:
-            for slot in job.allocation[1:]:
-                slot.done = True  # held for mpirun's remote ranks; ends with rank 0
+
+    # ---- job steps (mgpu rsh) ---------------------------------------------
+
+    def start_step(self, job_id: str, host: str, argv: list[str]) -> Step:
+        """Run `argv` (through /bin/sh, as ssh would) on the allocated node `host` names."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state != JobState.RUNNING:
+            raise SubmitError(f"job {job_id} is not running")
+        ranks = [
+            rank
+            for rank, s in enumerate(job.allocation)
+            if host in (s.node_id, self.nodes[s.node_id].hostname, self.nodes[s.node_id].ip)
+        ]
+        if not ranks:
+            names = ", ".join(s.node_id for s in job.allocation)
+            raise SubmitError(f"{host} is not one of job {job_id}'s nodes ({names})")
+        slot = job.allocation[ranks[0]]
+        link = self.nodes[slot.node_id].link
+        if link is None:
+            raise SubmitError(f"{slot.node_id} is not connected")
+        step = self.steps.new(job.id, job.epoch, slot.node_id)
+        env = self._job_env(job, ranks[0], slot)
+        self._send(
+            link,
+            Launch(
+                job_id=step.id,
+                epoch=job.epoch,
+                argv=["/bin/sh", "-c", " ".join(argv)],
+                env=env,
+                cwd=job.cwd,
+                gpu_ids=slot.gpu_ids,
+                kill_grace=self.config.scheduling.kill_grace,
+                user=job.user,
+            ),
+        )
+        return step
+
+    def _step_message(self, node: NodeRecord, msg: Any) -> None:
+        step = self.steps.by_id.get(msg.job_id)
+        if step is None or step.epoch != msg.epoch or step.node_id != node.node_id:
+            if isinstance(msg, Started) and node.link is not None:
+                self._send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+            return
+        if isinstance(msg, Output):
+            self.outputs.append(step.id, msg.stream, msg.data, node.node_id)
+            self.outputs.append(step.job_id, msg.stream, msg.data, node.node_id)
+        elif isinstance(msg, Exited):
+            self.steps.end(step, msg.exit_code, msg.launch_error)
+            self.outputs.close(step.id)
+
+    def _end_steps(self, job: Job) -> None:
+        for step in self.steps.forget_job(job.id):
+            node = self.nodes.get(step.node_id)
+            if node is not None and node.link is not None:
+                self._send(node.link, Kill(job_id=step.id, epoch=step.epoch, reason="job ended"))
+            self.outputs.close(step.id)
 
     def _kill_slots(self, job: Job, reason: str, except_node: str | None = None) -> None:
         for slot in job.allocation:
@@ -804,9 +880,19 @@ class Cluster:
 
     # ---- ending a job -----------------------------------------------------
 
+    def _charge(self, job: Job, now: float) -> None:
+        """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
+        if job.start_time is not None and job.gpus > 0:
+            self.usage.add(job.user, job.gpus * max(0.0, now - job.start_time), now)
+            self._usage_dirty = True
+            self._arm_flush()
+
     def _finish(self, job: Job, state: JobState, reason: str | None) -> None:
         now = time.time()
+        if job.state == JobState.RUNNING:
+            self._charge(job, now)
         job.transition(state, reason)
+        self._end_steps(job)
         job.end_time = now
         for slot in job.allocation:
             self._release(job, slot)
@@ -828,6 +914,7 @@ class Cluster:
         for slot in job.allocation:
             self._release(job, slot)
         self._kill_slots(job, "requeued")
+        self._end_steps(job)
         if count_retry:
             if job.retries >= job.max_retries:
                 self._finish(job, JobState.FAILED, why)
@@ -840,6 +927,7 @@ class Cluster:
         else:
             reason = f"requeued: {why}"
         now = time.time()
+        self._charge(job, now)
         if job.attempts and job.attempts[-1].end_time is None:
             job.attempts[-1].end_time = now
             job.attempts[-1].end_reason = why
@@ -869,6 +957,15 @@ class Cluster:
         self.store.save_node(node.node_id, node.to_record())
 
     # ---- agent messages ---------------------------------------------------
+
+    def refuse_hello(self, hello: Hello) -> str | None:
+        """Why this agent may not join, or None."""
+        if self.config.node(hello.node_id) is None and not self.config.cluster.allow_unlisted_nodes:
+            return (
+                f"node {hello.node_id} is not listed in the cluster config "
+                "and allow_unlisted_nodes is false"
+            )
+        return None
 
     def agent_hello(self, hello: Hello, link: AgentLink) -> Welcome:
         node = self._node_from_config(hello.node_id)
@@ -908,6 +1005,12 @@ class Cluster:
         kill: list[RunningReport] = []
         reported: set[str] = set()
         for rep in reports:
+            if is_step_id(rep.job_id):
+                step = self.steps.by_id.get(rep.job_id)
+                live = step is not None and not step.done and step.epoch == rep.epoch
+                if not live and not rep.exited:
+                    kill.append(rep)
+                continue
             job = self.jobs.get(rep.job_id)
             slot = self._slot(job, node.node_id) if job is not None else None
             expected = (
@@ -956,6 +1059,9 @@ class Cluster:
         node.last_seen = time.time()
         if isinstance(msg, Heartbeat):
             node.telemetry = {t.index: t for t in msg.telemetry}
+            return
+        if is_step_id(msg.job_id):
+            self._step_message(node, msg)
             return
         job = self.jobs.get(msg.job_id)
         if job is None or job.epoch != msg.epoch or job.state != JobState.RUNNING:
@@ -1010,6 +1116,9 @@ class Cluster:
         codes = [s.exit_code for s in job.allocation if s.exit_code is not None]
         bad = [c for c in codes if c != 0]
         job.exit_code = bad[0] if bad else (codes[0] if codes else None)
+        first_bad = self._slot(job, job.failed_node) if job.failed_node else None
+        if first_bad is not None:
+            job.exit_code = first_bad.exit_code  # the rank that failed first, not its victims
         if job.preempt_requested and not job.cancel_requested:
             job.preempt_requested = False
             self._requeue(job, "preempted by higher-priority work", count_retry=False)

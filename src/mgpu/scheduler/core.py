@@ -147,6 +147,10 @@ class _Pass:
         reservation: Reservation | None = None
         head: JobRequest | None = None
         examined = 0
+        has_limits = (
+            self.config.max_gpus_per_user is not None
+            or self.config.max_running_jobs_per_user is not None
+        )
         for pos, i in enumerate(order):
             if head is not None:
                 if not backfill or examined >= depth:
@@ -155,15 +159,16 @@ class _Pass:
                 examined += 1
             job = pending[i]
             need = needs[i]
-            limited = self._limit_reason(job, need)
-            if limited is not None:
-                reasons[job.job_id] = limited
-                continue
+            if has_limits:
+                limited = self._limit_reason(job, need)
+                if limited is not None:
+                    reasons[job.job_id] = limited
+                    continue
 
             if head is None:
                 placements = place(job, pool, self.policy) if need <= pool.total_free else None
                 if placements is not None:
-                    self._start(job, placements, need, pool)
+                    self._start(job, placements, need)
                     continue
                 reason, runnable = self._wait_reason(job)
                 reasons[job.job_id] = reason
@@ -187,7 +192,7 @@ class _Pass:
             ):
                 placements = place(job, pool, self.policy)
             if placements is not None:
-                self._start(job, placements, need, pool, shadow)
+                self._start(job, placements, need, shadow)
                 continue
             reason, runnable = self._wait_reason(job)
             if runnable and shadow is not pool and self._fits(job, need):
@@ -198,15 +203,11 @@ class _Pass:
         """Reasons for the jobs the scan did not reach (all but `handled`); the pool is final.
 
         Jobs with the same request shape get the same answer, so each distinct shape is
-        worked out once.  This may run over tens of thousands of jobs, so it walks them in
-        `pending` order (memory order) with list comprehensions.
+        worked out once.  This may run over tens of thousands of jobs, so it answers every
+        job in `pending` (memory) order with list comprehensions, then lays the scan's own
+        answers over the top.
         """
         pending = self.snapshot.pending
-        skip = bytearray(len(pending))
-        for k in handled:
-            skip[k] = 1
-        rest = [k for k, done in enumerate(skip) if not done]
-        jobs = [pending[k] for k in rest]
         # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count alone,
         # which allocates nothing; any other request by its full shape.
         keys: list[_ShapeKey | int] = [
@@ -221,36 +222,49 @@ class _Pass:
             and not j.requires
             and not j.distributed
             else _shape_key(j)
-            for j in jobs
+            for j in pending
         ]
         verdicts: dict[_ShapeKey | int, str] = {}
-        for key, job in dict(zip(keys, jobs, strict=True)).items():
+        for key, job in dict(zip(keys, pending, strict=True)).items():
             reason, runnable = self._wait_reason(job)
             if runnable and self._fits(job, requested_gpus(job)):
                 reason = PRIORITY_REASON
             verdicts[key] = reason
-        reasons = self.decisions.reasons
-        reasons.update(zip([ids[k] for k in rest], map(verdicts.__getitem__, keys), strict=True))
+        d = self.decisions
+        reasons = dict(zip(ids, map(verdicts.__getitem__, keys), strict=True))
+        for start in d.starts:
+            del reasons[start.job_id]
+        reasons.update(d.reasons)
+        d.reasons = reasons
         if (
             self.config.max_gpus_per_user is not None
             or self.config.max_running_jobs_per_user is not None
         ):
-            for k in rest:
-                limited = self._limit_reason(pending[k], needs[k])
-                if limited is not None:
-                    reasons[ids[k]] = limited
+            done = set(handled)
+            for k, job in enumerate(pending):
+                if k not in done:
+                    limited = self._limit_reason(job, needs[k])
+                    if limited is not None:
+                        reasons[ids[k]] = limited
 
     # -- helpers
 
     def _start(
-        self, job: JobRequest, placements: tuple[Placement, ...], need: int, *pools: FreePool
+        self,
+        job: JobRequest,
+        placements: tuple[Placement, ...],
+        need: int,
+        shadow: FreePool | None = None,
     ) -> None:
-        for pool in dict.fromkeys(pools):  # the same pool only once
-            pool.take(placements)
+        self.pool.take(placements)
+        if shadow is not None and shadow is not self.pool:
+            shadow.take(placements)
         self.decisions.starts.append(Start(job.job_id, placements))
-        self.user_gpus[job.user] = self.user_gpus.get(job.user, 0) + need
-        self.user_jobs[job.user] = self.user_jobs.get(job.user, 0) + 1
-        self.started.append((self.now + self._time_limit(job), placements))
+        user = job.user
+        self.user_gpus[user] = self.user_gpus.get(user, 0) + need
+        self.user_jobs[user] = self.user_jobs.get(user, 0) + 1
+        limit = self.config.default_time_limit if job.time_limit is None else job.time_limit
+        self.started.append((self.now + limit, placements))
 
     def _time_limit(self, job: JobRequest) -> float:
         return self.config.default_time_limit if job.time_limit is None else job.time_limit

@@ -149,6 +149,7 @@ class FreePool:
         "_buckets",
         "_eligible",
         "_free",
+        "_up",
         "max_gpus",
         "total_free",
         "up_count",
@@ -157,6 +158,7 @@ class FreePool:
 
     views: dict[str, NodeView]
     _all: dict[str, frozenset[int]]
+    _up: dict[str, NodeView] | None
     _free: dict[str, set[int]]
     _buckets: list[list[str]]
     _eligible: dict[_EligibleKey, Eligible]
@@ -168,6 +170,7 @@ class FreePool:
         self.views = {}
         self._free = {}
         self._all = {}
+        self._up = None
         max_gpus = 0
         for node in nodes:
             self.views[node.node_id] = node
@@ -190,6 +193,7 @@ class FreePool:
         other = FreePool.__new__(FreePool)
         other.views = self.views
         other._all = self._all
+        other._up = self._up
         other._free = {nid: set(free) for nid, free in self._free.items()}
         other._buckets = [list(b) for b in self._buckets]
         other._eligible = self._eligible
@@ -202,6 +206,12 @@ class FreePool:
 
     def is_up(self, node_id: str) -> bool:
         return node_id in self._free
+
+    def up_views(self) -> Mapping[str, NodeView]:
+        """The schedulable nodes' views (built once, shared by copies: up/down is fixed)."""
+        if self._up is None:
+            self._up = {nid: self.views[nid] for nid in self._free}
+        return self._up
 
     def free(self, node_id: str) -> Set[int]:
         """The node's free GPU indices (empty when the node is not schedulable)."""
@@ -230,15 +240,36 @@ class FreePool:
         for k in sizes if policy == "fill_first" else reversed(sizes):
             yield from self._buckets[k]
 
+    def best_node(self, need: int, policy: Policy, members: Set[str] | None = None) -> str | None:
+        """The best node for `policy` with at least `need` free GPUs (among `members`)."""
+        need = max(need, 0)
+        top = self.max_gpus
+        if need > top:
+            return None
+        buckets = self._buckets
+        sizes = range(need, top + 1) if policy == "fill_first" else range(top, need - 1, -1)
+        for k in sizes:
+            bucket = buckets[k]
+            if bucket:
+                if members is None:
+                    return bucket[0]
+                for nid in bucket:
+                    if nid in members:
+                        return nid
+        return None
+
     def eligible(self, req: JobRequest) -> Eligible:
         """The schedulable nodes that pass the request's static filters (cached per pass)."""
-        key: _EligibleKey = (
-            req.nodelist,
-            req.exclude,
-            req.allowed_nodes,
-            req.gpu_type,
-            req.requires,
-        )
+        if (
+            req.nodelist is None
+            and req.allowed_nodes is None
+            and req.gpu_type is None
+            and not req.exclude
+            and not req.requires
+        ):
+            key: _EligibleKey = _NO_FILTERS
+        else:
+            key = (req.nodelist, req.exclude, req.allowed_nodes, req.gpu_type, req.requires)
         found = self._eligible.get(key)
         if found is None:
             found = self._compute_eligible(req, key)
@@ -348,7 +379,12 @@ def place(req: JobRequest, pool: FreePool, default_policy: Policy) -> tuple[Plac
     if need > pool.total_free:
         return None
     eligible = pool.eligible(req)
-    for nid in _candidates(pool, need, eligible, policy):
+    members = eligible.nodes
+    if members is not None and len(members) * 8 < pool.up_count:
+        nid = next(_candidates(pool, need, eligible, policy), None)
+    else:
+        nid = pool.best_node(need, policy, members)
+    if nid is not None:
         return (Placement(nid, _lowest(pool.free(nid), need)),)
     if req.distributed and need > eligible.max_total:
         return _place_split(req, pool, need, eligible, policy)
@@ -386,13 +422,33 @@ def _place_indices(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Pla
 def _place_gang(
     req: JobRequest, pool: FreePool, n_nodes: int, per_node: int, policy: Policy
 ) -> tuple[Placement, ...] | None:
-    """N distinct nodes with M free GPUs each, all or nothing, preferring one rack."""
+    """N distinct nodes with M free GPUs each, all or nothing, in as few racks as possible.
+
+    Candidates are walked best first for the policy and grouped by rack as they come; the
+    first rack to collect N of them wins, so the walk usually stops early (Nomad's
+    "visit only as many nodes as a good choice needs").  When no rack can hold the job,
+    racks are filled biggest first, so it spans the fewest racks.  Nodes without a rack
+    count as one rack.
+    """
     if n_nodes * per_node > pool.total_free or pool.nodes_with_at_least(per_node) < n_nodes:
         return None
-    candidates = list(_candidates(pool, per_node, pool.eligible(req), policy))
-    if len(candidates) < n_nodes:
-        return None
-    chosen = _choose_racks(pool, candidates, n_nodes, policy)
+    views = pool.views
+    racks: dict[str | None, list[str]] = {}
+    chosen: list[str] | None = None
+    for nid in _candidates(pool, per_node, pool.eligible(req), policy):
+        in_rack = racks.setdefault(views[nid].rack, [])
+        in_rack.append(nid)
+        if len(in_rack) == n_nodes:
+            chosen = in_rack
+            break
+    if chosen is None:
+        if sum(len(nodes) for nodes in racks.values()) < n_nodes:
+            return None
+        chosen = []
+        for nodes in sorted(racks.values(), key=len, reverse=True):
+            chosen.extend(nodes[: n_nodes - len(chosen)])
+            if len(chosen) == n_nodes:
+                break
     return tuple(Placement(nid, _lowest(pool.free(nid), per_node)) for nid in chosen)
 
 
@@ -402,31 +458,6 @@ def _group_by_rack(pool: FreePool, nodes: Sequence[str]) -> dict[str | None, lis
     for nid in nodes:
         racks.setdefault(pool.views[nid].rack, []).append(nid)
     return racks
-
-
-def _choose_racks(pool: FreePool, candidates: list[str], n: int, policy: Policy) -> list[str]:
-    """Pick `n` of the (policy-ordered) candidates, in as few racks as possible.
-
-    A rack that can hold all `n` wins (the one whose chosen nodes score best for the
-    policy); otherwise racks are filled biggest first, so the job spans the fewest racks.
-    """
-    racks = _group_by_rack(pool, candidates)
-    if len(racks) == 1:
-        return candidates[:n]
-    whole = [nodes for nodes in racks.values() if len(nodes) >= n]
-    if whole:
-
-        def score(nodes: list[str]) -> tuple[int, int]:
-            free = sum(pool.free_count(nid) for nid in nodes[:n])
-            return (free if policy == "fill_first" else -free, candidates.index(nodes[0]))
-
-        return min(whole, key=score)[:n]
-    chosen: list[str] = []
-    for nodes in sorted(racks.values(), key=len, reverse=True):
-        chosen.extend(nodes[: n - len(chosen)])
-        if len(chosen) == n:
-            break
-    return chosen
 
 
 def _place_split(
@@ -489,7 +520,7 @@ def could_ever_fit(
             return f"node {nid} is not in the cluster"
     if req.node_gpu_ids is not None:
         return _pinned_never_fits(req, views)
-    eligible = [v for v in views.values() if _statically_eligible(req, v)]
+    eligible = [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
     if not eligible:
         return _why_none_eligible(req, list(views.values()))
     if req.nodes is not None:
@@ -525,6 +556,20 @@ def could_ever_fit(
         f"{where} has {need} GPUs (the largest has {most}); "
         "use --nodes/--gpus-per-node or --distributed to span nodes"
     )
+
+
+def _named_or_all(req: JobRequest, views: Mapping[str, NodeView]) -> Iterable[NodeView]:
+    """The nodes worth filtering: those the job names (`--nodelist`, access list) if any."""
+    names: Iterable[str] | None = None
+    if req.nodelist is not None:
+        names = req.nodelist
+    if req.allowed_nodes is not None and (
+        req.nodelist is None or len(req.allowed_nodes) < len(req.nodelist)
+    ):
+        names = req.allowed_nodes
+    if names is None:
+        return views.values()
+    return [views[nid] for nid in names if nid in views]
 
 
 def _pinned_never_fits(req: JobRequest, views: Mapping[str, NodeView]) -> str | None:
@@ -608,12 +653,11 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
             return _down_sentence(down), False
         parts = [f"{_gpu_list(ids)} on {nid}" for nid, ids in req.node_gpu_ids]
         return "waiting for " + " and ".join(parts), True
-    up = {nid: pool.views[nid] for nid in pool.views if pool.is_up(nid)}
-    if could_ever_fit(req, up) is not None:
+    if could_ever_fit(req, pool.up_views()) is not None:
         down = sorted(
-            nid
-            for nid, view in pool.views.items()
-            if not pool.is_up(nid) and _statically_eligible(req, view)
+            view.node_id
+            for view in _named_or_all(req, pool.views)
+            if not pool.is_up(view.node_id) and _statically_eligible(req, view)
         )
         if down:
             return _down_sentence(down), False

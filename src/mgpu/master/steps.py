@@ -1,0 +1,67 @@
+"""Job steps: extra processes started inside a running job's allocation.
+
+`mpirun` inside an `--mpi` job starts its remote daemons through `mgpu rsh
+HOST CMD`, which asks the master for a step on the allocated node that HOST
+names.  A step runs with the job's GPUs on that node and ends with the job.
+Agents know a step as a run whose id is `JOBID.sN`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+STEP_SEPARATOR = ".s"
+
+
+@dataclass
+class Step:
+    id: str
+    job_id: str
+    epoch: int
+    node_id: str
+    exit_code: int | None = None
+    error: str | None = None
+    done: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def is_step_id(run_id: str) -> bool:
+    return STEP_SEPARATOR in run_id
+
+
+def job_of(step_id: str) -> str:
+    return step_id.split(STEP_SEPARATOR, 1)[0]
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.by_id: dict[str, Step] = {}
+        self._counter: dict[str, int] = {}
+
+    def new(self, job_id: str, epoch: int, node_id: str) -> Step:
+        n = self._counter.get(job_id, 0) + 1
+        self._counter[job_id] = n
+        step = Step(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, epoch=epoch, node_id=node_id)
+        self.by_id[step.id] = step
+        return step
+
+    def of_job(self, job_id: str) -> list[Step]:
+        return [s for s in self.by_id.values() if s.job_id == job_id]
+
+    def end(self, step: Step, exit_code: int | None, error: str | None = None) -> None:
+        step.exit_code = exit_code
+        step.error = error
+        step.done = True
+        step.finished.set()
+
+    def forget_job(self, job_id: str) -> list[Step]:
+        """The job ended: its live steps are ended too (their processes are killed)."""
+        live = []
+        for step in self.of_job(job_id):
+            if not step.done:
+                live.append(step)
+                self.end(step, None, "the job ended")
+            del self.by_id[step.id]
+        self._counter.pop(job_id, None)
+        return live

@@ -1,0 +1,395 @@
+"""Discrete-event replay of a trace through the real scheduler core.
+
+The clock is virtual: it jumps from one event time to the next.  Events are submissions
+(from the trace, already in time order) and job ends (a heap).  At each distinct time
+
+1. every job ending then releases its GPUs, every job submitted then joins the queue;
+2. `schedule(Snapshot(...))` is called once — the very function the master calls — unless
+   nothing is pending or no GPU is free (no start is then possible; trace jobs are never
+   preemptible, so no preemption either);
+3. its starts are applied: a job started at `now` ends at `now + min(run, time_limit)`,
+   i.e. it is killed at its limit as the master would (counted as a timeout); its
+   preemptions requeue the victims (they restart from scratch later) and, since the
+   preempting job starts only on a later pass, the pass is repeated at the same time.
+
+Mapping a trace job onto a request (`to_request`): a job of at most `gpus_per_node`
+GPUs asks for plain `gpus=N` (one node); a wider one is `distributed=True` with `gpus=N`,
+so placement may split it over nodes, fewest nodes first — like an MPI job of the log.
+GPUs are capped at the cluster size.  The time limit is the trace's requested time when
+it gives one, else `time_limit_factor × run time` (so 1.0 means perfect estimates, the
+textbook setting for EASY backfill); a factor of 0 leaves the limit to the scheduler's
+default (`SchedulerConfig.default_time_limit`, 24 h).
+
+Fairshare usage is each user's GPU-seconds decayed with a half-life (default 7 days, as
+`scheduling.fairshare_half_life_hours`), kept per user in closed form so it only needs
+updating when that user's running GPU count changes.
+
+Costs per event time: O(nodes changed) for the node views, O(queue + running) to build
+the snapshot, plus the scheduler pass itself.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from mgpu.scheduler import (
+    JobRequest,
+    NodeView,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    schedule,
+)
+from mgpu.scheduler.types import QueuePolicy
+
+from .traces import Trace, TraceJob
+
+__all__ = [
+    "DEFAULT_GPUS_PER_NODE",
+    "ClusterShape",
+    "JobResult",
+    "SimConfig",
+    "SimResult",
+    "SimulationError",
+    "default_cluster",
+    "simulate",
+    "to_request",
+]
+
+DEFAULT_GPUS_PER_NODE = 8
+DAY = 24 * 3600.0
+_LN2 = math.log(2.0)
+
+
+class SimulationError(RuntimeError):
+    """The scheduler returned a decision that cannot be applied (a bug in the core)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterShape:
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    cluster: ClusterShape
+    policy: QueuePolicy = "backfill"
+    time_limit_factor: float = 1.0
+    """Unknown time limits become this × run time; 0 = the scheduler's default limit."""
+    half_life: float = 7 * DAY
+    """Fairshare usage decay, seconds."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Base scheduler settings; `queue_policy` and `cluster_gpus` are overridden."""
+
+
+@dataclass(slots=True)
+class JobResult:
+    job_id: str
+    user: str
+    gpus: int
+    submit: float
+    start: float = math.nan
+    """Start of the last attempt (the one that finished)."""
+    end: float = math.nan
+    run: float = 0.0
+    """Time the last attempt ran (the trace's run time, or less if killed at its limit)."""
+    timed_out: bool = False
+    requeues: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return not math.isnan(self.end)
+
+
+@dataclass(slots=True)
+class SimResult:
+    config: SimConfig
+    jobs: list[JobResult]
+    pass_seconds: list[float]
+    """Wall time of each `schedule()` call."""
+    times: list[float]
+    """Event times, ascending; `busy[i]` GPUs are busy from `times[i]` to `times[i+1]`."""
+    busy: list[int]
+    busy_gpu_seconds: float
+    capped: int
+    """Jobs whose GPUs were cut down to the cluster size."""
+    preemptions: int
+    wall_seconds: float
+
+
+def default_cluster(trace: Trace, gpus_per_node: int | None = None) -> ClusterShape:
+    """The trace's own machine (SWF `MaxProcs`, else its widest job) in nodes of 8 GPUs."""
+    per = gpus_per_node or DEFAULT_GPUS_PER_NODE
+    widest = max((j.gpus for j in trace.jobs), default=1)
+    total = trace.max_procs or widest
+    return ClusterShape(max(1, math.ceil(total / per)), per)
+
+
+def to_request(job: TraceJob, gpus: int, gpus_per_node: int, factor: float) -> JobRequest:
+    """The request the simulated user submits for `job` (see the module docstring)."""
+    limit = job.time_limit
+    if limit is None and factor > 0:
+        limit = job.run * factor
+    return JobRequest(
+        job_id=job.job_id,
+        user=job.user,
+        submit_time=job.submit,
+        gpus=gpus,
+        distributed=gpus > gpus_per_node,
+        time_limit=limit,
+    )
+
+
+class _Usage:
+    """Decayed GPU-seconds per user: U(t) = U(t0)·d + r·(1 − d)·H/ln 2, d = 2^(−(t − t0)/H)."""
+
+    def __init__(self, half_life: float) -> None:
+        self.half_life = half_life
+        self.value: dict[str, float] = {}
+        self.since: dict[str, float] = {}
+        self.rate: dict[str, int] = {}
+
+    def _at(self, user: str, now: float) -> float:
+        dt = now - self.since[user]
+        if dt <= 0:
+            return self.value[user]
+        decay = 2.0 ** (-dt / self.half_life)
+        gained = self.rate[user] * (1.0 - decay) * self.half_life / _LN2
+        return self.value[user] * decay + gained
+
+    def add_rate(self, user: str, gpus: int, now: float) -> None:
+        """`user` runs `gpus` more (or fewer, if negative) GPUs from `now` on."""
+        if user in self.value:
+            self.value[user] = self._at(user, now)
+        else:
+            self.value[user] = 0.0
+            self.rate[user] = 0
+        self.since[user] = now
+        self.rate[user] += gpus
+
+    def snapshot(self, now: float) -> dict[str, float]:
+        return {u: self._at(u, now) for u in self.value}
+
+
+class _Cluster:
+    """Free GPUs per node, with the NodeViews rebuilt only for nodes that changed."""
+
+    def __init__(self, shape: ClusterShape) -> None:
+        width = len(str(shape.nodes))
+        self.ids = [f"node{i + 1:0{max(3, width)}d}" for i in range(shape.nodes)]
+        self.index = {nid: i for i, nid in enumerate(self.ids)}
+        every = tuple(range(shape.gpus_per_node))
+        self.every = every
+        self.free = [set(every) for _ in self.ids]
+        self.views = [NodeView(nid, every, frozenset(every)) for nid in self.ids]
+        self.dirty: set[int] = set()
+        self.total_free = shape.gpus
+
+    def take(self, job_id: str, placements: Sequence[Placement]) -> int:
+        taken = 0
+        for p in placements:
+            i = self.index.get(p.node_id)
+            ids = set(p.gpu_ids)
+            if i is None or not ids <= self.free[i] or len(ids) != len(p.gpu_ids):
+                raise SimulationError(
+                    f"the scheduler started job {job_id} on GPUs {sorted(p.gpu_ids)} of "
+                    f"{p.node_id}, which are not all free"
+                )
+            self.free[i] -= ids
+            self.dirty.add(i)
+            taken += len(ids)
+        self.total_free -= taken
+        return taken
+
+    def release(self, placements: Sequence[Placement]) -> None:
+        for p in placements:
+            i = self.index[p.node_id]
+            self.free[i].update(p.gpu_ids)
+            self.dirty.add(i)
+            self.total_free += len(p.gpu_ids)
+
+    def node_views(self) -> list[NodeView]:
+        for i in self.dirty:
+            self.views[i] = NodeView(self.ids[i], self.every, frozenset(self.free[i]))
+        self.dirty.clear()
+        return self.views
+
+
+class _Replay:
+    """The mutable state of one replay."""
+
+    def __init__(self, jobs: Sequence[TraceJob], config: SimConfig) -> None:
+        shape = config.cluster
+        if shape.nodes < 1 or shape.gpus_per_node < 1:
+            raise ValueError("the cluster needs at least one node with at least one GPU")
+        self.config = config
+        self.sched = replace(config.scheduler, queue_policy=config.policy, cluster_gpus=shape.gpus)
+        self.cluster = _Cluster(shape)
+        self.usage = _Usage(config.half_life)
+        self.jobs = sorted(jobs, key=lambda j: j.submit)
+        self.requests: list[JobRequest] = []
+        self.results: list[JobResult] = []
+        self.capped = 0
+        for job in self.jobs:
+            gpus = min(job.gpus, shape.gpus)
+            self.capped += gpus < job.gpus
+            req = to_request(job, gpus, shape.gpus_per_node, config.time_limit_factor)
+            self.requests.append(req)
+            self.results.append(JobResult(job.job_id, job.user, gpus, job.submit))
+        self.slot = {r.job_id: i for i, r in enumerate(self.requests)}
+        if len(self.slot) != len(self.requests):
+            raise ValueError("the trace has duplicate job ids")
+        self.pending: dict[str, JobRequest] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.ends: list[tuple[float, int, int]] = []  # (time, attempt, slot)
+        self.attempt = [0] * len(self.requests)
+        self.preemptible_running = 0
+        self.pass_seconds: list[float] = []
+        self.times: list[float] = []
+        self.busy: list[int] = []
+        self.busy_gpu_seconds = 0.0
+        self.preemptions = 0
+
+    def run(self) -> None:
+        n = len(self.requests)
+        nxt = 0
+        inf = math.inf
+        while nxt < n or self.ends:
+            now = min(self.requests[nxt].submit_time if nxt < n else inf, self._next_end())
+            while self.ends and self.ends[0][0] <= now:
+                _, attempt, slot = heapq.heappop(self.ends)
+                if attempt == self.attempt[slot]:  # else: a preempted attempt's stale end
+                    self._finish(slot, now)
+            while nxt < n and self.requests[nxt].submit_time <= now:
+                req = self.requests[nxt]
+                self.pending[req.job_id] = req
+                nxt += 1
+            self._passes(now)
+            self._record(now)
+            if not self.ends and nxt >= n and self.pending:
+                break  # nothing left that could free GPUs: these jobs can never start
+
+    def _next_end(self) -> float:
+        # Drop ends of preempted attempts so they do not create empty event times.
+        while self.ends and self.ends[0][1] != self.attempt[self.ends[0][2]]:
+            heapq.heappop(self.ends)
+        return self.ends[0][0] if self.ends else math.inf
+
+    def _passes(self, now: float) -> None:
+        # A preemption frees GPUs for a job that starts on a later pass: pass again.
+        for _ in range(8):
+            if not self.pending:
+                return
+            if self.cluster.total_free == 0 and self.preemptible_running == 0:
+                return
+            if not self._pass(now):
+                return
+
+    def _pass(self, now: float) -> bool:
+        """One scheduling pass; True if it preempted (so another pass is due)."""
+        snap = Snapshot(
+            now=now,
+            nodes=self.cluster.node_views(),
+            pending=list(self.pending.values()),
+            running=list(self.running.values()),
+            usage=self.usage.snapshot(now),
+            config=self.sched,
+        )
+        t0 = time.perf_counter()
+        decisions = schedule(snap)
+        self.pass_seconds.append(time.perf_counter() - t0)
+        for victim in decisions.preempt:
+            self._preempt(victim, now)
+        for start in decisions.starts:
+            self._start(start.job_id, start.placements, now, decisions.priorities)
+        return bool(decisions.preempt)
+
+    def _start(
+        self,
+        job_id: str,
+        placements: tuple[Placement, ...],
+        now: float,
+        priorities: dict[str, float],
+    ) -> None:
+        req = self.pending.pop(job_id, None)
+        if req is None:
+            raise SimulationError(f"the scheduler started job {job_id}, which is not pending")
+        gpus = self.cluster.take(job_id, placements)
+        slot = self.slot[job_id]
+        limit = self.sched.default_time_limit if req.time_limit is None else req.time_limit
+        run = self.jobs[slot].run
+        res = self.results[slot]
+        res.start = now
+        res.run = min(run, limit)
+        res.timed_out = run > limit
+        self.running[job_id] = RunningJob(
+            job_id,
+            req.user,
+            placements,
+            now,
+            req.time_limit,
+            priorities.get(job_id, 0.0),
+            req.preemptible,
+        )
+        self.preemptible_running += req.preemptible
+        self.usage.add_rate(req.user, gpus, now)
+        heapq.heappush(self.ends, (now + res.run, self.attempt[slot], slot))
+
+    def _stop(self, job_id: str, now: float) -> RunningJob:
+        job = self.running.pop(job_id)
+        self.cluster.release(job.placements)
+        self.preemptible_running -= job.preemptible
+        self.usage.add_rate(job.user, -job.gpus, now)
+        self.busy_gpu_seconds += job.gpus * (now - job.start_time)
+        return job
+
+    def _finish(self, slot: int, now: float) -> None:
+        self._stop(self.requests[slot].job_id, now)
+        self.results[slot].end = now
+
+    def _preempt(self, job_id: str, now: float) -> None:
+        if job_id not in self.running:
+            raise SimulationError(f"the scheduler preempted job {job_id}, which is not running")
+        self._stop(job_id, now)
+        slot = self.slot[job_id]
+        self.attempt[slot] += 1  # its pending end event is now stale
+        self.results[slot].requeues += 1
+        self.results[slot].start = math.nan
+        self.pending[job_id] = self.requests[slot]
+        self.preemptions += 1
+
+    def _record(self, now: float) -> None:
+        busy = self.config.cluster.gpus - self.cluster.total_free
+        if self.times and self.times[-1] == now:
+            self.busy[-1] = busy
+        else:
+            self.times.append(now)
+            self.busy.append(busy)
+
+
+def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
+    """Replay `jobs` on `config.cluster` with `config.policy`; see the module docstring."""
+    t0 = time.perf_counter()
+    replay = _Replay(jobs, config)
+    replay.run()
+    return SimResult(
+        config=config,
+        jobs=replay.results,
+        pass_seconds=replay.pass_seconds,
+        times=replay.times,
+        busy=replay.busy,
+        busy_gpu_seconds=replay.busy_gpu_seconds,
+        capped=replay.capped,
+        preemptions=replay.preemptions,
+        wall_seconds=time.perf_counter() - t0,
+    )

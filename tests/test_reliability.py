@@ -1,0 +1,321 @@
+"""Issue 4, reliability: node loss, retries with backoff, agent and master restarts,
+time limits, cancel of escaped processes, drain, and a small chaos run.
+
+Real master and agents on loopback (LocalCluster) with short heartbeats.  Every
+wait is on an observable condition with a deadline; every process this file
+starts, job processes included, is killed at the end by pid or process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from helpers import LocalCluster, wait_for
+
+BASE = 0.5  # scheduling.retry_backoff_base
+GRACE = 1.0  # scheduling.kill_grace
+TIMEOUT = 2.0  # networking.timeout
+
+CONFIG = f"""
+networking:
+  heartbeat_interval: 0.2
+  timeout: {TIMEOUT}
+scheduling:
+  retry_backoff_base: {BASE}
+  retry_backoff_max: 10
+  node_failure_threshold: 2
+  kill_grace: {GRACE}
+"""
+
+
+# ---- harness ------------------------------------------------------------------
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Processes started by jobs of one test (their environment carries RELTEST=tag)."""
+    want = f"RELTEST={tag}".encode()
+    found = []
+    for pid in psutil.pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+class Rel:
+    """A LocalCluster plus the helpers these tests share."""
+
+    def __init__(self, root: Path, config: str = CONFIG) -> None:
+        self.root = root
+        self.c = LocalCluster(root, config)
+        self.tag = str(root)
+        self.c.env["RELTEST"] = self.tag  # jobs submitted with the CLI carry it too
+        self.gpus: dict[str, int] = {}
+
+    # processes
+
+    def start(self, *nodes: str, gpus: int = 2) -> None:
+        if self.c.master is None or self.c.master.poll() is not None:
+            self.c.start_master()
+        for n in nodes:
+            self.start_agent(n, gpus=gpus, wait=False)
+        for n in nodes:
+            self.c.wait_node(n, "online")
+
+    def start_agent(self, node: str, gpus: int | None = None, wait: bool = True) -> None:
+        self.gpus[node] = gpus if gpus is not None else self.gpus.get(node, 2)
+        self.c.start_agent(node, gpus=self.gpus[node], wait=wait)
+
+    def kill_agent(self, node: str) -> float:
+        """kill -9 the agent alone (its jobs live in their own sessions and go on)."""
+        proc = self.c.agents[node]
+        t = time.time()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        return t
+
+    def kill_master(self) -> None:
+        assert self.c.master is not None
+        os.killpg(self.c.master.pid, signal.SIGKILL)
+        self.c.master.wait(timeout=10)
+
+    def wait_disconnected(self, node: str) -> None:
+        wait_for(
+            lambda: not self.node(node)["connected"], timeout=10, what=f"{node} disconnected"
+        )
+
+    def stop(self) -> None:
+        self.c.stop()
+        for pid in tagged_pids(self.tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    # queries
+
+    def submit(self, command: str, **options: Any) -> str:
+        env = {"RELTEST": self.tag, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        return self.c.client().submit(command, env=env, **options).id
+
+    def show(self, job_id: str) -> dict[str, Any]:
+        return self.c.client().show(job_id)
+
+    def show_cli(self, job_id: str) -> dict[str, Any]:
+        return dict(json.loads(self.c.cli("show", job_id, "--json", check=True).stdout))
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        (n,) = [n for n in self.c.client().nodes() if n["node_id"] == node_id]
+        return n
+
+    def wait_running(self, job_id: str, timeout: float = 15) -> dict[str, Any]:
+        """Until the job runs with a pid (the agent reported the start)."""
+
+        def check() -> dict[str, Any] | None:
+            j = self.show(job_id)
+            ok = j["state"] == "running" and j["allocation"] and j["allocation"][0]["pid"]
+            return j if ok else None
+
+        return wait_for(check, timeout=timeout, what=f"{job_id} running")
+
+    def wait_end(self, job_id: str, timeout: float = 30) -> dict[str, Any]:
+        job = self.c.client().wait(job_id, timeout=timeout)
+        assert job["state"] not in ("queued", "running"), job
+        return job
+
+    def logs(self, job_id: str) -> str:
+        return self.c.client().logs(job_id)
+
+
+@pytest.fixture
+def rel(tmp_path: Path) -> Iterator[Rel]:
+    r = Rel(tmp_path)
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def gated(gate: Path, before: str = "", after: str = "") -> str:
+    """A shell snippet that waits (polling) until `gate` exists."""
+    return f"{before}while [ ! -e {gate} ]; do sleep 0.02; done;{after}"
+
+
+def assert_backoff(job: dict[str, Any], base: float = BASE) -> None:
+    """Attempt k+1 starts no earlier than base * 2**(k-1) after attempt k ended."""
+    attempts = job["attempts"]
+    for k, (prev, nxt) in enumerate(itertools.pairwise(attempts), start=1):
+        if nxt["start_time"] is None:
+            continue
+        gap = nxt["start_time"] - prev["end_time"]
+        assert gap >= base * 2 ** (k - 1) - 0.02, f"retry {k} after {gap:.3f} s: {attempts}"
+
+
+# ---- 1. node loss ---------------------------------------------------------------
+
+
+def test_node_loss_requeues_elsewhere_and_lists_both_attempts(rel: Rel) -> None:
+    rel.start("node001", "node002")
+    gate = rel.root / "gate"
+    job_id = rel.submit(gated(gate, before="echo on $MGPU_NODE_ID;"), name="survivor")
+    first = rel.wait_running(job_id)["allocation"][0]["node_id"]
+    other = ({"node001", "node002"} - {first}).pop()
+    t_kill = rel.kill_agent(first)
+
+    # Observed through the API: the job goes back to the queue (backoff), then runs again.
+    states: list[str] = []
+
+    def requeued_and_running() -> bool:
+        j = rel.show(job_id)
+        if not states or states[-1] != j["state"]:
+            states.append(j["state"])
+        return j["state"] == "running" and j["allocation"][0]["node_id"] == other
+
+    wait_for(requeued_and_running, timeout=TIMEOUT + 10, interval=0.01, what="rerun")
+    assert states[-2:] == ["queued", "running"], states
+    offline = rel.node(first)
+    assert offline["state"] == "offline"
+    assert offline["last_seen"] >= t_kill - 1.0
+
+    gate.touch()
+    rel.wait_end(job_id)
+    job = rel.show_cli(job_id)
+    assert job["state"] == "completed", job
+    assert job["retries"] == 1
+    a1, a2 = job["attempts"]
+    assert a1["nodes"] == [first] and a2["nodes"] == [other]
+    assert a1["end_reason"] == f"node {first} lost"
+    # Detection waits for the heartbeat timeout, never less.
+    assert a1["end_time"] - t_kill >= TIMEOUT - 0.5
+    assert a1["start_time"] < a1["end_time"] <= a2["start_time"] < a2["end_time"]
+    assert_backoff(job)
+    assert job["allocation"][0]["node_id"] == other
+    assert f"on {other}\n" in rel.logs(job_id)
+
+    # No retries left: the job fails with the node's loss as its reason.
+    res = rel.c.cli("submit", "--retries", "0", gated(gate.with_suffix(".never")), check=True)
+    doomed = res.stdout.strip()
+    assert rel.wait_running(doomed)["allocation"][0]["node_id"] == other
+    rel.kill_agent(other)
+    job = rel.wait_end(doomed, timeout=TIMEOUT + 15)
+    assert job["state"] == "failed"
+    assert f"node {other} lost" in job["reason"]
+    assert job["retries"] == 0
+    assert [a["end_reason"] for a in job["attempts"]] == [f"node {other} lost"]
+
+
+# ---- 3. a job's own failure ---------------------------------------------------------
+
+
+def test_job_failure_is_never_retried(rel: Rel) -> None:
+    rel.start("node001")
+    three = rel.submit("echo x; exit 3", retries=5)
+    missing = rel.submit("no-such-command-rel-xyz", retries=5)
+    for job_id, code in ((three, 3), (missing, 127)):
+        job = rel.wait_end(job_id)
+        assert job["state"] == "failed", job
+        assert job["exit_code"] == code
+        assert job["reason"] == f"exit code {code}"
+        assert job["retries"] == 0
+        assert len(job["attempts"]) == 1
+    assert rel.node("node001")["failures"] == 0
+    assert rel.node("node001")["state"] == "online"
+
+
+# ---- 2 and 4. launch failures are node failures; backoff; drain after the threshold -----
+
+
+def test_launch_failure_retries_with_backoff_then_drains_the_node(rel: Rel) -> None:
+    rel.start("node001")
+    # Break node001 after its agent started: its spool directory becomes a plain file.
+    spool = rel.root / "agent-node001" / "node-node001" / "spool"
+    assert spool.is_dir()
+    shutil.rmtree(spool)
+    spool.write_text("not a directory\n")
+
+    job_id = rel.submit("echo ran on $MGPU_NODE_ID", retries=5)
+
+    def failed_once() -> dict[str, Any] | None:
+        n = rel.node("node001")
+        return n if n["failures"] >= 1 else None
+
+    wait_for(failed_once, timeout=10, what="first launch failure")
+    # The job is back in the queue: a node failure, not the job's.
+    job = rel.show(job_id)
+    assert job["retries"] >= 1 and "could not launch" in job["attempts"][0]["end_reason"]
+
+    # After node_failure_threshold (2) consecutive failures the node drains itself.
+    drained = rel.c.wait_node("node001", "drained", timeout=15)
+    assert drained["failures"] == 2
+    assert "2 consecutive failures" in drained["reason"]
+    assert "could not launch the job" in drained["reason"]
+    table = rel.c.cli("nodes", check=True).stdout
+    assert "drained" in table and "2 consecutive failures" in table
+
+    # The job waits for a healthy node and runs there.
+    assert rel.show(job_id)["state"] == "queued"
+    rel.start("node002")
+    job = rel.wait_end(job_id)
+    assert job["state"] == "completed", job
+    assert rel.logs(job_id) == "ran on node002\n"
+    assert job["retries"] == 2
+    assert [a["nodes"] for a in job["attempts"]] == [["node001"], ["node001"], ["node002"]]
+    for a in job["attempts"][:2]:
+        assert "node001 could not launch the job" in a["end_reason"]
+        assert "spool" in a["end_reason"]
+    # Exponential: the second retry waited at least twice the base.
+    assert_backoff(job)
+    assert rel.node("node002")["failures"] == 0
+
+
+# ---- 5. agent restart -----------------------------------------------------------------
+
+
+def test_agent_restart_readopts_the_running_job(rel: Rel) -> None:
+    rel.start("node001")
+    a, b, mark = rel.root / "a", rel.root / "b", rel.root / "during"
+    script = (
+        "echo before; echo err-before >&2;"
+        + gated(a)
+        + f"echo during; touch {mark};"
+        + gated(b)
+        + "echo after; exit 3"
+    )
+    job_id = rel.submit(script)
+    pid = rel.wait_running(job_id)["allocation"][0]["pid"]
+    wait_for(lambda: "before\n" in rel.logs(job_id), what="first line")
+    rel.kill_agent("node001")
+    rel.wait_disconnected("node001")
+    a.touch()  # the job prints while its agent is down
+    wait_for(mark.exists, what="the job ran on while the agent was down")
+    rel.start_agent("node001")
+    assert psutil.pid_exists(pid)
+    wait_for(lambda: "during\n" in rel.logs(job_id), what="output written while down")
+    b.touch()
+    job = rel.wait_end(job_id)
+    assert job["state"] == "failed" and job["exit_code"] == 3, job
+    assert job["retries"] == 0 and len(job["attempts"]) == 1
+    assert rel.logs(job_id) == "before\nerr-before\nduring\nafter\n"
+    assert rel.node("node001")["failures"] == 0
