@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -97,13 +98,16 @@ def time_pass(snapshot: Snapshot, policy: QueuePolicy, runs: int) -> dict[str, f
         config=SchedulerConfig(queue_policy=policy),
     )
     times = []
+    cpu = []
     decisions = schedule(snap)  # warm-up
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         decisions = schedule(snap)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     return {
         "median_ms": round(statistics.median(times) * 1000, 2),
+        "median_cpu_ms": round(statistics.median(cpu) * 1000, 2),
         "min_ms": round(min(times) * 1000, 2),
         "max_ms": round(max(times) * 1000, 2),
         "starts": len(decisions.starts),
@@ -122,7 +126,8 @@ def main() -> None:
     free = sum(len(n.free_gpus) for n in snapshot.nodes)
     print(
         f"{args.pending} pending, {args.nodes} nodes x {GPUS_PER_NODE} GPUs "
-        f"({free} free, {len(snapshot.running)} running jobs), {args.runs} runs"
+        f"({free} free, {len(snapshot.running)} running jobs), {args.runs} runs, "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
     )
     results: dict[str, object] = {
         "pending": args.pending,
@@ -133,6 +138,8 @@ def main() -> None:
         "runs": args.runs,
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "load_average_1m": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
         "policies": {},
     }
     policies: dict[str, object] = {}
@@ -141,7 +148,8 @@ def main() -> None:
         policies[policy] = figures
         print(
             f"  {policy:9s} median {figures['median_ms']:8.2f} ms  "
-            f"(min {figures['min_ms']}, max {figures['max_ms']})  "
+            f"(min {figures['min_ms']}, max {figures['max_ms']}; "
+            f"CPU median {figures['median_cpu_ms']})  "
             f"starts {figures['starts']}, preempt {figures['preempt']}"
         )
     results["policies"] = policies

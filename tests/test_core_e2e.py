@@ -422,8 +422,10 @@ def test_master_restart_keeps_queue_and_output(cluster: LocalCluster) -> None:
 
 def test_up_and_down(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "MGPU_MASTER": f"127.0.0.1:{port}"}
     state = str(tmp_path / "state")
+    # As on the master's own machine: the client finds the owner's admin token there.
+    env = {**os.environ, "MGPU_MASTER": f"127.0.0.1:{port}", "MGPU_STATE_DIR": state}
+    env.pop("MGPU_TOKEN", None)
 
     def mgpu(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,9 +102,7 @@ class Rel:
         self.c.master.wait(timeout=10)
 
     def wait_disconnected(self, node: str) -> None:
-        wait_for(
-            lambda: not self.node(node)["connected"], timeout=10, what=f"{node} disconnected"
-        )
+        wait_for(lambda: not self.node(node)["connected"], timeout=10, what=f"{node} disconnected")
 
     def stop(self) -> None:
         self.c.stop()
@@ -319,3 +315,256 @@ def test_agent_restart_readopts_the_running_job(rel: Rel) -> None:
     assert job["retries"] == 0 and len(job["attempts"]) == 1
     assert rel.logs(job_id) == "before\nerr-before\nduring\nafter\n"
     assert rel.node("node001")["failures"] == 0
+
+
+# ---- 6. master restart ------------------------------------------------------------------
+
+
+def test_master_restart_jobs_run_on_and_queue_keeps_its_order(rel: Rel) -> None:
+    rel.start("node001", "node002")
+    a, b, mark = rel.root / "a", rel.root / "b", rel.root / "during"
+    long_script = (
+        "echo one;" + gated(a) + f"echo two; touch {mark};" + gated(b) + "echo three; exit 4"
+    )
+    long = rel.submit(long_script, node_gpu_ids="node001:0")
+    short = rel.submit(gated(a, before="echo s1;", after="echo s2"), node_gpu_ids="node002:0")
+    queued = [rel.submit(f"echo q{i}", node_gpu_ids="node001:0") for i in range(4)]
+    rel.wait_running(long)
+    rel.wait_running(short)
+    wait_for(lambda: rel.logs(long) == "one\n" and rel.logs(short) == "s1\n", what="output")
+
+    rel.kill_master()
+    a.touch()  # `short` ends and `long` prints while the master is down
+    wait_for(mark.exists, what="long job printing while the master is down")
+    wait_for(lambda: not tagged_pid_alive(rel, short), what="short job ended")
+    rel.c.start_master()
+    rel.c.wait_node("node001", "online")
+    rel.c.wait_node("node002", "online")
+
+    q = rel.c.client().queue()
+    waiting = [j["id"] for j in q["jobs"] if j["state"] == "queued"]
+    assert waiting == queued  # still queued, still in submit order
+    job = rel.wait_end(short)
+    assert job["state"] == "completed" and job["retries"] == 0, job
+    assert rel.logs(short) == "s1\ns2\n"
+    assert rel.show(long)["state"] == "running"
+    b.touch()
+    job = rel.wait_end(long)
+    assert job["state"] == "failed" and job["exit_code"] == 4 and job["retries"] == 0, job
+    assert rel.logs(long) == "one\ntwo\nthree\n"
+    starts = [rel.wait_end(j)["start_time"] for j in queued]
+    assert starts == sorted(starts)
+    assert [rel.logs(j) for j in queued] == [f"q{i}\n" for i in range(4)]
+
+
+def tagged_pid_alive(rel: Rel, job_id: str) -> bool:
+    """Is any process of this job still alive (seen through its MGPU_JOB_ID)?"""
+    want = f"MGPU_JOB_ID={job_id}".encode()
+    for pid in tagged_pids(rel.tag):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0") and not gone(pid):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def kill_job_processes(rel: Rel, job_id: str) -> None:
+    want = f"MGPU_JOB_ID={job_id}".encode()
+    for pid in tagged_pids(rel.tag):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    wait_for(lambda: not tagged_pid_alive(rel, job_id), what=f"{job_id} killed")
+
+
+def test_master_restart_requeues_or_fails_jobs_no_agent_reports(rel: Rel) -> None:
+    rel.start("node001", "node002")
+    never = rel.root / "never"
+    keep = rel.submit(gated(never), node_gpu_ids="node001:0")  # default retries
+    last = rel.submit(gated(never), node_gpu_ids="node001:1", retries=0)
+    orphan = rel.submit(gated(never), node_gpu_ids="node002:0")
+    for j in (keep, last, orphan):
+        rel.wait_running(j)
+
+    rel.kill_master()
+    # node001 is wiped while the master is down: agent, its jobs and its state dir.
+    rel.kill_agent("node001")
+    kill_job_processes(rel, keep)
+    kill_job_processes(rel, last)
+    shutil.rmtree(rel.root / "agent-node001")
+    # node002 dies for good with its job.
+    rel.kill_agent("node002")
+    kill_job_processes(rel, orphan)
+
+    rel.c.start_master()
+    rel.start_agent("node001", wait=False)  # comes back empty-handed
+    job = rel.wait_end(last)
+    assert job["state"] == "failed", job
+    assert "node001 restarted and no longer runs it" in job["reason"]
+    # `keep` has retries left: back in the queue, the loss counted as a retry.
+    job = wait_for(
+        lambda: (j := rel.show(keep))["state"] == "queued" and j["retries"] == 1 and j,
+        what="keep requeued",
+    )
+    assert "node001 restarted and no longer runs it" in job["attempts"][0]["end_reason"]
+    # node002 never reports back: after the heartbeat timeout its job is requeued too.
+    wait_for(
+        lambda: rel.show(orphan)["state"] == "queued",
+        timeout=TIMEOUT + 10,
+        what="job of a node that never came back requeued",
+    )
+    job = rel.show(orphan)
+    assert job["attempts"][0]["end_reason"] == "node node002 lost", job
+    assert rel.node("node002")["state"] == "offline"
+
+
+def test_new_master_kills_processes_it_does_not_know(rel: Rel) -> None:
+    rel.start("node001")
+    job_id = rel.submit("sleep 300")
+    pid = rel.wait_running(job_id)["allocation"][0]["pid"]
+    rel.kill_master()
+    # The master's database is lost: a new master on the same port, with the same identity
+    # (tokens, certificates) but no jobs, has never heard of the job.
+    fresh = rel.root / "master-fresh"
+    fresh.mkdir()
+    for f in rel.c.state_dir.iterdir():
+        if f.is_file() and not f.name.startswith("mgpu.db"):
+            shutil.copy2(f, fresh / f.name)
+    rel.c.state_dir = fresh
+    rel.c.start_master()
+    rel.c.wait_node("node001", "online")
+    wait_for(lambda: gone(pid), what="orphan job killed")
+    wait_for(lambda: not tagged_pid_alive(rel, job_id), what="its children too")
+    with pytest.raises(Exception, match="no such job"):
+        rel.show(job_id)
+    assert rel.c.client().queue()["jobs"] == []
+
+
+# ---- 7. time limits ----------------------------------------------------------------------
+
+
+def test_time_limit_sigterm_grace_sigkill(rel: Rel) -> None:
+    rel.start("node001")
+    plain = rel.c.cli("submit", "--time", "0:02", "echo start; sleep 30", check=True)
+    stubborn_script = "trap 'echo got TERM' TERM; echo start; while :; do sleep 0.05; done"
+    stubborn = rel.c.cli("submit", "--time", "0:02", stubborn_script, check=True)
+    p, s = plain.stdout.strip(), stubborn.stdout.strip()
+    for job_id in (p, s):
+        job = rel.wait_end(job_id, timeout=20)
+        assert job["state"] == "timeout", job
+        assert job["reason"] == "time limit reached"
+        assert job["retries"] == 0
+    jp, js = rel.show(p), rel.show(s)
+    ran_p = jp["end_time"] - jp["start_time"]
+    ran_s = js["end_time"] - js["start_time"]
+    assert 2.0 <= ran_p < 2.0 + GRACE - 0.2, ran_p  # ended at SIGTERM, before the grace
+    assert ran_s >= 2.0 + GRACE - 0.05, ran_s  # ignored SIGTERM: killed after the grace
+    assert ran_s < 2.0 + GRACE + 2.0, ran_s
+    assert rel.logs(s).startswith("start\n") and "got TERM\n" in rel.logs(s)
+    wait_for(lambda: not tagged_pid_alive(rel, s), what="stubborn job gone")
+
+
+# ---- 8. cancel reaches escaped processes -------------------------------------------------------
+
+
+def test_cancel_kills_setsid_grandchildren(rel: Rel) -> None:
+    rel.start("node001")
+    child, orphan = rel.root / "child.pid", rel.root / "orphan.pid"
+    script = (
+        # a child in a new session (still a descendant) ...
+        f"setsid sh -c 'echo $$ > {child}; exec sleep 300' &"
+        # ... and a double-forked one in a new session (reparented away from the job)
+        f" (setsid sh -c 'echo $$ > {orphan}; exec sleep 300' &) ;"
+        " wait"
+    )
+    job_id = rel.submit(script)
+    pids = []
+    for f in (child, orphan):
+        pids.append(int(wait_for(lambda f=f: f.exists() and f.read_text().strip(), what="pid")))
+    for pid in pids:
+        assert psutil.pid_exists(pid)
+        assert os.getsid(pid) == pid  # really escaped the job's session
+    rel.c.cli("cancel", job_id, check=True)
+    assert rel.wait_end(job_id)["state"] == "cancelled"
+    for pid in pids:
+        wait_for(lambda pid=pid: gone(pid), what=f"escaped pid {pid} killed")
+
+
+# ---- 9. drain ----------------------------------------------------------------------------------
+
+
+def test_drain_lets_running_jobs_finish_and_resume_reopens(rel: Rel) -> None:
+    rel.start("node001", "node002")
+    gate = rel.root / "gate"
+    running = rel.submit(gated(gate, after="echo done"), nodelist="node001")
+    rel.wait_running(running)
+    rel.c.cli("drain", "node001", "--reason", "disk swap", check=True)
+    node = rel.node("node001")
+    assert node["state"] == "draining" and node["reason"] == "disk swap"
+    assert rel.show(running)["state"] == "running"
+    elsewhere = rel.submit("echo hi")
+    assert rel.wait_end(elsewhere)["allocation"][0]["node_id"] == "node002"
+    assert rel.node("node001")["state"] == "draining"
+    gate.touch()
+    job = rel.wait_end(running)
+    assert job["state"] == "completed" and rel.logs(running) == "done\n"
+    wait_for(lambda: rel.node("node001")["state"] == "drained", what="drained")
+    assert "disk swap" in rel.c.cli("nodes", check=True).stdout
+    rel.c.cli("resume", "node001", check=True)
+    assert rel.node("node001")["state"] == "online"
+    back = rel.submit("true", nodelist="node001")
+    assert rel.wait_end(back)["state"] == "completed"
+
+
+# ---- 10. chaos ----------------------------------------------------------------------------------
+
+
+def test_chaos_master_and_agent_killed_no_job_lost_or_doubled(rel: Rel) -> None:
+    nodes = ("node001", "node002", "node003")
+    rel.start(*nodes)
+    running_dir = rel.root / "running"
+    running_dir.mkdir()
+    doubles = rel.root / "doubles"
+    # Each job proves it is the only copy running: mkdir is atomic.
+    script = (
+        f"mkdir {running_dir}/$MGPU_JOB_ID || echo $MGPU_JOB_ID >> {doubles};"
+        " echo out-$MGPU_JOB_ID; sleep 0.3;"
+        f" rmdir {running_dir}/$MGPU_JOB_ID"
+    )
+    n_jobs = 60
+    ids = [rel.submit(script, gpus=1) for _ in range(n_jobs)]
+    client = rel.c.client()
+
+    def count(state: str) -> int:
+        return sum(1 for j in client.queue(all=True)["jobs"] if j["state"] == state)
+
+    # Kill the master once some jobs are done, while others run.
+    wait_for(lambda: count("completed") >= 10, timeout=30, what="10 done")
+    rel.kill_master()
+    rel.c.start_master()
+    for n in nodes:
+        rel.c.wait_node(n, "online")
+    # Kill an agent that runs jobs; bring it back before the heartbeat timeout.
+    victim = wait_for(
+        lambda: next((n for n in nodes if rel.node(n)["jobs"]), None),
+        timeout=30,
+        what="a busy node",
+    )
+    rel.kill_agent(victim)
+    rel.wait_disconnected(victim)
+    rel.start_agent(victim)
+
+    jobs = client.wait_all(ids, timeout=60)
+    states = {j["id"]: j["state"] for j in jobs}
+    assert set(states.values()) == {"completed"}, states
+    assert not doubles.exists(), doubles.read_text()
+    for j in jobs:
+        spans = sorted((a["start_time"], a["end_time"]) for a in j["attempts"] if a["start_time"])
+        for (_s1, e1), (s2, _e2) in itertools.pairwise(spans):
+            assert s2 >= e1, f"{j['id']} ran twice at once: {j['attempts']}"
+        assert rel.logs(j["id"]) == f"out-{j['id']}\n", j

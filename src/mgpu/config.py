@@ -71,6 +71,39 @@ class Scheduling(_Strict):
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     max_running_jobs_per_user: int | None = Field(default=None, ge=0)
     preemption: bool = True
+    foreign_memory_threshold_mb: int = Field(default=1024, ge=0)
+    """A GPU with more memory than this used outside mgpu is not allocated."""
+    idle_after_minutes: float = Field(default=30.0, gt=0)
+    """A running job whose GPUs stay near 0% utilisation this long is flagged idle."""
+    idle_action: Literal["none", "notify", "cancel"] = "none"
+    """What happens to an idle interactive job: nothing, a note in its output, cancel."""
+
+
+class AccessRule(_Strict):
+    """Nodes (ids or node group names) that only these users / Unix groups may use."""
+
+    nodes: list[str]
+    users: list[str] = Field(default_factory=list)
+    groups: list[str] = Field(default_factory=list)
+
+
+class Security(_Strict):
+    allow_root_jobs: bool = False
+    """Let tokens of users other than the master's owner run jobs that resolve to uid 0."""
+    node_groups: dict[str, list[str]] = Field(default_factory=dict)
+    access: list[AccessRule] = Field(default_factory=list)
+    """A node named by any rule is open only to the users and groups of its rules."""
+
+    def restricted_nodes(self) -> dict[str, tuple[set[str], set[str]]]:
+        """node id -> (users, groups) allowed; nodes absent are open to everyone."""
+        out: dict[str, tuple[set[str], set[str]]] = {}
+        for rule in self.access:
+            for name in rule.nodes:
+                for node in self.node_groups.get(name, [name]):
+                    users, groups = out.setdefault(node, (set(), set()))
+                    users.update(rule.users)
+                    groups.update(rule.groups)
+        return out
 
 
 class ClusterConfig(_Strict):
@@ -78,6 +111,7 @@ class ClusterConfig(_Strict):
     nodes: list[NodeEntry] = Field(default_factory=list)
     networking: Networking = Field(default_factory=Networking)
     scheduling: Scheduling = Field(default_factory=Scheduling)
+    security: Security = Field(default_factory=Security)
 
     @field_validator("nodes")
     @classmethod

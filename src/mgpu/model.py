@@ -131,6 +131,13 @@ class Job:
     """MASTER_PORT of a distributed run (reserved on the rank-0 node)."""
     failed_node: str | None = None
     """The first node whose process failed (multi-node jobs)."""
+    gpu_memory_peak_mb: int | None = None
+    """Highest memory used on any one of the job's GPUs (agent telemetry)."""
+    gpu_util_mean: float | None = None
+    """Mean utilisation (%) over every telemetry sample of the job's GPUs."""
+    gpu_util_samples: int = 0
+    cancel_reason: str | None = None
+    """Final reason of a running job cancelled for a reason of the system (idle)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -204,6 +211,8 @@ class Job:
             "array_job_id": self.array_job_id,
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
+            "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
+            "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
         }
 
 

@@ -32,6 +32,8 @@ class GpuTelemetry(BaseModel):
     power_w: float | None = None
     simulated: bool = False
     foreign_processes: list[int] = Field(default_factory=list)
+    foreign_memory_mb: int | None = None
+    """Memory used on this GPU by processes mgpu did not start."""
 
 
 class RunningReport(BaseModel):
@@ -82,6 +84,11 @@ class Output(BaseModel):
     epoch: int
     stream: Literal["o", "e"]
     data: str
+    offset: int | None = None
+    """Byte offset in the job's stream where `data` starts, and where it ends: the master
+    keeps each run's bytes contiguous, dropping what it already has (a resend after a
+    reconnect or an agent restart) and anything past a gap (re-sent from the gap)."""
+    end: int | None = None
 
 
 class Exited(BaseModel):
@@ -92,7 +99,9 @@ class Exited(BaseModel):
     time: float
     timed_out: bool = False
     launch_error: str | None = None
-    """Set when the node could not start the job at all: a node failure, not the job's."""
+    """Set when the node could not start the job at all: a node failure, not the job's..."""
+    fatal: bool = False
+    """...unless fatal: the job itself cannot run (unknown user, root refused): it fails."""
 
 
 class PortReserved(BaseModel):
@@ -109,11 +118,33 @@ AgentMessage = Annotated[
 # ---- master -> agent -------------------------------------------------------
 
 
+class Resume(BaseModel):
+    """How much of a run's output the master has (bytes of stdout and stderr)."""
+
+    job_id: str
+    epoch: int
+    stdout: int = 0
+    stderr: int = 0
+
+
 class Welcome(BaseModel):
     type: Literal["welcome"] = "welcome"
     heartbeat_interval: float
     kill: list[RunningReport] = Field(default_factory=list)
     """Processes the agent runs that the master does not know (or knows as stale)."""
+    resume: list[Resume] = Field(default_factory=list)
+    """For each run the master expects: how much output it has, so the agent re-sends
+    from there (output in flight when a connection broke is neither lost nor doubled)."""
+
+
+class Forget(BaseModel):
+    """The master has stored the end (`Exited`) of this run: the agent may forget it.
+    Until then the agent keeps the run, lists it in its hello and re-sends its end after
+    every reconnect, so an end is never lost with a dropped connection or a master crash."""
+
+    type: Literal["forget"] = "forget"
+    job_id: str
+    epoch: int
 
 
 class Refused(BaseModel):
@@ -132,6 +163,8 @@ class Launch(BaseModel):
     time_limit: float | None = None
     kill_grace: float = 10.0
     user: str | None = None
+    allow_root: bool = False
+    """May this job run as uid 0 (only the master owner's, unless the config allows)."""
     mpi: bool = False
     """Set up mpirun: the agent writes `hostfile` and points Open MPI / MPICH at it
     and at `mgpu rsh` as their remote launcher."""
@@ -154,7 +187,7 @@ class ReservePort(BaseModel):
 
 
 MasterMessage = Annotated[
-    Welcome | Refused | Launch | Kill | ReservePort, Field(discriminator="type")
+    Welcome | Refused | Launch | Kill | ReservePort | Forget, Field(discriminator="type")
 ]
 
 _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

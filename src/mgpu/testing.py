@@ -76,6 +76,9 @@ class LocalCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "MGPU_MASTER": self.address}
         self.env.pop("MGPU_STATE_DIR", None)
+        self._saved_env: dict[str, str | None] = {}
+        self.admin_token = ""
+        self.join_token = ""
 
     def _spawn(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
@@ -97,8 +100,29 @@ class LocalCluster:
             argv += ["--config", str(self.config_path)]
         self.master = self._spawn(argv, self.root / "master.log")
         if wait:
+            wait_for(self._load_tokens, what="the master's tokens")
             wait_for(lambda: self.client().nodes() is not None, what="the master")
         return self.master
+
+    def _load_tokens(self) -> bool:
+        """Use the master's admin token for clients and its join token for agents.
+
+        Set in this process's environment too, so a plain `Client(address)` in a test
+        authenticates as the cluster's owner, as it would on the master's machine."""
+        try:
+            admin = (self.state_dir / "admin-token").read_text().strip()
+            join = (self.state_dir / "join-token").read_text().strip()
+        except OSError:
+            return False
+        if not admin or not join:
+            return False
+        if "MGPU_TOKEN" not in self._saved_env:
+            self._saved_env["MGPU_TOKEN"] = os.environ.get("MGPU_TOKEN")
+        self.env["MGPU_TOKEN"] = os.environ["MGPU_TOKEN"] = admin
+        self.env["MGPU_JOIN_TOKEN"] = join
+        self.admin_token = admin
+        self.join_token = join
+        return True
 
     def start_agent(
         self, node_id: str, gpus: int = 4, wait: bool = True, extra: list[str] | None = None
@@ -123,7 +147,7 @@ class LocalCluster:
         return wait_for(check, timeout=timeout, what=f"{node_id} {state}")
 
     def client(self) -> Client:
-        return Client(self.address, connect_timeout=2.0)
+        return Client(self.address, connect_timeout=2.0, token=self.admin_token or None)
 
     def cli(
         self, *args: str, timeout: float = 60, input: str | None = None, check: bool = False
@@ -147,6 +171,12 @@ class LocalCluster:
     def stop(self) -> None:
         for proc in reversed(self._procs):
             kill_group(proc)
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import os
 import random
@@ -26,6 +27,7 @@ from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.launcher import Launcher, LaunchError, Running
 from mgpu.protocol import (
     Exited,
+    Forget,
     GpuDesc,
     Heartbeat,
     Hello,
@@ -52,6 +54,10 @@ class AgentRefused(RuntimeError):
     pass
 
 
+class UserError(RuntimeError):
+    """The job cannot run here as its user: the job fails, the node is fine."""
+
+
 class Agent:
     def __init__(
         self,
@@ -62,9 +68,15 @@ class Agent:
         fake_gpus: int | None = None,
         advertise_ip: str | None = None,
         token: str | None = None,
+        insecure: bool = False,
     ) -> None:
+        from mgpu.client.credentials import is_loopback
+
         self.node_id = node_id
-        self.url = f"ws://{master_host}:{master_port}/api/agent"
+        # TLS unless told otherwise; on loopback try plain first and switch if refused.
+        self.tls = not insecure and not is_loopback(master_host)
+        self._tls_auto = not insecure and is_loopback(master_host)
+        self._ssl_context: Any = None
         self.master = (master_host, master_port)
         self.state_dir = state_dir
         self.fake_gpus = fake_gpus
@@ -74,7 +86,10 @@ class Agent:
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
         self.launcher = Launcher(state_dir / f"node-{node_id}" / "spool", self._on_output)
-        self.outbox: deque[str] = deque()
+        self.outbox: deque[tuple[str, str]] = deque()
+        """(message type, encoded message), sent in order over the live connection."""
+        self._exits: dict[tuple[str, int], Exited] = {}
+        """Ends not yet stored by the master (no `Forget` yet): re-sent after a reconnect."""
         self._outbox_ready = asyncio.Event()
         self.heartbeat_interval = 5.0
         self.connected = False
@@ -83,11 +98,21 @@ class Agent:
     # ---- outbound -----------------------------------------------------------
 
     def send(self, message: BaseModel) -> None:
-        self.outbox.append(encode(message))
+        self.outbox.append((str(getattr(message, "type", "")), encode(message)))
         self._outbox_ready.set()
 
-    def _on_output(self, job_id: str, epoch: int, stream: str, text: str) -> None:
-        self.send(Output(job_id=job_id, epoch=epoch, stream=stream, data=text))  # type: ignore[arg-type]
+    def _on_output(
+        self, job_id: str, epoch: int, stream: str, text: str, start: int, end: int
+    ) -> None:
+        out = Output(job_id=job_id, epoch=epoch, stream=stream, data=text, offset=start, end=end)  # type: ignore[arg-type]
+        self.send(out)
+
+    def _report_exit(self, msg: Exited) -> None:
+        """Send a run's end now if connected, and again after every reconnect until the
+        master says it has stored it (`Forget`)."""
+        self._exits[(msg.job_id, msg.epoch)] = msg
+        if self.connected:
+            self.send(msg)
 
     # ---- main loop ----------------------------------------------------------
 
@@ -121,49 +146,96 @@ class Agent:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 10.0)
 
+    @property
+    def url(self) -> str:
+        return f"{'wss' if self.tls else 'ws'}://{self.master[0]}:{self.master[1]}/api/agent"
+
+    async def _tls_context(self) -> Any:
+        if self._ssl_context is None:
+            from mgpu import tlsutil
+
+            fingerprint = (self.token or "").partition(".")[2]
+            if not fingerprint:
+                raise AgentRefused(
+                    "the master uses TLS but no join token names its CA "
+                    "(mgpu node --token, or $MGPU_JOIN_TOKEN)"
+                )
+            pem = await asyncio.to_thread(
+                tlsutil.cached_ca, self.master[0], self.master[1], fingerprint, 10.0
+            )
+            self._ssl_context = tlsutil.client_context(pem)
+        return self._ssl_context
+
     async def _session(self) -> None:
         import websockets
 
-        async with websockets.connect(
-            self.url,
-            max_size=64 * 1024 * 1024,
-            open_timeout=10,
-            ping_interval=None,
-            compression=None,
-        ) as ws:
-            ip = self.advertise_ip or ws.local_address[0]
-            hello = Hello(
-                node_id=self.node_id,
-                hostname=self.hostname,
-                ip=ip,
-                gpus=[GpuDesc(**vars(g)) for g in self.gpus],
-                gpu_source=self.gpu_source,
-                running=self._running_reports(),
-                token=self.token,
-            )
-            await ws.send(encode(hello))
-            reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
-            if isinstance(reply, Refused):
-                raise AgentRefused(reply.reason)
-            if not isinstance(reply, Welcome):
-                raise ConnectionError("the master did not welcome us")
-            self.heartbeat_interval = reply.heartbeat_interval
-            for rep in reply.kill:
-                run = self.launcher.find(rep.job_id, rep.epoch)
-                if run is not None:
-                    log.warning("killing %s: the master does not expect it here", rep.job_id)
-                    self.launcher.kill(run, "unknown to the master", 0.0)
-            log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
-            self.connected = True
-            sender = asyncio.create_task(self._sender(ws))
-            beater = asyncio.create_task(self._heartbeats())
-            try:
-                async for raw in ws:
-                    self._handle(parse_master_message(raw))
-            finally:
-                sender.cancel()
-                beater.cancel()
-                self.connected = False
+        if self.token is None:
+            from mgpu.client.credentials import find_join_token
+
+            self.token = find_join_token(None, self.state_dir)  # the master may have made it since
+
+        try:
+            async with websockets.connect(
+                self.url,
+                max_size=64 * 1024 * 1024,
+                open_timeout=10,
+                ping_interval=None,
+                compression=None,
+                ssl=await self._tls_context() if self.tls else None,
+            ) as ws:
+                await self._converse(ws)
+        except (websockets.InvalidMessage, websockets.InvalidHandshake, EOFError):
+            if self._tls_auto:
+                self.tls = not self.tls  # a loopback master may speak only TLS (--tls)
+            raise
+
+    async def _converse(self, ws: Any) -> None:
+        ip = self.advertise_ip or ws.local_address[0]
+        hello = Hello(
+            node_id=self.node_id,
+            hostname=self.hostname,
+            ip=ip,
+            gpus=[GpuDesc(**vars(g)) for g in self.gpus],
+            gpu_source=self.gpu_source,
+            running=self._running_reports(),
+            token=self.token,
+            run_as_user=None if os.geteuid() == 0 else getpass.getuser(),
+        )
+        await ws.send(encode(hello))
+        reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
+        if isinstance(reply, Refused):
+            raise AgentRefused(reply.reason)
+        if not isinstance(reply, Welcome):
+            raise ConnectionError("the master did not welcome us")
+        self.heartbeat_interval = reply.heartbeat_interval
+        for rep in reply.kill:
+            run = self.launcher.find(rep.job_id, rep.epoch)
+            if run is not None:
+                log.warning("killing %s: the master does not expect it here", rep.job_id)
+                self.launcher.kill(run, "unknown to the master", 0.0)
+        # Output and ends still queued may never have reached the master, or may have: drop
+        # them and send again from where the master's copy ends (it drops what it has).
+        self.outbox = deque(m for m in self.outbox if m[0] not in ("output", "exited"))
+        for res in reply.resume:
+            run = self.launcher.find(res.job_id, res.epoch)
+            if run is not None:
+                self.launcher.rewind(run, res.stdout, res.stderr)
+        for (job_id, epoch), exited in self._exits.items():
+            run = self.launcher.find(job_id, epoch)
+            if run is not None:
+                self.launcher.pump_output(run)
+            self.send(exited)
+        log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
+        self.connected = True
+        sender = asyncio.create_task(self._sender(ws))
+        beater = asyncio.create_task(self._heartbeats())
+        try:
+            async for raw in ws:
+                self._handle(parse_master_message(raw))
+        finally:
+            sender.cancel()
+            beater.cancel()
+            self.connected = False
 
     def _running_reports(self) -> list[RunningReport]:
         reps = []
@@ -182,15 +254,28 @@ class Agent:
         while True:
             while self.outbox:
                 item = self.outbox[0]
-                await ws.send(item)
+                await ws.send(item[1])
                 self.outbox.popleft()
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 
     async def _heartbeats(self) -> None:
+        """A heartbeat at once and then every interval, with a GPU telemetry sample."""
+        from mgpu.agent.telemetry import TelemetrySampler
+
+        node_dir = self.launcher.spool.parent
+        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir)
+        telemetry: list[Any] = []
         while True:
+            pids = [run.rec.pid for run in self.launcher.running.values()]
+            try:
+                telemetry = await asyncio.wait_for(
+                    asyncio.to_thread(sampler.sample, pids), timeout=5.0
+                )
+            except Exception as e:  # a heartbeat must go out even when sampling fails
+                log.warning("GPU telemetry failed: %s", e)
+            self.send(Heartbeat(telemetry=telemetry))
             await asyncio.sleep(self.heartbeat_interval)
-            self.send(Heartbeat(telemetry=[]))
 
     async def _pump_loop(self) -> None:
         while True:
@@ -209,6 +294,11 @@ class Agent:
                 self.launcher.kill(run, msg.reason, msg.grace)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
+        elif isinstance(msg, Forget):
+            self._exits.pop((msg.job_id, msg.epoch), None)
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None and run.exited.is_set():
+                self.launcher.finish(run)
 
     def _launch(self, msg: Launch) -> None:
         old = self.launcher.find(msg.job_id)
@@ -217,6 +307,7 @@ class Agent:
                 return  # duplicate
             self.launcher.kill(old, "superseded", 0.0)
         try:
+            ids = self._identity(msg)
             run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
@@ -225,11 +316,25 @@ class Agent:
                 msg.cwd,
                 msg.time_limit,
                 msg.kill_grace,
+                user_ids=ids,
                 hostfile=msg.hostfile,
             )
+        except UserError as e:
+            log.error("job %s: %s", msg.job_id, e)
+            self._report_exit(
+                Exited(
+                    job_id=msg.job_id,
+                    epoch=msg.epoch,
+                    exit_code=None,
+                    time=time.time(),
+                    launch_error=str(e),
+                    fatal=True,
+                )
+            )
+            return
         except LaunchError as e:
             log.error("job %s: %s", msg.job_id, e)
-            self.send(
+            self._report_exit(
                 Exited(
                     job_id=msg.job_id,
                     epoch=msg.epoch,
@@ -251,6 +356,20 @@ class Agent:
         )
         self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
 
+    def _identity(self, msg: Launch) -> tuple[int, int, list[int]] | None:
+        """uid, gid and groups to run the job as; None = as this agent's own user."""
+        if os.geteuid() != 0 or not msg.user:
+            return None
+        import pwd
+
+        try:
+            pw = pwd.getpwnam(msg.user)
+        except KeyError:
+            raise UserError(f"user {msg.user} does not exist on {self.hostname}") from None
+        if pw.pw_uid == 0 and not msg.allow_root:
+            raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
+        return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
+
     def _job_env(self, msg: Launch) -> dict[str, str]:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
@@ -269,22 +388,27 @@ class Agent:
 
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
-        self.launcher.pump_output(run)
+        self.launcher.kill_leftovers(run)
+        if self.connected:
+            self.launcher.pump_output(run)  # else after the reconnect, from where the master is
         code = self.launcher.exit_code(run)
         error = None
         if code is None:
             error = "the job's process vanished while the agent was down"
-        self.send(
+        ended = time.time()
+        with contextlib.suppress(OSError):
+            ended = os.path.getmtime(run.rec.exit_path)  # the shim wrote it as the job ended
+        # The run stays (listed in hello, files kept) until the master has stored its end.
+        self._report_exit(
             Exited(
                 job_id=run.rec.job_id,
                 epoch=run.rec.epoch,
                 exit_code=code,
-                time=time.time(),
+                time=min(ended, time.time()),
                 timed_out=run.timed_out,
                 launch_error=error,
             )
         )
-        self.launcher.finish(run)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.discard(task)
@@ -321,13 +445,23 @@ def run_agent(
     fake_gpus: int | None,
     advertise_ip: str | None = None,
     token: str | None = None,
+    insecure: bool = False,
 ) -> None:
+    from mgpu.client.credentials import find_join_token
+
+    token = find_join_token(token, state_dir)
     agent = Agent(
-        node_id, master_host, master_port, state_dir, fake_gpus, advertise_ip, token=token
+        node_id,
+        master_host,
+        master_port,
+        state_dir,
+        fake_gpus,
+        advertise_ip,
+        token=token,
+        insecure=insecure,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())
 
 
 __all__ = ["Agent", "AgentRefused", "run_agent"]
-_ = os

@@ -56,6 +56,8 @@ class RunRecord:
     kill_grace: float = 10.0
     out_sent: int = 0
     err_sent: int = 0
+    tag: str = ""
+    """$MGPU_RUN_TAG of this run's processes (empty in records of older agents)."""
 
 
 @dataclass
@@ -71,8 +73,8 @@ class Running:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-OutputSink = Callable[[str, int, str, str], None]
-"""(job_id, epoch, stream "o"/"e", text)"""
+OutputSink = Callable[[str, int, str, str, int, int], None]
+"""(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
 
 
 class Launcher:
@@ -129,10 +131,28 @@ class Launcher:
             err_f = open(err_path, "wb")  # noqa: SIM115
         except OSError as e:
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
+        home = os.path.expanduser("~")
+        if user_ids is not None:
+            import pwd
+
+            uid, gid, _ = user_ids
+            home = pwd.getpwuid(uid).pw_dir
+            # The shim, running as the user, must be able to write its exit file.
+            exit_path.touch()
+            os.chown(exit_path, uid, gid)
+        if not os.path.isdir(home):
+            home = "/"
         if cwd and not os.path.isdir(cwd):
-            cwd = None  # the submit dir may not exist on this node; run in the spool's home
+            cwd = None  # the submit dir may not exist on this node: run in the user's home
         full_env = dict(env)
+        if user_ids is not None:
+            full_env["HOME"] = home
         full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        # Marks this run's processes, even those that escape the shim's process group.
+        # Unique per run: other runs of the same job (an older epoch being killed here,
+        # or another node's part when agents share a machine) must not match.
+        tag = f"{job_id}.{epoch}.{os.urandom(6).hex()}"
+        full_env["MGPU_RUN_TAG"] = tag
         if hostfile is not None:
             hosts = Path(f"{base}.hosts")
             hosts.write_text(hostfile)
@@ -153,12 +173,14 @@ class Launcher:
                 stdin=subprocess.DEVNULL,
                 stdout=out_f,
                 stderr=err_f,
-                cwd=cwd or os.path.expanduser("~"),
+                cwd=cwd or home,
                 env=full_env,
                 start_new_session=True,
                 close_fds=True,
                 **kwargs,
             )
+        except PermissionError as e:
+            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename or cwd})") from None
         except OSError as e:
             raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
         finally:
@@ -180,6 +202,7 @@ class Launcher:
             exit_path=str(exit_path),
             deadline=(now + time_limit) if time_limit else None,
             kill_grace=kill_grace,
+            tag=tag,
         )
         self.save(rec)
         run = Running(rec=rec, popen=popen)
@@ -259,16 +282,24 @@ class Launcher:
                     data = f.read(READ_CHUNK)
                     if not data:
                         break
-                    sent += len(data)
                     dec = run.decoders.get(stream)
                     if dec is None:
                         dec = run.decoders[stream] = codecs.getincrementaldecoder("utf-8")(
                             errors="replace"
                         )
+                    # Offsets of whole characters: bytes the decoder holds are not sent yet.
+                    start = sent - len(dec.getstate()[0])
+                    sent += len(data)
                     text = dec.decode(data)
                     if text:
-                        self.on_output(run.rec.job_id, run.rec.epoch, stream, text)
+                        end = sent - len(dec.getstate()[0])
+                        self.on_output(run.rec.job_id, run.rec.epoch, stream, text, start, end)
             setattr(run.rec, sent_attr, sent)
+
+    def rewind(self, run: Running, stdout: int, stderr: int) -> None:
+        """Send output again from these byte offsets (what the master has)."""
+        run.rec.out_sent, run.rec.err_sent = stdout, stderr
+        run.decoders.clear()
 
     def pump_all(self) -> None:
         for run in list(self.running.values()):
@@ -287,14 +318,16 @@ class Launcher:
             return 128 - rc if rc < 0 else rc
         return None
 
-    def finish(self, run: Running) -> None:
-        """Forget a job that has ended and whose end was reported."""
+    def kill_leftovers(self, run: Running) -> None:
+        """Leftovers in the job's process group die with the job, as in Slurm."""
         if run.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=1)
-        # Leftovers in the job's process group die with the job, as in Slurm.
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, signal.SIGKILL)
+
+    def finish(self, run: Running) -> None:
+        """Forget a job that has ended (leftovers killed) and whose end the master stored."""
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
         for p in (run.rec.out_path, run.rec.err_path, run.rec.exit_path):
             with contextlib.suppress(OSError):
@@ -332,13 +365,15 @@ class Launcher:
                 p.send_signal(sig)
 
     def _job_processes(self, run: Running) -> set[psutil.Process]:
-        """The shim's descendants, plus any process tagged with this job in its environment."""
+        """The shim's descendants, plus any process tagged with this run in its environment."""
         found: set[psutil.Process] = set()
         try:
             found.update(psutil.Process(run.rec.pid).children(recursive=True))
         except psutil.Error:
             pass
-        tag = f"MGPU_JOB_ID={run.rec.job_id}".encode()
+        tag = (
+            f"MGPU_RUN_TAG={run.rec.tag}" if run.rec.tag else f"MGPU_JOB_ID={run.rec.job_id}"
+        ).encode()
         me = os.getpid()
         for pid in psutil.pids():
             if pid in (me, run.rec.pid):

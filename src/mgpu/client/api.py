@@ -7,7 +7,6 @@ keep-alive connection is reused across calls.
 
 from __future__ import annotations
 
-import getpass
 import http.client
 import json
 import os
@@ -43,6 +42,7 @@ class SubmittedJob:
 def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
     """--host/--port, else $MGPU_MASTER (host:port), else 127.0.0.1:8080."""
     env = os.environ.get("MGPU_MASTER", "")
+    env = env.split("://", 1)[-1]
     env_host, _, env_port = env.rpartition(":") if ":" in env else (env, "", "")
     default_host, _, default_port = DEFAULT_ADDRESS.partition(":")
     h = host or env_host or default_host
@@ -62,8 +62,15 @@ class Client:
         port: int | None = None,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
-        user: str | None = None,
+        token: str | None = None,
+        tls: bool | None = None,
     ) -> None:
+        """`address` is "host:port", optionally "https://host:port" or "http://..." to force
+        or refuse TLS; otherwise TLS is used for every host but loopback, and loopback
+        falls back to it when the master speaks only TLS (`mgpu master --tls`)."""
+        scheme = _scheme(address) or _scheme(host) or _scheme(os.environ.get("MGPU_MASTER"))
+        address = address.split("://", 1)[-1] if address else None
+        host = host.split("://", 1)[-1] if host else None
         if address is not None:
             a_host, _, a_port = address.rpartition(":")
             host = host or a_host or address
@@ -71,7 +78,16 @@ class Client:
         self.host, self.port = resolve_address(host, port)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.user = user or _login_name()
+        from mgpu.client.credentials import find_token, is_loopback
+
+        self.token = find_token(token)
+        if tls is None and scheme is not None:
+            tls = scheme == "https"
+        self._tls_auto = tls is None and is_loopback(self.host)
+        self.tls = bool(tls) if tls is not None else not is_loopback(self.host)
+        if os.environ.get("MGPU_INSECURE") and tls is None:
+            self.tls = False
+        self._ssl_context: Any = None
         self._conn: http.client.HTTPConnection | None = None
 
     @property
@@ -80,10 +96,38 @@ class Client:
 
     # ---- transport ----------------------------------------------------------
 
+    def _tls_context(self) -> Any:
+        if self._ssl_context is None:
+            from mgpu import tlsutil
+
+            fingerprint = (self.token or "").partition(".")[2]
+            if not fingerprint:
+                raise MgpuError(
+                    f"the master at {self.address} uses TLS and no token names its CA "
+                    "(set $MGPU_TOKEN, or use http:// for a master started with --insecure)"
+                )
+            try:
+                pem = tlsutil.cached_ca(self.host, self.port, fingerprint, self.connect_timeout)
+            except ssl_errors() as e:
+                raise MgpuError(f"cannot verify the master at {self.address}: {e}") from None
+            self._ssl_context = tlsutil.client_context(pem)
+        return self._ssl_context
+
     def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+        conn: http.client.HTTPConnection
+        if self.tls:
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.connect_timeout, context=self._tls_context()
+            )
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
         try:
             conn.connect()
+        except ssl_errors() as e:
+            raise MgpuError(
+                f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
+                "--insecure, use http://"
+            ) from None
         except (TimeoutError, OSError) as e:
             reason = "timed out" if isinstance(e, socket.timeout | TimeoutError) else str(e)
             raise ConnectError(
@@ -96,7 +140,10 @@ class Client:
         return conn
 
     def _headers(self) -> dict[str, str]:
-        return {"Content-Type": "application/json", "X-MGPU-User": self.user}
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
 
     def _request(
         self,
@@ -119,6 +166,11 @@ class Client:
                 raw = resp.read()
             except (http.client.HTTPException, OSError) as e:
                 self.close()
+                if self._tls_auto and not self.tls and fresh:
+                    # A loopback master may speak only TLS (--tls): try that once.
+                    self._tls_auto = False
+                    self.tls = True
+                    continue
                 if fresh or attempt == 1:
                     if isinstance(e, socket.timeout | TimeoutError):
                         raise MgpuError(
@@ -196,6 +248,25 @@ class Client:
     def resume(self, node_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/api/nodes/{_quote(node_id)}/resume"))
 
+    def history(
+        self,
+        user: str | None = None,
+        state: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Finished jobs with their accounting: {"since", "jobs": [...]} (since: 7d, 12h...)."""
+        query = _query(user=user, state=state, since=since, limit=limit)
+        return dict(self._request("GET", "/api/history" + query))
+
+    def report(self, by: str = "user", since: str | None = None) -> dict[str, Any]:
+        """GPU-hours, jobs, success rate and waits per user or node: {"rows", "total"}."""
+        return dict(self._request("GET", "/api/report" + _query(by=by, since=since)))
+
+    def utilisation(self, hours: float = 6.0, points: int = 72) -> dict[str, Any]:
+        """Allocated and measured GPU utilisation over the last `hours`."""
+        return dict(self._request("GET", "/api/utilisation" + _query(hours=hours, points=points)))
+
     def wait(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         """Block until the job has ended (or `timeout` seconds passed); return the job."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -218,6 +289,21 @@ class Client:
 
     def step_stream(self, step_id: str) -> Iterator[dict[str, Any]]:
         return self._stream_path(f"/api/steps/{_quote(step_id)}/output", read_timeout=3600 * 24)
+
+    def whoami(self) -> dict[str, Any]:
+        return dict(self._request("GET", "/api/whoami"))
+
+    def create_token(self, user: str, admin: bool = False) -> dict[str, Any]:
+        return dict(self._request("POST", "/api/tokens", {"user": user, "admin": admin}))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/tokens")["tokens"])
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return dict(self._request("DELETE", f"/api/tokens/{_quote(token_id)}"))
+
+    def audit(self, since: float = 0.0) -> list[dict[str, Any]]:
+        return list(self._request("GET", f"/api/audit?since={since}")["events"])
 
     def wait_all(self, job_ids: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
         """Block until every listed job has ended (or `timeout` passed); return them."""
@@ -269,14 +355,26 @@ class Client:
             conn.close()
 
 
+def _query(**params: Any) -> str:
+    from urllib.parse import urlencode
+
+    given = {k: v for k, v in params.items() if v is not None}
+    return "?" + urlencode(given) if given else ""
+
+
 def _quote(part: str) -> str:
     from urllib.parse import quote
 
     return quote(part, safe="")
 
 
-def _login_name() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:
-        return str(os.getuid())
+def _scheme(address: str | None) -> str | None:
+    if address and "://" in address:
+        return address.split("://", 1)[0].lower()
+    return None
+
+
+def ssl_errors() -> tuple[type[Exception], ...]:
+    import ssl
+
+    return (ssl.SSLError, ssl.CertificateError)

@@ -62,6 +62,9 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     t.add_argument("--connection-timeout", type=float, help="seconds to reach the master")
     t.add_argument("--max-wait-time", type=float, help="seconds without word from the master")
     t.add_argument("--max-consecutive-timeouts", type=int, help="silent periods before giving up")
+    t.add_argument(
+        "--verbose", "-v", action="store_true", help="print queue position and reason changes"
+    )
 
 
 JOB_FIELDS = (
@@ -98,7 +101,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_client(args: argparse.Namespace) -> Client:
     connect_timeout = getattr(args, "connection_timeout", None) or 10.0
-    return Client(host=args.host, port=args.port, connect_timeout=connect_timeout)
+    return Client(host=args.host, port=args.port, connect_timeout=connect_timeout, token=args.token)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -145,6 +148,7 @@ def follow_job(client: Client, job_id: str, args: argparse.Namespace) -> int:
         session_timeout=getattr(args, "session_timeout", None),
         max_wait_time=getattr(args, "max_wait_time", None) or 60.0,
         max_consecutive_timeouts=getattr(args, "max_consecutive_timeouts", None) or 3,
+        verbose=bool(getattr(args, "verbose", False)),
     )
 
 
@@ -228,7 +232,14 @@ def cmd_master(args: argparse.Namespace) -> int:
 
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     try:
-        run_master(args.host, args.port, state_dir, args.config, args.verbose)
+        run_master(
+            args.host,
+            args.port,
+            state_dir,
+            args.config,
+            args.verbose,
+            tls=True if args.tls else (False if args.insecure else None),
+        )
     except ConfigError as e:
         _fail(str(e))
     return 0
@@ -245,8 +256,22 @@ def cmd_node(args: argparse.Namespace) -> int:
         _fail(str(e))
     if args.fake_gpus is not None and args.fake_gpus < 0:
         _fail("--fake-gpus must not be negative")
-    setup_logging(args.verbose)
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    if args.health:
+        from mgpu.agent.health import run_health
+
+        return run_health(
+            args.node_id, args.master_host, args.master_port, state_dir, args.fake_gpus
+        )
+    if args.fake_foreign:
+        from mgpu.agent.telemetry import parse_gpu_values
+
+        try:
+            parse_gpu_values(args.fake_foreign, "--fake-foreign")
+        except ValueError as e:
+            _fail(str(e))
+        os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
+    setup_logging(args.verbose)
     try:
         run_agent(
             args.node_id,
@@ -255,9 +280,55 @@ def cmd_node(args: argparse.Namespace) -> int:
             state_dir,
             args.fake_gpus,
             advertise_ip=args.advertise_ip,
+            token=args.join_token,
+            insecure=args.insecure,
         )
     except AgentRefused as e:
         _fail(f"the master refused this node: {e}")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    data = make_client(args).history(
+        user=args.user, state=args.state, since=args.since, limit=args.limit
+    )
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    from mgpu.client.accounting import render_history
+
+    print(render_history(data))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.json and args.csv:
+        raise UsageError("use either --json or --csv")
+    data = make_client(args).report(by=args.by, since=args.since)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    from mgpu.client.accounting import render_report, report_csv
+
+    if args.csv:
+        sys.stdout.write(report_csv(data))
+    else:
+        print(render_report(data))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from mgpu.client.top import run_top
+
+    if args.interval <= 0:
+        raise UsageError("--interval must be positive")
+    return run_top(make_client(args), once=args.once, interval=args.interval)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from mgpu.client.completion import completion_script
+
+    sys.stdout.write(completion_script(build_parser(), args.shell))
     return 0
 
 
@@ -291,6 +362,39 @@ def cmd_rsh(args: argparse.Namespace) -> int:
     return run_step(make_client(args), job_id, words[0], words[1:])
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    client = make_client(args)
+    if args.action == "create":
+        if not args.user:
+            raise UsageError("token create needs a USER")
+        out = client.create_token(args.user, admin=args.admin)
+        print(
+            json.dumps({"user": out["user"], "token": out["token"]}) if args.json else out["token"]
+        )
+    elif args.action == "list":
+        tokens = client.tokens()
+        if args.json:
+            print(json.dumps({"tokens": tokens}))
+        else:
+            from mgpu.client.render import render_tokens
+
+            print(render_tokens(tokens))
+    else:
+        if not args.user:
+            raise UsageError("token revoke needs a token ID (see mgpu token list)")
+        print(f"revoked {client.revoke_token(args.user)['revoked']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from mgpu.client.render import parse_since, render_events
+
+    since = parse_since(args.since) if args.since else 0.0
+    events = make_client(args).audit(since)
+    print(json.dumps({"events": events}) if args.json else render_events(events))
+    return 0
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     from mgpu.config import ConfigError, load_config
 
@@ -308,6 +412,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def _address_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="master host (default $MGPU_MASTER or 127.0.0.1)")
     p.add_argument("--port", type=int, help="master port (default 8080)")
+    p.add_argument("--token", help="your token (default $MGPU_TOKEN or ~/.config/mgpu/token)")
 
 
 def build_parser() -> Parser:
@@ -355,11 +460,33 @@ def build_parser() -> Parser:
     s = add("resume", cmd_resume, "reopen a drained node")
     s.add_argument("node")
 
+    s = add("top", cmd_top, "live view of nodes, GPUs and the queue")
+    s.add_argument("--once", action="store_true", help="print one frame and exit")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+
+    s = add("history", cmd_history, "finished jobs with runtime and GPU-hours")
+    s.add_argument("--user", "-u", help="only this user's jobs")
+    s.add_argument("--state", help="only these final states (completed,failed,...)")
+    s.add_argument("--since", default="7d", help="7d, 12h, 30m or a date (default 7d)")
+    s.add_argument("--limit", type=int, default=1000, help="at most this many jobs")
+    s.add_argument("--json", action="store_true")
+
+    s = add("report", cmd_report, "GPU-hours, jobs, success rate and waits per user or node")
+    s.add_argument("--by", choices=["user", "node"], default="user")
+    s.add_argument("--since", default="7d", help="7d, 12h, 30m or a date (default 7d)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--csv", action="store_true")
+
+    s = add("completion", cmd_completion, "print a shell completion script")
+    s.add_argument("shell", choices=["bash", "zsh"])
+
     s = add("master", cmd_master, "run the control plane (foreground)")
     s.add_argument("--host", dest="host", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", dest="port", type=int, help="port (default 8080)")
     s.add_argument("--config", help="cluster_config.yaml")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
+    s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
     s.add_argument("--verbose", "-v", action="store_true")
 
     s = add("node", cmd_node, "run a node agent (foreground)")
@@ -367,7 +494,15 @@ def build_parser() -> Parser:
     s.add_argument("--master-host", default="127.0.0.1")
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
+    s.add_argument(
+        "--fake-foreign",
+        metavar="GPU:MB[,GPU:MB]",
+        help="simulate use outside mgpu of fake GPUs (also $MGPU_FAKE_FOREIGN)",
+    )
+    s.add_argument("--health", action="store_true", help="run the node's checks and exit")
     s.add_argument("--advertise-ip", help="the IP other nodes reach this one at")
+    s.add_argument("--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN)")
+    s.add_argument("--insecure", action="store_true", help="plain ws:// to a non-loopback master")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
     s.add_argument("--verbose", "-v", action="store_true")
 
@@ -378,6 +513,16 @@ def build_parser() -> Parser:
 
     s = add("down", cmd_down, "stop the local cluster started by mgpu up")
     s.add_argument("--state-dir")
+
+    s = add("token", cmd_token, "manage user tokens (admin)")
+    s.add_argument("action", choices=["create", "list", "revoke"])
+    s.add_argument("user", nargs="?", metavar="USER|ID")
+    s.add_argument("--admin", action="store_true", help="(create) an admin token")
+    s.add_argument("--json", action="store_true")
+
+    s = add("audit", cmd_audit, "who did what, when, from where (admin)")
+    s.add_argument("--since", help="e.g. 1h, 7d, 30m")
+    s.add_argument("--json", action="store_true")
 
     s = add("rsh", cmd_rsh, "start a process on a node of the current job (for mpirun)")
     s.add_argument("words", nargs=argparse.REMAINDER, metavar="[-x] HOST COMMAND...")

@@ -66,6 +66,11 @@ def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> i
         [*exe, "master", "--port", str(port), "--state-dir", str(state_dir)],
         state_dir / "master.log",
     )
+    deadline = time.monotonic() + 30
+    while not (state_dir / "join-token").exists() and time.monotonic() < deadline:
+        if not _alive(master[0], master[1]):
+            break
+        time.sleep(0.05)  # the agent needs the join token the master writes at start
     node_argv = [
         *exe,
         "node",
@@ -84,14 +89,15 @@ def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> i
         {"role": "node001", "pid": node[0], "started": node[1]},
     ]
     pidfile.write_text(json.dumps({"port": port, "processes": procs}))
-    client = Client(host="127.0.0.1", port=port, connect_timeout=1.0)
+    client = None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
+            client = client or _client(state_dir, port)
             nodes = client.nodes()
             if any(n["state"] == "online" for n in nodes):
                 break
-        except MgpuError:
+        except (MgpuError, OSError):
             pass
         if not _alive(master[0], master[1]):
             print(
@@ -118,6 +124,7 @@ def cluster_down(state_dir_raw: str | None) -> int:
         return 0
     info = json.loads(pidfile.read_text())
     procs = [p for p in info["processes"] if _alive(p["pid"], p["started"])]
+    _cancel_everything(state_dir, info["port"])
     # Agents first, so they do not spin reconnecting to a master that is gone.
     for p in sorted(procs, key=lambda p: p["role"] == "master"):
         with contextlib.suppress(OSError):
@@ -132,3 +139,22 @@ def cluster_down(state_dir_raw: str | None) -> int:
     pidfile.unlink(missing_ok=True)
     print("local cluster stopped")
     return 0
+
+
+def _client(state_dir: Path, port: int) -> Client:
+    """A client acting as the cluster's owner (the admin token of its state dir)."""
+    token = (state_dir / "admin-token").read_text().strip()
+    return Client(host="127.0.0.1", port=port, connect_timeout=1.0, timeout=10, token=token)
+
+
+def _cancel_everything(state_dir: Path, port: int) -> None:
+    """Jobs outlive their agent by design; stopping the local cluster should not leave them."""
+    try:
+        with _client(state_dir, port) as client:
+            active = [j["id"] for j in client.queue()["jobs"]]
+            for job_id in active:
+                client.cancel(job_id)
+            if active:
+                client.wait_all(active, timeout=15)
+    except (MgpuError, OSError):
+        pass  # the master is already gone: nothing to ask

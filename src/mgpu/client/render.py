@@ -55,7 +55,7 @@ def _job_row(job: dict[str, Any], now: float) -> list[str]:
         job["id"],
         (job.get("name") or "")[:20],
         job["user"],
-        job["state"],
+        job["state"] + (" (idle)" if job.get("idle") else ""),
         str(job["gpus"]),
         f"{prio:.0f}" if isinstance(prio, int | float) else "-",
         elapsed,
@@ -109,22 +109,44 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
     for n in nodes:
         gpus = n.get("gpus") or []
         busy = sum(1 for g in gpus if g.get("busy_job"))
+        foreign = [g for g in gpus if g.get("foreign_blocked") and not g.get("busy_job")]
         state = n["state"] + ("" if n.get("connected", True) else "*")
+        util, mem = _gpu_use(gpus)
+        reason = [n.get("reason") or ""] + [_foreign_note(g) for g in foreign]
         rows.append(
             [
                 n["node_id"],
                 state,
                 str(len(gpus)),
-                str(len(gpus) - busy),
+                str(len(gpus) - busy - len(foreign)),
                 str(busy),
+                util,
+                mem,
                 (gpus[0]["name"] if gpus else "-")[:28],
                 n.get("hostname") or "-",
                 n.get("ip") or "-",
-                n.get("reason") or "",
+                "; ".join(r for r in reason if r),
             ]
         )
-    headers = ["NODE", "STATE", "GPUS", "FREE", "BUSY", "GPU TYPE", "HOSTNAME", "IP", "REASON"]
+    headers = ["NODE", "STATE", "GPUS", "FREE", "BUSY", "UTIL", "MEM", "GPU TYPE", "HOSTNAME"]
+    headers += ["IP", "REASON"]
     return table(headers, rows)
+
+
+def _gpu_use(gpus: list[dict[str, Any]]) -> tuple[str, str]:
+    """Mean utilisation and memory used/total of a node's GPUs, from their telemetry."""
+    tels = [g["telemetry"] for g in gpus if g.get("telemetry")]
+    utils = [t["utilization_pct"] for t in tels if t.get("utilization_pct") is not None]
+    used = [t["memory_used_mb"] for t in tels if t.get("memory_used_mb") is not None]
+    total = sum(t.get("memory_total_mb") or 0 for t in tels)
+    util = f"{sum(utils) / len(utils):.0f}%" if utils else "-"
+    mem = f"{sum(used) / 1024:.0f}/{total / 1024:.0f}G" if used and total else "-"
+    return util, mem
+
+
+def _foreign_note(gpu: dict[str, Any]) -> str:
+    mb = (gpu.get("telemetry") or {}).get("foreign_memory_mb")
+    return f"GPU {gpu['index']} used outside mgpu ({mb} MB)"
 
 
 def render_job(job: dict[str, Any]) -> str:
@@ -146,6 +168,14 @@ def render_job(job: dict[str, Any]) -> str:
         end = job.get("end_time") or now
         lines.append(f"  elapsed:    {duration(end - job['start_time'])}")
     lines.append(f"  retries:    {job['retries']} of {job.get('max_retries', '-')}")
+    if job.get("gpu_util_mean") is not None or job.get("gpu_memory_peak_mb") is not None:
+        util, peak = job.get("gpu_util_mean"), job.get("gpu_memory_peak_mb")
+        lines.append(
+            f"  gpu use:    mean {'-' if util is None else f'{util:.0f}%'} utilisation, "
+            f"peak {'-' if peak is None else f'{peak} MB'} memory"
+        )
+    if job.get("idle"):
+        lines.append(f"  idle:       yes, GPUs near 0% since {_ts(job.get('idle_since'))}")
     factors = job.get("priority_factors")
     if job.get("priority_value") is not None:
         detail = ""
@@ -174,3 +204,47 @@ def _ts(t: float | None) -> str:
     if not t:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def render_tokens(tokens: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            t["id"],
+            t["user"],
+            t["kind"],
+            "yes" if t["admin"] else "",
+            _ts(t["created"]),
+            _ts(t["revoked"]) if t.get("revoked") else "",
+        ]
+        for t in tokens
+    ]
+    return table(["ID", "USER", "KIND", "ADMIN", "CREATED", "REVOKED"], rows)
+
+
+def render_events(events: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            _ts(e["time"]),
+            e["kind"],
+            e.get("actor") or "-",
+            e.get("address") or "-",
+            e.get("target") or "",
+            (e.get("detail") or "")[:60],
+        ]
+        for e in reversed(events)
+    ]
+    return table(["TIME", "EVENT", "WHO", "FROM", "TARGET", "DETAIL"], rows)
+
+
+def parse_since(text: str) -> float:
+    """ "7d", "12h", "30m", "90s" -> an absolute time that far back."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    text = text.strip().lower()
+    try:
+        if text and text[-1] in units:
+            return time.time() - float(text[:-1]) * units[text[-1]]
+        return time.time() - float(text) * 86400
+    except ValueError:
+        from mgpu.client.api import MgpuError
+
+        raise MgpuError(f"--since {text!r} is not a duration like 7d, 12h or 30m") from None

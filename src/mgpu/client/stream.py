@@ -58,9 +58,14 @@ def follow(
     session_timeout: float | None = None,
     max_wait_time: float = 60.0,
     max_consecutive_timeouts: int = 3,
+    verbose: bool = False,
 ) -> int:
-    """Stream until the job ends; stdout to stdout, stderr to stderr.  Ctrl-C cancels."""
-    status_tty = sys.stderr.isatty()
+    """Stream until the job ends; stdout to stdout, stderr to stderr.  Ctrl-C cancels.
+
+    While the job waits, its queue position and reason are shown: on a terminal as one
+    status line rewritten in place; otherwise (stderr is compared by scripts) only with
+    `verbose`, as plain lines."""
+    status = StatusLine(sys.stderr.isatty(), verbose)
     prefixer = LinePrefixer()
     deadline = None if session_timeout is None else time.monotonic() + session_timeout
     silent = 0
@@ -86,14 +91,17 @@ def follow(
                         return 124
                     if "d" in rec:
                         seen += 1
+                        status.clear()
                         if not prefixer.multi and rec.get("n"):
                             prefixer.multi = _is_multi_node(client, job_id)
                         out = sys.stdout if rec["s"] == "o" else sys.stderr
                         _write(out, prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
                     elif rec.get("end"):
+                        status.clear()
                         return _exit_code(rec, job_id)
-                    elif "status" in rec and status_tty:
-                        _status_line(job_id, rec)
+                    elif "status" in rec:
+                        status.update(job_id, rec)
+                status.clear()
                 return _exit_code(client.show(job_id), job_id)
             except MgpuError as e:
                 silent += 1
@@ -102,6 +110,7 @@ def follow(
                 if isinstance(e, ConnectError):
                     time.sleep(min(2.0, 0.2 * 2**silent))
     except KeyboardInterrupt:
+        status.clear()
         try:
             client.cancel(job_id)
             print(f"\nmgpu: cancelled job {job_id}", file=sys.stderr)
@@ -122,12 +131,45 @@ def _is_multi_node(client: Client, job_id: str) -> bool:
     return _multi_cache[job_id]
 
 
-def _status_line(job_id: str, rec: dict[str, Any]) -> None:
+def _status_text(job_id: str, rec: dict[str, Any]) -> str:
     state = rec.get("status")
     reason = rec.get("reason") or ""
     pos = rec.get("position")
     where = f" (position {pos})" if pos else ""
-    print(f"mgpu: job {job_id} {state}{where}: {reason}".rstrip(": "), file=sys.stderr)
+    return f"mgpu: job {job_id} {state}{where}: {reason}".rstrip(": ")
+
+
+def _status_line(job_id: str, rec: dict[str, Any]) -> None:
+    print(_status_text(job_id, rec), file=sys.stderr)
+
+
+class StatusLine:
+    """The waiting job's state on stderr: on a terminal one line rewritten in place (and
+    erased once the job runs or prints), else plain lines only when verbose."""
+
+    def __init__(self, tty: bool, verbose: bool) -> None:
+        self.tty = tty
+        self.verbose = verbose
+        self.shown = False
+
+    def update(self, job_id: str, rec: dict[str, Any]) -> None:
+        if not self.tty:
+            if self.verbose:
+                _status_line(job_id, rec)
+            return
+        if rec.get("status") != "queued":
+            self.clear()
+            return
+        import shutil
+
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        _write(sys.stderr, "\r\x1b[K" + _status_text(job_id, rec)[: max(20, width)])
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            _write(sys.stderr, "\r\x1b[K")
+            self.shown = False
 
 
 def _exit_code(rec: dict[str, Any], job_id: str) -> int:

@@ -12,13 +12,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import HTTPConnection
 
 from mgpu.config import ClusterConfig
+from mgpu.master.auth import BadTokenThrottle, Identity
 from mgpu.master.cluster import Cluster, NotFound, SubmitError
+from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
 from mgpu.model import Job, JobState
@@ -68,8 +71,20 @@ class StepRequest(BaseModel):
     argv: list[str] = Field(min_length=1)
 
 
+class TokenRequest(BaseModel):
+    user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
+    admin: bool = False
+
+
 class DrainRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=1000)
+
+
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/api/ca", "/openapi.json"})
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "?"
 
 
 def _error(status: int, detail: str) -> JSONResponse:
@@ -87,7 +102,9 @@ def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
     return f"{where} {msg}"
 
 
-def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
+def create_app(
+    state_dir: Path, config: ClusterConfig, announce: tuple[str, int, bool] | None = None
+) -> FastAPI:
     cluster: Cluster | None = None
 
     @asynccontextmanager
@@ -95,6 +112,8 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
         nonlocal cluster
         cluster = Cluster(state_dir, config)
         app.state.cluster = cluster
+        if announce is not None and announce[2]:
+            _announce_join(state_dir, announce[0], announce[1])
         task = asyncio.create_task(cluster.run())
         try:
             yield
@@ -105,11 +124,65 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
             cluster.outputs.close_all()
             cluster.store.close()
 
-    app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
+    throttle = BadTokenThrottle()
 
     def c() -> Cluster:
         assert cluster is not None
         return cluster
+
+    async def authenticate(conn: HTTPConnection) -> None:
+        """Every route needs a user token except health, metrics, the page and the CA."""
+        path = conn.url.path
+        if path in OPEN_PATHS or path.startswith(("/web/", "/docs")) or path == "/api/agent":
+            return
+        header = conn.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else None
+        ident = c().tokens.user(token)
+        address = conn.client.host if conn.client else "?"
+        if ident is None:
+            delay = throttle.delay(address)
+            throttle.failed(address)
+            why = "no token given" if not token else "unknown or revoked token"
+            c().store.record_event("auth_failed", address=address, target=path, detail=why)
+            if delay:
+                await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
+            hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
+            raise HTTPException(401, f"not authorised: {why}{hint}")
+        throttle.succeeded(address)
+        conn.state.identity = ident
+
+    app = FastAPI(
+        title="mgpu master",
+        version="0.1.0",
+        lifespan=lifespan,
+        dependencies=[Depends(authenticate)],
+    )
+
+    def who(request: Request) -> Identity:
+        ident: Identity = request.state.identity
+        return ident
+
+    def deny(request: Request, action: str, why: str) -> HTTPException:
+        ident = who(request)
+        address = request.client.host if request.client else "?"
+        c().store.record_event(
+            "denied", actor=ident.user, address=address, target=action, detail=why
+        )
+        return HTTPException(403, f"not authorised: {why}")
+
+    def require_admin(request: Request, action: str) -> Identity:
+        ident = who(request)
+        if not ident.admin:
+            raise deny(
+                request, action, f"{action} needs an admin token ({ident.user} is not admin)"
+            )
+        return ident
+
+    def require_owner(request: Request, job: Job, action: str) -> Identity:
+        ident = who(request)
+        if not ident.admin and job.user != ident.user:
+            raise deny(request, f"{action} {job.id}", f"job {job.id} belongs to {job.user}")
+        return ident
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -129,10 +202,18 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
 
     @app.post("/api/jobs")
     async def submit(req: SubmitRequest, request: Request) -> JSONResponse:
-        user = req.user or request.headers.get("x-mgpu-user")
+        ident = who(request)
+        user = ident.user
+        if req.user and req.user != ident.user:
+            if not ident.admin:
+                raise deny(request, "submit", f"{ident.user} may not submit as {req.user}")
+            user = req.user
         try:
-            result = c().submit(req.model_dump(), user)
+            result = c().submit(req.model_dump(), user, address=_address(request))
         except SubmitError as e:
+            c().store.record_event(
+                "submit_refused", actor=user, address=_address(request), detail=str(e)
+            )
             return _error(400, str(e))
         body: dict[str, Any] = {"job_id": result.job_id}
         if result.task_ids is not None:
@@ -176,9 +257,11 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
 
     @app.post("/api/jobs/{job_id}/cancel")
     async def cancel(job_id: str, request: Request) -> dict[str, Any]:
-        actor = request.headers.get("x-mgpu-user")
         jobs = c().resolve(job_id)
-        done = [j.id for j in jobs if c().cancel(j, actor=actor)]
+        for j in jobs:
+            require_owner(request, j, "cancel")
+        actor = who(request).user
+        done = [j.id for j in jobs if c().cancel(j, actor=actor, address=_address(request))]
         return {"cancelled": done, "already_ended": [j.id for j in jobs if j.id not in done]}
 
     @app.get("/api/jobs/{job_id}/output")
@@ -191,9 +274,9 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
         )
 
     @app.post("/api/jobs/{job_id}/steps")
-    async def start_step(job_id: str, body: StepRequest) -> JSONResponse:
+    async def start_step(job_id: str, body: StepRequest, request: Request) -> JSONResponse:
         """Start a process inside a running job's allocation (used by `mgpu rsh`)."""
-        find(job_id)
+        require_owner(request, find(job_id), "rsh into")
         try:
             step = c().start_step(job_id, body.host, body.argv)
         except SubmitError as e:
@@ -215,14 +298,62 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
 
     @app.post("/api/nodes/{node_id}/drain")
     async def drain(node_id: str, body: DrainRequest, request: Request) -> dict[str, Any]:
+        ident = require_admin(request, "drain")
         users = {j.id: j.user for j in c().jobs.values()}
-        node = c().drain(node_id, body.reason, actor=request.headers.get("x-mgpu-user"))
+        node = c().drain(node_id, body.reason, actor=ident.user, address=_address(request))
         return node.to_public(users)
 
     @app.post("/api/nodes/{node_id}/resume")
     async def resume(node_id: str, request: Request) -> dict[str, Any]:
+        ident = require_admin(request, "resume")
         users = {j.id: j.user for j in c().jobs.values()}
-        return c().resume(node_id, actor=request.headers.get("x-mgpu-user")).to_public(users)
+        node = c().resume(node_id, actor=ident.user, address=_address(request))
+        return node.to_public(users)
+
+    # ---- tokens and audit ---------------------------------------------------
+
+    @app.get("/api/whoami")
+    async def whoami(request: Request) -> dict[str, Any]:
+        ident = who(request)
+        return {"user": ident.user, "admin": ident.admin}
+
+    @app.post("/api/tokens")
+    async def token_create(body: TokenRequest, request: Request) -> JSONResponse:
+        ident = require_admin(request, "token create")
+        token_id, token = c().tokens.create(body.user, body.admin)
+        c().store.record_event(
+            "token_create",
+            actor=ident.user,
+            address=_address(request),
+            target=body.user,
+            detail=f"id {token_id}" + (" admin" if body.admin else ""),
+        )
+        return JSONResponse({"user": body.user, "token": token, "id": token_id}, status_code=201)
+
+    @app.get("/api/tokens")
+    async def token_list(request: Request) -> dict[str, Any]:
+        require_admin(request, "token list")
+        return {"tokens": c().tokens.list()}
+
+    @app.delete("/api/tokens/{token_id}")
+    async def token_revoke(token_id: str, request: Request) -> dict[str, Any]:
+        ident = require_admin(request, "token revoke")
+        if not c().tokens.revoke(token_id):
+            raise NotFound(token_id)
+        c().store.record_event(
+            "token_revoke", actor=ident.user, address=_address(request), target=token_id
+        )
+        return {"revoked": token_id}
+
+    @app.get("/api/audit")
+    async def audit(request: Request, since: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
+        require_admin(request, "audit")
+        return {"events": c().store.events(since=since)}
+
+    @app.get("/api/ca")
+    async def ca() -> PlainTextResponse:
+        """The cluster CA, for peers to check against the fingerprint in their token."""
+        return PlainTextResponse((state_dir / "ca.crt").read_text())
 
     # ---- health -------------------------------------------------------------
 
@@ -278,6 +409,21 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
             await ws.close()
             return
         refusal = cl.refuse_hello(first)
+        address = ws.client.host if ws.client else "?"
+        if refusal is None and not cl.tokens.join(first.token):
+            refusal = "not authorised: " + (
+                "no join token given (mgpu node --token, or $MGPU_JOIN_TOKEN)"
+                if not first.token
+                else "wrong join token"
+            )
+            delay = throttle.delay(address)
+            throttle.failed(address)
+            if delay:
+                await asyncio.sleep(delay)
+        if refusal is not None:
+            cl.store.record_event(
+                "agent_refused", actor=first.node_id, address=address, detail=refusal
+            )
         if refusal is not None:
             log.warning("refused agent %s from %s: %s", first.node_id, ws.client, refusal)
             await ws.send_text(encode(Refused(reason=refusal)))
@@ -295,6 +441,8 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
                 except ValidationError:
                     log.warning("bad message from %s: %.200s", first.node_id, raw)
                     continue
+                if link.closed:
+                    continue  # given up on (see AgentLink.writer): ignore until it is closed
                 cl.agent_message(first.node_id, msg)
         except WebSocketDisconnect:
             pass
@@ -303,6 +451,7 @@ def create_app(state_dir: Path, config: ClusterConfig) -> FastAPI:
             cl.agent_disconnected(first.node_id, link)
             writer.cancel()
 
+    app.include_router(make_router(c))
     return app
 
 
@@ -381,3 +530,17 @@ async def _step_stream(cluster: Cluster, step: Step) -> AsyncIterator[bytes]:
                 await asyncio.wait_for(q.get(), timeout=1.0)
     finally:
         cluster.outputs.unsubscribe(step.id, q)
+
+
+def _announce_join(state_dir: Path, host: str, port: int) -> None:
+    """First start: say once how to join a GPU machine (as kubeadm and k3s do)."""
+    token = (state_dir / "join-token").read_text().strip()
+    shown = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
+    log.info(
+        "first start: tokens written to %s (join-token, admin-token). On each GPU machine run:"
+        "\n    mgpu node --node-id <NODE_ID> --master-host %s --master-port %d --token %s",
+        state_dir,
+        shown,
+        port,
+        token,
+    )

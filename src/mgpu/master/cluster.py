@@ -18,6 +18,7 @@ import copy
 import getpass
 import logging
 import math
+import os
 import shlex
 import time
 from collections.abc import Iterable
@@ -29,6 +30,9 @@ from pydantic import BaseModel
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
+from mgpu.master.auth import TokenStore
+from mgpu.master.gpuwatch import GpuWatch
+from mgpu.master.metrics import JobMetrics
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.steps import Step, Steps, is_step_id
@@ -37,6 +41,7 @@ from mgpu.master.usage import UsageLedger
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
     Exited,
+    Forget,
     Heartbeat,
     Hello,
     Kill,
@@ -44,6 +49,7 @@ from mgpu.protocol import (
     Output,
     PortReserved,
     ReservePort,
+    Resume,
     RunningReport,
     Started,
     Welcome,
@@ -58,6 +64,7 @@ from mgpu.scheduler.types import (
     Snapshot,
 )
 from mgpu.scheduler.types import Placement as SchedPlacement
+from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
 
@@ -105,6 +112,8 @@ class Cluster:
         self.last_pass_time = 0.0
         self.last_pass_duration = 0.0
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
+        self.job_metrics = JobMetrics()
+        self.gpuwatch = GpuWatch(config)
         self._pending_reasons: dict[str, str] = {}
         self._priorities: dict[str, float] = {}
         self._factors: dict[str, dict[str, float]] = {}
@@ -116,7 +125,34 @@ class Cluster:
         half_life = config.scheduling.fairshare_half_life_hours * 3600
         self.usage = UsageLedger.loads(half_life, self.store.get_meta("usage"))
         self._usage_dirty = False
+        self.fingerprint = ensure_ca(state_dir)
+        self.tokens = TokenStore(self.store.db, state_dir, self.fingerprint)
+        self.tokens.bootstrap(self.default_user)
+        self._restricted = config.security.restricted_nodes()
+        self._allowed_cache: dict[str, frozenset[str] | None] = {}
         self._load()
+
+    # ---- access rules -----------------------------------------------------
+
+    def allowed_nodes(self, user: str) -> frozenset[str] | None:
+        """Nodes `user` may use under the access rules; None = every node."""
+        if not self._restricted:
+            return None
+        if user not in self._allowed_cache:
+            groups = _unix_groups(user)
+            known = set(self.nodes) | set(self._restricted)
+            self._allowed_cache[user] = frozenset(
+                n
+                for n in known
+                if n not in self._restricted
+                or user in self._restricted[n][0]
+                or groups & self._restricted[n][1]
+            )
+        allowed = self._allowed_cache[user]
+        if allowed is None:
+            return None
+        # Nodes that joined since and are not restricted are open too.
+        return allowed | frozenset(n for n in self.nodes if n not in self._restricted)
 
     # ---- group commit -----------------------------------------------------
 
@@ -209,15 +245,16 @@ class Cluster:
 
     # ---- submit -----------------------------------------------------------
 
-    def submit(self, req: dict[str, Any], user: str | None) -> SubmitResult:
+    def submit(
+        self, req: dict[str, Any], user: str | None, address: str | None = None
+    ) -> SubmitResult:
         """Validate and queue; raises SubmitError with one sentence, storing nothing."""
         try:
             jobs = self._build_jobs(req, user or self.default_user)
         except specs.SpecError as e:
             raise SubmitError(str(e)) from None
-        self.store.save_jobs(
-            jobs, event=("submit", jobs[0].user, jobs[0].array_job_id or jobs[0].id)
-        )
+        target = jobs[0].array_job_id or jobs[0].id
+        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, target))
         for job in jobs:
             self.jobs[job.id] = job
         self.wake()
@@ -402,6 +439,8 @@ class Cluster:
 
     def public_job(self, job: Job) -> dict[str, Any]:
         out = job.to_public()
+        if not job.terminal:
+            out.update(self.gpuwatch.job_fields(job))
         if job.state == JobState.QUEUED:
             out["priority_value"] = self._priorities.get(job.id)
             out["priority_factors"] = self._factors.get(job.id)
@@ -444,25 +483,38 @@ class Cluster:
 
     # ---- cancel and node admin --------------------------------------------
 
-    def cancel(self, job: Job, actor: str | None = None, reason: str = "cancelled") -> bool:
+    def cancel(
+        self,
+        job: Job,
+        actor: str | None = None,
+        reason: str = "cancelled",
+        address: str | None = None,
+    ) -> bool:
         """Cancel a queued or running job; False if it had already ended."""
         job = self.jobs.get(job.id, job)
         if job.terminal:
             return False
-        self.store.record_event("cancel", actor=actor, target=job.id)
+        self.store.record_event("cancel", actor=actor, address=address, target=job.id)
         if job.state == JobState.QUEUED:
             self._finish(
                 job, JobState.CANCELLED, reason if actor is None else f"cancelled by {actor}"
             )
         else:
             job.cancel_requested = True
+            job.cancel_reason = None if reason == "cancelled" else reason
             job.reason = "cancelling"
             self._persist(job)
             self._kill_slots(job, "cancelled")
         self.flush()  # on disk before the user is told
         return True
 
-    def drain(self, node_id: str, reason: str | None, actor: str | None = None) -> NodeRecord:
+    def drain(
+        self,
+        node_id: str,
+        reason: str | None,
+        actor: str | None = None,
+        address: str | None = None,
+    ) -> NodeRecord:
         node = self.nodes.get(node_id)
         if node is None:
             raise NotFound(node_id)
@@ -472,10 +524,14 @@ class Cluster:
             node.state = NodeState.DRAINING
             node.settle_drain()
         self.store.save_node(node_id, node.to_record())
-        self.store.record_event("drain", actor=actor, target=node_id, detail=node.reason)
+        self.store.record_event(
+            "drain", actor=actor, address=address, target=node_id, detail=node.reason
+        )
         return node
 
-    def resume(self, node_id: str, actor: str | None = None) -> NodeRecord:
+    def resume(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> NodeRecord:
         node = self.nodes.get(node_id)
         if node is None:
             raise NotFound(node_id)
@@ -485,7 +541,7 @@ class Cluster:
         if node.state != NodeState.OFFLINE:
             node.state = NodeState.ONLINE
         self.store.save_node(node_id, node.to_record())
-        self.store.record_event("resume", actor=actor, target=node_id)
+        self.store.record_event("resume", actor=actor, address=address, target=node_id)
         self.wake()
         return node
 
@@ -514,7 +570,7 @@ class Cluster:
             NodeView(
                 node_id=n.node_id,
                 gpu_indices=tuple(g.index for g in n.gpus),
-                free_gpus=n.free_gpus(),
+                free_gpus=n.free_gpus() - n.foreign_blocked,
                 schedulable=n.schedulable,
                 gpu_type=n.gpu_type or (n.gpus[0].name if n.gpus else None),
                 rack=n.rack,
@@ -547,6 +603,7 @@ class Cluster:
                 priority=job.priority,
                 time_limit=job.time_limit,
                 preemptible=job.preemptible,
+                allowed_nodes=self.allowed_nodes(job.user),
             )
             if job.state == JobState.QUEUED and job.id in self.jobs:
                 self._requests[job.id] = req
@@ -796,6 +853,7 @@ class Cluster:
                     time_limit=job.time_limit,
                     kill_grace=self.config.scheduling.kill_grace,
                     user=job.user,
+                    allow_root=self._may_run_as_root(job),
                     mpi=job.mpi,
                     hostfile=self._hostfile(job) if job.mpi else None,
                 ),
@@ -833,9 +891,13 @@ class Cluster:
                 gpu_ids=slot.gpu_ids,
                 kill_grace=self.config.scheduling.kill_grace,
                 user=job.user,
+                allow_root=self._may_run_as_root(job),
             ),
         )
         return step
+
+    def _may_run_as_root(self, job: Job) -> bool:
+        return job.user == self.default_user or self.config.security.allow_root_jobs
 
     def _step_message(self, node: NodeRecord, msg: Any) -> None:
         step = self.steps.by_id.get(msg.job_id)
@@ -844,8 +906,13 @@ class Cluster:
                 self._send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
             return
         if isinstance(msg, Output):
-            self.outputs.append(step.id, msg.stream, msg.data, node.node_id)
-            self.outputs.append(step.job_id, msg.stream, msg.data, node.node_id)
+            data = self.outputs.accept(
+                step.id, msg.epoch, node.node_id, msg.stream, msg.data, msg.offset, msg.end
+            )
+            if data is None:
+                return  # already stored (re-sent after a reconnect)
+            self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
+            self.outputs.append(step.job_id, msg.stream, data, node.node_id)
         elif isinstance(msg, Exited):
             self.steps.end(step, msg.exit_code, msg.launch_error)
             self.outputs.close(step.id)
@@ -906,6 +973,8 @@ class Cluster:
         self._factors.pop(job.id, None)
         self.outputs.close(job.id)
         self.counters["completed" if state == JobState.COMPLETED else "failed"] += 1
+        self.job_metrics.finished(job, state)
+        self.gpuwatch.forget(job.id)
         self._notify(job)
         self.wake()
 
@@ -988,6 +1057,7 @@ class Cluster:
         else:
             node.state = NodeState.ONLINE
         kill = self._reconcile(node, hello.running)
+        resume = self._resume_points(node, hello.running)
         self.store.save_node(node.node_id, node.to_record())
         log.info(
             "node %s connected: %s (%s), %d GPU(s) via %s",
@@ -998,7 +1068,30 @@ class Cluster:
             node.gpu_source,
         )
         self.wake()
-        return Welcome(heartbeat_interval=self.config.networking.heartbeat_interval, kill=kill)
+        return Welcome(
+            heartbeat_interval=self.config.networking.heartbeat_interval, kill=kill, resume=resume
+        )
+
+    def _resume_points(self, node: NodeRecord, reports: list[RunningReport]) -> list[Resume]:
+        """How much output the master has of each run it still expects on this node."""
+        out = []
+        for rep in reports:
+            step = self.steps.by_id.get(rep.job_id)
+            job = self.jobs.get(rep.job_id)
+            if step is not None:
+                expected = step.epoch == rep.epoch and step.node_id == node.node_id
+            else:
+                expected = (
+                    job is not None
+                    and job.state == JobState.RUNNING
+                    and job.epoch == rep.epoch
+                    and self._slot(job, node.node_id) is not None
+                )
+            if not expected:
+                continue
+            o, e = self.outputs.resume_point(rep.job_id, rep.epoch, node.node_id)
+            out.append(Resume(job_id=rep.job_id, epoch=rep.epoch, stdout=o, stderr=e))
+        return out
 
     def _reconcile(self, node: NodeRecord, reports: list[RunningReport]) -> list[RunningReport]:
         """Compare what the agent runs with what the master expects there."""
@@ -1059,7 +1152,12 @@ class Cluster:
         node.last_seen = time.time()
         if isinstance(msg, Heartbeat):
             node.telemetry = {t.index: t for t in msg.telemetry}
+            self.gpuwatch.heartbeat(self, node)
             return
+        if isinstance(msg, Exited) and node.link is not None:
+            # Sent after this message's effect is on disk (see flush); until then the agent
+            # keeps the run and re-sends its end after a reconnect.
+            self._send(node.link, Forget(job_id=msg.job_id, epoch=msg.epoch))
         if is_step_id(msg.job_id):
             self._step_message(node, msg)
             return
@@ -1074,23 +1172,31 @@ class Cluster:
         if slot is None:
             return
         if isinstance(msg, Output):
-            self.outputs.append(job.id, msg.stream, msg.data, node_id)
+            data = self.outputs.accept(
+                job.id, msg.epoch, node_id, msg.stream, msg.data, msg.offset, msg.end
+            )
+            if data is not None:  # None: already stored (re-sent after a reconnect)
+                self.outputs.append(job.id, msg.stream, data, node_id, msg.epoch, msg.end)
         elif isinstance(msg, Started):
             slot.pid, slot.hostname, slot.ip = msg.pid, msg.hostname, msg.ip
             if job.start_time is None:
                 job.start_time = msg.time
                 if job.attempts:
                     job.attempts[-1].start_time = msg.time
+                self.job_metrics.started(job)
             if job.reason == "launching":
                 job.reason = None
             self._persist(job)
             self._notify(job)
         elif isinstance(msg, PortReserved):
             self._launch_all(job, port=msg.port)
-        elif isinstance(msg, Exited):
+        elif isinstance(msg, Exited) and not slot.done:  # done: a re-sent end
             self._slot_exited(job, node, slot, msg)
 
     def _slot_exited(self, job: Job, node: NodeRecord, slot: Slot, msg: Exited) -> None:
+        if msg.launch_error is not None and msg.fatal:
+            self._finish(job, JobState.FAILED, f"{node.node_id}: {msg.launch_error}")
+            return
         if msg.launch_error is not None:
             why = f"{node.node_id} could not launch the job: {msg.launch_error}"
             self._slot_lost(job, node, why)
@@ -1124,7 +1230,7 @@ class Cluster:
             self._requeue(job, "preempted by higher-priority work", count_retry=False)
             return
         if job.cancel_requested:
-            state, reason = JobState.CANCELLED, "cancelled"
+            state, reason = JobState.CANCELLED, job.cancel_reason or "cancelled"
         elif job.timed_out:
             state, reason = JobState.TIMEOUT, "time limit reached"
         elif not bad:
@@ -1141,7 +1247,10 @@ class Cluster:
         now = time.time()
         timeout = self.config.networking.timeout
         for node in self.nodes.values():
-            if node.state == NodeState.OFFLINE or now - node.last_seen <= timeout:
+            # An offline node may still hold jobs: loaded as running after a master restart.
+            if (node.state == NodeState.OFFLINE and not node.jobs) or (
+                now - node.last_seen <= timeout
+            ):
                 continue
             if node.link is not None:
                 node.link.close()
@@ -1159,3 +1268,21 @@ class Cluster:
                     self._requeue(job, f"node {node.node_id} lost")
             node.busy.clear()
             node.jobs.clear()
+
+
+def _unix_groups(user: str) -> set[str]:
+    """The Unix groups `user` is in, as this (master) machine knows them."""
+    import grp
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        return set()
+    names = set()
+    for gid in os.getgrouplist(user, pw.pw_gid):
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return names

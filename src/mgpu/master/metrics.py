@@ -1,23 +1,80 @@
-"""Prometheus exposition of the master's state."""
+"""Prometheus exposition of the master's state.
+
+Most series are read from the cluster when `/metrics` is scraped (jobs, nodes, GPU
+telemetry).  Histograms need every observation, so `JobMetrics` keeps them: the cluster
+calls `started` when a job's process first starts and `finished` when a job ends.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mgpu.model import JobState, NodeState
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from mgpu.model import Job, JobState, NodeState
 
 if TYPE_CHECKING:
     from mgpu.master.cluster import Cluster
 
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
+RUNTIME_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 2 * 3600, 6 * 3600, 12 * 3600, 86400)
+_MIB = 1024 * 1024
+
+
+class JobMetrics:
+    """Histograms and counters observed as jobs start and end (since the master started)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.queue_wait = Histogram(
+            "mgpu_job_queue_wait_seconds",
+            "Time from submit to the first start of a job",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.runtime = Histogram(
+            "mgpu_job_runtime_seconds",
+            "Run time of ended jobs (last attempt, start to end)",
+            buckets=RUNTIME_BUCKETS,
+            registry=self.registry,
+        )
+        self.ended = Counter(
+            "mgpu_jobs_finished",
+            "Jobs ended since the master started, by final state",
+            ["state"],
+            registry=self.registry,
+        )
+        self.failed = Counter(
+            "mgpu_jobs_failed",
+            "Jobs that ended failed or timed out since the master started",
+            registry=self.registry,
+        )
+        for s in JobState:
+            if s.terminal:
+                self.ended.labels(s.value)
+
+    def started(self, job: Job) -> None:
+        """The job's process started for the first time in this attempt."""
+        if job.start_time is not None and job.retries == 0 and len(job.attempts) <= 1:
+            self.queue_wait.observe(max(0.0, job.start_time - job.submit_time))
+
+    def finished(self, job: Job, state: JobState) -> None:
+        self.ended.labels(state.value).inc()
+        if state in (JobState.FAILED, JobState.TIMEOUT):
+            self.failed.inc()
+        if job.start_time is not None and job.end_time is not None:
+            self.runtime.observe(max(0.0, job.end_time - job.start_time))
+
 
 def render_metrics(cluster: Cluster) -> str:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-
     reg = CollectorRegistry()
-    jobs = Gauge("mgpu_jobs", "Active jobs by state", ["state"], registry=reg)
-    counts = {s: 0 for s in (JobState.QUEUED, JobState.RUNNING)}
+    jobs = Gauge("mgpu_jobs", "Jobs known to the master, by state", ["state"], registry=reg)
+    counts = {s: 0 for s in JobState}
+    for state, n in _stored_counts(cluster).items():
+        if state in counts and JobState(state).terminal:
+            counts[JobState(state)] = n
     for j in cluster.jobs.values():
-        counts[j.state] = counts.get(j.state, 0) + 1
+        counts[j.state] += 1
     for s, n in counts.items():
         jobs.labels(s.value).set(n)
     nodes = Gauge("mgpu_nodes", "Nodes by state", ["state"], registry=reg)
@@ -29,8 +86,11 @@ def render_metrics(cluster: Cluster) -> str:
     gpus = Gauge("mgpu_gpus", "GPUs by use", ["state"], registry=reg)
     total = sum(len(n.gpus) for n in cluster.nodes.values())
     busy = sum(len(n.busy) for n in cluster.nodes.values())
+    foreign = sum(len(n.foreign_blocked - n.busy.keys()) for n in cluster.nodes.values())
     gpus.labels("busy").set(busy)
-    gpus.labels("free").set(total - busy)
+    gpus.labels("foreign").set(foreign)
+    gpus.labels("free").set(total - busy - foreign)
+    _gpu_gauges(cluster, reg)
     events = Counter("mgpu_jobs_ended", "Jobs ended since start", ["outcome"], registry=reg)
     for k in ("completed", "failed"):
         events.labels(k).inc(cluster.counters[k])
@@ -38,4 +98,44 @@ def render_metrics(cluster: Cluster) -> str:
     started.inc(cluster.counters["started"])
     passes = Gauge("mgpu_scheduler_pass_seconds", "Duration of the last pass", registry=reg)
     passes.set(cluster.last_pass_duration)
-    return generate_latest(reg).decode()
+    text = generate_latest(reg).decode()
+    return text + generate_latest(cluster.job_metrics.registry).decode()
+
+
+def _stored_counts(cluster: Cluster) -> dict[str, int]:
+    cur = cluster.store.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+    return {str(state): int(n) for state, n in cur}
+
+
+def _gpu_gauges(cluster: Cluster, reg: CollectorRegistry) -> None:
+    labels = ["node", "gpu"]
+    util = Gauge("mgpu_gpu_utilization_percent", "GPU utilisation", labels, registry=reg)
+    used = Gauge("mgpu_gpu_memory_used_bytes", "GPU memory in use", labels, registry=reg)
+    size = Gauge("mgpu_gpu_memory_total_bytes", "GPU memory size", labels, registry=reg)
+    temp = Gauge("mgpu_gpu_temperature_celsius", "GPU temperature", labels, registry=reg)
+    power = Gauge("mgpu_gpu_power_watts", "GPU power draw", labels, registry=reg)
+    held = Gauge("mgpu_gpu_allocated", "1 if an mgpu job holds the GPU", labels, registry=reg)
+    outside = Gauge(
+        "mgpu_gpu_foreign_memory_bytes", "GPU memory used outside mgpu", labels, registry=reg
+    )
+    sim = Gauge("mgpu_gpu_simulated", "1 if the GPU is simulated", labels, registry=reg)
+    for node in cluster.nodes.values():
+        for g in node.gpus:
+            key = (node.node_id, str(g.index))
+            held.labels(*key).set(1 if g.index in node.busy else 0)
+            tel = node.telemetry.get(g.index)
+            if tel is None:
+                continue
+            sim.labels(*key).set(1 if tel.simulated else 0)
+            if tel.utilization_pct is not None:
+                util.labels(*key).set(tel.utilization_pct)
+            if tel.memory_used_mb is not None:
+                used.labels(*key).set(tel.memory_used_mb * _MIB)
+            if tel.memory_total_mb is not None:
+                size.labels(*key).set(tel.memory_total_mb * _MIB)
+            if tel.temperature_c is not None:
+                temp.labels(*key).set(tel.temperature_c)
+            if tel.power_w is not None:
+                power.labels(*key).set(tel.power_w)
+            if tel.foreign_memory_mb is not None:
+                outside.labels(*key).set(tel.foreign_memory_mb * _MIB)

@@ -24,12 +24,58 @@ class OutputStore:
         self._files: dict[str, IO[str]] = {}
         self._counts: dict[str, int] = {}
         self._followers: dict[str, set[asyncio.Queue[tuple[int, Record] | None]]] = {}
+        self._have: dict[str, dict[tuple[int, str, str], int]] = {}
+        """job -> (epoch, node, stream) -> bytes of that run's stream stored so far."""
 
     def path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.jsonl"
 
-    def append(self, job_id: str, stream: str, data: str, node_id: str) -> None:
+    def accept(
+        self,
+        job_id: str,
+        epoch: int,
+        node_id: str,
+        stream: str,
+        data: str,
+        start: int | None,
+        end: int | None,
+    ) -> str | None:
+        """What of an agent's chunk (bytes [start, end) of a run's stream) is new, or None
+        for a chunk already stored or one after a gap (the agent re-sends from the gap)."""
+        if start is None or end is None:
+            return data
+        runs = self._have.setdefault(job_id, {})
+        have = runs.get((epoch, node_id, stream), 0)
+        if end <= have or start > have:
+            return None
+        if start < have:
+            data = data.encode()[have - start :].decode(errors="replace")
+        runs[(epoch, node_id, stream)] = end
+        return data
+
+    def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
+        """Bytes of stdout and stderr stored for one run (read back after a master restart)."""
+        runs = self._have.get(job_id)
+        if runs is None:
+            runs = self._have[job_id] = {}
+            for rec in self.read(job_id):
+                if "at" in rec:
+                    key = (rec["ep"], rec["n"], rec["s"])
+                    runs[key] = max(runs.get(key, 0), rec["at"])
+        return runs.get((epoch, node_id, "o"), 0), runs.get((epoch, node_id, "e"), 0)
+
+    def append(
+        self,
+        job_id: str,
+        stream: str,
+        data: str,
+        node_id: str,
+        epoch: int | None = None,
+        end: int | None = None,
+    ) -> None:
         rec: Record = {"s": stream, "d": data, "n": node_id}
+        if epoch is not None and end is not None:
+            rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
         f = self._files.get(job_id)
         if f is None:
             f = self._files[job_id] = open(self.path(job_id), "a", encoding="utf-8")  # noqa: SIM115
@@ -54,6 +100,7 @@ class OutputStore:
         f = self._files.pop(job_id, None)
         if f is not None:
             f.close()
+        self._have.pop(job_id, None)
         for q in self._followers.get(job_id, ()):
             q.put_nowait(None)
 

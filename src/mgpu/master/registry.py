@@ -33,6 +33,11 @@ class AgentLink:
         while True:
             item = await self.outbox.get()
             if item is None:
+                # Given up on (node declared lost, or replaced by a newer connection): end
+                # the connection too, so that an agent cut off by a network partition
+                # learns it when the network heals, and says hello again.
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
                 return
             try:
                 await self.ws.send_text(item)
@@ -64,6 +69,8 @@ class NodeRecord:
     """Consecutive node failures (launch errors, lost jobs); reset by a clean job end."""
     last_seen: float = 0.0
     telemetry: dict[int, GpuTelemetry] = field(default_factory=dict)
+    foreign_blocked: frozenset[int] = frozenset()
+    """GPUs not offered to the scheduler: used outside mgpu beyond the threshold."""
     busy: dict[int, str] = field(default_factory=dict)
     """GPU index -> job id holding it."""
     jobs: set[str] = field(default_factory=set)
@@ -112,6 +119,7 @@ class NodeRecord:
                     "busy_job": job,
                     "busy_user": (job_users or {}).get(job) if job else None,
                     "telemetry": tel.model_dump() if tel else None,
+                    "foreign_blocked": g.index in self.foreign_blocked,
                 }
             )
         return {

@@ -29,7 +29,9 @@ def run_master(
     state_dir: Path,
     config_path: str | None,
     verbose: bool = False,
+    tls: bool | None = None,
 ) -> None:
+    """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds."""
     import uvicorn
 
     from mgpu.master.app import create_app
@@ -39,9 +41,27 @@ def run_master(
     host = host or (config.cluster.master.host if config_path else "127.0.0.1")
     port = port or (config.cluster.master.port if config_path else 8080)
     state_dir.mkdir(parents=True, exist_ok=True)
-    app = create_app(state_dir, config)
-    logging.getLogger("mgpu.master").info(
-        "mgpu master on http://%s:%d, state in %s", host, port, state_dir
+    log = logging.getLogger("mgpu.master")
+    from mgpu.client.credentials import is_loopback
+
+    if tls is None:
+        tls = not is_loopback(host)
+    elif tls is False and not is_loopback(host):
+        log.warning(
+            "INSECURE: serving plain HTTP on %s: tokens and job output cross the network "
+            "unencrypted. Drop --insecure to serve TLS.",
+            host,
+        )
+    ssl_args: dict[str, str] = {}
+    if tls:
+        from mgpu.tlsutil import ensure_server_cert
+
+        cert, key = ensure_server_cert(state_dir)
+        ssl_args = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    first_start = not (state_dir / "join-token").exists()
+    app = create_app(state_dir, config, announce=(host, port, first_start))
+    log.info(
+        "mgpu master on %s://%s:%d, state in %s", "https" if tls else "http", host, port, state_dir
     )
     uvicorn.run(
         app,
@@ -52,4 +72,5 @@ def run_master(
         ws_ping_interval=None,
         ws_per_message_deflate=False,
         ws_max_size=64 * 1024 * 1024,
+        **ssl_args,  # type: ignore[arg-type]
     )

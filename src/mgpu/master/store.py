@@ -70,9 +70,11 @@ class Store:
     def save_job(self, job: Job) -> None:
         self.save_jobs([job])
 
-    def save_jobs(self, jobs: list[Job], event: tuple[str, str, str] | None = None) -> None:
+    def save_jobs(
+        self, jobs: list[Job], event: tuple[str, str, str | None, str] | None = None
+    ) -> None:
         """Write jobs in one transaction (a whole array is stored or nothing), with an
-        optional audit event (kind, actor, target) in the same transaction."""
+        optional audit event (kind, actor, address, target) in the same transaction."""
         rows = []
         for job in jobs:
             self._seq += 1
@@ -97,7 +99,7 @@ class Store:
             )
             if event is not None:
                 self.db.execute(
-                    "INSERT INTO events(time, kind, actor, target) VALUES (?,?,?,?)",
+                    "INSERT INTO events(time, kind, actor, address, target) VALUES (?,?,?,?,?)",
                     (time.time(), *event),
                 )
 

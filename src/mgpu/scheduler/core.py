@@ -126,9 +126,12 @@ class _Pass:
         d.factors = dict(zip(ids, factors, strict=True))
 
         order = list(range(len(pending)))
-        submitted = [j.submit_time for j in pending]
-        order.sort(key=submitted.__getitem__)  # stable: ties keep the given order
-        if self.config.queue_policy != "fifo":
+        if self.config.queue_policy == "fifo":
+            submitted = [j.submit_time for j in pending]
+            order.sort(key=submitted.__getitem__)  # stable: ties keep the given order
+        else:
+            # Stable, so equal priorities keep `pending`'s (submit) order.  Age is part of
+            # the priority, so exact ties are rare anyway.
             negated = [-p for p in priorities]
             order.sort(key=negated.__getitem__)
         self._scan(order, ids, needs, priorities)

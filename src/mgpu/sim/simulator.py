@@ -5,8 +5,8 @@ The clock is virtual: it jumps from one event time to the next.  Events are subm
 
 1. every job ending then releases its GPUs, every job submitted then joins the queue;
 2. `schedule(Snapshot(...))` is called once — the very function the master calls — unless
-   nothing is pending or no GPU is free (no start is then possible; trace jobs are never
-   preemptible, so no preemption either);
+   nothing is pending, or no GPU is free and no running job is preemptible (no start and
+   no preemption is then possible);
 3. its starts are applied: a job started at `now` ends at `now + min(run, time_limit)`,
    i.e. it is killed at its limit as the master would (counted as a timeout); its
    preemptions requeue the victims (they restart from scratch later) and, since the
@@ -57,6 +57,7 @@ __all__ = [
     "SimResult",
     "SimulationError",
     "default_cluster",
+    "describe_mapping",
     "simulate",
     "to_request",
 ]
@@ -147,38 +148,50 @@ def to_request(job: TraceJob, gpus: int, gpus_per_node: int, factor: float) -> J
         gpus=gpus,
         distributed=gpus > gpus_per_node,
         time_limit=limit,
+        priority=job.priority,
+        preemptible=job.preemptible,
     )
 
 
 class _Usage:
-    """Decayed GPU-seconds per user: U(t) = U(t0)·d + r·(1 − d)·H/ln 2, d = 2^(−(t − t0)/H)."""
+    """Decayed GPU-seconds per user, in closed form.
+
+    With decay rate k = ln 2 / half-life, a user running r GPUs since t0 has
+    U(t) = r/k + (U(t0) − r/k)·e^(−k(t − t0)).  Storing r/k and C = (U(t0) − r/k)·e^(k·t0)
+    per user makes U(t) = r/k + C·e^(−k·t): one exp per snapshot, not one per user.  C is
+    kept relative to a base time that moves forward before e^(k·t) could overflow.
+    """
+
+    _REBASE = 300.0  # k·(t − base) beyond which the base moves (e^300 is far from overflow)
 
     def __init__(self, half_life: float) -> None:
-        self.half_life = half_life
-        self.value: dict[str, float] = {}
-        self.since: dict[str, float] = {}
+        self.k = _LN2 / half_life
+        self.base = 0.0
+        self.steady: dict[str, float] = {}  # r/k
+        self.scaled: dict[str, float] = {}  # C, relative to `base`
         self.rate: dict[str, int] = {}
 
-    def _at(self, user: str, now: float) -> float:
-        dt = now - self.since[user]
-        if dt <= 0:
-            return self.value[user]
-        decay = 2.0 ** (-dt / self.half_life)
-        gained = self.rate[user] * (1.0 - decay) * self.half_life / _LN2
-        return self.value[user] * decay + gained
+    def _factor(self, now: float) -> float:
+        """e^(−k·(now − base)), moving the base first if it got far behind."""
+        if self.k * (now - self.base) > self._REBASE:
+            shift = math.exp(-self.k * (now - self.base))
+            self.scaled = {u: c * shift for u, c in self.scaled.items()}
+            self.base = now
+        return math.exp(-self.k * (now - self.base))
 
     def add_rate(self, user: str, gpus: int, now: float) -> None:
         """`user` runs `gpus` more (or fewer, if negative) GPUs from `now` on."""
-        if user in self.value:
-            self.value[user] = self._at(user, now)
-        else:
-            self.value[user] = 0.0
-            self.rate[user] = 0
-        self.since[user] = now
-        self.rate[user] += gpus
+        decay = self._factor(now)
+        value = self.steady.get(user, 0.0) + self.scaled.get(user, 0.0) * decay
+        rate = self.rate.get(user, 0) + gpus
+        self.rate[user] = rate
+        self.steady[user] = rate / self.k
+        self.scaled[user] = (value - rate / self.k) / decay
 
     def snapshot(self, now: float) -> dict[str, float]:
-        return {u: self._at(u, now) for u in self.value}
+        decay = self._factor(now)
+        scaled = self.scaled
+        return {u: r + scaled[u] * decay for u, r in self.steady.items()}  # ≥ 0 up to rounding
 
 
 class _Cluster:
@@ -393,3 +406,26 @@ def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
         preemptions=replay.preemptions,
         wall_seconds=time.perf_counter() - t0,
     )
+
+
+def describe_mapping(
+    trace: Trace, shape: ClusterShape, time_limit_factor: float, load_factor: float = 1.0
+) -> str:
+    """One line saying how the trace was turned into GPU jobs, for every report."""
+    unit = "1 GPU per SWF processor" if trace.format == "swf" else "GPUs as in the CSV"
+    nodes = "1 node" if shape.nodes == 1 else f"{shape.nodes} nodes"
+    size = f"{nodes} x {shape.gpus_per_node} GPUs = {shape.gpus} GPUs"
+    if trace.max_procs:
+        size += f" (the log's machine: {trace.max_procs} processors)"
+    if time_limit_factor > 0:
+        limits = f"unknown time limits = {time_limit_factor:g} x run time"
+    else:
+        limits = "unknown time limits = the scheduler's default"
+    parts = [
+        f"{unit} on {size}",
+        f"jobs over {shape.gpus_per_node} GPUs run --distributed (split over nodes)",
+        limits,
+    ]
+    if load_factor != 1:
+        parts.append(f"arrivals {load_factor:g}x faster than logged")
+    return "; ".join(parts)

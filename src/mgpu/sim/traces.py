@@ -7,8 +7,10 @@
   archive logs mark cancelled or broken records that way.  Processors map to GPUs one
   to one.  The `; MaxProcs:` header, when present, is kept to size the default cluster.
 * **CSV** — a header row naming `submit_time,duration,gpus,user,time_limit` (any order;
-  `user` and `time_limit` may be left out or left empty), times in seconds.  A hand-made
-  file, so a malformed row is an error naming its line rather than a silent skip.
+  `user` and `time_limit` may be left out or left empty), times in seconds; optional
+  `priority` (as `--priority`) and `preemptible` (0/1) columns too.  A hand-made file, so
+  a malformed row is an error naming its line rather than a silent skip; rows asking for
+  0 GPUs are skipped and counted (nothing for a GPU scheduler to place).
 
 Either may be gzipped (detected by its magic bytes, not its name).
 """
@@ -39,6 +41,7 @@ __all__ = [
 
 TraceFormat = Literal["swf", "csv"]
 CSV_COLUMNS = ("submit_time", "duration", "gpus", "user", "time_limit")
+_OPTIONAL_CSV = ("priority", "preemptible")
 _REQUIRED_CSV = ("submit_time", "duration", "gpus")
 _SWF_FIELDS = 18
 
@@ -57,6 +60,8 @@ class TraceJob:
     user: str
     time_limit: float | None = None
     """Requested time in seconds; None when the trace does not say."""
+    priority: int = 0
+    preemptible: bool = False
 
 
 @dataclass(slots=True)
@@ -214,7 +219,7 @@ def _csv_header(line: str, source: str) -> list[str]:
             f"{source} line 1: the header must name {','.join(CSV_COLUMNS)} "
             f"(missing {', '.join(missing)})"
         )
-    unknown = [c for c in columns if c not in CSV_COLUMNS]
+    unknown = [c for c in columns if c not in CSV_COLUMNS + _OPTIONAL_CSV]
     if unknown:
         raise TraceError(f"{source} line 1: unknown column {unknown[0]!r}")
     return columns
@@ -239,10 +244,7 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
     run = _number(cell["duration"], "duration", where)
     if run < 0:
         raise TraceError(f"{where}: duration must not be negative, got {cell['duration']!r}")
-    try:
-        gpus = int(cell["gpus"])
-    except ValueError:
-        raise TraceError(f"{where}: gpus must be a whole number, got {cell['gpus']!r}") from None
+    gpus = _integer(cell["gpus"], "gpus", where)
     if gpus < 0:
         raise TraceError(f"{where}: gpus must not be negative, got {gpus}")
     limit_text = cell.get("time_limit", "")
@@ -258,7 +260,23 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
         gpus=gpus,
         user=cell.get("user") or "user",
         time_limit=limit,
+        priority=_integer(cell.get("priority") or "0", "priority", where),
+        preemptible=_flag(cell.get("preemptible") or "0", where),
     )
+
+
+def _integer(text: str, name: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise TraceError(f"{where}: {name} must be a whole number, got {text!r}") from None
+
+
+def _flag(text: str, where: str) -> bool:
+    value = text.lower()
+    if value not in ("0", "1", "true", "false", "yes", "no"):
+        raise TraceError(f"{where}: preemptible must be 0 or 1, got {text!r}")
+    return value in ("1", "true", "yes")
 
 
 def _number(text: str, name: str, where: str) -> float:
@@ -290,7 +308,7 @@ def resample(trace: Trace, n: int, seed: int = 1) -> Trace:
     now = 0.0
     for i in range(n):
         model = rng.choice(trace.jobs)
-        jobs.append(TraceJob(str(i + 1), now, model.run, model.gpus, model.user, model.time_limit))
+        jobs.append(replace(model, job_id=str(i + 1), submit=now))
         now += rng.choice(gaps)
     return Trace(
         f"{trace.source} resampled to {n} jobs (seed {seed})", trace.format, jobs, trace.max_procs

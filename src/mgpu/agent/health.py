@@ -1,0 +1,120 @@
+"""`mgpu node --health`: the checks a node agent needs to pass to do its work."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def check_gpus(fake_gpus: int | None) -> Check:
+    from mgpu.agent.gpus import detect_gpus
+
+    try:
+        gpus, source = detect_gpus(fake_gpus)
+    except Exception as e:  # a broken driver must give a failed check, not a traceback
+        return Check("GPUs visible", False, f"GPU detection failed: {e}")
+    if source == "fake":
+        return Check("GPUs visible", True, f"{len(gpus)} simulated GPU(s) (--fake-gpus)")
+    if not gpus:
+        return Check("GPUs visible", False, "no GPU found through NVML or nvidia-smi")
+    names = sorted({g.name for g in gpus})
+    return Check("GPUs visible", True, f"{len(gpus)} GPU(s) via {source}: {', '.join(names)}")
+
+
+def check_spool(state_dir: Path, node_id: str) -> Check:
+    spool = state_dir / f"node-{node_id}" / "spool"
+    try:
+        spool.mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=spool, prefix=".health-")
+        try:
+            os.write(fd, b"ok")
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    except OSError as e:
+        return Check("spool writable", False, f"{spool}: {e.strerror or e}")
+    return Check("spool writable", True, str(spool))
+
+
+def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
+    """None if an mgpu master answers /healthz there, else why not."""
+    conn: http.client.HTTPConnection
+    if tls:
+        import ssl
+
+        # Reachability only: nothing secret is sent, so the certificate is not checked here.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        body = resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        return f"cannot reach it: {e}"
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return f"it answered HTTP {resp.status}"
+    try:
+        status = json.loads(body).get("status")
+    except (ValueError, AttributeError):
+        status = None
+    return None if status == "ok" else "it does not look like an mgpu master"
+
+
+def check_master(host: str, port: int, timeout: float = 3.0) -> Check:
+    from mgpu.client.credentials import is_loopback
+
+    where = f"{host}:{port}"
+    order = (False, True) if is_loopback(host) else (True, False)
+    errors = []
+    for tls in order:
+        why = _healthz(host, port, tls, timeout)
+        if why is None:
+            return Check("master reachable", True, f"{where} ({'https' if tls else 'http'})")
+        errors.append(why)
+        if "Connection refused" in why or "timed out" in why:
+            break  # nothing listens there: the other scheme will not help
+    return Check("master reachable", False, f"{where}: {errors[0]}")
+
+
+def run_health(
+    node_id: str,
+    master_host: str,
+    master_port: int,
+    state_dir: Path,
+    fake_gpus: int | None,
+    out: TextIO | None = None,
+) -> int:
+    """Print one line per check; 0 if all pass, else 1."""
+    out = out or sys.stdout
+    checks = [
+        check_gpus(fake_gpus),
+        check_spool(state_dir, node_id),
+        check_master(master_host, master_port),
+    ]
+    for c in checks:
+        print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)
+    failed = [c for c in checks if not c.ok]
+    print(
+        f"node {node_id}: " + ("healthy" if not failed else f"{len(failed)} check(s) failed"),
+        file=out,
+    )
+    return 0 if not failed else 1

@@ -1,0 +1,153 @@
+"""What the master learns from GPU telemetry in the agents' heartbeats.
+
+* GPUs used outside mgpu: a GPU whose foreign memory use (reported by the agent) exceeds
+  `scheduling.foreign_memory_threshold_mb` is in `NodeRecord.foreign_blocked`, and the
+  cluster leaves it out of the free GPUs it offers the scheduler.
+* Per job: the peak memory used on any one of its GPUs and the mean utilisation over
+  every sample of its GPUs, kept on the job (`gpu_memory_peak_mb`, `gpu_util_mean`).
+* Idle jobs: a running job none of whose GPUs reached `IDLE_UTIL_PCT` for
+  `scheduling.idle_after_minutes` is flagged `idle`; `scheduling.idle_action` then
+  notifies (a line in the job's output) or cancels interactive jobs.
+* A measured cluster utilisation series for the dashboard's chart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from mgpu.config import ClusterConfig
+from mgpu.model import Job, JobState
+
+if TYPE_CHECKING:
+    from mgpu.master.cluster import Cluster
+    from mgpu.master.registry import NodeRecord
+
+log = logging.getLogger("mgpu.master")
+
+IDLE_UTIL_PCT = 5.0
+"""A GPU below this utilisation counts as unused."""
+SERIES_STEP = 10.0
+"""Seconds between two points of the measured utilisation series."""
+SERIES_POINTS = int(24 * 3600 / SERIES_STEP)
+
+
+class GpuWatch:
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._last_active: dict[str, float] = {}
+        self._idle_since: dict[str, float] = {}
+        self._acted: set[str] = set()
+        self.series: deque[tuple[float, float]] = deque(maxlen=SERIES_POINTS)
+        """(time, mean utilisation % of every GPU with telemetry)."""
+
+    # ---- heartbeats ---------------------------------------------------------
+
+    def heartbeat(self, cluster: Cluster, node: NodeRecord, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self._foreign(cluster, node)
+        by_job: dict[str, list[tuple[float | None, int | None]]] = {}
+        for index, job_id in node.busy.items():
+            tel = node.telemetry.get(index)
+            if tel is not None:
+                by_job.setdefault(job_id, []).append((tel.utilization_pct, tel.memory_used_mb))
+        for job_id, samples in by_job.items():
+            job = cluster.jobs.get(job_id)
+            if job is not None and job.state == JobState.RUNNING and job.start_time is not None:
+                self._observe(job, samples, now)
+        self._check_idle(cluster, now)
+        self._sample_series(cluster, now)
+
+    def _foreign(self, cluster: Cluster, node: NodeRecord) -> None:
+        threshold = self.config.scheduling.foreign_memory_threshold_mb
+        blocked = frozenset(
+            i for i, t in node.telemetry.items() if (t.foreign_memory_mb or 0) > threshold
+        )
+        if blocked == node.foreign_blocked:
+            return
+        for i in sorted(blocked - node.foreign_blocked):
+            mb = node.telemetry[i].foreign_memory_mb
+            log.warning(
+                "%s GPU %d is used outside mgpu (%s MB): not allocating it", node.node_id, i, mb
+            )
+        for i in sorted(node.foreign_blocked - blocked):
+            log.info("%s GPU %d is no longer used outside mgpu", node.node_id, i)
+        freed = bool(node.foreign_blocked - blocked)
+        node.foreign_blocked = blocked
+        if freed:
+            cluster.wake()
+
+    def _observe(
+        self, job: Job, samples: list[tuple[float | None, int | None]], now: float
+    ) -> None:
+        mems = [m for _, m in samples if m is not None]
+        if mems:
+            job.gpu_memory_peak_mb = max(job.gpu_memory_peak_mb or 0, *mems)
+        utils = [u for u, _ in samples if u is not None]
+        if not utils:
+            return
+        n, mean = job.gpu_util_samples, job.gpu_util_mean or 0.0
+        for u in utils:
+            n += 1
+            mean += (u - mean) / n
+        job.gpu_util_samples, job.gpu_util_mean = n, mean
+        if max(utils) >= IDLE_UTIL_PCT:
+            self._last_active[job.id] = now
+            self._idle_since.pop(job.id, None)
+            self._acted.discard(job.id)
+        else:
+            # Idle time counts from the first sample this master saw, not from the start.
+            self._last_active.setdefault(job.id, now)
+
+    # ---- idle jobs ----------------------------------------------------------
+
+    def _check_idle(self, cluster: Cluster, now: float) -> None:
+        s = self.config.scheduling
+        limit = s.idle_after_minutes * 60
+        for job_id, last in list(self._last_active.items()):
+            job = cluster.jobs.get(job_id)
+            if job is None or job.state != JobState.RUNNING:
+                self.forget(job_id)
+                continue
+            if now - last < limit or job_id in self._idle_since:
+                continue
+            self._idle_since[job_id] = last
+            minutes = f"{s.idle_after_minutes:g}"
+            log.info("job %s is idle: its GPUs were unused for %s minutes", job_id, minutes)
+            cluster.store.record_event("idle", target=job_id, detail=f"{minutes} minutes")
+            if not job.interactive or s.idle_action == "none" or job_id in self._acted:
+                continue
+            self._acted.add(job_id)
+            if s.idle_action == "cancel":
+                cluster.cancel(job, reason=f"idle for {minutes} minutes")
+            else:
+                text = f"mgpu: this job's GPUs have been idle for {minutes} minutes\n"
+                node = job.allocation[0].node_id if job.allocation else ""
+                cluster.outputs.append(job.id, "e", text, node)
+
+    def job_fields(self, job: Job) -> dict[str, Any]:
+        """Fields added to an active job's JSON."""
+        since = self._idle_since.get(job.id) if job.state == JobState.RUNNING else None
+        return {"idle": since is not None, "idle_since": since}
+
+    def forget(self, job_id: str) -> None:
+        self._last_active.pop(job_id, None)
+        self._idle_since.pop(job_id, None)
+        self._acted.discard(job_id)
+
+    # ---- measured utilisation -----------------------------------------------
+
+    def _sample_series(self, cluster: Cluster, now: float) -> None:
+        if self.series and now - self.series[-1][0] < SERIES_STEP:
+            return
+        utils = [
+            t.utilization_pct
+            for n in cluster.nodes.values()
+            if n.connected
+            for t in n.telemetry.values()
+            if t.utilization_pct is not None
+        ]
+        if utils:
+            self.series.append((now, sum(utils) / len(utils)))

@@ -1,0 +1,524 @@
+// mgpu dashboard: plain JavaScript, no build step, no outside resources.
+// Pages (by URL hash): #/ overview, #/job/ID a job, #/accounting reports.
+// Live: the overview polls /api/jobs every POLL_MS; a job page follows its output
+// through the NDJSON stream GET /api/jobs/ID/output?follow=1.
+"use strict";
+
+const POLL_MS = 1500;
+const UTIL_MS = 15000;
+const OUTPUT_LIMIT = 1 << 20; // characters kept in the output pane
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  page: null, jobId: null, timer: null, utilTimer: null, stream: null, data: null, cancelErrors: {},
+};
+
+// ---- helpers ---------------------------------------------------------------
+
+function esc(v) {
+  return String(v == null ? "" : v).replace(/[&<>"']/g, (c) => (
+    { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+function dur(s) {
+  if (s == null || s < 0) return "-";
+  s = Math.floor(s);
+  const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600);
+  const m = Math.floor(s % 3600 / 60), sec = s % 60;
+  const p = (n) => String(n).padStart(2, "0");
+  if (d) return `${d}-${p(h)}:${p(m)}:${p(sec)}`;
+  if (h) return `${h}:${p(m)}:${p(sec)}`;
+  return `${m}:${p(sec)}`;
+}
+
+function ts(t) {
+  if (!t) return "-";
+  const d = new Date(t * 1000);
+  return d.toLocaleString(undefined, { hour12: false });
+}
+
+function badge(text, cls) {
+  return `<span class="badge ${esc(cls || text)}">${esc(text)}</span>`;
+}
+
+function bar(pct) {
+  if (pct == null) return '<span class="muted">-</span>';
+  const cls = pct >= 60 ? "high" : pct >= 20 ? "mid" : "";
+  const w = Math.max(0, Math.min(100, pct));
+  return `<span class="bar ${cls}"><i style="width:${w}%"></i></span><span class="pct">${Math.round(pct)}%</span>`;
+}
+
+function token() { return localStorage.getItem("mgpu-token") || ""; }
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (token()) h.Authorization = "Bearer " + token();
+  return h;
+}
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(path, opts = {}) {
+  const resp = await fetch(path, { ...opts, headers: { ...headers(), ...(opts.headers || {}) } });
+  let body = null;
+  try { body = await resp.json(); } catch (e) { body = null; }
+  if (resp.status === 401) showLogin(body && body.detail);
+  if (!resp.ok) {
+    const detail = body && typeof body.detail === "string" ? body.detail : `HTTP ${resp.status}`;
+    throw new ApiError(resp.status, detail);
+  }
+  return body;
+}
+
+function setLive(ok, text) {
+  const el = $("live");
+  el.className = "live " + (ok ? "ok" : "down");
+  el.textContent = text;
+}
+
+// ---- sign in ---------------------------------------------------------------
+
+function takeTokenFromUrl() {
+  const m = location.hash.match(/[#&]token=([^&]+)/);
+  const q = new URLSearchParams(location.search).get("token");
+  const t = m ? decodeURIComponent(m[1]) : q;
+  if (t) {
+    localStorage.setItem("mgpu-token", t);
+    history.replaceState(null, "", location.pathname + "#/");
+  }
+}
+
+function showLogin(why) {
+  $("login").hidden = false;
+  $("login-error").textContent = token() ? (why || "this token was refused") : "";
+  $("login-token").focus();
+}
+
+$("login-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  localStorage.setItem("mgpu-token", $("login-token").value.trim());
+  $("login").hidden = true;
+  route();
+});
+$("token-button").addEventListener("click", () => showLogin());
+
+// ---- cancel (two clicks: arm, then confirm) ---------------------------------
+
+async function cancelJob(id, button, errorEl) {
+  if (!button.classList.contains("armed")) {
+    button.classList.add("armed");
+    button.dataset.label = button.textContent;
+    button.textContent = "Confirm cancel";
+    setTimeout(() => {
+      if (button.classList.contains("armed")) {
+        button.classList.remove("armed");
+        button.textContent = button.dataset.label;
+      }
+    }, 4000);
+    return;
+  }
+  button.classList.remove("armed");
+  button.disabled = true;
+  button.dataset.busy = "1";
+  button.textContent = "Cancelling…";
+  if (errorEl) errorEl.textContent = "";
+  try {
+    const res = await api(`/api/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" });
+    if (res && res.already_ended && res.already_ended.length && !(res.cancelled || []).length) {
+      throw new ApiError(409, `job ${id} had already ended`);
+    }
+    button.textContent = "Cancelled";
+  } catch (e) {
+    button.disabled = false;
+    button.textContent = button.dataset.label || "Cancel";
+    if (errorEl) errorEl.textContent = "cancel refused: " + e.message;
+    state.cancelErrors[id] = "cancel refused: " + e.message;
+    delete button.dataset.busy;
+    return; // keep the error in view; the next refresh redraws the row
+  }
+  delete button.dataset.busy;
+  refresh();
+}
+
+// ---- overview ----------------------------------------------------------------
+
+function gpuState(node, g) {
+  if (node.state === "offline" || node.connected === false) return "offline";
+  if (g.busy_job) return "busy";
+  if (g.foreign_blocked) return "foreign";
+  return node.state === "online" ? "free" : node.state;
+}
+
+function renderStats(data) {
+  const nodes = data.nodes || [], jobs = data.jobs || [];
+  const gpus = nodes.flatMap((n) => (n.gpus || []).map((g) => gpuState(n, g)));
+  const online = nodes.filter((n) => n.state === "online" && n.connected !== false).length;
+  const count = (s) => gpus.filter((x) => x === s).length;
+  const running = jobs.filter((j) => j.state === "running").length;
+  const queued = jobs.filter((j) => j.state === "queued").length;
+  const idle = jobs.filter((j) => j.idle).length;
+  const stat = (n, l) => `<div class="stat"><div class="n">${n}</div><div class="l">${l}</div></div>`;
+  $("stats").innerHTML =
+    stat(`${online}/${nodes.length}`, "nodes online") +
+    stat(`${count("busy")}/${gpus.length}`, "GPUs busy") +
+    stat(count("free"), "GPUs free") +
+    stat(count("foreign"), "GPUs used outside mgpu") +
+    stat(running, "jobs running" + (idle ? ` (${idle} idle)` : "")) +
+    stat(queued, "jobs queued");
+}
+
+function renderNodes(nodes) {
+  if (!nodes.length) {
+    $("nodes").innerHTML = '<div class="empty">No nodes yet: start one with <code>mgpu node --node-id node001</code>.</div>';
+    return;
+  }
+  $("nodes").innerHTML = nodes.map((n) => {
+    const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);
+    const rows = (n.gpus || []).map((g) => {
+      const t = g.telemetry || {};
+      const st = gpuState(n, g);
+      const note = st === "foreign"
+        ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
+        : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>' : "";
+      const mem = t.memory_used_mb == null ? "-"
+        : `${(t.memory_used_mb / 1024).toFixed(1)} / ${((t.memory_total_mb || g.memory_mb) / 1024).toFixed(0)} GB`;
+      return `<tr data-gpu="${esc(n.node_id)}:${g.index}">
+        <td class="num">${g.index}</td>
+        <td>${badge(st)}${note}</td>
+        <td>${g.busy_job ? `<a href="#/job/${esc(g.busy_job)}">${esc(g.busy_job)}</a>` : ""}</td>
+        <td>${esc(g.busy_user || "")}</td>
+        <td>${bar(t.utilization_pct)}</td>
+        <td class="num">${mem}</td>
+        <td class="num">${t.temperature_c == null ? "-" : Math.round(t.temperature_c) + " °C"}</td>
+      </tr>`;
+    }).join("");
+    const where = [n.hostname, n.ip].filter(Boolean).join(" · ");
+    return `<div class="node" data-node="${esc(n.node_id)}">
+      <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "offline" : n.state)}
+        <span class="muted">${esc(where)}</span>${sim ? badge("simulated", "sim") : ""}
+        ${n.reason ? `<span class="muted">${esc(n.reason)}</span>` : ""}</div>
+      <table><thead><tr><th class="num">GPU</th><th>state</th><th>job</th><th>user</th><th>util</th><th class="num">memory</th><th class="num">temp</th></tr></thead>
+      <tbody>${rows || '<tr><td colspan="7" class="empty">no GPUs</td></tr>'}</tbody></table>
+    </div>`;
+  }).join("");
+}
+
+function jobWhere(j) {
+  const alloc = j.allocation || [];
+  if (j.state === "queued" || !alloc.length) return `<span class="muted">${esc(j.reason || j.state)}</span>`;
+  let text = alloc.map((a) => a.gpu_ids.length ? `${a.node_id}:${a.gpu_ids.join(",")}` : a.node_id).join(" ");
+  if (!["queued", "running"].includes(j.state) && j.reason) text += ` (${j.reason})`;
+  return esc(text);
+}
+
+function renderQueue(data) {
+  const jobs = data.jobs || [];
+  const users = [...new Set(jobs.map((j) => j.user))].sort();
+  const sel = $("filter-user");
+  const chosen = sel.value;
+  const have = [...sel.options].map((o) => o.value).slice(1);
+  if (users.join() !== have.join() && !(chosen && !users.includes(chosen))) {
+    sel.innerHTML = '<option value="">everyone</option>' +
+      users.map((u) => `<option>${esc(u)}</option>`).join("");
+    sel.value = chosen;
+  }
+  const want = $("filter-state").value;
+  const match = (j) => {
+    if (chosen && j.user !== chosen) return false;
+    if (want === "all") return true;
+    if (want === "active") return j.state === "queued" || j.state === "running";
+    if (want === "finished") return j.state !== "queued" && j.state !== "running";
+    return j.state === want;
+  };
+  const now = Date.now() / 1000;
+  const rows = jobs.filter(match).map((j) => {
+    const time = j.start_time ? dur((j.end_time || now) - j.start_time) : "-";
+    const active = j.state === "queued" || j.state === "running";
+    return `<tr data-job="${esc(j.id)}">
+      <td><a class="mono" href="#/job/${esc(j.id)}">${esc(j.id)}</a></td>
+      <td>${esc(j.name || "")}</td>
+      <td>${esc(j.user)}</td>
+      <td>${badge(j.state)}${j.idle ? badge("idle") : ""}</td>
+      <td class="num">${j.gpus}</td>
+      <td class="num">${time}</td>
+      <td>${jobWhere(j)}</td>
+      <td>${active ? `<button class="danger small" data-cancel="${esc(j.id)}" type="button">Cancel</button>` : ""}<span class="error">${esc(state.cancelErrors[j.id] || "")}</span></td>
+    </tr>`;
+  });
+  $("queue").innerHTML = rows.length
+    ? `<table><thead><tr><th>job</th><th>name</th><th>user</th><th>state</th><th class="num">GPUs</th><th class="num">time</th><th>nodes (reason)</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`
+    : '<div class="empty">No jobs match.</div>';
+}
+
+$("queue").addEventListener("click", (ev) => {
+  const b = ev.target.closest("button[data-cancel]");
+  if (b) cancelJob(b.dataset.cancel, b, b.nextElementSibling);
+});
+$("filter-state").addEventListener("change", () => refresh());
+$("filter-user").addEventListener("change", () => state.data && renderQueue(state.data));
+
+async function refreshOverview() {
+  const want = $("filter-state").value;
+  const all = !["active", "queued", "running"].includes(want);
+  // Armed cancel buttons survive a refresh only if we skip re-rendering while one is armed.
+  const data = await api("/api/jobs" + (all ? "?all=1" : ""));
+  state.data = data;
+  renderStats(data);
+  renderNodes(data.nodes || []);
+  if (!$("queue").querySelector("button.armed, button[data-busy]")) renderQueue(data);
+}
+
+// ---- utilisation chart -------------------------------------------------------
+
+async function refreshChart() {
+  const hours = $("util-hours").value;
+  const data = await api(`/api/utilisation?hours=${hours}&points=120`);
+  drawChart(data);
+}
+$("util-hours").addEventListener("change", () => refreshChart().catch(() => {}));
+
+function drawChart(data) {
+  const el = $("chart");
+  const W = Math.max(300, el.clientWidth || 800), H = el.clientHeight || 220;
+  const L = 38, R = 10, T = 10, B = 24;
+  const pts = data.points || [];
+  const x = (t) => L + (t - data.start) / (data.end - data.start) * (W - L - R);
+  const y = (p) => T + (1 - Math.max(0, Math.min(100, p)) / 100) * (H - T - B);
+  let grid = "", axis = "";
+  for (const p of [0, 25, 50, 75, 100]) {
+    grid += `<line x1="${L}" x2="${W - R}" y1="${y(p)}" y2="${y(p)}"/>`;
+    axis += `<text x="${L - 6}" y="${y(p) + 4}" text-anchor="end">${p}%</text>`;
+  }
+  const span = data.end - data.start;
+  const ticks = 6;
+  for (let i = 0; i <= ticks; i++) {
+    const t = data.start + span * i / ticks;
+    const d = new Date(t * 1000);
+    const label = span > 2 * 86400
+      ? d.toLocaleDateString(undefined, { month: "short", day: "numeric" })
+      : d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit", hour12: false });
+    const anchor = i === 0 ? "start" : i === ticks ? "end" : "middle";
+    axis += `<text x="${x(t)}" y="${H - 6}" text-anchor="${anchor}">${label}</text>`;
+  }
+  let area = "";
+  if (pts.length) {
+    area = `M${x(pts[0].t)},${y(0)} ` + pts.map((p) => `L${x(p.t).toFixed(1)},${y(p.allocated_pct).toFixed(1)}`).join(" ") +
+      ` L${x(pts[pts.length - 1].t)},${y(0)} Z`;
+  }
+  let meas = "", pen = false;
+  for (const p of pts) {
+    if (p.measured_pct == null) { pen = false; continue; }
+    meas += `${pen ? "L" : "M"}${x(p.t).toFixed(1)},${y(p.measured_pct).toFixed(1)} `;
+    pen = true;
+  }
+  const now = data.now || {};
+  el.innerHTML = `<svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" aria-label="GPU utilisation">
+      <g class="grid">${grid}</g><g class="axis">${axis}</g>
+      <path class="alloc" d="${area}"/><path class="meas" d="${meas}"/>
+      <g class="hover" visibility="hidden"><line y1="${T}" y2="${H - B}"/></g>
+    </svg>
+    <div class="tip">now: ${now.allocated ?? 0}/${data.total_gpus} GPUs allocated (${Math.round(now.allocated_pct || 0)}%)${now.measured_pct == null ? "" : `, ${Math.round(now.measured_pct)}% measured`}</div>`;
+  const svg = el.querySelector("svg"), hover = el.querySelector(".hover"), tip = el.querySelector(".tip");
+  const base = tip.textContent;
+  svg.addEventListener("mousemove", (ev) => {
+    const r = svg.getBoundingClientRect();
+    const px = (ev.clientX - r.left) / r.width * W;
+    const t = data.start + (px - L) / (W - L - R) * span;
+    const p = pts.reduce((a, b) => Math.abs(b.t - t) < Math.abs(a.t - t) ? b : a, pts[0] || { t });
+    if (!p || p.allocated_pct == null) return;
+    hover.setAttribute("visibility", "visible");
+    hover.querySelector("line").setAttribute("x1", x(p.t));
+    hover.querySelector("line").setAttribute("x2", x(p.t));
+    tip.textContent = `${new Date(p.t * 1000).toLocaleTimeString(undefined, { hour12: false })}: ` +
+      `${p.allocated_pct}% allocated` + (p.measured_pct == null ? "" : `, ${p.measured_pct}% measured`);
+  });
+  svg.addEventListener("mouseleave", () => { hover.setAttribute("visibility", "hidden"); tip.textContent = base; });
+}
+
+// ---- job page ----------------------------------------------------------------
+
+function renderJob(j) {
+  $("job-title").textContent = `Job ${j.id}` + (j.name ? ` (${j.name})` : "");
+  $("job-state").innerHTML = badge(j.state) + (j.idle ? badge("idle") : "");
+  const active = j.state === "queued" || j.state === "running";
+  const btn = $("job-cancel");
+  btn.hidden = !(active || btn.textContent === "Cancelled");
+  const now = Date.now() / 1000;
+  const rows = [
+    ["user", esc(j.user)],
+    ["state", esc(j.state) + (j.reason ? ` <span class="muted">(${esc(j.reason)})</span>` : "")],
+    ["command", `<code>${esc(j.command)}</code>`],
+    ["GPUs", esc(j.gpus) + (j.nodes ? ` on ${esc(j.nodes)} nodes` : "")],
+    ["submitted", ts(j.submit_time)],
+    ["started", ts(j.start_time)],
+    ["ended", ts(j.end_time)],
+    ["elapsed", j.start_time ? dur((j.end_time || now) - j.start_time) : "-"],
+    ["exit code", j.exit_code == null ? "-" : esc(j.exit_code)],
+  ];
+  if (j.time_limit) rows.push(["time limit", dur(j.time_limit)]);
+  rows.push(["retries", `${esc(j.retries)} of ${esc(j.max_retries)}`]);
+  if (j.priority_value != null) rows.push(["priority", Math.round(j.priority_value)]);
+  if (j.gpu_util_mean != null || j.gpu_memory_peak_mb != null) {
+    rows.push(["GPU use", `mean ${j.gpu_util_mean == null ? "-" : Math.round(j.gpu_util_mean) + "%"} utilisation, ` +
+      `peak ${j.gpu_memory_peak_mb == null ? "-" : (j.gpu_memory_peak_mb / 1024).toFixed(1) + " GB"} memory`]);
+  }
+  if (j.idle) rows.push(["idle", `GPUs near 0% since ${ts(j.idle_since)}`]);
+  for (const a of j.allocation || []) {
+    rows.push(["ran on", `${esc(a.node_id)} GPUs ${esc(a.gpu_ids.join(",") || "none")} · host ${esc(a.hostname || "-")} · ip ${esc(a.ip || "-")} · pid ${esc(a.pid || "-")}`]);
+  }
+  $("job-details").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
+  const att = (j.attempts || []).map((a, i) => {
+    const gpus = Object.entries(a.gpu_ids || {}).map(([n, g]) => `${n}:${g.join(",")}`).join(" ");
+    const d = a.start_time ? dur((a.end_time || now) - a.start_time) : "-";
+    return `<tr><td class="num">${i + 1}</td><td>${esc(gpus || a.nodes.join(" "))}</td><td>${ts(a.start_time)}</td>
+      <td>${ts(a.end_time)}</td><td class="num">${d}</td><td>${esc(a.end_reason || (a.end_time ? "" : "running"))}</td></tr>`;
+  });
+  $("job-attempts").innerHTML = att.length
+    ? `<table><thead><tr><th class="num">#</th><th>nodes:GPUs</th><th>start</th><th>end</th><th class="num">duration</th><th>ended because</th></tr></thead><tbody>${att.join("")}</tbody></table>`
+    : '<div class="empty">Not started yet.</div>';
+}
+
+async function refreshJob() {
+  const j = await api(`/api/jobs/${encodeURIComponent(state.jobId)}`);
+  if (state.page === "job" && state.jobId === j.id) renderJob(j);
+}
+
+function appendOutput(rec, multi) {
+  const pre = $("output");
+  const span = document.createElement("span");
+  if (rec.s === "e") span.className = "e";
+  let text = rec.d;
+  if (multi && rec.n) text = text.replace(/^(?=.)/gm, `[${rec.n}] `);
+  span.textContent = text;
+  pre.appendChild(span);
+  while (pre.textContent.length > OUTPUT_LIMIT && pre.firstChild) pre.removeChild(pre.firstChild);
+  if ($("output-scroll").checked) pre.scrollTop = pre.scrollHeight;
+}
+
+async function followOutput(id) {
+  const ctrl = new AbortController();
+  state.stream = ctrl;
+  $("output").textContent = "";
+  $("output-status").textContent = "following…";
+  const nodes = new Set();
+  try {
+    const resp = await fetch(`/api/jobs/${encodeURIComponent(id)}/output?follow=1`, { headers: headers(), signal: ctrl.signal });
+    if (!resp.ok) {
+      let detail = `HTTP ${resp.status}`;
+      try { detail = (await resp.json()).detail || detail; } catch (e) { /* not JSON */ }
+      if (resp.status === 401) showLogin(detail);
+      $("output-status").textContent = "cannot follow: " + detail;
+      return;
+    }
+    const reader = resp.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        if (!line.trim()) continue;
+        const rec = JSON.parse(line);
+        if ("d" in rec) {
+          if (rec.n) nodes.add(rec.n);
+          appendOutput(rec, nodes.size > 1);
+        } else if (rec.end) {
+          $("output-status").textContent = `ended: ${rec.state}` +
+            (rec.exit_code == null ? "" : ` (exit ${rec.exit_code})`) + (rec.reason ? ` — ${rec.reason}` : "");
+          refreshJob().catch(() => {});
+        } else if (rec.status) {
+          $("output-status").textContent = rec.status === "queued"
+            ? `queued${rec.position ? ` (position ${rec.position})` : ""}: ${rec.reason || ""}`
+            : "following…";
+        }
+      }
+    }
+  } catch (e) {
+    if (e.name !== "AbortError") $("output-status").textContent = "stream lost: " + e.message;
+  }
+}
+
+$("job-cancel").addEventListener("click", () => cancelJob(state.jobId, $("job-cancel"), $("job-cancel-error")));
+
+// ---- accounting ----------------------------------------------------------------
+
+function rate(v) { return v == null ? "-" : Math.round(v * 100) + "%"; }
+function wait(v) { return v == null ? "-" : v < 60 ? v.toFixed(1) + " s" : dur(v); }
+
+async function refreshAccounting() {
+  const by = $("report-by").value, since = $("report-since").value;
+  const [rep, hist] = await Promise.all([
+    api(`/api/report?by=${by}&since=${since}`),
+    api(`/api/history?since=${since}&limit=200`),
+  ]);
+  const row = (r, label) => `<tr><td>${esc(label || r.key)}</td><td class="num">${r.jobs}</td><td class="num">${r.gpu_hours.toFixed(2)}</td>
+    <td class="num">${rate(r.success_rate)}</td><td class="num">${wait(r.mean_wait)}</td><td class="num">${wait(r.p90_wait)}</td></tr>`;
+  $("report").innerHTML = rep.rows.length
+    ? `<table><thead><tr><th>${by}</th><th class="num">jobs</th><th class="num">GPU-hours</th><th class="num">success</th><th class="num">mean wait</th><th class="num">p90 wait</th></tr></thead>
+       <tbody>${rep.rows.map((r) => row(r)).join("")}${row(rep.total, "total")}</tbody></table>`
+    : '<div class="empty">No finished jobs in this period.</div>';
+  const h = hist.jobs.map((j) => `<tr><td><a class="mono" href="#/job/${esc(j.id)}">${esc(j.id)}</a></td><td>${esc(j.name || "")}</td>
+    <td>${esc(j.user)}</td><td>${badge(j.state)}</td><td class="num">${j.gpus}</td><td>${esc(j.nodes.join(","))}</td>
+    <td class="num">${wait(j.wait)}</td><td class="num">${dur(j.runtime)}</td><td class="num">${j.gpu_hours.toFixed(3)}</td>
+    <td class="num">${j.exit_code == null ? "-" : esc(j.exit_code)}</td><td>${ts(j.end_time)}</td></tr>`);
+  $("history").innerHTML = h.length
+    ? `<table><thead><tr><th>job</th><th>name</th><th>user</th><th>state</th><th class="num">GPUs</th><th>nodes</th><th class="num">wait</th><th class="num">runtime</th><th class="num">GPU-h</th><th class="num">exit</th><th>ended</th></tr></thead><tbody>${h.join("")}</tbody></table>`
+    : '<div class="empty">No finished jobs in this period.</div>';
+}
+$("report-by").addEventListener("change", () => refreshAccounting().catch(() => {}));
+$("report-since").addEventListener("change", () => refreshAccounting().catch(() => {}));
+
+// ---- routing and the refresh loop ----------------------------------------------
+
+async function refresh() {
+  try {
+    if (state.page === "overview") await refreshOverview();
+    else if (state.page === "job") await refreshJob();
+    else if (state.page === "accounting") await refreshAccounting();
+    setLive(true, "live · " + new Date().toLocaleTimeString(undefined, { hour12: false }));
+  } catch (e) {
+    setLive(false, e.status === 401 ? "not signed in" : e.status === 404 ? "not found" : "master unreachable");
+    if (state.page === "job" && e.status === 404) $("job-title").textContent = `No job ${state.jobId}`;
+  }
+}
+
+function route() {
+  const hash = location.hash || "#/";
+  const m = hash.match(/^#\/job\/([^/?#]+)/);
+  const page = m ? "job" : hash.startsWith("#/accounting") ? "accounting" : "overview";
+  if (state.stream) { state.stream.abort(); state.stream = null; }
+  clearInterval(state.timer);
+  clearInterval(state.utilTimer);
+  state.page = page;
+  state.jobId = m ? decodeURIComponent(m[1]) : null;
+  for (const p of ["overview", "job", "accounting"]) $("page-" + p).hidden = p !== page;
+  document.querySelectorAll("header nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === page));
+  if (page === "job") {
+    const btn = $("job-cancel");
+    btn.disabled = false;
+    btn.classList.remove("armed");
+    btn.textContent = "Cancel job";
+    btn.hidden = false;
+    $("job-cancel-error").textContent = "";
+    $("job-details").innerHTML = "";
+    $("job-attempts").innerHTML = "";
+    followOutput(state.jobId);
+  }
+  if (page === "overview") {
+    refreshChart().catch(() => {});
+    state.utilTimer = setInterval(() => refreshChart().catch(() => {}), UTIL_MS);
+  }
+  refresh();
+  state.timer = setInterval(refresh, page === "accounting" ? 10 * POLL_MS : POLL_MS);
+}
+
+window.addEventListener("hashchange", route);
+window.addEventListener("resize", () => { if (state.page === "overview") refreshChart().catch(() => {}); });
+takeTokenFromUrl();
+route();

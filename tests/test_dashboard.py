@@ -1,0 +1,138 @@
+"""The web dashboard in a real headless Chromium (Python Playwright driving the system's
+browser): the page loads, shows a job submitted through the CLI, follows its output
+live, and cancels it.
+
+Skipped, with the reason, when Playwright or Chromium is missing.  Set
+MGPU_SCREENSHOTS=DIR to also save the pages as DIR/dashboard-*.png
+(`scripts/screenshots.py` makes the ones in docs/img).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import LocalCluster, local_cluster, wait_for
+
+CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CONFIG = "networking: {heartbeat_interval: 0.3, timeout: 10}\n"
+TICKER = 'i=0; while true; do i=$((i+1)); echo "tick $i"; echo "warn $i" >&2; sleep 0.2; done'
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="Python Playwright is not installed (pip install playwright)"
+)
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (set MGPU_CHROMIUM)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser_page() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except Exception as e:  # a broken browser install is a skip, not a failure
+            pytest.skip(f"Chromium at {CHROMIUM} does not start: {e}")
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(15000)
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path, agents=1, gpus=2, config=CONFIG) as c:
+        yield c
+
+
+def shoot(page: Any, name: str) -> None:
+    out = os.environ.get("MGPU_SCREENSHOTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(out) / f"dashboard-{name}.png"), full_page=True)
+
+
+def test_dashboard_shows_follows_and_cancels_a_job(cluster: LocalCluster, browser_page: Any) -> None:
+    page = browser_page
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    job_id = cluster.cli("submit", "--name", "ticker", "--gpus", "1", TICKER, check=True)
+    job_id = job_id.stdout.strip()
+    wait_for(lambda: cluster.client().show(job_id)["state"] == "running", what="job running")
+
+    # Without a token the page asks for one.
+    page.goto(f"http://{cluster.address}/")
+    page.wait_for_selector("#login:not([hidden])")
+    page.fill("#login-token", cluster.admin_token)
+    page.click("#login-form button[type=submit]")
+
+    # The overview: the job in the queue, on its GPU, with telemetry, live.
+    row = page.locator(f"#queue tr[data-job='{job_id}']")
+    row.wait_for()
+    assert "ticker" in row.inner_text() and "running" in row.inner_text()
+    gpu = cluster.client().show(job_id)["allocation"][0]["gpu_ids"][0]
+    cell = page.locator(f"#nodes tr[data-gpu='node001:{gpu}']")
+    page.wait_for_function(
+        f"document.querySelector(\"#nodes tr[data-gpu='node001:{gpu}']\").innerText.includes('%')"
+    )
+    assert job_id in cell.inner_text() and "busy" in cell.inner_text()
+    assert "simulated" in page.locator("#nodes").inner_text()
+    page.locator("#chart svg").wait_for()
+    page.wait_for_function("document.getElementById('live').classList.contains('ok')")
+    # A job submitted now appears without a reload.
+    late = cluster.cli("submit", "--name", "late", "--gpus", "2", "sleep 30", check=True)
+    late_id = late.stdout.strip()
+    page.locator(f"#queue tr[data-job='{late_id}']").wait_for()
+    page.select_option("#filter-state", "running")
+    page.locator(f"#queue tr[data-job='{late_id}']").wait_for(state="detached")
+    assert page.locator(f"#queue tr[data-job='{job_id}']").count() == 1
+    page.select_option("#filter-state", "active")
+    shoot(page, "overview")
+
+    # The job page follows the output as it comes.
+    page.click(f"#queue a[href='#/job/{job_id}']")
+    page.wait_for_selector("#page-job:not([hidden])")
+    assert job_id in page.inner_text("#job-title")
+    page.wait_for_function("document.getElementById('output').textContent.includes('tick 3')")
+    page.wait_for_function("document.getElementById('output').textContent.includes('tick 8')")
+    assert page.locator("#output span.e").count() > 0  # stderr, shown apart
+    assert "node001" in page.inner_text("#job-attempts")
+    shoot(page, "job")
+
+    # Cancel from the page: two clicks (arm, confirm).
+    page.click("#job-cancel")
+    assert page.inner_text("#job-cancel") == "Confirm cancel"
+    page.click("#job-cancel")
+    ended = cluster.client().wait(job_id, timeout=20)
+    assert ended["state"] == "cancelled"
+    page.wait_for_function(
+        "document.getElementById('output-status').textContent.includes('ended: cancelled')"
+    )
+    page.wait_for_function("document.getElementById('job-state').textContent === 'cancelled'")
+
+    # A refused cancel shows the master's sentence.
+    cluster.client().cancel(late_id)
+    page.goto(f"http://{cluster.address}/#/job/{late_id}")
+    page.wait_for_function("document.getElementById('job-title').textContent.includes('late')")
+    page.evaluate("document.getElementById('job-cancel').hidden = false")
+    page.click("#job-cancel")
+    page.click("#job-cancel")
+    page.wait_for_function("document.getElementById('job-cancel-error').textContent !== ''")
+    assert "had already ended" in page.inner_text("#job-cancel-error")
+    assert errors == []
