@@ -42,7 +42,7 @@ def job_users() -> list[str]:
     its user, so then they must be real accounts of this machine."""
     if os.geteuid() != 0:
         return ["alice", "bob", "carol"]
-    names = [p.pw_name for p in pwd.getpwall() if 0 < p.pw_uid and p.pw_shell]
+    names = [p.pw_name for p in pwd.getpwall() if p.pw_uid > 0 and p.pw_shell]
     wanted = [n for n in ("alice", "bob", "carol", "daemon", "nobody", "www-data") if n in names]
     return (wanted + names)[:3]
 
@@ -80,7 +80,15 @@ def main() -> int:
                 'echo "epoch $i: loss $(awk "BEGIN{print 2.0/$i}")"; sleep 0.3; done'
             )
             job_id = cluster.cli(
-                "--token", tokens[alice], "submit", "--gpus", "2", "--name", "train", train, check=True
+                "--token",
+                tokens[alice],
+                "submit",
+                "--gpus",
+                "2",
+                "--name",
+                "train",
+                train,
+                check=True,
             ).stdout.strip()
             cluster.cli("submit", "--gpus", "1", "--name", "notebook", "sleep 600", check=True)
             cluster.cli("submit", "--gpus", "4", "--name", "sweep", "sleep 600", check=True)

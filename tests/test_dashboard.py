@@ -68,7 +68,9 @@ def shoot(page: Any, name: str) -> None:
         page.screenshot(path=str(Path(out) / f"dashboard-{name}.png"), full_page=True)
 
 
-def test_dashboard_shows_follows_and_cancels_a_job(cluster: LocalCluster, browser_page: Any) -> None:
+def test_dashboard_shows_follows_and_cancels_a_job(
+    cluster: LocalCluster, browser_page: Any
+) -> None:
     page = browser_page
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))

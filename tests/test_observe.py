@@ -242,7 +242,9 @@ def test_history_and_report(obs: LocalCluster) -> None:
     assert r2["p90_wait"] == pytest.approx(wait_of(jobs[ids[2]]), abs=1e-3)
 
     csv = obs.cli("report", "--by", "user", "--csv", check=True).stdout.splitlines()
-    assert csv[0] == "user,jobs,completed,failed,cancelled,gpu_hours,success_rate,mean_wait,p90_wait"
+    assert (
+        csv[0] == "user,jobs,completed,failed,cancelled,gpu_hours,success_rate,mean_wait,p90_wait"
+    )
     assert any(line.startswith(f"{u2},1,0,1,0,") for line in csv)
     text = obs.cli("report", check=True).stdout
     assert "GPU-HOURS" in text and "TOTAL" in text and u1 in text
@@ -387,14 +389,9 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
     holder = submit(obs, "sleep 60", "node002:1")
     wait_for(lambda: state(obs, holder) == "running")
     argv = [str(BIN / "mgpu"), "srun", "--node-gpu-ids", "node002:1"]
-    verbose = subprocess.Popen(
-        [*argv, "-v", "--", "echo", "verbose"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=obs.env,
-    )  # fmt: skip
-    plain = subprocess.Popen(
-        [*argv, "--", "echo", "plain"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=obs.env,
-    )  # fmt: skip
+    pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    verbose = subprocess.Popen([*argv, "-v", "--", "echo", "verbose"], env=obs.env, **pipes)
+    plain = subprocess.Popen([*argv, "--", "echo", "plain"], env=obs.env, **pipes)
     master_fd, slave_fd = pty.openpty()
     tty = subprocess.Popen(
         [*argv, "--", "echo", "tty"], stdout=subprocess.PIPE, stderr=slave_fd, env=obs.env
@@ -420,3 +417,70 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
     screen = seen.decode(errors="replace")
     assert "\r\x1b[K" in screen and "queued (position " in screen
     assert "\n" not in screen  # one line, rewritten in place
+
+
+# ---- pure pieces, in process ---------------------------------------------------------
+
+
+def test_accounting_arithmetic() -> None:
+    from mgpu.master.observe import BadQuery, parse_since, percentile, utilisation_series
+    from mgpu.model import Attempt, Job, JobState
+
+    now = 1_000_000.0
+    assert parse_since("7d", now) == now - 7 * 86400
+    assert parse_since("90m", now) == now - 90 * 60
+    assert parse_since("2", now) == now - 2 * 86400  # a bare number is days
+    assert parse_since("1700000000", now) == 1_700_000_000
+    with pytest.raises(BadQuery):
+        parse_since("soon", now)
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0, 8.0, 9.0, 10.0], 90) == 9.0
+    assert percentile([], 90) is None
+
+    def job(start: float, end: float | None, gpus: int) -> Job:
+        j = Job(id="j", user="u", argv=["true"], command="true", gpus=gpus)
+        j.state = JobState.COMPLETED if end is not None else JobState.RUNNING
+        j.attempts = [Attempt(1, ["n1"], {"n1": list(range(gpus))}, start, end)]
+        return j
+
+    # [0, 100) in four 25 s buckets, 4 GPUs: a 2-GPU job over 10..40, a 1-GPU one
+    # running throughout, and measured samples in the last bucket.
+    series = utilisation_series(
+        [job(10, 40, 2), job(-50, None, 1)], 0, 100, 4, 4, [(80.0, 50.0), (90.0, 70.0)]
+    )
+    assert [p["allocated"] for p in series["points"]] == [2.2, 2.2, 1.0, 1.0]
+    assert series["points"][0]["allocated_pct"] == 55.0
+    assert [p["measured_pct"] for p in series["points"]] == [None, None, None, 60.0]
+
+
+def test_idle_notify_writes_to_the_job_output(tmp_path: Path) -> None:
+    from mgpu.config import ClusterConfig
+    from mgpu.master.cluster import Cluster
+    from mgpu.master.registry import NodeRecord
+    from mgpu.model import Job, JobState, Slot
+    from mgpu.protocol import GpuDesc, GpuTelemetry
+
+    config = ClusterConfig.model_validate(
+        {"scheduling": {"idle_after_minutes": 1, "idle_action": "notify"}}
+    )
+    cl = Cluster(tmp_path, config)
+    try:
+        n = cl.nodes["n1"] = NodeRecord("n1", gpus=[GpuDesc(index=0, name="g", memory_mb=100)])
+        job = Job(id="abcd1234", user="u", argv=["x"], command="x", interactive=True)
+        job.state, job.start_time = JobState.RUNNING, 1000.0
+        job.allocation = [Slot("n1", [0])]
+        cl.jobs[job.id], n.busy[0] = job, job.id
+        for t, util in ((1000, 90.0), (1030, 0.0), (1050, 0.0), (1091, 0.0)):
+            n.telemetry = {0: GpuTelemetry(index=0, utilization_pct=util, memory_used_mb=40)}
+            cl.gpuwatch.heartbeat(cl, n, now=t)
+            if t < 1091:
+                assert cl.public_job(job)["idle"] is False
+        assert cl.public_job(job)["idle"] is True
+        assert cl.public_job(job)["idle_since"] == 1000
+        assert job.gpu_memory_peak_mb == 40 and job.gpu_util_mean == pytest.approx(22.5)
+        (note,) = cl.outputs.read(job.id)
+        assert note["s"] == "e" and "idle for 1 minutes" in note["d"]
+        assert job.state == JobState.RUNNING  # notify does not cancel
+        assert any(e["kind"] == "idle" for e in cl.store.events())
+    finally:
+        cl.outputs.close_all()
+        cl.store.close()

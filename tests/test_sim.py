@@ -231,15 +231,27 @@ def test_preemption_requeues_the_victim(tmp_path: Path) -> None:
     assert result.busy_gpu_seconds == 2 * 10 + 2 * 10 + 2 * 100  # the lost 10 s count
 
 
-def test_usage_decays_in_closed_form() -> None:
-    usage = _Usage(half_life=100.0)
-    usage.add_rate("a", 2, 0.0)
-    # 2 GPUs for one half-life: integral of 2 * 2^(-(100 - s)/100) ds over [0, 100].
-    ran = 2 * 100 / math.log(2) * 0.5
-    assert usage.snapshot(100.0)["a"] == pytest.approx(ran)
-    usage.add_rate("a", -2, 100.0)
-    assert usage.snapshot(200.0)["a"] == pytest.approx(ran / 2)
-    assert usage.snapshot(1e6)["a"] == pytest.approx(0.0, abs=1e-9)  # rebased, no overflow
+def test_usage_is_fed_as_the_master_does() -> None:
+    """Ended work decays from its end (master/usage.py); running work counts undecayed."""
+    from mgpu.master.usage import UsageLedger
+
+    usage, ledger = _Usage(half_life=100.0), UsageLedger(half_life=100.0)
+    usage.start("a", 2, 0.0)
+    assert usage.snapshot(50.0) == {"a": 100.0}  # running: 2 GPUs x 50 s
+    usage.stop("a", 2, 0.0, 100.0)
+    ledger.add("a", 200.0, 100.0)
+    usage.start("b", 1, 150.0)
+    for now in (100.0, 200.0, 250.0):
+        expected = ledger.snapshot(now)["a"]
+        assert usage.snapshot(now)["a"] == pytest.approx(expected)
+    assert usage.snapshot(200.0)["a"] == pytest.approx(100.0)  # halved after one half-life
+    assert usage.snapshot(200.0)["b"] == pytest.approx(50.0)
+    usage.stop("b", 1, 150.0, 200.0)
+    # Far past the rebasing point (k·t > 300): no overflow, and a stop right then is exact.
+    usage.start("c", 1, 1e6 - 10)
+    usage.stop("c", 1, 1e6 - 10, 1e6)
+    far = usage.snapshot(1e6)
+    assert far["a"] == pytest.approx(0.0, abs=1e-9) and far["c"] == pytest.approx(10.0)
 
 
 def test_load_factor_and_resample_are_deterministic() -> None:

@@ -2,7 +2,7 @@
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
-    sh -c 'trap : TERM INT HUP; "$@"; echo $? > EXITFILE' EXITFILE ARGV...
+    sh -c 'trap : TERM INT HUP; "$@"; echo $? > /proc/self/fd/$0' EXIT_FD ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,11 @@ import psutil
 
 log = logging.getLogger("mgpu.agent")
 
-SHIM = 'trap : TERM INT HUP; "$@"; echo $? > "$0"'
+# $0 is the number of an inherited descriptor open on the exit file.  Writing through
+# /proc/self/fd reaches the file even when the job's user could not walk the spool's
+# path (a root agent's state dir is usually private).  The shim reads the file only
+# after the job exited, so the write needs no atomicity.
+SHIM = 'trap : TERM INT HUP; "$@"; echo $? > /proc/self/fd/$0'
 READ_CHUNK = 256 * 1024
 
 
@@ -129,6 +134,7 @@ class Launcher:
         try:
             out_f = open(out_path, "wb")  # noqa: SIM115
             err_f = open(err_path, "wb")  # noqa: SIM115
+            exit_fd = os.open(exit_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError as e:
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         home = os.path.expanduser("~")
@@ -137,9 +143,7 @@ class Launcher:
 
             uid, gid, _ = user_ids
             home = pwd.getpwuid(uid).pw_dir
-            # The shim, running as the user, must be able to write its exit file.
-            exit_path.touch()
-            os.chown(exit_path, uid, gid)
+            os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
         if not os.path.isdir(home):
             home = "/"
         if cwd and not os.path.isdir(cwd):
@@ -155,6 +159,11 @@ class Launcher:
         full_env["MGPU_RUN_TAG"] = tag
         if hostfile is not None:
             hosts = Path(f"{base}.hosts")
+            if user_ids is not None:  # mpirun runs as the user: a file it can reach
+                fd, name = tempfile.mkstemp(prefix=f"mgpu-{job_id}-", suffix=".hosts")
+                os.fchown(fd, user_ids[0], user_ids[1])
+                os.close(fd)
+                hosts = Path(name)
             hosts.write_text(hostfile)
             for var in (
                 "MGPU_HOSTFILE",
@@ -169,7 +178,7 @@ class Launcher:
             kwargs.update(user=uid, group=gid, extra_groups=groups)
         try:
             popen = subprocess.Popen(
-                ["/bin/sh", "-c", SHIM, str(exit_path), *argv],
+                ["/bin/sh", "-c", SHIM, str(exit_fd), *argv],
                 stdin=subprocess.DEVNULL,
                 stdout=out_f,
                 stderr=err_f,
@@ -177,6 +186,7 @@ class Launcher:
                 env=full_env,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(exit_fd,),
                 **kwargs,
             )
         except PermissionError as e:
@@ -186,6 +196,7 @@ class Launcher:
         finally:
             out_f.close()
             err_f.close()
+            os.close(exit_fd)
         now = time.time()
         try:
             create_time = psutil.Process(popen.pid).create_time()

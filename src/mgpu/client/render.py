@@ -113,6 +113,8 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         state = n["state"] + ("" if n.get("connected", True) else "*")
         util, mem = _gpu_use(gpus)
         reason = [n.get("reason") or ""] + [_foreign_note(g) for g in foreign]
+        if n.get("run_as_user"):  # a non-root agent cannot switch users
+            reason.append(f"jobs run as {n['run_as_user']}")
         rows.append(
             [
                 n["node_id"],

@@ -693,6 +693,7 @@ class Cluster:
         for job_id, why in waiting.items():
             self._set_reason(self.jobs[job_id], why)
         if not pending:
+            self.last_pass_time = now  # a pass with nothing eligible is still a pass (readyz)
             self.last_pass_duration = time.perf_counter() - t0
             return
         usage = self.usage.snapshot(now)
@@ -1121,6 +1122,7 @@ class Cluster:
             reported.add(job.id)
             if job.cancel_requested and not rep.exited:
                 kill.append(rep)
+        lost = False
         for job_id in list(node.jobs):
             job = self.jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING or job_id in reported:
@@ -1131,14 +1133,19 @@ class Cluster:
             if job.reason == "launching" and job.start_time is None:
                 # A launch sent on the old connection may never have arrived.
                 pass
-            self._slot_lost(job, node, f"{node.node_id} restarted and no longer runs it")
+            # One restart is one node failure, however many jobs it lost.
+            self._slot_lost(
+                job, node, f"{node.node_id} restarted and no longer runs it", count=not lost
+            )
+            lost = True
         return kill
 
-    def _slot_lost(self, job: Job, node: NodeRecord, why: str) -> None:
+    def _slot_lost(self, job: Job, node: NodeRecord, why: str, count: bool = True) -> None:
         if job.cancel_requested:
             self._finish(job, JobState.CANCELLED, "cancelled")
             return
-        self._node_failure(node, why)
+        if count:
+            self._node_failure(node, why)
         self._requeue(job, why)
 
     def agent_disconnected(self, node_id: str, link: AgentLink) -> None:

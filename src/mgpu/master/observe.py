@@ -7,8 +7,12 @@ accounting functions are pure (jobs in, rows out) so that they are easy to test.
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import json
 import math
 import re
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -237,14 +241,8 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
             states = _states(state)
         except BadQuery as e:
             return bad(e)
-        rows = []
-        for job in cl.store.finished_jobs(since=start, limit=MAX_ROWS):
-            if (user and job.user != user) or (states and job.state.value not in states):
-                continue
-            rows.append(history_row(job))
-            if len(rows) >= limit:
-                break
-        return {"since": start, "jobs": rows}
+        jobs = await asyncio.to_thread(finished_jobs, _db(cl), start, user, states, limit)
+        return {"since": start, "jobs": [history_row(j) for j in jobs]}
 
     @router.get("/api/report")
     async def report(by: str = "user", since: str | None = None) -> Any:
@@ -255,20 +253,32 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
             start = parse_since(since, time.time())
         except BadQuery as e:
             return bad(e)
-        rows, total = report_rows(cl.store.finished_jobs(since=start, limit=MAX_ROWS), by)
+
+        def compute() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            return report_rows(finished_jobs(_db(cl), start), by)
+
+        rows, total = await asyncio.to_thread(compute)
         return {"by": by, "since": start, "rows": rows, "total": total}
 
     @router.get("/api/utilisation")
     async def utilisation(
-        hours: float = Query(default=6.0, gt=0, le=24 * 30),
+        hours: float = Query(default=6.0, ge=0.01, le=24 * 30),  # > 0: buckets of 0 s
         points: int = Query(default=72, ge=2, le=2000),
     ) -> dict[str, Any]:
         cl = get_cluster()
         now = time.time()
         start = now - hours * 3600
-        jobs = [*cl.store.finished_jobs(since=start, limit=MAX_ROWS), *cl.jobs.values()]
+        # Running work is copied here, on the loop that changes it; the store is read in a
+        # thread so that a long history does not hold up scheduling.
+        active = [copy.deepcopy(j) for j in cl.jobs.values() if j.attempts]
+        measured = list(cl.gpuwatch.series)
         total = sum(len(n.gpus) for n in cl.nodes.values())
-        series = utilisation_series(jobs, start, now, points, total, cl.gpuwatch.series)
+
+        def compute() -> dict[str, Any]:
+            jobs = [*finished_jobs(_db(cl), start), *active]
+            return utilisation_series(jobs, start, now, points, total, measured)
+
+        series = await asyncio.to_thread(compute)
         busy = sum(len(n.busy) for n in cl.nodes.values())
         utils = [
             t.utilization_pct
@@ -293,6 +303,35 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
         return FileResponse(path, media_type=media, headers={"Cache-Control": "no-cache"})
 
     return router
+
+
+def _db(cluster: Cluster) -> Path:
+    return cluster.state_dir / "mgpu.db"
+
+
+def finished_jobs(
+    db: Path,
+    since: float,
+    user: str | None = None,
+    states: set[str] | None = None,
+    limit: int = MAX_ROWS,
+) -> list[Job]:
+    """Jobs that ended at or after `since`, newest first, through a read-only connection of
+    their own (SQLite in WAL mode lets it read while the master writes)."""
+    where = ["state NOT IN ('queued', 'running')", "end_time >= ?"]
+    params: list[Any] = [since]
+    if user:
+        where.append("user = ?")
+        params.append(user)
+    if states:
+        where.append(f"state IN ({','.join('?' * len(states))})")
+        params += sorted(states)
+    sql = f"SELECT record FROM jobs WHERE {' AND '.join(where)} ORDER BY end_time DESC LIMIT ?"
+    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
+    try:
+        return [Job.from_record(json.loads(r[0])) for r in conn.execute(sql, (*params, limit))]
+    finally:
+        conn.close()
 
 
 def _states(text: str | None) -> set[str]:

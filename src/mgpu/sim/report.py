@@ -203,7 +203,7 @@ def format_table(rows: Sequence[Metrics]) -> str:
 # --------------------------------------------------------------------------- plot
 
 
-def utilisation_series(result: SimResult, bins: int = 400) -> tuple[list[float], list[float]]:
+def utilisation_series(result: SimResult, bins: int = 150) -> tuple[list[float], list[float]]:
     """Mean GPU utilisation in `bins` equal slices of the makespan: (slice mid-times, 0..1)."""
     times, busy = result.times, result.busy
     if not times:

@@ -20,9 +20,10 @@ it gives one, else `time_limit_factor × run time` (so 1.0 means perfect estimat
 textbook setting for EASY backfill); a factor of 0 leaves the limit to the scheduler's
 default (`SchedulerConfig.default_time_limit`, 24 h).
 
-Fairshare usage is each user's GPU-seconds decayed with a half-life (default 7 days, as
-`scheduling.fairshare_half_life_hours`), kept per user in closed form so it only needs
-updating when that user's running GPU count changes.
+Fairshare usage is fed exactly as the master feeds it (`master/usage.py`): each ended
+attempt's GPU-seconds, added when it ends and halved every half-life after (default 7 days,
+as `scheduling.fairshare_half_life_hours`), plus the GPU-seconds of running attempts so far.
+It is kept so that a snapshot costs one `exp` in all, not one per user.
 
 Costs per event time: O(nodes changed) for the node views, O(queue + running) to build
 the snapshot, plus the scheduler pass itself.
@@ -154,44 +155,50 @@ def to_request(job: TraceJob, gpus: int, gpus_per_node: int, factor: float) -> J
 
 
 class _Usage:
-    """Decayed GPU-seconds per user, in closed form.
+    """Per-user fairshare usage as the master computes it, updated incrementally.
 
-    With decay rate k = ln 2 / half-life, a user running r GPUs since t0 has
-    U(t) = r/k + (U(t0) − r/k)·e^(−k(t − t0)).  Storing r/k and C = (U(t0) − r/k)·e^(k·t0)
-    per user makes U(t) = r/k + C·e^(−k·t): one exp per snapshot, not one per user.  C is
-    kept relative to a base time that moves forward before e^(k·t) could overflow.
+    Ended work: the master's ledger holds (value, as-of) per user and decays on read.
+    Here each user's ledger is kept as value·e^(k·(as-of − base)) with k = ln 2 / half-life,
+    so reading all users at `now` is one multiplication each by e^(−k·(now − base)).  The
+    base moves forward before that factor could overflow.  Running work: GPUs × (now −
+    start) summed per user is `gpus·now − Σ gpus·start`, both kept as jobs start and stop.
     """
 
-    _REBASE = 300.0  # k·(t − base) beyond which the base moves (e^300 is far from overflow)
+    _REBASE = 300.0  # k·(now − base) beyond which the base moves (e^300 is far from overflow)
 
     def __init__(self, half_life: float) -> None:
         self.k = _LN2 / half_life
         self.base = 0.0
-        self.steady: dict[str, float] = {}  # r/k
-        self.scaled: dict[str, float] = {}  # C, relative to `base`
-        self.rate: dict[str, int] = {}
+        self.ledger: dict[str, float] = {}  # scaled to `base`, see above
+        self.gpus: dict[str, int] = {}
+        self.started: dict[str, float] = {}  # Σ gpus·start of the user's running jobs
 
-    def _factor(self, now: float) -> float:
+    def _decay(self, now: float) -> float:
         """e^(−k·(now − base)), moving the base first if it got far behind."""
-        if self.k * (now - self.base) > self._REBASE:
-            shift = math.exp(-self.k * (now - self.base))
-            self.scaled = {u: c * shift for u, c in self.scaled.items()}
-            self.base = now
-        return math.exp(-self.k * (now - self.base))
+        exponent = self.k * (now - self.base)
+        if exponent > self._REBASE:
+            shift = math.exp(-exponent)
+            self.ledger = {u: v * shift for u, v in self.ledger.items()}
+            self.base, exponent = now, 0.0
+        return math.exp(-exponent)
 
-    def add_rate(self, user: str, gpus: int, now: float) -> None:
-        """`user` runs `gpus` more (or fewer, if negative) GPUs from `now` on."""
-        decay = self._factor(now)
-        value = self.steady.get(user, 0.0) + self.scaled.get(user, 0.0) * decay
-        rate = self.rate.get(user, 0) + gpus
-        self.rate[user] = rate
-        self.steady[user] = rate / self.k
-        self.scaled[user] = (value - rate / self.k) / decay
+    def start(self, user: str, gpus: int, now: float) -> None:
+        self.ledger.setdefault(user, 0.0)
+        self.gpus[user] = self.gpus.get(user, 0) + gpus
+        self.started[user] = self.started.get(user, 0.0) + gpus * now
+
+    def stop(self, user: str, gpus: int, start: float, now: float) -> None:
+        left = self.gpus[user] - gpus
+        self.gpus[user] = left
+        # Reset to exactly 0 when idle so no rounding residue lingers.
+        self.started[user] = self.started[user] - gpus * start if left else 0.0
+        decay = self._decay(now)  # first: it may rescale the ledger
+        self.ledger[user] += gpus * (now - start) / decay
 
     def snapshot(self, now: float) -> dict[str, float]:
-        decay = self._factor(now)
-        scaled = self.scaled
-        return {u: r + scaled[u] * decay for u, r in self.steady.items()}  # ≥ 0 up to rounding
+        decay = self._decay(now)
+        gpus, started = self.gpus, self.started
+        return {u: v * decay + (gpus[u] * now - started[u]) for u, v in self.ledger.items()}
 
 
 class _Cluster:
@@ -263,6 +270,7 @@ class _Replay:
         if len(self.slot) != len(self.requests):
             raise ValueError("the trace has duplicate job ids")
         self.pending: dict[str, JobRequest] = {}
+        self.sizes: dict[int, int] = {}  # pending jobs by GPUs asked for
         self.running: dict[str, RunningJob] = {}
         self.ends: list[tuple[float, int, int]] = []  # (time, attempt, slot)
         self.attempt = [0] * len(self.requests)
@@ -285,7 +293,7 @@ class _Replay:
                     self._finish(slot, now)
             while nxt < n and self.requests[nxt].submit_time <= now:
                 req = self.requests[nxt]
-                self.pending[req.job_id] = req
+                self._queue(req)
                 nxt += 1
             self._passes(now)
             self._record(now)
@@ -298,13 +306,27 @@ class _Replay:
             heapq.heappop(self.ends)
         return self.ends[0][0] if self.ends else math.inf
 
+    def _queue(self, req: JobRequest) -> None:
+        self.pending[req.job_id] = req
+        self.sizes[req.gpus] = self.sizes.get(req.gpus, 0) + 1
+
+    def _unqueue(self, req: JobRequest) -> None:
+        left = self.sizes[req.gpus] - 1
+        if left:
+            self.sizes[req.gpus] = left
+        else:
+            del self.sizes[req.gpus]
+
     def _passes(self, now: float) -> None:
-        # A preemption frees GPUs for a job that starts on a later pass: pass again.
+        # A pass is skipped only when no policy could start anything: nothing pending, or
+        # every pending job needs more GPUs than are free, and no preemption is possible.
+        # That alone skips about a third of the passes of a long replay.
         for _ in range(8):
-            if not self.pending:
+            if not self.sizes:
                 return
-            if self.cluster.total_free == 0 and self.preemptible_running == 0:
+            if min(self.sizes) > self.cluster.total_free and not self.preemptible_running:
                 return
+            # A preemption frees GPUs for a job that starts on a later pass: pass again.
             if not self._pass(now):
                 return
 
@@ -337,6 +359,7 @@ class _Replay:
         req = self.pending.pop(job_id, None)
         if req is None:
             raise SimulationError(f"the scheduler started job {job_id}, which is not pending")
+        self._unqueue(req)
         gpus = self.cluster.take(job_id, placements)
         slot = self.slot[job_id]
         limit = self.sched.default_time_limit if req.time_limit is None else req.time_limit
@@ -355,14 +378,14 @@ class _Replay:
             req.preemptible,
         )
         self.preemptible_running += req.preemptible
-        self.usage.add_rate(req.user, gpus, now)
+        self.usage.start(req.user, gpus, now)
         heapq.heappush(self.ends, (now + res.run, self.attempt[slot], slot))
 
     def _stop(self, job_id: str, now: float) -> RunningJob:
         job = self.running.pop(job_id)
         self.cluster.release(job.placements)
         self.preemptible_running -= job.preemptible
-        self.usage.add_rate(job.user, -job.gpus, now)
+        self.usage.stop(job.user, job.gpus, job.start_time, now)
         self.busy_gpu_seconds += job.gpus * (now - job.start_time)
         return job
 
@@ -378,7 +401,7 @@ class _Replay:
         self.attempt[slot] += 1  # its pending end event is now stale
         self.results[slot].requeues += 1
         self.results[slot].start = math.nan
-        self.pending[job_id] = self.requests[slot]
+        self._queue(self.requests[slot])
         self.preemptions += 1
 
     def _record(self, now: float) -> None:

@@ -457,7 +457,7 @@ async function refreshAccounting() {
     api(`/api/report?by=${by}&since=${since}`),
     api(`/api/history?since=${since}&limit=200`),
   ]);
-  const row = (r, label) => `<tr><td>${esc(label || r.key)}</td><td class="num">${r.jobs}</td><td class="num">${r.gpu_hours.toFixed(2)}</td>
+  const row = (r, label) => `<tr><td>${esc(label || r.key)}</td><td class="num">${r.jobs}</td><td class="num">${r.gpu_hours.toFixed(r.gpu_hours < 10 ? 3 : 1)}</td>
     <td class="num">${rate(r.success_rate)}</td><td class="num">${wait(r.mean_wait)}</td><td class="num">${wait(r.p90_wait)}</td></tr>`;
   $("report").innerHTML = rep.rows.length
     ? `<table><thead><tr><th>${by}</th><th class="num">jobs</th><th class="num">GPU-hours</th><th class="num">success</th><th class="num">mean wait</th><th class="num">p90 wait</th></tr></thead>

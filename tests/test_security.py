@@ -1,0 +1,265 @@
+"""Security: tokens, authorisation, TLS pinning, jobs as their owner, audit, access rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, LocalCluster, kill_group, local_cluster, wait_for
+from mgpu import Client, MgpuError
+from mgpu.tlsutil import ensure_ca
+
+# Real accounts of every Debian system stand in for people: a root agent runs each job
+# as its owner, so the owner must exist on the node.
+ALICE, BOB = "daemon", "bin"
+
+ACCESS_CONFIG = f"""
+security:
+  node_groups:
+    reserved: [node001]
+  access:
+    - nodes: [reserved]
+      users: [{ALICE}]
+"""
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path, agents=2, gpus=2, config=ACCESS_CONFIG) as c:
+        yield c
+
+
+def as_user(cluster: LocalCluster, token: str) -> Client:
+    return Client(cluster.address, token=token, connect_timeout=2)
+
+
+def test_clients_need_a_valid_token(secured: LocalCluster) -> None:
+    env = {**secured.env, "MGPU_TOKEN": ""}
+    env.pop("MGPU_TOKEN")
+    env["HOME"] = str(secured.root)  # no ~/.config/mgpu/token, no default state dir
+    res = subprocess.run(
+        [str(BIN / "mgpu"), "queue"], capture_output=True, text=True, env=env, timeout=30
+    )
+    assert res.returncode != 0
+    assert res.stderr.startswith("mgpu: error: not authorised: no token given")
+    bad = subprocess.run(
+        [str(BIN / "mgpu"), "--token", "mgpu_wrong", "submit", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert bad.returncode != 0 and "not authorised: unknown or revoked token" in bad.stderr
+    assert secured.client().queue(all=True)["jobs"] == []  # the refused submit stored nothing
+    events = secured.client().audit()
+    assert any(e["kind"] == "auth_failed" and e["address"] == "127.0.0.1" for e in events)
+    # Health, readiness and metrics stay open for probes.
+    import urllib.request
+
+    for path in ("/healthz", "/readyz", "/metrics"):
+        with urllib.request.urlopen(f"http://{secured.address}{path}", timeout=10) as r:
+            assert r.status == 200
+
+
+def test_agents_need_the_join_token(secured: LocalCluster) -> None:
+    for token, why in (("", "no join token"), ("mgpu_nope.abc", "wrong join token")):
+        env = {**secured.env, "MGPU_JOIN_TOKEN": token, "MGPU_STATE_DIR": str(secured.root)}
+        res = subprocess.run(
+            [
+                str(BIN / "mgpu"),
+                "node",
+                "--node-id",
+                "intruder",
+                "--fake-gpus",
+                "1",
+                "--master-port",
+                str(secured.port),
+                "--state-dir",
+                str(secured.root / "intr"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert res.returncode != 0
+        assert f"the master refused this node: not authorised: {why}" in res.stderr
+    assert "intruder" not in {n["node_id"] for n in secured.client().nodes()}
+    refused = [e for e in secured.client().audit() if e["kind"] == "agent_refused"]
+    assert len(refused) == 2 and refused[0]["actor"] == "intruder"
+
+
+def test_users_cancel_only_their_own_jobs(secured: LocalCluster) -> None:
+    admin = secured.client()
+    alice = as_user(secured, admin.create_token(ALICE)["token"])
+    bob = as_user(secured, admin.create_token(BOB)["token"])
+    assert alice.whoami() == {"user": ALICE, "admin": False}
+    job = alice.submit("sleep 300", gpus=0)
+    assert alice.show(job.id)["user"] == ALICE
+    with pytest.raises(MgpuError, match=f"not authorised: job {job.id} belongs to {ALICE}"):
+        bob.cancel(job.id)
+    assert bob.show(job.id)["state"] in ("queued", "running")  # everyone may look
+    with pytest.raises(MgpuError, match="drain needs an admin token"):
+        bob.drain("node002")
+    with pytest.raises(MgpuError, match="needs an admin token"):
+        bob.create_token("mallory", admin=True)
+    assert admin.cancel(job.id)["cancelled"] == [job.id]
+    kinds = [e["kind"] for e in admin.audit()]
+    assert kinds.count("denied") == 3 and "cancel" in kinds and "token_create" in kinds
+    res = secured.cli("audit")
+    assert "denied" in res.stdout and BOB in res.stdout
+
+
+def test_token_cli_and_revocation(secured: LocalCluster) -> None:
+    res = secured.cli("token", "create", "carol", "--json", check=True)
+    made = json.loads(res.stdout)
+    assert made["user"] == "carol" and made["token"].startswith("mgpu_")
+    plain = secured.cli("token", "create", "dave", check=True).stdout
+    assert plain.count("\n") == 1 and plain.startswith("mgpu_")
+    carol = as_user(secured, made["token"])
+    assert carol.whoami()["user"] == "carol"
+    listing = json.loads(secured.cli("token", "list", "--json", check=True).stdout)["tokens"]
+    (entry,) = [t for t in listing if t["user"] == "carol"]
+    secured.cli("token", "revoke", entry["id"], check=True)
+    with pytest.raises(MgpuError, match="unknown or revoked token"):
+        as_user(secured, made["token"]).whoami()
+    # Tokens are stored hashed: the secret is nowhere in the database.
+    db = (secured.state_dir / "mgpu.db").read_bytes()
+    assert made["token"].split(".")[0].encode() not in db
+    for name in ("admin-token", "join-token"):
+        assert (secured.state_dir / name).stat().st_mode & 0o777 == 0o600
+
+
+def test_repeated_bad_tokens_are_slowed_down(secured: LocalCluster) -> None:
+    bad = as_user(secured, "mgpu_guess")
+    times = []
+    for _ in range(7):
+        t0 = time.monotonic()
+        with pytest.raises(MgpuError, match="not authorised"):
+            bad.queue()
+        times.append(time.monotonic() - t0)
+    # Three free tries, then 0.05 s doubling: the 7th waits at least 0.4 s.
+    assert times[-1] >= 0.4
+    assert secured.client().queue() is not None  # a good token is not slowed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running jobs as other users needs a root agent")
+def test_jobs_run_as_their_owner(secured: LocalCluster) -> None:
+    admin = secured.client()
+    nobody = pwd.getpwnam("nobody")
+    job = as_user(secured, admin.create_token("nobody")["token"]).submit(
+        "id -u; id -g; echo $HOME", gpus=0
+    )
+    done = admin.wait(job.id, timeout=30)
+    assert done["state"] == "completed", done
+    uid, gid, _home = admin.logs(job.id).splitlines()
+    assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
+    ghost = as_user(secured, admin.create_token("ghostuser")["token"]).submit("true", gpus=0)
+    failed = admin.wait(ghost.id, timeout=30)
+    assert failed["state"] == "failed"
+    assert "user ghostuser does not exist" in failed["reason"]
+    assert failed["retries"] == 0
+    # The owner's admin token runs as the owner (root here).
+    mine = admin.submit("id -u", gpus=0)
+    admin.wait(mine.id, timeout=30)
+    assert admin.logs(mine.id).strip() == str(os.getuid())
+
+
+def test_node_access_rules_at_submit_and_placement(secured: LocalCluster) -> None:
+    admin = secured.client()
+    bob = as_user(secured, admin.create_token(BOB)["token"])
+    alice = as_user(secured, admin.create_token(ALICE)["token"])
+    with pytest.raises(MgpuError, match=f"user {BOB} may not use"):
+        bob.submit("true", nodelist="node001")
+    with pytest.raises(MgpuError, match=BOB):
+        bob.submit("true", node_gpu_ids="node001:0")
+    jobs = [bob.submit("sleep 0.3", gpus=1) for _ in range(4)]
+    for j in jobs:
+        done = admin.wait(j.id, timeout=60)
+        assert done["state"] == "completed"
+        assert [a["node_id"] for a in done["allocation"]] == ["node002"]
+    ok = alice.submit("true", nodelist="node001")
+    assert admin.wait(ok.id, timeout=30)["allocation"][0]["node_id"] == "node001"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("a" * 1_000_000, "name"),
+        ("bad\x1b[2Jname", "name"),
+        ("tab\there", "name"),
+    ],
+)
+def test_hostile_names_are_refused(cluster: LocalCluster, name: str, message: str) -> None:
+    with pytest.raises(MgpuError, match=message):
+        cluster.client().submit("true", name=name)
+    assert cluster.client().queue(all=True)["jobs"] == []
+
+
+def test_hostile_paths_are_harmless(cluster: LocalCluster) -> None:
+    c = cluster.client()
+    for job_id in ("../../etc/passwd", "..%2F..%2Fmgpu.db", "a" * 5000):
+        with pytest.raises(MgpuError, match="no such job|Not Found"):
+            c.show(job_id)
+    job = c.submit("echo ok", name="../../../etc/x")  # a name is only a label
+    assert c.wait(job.id, timeout=30)["name"] == "../../../etc/x"
+    assert not Path("/etc/x").exists()
+
+
+def test_tls_with_pinned_ca(tmp_path: Path) -> None:
+    # --tls on loopback: what a public address (--host 0.0.0.0) gets by default.
+    cluster = LocalCluster(tmp_path)
+    argv = [str(BIN / "mgpu"), "master", "--tls", "--port", str(cluster.port)]
+    argv += ["--state-dir", str(cluster.state_dir)]
+    cluster.master = cluster._spawn(argv, tmp_path / "master-tls.log")
+    try:
+        wait_for(cluster._load_tokens, what="tokens")
+        wait_for(lambda: cluster.client().nodes() is not None, what="TLS master")
+        cluster.start_agent("node001", gpus=1)
+        c = Client(f"https://{cluster.address}", token=cluster.admin_token)
+        job = c.submit("echo secret-output", gpus=1)
+        assert c.wait(job.id, timeout=30)["state"] == "completed"
+        assert c.logs(job.id) == "secret-output\n"
+        # A token that names another CA is refused before any request is sent.
+        other = tmp_path / "other-ca"
+        other.mkdir()
+        fake_fp = ensure_ca(other)
+        forged = cluster.admin_token.split(".")[0] + "." + fake_fp
+        with pytest.raises(MgpuError, match="does not match the token"):
+            Client(f"https://{cluster.address}", token=forged).queue()
+        # Plain HTTP to the TLS master gets nothing.
+        with pytest.raises(MgpuError):
+            Client(f"http://{cluster.address}", token=cluster.admin_token).queue()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_non_root_agent_runs_jobs_as_itself(cluster: LocalCluster) -> None:
+    # pytest's tmp dirs are private to root: nobody's state dir must live elsewhere.
+    state = Path(tempfile.mkdtemp(prefix="mgpu-nobody-"))
+    shutil.chown(state, "nobody", "nogroup")
+    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    argv += [str(BIN / "mgpu"), "node", "--node-id", "node009", "--fake-gpus", "1"]
+    argv += ["--master-port", str(cluster.port), "--state-dir", str(state)]
+    cluster.agents["node009"] = cluster._spawn(argv, cluster.root / "node009.log")
+    node = cluster.wait_node("node009", "online")
+    assert node["run_as_user"] == "nobody"
+    job = cluster.client().submit("id -un", nodelist="node009", gpus=0)
+    done = cluster.client().wait(job.id, timeout=30)
+    assert done["state"] == "completed", (done, cluster.log("node009"))
+    assert cluster.client().logs(job.id).strip() == "nobody"
+    assert "nobody" in cluster.cli("nodes").stdout
+    kill_group(cluster.agents.pop("node009"))
+    shutil.rmtree(state, ignore_errors=True)
