@@ -688,6 +688,9 @@ class Cluster:
             why = self._eligible(j, now, array_running)
             if why is None:
                 pending.append(self._request_for(j))
+                if j.array_job_id is not None:
+                    # Offered tasks count against the array's %cap within this pass too.
+                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
             elif why != "cancelled":
                 waiting[j.id] = why
         for job_id, why in waiting.items():
