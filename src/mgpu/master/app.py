@@ -365,9 +365,7 @@ def create_app(
     async def readyz() -> JSONResponse:
         cl = c()
         online = sum(1 for n in cl.nodes.values() if n.schedulable)
-        loop_alive = time.time() - cl.last_pass_time < 5 or not any(
-            j.state == JobState.QUEUED for j in cl.jobs.values()
-        )
+        loop_alive = time.time() - cl.loop_tick < 10
         try:
             cl.store.set_meta("readyz", str(time.time()))
             writable = True

@@ -83,6 +83,10 @@ _RESERVED_ENV = {
 }
 
 
+REPLAN_INTERVAL = 5.0
+"""Seconds between passes when nothing happened (age priority, expected starts)."""
+
+
 class SubmitError(ValueError):
     """A request that is refused at submit; the message is one sentence for the user."""
 
@@ -110,6 +114,8 @@ class Cluster:
         self._wake = asyncio.Event()
         self._job_events: dict[str, asyncio.Event] = {}
         self.last_pass_time = 0.0
+        self.loop_tick = time.time()
+        """When the scheduling loop last went round (readyz)."""
         self.last_pass_duration = 0.0
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
         self.job_metrics = JobMetrics()
@@ -551,19 +557,40 @@ class Cluster:
         self._wake.set()
 
     async def run(self) -> None:
-        """Schedule whenever something changed, and at least once a second."""
+        """Schedule whenever something changed; re-plan unchanged queues every few seconds
+        (priorities age, backoffs expire).  A long pass is followed by a pause of about its
+        own length, so a huge queue cannot starve the API of the event loop."""
+        last_full = 0.0
         while True:
+            woken = True
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=1.0)
             except TimeoutError:
-                pass
+                woken = False
             self._wake.clear()
+            self.loop_tick = time.time()
             try:
                 self.check_heartbeats()
-                self.schedule_pass()
+                now = time.monotonic()
+                due = now - last_full >= REPLAN_INTERVAL or self._backoff_expired()
+                if woken or due:
+                    self.schedule_pass()
+                    last_full = now
             except Exception:
                 log.exception("scheduling pass failed")
-            await asyncio.sleep(0)  # let queued submissions in before the next pass
+            if self.last_pass_duration > 0.02:
+                await asyncio.sleep(min(1.0, self.last_pass_duration))
+            else:
+                await asyncio.sleep(0)  # let queued submissions in before the next pass
+
+    def _backoff_expired(self) -> bool:
+        now = time.time()
+        return any(
+            j.state == JobState.QUEUED
+            and j.retries
+            and self.last_pass_time < j.eligible_time <= now
+            for j in self.jobs.values()
+        )
 
     def _node_views(self) -> list[NodeView]:
         return [
