@@ -5,12 +5,14 @@
 2. A synthetic 100,000-job trace (the NASA jobs resampled with a fixed seed, so the same
    offered load, five times as long) with backfill — the target is <= 60 s.
 
-Prints wall time and jobs/s per replay and the Markdown tables used in
-docs/scheduling.md, writes ``bench/results/simulator.json``, and with ``--plot`` draws
-FIFO vs backfill on the compressed NASA replay.  No assertions: this reports figures.
+Prints wall time and jobs/s per replay and the Markdown tables, writes
+``bench/results/simulator.json``; ``--docs FILE`` rewrites the tables after the
+``<!-- table: load xF -->`` and ``<!-- bench -->`` markers of FILE (docs/scheduling.md), and
+``--plot`` draws FIFO vs backfill on the most compressed NASA replay.  No assertions: this
+reports figures.
 
     PYTHONPATH=src python bench/simulator.py [--load 1,2] [--synthetic 100000]
-        [--plot docs/img/nasa-backfill-vs-fifo.png]
+        [--docs docs/scheduling.md] [--plot docs/img/nasa-backfill-vs-fifo.png]
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> int:
     ap.add_argument("--synthetic", type=int, default=100_000, help="synthetic jobs (0 = skip)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plot", help="PNG: FIFO vs backfill at the highest --load")
+    ap.add_argument("--docs", help="Markdown file whose marked tables to rewrite")
     args = ap.parse_args()
 
     trace = read_trace(NASA)
@@ -73,7 +76,7 @@ def main() -> int:
         "machine": platform.machine(),
         "nasa": {},
     }
-    tables: list[str] = []
+    tables: dict[str, str] = {}
     loads = [float(x) for x in args.load.split(",") if x]
     kept: dict[str, SimResult] = {}
     for load in loads:
@@ -90,7 +93,7 @@ def main() -> int:
             if load == max(loads) and policy in ("fifo", "backfill"):
                 kept[policy] = result
         out["nasa"][f"load_x{load:g}"] = runs
-        tables.append(f"Arrivals x{load:g} ({mapping}):\n\n{format_table(rows)}\n")
+        tables[f"table: load x{load:g}"] = format_table(rows)
 
     if args.synthetic:
         syn = resample(trace, args.synthetic, seed=args.seed)
@@ -99,8 +102,10 @@ def main() -> int:
         figures["seed"] = args.seed
         out["synthetic"] = figures
 
+    tables["bench"] = speed_table(out)
+    for marker, table in tables.items():
+        print(f"\n<!-- {marker} -->\n{table}")
     print()
-    print("\n".join(tables))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {RESULTS.relative_to(ROOT)}")
@@ -108,7 +113,45 @@ def main() -> int:
         title = f"NASA iPSC/860 on 16 x 8 GPUs, arrivals x{max(loads):g}: FIFO vs backfill"
         plot([kept["fifo"], kept["backfill"]], args.plot, title=title)
         print(f"wrote {args.plot}")
+    if args.docs:
+        rewrite_tables(Path(args.docs), tables)
+        print(f"updated {args.docs}")
     return 0
+
+
+def speed_table(out: dict[str, Any]) -> str:
+    """Wall time and throughput of every replay, as a Markdown table."""
+    lines = [
+        "| replay | policy | jobs | wall | jobs/s | passes | pass mean / p99 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    runs = [(k, r) for k, by in out["nasa"].items() for r in by.values()]
+    if "synthetic" in out:
+        runs.append(("synthetic", out["synthetic"]))
+    for key, r in runs:
+        name = f"NASA, arrivals {key.removeprefix('load_')}" if key != "synthetic" else key
+        lines.append(
+            f"| {name} | {r['policy']} | {r['jobs']} | {r['wall_seconds']:.1f} s "
+            f"| {r['jobs_per_second']:.0f} | {r['passes']} "
+            f"| {r['pass_ms_mean']:.2f} / {r['pass_ms_p99']:.2f} ms |"
+        )
+    return "\n".join(lines)
+
+
+def rewrite_tables(path: Path, tables: dict[str, str]) -> None:
+    """Replace the table right after each `<!-- marker -->` line of `path`."""
+    lines = path.read_text().splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        out.append(lines[i])
+        marker = lines[i].strip().removeprefix("<!--").removesuffix("-->").strip()
+        i += 1
+        if marker in tables and lines[i - 1].strip().startswith("<!--"):
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1  # drop the old table
+            out.extend(tables[marker].splitlines())
+    path.write_text("\n".join(out) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ namespace and the namespaces the fixture creates.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ HEARTBEAT_INTERVAL = 0.3
 HEARTBEAT_TIMEOUT = 3.0
 NODES = {"node001": ("gpu001", "r1"), "node002": ("gpu002", "r1"), "node003": ("gpu003", "r2")}
 GPUS_PER_NODE = 4
-IFACE = "eth0"  # the namespaces' interface (tests/netns.py)
 
 
 @dataclass
@@ -50,9 +50,13 @@ class MultiNode:
     root: Path
     env: dict[str, str]
     token: str
+    _client: Client | None = None
 
     def client(self) -> Client:
-        return Client(self.address, connect_timeout=2.0, token=self.token)
+        """One client (one kept-alive TLS connection) for the whole module."""
+        if self._client is None:
+            self._client = Client(self.address, connect_timeout=5.0, token=self.token)
+        return self._client
 
     def cli(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -74,8 +78,7 @@ class MultiNode:
         return {n["node_id"]: n for n in self.cli_json("nodes")["nodes"]}
 
     def wait_job(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
-        with self.client() as c:
-            job = c.wait(job_id, timeout=timeout)
+        job = self.client().wait(job_id, timeout=timeout)
         assert job["state"] not in ("queued", "running"), f"still {job['state']}: {job}"
         return job
 
@@ -140,7 +143,24 @@ def mn(
         k: v for k, v in os.environ.items() if not k.startswith(("MGPU_", "OMPI_", "PMIX_"))
     }
     state = root / "master"
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def logs() -> str:
+        return "\n".join(
+            f"--- {name}.log:\n{(root / f'{name}.log').read_text(errors='replace')[-3000:]}"
+            for name in ["master", *NODES]
+            if (root / f"{name}.log").exists()
+        )
+
+    def wait_up(condition: Callable[[], Any], what: str) -> Any:
+        """Wait for `condition` (30 s at most), failing at once if the master exits."""
+        value = wait_for(
+            lambda: procs[0].poll() is not None or condition(), timeout=30, interval=0.05, what=what
+        )
+        if procs[0].poll() is not None:
+            raise AssertionError(f"the master exited ({procs[0].returncode}):\n{logs()}")
+        return value
+
     try:
         with open(root / "master.log", "wb") as log:
             argv = [str(BIN / "mgpu"), "master", "--host", vc.gateway_ip, "--port", str(port)]
@@ -148,14 +168,9 @@ def mn(
             procs.append(vc.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=base_env))
         # The master serves TLS on a non-loopback address; agents join with the join
         # token, clients use the admin token (both name the CA they should trust).
-        join_token, admin_token = wait_for(
-            lambda: (
-                all((state / f).exists() for f in ("join-token", "admin-token"))
-                and tuple((state / f).read_text().strip() for f in ("join-token", "admin-token"))
-            ),
-            timeout=30,
-            what="the master's tokens",
-        )
+        names = ("join-token", "admin-token")
+        wait_up(lambda: all((state / f).exists() for f in names), "the master's tokens")
+        join_token, admin_token = ((state / f).read_text().strip() for f in names)
         for node_id, host in hosts.items():
             with open(root / f"{node_id}.log", "wb") as log:
                 argv = [str(BIN / "mgpu"), "node", "--node-id", node_id, "--token", join_token]
@@ -166,16 +181,11 @@ def mn(
         env = {**base_env, "MGPU_MASTER": address, "MGPU_TOKEN": admin_token}
         m = MultiNode(vc, hosts, address, root, env, admin_token)
         try:
-            wait_for(
-                lambda: all(m.node_ready(n) for n in NODES),
-                timeout=30,
-                interval=0.1,
-                what="three nodes online",
-            )
+            wait_up(lambda: all(m.node_ready(n) for n in NODES), "three nodes online")
         except AssertionError as e:
-            logs = {name: m.log(name)[-3000:] for name in ["master", *NODES]}
-            raise AssertionError(f"{e}\n{logs}") from None
+            raise AssertionError(f"{e}\n{logs()}") from None
         yield m
+        m.client().close()
     finally:
         for proc in reversed(procs):
             kill_group(proc)
@@ -256,14 +266,14 @@ def test_pinned_placement_runs_on_that_host(mn: MultiNode) -> None:
 # of the gang has: it can only succeed if all ranks really run at the same time.
 GANG_RANK = textwrap.dedent(
     """
-    d="$1"; n="$2"
+    d="$1"; n="$2"; started=$(date +%s.%N)
     touch "$d/rank-$NODE_RANK"
     i=0
     while [ "$(ls "$d" | grep -c '^rank-')" -lt "$n" ]; do
         i=$((i + 1)); [ "$i" -gt 600 ] && { echo "rank $NODE_RANK alone" >&2; exit 1; }
         sleep 0.05
     done
-    echo "rank=$NODE_RANK host=$(hostname) nnodes=$NNODES t=$(date +%s.%N)"
+    echo "rank=$NODE_RANK host=$(hostname) nnodes=$NNODES t=$started"
     """
 )
 
@@ -276,6 +286,8 @@ def test_gang_starts_on_all_nodes_together(mn: MultiNode, tmp_path: Path) -> Non
     matches = [line_re.match(line) for line in res.stdout.splitlines()]
     assert all(matches) and len(matches) == 3, res.stdout
     ranks = {(m[1], int(m[2]), m[3]) for m in matches if m}
+    starts = [float(m[4]) for m in matches if m]
+    assert max(starts) - min(starts) < 10, starts  # launched together, not one by one
     assert {r for _, r, _ in ranks} == {0, 1, 2}
     assert {n for n, _, _ in ranks} == set(NODES)
     # The prefix names the node the line really came from.
@@ -403,10 +415,15 @@ TRAIN = textwrap.dedent(
 
 
 def test_torchrun_ddp_across_two_nodes(mn: MultiNode, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    """A bare `torchrun train.py` (no flags) joins the right rendezvous from the PET_*
+    variables mgpu sets: torchrun's default rendezvous is `static`, on
+    PET_MASTER_ADDR:PET_MASTER_PORT (rank 0's namespace, the port its agent reserved),
+    with PET_NNODES/PET_NODE_RANK/PET_NPROC_PER_NODE. No GLOO_SOCKET_IFNAME is needed
+    here because each host's name resolves (/etc/hosts) to its eth0 address; on machines
+    whose hostname maps to 127.0.1.1 (Debian's default) gloo would need it."""
     torchrun = BIN / "torchrun"
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed next to this Python")
+    if importlib.util.find_spec("torch") is None or not torchrun.exists():
+        pytest.skip("torch (with torchrun) is not installed next to this Python")
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     res = mn.cli(
@@ -424,7 +441,6 @@ def test_torchrun_ddp_across_two_nodes(mn: MultiNode, tmp_path: Path) -> None:
         timeout=240,
         OMP_NUM_THREADS="1",
     )
-    print(res.stdout, res.stderr)
     assert res.returncode == 0, (res.stdout, res.stderr)
     results = re.findall(r"RESULT rank=(\d) sum=(\S+) world=(\d) host=(\S+)", res.stdout)
     assert sorted(int(r) for r, _, _, _ in results) == [0, 1, 2, 3], res.stdout
@@ -453,9 +469,8 @@ def run_mpirun(mn: MultiNode, *prefix: str) -> None:
     it is each namespace's only other interface). Only root needs the two
     OMPI_ALLOW_RUN_AS_ROOT* variables, which srun passes on from its environment."""
     mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun (Open MPI) is not installed")
-    pytest.importorskip("mpi4py")
+    if mpirun is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpirun (Open MPI) and mpi4py are needed")
     argv = ["srun", "--name", "mpi", "--nodes", "2", "--gpus-per-node", "1", "--mpi", "--"]
     argv += [*prefix, mpirun, "-np", "2", sys.executable, "-c", MPI_PROGRAM]
     root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

@@ -178,6 +178,11 @@ def test_wide_jobs_split_over_nodes_and_are_capped() -> None:
     assert [(j.start, j.end, j.gpus) for j in result.jobs] == [(0, 10, 12), (10, 20, 16)]
 
 
+def test_duplicate_trace_ids_are_fine() -> None:
+    result = simulate([job("A", 0, 10, 1), job("A", 0, 10, 1)], SimConfig(ClusterShape(1, 1)))
+    assert [(j.job_id, j.start) for j in result.jobs] == [("A", 0.0), ("A", 10.0)]
+
+
 def test_metrics_on_a_trivial_trace() -> None:
     """1 node x 2 GPUs: A(1 GPU, 0-100), B(1 GPU, 0-5), C(2 GPUs at 10, 20 s) runs 100-120."""
     jobs = [job("A", 0, 100, 1), job("B", 0, 5, 1), job("C", 10, 20, 2)]

@@ -106,12 +106,51 @@ class Security(_Strict):
         return out
 
 
+class Admission(_Strict):
+    """Rules a job must meet at submit (see mgpu.master.admission); unset = no limit."""
+
+    max_gpus_per_job: int | None = Field(default=None, ge=0)
+    max_nodes_per_job: int | None = Field(default=None, ge=1)
+    max_time_per_job: str | None = None
+    """Slurm syntax (`2-00:00:00`); a job without --time gets this as its limit."""
+    allowed_users: list[str] = Field(default_factory=list)
+    allowed_groups: list[str] = Field(default_factory=list)
+    """When either list is set, only these users / members of these Unix groups submit."""
+    validator: str | None = None
+    """A command (run with /bin/sh -c) given the job as JSON on stdin: non-zero refuses
+    the job, its first line of output being the reason (the seeds' job_validator.sh)."""
+    validator_timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("max_time_per_job")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None:
+            from mgpu.spec import parse_time_limit
+
+            parse_time_limit(value)  # a SpecError (ValueError) names the problem
+        return value
+
+
+class Site(_Strict):
+    """Site integration: prolog/epilog scripts run by every agent, admission control."""
+
+    prolog: str | None = None
+    """Run by the agent before every job (as the agent's user, with the job's environment);
+    failure or time-out = node failure: the job is requeued free, the node counts it."""
+    epilog: str | None = None
+    """Run by the agent after every job; failure or time-out drains the node."""
+    prolog_timeout: float = Field(default=30.0, gt=0)
+    epilog_timeout: float = Field(default=30.0, gt=0)
+    admission: Admission = Field(default_factory=Admission)
+
+
 class ClusterConfig(_Strict):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     nodes: list[NodeEntry] = Field(default_factory=list)
     networking: Networking = Field(default_factory=Networking)
     scheduling: Scheduling = Field(default_factory=Scheduling)
     security: Security = Field(default_factory=Security)
+    site: Site = Field(default_factory=Site)
 
     @field_validator("nodes")
     @classmethod

@@ -138,6 +138,8 @@ class Job:
     gpu_util_samples: int = 0
     cancel_reason: str | None = None
     """Final reason of a running job cancelled for a reason of the system (idle)."""
+    image: str | None = None
+    """Container image to run the job in (`--image`), with the node's container runtime."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -211,6 +213,7 @@ class Job:
             "array_job_id": self.array_job_id,
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
+            "image": self.image,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
         }

@@ -102,6 +102,10 @@ class Exited(BaseModel):
     """Set when the node could not start the job at all: a node failure, not the job's..."""
     fatal: bool = False
     """...unless fatal: the job itself cannot run (unknown user, root refused): it fails."""
+    requeue_free: bool = False
+    """The node's prolog failed: a node failure, and the requeue costs the job no retry."""
+    epilog_error: str | None = None
+    """The epilog failed after the job ended: the node is drained, the job's result stands."""
 
 
 class PortReserved(BaseModel):
@@ -169,6 +173,13 @@ class Launch(BaseModel):
     """Set up mpirun: the agent writes `hostfile` and points Open MPI / MPICH at it
     and at `mgpu rsh` as their remote launcher."""
     hostfile: str | None = None
+    image: str | None = None
+    """Run inside this container image with the node's container runtime."""
+    prolog: str | None = None
+    """Site scripts (the cluster config's `site:`): run by the agent before / after."""
+    epilog: str | None = None
+    prolog_timeout: float = 30.0
+    epilog_timeout: float = 30.0
 
 
 class Kill(BaseModel):

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.launcher import Launcher, LaunchError, Running
+from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
     Forget,
@@ -69,6 +70,7 @@ class Agent:
         advertise_ip: str | None = None,
         token: str | None = None,
         insecure: bool = False,
+        container_runtime: str = "auto",
     ) -> None:
         from mgpu.client.credentials import is_loopback
 
@@ -94,6 +96,8 @@ class Agent:
         self.heartbeat_interval = 5.0
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self.site = SiteHooks(self, container_runtime)
+        """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
 
     # ---- outbound -----------------------------------------------------------
 
@@ -118,6 +122,7 @@ class Agent:
 
     async def run(self) -> None:
         self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
+        await self.site.probe()
         log.info(
             "node %s on %s: %d GPU(s) via %s",
             self.node_id,
@@ -200,6 +205,7 @@ class Agent:
             running=self._running_reports(),
             token=self.token,
             run_as_user=None if os.geteuid() == 0 else getpass.getuser(),
+            features=self.site.features(),
         )
         await ws.send(encode(hello))
         reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -213,6 +219,8 @@ class Agent:
             if run is not None:
                 log.warning("killing %s: the master does not expect it here", rep.job_id)
                 self.launcher.kill(run, "unknown to the master", 0.0)
+            else:
+                self.site.cancel(rep.job_id, rep.epoch, "unknown to the master")
         # Output and ends still queued may never have reached the master, or may have: drop
         # them and send again from where the master's copy ends (it drops what it has).
         self.outbox = deque(m for m in self.outbox if m[0] not in ("output", "exited"))
@@ -248,6 +256,7 @@ class Agent:
                     exited=run.exited.is_set(),
                 )
             )
+        reps.extend(self.site.pending_reports())  # launches still being prepared
         return reps
 
     async def _sender(self, ws: Any) -> None:
@@ -287,15 +296,19 @@ class Agent:
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, Launch):
-            self._launch(msg)
+            if not self.site.prepare(msg):  # image check and prolog first, if any
+                self._launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None:
                 self.launcher.kill(run, msg.reason, msg.grace)
+            else:
+                self.site.cancel(msg.job_id, msg.epoch, msg.reason)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
         elif isinstance(msg, Forget):
             self._exits.pop((msg.job_id, msg.epoch), None)
+            self.site.forget(msg.job_id, msg.epoch)
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None and run.exited.is_set():
                 self.launcher.finish(run)
@@ -308,11 +321,12 @@ class Agent:
             self.launcher.kill(old, "superseded", 0.0)
         try:
             ids = self._identity(msg)
+            argv, env, ids = self.site.wrap(msg, self._job_env(msg), ids)  # --image
             run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
-                msg.argv,
-                self._job_env(msg),
+                argv,
+                env,
                 msg.cwd,
                 msg.time_limit,
                 msg.kill_grace,
@@ -389,6 +403,7 @@ class Agent:
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
         self.launcher.kill_leftovers(run)
+        epilog_error = await self.site.after(run)  # its output joins the job's stderr
         if self.connected:
             self.launcher.pump_output(run)  # else after the reconnect, from where the master is
         code = self.launcher.exit_code(run)
@@ -407,6 +422,7 @@ class Agent:
                 time=min(ended, time.time()),
                 timed_out=run.timed_out,
                 launch_error=error,
+                epilog_error=epilog_error,
             )
         )
         task = asyncio.current_task()
@@ -446,6 +462,7 @@ def run_agent(
     advertise_ip: str | None = None,
     token: str | None = None,
     insecure: bool = False,
+    container_runtime: str = "auto",
 ) -> None:
     from mgpu.client.credentials import find_join_token
 
@@ -459,6 +476,7 @@ def run_agent(
         advertise_ip,
         token=token,
         insecure=insecure,
+        container_runtime=container_runtime,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())

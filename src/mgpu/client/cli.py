@@ -56,6 +56,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dependency", "-d", help="afterok:ID[:ID], afterany:ID, afternotok:ID")
     g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
     g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
+    g.add_argument("--image", help="run inside this container image (the node's runtime)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -86,6 +87,7 @@ JOB_FIELDS = (
     "dependency",
     "array",
     "preemptible",
+    "image",
 )
 
 
@@ -231,6 +233,11 @@ def cmd_master(args: argparse.Namespace) -> int:
     from mgpu.master.server import default_state_dir, run_master
 
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    if args.print_systemd_unit:
+        from mgpu.deploy import master_unit
+
+        print(master_unit(args, state_dir), end="")
+        return 0
     try:
         run_master(
             args.host,
@@ -257,6 +264,11 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.fake_gpus is not None and args.fake_gpus < 0:
         _fail("--fake-gpus must not be negative")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    if args.print_systemd_unit:
+        from mgpu.deploy import node_unit
+
+        print(node_unit(args, state_dir), end="")
+        return 0
     if args.health:
         from mgpu.agent.health import run_health
 
@@ -282,6 +294,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             advertise_ip=args.advertise_ip,
             token=args.join_token,
             insecure=args.insecure,
+            container_runtime=args.container_runtime,
         )
     except AgentRefused as e:
         _fail(f"the master refused this node: {e}")
@@ -488,6 +501,9 @@ def build_parser() -> Parser:
     s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
     s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
     s.add_argument("--verbose", "-v", action="store_true")
+    s.add_argument(
+        "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
 
     s = add("node", cmd_node, "run a node agent (foreground)")
     s.add_argument("--node-id", required=True)
@@ -505,6 +521,15 @@ def build_parser() -> Parser:
     s.add_argument("--insecure", action="store_true", help="plain ws:// to a non-loopback master")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
     s.add_argument("--verbose", "-v", action="store_true")
+    s.add_argument(
+        "--container-runtime",
+        choices=["auto", "podman", "docker", "apptainer", "none"],
+        default="auto",
+        help="runtime for --image jobs (default: the first of podman, docker, apptainer)",
+    )
+    s.add_argument(
+        "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
 
     s = add("up", cmd_up, "start a local cluster (master + one node) in the background")
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs (default: 4 if none found)")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from mgpu.client.api import MgpuError
 
 if TYPE_CHECKING:
-    from mgpu.sim import SimResult
+    from mgpu.sim import Metrics, SimResult, Trace
 
 __all__ = ["add_simulate_parser", "cmd_simulate"]
 
@@ -93,18 +93,26 @@ def _check(args: argparse.Namespace) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     _check(args)
     # Imported here so the rest of the CLI starts without the scheduler and simulator.
-    from mgpu.sim import (
-        SimConfig,
-        TraceError,
-        compress,
-        compute_metrics,
-        default_cluster,
-        format_text,
-        metrics_json,
-        read_trace,
-        simulate,
-    )
-    from mgpu.sim.simulator import ClusterShape, SimulationError, describe_mapping
+    from mgpu.sim import compute_metrics
+    from mgpu.sim.simulator import describe_mapping
+
+    trace, result = _replay(args)
+    metrics = compute_metrics(result)
+    shape = result.config.cluster
+    mapping = describe_mapping(trace, shape, args.time_limit_factor, args.load_factor)
+    if args.plot:
+        _plot(result, args.plot, Path(args.trace).name)
+    if args.json:
+        _print_json(args, metrics, trace, mapping)
+    else:
+        _print_text(args, metrics, trace, mapping)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> tuple[Trace, SimResult]:
+    """Read the trace, size the cluster and run the replay; errors as one sentence."""
+    from mgpu.sim import SimConfig, TraceError, compress, default_cluster, read_trace, simulate
+    from mgpu.sim.simulator import ClusterShape, SimulationError
 
     try:
         trace = read_trace(args.trace, args.format)
@@ -113,40 +121,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     jobs = trace.jobs[: args.limit] if args.limit else trace.jobs
     if not jobs:
         raise MgpuError(f"{args.trace} has no jobs to replay")
-    jobs = compress(jobs, args.load_factor)
     fitted = default_cluster(trace, args.gpus_per_node)
-    shape = ClusterShape(args.nodes or fitted.nodes, fitted.gpus_per_node)
     config = SimConfig(
-        cluster=shape,
+        cluster=ClusterShape(args.nodes or fitted.nodes, fitted.gpus_per_node),
         policy=args.policy,
         time_limit_factor=args.time_limit_factor,
         half_life=args.half_life * 3600.0,
     )
     try:
-        result = simulate(jobs, config)
+        return trace, simulate(compress(jobs, args.load_factor), config)
     except SimulationError as e:
         raise MgpuError(f"the scheduler made an impossible decision: {e}") from None
-    metrics = compute_metrics(result)
-    mapping = describe_mapping(trace, shape, args.time_limit_factor, args.load_factor)
+
+
+def _print_json(args: argparse.Namespace, metrics: Metrics, trace: Trace, mapping: str) -> None:
+    from mgpu.sim import metrics_json
+
+    extra: dict[str, Any] = {
+        "skipped": trace.skipped,
+        "time_limit_factor": args.time_limit_factor,
+        "load_factor": args.load_factor,
+    }
     if args.plot:
-        _plot(result, args.plot, Path(args.trace).name)
-    if args.json:
-        extra: dict[str, Any] = {
-            "skipped": trace.skipped,
-            "time_limit_factor": args.time_limit_factor,
-            "load_factor": args.load_factor,
-        }
-        if args.plot:
-            extra["plot"] = args.plot
-        print(json.dumps(metrics_json(metrics, args.trace, mapping, **extra)))
-        return 0
+        extra["plot"] = args.plot
+    print(json.dumps(metrics_json(metrics, args.trace, mapping, **extra)))
+
+
+def _print_text(args: argparse.Namespace, metrics: Metrics, trace: Trace, mapping: str) -> None:
+    from mgpu.sim import format_text
+
     print(format_text(metrics, args.trace, mapping))
     if trace.skipped:
         left_out = ", ".join(f"{n} ({why})" for why, n in sorted(trace.skipped.items()))
         print(f"skipped records: {left_out}")
     if args.plot:
         print(f"plot: {args.plot}")
-    return 0
 
 
 def _plot(result: SimResult, path: str, name: str) -> None:

@@ -59,6 +59,7 @@ class SubmitRequest(BaseModel):
     interactive: bool = False
     cwd: str | None = None
     env: dict[str, str] | None = None
+    image: str | None = Field(default=None, max_length=512)
 
 
 class WaitRequest(BaseModel):

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
+from mgpu.master.admission import Admission
 from mgpu.master.auth import TokenStore
 from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
@@ -120,6 +121,7 @@ class Cluster:
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
         self.job_metrics = JobMetrics()
         self.gpuwatch = GpuWatch(config)
+        self.admission = Admission(config.site.admission)
         self._pending_reasons: dict[str, str] = {}
         self._priorities: dict[str, float] = {}
         self._factors: dict[str, dict[str, float]] = {}
@@ -382,9 +384,11 @@ class Cluster:
             interactive=bool(req.get("interactive")),
             submit_time=now,
             eligible_time=now,
+            image=str(req["image"]) if req.get("image") else None,
         )
         while base.id in self.jobs or self.store.get_job(base.id) is not None:
             base.id = specs.new_job_id()
+        self.admission.check(base, req, self._node_views())  # site limits, validator
         why = could_ever_fit(self._request_for(base), self._node_views())
         if why is not None:
             raise SubmitError(why)
@@ -631,6 +635,7 @@ class Cluster:
                 time_limit=job.time_limit,
                 preemptible=job.preemptible,
                 allowed_nodes=self.allowed_nodes(job.user),
+                requires=frozenset({"container"}) if job.image else frozenset(),
             )
             if job.state == JobState.QUEUED and job.id in self.jobs:
                 self._requests[job.id] = req
@@ -887,6 +892,11 @@ class Cluster:
                     allow_root=self._may_run_as_root(job),
                     mpi=job.mpi,
                     hostfile=self._hostfile(job) if job.mpi else None,
+                    image=job.image,
+                    prolog=self.config.site.prolog,
+                    epilog=self.config.site.epilog,
+                    prolog_timeout=self.config.site.prolog_timeout,
+                    epilog_timeout=self.config.site.epilog_timeout,
                 ),
             )
 
@@ -1170,13 +1180,15 @@ class Cluster:
             lost = True
         return kill
 
-    def _slot_lost(self, job: Job, node: NodeRecord, why: str, count: bool = True) -> None:
+    def _slot_lost(
+        self, job: Job, node: NodeRecord, why: str, count: bool = True, count_retry: bool = True
+    ) -> None:
         if job.cancel_requested:
             self._finish(job, JobState.CANCELLED, "cancelled")
             return
         if count:
             self._node_failure(node, why)
-        self._requeue(job, why)
+        self._requeue(job, why, count_retry=count_retry)
 
     def agent_disconnected(self, node_id: str, link: AgentLink) -> None:
         node = self.nodes.get(node_id)
@@ -1236,13 +1248,15 @@ class Cluster:
             return
         if msg.launch_error is not None:
             why = f"{node.node_id} could not launch the job: {msg.launch_error}"
-            self._slot_lost(job, node, why)
+            self._slot_lost(job, node, why, count_retry=not msg.requeue_free)  # free: prolog
             return
         slot.done = True
         slot.exit_code = msg.exit_code
         if msg.timed_out:
             job.timed_out = True
         node.failures = 0
+        if msg.epilog_error is not None:  # as Slurm: the node drains, the job's result stands
+            self.drain(node.node_id, msg.epilog_error)
         failed_here = msg.exit_code != 0
         live = [s for s in job.allocation if not s.done]
         if failed_here and live and not job.cancel_requested:

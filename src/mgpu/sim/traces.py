@@ -156,8 +156,10 @@ def read_swf(lines: Iterable[str], source: str = "<swf>") -> Trace:
             requested = int(float(fields[7]))
             req_time = float(fields[8])
             user = int(fields[11])
-        except ValueError:
+        except (ValueError, OverflowError):
             raise TraceError(f"{source} line {lineno}: SWF fields must be numbers") from None
+        if not (math.isfinite(submit) and math.isfinite(run)):
+            raise TraceError(f"{source} line {lineno}: submit and run times must be finite")
         procs = allocated if allocated > 0 else requested
         if run < 0:
             skipped["negative run time"] = skipped.get("negative run time", 0) + 1
