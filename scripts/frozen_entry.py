@@ -1,0 +1,36 @@
+"""Entry point of the standalone executables that `make dist` builds (PyInstaller).
+
+One binary serves every name, chosen by the name it is started under (as busybox):
+`mgpu_master` = `mgpu master`, `mgpu_node` = `mgpu node`, `mgpu_client` and `mgpu` =
+`mgpu`.  `EXE -m mgpu ARGS` (how mgpu re-executes itself: `sys.executable -m mgpu`) is
+`mgpu ARGS` whatever the name.
+"""
+
+import os
+import sys
+
+
+def _run() -> None:
+    from mgpu.client import cli
+
+    argv = sys.argv[1:]
+    if argv[:2] == ["-m", "mgpu"]:
+        sys.argv = [sys.argv[0], *argv[2:]]
+        cli.main()
+        return
+    name = os.path.basename(sys.argv[0]).lower()
+    for prefix, entry in (
+        ("mgpu_master", cli.main_master),
+        ("mgpu_node", cli.main_node),
+        ("mgpu_srun", cli.main_srun),
+        ("mgpu_queue", cli.main_queue),
+        ("mgpu_cancel", cli.main_cancel),
+    ):
+        if name.startswith(prefix):
+            entry()
+            return
+    cli.main()
+
+
+if __name__ == "__main__":
+    _run()

@@ -1,0 +1,304 @@
+"""Container runtimes on a node: probing them, and the command lines that run a job inside.
+
+A job submitted with `--image IMAGE` runs as `<runtime> run ... IMAGE ARGV` under the
+usual shim, so output, exit codes, time limits and cancellation work as for any job.
+The runtime is the node's own (podman, docker or apptainer), found when the agent
+starts and reported to the master as the node features `container` and its name.
+
+What every command line does:
+
+* GPUs: only the allocated ones are visible. podman uses CDI names
+  (`--device nvidia.com/gpu=<i>`, from `nvidia-ctk cdi generate`), docker the NVIDIA
+  container toolkit (`--gpus '"device=<i,j>"'`); both renumber the GPUs from 0 inside, so
+  `CUDA_VISIBLE_DEVICES` is set to `0..n-1` there.  apptainer's `--nv` shows every GPU
+  and `CUDA_VISIBLE_DEVICES` (the host indices) narrows it.
+* The submit directory is mounted at the same path and is the working directory.
+* The job keeps its user's uid/gid: `--user uid:gid` for docker and rootful podman (the
+  agent runs the runtime as root), `--userns=keep-id` for rootless podman (the agent and
+  its jobs run as one user), and apptainer runs as the user anyway.
+* The host network and IPC namespace (NCCL and torchrun rendezvous need them).
+* The job's environment is passed by name (`-e NAME`, the value from the runtime's own
+  environment, so values do not show in `ps`), except variables that describe the host
+  (PATH, HOME, LD_LIBRARY_PATH, ...).  `MGPU_RUN_TAG` goes in too: the agent finds and
+  kills the container's processes by it, as it does for any job's escaped processes.
+
+Everything here but `probe` and `image_present` is pure and unit-tested line by line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+RUNTIMES = ("podman", "docker", "apptainer")
+"""In the order `auto` tries them."""
+
+FEATURE = "container"
+"""The node feature of every node with a runtime; `--image` jobs require it."""
+
+RUNTIME_ENV = (
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "REGISTRY_AUTH_FILE",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "APPTAINER_CACHEDIR",
+    "APPTAINER_TMPDIR",
+    "APPTAINER_CONFIGDIR",
+)
+"""The agent's own settings for its runtime, handed to the runtime it starts for a job."""
+
+_HOST_ONLY = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "PWD",
+        "OLDPWD",
+        "HOSTNAME",
+        "SHELL",
+        "SHLVL",
+        "USER",
+        "LOGNAME",
+        "MAIL",
+        "TMPDIR",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "PYTHONHOME",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "_",
+    }
+)
+_HOST_ONLY_PREFIXES = ("XDG_", "CONTAINERS_", "DOCKER_", "APPTAINER_", "SINGULARITY_", "CONDA_")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    name: str
+    """podman, docker or apptainer."""
+    exe: str
+    """Path of its executable."""
+    version: str = ""
+    rootless: bool = False
+    """podman run by a non-root agent: jobs keep their uid with --userns=keep-id."""
+
+
+# ---- probing (at agent start) ---------------------------------------------------------
+
+
+def _version_argv(name: str, exe: str) -> list[str]:
+    if name == "docker":
+        # `docker --version` answers without a daemon; this needs the daemon up.
+        return [exe, "version", "--format", "{{.Server.Version}}"]
+    return [exe, "--version"]
+
+
+def probe(choice: str = "auto", timeout: float = 10.0) -> Runtime | None:
+    """The runtime to use: `choice` (a name or `none`), or the first that works (`auto`).
+
+    Found with `shutil.which` and checked with a cheap version call, so a client-only
+    docker (no daemon) or a broken install is not advertised."""
+    if choice == "none":
+        return None
+    names = RUNTIMES if choice == "auto" else (choice,)
+    for name in names:
+        exe = shutil.which(name)
+        if exe is None:
+            continue
+        try:
+            res = subprocess.run(
+                _version_argv(name, exe),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if res.returncode != 0:
+            continue
+        version = (res.stdout.strip().splitlines() or [""])[0]
+        return Runtime(name, exe, version, rootless=name == "podman" and os.geteuid() != 0)
+    return None
+
+
+def features(runtime: Runtime | None) -> list[str]:
+    """The node features a runtime gives (`container` and its name)."""
+    return [] if runtime is None else [FEATURE, runtime.name]
+
+
+# ---- images ---------------------------------------------------------------------------
+
+
+def is_image_uri(image: str) -> bool:
+    """apptainer `docker://...`, `library://...`: pulled on use, cannot be checked cheaply."""
+    return "://" in image
+
+
+def image_check_argv(runtime: Runtime, image: str) -> list[str] | None:
+    """The command whose success says the image is present on this node (None: a file)."""
+    if runtime.name == "podman":
+        return [runtime.exe, "image", "exists", image]
+    if runtime.name == "docker":
+        return [runtime.exe, "image", "inspect", "--format", "{{.Id}}", image]
+    return None
+
+
+class ImageCheckError(RuntimeError):
+    """The runtime could not say (it hung or failed): the node's problem, not the image's."""
+
+
+async def image_present(
+    runtime: Runtime, image: str, env: Mapping[str, str], timeout: float = 60.0
+) -> bool:
+    """Is `image` on this node?  Raises ImageCheckError when the runtime cannot answer."""
+    argv = image_check_argv(runtime, image)
+    if argv is None:  # apptainer: a .sif file (or a URI it pulls itself)
+        return is_image_uri(image) or os.path.isfile(image)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise ImageCheckError(f"cannot run {runtime.name}: {e.strerror}") from None
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise ImageCheckError(f"{runtime.name} did not answer within {timeout:g} s") from None
+    if proc.returncode == 0:
+        return True
+    if runtime.name == "podman" and proc.returncode == 1:
+        return False  # `podman image exists`: 1 = no such image, other codes = errors
+    text = err.decode(errors="replace").lower()
+    if runtime.name == "docker" and ("no such image" in text or "no such object" in text):
+        return False
+    first = (err.decode(errors="replace").strip().splitlines() or ["no message"])[0]
+    raise ImageCheckError(f"{runtime.name} failed to look up the image: {first}")
+
+
+# ---- command lines --------------------------------------------------------------------
+
+
+def container_name(job_id: str, epoch: int) -> str:
+    """A name unique per run, valid for podman and docker."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)
+    return f"mgpu-{safe}-{epoch}"
+
+
+def passed_env(env: Mapping[str, str]) -> list[str]:
+    """Names of the job's variables to pass into the container (sorted)."""
+    return sorted(
+        k
+        for k in env
+        if k not in _HOST_ONLY
+        and not k.startswith(_HOST_ONLY_PREFIXES)
+        and _ENV_NAME.match(k) is not None
+    )
+
+
+def build_argv(
+    runtime: Runtime,
+    image: str,
+    argv: Sequence[str],
+    *,
+    gpu_ids: Sequence[int],
+    cwd: str | None,
+    uid_gid: tuple[int, int] | None,
+    env_names: Sequence[str],
+    name: str,
+) -> list[str]:
+    """The command line that runs `argv` in `image` with these GPUs, directory and user.
+
+    `env_names` are passed by name (their values come from the runtime's environment);
+    CUDA_VISIBLE_DEVICES is set here, as it must be seen inside."""
+    ids = list(gpu_ids)
+    if runtime.name in ("podman", "docker"):
+        out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
+        if runtime.name == "podman":
+            out.append("--security-opt=label=disable")  # SELinux hosts: the bind mount works
+            if runtime.rootless:
+                out.append("--userns=keep-id")
+            elif uid_gid is not None:
+                out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
+            for i in ids:
+                out += ["--device", f"nvidia.com/gpu={i}"]
+        else:
+            if uid_gid is not None:
+                out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
+            if ids:
+                # The quotes are docker's: a comma inside --gpus must be quoted.
+                out += ["--gpus", '"device=' + ",".join(map(str, ids)) + '"']
+        if cwd:
+            out += ["-v", f"{cwd}:{cwd}", "-w", cwd]
+        for key in env_names:
+            if key != "CUDA_VISIBLE_DEVICES":
+                out += ["-e", key]
+        # Inside, the allocated GPUs are numbered from 0.
+        out += ["-e", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(len(ids)))]
+        return [*out, image, *argv]
+    if runtime.name == "apptainer":
+        out = [runtime.exe, "exec"]
+        if ids:
+            out.append("--nv")
+        if cwd:
+            out += ["--bind", cwd, "--pwd", cwd]
+        # apptainer passes the environment through; --nv shows every GPU, this narrows it.
+        out += ["--env", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, ids))]
+        return [*out, image, *argv]
+    raise ValueError(f"unknown container runtime {runtime.name!r}")
+
+
+def cleanup_argv(runtime: Runtime, name: str) -> list[str] | None:
+    """Removes what a killed run may leave behind (`--rm` needs the runtime to live on)."""
+    if runtime.name in ("podman", "docker"):
+        return [runtime.exe, "rm", "-f", name]
+    return None
+
+
+def runs_as_agent(runtime: Runtime) -> bool:
+    """True when the runtime itself must run as the agent's user (not switched to the job's
+    user): docker talks to its daemon, rootful podman needs root; the uid is kept by
+    `--user`.  apptainer and rootless podman run as the job's user like any job."""
+    return runtime.name == "docker" or (runtime.name == "podman" and not runtime.rootless)
+
+
+__all__ = [
+    "FEATURE",
+    "RUNTIMES",
+    "RUNTIME_ENV",
+    "ImageCheckError",
+    "Runtime",
+    "build_argv",
+    "cleanup_argv",
+    "container_name",
+    "features",
+    "image_check_argv",
+    "image_present",
+    "is_image_uri",
+    "passed_env",
+    "probe",
+    "runs_as_agent",
+]

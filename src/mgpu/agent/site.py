@@ -1,0 +1,346 @@
+"""The agent's site integration: prolog and epilog scripts, and container jobs.
+
+The master sends the cluster's `site:` settings (prolog, epilog, their time limits) and
+the job's `--image` in each `Launch`, so one config file governs every node.
+
+* Before a job that has a prolog or an image, the agent prepares it asynchronously (the
+  agent keeps serving other jobs meanwhile): it checks the image is on this node (a
+  missing image fails the job at once, before any GPU time), then runs the prolog.  A
+  prolog that fails or runs out of time is a node failure: the job goes back to the
+  queue without spending one of its retries and the node's failure count grows (drained
+  at `scheduling.node_failure_threshold`, the reason naming the prolog's first line).
+* After every job the epilog runs (also after a restart of the agent, if it had not yet).
+  Its output is appended to the job's stderr as `[epilog] ` lines, so it is kept with the
+  job (`mgpu logs`).  An epilog that fails drains the node (as Slurm does); the job's own
+  result stands.
+
+The scripts run as the agent's user (root on a real node), like Slurm's, with the agent's
+environment plus the variables the scheduler sets for the job (`MGPU_*`,
+`CUDA_VISIBLE_DEVICES`, the torchrun variables), `MGPU_JOB_USER` and
+`MGPU_SCRIPT_CONTEXT=prolog|epilog`, and the epilog also `MGPU_JOB_EXIT_CODE`.  Variables
+the user submitted are *not* passed: a root script must not run with a user's
+`LD_PRELOAD` or `PATH`.  What the epilog needs after an agent restart (its command, time
+limit and environment, and later its result) is kept next to the run's spool files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mgpu.agent import containers
+from mgpu.agent.launcher import LaunchError, Running
+from mgpu.protocol import Exited, Launch, RunningReport
+
+if TYPE_CHECKING:
+    from mgpu.agent.agent import Agent
+
+log = logging.getLogger("mgpu.agent")
+
+SCRIPT_OUTPUT_MAX = 64 * 1024
+"""Bytes of a prolog's / epilog's output kept (the end of it)."""
+IMAGE_CHECK_TIMEOUT = 60.0
+
+_SCHEDULER_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NODE_RANK"}
+    | {"NPROC_PER_NODE"}
+)
+_SCHEDULER_PREFIXES = ("MGPU_", "PET_")
+
+
+@dataclass(slots=True)
+class ScriptResult:
+    ok: bool
+    output: str
+    error: str | None
+    """Why it failed, one line ("exit code 3: <first line>", "timed out after 30 s")."""
+
+
+async def run_script(
+    path: str, env: dict[str, str], timeout: float, cwd: str = "/"
+) -> ScriptResult:
+    """Run a site script (executed directly, as Slurm does) with a time limit."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as e:
+        return ScriptResult(False, "", f"cannot run {path}: {e.strerror or e}")
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except (TimeoutError, asyncio.CancelledError) as e:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        if isinstance(e, asyncio.CancelledError):
+            raise
+        return ScriptResult(False, "", f"timed out after {timeout:g} s")
+    text = out[-SCRIPT_OUTPUT_MAX:].decode(errors="replace")
+    if proc.returncode == 0:
+        return ScriptResult(True, text, None)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    code = proc.returncode
+    why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return ScriptResult(False, text, first or why)
+
+
+def script_env(job_env: dict[str, str], user: str | None, context: str) -> dict[str, str]:
+    """The agent's environment plus the scheduler's variables of the job (not the user's)."""
+    env = dict(os.environ)
+    for key, value in job_env.items():
+        if key in _SCHEDULER_ENV or key.startswith(_SCHEDULER_PREFIXES):
+            env[key] = value
+    env.pop("MGPU_RUN_TAG", None)
+    env["MGPU_JOB_USER"] = user or ""
+    env["MGPU_SCRIPT_CONTEXT"] = context
+    return env
+
+
+@dataclass(slots=True)
+class Pending:
+    """A job being prepared (image check, prolog) before its process starts."""
+
+    msg: Launch
+    task: asyncio.Task[None] | None = None
+    cancelled: str | None = None
+
+
+class SiteHooks:
+    def __init__(self, agent: Agent, runtime_choice: str = "auto") -> None:
+        self.agent = agent
+        self.runtime_choice = runtime_choice
+        self.runtime: containers.Runtime | None = None
+        self.pending: dict[tuple[str, int], Pending] = {}
+
+    # ---- start-up -------------------------------------------------------------
+
+    async def probe(self) -> None:
+        self.runtime = await asyncio.to_thread(containers.probe, self.runtime_choice)
+        if self.runtime is not None:
+            log.info("container runtime: %s (%s)", self.runtime.name, self.runtime.version)
+        elif self.runtime_choice not in ("auto", "none"):
+            log.warning("container runtime %s does not work here: none used", self.runtime_choice)
+
+    def features(self) -> list[str]:
+        return containers.features(self.runtime)
+
+    # ---- before a job ---------------------------------------------------------
+
+    def prepare(self, msg: Launch) -> bool:
+        """Take over a launch that needs preparing (True), or leave it to the agent."""
+        key = (msg.job_id, msg.epoch)
+        if key in self.pending:
+            return True  # a duplicate of a launch being prepared
+        if not (msg.image or msg.prolog):
+            return False
+        for job_id, epoch in list(self.pending):
+            if job_id == msg.job_id and epoch != msg.epoch:
+                self.cancel(job_id, epoch, "superseded")
+        pending = self.pending[key] = Pending(msg)
+        pending.task = asyncio.get_running_loop().create_task(self._prepare(pending))
+        return True
+
+    def _exit(self, msg: Launch, error: str, fatal: bool = False, free: bool = False) -> None:
+        log.error("job %s: %s", msg.job_id, error)
+        self.agent._report_exit(
+            Exited(
+                job_id=msg.job_id,
+                epoch=msg.epoch,
+                exit_code=None,
+                time=time.time(),
+                launch_error=error,
+                fatal=fatal,
+                requeue_free=free,
+            )
+        )
+
+    async def _prepare(self, pending: Pending) -> None:
+        msg = pending.msg
+        key = (msg.job_id, msg.epoch)
+        try:
+            if msg.image and not await self._check_image(msg):
+                return
+            if msg.prolog:
+                env = script_env(self.agent._job_env(msg), msg.user, "prolog")
+                res = await run_script(msg.prolog, env, msg.prolog_timeout)
+                if not res.ok:
+                    self._exit(msg, f"prolog failed: {res.error}", free=True)
+                    return
+        except asyncio.CancelledError:
+            self._cancelled(pending)
+            return
+        finally:
+            self.pending.pop(key, None)
+        if pending.cancelled is not None:
+            self._cancelled(pending)
+            return
+        self.agent._launch(msg)
+
+    async def _check_image(self, msg: Launch) -> bool:
+        assert msg.image is not None
+        rt = self.runtime
+        node = self.agent.node_id
+        if rt is None:
+            self._exit(msg, f"{node} has no container runtime for --image")
+            return False
+        env = dict(os.environ)
+        try:
+            present = await containers.image_present(rt, msg.image, env, IMAGE_CHECK_TIMEOUT)
+        except containers.ImageCheckError as e:
+            self._exit(msg, str(e))  # the runtime is broken here: a node failure
+            return False
+        if not present:
+            self._exit(msg, f"image {msg.image} not found on {node} ({rt.name})", fatal=True)
+            return False
+        return True
+
+    def _cancelled(self, pending: Pending) -> None:
+        """A launch killed while being prepared ends as a job killed at once would."""
+        msg = pending.msg
+        log.info("job %s: %s before it started", msg.job_id, pending.cancelled or "killed")
+        self.agent._report_exit(
+            Exited(job_id=msg.job_id, epoch=msg.epoch, exit_code=128 + 15, time=time.time())
+        )
+
+    def cancel(self, job_id: str, epoch: int | None, reason: str) -> bool:
+        """Kill a launch still being prepared; False if there is none."""
+        found = False
+        for (jid, ep), pending in list(self.pending.items()):
+            if jid == job_id and (epoch is None or ep == epoch):
+                found = True
+                pending.cancelled = reason
+                if pending.task is not None:
+                    pending.task.cancel()
+        return found
+
+    def pending_reports(self) -> list[RunningReport]:
+        """Launches being prepared count as running (the master expects them here)."""
+        return [RunningReport(job_id=j, epoch=e) for (j, e) in self.pending]
+
+    # ---- the job's process ----------------------------------------------------
+
+    def _side_path(self, job_id: str, epoch: int) -> Path:
+        return self.agent.launcher.spool / f"{job_id}.{epoch}.site.json"
+
+    def wrap(
+        self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
+    ) -> tuple[list[str], dict[str, str], tuple[int, int, list[int]] | None]:
+        """The argv, environment and user to start: a container command line for --image;
+        remembers what the end of the run needs (epilog, container to clean up)."""
+        argv = list(msg.argv)
+        side: dict[str, Any] = {}
+        if msg.image:
+            rt = self.runtime
+            if rt is None:
+                raise LaunchError(f"{self.agent.node_id} has no container runtime for --image")
+            name = containers.container_name(msg.job_id, msg.epoch)
+            uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
+            cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else None
+            names = [*containers.passed_env(env), "MGPU_RUN_TAG"]
+            argv = containers.build_argv(
+                rt,
+                msg.image,
+                argv,
+                gpu_ids=msg.gpu_ids,
+                cwd=cwd,
+                uid_gid=uid_gid,
+                env_names=names,
+                name=name,
+            )
+            env = dict(env)
+            for key in containers.RUNTIME_ENV:
+                if key in os.environ:
+                    env[key] = os.environ[key]
+            if containers.runs_as_agent(rt):
+                ids = None  # the runtime runs as the agent; --user keeps the job's uid
+            side["container"] = {"runtime": rt.name, "exe": rt.exe, "name": name}
+        if msg.epilog:
+            side["epilog"] = {
+                "path": msg.epilog,
+                "timeout": msg.epilog_timeout,
+                "env": script_env(env, msg.user, "epilog"),
+            }
+        if side:
+            path = self._side_path(msg.job_id, msg.epoch)
+            with contextlib.suppress(OSError):
+                path.write_text(json.dumps(side))
+        return argv, env, ids
+
+    # ---- after a job ----------------------------------------------------------
+
+    async def after(self, run: Running) -> str | None:
+        """Clean up a container and run the epilog of an ended run; the epilog's error."""
+        path = self._side_path(run.rec.job_id, run.rec.epoch)
+        try:
+            side = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        box = side.get("container")
+        if box and run.kill_reason is not None:  # killed: `--rm` may not have happened
+            await self._remove_container(box)
+        epilog = side.get("epilog")
+        if not epilog:
+            return None
+        if "result" not in epilog:
+            env = dict(epilog["env"])
+            code = self.agent.launcher.exit_code(run)
+            env["MGPU_JOB_EXIT_CODE"] = "" if code is None else str(code)
+            res = await run_script(epilog["path"], env, float(epilog["timeout"]))
+            self._append_output(run, res.output)
+            epilog["result"] = {"ok": res.ok, "error": res.error}
+            with contextlib.suppress(OSError):
+                path.write_text(json.dumps(side))
+        result = epilog["result"]
+        return None if result["ok"] else f"epilog failed: {result['error']}"
+
+    def _append_output(self, run: Running, output: str) -> None:
+        """The epilog's lines go to the end of the job's stderr, prefixed `[epilog] `."""
+        lines = output.splitlines()
+        if not lines:
+            return
+        text = "".join(f"[epilog] {line}\n" for line in lines)
+        try:
+            with open(run.rec.err_path, "ab") as f:
+                f.write(text.encode())
+        except OSError as e:
+            log.warning("job %s: cannot keep the epilog's output: %s", run.rec.job_id, e)
+
+    async def _remove_container(self, box: dict[str, str]) -> None:
+        rt = containers.Runtime(box["runtime"], box["exe"])
+        argv = containers.cleanup_argv(rt, box["name"])
+        if argv is None:
+            return
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await asyncio.wait_for(proc.wait(), 30)
+        except (OSError, TimeoutError) as e:
+            log.warning("cannot remove container %s: %s", box["name"], e)
+
+    def forget(self, job_id: str, epoch: int) -> None:
+        with contextlib.suppress(OSError):
+            self._side_path(job_id, epoch).unlink()
+
+
+__all__ = ["SiteHooks", "run_script", "script_env"]
