@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv sysdeps bench down clean
+.PHONY: demo test lint typecheck unit venv sysdeps bench down clean dist
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ down: venv
 
 bench: venv
 	$(BIN)/python bench/latency.py
+
+# Standalone executables (PyInstaller) for GPU machines without this Python environment:
+# dist/mgpu_master, dist/mgpu_node, dist/mgpu_client, ... (see README, "Deployment").
+dist: venv
+	@PYTHON=$(BIN)/python bash scripts/build-dist.sh
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -73,12 +73,18 @@ def main() -> None:
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"master RSS with {JOBS} queued jobs: {result['master_rss_mb_with_jobs']} MB "
-          f"(idle {result['master_rss_mb_idle']} MB)")
-    print(f"submitted in {result['submit_seconds']} s ({result['submit_jobs_per_s']} jobs/s, "
-          f"arrays of {CHUNK})")
-    print(f"scheduling pass with all of them pending: {result['scheduling_pass_ms_median']} ms "
-          "(median of 5)")
+    print(
+        f"master RSS with {JOBS} queued jobs: {result['master_rss_mb_with_jobs']} MB "
+        f"(idle {result['master_rss_mb_idle']} MB)"
+    )
+    print(
+        f"submitted in {result['submit_seconds']} s ({result['submit_jobs_per_s']} jobs/s, "
+        f"arrays of {CHUNK})"
+    )
+    print(
+        f"scheduling pass with all of them pending: {result['scheduling_pass_ms_median']} ms "
+        "(median of 5)"
+    )
     print(f"`queue` of every job: {result['queue_json_seconds']} s")
     print(f"written to {RESULTS}")
 

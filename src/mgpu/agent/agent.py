@@ -227,6 +227,7 @@ class Agent:
         for res in reply.resume:
             run = self.launcher.find(res.job_id, res.epoch)
             if run is not None:
+                self.send(self._started(run))  # again: lost if the master died right after
                 self.launcher.rewind(run, res.stdout, res.stderr)
         for (job_id, epoch), exited in self._exits.items():
             run = self.launcher.find(job_id, epoch)
@@ -358,17 +359,18 @@ class Agent:
                 )
             )
             return
-        self.send(
-            Started(
-                job_id=msg.job_id,
-                epoch=msg.epoch,
-                pid=run.rec.pid,
-                hostname=self.hostname,
-                ip=self.advertise_ip or _ip_towards(self.master[0]),
-                time=run.rec.start_time,
-            )
-        )
+        self.send(self._started(run))
         self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
+
+    def _started(self, run: Running) -> Started:
+        return Started(
+            job_id=run.rec.job_id,
+            epoch=run.rec.epoch,
+            pid=run.rec.pid,
+            hostname=self.hostname,
+            ip=self.advertise_ip or _ip_towards(self.master[0]),
+            time=run.rec.start_time,
+        )
 
     def _identity(self, msg: Launch) -> tuple[int, int, list[int]] | None:
         """uid, gid and groups to run the job as; None = as this agent's own user."""

@@ -146,8 +146,8 @@ class SiteHooks:
     def prepare(self, msg: Launch) -> bool:
         """Take over a launch that needs preparing (True), or leave it to the agent."""
         key = (msg.job_id, msg.epoch)
-        if key in self.pending:
-            return True  # a duplicate of a launch being prepared
+        if key in self.pending or self.agent.launcher.find(*key) is not None:
+            return True  # a duplicate of a launch being prepared or done
         if not (msg.image or msg.prolog):
             return False
         for job_id, epoch in list(self.pending):
@@ -155,7 +155,18 @@ class SiteHooks:
                 self.cancel(job_id, epoch, "superseded")
         pending = self.pending[key] = Pending(msg)
         pending.task = asyncio.get_running_loop().create_task(self._prepare(pending))
+        pending.task.add_done_callback(lambda task: self._prepared(pending, task))
         return True
+
+    def _prepared(self, pending: Pending, task: asyncio.Task[None]) -> None:
+        """A task cancelled before it ran never saw its CancelledError: end it here."""
+        if task.cancelled():
+            self.pending.pop((pending.msg.job_id, pending.msg.epoch), None)
+            self._cancelled(pending)
+        elif task.exception() is not None:
+            log.error("preparing job %s failed: %r", pending.msg.job_id, task.exception())
+            self.pending.pop((pending.msg.job_id, pending.msg.epoch), None)
+            self._exit(pending.msg, f"the agent failed to prepare the job: {task.exception()}")
 
     def _exit(self, msg: Launch, error: str, fatal: bool = False, free: bool = False) -> None:
         log.error("job %s: %s", msg.job_id, error)

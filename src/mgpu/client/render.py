@@ -132,6 +132,10 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         )
     headers = ["NODE", "STATE", "GPUS", "FREE", "BUSY", "UTIL", "MEM", "GPU TYPE", "HOSTNAME"]
     headers += ["IP", "REASON"]
+    if any(n.get("features") for n in nodes):  # container runtimes (for --image jobs)
+        headers.insert(-1, "FEATURES")
+        for n, row in zip(nodes, rows, strict=True):
+            row.insert(-1, ",".join(n.get("features") or []) or "-")
     return table(headers, rows)
 
 

@@ -440,8 +440,6 @@ def create_app(
                 except ValidationError:
                     log.warning("bad message from %s: %.200s", first.node_id, raw)
                     continue
-                if link.closed:
-                    continue  # given up on (see AgentLink.writer): ignore until it is closed
                 cl.agent_message(first.node_id, msg)
         except WebSocketDisconnect:
             pass
