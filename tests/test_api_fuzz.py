@@ -26,7 +26,7 @@ from mgpu.config import ClusterConfig  # noqa: E402
 from mgpu.master.app import create_app  # noqa: E402
 from mgpu.master.store import Store  # noqa: E402
 
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 25
 
 
 def _seed(state_dir: Path) -> None:

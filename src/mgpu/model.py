@@ -127,6 +127,8 @@ class Job:
     cancel_requested: bool = False
     preempt_requested: bool = False
     timed_out: bool = False
+    job_token: str | None = None
+    """This run's credential (see mgpu.master.auth.new_job_token); None when not running."""
     port: int | None = None
     """MASTER_PORT of a distributed run (reserved on the rank-0 node)."""
     failed_node: str | None = None

@@ -539,6 +539,10 @@ def build_parser() -> Parser:
     s = add("down", cmd_down, "stop the local cluster started by mgpu up")
     s.add_argument("--state-dir")
 
+    from mgpu.client.cmd_simulate import add_simulate_parser
+
+    add_simulate_parser(sub)
+
     s = add("token", cmd_token, "manage user tokens (admin)")
     s.add_argument("action", choices=["create", "list", "revoke"])
     s.add_argument("user", nargs="?", metavar="USER|ID")

@@ -138,7 +138,7 @@ def create_app(
             return
         header = conn.headers.get("authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else None
-        ident = c().tokens.user(token)
+        ident = c().identify(token)
         address = conn.client.host if conn.client else "?"
         if ident is None:
             delay = throttle.delay(address)

@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 TOKEN_PREFIX = "mgpu_"
+JOB_TOKEN_PREFIX = "mgpujob_"
+"""A job's own credential, `mgpujob_<job id>_<secret>.<fingerprint>`: set as $MGPU_TOKEN
+inside the job so `mgpu rsh`, `mgpu queue` or `mgpu cancel` there act as the job's user,
+and valid only while that run of the job is running (like Slurm's job credential)."""
 JOIN = "join"
 
 SCHEMA = """
@@ -151,3 +155,21 @@ class BadTokenThrottle:
 
     def succeeded(self, address: str) -> None:
         self._fails.pop(address, None)
+
+
+def new_job_token(job_id: str, fingerprint: str) -> str:
+    # Hex, so the last "_" always separates the secret from the job id (array tasks have one).
+    return f"{JOB_TOKEN_PREFIX}{job_id}_{secrets.token_hex(24)}.{fingerprint}"
+
+
+def job_of_token(token: str) -> str | None:
+    """The job id a job token names, or None for any other token."""
+    secret, _ = split_token(token)
+    if not secret.startswith(JOB_TOKEN_PREFIX):
+        return None
+    job_id, sep, _ = secret[len(JOB_TOKEN_PREFIX) :].rpartition("_")
+    return job_id if sep else None
+
+
+def same_secret(a: str, b: str) -> bool:
+    return hmac.compare_digest(split_token(a)[0].encode(), split_token(b)[0].encode())

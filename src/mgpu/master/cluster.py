@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
 from mgpu.master.admission import Admission
-from mgpu.master.auth import TokenStore
+from mgpu.master.auth import Identity, TokenStore, job_of_token, new_job_token, same_secret
 from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.outputs import OutputStore
@@ -139,6 +139,20 @@ class Cluster:
         self._restricted = config.security.restricted_nodes()
         self._allowed_cache: dict[str, frozenset[str] | None] = {}
         self._load()
+
+    def identify(self, token: str | None) -> Identity | None:
+        """Who a token acts for: a user token, or a running job's own credential."""
+        if not token:
+            return None
+        job_id = job_of_token(token)
+        if job_id is None:
+            return self.tokens.user(token)
+        job = self.jobs.get(job_id)
+        if job is None or job.state != JobState.RUNNING or not job.job_token:
+            return None
+        if not same_secret(job.job_token, token):
+            return None
+        return Identity(user=job.user, admin=False, token_id=f"job:{job.id}")
 
     # ---- access rules -----------------------------------------------------
 
@@ -392,6 +406,12 @@ class Cluster:
         why = could_ever_fit(self._request_for(base), self._node_views())
         if why is not None:
             raise SubmitError(why)
+        cap = sched.max_gpus_per_user
+        if cap is not None and gpus > cap:
+            raise SubmitError(
+                f"the job asks for {gpus} GPUs but a user may hold at most {cap} "
+                "(scheduling.max_gpus_per_user)"
+            )
         if not req.get("array"):
             return [base]
         array = specs.parse_array(str(req["array"]))
@@ -779,6 +799,7 @@ class Cluster:
                 log.error("scheduler offered busy GPUs %s on %s to %s", gpu_ids, node_id, job.id)
                 return False
         job.epoch += 1
+        job.job_token = new_job_token(job.id, self.fingerprint)
         job.transition(JobState.RUNNING, "launching")
         job.allocation = [Slot(node_id=n, gpu_ids=list(g)) for n, g in placements]
         job.attempts.append(
@@ -840,6 +861,8 @@ class Cluster:
                 "MGPU_NODELIST": ",".join(s.node_id for s in alloc),
             }
         )
+        if job.job_token:
+            env["MGPU_TOKEN"] = job.job_token
         if job.array_job_id is not None:
             env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
             env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
@@ -1000,6 +1023,7 @@ class Cluster:
         if job.state == JobState.RUNNING:
             self._charge(job, now)
         job.transition(state, reason)
+        job.job_token = None  # the run's credential dies with it
         self._end_steps(job)
         job.end_time = now
         for slot in job.allocation:
@@ -1042,6 +1066,7 @@ class Cluster:
             job.attempts[-1].end_time = now
             job.attempts[-1].end_reason = why
         job.transition(JobState.QUEUED, reason)
+        job.job_token = None
         for slot in job.allocation:
             slot.done = True
         self._persist(job)
