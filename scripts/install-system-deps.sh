@@ -4,13 +4,15 @@
 #   iproute2, util-linux, hostname  network/UTS namespaces for multi-node tests (tests/netns.py)
 #   openmpi-bin, libopenmpi-dev     MPI runtime + headers (to build mpi4py in the venv)
 #   chromium                        headless browser tests of the web UI
+#   podman, runc, busybox-static    a real --image job (tests/test_site.py: rootful podman,
+#                                   runc for hybrid-cgroup VMs, a busybox image built locally)
 #
 # Idempotent and fast when everything is present (one dpkg-query, no apt-get).
 # Skips with a message (exit 0) when not root or when apt-get is unavailable, so
 # `make test` still runs elsewhere; the tests needing these packages then skip.
 set -euo pipefail
 
-PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium)
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import psutil
 import pytest
 
 from helpers import LocalCluster, wait_for
+from mgpu import MgpuError
 
 BASE = 0.5  # scheduling.retry_backoff_base
 GRACE = 1.0  # scheduling.kill_grace
@@ -474,6 +476,24 @@ def test_agent_back_after_being_declared_lost_has_its_stale_run_killed(rel: Rel)
     job = rel.wait_end(job_id)
     assert job["state"] == "completed" and job["retries"] == 1, job
     assert rel.logs(job_id) == f"on {first}\non {other}\n"  # both attempts' output, once
+
+
+def test_master_that_lost_its_jobs_kills_their_processes(rel: Rel) -> None:
+    rel.start("node001")
+    job_id = rel.submit("sleep 300")
+    pid = rel.wait_running(job_id)["allocation"][0]["pid"]
+    rel.kill_master()
+    # The master comes back without its job records (same identity: tokens, CA).
+    db = sqlite3.connect(rel.c.state_dir / "mgpu.db")
+    with db:
+        db.execute("DELETE FROM jobs")
+    db.close()
+    rel.c.start_master()
+    # The agent reconnects and reports a process the master has never heard of: killed.
+    wait_for(lambda: gone(pid), what="unknown job killed")
+    wait_for(lambda: not tagged_pid_alive(rel, job_id), what="its processes too")
+    with pytest.raises(MgpuError, match="no such job"):
+        rel.show(job_id)
 
 
 # ---- 7. time limits ----------------------------------------------------------------------

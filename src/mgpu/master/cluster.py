@@ -775,7 +775,8 @@ class Cluster:
                 started.add(job.id)
         for job_id in decisions.preempt:
             job = self.jobs.get(job_id)
-            if job is not None and job.state == JobState.RUNNING and not job.cancel_requested:
+            stopping = job is None or job.cancel_requested or job.preempt_requested
+            if job is not None and job.state == JobState.RUNNING and not stopping:
                 self._preempt(job)
         for job_id, why in decisions.reasons.items():
             job = self.jobs.get(job_id)
