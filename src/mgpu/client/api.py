@@ -1,20 +1,20 @@
 """`mgpu.Client`: a small typed client for the master's HTTP API.
 
-Built on the standard library's `http.client` so that `import mgpu` and the CLI
-start fast (no heavy HTTP stack to import for a one-shot `mgpu queue`).  One
+Built on a minimal HTTP/1.1 transport (`mgpu.client.wire`) so that `import mgpu`
+and the CLI start fast (no HTTP stack to import for a one-shot `mgpu queue`).  One
 keep-alive connection is reused across calls.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
+
+from mgpu.client.wire import Connection
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 
@@ -33,10 +33,24 @@ class RequestError(MgpuError):
         self.status = status
 
 
-@dataclass(frozen=True)
 class SubmittedJob:
-    id: str
-    task_ids: list[str] | None = None
+    """What submit returns: the job id, and for an array the task ids.
+    (A plain class: importing dataclasses costs the CLI ~10 ms at start-up.)"""
+
+    __slots__ = ("id", "task_ids")
+
+    def __init__(self, id: str, task_ids: list[str] | None = None) -> None:
+        self.id = id
+        self.task_ids = task_ids
+
+    def __repr__(self) -> str:
+        return f"SubmittedJob(id={self.id!r}, task_ids={self.task_ids!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SubmittedJob) and (self.id, self.task_ids) == (
+            other.id,
+            other.task_ids,
+        )
 
 
 def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
@@ -88,7 +102,7 @@ class Client:
         if os.environ.get("MGPU_INSECURE") and tls is None:
             self.tls = False
         self._ssl_context: Any = None
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: Connection | None = None
 
     @property
     def address(self) -> str:
@@ -113,16 +127,10 @@ class Client:
             self._ssl_context = tlsutil.client_context(pem)
         return self._ssl_context
 
-    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection
-        if self.tls:
-            conn = http.client.HTTPSConnection(
-                self.host, self.port, timeout=self.connect_timeout, context=self._tls_context()
-            )
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+    def _connect(self, timeout: float | None) -> Connection:
+        context = self._tls_context() if self.tls else None
         try:
-            conn.connect()
+            conn = Connection(self.host, self.port, self.connect_timeout, context)
         except ssl_errors() as e:
             raise MgpuError(
                 f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
@@ -134,9 +142,7 @@ class Client:
                 f"cannot reach the mgpu master at {self.address} ({reason}); "
                 "is `mgpu master` running? (set --host/--port or $MGPU_MASTER)"
             ) from None
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(timeout)
         return conn
 
     def _headers(self) -> dict[str, str]:
@@ -158,13 +164,14 @@ class Client:
             fresh = conn is None
             if conn is None:
                 conn = self._conn = self._connect(timeout or self.timeout)
-            elif conn.sock is not None:
-                conn.sock.settimeout(timeout or self.timeout)
+            else:
+                conn.settimeout(timeout or self.timeout)
             try:
-                conn.request(method, path, body=data, headers=self._headers())
-                resp = conn.getresponse()
+                resp = conn.request(method, path, data, self._headers())
                 raw = resp.read()
-            except (http.client.HTTPException, OSError) as e:
+                if resp.will_close:
+                    self.close()
+            except OSError as e:
                 self.close()
                 if self._tls_auto and not self.tls and fresh:
                     # A loopback master may speak only TLS (--tls): try that once.
@@ -333,24 +340,20 @@ class Client:
     def _stream_path(self, path: str, read_timeout: float) -> Iterator[dict[str, Any]]:
         conn = self._connect(read_timeout)
         try:
-            conn.request("GET", path, headers=self._headers())
-            resp = conn.getresponse()
-            if resp.status >= 400:
-                self._decode(resp.status, resp.read())
-            while True:
-                try:
-                    line = resp.readline()
-                except (OSError, http.client.HTTPException) as e:
-                    if isinstance(e, socket.timeout | TimeoutError):
-                        raise MgpuError(
-                            f"no word from the mgpu master at {self.address} for {read_timeout:g} s"
-                        ) from None
-                    raise ConnectError(
-                        f"lost the connection to the mgpu master at {self.address}"
+            try:
+                resp = conn.request("GET", path, None, self._headers())
+                if resp.status >= 400:
+                    self._decode(resp.status, resp.read())
+                for line in resp.lines():
+                    yield json.loads(line)
+            except OSError as e:  # WireError included
+                if isinstance(e, socket.timeout | TimeoutError):
+                    raise MgpuError(
+                        f"no word from the mgpu master at {self.address} for {read_timeout:g} s"
                     ) from None
-                if not line:
-                    return
-                yield json.loads(line)
+                raise ConnectError(
+                    f"lost the connection to the mgpu master at {self.address}"
+                ) from None
         finally:
             conn.close()
 

@@ -1,0 +1,141 @@
+"""A minimal HTTP/1.1 client for the one server it talks to: the mgpu master.
+
+Why not `http.client`: it imports the `email` package to parse headers, which
+costs about 40 ms — half of what `mgpu queue` may take in all (squeue answers in
+well under 100 ms, and so must we).  The master is uvicorn, so the subset needed
+is small and fixed: requests with a JSON body and Content-Length, responses with
+Content-Length or chunked transfer encoding, keep-alive.  Anything else is an
+error, not a guess.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+MAX_HEADER_LINE = 65536
+
+
+class WireError(ConnectionError):
+    """The connection broke or the server answered something this client does not speak."""
+
+
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], conn: Connection) -> None:
+        self.status = status
+        self.headers = headers
+        self._conn = conn
+        self.chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+        length = headers.get("content-length")
+        self._left = int(length) if length is not None else None
+        self.will_close = headers.get("connection", "").lower() == "close"
+
+    def read(self) -> bytes:
+        """The whole body."""
+        if self.chunked:
+            return b"".join(self._chunks())
+        if self._left is None:
+            data = self._conn.file.read()  # until the server closes
+            self.will_close = True
+            return data
+        data = self._conn.file.read(self._left) if self._left else b""
+        if len(data) != self._left:
+            raise WireError("the master closed the connection mid-answer")
+        self._left = 0
+        return data
+
+    def lines(self) -> Iterator[bytes]:
+        """The body line by line, as it arrives (for streamed NDJSON)."""
+        pending = b""
+        source = self._chunks() if self.chunked else iter([self.read()])
+        for chunk in source:
+            pending += chunk
+            while True:
+                cut = pending.find(b"\n")
+                if cut < 0:
+                    break
+                yield pending[: cut + 1]
+                pending = pending[cut + 1 :]
+        if pending:
+            yield pending
+
+    def _chunks(self) -> Iterator[bytes]:
+        f = self._conn.file
+        while True:
+            size_line = f.readline(MAX_HEADER_LINE)
+            if not size_line:
+                raise WireError("the master closed the connection mid-answer")
+            try:
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise WireError("bad chunk size from the master") from None
+            if size == 0:
+                while f.readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return
+            data = f.read(size)
+            f.read(2)  # CRLF after each chunk
+            if len(data) != size:
+                raise WireError("the master closed the connection mid-answer")
+            yield data
+
+
+class Connection:
+    def __init__(
+        self, host: str, port: int, connect_timeout: float, ssl_context: Any = None
+    ) -> None:
+        self.host = host
+        self.port = port
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
+        self.file = sock.makefile("rb")
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if body is not None or method in ("POST", "PUT", "PATCH", "DELETE"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.sock.sendall(head + (body or b""))
+        return self._response()
+
+    def _response(self) -> Response:
+        status_line = self.file.readline(MAX_HEADER_LINE)
+        if not status_line:
+            raise WireError("the master closed the connection without answering")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise WireError("the server did not answer in HTTP (is it an mgpu master?)")
+        try:
+            status = int(parts[1])
+        except ValueError:
+            raise WireError("bad HTTP status line from the server") from None
+        headers: dict[str, str] = {}
+        while True:
+            line = self.file.readline(MAX_HEADER_LINE)
+            if line in (b"\r\n", b"\n"):
+                break
+            if not line:
+                raise WireError("the master closed the connection mid-answer")
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        return Response(status, headers, self)
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        finally:
+            self.sock.close()
