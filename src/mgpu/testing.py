@@ -59,6 +59,26 @@ def kill_group(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: 
         proc.wait(timeout=5)
 
 
+def kill_leftover_jobs(root: Path) -> None:
+    """Jobs run in their own sessions and outlive their agent by design (it re-adopts
+    them); a test that is done must not leave them behind.  Every agent keeps a run
+    record per running job in its spool dir: kill those process groups (checking the
+    start time, so a reused pid is never hit)."""
+    import json
+
+    from mgpu.agent.launcher import process_start_time
+
+    for record in root.glob("**/spool/*.run"):
+        try:
+            rec = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        started = process_start_time(int(rec["pid"]))
+        if started is not None and abs(started - float(rec["create_time"])) < 0.05:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(rec["pid"]), signal.SIGKILL)
+
+
 class LocalCluster:
     """A master and agents on 127.0.0.1 with fake GPUs."""
 
@@ -171,6 +191,7 @@ class LocalCluster:
     def stop(self) -> None:
         for proc in reversed(self._procs):
             kill_group(proc)
+        kill_leftover_jobs(self.root)
         for key, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -135,7 +135,9 @@ class Agent:
             alive = not run.exited.is_set()
             log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
             self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
-        asyncio.get_running_loop().create_task(self._pump_loop())
+        loop = asyncio.get_running_loop()
+        self._tasks.add(loop.create_task(self._pump_loop()))
+        self._tasks.add(loop.create_task(self.launcher.sweep()))
         delay = 0.2
         while True:
             try:

@@ -89,6 +89,7 @@ class Launcher:
         self.on_output = on_output
         self.running: dict[tuple[str, int], Running] = {}
         """Keyed by (job id, epoch): an old run being killed and its successor can overlap."""
+        self._trash: list[str] = []
 
     # ---- persistence --------------------------------------------------------
 
@@ -198,10 +199,7 @@ class Launcher:
             err_f.close()
             os.close(exit_fd)
         now = time.time()
-        try:
-            create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            create_time = 0.0
+        create_time = process_start_time(popen.pid) or 0.0
         rec = RunRecord(
             job_id=job_id,
             epoch=epoch,
@@ -229,11 +227,8 @@ class Launcher:
 
     def adopt(self, rec: RunRecord) -> Running:
         """Take over a job started by an earlier agent process, if it is really still ours."""
-        try:
-            proc = psutil.Process(rec.pid)
-            alive = abs(proc.create_time() - rec.create_time) < 0.05
-        except psutil.Error:
-            alive = False
+        started = process_start_time(rec.pid)
+        alive = started is not None and abs(started - rec.create_time) < 0.05
         run = Running(rec=rec)
         if alive:
             self._track(run)
@@ -340,11 +335,18 @@ class Launcher:
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
-        for p in (run.rec.out_path, run.rec.err_path, run.rec.exit_path):
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-        with contextlib.suppress(OSError):
-            os.unlink(self._record_path(run.rec))
+        # Unlinked later, in a thread: with `discard` mounts an unlink can take
+        # milliseconds, which the event loop should not wait for.
+        rec = run.rec
+        self._trash += [rec.out_path, rec.err_path, rec.exit_path, str(self._record_path(rec))]
+
+    async def sweep(self, interval: float = 1.0) -> None:
+        """Remove the spool files of finished runs, off the event loop."""
+        while True:
+            await asyncio.sleep(interval)
+            if self._trash:
+                batch, self._trash = self._trash, []
+                await asyncio.to_thread(_unlink_all, batch)
 
     # ---- stopping -----------------------------------------------------------
 
@@ -398,3 +400,30 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
+
+
+def _unlink_all(paths: list[str]) -> None:
+    for p in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_boot_time: float | None = None
+
+
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
+    there is no such process.  With the pid it identifies a process: pids are reused, start
+    times are not."""
+    global _boot_time
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()
+    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
+    if _boot_time is None:
+        _boot_time = psutil.boot_time()
+    return _boot_time + ticks / _CLK_TCK

@@ -400,10 +400,11 @@ class Cluster:
             eligible_time=now,
             image=str(req["image"]) if req.get("image") else None,
         )
-        while base.id in self.jobs or self.store.get_job(base.id) is not None:
+        while base.id in self.jobs or self.store.has_job(base.id):
             base.id = specs.new_job_id()
         self.admission.check(base, req, self._node_views())  # site limits, validator
-        why = could_ever_fit(self._request_for(base), self._node_views())
+        # Before any node is known there is nothing to judge against: the job waits.
+        why = could_ever_fit(self._request_for(base), self._node_views()) if self.nodes else None
         if why is not None:
             raise SubmitError(why)
         cap = sched.max_gpus_per_user

@@ -109,6 +109,9 @@ class Store:
         )
         return [Job.from_record(json.loads(r[0])) for r in cur]
 
+    def has_job(self, job_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
+
     def get_job(self, job_id: str) -> Job | None:
         row = self.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
         return None if row is None else Job.from_record(json.loads(row[0]))
