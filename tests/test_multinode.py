@@ -407,8 +407,9 @@ TRAIN = textwrap.dedent(
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t
-    print(f"RESULT rank={rank} sum={t.item():g} world={world} host={socket.gethostname()}",
-          flush=True)
+    # One write() per line: ranks share the job's stdout, and print() may split a line.
+    line = f"RESULT rank={rank} sum={t.item():g} world={world} host={socket.gethostname()}\n"
+    os.write(1, line.encode())
     dist.destroy_process_group()
     """
 )

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: output offsets, Welcome.resume, Forget
 
 
 class GpuDesc(BaseModel):

@@ -41,6 +41,7 @@ from mgpu.master.store import Store
 from mgpu.master.usage import UsageLedger
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
+    PROTOCOL_VERSION,
     Exited,
     Forget,
     Heartbeat,
@@ -1097,6 +1098,11 @@ class Cluster:
 
     def refuse_hello(self, hello: Hello) -> str | None:
         """Why this agent may not join, or None."""
+        if hello.protocol != PROTOCOL_VERSION:
+            return (
+                f"node {hello.node_id} speaks protocol {hello.protocol}, this master "
+                f"{PROTOCOL_VERSION}: run the same mgpu version on both"
+            )
         if self.config.node(hello.node_id) is None and not self.config.cluster.allow_unlisted_nodes:
             return (
                 f"node {hello.node_id} is not listed in the cluster config "
@@ -1197,9 +1203,6 @@ class Cluster:
             slot = self._slot(job, node.node_id)
             if slot is None or slot.done:
                 continue
-            if job.reason == "launching" and job.start_time is None:
-                # A launch sent on the old connection may never have arrived.
-                pass
             # One restart is one node failure, however many jobs it lost.
             self._slot_lost(
                 job, node, f"{node.node_id} restarted and no longer runs it", count=not lost
