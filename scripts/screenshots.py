@@ -18,19 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mgpu.testing import LocalCluster, wait_for
+from mgpu.testing import CHROMIUM_ARGS, LocalCluster, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CONFIG = """
 networking: {heartbeat_interval: 0.5, timeout: 15}
 scheduling: {idle_after_minutes: 0.05}

@@ -28,6 +28,18 @@ def job_env(cluster: LocalCluster, job_id: str) -> dict[str, str]:
     return env
 
 
+def start_srun(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
+    """`mgpu srun ARGS` in the background, its output on pipes, in its own session."""
+    return subprocess.Popen(
+        [str(BIN / "mgpu"), "srun", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+        start_new_session=True,
+    )
+
+
 ENV_DUMP = "env | grep -E '^(CUDA_VISIBLE_DEVICES|MGPU_[A-Z_]+)=' | sort"
 
 
@@ -83,14 +95,7 @@ def test_srun_streams_live_and_keeps_streams_apart(cluster: LocalCluster) -> Non
     script = (
         f"echo first; echo oops >&2; while [ ! -e {gate} ]; do sleep 0.05; done; echo last; exit 7"
     )
-    proc = subprocess.Popen(
-        [str(BIN / "mgpu"), "srun", "--gpus", "1", "--", "sh", "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cluster.env,
-        start_new_session=True,
-    )
+    proc = start_srun(cluster, "--gpus", "1", "--", "sh", "-c", script)
     try:
         assert proc.stdout is not None
         # The first line arrives while the job is still blocked on the gate.
@@ -116,14 +121,7 @@ def test_submit_interactive_exit_code_and_output(cluster: LocalCluster) -> None:
 
 
 def test_srun_ctrl_c_cancels_the_job(cluster: LocalCluster) -> None:
-    proc = subprocess.Popen(
-        [str(BIN / "mgpu"), "srun", "--name", "ctrlc", "--", "sh", "-c", "echo up; sleep 300"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cluster.env,
-        start_new_session=True,
-    )
+    proc = start_srun(cluster, "--name", "ctrlc", "--", "sh", "-c", "echo up; sleep 300")
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "up\n"

@@ -18,18 +18,9 @@ from typing import Any
 import pytest
 
 from helpers import LocalCluster, local_cluster, wait_for
+from mgpu.testing import CHROMIUM_ARGS
 
 CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CONFIG = "networking: {heartbeat_interval: 0.3, timeout: 10}\n"
 TICKER = 'i=0; while true; do i=$((i+1)); echo "tick $i"; echo "warn $i" >&2; sleep 0.2; done'
 

@@ -20,6 +20,18 @@ from typing import Any, TypeVar
 from mgpu import Client
 
 BIN = Path(sys.executable).parent
+# Headless Chromium on a machine with no network beyond loopback: without the
+# background-networking flags it keeps trying (and failing) to reach Google's hosts.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 T = TypeVar("T")
 
 

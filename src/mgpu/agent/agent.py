@@ -338,7 +338,7 @@ class Agent:
                 user_ids=ids,
                 hostfile=msg.hostfile,
             )
-        except UserError as e:
+        except (UserError, LaunchError) as e:
             log.error("job %s: %s", msg.job_id, e)
             self._report_exit(
                 Exited(
@@ -347,19 +347,7 @@ class Agent:
                     exit_code=None,
                     time=time.time(),
                     launch_error=str(e),
-                    fatal=True,
-                )
-            )
-            return
-        except LaunchError as e:
-            log.error("job %s: %s", msg.job_id, e)
-            self._report_exit(
-                Exited(
-                    job_id=msg.job_id,
-                    epoch=msg.epoch,
-                    exit_code=None,
-                    time=time.time(),
-                    launch_error=str(e),
+                    fatal=isinstance(e, UserError),  # the job's problem, not the node's
                 )
             )
             return

@@ -179,16 +179,16 @@ class Client:
                     self.tls = True
                     continue
                 if fresh or attempt == 1:
-                    if isinstance(e, socket.timeout | TimeoutError):
-                        raise MgpuError(
-                            f"the mgpu master at {self.address} did not answer in time"
-                        ) from None
-                    raise ConnectError(
-                        f"lost the connection to the mgpu master at {self.address}: {e}"
-                    ) from None
+                    raise self._broken(e, "did not answer in time") from None
                 continue  # a kept-alive connection the server closed: retry once on a new one
             return self._decode(resp.status, raw)
         raise AssertionError("unreachable")
+
+    def _broken(self, e: OSError, timed_out: str) -> MgpuError:
+        """One sentence for a connection that failed mid-request."""
+        if isinstance(e, socket.timeout | TimeoutError):
+            return MgpuError(f"the mgpu master at {self.address} {timed_out}")
+        return ConnectError(f"lost the connection to the mgpu master at {self.address}: {e}")
 
     @staticmethod
     def _decode(status: int, raw: bytes) -> Any:
@@ -347,13 +347,7 @@ class Client:
                 for line in resp.lines():
                     yield json.loads(line)
             except OSError as e:  # WireError included
-                if isinstance(e, socket.timeout | TimeoutError):
-                    raise MgpuError(
-                        f"no word from the mgpu master at {self.address} for {read_timeout:g} s"
-                    ) from None
-                raise ConnectError(
-                    f"lost the connection to the mgpu master at {self.address}"
-                ) from None
+                raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
         finally:
             conn.close()
 
