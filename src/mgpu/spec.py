@@ -570,3 +570,21 @@ def validate_command(text: str) -> str:
             "are allowed, so put long scripts in a file"
         )
     return text
+
+
+_RTX = re.compile(r"\b(RTX|GTX)\s?(\d{4})")
+_MODEL = re.compile(r"\b([A-Z]{1,2}\d{1,4}[A-Z]?)\b")
+
+
+def normalize_gpu_type(name: str | None) -> str | None:
+    """A short GPU type from a name or a user's --gpu-type, for matching both ways:
+    "NVIDIA A100-SXM4-80GB" and "a100" -> "A100", "NVIDIA GeForce RTX 3060" -> "RTX3060",
+    "Fake GPU (simulated A100)" -> "A100".  A name with no model number is kept whole."""
+    if not name:
+        return None
+    upper = name.upper().strip()
+    m = _RTX.search(upper)
+    if m:
+        return m.group(1) + m.group(2)
+    m = _MODEL.search(upper)
+    return m.group(1) if m else upper

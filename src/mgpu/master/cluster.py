@@ -385,7 +385,7 @@ class Cluster:
             gpus_per_node=gpus_per_node,
             nodelist=nodelist,
             exclude=exclude,
-            gpu_type=req.get("gpu_type") or None,
+            gpu_type=specs.normalize_gpu_type(req.get("gpu_type")),
             policy=policy,
             distributed=bool(req.get("distributed")),
             mpi=bool(req.get("mpi")),
@@ -625,7 +625,9 @@ class Cluster:
                 gpu_indices=tuple(g.index for g in n.gpus),
                 free_gpus=n.free_gpus() - n.foreign_blocked,
                 schedulable=n.schedulable,
-                gpu_type=n.gpu_type or (n.gpus[0].name if n.gpus else None),
+                gpu_type=specs.normalize_gpu_type(
+                    n.gpu_type or (n.gpus[0].name if n.gpus else None)
+                ),
                 rack=n.rack,
                 features=frozenset(n.features),
             )
