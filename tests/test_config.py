@@ -124,9 +124,10 @@ def test_unlisted_nodes_refused_when_the_config_says_so(tmp_path: Path) -> None:
       - {node_id: node001, gpu_type: H100, rack: r1}
     """
     with local_cluster(tmp_path, agents=1, gpus=2, config=textwrap.dedent(config)) as c:
+        argv = [str(BIN / "mgpu"), "node", "--node-id", "stranger", "--fake-gpus", "1"]
+        argv += ["--master-port", str(c.port), "--state-dir", str(tmp_path / "stranger")]
         res = subprocess.run(
-            [str(BIN / "mgpu"), "node", "--node-id", "stranger", "--fake-gpus", "1"]
-            + ["--master-port", str(c.port), "--state-dir", str(tmp_path / "stranger")],
+            argv,
             capture_output=True,
             text=True,
             env=c.env,
