@@ -408,7 +408,7 @@ TRAIN = textwrap.dedent(
     dist.all_reduce(t)
     assert t.item() == world * (world + 1) / 2, t
     # One write() per line: ranks share the job's stdout, and print() may split a line.
-    line = f"RESULT rank={rank} sum={t.item():g} world={world} host={socket.gethostname()}\n"
+    line = f"RESULT rank={rank} sum={t.item():g} world={world} host={socket.gethostname()}\\n"
     os.write(1, line.encode())
     dist.destroy_process_group()
     """
