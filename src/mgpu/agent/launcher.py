@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -97,11 +97,11 @@ class Launcher:
         return self.spool / f"{rec.job_id}.{rec.epoch}.run"
 
     def save(self, rec: RunRecord) -> None:
-        """One small file per running job: cheaper than rewriting a shared index."""
-        path = self._record_path(rec)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(rec)))
-        os.replace(tmp, path)
+        """One small file per running job: cheaper than rewriting a shared index.  Written
+        in place (a torn record after a crash fails to parse and is skipped; the master
+        then treats that job as lost, which is what it was)."""
+        with open(self._record_path(rec), "w") as f:
+            f.write(json.dumps(vars(rec)))  # flat: vars() is asdict() without the deep copy
 
     def load_previous(self) -> list[RunRecord]:
         records = []

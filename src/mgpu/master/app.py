@@ -122,6 +122,7 @@ def create_app(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            cluster.flush_all()
             cluster.outputs.close_all()
             cluster.store.close()
 

@@ -129,6 +129,8 @@ class Cluster:
         self._expected_start: dict[str, float] = {}
         self.default_user = getpass.getuser()
         self._dirty: dict[str, Job] = {}
+        self._lazy: dict[str, Job] = {}
+        self._lazy_armed = False
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._flush_armed = False
         half_life = config.scheduling.fairshare_half_life_hours * 3600
@@ -184,6 +186,29 @@ class Cluster:
         self._dirty[job.id] = job
         self._arm_flush()
 
+    def _persist_later(self, job: Job) -> None:
+        """Mark a change that may wait for the next write (or a second at most)."""
+        self._lazy[job.id] = job
+        if not self._lazy_armed:
+            self._lazy_armed = True
+            try:
+                asyncio.get_running_loop().call_later(1.0, self._flush_lazy)
+            except RuntimeError:
+                self._flush_lazy()
+
+    def flush_all(self) -> None:
+        """Everything to disk now (shutdown)."""
+        self._dirty.update(self._lazy)
+        self._lazy.clear()
+        self.flush()
+
+    def _flush_lazy(self) -> None:
+        self._lazy_armed = False
+        if self._lazy:
+            self._dirty.update(self._lazy)
+            self._lazy.clear()
+            self._arm_flush()
+
     def _send(self, link: AgentLink, message: BaseModel) -> None:
         """Send to an agent after the state that led to it is on disk."""
         self._outbox.append((link, message))
@@ -204,6 +229,8 @@ class Cluster:
         """Write every changed job in one transaction, then send what waited on it."""
         self._flush_armed = False
         if self._dirty:
+            for job_id in self._dirty:
+                self._lazy.pop(job_id, None)  # written now anyway
             jobs = list(self._dirty.values())
             self._dirty.clear()
             self.store.save_jobs(jobs)
@@ -1267,7 +1294,9 @@ class Cluster:
                 self.job_metrics.started(job)
             if job.reason == "launching":
                 job.reason = None
-            self._persist(job)
+            # Not written now: agents report what they run again after a master restart,
+            # so the start is stored with the job's next change (one write fewer per job).
+            self._persist_later(job)
             self._notify(job)
         elif isinstance(msg, PortReserved):
             self._launch_all(job, port=msg.port)
