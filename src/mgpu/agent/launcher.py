@@ -2,7 +2,7 @@
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
-    sh -c 'trap : TERM INT HUP; "$@"; echo $? > /proc/self/fd/$0' EXIT_FD ARGV...
+    sh -c 'trap : TERM INT HUP; "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -37,7 +37,7 @@ log = logging.getLogger("mgpu.agent")
 # /proc/self/fd reaches the file even when the job's user could not walk the spool's
 # path (a root agent's state dir is usually private).  The shim reads the file only
 # after the job exited, so the write needs no atomicity.
-SHIM = 'trap : TERM INT HUP; "$@"; echo $? > /proc/self/fd/$0'
+SHIM = 'trap : TERM INT HUP; "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
 READ_CHUNK = 256 * 1024
 
 
@@ -100,8 +100,11 @@ class Launcher:
         """One small file per running job: cheaper than rewriting a shared index.  Written
         in place (a torn record after a crash fails to parse and is skipped; the master
         then treats that job as lost, which is what it was)."""
-        with open(self._record_path(rec), "w") as f:
-            f.write(json.dumps(vars(rec)))  # flat: vars() is asdict() without the deep copy
+        fd = os.open(self._record_path(rec), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(vars(rec)).encode())  # flat: vars() = asdict(), no copy
+        finally:
+            os.close(fd)
 
     def load_previous(self) -> list[RunRecord]:
         records = []
@@ -132,10 +135,11 @@ class Launcher:
             Path(f"{base}.err"),
             Path(f"{base}.exit"),
         )
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
-            out_f = open(out_path, "wb")  # noqa: SIM115
-            err_f = open(err_path, "wb")  # noqa: SIM115
-            exit_fd = os.open(exit_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            out_fd = os.open(out_path, flags, 0o600)
+            err_fd = os.open(err_path, flags, 0o600)
+            exit_fd = os.open(exit_path, flags, 0o600)
         except OSError as e:
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         home = os.path.expanduser("~")
@@ -181,8 +185,8 @@ class Launcher:
             popen = subprocess.Popen(
                 ["/bin/sh", "-c", SHIM, str(exit_fd), *argv],
                 stdin=subprocess.DEVNULL,
-                stdout=out_f,
-                stderr=err_f,
+                stdout=out_fd,
+                stderr=err_fd,
                 cwd=cwd or home,
                 env=full_env,
                 start_new_session=True,
@@ -195,8 +199,8 @@ class Launcher:
         except OSError as e:
             raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
         finally:
-            out_f.close()
-            err_f.close()
+            os.close(out_fd)
+            os.close(err_fd)
             os.close(exit_fd)
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
@@ -314,15 +318,16 @@ class Launcher:
     # ---- exit ---------------------------------------------------------------
 
     def exit_code(self, run: Running) -> int | None:
-        """The job's exit status: the shim's file, else what the shim itself died of."""
-        try:
-            return int(Path(run.rec.exit_path).read_text().strip())
-        except (OSError, ValueError):
-            pass
+        """The job's exit status.  Our own child: the shim exits with the job's code (or
+        dies of a signal: 128+N, as a shell reports it).  Adopted after an agent restart:
+        the code the shim wrote to its file."""
         if run.popen is not None:
             rc = run.popen.wait()
             return 128 - rc if rc < 0 else rc
-        return None
+        try:
+            return int(Path(run.rec.exit_path).read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def kill_leftovers(self, run: Running) -> None:
         """Leftovers in the job's process group die with the job, as in Slurm."""
