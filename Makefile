@@ -13,11 +13,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # torch (CPU, the 2.13.0 wheel this project's machines carry) and mpi4py (built against
-# Debian's Open MPI) for the real torchrun/mpirun tests; those tests skip without them.
+# Debian's Open MPI) for the real torchrun/mpirun tests, PyInstaller for the test that runs
+# the `make dist` executables; those tests skip without them.
 TEST_EXTRAS := $(VENV)/.test-extras
 $(TEST_EXTRAS): $(STAMP)
 	@$(BIN)/python -m pip install -q 'torch==2.13.0' || echo "make: torch unavailable; torchrun tests will skip"
 	@if command -v mpicc >/dev/null; then $(BIN)/python -m pip install -q -e '.[distributed]' || echo "make: mpi4py failed to build; mpirun tests will skip"; fi
+	@$(BIN)/python -m pip install -q -e '.[dist]' || echo "make: PyInstaller unavailable; the dist test will skip"
 	@touch $(TEST_EXTRAS)
 
 venv: $(STAMP)
