@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,8 +88,13 @@ def test_preemption_requeues_without_spending_retries(one_node: LocalCluster) ->
     c = one_node.client()
     low = c.submit("echo start; sleep 300", gpus=2, preemptible=True, priority=0)
     wait_for(lambda: c.show(low.id)["state"] == "running", what="low running")
+    # Let the low job run a while: its own usage now counts against its user, which the
+    # comparison must see for both jobs alike (not only for the waiting one).
+    wait_for(lambda: c.show(low.id)["start_time"], what="low started")
+    time.sleep(1.0)
     high = c.submit("echo urgent", gpus=2, priority=1000)
-    assert c.wait(high.id, timeout=60)["state"] == "completed"
+    done = c.wait(high.id, timeout=60)
+    assert done["state"] == "completed", (done, c.show(low.id))
     job = c.show(low.id)
     assert job["retries"] == 0
     assert len(job["attempts"]) >= 2

@@ -22,7 +22,7 @@ import os
 import shlex
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from mgpu.protocol import (
     Started,
     Welcome,
 )
-from mgpu.scheduler import could_ever_fit, schedule
+from mgpu.scheduler import compute_priorities, could_ever_fit, schedule
 from mgpu.scheduler.types import (
     JobRequest,
     NodeView,
@@ -785,13 +785,17 @@ class Cluster:
         usage = self.usage.snapshot(now)
         for r in running:  # running work counts too, as in Slurm
             usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
+        config = self._scheduler_config()
+        nodes = self._node_views()
+        if config.preemption and any(r.preemptible for r in running):
+            running = self._reprioritised(running, nodes, now, usage, config)
         snap = Snapshot(
             now=now,
-            nodes=self._node_views(),
+            nodes=nodes,
             pending=pending,
             running=running,
             usage=usage,
-            config=self._scheduler_config(),
+            config=config,
         )
         decisions = schedule(snap)
         self._priorities.update(decisions.priorities)
@@ -815,6 +819,26 @@ class Cluster:
                 self._set_reason(job, why)
         self.last_pass_time = now
         self.last_pass_duration = time.perf_counter() - t0
+
+    def _reprioritised(
+        self,
+        running: list[RunningJob],
+        nodes: list[NodeView],
+        now: float,
+        usage: dict[str, float],
+        config: SchedulerConfig,
+    ) -> list[RunningJob]:
+        """Preemptible running jobs with their priority as of now, by the same formula and
+        usage as the waiting jobs: a priority from the pass that started a job (before its
+        own usage counted against its user) would make it look more urgent than it is."""
+        victims = [r for r in running if r.preemptible and r.job_id in self.jobs]
+        requests = [self._request_for(self.jobs[r.job_id]) for r in victims]
+        snap = Snapshot(
+            now=now, nodes=nodes, pending=requests, running=running, usage=usage, config=config
+        )
+        values, _ = compute_priorities(snap)
+        fresh = {r.job_id: v for r, v in zip(victims, values, strict=True)}
+        return [replace(r, priority=fresh.get(r.job_id, r.priority)) for r in running]
 
     def _set_reason(self, job: Job, why: str) -> None:
         # Reasons are advisory and change often: kept in memory, not written on every pass.
