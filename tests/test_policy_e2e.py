@@ -76,6 +76,9 @@ def test_array_folds_in_queue_and_cancels_whole(one_node: LocalCluster) -> None:
     assert table.count(f"{job.id}_") == 1
     res = one_node.cli("cancel", job.id, check=True)
     assert res.stdout.count("cancelled") == 10
+    shown = c.show(job.id)  # an array id shows every task
+    assert [t["id"] for t in shown["tasks"]] == [f"{job.id}_{i}" for i in range(10)]
+    assert f"{job.id}_9" in one_node.cli("show", job.id, check=True).stdout
     one_task = c.submit("true", gpus=1, array="0-2")
     one_node.cli("cancel", f"{one_task.id}_1", check=True)
     assert c.show(f"{one_task.id}_1")["state"] == "cancelled"

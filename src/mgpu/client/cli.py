@@ -172,8 +172,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(job))
         return 0
-    from mgpu.client.render import render_job
+    from mgpu.client.render import render_job, render_queue
 
+    if "tasks" in job:  # an array: its tasks, as `queue` shows jobs
+        print(render_queue({"jobs": job["tasks"], "nodes": []}, show_all=True).split("\n\n")[0])
+        return 0
     print(render_job(job))
     return 0
 

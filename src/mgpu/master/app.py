@@ -228,7 +228,14 @@ def create_app(
 
     @app.get("/api/jobs/{job_id}")
     async def show(job_id: str) -> dict[str, Any]:
-        return c().public_job(find(job_id))
+        """One job; an array id gives {"array_job_id", "tasks": [every task]}."""
+        job = c().get_job(job_id)
+        if job is None:
+            tasks = c().array_tasks(job_id)
+            if not tasks:
+                raise NotFound(job_id)
+            return {"array_job_id": job_id, "tasks": [c().public_job(t) for t in tasks]}
+        return c().public_job(job)
 
     @app.get("/api/jobs/{job_id}/wait")
     async def wait(job_id: str, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
