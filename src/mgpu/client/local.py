@@ -112,6 +112,8 @@ def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> i
         return 1
     what = f"{fake_gpus} simulated GPUs" if fake_gpus is not None else "its GPUs"
     print(f"local cluster up: master on 127.0.0.1:{port}, node001 with {what}")
+    token = (state_dir / "admin-token").read_text().strip()
+    print(f"dashboard: http://127.0.0.1:{port}/#token={token}")
     print(f"state and logs in {state_dir}; stop it with: mgpu down")
     return 0
 
