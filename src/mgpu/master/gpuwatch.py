@@ -142,12 +142,17 @@ class GpuWatch:
     def _sample_series(self, cluster: Cluster, now: float) -> None:
         if self.series and now - self.series[-1][0] < SERIES_STEP:
             return
-        utils = [
-            t.utilization_pct
-            for n in cluster.nodes.values()
-            if n.connected
-            for t in n.telemetry.values()
-            if t.utilization_pct is not None
-        ]
+        utils = measured_utilisation(cluster)
         if utils:
             self.series.append((now, sum(utils) / len(utils)))
+
+
+def measured_utilisation(cluster: Cluster) -> list[float]:
+    """Every connected GPU's last reported utilisation, in percent."""
+    return [
+        t.utilization_pct
+        for n in cluster.nodes.values()
+        if n.connected
+        for t in n.telemetry.values()
+        if t.utilization_pct is not None
+    ]

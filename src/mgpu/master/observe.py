@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, JSONResponse
 
+from mgpu.master.gpuwatch import measured_utilisation
 from mgpu.model import Job, JobState
 
 if TYPE_CHECKING:
@@ -280,13 +281,7 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
 
         series = await asyncio.to_thread(compute)
         busy = sum(len(n.busy) for n in cl.nodes.values())
-        utils = [
-            t.utilization_pct
-            for n in cl.nodes.values()
-            if n.connected
-            for t in n.telemetry.values()
-            if t.utilization_pct is not None
-        ]
+        utils = measured_utilisation(cl)
         series["now"] = {
             "allocated": busy,
             "allocated_pct": round(100 * busy / total, 2) if total else 0.0,
