@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-PROTOCOL_VERSION = 2  # 2: output offsets, Welcome.resume, Forget
+PROTOCOL_VERSION = 3  # 2: output offsets, Welcome.resume, Forget; 3: batched frames
 
 
 class GpuDesc(BaseModel):
@@ -205,8 +205,44 @@ _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
 _master_adapter: TypeAdapter[MasterMessage] = TypeAdapter(MasterMessage)
 
 
+_agent_batch: TypeAdapter[list[AgentMessage]] = TypeAdapter(list[AgentMessage])
+_master_batch: TypeAdapter[list[MasterMessage]] = TypeAdapter(list[MasterMessage])
+
+
 def parse_agent_message(raw: str | bytes) -> AgentMessage:
     return _agent_adapter.validate_json(raw)
+
+
+def parse_agent_messages(raw: str | bytes) -> list[AgentMessage]:
+    """One frame: a message, or a JSON array of them (a busy sender batches)."""
+    if raw[:1] in ("[", b"["):
+        return _agent_batch.validate_json(raw)
+    return [_agent_adapter.validate_json(raw)]
+
+
+def parse_master_messages(raw: str | bytes) -> list[MasterMessage]:
+    if raw[:1] in ("[", b"["):
+        return _master_batch.validate_json(raw)
+    return [_master_adapter.validate_json(raw)]
+
+
+def batch_frames(encoded: list[str], limit: int = 1 << 20) -> list[str]:
+    """Join already-encoded messages into as few frames as fit `limit` characters: one
+    WebSocket frame (and one write) for many messages when a sender falls behind."""
+    if len(encoded) == 1:
+        return encoded
+    frames: list[str] = []
+    group: list[str] = []
+    size = 0
+    for item in encoded:
+        if group and size + len(item) > limit:
+            frames.append("[" + ",".join(group) + "]")
+            group, size = [], 0
+        group.append(item)
+        size += len(item) + 1
+    if group:
+        frames.append("[" + ",".join(group) + "]" if len(group) > 1 else group[0])
+    return frames
 
 
 def parse_master_message(raw: str | bytes) -> MasterMessage:

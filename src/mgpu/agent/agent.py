@@ -41,8 +41,10 @@ from mgpu.protocol import (
     RunningReport,
     Started,
     Welcome,
+    batch_frames,
     encode,
     parse_master_message,
+    parse_master_messages,
 )
 
 log = logging.getLogger("mgpu.agent")
@@ -244,7 +246,8 @@ class Agent:
         beater = asyncio.create_task(self._heartbeats())
         try:
             async for raw in ws:
-                self._handle(parse_master_message(raw))
+                for msg in parse_master_messages(raw):
+                    self._handle(msg)
         finally:
             sender.cancel()
             beater.cancel()
@@ -267,9 +270,13 @@ class Agent:
     async def _sender(self, ws: Any) -> None:
         while True:
             while self.outbox:
-                item = self.outbox[0]
-                await ws.send(item[1])
-                self.outbox.popleft()
+                # Everything queued goes out now, many messages to a frame; they leave the
+                # outbox only once sent, so a dropped connection loses none of them.
+                count = len(self.outbox)
+                for frame in batch_frames([self.outbox[i][1] for i in range(count)]):
+                    await ws.send(frame)
+                for _ in range(count):
+                    self.outbox.popleft()
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 

@@ -25,7 +25,7 @@ from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
 from mgpu.model import Job, JobState
-from mgpu.protocol import Hello, Refused, encode, parse_agent_message
+from mgpu.protocol import Hello, Refused, encode, parse_agent_message, parse_agent_messages
 
 log = logging.getLogger("mgpu.master")
 
@@ -444,11 +444,12 @@ def create_app(
             while True:
                 raw = await ws.receive_text()
                 try:
-                    msg = parse_agent_message(raw)
+                    messages = parse_agent_messages(raw)
                 except ValidationError:
                     log.warning("bad message from %s: %.200s", first.node_id, raw)
                     continue
-                cl.agent_message(first.node_id, msg)
+                for msg in messages:
+                    cl.agent_message(first.node_id, msg)
         except WebSocketDisconnect:
             pass
         finally:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mgpu.model import NodeState
-from mgpu.protocol import GpuDesc, GpuTelemetry, encode
+from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
 
 log = logging.getLogger("mgpu.master")
 
@@ -39,10 +39,20 @@ class AgentLink:
                 with contextlib.suppress(Exception):
                     await self.ws.close()
                 return
+            items: list[str | None] = [item]
+            while not self.outbox.empty() and items[-1] is not None:
+                items.append(self.outbox.get_nowait())
+            closing = items[-1] is None
+            encoded = [i for i in items if i is not None]
             try:
-                await self.ws.send_text(item)
+                for frame in batch_frames(encoded):
+                    await self.ws.send_text(frame)
             except Exception:  # the reader side notices and cleans up
                 self.closed = True
+                return
+            if closing:
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
                 return
 
     def close(self) -> None:
