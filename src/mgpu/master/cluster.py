@@ -130,6 +130,8 @@ class Cluster:
         self.default_user = getpass.getuser()
         self._dirty: dict[str, Job] = {}
         self._lazy: dict[str, Job] = {}
+        self._deps_met: set[tuple[str, str]] = set()
+        """Dependencies (kind, job id) known to be satisfied for good."""
         self._lazy_armed = False
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._flush_armed = False
@@ -722,6 +724,8 @@ class Cluster:
             until = time.strftime("%H:%M:%S", time.localtime(job.eligible_time))
             return f"retry backoff until {until}"
         for kind, dep_id in job.dependency:
+            if (kind, dep_id) in self._deps_met:
+                continue
             targets = self._find_dependency_target(dep_id) or []
             for t in targets:
                 if not t.terminal:
@@ -735,6 +739,8 @@ class Cluster:
                         f"({t.id} ended {t.state.value})",
                     )
                     return "cancelled"
+            # Ended as required: that never changes, so later passes need not look it up.
+            self._deps_met.add((kind, dep_id))
         cap = job.array_max_running
         array_id = job.array_job_id
         if array_id is not None and cap is not None and array_running.get(array_id, 0) >= cap:
