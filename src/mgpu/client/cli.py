@@ -162,7 +162,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         return 0
     from mgpu.client.render import render_queue
 
-    print(render_queue(data, show_all=args.all))
+    print(render_queue(data))
     return 0
 
 
@@ -172,10 +172,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(job))
         return 0
-    from mgpu.client.render import render_job, render_queue
+    from mgpu.client.render import render_job, render_jobs
 
     if "tasks" in job:  # an array: its tasks, as `queue` shows jobs
-        print(render_queue({"jobs": job["tasks"], "nodes": []}, show_all=True).split("\n\n")[0])
+        print(render_jobs(job["tasks"]))
         return 0
     print(render_job(job))
     return 0

@@ -63,11 +63,17 @@ def _job_row(job: dict[str, Any], now: float) -> list[str]:
     ]
 
 
-def render_queue(data: dict[str, Any], show_all: bool = False) -> str:
+def render_queue(data: dict[str, Any]) -> str:
+    return "\n".join(
+        ["Jobs:", render_jobs(data["jobs"]), "", "Nodes:", render_nodes(data["nodes"])]
+    )
+
+
+def render_jobs(jobs: list[dict[str, Any]]) -> str:
     now = time.time()
     rows = []
     folded: dict[str, list[dict[str, Any]]] = {}
-    for job in data["jobs"]:
+    for job in jobs:
         # Pending tasks of one array fold into one line, as squeue does.
         if job["state"] == "queued" and job.get("array_job_id"):
             folded.setdefault(job["array_job_id"], []).append(job)
@@ -80,12 +86,7 @@ def render_queue(data: dict[str, Any], show_all: bool = False) -> str:
         row[0] = f"{array_id}_[{_ranges(ids)}]"
         rows.append(row)
     headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "NODES (REASON)"]
-    out = ["Jobs:"]
-    out.append(table(headers, rows) if rows else "  (no jobs)")
-    out.append("")
-    out.append("Nodes:")
-    out.append(render_nodes(data["nodes"]))
-    return "\n".join(out)
+    return table(headers, rows) if rows else "  (no jobs)"
 
 
 def _ranges(ids: list[int]) -> str:

@@ -123,7 +123,6 @@ class Cluster:
         self.job_metrics = JobMetrics()
         self.gpuwatch = GpuWatch(config)
         self.admission = Admission(config.site.admission)
-        self._pending_reasons: dict[str, str] = {}
         self._priorities: dict[str, float] = {}
         self._factors: dict[str, dict[str, float]] = {}
         self._expected_start: dict[str, float] = {}
@@ -1358,9 +1357,9 @@ class Cluster:
         if live:
             self._persist(job)
             return
-        self._complete(job, msg.time)
+        self._complete(job)
 
-    def _complete(self, job: Job, when: float) -> None:
+    def _complete(self, job: Job) -> None:
         codes = [s.exit_code for s in job.allocation if s.exit_code is not None]
         bad = [c for c in codes if c != 0]
         job.exit_code = bad[0] if bad else (codes[0] if codes else None)

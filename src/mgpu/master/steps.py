@@ -30,10 +30,6 @@ def is_step_id(run_id: str) -> bool:
     return STEP_SEPARATOR in run_id
 
 
-def job_of(step_id: str) -> str:
-    return step_id.split(STEP_SEPARATOR, 1)[0]
-
-
 class Steps:
     def __init__(self) -> None:
         self.by_id: dict[str, Step] = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +65,6 @@ class Store:
         self.db.close()
 
     # ---- jobs -------------------------------------------------------------
-
-    def save_job(self, job: Job) -> None:
-        self.save_jobs([job])
 
     def save_jobs(
         self, jobs: list[Job], event: tuple[str, str, str | None, str] | None = None
@@ -195,7 +191,3 @@ class Store:
 
     def _tx(self) -> Store._Tx:
         return Store._Tx(self.db)
-
-    def iter_all_jobs(self) -> Iterator[Job]:
-        for (rec,) in self.db.execute("SELECT record FROM jobs ORDER BY seq"):
-            yield Job.from_record(json.loads(rec))
