@@ -67,7 +67,7 @@ def build(rt: Runtime, gpu_ids: list[int], cwd: str | None = "/home/al/exp") -> 
         gpu_ids=gpu_ids,
         cwd=cwd,
         uid_gid=(1001, 100),
-        env_names=["MGPU_JOB_ID", "CUDA_VISIBLE_DEVICES", "MGPU_RUN_TAG"],
+        env_file="/var/lib/mgpu/spool/ab12cd34.1.env",
         name="mgpu-ab12cd34-1",
     )
 
@@ -79,7 +79,7 @@ def test_podman_command_line() -> None:
         "--user", "1001:100",
         "--device", "nvidia.com/gpu=2", "--device", "nvidia.com/gpu=3",
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
-        "-e", "MGPU_JOB_ID", "-e", "MGPU_RUN_TAG", "-e", "CUDA_VISIBLE_DEVICES=0,1",
+        "--env-file", "/var/lib/mgpu/spool/ab12cd34.1.env", "-e", "CUDA_VISIBLE_DEVICES=0,1",
         "pytorch:24.01", "python", "train.py",
     ]  # fmt: skip
     rootless = build(PODMAN_ROOTLESS, [0])
@@ -94,7 +94,7 @@ def test_docker_command_line() -> None:
         "--user", "1001:100",
         "--gpus", '"device=1,3"',
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
-        "-e", "MGPU_JOB_ID", "-e", "MGPU_RUN_TAG", "-e", "CUDA_VISIBLE_DEVICES=0,1",
+        "--env-file", "/var/lib/mgpu/spool/ab12cd34.1.env", "-e", "CUDA_VISIBLE_DEVICES=0,1",
         "pytorch:24.01", "python", "train.py",
     ]  # fmt: skip
 
@@ -315,9 +315,10 @@ def test_admission_refuses_with_one_sentence_audits_and_queues_nothing(
 # ---- containers (end to end) ----------------------------------------------------------
 
 FAKE_PODMAN = r"""#!{python}
-# A stand-in for podman: knows one image, records `run` command lines, runs the command
-# with only the environment passed by -e (as a container would).
-import json, os, sys
+# A stand-in for podman: knows one image, records `run` command lines (with its own
+# environment and its env file's mode), runs the command with only the environment passed
+# by -e and --env-file (as a container would).
+import json, os, stat, sys
 
 args = sys.argv[1:]
 if args[:1] == ["--version"]:
@@ -329,23 +330,30 @@ if args[:1] == ["rm"]:
     sys.exit(0)
 if args[:1] != ["run"]:
     sys.exit(125)
-with open({log!r}, "a") as f:
-    f.write(json.dumps(args) + "\n")
-env, cwd, i = {{"PATH": "/usr/bin:/bin"}}, None, 1
+env, cwd, i, mode = {{"PATH": "/usr/bin:/bin"}}, None, 1, None
 while args[i].startswith("-"):
-    if args[i] in ("--name", "--user", "--device", "-v", "-w", "-e"):
+    if args[i] in ("--name", "--user", "--device", "-v", "-w", "-e", "--env-file"):
         opt, val = args[i], args[i + 1]
         i += 2
-        if opt == "-e":
-            key, eq, value = val.partition("=")
-            if eq:
-                env[key] = value
-            elif key in os.environ:
-                env[key] = os.environ[key]
+        if opt in ("-e", "--env-file"):
+            if opt == "--env-file":
+                mode = stat.S_IMODE(os.stat(val).st_mode)
+                with open(val, encoding="utf-8") as f:
+                    items = f.read().splitlines()
+            else:
+                items = [val]
+            for item in items:
+                key, eq, value = item.partition("=")
+                if eq:
+                    env[key] = value
+                elif key in os.environ:
+                    env[key] = os.environ[key]
         elif opt == "-w":
             cwd = val
     else:
         i += 1
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"argv": args, "own_env": sorted(os.environ), "mode": mode}}) + "\n")
 if cwd:
     os.chdir(cwd)
 os.execvpe(args[i + 1], args[i + 1:], env)
@@ -367,18 +375,33 @@ def test_container_jobs_with_a_runtime(tmp_path: Path, make_cluster: list[LocalC
     workdir = tmp_path / "work"
     workdir.mkdir()
     job = client.submit(
-        'echo "$CUDA_VISIBLE_DEVICES|$MGPU_JOB_ID|$(pwd)|${HOME:-nohome}|$SECRET"',
+        'echo "$CUDA_VISIBLE_DEVICES|$MGPU_JOB_ID|$(pwd)|${HOME:-nohome}|$SECRET|$MGPU_RUN_TAG"'
+        '"|$SPACED|$MULTI"',
         gpus=2,
         image="localhost/present:1",
         cwd=str(workdir),
-        env={"SECRET": "s3"},
+        env={"SECRET": "s3", "SPACED": " a = b $HOME # ", "MULTI": "line1\nline2"},
     )
     done = client.wait(job.id, timeout=30)
     assert done["state"] == "completed", done
     assert done["image"] == "localhost/present:1"
-    # Inside, the two allocated GPUs are 0 and 1; the host's HOME does not leak in.
-    assert client.logs(job.id) == f"0,1|{job.id}|{workdir}|nohome|s3\n"
-    (argv,) = [json.loads(line) for line in runs.read_text().splitlines()]
+    # Inside, the two allocated GPUs are 0 and 1; the host's HOME does not leak in; the
+    # run's tag is there (the agent kills escaped processes by it); a value a line-based
+    # env file cannot hold is left out, and the job's stderr says so.
+    out = client.logs(job.id).splitlines()
+    assert out[-1].startswith(f"0,1|{job.id}|{workdir}|nohome|s3|{job.id}.1.")
+    assert out[-1].endswith("| a = b $HOME # |"), out
+    assert out[0] == (
+        "mgpu: not passed into the container (a value a line-based env file cannot hold): MULTI"
+    )
+    (record,) = [json.loads(line) for line in runs.read_text().splitlines()]
+    argv = record["argv"]
+    # The runtime ran as root with the agent's environment, not the job's: the job's
+    # variables reached the container through a 0600 file, removed once the run ended.
+    assert "SECRET" not in record["own_env"] and "MGPU_JOB_ID" not in record["own_env"]
+    assert record["mode"] == 0o600
+    env_file = argv[argv.index("--env-file") + 1]
+    assert not os.path.exists(env_file)
     gpus = done["allocation"][0]["gpu_ids"]
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
     assert devices == [f"nvidia.com/gpu={g}" for g in gpus]
