@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
-from mgpu.agent import containers
+from mgpu.agent import containers, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
@@ -450,8 +451,9 @@ def _podman_ready(conf: Path) -> str | None:
     return None
 
 
-def test_real_podman_job(tmp_path: Path, make_cluster: list[LocalCluster]) -> None:
-    """A real container: a busybox image imported from a tarball (no registry needed)."""
+@pytest.fixture
+def podman_conf(tmp_path: Path) -> Path:
+    """A containers.conf for rootful podman on this VM, with the busybox image imported."""
     conf = tmp_path / "containers.conf"
     # This VM lacks CAP_SYS_RESOURCE and has hybrid cgroups: runc, and limits it may set.
     nofile = int(subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True).stdout)
@@ -462,6 +464,14 @@ def test_real_podman_job(tmp_path: Path, make_cluster: list[LocalCluster]) -> No
     why = _podman_ready(conf)
     if why is not None:
         pytest.skip(why)
+    return conf
+
+
+def test_real_podman_job(
+    tmp_path: Path, make_cluster: list[LocalCluster], podman_conf: Path
+) -> None:
+    """A real container: a busybox image imported from a tarball (no registry needed)."""
+    conf = podman_conf
     c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
     c.env["CONTAINERS_CONF"] = str(conf)
     c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
@@ -636,3 +646,67 @@ def test_dist_executables_run_a_cluster(tmp_path: Path) -> None:
     finally:
         for p in procs:
             kill_group(p)
+
+
+# A library that leaves a mark, named after the uid, in every process that loads it.
+MARKER_LIB = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/loaded-by-uid-%d", MARK_DIR, (int)geteuid());
+    close(open(path, O_CREAT | O_WRONLY, 0644));
+}
+"""
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every account can use (pytest's tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="mgpu-test-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_real_podman_runtime_never_gets_the_users_environment(
+    tmp_path: Path, make_cluster: list[LocalCluster], podman_conf: Path, shared_dir: Path
+) -> None:
+    """The runtime runs as root: a user's LD_PRELOAD in its environment would run the
+    user's code as root.  The job's variables reach the container through an env file."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the marker library")
+    source = shared_dir / "mark.c"
+    source.write_text(MARKER_LIB)
+    lib = shared_dir / "mark.so"
+    define = f'-DMARK_DIR="{shared_dir}"'
+    subprocess.run([cc, "-shared", "-fPIC", define, "-o", str(lib), str(source)], check=True)
+    subprocess.run(["true"], env={"LD_PRELOAD": str(lib)}, check=True)
+    root_mark = shared_dir / "loaded-by-uid-0"
+    assert root_mark.exists()  # the library works: loaded by root, it says so
+    root_mark.unlink()
+
+    c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
+    c.env["CONTAINERS_CONF"] = str(podman_conf)
+    c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
+    admin = c.client()
+    user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+    env = {"LD_PRELOAD": str(lib), "MARK_ME": "seen-inside", "PATH": "/usr/bin:/bin"}
+    job = user.submit('echo "[$MARK_ME]"; exec sleep 300', gpus=0, image=BUSYBOX_IMAGE,
+                      cwd=str(shared_dir), env=env)  # fmt: skip
+    wait_for(lambda: "[seen-inside]" in admin.logs(job.id), timeout=60, what="the job's output")
+
+    spool = tmp_path / "agent-node001" / "node-node001" / "spool"
+    shim = psutil.Process(json.loads(next(spool.glob(f"{job.id}.*.run")).read_text())["pid"])
+    root_side = [shim, *shim.children(recursive=True)]
+    assert "podman" in {p.name() for p in root_side}, root_side
+    for proc in root_side:
+        assert proc.uids().effective == 0
+        environ = proc.environ()
+        assert "MARK_ME" not in environ and "LD_PRELOAD" not in environ, (proc, environ)
+        assert environ["PATH"] == privileged.SAFE_PATH
+    admin.cancel(job.id)
+    assert admin.wait(job.id, timeout=30)["state"] == "cancelled"
+    assert not root_mark.exists(), "a root process loaded the user's LD_PRELOAD"

@@ -2,8 +2,8 @@
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
-    sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null;
-           "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD ARGV...
+    sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...; shift;
+           "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -18,6 +18,11 @@ root) moves the shim's pid into the cgroup, and only then closes it; the shim sw
 stdin for /dev/null and runs the job, so nothing the job starts is ever outside.  (The
 agent writes the pid itself rather than handing the job's user a descriptor of a root
 cgroup file: no user process ever holds one, and it works on every kernel.)
+
+The shim enters the job's working directory itself, as the job's user: a root agent
+that did the `chdir` (as Popen's `cwd=` does, before it switches uid) would let a job
+start inside a directory its user cannot reach.  One it cannot enter fails the job
+(exit code 126, the reason on its stderr).
 """
 
 from __future__ import annotations
@@ -51,8 +56,12 @@ log = logging.getLogger("mgpu.agent")
 # `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
 SHIM = (
     "trap : TERM INT HUP; read -r _; exec </dev/null; "
+    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
+    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
     '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
 )
+CANNOT_ENTER = 126
+"""The shim's exit code when the job's user cannot enter its working directory."""
 READ_CHUNK = 256 * 1024
 
 
@@ -62,7 +71,7 @@ class LaunchError(RuntimeError):
 
 class JobError(LaunchError):
     """The job's own request cannot be started here (too big for execve, a NUL byte, a
-    working directory its user cannot enter): the job fails, the node is fine."""
+    name no environment can hold): the job fails, the node is fine."""
 
 
 @dataclass
@@ -196,7 +205,7 @@ class Launcher:
                 os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
             if not os.path.isdir(home):
                 home = "/"
-            if cwd and not os.path.isdir(cwd):
+            if cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
                 cwd = None  # the submit dir may not exist on this node: run in the user's home
             full_env = dict(env)
             if user_ids is not None:
@@ -229,11 +238,10 @@ class Launcher:
             if cgroup is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
             popen = _start(
-                ["/bin/sh", "-c", SHIM, str(exit_fd), *argv],
+                ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
                 stdin=gate[0] if gate is not None else subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=err_fd,
-                cwd=cwd or home,
                 env=full_env,
                 pass_fds=(exit_fd,),
                 **kwargs,
@@ -500,10 +508,11 @@ class Launcher:
         return found
 
 
-def _start(argv: list[str], cwd: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
     try:
-        return subprocess.Popen(argv, cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
+        # cwd "/": the shim enters the job's directory itself, as the job's user.
+        return subprocess.Popen(argv, cwd="/", start_new_session=True, close_fds=True, **kwargs)
     except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
         raise JobError(f"cannot start the job: {e}") from None
     except OSError as e:
@@ -511,8 +520,6 @@ def _start(argv: list[str], cwd: str, **kwargs: Any) -> subprocess.Popen[bytes]:
             raise JobError(
                 f"cannot start the job: its command line and environment are too big ({e.strerror})"
             ) from None
-        if e.filename == cwd:  # the child could not chdir: the job's directory
-            raise JobError(f"cannot enter the working directory {cwd}: {e.strerror}") from None
         if isinstance(e, PermissionError):
             raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
         raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None

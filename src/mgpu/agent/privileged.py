@@ -136,6 +136,29 @@ def run(argv: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.Comple
     )
 
 
+def can_enter(path: str, ids: tuple[int, int, list[int]], timeout: float = 10.0) -> bool:
+    """Can this uid/gid/groups enter directory `path`?  Asked of a child that really is that
+    user (what a root agent's own checks cannot tell: root enters everything)."""
+    uid, gid, groups = ids
+    try:
+        res = subprocess.run(
+            ["/bin/sh", "-c", 'cd -- "$1"', "sh", path],
+            env={"PATH": SAFE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
 async def start(
     argv: Sequence[str], extra_env: Mapping[str, str] | None = None, **kwargs: Any
 ) -> asyncio.subprocess.Process:
@@ -153,6 +176,7 @@ __all__ = [
     "RUNTIME_ENV",
     "SAFE_PATH",
     "base_env",
+    "can_enter",
     "env_file_entries",
     "run",
     "script_env",

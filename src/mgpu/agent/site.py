@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mgpu.agent import containers, privileged
-from mgpu.agent.launcher import LaunchError, Running
+from mgpu.agent.launcher import JobError, LaunchError, Running
 from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
 
@@ -252,7 +252,15 @@ class SiteHooks:
                 raise LaunchError(f"{self.agent.node_id} has no container runtime for --image")
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
-            cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else None
+            cwd = msg.cwd if msg.cwd and os.path.isabs(msg.cwd) and os.path.isdir(msg.cwd) else None
+            # A root runtime would bind-mount it for the user whatever its parents allow.
+            if (
+                cwd
+                and ids is not None
+                and containers.runs_as_agent(rt)
+                and not privileged.can_enter(cwd, ids)
+            ):
+                raise JobError(f"cannot enter the working directory {cwd}")
             env_file = None
             if containers.uses_env_file(rt):
                 # The container's variables go in through a 0600 file in the private spool,
