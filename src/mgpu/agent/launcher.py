@@ -39,6 +39,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,7 @@ class Launcher:
         self._trash: list[str] = []
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
+        self._admitter = ThreadPoolExecutor(2, thread_name_prefix="mgpu-cgroup")
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -255,14 +257,14 @@ class Launcher:
             raise
         finally:
             _close_all(fds)
-        # The shim waits at its gate: put it in the run's cgroup, then let it go on.
-        assert gate is None or cgroup is not None
-        if gate is not None:
+        if gate is not None and cgroup is not None:
+            # The shim waits at its gate: put it in the run's cgroup, then let it go on.  A
+            # move into a cgroup v2 waits for an RCU grace period (~1 ms, more on a busy
+            # machine): done in a thread of its own (not the default pool, where a hung
+            # nvidia-smi could hold it up), so the agent serves other messages meanwhile.
             os.close(gate[0])
-            if not cgroups.enter(cgroup or "", popen.pid):
-                cgroups.release(cgroup or "")
-                cgroup = None
-            os.close(gate[1])
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(self._admitter, _admit, cgroup, popen.pid, gate[1])
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
         rec = RunRecord(
@@ -422,7 +424,7 @@ class Launcher:
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, signal.SIGKILL)
         path = run.rec.cgroup
-        if not path:
+        if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
             return
         cgroups.kill(path)
         deadline = time.monotonic() + timeout
@@ -523,6 +525,15 @@ def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         if isinstance(e, PermissionError):
             raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
         raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+
+
+def _admit(cgroup: str, pid: int, gate: int) -> None:
+    """Move the shim into its cgroup and open its gate (always: a failed move leaves the
+    run to the process-tree fallback, it does not hang it)."""
+    try:
+        cgroups.enter(cgroup, pid)
+    finally:
+        os.close(gate)
 
 
 def _close_all(fds: tuple[int, ...] | list[int]) -> None:
