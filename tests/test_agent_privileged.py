@@ -194,3 +194,16 @@ def test_root_runtime_mounts_only_a_directory_the_user_can_enter(tmp_path: Path)
         hooks.wrap(_launch(cwd=str(sub)), dict(JOB_ENV), NOBODY)
     argv, *_ = hooks.wrap(_launch(cwd=str(sub)), dict(JOB_ENV), None)  # a root job may
     assert argv[argv.index("-v") + 1] == f"{sub}:{sub}"
+
+
+def test_bare_names_are_found_in_the_agents_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where to find a program is the admin's (the agent's PATH, e.g. an nvidia-smi under
+    /opt); what it runs with is the fixed base."""
+    tool = tmp_path / "site-tool"
+    tool.write_text('#!/bin/sh\necho "$PATH"\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    res = privileged.run(["site-tool"], 10)
+    assert (res.returncode, res.stdout) == (0, privileged.SAFE_PATH + "\n")

@@ -694,9 +694,12 @@ def test_real_podman_runtime_never_gets_the_users_environment(
     admin = c.client()
     user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
     env = {"LD_PRELOAD": str(lib), "MARK_ME": "seen-inside", "PATH": "/usr/bin:/bin"}
-    job = user.submit('echo "[$MARK_ME]"; exec sleep 300', gpus=0, image=BUSYBOX_IMAGE,
-                      cwd=str(shared_dir), env=env)  # fmt: skip
-    wait_for(lambda: "[seen-inside]" in admin.logs(job.id), timeout=60, what="the job's output")
+    job = user.submit('echo "[$MARK_ME|$MGPU_RUN_TAG]"; exec sleep 300', gpus=0,
+                      image=BUSYBOX_IMAGE, cwd=str(shared_dir), env=env)  # fmt: skip
+    wait_for(lambda: "[seen-inside|" in admin.logs(job.id), timeout=60, what="the job's output")
+    # Inside: the job's variable, and the run's tag (taken by name from the runtime's own
+    # environment: the agent finds escaped container processes by it).
+    assert admin.logs(job.id).startswith(f"[seen-inside|{job.id}.1."), admin.logs(job.id)
 
     spool = tmp_path / "agent-node001" / "node-node001" / "spool"
     shim = psutil.Process(json.loads(next(spool.glob(f"{job.id}.*.run")).read_text())["pid"])

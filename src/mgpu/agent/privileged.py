@@ -19,6 +19,7 @@ import asyncio
 import os
 import pwd
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -122,10 +123,19 @@ def write_env_file(path: Path, env: Mapping[str, str], inherit: Sequence[str] = 
     return dropped
 
 
+def _resolve(argv: Sequence[str]) -> list[str]:
+    """A bare command name is looked up in the agent's own PATH (set by the node's admin, as
+    for the agent itself), not in the child's fixed one."""
+    argv = list(argv)
+    if argv and "/" not in argv[0]:
+        argv[0] = shutil.which(argv[0]) or argv[0]
+    return argv
+
+
 def run(argv: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """`subprocess.run` of a short command as the agent (text output captured)."""
     return subprocess.run(
-        list(argv),
+        _resolve(argv),
         env=base_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -164,7 +174,7 @@ async def start(
 ) -> asyncio.subprocess.Process:
     """Start a command as the agent, from the event loop (its own session, stdin closed)."""
     return await asyncio.create_subprocess_exec(
-        *argv,
+        *_resolve(argv),
         env=base_env(extra_env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
