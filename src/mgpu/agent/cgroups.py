@@ -2,8 +2,9 @@
 
 A process can leave its process group (`setsid`), its parent (a double fork) and its
 environment (`env -i`), but not its cgroup: only root may move it out.  So each run gets
-a cgroup, joined by the shim before the job's own program starts, and the end of the run
-(normal exit, cancel, time limit) kills whatever is still in it:
+a cgroup, which the agent moves the shim into before the job's own program starts (see
+mgpu.agent.launcher: the shim waits at a gate meanwhile), and the end of the run (normal
+exit, cancel, time limit) kills whatever is still in it:
 
 * `cgroup-v2`: one write of `1` to `cgroup.kill` (Linux >= 5.14) kills every process in
   it, atomically with respect to forks;

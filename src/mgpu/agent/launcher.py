@@ -61,8 +61,6 @@ SHIM = (
     "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
     '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
 )
-CANNOT_ENTER = 126
-"""The shim's exit code when the job's user cannot enter its working directory."""
 READ_CHUNK = 256 * 1024
 
 
