@@ -257,7 +257,9 @@ class Cluster:
             node.ip = rec.get("ip", "")
             from mgpu.protocol import GpuDesc
 
-            node.gpus = [GpuDesc(**g) for g in rec.get("gpus", [])]
+            # Unchecked: a record from before hellos were bounded must not stop the master;
+            # the agent's next hello replaces it with checked values.
+            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
             node.gpu_source = rec.get("gpu_source", "unknown")
             node.drain_requested = bool(rec.get("drain_requested"))
             node.reason = rec.get("reason")
