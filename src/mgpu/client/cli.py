@@ -269,7 +269,7 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
 def cmd_node(args: argparse.Namespace) -> int:
     if args.action == "remove":
         return cmd_node_remove(args)
-    if args.node_id is None or args.target is not None:
+    if args.node_id is None:
         raise UsageError("the following arguments are required: --node-id")
     from mgpu.agent.agent import AgentRefused, run_agent
     from mgpu.agent.identity import NodeIdentityError
