@@ -321,6 +321,7 @@ def test_output_and_steps_are_their_owners(cluster: LocalCluster) -> None:
 def test_one_client_shared_by_threads(cluster: LocalCluster) -> None:
     client = cluster.client()
     job = client.submit("true", gpus=0)
+    client.wait(job.id, timeout=30)  # ended and stored: `queue --all` counts it once from now on
     errors: list[BaseException] = []
     answers: list[str] = []
     start = threading.Barrier(8)

@@ -276,7 +276,9 @@ def test_non_root_agent_runs_jobs_as_itself(cluster: LocalCluster) -> None:
         )
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
         # LD_LIBRARY_PATH: a shared-library build (pyenv's) finds its libpython by the old path.
+        # HOME: nobody's own (/nonexistent) is not there; root's is closed to it.
         env = ["env", f"PYTHONPATH={src}:{site}", f"LD_LIBRARY_PATH={base / 'lib'}"]
+        env.append(f"HOME={state}")
         argv += [*mounts, "--", *env, str(python), "-m", "mgpu"]
         argv += ["node", "--node-id", "node009", "--fake-gpus", "1"]
         argv += ["--master-port", str(cluster.port), "--state-dir", str(state)]
