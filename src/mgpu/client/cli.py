@@ -401,7 +401,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.action == "create":
         if not args.user:
             raise UsageError("token create needs a USER")
-        out = client.create_token(args.user, admin=args.admin)
+        out = client.create_token(args.user, admin=args.admin, allow_root=args.allow_root)
         print(
             json.dumps({"user": out["user"], "token": out["token"]}) if args.json else out["token"]
         )
@@ -572,6 +572,11 @@ def build_parser() -> Parser:
     s.add_argument("action", choices=["create", "list", "revoke"])
     s.add_argument("user", nargs="?", metavar="USER|ID")
     s.add_argument("--admin", action="store_true", help="(create) an admin token")
+    s.add_argument(
+        "--allow-root",
+        action="store_true",
+        help="(create) its jobs may run as uid 0 (owner only; needs security.allow_root_jobs)",
+    )
     s.add_argument("--json", action="store_true")
 
     s = add("audit", cmd_audit, "who did what, when, from where (admin)")

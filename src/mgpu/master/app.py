@@ -75,6 +75,7 @@ class StepRequest(BaseModel):
 class TokenRequest(BaseModel):
     user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
     admin: bool = False
+    allow_root: bool = False
 
 
 class DrainRequest(BaseModel):
@@ -210,8 +211,13 @@ def create_app(
             if not ident.admin:
                 raise deny(request, "submit", f"{ident.user} may not submit as {req.user}")
             user = req.user
+        grant = c().root_grant(ident)
+        reserved = None if grant else c().root_name(user)
+        if reserved is not None:
+            why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
+            raise deny(request, "submit", f"{why} may submit as {user}")
         try:
-            result = c().submit(req.model_dump(), user, address=_address(request))
+            result = c().submit(req.model_dump(), user, address=_address(request), allow_root=grant)
         except SubmitError as e:
             c().store.record_event(
                 "submit_refused", actor=user, address=_address(request), detail=str(e)
@@ -275,9 +281,9 @@ def create_app(
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
-        job_id: str, follow: bool = False, since: int = Query(default=0, ge=0)
+        job_id: str, request: Request, follow: bool = False, since: int = Query(default=0, ge=0)
     ) -> StreamingResponse:
-        find(job_id)
+        require_owner(request, find(job_id), "read the output of")
         return StreamingResponse(
             _output_stream(c(), job_id, follow, since), media_type="application/x-ndjson"
         )
@@ -293,10 +299,11 @@ def create_app(
         return JSONResponse({"step_id": step.id}, status_code=201)
 
     @app.get("/api/steps/{step_id}/output")
-    async def step_output(step_id: str) -> StreamingResponse:
+    async def step_output(step_id: str, request: Request) -> StreamingResponse:
         step = c().steps.by_id.get(step_id)
         if step is None:
             raise NotFound(step_id)
+        require_owner(request, find(step.job_id), "read the output of")
         return StreamingResponse(_step_stream(c(), step), media_type="application/x-ndjson")
 
     # ---- nodes --------------------------------------------------------------
@@ -339,13 +346,30 @@ def create_app(
     @app.post("/api/tokens")
     async def token_create(body: TokenRequest, request: Request) -> JSONResponse:
         ident = require_admin(request, "token create")
-        token_id, token = c().tokens.create(body.user, body.admin)
+        if body.allow_root:
+            if not ident.owner:
+                raise deny(request, "token create", "only the owner's admin-token grants root")
+            if not c().config.security.allow_root_jobs:
+                return _error(
+                    400,
+                    "root grants are off: set security.allow_root_jobs: true in the cluster "
+                    "config to allow --allow-root tokens",
+                )
+        elif (reserved := c().root_name(body.user)) is not None:
+            raise deny(
+                request,
+                "token create",
+                f"{body.user} is {reserved}: a token for it needs --allow-root (owner only)",
+            )
+        token_id, token = c().tokens.create(body.user, body.admin, allow_root=body.allow_root)
         c().store.record_event(
             "token_create",
             actor=ident.user,
             address=_address(request),
             target=body.user,
-            detail=f"id {token_id}" + (" admin" if body.admin else ""),
+            detail=f"id {token_id}"
+            + (" admin" if body.admin else "")
+            + (" allow-root" if body.allow_root else ""),
         )
         return JSONResponse({"user": body.user, "token": token, "id": token_id}, status_code=201)
 
@@ -557,14 +581,17 @@ async def _step_stream(cluster: Cluster, step: Step) -> AsyncIterator[bytes]:
 
 
 def _announce_join(state_dir: Path, host: str, port: int) -> None:
-    """First start: say once how to join a GPU machine (as kubeadm and k3s do)."""
-    token = (state_dir / "join-token").read_text().strip()
+    """First start: say once how to join a GPU machine (as kubeadm and k3s do).  The token
+    itself is never logged (logs are read by more people than the state dir): the command
+    names the file it is in."""
     shown = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
     log.info(
-        "first start: tokens written to %s (join-token, admin-token). On each GPU machine run:"
-        "\n    mgpu node --node-id <NODE_ID> --master-host %s --master-port %d --token %s",
+        "first start: tokens written to %s (join-token, admin-token, mode 0600). On each GPU "
+        "machine run, with the join token copied from %s:"
+        "\n    MGPU_JOIN_TOKEN=<join token> mgpu node --node-id <NODE_ID> --master-host %s "
+        "--master-port %d",
         state_dir,
+        state_dir / "join-token",
         shown,
         port,
-        token,
     )
