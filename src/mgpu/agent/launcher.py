@@ -39,7 +39,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,6 @@ class Launcher:
         self._trash: list[str] = []
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
-        self._admitter = ThreadPoolExecutor(2, thread_name_prefix="mgpu-cgroup")
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -256,13 +254,13 @@ class Launcher:
         finally:
             _close_all(fds)
         if gate is not None and cgroup is not None:
-            # The shim waits at its gate: put it in the run's cgroup, then let it go on.  A
-            # move into a cgroup v2 waits for an RCU grace period (~1 ms, more on a busy
-            # machine): done in a thread of its own (not the default pool, where a hung
-            # nvidia-smi could hold it up), so the agent serves other messages meanwhile.
+            # The shim waits at its gate: put it in the run's cgroup, then let it go on, before
+            # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
+            # period unless another move came just before: ~0.5 ms, once per burst of
+            # launches.  Done in a thread it would leave a window where a stopped or killed
+            # agent holds the job at its gate, or lets it run outside.)
             os.close(gate[0])
-            loop = asyncio.get_running_loop()
-            loop.run_in_executor(self._admitter, _admit, cgroup, popen.pid, gate[1])
+            _admit(cgroup, popen.pid, gate[1])
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
         rec = RunRecord(
