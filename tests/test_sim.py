@@ -236,6 +236,43 @@ def test_preemption_requeues_the_victim(tmp_path: Path) -> None:
     assert result.busy_gpu_seconds == 2 * 10 + 2 * 10 + 2 * 100  # the lost 10 s count
 
 
+def test_dependencies_are_replayed_as_the_master_applies_them(tmp_path: Path) -> None:
+    """Job 1 is killed at its limit: afterok on it is cancelled (and so is afterok on that),
+    afternotok and afterany run once it ended, and a chain waits for its link."""
+    f = tmp_path / "deps.csv"
+    f.write_text(
+        "submit_time,duration,gpus,user,time_limit,dependency\n"
+        "0,100,1,u,50,\n"  # 1: times out at 50
+        "0,10,1,u,,afterok:1\n"  # 2
+        "0,10,1,u,,afternotok:1\n"  # 3
+        "0,10,1,u,,afterany:1\n"  # 4
+        "0,10,1,u,,afterok:2\n"  # 5
+        '0,10,1,u,,"afterok:3,afterany:4"\n'  # 6
+    )
+    trace = read_trace(f)
+    assert trace.jobs[5].dependency == (("afterok", "3"), ("afterany", "4"))
+    result = simulate(trace.jobs, SimConfig(ClusterShape(1, 4), "backfill"))
+    spans = {j.job_id: (j.start, j.end) for j in result.jobs if j.finished}
+    assert spans == {"1": (0, 50), "3": (50, 60), "4": (50, 60), "6": (60, 70)}
+    assert [j.job_id for j in result.jobs if j.cancelled] == ["2", "5"]
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("afterok:9", "line 3: dependency on job 9, which is not a job of the trace"),
+        ("afterok:3", "line 3: dependency on job 3, which asks for no GPUs and is skipped"),
+        ("before:1", "line 3: dependency type 'before' is not one of afterok"),
+        ("afterok:", "line 3: dependency 'afterok:' names no job"),
+    ],
+)
+def test_csv_bad_dependency(tmp_path: Path, cell: str, message: str) -> None:
+    f = tmp_path / "bad.csv"
+    f.write_text(f"submit_time,duration,gpus,dependency\n0,10,1,\n0,10,1,{cell}\n0,1,0,\n")
+    with pytest.raises(TraceError, match=message):
+        read_trace(f)
+
+
 def test_usage_ledger_counts_running_work_either_way() -> None:
     """Ended work decays from its end; running work counts undecayed, whether registered as
     it starts and stops (the simulator) or passed to each snapshot (the master)."""

@@ -7,11 +7,14 @@ The clock is virtual: it jumps from one event time to the next.  Events are subm
 2. `schedule(Snapshot(...))` is called once — the very function the master calls, on the
    queued jobs `eligibility()` lets through, as the master does — unless nothing is
    pending, or no GPU is free and no running job is preemptible (no start and no
-   preemption is then possible);
+   preemption is then possible).  A job whose dependency (the CSV `dependency` column)
+   can never be satisfied is cancelled then, as the master cancels it: it never starts;
 3. its starts are applied: a job started at `now` ends at `now + min(run, time_limit)`,
    i.e. it is killed at its limit as the master would (counted as a timeout); its
    preemptions requeue the victims (they restart from scratch later) and, since the
    preempting job starts only on a later pass, the pass is repeated at the same time.
+
+A job ends "completed", or "timeout" when killed at its limit (which fails `afterok`).
 
 Mapping a trace job onto a request (`to_request`): a job of at most `gpus_per_node`
 GPUs asks for plain `gpus=N` (one node); a wider one is `distributed=True` with `gpus=N`,
@@ -41,6 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from mgpu.scheduler import (
+    Dependency,
+    DependencyTarget,
     JobRequest,
     NodeView,
     Placement,
@@ -111,6 +116,8 @@ class JobResult:
     """Time the last attempt ran (the trace's run time, or less if killed at its limit)."""
     timed_out: bool = False
     requeues: int = 0
+    cancelled: bool = False
+    """Cancelled without running: a dependency that can never be satisfied."""
 
     @property
     def finished(self) -> bool:
@@ -142,9 +149,15 @@ def default_cluster(trace: Trace, gpus_per_node: int | None = None) -> ClusterSh
 
 
 def to_request(
-    job: TraceJob, gpus: int, gpus_per_node: int, factor: float, job_id: str | None = None
+    job: TraceJob,
+    gpus: int,
+    gpus_per_node: int,
+    factor: float,
+    job_id: str | None = None,
+    dependencies: tuple[Dependency, ...] = (),
 ) -> JobRequest:
-    """The request the simulated user submits for `job` (see the module docstring)."""
+    """The request the simulated user submits for `job` (see the module docstring);
+    `dependencies` name other requests' ids (the trace's own ids when `job_id` is None)."""
     limit = job.time_limit
     if limit is None and factor > 0:
         limit = job.run * factor
@@ -157,6 +170,7 @@ def to_request(
         time_limit=limit,
         priority=job.priority,
         preemptible=job.preemptible,
+        dependencies=dependencies,
     )
 
 
@@ -220,11 +234,17 @@ class _Replay:
         self.results: list[JobResult] = []
         self.capped = 0
         factor = config.time_limit_factor
+        slots: dict[str, str] = {}
+        for slot, job in enumerate(self.jobs):
+            slots.setdefault(job.job_id, str(slot))
+        self.has_dependencies = any(job.dependency for job in self.jobs)
+        self.final: dict[str, str] = {}  # job id → how it ended, for dependencies
         for slot, job in enumerate(self.jobs):
             gpus = min(job.gpus, shape.gpus)
             self.capped += gpus < job.gpus
+            deps = tuple(Dependency(kind, slots[t]) for kind, t in job.dependency if t in slots)
             # The scheduler sees the job's position as its id: trace ids need not be unique.
-            req = to_request(job, gpus, shape.gpus_per_node, factor, job_id=str(slot))
+            req = to_request(job, gpus, shape.gpus_per_node, factor, str(slot), deps)
             self.requests.append(req)
             self.results.append(JobResult(job.job_id, job.user, gpus, job.submit))
         self.pending: dict[str, JobRequest] = {}
@@ -290,8 +310,20 @@ class _Replay:
 
     def _pass(self, now: float) -> bool:
         """One scheduling pass; True if it preempted (so another pass is due)."""
-        # Traces carry no dependencies, backoffs or arrays: every queued job is let through.
-        pending = eligibility(list(self.pending.values()), now).eligible
+        queued = list(self.pending.values())
+        if self.has_dependencies:
+            final = self.final
+            targets = {
+                d.job_id: (DependencyTarget(d.job_id, final.get(d.job_id)),)
+                for r in queued
+                for d in r.dependencies
+            }
+            verdict = eligibility(queued, now, targets)
+            for job_id in verdict.cancel:
+                self._cancel(job_id)
+        else:  # no backoffs or arrays in a trace either: every queued job is let through
+            verdict = eligibility(queued, now)
+        pending = verdict.eligible
         snap = Snapshot(
             now=now,
             nodes=self.cluster.node_views(),
@@ -345,8 +377,16 @@ class _Replay:
         return job
 
     def _finish(self, slot: int, now: float) -> None:
-        self._stop(self.requests[slot].job_id, now)
-        self.results[slot].end = now
+        job_id = self.requests[slot].job_id
+        self._stop(job_id, now)
+        res = self.results[slot]
+        res.end = now
+        self.final[job_id] = "timeout" if res.timed_out else "completed"
+
+    def _cancel(self, job_id: str) -> None:
+        self._unqueue(self.pending.pop(job_id))
+        self.final[job_id] = "cancelled"
+        self.results[int(job_id)].cancelled = True
 
     def _preempt(self, job_id: str, now: float) -> None:
         if job_id not in self.running:
