@@ -44,10 +44,11 @@ from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.outputs import OutputStore
+from mgpu.master.reconcile import Expected, expectations, reconcile
 from mgpu.master.registry import AgentLink, NodeRecord
+from mgpu.master.snapshot import job_request, node_views, prepare, scheduler_config
 from mgpu.master.steps import Step, Steps, is_step_id
 from mgpu.master.store import Store
-from mgpu.master.usage import UsageLedger
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
     PROTOCOL_VERSION,
@@ -65,16 +66,15 @@ from mgpu.protocol import (
     Started,
     Welcome,
 )
-from mgpu.scheduler import compute_priorities, could_ever_fit, schedule
-from mgpu.scheduler.types import (
+from mgpu.scheduler import (
+    DependencyTarget,
     JobRequest,
     NodeView,
-    PriorityWeights,
-    RunningJob,
     SchedulerConfig,
-    Snapshot,
+    UsageLedger,
+    could_ever_fit,
+    schedule,
 )
-from mgpu.scheduler.types import Placement as SchedPlacement
 from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
@@ -743,161 +743,51 @@ class Cluster:
         )
 
     def _node_views(self) -> list[NodeView]:
-        return [
-            NodeView(
-                node_id=n.node_id,
-                gpu_indices=tuple(g.index for g in n.gpus),
-                free_gpus=n.free_gpus() - n.foreign_blocked,
-                schedulable=n.schedulable,
-                gpu_type=specs.normalize_gpu_type(
-                    n.gpu_type or (n.gpus[0].name if n.gpus else None)
-                ),
-                rack=n.rack,
-                features=frozenset(n.features),
-            )
-            for n in self._sorted_nodes()
-        ]
+        return node_views(self._sorted_nodes())
 
     def _request_for(self, job: Job) -> JobRequest:
         req = self._requests.get(job.id)
         if req is None:
-            req = JobRequest(
-                job_id=job.id,
-                user=job.user,
-                submit_time=job.submit_time,
-                gpus=job.gpus,
-                gpu_ids=tuple(job.gpu_ids) if job.gpu_ids is not None else None,
-                node_gpu_ids=(
-                    tuple((n, tuple(g)) for n, g in job.node_gpu_ids)
-                    if job.node_gpu_ids is not None
-                    else None
-                ),
-                nodes=job.nodes,
-                gpus_per_node=job.gpus_per_node,
-                nodelist=frozenset(job.nodelist) if job.nodelist is not None else None,
-                exclude=frozenset(job.exclude),
-                gpu_type=job.gpu_type,
-                distributed=job.distributed or job.mpi,
-                policy=job.policy,  # type: ignore[arg-type]
-                priority=job.priority,
-                time_limit=job.time_limit,
-                preemptible=job.preemptible,
-                allowed_nodes=self.allowed_nodes(job.user),
-                requires=frozenset({"container"}) if job.image else frozenset(),
-            )
+            req = job_request(job, self.allowed_nodes(job.user))
             if job.state == JobState.QUEUED and job.id in self.jobs:
                 self._requests[job.id] = req
         return req
 
     def _scheduler_config(self) -> SchedulerConfig:
-        s = self.config.scheduling
-        w = s.weights
-        return SchedulerConfig(
-            queue_policy=s.policy,
-            placement_policy=s.default_policy,
-            default_time_limit=(
-                specs.parse_time_limit(s.default_time_limit)
-                if s.default_time_limit
-                else 24 * 3600.0
-            ),
-            weights=PriorityWeights(
-                age=w.age,
-                fairshare=w.fairshare,
-                job_size=w.job_size,
-                user_priority=w.user_priority,
-                max_age=w.max_age_hours * 3600,
-            ),
-            shares=s.shares,
-            max_gpus_per_user=s.max_gpus_per_user,
-            max_running_jobs_per_user=s.max_running_jobs_per_user,
-            preemption=s.preemption,
-        )
+        return scheduler_config(self.config.scheduling)
 
-    def _eligible(self, job: Job, now: float, array_running: dict[str, int]) -> str | None:
-        """None if the job may be scheduled now, else why it waits."""
-        if job.eligible_time > now:
-            until = time.strftime("%H:%M:%S", time.localtime(job.eligible_time))
-            return f"retry backoff until {until}"
-        for kind, dep_id in job.dependency:
-            if (kind, dep_id) in self._deps_met:
-                continue
-            targets = self._find_dependency_target(dep_id) or []
-            for t in targets:
-                if not t.terminal:
-                    return f"waiting for dependency {dep_id}"
-                ok = t.state == JobState.COMPLETED
-                if (kind == "afterok" and not ok) or (kind == "afternotok" and ok):
-                    self._finish(
-                        job,
-                        JobState.CANCELLED,
-                        f"dependency {kind}:{dep_id} can never be satisfied "
-                        f"({t.id} ended {t.state.value})",
-                    )
-                    return "cancelled"
-            # Ended as required: that never changes, so later passes need not look it up.
-            self._deps_met.add((kind, dep_id))
-        cap = job.array_max_running
-        array_id = job.array_job_id
-        if array_id is not None and cap is not None and array_running.get(array_id, 0) >= cap:
-            return f"array limit of {cap} running tasks"
-        return None
+    def _dependency_targets(self, dep_id: str) -> list[DependencyTarget]:
+        """The jobs a dependency on `dep_id` waits for (a job, or an array's tasks)."""
+        return [
+            DependencyTarget(t.id, t.state.value if t.terminal else None)
+            for t in self._find_dependency_target(dep_id) or []
+        ]
 
     def schedule_pass(self) -> None:
         now = time.time()
         t0 = time.perf_counter()
-        array_running: dict[str, int] = {}
-        running: list[RunningJob] = []
-        for j in self.jobs.values():
-            if j.state == JobState.RUNNING:
-                if j.array_job_id is not None:
-                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-                running.append(
-                    RunningJob(
-                        job_id=j.id,
-                        user=j.user,
-                        placements=tuple(
-                            SchedPlacement(s.node_id, tuple(s.gpu_ids)) for s in j.allocation
-                        ),
-                        start_time=j.start_time or now,
-                        time_limit=j.time_limit,
-                        priority=self._priorities.get(j.id, 0.0),
-                        preemptible=j.preemptible,
-                    )
-                )
-        pending: list[JobRequest] = []
-        waiting: dict[str, str] = {}
-        for j in list(self.jobs.values()):
-            if j.state != JobState.QUEUED:
-                continue
-            why = self._eligible(j, now, array_running)
-            if why is None:
-                pending.append(self._request_for(j))
-                if j.array_job_id is not None:
-                    # Offered tasks count against the array's %cap within this pass too.
-                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-            elif why != "cancelled":
-                waiting[j.id] = why
-        for job_id, why in waiting.items():
+        prepared = prepare(
+            now,
+            self.jobs.values(),
+            self._sorted_nodes(),
+            self.usage,
+            self._scheduler_config(),
+            request_for=self._request_for,
+            targets=self._dependency_targets,
+            known_met=self._deps_met,
+        )
+        verdict = prepared.eligibility
+        for job_id, why in verdict.cancel.items():
+            self._finish(self.jobs[job_id], JobState.CANCELLED, why)
+        for job_id, why in verdict.waiting.items():
             self._set_reason(self.jobs[job_id], why)
-        if not pending:
+        # Ended as required: that never changes, so later passes need not look them up.
+        self._deps_met.update(verdict.satisfied)
+        snap = prepared.snapshot
+        if snap is None:
             self.last_pass_time = now  # a pass with nothing eligible is still a pass (readyz)
             self.last_pass_duration = time.perf_counter() - t0
             return
-        usage = self.usage.snapshot(now)
-        for r in running:  # running work counts too, as in Slurm
-            usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
-        config = self._scheduler_config()
-        nodes = self._node_views()
-        if config.preemption and any(r.preemptible for r in running):
-            running = self._reprioritised(running, nodes, now, usage, config)
-        snap = Snapshot(
-            now=now,
-            nodes=nodes,
-            pending=pending,
-            running=running,
-            usage=usage,
-            config=config,
-        )
         decisions = schedule(snap)
         self._priorities.update(decisions.priorities)
         self._factors.update(decisions.factors)
@@ -920,26 +810,6 @@ class Cluster:
                 self._set_reason(job, why)
         self.last_pass_time = now
         self.last_pass_duration = time.perf_counter() - t0
-
-    def _reprioritised(
-        self,
-        running: list[RunningJob],
-        nodes: list[NodeView],
-        now: float,
-        usage: dict[str, float],
-        config: SchedulerConfig,
-    ) -> list[RunningJob]:
-        """Preemptible running jobs with their priority as of now, by the same formula and
-        usage as the waiting jobs: a priority from the pass that started a job (before its
-        own usage counted against its user) would make it look more urgent than it is."""
-        victims = [r for r in running if r.preemptible and r.job_id in self.jobs]
-        requests = [self._request_for(self.jobs[r.job_id]) for r in victims]
-        snap = Snapshot(
-            now=now, nodes=nodes, pending=requests, running=running, usage=usage, config=config
-        )
-        values, _ = compute_priorities(snap)
-        fresh = {r.job_id: v for r, v in zip(victims, values, strict=True)}
-        return [replace(r, priority=fresh.get(r.job_id, r.priority)) for r in running]
 
     def _set_reason(self, job: Job, why: str) -> None:
         # Reasons are advisory and change often: kept in memory, not written on every pass.
@@ -1331,66 +1201,22 @@ class Cluster:
     def _resume_points(self, node: NodeRecord, reports: list[RunningReport]) -> list[Resume]:
         """How much output the master has of each run it still expects on this node."""
         out = []
-        for rep in reports:
-            step = self.steps.by_id.get(rep.job_id)
-            job = self.jobs.get(rep.job_id)
-            if step is not None:
-                expected = step.epoch == rep.epoch and step.node_id == node.node_id
-            else:
-                expected = (
-                    job is not None
-                    and job.state == JobState.RUNNING
-                    and job.epoch == rep.epoch
-                    and self._slot(job, node.node_id) is not None
-                )
-            if not expected:
-                continue
-            o, e = self.outputs.resume_point(rep.job_id, rep.epoch, node.node_id)
-            out.append(Resume(job_id=rep.job_id, epoch=rep.epoch, stdout=o, stderr=e))
+        for job_id, epoch in reconcile(reports, self._expected(node, reports)).resume:
+            o, e = self.outputs.resume_point(job_id, epoch, node.node_id)
+            out.append(Resume(job_id=job_id, epoch=epoch, stdout=o, stderr=e))
         return out
 
     def _reconcile(self, node: NodeRecord, reports: list[RunningReport]) -> list[RunningReport]:
-        """Compare what the agent runs with what the master expects there."""
-        kill: list[RunningReport] = []
-        reported: set[str] = set()
-        for rep in reports:
-            if is_step_id(rep.job_id):
-                step = self.steps.by_id.get(rep.job_id)
-                live = step is not None and not step.done and step.epoch == rep.epoch
-                if not live and not rep.exited:
-                    kill.append(rep)
-                continue
-            job = self.jobs.get(rep.job_id)
-            slot = self._slot(job, node.node_id) if job is not None else None
-            expected = (
-                job is not None
-                and job.state == JobState.RUNNING
-                and job.epoch == rep.epoch
-                and slot is not None
-                and not slot.done
-            )
-            if not expected:
-                if not rep.exited:
-                    kill.append(rep)
-                continue
-            assert job is not None
-            reported.add(job.id)
-            if job.cancel_requested and not rep.exited:
-                kill.append(rep)
-        lost = False
-        for job_id in list(node.jobs):
-            job = self.jobs.get(job_id)
-            if job is None or job.state != JobState.RUNNING or job_id in reported:
-                continue
-            slot = self._slot(job, node.node_id)
-            if slot is None or slot.done:
-                continue
+        """Compare what the agent runs with what the master expects there; requeue the lost."""
+        result = reconcile(reports, self._expected(node, reports))
+        for i, job_id in enumerate(result.lost):
             # One restart is one node failure, however many jobs it lost.
-            self._slot_lost(
-                job, node, f"{node.node_id} restarted and no longer runs it", count=not lost
-            )
-            lost = True
-        return kill
+            why = f"{node.node_id} restarted and no longer runs it"
+            self._slot_lost(self.jobs[job_id], node, why, count=i == 0)
+        return list(result.kill)
+
+    def _expected(self, node: NodeRecord, reports: list[RunningReport]) -> dict[str, Expected]:
+        return expectations(node.node_id, node.jobs, reports, self.jobs, self.steps.by_id)
 
     def _slot_lost(
         self, job: Job, node: NodeRecord, why: str, count: bool = True, count_retry: bool = True
