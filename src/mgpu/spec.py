@@ -15,6 +15,15 @@ Decisions where Slurm is loose or silent:
 * ``--node-gpu-ids`` keeps the nodes in the order given (the first node is rank 0).
 * Node lists expand Slurm hostlist ranges and keep the first occurrence of each name.
 * Job ids are normalised to lower case.
+* Every string that reaches a program (argv, environment, working directory) must be valid
+  UTF-8 without NUL: a lone surrogate (how Python carries a non-UTF-8 byte) cannot be
+  encoded for the wire, a NUL cannot be passed to `execve`.  Sizes are capped well below
+  the kernel's limits (128 KiB per string, about 2 MiB for argv and environment together),
+  so a job that is accepted never fails to start because of its size.
+* Environment names are POSIX names (``[A-Za-z_][A-Za-z0-9_]*``), plus the form bash uses
+  to export a function (``BASH_FUNC_module%%``, which Lmod and environment modules rely
+  on).  Names the scheduler sets itself (`RESERVED_ENV_NAMES`, `RESERVED_ENV_PREFIXES`)
+  are valid but are not passed to the job (`is_reserved_env_name`).
 """
 
 from __future__ import annotations
@@ -22,24 +31,37 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Final, Literal
 
 __all__ = [
+    "MAX_ARGV_BYTES",
+    "MAX_ARGV_ITEMS",
+    "MAX_ARG_BYTES",
     "MAX_ARRAY_INDEX",
     "MAX_ARRAY_TASKS",
     "MAX_COMMAND_BYTES",
+    "MAX_ENV_BYTES",
+    "MAX_ENV_ENTRY_BYTES",
+    "MAX_ENV_VARS",
     "MAX_GPU_INDEX",
     "MAX_JOB_NAME_CHARS",
     "MAX_NODE_LIST",
+    "MAX_PATH_BYTES",
+    "RESERVED_ENV_NAMES",
+    "RESERVED_ENV_PREFIXES",
     "ArraySpec",
     "Dependency",
     "DependencyKind",
     "SpecError",
     "array_task_id",
+    "format_array",
     "format_time_limit",
+    "is_env_name",
     "is_job_id",
+    "is_reserved_env_name",
     "new_job_id",
     "parse_array",
     "parse_dependency",
@@ -51,10 +73,16 @@ __all__ = [
     "parse_node_list",
     "parse_time_limit",
     "split_array_task_id",
+    "text_problem",
+    "validate_argv",
     "validate_command",
+    "validate_cwd",
+    "validate_env",
+    "validate_image",
     "validate_job_id",
     "validate_job_name",
     "validate_node_id",
+    "validate_text",
 ]
 
 MAX_GPU_INDEX: Final = 1023
@@ -69,6 +97,16 @@ MAX_ARRAY_INDEX: Final = 9_999_999
 MAX_JOB_NAME_CHARS: Final = 128
 MAX_COMMAND_BYTES: Final = 64 * 1024
 MAX_NODE_ID_CHARS: Final = 64
+MAX_ARGV_ITEMS: Final = 4096
+MAX_ARG_BYTES: Final = MAX_COMMAND_BYTES
+"""Largest argv element (the kernel refuses one over 128 KiB)."""
+MAX_ARGV_BYTES: Final = 256 * 1024
+MAX_ENV_VARS: Final = 4096
+MAX_ENV_ENTRY_BYTES: Final = 64 * 1024
+"""Largest ``NAME=value`` (the kernel refuses one over 128 KiB)."""
+MAX_ENV_BYTES: Final = 256 * 1024
+"""argv and environment together stay under 512 KiB, a quarter of the kernel's 2 MiB."""
+MAX_PATH_BYTES: Final = 4095
 
 DependencyKind = Literal["afterok", "afterany", "afternotok"]
 _DEPENDENCY_KINDS: Final[tuple[DependencyKind, ...]] = ("afterok", "afterany", "afternotok")
@@ -448,6 +486,21 @@ def parse_array(text: str) -> ArraySpec:
     return ArraySpec(indices=tuple(sorted(indices)), max_running=max_running)
 
 
+def format_array(array: ArraySpec) -> str:
+    """An `ArraySpec` in Slurm's syntax, consecutive indices as ranges: ``0-99%8``."""
+    parts: list[str] = []
+    indices = array.indices
+    i = 0
+    while i < len(indices):
+        j = i
+        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+            j += 1
+        parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
+        i = j + 1
+    cap = "" if array.max_running is None else f"%{array.max_running}"
+    return ",".join(parts) + cap
+
+
 # --------------------------------------------------------------------------- job ids
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{8}(?:_(?:0|[1-9][0-9]{0,8}))?")
@@ -563,12 +616,159 @@ def validate_command(text: str) -> str:
         raise SpecError("the command contains a NUL byte, which a shell cannot run")
     if not text.strip():
         raise SpecError("the command is empty; give the command to run")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    validate_text(text, "the command")
+    size = len(text.encode("utf-8"))
     if size > MAX_COMMAND_BYTES:
         raise SpecError(
             f"the command is {size} bytes long; at most {MAX_COMMAND_BYTES} bytes (64 KiB) "
             "are allowed, so put long scripts in a file"
         )
+    return text
+
+
+# --------------------------------------------------------------------------- what reaches a program
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be handed to a program, as the rest of a sentence; None if it can.
+
+    A NUL cannot pass `execve`; a lone surrogate (Python's stand-in for a byte that is not
+    UTF-8, as in ``os.environ`` under a non-UTF-8 locale) cannot be encoded for the wire.
+    """
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"contains a NUL byte (character {nul + 1}), which no program can be given"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"is not valid UTF-8 (character {e.start + 1} is the lone surrogate "
+            f"{text[e.start]!a}, which is how Python holds a byte that is not UTF-8)"
+        )
+    return None
+
+
+def validate_text(text: str, what: str) -> str:
+    """`text` unchanged if a program can be given it, else a SpecError naming `what`."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise SpecError(f"{what} {problem}")
+    return text
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def validate_argv(argv: Sequence[str], option: str = "--argv") -> list[str]:
+    """A command given as argv: 1..4096 arguments of UTF-8 without NUL, each at most
+    64 KiB and 256 KiB in all, the first not blank."""
+    if not argv:
+        raise SpecError("the command is empty; give the program to run and its arguments")
+    if len(argv) > MAX_ARGV_ITEMS:
+        raise SpecError(
+            f"{option} has {len(argv)} arguments; at most {MAX_ARGV_ITEMS} are allowed, "
+            "so pass long lists in a file"
+        )
+    total = 0
+    for i, arg in enumerate(argv):
+        validate_text(arg, f"{option}[{i}]")
+        size = len(arg.encode("utf-8"))
+        if size > MAX_ARG_BYTES:
+            raise SpecError(
+                f"{option}[{i}] is {size} bytes long; at most {MAX_ARG_BYTES} bytes (64 KiB) "
+                "per argument are allowed, so pass long data in a file"
+            )
+        total += size + 1
+    if total > MAX_ARGV_BYTES:
+        raise SpecError(
+            f"{option} is {total} bytes in all; at most {MAX_ARGV_BYTES} bytes (256 KiB) "
+            "are allowed, so pass long data in a file"
+        )
+    if not argv[0].strip():
+        raise SpecError("the command is empty; give the program to run as the first argument")
+    return list(argv)
+
+
+RESERVED_ENV_NAMES: Final = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "NNODES",
+        "NODE_RANK",
+        "NPROC_PER_NODE",
+        "RANK",
+        "LOCAL_RANK",
+    }
+)
+"""Variables the scheduler sets in every job (or every distributed one)."""
+RESERVED_ENV_PREFIXES: Final = ("MGPU_", "PET_", "SLURM_")
+_ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|BASH_FUNC_[A-Za-z_][A-Za-z0-9_.:+-]*%%")
+
+
+def is_env_name(name: str) -> bool:
+    """A POSIX variable name, or bash's name for an exported function (``BASH_FUNC_f%%``)."""
+    return _ENV_NAME_RE.fullmatch(name) is not None
+
+
+def is_reserved_env_name(name: str) -> bool:
+    """Set by the scheduler: a value the user gives for it is not passed to the job."""
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def validate_env(env: Mapping[str, str], option: str = "--env") -> dict[str, str]:
+    """A job's environment: at most 4096 variables with POSIX names, values of UTF-8
+    without NUL, each ``NAME=value`` at most 64 KiB and 256 KiB in all."""
+    if len(env) > MAX_ENV_VARS:
+        raise SpecError(f"{option} has {len(env)} variables; at most {MAX_ENV_VARS} are allowed")
+    total = 0
+    for name, value in env.items():
+        problem = text_problem(name)
+        if problem is not None:
+            raise SpecError(f"{option} name {_q(name)} {problem}")
+        if not is_env_name(name):
+            raise SpecError(
+                f"{option} name {_q(name)} is not a variable name; use letters, digits and "
+                "'_', not starting with a digit"
+            )
+        where = f"{option}[{_short(name)}]"
+        validate_text(value, where)
+        size = len(name) + 1 + len(value.encode("utf-8"))
+        if size > MAX_ENV_ENTRY_BYTES:
+            raise SpecError(
+                f"{where} is {size} bytes long; at most {MAX_ENV_ENTRY_BYTES} bytes (64 KiB) "
+                "per variable are allowed"
+            )
+        total += size + 1
+    if total > MAX_ENV_BYTES:
+        raise SpecError(
+            f"{option} is {total} bytes in all; at most {MAX_ENV_BYTES} bytes (256 KiB) are allowed"
+        )
+    return dict(env)
+
+
+def validate_cwd(text: str) -> str:
+    """A working directory: an absolute path of UTF-8 without NUL, at most 4095 bytes."""
+    validate_text(text, "--cwd")
+    if not text.startswith("/"):
+        raise SpecError(f"--cwd {_q(text)} is not an absolute path")
+    size = len(text.encode("utf-8"))
+    if size > MAX_PATH_BYTES:
+        raise SpecError(f"--cwd is {size} bytes long; at most {MAX_PATH_BYTES} are allowed")
+    return text
+
+
+_IMAGE_RE: Final = re.compile(r"[A-Za-z0-9_./:@+=~-]{1,512}")
+"""Image names and .sif paths: no whitespace, no shell or option syntax."""
+
+
+def validate_image(text: str) -> str:
+    """A container image name or ``.sif`` path, not looking like an option."""
+    validate_text(text, "--image")
+    if _IMAGE_RE.fullmatch(text) is None or text.startswith("-"):
+        raise SpecError(f"--image {_q(text)} is not a valid image name or .sif path")
     return text
 
 
