@@ -87,18 +87,25 @@ def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
         # Our own validators' messages are whole sentences that name the option.
         return str((err.get("ctx") or {}).get("error", err.get("msg", "invalid value")))
     loc = [p for p in raw_loc if p not in ("body", "query", "path")]
+    if kind == "string_unicode":  # a key pydantic cannot read as text (a lone surrogate)
+        return f"{_where(loc) if loc else 'a field name of the request'} is not valid UTF-8"
     if not loc:
         if kind == "missing":
             return "the request body is missing; send a JSON object"
         if kind in ("model_attributes_type", "model_type", "dict_type"):
             return "the request body must be a JSON object"
         return "the request body " + _predicate(str(err.get("msg", "")))
-    where = "--" + _shown(loc[0]).replace("_", "-") + "".join(f"[{_shown(p)}]" for p in loc[1:])
+    where = _where(loc)
     if kind == "extra_forbidden":
         return f"{where} is not an option of this request"
     if kind == "missing":
         return f"{where} is required"
     return f"{where} {_predicate(str(err.get('msg', '')))}"
+
+
+def _where(loc: list[Any]) -> str:
+    """A JSON location as the option the user typed: `--gpus-per-node`, `--env[NAME]`."""
+    return "--" + _shown(loc[0]).replace("_", "-") + "".join(f"[{_shown(p)}]" for p in loc[1:])
 
 
 def _predicate(msg: str) -> str:

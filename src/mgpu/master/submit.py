@@ -23,7 +23,7 @@ import math
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -66,12 +66,20 @@ def _named(option: str, parse: Callable[[str], T], text: str) -> T:
         raise specs.SpecError(f"{option}: {e}") from None
 
 
+MAX_OPTION_CHARS = 64 * 1024
+"""Longest option string parsed (node lists, arrays ...): parsing stays in milliseconds."""
+
+
 def _text_of(value: Any, option: str, example: str) -> str | None:
     """A string field's raw value: None for absent (null or ""), else checked text."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise specs.SpecError(f"{option} must be text such as {example}")
+    if len(value) > MAX_OPTION_CHARS:
+        raise specs.SpecError(
+            f"{option} is {len(value)} characters long; at most {MAX_OPTION_CHARS} are allowed"
+        )
     return specs.validate_text(value, option)
 
 
@@ -405,27 +413,24 @@ def build_jobs(
     )
     if spec.array is None:
         return [base]
+    # The tasks share the request's fields, argv and env included (nothing changes them
+    # after submit; a launch copies the env): 100,000 tasks must not mean 100,000 copies.
+    common = {f: getattr(base, f) for f in _JOB_FIELDS if f not in _PER_TASK}
     cap = spec.array.max_running
-    return [_task(base, index, cap) for index in spec.array.indices]
+    return [
+        Job(
+            **common,
+            id=specs.array_task_id(base.id, index),
+            array_job_id=base.id,
+            array_task_id=index,
+            array_max_running=cap,
+        )
+        for index in spec.array.indices
+    ]
 
 
-def _task(base: Job, index: int, max_running: int | None) -> Job:
-    """Task `index` of the array `base` describes: its own copy of every mutable field."""
-    return replace(
-        base,
-        id=specs.array_task_id(base.id, index),
-        array_job_id=base.id,
-        array_task_id=index,
-        array_max_running=max_running,
-        argv=list(base.argv),
-        env=dict(base.env),
-        gpu_ids=None if base.gpu_ids is None else list(base.gpu_ids),
-        node_gpu_ids=(
-            None if base.node_gpu_ids is None else [(n, list(g)) for n, g in base.node_gpu_ids]
-        ),
-        nodelist=None if base.nodelist is None else list(base.nodelist),
-        exclude=list(base.exclude),
-        dependency=list(base.dependency),
-        allocation=[],
-        attempts=[],
-    )
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
+_PER_TASK = frozenset(
+    {"id", "array_job_id", "array_task_id", "array_max_running", "allocation", "attempts"}
+)
+"""Fields each task of an array has for itself (allocation and attempts: fresh lists)."""
