@@ -140,7 +140,9 @@ def test_refused_requests_answer_one_sentence_and_store_nothing(one_node: LocalC
 
 
 def test_jobs_queued_before_any_node_are_judged_once_nodes_join(tmp_path: Path) -> None:
-    c = LocalCluster(tmp_path, config="networking:\n  heartbeat_interval: 0.3\n")
+    # Listed nodes that never said hello have no GPUs to judge a job against either.
+    config = "networking:\n  heartbeat_interval: 0.3\nnodes:\n  - node_id: node001\n"
+    c = LocalCluster(tmp_path, config=config + "  - node_id: node002\n")
     try:
         c.start_master()
         client = c.client()

@@ -291,7 +291,7 @@ class Cluster:
         )
         base_id = jobs[0].array_job_id or jobs[0].id
         ctx = AdmissionContext(
-            nodes=self._node_views(),
+            nodes=self._node_views() if self._any_node_joined() else [],
             request_for=self._request_for,
             job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
             groups=_unix_groups,
@@ -306,6 +306,8 @@ class Cluster:
             self.jobs[job.id] = job
         if not ctx.nodes:
             self._unjudged.update(job.id for job in jobs)
+            if self._any_node_joined():  # while the site validator ran
+                self._judge_unjudged_later()
         self.wake()
         task_ids = [j.id for j in jobs] if jobs[0].array_job_id is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
@@ -315,6 +317,11 @@ class Cluster:
         while job_id in self.jobs or job_id in self._ids_in_admission or self.store.has_job(job_id):
             job_id = specs.new_job_id()
         return job_id
+
+    def _any_node_joined(self) -> bool:
+        """Whether any node has ever said hello (nodes listed in the config but never seen
+        have no GPUs to judge a job against)."""
+        return any(n.gpu_source != "unknown" for n in self.nodes.values())
 
     def _judge_unjudged_later(self) -> None:
         """Jobs queued before any node was known could not be judged at submit.  Once a
