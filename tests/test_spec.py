@@ -7,6 +7,8 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mgpu.spec import (
     MAX_ARG_BYTES,
@@ -720,6 +722,34 @@ def test_env_errors(env: dict[str, str], fragments: tuple[str, ...]) -> None:
     with pytest.raises(SpecError) as exc:
         validate_env(env)
     check_message(exc, *fragments)
+
+
+ENV_NAMES = st.one_of(
+    st.sampled_from(["A", "_b9", "BASH_FUNC_f%%", "A\nB", "A=B", "", "1A", "\ud800", "A\x00"]),
+    st.text(max_size=4),
+)
+ENV_VALUES = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(["\x00", "\udcff", "ü", "x" * 40_000, "é" * 30_000]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(ENV_NAMES, ENV_VALUES, max_size=8))
+def test_env_fast_path_agrees_with_the_rules(env: dict[str, str]) -> None:
+    """`validate_env` decides plain environments in one pass: same answer as the rules
+    applied variable by variable."""
+    sizes = [len(k) + 1 + len(v.encode("utf-8", "surrogatepass")) for k, v in env.items()]
+    ok = (
+        all(is_env_name(k) and text_problem(v) is None for k, v in env.items())
+        and all(size <= MAX_ENV_ENTRY_BYTES for size in sizes)
+        and sum(size + 1 for size in sizes) <= MAX_ENV_BYTES
+    )
+    if ok:
+        assert validate_env(env) == env
+    else:
+        with pytest.raises(SpecError):
+            validate_env(env)
 
 
 def test_argv_ok_at_its_limits() -> None:

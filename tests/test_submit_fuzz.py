@@ -139,7 +139,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "image": options("busybox", "-v", "a b"),
     "bogus_field": ODD,
 }
-SAFE_TEXT = st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=20)
+SAFE_TEXT = st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=20)
 """Text a program can be given (hypothesis leaves surrogates out by default)."""
 VALID: dict[str, st.SearchStrategy[Any]] = {
     "name": st.sampled_from(["train", "训练 run", "x" * 128]),
