@@ -240,14 +240,21 @@ async def _run(command: str, stdin: bytes, timeout: float) -> tuple[int | None, 
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except TimeoutError:
+        _kill_group(proc.pid)
+        with contextlib.suppress(TimeoutError):  # its pipes closed and its exit reaped
+            await asyncio.wait_for(proc.communicate(), 5)
         return None, "", ""
-    finally:
-        if proc.returncode is None:  # timed out, or the request was cancelled
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    except BaseException:  # the request was cancelled
+        _kill_group(proc.pid)
+        raise
     code = proc.returncode
     assert code is not None
     return code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _first_line(text: str) -> str:
