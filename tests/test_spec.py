@@ -10,24 +10,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mgpu.spec import (
+from mgpu.execspec import (
     MAX_ARG_BYTES,
     MAX_ARGV_BYTES,
     MAX_ARGV_ITEMS,
-    MAX_ARRAY_TASKS,
-    MAX_COMMAND_BYTES,
     MAX_ENV_BYTES,
     MAX_ENV_ENTRY_BYTES,
     MAX_ENV_VARS,
+    is_env_name,
+    is_reserved_env_name,
+    validate_argv,
+    validate_cwd,
+    validate_env,
+    validate_image,
+)
+from mgpu.spec import (
+    MAX_ARRAY_TASKS,
+    MAX_COMMAND_BYTES,
     ArraySpec,
     Dependency,
     SpecError,
     array_task_id,
     format_array,
     format_time_limit,
-    is_env_name,
     is_job_id,
-    is_reserved_env_name,
     new_job_id,
     parse_array,
     parse_dependency,
@@ -40,11 +46,7 @@ from mgpu.spec import (
     parse_time_limit,
     split_array_task_id,
     text_problem,
-    validate_argv,
     validate_command,
-    validate_cwd,
-    validate_env,
-    validate_image,
     validate_job_id,
     validate_job_name,
     validate_node_id,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from helpers import BIN, LocalCluster, local_cluster, wait_for
-from mgpu.spec import is_reserved_env_name
+from mgpu.execspec import is_reserved_env_name
 
 
 @pytest.fixture(scope="module")

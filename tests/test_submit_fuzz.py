@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import BIN, LocalCluster
-from mgpu.spec import is_reserved_env_name
+from mgpu.execspec import is_reserved_env_name
 
 MAX_EXAMPLES = 150
 ME = getpass.getuser()

@@ -380,7 +380,7 @@ class Client:
             conn.close()
 
 
-# What mgpu.spec.is_env_name accepts (not imported: the CLI must start fast).
+# What mgpu.execspec.is_env_name accepts (not imported: the CLI must start fast).
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*|BASH_FUNC_[A-Za-z_][A-Za-z0-9_.:+-]*%%"
 
 

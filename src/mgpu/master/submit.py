@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.model import Job
@@ -154,7 +155,7 @@ def _command(value: str) -> str:
 
 
 def _argv(value: list[str] | None) -> list[str] | None:
-    return specs.validate_argv(value) if value else None  # [] means "not given", as before
+    return execspec.validate_argv(value) if value else None  # [] means "not given", as before
 
 
 def _name(value: str) -> str:
@@ -183,15 +184,15 @@ def _gpu_type(value: str) -> str:
 
 
 def _cwd(value: str) -> str | None:
-    return specs.validate_cwd(value) if value else None
+    return execspec.validate_cwd(value) if value else None
 
 
 def _env(value: dict[str, str] | None) -> dict[str, str] | None:
-    return None if value is None else specs.validate_env(value)
+    return None if value is None else execspec.validate_env(value)
 
 
 def _image(value: str) -> str | None:
-    return specs.validate_image(value) if value else None
+    return execspec.validate_image(value) if value else None
 
 
 def _schema(*types: dict[str, Any]) -> WithJsonSchema:
@@ -289,7 +290,7 @@ class JobSpec(BaseModel):
     @property
     def dropped_env(self) -> list[str]:
         """Names in `env` the scheduler sets itself: valid, but not passed to the job."""
-        return sorted(n for n in self.env or () if specs.is_reserved_env_name(n))
+        return sorted(n for n in self.env or () if execspec.is_reserved_env_name(n))
 
 
 def _reconcile(spec: JobSpec) -> Shape:
@@ -378,7 +379,7 @@ def build_jobs(
     else:
         time_limit = None if math.isinf(spec.time) else spec.time
     shape = spec.shape
-    env = {k: v for k, v in (spec.env or {}).items() if not specs.is_reserved_env_name(k)}
+    env = {k: v for k, v in (spec.env or {}).items() if not execspec.is_reserved_env_name(k)}
     base = Job(
         id=new_id(),
         user=user,
