@@ -283,6 +283,10 @@ class Client:
     def resume(self, node_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/api/nodes/{_quote(node_id)}/resume"))
 
+    def remove_node(self, node_id: str) -> dict[str, Any]:
+        """Forget a node and its secret (admin): `{"removed": ID, "requeued": [job ids]}`."""
+        return dict(self._request("DELETE", f"/api/nodes/{_quote(node_id)}"))
+
     def history(
         self,
         user: str | None = None,

@@ -262,8 +262,24 @@ def cmd_master(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    if not args.target:
+        raise UsageError("mgpu node remove needs the node id: mgpu node remove ID")
+    if args.join_token:
+        args.token = args.join_token  # `mgpu node remove ID --token T`: T is the admin's
+    res = make_client(args).remove_node(args.target)
+    requeued = res.get("requeued") or []
+    print(f"removed {res['removed']}" + (f"; requeued {', '.join(requeued)}" if requeued else ""))
+    return 0
+
+
 def cmd_node(args: argparse.Namespace) -> int:
+    if args.action == "remove":
+        return cmd_node_remove(args)
+    if args.node_id is None:
+        raise UsageError("the following arguments are required: --node-id")
     from mgpu.agent.agent import AgentRefused, run_agent
+    from mgpu.agent.identity import NodeIdentityError
     from mgpu.master.server import default_state_dir, setup_logging
     from mgpu.spec import SpecError, validate_node_id
 
@@ -308,6 +324,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         )
     except AgentRefused as e:
         _fail(f"the master refused this node: {e}")
+    except NodeIdentityError as e:
+        _fail(str(e))
     return 0
 
 
@@ -515,8 +533,10 @@ def build_parser() -> Parser:
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
     )
 
-    s = add("node", cmd_node, "run a node agent (foreground)")
-    s.add_argument("--node-id", required=True)
+    s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")
+    s.add_argument("action", nargs="?", choices=["remove"], help="remove ID (admin)")
+    s.add_argument("target", nargs="?", metavar="ID", help="(remove) the node to forget")
+    s.add_argument("--node-id")
     s.add_argument("--master-host", default="127.0.0.1")
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
@@ -527,7 +547,9 @@ def build_parser() -> Parser:
     )
     s.add_argument("--health", action="store_true", help="run the node's checks and exit")
     s.add_argument("--advertise-ip", help="the IP other nodes reach this one at")
-    s.add_argument("--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN)")
+    s.add_argument(
+        "--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN; remove: yours)"
+    )
     s.add_argument("--insecure", action="store_true", help="plain ws:// to a non-loopback master")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
     s.add_argument("--verbose", "-v", action="store_true")

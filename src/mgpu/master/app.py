@@ -21,13 +21,13 @@ from starlette.requests import HTTPConnection
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity
-from mgpu.master.cluster import Cluster, NotFound
+from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
 from mgpu.master.submit import JobSpec, SubmitError
 from mgpu.model import Job, JobState
-from mgpu.protocol import Hello, Refused, encode, parse_agent_message, parse_agent_messages
+from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 
 log = logging.getLogger("mgpu.master")
 
@@ -327,6 +327,16 @@ def create_app(
         node = c().drain(node_id, body.reason, actor=ident.user, address=_address(request))
         return node.to_public(users)
 
+    @app.delete("/api/nodes/{node_id}")
+    async def remove_node(node_id: str, request: Request) -> Any:
+        """Forget a node and its secret (`mgpu node remove`); see Cluster.remove_node."""
+        ident = require_admin(request, "node remove")
+        try:
+            requeued = c().remove_node(node_id, actor=ident.user, address=_address(request))
+        except Conflict as e:
+            return _error(409, str(e))
+        return {"removed": node_id, "requeued": requeued}
+
     @app.post("/api/nodes/{node_id}/resume")
     async def resume(node_id: str, request: Request) -> dict[str, Any]:
         ident = require_admin(request, "resume")
@@ -420,15 +430,11 @@ def create_app(
         await ws.accept()
         cl = c()
         try:
-            first = parse_agent_message(await ws.receive_text())
-        except (ValidationError, WebSocketDisconnect, ValueError):
+            first = parse_hello(await ws.receive_text())
+        except (HelloError, WebSocketDisconnect) as e:
             with contextlib.suppress(Exception):
-                await ws.send_text(encode(Refused(reason="the first message must be hello")))
+                await ws.send_text(encode(Refused(reason=str(e) or "no hello")))
                 await ws.close()
-            return
-        if not isinstance(first, Hello):
-            await ws.send_text(encode(Refused(reason="the first message must be hello")))
-            await ws.close()
             return
         refusal = cl.refuse_hello(first)
         address = ws.client.host if ws.client else "?"
@@ -442,6 +448,16 @@ def create_app(
             throttle.failed(address)
             if delay:
                 await asyncio.sleep(delay)
+        new_secret = None
+        if refusal is None:
+            # No await from here to agent_hello: a secret issued is a node accepted.
+            verdict = cl.verify_node(first)
+            refusal, new_secret = verdict.refusal, verdict.new_secret
+            if verdict.bad_secret:
+                delay = throttle.delay(address)
+                throttle.failed(address)
+                if delay:
+                    await asyncio.sleep(delay)
         if refusal is not None:
             cl.store.record_event(
                 "agent_refused", actor=first.node_id, address=address, detail=refusal
@@ -452,12 +468,14 @@ def create_app(
             await ws.close()
             return
         link = AgentLink(first.node_id, ws)
-        welcome = cl.agent_hello(first, link)
+        welcome = cl.agent_hello(first, link, new_secret)
         await ws.send_text(encode(welcome))
         writer = asyncio.create_task(link.writer())
         try:
             while True:
                 raw = await ws.receive_text()
+                if link.closed:
+                    break  # replaced by a newer connection of this node, or given up on
                 try:
                     messages = parse_agent_messages(raw)
                 except ValidationError:

@@ -31,6 +31,7 @@ from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.auth import Identity, TokenStore, job_of_token, new_job_token, same_secret
 from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
+from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.steps import Step, Steps, is_step_id
@@ -74,6 +75,10 @@ REPLAN_INTERVAL = 5.0
 
 class NotFound(KeyError):
     pass
+
+
+class Conflict(ValueError):
+    """A request that cannot be done in the current state; the message says why."""
 
 
 @dataclass
@@ -126,6 +131,7 @@ class Cluster:
         self.fingerprint = ensure_ca(state_dir)
         self.tokens = TokenStore(self.store.db, state_dir, self.fingerprint)
         self.tokens.bootstrap(self.default_user)
+        self.node_secrets = NodeSecrets(self.store.db)
         self._restricted = config.security.restricted_nodes()
         self._allowed_cache: dict[str, frozenset[str] | None] = {}
         self._load()
@@ -237,7 +243,9 @@ class Cluster:
             node.ip = rec.get("ip", "")
             from mgpu.protocol import GpuDesc
 
-            node.gpus = [GpuDesc(**g) for g in rec.get("gpus", [])]
+            # Unchecked: a record from before hellos were bounded must not stop the master;
+            # the agent's next hello replaces it with checked values.
+            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
             node.gpu_source = rec.get("gpu_source", "unknown")
             node.drain_requested = bool(rec.get("drain_requested"))
             node.reason = rec.get("reason")
@@ -494,6 +502,52 @@ class Cluster:
         self.store.record_event("resume", actor=actor, address=address, target=node_id)
         self.wake()
         return node
+
+    def remove_node(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> list[str]:
+        """Forget a node, its record and its secret, so that an agent can join under its
+        id afresh (one that lost its state dir, or a new machine).  Refused while its agent
+        is connected and runs jobs; the jobs of a node that is not connected are requeued
+        as for a lost node.  Returns the ids of the requeued jobs."""
+        node = self.nodes.get(node_id)
+        if node is None and not self.node_secrets.known(node_id):
+            raise NotFound(node_id)
+        requeued: list[str] = []
+        if node is not None:
+            running = sorted(
+                job.id
+                for job in (self.jobs.get(j) for j in node.jobs)
+                if job is not None and job.state == JobState.RUNNING
+            )
+            if node.connected and running:
+                raise Conflict(
+                    f"node {node_id} is connected and runs {len(running)} job(s) "
+                    f"({', '.join(running[:5])}): drain it and let them end, or stop its "
+                    "agent first"
+                )
+            for job_id in running:
+                job = self.jobs[job_id]
+                if job.cancel_requested:
+                    self._finish(job, JobState.CANCELLED, "cancelled")
+                else:
+                    self._requeue(job, f"node {node_id} removed")
+                    requeued.append(job_id)
+            if node.link is not None:
+                node.link.close()  # an idle agent still running joins again as a new node
+            del self.nodes[node_id]
+        # The secret first: should the master die in between, the node is forgotten anyway.
+        self.node_secrets.forget(node_id)
+        self.store.delete_node(node_id)
+        detail = f"requeued {', '.join(requeued)}" if requeued else None
+        self.store.record_event(
+            "node_remove", actor=actor, address=address, target=node_id, detail=detail
+        )
+        if self.config.node(node_id) is not None:
+            self._node_from_config(node_id)  # listed in the config: shown as at a fresh start
+        self.flush()
+        self.wake()
+        return requeued
 
     # ---- the scheduling loop ----------------------------------------------
 
@@ -1058,9 +1112,17 @@ class Cluster:
             )
         return None
 
-    def agent_hello(self, hello: Hello, link: AgentLink) -> Welcome:
+    def verify_node(self, hello: Hello) -> HelloVerdict:
+        """May this agent speak for its node id (mgpu.master.nodeauth)?"""
+        node = self.nodes.get(hello.node_id)
+        connected = node is not None and node.connected
+        return self.node_secrets.verify(hello.node_id, hello.node_secret, connected)
+
+    def agent_hello(self, hello: Hello, link: AgentLink, node_secret: str | None = None) -> Welcome:
+        """Accept an agent that `verify_node` let in; `node_secret`: issued at this join."""
         node = self._node_from_config(hello.node_id)
         if node.link is not None and node.link is not link:
+            log.warning("node %s proved its secret: its older connection is dropped", node.node_id)
             node.link.close()
         node.link = link
         node.hostname = hello.hostname
@@ -1092,7 +1154,10 @@ class Cluster:
         )
         self.wake()
         return Welcome(
-            heartbeat_interval=self.config.networking.heartbeat_interval, kill=kill, resume=resume
+            heartbeat_interval=self.config.networking.heartbeat_interval,
+            kill=kill,
+            resume=resume,
+            node_secret=node_secret,
         )
 
     def _resume_points(self, node: NodeRecord, reports: list[RunningReport]) -> list[Resume]:
@@ -1176,7 +1241,9 @@ class Cluster:
             log.warning("node %s disconnected", node_id)
 
     def agent_message(self, node_id: str, msg: Any) -> None:
-        node = self.nodes[node_id]
+        node = self.nodes.get(node_id)
+        if node is None:
+            return  # removed (mgpu node remove) while this message was on its way
         node.last_seen = time.time()
         if isinstance(msg, Heartbeat):
             node.telemetry = {t.index: t for t in msg.telemetry}
