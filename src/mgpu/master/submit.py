@@ -1,7 +1,7 @@
 """Submit at the edge: a request validated once into a typed `JobSpec`, and the jobs it makes.
 
 The submit route takes a `JobSpec` directly, so nothing behind it sees a raw dict.  Each
-field is checked by the parsers of `mgpu.spec` and holds the parsed value (`time` in
+field is checked by `mgpu.spec` and `mgpu.execspec` and holds the parsed value (`time` in
 seconds, `gpu_ids` as a tuple, `dependency` as `Dependency` values ...); the rules that
 join fields (GPUs against nodes, GPUs per node and explicit GPU lists) live in one model
 validator.  Every string that can reach a program is valid UTF-8 without NUL, and argv and
