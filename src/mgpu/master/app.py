@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,51 +16,20 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import HTTPConnection
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity
-from mgpu.master.cluster import Cluster, Conflict, NotFound, SubmitError
+from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
+from mgpu.master.submit import JobSpec, SubmitError
 from mgpu.model import Job, JobState
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 
 log = logging.getLogger("mgpu.master")
-
-
-class SubmitRequest(BaseModel):
-    """A job as the client sends it; the master validates every field again."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str | None = None
-    argv: list[str] | None = None
-    name: str | None = None
-    user: str | None = None
-    gpus: int | None = Field(default=None, ge=0, le=100000)
-    gpu_ids: str | list[int] | None = None
-    node_gpu_ids: str | None = None
-    nodes: int | None = Field(default=None, ge=1, le=100000)
-    gpus_per_node: int | None = Field(default=None, ge=0, le=100000)
-    nodelist: str | list[str] | None = None
-    exclude: str | list[str] | None = None
-    gpu_type: str | None = None
-    policy: str | None = None
-    distributed: bool = False
-    mpi: bool = False
-    time: str | None = None
-    priority: int = Field(default=0, ge=-1000000, le=1000000)
-    retries: int | None = Field(default=None, ge=0, le=1000)
-    dependency: str | None = None
-    array: str | None = None
-    preemptible: bool = False
-    interactive: bool = False
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    image: str | None = Field(default=None, max_length=512)
 
 
 class WaitRequest(BaseModel):
@@ -93,15 +63,57 @@ def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
+_SHOULD = re.compile(r"^(?:Input|String|List|Dictionary|Value|Tuple|Set) should ")
+
+
+def _shown(part: object) -> str:
+    """A piece of an error location as the user may see it: printable, short, encodable."""
+    text = str(part)
+    if len(text) > 40 or not text.isprintable():
+        return ascii(text[:40] + ("..." if len(text) > 40 else ""))
+    return text
+
+
 def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
+    """One sentence for a refused request, naming the option as the user typed it
+    (``--gpus-per-node``, ``--env[NAME]``), not the JSON field; no pydantic wording."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-    msg = str(err.get("msg", "invalid value")).replace("Input should be", "must be")
+    kind = err.get("type", "")
+    raw_loc = tuple(err.get("loc", ()))
+    if kind == "json_invalid":
+        why = (err.get("ctx") or {}).get("error", "")
+        at = f" at character {raw_loc[1]}" if len(raw_loc) > 1 else ""
+        return f"the request body is not valid JSON ({why}{at})"
+    if kind in ("value_error", "assertion_error"):
+        # Our own validators' messages are whole sentences that name the option.
+        return str((err.get("ctx") or {}).get("error", err.get("msg", "invalid value")))
+    loc = [p for p in raw_loc if p not in ("body", "query", "path")]
+    if kind == "string_unicode":  # a key pydantic cannot read as text (a lone surrogate)
+        return f"{_where(loc) if loc else 'a field name of the request'} is not valid UTF-8"
     if not loc:
-        return msg
-    # Name the option as the user typed it (--gpus-per-node), not the JSON field.
-    where = "--" + loc[0].replace("_", "-") + "".join(f"[{p}]" for p in loc[1:])
-    return f"{where} {msg}"
+        if kind == "missing":
+            return "the request body is missing; send a JSON object"
+        if kind in ("model_attributes_type", "model_type", "dict_type"):
+            return "the request body must be a JSON object"
+        return "the request body " + _predicate(str(err.get("msg", "")))
+    where = _where(loc)
+    if kind == "extra_forbidden":
+        return f"{where} is not an option of this request"
+    if kind == "missing":
+        return f"{where} is required"
+    return f"{where} {_predicate(str(err.get('msg', '')))}"
+
+
+def _where(loc: list[Any]) -> str:
+    """A JSON location as the option the user typed: `--gpus-per-node`, `--env[NAME]`."""
+    return "--" + _shown(loc[0]).replace("_", "-") + "".join(f"[{_shown(p)}]" for p in loc[1:])
+
+
+def _predicate(msg: str) -> str:
+    """pydantic's "Input should be a valid integer" as "must be a valid integer"."""
+    if _SHOULD.match(msg):
+        return _SHOULD.sub("must ", msg)
+    return f"is not valid: {msg[:1].lower()}{msg[1:]}" if msg else "is not valid"
 
 
 def create_app(
@@ -204,20 +216,21 @@ def create_app(
     # ---- jobs ---------------------------------------------------------------
 
     @app.post("/api/jobs")
-    async def submit(req: SubmitRequest, request: Request) -> JSONResponse:
+    async def submit(spec: JobSpec, request: Request) -> JSONResponse:
+        """Queue a job: `spec` is already checked field by field (`mgpu.master.submit`)."""
         ident = who(request)
         user = ident.user
-        if req.user and req.user != ident.user:
+        if spec.user and spec.user != ident.user:
             if not ident.admin:
-                raise deny(request, "submit", f"{ident.user} may not submit as {req.user}")
-            user = req.user
+                raise deny(request, "submit", f"{ident.user} may not submit as {spec.user}")
+            user = spec.user
         grant = c().root_grant(ident)
         reserved = None if grant else c().root_name(user)
         if reserved is not None:
             why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
             raise deny(request, "submit", f"{why} may submit as {user}")
         try:
-            result = c().submit(req.model_dump(), user, address=_address(request), allow_root=grant)
+            result = await c().submit(spec, user, address=_address(request), allow_root=grant)
         except SubmitError as e:
             c().store.record_event(
                 "submit_refused", actor=user, address=_address(request), detail=str(e)
@@ -226,6 +239,8 @@ def create_app(
         body: dict[str, Any] = {"job_id": result.job_id}
         if result.task_ids is not None:
             body["task_ids"] = result.task_ids
+        if result.dropped_env:  # set by the scheduler itself: said once, not passed
+            body["dropped_env"] = result.dropped_env
         return JSONResponse(body, status_code=201)
 
     @app.get("/api/jobs")

@@ -14,16 +14,13 @@ that keep a GPU from being given twice and a job from running twice:
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import getpass
 import logging
-import math
 import os
-import shlex
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +28,7 @@ from pydantic import BaseModel
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
-from mgpu.master.admission import Admission
+from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.auth import (
     Identity,
     TokenStore,
@@ -49,6 +46,7 @@ from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.snapshot import job_request, node_views, prepare, scheduler_config
 from mgpu.master.steps import Step, Steps, is_step_id
 from mgpu.master.store import Store
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
     PROTOCOL_VERSION,
@@ -72,34 +70,14 @@ from mgpu.scheduler import (
     NodeView,
     SchedulerConfig,
     UsageLedger,
-    could_ever_fit,
     schedule,
 )
 from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
 
-# Environment a client must not pass into a job: the scheduler sets these.
-_RESERVED_ENV_PREFIXES = ("MGPU_", "PET_", "SLURM_")
-_RESERVED_ENV = {
-    "CUDA_VISIBLE_DEVICES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "NNODES",
-    "NODE_RANK",
-    "NPROC_PER_NODE",
-    "RANK",
-    "LOCAL_RANK",
-}
-
-
 REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
-
-
-class SubmitError(ValueError):
-    """A request that is refused at submit; the message is one sentence for the user."""
 
 
 class NotFound(KeyError):
@@ -114,6 +92,8 @@ class Conflict(ValueError):
 class SubmitResult:
     job_id: str
     task_ids: list[str] | None = None
+    dropped_env: list[str] = field(default_factory=list)
+    """Reserved names in the submitted environment, not passed to the job."""
 
 
 class Cluster:
@@ -135,7 +115,12 @@ class Cluster:
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
         self.job_metrics = JobMetrics()
         self.gpuwatch = GpuWatch(config)
-        self.admission = Admission(config.site.admission)
+        self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
+        self._ids_in_admission: set[str] = set()
+        self._unjudged: set[str] = set()
+        """Jobs queued while no node was known: judged once nodes have joined."""
+        self._rejudge_armed = False
         self._priorities: dict[str, float] = {}
         self._factors: dict[str, dict[str, float]] = {}
         self._expected_start: dict[str, float] = {}
@@ -339,179 +324,83 @@ class Cluster:
 
     # ---- submit -----------------------------------------------------------
 
-    def submit(
+    async def submit(
         self,
-        req: dict[str, Any],
+        spec: JobSpec,
         user: str | None,
         address: str | None = None,
         allow_root: bool = False,
     ) -> SubmitResult:
-        """Validate and queue; raises SubmitError with one sentence, storing nothing.
+        """Build, admit, store: raises SubmitError with one sentence, storing nothing.
         allow_root: the submitter's grant (root_grant), recorded on every job."""
-        try:
-            jobs = self._build_jobs(req, user or self.default_user)
-        except specs.SpecError as e:
-            raise SubmitError(str(e)) from None
+        jobs = build_jobs(
+            spec, user or self.default_user, self._submit_defaults, time.time(), self._new_job_id
+        )
         for job in jobs:
             job.allow_root = allow_root
-        target = jobs[0].array_job_id or jobs[0].id
-        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, target))
+        base_id = jobs[0].array_job_id or jobs[0].id
+        ctx = AdmissionContext(
+            nodes=self._node_views() if self._any_node_joined() else [],
+            request_for=self._request_for,
+            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
+            groups=_unix_groups,
+        )
+        self._ids_in_admission.add(base_id)  # the site validator may take a while
+        try:
+            await self.admission.admit(jobs, spec, ctx)
+        finally:
+            self._ids_in_admission.discard(base_id)
+        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, base_id))
         for job in jobs:
             self.jobs[job.id] = job
+        if not ctx.nodes:
+            self._unjudged.update(job.id for job in jobs)
+            if self._any_node_joined():  # while the site validator ran
+                self._judge_unjudged_later()
         self.wake()
-        if jobs[0].array_job_id is not None:
-            return SubmitResult(jobs[0].array_job_id, [j.id for j in jobs])
-        return SubmitResult(jobs[0].id)
+        task_ids = [j.id for j in jobs] if jobs[0].array_job_id is not None else None
+        return SubmitResult(base_id, task_ids, spec.dropped_env)
 
-    def _build_jobs(self, req: dict[str, Any], user: str) -> list[Job]:
-        sched = self.config.scheduling
-        argv: list[str]
-        if req.get("argv"):
-            argv = [str(a) for a in req["argv"]]
-            if not argv[0].strip():
-                raise SubmitError("the command is empty")
-            command = shlex.join(argv)
-        else:
-            command = specs.validate_command(str(req.get("command") or ""))
-            argv = ["/bin/sh", "-c", command]
-        name = req.get("name")
-        if name is not None:
-            name = specs.validate_job_name(str(name))
-        gpu_ids = None
-        if req.get("gpu_ids") not in (None, "", []):
-            raw = req["gpu_ids"]
-            gpu_ids = list(
-                specs.parse_gpu_ids(raw if isinstance(raw, str) else ",".join(map(str, raw)))
-            )
-        node_gpu_ids = None
-        if req.get("node_gpu_ids"):
-            node_gpu_ids = [(n, list(g)) for n, g in specs.parse_node_gpu_ids(req["node_gpu_ids"])]
-        nodes = req.get("nodes")
-        gpus_per_node = req.get("gpus_per_node")
-        gpus = req.get("gpus")
-        if nodes is not None or gpus_per_node is not None:
-            nodes = 1 if nodes is None else int(nodes)
-            if gpus_per_node is None:
-                gpus_per_node = 1 if gpus is None else max(0, int(gpus) // max(nodes, 1))
-            gpus_per_node = int(gpus_per_node)
-            if nodes < 1:
-                raise SubmitError("--nodes must be at least 1")
-            if gpus_per_node < 0:
-                raise SubmitError("--gpus-per-node must not be negative")
-            if gpus is not None and int(gpus) != nodes * gpus_per_node:
-                raise SubmitError(
-                    f"--gpus {gpus} does not match --nodes {nodes} × --gpus-per-node "
-                    f"{gpus_per_node}"
-                )
-            gpus = nodes * gpus_per_node
-        elif node_gpu_ids is not None:
-            total = sum(len(g) for _, g in node_gpu_ids)
-            if gpus is not None and int(gpus) != total:
-                raise SubmitError(
-                    f"--gpus {gpus} does not match the {total} GPUs in --node-gpu-ids"
-                )
-            gpus = total
-        elif gpu_ids is not None:
-            if gpus is not None and int(gpus) != len(gpu_ids):
-                raise SubmitError(f"--gpus {gpus} does not match the {len(gpu_ids)} --gpu-ids")
-            gpus = len(gpu_ids)
-        gpus = 1 if gpus is None else int(gpus)
-        if gpus < 0:
-            raise SubmitError("--gpus must not be negative")
-        if gpu_ids is not None and node_gpu_ids is not None:
-            raise SubmitError("use either --gpu-ids or --node-gpu-ids, not both")
-        nodelist = self._node_names(req.get("nodelist"))
-        exclude = self._node_names(req.get("exclude")) or []
-        time_limit = None
-        if req.get("time") not in (None, ""):
-            time_limit = specs.parse_time_limit(str(req["time"]))
-            if math.isinf(time_limit):
-                time_limit = None
-        elif sched.default_time_limit:
-            time_limit = specs.parse_time_limit(sched.default_time_limit)
-        retries = req.get("retries")
-        retries = sched.max_retries if retries is None else int(retries)
-        if retries < 0:
-            raise SubmitError("--retries must not be negative")
-        policy = req.get("policy")
-        if policy not in (None, "fill_first", "spread"):
-            raise SubmitError(f"unknown placement policy {policy!r} (use fill_first or spread)")
-        dependency: list[tuple[str, str]] = []
-        if req.get("dependency"):
-            for dep in specs.parse_dependency(str(req["dependency"])):
-                if self._find_dependency_target(dep.job_id) is None:
-                    raise SubmitError(f"dependency on unknown job {dep.job_id}")
-                dependency.append((dep.kind, dep.job_id))
-        cwd = req.get("cwd")
-        env = {
-            str(k): str(v)
-            for k, v in (req.get("env") or {}).items()
-            if k not in _RESERVED_ENV and not str(k).startswith(_RESERVED_ENV_PREFIXES)
-        }
-        now = time.time()
-        base = Job(
-            id=specs.new_job_id(),
-            user=user,
-            argv=argv,
-            command=command,
-            name=name,
-            reason="waiting to be scheduled",
-            gpus=gpus,
-            gpu_ids=gpu_ids,
-            node_gpu_ids=node_gpu_ids,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            nodelist=nodelist,
-            exclude=exclude,
-            gpu_type=specs.normalize_gpu_type(req.get("gpu_type")),
-            policy=policy,
-            distributed=bool(req.get("distributed")),
-            mpi=bool(req.get("mpi")),
-            time_limit=time_limit,
-            priority=int(req.get("priority") or 0),
-            max_retries=retries,
-            preemptible=bool(req.get("preemptible")),
-            dependency=dependency,
-            cwd=str(cwd) if cwd else None,
-            env=env,
-            interactive=bool(req.get("interactive")),
-            submit_time=now,
-            eligible_time=now,
-            image=str(req["image"]) if req.get("image") else None,
-        )
-        while base.id in self.jobs or self.store.has_job(base.id):
-            base.id = specs.new_job_id()
-        self.admission.check(base, req, self._node_views())  # site limits, validator
-        # Before any node is known there is nothing to judge against: the job waits.
-        why = could_ever_fit(self._request_for(base), self._node_views()) if self.nodes else None
-        if why is not None:
-            raise SubmitError(why)
-        cap = sched.max_gpus_per_user
-        if cap is not None and gpus > cap:
-            raise SubmitError(
-                f"the job asks for {gpus} GPUs but a user may hold at most {cap} "
-                "(scheduling.max_gpus_per_user)"
-            )
-        if not req.get("array"):
-            return [base]
-        array = specs.parse_array(str(req["array"]))
-        out = []
-        for index in array.indices:
-            rec = copy.deepcopy(base.to_record())
-            rec["id"] = f"{base.id}_{index}"
-            job = Job.from_record(rec)
-            job.array_job_id = base.id
-            job.array_task_id = index
-            job.array_max_running = array.max_running
-            out.append(job)
-        return out
+    def _new_job_id(self) -> str:
+        job_id = specs.new_job_id()
+        while job_id in self.jobs or job_id in self._ids_in_admission or self.store.has_job(job_id):
+            job_id = specs.new_job_id()
+        return job_id
 
-    def _node_names(self, raw: Any) -> list[str] | None:
-        if raw in (None, "", []):
-            return None
-        if isinstance(raw, str):
-            return list(specs.parse_node_list(raw))
-        return [specs.validate_node_id(str(n)) for n in raw]
+    def _any_node_joined(self) -> bool:
+        """Whether any node has ever said hello (nodes listed in the config but never seen
+        have no GPUs to judge a job against)."""
+        return any(n.gpu_source != "unknown" for n in self.nodes.values())
+
+    def _judge_unjudged_later(self) -> None:
+        """Jobs queued before any node was known could not be judged at submit.  Once a
+        node has joined, give the others one heartbeat interval to join too (agents that
+        start together), then fail those that could never run, with the sentence submit
+        would have given."""
+        if not self._unjudged or self._rejudge_armed:
+            return
+        self._rejudge_armed = True
+        delay = self.config.networking.heartbeat_interval
+        try:
+            asyncio.get_running_loop().call_later(delay, self._judge_unjudged)
+        except RuntimeError:
+            self._judge_unjudged()
+
+    def _judge_unjudged(self) -> None:
+        self._rejudge_armed = False
+        unjudged, self._unjudged = self._unjudged, set()
+        nodes = self._node_views()
+        verdicts: dict[str, str | None] = {}  # the tasks of an array share one
+        for job_id in sorted(unjudged):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            key = job.array_job_id or job.id
+            if key not in verdicts:
+                verdicts[key] = self.admission.never_fits(job, nodes, self._request_for)
+            why = verdicts[key]
+            if why is not None:
+                self._finish(job, JobState.FAILED, why)
 
     def _find_dependency_target(self, job_id: str) -> list[Job] | None:
         job = self.get_job(job_id)
@@ -1182,6 +1071,7 @@ class Cluster:
         kill = self._reconcile(node, hello.running)
         resume = self._resume_points(node, hello.running)
         self.store.save_node(node.node_id, node.to_record())
+        self._judge_unjudged_later()
         log.info(
             "node %s connected: %s (%s), %d GPU(s) via %s",
             node.node_id,
