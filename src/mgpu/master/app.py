@@ -14,7 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mgpu.config import ClusterConfig
@@ -64,6 +70,8 @@ class SubmitRequest(BaseModel):
 
 WAIT_MAX_IDS = 1000
 """Jobs one /api/wait may name (the client splits a longer list into several requests)."""
+LOOKUP_SLICE = 100
+"""Jobs read or rendered per loop turn by a request that names many."""
 CANCEL_SLICE = 200
 """Array tasks cancelled per loop turn (one transaction each), between them others run."""
 
@@ -235,7 +243,7 @@ def create_app(
                 await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
 
     @app.post("/api/wait")
-    async def wait_many(body: WaitRequest) -> Any:
+    async def wait_many(body: WaitRequest) -> Response:
         """Answer once every listed job has ended (or after `timeout` seconds)."""
         if len(body.ids) > WAIT_MAX_IDS:
             return _error(
@@ -244,9 +252,10 @@ def create_app(
                 "wait for them in several requests",
             )
         deadline = time.monotonic() + body.timeout
-        jobs = _all_found(c().get_jobs(body.ids), body.ids)
+        jobs = await _lookup(c(), body.ids)
         # Ended jobs stay ended: only the others are looked at again, in memory.
-        active = [j.id for j in jobs.values() if not j.terminal]
+        waited = [j.id for j in jobs.values() if not j.terminal]
+        active = list(waited)
         while active:
             job = c().get_job(active[-1])
             left = deadline - time.monotonic()
@@ -257,19 +266,27 @@ def create_app(
                     await asyncio.wait_for(c().job_event(job.id).wait(), timeout=left)
                 continue
             active.pop()
-        jobs = _all_found(c().get_jobs(body.ids), body.ids)
-        return {"jobs": [c().public_job(jobs[j]) for j in body.ids]}
+        jobs.update(await _lookup(c(), waited))
+        # Rendered a slice at a time, straight to JSON: FastAPI's own encoder would walk
+        # 1,000 jobs in Python in one go.
+        parts = []
+        for i in range(0, len(body.ids), LOOKUP_SLICE):
+            part = [c().public_job(jobs[j]) for j in body.ids[i : i + LOOKUP_SLICE]]
+            parts.append(json.dumps(part)[1:-1])
+            await asyncio.sleep(0)
+        body_text = '{"jobs": [' + ",".join(p for p in parts if p) + "]}"
+        return Response(body_text, media_type="application/json")
 
     @app.post("/api/jobs/{job_id}/cancel")
-    async def cancel(job_id: str, request: Request) -> dict[str, Any]:
+    async def cancel(job_id: str, request: Request) -> JSONResponse:
         ident = who(request)
         address = _address(request)
         job = c().get_job(job_id)
         if job is not None:
             require_owner(request, job, "cancel")
             if c().cancel(job, actor=ident.user, address=address):
-                return {"cancelled": [job.id], "already_ended": []}
-            return {"cancelled": [], "already_ended": [job.id]}
+                return JSONResponse({"cancelled": [job.id], "already_ended": []})
+            return JSONResponse({"cancelled": [], "already_ended": [job.id]})
         if len(job_id) != 8:  # not an array id either
             raise NotFound(job_id)
         # An array: its tasks a slice at a time, each slice in one transaction and the loop
@@ -289,7 +306,7 @@ def create_app(
             await asyncio.sleep(0)
         if not after:
             raise NotFound(job_id)
-        return {"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)}
+        return JSONResponse({"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)})
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
@@ -488,11 +505,16 @@ def create_app(
     return app
 
 
-def _all_found(jobs: dict[str, Job], ids: list[str]) -> dict[str, Job]:
+async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
+    """Jobs by id, a slice at a time (one store query each) with the loop free between."""
+    found: dict[str, Job] = {}
+    for i in range(0, len(ids), LOOKUP_SLICE):
+        found.update(cluster.get_jobs(ids[i : i + LOOKUP_SLICE]))
+        await asyncio.sleep(0)
     for job_id in ids:
-        if job_id not in jobs:
+        if job_id not in found:
             raise NotFound(job_id)
-    return jobs
+    return found
 
 
 def _by_task(ids: list[str]) -> list[str]:
