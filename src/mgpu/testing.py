@@ -295,11 +295,10 @@ class LoopProbe:
                 return
 
     def window(self, t0: float, t1: float) -> tuple[list[float], list[int]]:
-        """Latencies of the samples sent in [t0, t1], and the RSS readings taken then."""
-        rows = self.samples()
-        return [d for s, d, _ in rows if t0 <= s <= t1], [
-            r for s, d, r in rows if t0 <= s + d <= t1
-        ]
+        """Latencies of the samples in flight at any time in [t0, t1] (call settle() before
+        t0, so the one in flight then is not an earlier stall), and the RSS readings."""
+        rows = [(s, d, r) for s, d, r in self.samples() if s <= t1 and s + d >= t0]
+        return [d for _, d, _ in rows], [r for _, _, r in rows]
 
     def stop(self) -> None:
         kill_group(self.proc)

@@ -72,7 +72,7 @@ WAIT_MAX_IDS = 1000
 """Jobs one /api/wait may name (the client splits a longer list into several requests)."""
 LOOKUP_SLICE = 100
 """Jobs read or rendered per loop turn by a request that names many."""
-CANCEL_SLICE = 200
+CANCEL_SLICE = 100
 """Array tasks cancelled per loop turn (one transaction each), between them others run."""
 
 
