@@ -297,7 +297,10 @@ class LoopProbe:
     def window(self, t0: float, t1: float) -> tuple[list[float], list[int]]:
         """Latencies of the samples in flight at any time in [t0, t1] (call settle() before
         t0, so the one in flight then is not an earlier stall), and the RSS readings."""
-        rows = [(s, d, r) for s, d, r in self.samples() if s <= t1 and s + d >= t0]
+        samples = self.samples()
+        rows = [(s, d, r) for s, d, r in samples if s <= t1 and s + d >= t0]
+        if not rows:  # over between two samples: the next one tells
+            rows = [x for x in samples if x[0] >= t1][:1]
         return [d for _, d, _ in rows], [r for _, _, r in rows]
 
     def stop(self) -> None:
