@@ -25,6 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import BIN, LocalCluster, wait_for
+from mgpu.client.api import RequestError
 from mgpu.master.auth import BadTokenThrottle, Identity
 from mgpu.master.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
 from mgpu.master.outputs import CHUNK, OutputReader, OutputStore
@@ -202,6 +203,11 @@ def test_big_bodies_are_refused_before_they_are_read(stalls: Stalls) -> None:
     assert answer == "413 request body too large: POST /api/jobs takes at most 4 MiB"
     assert sent < 100 << 20
     stalls.check(t0)
+    # A body a little over the limit from the client: it reads the master's sentence.
+    with pytest.raises(RequestError) as refused:
+        c.client().submit("true", env={"BIG": "x" * (5 << 20)})
+    assert refused.value.status == 413
+    assert str(refused.value) == "request body too large: POST /api/jobs takes at most 4 MiB"
     assert c.client().queue(all=True)["jobs"] is not None  # still answering
 
 

@@ -4,7 +4,9 @@
 request's body (it reads the body before any dependency runs): a request without a
 valid token is refused at once and its body is never read; a body larger than the
 route's limit is refused with 413, at once when Content-Length says so, else as soon
-as the bytes received pass the limit (a chunked upload is cut there).
+as the bytes received pass the limit (a chunked upload is cut there).  A refused body
+of a modest size is dropped as it arrives, so the client can finish sending and read
+the answer; a huge one ends the connection.
 
 Refused logins are counted per address (`FailedLogins`) and written to the audit log
 as one row per address and window, so a flood of bad tokens costs a counter, not a
@@ -28,6 +30,11 @@ SUBMIT_BODY_LIMIT = 4 << 20
 """POST /api/jobs: a full environment and a job script fit with room to spare."""
 BODY_LIMIT = 256 << 10
 """Every other route: ids, names, a step's argv."""
+
+DRAIN_LIMIT = 16 << 20
+"""A refused body up to this size is read and dropped (no memory kept) so that the client
+can finish sending and read the answer; a larger one, or a chunked one, ends the
+connection instead."""
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/api/ca", "/openapi.json"})
 AGENT_PATH = "/api/agent"
@@ -124,7 +131,13 @@ class Guard:
         headers = Headers(scope=scope)
         path: str = scope["path"]
         method: str = scope["method"]
-        has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
+        try:
+            declared = int(headers.get("content-length", "0"))
+        except ValueError:
+            declared = 0
+        # After a refusal, a body still on its way is either dropped as it comes (uvicorn
+        # discards what arrives after the answer) or, when big or of unknown size, cut off.
+        cut_off = declared > DRAIN_LIMIT or "transfer-encoding" in headers
         if not is_open(path):
             header = headers.get("authorization", "")
             token = header[7:].strip() if header[:7].lower() == "bearer " else None
@@ -139,17 +152,13 @@ class Guard:
                 if delay:
                     await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
                 hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
-                await _refuse(send, 401, f"not authorised: {why}{hint}", close=has_body)
+                await _refuse(send, 401, f"not authorised: {why}{hint}", close=cut_off)
                 return
             self.throttle.succeeded(address)
             scope.setdefault("state", {})["identity"] = ident
         limit = body_limit(method, path)
-        try:
-            declared = int(headers.get("content-length", "0"))
-        except ValueError:
-            declared = 0
         if declared > limit:
-            await _refuse(send, 413, too_large(method, path, limit), close=True)
+            await _refuse(send, 413, too_large(method, path, limit), close=cut_off)
             return
         received = 0
         cut = False
@@ -176,7 +185,7 @@ class Guard:
 async def _refuse(send: Send, status: int, detail: str, close: bool) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    if close:  # a body is on its way that nobody will read
+    if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
