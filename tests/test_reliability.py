@@ -409,11 +409,12 @@ def test_master_restart_requeues_or_fails_jobs_the_agent_no_longer_runs(patient:
         rel.wait_running(j)
 
     rel.kill_master()
-    # node001 is wiped while the master is down: agent, its jobs and its state dir.
+    # node001 is wiped while the master is down: agent, its jobs and their records (it
+    # keeps its node secret: without it, it could not join as node001 again).
     rel.kill_agent("node001")
     kill_job_processes(rel, keep)
     kill_job_processes(rel, last)
-    shutil.rmtree(rel.root / "agent-node001")
+    shutil.rmtree(rel.root / "agent-node001" / "node-node001" / "spool")
 
     rel.c.start_master()
     rel.start_agent("node001", wait=False)  # comes back empty-handed

@@ -7,6 +7,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -244,22 +245,55 @@ def test_tls_with_pinned_ca(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+    os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")),
+    reason="needs root, setpriv and unshare",
 )
 def test_non_root_agent_runs_jobs_as_itself(cluster: LocalCluster) -> None:
-    # pytest's tmp dirs are private to root: nobody's state dir must live elsewhere.
-    state = Path(tempfile.mkdtemp(prefix="mgpu-nobody-"))
-    shutil.chown(state, "nobody", "nogroup")
-    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    argv += [str(BIN / "mgpu"), "node", "--node-id", "node009", "--fake-gpus", "1"]
-    argv += ["--master-port", str(cluster.port), "--state-dir", str(state)]
-    cluster.agents["node009"] = cluster._spawn(argv, cluster.root / "node009.log")
-    node = cluster.wait_node("node009", "online")
-    assert node["run_as_user"] == "nobody"
-    job = cluster.client().submit("id -un", nodelist="node009", gpus=0)
-    done = cluster.client().wait(job.id, timeout=30)
-    assert done["state"] == "completed", (done, cluster.log("node009"))
-    assert cluster.client().logs(job.id).strip() == "nobody"
-    assert "nobody" in cluster.cli("nodes").stdout
-    kill_group(cluster.agents.pop("node009"))
-    shutil.rmtree(state, ignore_errors=True)
+    # The agent runs as `nobody` with no capability at all, but this clone (and the Python
+    # it was made with) may live where nobody cannot walk: a `mktemp -d` under /root.  So it
+    # runs in a mount namespace of its own where the interpreter, the venv and the source
+    # tree are bind-mounted into a world-traversable temp dir: the same files, by a path
+    # nobody may walk.  (Not CAP_DAC_READ_SEARCH for the agent: its jobs would inherit the
+    # capability and no longer be a plain `nobody`.)
+    import sysconfig
+
+    import mgpu
+
+    top = Path(tempfile.mkdtemp(prefix="mgpu-nobody-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        state, base, venv, src = (top / d for d in ("state", "base", "venv", "src"))
+        for d in (state, base, venv, src):
+            d.mkdir()
+        shutil.chown(state, "nobody", "nogroup")
+        mounts = [sys.base_prefix, str(base), sys.prefix, str(venv)]
+        mounts += [str(Path(mgpu.__file__).parent.parent), str(src)]
+        site = venv / Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
+        python = base / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        script = (
+            'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; '
+            'shift; cd / && exec setpriv --reuid=nobody --regid=nogroup --clear-groups "$@"'
+        )
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+        # LD_LIBRARY_PATH: a shared-library build (pyenv's) finds its libpython by the old path.
+        # HOME: nobody's own (/nonexistent) is not there; root's is closed to it.
+        env = ["env", f"PYTHONPATH={src}:{site}", f"LD_LIBRARY_PATH={base / 'lib'}"]
+        env.append(f"HOME={state}")
+        argv += [*mounts, "--", *env, str(python), "-m", "mgpu"]
+        argv += ["node", "--node-id", "node009", "--fake-gpus", "1"]
+        argv += ["--master-port", str(cluster.port), "--state-dir", str(state)]
+        cluster.agents["node009"] = cluster._spawn(argv, cluster.root / "node009.log")
+        node = cluster.wait_node("node009", "online", timeout=60)
+        assert node["run_as_user"] == "nobody"
+        job = cluster.client().submit(
+            "id -un; grep CapEff /proc/self/status", nodelist="node009", gpus=0
+        )
+        done = cluster.client().wait(job.id, timeout=30)
+        assert done["state"] == "completed", (done, cluster.log("node009"))
+        user, caps = cluster.client().logs(job.id).splitlines()
+        assert user == "nobody"
+        assert caps.split() == ["CapEff:", "0000000000000000"]  # a plain account, no privilege
+        assert "nobody" in cluster.cli("nodes").stdout
+        kill_group(cluster.agents.pop("node009"))
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -89,7 +89,9 @@ class AccessRule(_Strict):
 
 class Security(_Strict):
     allow_root_jobs: bool = False
-    """Let tokens of users other than the master's owner run jobs that resolve to uid 0."""
+    """Allow explicit root grants: the owner's `mgpu token create USER --allow-root` (refused
+    while off, and existing grants then count for nothing).  The owner's admin-token runs
+    uid-0 jobs either way; no other token ever does without a grant."""
     node_groups: dict[str, list[str]] = Field(default_factory=dict)
     access: list[AccessRule] = Field(default_factory=list)
     """A node named by any rule is open only to the users and groups of its rules."""

@@ -4,6 +4,8 @@
 unit that runs exactly that command (same executable, same options, paths made absolute),
 ready for `/etc/systemd/system/`.  Tokens never go into the unit (unit files are world-
 readable): the agent reads `MGPU_JOIN_TOKEN` from `/etc/mgpu/node.env` (mode 0600).
+State dirs are private (0700): systemd makes one under /var/lib so (`StateDirectory=`,
+`StateDirectoryMode=0700`), and the master's unit sets `UMask=0077` for what it writes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,22 @@ def _abs(path: str | Path) -> str:
     return str(Path(path).expanduser().resolve())
 
 
+def _state_directory(state_dir: Path) -> str:
+    """systemd's StateDirectory= lines for a state dir under /var/lib (systemd creates it
+    0700, owned by the unit's user, and keeps it so); a comment for any other place."""
+    path = Path(_abs(state_dir))
+    try:
+        rel = path.relative_to("/var/lib")
+    except ValueError:
+        rel = None
+    if rel is None or not rel.parts:
+        return (
+            f"# {path} is made 0700 by mgpu itself; under /var/lib systemd would keep it so\n"
+            "# too (StateDirectory=, StateDirectoryMode=0700).\n"
+        )
+    return f"StateDirectory={systemd_quote(str(rel))}\nStateDirectoryMode=0700\n"
+
+
 def master_unit(args: argparse.Namespace, state_dir: Path) -> str:
     words = executable("master")
     if args.host:
@@ -86,8 +104,10 @@ Type=simple
 User={user}
 ExecStart={_exec_start(words)}
 # State (jobs, tokens, the CA) is in the --state-dir: a restart loses nothing, and agents
-# reconnect by themselves with their jobs still running.
-Restart=on-failure
+# reconnect by themselves with their jobs still running.  It holds secrets and every job's
+# environment and output: private to the unit's user.
+UMask=0077
+{_state_directory(state_dir)}Restart=on-failure
 RestartSec=2
 TimeoutStopSec=30
 LimitNOFILE=65536
@@ -135,7 +155,9 @@ Type=simple
 User={user}
 {token_note}EnvironmentFile=-/etc/mgpu/node.env
 ExecStart={_exec_start(words)}
-Restart=on-failure
+# The spool (jobs' output, run records) is private: a 0700 state dir and 0600 files.  No
+# UMask= here: jobs inherit the agent's umask, and files they write are their users' business.
+{_state_directory(state_dir)}Restart=on-failure
 RestartSec=5
 # KillMode=process: stopping or restarting the agent signals the agent alone, not the jobs
 # it started.  Jobs run under their own shim, in their own session, with their output and

@@ -127,8 +127,11 @@ class Job:
     cancel_requested: bool = False
     preempt_requested: bool = False
     timed_out: bool = False
-    job_token: str | None = None
-    """This run's credential (see mgpu.master.auth.new_job_token); None when not running."""
+    job_token_hashes: list[str] = field(default_factory=list)
+    """Hashes of this run's credentials (mgpu.master.auth.new_job_token): the plaintext is
+    only in the job's environment and the master's memory.  Empty when not running."""
+    allow_root: bool = False
+    """Decided at submit from the submitting token's grant: may this job run as uid 0."""
     port: int | None = None
     """MASTER_PORT of a distributed run (reserved on the rank-0 node)."""
     failed_node: str | None = None
@@ -163,6 +166,11 @@ class Job:
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Job:
         rec = dict(rec)
+        legacy = rec.pop("job_token", None)
+        if legacy:  # stored in clear by older versions: keep only its hash
+            from mgpu.master.auth import token_hash
+
+            rec["job_token_hashes"] = [*rec.get("job_token_hashes", []), token_hash(legacy)]
         rec["state"] = JobState(rec["state"])
         rec["allocation"] = [Slot(**s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]

@@ -10,18 +10,41 @@ recognised as stale and ignored (fencing).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
-PROTOCOL_VERSION = 3  # 2: output offsets, Welcome.resume, Forget; 3: batched frames
+from mgpu.spec import SpecError, validate_node_id
+
+PROTOCOL_VERSION = 4
+"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets."""
+
+MAX_GPUS_PER_NODE = 64
+MAX_RUNNING_REPORTS = 10000
+"""Runs (jobs and steps) one hello may list: far more than a node runs at once."""
+
+
+def _printable(value: str | None, limit: int) -> str | None:
+    """A string that is safe to show and store: bounded, no control characters."""
+    if value is None:
+        return None
+    if len(value) > limit:
+        raise ValueError(f"is {len(value)} characters long; at most {limit} are allowed")
+    if not value.isprintable():
+        raise ValueError("has characters that cannot be shown (control or invalid characters)")
+    return value
 
 
 class GpuDesc(BaseModel):
-    index: int
+    index: int = Field(ge=0, lt=1024)
     name: str
-    memory_mb: int
+    memory_mb: int = Field(ge=0, le=1 << 30)
     uuid: str | None = None
+
+    @field_validator("name", "uuid")
+    @classmethod
+    def _short_text(cls, value: str | None) -> str | None:
+        return _printable(value, 128)
 
 
 class GpuTelemetry(BaseModel):
@@ -61,6 +84,56 @@ class Hello(BaseModel):
     run_as_user: str | None = None
     """Set when the agent cannot switch users: every job runs as this account."""
     token: str | None = None
+    node_secret: str | None = None
+    """The secret this node received at its first join (see `Welcome.node_secret`)."""
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, value: str) -> str:
+        try:
+            return validate_node_id(value)
+        except SpecError as e:  # "node id 'x' is not valid; ..." -> "node_id 'x' is ..."
+            raise ValueError(str(e).removeprefix("the ").removeprefix("node id ")) from None
+
+    @field_validator("hostname", "ip", "gpu_source", "run_as_user")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _printable(value, 255)
+
+    @field_validator("token", "node_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        return _printable(value, 512)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: list[GpuDesc]) -> list[GpuDesc]:
+        if len(value) > MAX_GPUS_PER_NODE:
+            raise ValueError(f"lists {len(value)} GPUs; at most {MAX_GPUS_PER_NODE} per node")
+        seen: set[int] = set()
+        for gpu in value:
+            if gpu.index in seen:
+                raise ValueError(f"lists GPU index {gpu.index} twice")
+            seen.add(gpu.index)
+        return value
+
+    @field_validator("running")
+    @classmethod
+    def _running(cls, value: list[RunningReport]) -> list[RunningReport]:
+        if len(value) > MAX_RUNNING_REPORTS:
+            raise ValueError(f"lists {len(value)} runs; at most {MAX_RUNNING_REPORTS}")
+        for rep in value:
+            _printable(rep.job_id, 128)
+        return value
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, value: list[str]) -> list[str]:
+        if len(value) > 64:
+            raise ValueError(f"lists {len(value)} features; at most 64")
+        for feature in value:
+            _printable(feature, 64)
+        return value
 
 
 class Heartbeat(BaseModel):
@@ -140,6 +213,9 @@ class Welcome(BaseModel):
     resume: list[Resume] = Field(default_factory=list)
     """For each run the master expects: how much output it has, so the agent re-sends
     from there (output in flight when a connection broke is neither lost nor doubled)."""
+    node_secret: str | None = None
+    """Set at a node's first join only: the agent keeps it (0600) and proves its node id
+    with it in every later hello; the master keeps only its hash."""
 
 
 class Forget(BaseModel):
@@ -212,6 +288,28 @@ _master_batch: TypeAdapter[list[MasterMessage]] = TypeAdapter(list[MasterMessage
 
 def parse_agent_message(raw: str | bytes) -> AgentMessage:
     return _agent_adapter.validate_json(raw)
+
+
+class HelloError(ValueError):
+    """A first message that is not a valid hello; the text is one sentence for the agent."""
+
+
+def parse_hello(raw: str | bytes) -> Hello:
+    """The agent's first message, or HelloError naming the field that is wrong."""
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        raise HelloError("the first message must be hello (it is not JSON)") from None
+    if not isinstance(data, dict) or data.get("type") != "hello":
+        raise HelloError("the first message must be hello")
+    try:
+        return Hello.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ())) or "hello"
+        why = str(err.get("msg", "is invalid")).removeprefix("Value error, ")
+        why = why.replace("Input should be", "should be").replace("Field required", "is missing")
+        raise HelloError(f"invalid hello: {where} {why}") from None
 
 
 def parse_agent_messages(raw: str | bytes, errors: list[str] | None = None) -> list[AgentMessage]:

@@ -144,23 +144,46 @@ def client_context(ca_pem: bytes) -> ssl.SSLContext:
     return ctx
 
 
+class CAFetchError(ConnectionError):
+    """Something answered, but not with the master's CA (not an mgpu master?)."""
+
+
+class CAMismatch(ssl.SSLError):
+    """The CA the master presented is not the one the token names."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # SSLError's own shows the args tuple
+
+
 def fetch_pinned_ca(host: str, port: int, fingerprint: str, timeout: float) -> bytes:
     """Fetch the master's CA over an unverified TLS connection and check it against the
-    fingerprint the token carries; only a matching CA is ever trusted."""
-    import http.client
+    fingerprint the token carries; only a matching CA is ever trusted.
+
+    Raises CAMismatch when the CA does not match, ssl.SSLError when TLS itself fails, and
+    an OSError
+    for every other failure: the socket's own (refused, timed out, reset), or
+    CAFetchError when something answered that is not the master's CA.  (The minimal
+    client transport, not http.client: that would cost the CLI 40 ms of imports.)"""
+    from mgpu.client.wire import Connection
 
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
+    conn = Connection(host, port, timeout, ctx)
     try:
-        conn.request("GET", "/api/ca")
-        resp = conn.getresponse()
+        conn.settimeout(timeout)
+        resp = conn.request("GET", "/api/ca", None, {"Connection": "close"})
         pem = resp.read()
     finally:
         conn.close()
-    if resp.status != 200 or fingerprint_pem(pem) != fingerprint.lower():
-        raise ssl.SSLError(
+    if resp.status != 200:
+        raise CAFetchError(f"it answered HTTP {resp.status} when asked for its CA")
+    try:
+        found = fingerprint_pem(pem)
+    except (ValueError, UnicodeDecodeError):
+        raise CAFetchError("it answered with no CA certificate (is it an mgpu master?)") from None
+    if found != fingerprint.lower():
+        raise CAMismatch(
             f"the master at {host}:{port} presented a CA that does not match the token "
             "(wrong cluster, or someone in between)"
         )

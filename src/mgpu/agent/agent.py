@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mgpu.agent.gpus import GpuInfo, detect_gpus
+from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import Launcher, LaunchError, Running
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
@@ -100,6 +101,8 @@ class Agent:
         self._tasks: set[asyncio.Task[None]] = set()
         self.site = SiteHooks(self, container_runtime)
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
+        self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
+        """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
 
     # ---- outbound -----------------------------------------------------------
 
@@ -123,6 +126,7 @@ class Agent:
     # ---- main loop ----------------------------------------------------------
 
     async def run(self) -> None:
+        self.identity.open()
         self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
         await self.site.probe()
         log.info(
@@ -145,7 +149,7 @@ class Agent:
             try:
                 await self._session()
                 delay = 0.2
-            except AgentRefused:
+            except (AgentRefused, NodeIdentityError):
                 raise
             except (TimeoutError, OSError) as e:
                 log.warning("cannot reach the master at %s: %s", self.url, e)
@@ -212,6 +216,7 @@ class Agent:
             token=self.token,
             run_as_user=None if os.geteuid() == 0 else getpass.getuser(),
             features=self.site.features(),
+            node_secret=self.identity.secret,
         )
         await ws.send(encode(hello))
         reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -219,6 +224,9 @@ class Agent:
             raise AgentRefused(reply.reason)
         if not isinstance(reply, Welcome):
             raise ConnectionError("the master did not welcome us")
+        if reply.node_secret:  # first join: kept before anything else happens
+            self.identity.save(reply.node_secret)
+            log.info("joined as node %s; its secret is in %s", self.node_id, self.identity.path)
         self.heartbeat_interval = reply.heartbeat_interval
         for rep in reply.kill:
             run = self.launcher.find(rep.job_id, rep.epoch)

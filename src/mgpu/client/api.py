@@ -1,12 +1,14 @@
 """`mgpu.Client`: a small typed client for the master's HTTP API.
 
 Built on a minimal HTTP/1.1 transport (`mgpu.client.wire`) so that `import mgpu`
-and the CLI start fast (no HTTP stack to import for a one-shot `mgpu queue`).  One
-keep-alive connection is reused across calls.
+and the CLI start fast (no HTTP stack to import for a one-shot `mgpu queue`).
+Keep-alive connections are reused across calls: a small pool, so that threads sharing
+one Client (as the contract allows) each talk on a connection of their own.
 """
 
 from __future__ import annotations
 
+import _thread  # a lock without importing `threading` (the CLI's start-up budget)
 import json
 import os
 import socket
@@ -19,6 +21,8 @@ from mgpu.client.wire import Connection
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 WAIT_BATCH = 1000
 """Job ids per /api/wait request: the master's limit."""
+MAX_IDLE_CONNECTIONS = 8
+"""Idle keep-alive connections a Client keeps; more threads than this open and close."""
 
 
 class MgpuError(Exception):
@@ -104,7 +108,10 @@ class Client:
         if os.environ.get("MGPU_INSECURE") and tls is None:
             self.tls = False
         self._ssl_context: Any = None
-        self._conn: Connection | None = None
+        self._lock = _thread.allocate_lock()
+        """Guards the idle pool; never held while talking to the master."""
+        self._tls_lock = _thread.allocate_lock()
+        self._idle: list[Connection] = []
 
     @property
     def address(self) -> str:
@@ -113,39 +120,78 @@ class Client:
     # ---- transport ----------------------------------------------------------
 
     def _tls_context(self) -> Any:
-        if self._ssl_context is None:
-            from mgpu import tlsutil
+        with self._tls_lock:  # one CA fetch, however many threads start at once
+            if self._ssl_context is None:
+                from mgpu import tlsutil
 
-            fingerprint = (self.token or "").partition(".")[2]
-            if not fingerprint:
-                raise MgpuError(
-                    f"the master at {self.address} uses TLS and no token names its CA "
-                    "(set $MGPU_TOKEN, or use http:// for a master started with --insecure)"
-                )
-            try:
-                pem = tlsutil.cached_ca(self.host, self.port, fingerprint, self.connect_timeout)
-            except ssl_errors() as e:
-                raise MgpuError(f"cannot verify the master at {self.address}: {e}") from None
-            self._ssl_context = tlsutil.client_context(pem)
-        return self._ssl_context
+                fingerprint = (self.token or "").partition(".")[2]
+                if not fingerprint:
+                    raise MgpuError(
+                        f"the master at {self.address} uses TLS and no token names its CA "
+                        "(set $MGPU_TOKEN, or use http:// for a master started with --insecure)"
+                    )
+                try:
+                    pem = tlsutil.cached_ca(self.host, self.port, fingerprint, self.connect_timeout)
+                except tlsutil.CAMismatch as e:
+                    raise MgpuError(f"cannot verify the master at {self.address}: {e}") from None
+                except ssl_errors() as e:
+                    raise self._tls_failed(e) from None
+                except OSError as e:  # down, slow, reset, or not an mgpu master
+                    raise self._unreachable(e) from None
+                self._ssl_context = tlsutil.client_context(pem)
+            return self._ssl_context
 
     def _connect(self, timeout: float | None) -> Connection:
         context = self._tls_context() if self.tls else None
         try:
             conn = Connection(self.host, self.port, self.connect_timeout, context)
         except ssl_errors() as e:
-            raise MgpuError(
-                f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
-                "--insecure, use http://"
-            ) from None
-        except (TimeoutError, OSError) as e:
-            reason = "timed out" if isinstance(e, socket.timeout | TimeoutError) else str(e)
-            raise ConnectError(
-                f"cannot reach the mgpu master at {self.address} ({reason}); "
-                "is `mgpu master` running? (set --host/--port or $MGPU_MASTER)"
-            ) from None
+            raise self._tls_failed(e) from None
+        except OSError as e:
+            raise self._unreachable(e) from None
         conn.settimeout(timeout)
         return conn
+
+    def _tls_failed(self, e: Exception) -> MgpuError:
+        return MgpuError(
+            f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
+            "--insecure, use http://"
+        )
+
+    def _unreachable(self, e: OSError) -> ConnectError:
+        if isinstance(e, socket.timeout | TimeoutError):
+            reason = f"no answer within {self.connect_timeout:g} s"
+        elif isinstance(e, ConnectionRefusedError):
+            reason = "connection refused"
+        elif isinstance(e, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
+            reason = "connection reset"
+        elif isinstance(e, ConnectionError) and not e.strerror:
+            # WireError, tlsutil.CAFetchError: something answered, but not as a master does.
+            return ConnectError(f"the server at {self.address} is not an mgpu master ({e})")
+        else:
+            reason = e.strerror or str(e) or type(e).__name__
+        return ConnectError(
+            f"cannot reach the mgpu master at {self.address} ({reason}); "
+            "is `mgpu master` running? (set --host/--port or $MGPU_MASTER)"
+        )
+
+    def _checkout(self, timeout: float, fresh: bool) -> tuple[Connection, bool]:
+        """An idle connection (unless `fresh`), else a new one; and whether it is new."""
+        conn = None
+        if not fresh:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            return self._connect(timeout), True
+        conn.settimeout(timeout)
+        return conn, False
+
+    def _checkin(self, conn: Connection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -161,30 +207,30 @@ class Client:
         timeout: float | None = None,
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        for attempt in (0, 1):
-            conn = self._conn
-            fresh = conn is None
-            if conn is None:
-                conn = self._conn = self._connect(timeout or self.timeout)
-            else:
-                conn.settimeout(timeout or self.timeout)
+        retried = False
+        while True:
+            was_tls = self.tls
+            conn, fresh = self._checkout(timeout or self.timeout, fresh=retried)
             try:
                 resp = conn.request(method, path, data, self._headers())
                 raw = resp.read()
-                if resp.will_close:
-                    self.close()
             except OSError as e:
-                self.close()
-                if self._tls_auto and not self.tls and fresh:
-                    # A loopback master may speak only TLS (--tls): try that once.
-                    self._tls_auto = False
-                    self.tls = True
+                conn.close()
+                if fresh and not was_tls and self._tls_auto:
+                    self.tls = True  # a loopback master may speak only TLS (--tls): try it
                     continue
-                if fresh or attempt == 1:
+                if fresh or retried:
                     raise self._broken(e, "did not answer in time") from None
-                continue  # a kept-alive connection the server closed: retry once on a new one
+                # A kept-alive connection the server closed (it restarted, or timed it out):
+                # the other idle ones are likely gone too.  Retry once on a new one.
+                self.close()
+                retried = True
+                continue
+            if resp.will_close:
+                conn.close()
+            else:
+                self._checkin(conn)
             return self._decode(resp.status, raw)
-        raise AssertionError("unreachable")
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
@@ -206,9 +252,11 @@ class Client:
         return payload
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close the idle connections (the Client stays usable: it reconnects)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def __enter__(self) -> Client:
         return self
@@ -257,6 +305,10 @@ class Client:
     def resume(self, node_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/api/nodes/{_quote(node_id)}/resume"))
 
+    def remove_node(self, node_id: str) -> dict[str, Any]:
+        """Forget a node and its secret (admin): `{"removed": ID, "requeued": [job ids]}`."""
+        return dict(self._request("DELETE", f"/api/nodes/{_quote(node_id)}"))
+
     def history(
         self,
         user: str | None = None,
@@ -302,8 +354,11 @@ class Client:
     def whoami(self) -> dict[str, Any]:
         return dict(self._request("GET", "/api/whoami"))
 
-    def create_token(self, user: str, admin: bool = False) -> dict[str, Any]:
-        return dict(self._request("POST", "/api/tokens", {"user": user, "admin": admin}))
+    def create_token(
+        self, user: str, admin: bool = False, allow_root: bool = False
+    ) -> dict[str, Any]:
+        body = {"user": user, "admin": admin, "allow_root": allow_root}
+        return dict(self._request("POST", "/api/tokens", body))
 
     def tokens(self) -> list[dict[str, Any]]:
         return list(self._request("GET", "/api/tokens")["tokens"])

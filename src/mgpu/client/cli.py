@@ -255,8 +255,24 @@ def cmd_master(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    if not args.target:
+        raise UsageError("mgpu node remove needs the node id: mgpu node remove ID")
+    if args.join_token:
+        args.token = args.join_token  # `mgpu node remove ID --token T`: T is the admin's
+    res = make_client(args).remove_node(args.target)
+    requeued = res.get("requeued") or []
+    print(f"removed {res['removed']}" + (f"; requeued {', '.join(requeued)}" if requeued else ""))
+    return 0
+
+
 def cmd_node(args: argparse.Namespace) -> int:
+    if args.action == "remove":
+        return cmd_node_remove(args)
+    if args.node_id is None:
+        raise UsageError("the following arguments are required: --node-id")
     from mgpu.agent.agent import AgentRefused, run_agent
+    from mgpu.agent.identity import NodeIdentityError
     from mgpu.master.server import default_state_dir, setup_logging
     from mgpu.spec import SpecError, validate_node_id
 
@@ -301,6 +317,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         )
     except AgentRefused as e:
         _fail(f"the master refused this node: {e}")
+    except NodeIdentityError as e:
+        _fail(str(e))
     return 0
 
 
@@ -383,7 +401,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.action == "create":
         if not args.user:
             raise UsageError("token create needs a USER")
-        out = client.create_token(args.user, admin=args.admin)
+        out = client.create_token(args.user, admin=args.admin, allow_root=args.allow_root)
         print(
             json.dumps({"user": out["user"], "token": out["token"]}) if args.json else out["token"]
         )
@@ -508,8 +526,10 @@ def build_parser() -> Parser:
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
     )
 
-    s = add("node", cmd_node, "run a node agent (foreground)")
-    s.add_argument("--node-id", required=True)
+    s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")
+    s.add_argument("action", nargs="?", choices=["remove"], help="remove ID (admin)")
+    s.add_argument("target", nargs="?", metavar="ID", help="(remove) the node to forget")
+    s.add_argument("--node-id")
     s.add_argument("--master-host", default="127.0.0.1")
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
@@ -520,7 +540,9 @@ def build_parser() -> Parser:
     )
     s.add_argument("--health", action="store_true", help="run the node's checks and exit")
     s.add_argument("--advertise-ip", help="the IP other nodes reach this one at")
-    s.add_argument("--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN)")
+    s.add_argument(
+        "--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN; remove: yours)"
+    )
     s.add_argument("--insecure", action="store_true", help="plain ws:// to a non-loopback master")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
     s.add_argument("--verbose", "-v", action="store_true")
@@ -550,6 +572,11 @@ def build_parser() -> Parser:
     s.add_argument("action", choices=["create", "list", "revoke"])
     s.add_argument("user", nargs="?", metavar="USER|ID")
     s.add_argument("--admin", action="store_true", help="(create) an admin token")
+    s.add_argument(
+        "--allow-root",
+        action="store_true",
+        help="(create) its jobs may run as uid 0 (owner only; needs security.allow_root_jobs)",
+    )
     s.add_argument("--json", action="store_true")
 
     s = add("audit", cmd_audit, "who did what, when, from where (admin)")

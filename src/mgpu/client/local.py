@@ -33,23 +33,45 @@ def _alive(pid: int, started: float) -> bool:
         return False
 
 
-def _start(argv: list[str], log: Path) -> tuple[int, float]:
+def _private_log(path: Path) -> int:
+    """A log file only this account reads (logs name jobs, users and paths), for appending."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # one made by an older version was 0644
+    return fd
+
+
+def _start(argv: list[str], log: Path, umask: int = -1) -> tuple[int, float]:
     import psutil
 
-    with open(log, "ab") as out:
+    fd = _private_log(log)
+    try:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
+            stdout=fd,
+            stderr=fd,
             start_new_session=True,
+            umask=umask,
         )
+    finally:
+        os.close(fd)
     return proc.pid, psutil.Process(proc.pid).create_time()
+
+
+def _private_dirs(state_dir: Path, node_id: str) -> None:
+    """The state dir (the master's and this node's: tokens, the database, job output and
+    spool files) 0700 before anything is written in it.  The master tightens it again as
+    it starts; the agent's own dir is made here so it is private from the first file on.
+    (The agent itself keeps the caller's umask: its jobs inherit it.)"""
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    for d in (state_dir, state_dir / f"node-{node_id}", state_dir / f"node-{node_id}" / "spool"):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)
 
 
 def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> int:
     state_dir = _state_dir(state_dir_raw)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    _private_dirs(state_dir, "node001")
     pidfile = _pidfile(state_dir)
     if pidfile.exists():
         info = json.loads(pidfile.read_text())
@@ -65,6 +87,7 @@ def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> i
     master = _start(
         [*exe, "master", "--port", str(port), "--state-dir", str(state_dir)],
         state_dir / "master.log",
+        umask=0o077,  # as the master sets itself, from its first file on
     )
     deadline = time.monotonic() + 30
     while not (state_dir / "join-token").exists() and time.monotonic() < deadline:
@@ -88,7 +111,9 @@ def cluster_up(port: int, fake_gpus: int | None, state_dir_raw: str | None) -> i
         {"role": "master", "pid": master[0], "started": master[1]},
         {"role": "node001", "pid": node[0], "started": node[1]},
     ]
-    pidfile.write_text(json.dumps({"port": port, "processes": procs}))
+    fd = os.open(pidfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"port": port, "processes": procs}))
     client = None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

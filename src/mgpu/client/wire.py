@@ -28,7 +28,11 @@ class Response:
         self._conn = conn
         self.chunked = headers.get("transfer-encoding", "").lower() == "chunked"
         length = headers.get("content-length")
-        self._left = int(length) if length is not None else None
+        self._left = None
+        if length is not None:
+            if not length.isdigit():
+                raise WireError("bad Content-Length from the server")
+            self._left = int(length)
         self.will_close = headers.get("connection", "").lower() == "close"
 
     def read(self) -> bytes:
@@ -82,6 +86,8 @@ class Response:
 
 
 class Connection:
+    """One keep-alive connection; one request at a time (mgpu.Client pools them for threads)."""
+
     def __init__(
         self, host: str, port: int, connect_timeout: float, ssl_context: Any = None
     ) -> None:

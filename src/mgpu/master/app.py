@@ -25,13 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity
-from mgpu.master.cluster import Cluster, NotFound, SubmitError
+from mgpu.master.cluster import Cluster, Conflict, NotFound, SubmitError
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
 from mgpu.model import Job, JobState
-from mgpu.protocol import Hello, Refused, encode, parse_agent_message, parse_agent_messages
+from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 
 log = logging.getLogger("mgpu.master")
 
@@ -89,6 +89,7 @@ class StepRequest(BaseModel):
 class TokenRequest(BaseModel):
     user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
     admin: bool = False
+    allow_root: bool = False
 
 
 class DrainRequest(BaseModel):
@@ -203,8 +204,13 @@ def create_app(
             if not ident.admin:
                 raise deny(request, "submit", f"{ident.user} may not submit as {req.user}")
             user = req.user
+        grant = c().root_grant(ident)
+        reserved = None if grant else c().root_name(user)
+        if reserved is not None:
+            why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
+            raise deny(request, "submit", f"{why} may submit as {user}")
         try:
-            result = c().submit(req.model_dump(), user, address=_address(request))
+            result = c().submit(req.model_dump(), user, address=_address(request), allow_root=grant)
         except SubmitError as e:
             c().store.record_event(
                 "submit_refused", actor=user, address=_address(request), detail=str(e)
@@ -311,9 +317,9 @@ def create_app(
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
-        job_id: str, follow: bool = False, since: int = Query(default=0, ge=0)
+        job_id: str, request: Request, follow: bool = False, since: int = Query(default=0, ge=0)
     ) -> StreamingResponse:
-        find(job_id)
+        require_owner(request, find(job_id), "read the output of")
         return StreamingResponse(
             _output_stream(c(), job_id, follow, since), media_type="application/x-ndjson"
         )
@@ -329,10 +335,11 @@ def create_app(
         return JSONResponse({"step_id": step.id}, status_code=201)
 
     @app.get("/api/steps/{step_id}/output")
-    async def step_output(step_id: str) -> StreamingResponse:
+    async def step_output(step_id: str, request: Request) -> StreamingResponse:
         step = c().steps.by_id.get(step_id)
         if step is None:
             raise NotFound(step_id)
+        require_owner(request, find(step.job_id), "read the output of")
         return StreamingResponse(_step_stream(c(), step), media_type="application/x-ndjson")
 
     # ---- nodes --------------------------------------------------------------
@@ -347,6 +354,16 @@ def create_app(
         users = {j.id: j.user for j in c().jobs.values()}
         node = c().drain(node_id, body.reason, actor=ident.user, address=_address(request))
         return node.to_public(users)
+
+    @app.delete("/api/nodes/{node_id}")
+    async def remove_node(node_id: str, request: Request) -> Any:
+        """Forget a node and its secret (`mgpu node remove`); see Cluster.remove_node."""
+        ident = require_admin(request, "node remove")
+        try:
+            requeued = c().remove_node(node_id, actor=ident.user, address=_address(request))
+        except Conflict as e:
+            return _error(409, str(e))
+        return {"removed": node_id, "requeued": requeued}
 
     @app.post("/api/nodes/{node_id}/resume")
     async def resume(node_id: str, request: Request) -> dict[str, Any]:
@@ -365,13 +382,30 @@ def create_app(
     @app.post("/api/tokens")
     async def token_create(body: TokenRequest, request: Request) -> JSONResponse:
         ident = require_admin(request, "token create")
-        token_id, token = c().tokens.create(body.user, body.admin)
+        if body.allow_root:
+            if not ident.owner:
+                raise deny(request, "token create", "only the owner's admin-token grants root")
+            if not c().config.security.allow_root_jobs:
+                return _error(
+                    400,
+                    "root grants are off: set security.allow_root_jobs: true in the cluster "
+                    "config to allow --allow-root tokens",
+                )
+        elif (reserved := c().root_name(body.user)) is not None:
+            raise deny(
+                request,
+                "token create",
+                f"{body.user} is {reserved}: a token for it needs --allow-root (owner only)",
+            )
+        token_id, token = c().tokens.create(body.user, body.admin, allow_root=body.allow_root)
         c().store.record_event(
             "token_create",
             actor=ident.user,
             address=_address(request),
             target=body.user,
-            detail=f"id {token_id}" + (" admin" if body.admin else ""),
+            detail=f"id {token_id}"
+            + (" admin" if body.admin else "")
+            + (" allow-root" if body.allow_root else ""),
         )
         return JSONResponse({"user": body.user, "token": token, "id": token_id}, status_code=201)
 
@@ -442,15 +476,11 @@ def create_app(
         await ws.accept()
         cl = c()
         try:
-            first = parse_agent_message(await ws.receive_text())
-        except (ValidationError, WebSocketDisconnect, ValueError):
+            first = parse_hello(await ws.receive_text())
+        except (HelloError, WebSocketDisconnect) as e:
             with contextlib.suppress(Exception):
-                await ws.send_text(encode(Refused(reason="the first message must be hello")))
+                await ws.send_text(encode(Refused(reason=str(e) or "no hello")))
                 await ws.close()
-            return
-        if not isinstance(first, Hello):
-            await ws.send_text(encode(Refused(reason="the first message must be hello")))
-            await ws.close()
             return
         refusal = cl.refuse_hello(first)
         address = ws.client.host if ws.client else "?"
@@ -464,6 +494,16 @@ def create_app(
             throttle.failed(address)
             if delay:
                 await asyncio.sleep(delay)
+        new_secret = None
+        if refusal is None:
+            # No await from here to agent_hello: a secret issued is a node accepted.
+            verdict = cl.verify_node(first)
+            refusal, new_secret = verdict.refusal, verdict.new_secret
+            if verdict.bad_secret:
+                delay = throttle.delay(address)
+                throttle.failed(address)
+                if delay:
+                    await asyncio.sleep(delay)
         if refusal is not None:
             cl.store.record_event(
                 "agent_refused", actor=first.node_id, address=address, detail=refusal
@@ -474,12 +514,14 @@ def create_app(
             await ws.close()
             return
         link = AgentLink(first.node_id, ws)
-        welcome = cl.agent_hello(first, link)
+        welcome = cl.agent_hello(first, link, new_secret)
         await ws.send_text(encode(welcome))
         writer = asyncio.create_task(link.writer())
         try:
             while True:
                 raw = await ws.receive_text()
+                if link.closed:
+                    break  # replaced by a newer connection of this node, or given up on
                 errors: list[str] = []
                 try:
                     messages = parse_agent_messages(raw, errors)
@@ -600,14 +642,17 @@ async def _step_stream(cluster: Cluster, step: Step) -> AsyncIterator[bytes]:
 
 
 def _announce_join(state_dir: Path, host: str, port: int) -> None:
-    """First start: say once how to join a GPU machine (as kubeadm and k3s do)."""
-    token = (state_dir / "join-token").read_text().strip()
+    """First start: say once how to join a GPU machine (as kubeadm and k3s do).  The token
+    itself is never logged (logs are read by more people than the state dir): the command
+    names the file it is in."""
     shown = host if host not in ("0.0.0.0", "::") else "<this machine's address>"
     log.info(
-        "first start: tokens written to %s (join-token, admin-token). On each GPU machine run:"
-        "\n    mgpu node --node-id <NODE_ID> --master-host %s --master-port %d --token %s",
+        "first start: tokens written to %s (join-token, admin-token, mode 0600). On each GPU "
+        "machine run, with the join token copied from %s:"
+        "\n    MGPU_JOIN_TOKEN=<join token> mgpu node --node-id <NODE_ID> --master-host %s "
+        "--master-port %d",
         state_dir,
+        state_dir / "join-token",
         shown,
         port,
-        token,
     )

@@ -3,7 +3,9 @@
 A token is `mgpu_<secret>.<ca fingerprint>`.  Only the SHA-256 of the secret is
 stored (the secret has 256 random bits, so a fast hash is enough).  The master
 writes `join-token` and `admin-token` (mode 0600) in its state dir at first
-start; the admin token acts for the account that started the master.
+start; the admin token acts for the account that started the master and is the
+*owner's* token: the only one whose jobs may run as uid 0, besides tokens given an
+explicit `--allow-root` grant (which only the owner can make).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ TOKEN_PREFIX = "mgpu_"
 JOB_TOKEN_PREFIX = "mgpujob_"
 """A job's own credential, `mgpujob_<job id>_<secret>.<fingerprint>`: set as $MGPU_TOKEN
 inside the job so `mgpu rsh`, `mgpu queue` or `mgpu cancel` there act as the job's user,
-and valid only while that run of the job is running (like Slurm's job credential)."""
+and valid only while that run of the job is running (like Slurm's job credential).  As
+with user tokens, only its hash is stored (`Job.job_token_hashes`)."""
 JOIN = "join"
 
 SCHEMA = """
@@ -37,12 +40,20 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 """
 
+# Added after the first release: ALTER TABLE for state dirs made before them.
+_GRANT_COLUMNS = ("owner", "allow_root")
+
 
 @dataclass(frozen=True)
 class Identity:
     user: str
     admin: bool
     token_id: str
+    owner: bool = False
+    """The owner's admin token (the bootstrap `admin-token`)."""
+    allow_root: bool = False
+    """May its jobs run as uid 0: the owner, an `--allow-root` grant (Cluster.identify
+    drops it while `security.allow_root_jobs` is off), a job's credential as its job."""
 
 
 def split_token(token: str) -> tuple[str, str | None]:
@@ -56,20 +67,32 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def token_hash(token: str) -> str:
+    """What the master keeps of a token: the SHA-256 of its secret part."""
+    return _hash(split_token(token)[0])
+
+
 class TokenStore:
     def __init__(self, db: sqlite3.Connection, state_dir: Path, fingerprint: str) -> None:
         self.db = db
         self.state_dir = state_dir
         self.fingerprint = fingerprint
         db.executescript(SCHEMA)
+        have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
+        for column in _GRANT_COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE tokens ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
         self._cache: dict[str, Identity | None] = {}
 
-    def _new(self, user: str, admin: bool, kind: str) -> tuple[str, str]:
+    def _new(
+        self, user: str, admin: bool, kind: str, owner: bool = False, allow_root: bool = False
+    ) -> tuple[str, str]:
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token_id = secrets.token_hex(4)
         self.db.execute(
-            "INSERT INTO tokens(id, user, admin, kind, hash, created) VALUES (?,?,?,?,?,?)",
-            (token_id, user, int(admin), kind, _hash(secret), time.time()),
+            "INSERT INTO tokens(id, user, admin, kind, hash, created, owner, allow_root) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (token_id, user, int(admin), kind, _hash(secret), time.time(), owner, allow_root),
         )
         return token_id, f"{secret}.{self.fingerprint}"
 
@@ -79,14 +102,29 @@ class TokenStore:
             path = self.state_dir / name
             if path.exists():
                 continue
-            _, token = self._new(owner if kind != JOIN else "-", admin, kind)
+            user = owner if kind != JOIN else "-"
+            _, token = self._new(user, admin, kind, owner=admin, allow_root=admin)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")
+        self._mark_owner()
 
-    def create(self, user: str, admin: bool) -> tuple[str, str]:
+    def _mark_owner(self) -> None:
+        """State dirs made before the owner mark: the token in `admin-token` is the owner's."""
+        if self.db.execute("SELECT 1 FROM tokens WHERE owner=1").fetchone() is not None:
+            return
+        try:
+            token = (self.state_dir / "admin-token").read_text().strip()
+        except OSError:
+            return
+        self.db.execute(
+            "UPDATE tokens SET owner=1, allow_root=1 WHERE hash=? AND kind='user' AND admin=1",
+            (token_hash(token),),
+        )
+
+    def create(self, user: str, admin: bool, allow_root: bool = False) -> tuple[str, str]:
         self._cache.clear()
-        return self._new(user, admin, "user")
+        return self._new(user, admin, "user", allow_root=allow_root)
 
     def revoke(self, token_id: str) -> bool:
         cur = self.db.execute(
@@ -97,10 +135,14 @@ class TokenStore:
 
     def list(self) -> list[dict[str, Any]]:
         cur = self.db.execute(
-            "SELECT id, user, admin, kind, created, revoked FROM tokens ORDER BY created"
+            "SELECT id, user, admin, kind, created, revoked, owner, allow_root FROM tokens "
+            "ORDER BY created"
         )
-        keys = ("id", "user", "admin", "kind", "created", "revoked")
-        return [dict(zip(keys, r, strict=True)) for r in cur]
+        keys = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
+        return [
+            {**dict(zip(keys, r, strict=True)), "owner": bool(r[6]), "allow_root": bool(r[7])}
+            for r in cur
+        ]
 
     def _lookup(self, secret: str, kind: str) -> Identity | None:
         key = f"{kind}:{secret}"
@@ -108,12 +150,19 @@ class TokenStore:
             return self._cache[key]
         digest = _hash(secret)
         row = self.db.execute(
-            "SELECT id, user, admin, hash FROM tokens WHERE hash=? AND kind=? AND revoked IS NULL",
+            "SELECT id, user, admin, hash, owner, allow_root FROM tokens "
+            "WHERE hash=? AND kind=? AND revoked IS NULL",
             (digest, kind),
         ).fetchone()
         ident = None
         if row is not None and hmac.compare_digest(row[3], digest):
-            ident = Identity(user=row[1], admin=bool(row[2]), token_id=row[0])
+            ident = Identity(
+                user=row[1],
+                admin=bool(row[2]),
+                token_id=row[0],
+                owner=bool(row[4]),
+                allow_root=bool(row[5]),
+            )
         if len(self._cache) > 10000:
             self._cache.clear()
         self._cache[key] = ident
@@ -171,5 +220,7 @@ def job_of_token(token: str) -> str | None:
     return job_id if sep else None
 
 
-def same_secret(a: str, b: str) -> bool:
-    return hmac.compare_digest(split_token(a)[0].encode(), split_token(b)[0].encode())
+def matches_any(token: str, hashes: list[str]) -> bool:
+    """Whether the token's secret hashes to one of `hashes` (a job's credentials)."""
+    digest = token_hash(token)
+    return any(hmac.compare_digest(digest, h) for h in hashes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import getpass
 import logging
 import math
@@ -31,9 +32,17 @@ from pydantic import BaseModel
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
 from mgpu.master.admission import Admission
-from mgpu.master.auth import Identity, TokenStore, job_of_token, new_job_token, same_secret
+from mgpu.master.auth import (
+    Identity,
+    TokenStore,
+    job_of_token,
+    matches_any,
+    new_job_token,
+    token_hash,
+)
 from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
+from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord, Unsendable
 from mgpu.master.steps import Step, Steps, is_step_id
@@ -97,6 +106,10 @@ class NotFound(KeyError):
     pass
 
 
+class Conflict(ValueError):
+    """A request that cannot be done in the current state; the message says why."""
+
+
 @dataclass
 class SubmitResult:
     job_id: str
@@ -140,8 +153,11 @@ class Cluster:
         self.fingerprint = ensure_ca(state_dir)
         self.tokens = TokenStore(self.store.db, state_dir, self.fingerprint)
         self.tokens.bootstrap(self.default_user)
+        self.node_secrets = NodeSecrets(self.store.db)
         self._restricted = config.security.restricted_nodes()
         self._allowed_cache: dict[str, frozenset[str] | None] = {}
+        self._job_tokens: dict[str, str] = {}
+        """Running jobs' credentials in clear: memory only (the store keeps their hashes)."""
         self._load()
 
     def identify(self, token: str | None) -> Identity | None:
@@ -150,13 +166,34 @@ class Cluster:
             return None
         job_id = job_of_token(token)
         if job_id is None:
-            return self.tokens.user(token)
+            ident = self.tokens.user(token)
+            if ident is not None and ident.allow_root and not ident.owner:
+                # An --allow-root grant counts only while the config allows grants.
+                return replace(ident, allow_root=self.config.security.allow_root_jobs)
+            return ident
         job = self.jobs.get(job_id)
-        if job is None or job.state != JobState.RUNNING or not job.job_token:
+        if job is None or job.state != JobState.RUNNING:
             return None
-        if not same_secret(job.job_token, token):
+        if not matches_any(token, job.job_token_hashes):
             return None
-        return Identity(user=job.user, admin=False, token_id=f"job:{job.id}")
+        # A job acts as its user, with the root grant its submitter had (a root job may
+        # submit root jobs), never as an admin.
+        return Identity(
+            user=job.user, admin=False, token_id=f"job:{job.id}", allow_root=job.allow_root
+        )
+
+    def root_grant(self, ident: Identity) -> bool:
+        """May jobs this identity submits run as uid 0?  The owner's admin token may; a token
+        with an `--allow-root` grant while `security.allow_root_jobs` is on (see identify);
+        a job's credential as its job may."""
+        return ident.owner or ident.allow_root
+
+    def root_name(self, user: str) -> str | None:
+        """Why `user` is reserved to the owner (a token for it, or a submit as it, would be a
+        way to root jobs), or None: the master's own account, or uid 0 on this machine."""
+        if user == self.default_user:
+            return "the master's own account"
+        return "root on the master's machine" if _is_uid0(user) else None
 
     # ---- access rules -----------------------------------------------------
 
@@ -276,7 +313,9 @@ class Cluster:
             node.ip = rec.get("ip", "")
             from mgpu.protocol import GpuDesc
 
-            node.gpus = [GpuDesc(**g) for g in rec.get("gpus", [])]
+            # Unchecked: a record from before hellos were bounded must not stop the master;
+            # the agent's next hello replaces it with checked values.
+            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
             node.gpu_source = rec.get("gpu_source", "unknown")
             node.drain_requested = bool(rec.get("drain_requested"))
             node.reason = rec.get("reason")
@@ -286,10 +325,14 @@ class Cluster:
             node.state = NodeState.OFFLINE
         for entry in self.config.nodes:
             self._node_from_config(entry.node_id)
+        running = []
         for job in self.store.load_active_jobs():
             self.jobs[job.id] = job
             if job.state == JobState.RUNNING:
                 self._hold_resources(job)
+                running.append(job)
+        if running:
+            self.store.save_jobs(running)  # rewritten: drops a credential stored in clear
         log.info(
             "loaded %d active jobs, %d nodes from %s",
             len(self.jobs),
@@ -322,13 +365,20 @@ class Cluster:
     # ---- submit -----------------------------------------------------------
 
     def submit(
-        self, req: dict[str, Any], user: str | None, address: str | None = None
+        self,
+        req: dict[str, Any],
+        user: str | None,
+        address: str | None = None,
+        allow_root: bool = False,
     ) -> SubmitResult:
-        """Validate and queue; raises SubmitError with one sentence, storing nothing."""
+        """Validate and queue; raises SubmitError with one sentence, storing nothing.
+        allow_root: the submitter's grant (root_grant), recorded on every job."""
         try:
             jobs = self._build_jobs(req, user or self.default_user)
         except specs.SpecError as e:
             raise SubmitError(str(e)) from None
+        for job in jobs:
+            job.allow_root = allow_root
         target = jobs[0].array_job_id or jobs[0].id
         self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, target))
         for job in jobs:
@@ -663,6 +713,52 @@ class Cluster:
         self.wake()
         return node
 
+    def remove_node(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> list[str]:
+        """Forget a node, its record and its secret, so that an agent can join under its
+        id afresh (one that lost its state dir, or a new machine).  Refused while its agent
+        is connected and runs jobs; the jobs of a node that is not connected are requeued
+        as for a lost node.  Returns the ids of the requeued jobs."""
+        node = self.nodes.get(node_id)
+        if node is None and not self.node_secrets.known(node_id):
+            raise NotFound(node_id)
+        requeued: list[str] = []
+        if node is not None:
+            running = sorted(
+                job.id
+                for job in (self.jobs.get(j) for j in node.jobs)
+                if job is not None and job.state == JobState.RUNNING
+            )
+            if node.connected and running:
+                raise Conflict(
+                    f"node {node_id} is connected and runs {len(running)} job(s) "
+                    f"({', '.join(running[:5])}): drain it and let them end, or stop its "
+                    "agent first"
+                )
+            for job_id in running:
+                job = self.jobs[job_id]
+                if job.cancel_requested:
+                    self._finish(job, JobState.CANCELLED, "cancelled")
+                else:
+                    self._requeue(job, f"node {node_id} removed")
+                    requeued.append(job_id)
+            if node.link is not None:
+                node.link.close()  # an idle agent still running joins again as a new node
+            del self.nodes[node_id]
+        # The secret first: should the master die in between, the node is forgotten anyway.
+        self.node_secrets.forget(node_id)
+        self.store.delete_node(node_id)
+        detail = f"requeued {', '.join(requeued)}" if requeued else None
+        self.store.record_event(
+            "node_remove", actor=actor, address=address, target=node_id, detail=detail
+        )
+        if self.config.node(node_id) is not None:
+            self._node_from_config(node_id)  # listed in the config: shown as at a fresh start
+        self.flush()
+        self.wake()
+        return requeued
+
     # ---- the scheduling loop ----------------------------------------------
 
     def wake(self) -> None:
@@ -918,7 +1014,9 @@ class Cluster:
                 log.error("scheduler offered busy GPUs %s on %s to %s", gpu_ids, node_id, job.id)
                 return False
         job.epoch += 1
-        job.job_token = new_job_token(job.id, self.fingerprint)
+        token = new_job_token(job.id, self.fingerprint)
+        self._job_tokens[job.id] = token
+        job.job_token_hashes = [token_hash(token)]
         job.transition(JobState.RUNNING, "launching")
         job.allocation = [Slot(node_id=n, gpu_ids=list(g)) for n, g in placements]
         job.attempts.append(
@@ -980,8 +1078,7 @@ class Cluster:
                 "MGPU_NODELIST": ",".join(s.node_id for s in alloc),
             }
         )
-        if job.job_token:
-            env["MGPU_TOKEN"] = job.job_token
+        env["MGPU_TOKEN"] = self._credential(job)
         if job.array_job_id is not None:
             env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
             env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
@@ -999,6 +1096,18 @@ class Cluster:
             env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
             env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
         return env
+
+    def _credential(self, job: Job) -> str:
+        """The running job's $MGPU_TOKEN.  Only hashes are stored, so after a master restart
+        the plaintext is gone: a new credential is made for what starts now (a step, or a
+        launch that waited for its port), its hash added beside the first (written before
+        any agent hears of it)."""
+        token = self._job_tokens.get(job.id)
+        if token is None:
+            token = self._job_tokens[job.id] = new_job_token(job.id, self.fingerprint)
+            job.job_token_hashes.append(token_hash(token))
+            self._persist(job)
+        return token
 
     def _hostfile(self, job: Job) -> str:
         """One line per node, slots = its GPUs (Open MPI and MPICH both read this form)."""
@@ -1080,7 +1189,7 @@ class Cluster:
         return step
 
     def _may_run_as_root(self, job: Job) -> bool:
-        return job.user == self.default_user or self.config.security.allow_root_jobs
+        return job.allow_root  # decided at submit from the token's grant, never from a name
 
     def _step_message(self, node: NodeRecord, msg: Any) -> None:
         step = self.steps.by_id.get(msg.job_id)
@@ -1142,7 +1251,7 @@ class Cluster:
         if job.state == JobState.RUNNING:
             self._charge(job, now)
         job.transition(state, reason)
-        job.job_token = None  # the run's credential dies with it
+        self._forget_credential(job)  # the run's credential dies with it
         self._end_steps(job)
         job.end_time = now
         for slot in job.allocation:
@@ -1185,12 +1294,16 @@ class Cluster:
             job.attempts[-1].end_time = now
             job.attempts[-1].end_reason = why
         job.transition(JobState.QUEUED, reason)
-        job.job_token = None
+        self._forget_credential(job)
         for slot in job.allocation:
             slot.done = True
         self._persist(job)
         self._notify(job)
         self.wake()
+
+    def _forget_credential(self, job: Job) -> None:
+        job.job_token_hashes = []
+        self._job_tokens.pop(job.id, None)
 
     def _slot(self, job: Job, node_id: str) -> Slot | None:
         for s in job.allocation:
@@ -1226,9 +1339,17 @@ class Cluster:
             )
         return None
 
-    def agent_hello(self, hello: Hello, link: AgentLink) -> Welcome:
+    def verify_node(self, hello: Hello) -> HelloVerdict:
+        """May this agent speak for its node id (mgpu.master.nodeauth)?"""
+        node = self.nodes.get(hello.node_id)
+        connected = node is not None and node.connected
+        return self.node_secrets.verify(hello.node_id, hello.node_secret, connected)
+
+    def agent_hello(self, hello: Hello, link: AgentLink, node_secret: str | None = None) -> Welcome:
+        """Accept an agent that `verify_node` let in; `node_secret`: issued at this join."""
         node = self._node_from_config(hello.node_id)
         if node.link is not None and node.link is not link:
+            log.warning("node %s proved its secret: its older connection is dropped", node.node_id)
             node.link.close()
         node.link = link
         node.hostname = hello.hostname
@@ -1259,7 +1380,10 @@ class Cluster:
         )
         self.wake()
         return Welcome(
-            heartbeat_interval=self.config.networking.heartbeat_interval, kill=kill, resume=resume
+            heartbeat_interval=self.config.networking.heartbeat_interval,
+            kill=kill,
+            resume=resume,
+            node_secret=node_secret,
         )
 
     def _resume_points(self, node: NodeRecord, reports: list[RunningReport]) -> list[Resume]:
@@ -1343,7 +1467,9 @@ class Cluster:
             log.warning("node %s disconnected", node_id)
 
     def agent_message(self, node_id: str, msg: Any) -> None:
-        node = self.nodes[node_id]
+        node = self.nodes.get(node_id)
+        if node is None:
+            return  # removed (mgpu node remove) while this message was on its way
         node.last_seen = time.time()
         if isinstance(msg, Hello):
             log.warning("node %s said hello again on its connection: ignored", node_id)
@@ -1470,6 +1596,17 @@ class Cluster:
                     self._requeue(job, f"node {node.node_id} lost")
             node.busy.clear()
             node.jobs.clear()
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_uid0(user: str) -> bool:
+    """Whether `user` is uid 0 on this machine (cached: looked up on every submit)."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid == 0
+    except KeyError:
+        return False
 
 
 def _unix_groups(user: str) -> set[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import stat
 from pathlib import Path
 
 from mgpu.config import ClusterConfig, load_config
@@ -16,11 +18,67 @@ def default_state_dir() -> Path:
     return Path("~/.local/state/mgpu").expanduser()
 
 
+PRIVATE_UMASK = 0o077
+"""Everything the master writes is its own: tokens, the CA key, jobs' environments, output."""
+
+
+def secure_state_dir(state_dir: Path) -> None:
+    """Make the state dir 0700 and its files 0600, whatever the umask of whoever made them.
+
+    The dir alone keeps other accounts out, so files are fixed one by one only when it was
+    not private yet (a state dir of an older version, or one made by hand): a start costs
+    one stat, not a walk over every job's output.  The database is chmod-ed every time,
+    because SQLite gives its -wal and -shm the database file's mode."""
+    try:
+        state_dir.parent.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, exist_ok=True)
+        was_open = state_dir.stat().st_mode & 0o077
+        os.chmod(state_dir, 0o700)
+    except OSError as e:
+        from mgpu.client.api import MgpuError
+
+        raise MgpuError(f"cannot use {state_dir} as the state dir: {e.strerror}") from None
+    if was_open:
+        for root, dirs, files in os.walk(state_dir):
+            for name in dirs:
+                _make_private(Path(root, name), 0o700)
+            for name in files:
+                _make_private(Path(root, name), 0o600)
+    else:
+        for name in ("mgpu.db", "mgpu.db-wal", "mgpu.db-shm"):
+            _make_private(state_dir / name, 0o600)
+
+
+def _make_private(path: Path, mode: int) -> None:
+    try:
+        st = path.lstat()
+        if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077:
+            os.chmod(path, mode)
+    except OSError:
+        pass  # gone meanwhile, or another account's (a job's exit file under `mgpu up`)
+
+
+class _RedactTokens(logging.Filter):
+    """Access-log lines (--verbose) must not carry a token: the dashboard accepts
+    `/?token=...` links, and a log is read by more people than the state dir."""
+
+    _pattern = re.compile(r"(token=)[^&\s]+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(
+                self._pattern.sub(r"\1<redacted>", a) if isinstance(a, str) else a
+                for a in record.args
+            )
+        return True
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
 
 
 def run_master(
@@ -40,7 +98,8 @@ def run_master(
     config: ClusterConfig = load_config(config_path)
     host = host or (config.cluster.master.host if config_path else "127.0.0.1")
     port = port or (config.cluster.master.port if config_path else 8080)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    secure_state_dir(state_dir)
+    os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
     from mgpu.client.credentials import is_loopback
 

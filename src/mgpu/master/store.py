@@ -164,6 +164,10 @@ class Store:
                 (node_id, json.dumps(record)),
             )
 
+    def delete_node(self, node_id: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM nodes WHERE node_id=?", (node_id,))
+
     def load_nodes(self) -> dict[str, dict[str, Any]]:
         cur = self.db.execute("SELECT node_id, record FROM nodes")
         return {r[0]: json.loads(r[1]) for r in cur}
