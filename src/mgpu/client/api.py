@@ -19,6 +19,8 @@ from typing import Any
 from mgpu.client.wire import Connection
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
+WAIT_BATCH = 1000
+"""Job ids per /api/wait request: the master's limit."""
 MAX_IDLE_CONNECTIONS = 8
 """Idle keep-alive connections a Client keeps; more threads than this open and close."""
 
@@ -396,17 +398,25 @@ class Client:
         return list(self._request("GET", f"/api/audit?since={since}")["events"])
 
     def wait_all(self, job_ids: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
-        """Block until every listed job has ended (or `timeout` passed); return them."""
+        """Block until every listed job has ended (or `timeout` passed); return them.
+
+        The master answers for at most WAIT_BATCH ids a request: a longer list is waited
+        for in batches, each asked again until its jobs have ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        found: dict[str, dict[str, Any]] = {}
+        left_ids = list(dict.fromkeys(job_ids))
         while True:
-            left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
-            out = self._request(
-                "POST", "/api/wait", {"ids": job_ids, "timeout": left}, timeout=left + 30
-            )
-            jobs: list[dict[str, Any]] = out["jobs"]
-            active = [j["id"] for j in jobs if j["state"] in ("queued", "running")]
-            if not active or (deadline is not None and time.monotonic() >= deadline):
-                return jobs
+            for i in range(0, len(left_ids), WAIT_BATCH):
+                batch = left_ids[i : i + WAIT_BATCH]
+                now = time.monotonic()
+                left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - now))
+                out = self._request(
+                    "POST", "/api/wait", {"ids": batch, "timeout": left}, timeout=left + 30
+                )
+                found.update((j["id"], j) for j in out["jobs"])
+            left_ids = [i for i in left_ids if found[i]["state"] in ("queued", "running")]
+            if not left_ids or (deadline is not None and time.monotonic() >= deadline):
+                return [found[i] for i in job_ids]
 
     def logs(self, job_id: str) -> str:
         """The job's output so far, stdout and stderr interleaved as they came."""

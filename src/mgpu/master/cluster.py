@@ -42,7 +42,7 @@ from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.outputs import OutputStore
 from mgpu.master.reconcile import Expected, expectations, reconcile
-from mgpu.master.registry import AgentLink, NodeRecord
+from mgpu.master.registry import AgentLink, NodeRecord, Unsendable
 from mgpu.master.snapshot import job_request, node_views, prepare, scheduler_config
 from mgpu.master.steps import Step, Steps, is_step_id
 from mgpu.master.store import Store
@@ -248,21 +248,46 @@ class Cluster:
         self._flush_armed = True
         loop.call_soon(self.flush)
 
-    def flush(self) -> None:
-        """Write every changed job in one transaction, then send what waited on it."""
+    def flush(
+        self,
+        event: tuple[str, str | None, str | None, str] | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Write every changed job in one transaction (with `event` for the audit log, if
+        given), then send what waited on it."""
         self._flush_armed = False
-        if self._dirty:
+        if self._dirty or event is not None:
             for job_id in self._dirty:
                 self._lazy.pop(job_id, None)  # written now anyway
             jobs = list(self._dirty.values())
             self._dirty.clear()
-            self.store.save_jobs(jobs)
+            self.store.save_jobs(jobs, event=event, detail=detail)
         if self._usage_dirty:
             self._usage_dirty = False
             self.store.set_meta("usage", self.usage.dumps())
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
-            link.send(message)
+            try:
+                link.send(message)
+            except Unsendable as e:  # this message only: the rest of the batch goes out
+                self._unsendable(link.node_id, message, str(e))
+
+    def _unsendable(self, node_id: str, message: BaseModel, why: str) -> None:
+        """A message that cannot be encoded fails its job (not the node, no retry spent)."""
+        log.error("not sent to %s: %s %s", node_id, type(message).__name__, why)
+        job_id = getattr(message, "job_id", None)
+        if not isinstance(message, Launch) or job_id is None:
+            return
+        reason = f"could not be sent to {node_id}: {why}"
+        step = self.steps.by_id.get(job_id)
+        if step is not None:
+            self.steps.end(step, None, reason)
+            self.outputs.close(step.id)
+            return
+        job = self.jobs.get(job_id)
+        if job is not None and job.state == JobState.RUNNING and job.epoch == message.epoch:
+            self._kill_slots(job, "failed")  # ranks launched on other nodes
+            self._finish(job, JobState.FAILED, reason)
 
     # ---- start-up ---------------------------------------------------------
 
@@ -417,6 +442,20 @@ class Cluster:
             job = self.store.get_job(job_id)
         return job
 
+    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
+        """Many jobs by id: from memory, the rest in one store query (unknown ids left out)."""
+        found: dict[str, Job] = {}
+        missing = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id) or self._dirty.get(job_id)
+            if job is None:
+                missing.append(job_id)
+            else:
+                found[job_id] = job
+        if missing:
+            found.update(self.store.get_jobs(missing))
+        return found
+
     def array_tasks(self, array_id: str) -> list[Job]:
         if len(array_id) != 8:
             return []
@@ -425,16 +464,6 @@ class Cluster:
             if j.array_job_id == array_id:
                 found[j.id] = j
         return sorted(found.values(), key=lambda j: j.array_task_id or 0)
-
-    def resolve(self, job_id: str) -> list[Job]:
-        """A job id, or an array id meaning all its tasks."""
-        job = self.get_job(job_id)
-        if job is not None:
-            return [job]
-        tasks = self.array_tasks(job_id)
-        if not tasks:
-            raise NotFound(job_id)
-        return tasks
 
     def public_job(self, job: Job) -> dict[str, Any]:
         out = job.to_public()
@@ -493,7 +522,38 @@ class Cluster:
         job = self.jobs.get(job.id, job)
         if job.terminal:
             return False
-        self.store.record_event("cancel", actor=actor, address=address, target=job.id)
+        self._cancel(job, actor, reason)
+        # On disk, with the audit event in the same transaction, before the user is told.
+        self.flush(event=("cancel", actor, address, job.id))
+        return True
+
+    def cancel_slice(
+        self,
+        rows: list[tuple[str, str]],
+        actor: str | None,
+        address: str | None,
+        event: tuple[str, str | None] | None,
+    ) -> tuple[list[str], list[str]]:
+        """Cancel a slice of many jobs (an array's tasks), given as (id, stored state): one
+        transaction for the slice, with the request's one audit event (target, detail)
+        when given.  Returns the ids cancelled and those that had already ended."""
+        cancelled, ended = [], []
+        for job_id, stored_state in rows:
+            job = self.jobs.get(job_id) or self._dirty.get(job_id)
+            if job is None and stored_state in ("queued", "running"):
+                job = self.store.get_job(job_id)  # not expected: active jobs live in memory
+            if job is None or job.terminal:
+                ended.append(job_id)
+                continue
+            self._cancel(job, actor, "cancelled")
+            cancelled.append(job_id)
+        if event is None:
+            self.flush()
+        else:
+            self.flush(event=("cancel", actor, address, event[0]), detail=event[1])
+        return cancelled, ended
+
+    def _cancel(self, job: Job, actor: str | None, reason: str) -> None:
         if job.state == JobState.QUEUED:
             self._finish(
                 job, JobState.CANCELLED, reason if actor is None else f"cancelled by {actor}"
@@ -504,8 +564,6 @@ class Cluster:
             job.reason = "cancelling"
             self._persist(job)
             self._kill_slots(job, "cancelled")
-        self.flush()  # on disk before the user is told
-        return True
 
     def drain(
         self,
@@ -1129,6 +1187,9 @@ class Cluster:
         if node is None:
             return  # removed (mgpu node remove) while this message was on its way
         node.last_seen = time.time()
+        if isinstance(msg, Hello):
+            log.warning("node %s said hello again on its connection: ignored", node_id)
+            return
         if isinstance(msg, Heartbeat):
             node.telemetry = {t.index: t for t in msg.telemetry}
             self.gpuwatch.heartbeat(self, node)
