@@ -61,7 +61,7 @@ def build(n_nodes: int, n_pending: int, seed: int = 1, idle: bool = False) -> Sn
                     placements=(Placement(nid, tuple(sorted(busy))),),
                     start_time=now - rng.uniform(0, 20_000),
                     time_limit=rng.choice([3600.0, 4 * 3600.0, 24 * 3600.0]),
-                    priority=rng.uniform(0, 5000),
+                    priority=rng.randint(-100, 100),  # the user's --priority
                     preemptible=rng.random() < 0.2,
                 )
             )

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from mgpu.config import ClusterConfig
+from mgpu.master.cluster import Cluster
+from mgpu.master.registry import AgentLink, NodeRecord, Unsendable
+from mgpu.model import Job, JobState, NodeState
 from mgpu.protocol import (
     Exited,
     Forget,
+    GpuDesc,
     Heartbeat,
+    Hello,
+    Kill,
+    Launch,
     Started,
     batch_frames,
     encode,
@@ -45,3 +56,173 @@ def test_unknown_or_malformed_messages_are_refused() -> None:
         parse_agent_messages('{"type": "launch_missiles"}')
     with pytest.raises(ValidationError):
         parse_agent_messages('[{"type": "exited", "job_id": "x"}]')  # fields missing
+
+
+# ---- one bad message costs only itself ---------------------------------------
+
+
+def test_one_invalid_message_in_a_frame_is_skipped_and_the_rest_kept() -> None:
+    good = [Heartbeat(), Exited(job_id="a1b2c3d4", epoch=1, exit_code=0, time=1.0)]
+    frame = (
+        "["
+        + ",".join(
+            [
+                encode(good[0]),
+                '{"type": "launch_missiles"}',
+                '{"type": "exited", "job_id": "x"}',  # fields missing
+                '{"type": "output", "job_id": "\\ud800", "epoch": 1, "stream": "o", "data": ""}',
+                encode(good[1]),
+            ]
+        )
+        + "]"
+    )
+    errors: list[str] = []
+    assert parse_agent_messages(frame, errors) == good
+    assert len(errors) == 3
+    assert errors[0].startswith("message 1 (launch_missiles): ")
+    assert errors[1].startswith("message 2 (exited): ") and "epoch" in errors[1]
+    with pytest.raises(ValueError):
+        parse_agent_messages("[not json", [])
+
+
+class FakeWebSocket:
+    """Collects what a link would send."""
+
+    def __init__(self) -> None:
+        self.frames: list[str] = []
+        self.closed = False
+
+    async def send_text(self, text: str) -> None:
+        text.encode()  # as a real WebSocket: text must be valid UTF-8
+        self.frames.append(text)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _sent(link: AgentLink) -> list[Any]:
+    out = []
+    while not link.outbox.empty():
+        item = link.outbox.get_nowait()
+        assert item is not None
+        out += parse_master_messages(item)
+    return out
+
+
+def test_a_message_that_cannot_be_encoded_is_refused_alone() -> None:
+    link = AgentLink("n1", FakeWebSocket())
+    with pytest.raises(Unsendable, match="lone surrogate"):
+        link.send(Kill(job_id="a1b2c3d4", reason="bad \ud800"))
+    link.send(Forget(job_id="a1b2c3d4", epoch=1))
+    assert _sent(link) == [Forget(job_id="a1b2c3d4", epoch=1)]
+    assert not link.closed
+
+
+def test_an_unencodable_launch_fails_its_job_and_the_batch_goes_out(tmp_path: Path) -> None:
+    """A lone surrogate in one job's argv: that job fails with one sentence (no retry
+    spent, the node not blamed, its GPU given back); the other launches go out."""
+
+    async def main() -> None:
+        cl = Cluster(tmp_path, ClusterConfig())
+        try:
+            ws = FakeWebSocket()
+            link = AgentLink("n1", ws)
+            gpus = [GpuDesc(index=i, name="g", memory_mb=100) for i in range(3)]
+            node = cl.nodes["n1"] = NodeRecord("n1", gpus=gpus, link=link)
+            node.state = NodeState.ONLINE
+            jobs = []
+            for i, arg in enumerate(["one", "bad \ud800", "three"]):
+                job = Job(id=f"job0000{i}", user="u", argv=["echo", arg], command="echo")
+                cl.jobs[job.id] = job
+                jobs.append(job)
+                assert cl._start(job, [("n1", [i])])
+            await asyncio.sleep(0)  # the group commit runs: store, then the outbox
+            launched = [m.job_id for m in _sent(link) if isinstance(m, Launch)]
+            assert launched == ["job00000", "job00002"]
+            bad = jobs[1]
+            assert bad.state == JobState.FAILED
+            assert bad.reason == (
+                "could not be sent to n1: a string in it is not valid Unicode (a lone surrogate)"
+            )
+            assert bad.retries == 0 and node.failures == 0
+            assert 1 not in node.busy and node.busy == {0: "job00000", 2: "job00002"}
+            assert not link.closed
+            cl.flush()
+            stored = cl.store.get_job(bad.id)
+            assert stored is not None and stored.state == JobState.FAILED
+        finally:
+            cl.outputs.close_all()
+            cl.store.close()
+
+    asyncio.run(main())
+
+
+def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Driven through the master's ASGI app: in one frame, a message whose handling raises,
+    an invalid one and a valid one; the first two are logged, the third handled, and the
+    connection stays open."""
+    from mgpu.master.app import create_app
+
+    original = Cluster.agent_message
+
+    def agent_message(self: Cluster, node_id: str, msg: Any) -> None:
+        if isinstance(msg, Heartbeat) and msg.telemetry == []:
+            raise RuntimeError("a bug in a handler")
+        original(self, node_id, msg)
+
+    monkeypatch.setattr(Cluster, "agent_message", agent_message)
+    app = create_app(tmp_path, ClusterConfig())
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    sent: list[dict[str, Any]] = []
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "path": "/api/agent",
+        "raw_path": b"/api/agent",
+        "root_path": "",
+        "scheme": "ws",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+        "subprotocols": [],
+    }
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def texts(n: int) -> list[Any]:
+        async def enough() -> None:
+            while len([m for m in sent if m["type"] == "websocket.send"]) < n:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(enough(), timeout=10)
+        return [parse_master_messages(m["text"]) for m in sent if m["type"] == "websocket.send"]
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            join = (tmp_path / "join-token").read_text().strip()
+            hello = Hello(node_id="n1", hostname="h", ip="127.0.0.1", gpus=[], token=join)
+            await inbox.put({"type": "websocket.connect"})
+            await inbox.put({"type": "websocket.receive", "text": encode(hello)})
+            channel = asyncio.create_task(app(scope, inbox.get, send))  # type: ignore[arg-type]
+            assert (await texts(1))[0][0].type == "welcome"
+            started = Started(job_id="a1b2c3d4", epoch=3, pid=1, hostname="h", ip="i", time=1.0)
+            frame = f'[{encode(Heartbeat())},{{"type": "bogus"}},{encode(started)}]'
+            await inbox.put({"type": "websocket.receive", "text": frame})
+            (reply,) = (await texts(2))[1]  # the valid message was handled: a stale run
+            assert isinstance(reply, Kill) and reply.job_id == "a1b2c3d4"
+            assert reply.reason == "stale"
+            assert not any(m["type"] == "websocket.close" for m in sent)
+            assert not channel.done()
+            await inbox.put({"type": "websocket.disconnect", "code": 1000})
+            await asyncio.wait_for(channel, timeout=10)
+
+    with caplog.at_level("WARNING", logger="mgpu.master"):
+        asyncio.run(main())
+    logged = caplog.text
+    assert "handling a heartbeat message from n1 failed" in logged
+    assert "a bug in a handler" in logged
+    assert "bad message from n1 skipped: message 1 (bogus)" in logged

@@ -48,6 +48,7 @@ def run(
     nodes: list[NodeView],
     pending: list[JobRequest],
     running: Iterable[RunningJob] = (),
+    usage: dict[str, float] | None = None,
     **config: object,
 ) -> Decisions:
     snap = Snapshot(
@@ -55,6 +56,7 @@ def run(
         nodes=nodes,
         pending=pending,
         running=tuple(running),
+        usage=usage or {},
         config=SchedulerConfig(**config),  # type: ignore[arg-type]
     )
     return schedule(snap)
@@ -204,17 +206,22 @@ def running_job(
     nid: str,
     gpus: tuple[int, ...],
     *,
-    priority: float,
+    priority: int,
     preemptible: bool = True,
     start: float = NOW - 100,
+    user: str = "bob",
+    submit: float | None = None,
 ) -> RunningJob:
-    return RunningJob(jid, "bob", (Placement(nid, gpus),), start, None, priority, preemptible)
+    """`priority` is the user priority: the pass computes the job's priority from it."""
+    placements = (Placement(nid, gpus),)
+    return RunningJob(jid, user, placements, start, None, priority, preemptible, submit)
 
 
 def test_preemption_stops_lower_priority_preemptible_jobs_only() -> None:
     nodes = [node("node001", []), node("node002", [])]
     running = [
-        running_job("keep-hi", "node001", (0, 1, 2, 3), priority=10**9),
+        # Older, bigger and as urgent as the waiting job: a higher priority.
+        running_job("keep-hi", "node001", (0, 1, 2, 3), priority=1000, submit=0.0),
         running_job("keep-np", "node002", (0, 1), priority=0, preemptible=False),
         running_job("victim", "node002", (2, 3), priority=0),
     ]
@@ -227,11 +234,12 @@ def test_preemption_stops_lower_priority_preemptible_jobs_only() -> None:
 
 def test_preemption_picks_the_fewest_and_lowest_priority_victims() -> None:
     nodes = [node("node001", []), node("node002", []), node("node003", [])]
+    # User priorities 100 apart are worth 50 points, more than the job-size factor's 17.
     running = [
-        running_job("a", "node001", (0, 1), priority=5),
-        running_job("b", "node001", (2, 3), priority=5),
-        running_job("big-low", "node002", (0, 1, 2, 3), priority=1),
-        running_job("big-mid", "node003", (0, 1, 2, 3), priority=3),
+        running_job("a", "node001", (0, 1), priority=500),
+        running_job("b", "node001", (2, 3), priority=500),
+        running_job("big-low", "node002", (0, 1, 2, 3), priority=100),
+        running_job("big-mid", "node003", (0, 1, 2, 3), priority=300),
     ]
     d = run(nodes, [job("urgent", gpus=4, priority=1000)], running)
     assert d.preempt == ["big-low"]
@@ -242,12 +250,29 @@ def test_preemption_picks_the_fewest_and_lowest_priority_victims() -> None:
 def test_no_preemption_for_equal_priority_or_when_disabled() -> None:
     nodes = [node("node001", [])]
     urgent = job("urgent", 1.0, gpus=4, priority=1000)
-    prio = run(nodes, [urgent]).priorities["urgent"]
-    running = [running_job("r", "node001", (0, 1, 2, 3), priority=prio)]
-    assert run(nodes, [urgent], running).preempt == []
+    # The same user, age, size and user priority: the same priority, not a lower one.
+    twin = running_job("r", "node001", (0, 1, 2, 3), priority=1000, user="alice", submit=1.0)
+    assert run(nodes, [urgent], [twin]).preempt == []
     running = [running_job("r", "node001", (0, 1, 2, 3), priority=0)]
     assert run(nodes, [urgent], running, preemption=False).preempt == []
     assert run(nodes, [urgent], running).preempt == ["r"]
+
+
+def test_preemption_weighs_victims_by_their_priority_now() -> None:
+    """Two victims alike but for their users' usage: the heavier user's job goes first.
+
+    Running work counts as usage, so a job's priority keeps falling while it runs; the pass
+    computes it as of now, as for a waiting job, not as it was when the job started."""
+    nodes = [node("node001", []), node("node002", [])]
+    running = [
+        running_job("of-heavy", "node001", (0, 1, 2, 3), priority=0, user="heavy"),
+        running_job("of-light", "node002", (0, 1, 2, 3), priority=0, user="light"),
+    ]
+    urgent = job("urgent", 1.0, gpus=4, priority=1000)
+    usage = {"heavy": 1e6, "light": 1e3}
+    assert run(nodes, [urgent], running, usage).preempt == ["of-heavy"]
+    usage = {"heavy": 1e3, "light": 1e6}
+    assert run(nodes, [urgent], running, usage).preempt == ["of-light"]
 
 
 def test_preemption_for_pinned_and_gang_jobs() -> None:
@@ -340,7 +365,7 @@ else:
                         (Placement(nv.node_id, busy),),
                         float(draw(st.integers(0, 100))),
                         draw(st.sampled_from([None, 5.0, 50.0])),
-                        float(draw(st.integers(-3000, 3000))),
+                        draw(st.integers(-3000, 3000)),
                         draw(st.booleans()),
                     )
                 )

@@ -14,6 +14,7 @@ import pytest
 
 from mgpu.client.api import MgpuError
 from mgpu.client.cmd_simulate import add_simulate_parser, cmd_simulate
+from mgpu.scheduler import Placement, RunningJob, UsageLedger
 from mgpu.sim import (
     ClusterShape,
     SimConfig,
@@ -26,7 +27,6 @@ from mgpu.sim import (
     simulate,
 )
 from mgpu.sim.report import percentile
-from mgpu.sim.simulator import _Usage
 
 DATA = Path(__file__).parent / "data" / "traces"
 NASA = DATA / "NASA-iPSC-1993-3.1-cln.swf.gz"
@@ -236,27 +236,81 @@ def test_preemption_requeues_the_victim(tmp_path: Path) -> None:
     assert result.busy_gpu_seconds == 2 * 10 + 2 * 10 + 2 * 100  # the lost 10 s count
 
 
-def test_usage_is_fed_as_the_master_does() -> None:
-    """Ended work decays from its end (master/usage.py); running work counts undecayed."""
-    from mgpu.master.usage import UsageLedger
+def test_dependencies_are_replayed_as_the_master_applies_them(tmp_path: Path) -> None:
+    """Job 1 is killed at its limit: afterok on it is cancelled (and so is afterok on that),
+    afternotok and afterany run once it ended, and a chain waits for its link."""
+    f = tmp_path / "deps.csv"
+    f.write_text(
+        "submit_time,duration,gpus,user,time_limit,dependency\n"
+        "0,100,1,u,50,\n"  # 1: times out at 50
+        "0,10,1,u,,afterok:1\n"  # 2
+        "0,10,1,u,,afternotok:1\n"  # 3
+        "0,10,1,u,,afterany:1\n"  # 4
+        "0,10,1,u,,afterok:2\n"  # 5
+        '0,10,1,u,,"afterok:3,afterany:4"\n'  # 6
+    )
+    trace = read_trace(f)
+    assert trace.jobs[5].dependency == (("afterok", "3"), ("afterany", "4"))
+    result = simulate(trace.jobs, SimConfig(ClusterShape(1, 4), "backfill"))
+    spans = {j.job_id: (j.start, j.end) for j in result.jobs if j.finished}
+    assert spans == {"1": (0, 50), "3": (50, 60), "4": (50, 60), "6": (60, 70)}
+    assert [j.job_id for j in result.jobs if j.cancelled] == ["2", "5"]
 
-    usage, ledger = _Usage(half_life=100.0), UsageLedger(half_life=100.0)
-    usage.start("a", 2, 0.0)
-    assert usage.snapshot(50.0) == {"a": 100.0}  # running: 2 GPUs x 50 s
-    usage.stop("a", 2, 0.0, 100.0)
-    ledger.add("a", 200.0, 100.0)
-    usage.start("b", 1, 150.0)
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("afterok:9", "line 3: dependency on job 9, which is not a job of the trace"),
+        ("afterok:3", "line 3: dependency on job 3, which asks for no GPUs and is skipped"),
+        ("before:1", "line 3: dependency type 'before' is not one of afterok"),
+        ("afterok:", "line 3: dependency 'afterok:' names no job"),
+    ],
+)
+def test_csv_bad_dependency(tmp_path: Path, cell: str, message: str) -> None:
+    f = tmp_path / "bad.csv"
+    f.write_text(f"submit_time,duration,gpus,dependency\n0,10,1,\n0,10,1,{cell}\n0,1,0,\n")
+    with pytest.raises(TraceError, match=message):
+        read_trace(f)
+
+
+def test_usage_ledger_counts_running_work_either_way() -> None:
+    """Ended work decays from its end; running work counts undecayed, whether registered as
+    it starts and stops (the simulator) or passed to each snapshot (the master)."""
+    sim, master = UsageLedger(half_life=100.0), UsageLedger(half_life=100.0)
+    a = RunningJob("a", "a", (Placement("n", (0, 1)),), 0.0)
+    sim.start("a", 2, 0.0)
+    assert sim.snapshot(50.0) == master.snapshot(50.0, [a]) == {"a": 100.0}  # 2 GPUs x 50 s
+    sim.stop("a", 2, 0.0, 100.0)
+    master.add("a", 200.0, 100.0)
+    sim.start("b", 1, 150.0)
+    b = RunningJob("b", "b", (Placement("n", (0,)),), 150.0)
     for now in (100.0, 200.0, 250.0):
-        expected = ledger.snapshot(now)["a"]
-        assert usage.snapshot(now)["a"] == pytest.approx(expected)
-    assert usage.snapshot(200.0)["a"] == pytest.approx(100.0)  # halved after one half-life
-    assert usage.snapshot(200.0)["b"] == pytest.approx(50.0)
-    usage.stop("b", 1, 150.0, 200.0)
+        assert sim.snapshot(now)["a"] == pytest.approx(master.snapshot(now, [b])["a"])
+    assert sim.snapshot(200.0)["a"] == pytest.approx(100.0)  # halved after one half-life
+    assert sim.snapshot(200.0)["b"] == pytest.approx(50.0)
+    assert master.snapshot(200.0, [b])["b"] == pytest.approx(50.0)
+    sim.stop("b", 1, 150.0, 200.0)
     # Far past the rebasing point (k·t > 300): no overflow, and a stop right then is exact.
-    usage.start("c", 1, 1e6 - 10)
-    usage.stop("c", 1, 1e6 - 10, 1e6)
-    far = usage.snapshot(1e6)
+    sim.start("c", 1, 1e6 - 10)
+    sim.stop("c", 1, 1e6 - 10, 1e6)
+    far = sim.snapshot(1e6)
     assert far["a"] == pytest.approx(0.0, abs=1e-9) and far["c"] == pytest.approx(10.0)
+
+
+def test_usage_ledger_is_stored_readably_and_reads_the_older_form() -> None:
+    ledger = UsageLedger(half_life=100.0)
+    ledger.add("a", 200.0, 1e9)  # far from the start: the base moves to it
+    ledger.add("b", 50.0, 1e9 + 100.0)
+    stored = json.loads(ledger.dumps())
+    # Each user's usage as of the last change, to be halved every half-life after it.
+    assert stored["a"] == [pytest.approx(100.0), 1e9 + 100.0]
+    assert stored["b"] == [pytest.approx(50.0), 1e9 + 100.0]
+    again = UsageLedger.loads(100.0, ledger.dumps())
+    assert again.snapshot(1e9 + 200.0) == pytest.approx({"a": 50.0, "b": 25.0})
+    # The older form gave each user an as-of time of its own.
+    old = UsageLedger.loads(100.0, json.dumps({"a": [200.0, 1e9], "b": [50.0, 1e9 + 100.0]}))
+    assert old.snapshot(1e9 + 200.0) == pytest.approx({"a": 50.0, "b": 25.0})
+    assert UsageLedger.loads(100.0, None).snapshot(5.0) == {}
 
 
 def test_load_factor_and_resample_are_deterministic() -> None:

@@ -13,9 +13,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from pydantic import ValidationError
 
 from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
@@ -23,9 +25,11 @@ from mgpu.agent import containers, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
-from mgpu.master.admission import Admission
-from mgpu.master.cluster import SubmitError
+from mgpu.master.admission import Admission, AdmissionContext
+from mgpu.master.cluster import _unix_groups
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
 from mgpu.model import Job
+from mgpu.scheduler.types import JobRequest
 
 ME = getpass.getuser()
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,28 +244,37 @@ def test_epilog_output_is_kept_and_its_failure_drains(
 # ---- admission control ------------------------------------------------------------------
 
 
-def _job(**kw: object) -> Job:
-    return Job(id="j1", user=ME, argv=["/bin/sh", "-c", "true"], command="true", **kw)  # type: ignore[arg-type]
+def _admit(adm: Admission, **fields: Any) -> Job:
+    """Build the job `fields` describe and run the admission rules on it (no node known)."""
+    spec = JobSpec(command="true", **fields)
+    jobs = build_jobs(spec, ME, SubmitDefaults(), 0.0, lambda: "a1b2c3d4")
+    ctx = AdmissionContext(
+        nodes=[], request_for=_no_request, job_exists=lambda _: False, groups=_unix_groups
+    )
+    asyncio.run(adm.admit(jobs, spec, ctx))
+    return jobs[0]
+
+
+def _no_request(job: Job) -> JobRequest:
+    raise AssertionError("no node is known: nothing to judge the job against")
 
 
 def test_admission_rules_unit(tmp_path: Path) -> None:
     adm = Admission(AdmissionConfig(max_time_per_job="1-00:00:00"))
-    job = _job()
-    adm.check(job, {}, [])
-    assert job.time_limit == 86400  # the maximum is also the default
+    assert _admit(adm).time_limit == 86400  # the maximum is also the default
     with pytest.raises(SubmitError, match="asks for no time limit"):
-        adm.check(_job(), {"time": "UNLIMITED"}, [])
+        _admit(adm, time="UNLIMITED")
     slow = Admission(AdmissionConfig(validator="sleep 5", validator_timeout=0.3))
     with pytest.raises(SubmitError, match=r"validator did not answer within 0\.3 s"):
-        slow.check(_job(), {}, [])
+        _admit(slow)
     missing = Admission(AdmissionConfig(validator=str(tmp_path / "nope.sh")))
     with pytest.raises(SubmitError, match="validator cannot run"):
-        missing.check(_job(), {}, [])
+        _admit(missing)
     groups = Admission(AdmissionConfig(allowed_groups=["no-such-group-xyz"]))
     with pytest.raises(SubmitError, match=f"user {ME} may not submit"):
-        groups.check(_job(), {}, [])
-    with pytest.raises(SubmitError, match="not a valid image"):
-        Admission(AdmissionConfig()).check(_job(image="--privileged"), {}, [])
+        _admit(groups)
+    with pytest.raises(ValidationError, match="not a valid image"):
+        JobSpec(command="true", image="--privileged")
 
 
 def test_admission_refuses_with_one_sentence_audits_and_queues_nothing(

@@ -7,7 +7,23 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mgpu.execspec import (
+    MAX_ARG_BYTES,
+    MAX_ARGV_BYTES,
+    MAX_ARGV_ITEMS,
+    MAX_ENV_BYTES,
+    MAX_ENV_ENTRY_BYTES,
+    MAX_ENV_VARS,
+    is_env_name,
+    is_reserved_env_name,
+    validate_argv,
+    validate_cwd,
+    validate_env,
+    validate_image,
+)
 from mgpu.spec import (
     MAX_ARRAY_TASKS,
     MAX_COMMAND_BYTES,
@@ -15,6 +31,7 @@ from mgpu.spec import (
     Dependency,
     SpecError,
     array_task_id,
+    format_array,
     format_time_limit,
     is_job_id,
     new_job_id,
@@ -28,10 +45,12 @@ from mgpu.spec import (
     parse_node_list,
     parse_time_limit,
     split_array_task_id,
+    text_problem,
     validate_command,
     validate_job_id,
     validate_job_name,
     validate_node_id,
+    validate_text,
 )
 
 
@@ -574,6 +593,7 @@ def test_command_ok(text: str) -> None:
         ("", ("empty",)),
         ("  \n\t", ("empty",)),
         ("echo a\x00b", ("NUL",)),
+        ("echo \udcff", ("not valid UTF-8", "character 6", "'\\udcff'")),
         ("x" * (MAX_COMMAND_BYTES + 1), ("65537 bytes", "64 KiB")),
         ("ü" * (MAX_COMMAND_BYTES // 2 + 1), ("65538 bytes",)),  # counted in UTF-8 bytes
     ],
@@ -589,3 +609,200 @@ def test_long_values_are_shortened_in_messages() -> None:
         parse_time_limit("x" * 500)
     assert len(str(exc.value)) < 200
     assert "..." in str(exc.value)
+
+
+# --------------------------------------------------------------------------- arrays, printed
+
+
+@pytest.mark.parametrize(
+    ("text", "printed"),
+    [
+        ("0-99%8", "0-99%8"),
+        ("1,3,5", "1,3,5"),
+        ("0-15:4", "0,4,8,12"),
+        ("7", "7"),
+        ("5,0-2,3", "0-3,5"),
+        ("0-99999", "0-99999"),
+    ],
+)
+def test_format_array_round_trips(text: str, printed: str) -> None:
+    assert format_array(parse_array(text)) == printed
+    assert parse_array(format_array(parse_array(text))) == parse_array(text)
+
+
+# --------------------------------------------------------------------------- what reaches a program
+
+
+@pytest.mark.parametrize("text", ["", "plain", "ü 训练 🚀", "tab\tand\nnewline", "\x7f\x01"])
+def test_text_that_a_program_can_be_given(text: str) -> None:
+    assert text_problem(text) is None
+    assert validate_text(text, "--x") == text
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("a\x00b", ("--x contains a NUL byte", "character 2")),
+        ("\ud800", ("--x is not valid UTF-8", "character 1", "'\\ud800'")),
+        ("caf\udce9", ("character 4", "'\\udce9'", "not UTF-8")),  # b"caf\xe9" from Latin-1
+        ("ok\udfff", ("character 3",)),
+    ],
+)
+def test_text_that_cannot_travel(text: str, fragments: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as exc:
+        validate_text(text, "--x")
+    check_message(exc, *fragments)
+    str(exc.value).encode("utf-8")  # the message itself can travel
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("PATH", True),
+        ("_", True),
+        ("_private9", True),
+        ("lower_case", True),
+        ("BASH_FUNC_module%%", True),  # an exported bash function (Lmod, modules)
+        ("BASH_FUNC_ml%%", True),
+        ("", False),
+        ("1ABC", False),
+        ("A=B", False),
+        ("A B", False),
+        ("A-B", False),
+        ("A.B", False),
+        ("ÄRGER", False),
+        ("A\x00", False),
+        ("BASH_FUNC_%%", False),
+        ("BASH_FUNC_f%", False),
+        ("BASH_FUNC_f=%%", False),
+    ],
+)
+def test_env_names(name: str, ok: bool) -> None:
+    assert is_env_name(name) is ok
+
+
+def test_reserved_env_names() -> None:
+    for name in ("CUDA_VISIBLE_DEVICES", "MGPU_JOB_ID", "MGPU_ANYTHING", "PET_NNODES"):
+        assert is_reserved_env_name(name)
+    for name in ("SLURM_JOB_ID", "MASTER_ADDR", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        assert is_reserved_env_name(name)
+    for name in ("CUDA_HOME", "PATH", "MGPU", "HOME", "NCCL_DEBUG"):
+        assert not is_reserved_env_name(name)
+
+
+def test_env_ok_at_its_limits() -> None:
+    assert validate_env({}) == {}
+    assert validate_env({"A": "ü\n", "B": ""}) == {"A": "ü\n", "B": ""}
+    big = "x" * (MAX_ENV_ENTRY_BYTES - len("BIG="))
+    assert validate_env({"BIG": big})["BIG"] == big
+    many = {f"V{i}": "" for i in range(MAX_ENV_VARS)}
+    assert len(validate_env(many)) == MAX_ENV_VARS
+    each = MAX_ENV_ENTRY_BYTES // 2
+    fits = {f"V{i}": "x" * (each - 4) for i in range(MAX_ENV_BYTES // each - 1)}
+    assert validate_env(fits) == fits
+
+
+@pytest.mark.parametrize(
+    ("env", "fragments"),
+    [
+        ({"": "x"}, ("--env name ''", "not a variable name")),
+        ({"A=B": "x"}, ("--env name 'A=B'", "not a variable name")),
+        ({"1A": "x"}, ("'1A'", "not starting with a digit")),
+        ({"A\x00": "x"}, ("--env name 'A\\x00' contains a NUL byte",)),
+        ({"\udcff": "x"}, ("--env name '\\udcff' is not valid UTF-8",)),
+        ({"HOME": "a\x00b"}, ("--env[HOME] contains a NUL byte",)),
+        ({"LANG": "\udcc3"}, ("--env[LANG] is not valid UTF-8",)),
+        ({"BIG": "x" * MAX_ENV_ENTRY_BYTES}, ("--env[BIG] is 65540 bytes long", "64 KiB")),
+        ({f"V{i}": "" for i in range(MAX_ENV_VARS + 1)}, ("4097 variables", "at most 4096")),
+        (
+            {f"V{i}": "x" * 60000 for i in range(5)},
+            ("--env is 300020 bytes in all", "256 KiB"),
+        ),
+    ],
+)
+def test_env_errors(env: dict[str, str], fragments: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as exc:
+        validate_env(env)
+    check_message(exc, *fragments)
+
+
+ENV_NAMES = st.one_of(
+    st.sampled_from(["A", "_b9", "BASH_FUNC_f%%", "A\nB", "A=B", "", "1A", "\ud800", "A\x00"]),
+    st.text(max_size=4),
+)
+ENV_VALUES = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(["\x00", "\udcff", "ü", "x" * 40_000, "é" * 30_000]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(ENV_NAMES, ENV_VALUES, max_size=8))
+def test_env_fast_path_agrees_with_the_rules(env: dict[str, str]) -> None:
+    """`validate_env` decides plain environments in one pass: same answer as the rules
+    applied variable by variable."""
+    sizes = [len(k) + 1 + len(v.encode("utf-8", "surrogatepass")) for k, v in env.items()]
+    ok = (
+        all(is_env_name(k) and text_problem(v) is None for k, v in env.items())
+        and all(size <= MAX_ENV_ENTRY_BYTES for size in sizes)
+        and sum(size + 1 for size in sizes) <= MAX_ENV_BYTES
+    )
+    if ok:
+        assert validate_env(env) == env
+    else:
+        with pytest.raises(SpecError):
+            validate_env(env)
+
+
+def test_argv_ok_at_its_limits() -> None:
+    assert validate_argv(("python", "-c", "print('ü')")) == ["python", "-c", "print('ü')"]
+    assert len(validate_argv(["x"] * MAX_ARGV_ITEMS)) == MAX_ARGV_ITEMS
+    assert validate_argv(["echo", "a" * MAX_ARG_BYTES])[1] == "a" * MAX_ARG_BYTES
+    per = MAX_ARGV_BYTES // 4 - 1  # four arguments that fill the total exactly
+    assert len(validate_argv(["a" * per] * 4)) == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        ([], ("the command is empty",)),
+        (["  ", "x"], ("the command is empty", "first argument")),
+        (["echo", "a\x00b"], ("--argv[1] contains a NUL byte",)),
+        (["echo", "x", "\udcff"], ("--argv[2] is not valid UTF-8",)),
+        (["x"] * (MAX_ARGV_ITEMS + 1), ("4097 arguments", "at most 4096")),
+        (["echo", "a" * (MAX_ARG_BYTES + 1)], ("--argv[1] is 65537 bytes long", "64 KiB")),
+        (["echo", "ü" * (MAX_ARG_BYTES // 2 + 1)], ("--argv[1] is 65538 bytes",)),
+        (["a" * MAX_ARG_BYTES] * 4, ("--argv is 262148 bytes in all", "256 KiB")),
+    ],
+)
+def test_argv_errors(argv: list[str], fragments: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as exc:
+        validate_argv(argv)
+    check_message(exc, *fragments)
+
+
+def test_cwd() -> None:
+    assert validate_cwd("/home/al/exp ü") == "/home/al/exp ü"
+    for bad, fragment in [
+        ("relative/dir", "--cwd 'relative/dir' is not an absolute path"),
+        ("/tmp/\udcff", "--cwd is not valid UTF-8"),
+        ("/tmp/a\x00", "--cwd contains a NUL byte"),
+        ("/" + "d" * 4095, "--cwd is 4096 bytes long; at most 4095"),
+    ]:
+        with pytest.raises(SpecError) as exc:
+            validate_cwd(bad)
+        check_message(exc, fragment)
+
+
+@pytest.mark.parametrize(
+    "image", ["busybox", "docker.io/library/ubuntu:24.04", "/images/torch.sif", "a@sha256:ab"]
+)
+def test_image_ok(image: str) -> None:
+    assert validate_image(image) == image
+
+
+@pytest.mark.parametrize("image", ["--privileged", "-v", "a b", "x;rm", "", "é", "x" * 513])
+def test_image_errors(image: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        validate_image(image)
+    check_message(exc, "--image", "not a valid image name")

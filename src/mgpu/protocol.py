@@ -312,11 +312,40 @@ def parse_hello(raw: str | bytes) -> Hello:
         raise HelloError(f"invalid hello: {where} {why}") from None
 
 
-def parse_agent_messages(raw: str | bytes) -> list[AgentMessage]:
-    """One frame: a message, or a JSON array of them (a busy sender batches)."""
-    if raw[:1] in ("[", b"["):
+def parse_agent_messages(raw: str | bytes, errors: list[str] | None = None) -> list[AgentMessage]:
+    """One frame: a message, or a JSON array of them (a busy sender batches).
+
+    In an array, one invalid message does not cost the others: it is left out and, when
+    `errors` is given, one line saying why is added to it (else the ValidationError is
+    raised).  A frame that is not JSON, or one single invalid message, raises."""
+    if raw[:1] not in ("[", b"["):
+        return [_agent_adapter.validate_json(raw)]
+    try:
         return _agent_batch.validate_json(raw)
-    return [_agent_adapter.validate_json(raw)]
+    except ValidationError:
+        if errors is None:
+            raise
+    # The slow path, only for a frame with a bad message in it: each message on its own.
+    items = json.loads(raw)
+    if not isinstance(items, list):
+        raise ValueError("an agent frame must be a message or a JSON array of messages")
+    out: list[AgentMessage] = []
+    for i, item in enumerate(items):
+        try:
+            # Through JSON again, so each message is judged exactly as in the fast path.
+            out.append(_agent_adapter.validate_json(json.dumps(item)))
+        except (ValidationError, ValueError) as e:
+            kind = item.get("type") if isinstance(item, dict) else None
+            errors.append(f"message {i} ({kind or 'no type'}): {_first_error(e)}")
+    return out
+
+
+def _first_error(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
+    return str(e).splitlines()[0][:200]
 
 
 def parse_master_messages(raw: str | bytes) -> list[MasterMessage]:

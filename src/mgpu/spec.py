@@ -15,6 +15,9 @@ Decisions where Slurm is loose or silent:
 * ``--node-gpu-ids`` keeps the nodes in the order given (the first node is rank 0).
 * Node lists expand Slurm hostlist ranges and keep the first occurrence of each name.
 * Job ids are normalised to lower case.
+* Text that reaches a program must be valid UTF-8 without NUL (`validate_text`): a lone
+  surrogate (how Python carries a non-UTF-8 byte) cannot be encoded for the wire, a NUL
+  cannot be passed to `execve`.  argv, the environment and paths: `mgpu.execspec`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "DependencyKind",
     "SpecError",
     "array_task_id",
+    "format_array",
     "format_time_limit",
     "is_job_id",
     "new_job_id",
@@ -51,10 +55,12 @@ __all__ = [
     "parse_node_list",
     "parse_time_limit",
     "split_array_task_id",
+    "text_problem",
     "validate_command",
     "validate_job_id",
     "validate_job_name",
     "validate_node_id",
+    "validate_text",
 ]
 
 MAX_GPU_INDEX: Final = 1023
@@ -448,6 +454,21 @@ def parse_array(text: str) -> ArraySpec:
     return ArraySpec(indices=tuple(sorted(indices)), max_running=max_running)
 
 
+def format_array(array: ArraySpec) -> str:
+    """An `ArraySpec` in Slurm's syntax, consecutive indices as ranges: ``0-99%8``."""
+    parts: list[str] = []
+    indices = array.indices
+    i = 0
+    while i < len(indices):
+        j = i
+        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+            j += 1
+        parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
+        i = j + 1
+    cap = "" if array.max_running is None else f"%{array.max_running}"
+    return ",".join(parts) + cap
+
+
 # --------------------------------------------------------------------------- job ids
 
 _JOB_ID_RE: Final = re.compile(r"[0-9a-f]{8}(?:_(?:0|[1-9][0-9]{0,8}))?")
@@ -563,12 +584,45 @@ def validate_command(text: str) -> str:
         raise SpecError("the command contains a NUL byte, which a shell cannot run")
     if not text.strip():
         raise SpecError("the command is empty; give the command to run")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    validate_text(text, "the command")
+    size = len(text.encode("utf-8"))
     if size > MAX_COMMAND_BYTES:
         raise SpecError(
             f"the command is {size} bytes long; at most {MAX_COMMAND_BYTES} bytes (64 KiB) "
             "are allowed, so put long scripts in a file"
         )
+    return text
+
+
+# --------------------------------------------------------------------------- text for a program
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be handed to a program, as the rest of a sentence; None if it can.
+
+    A NUL cannot pass `execve`; a lone surrogate (Python's stand-in for a byte that is not
+    UTF-8, as in ``os.environ`` under a non-UTF-8 locale) cannot be encoded for the wire.
+    """
+    if text.isascii() and "\x00" not in text:
+        return None  # the common case, decided in C
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"contains a NUL byte (character {nul + 1}), which no program can be given"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (
+            f"is not valid UTF-8 (character {e.start + 1} is the lone surrogate "
+            f"{text[e.start]!a}, which is how Python holds a byte that is not UTF-8)"
+        )
+    return None
+
+
+def validate_text(text: str, what: str) -> str:
+    """`text` unchanged if a program can be given it, else a SpecError naming `what`."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise SpecError(f"{what} {problem}")
     return text
 
 

@@ -233,3 +233,84 @@ def local_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+_PROBE = """
+import http.client, os, sys, time
+page = os.sysconf("SC_PAGE_SIZE")
+host, port, pid, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], open(sys.argv[4], "w")
+conn = None
+while True:
+    t0 = time.monotonic()
+    try:
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=600)
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+    except OSError:
+        conn = None
+    t1 = time.monotonic()
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            rss = int(f.read().split()[1]) * page
+    except OSError:
+        break
+    out.write(f"{t0} {t1 - t0} {rss}\\n")
+    out.flush()
+    time.sleep(max(0.0, 0.01 - (t1 - t0)))
+"""
+
+
+class LoopProbe:
+    """How long a master's event loop could not answer: `/healthz` asked every ~10 ms, and
+    the master's resident memory read, by a child process (so that the caller's own busy
+    threads cannot delay a sample).  Times are `time.monotonic()`, as in the caller."""
+
+    def __init__(self, address: str, pid: int, path: Path) -> None:
+        host, port = address.rsplit(":", 1)
+        self.path = path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PROBE, host, port, str(pid), str(path)],
+            start_new_session=True,
+        )
+
+    def samples(self) -> list[tuple[float, float, int]]:
+        """(sent at, latency, master RSS after) of every sample so far."""
+        out: list[tuple[float, float, int]] = []
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:  # the probe is still starting
+            return out
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                out.append((float(parts[0]), float(parts[1]), int(parts[2])))
+        return out
+
+    def settle(self, quiet: float = 0.5, slow: float = 0.05, timeout: float = 120) -> None:
+        """Wait until every answer for `quiet` seconds came within `slow` seconds, so that
+        what came before (a scheduling pass, a write) is not charged to what comes next."""
+        since = time.monotonic()
+        deadline = since + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            recent = [(s, d) for s, d, _ in self.samples() if s >= since]
+            if any(d > slow for _, d in recent):
+                since = max(s + d for s, d in recent)
+                continue
+            answered = max((s + d for s, d in recent), default=0.0)
+            now = time.monotonic()
+            if now - since >= quiet and now - answered < 2 * slow:  # and none is hanging now
+                return
+
+    def window(self, t0: float, t1: float) -> tuple[list[float], list[int]]:
+        """Latencies of the samples in flight at any time in [t0, t1] (call settle() before
+        t0, so the one in flight then is not an earlier stall), and the RSS readings."""
+        samples = self.samples()
+        rows = [(s, d, r) for s, d, r in samples if s <= t1 and s + d >= t0]
+        if not rows:  # over between two samples: the next one tells
+            rows = [x for x in samples if x[0] >= t1][:1]
+        return [d for _, d, _ in rows], [r for _, _, r in rows]
+
+    def stop(self) -> None:
+        kill_group(self.proc)

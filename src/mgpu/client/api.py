@@ -19,6 +19,8 @@ from typing import Any
 from mgpu.client.wire import Connection
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
+WAIT_BATCH = 1000
+"""Job ids per /api/wait request: the master's limit."""
 MAX_IDLE_CONNECTIONS = 8
 """Idle keep-alive connections a Client keeps; more threads than this open and close."""
 
@@ -38,14 +40,18 @@ class RequestError(MgpuError):
 
 
 class SubmittedJob:
-    """What submit returns: the job id, and for an array the task ids.
+    """What submit returns: the job id, for an array the task ids, and `warnings`:
+    sentences about variables that were not passed to the job (the CLI prints them).
     (A plain class: importing dataclasses costs the CLI ~10 ms at start-up.)"""
 
-    __slots__ = ("id", "task_ids")
+    __slots__ = ("id", "task_ids", "warnings")
 
-    def __init__(self, id: str, task_ids: list[str] | None = None) -> None:
+    def __init__(
+        self, id: str, task_ids: list[str] | None = None, warnings: list[str] | None = None
+    ) -> None:
         self.id = id
         self.task_ids = task_ids
+        self.warnings = warnings or []
 
     def __repr__(self) -> str:
         return f"SubmittedJob(id={self.id!r}, task_ids={self.task_ids!r})"
@@ -271,17 +277,41 @@ class Client:
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
         preemptible, gpu_type, policy, cwd, env.
+
+        Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
+        the job would run elsewhere).  Without `env` it gets this process's environment,
+        as Slurm's `--export=ALL`, less the variables that cannot travel (name or value
+        not UTF-8, name not a variable name).  Variables the scheduler sets itself
+        (`CUDA_VISIBLE_DEVICES`, `MGPU_*`, `SLURM_*`, ...) are dropped by the master.
+        Both are named in the result's `warnings`, except mgpu's own `MGPU_*` settings
+        and, inside an mgpu job, what the job's environment holds anyway.
         """
         body: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         if isinstance(command, str):
             body["command"] = command
         else:
             body["argv"] = list(command)
-        body.setdefault("cwd", os.getcwd())
-        if "env" not in body:
-            body["env"] = dict(os.environ)
+        warnings: list[str] = []
+        if "cwd" not in body:
+            body["cwd"] = _submit_dir()
+        inherited = "env" not in body
+        if inherited:
+            body["env"], skipped = _portable_environment(os.environ)
+            if skipped:
+                warnings.append(
+                    "not passed to the job (name or value not UTF-8, or not a variable "
+                    f"name): {_names(skipped)}"
+                )
         out = self._request("POST", "/api/jobs", body)
-        return SubmittedJob(out["job_id"], out.get("task_ids"))
+        dropped = [str(n) for n in out.get("dropped_env") or ()]
+        if inherited:
+            # Set by mgpu for the client (MGPU_MASTER, MGPU_TOKEN), or, inside a job, by
+            # mgpu for that job: nobody expects those to be passed on.
+            in_job = "MGPU_JOB_ID" in os.environ
+            dropped = [] if in_job else [n for n in dropped if not n.startswith("MGPU_")]
+        if dropped:
+            warnings.append(f"not passed to the job, mgpu sets them itself: {_names(dropped)}")
+        return SubmittedJob(out["job_id"], out.get("task_ids"), warnings)
 
     def queue(self, all: bool = False) -> dict[str, Any]:
         return dict(self._request("GET", "/api/jobs?all=1" if all else "/api/jobs"))
@@ -368,17 +398,25 @@ class Client:
         return list(self._request("GET", f"/api/audit?since={since}")["events"])
 
     def wait_all(self, job_ids: list[str], timeout: float | None = None) -> list[dict[str, Any]]:
-        """Block until every listed job has ended (or `timeout` passed); return them."""
+        """Block until every listed job has ended (or `timeout` passed); return them.
+
+        The master answers for at most WAIT_BATCH ids a request: a longer list is waited
+        for in batches, each asked again until its jobs have ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        found: dict[str, dict[str, Any]] = {}
+        left_ids = list(dict.fromkeys(job_ids))
         while True:
-            left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
-            out = self._request(
-                "POST", "/api/wait", {"ids": job_ids, "timeout": left}, timeout=left + 30
-            )
-            jobs: list[dict[str, Any]] = out["jobs"]
-            active = [j["id"] for j in jobs if j["state"] in ("queued", "running")]
-            if not active or (deadline is not None and time.monotonic() >= deadline):
-                return jobs
+            for i in range(0, len(left_ids), WAIT_BATCH):
+                batch = left_ids[i : i + WAIT_BATCH]
+                now = time.monotonic()
+                left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - now))
+                out = self._request(
+                    "POST", "/api/wait", {"ids": batch, "timeout": left}, timeout=left + 30
+                )
+                found.update((j["id"], j) for j in out["jobs"])
+            left_ids = [i for i in left_ids if found[i]["state"] in ("queued", "running")]
+            if not left_ids or (deadline is not None and time.monotonic() >= deadline):
+                return [found[i] for i in job_ids]
 
     def logs(self, job_id: str) -> str:
         """The job's output so far, stdout and stderr interleaved as they came."""
@@ -405,6 +443,71 @@ class Client:
                 raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
         finally:
             conn.close()
+
+
+# What mgpu.execspec.is_env_name accepts (not imported: the CLI must start fast).
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*|BASH_FUNC_[A-Za-z_][A-Za-z0-9_.:+-]*%%"
+
+
+def _portable_environment(environ: Any) -> tuple[dict[str, str], list[str]]:
+    """The variables of `environ` a job can be given, and the names of the others (shown
+    with their non-UTF-8 bytes escaped)."""
+    import re
+
+    name_ok = re.compile(_ENV_NAME).fullmatch
+    env: dict[str, str] = {}
+    skipped: list[str] = []
+    for name, value in environ.items():
+        if name_ok(name) and _is_utf8(value):
+            env[name] = value
+        else:
+            skipped.append(_shown(name))
+    return env, sorted(skipped)
+
+
+def _submit_dir() -> str:
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:
+        raise MgpuError(
+            "the current directory no longer exists; cd to one that does (the job runs there)"
+        ) from None
+    if not _is_utf8(cwd):
+        raise MgpuError(
+            f"the current directory {_shown(cwd)} is not valid UTF-8, and the job would run "
+            "there; submit from another directory or give cwd"
+        )
+    return cwd
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(text: str) -> str:
+    """Printable on one line: bytes that are not UTF-8 (surrogates) and control
+    characters escaped."""
+    shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+    return shown if shown.isprintable() else shown.encode("unicode_escape").decode("ascii")
+
+
+def _names(names: list[str]) -> str:
+    """A list of variable names for one line: long families summed up (SLURM_* (42))."""
+    families: dict[str, list[str]] = {}
+    for name in names:
+        prefix = name.partition("_")[0] + "_" if "_" in name[1:] else name
+        families.setdefault(prefix, []).append(name)
+    parts: list[str] = []
+    for prefix, members in families.items():
+        if len(members) > 3:
+            parts.append(f"{prefix}* ({len(members)} variables)")
+        else:
+            parts.extend(members)
+    return ", ".join(parts)
 
 
 def _query(**params: Any) -> str:

@@ -33,6 +33,11 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
+def _warn(messages: list[str]) -> None:
+    for message in messages:
+        print(f"mgpu: warning: {message}", file=sys.stderr)
+
+
 # ---- job options ------------------------------------------------------------
 
 
@@ -115,6 +120,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.interactive:
         opts["interactive"] = True
     job = client.submit(command, **opts)
+    _warn(job.warnings)
     if args.interactive:
         return follow_job(client, job.id, args)
     if args.json:
@@ -137,6 +143,7 @@ def cmd_srun(args: argparse.Namespace) -> int:
     opts = job_options(args)
     opts["interactive"] = True
     job = client.submit(argv, **opts)
+    _warn(job.warnings)
     return follow_job(client, job.id, args)
 
 

@@ -6,64 +6,48 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import HTTPConnection
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
+from pydantic import BaseModel, Field, ValidationError
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity
-from mgpu.master.cluster import Cluster, Conflict, NotFound, SubmitError
+from mgpu.master.cluster import Cluster, Conflict, NotFound
+from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.observe import make_router
 from mgpu.master.registry import AgentLink
 from mgpu.master.steps import Step
+from mgpu.master.submit import JobSpec, SubmitError
 from mgpu.model import Job, JobState
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 
 log = logging.getLogger("mgpu.master")
 
 
-class SubmitRequest(BaseModel):
-    """A job as the client sends it; the master validates every field again."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: str | None = None
-    argv: list[str] | None = None
-    name: str | None = None
-    user: str | None = None
-    gpus: int | None = Field(default=None, ge=0, le=100000)
-    gpu_ids: str | list[int] | None = None
-    node_gpu_ids: str | None = None
-    nodes: int | None = Field(default=None, ge=1, le=100000)
-    gpus_per_node: int | None = Field(default=None, ge=0, le=100000)
-    nodelist: str | list[str] | None = None
-    exclude: str | list[str] | None = None
-    gpu_type: str | None = None
-    policy: str | None = None
-    distributed: bool = False
-    mpi: bool = False
-    time: str | None = None
-    priority: int = Field(default=0, ge=-1000000, le=1000000)
-    retries: int | None = Field(default=None, ge=0, le=1000)
-    dependency: str | None = None
-    array: str | None = None
-    preemptible: bool = False
-    interactive: bool = False
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    image: str | None = Field(default=None, max_length=512)
+WAIT_MAX_IDS = 1000
+"""Jobs one /api/wait may name (the client splits a longer list into several requests)."""
+LOOKUP_SLICE = 100
+"""Jobs read or rendered per loop turn by a request that names many."""
+CANCEL_SLICE = 100
+"""Array tasks cancelled per loop turn (one transaction each), between them others run."""
 
 
 class WaitRequest(BaseModel):
-    ids: list[str] = Field(max_length=100000)
+    ids: list[str]
     timeout: float = Field(default=30.0, ge=0, le=3600)
 
 
@@ -82,9 +66,6 @@ class DrainRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=1000)
 
 
-OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/api/ca", "/openapi.json"})
-
-
 def _address(request: Request) -> str:
     return request.client.host if request.client else "?"
 
@@ -93,15 +74,57 @@ def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
+_SHOULD = re.compile(r"^(?:Input|String|List|Dictionary|Value|Tuple|Set) should ")
+
+
+def _shown(part: object) -> str:
+    """A piece of an error location as the user may see it: printable, short, encodable."""
+    text = str(part)
+    if len(text) > 40 or not text.isprintable():
+        return ascii(text[:40] + ("..." if len(text) > 40 else ""))
+    return text
+
+
 def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
+    """One sentence for a refused request, naming the option as the user typed it
+    (``--gpus-per-node``, ``--env[NAME]``), not the JSON field; no pydantic wording."""
     err = exc.errors()[0]
-    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-    msg = str(err.get("msg", "invalid value")).replace("Input should be", "must be")
+    kind = err.get("type", "")
+    raw_loc = tuple(err.get("loc", ()))
+    if kind == "json_invalid":
+        why = (err.get("ctx") or {}).get("error", "")
+        at = f" at character {raw_loc[1]}" if len(raw_loc) > 1 else ""
+        return f"the request body is not valid JSON ({why}{at})"
+    if kind in ("value_error", "assertion_error"):
+        # Our own validators' messages are whole sentences that name the option.
+        return str((err.get("ctx") or {}).get("error", err.get("msg", "invalid value")))
+    loc = [p for p in raw_loc if p not in ("body", "query", "path")]
+    if kind == "string_unicode":  # a key pydantic cannot read as text (a lone surrogate)
+        return f"{_where(loc) if loc else 'a field name of the request'} is not valid UTF-8"
     if not loc:
-        return msg
-    # Name the option as the user typed it (--gpus-per-node), not the JSON field.
-    where = "--" + loc[0].replace("_", "-") + "".join(f"[{p}]" for p in loc[1:])
-    return f"{where} {msg}"
+        if kind == "missing":
+            return "the request body is missing; send a JSON object"
+        if kind in ("model_attributes_type", "model_type", "dict_type"):
+            return "the request body must be a JSON object"
+        return "the request body " + _predicate(str(err.get("msg", "")))
+    where = _where(loc)
+    if kind == "extra_forbidden":
+        return f"{where} is not an option of this request"
+    if kind == "missing":
+        return f"{where} is required"
+    return f"{where} {_predicate(str(err.get('msg', '')))}"
+
+
+def _where(loc: list[Any]) -> str:
+    """A JSON location as the option the user typed: `--gpus-per-node`, `--env[NAME]`."""
+    return "--" + _shown(loc[0]).replace("_", "-") + "".join(f"[{_shown(p)}]" for p in loc[1:])
+
+
+def _predicate(msg: str) -> str:
+    """pydantic's "Input should be a valid integer" as "must be a valid integer"."""
+    if _SHOULD.match(msg):
+        return _SHOULD.sub("must ", msg)
+    return f"is not valid: {msg[:1].lower()}{msg[1:]}" if msg else "is not valid"
 
 
 def create_app(
@@ -124,6 +147,7 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             cluster.flush_all()
+            failures.flush()
             cluster.outputs.close_all()
             cluster.store.close()
 
@@ -133,32 +157,13 @@ def create_app(
         assert cluster is not None
         return cluster
 
-    async def authenticate(conn: HTTPConnection) -> None:
-        """Every route needs a user token except health, metrics, the page and the CA."""
-        path = conn.url.path
-        if path in OPEN_PATHS or path.startswith(("/web/", "/docs")) or path == "/api/agent":
-            return
-        header = conn.headers.get("authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else None
-        ident = c().identify(token)
-        address = conn.client.host if conn.client else "?"
-        if ident is None:
-            delay = throttle.delay(address)
-            throttle.failed(address)
-            why = "no token given" if not token else "unknown or revoked token"
-            c().store.record_event("auth_failed", address=address, target=path, detail=why)
-            if delay:
-                await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
-            hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
-            raise HTTPException(401, f"not authorised: {why}{hint}")
-        throttle.succeeded(address)
-        conn.state.identity = ident
+    # Refused logins: counted, one audit row per address and minute (see guard.py).
+    failures = FailedLogins(lambda rows: c().store.record_events(rows))
 
-    app = FastAPI(
-        title="mgpu master",
-        version="0.1.0",
-        lifespan=lifespan,
-        dependencies=[Depends(authenticate)],
+    app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
+    # Authentication and the body limit run before FastAPI reads a body.
+    app.add_middleware(
+        Guard, identify=lambda token: c().identify(token), throttle=throttle, failures=failures
     )
 
     def who(request: Request) -> Identity:
@@ -204,20 +209,21 @@ def create_app(
     # ---- jobs ---------------------------------------------------------------
 
     @app.post("/api/jobs")
-    async def submit(req: SubmitRequest, request: Request) -> JSONResponse:
+    async def submit(spec: JobSpec, request: Request) -> JSONResponse:
+        """Queue a job: `spec` is already checked field by field (`mgpu.master.submit`)."""
         ident = who(request)
         user = ident.user
-        if req.user and req.user != ident.user:
+        if spec.user and spec.user != ident.user:
             if not ident.admin:
-                raise deny(request, "submit", f"{ident.user} may not submit as {req.user}")
-            user = req.user
+                raise deny(request, "submit", f"{ident.user} may not submit as {spec.user}")
+            user = spec.user
         grant = c().root_grant(ident)
         reserved = None if grant else c().root_name(user)
         if reserved is not None:
             why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
             raise deny(request, "submit", f"{why} may submit as {user}")
         try:
-            result = c().submit(req.model_dump(), user, address=_address(request), allow_root=grant)
+            result = await c().submit(spec, user, address=_address(request), allow_root=grant)
         except SubmitError as e:
             c().store.record_event(
                 "submit_refused", actor=user, address=_address(request), detail=str(e)
@@ -226,6 +232,8 @@ def create_app(
         body: dict[str, Any] = {"job_id": result.job_id}
         if result.task_ids is not None:
             body["task_ids"] = result.task_ids
+        if result.dropped_env:  # set by the scheduler itself: said once, not passed
+            body["dropped_env"] = result.dropped_env
         return JSONResponse(body, status_code=201)
 
     @app.get("/api/jobs")
@@ -256,28 +264,71 @@ def create_app(
                 await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
 
     @app.post("/api/wait")
-    async def wait_many(body: WaitRequest) -> dict[str, Any]:
+    async def wait_many(body: WaitRequest) -> Response:
         """Answer once every listed job has ended (or after `timeout` seconds)."""
+        if len(body.ids) > WAIT_MAX_IDS:
+            return _error(
+                422,
+                f"at most {WAIT_MAX_IDS} job ids per wait ({len(body.ids)} given): "
+                "wait for them in several requests",
+            )
         deadline = time.monotonic() + body.timeout
-        for job_id in body.ids:
-            while True:
-                job = find(job_id)
-                left = deadline - time.monotonic()
-                if job.terminal or left <= 0:
+        jobs = await _lookup(c(), body.ids)
+        # Ended jobs stay ended: only the others are looked at again, in memory.
+        waited = [j.id for j in jobs.values() if not j.terminal]
+        active = list(waited)
+        while active:
+            job = c().get_job(active[-1])
+            left = deadline - time.monotonic()
+            if job is not None and not job.terminal:
+                if left <= 0:
                     break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
-        jobs = [find(j) for j in body.ids]
-        return {"jobs": [c().public_job(j) for j in jobs]}
+                    await asyncio.wait_for(c().job_event(job.id).wait(), timeout=left)
+                continue
+            active.pop()
+        jobs.update(await _lookup(c(), waited))
+        # Rendered a slice at a time, straight to JSON: FastAPI's own encoder would walk
+        # 1,000 jobs in Python in one go.
+        parts = []
+        for i in range(0, len(body.ids), LOOKUP_SLICE):
+            part = [c().public_job(jobs[j]) for j in body.ids[i : i + LOOKUP_SLICE]]
+            parts.append(json.dumps(part)[1:-1])
+            await asyncio.sleep(0)
+        body_text = '{"jobs": [' + ",".join(p for p in parts if p) + "]}"
+        return Response(body_text, media_type="application/json")
 
     @app.post("/api/jobs/{job_id}/cancel")
-    async def cancel(job_id: str, request: Request) -> dict[str, Any]:
-        jobs = c().resolve(job_id)
-        for j in jobs:
-            require_owner(request, j, "cancel")
-        actor = who(request).user
-        done = [j.id for j in jobs if c().cancel(j, actor=actor, address=_address(request))]
-        return {"cancelled": done, "already_ended": [j.id for j in jobs if j.id not in done]}
+    async def cancel(job_id: str, request: Request) -> Response:
+        ident = who(request)
+        address = _address(request)
+        job = c().get_job(job_id)
+        if job is not None:
+            require_owner(request, job, "cancel")
+            if c().cancel(job, actor=ident.user, address=address):
+                return JSONResponse({"cancelled": [job.id], "already_ended": []})
+            return JSONResponse({"cancelled": [], "already_ended": [job.id]})
+        if len(job_id) != 8:  # not an array id either
+            raise NotFound(job_id)
+        # An array: its tasks a slice at a time, each slice in one transaction and the loop
+        # free in between; the request's one audit event is written with the first slice.
+        cancelled: list[str] = []
+        ended: list[str] = []
+        after = ""
+        while rows := c().store.job_rows_with_prefix(job_id + "_", after, CANCEL_SLICE):
+            for task_id, _, user in rows:
+                if user != ident.user and not ident.admin:
+                    raise deny(request, f"cancel {task_id}", f"job {task_id} belongs to {user}")
+            event = (job_id, "every task of the array") if not after else None
+            done, gone = c().cancel_slice([r[:2] for r in rows], ident.user, address, event)
+            cancelled += done
+            ended += gone
+            after = rows[-1][0]
+            await asyncio.sleep(0)
+        if not after:
+            raise NotFound(job_id)
+        body = {"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)}
+        return Response(await _json_in_slices(body), media_type="application/json")
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
@@ -391,6 +442,7 @@ def create_app(
     @app.get("/api/audit")
     async def audit(request: Request, since: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
         require_admin(request, "audit")
+        failures.flush()  # the refused logins counted so far, written now
         return {"events": c().store.events(since=since)}
 
     @app.get("/api/ca")
@@ -485,13 +537,21 @@ def create_app(
                 raw = await ws.receive_text()
                 if link.closed:
                     break  # replaced by a newer connection of this node, or given up on
+                errors: list[str] = []
                 try:
-                    messages = parse_agent_messages(raw)
-                except ValidationError:
+                    messages = parse_agent_messages(raw, errors)
+                except ValueError:  # ValidationError included: not JSON, or one bad message
                     log.warning("bad message from %s: %.200s", first.node_id, raw)
                     continue
+                for error in errors:  # the frame's other messages are handled all the same
+                    log.warning("bad message from %s skipped: %s", first.node_id, error)
                 for msg in messages:
-                    cl.agent_message(first.node_id, msg)
+                    try:
+                        cl.agent_message(first.node_id, msg)
+                    except Exception:  # one message's bug must not cost the connection
+                        log.exception(
+                            "handling a %s message from %s failed", msg.type, first.node_id
+                        )
         except WebSocketDisconnect:
             pass
         finally:
@@ -503,28 +563,59 @@ def create_app(
     return app
 
 
+async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
+    """Jobs by id, a slice at a time (one store query each) with the loop free between."""
+    found: dict[str, Job] = {}
+    for i in range(0, len(ids), LOOKUP_SLICE):
+        found.update(cluster.get_jobs(ids[i : i + LOOKUP_SLICE]))
+        await asyncio.sleep(0)
+    for job_id in ids:
+        if job_id not in found:
+            raise NotFound(job_id)
+    return found
+
+
+def _by_task(ids: list[str]) -> list[str]:
+    """Array task ids in index order: the store pages them in text order, which within one
+    length is index order, so a stable sort by length is all it takes (and is quick)."""
+    return sorted(ids, key=len)
+
+
+async def _json_in_slices(body: dict[str, list[str]], size: int = 10000) -> str:
+    """`body` (lists of strings) as JSON, a slice at a time with the loop free between."""
+    parts = []
+    for key, values in body.items():
+        pieces = []
+        for i in range(0, len(values), size):
+            pieces.append(json.dumps(values[i : i + size])[1:-1])
+            await asyncio.sleep(0)
+        parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
+    return "{" + ", ".join(parts) + "}"
+
+
 async def _output_stream(
     cluster: Cluster, job_id: str, follow: bool, since: int
 ) -> AsyncIterator[bytes]:
-    """JSON lines: output records, then (when following) status lines and a final end line."""
-    q = cluster.outputs.subscribe(job_id) if follow else None
+    """JSON lines: output records, then (when following) status lines and a final end line.
+
+    The records come from the job's output file, a chunk at a time, as they are written
+    there (see outputs.py): memory per reader is one chunk, whatever the file's size."""
+    wake = cluster.outputs.subscribe(job_id) if follow else None
+    reader = cluster.outputs.reader(job_id, since, follow=follow)
     try:
-        records = cluster.outputs.read(job_id, since)
-        seen = since + len(records)
-        if records:
-            yield "".join(json.dumps(r) + "\n" for r in records).encode()
-        if q is None:
+        if wake is None:
+            async for chunk in reader.chunks():
+                yield chunk
             return
         last_status = None
         while True:
+            wake.clear()  # before reading: an append from here on wakes us again
+            async for chunk in reader.chunks():
+                yield chunk
             job = cluster.get_job(job_id)
             if job is None:
                 return
-            if job.terminal:
-                # Drain anything written between our read and the end.
-                rest = cluster.outputs.read(job_id, seen)
-                if rest:
-                    yield "".join(json.dumps(r) + "\n" for r in rest).encode()
+            if job.terminal:  # and the file has been read to its end just now
                 end = {"end": True, "state": job.state.value, "exit_code": job.exit_code}
                 end["reason"] = job.reason
                 yield (json.dumps(end) + "\n").encode()
@@ -536,48 +627,33 @@ async def _output_stream(
                 last_status = status
                 yield (json.dumps(status) + "\n").encode()
             try:
-                item = await asyncio.wait_for(q.get(), timeout=1.0)
+                await asyncio.wait_for(wake.wait(), timeout=1.0)
             except TimeoutError:
                 yield b'{"ping":1}\n'
-                continue
-            batch = []
-            while item is not None:
-                index, rec = item
-                if index >= seen:
-                    batch.append(rec)
-                    seen = index + 1
-                if q.empty():
-                    break
-                item = q.get_nowait()
-            if batch:
-                yield "".join(json.dumps(r) + "\n" for r in batch).encode()
-            if item is None:
-                job = cluster.get_job(job_id)
-                if job is not None and not job.terminal:
-                    continue
     finally:
-        if q is not None:
-            cluster.outputs.unsubscribe(job_id, q)
+        reader.close()
+        if wake is not None:
+            cluster.outputs.unsubscribe(job_id, wake)
 
 
 async def _step_stream(cluster: Cluster, step: Step) -> AsyncIterator[bytes]:
     """A step's output as JSON lines, then {"end": true, "exit_code": ...}."""
-    q = cluster.outputs.subscribe(step.id)
+    wake = cluster.outputs.subscribe(step.id)
+    reader = cluster.outputs.reader(step.id)
     try:
-        seen = 0
         while True:
-            records = cluster.outputs.read(step.id, seen)
-            seen += len(records)
-            if records:
-                yield "".join(json.dumps(r) + "\n" for r in records).encode()
+            wake.clear()
+            async for chunk in reader.chunks():
+                yield chunk
             if step.done:
                 end = {"end": True, "exit_code": step.exit_code, "error": step.error}
                 yield (json.dumps(end) + "\n").encode()
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(q.get(), timeout=1.0)
+                await asyncio.wait_for(wake.wait(), timeout=1.0)
     finally:
-        cluster.outputs.unsubscribe(step.id, q)
+        reader.close()
+        cluster.outputs.unsubscribe(step.id, wake)
 
 
 def _announce_join(state_dir: Path, host: str, port: int) -> None:

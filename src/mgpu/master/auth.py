@@ -192,7 +192,7 @@ class BadTokenThrottle:
         if time.monotonic() - last > 300:
             return 0.0
         over = count - self.free
-        return 0.0 if over < 0 else min(self.cap, 0.05 * 2**over)
+        return 0.0 if over < 0 else min(self.cap, 0.05 * 2 ** min(over, 20))  # no overflow
 
     def failed(self, address: str) -> None:
         count, last = self._fails.get(address, (0, 0.0))

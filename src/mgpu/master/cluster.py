@@ -14,16 +14,13 @@ that keep a GPU from being given twice and a job from running twice:
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import getpass
 import logging
-import math
 import os
-import shlex
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +28,7 @@ from pydantic import BaseModel
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
-from mgpu.master.admission import Admission
+from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.auth import (
     Identity,
     TokenStore,
@@ -44,10 +41,12 @@ from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.outputs import OutputStore
-from mgpu.master.registry import AgentLink, NodeRecord
+from mgpu.master.reconcile import Expected, expectations, reconcile
+from mgpu.master.registry import AgentLink, NodeRecord, Unsendable
+from mgpu.master.snapshot import job_request, node_views, prepare, scheduler_config
 from mgpu.master.steps import Step, Steps, is_step_id
 from mgpu.master.store import Store
-from mgpu.master.usage import UsageLedger
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
 from mgpu.model import Attempt, Job, JobState, NodeState, Slot
 from mgpu.protocol import (
     PROTOCOL_VERSION,
@@ -65,41 +64,20 @@ from mgpu.protocol import (
     Started,
     Welcome,
 )
-from mgpu.scheduler import compute_priorities, could_ever_fit, schedule
-from mgpu.scheduler.types import (
+from mgpu.scheduler import (
+    DependencyTarget,
     JobRequest,
     NodeView,
-    PriorityWeights,
-    RunningJob,
     SchedulerConfig,
-    Snapshot,
+    UsageLedger,
+    schedule,
 )
-from mgpu.scheduler.types import Placement as SchedPlacement
 from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
 
-# Environment a client must not pass into a job: the scheduler sets these.
-_RESERVED_ENV_PREFIXES = ("MGPU_", "PET_", "SLURM_")
-_RESERVED_ENV = {
-    "CUDA_VISIBLE_DEVICES",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "NNODES",
-    "NODE_RANK",
-    "NPROC_PER_NODE",
-    "RANK",
-    "LOCAL_RANK",
-}
-
-
 REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
-
-
-class SubmitError(ValueError):
-    """A request that is refused at submit; the message is one sentence for the user."""
 
 
 class NotFound(KeyError):
@@ -114,6 +92,8 @@ class Conflict(ValueError):
 class SubmitResult:
     job_id: str
     task_ids: list[str] | None = None
+    dropped_env: list[str] = field(default_factory=list)
+    """Reserved names in the submitted environment, not passed to the job."""
 
 
 class Cluster:
@@ -135,7 +115,12 @@ class Cluster:
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
         self.job_metrics = JobMetrics()
         self.gpuwatch = GpuWatch(config)
-        self.admission = Admission(config.site.admission)
+        self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
+        self._ids_in_admission: set[str] = set()
+        self._unjudged: set[str] = set()
+        """Jobs queued while no node was known: judged once nodes have joined."""
+        self._rejudge_armed = False
         self._priorities: dict[str, float] = {}
         self._factors: dict[str, dict[str, float]] = {}
         self._expected_start: dict[str, float] = {}
@@ -263,21 +248,46 @@ class Cluster:
         self._flush_armed = True
         loop.call_soon(self.flush)
 
-    def flush(self) -> None:
-        """Write every changed job in one transaction, then send what waited on it."""
+    def flush(
+        self,
+        event: tuple[str, str | None, str | None, str] | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Write every changed job in one transaction (with `event` for the audit log, if
+        given), then send what waited on it."""
         self._flush_armed = False
-        if self._dirty:
+        if self._dirty or event is not None:
             for job_id in self._dirty:
                 self._lazy.pop(job_id, None)  # written now anyway
             jobs = list(self._dirty.values())
             self._dirty.clear()
-            self.store.save_jobs(jobs)
+            self.store.save_jobs(jobs, event=event, detail=detail)
         if self._usage_dirty:
             self._usage_dirty = False
             self.store.set_meta("usage", self.usage.dumps())
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
-            link.send(message)
+            try:
+                link.send(message)
+            except Unsendable as e:  # this message only: the rest of the batch goes out
+                self._unsendable(link.node_id, message, str(e))
+
+    def _unsendable(self, node_id: str, message: BaseModel, why: str) -> None:
+        """A message that cannot be encoded fails its job (not the node, no retry spent)."""
+        log.error("not sent to %s: %s %s", node_id, type(message).__name__, why)
+        job_id = getattr(message, "job_id", None)
+        if not isinstance(message, Launch) or job_id is None:
+            return
+        reason = f"could not be sent to {node_id}: {why}"
+        step = self.steps.by_id.get(job_id)
+        if step is not None:
+            self.steps.end(step, None, reason)
+            self.outputs.close(step.id)
+            return
+        job = self.jobs.get(job_id)
+        if job is not None and job.state == JobState.RUNNING and job.epoch == message.epoch:
+            self._kill_slots(job, "failed")  # ranks launched on other nodes
+            self._finish(job, JobState.FAILED, reason)
 
     # ---- start-up ---------------------------------------------------------
 
@@ -339,179 +349,83 @@ class Cluster:
 
     # ---- submit -----------------------------------------------------------
 
-    def submit(
+    async def submit(
         self,
-        req: dict[str, Any],
+        spec: JobSpec,
         user: str | None,
         address: str | None = None,
         allow_root: bool = False,
     ) -> SubmitResult:
-        """Validate and queue; raises SubmitError with one sentence, storing nothing.
+        """Build, admit, store: raises SubmitError with one sentence, storing nothing.
         allow_root: the submitter's grant (root_grant), recorded on every job."""
-        try:
-            jobs = self._build_jobs(req, user or self.default_user)
-        except specs.SpecError as e:
-            raise SubmitError(str(e)) from None
+        jobs = build_jobs(
+            spec, user or self.default_user, self._submit_defaults, time.time(), self._new_job_id
+        )
         for job in jobs:
             job.allow_root = allow_root
-        target = jobs[0].array_job_id or jobs[0].id
-        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, target))
+        base_id = jobs[0].array_job_id or jobs[0].id
+        ctx = AdmissionContext(
+            nodes=self._node_views() if self._any_node_joined() else [],
+            request_for=self._request_for,
+            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
+            groups=_unix_groups,
+        )
+        self._ids_in_admission.add(base_id)  # the site validator may take a while
+        try:
+            await self.admission.admit(jobs, spec, ctx)
+        finally:
+            self._ids_in_admission.discard(base_id)
+        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, base_id))
         for job in jobs:
             self.jobs[job.id] = job
+        if not ctx.nodes:
+            self._unjudged.update(job.id for job in jobs)
+            if self._any_node_joined():  # while the site validator ran
+                self._judge_unjudged_later()
         self.wake()
-        if jobs[0].array_job_id is not None:
-            return SubmitResult(jobs[0].array_job_id, [j.id for j in jobs])
-        return SubmitResult(jobs[0].id)
+        task_ids = [j.id for j in jobs] if jobs[0].array_job_id is not None else None
+        return SubmitResult(base_id, task_ids, spec.dropped_env)
 
-    def _build_jobs(self, req: dict[str, Any], user: str) -> list[Job]:
-        sched = self.config.scheduling
-        argv: list[str]
-        if req.get("argv"):
-            argv = [str(a) for a in req["argv"]]
-            if not argv[0].strip():
-                raise SubmitError("the command is empty")
-            command = shlex.join(argv)
-        else:
-            command = specs.validate_command(str(req.get("command") or ""))
-            argv = ["/bin/sh", "-c", command]
-        name = req.get("name")
-        if name is not None:
-            name = specs.validate_job_name(str(name))
-        gpu_ids = None
-        if req.get("gpu_ids") not in (None, "", []):
-            raw = req["gpu_ids"]
-            gpu_ids = list(
-                specs.parse_gpu_ids(raw if isinstance(raw, str) else ",".join(map(str, raw)))
-            )
-        node_gpu_ids = None
-        if req.get("node_gpu_ids"):
-            node_gpu_ids = [(n, list(g)) for n, g in specs.parse_node_gpu_ids(req["node_gpu_ids"])]
-        nodes = req.get("nodes")
-        gpus_per_node = req.get("gpus_per_node")
-        gpus = req.get("gpus")
-        if nodes is not None or gpus_per_node is not None:
-            nodes = 1 if nodes is None else int(nodes)
-            if gpus_per_node is None:
-                gpus_per_node = 1 if gpus is None else max(0, int(gpus) // max(nodes, 1))
-            gpus_per_node = int(gpus_per_node)
-            if nodes < 1:
-                raise SubmitError("--nodes must be at least 1")
-            if gpus_per_node < 0:
-                raise SubmitError("--gpus-per-node must not be negative")
-            if gpus is not None and int(gpus) != nodes * gpus_per_node:
-                raise SubmitError(
-                    f"--gpus {gpus} does not match --nodes {nodes} × --gpus-per-node "
-                    f"{gpus_per_node}"
-                )
-            gpus = nodes * gpus_per_node
-        elif node_gpu_ids is not None:
-            total = sum(len(g) for _, g in node_gpu_ids)
-            if gpus is not None and int(gpus) != total:
-                raise SubmitError(
-                    f"--gpus {gpus} does not match the {total} GPUs in --node-gpu-ids"
-                )
-            gpus = total
-        elif gpu_ids is not None:
-            if gpus is not None and int(gpus) != len(gpu_ids):
-                raise SubmitError(f"--gpus {gpus} does not match the {len(gpu_ids)} --gpu-ids")
-            gpus = len(gpu_ids)
-        gpus = 1 if gpus is None else int(gpus)
-        if gpus < 0:
-            raise SubmitError("--gpus must not be negative")
-        if gpu_ids is not None and node_gpu_ids is not None:
-            raise SubmitError("use either --gpu-ids or --node-gpu-ids, not both")
-        nodelist = self._node_names(req.get("nodelist"))
-        exclude = self._node_names(req.get("exclude")) or []
-        time_limit = None
-        if req.get("time") not in (None, ""):
-            time_limit = specs.parse_time_limit(str(req["time"]))
-            if math.isinf(time_limit):
-                time_limit = None
-        elif sched.default_time_limit:
-            time_limit = specs.parse_time_limit(sched.default_time_limit)
-        retries = req.get("retries")
-        retries = sched.max_retries if retries is None else int(retries)
-        if retries < 0:
-            raise SubmitError("--retries must not be negative")
-        policy = req.get("policy")
-        if policy not in (None, "fill_first", "spread"):
-            raise SubmitError(f"unknown placement policy {policy!r} (use fill_first or spread)")
-        dependency: list[tuple[str, str]] = []
-        if req.get("dependency"):
-            for dep in specs.parse_dependency(str(req["dependency"])):
-                if self._find_dependency_target(dep.job_id) is None:
-                    raise SubmitError(f"dependency on unknown job {dep.job_id}")
-                dependency.append((dep.kind, dep.job_id))
-        cwd = req.get("cwd")
-        env = {
-            str(k): str(v)
-            for k, v in (req.get("env") or {}).items()
-            if k not in _RESERVED_ENV and not str(k).startswith(_RESERVED_ENV_PREFIXES)
-        }
-        now = time.time()
-        base = Job(
-            id=specs.new_job_id(),
-            user=user,
-            argv=argv,
-            command=command,
-            name=name,
-            reason="waiting to be scheduled",
-            gpus=gpus,
-            gpu_ids=gpu_ids,
-            node_gpu_ids=node_gpu_ids,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            nodelist=nodelist,
-            exclude=exclude,
-            gpu_type=specs.normalize_gpu_type(req.get("gpu_type")),
-            policy=policy,
-            distributed=bool(req.get("distributed")),
-            mpi=bool(req.get("mpi")),
-            time_limit=time_limit,
-            priority=int(req.get("priority") or 0),
-            max_retries=retries,
-            preemptible=bool(req.get("preemptible")),
-            dependency=dependency,
-            cwd=str(cwd) if cwd else None,
-            env=env,
-            interactive=bool(req.get("interactive")),
-            submit_time=now,
-            eligible_time=now,
-            image=str(req["image"]) if req.get("image") else None,
-        )
-        while base.id in self.jobs or self.store.has_job(base.id):
-            base.id = specs.new_job_id()
-        self.admission.check(base, req, self._node_views())  # site limits, validator
-        # Before any node is known there is nothing to judge against: the job waits.
-        why = could_ever_fit(self._request_for(base), self._node_views()) if self.nodes else None
-        if why is not None:
-            raise SubmitError(why)
-        cap = sched.max_gpus_per_user
-        if cap is not None and gpus > cap:
-            raise SubmitError(
-                f"the job asks for {gpus} GPUs but a user may hold at most {cap} "
-                "(scheduling.max_gpus_per_user)"
-            )
-        if not req.get("array"):
-            return [base]
-        array = specs.parse_array(str(req["array"]))
-        out = []
-        for index in array.indices:
-            rec = copy.deepcopy(base.to_record())
-            rec["id"] = f"{base.id}_{index}"
-            job = Job.from_record(rec)
-            job.array_job_id = base.id
-            job.array_task_id = index
-            job.array_max_running = array.max_running
-            out.append(job)
-        return out
+    def _new_job_id(self) -> str:
+        job_id = specs.new_job_id()
+        while job_id in self.jobs or job_id in self._ids_in_admission or self.store.has_job(job_id):
+            job_id = specs.new_job_id()
+        return job_id
 
-    def _node_names(self, raw: Any) -> list[str] | None:
-        if raw in (None, "", []):
-            return None
-        if isinstance(raw, str):
-            return list(specs.parse_node_list(raw))
-        return [specs.validate_node_id(str(n)) for n in raw]
+    def _any_node_joined(self) -> bool:
+        """Whether any node has ever said hello (nodes listed in the config but never seen
+        have no GPUs to judge a job against)."""
+        return any(n.gpu_source != "unknown" for n in self.nodes.values())
+
+    def _judge_unjudged_later(self) -> None:
+        """Jobs queued before any node was known could not be judged at submit.  Once a
+        node has joined, give the others one heartbeat interval to join too (agents that
+        start together), then fail those that could never run, with the sentence submit
+        would have given."""
+        if not self._unjudged or self._rejudge_armed:
+            return
+        self._rejudge_armed = True
+        delay = self.config.networking.heartbeat_interval
+        try:
+            asyncio.get_running_loop().call_later(delay, self._judge_unjudged)
+        except RuntimeError:
+            self._judge_unjudged()
+
+    def _judge_unjudged(self) -> None:
+        self._rejudge_armed = False
+        unjudged, self._unjudged = self._unjudged, set()
+        nodes = self._node_views()
+        verdicts: dict[str, str | None] = {}  # the tasks of an array share one
+        for job_id in sorted(unjudged):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            key = job.array_job_id or job.id
+            if key not in verdicts:
+                verdicts[key] = self.admission.never_fits(job, nodes, self._request_for)
+            why = verdicts[key]
+            if why is not None:
+                self._finish(job, JobState.FAILED, why)
 
     def _find_dependency_target(self, job_id: str) -> list[Job] | None:
         job = self.get_job(job_id)
@@ -528,6 +442,20 @@ class Cluster:
             job = self.store.get_job(job_id)
         return job
 
+    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
+        """Many jobs by id: from memory, the rest in one store query (unknown ids left out)."""
+        found: dict[str, Job] = {}
+        missing = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id) or self._dirty.get(job_id)
+            if job is None:
+                missing.append(job_id)
+            else:
+                found[job_id] = job
+        if missing:
+            found.update(self.store.get_jobs(missing))
+        return found
+
     def array_tasks(self, array_id: str) -> list[Job]:
         if len(array_id) != 8:
             return []
@@ -536,16 +464,6 @@ class Cluster:
             if j.array_job_id == array_id:
                 found[j.id] = j
         return sorted(found.values(), key=lambda j: j.array_task_id or 0)
-
-    def resolve(self, job_id: str) -> list[Job]:
-        """A job id, or an array id meaning all its tasks."""
-        job = self.get_job(job_id)
-        if job is not None:
-            return [job]
-        tasks = self.array_tasks(job_id)
-        if not tasks:
-            raise NotFound(job_id)
-        return tasks
 
     def public_job(self, job: Job) -> dict[str, Any]:
         out = job.to_public()
@@ -604,7 +522,38 @@ class Cluster:
         job = self.jobs.get(job.id, job)
         if job.terminal:
             return False
-        self.store.record_event("cancel", actor=actor, address=address, target=job.id)
+        self._cancel(job, actor, reason)
+        # On disk, with the audit event in the same transaction, before the user is told.
+        self.flush(event=("cancel", actor, address, job.id))
+        return True
+
+    def cancel_slice(
+        self,
+        rows: list[tuple[str, str]],
+        actor: str | None,
+        address: str | None,
+        event: tuple[str, str | None] | None,
+    ) -> tuple[list[str], list[str]]:
+        """Cancel a slice of many jobs (an array's tasks), given as (id, stored state): one
+        transaction for the slice, with the request's one audit event (target, detail)
+        when given.  Returns the ids cancelled and those that had already ended."""
+        cancelled, ended = [], []
+        for job_id, stored_state in rows:
+            job = self.jobs.get(job_id) or self._dirty.get(job_id)
+            if job is None and stored_state in ("queued", "running"):
+                job = self.store.get_job(job_id)  # not expected: active jobs live in memory
+            if job is None or job.terminal:
+                ended.append(job_id)
+                continue
+            self._cancel(job, actor, "cancelled")
+            cancelled.append(job_id)
+        if event is None:
+            self.flush()
+        else:
+            self.flush(event=("cancel", actor, address, event[0]), detail=event[1])
+        return cancelled, ended
+
+    def _cancel(self, job: Job, actor: str | None, reason: str) -> None:
         if job.state == JobState.QUEUED:
             self._finish(
                 job, JobState.CANCELLED, reason if actor is None else f"cancelled by {actor}"
@@ -615,8 +564,6 @@ class Cluster:
             job.reason = "cancelling"
             self._persist(job)
             self._kill_slots(job, "cancelled")
-        self.flush()  # on disk before the user is told
-        return True
 
     def drain(
         self,
@@ -743,161 +690,51 @@ class Cluster:
         )
 
     def _node_views(self) -> list[NodeView]:
-        return [
-            NodeView(
-                node_id=n.node_id,
-                gpu_indices=tuple(g.index for g in n.gpus),
-                free_gpus=n.free_gpus() - n.foreign_blocked,
-                schedulable=n.schedulable,
-                gpu_type=specs.normalize_gpu_type(
-                    n.gpu_type or (n.gpus[0].name if n.gpus else None)
-                ),
-                rack=n.rack,
-                features=frozenset(n.features),
-            )
-            for n in self._sorted_nodes()
-        ]
+        return node_views(self._sorted_nodes())
 
     def _request_for(self, job: Job) -> JobRequest:
         req = self._requests.get(job.id)
         if req is None:
-            req = JobRequest(
-                job_id=job.id,
-                user=job.user,
-                submit_time=job.submit_time,
-                gpus=job.gpus,
-                gpu_ids=tuple(job.gpu_ids) if job.gpu_ids is not None else None,
-                node_gpu_ids=(
-                    tuple((n, tuple(g)) for n, g in job.node_gpu_ids)
-                    if job.node_gpu_ids is not None
-                    else None
-                ),
-                nodes=job.nodes,
-                gpus_per_node=job.gpus_per_node,
-                nodelist=frozenset(job.nodelist) if job.nodelist is not None else None,
-                exclude=frozenset(job.exclude),
-                gpu_type=job.gpu_type,
-                distributed=job.distributed or job.mpi,
-                policy=job.policy,  # type: ignore[arg-type]
-                priority=job.priority,
-                time_limit=job.time_limit,
-                preemptible=job.preemptible,
-                allowed_nodes=self.allowed_nodes(job.user),
-                requires=frozenset({"container"}) if job.image else frozenset(),
-            )
+            req = job_request(job, self.allowed_nodes(job.user))
             if job.state == JobState.QUEUED and job.id in self.jobs:
                 self._requests[job.id] = req
         return req
 
     def _scheduler_config(self) -> SchedulerConfig:
-        s = self.config.scheduling
-        w = s.weights
-        return SchedulerConfig(
-            queue_policy=s.policy,
-            placement_policy=s.default_policy,
-            default_time_limit=(
-                specs.parse_time_limit(s.default_time_limit)
-                if s.default_time_limit
-                else 24 * 3600.0
-            ),
-            weights=PriorityWeights(
-                age=w.age,
-                fairshare=w.fairshare,
-                job_size=w.job_size,
-                user_priority=w.user_priority,
-                max_age=w.max_age_hours * 3600,
-            ),
-            shares=s.shares,
-            max_gpus_per_user=s.max_gpus_per_user,
-            max_running_jobs_per_user=s.max_running_jobs_per_user,
-            preemption=s.preemption,
-        )
+        return scheduler_config(self.config.scheduling)
 
-    def _eligible(self, job: Job, now: float, array_running: dict[str, int]) -> str | None:
-        """None if the job may be scheduled now, else why it waits."""
-        if job.eligible_time > now:
-            until = time.strftime("%H:%M:%S", time.localtime(job.eligible_time))
-            return f"retry backoff until {until}"
-        for kind, dep_id in job.dependency:
-            if (kind, dep_id) in self._deps_met:
-                continue
-            targets = self._find_dependency_target(dep_id) or []
-            for t in targets:
-                if not t.terminal:
-                    return f"waiting for dependency {dep_id}"
-                ok = t.state == JobState.COMPLETED
-                if (kind == "afterok" and not ok) or (kind == "afternotok" and ok):
-                    self._finish(
-                        job,
-                        JobState.CANCELLED,
-                        f"dependency {kind}:{dep_id} can never be satisfied "
-                        f"({t.id} ended {t.state.value})",
-                    )
-                    return "cancelled"
-            # Ended as required: that never changes, so later passes need not look it up.
-            self._deps_met.add((kind, dep_id))
-        cap = job.array_max_running
-        array_id = job.array_job_id
-        if array_id is not None and cap is not None and array_running.get(array_id, 0) >= cap:
-            return f"array limit of {cap} running tasks"
-        return None
+    def _dependency_targets(self, dep_id: str) -> list[DependencyTarget]:
+        """The jobs a dependency on `dep_id` waits for (a job, or an array's tasks)."""
+        return [
+            DependencyTarget(t.id, t.state.value if t.terminal else None)
+            for t in self._find_dependency_target(dep_id) or []
+        ]
 
     def schedule_pass(self) -> None:
         now = time.time()
         t0 = time.perf_counter()
-        array_running: dict[str, int] = {}
-        running: list[RunningJob] = []
-        for j in self.jobs.values():
-            if j.state == JobState.RUNNING:
-                if j.array_job_id is not None:
-                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-                running.append(
-                    RunningJob(
-                        job_id=j.id,
-                        user=j.user,
-                        placements=tuple(
-                            SchedPlacement(s.node_id, tuple(s.gpu_ids)) for s in j.allocation
-                        ),
-                        start_time=j.start_time or now,
-                        time_limit=j.time_limit,
-                        priority=self._priorities.get(j.id, 0.0),
-                        preemptible=j.preemptible,
-                    )
-                )
-        pending: list[JobRequest] = []
-        waiting: dict[str, str] = {}
-        for j in list(self.jobs.values()):
-            if j.state != JobState.QUEUED:
-                continue
-            why = self._eligible(j, now, array_running)
-            if why is None:
-                pending.append(self._request_for(j))
-                if j.array_job_id is not None:
-                    # Offered tasks count against the array's %cap within this pass too.
-                    array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-            elif why != "cancelled":
-                waiting[j.id] = why
-        for job_id, why in waiting.items():
+        prepared = prepare(
+            now,
+            self.jobs.values(),
+            self._sorted_nodes(),
+            self.usage,
+            self._scheduler_config(),
+            request_for=self._request_for,
+            targets=self._dependency_targets,
+            known_met=self._deps_met,
+        )
+        verdict = prepared.eligibility
+        for job_id, why in verdict.cancel.items():
+            self._finish(self.jobs[job_id], JobState.CANCELLED, why)
+        for job_id, why in verdict.waiting.items():
             self._set_reason(self.jobs[job_id], why)
-        if not pending:
+        # Ended as required: that never changes, so later passes need not look them up.
+        self._deps_met.update(verdict.satisfied)
+        snap = prepared.snapshot
+        if snap is None:
             self.last_pass_time = now  # a pass with nothing eligible is still a pass (readyz)
             self.last_pass_duration = time.perf_counter() - t0
             return
-        usage = self.usage.snapshot(now)
-        for r in running:  # running work counts too, as in Slurm
-            usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
-        config = self._scheduler_config()
-        nodes = self._node_views()
-        if config.preemption and any(r.preemptible for r in running):
-            running = self._reprioritised(running, nodes, now, usage, config)
-        snap = Snapshot(
-            now=now,
-            nodes=nodes,
-            pending=pending,
-            running=running,
-            usage=usage,
-            config=config,
-        )
         decisions = schedule(snap)
         self._priorities.update(decisions.priorities)
         self._factors.update(decisions.factors)
@@ -920,26 +757,6 @@ class Cluster:
                 self._set_reason(job, why)
         self.last_pass_time = now
         self.last_pass_duration = time.perf_counter() - t0
-
-    def _reprioritised(
-        self,
-        running: list[RunningJob],
-        nodes: list[NodeView],
-        now: float,
-        usage: dict[str, float],
-        config: SchedulerConfig,
-    ) -> list[RunningJob]:
-        """Preemptible running jobs with their priority as of now, by the same formula and
-        usage as the waiting jobs: a priority from the pass that started a job (before its
-        own usage counted against its user) would make it look more urgent than it is."""
-        victims = [r for r in running if r.preemptible and r.job_id in self.jobs]
-        requests = [self._request_for(self.jobs[r.job_id]) for r in victims]
-        snap = Snapshot(
-            now=now, nodes=nodes, pending=requests, running=running, usage=usage, config=config
-        )
-        values, _ = compute_priorities(snap)
-        fresh = {r.job_id: v for r, v in zip(victims, values, strict=True)}
-        return [replace(r, priority=fresh.get(r.job_id, r.priority)) for r in running]
 
     def _set_reason(self, job: Job, why: str) -> None:
         # Reasons are advisory and change often: kept in memory, not written on every pass.
@@ -1312,6 +1129,7 @@ class Cluster:
         kill = self._reconcile(node, hello.running)
         resume = self._resume_points(node, hello.running)
         self.store.save_node(node.node_id, node.to_record())
+        self._judge_unjudged_later()
         log.info(
             "node %s connected: %s (%s), %d GPU(s) via %s",
             node.node_id,
@@ -1331,66 +1149,22 @@ class Cluster:
     def _resume_points(self, node: NodeRecord, reports: list[RunningReport]) -> list[Resume]:
         """How much output the master has of each run it still expects on this node."""
         out = []
-        for rep in reports:
-            step = self.steps.by_id.get(rep.job_id)
-            job = self.jobs.get(rep.job_id)
-            if step is not None:
-                expected = step.epoch == rep.epoch and step.node_id == node.node_id
-            else:
-                expected = (
-                    job is not None
-                    and job.state == JobState.RUNNING
-                    and job.epoch == rep.epoch
-                    and self._slot(job, node.node_id) is not None
-                )
-            if not expected:
-                continue
-            o, e = self.outputs.resume_point(rep.job_id, rep.epoch, node.node_id)
-            out.append(Resume(job_id=rep.job_id, epoch=rep.epoch, stdout=o, stderr=e))
+        for job_id, epoch in reconcile(reports, self._expected(node, reports)).resume:
+            o, e = self.outputs.resume_point(job_id, epoch, node.node_id)
+            out.append(Resume(job_id=job_id, epoch=epoch, stdout=o, stderr=e))
         return out
 
     def _reconcile(self, node: NodeRecord, reports: list[RunningReport]) -> list[RunningReport]:
-        """Compare what the agent runs with what the master expects there."""
-        kill: list[RunningReport] = []
-        reported: set[str] = set()
-        for rep in reports:
-            if is_step_id(rep.job_id):
-                step = self.steps.by_id.get(rep.job_id)
-                live = step is not None and not step.done and step.epoch == rep.epoch
-                if not live and not rep.exited:
-                    kill.append(rep)
-                continue
-            job = self.jobs.get(rep.job_id)
-            slot = self._slot(job, node.node_id) if job is not None else None
-            expected = (
-                job is not None
-                and job.state == JobState.RUNNING
-                and job.epoch == rep.epoch
-                and slot is not None
-                and not slot.done
-            )
-            if not expected:
-                if not rep.exited:
-                    kill.append(rep)
-                continue
-            assert job is not None
-            reported.add(job.id)
-            if job.cancel_requested and not rep.exited:
-                kill.append(rep)
-        lost = False
-        for job_id in list(node.jobs):
-            job = self.jobs.get(job_id)
-            if job is None or job.state != JobState.RUNNING or job_id in reported:
-                continue
-            slot = self._slot(job, node.node_id)
-            if slot is None or slot.done:
-                continue
+        """Compare what the agent runs with what the master expects there; requeue the lost."""
+        result = reconcile(reports, self._expected(node, reports))
+        for i, job_id in enumerate(result.lost):
             # One restart is one node failure, however many jobs it lost.
-            self._slot_lost(
-                job, node, f"{node.node_id} restarted and no longer runs it", count=not lost
-            )
-            lost = True
-        return kill
+            why = f"{node.node_id} restarted and no longer runs it"
+            self._slot_lost(self.jobs[job_id], node, why, count=i == 0)
+        return list(result.kill)
+
+    def _expected(self, node: NodeRecord, reports: list[RunningReport]) -> dict[str, Expected]:
+        return expectations(node.node_id, node.jobs, reports, self.jobs, self.steps.by_id)
 
     def _slot_lost(
         self, job: Job, node: NodeRecord, why: str, count: bool = True, count_retry: bool = True
@@ -1413,6 +1187,9 @@ class Cluster:
         if node is None:
             return  # removed (mgpu node remove) while this message was on its way
         node.last_seen = time.time()
+        if isinstance(msg, Hello):
+            log.warning("node %s said hello again on its connection: ignored", node_id)
+            return
         if isinstance(msg, Heartbeat):
             node.telemetry = {t.index: t for t in msg.telemetry}
             self.gpuwatch.heartbeat(self, node)

@@ -2,19 +2,101 @@
 
 Each record is `{"s": "o"|"e", "d": text, "n": node_id}`, in the order the
 master received it, so `mgpu logs` can show stdout and stderr interleaved as
-they came and `srun` can split them again.  Followers subscribe before they
-read the file and skip records they already read (by record index), so no line
-is lost or shown twice between the file and the live feed.
+they came and `srun` can split them again.
+
+The file is the only source readers take records from: `logs`, `logs -f`, srun
+and steps read it in bounded chunks of whole lines and send those lines as they
+are (each is already a JSON record), so a reader holds one chunk, not the file.
+A follower is only woken when something was appended; it then reads on from
+where it stopped.  Appends happen on the event loop, between a reader's reads,
+so the file always ends with a whole line when a reader looks: it reaches the
+end, sees the job ended (no await in between) and knows it has every record, so
+no line is lost or shown twice between the file and the live feed.  A client
+that reconnects passes how many records it has (`since`) and the reader skips
+that many lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
 
 Record = dict[str, Any]
+
+CHUNK = 64 * 1024
+"""Bytes read from an output file per step: a reader's memory, whatever the file's size."""
+
+# The end of a record as `append` writes it: node, run epoch and byte offset, last.
+_RUN_TAIL = re.compile(rb'"n":("(?:[^"\\]|\\.)*"),"ep":(\d+),"at":(\d+)\}$')
+
+
+class OutputReader:
+    """Whole records of one output file from record `start` on, a chunk at a time."""
+
+    def __init__(self, path: Path, start: int = 0, stop_at_current_end: bool = False) -> None:
+        self.path = path
+        self._skip = start
+        self._partial = b""
+        self._f: IO[bytes] | None = None
+        self._end: int | None = None
+        if stop_at_current_end:
+            try:
+                self._end = path.stat().st_size
+            except FileNotFoundError:
+                self._end = 0
+
+    def step(self, limit: int = CHUNK) -> bytes | None:
+        """Read at most `limit` bytes: the whole records they complete (b"" if none did),
+        or None at the end of what is written (or of what was there when a one-off read
+        began)."""
+        if self._f is None:
+            try:
+                self._f = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+            except FileNotFoundError:
+                return None
+        if self._end is not None:
+            limit = min(limit, self._end - self._f.tell())
+            if limit <= 0:
+                return None
+        block = self._f.read(limit)
+        if not block:
+            return None
+        if self._skip:
+            lines = block.count(b"\n")
+            if lines < self._skip:
+                self._skip -= lines
+                return b""
+            pos = -1
+            for _ in range(self._skip):
+                pos = block.index(b"\n", pos + 1)
+            self._skip = 0
+            block = block[pos + 1 :]
+        data = self._partial + block
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        return data[:cut]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Every whole record written so far, in chunks; returns right after finding the
+        end, with no await in between (see the module docstring)."""
+        while True:
+            chunk = self.step()
+            if chunk is None:
+                return
+            if chunk:
+                yield chunk
+            else:
+                await asyncio.sleep(0)  # only skipped or a long line: let others in
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
 
 class OutputStore:
@@ -22,8 +104,8 @@ class OutputStore:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self._files: dict[str, IO[str]] = {}
-        self._counts: dict[str, int] = {}
-        self._followers: dict[str, set[asyncio.Queue[tuple[int, Record] | None]]] = {}
+        self._followers: dict[str, set[asyncio.Event]] = {}
+        self._repaired: set[str] = set()
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
         """job -> (epoch, node, stream) -> bytes of that run's stream stored so far."""
 
@@ -57,12 +139,41 @@ class OutputStore:
         """Bytes of stdout and stderr stored for one run (read back after a master restart)."""
         runs = self._have.get(job_id)
         if runs is None:
-            runs = self._have[job_id] = {}
-            for rec in self.read(job_id):
-                if "at" in rec:
-                    key = (rec["ep"], rec["n"], rec["s"])
-                    runs[key] = max(runs.get(key, 0), rec["at"])
+            runs = self._have[job_id] = self._scan_run(job_id, epoch)
         return runs.get((epoch, node_id, "o"), 0), runs.get((epoch, node_id, "e"), 0)
+
+    def _scan_run(self, job_id: str, epoch: int) -> dict[tuple[int, str, str], int]:
+        """Where each node's streams of run `epoch` stand: read backwards from the end of
+        the file, a chunk at a time, until an older run's record (runs follow each other
+        in the file: an older run's output is refused once a new one starts)."""
+        runs: dict[tuple[int, str, str], int] = {}
+        path = self.path(job_id)
+        self._repair(path)
+        try:
+            f = open(path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            return runs
+        with f:
+            pos = f.seek(0, os.SEEK_END)
+            tail = b""
+            while pos > 0:
+                size = min(CHUNK, pos)
+                pos -= size
+                f.seek(pos)
+                data = f.read(size) + tail
+                lines = data.split(b"\n")
+                tail = lines.pop(0) if pos > 0 else b""  # maybe cut: joined with the next read
+                for line in reversed(lines):
+                    m = _RUN_TAIL.search(line, max(0, len(line) - 512))
+                    if m is None or not line.startswith(b'{"s":"'):
+                        continue  # a step's or the master's own note: no run offsets
+                    ep = int(m.group(2))
+                    if ep < epoch:
+                        return runs
+                    if ep == epoch:
+                        key = (ep, json.loads(m.group(1)), chr(line[6]))
+                        runs[key] = max(runs.get(key, 0), int(m.group(3)))
+        return runs
 
     def append(
         self,
@@ -78,22 +189,36 @@ class OutputStore:
             rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
         f = self._files.get(job_id)
         if f is None:
-            f = self._files[job_id] = open(self.path(job_id), "a", encoding="utf-8")  # noqa: SIM115
-            if job_id not in self._counts:
-                self._counts[job_id] = self._count_existing(job_id)
+            path = self.path(job_id)
+            self._repair(path)
+            f = self._files[job_id] = open(path, "a", encoding="utf-8")  # noqa: SIM115
         f.write(json.dumps(rec, separators=(",", ":")) + "\n")
         f.flush()
-        index = self._counts[job_id]
-        self._counts[job_id] = index + 1
-        for q in self._followers.get(job_id, ()):
-            q.put_nowait((index, rec))
+        for wake in self._followers.get(job_id, ()):
+            wake.set()
 
-    def _count_existing(self, job_id: str) -> int:
+    def _repair(self, path: Path) -> None:
+        """Once per file and master run: drop a last line cut short by a crash, so the
+        next record starts on a line of its own (the agent re-sends what it held)."""
+        if path.name in self._repaired:
+            return
+        self._repaired.add(path.name)
         try:
-            with open(self.path(job_id), encoding="utf-8") as f:
-                return sum(1 for _ in f)
+            with open(path, "rb+") as f:
+                pos = f.seek(0, os.SEEK_END)
+                end = pos
+                while pos > 0:
+                    size = min(CHUNK, pos)
+                    pos -= size
+                    f.seek(pos)
+                    cut = f.read(size).rfind(b"\n")
+                    if cut >= 0:
+                        pos += cut + 1
+                        break
+                if pos < end:
+                    f.truncate(pos)
         except FileNotFoundError:
-            return 0
+            pass
 
     def close(self, job_id: str) -> None:
         """The job ended: close its file and wake followers so they can finish."""
@@ -101,29 +226,36 @@ class OutputStore:
         if f is not None:
             f.close()
         self._have.pop(job_id, None)
-        for q in self._followers.get(job_id, ()):
-            q.put_nowait(None)
+        for wake in self._followers.get(job_id, ()):
+            wake.set()
+
+    def reader(self, job_id: str, start: int = 0, follow: bool = True) -> OutputReader:
+        """A reader from record `start`; not following: up to what is written now."""
+        path = self.path(job_id)
+        self._repair(path)
+        return OutputReader(path, start, stop_at_current_end=not follow)
 
     def read(self, job_id: str, start: int = 0) -> list[Record]:
+        """Every record from `start`, parsed: for tests and tools, never for a request."""
+        reader = self.reader(job_id, start, follow=False)
         out: list[Record] = []
         try:
-            with open(self.path(job_id), encoding="utf-8") as f:
-                for i, line in enumerate(f):
-                    if i >= start and line.endswith("\n"):
-                        out.append(json.loads(line))
-        except FileNotFoundError:
-            pass
+            while (chunk := reader.step()) is not None:
+                out += [json.loads(line) for line in chunk.splitlines()]
+        finally:
+            reader.close()
         return out
 
-    def subscribe(self, job_id: str) -> asyncio.Queue[tuple[int, Record] | None]:
-        q: asyncio.Queue[tuple[int, Record] | None] = asyncio.Queue()
-        self._followers.setdefault(job_id, set()).add(q)
-        return q
+    def subscribe(self, job_id: str) -> asyncio.Event:
+        """An event set whenever the job's output grows or ends (the caller clears it)."""
+        wake = asyncio.Event()
+        self._followers.setdefault(job_id, set()).add(wake)
+        return wake
 
-    def unsubscribe(self, job_id: str, q: asyncio.Queue[tuple[int, Record] | None]) -> None:
+    def unsubscribe(self, job_id: str, wake: asyncio.Event) -> None:
         subs = self._followers.get(job_id)
         if subs is not None:
-            subs.discard(q)
+            subs.discard(wake)
             if not subs:
                 del self._followers[job_id]
 

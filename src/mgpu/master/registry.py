@@ -16,6 +16,10 @@ from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
 log = logging.getLogger("mgpu.master")
 
 
+class Unsendable(ValueError):
+    """A message that cannot be encoded for the wire; the message says why in a phrase."""
+
+
 class AgentLink:
     """The master's end of one agent's WebSocket: an outbox drained by a writer task."""
 
@@ -26,8 +30,16 @@ class AgentLink:
         self.closed = False
 
     def send(self, message: BaseModel) -> None:
-        if not self.closed:
-            self.outbox.put_nowait(encode(message))
+        """Queue one message, encoded on its own: one that cannot be (a lone surrogate in
+        a string, say) raises Unsendable here and never reaches the connection's frames."""
+        if self.closed:
+            return
+        try:
+            text = encode(message)
+            text.encode()  # what send_text will do: must not fail later, inside a batch
+        except ValueError as e:  # pydantic's serialisation errors and UnicodeError alike
+            raise Unsendable(_why_unencodable(e)) from None
+        self.outbox.put_nowait(text)
 
     async def writer(self) -> None:
         while True:
@@ -59,6 +71,12 @@ class AgentLink:
         self.closed = True
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
+
+
+def _why_unencodable(error: Exception) -> str:
+    if "surrogate" in str(error):
+        return "a string in it is not valid Unicode (a lone surrogate)"
+    return f"it cannot be encoded ({str(error).splitlines()[0][:200]})"
 
 
 @dataclass

@@ -67,10 +67,13 @@ class Store:
     # ---- jobs -------------------------------------------------------------
 
     def save_jobs(
-        self, jobs: list[Job], event: tuple[str, str, str | None, str] | None = None
+        self,
+        jobs: list[Job],
+        event: tuple[str, str | None, str | None, str] | None = None,
+        detail: str | None = None,
     ) -> None:
         """Write jobs in one transaction (a whole array is stored or nothing), with an
-        optional audit event (kind, actor, address, target) in the same transaction."""
+        optional audit event (kind, actor, address, target; detail) in the same one."""
         rows = []
         for job in jobs:
             self._seq += 1
@@ -95,8 +98,9 @@ class Store:
             )
             if event is not None:
                 self.db.execute(
-                    "INSERT INTO events(time, kind, actor, address, target) VALUES (?,?,?,?,?)",
-                    (time.time(), *event),
+                    "INSERT INTO events(time, kind, actor, address, target, detail) "
+                    "VALUES (?,?,?,?,?,?)",
+                    (time.time(), *event, detail),
                 )
 
     def load_active_jobs(self) -> list[Job]:
@@ -111,6 +115,29 @@ class Store:
     def get_job(self, job_id: str) -> Job | None:
         row = self.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
         return None if row is None else Job.from_record(json.loads(row[0]))
+
+    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
+        """Many jobs by id in a few queries (not one per id); unknown ids are left out."""
+        out: dict[str, Job] = {}
+        unique = list(dict.fromkeys(job_ids))
+        for i in range(0, len(unique), 500):  # well under SQLite's bound-parameter limit
+            part = unique[i : i + 500]
+            cur = self.db.execute(
+                f"SELECT id, record FROM jobs WHERE id IN ({','.join('?' * len(part))})", part
+            )
+            out.update((r[0], Job.from_record(json.loads(r[1]))) for r in cur)
+        return out
+
+    def job_rows_with_prefix(
+        self, prefix: str, after: str = "", limit: int = 5000
+    ) -> list[tuple[str, str, str]]:
+        """(id, state, user) of jobs whose id starts with `prefix`, in id order from just
+        after `after`: a page at a time, so a 100,000-task array is never read at once."""
+        cur = self.db.execute(
+            "SELECT id, state, user FROM jobs WHERE id > ? AND id < ? ORDER BY id LIMIT ?",
+            (max(prefix, after), prefix + "\U0010ffff", limit),
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in cur]
 
     def finished_jobs(self, since: float | None = None, limit: int = 1000) -> list[Job]:
         cur = self.db.execute(
@@ -170,6 +197,18 @@ class Store:
                 "INSERT INTO events(time, kind, actor, address, target, detail) "
                 "VALUES (?,?,?,?,?,?)",
                 (time.time(), kind, actor, address, target, detail),
+            )
+
+    def record_events(
+        self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
+    ) -> None:
+        """Several events (kind, actor, address, target, detail) in one transaction."""
+        now = time.time()
+        with self._tx():
+            self.db.executemany(
+                "INSERT INTO events(time, kind, actor, address, target, detail) "
+                "VALUES (?,?,?,?,?,?)",
+                [(now, *row) for row in rows],
             )
 
     def events(self, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ Both simply wait with their reason.
 With `config.preemption`, when the first blocked job could start by stopping preemptible
 running jobs of strictly lower priority, those are returned in `Decisions.preempt`; the
 job itself starts on a later pass, once their GPUs are released, and until then the GPUs
-it will get are protected from backfill.
+it will get are protected from backfill.  The running jobs' priorities are computed here,
+as of `Snapshot.now` and by the pending jobs' formula (`running_priorities`), so the master
+and the simulator weigh the same victims the same way.
 
 Every pending job gets a `priorities`/`factors` entry; every one that does not start gets
 a `reasons` entry: a limit, "waiting for 2 GPUs" and the like when it does not fit now,
@@ -37,7 +39,7 @@ from contextlib import contextmanager
 from .backfill import Reservation, find_reservation, release_events, shadow_pool
 from .placement import FreePool, place, requested_gpus, wait_reason
 from .preemption import plan_preemption
-from .priority import compute_priorities
+from .priority import compute_priorities, running_priorities, weighted_fairshare
 from .types import Decisions, JobRequest, Placement, Snapshot, Start
 
 __all__ = ["PRIORITY_REASON", "schedule"]
@@ -106,6 +108,7 @@ class _Pass:
             self.user_jobs[r.user] = self.user_jobs.get(r.user, 0) + 1
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self._reasons: dict[_ShapeKey, tuple[str, bool]] = {}
+        self.fairshare: dict[str, float] = {}
 
     # -- the pass
 
@@ -120,7 +123,8 @@ class _Pass:
             else requested_gpus(j)
             for j in pending
         ]
-        priorities, factors = compute_priorities(self.snapshot, needs)
+        self.fairshare = weighted_fairshare(self.snapshot)
+        priorities, factors = compute_priorities(self.snapshot, needs, self.fairshare)
         ids = [j.job_id for j in pending]
         d.priorities = dict(zip(ids, priorities, strict=True))
         d.factors = dict(zip(ids, factors, strict=True))
@@ -305,8 +309,12 @@ class _Pass:
 
     def _protect(self, head: JobRequest, priority: float) -> Reservation | None:
         """Preempt for the blocked head if allowed and possible, else reserve its start."""
-        if self.config.preemption:
-            plan = plan_preemption(head, priority, self.pool, self.snapshot.running, self.policy)
+        running = self.snapshot.running
+        if self.config.preemption and any(r.preemptible for r in running):
+            current = running_priorities(
+                self.snapshot, (r for r in running if r.preemptible), self.fairshare
+            )
+            plan = plan_preemption(head, priority, self.pool, running, self.policy, current)
             if plan is not None:
                 self.decisions.preempt.extend(plan.victims)
                 n = len(plan.victims)

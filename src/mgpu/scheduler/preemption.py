@@ -1,9 +1,10 @@
 """Choosing which preemptible running jobs to stop so a higher-priority job can start.
 
 Only running jobs that are `preemptible` and of strictly lower priority than the waiting
-job are candidates.  Among them the plan prefers, in order: fewest victims, lowest
-highest-victim priority, fewest GPUs taken away.  Victims of equal priority are taken
-youngest first (least work lost), as Slurm does.
+job are candidates; their priorities are the ones they would have as pending jobs now
+(`priority.running_priorities`, computed by the pass).  Among them the plan prefers, in
+order: fewest victims, lowest highest-victim priority, fewest GPUs taken away.  Victims of
+equal priority are taken youngest first (least work lost), as Slurm does.
 
 * one-node requests (`--gpus N`, `--gpu-ids`): the best single node is chosen;
 * gang requests (`--nodes`): the N cheapest nodes to clear, each cleared on its own;
@@ -18,7 +19,7 @@ protects it from backfill until the job starts (on a later pass).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .placement import FreePool, gpus_per_node, place, requested_gpus
@@ -45,10 +46,10 @@ def _after(pool: FreePool, victims: Iterable[RunningJob]) -> FreePool:
     return sim
 
 
-def _cost(victims: Sequence[RunningJob]) -> tuple[int, float, int]:
+def _cost(victims: Sequence[RunningJob], priorities: Mapping[str, float]) -> tuple[int, float, int]:
     return (
         len(victims),
-        max((v.priority for v in victims), default=float("-inf")),
+        max((priorities[v.job_id] for v in victims), default=float("-inf")),
         sum(v.gpus for v in victims),
     )
 
@@ -59,19 +60,23 @@ def plan_preemption(
     pool: FreePool,
     running: Sequence[RunningJob],
     default_policy: Policy,
+    priorities: Mapping[str, float],
 ) -> PreemptionPlan | None:
-    """Victims whose GPUs would let `job` start, or None if no acceptable set exists."""
-    candidates = [r for r in running if r.preemptible and r.priority < priority]
+    """Victims whose GPUs would let `job` start, or None if no acceptable set exists.
+
+    `priorities` holds the current priority of every preemptible job in `running`.
+    """
+    candidates = [r for r in running if r.preemptible and priorities[r.job_id] < priority]
     if not candidates:
         return None
-    candidates.sort(key=lambda r: (r.priority, -r.start_time, r.job_id))
+    candidates.sort(key=lambda r: (priorities[r.job_id], -r.start_time, r.job_id))
     if job.node_gpu_ids is not None:
         return _pinned(job, pool, running, candidates)
     if job.nodes is not None:
-        return _gang(job, pool, candidates, default_policy)
+        return _gang(job, pool, candidates, default_policy, priorities)
     if job.gpu_ids is None and job.distributed and job.gpus > pool.eligible(job).max_total:
         return _greedy(job, pool, candidates, default_policy)
-    return _one_node(job, pool, candidates, default_policy)
+    return _one_node(job, pool, candidates, default_policy, priorities)
 
 
 def _by_node(
@@ -129,7 +134,11 @@ def _restricted(job: JobRequest, nodes: Iterable[str]) -> JobRequest:
 
 
 def _one_node(
-    job: JobRequest, pool: FreePool, candidates: Sequence[RunningJob], policy: Policy
+    job: JobRequest,
+    pool: FreePool,
+    candidates: Sequence[RunningJob],
+    policy: Policy,
+    priorities: Mapping[str, float],
 ) -> PreemptionPlan | None:
     ids = frozenset(job.gpu_ids) if job.gpu_ids is not None else None
     need = requested_gpus(job)
@@ -140,7 +149,7 @@ def _one_node(
         chosen = _clear(pool, nid, victims, need, ids)
         if chosen is None:
             continue
-        key = (*_cost(chosen), nid)
+        key = (*_cost(chosen, priorities), nid)
         if best is None or key < best[0]:
             best = (key, nid, chosen)
     if best is None:
@@ -153,7 +162,11 @@ def _one_node(
 
 
 def _gang(
-    job: JobRequest, pool: FreePool, candidates: Sequence[RunningJob], policy: Policy
+    job: JobRequest,
+    pool: FreePool,
+    candidates: Sequence[RunningJob],
+    policy: Policy,
+    priorities: Mapping[str, float],
 ) -> PreemptionPlan | None:
     assert job.nodes is not None
     per = gpus_per_node(job)
@@ -168,7 +181,7 @@ def _gang(
             continue
         chosen = _clear(pool, nid, by_node.get(nid, []), per, None)
         if chosen is not None:
-            options.append(((*_cost(chosen), nid), chosen))
+            options.append(((*_cost(chosen, priorities), nid), chosen))
     if len(options) < job.nodes:
         return None
     options.sort(key=lambda o: o[0])

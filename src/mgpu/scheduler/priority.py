@@ -32,7 +32,9 @@ __all__ = [
     "USER_PRIORITY_RANGE",
     "compute_priorities",
     "fairshare_factors",
+    "running_priorities",
     "user_priority_factor",
+    "weighted_fairshare",
 ]
 
 USER_PRIORITY_RANGE = 1000
@@ -76,23 +78,35 @@ def cluster_size(snapshot: Snapshot) -> int:
     return sum(len(n.gpu_indices) for n in snapshot.nodes)
 
 
+def weighted_fairshare(snapshot: Snapshot) -> dict[str, float]:
+    """Each user's fairshare term (weight × factor) for this snapshot.
+
+    Users of pending and running jobs alike take part, so waiting and running jobs are
+    weighed against one another with the same numbers.
+    """
+    users = {j.user for j in snapshot.pending}
+    users.update(r.user for r in snapshot.running)
+    cfg = snapshot.config
+    factors = fairshare_factors(users, cfg.shares, snapshot.usage)
+    weight = cfg.weights.fairshare
+    return {u: weight * f for u, f in factors.items()}
+
+
 def compute_priorities(
-    snapshot: Snapshot, needs: Sequence[int] | None = None
+    snapshot: Snapshot,
+    needs: Sequence[int] | None = None,
+    fairshare: Mapping[str, float] | None = None,
 ) -> tuple[list[float], list[dict[str, float]]]:
     """Priority and weighted factor breakdown of each pending job, in `pending` order.
 
-    `needs` (each job's `requested_gpus`) may be passed when the caller has it already.
-    The work is done in list comprehensions on purpose: this runs over every pending
-    job on every pass, and is the bulk of a pass over a long queue.
+    `needs` (each job's `requested_gpus`) and `fairshare` (`weighted_fairshare`) may be
+    passed when the caller has them already.  The work is done in list comprehensions on
+    purpose: this runs over every pending job on every pass, and is the bulk of a pass over
+    a long queue.
     """
     pending: Sequence[JobRequest] = snapshot.pending
-    running: Sequence[RunningJob] = snapshot.running
-    cfg = snapshot.config
-    w: PriorityWeights = cfg.weights
-    users = {j.user for j in pending}
-    users.update(r.user for r in running)
-    fairshare = fairshare_factors(users, cfg.shares, snapshot.usage)
-    weighted_fs = {u: w.fairshare * f for u, f in fairshare.items()}
+    w: PriorityWeights = snapshot.config.weights
+    weighted_fs = weighted_fairshare(snapshot) if fairshare is None else fairshare
     if needs is None:
         needs = [requested_gpus(j) for j in pending]
 
@@ -119,3 +133,37 @@ def compute_priorities(
         for a, f, s, u in zip(ages, shares, sizes, users_p, strict=True)
     ]
     return priorities, factors
+
+
+def running_priorities(
+    snapshot: Snapshot,
+    jobs: Iterable[RunningJob],
+    fairshare: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """The priority each running job in `jobs` would have as a pending job now.
+
+    The same formula and inputs as `compute_priorities`: age from its submission, its GPUs
+    as the job size, its user's fairshare (which counts its own running work) and its user
+    priority.  A priority kept from the pass that started a job would be stale: before its
+    own usage counted against its user, it looked more urgent than it is.
+    """
+    w = snapshot.config.weights
+    weighted_fs = weighted_fairshare(snapshot) if fairshare is None else fairshare
+    age_scale = w.age / w.max_age if w.max_age > 0 else 0.0
+    total = cluster_size(snapshot)
+    size_scale = w.job_size / total if total > 0 else 0.0
+    user_scale = w.user_priority / (2 * USER_PRIORITY_RANGE)
+    bound = USER_PRIORITY_RANGE
+    out: dict[str, float] = {}
+    # Term by term as in `compute_priorities`, so that equal inputs give equal priorities
+    # to the last bit (preemption needs a strictly lower priority).
+    for r in jobs:
+        submitted = r.start_time if r.submit_time is None else r.submit_time
+        age = (snapshot.now - submitted) * age_scale
+        age = w.age if age > w.age else (age if age > 0.0 else 0.0)
+        size = r.gpus * size_scale
+        size = w.job_size if size > w.job_size else size
+        p = r.priority
+        user = ((bound if p > bound else (-bound if p < -bound else p)) + bound) * user_scale
+        out[r.job_id] = age + weighted_fs.get(r.user, 0.0) + size + user
+    return out

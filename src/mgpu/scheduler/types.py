@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Policy = Literal["fill_first", "spread"]
 QueuePolicy = Literal["fifo", "priority", "backfill"]
+
+
+class Dependency(NamedTuple):
+    """`--dependency KIND:JOB`: KIND is afterok, afterany or afternotok; JOB a job or array id."""
+
+    kind: str
+    job_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,14 @@ class JobRequest:
     """Node features the job needs."""
     allowed_nodes: frozenset[str] | None = None
     """Nodes the job's user may use (access rules); None = all."""
+    # What the job waits for besides GPUs: `eligibility()` looks at these, `schedule()` not.
+    dependencies: tuple[Dependency, ...] = ()
+    eligible_time: float = 0.0
+    """Not before this time (retry backoff after a requeue)."""
+    array_id: str | None = None
+    """The array the job is a task of."""
+    array_max_running: int | None = None
+    """The array's `%N`: at most this many of its tasks run at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +90,23 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
+    """A running job: where it runs, until when, and what its priority is computed from.
+
+    A pass that weighs preempting the job computes its priority as of `Snapshot.now` by the
+    formula of the pending jobs (`priority.py`), so its own running work counts against its
+    user exactly as it would if it were waiting.
+    """
+
     job_id: str
     user: str
     placements: tuple[Placement, ...]
     start_time: float
     time_limit: float | None = None
-    priority: float = 0.0
+    priority: int = 0
+    """User priority (`--priority`), as `JobRequest.priority`."""
     preemptible: bool = False
+    submit_time: float | None = None
+    """When the job was submitted (its age); None = `start_time`."""
 
     @property
     def gpus(self) -> int:
@@ -120,7 +145,7 @@ class Snapshot:
     now: float
     nodes: Sequence[NodeView]
     pending: Sequence[JobRequest]
-    """Jobs whose dependencies are met, in submit order."""
+    """Jobs that may start now (`eligibility()` let them through), in submit order."""
     running: Sequence[RunningJob] = ()
     usage: Mapping[str, float] = field(default_factory=dict)
     """Each user's decayed GPU-seconds (fairshare)."""

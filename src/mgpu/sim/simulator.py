@@ -4,13 +4,17 @@ The clock is virtual: it jumps from one event time to the next.  Events are subm
 (from the trace, already in time order) and job ends (a heap).  At each distinct time
 
 1. every job ending then releases its GPUs, every job submitted then joins the queue;
-2. `schedule(Snapshot(...))` is called once — the very function the master calls — unless
-   nothing is pending, or no GPU is free and no running job is preemptible (no start and
-   no preemption is then possible);
+2. `schedule(Snapshot(...))` is called once — the very function the master calls, on the
+   queued jobs `eligibility()` lets through, as the master does — unless nothing is
+   pending, or no GPU is free and no running job is preemptible (no start and no
+   preemption is then possible).  A job whose dependency (the CSV `dependency` column)
+   can never be satisfied is cancelled then, as the master cancels it: it never starts;
 3. its starts are applied: a job started at `now` ends at `now + min(run, time_limit)`,
    i.e. it is killed at its limit as the master would (counted as a timeout); its
    preemptions requeue the victims (they restart from scratch later) and, since the
    preempting job starts only on a later pass, the pass is repeated at the same time.
+
+A job ends "completed", or "timeout" when killed at its limit (which fails `afterok`).
 
 Mapping a trace job onto a request (`to_request`): a job of at most `gpus_per_node`
 GPUs asks for plain `gpus=N` (one node); a wider one is `distributed=True` with `gpus=N`,
@@ -20,10 +24,12 @@ it gives one, else `time_limit_factor × run time` (so 1.0 means perfect estimat
 textbook setting for EASY backfill); a factor of 0 leaves the limit to the scheduler's
 default (`SchedulerConfig.default_time_limit`, 24 h).
 
-Fairshare usage is fed exactly as the master feeds it (`master/usage.py`): each ended
-attempt's GPU-seconds, added when it ends and halved every half-life after (default 7 days,
-as `scheduling.fairshare_half_life_hours`), plus the GPU-seconds of running attempts so far.
-It is kept so that a snapshot costs one `exp` in all, not one per user.
+Fairshare usage is the master's ledger (`scheduler/usage.py`): each ended attempt's
+GPU-seconds, added when it ends and halved every half-life after (default 7 days, as
+`scheduling.fairshare_half_life_hours`), plus the GPU-seconds of running attempts so far,
+which are registered as they start and stop so that a snapshot costs one `exp` in all.
+Running jobs carry what their priority is computed from (user, submit time, GPUs, user
+priority), so the core weighs preemption victims exactly as it does in the master.
 
 Costs per event time: O(nodes changed) for the node views, O(queue + running) to build
 the snapshot, plus the scheduler pass itself.
@@ -38,12 +44,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from mgpu.scheduler import (
+    Dependency,
+    DependencyTarget,
     JobRequest,
     NodeView,
     Placement,
     RunningJob,
     SchedulerConfig,
     Snapshot,
+    UsageLedger,
+    eligibility,
     schedule,
 )
 from mgpu.scheduler.types import QueuePolicy
@@ -65,7 +75,6 @@ __all__ = [
 
 DEFAULT_GPUS_PER_NODE = 8
 DAY = 24 * 3600.0
-_LN2 = math.log(2.0)
 
 
 class SimulationError(RuntimeError):
@@ -107,6 +116,8 @@ class JobResult:
     """Time the last attempt ran (the trace's run time, or less if killed at its limit)."""
     timed_out: bool = False
     requeues: int = 0
+    cancelled: bool = False
+    """Cancelled without running: a dependency that can never be satisfied."""
 
     @property
     def finished(self) -> bool:
@@ -138,9 +149,15 @@ def default_cluster(trace: Trace, gpus_per_node: int | None = None) -> ClusterSh
 
 
 def to_request(
-    job: TraceJob, gpus: int, gpus_per_node: int, factor: float, job_id: str | None = None
+    job: TraceJob,
+    gpus: int,
+    gpus_per_node: int,
+    factor: float,
+    job_id: str | None = None,
+    dependencies: tuple[Dependency, ...] = (),
 ) -> JobRequest:
-    """The request the simulated user submits for `job` (see the module docstring)."""
+    """The request the simulated user submits for `job` (see the module docstring);
+    `dependencies` name other requests' ids (the trace's own ids when `job_id` is None)."""
     limit = job.time_limit
     if limit is None and factor > 0:
         limit = job.run * factor
@@ -153,54 +170,8 @@ def to_request(
         time_limit=limit,
         priority=job.priority,
         preemptible=job.preemptible,
+        dependencies=dependencies,
     )
-
-
-class _Usage:
-    """Per-user fairshare usage as the master computes it, updated incrementally.
-
-    Ended work: the master's ledger holds (value, as-of) per user and decays on read.
-    Here each user's ledger is kept as value·e^(k·(as-of − base)) with k = ln 2 / half-life,
-    so reading all users at `now` is one multiplication each by e^(−k·(now − base)).  The
-    base moves forward before that factor could overflow.  Running work: GPUs × (now −
-    start) summed per user is `gpus·now − Σ gpus·start`, both kept as jobs start and stop.
-    """
-
-    _REBASE = 300.0  # k·(now − base) beyond which the base moves (e^300 is far from overflow)
-
-    def __init__(self, half_life: float) -> None:
-        self.k = _LN2 / half_life
-        self.base = 0.0
-        self.ledger: dict[str, float] = {}  # scaled to `base`, see above
-        self.gpus: dict[str, int] = {}
-        self.started: dict[str, float] = {}  # Σ gpus·start of the user's running jobs
-
-    def _decay(self, now: float) -> float:
-        """e^(−k·(now − base)), moving the base first if it got far behind."""
-        exponent = self.k * (now - self.base)
-        if exponent > self._REBASE:
-            shift = math.exp(-exponent)
-            self.ledger = {u: v * shift for u, v in self.ledger.items()}
-            self.base, exponent = now, 0.0
-        return math.exp(-exponent)
-
-    def start(self, user: str, gpus: int, now: float) -> None:
-        self.ledger.setdefault(user, 0.0)
-        self.gpus[user] = self.gpus.get(user, 0) + gpus
-        self.started[user] = self.started.get(user, 0.0) + gpus * now
-
-    def stop(self, user: str, gpus: int, start: float, now: float) -> None:
-        left = self.gpus[user] - gpus
-        self.gpus[user] = left
-        # Reset to exactly 0 when idle so no rounding residue lingers.
-        self.started[user] = self.started[user] - gpus * start if left else 0.0
-        decay = self._decay(now)  # first: it may rescale the ledger
-        self.ledger[user] += gpus * (now - start) / decay
-
-    def snapshot(self, now: float) -> dict[str, float]:
-        decay = self._decay(now)
-        gpus, started = self.gpus, self.started
-        return {u: v * decay + (gpus[u] * now - started[u]) for u, v in self.ledger.items()}
 
 
 class _Cluster:
@@ -257,17 +228,23 @@ class _Replay:
         self.config = config
         self.sched = replace(config.scheduler, queue_policy=config.policy, cluster_gpus=shape.gpus)
         self.cluster = _Cluster(shape)
-        self.usage = _Usage(config.half_life)
+        self.usage = UsageLedger(config.half_life)
         self.jobs = sorted(jobs, key=lambda j: j.submit)
         self.requests: list[JobRequest] = []
         self.results: list[JobResult] = []
         self.capped = 0
         factor = config.time_limit_factor
+        slots: dict[str, str] = {}
+        for slot, job in enumerate(self.jobs):
+            slots.setdefault(job.job_id, str(slot))
+        self.has_dependencies = any(job.dependency for job in self.jobs)
+        self.final: dict[str, str] = {}  # job id → how it ended, for dependencies
         for slot, job in enumerate(self.jobs):
             gpus = min(job.gpus, shape.gpus)
             self.capped += gpus < job.gpus
+            deps = tuple(Dependency(kind, slots[t]) for kind, t in job.dependency if t in slots)
             # The scheduler sees the job's position as its id: trace ids need not be unique.
-            req = to_request(job, gpus, shape.gpus_per_node, factor, job_id=str(slot))
+            req = to_request(job, gpus, shape.gpus_per_node, factor, str(slot), deps)
             self.requests.append(req)
             self.results.append(JobResult(job.job_id, job.user, gpus, job.submit))
         self.pending: dict[str, JobRequest] = {}
@@ -333,10 +310,24 @@ class _Replay:
 
     def _pass(self, now: float) -> bool:
         """One scheduling pass; True if it preempted (so another pass is due)."""
+        queued = list(self.pending.values())
+        if self.has_dependencies:
+            final = self.final
+            targets = {
+                d.job_id: (DependencyTarget(d.job_id, final.get(d.job_id)),)
+                for r in queued
+                for d in r.dependencies
+            }
+            verdict = eligibility(queued, now, targets)
+            for job_id in verdict.cancel:
+                self._cancel(job_id)
+        else:  # no backoffs or arrays in a trace either: every queued job is let through
+            verdict = eligibility(queued, now)
+        pending = verdict.eligible
         snap = Snapshot(
             now=now,
             nodes=self.cluster.node_views(),
-            pending=list(self.pending.values()),
+            pending=pending,
             running=list(self.running.values()),
             usage=self.usage.snapshot(now),
             config=self.sched,
@@ -347,16 +338,10 @@ class _Replay:
         for victim in decisions.preempt:
             self._preempt(victim, now)
         for start in decisions.starts:
-            self._start(start.job_id, start.placements, now, decisions.priorities)
+            self._start(start.job_id, start.placements, now)
         return bool(decisions.preempt)
 
-    def _start(
-        self,
-        job_id: str,
-        placements: tuple[Placement, ...],
-        now: float,
-        priorities: dict[str, float],
-    ) -> None:
+    def _start(self, job_id: str, placements: tuple[Placement, ...], now: float) -> None:
         req = self.pending.pop(job_id, None)
         if req is None:
             raise SimulationError(f"the scheduler started job {job_id}, which is not pending")
@@ -375,8 +360,9 @@ class _Replay:
             placements,
             now,
             req.time_limit,
-            priorities.get(job_id, 0.0),
+            req.priority,
             req.preemptible,
+            req.submit_time,
         )
         self.preemptible_running += req.preemptible
         self.usage.start(req.user, gpus, now)
@@ -391,8 +377,16 @@ class _Replay:
         return job
 
     def _finish(self, slot: int, now: float) -> None:
-        self._stop(self.requests[slot].job_id, now)
-        self.results[slot].end = now
+        job_id = self.requests[slot].job_id
+        self._stop(job_id, now)
+        res = self.results[slot]
+        res.end = now
+        self.final[job_id] = "timeout" if res.timed_out else "completed"
+
+    def _cancel(self, job_id: str) -> None:
+        self._unqueue(self.pending.pop(job_id))
+        self.final[job_id] = "cancelled"
+        self.results[int(job_id)].cancelled = True
 
     def _preempt(self, job_id: str, now: float) -> None:
         if job_id not in self.running:

@@ -8,9 +8,12 @@
   to one.  The `; MaxProcs:` header, when present, is kept to size the default cluster.
 * **CSV** — a header row naming `submit_time,duration,gpus,user,time_limit` (any order;
   `user` and `time_limit` may be left out or left empty), times in seconds; optional
-  `priority` (as `--priority`) and `preemptible` (0/1) columns too.  A hand-made file, so
-  a malformed row is an error naming its line rather than a silent skip; rows asking for
-  0 GPUs are skipped and counted (nothing for a GPU scheduler to place).
+  `priority` (as `--priority`), `preemptible` (0/1) and `dependency` columns too.  A
+  dependency is written as `--dependency` is (`afterok:ID[:ID...]`, several joined by `,`
+  in a quoted cell), where a job's ID is its line number minus one (the header is line 1,
+  so the first job is 1); it must name a job of the file.  A hand-made file, so a malformed
+  row is an error naming its line rather than a silent skip; rows asking for 0 GPUs are
+  skipped and counted (nothing for a GPU scheduler to place).
 
 Either may be gzipped (detected by its magic bytes, not its name).
 """
@@ -41,7 +44,8 @@ __all__ = [
 
 TraceFormat = Literal["swf", "csv"]
 CSV_COLUMNS = ("submit_time", "duration", "gpus", "user", "time_limit")
-_OPTIONAL_CSV = ("priority", "preemptible")
+_OPTIONAL_CSV = ("priority", "preemptible", "dependency")
+_DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 _REQUIRED_CSV = ("submit_time", "duration", "gpus")
 _SWF_FIELDS = 18
 
@@ -62,6 +66,8 @@ class TraceJob:
     """Requested time in seconds; None when the trace does not say."""
     priority: int = 0
     preemptible: bool = False
+    dependency: tuple[tuple[str, str], ...] = ()
+    """(kind, job id) pairs, as `--dependency`: afterok, afterany or afternotok."""
 
 
 @dataclass(slots=True)
@@ -204,13 +210,14 @@ def read_csv(lines: Iterable[str], source: str = "<csv>") -> Trace:
         raise TraceError(f"{source} is empty")
     columns = _csv_header(first[1], source)
     jobs = [
-        _csv_job(row, lineno, columns, source)
+        (lineno, _csv_job(row, lineno, columns, source))
         for lineno, row in _csv_rows(numbered, len(columns), source)
     ]
-    skipped = sum(1 for j in jobs if j is None)
-    kept = [j for j in jobs if j is not None]
+    skipped = {str(lineno - 1) for lineno, j in jobs if j is None}
+    kept = [j for _, j in jobs if j is not None]
+    _check_dependencies(kept, skipped, source)
     kept.sort(key=lambda j: j.submit)
-    return Trace(source, "csv", kept, None, {"no GPUs": skipped} if skipped else {})
+    return Trace(source, "csv", kept, None, {"no GPUs": len(skipped)} if skipped else {})
 
 
 def _csv_header(line: str, source: str) -> list[str]:
@@ -264,7 +271,42 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
         time_limit=limit,
         priority=_integer(cell.get("priority") or "0", "priority", where),
         preemptible=_flag(cell.get("preemptible") or "0", where),
+        dependency=_dependency(cell.get("dependency", ""), where),
     )
+
+
+def _dependency(text: str, where: str) -> tuple[tuple[str, str], ...]:
+    """`afterok:3:4,afterany:5` → (("afterok", "3"), ("afterok", "4"), ("afterany", "5"))."""
+    out: list[tuple[str, str]] = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        kind, _, ids = item.partition(":")
+        kind = kind.strip().lower()
+        if kind not in _DEPENDENCY_KINDS:
+            raise TraceError(
+                f"{where}: dependency type {kind!r} is not one of {', '.join(_DEPENDENCY_KINDS)}"
+            )
+        names = [i.strip() for i in ids.split(":")]
+        if not ids.strip() or not all(names):
+            raise TraceError(f"{where}: dependency {item!r} names no job (afterok:ID[:ID...])")
+        for name in names:
+            if (kind, name) not in out:
+                out.append((kind, name))
+    return tuple(out)
+
+
+def _check_dependencies(jobs: Sequence[TraceJob], skipped: set[str], source: str) -> None:
+    known = {j.job_id for j in jobs}
+    for j in jobs:
+        for _, target in j.dependency:
+            if target in skipped:
+                why = "which asks for no GPUs and is skipped"
+            elif target not in known:
+                why = "which is not a job of the trace (a job's ID is its line number minus one)"
+            else:
+                continue
+            raise TraceError(
+                f"{source} line {int(j.job_id) + 1}: dependency on job {target}, {why}"
+            )
 
 
 def _integer(text: str, name: str, where: str) -> int:

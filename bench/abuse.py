@@ -1,0 +1,279 @@
+"""The event loop's longest stall while the worst requests run (issue 11, item 8).
+
+A master and one agent with 4 fake GPUs on loopback.  A separate thread asks
+`/healthz` every ~10 ms over a kept-alive connection: its latency is how long the
+master's event loop could not answer.  Another samples the master's resident
+memory.  Each request below runs alone, then three at once; for each the table
+gives healthz p50 / max while it ran and the master's peak RSS.
+
+Set-up (not measured): a job that writes 50 MB of output, and 100,000-task arrays
+(`sleep` tasks capped at 4 running, the rest queued).  The `idle` row is the
+baseline with 100,000 tasks queued: what the scheduling pass alone costs.
+
+Prints the table and writes bench/results/abuse.json.  Not a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mgpu import Client
+from mgpu.testing import BIN, LocalCluster, LoopProbe, wait_for
+
+RESULTS = Path(__file__).resolve().parent / "results" / "abuse.json"
+TASKS = int(os.environ.get("BENCH_ABUSE_TASKS", 100_000))
+OUTPUT_BYTES = int(os.environ.get("BENCH_ABUSE_OUTPUT", 50_000_000))
+BODY_BYTES = 100_000_000
+FLOOD = 300
+"""Requests with bad tokens sent at once, per flood."""
+
+
+def summary(probe: LoopProbe, t0: float, t1: float) -> dict[str, float]:
+    lat, rss = probe.window(t0, t1)
+    lat = lat or [0.0]
+    return {
+        "healthz_p50_ms": round(statistics.median(lat) * 1000, 1),
+        "healthz_max_ms": round(max(lat) * 1000, 1),
+        "samples": len(lat),
+        "rss_peak_mb": round(max(rss or [0]) / 2**20),
+    }
+
+
+def _raw(address: str, method: str, path: str, body: bytes, token: str | None) -> int:
+    host, port = address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def _big_body(address: str, token: str | None, chunked: bool) -> str:
+    """Send BODY_BYTES (or until the master stops listening); the status it answered."""
+    host, port = address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    conn.putrequest("POST", "/api/jobs")
+    conn.putheader("Content-Type", "application/json")
+    if token:
+        conn.putheader("Authorization", f"Bearer {token}")
+    if chunked:
+        conn.putheader("Transfer-Encoding", "chunked")
+    else:
+        conn.putheader("Content-Length", str(BODY_BYTES))
+    conn.endheaders()
+    block = b'{"x":"' + b"a" * (1 << 20)
+    sent = 0
+    try:
+        while sent < BODY_BYTES:
+            piece = block[: BODY_BYTES - sent]
+            conn.send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            sent += len(piece)
+        if chunked:
+            conn.send(b"0\r\n\r\n")
+    except OSError:
+        pass  # the master closed the connection: it did not want the rest
+    try:
+        resp = conn.getresponse()
+        resp.read()
+        return f"{resp.status} after {sent >> 20} MiB sent"
+    except OSError as e:
+        return f"connection closed after {sent >> 20} MiB sent ({type(e).__name__})"
+    finally:
+        conn.close()
+
+
+async def _flood_async(address: str, n: int, path: str) -> list[int]:
+    host, port = address.split(":")
+
+    async def one(i: int) -> int:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        auth = f"Authorization: Bearer mgpu_guess{i:08d}\r\n" if path != "/healthz" else ""
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{auth}\r\n".encode()
+        )
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        writer.close()
+        return status
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def _flood(address: str, path: str = "/api/jobs") -> str:
+    codes = asyncio.run(_flood_async(address, FLOOD, path))
+    return f"{FLOOD} × {sorted(set(codes))}"
+
+
+def _logs(cluster: LocalCluster, job_id: str) -> str:
+    res = subprocess.run(
+        [str(BIN / "mgpu"), "logs", job_id],
+        capture_output=True,
+        env=cluster.env,
+        timeout=600,
+        check=True,
+    )
+    return f"{len(res.stdout) >> 20} MiB"
+
+
+def patient(cluster: LocalCluster) -> Client:
+    """A client that waits as long as a 100,000-task request takes on a busy machine."""
+    return Client(cluster.address, timeout=600, token=cluster.admin_token)
+
+
+def _submit_array(client: Client) -> tuple[str, list[str]]:
+    req = {"command": "sleep 600", "gpus": 1, "array": f"0-{TASKS - 1}%4", "env": {}}
+    out = client._request("POST", "/api/jobs", req, timeout=900)
+    return out["job_id"], out["task_ids"]
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, probe: LoopProbe) -> None:
+        self.cluster = cluster
+        self.probe = probe
+        self.rows: list[dict[str, Any]] = []
+
+    def measure(self, name: str, fn: Callable[[], Any], times: int = 1) -> None:
+        results: list[Any] = [None] * times
+
+        def run(i: int) -> None:
+            try:
+                results[i] = fn()
+            except Exception as e:  # reported in the table, not hidden
+                results[i] = f"error: {e}"
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(times)]
+        self.probe.settle()
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        t1 = time.monotonic()
+        time.sleep(0.1)  # the sample in flight at the end lands
+        row: dict[str, Any] = {"request": name, "concurrent": times, "seconds": round(t1 - t0, 2)}
+        row.update(summary(self.probe, t0, t1))
+        row["result"] = str(results[0])
+        self.rows.append(row)
+        print(
+            f"{name:<48} ×{times}  healthz p50 {row['healthz_p50_ms']:>7} ms  "
+            f"max {row['healthz_max_ms']:>8} ms  RSS {row['rss_peak_mb']:>5} MB  "
+            f"{row['seconds']:>6} s  {row['result']}",
+            flush=True,
+        )
+
+    def both(self, name: str, fn: Callable[[], Any]) -> None:
+        self.measure(name, fn, 1)
+        self.measure(name, fn, 3)
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="mgpu-abuse-") as tmp:
+        cluster = LocalCluster(Path(tmp))
+        try:
+            cluster.start_master()
+            cluster.start_agent("node001", gpus=4)
+            assert cluster.master is not None
+            probe = LoopProbe(cluster.address, cluster.master.pid, Path(tmp) / "probe.txt")
+            client = cluster.client()
+            token = cluster.admin_token
+            address = cluster.address
+            bench = Bench(cluster, probe)
+
+            # Set-up: a job with 50 MB of output.
+            line = "x" * 79
+            big = client.submit(f"yes {line} | head -c {OUTPUT_BYTES}", gpus=0, env={})
+            client.wait(big.id, timeout=600)
+
+            bench.both("logs of a 50 MB job (mgpu logs)", lambda: _logs(cluster, big.id))
+            bench.both(
+                "100 MB body without a token", lambda: _big_body(address, None, chunked=False)
+            )
+            bench.measure(
+                "100 MB body, valid token (Content-Length)",
+                lambda: _big_body(address, token, chunked=False),
+            )
+            bench.measure(
+                "100 MB body, valid token (chunked)",
+                lambda: _big_body(address, token, chunked=True),
+            )
+            bench.both(f"flood: {FLOOD} requests with bad tokens at once", lambda: _flood(address))
+            bench.both(
+                f"for scale: {FLOOD} /healthz requests at once",
+                lambda: _flood(address, "/healthz"),
+            )
+
+            # Set-up: TASKS array tasks, 4 running, the rest queued.
+            t0 = time.monotonic()
+            array_id, ids = _submit_array(client)
+            setup = summary(probe, t0, time.monotonic())
+            print(f"(set-up, not in scope: submitting {TASKS:,} tasks: {setup})")
+            # Two re-planning intervals: at least one full scheduling pass over the queue.
+            bench.measure(f"idle, {TASKS:,} tasks queued (12 s)", lambda: time.sleep(12))
+            body = json.dumps({"ids": ids, "timeout": 0}).encode()
+            bench.both(
+                f"wait, {TASKS:,} ids in one request",
+                lambda: _raw(address, "POST", "/api/wait", body, token),
+            )
+            bench.measure(
+                f"cancel a {TASKS:,}-task array",
+                lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
+            )
+            wait_for(lambda: not client.queue()["jobs"], timeout=120, what="an empty queue")
+            bench.measure(
+                f"wait_all, {TASKS:,} ended ids (client)",
+                lambda: len(patient(cluster).wait_all(ids, timeout=600)),
+            )
+            some = json.dumps({"ids": ids[:1000], "timeout": 0}).encode()
+            bench.both(
+                "wait, 1,000 ended ids (the most one request takes)",
+                lambda: _raw(address, "POST", "/api/wait", some, token),
+            )
+
+            array_id, ids = _submit_array(client)
+            bench.measure(
+                f"cancel a {TASKS:,}-task array, 3 requests at once",
+                lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
+                times=3,
+            )
+            probe.stop()
+        finally:
+            cluster.stop()
+            errors = [x for x in cluster.log("master").splitlines() if "Error" in x]
+            if errors:
+                print("the master logged errors:", *errors[-20:], sep="\n  ")
+
+    worst = max(r["healthz_max_ms"] for r in bench.rows if not r["request"].startswith("idle"))
+    out = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        "load_average_at_end": os.getloadavg(),
+        "target_max_stall_ms": 100,
+        "worst_stall_ms": worst,
+        "setup_submit_stall": setup,
+        "rows": bench.rows,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"worst stall over the requests: {worst} ms; written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The master's front door: who is asking, and how much they may send.
+
+`Guard` is an ASGI middleware so that both checks happen before FastAPI reads a
+request's body (it reads the body before any dependency runs): a request without a
+valid token is refused at once and its body is never read; a body larger than the
+route's limit is refused with 413, at once when Content-Length says so, else as soon
+as the bytes received pass the limit (a chunked upload is cut there).  A refused body
+of a modest size is dropped as it arrives, so the client can finish sending and read
+the answer; a huge one ends the connection.
+
+Refused logins are counted per address (`FailedLogins`) and written to the audit log
+as one row per address and window, so a flood of bad tokens costs a counter, not a
+database write each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fastapi import HTTPException
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mgpu.master.auth import BadTokenThrottle, Identity
+
+SUBMIT_BODY_LIMIT = 4 << 20
+"""POST /api/jobs: a full environment and a job script fit with room to spare."""
+BODY_LIMIT = 256 << 10
+"""Every other route: ids, names, a step's argv."""
+
+DRAIN_LIMIT = 16 << 20
+"""A refused body up to this size is read and dropped (no memory kept) so that the client
+can finish sending and read the answer; a larger one, or a chunked one, ends the
+connection instead."""
+
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/api/ca", "/openapi.json"})
+AGENT_PATH = "/api/agent"
+"""The agents' WebSocket proves its join token in its hello instead."""
+
+
+def is_open(path: str) -> bool:
+    """Routes answered without a user token: health, metrics, the page and the CA."""
+    return path in OPEN_PATHS or path.startswith(("/web/", "/docs")) or path == AGENT_PATH
+
+
+def body_limit(method: str, path: str) -> int:
+    return SUBMIT_BODY_LIMIT if method == "POST" and path == "/api/jobs" else BODY_LIMIT
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def too_large(method: str, path: str, limit: int) -> str:
+    return f"request body too large: {method} {path} takes at most {_size(limit)}"
+
+
+@dataclass
+class _Failures:
+    count: int = 0
+    path: str = ""
+    reasons: dict[str, None] = field(default_factory=dict)  # ordered set
+
+
+class FailedLogins:
+    """Refused requests per address, written as one `auth_failed` audit row per address
+    when the window closes (or earlier, when someone reads the audit log)."""
+
+    def __init__(
+        self,
+        write: Callable[[list[tuple[str, str | None, str | None, str | None, str | None]]], None],
+        window: float = 60.0,
+        max_addresses: int = 10000,
+    ) -> None:
+        self._write = write
+        self.window = window
+        self.max_addresses = max_addresses
+        self._by_address: dict[str, _Failures] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def failed(self, address: str, path: str, why: str) -> None:
+        if address not in self._by_address and len(self._by_address) >= self.max_addresses:
+            self.flush()  # memory stays bounded whatever the number of addresses
+        entry = self._by_address.setdefault(address, _Failures())
+        entry.count += 1
+        entry.path = path
+        entry.reasons[why] = None
+        if self._timer is None:
+            try:
+                self._timer = asyncio.get_running_loop().call_later(self.window, self.flush)
+            except RuntimeError:  # no loop (a unit test): written on the next flush
+                pass
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._by_address:
+            return
+        rows: list[tuple[str, str | None, str | None, str | None, str | None]] = []
+        for address, f in self._by_address.items():
+            noun = "request" if f.count == 1 else "requests"
+            detail = f"{f.count} refused {noun}: {', '.join(f.reasons)}"
+            rows.append(("auth_failed", None, address, f.path, detail))
+        self._by_address.clear()
+        self._write(rows)
+
+
+class Guard:
+    """Authenticate (the token in `Authorization: Bearer`), then bound the body."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        identify: Callable[[str | None], Identity | None],
+        throttle: BadTokenThrottle,
+        failures: FailedLogins,
+    ) -> None:
+        self.app = app
+        self.identify = identify
+        self.throttle = throttle
+        self.failures = failures
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            declared = int(headers.get("content-length", "0"))
+        except ValueError:
+            declared = 0
+        # After a refusal, a body still on its way is either dropped as it comes (uvicorn
+        # discards what arrives after the answer) or, when big or of unknown size, cut off.
+        cut_off = declared > DRAIN_LIMIT or "transfer-encoding" in headers
+        if not is_open(path):
+            header = headers.get("authorization", "")
+            token = header[7:].strip() if header[:7].lower() == "bearer " else None
+            ident = self.identify(token)
+            client = scope.get("client")
+            address = client[0] if client else "?"
+            if ident is None:
+                delay = self.throttle.delay(address)
+                self.throttle.failed(address)
+                why = "no token given" if not token else "unknown or revoked token"
+                self.failures.failed(address, path, why)
+                if delay:
+                    await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
+                hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
+                await _refuse(send, 401, f"not authorised: {why}{hint}", close=cut_off)
+                return
+            self.throttle.succeeded(address)
+            scope.setdefault("state", {})["identity"] = ident
+        limit = body_limit(method, path)
+        if declared > limit:
+            await _refuse(send, 413, too_large(method, path, limit), close=cut_off)
+            return
+        received = 0
+        cut = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, cut
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    cut = True  # FastAPI answers an HTTPException raised here as it is
+                    raise HTTPException(413, too_large(method, path, limit))
+            return message
+
+        async def closing_send(message: Message) -> None:
+            if cut and message["type"] == "http.response.start":
+                # The rest of the upload is not wanted: end the connection after the 413.
+                message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, limited_receive, closing_send)
+
+
+async def _refuse(send: Send, status: int, detail: str, close: bool) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

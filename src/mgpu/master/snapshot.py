@@ -1,0 +1,183 @@
+"""The scheduler's view of the master's state: jobs, nodes and usage into a `Snapshot`.
+
+Plain functions over the controller's records, with no store, clock or agent link of their
+own: the scheduling loop calls `prepare` every pass, and a test can build exactly the
+snapshot the master would without a live master (tests/test_sim_equals_master.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence, Set
+from dataclasses import dataclass
+
+from mgpu import spec as specs
+from mgpu.config import Scheduling
+from mgpu.master.registry import NodeRecord
+from mgpu.model import Job, JobState
+from mgpu.scheduler import (
+    Dependency,
+    DependencyTarget,
+    Eligibility,
+    JobRequest,
+    NodeView,
+    Placement,
+    PriorityWeights,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    UsageLedger,
+    eligibility,
+)
+
+__all__ = [
+    "Prepared",
+    "job_request",
+    "node_views",
+    "prepare",
+    "running_job",
+    "scheduler_config",
+]
+
+DEFAULT_TIME_LIMIT = 24 * 3600.0
+"""The scheduler's assumed limit of a job without one, when none is configured."""
+
+
+def node_views(nodes: Iterable[NodeRecord]) -> list[NodeView]:
+    """The nodes as the scheduler sees them (GPUs used outside mgpu are not free)."""
+    return [
+        NodeView(
+            node_id=n.node_id,
+            gpu_indices=tuple(g.index for g in n.gpus),
+            free_gpus=n.free_gpus() - n.foreign_blocked,
+            schedulable=n.schedulable,
+            gpu_type=specs.normalize_gpu_type(n.gpu_type or (n.gpus[0].name if n.gpus else None)),
+            rack=n.rack,
+            features=frozenset(n.features),
+        )
+        for n in nodes
+    ]
+
+
+def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobRequest:
+    """What a queued job asks for; `allowed_nodes` are the nodes its user may use."""
+    return JobRequest(
+        job_id=job.id,
+        user=job.user,
+        submit_time=job.submit_time,
+        gpus=job.gpus,
+        gpu_ids=tuple(job.gpu_ids) if job.gpu_ids is not None else None,
+        node_gpu_ids=(
+            tuple((n, tuple(g)) for n, g in job.node_gpu_ids)
+            if job.node_gpu_ids is not None
+            else None
+        ),
+        nodes=job.nodes,
+        gpus_per_node=job.gpus_per_node,
+        nodelist=frozenset(job.nodelist) if job.nodelist is not None else None,
+        exclude=frozenset(job.exclude),
+        gpu_type=job.gpu_type,
+        distributed=job.distributed or job.mpi,
+        policy=job.policy,  # type: ignore[arg-type]
+        priority=job.priority,
+        time_limit=job.time_limit,
+        preemptible=job.preemptible,
+        allowed_nodes=allowed_nodes,
+        requires=frozenset({"container"}) if job.image else frozenset(),
+        dependencies=tuple(Dependency(kind, dep) for kind, dep in job.dependency),
+        eligible_time=job.eligible_time,
+        array_id=job.array_job_id,
+        array_max_running=job.array_max_running,
+    )
+
+
+def running_job(job: Job, now: float) -> RunningJob:
+    """A running job: its GPUs, its expected end, and what its priority is computed from."""
+    return RunningJob(
+        job_id=job.id,
+        user=job.user,
+        placements=tuple(Placement(s.node_id, tuple(s.gpu_ids)) for s in job.allocation),
+        start_time=now if job.start_time is None else job.start_time,  # None: launching
+        time_limit=job.time_limit,
+        priority=job.priority,
+        preemptible=job.preemptible,
+        submit_time=job.submit_time,
+    )
+
+
+def scheduler_config(s: Scheduling) -> SchedulerConfig:
+    """The scheduler's settings from the cluster config's `scheduling` section."""
+    w = s.weights
+    return SchedulerConfig(
+        queue_policy=s.policy,
+        placement_policy=s.default_policy,
+        default_time_limit=(
+            specs.parse_time_limit(s.default_time_limit)
+            if s.default_time_limit
+            else DEFAULT_TIME_LIMIT
+        ),
+        weights=PriorityWeights(
+            age=w.age,
+            fairshare=w.fairshare,
+            job_size=w.job_size,
+            user_priority=w.user_priority,
+            max_age=w.max_age_hours * 3600,
+        ),
+        shares=s.shares,
+        max_gpus_per_user=s.max_gpus_per_user,
+        max_running_jobs_per_user=s.max_running_jobs_per_user,
+        preemption=s.preemption,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    eligibility: Eligibility
+    """Which queued jobs wait, and which must be cancelled: the caller applies these."""
+    snapshot: Snapshot | None
+    """The scheduler's input; None when no queued job is eligible (no pass is needed)."""
+
+
+def _no_targets(job_id: str) -> Sequence[DependencyTarget]:
+    return ()
+
+
+def prepare(
+    now: float,
+    jobs: Iterable[Job],
+    nodes: Iterable[NodeRecord],
+    usage: UsageLedger,
+    config: SchedulerConfig,
+    request_for: Callable[[Job], JobRequest] = job_request,
+    targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
+    known_met: Set[tuple[str, str]] = frozenset(),
+) -> Prepared:
+    """Everything one scheduling pass needs, from the master's jobs (in submit order).
+
+    `request_for` turns a queued job into its request (the master caches them and applies
+    its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
+    or in its store), for dependencies not in `known_met`.
+    """
+    running: list[RunningJob] = []
+    queued: list[JobRequest] = []
+    array_running: dict[str, int] = {}
+    for j in jobs:
+        if j.state == JobState.RUNNING:
+            running.append(running_job(j, now))
+            if j.array_job_id is not None:
+                array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
+        elif j.state == JobState.QUEUED:
+            queued.append(request_for(j))
+    wanted = {d.job_id for r in queued for d in r.dependencies if d not in known_met}
+    found = {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
+    verdict = eligibility(queued, now, found, array_running)
+    if not verdict.eligible:
+        return Prepared(verdict, None)
+    snapshot = Snapshot(
+        now=now,
+        nodes=node_views(nodes),
+        pending=verdict.eligible,
+        running=running,
+        usage=usage.snapshot(now, running),  # running work counts too, as in Slurm
+        config=config,
+    )
+    return Prepared(verdict, snapshot)

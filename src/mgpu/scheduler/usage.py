@@ -1,0 +1,114 @@
+"""Each user's GPU usage with exponential decay, for fairshare (`Snapshot.usage`).
+
+Usage is GPU-seconds, halved every `half_life` seconds (Slurm's PriorityDecayHalfLife):
+an attempt's GPU-seconds are added when it ends (`add`) and decay from then on, and running
+attempts count their GPU-seconds so far, undecayed.  The master and the simulator both keep
+one `UsageLedger`; they differ only in how running work reaches it: the master passes its
+running jobs to `snapshot` (it lists them every pass anyway), the simulator registers them
+as they `start` and `stop` (so a snapshot costs nothing per running job).
+
+Decay is never a sweep.  Each user's ended usage is kept as its value as of a common `base`
+time, `value · e^(k·(t − base))` for usage worth `value` at `t`, with k = ln 2 / half-life;
+reading every user at `now` is then one multiplication each by e^(−k·(now − base)), one
+`exp` in all.  The base moves forward before that factor could overflow.  Running work per
+user is `gpus·now − Σ gpus·start`, both kept as jobs start and stop.
+
+Stored (`dumps`/`loads`) as `{"user": [value, as_of], ...}`: each user's usage as of
+`as_of`, halved every half-life after it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+
+from .types import RunningJob
+
+__all__ = ["UsageLedger"]
+
+_REBASE = 300.0
+"""k·(now − base) beyond which the base moves (e^300 is far from overflow)."""
+
+
+class UsageLedger:
+    def __init__(self, half_life: float) -> None:
+        self.half_life = half_life
+        self.k = math.log(2.0) / half_life
+        self.base = 0.0
+        self.as_of = 0.0
+        """The latest time the ledger was changed or read at."""
+        self._ended: dict[str, float] = {}  # as of `base`, see the module docstring
+        self._gpus: dict[str, int] = {}  # GPUs of the user's registered running jobs
+        self._started: dict[str, float] = {}  # Σ gpus·start of those jobs
+
+    def _decay(self, now: float) -> float:
+        """e^(−k·(now − base)), moving the base first if it got far behind."""
+        if now > self.as_of:
+            self.as_of = now
+        exponent = self.k * (now - self.base)
+        if exponent > _REBASE:
+            shift = math.exp(-exponent)
+            self._ended = {u: v * shift for u, v in self._ended.items()}
+            self.base, exponent = now, 0.0
+        return math.exp(-exponent)
+
+    def _user(self, user: str) -> None:
+        if user not in self._ended:
+            self._ended[user] = 0.0
+            self._gpus[user] = 0
+            self._started[user] = 0.0
+
+    def add(self, user: str, gpu_seconds: float, now: float) -> None:
+        """Work that ended at `now`: it decays from then on."""
+        self._user(user)
+        decay = self._decay(now)  # first: it may rescale the ledger
+        self._ended[user] += gpu_seconds / decay
+
+    def start(self, user: str, gpus: int, now: float) -> None:
+        """A job of `user` on `gpus` GPUs started at `now` (counted until `stop`)."""
+        self._user(user)
+        self._gpus[user] += gpus
+        self._started[user] += gpus * now
+
+    def stop(self, user: str, gpus: int, start: float, now: float) -> None:
+        """The job `start` registered ended at `now`: its GPU-seconds become ended work."""
+        left = self._gpus[user] - gpus
+        self._gpus[user] = left
+        # Reset to exactly 0 when idle so no rounding residue lingers.
+        self._started[user] = self._started[user] - gpus * start if left else 0.0
+        self.add(user, gpus * (now - start), now)
+
+    def snapshot(self, now: float, running: Iterable[RunningJob] = ()) -> dict[str, float]:
+        """Each user's usage at `now`: ended work decayed, plus running work so far.
+
+        `running` are jobs not registered with `start`; each counts GPUs × time since its
+        start (none if it starts later than `now`).
+        """
+        decay = self._decay(now)
+        gpus, started = self._gpus, self._started
+        usage = {u: v * decay + (gpus[u] * now - started[u]) for u, v in self._ended.items()}
+        for r in running:
+            usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
+        return usage
+
+    def dumps(self) -> str:
+        """Ended usage as `{"user": [value, as_of]}` (running work is not stored)."""
+        at = max(self.as_of, self.base)
+        scale = math.exp(-self.k * (at - self.base))
+        return json.dumps({u: [v * scale, at] for u, v in self._ended.items()})
+
+    @classmethod
+    def loads(cls, half_life: float, raw: str | None) -> UsageLedger:
+        """A ledger from `dumps` output (or the older form, where each user has its own
+        as-of time); None or "" is an empty ledger."""
+        ledger = cls(half_life)
+        if not raw:
+            return ledger
+        entries = {str(u): (float(v), float(t)) for u, (v, t) in json.loads(raw).items()}
+        if entries:
+            ledger.base = ledger.as_of = max(t for _, t in entries.values())
+        for user, (value, since) in entries.items():
+            ledger._user(user)
+            ledger._ended[user] = value * math.exp(-ledger.k * (ledger.base - since))
+        return ledger

@@ -1,0 +1,203 @@
+"""Reconcile at an agent's hello: what to kill, what is lost, what to resume (pure, and as
+the controller applies it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mgpu.master.reconcile import Expected, Reconciliation, expectations, reconcile
+from mgpu.master.steps import Steps
+from mgpu.model import Job, JobState, Slot
+from mgpu.protocol import RunningReport
+
+
+def rep(job_id: str, epoch: int = 1, exited: bool = False) -> RunningReport:
+    return RunningReport(job_id=job_id, epoch=epoch, pid=None if exited else 4242, exited=exited)
+
+
+def ids(reports: tuple[RunningReport, ...]) -> list[tuple[str, int]]:
+    return [(r.job_id, r.epoch) for r in reports]
+
+
+# (case, reports, expected, kill, lost, resume)
+CASES = [
+    ("nothing on either side", [], {}, [], [], []),
+    ("a job running as expected", [rep("j")], {"j": Expected(1)}, [], [], [("j", 1)]),
+    ("unknown job: killed", [rep("x")], {}, [("x", 1)], [], []),
+    ("unknown job that exited: left alone", [rep("x", exited=True)], {}, [], [], []),
+    (
+        "stale epoch: the old run is killed, the new one is lost",
+        [rep("j", epoch=1)],
+        {"j": Expected(2)},
+        [("j", 1)],
+        ["j"],
+        [],
+    ),
+    (
+        "cancelled job still running: killed, its output still taken",
+        [rep("j")],
+        {"j": Expected(1, stop=True)},
+        [("j", 1)],
+        [],
+        [("j", 1)],
+    ),
+    (
+        "cancelled job that exited: its end is re-sent, nothing to kill",
+        [rep("j", exited=True)],
+        {"j": Expected(1, stop=True)},
+        [],
+        [],
+        [("j", 1)],
+    ),
+    (
+        "exited run not yet forgotten: neither killed nor lost",
+        [rep("j", exited=True)],
+        {"j": Expected(1)},
+        [],
+        [],
+        [("j", 1)],
+    ),
+    (
+        "a slot that ended but whose process runs: killed",
+        [rep("j")],
+        {"j": Expected(1, ended=True)},
+        [("j", 1)],
+        [],
+        [("j", 1)],
+    ),
+    (
+        "a job whose slot is on another node: killed here",
+        [rep("j")],
+        {"j": Expected(1, here=False, ended=True)},
+        [("j", 1)],
+        [],
+        [],
+    ),
+    (
+        "a step of a live job: kept",
+        [rep("j"), rep("j.s1")],
+        {"j": Expected(1), "j.s1": Expected(1, step=True)},
+        [],
+        [],
+        [("j", 1), ("j.s1", 1)],
+    ),
+    (
+        "a step that ended: killed",
+        [rep("j.s1")],
+        {"j.s1": Expected(1, ended=True, step=True)},
+        [("j.s1", 1)],
+        [],
+        [("j.s1", 1)],
+    ),
+    ("an unknown step: killed", [rep("j.s9")], {}, [("j.s9", 1)], [], []),
+    (
+        "a live step the agent no longer has: not lost (it ends with its job)",
+        [rep("j")],
+        {"j": Expected(1), "j.s1": Expected(1, step=True)},
+        [],
+        [],
+        [("j", 1)],
+    ),
+    ("a lost job", [], {"j": Expected(1)}, [], ["j"], []),
+    (
+        "two lost jobs beside one still running",
+        [rep("b")],
+        {"a": Expected(1), "b": Expected(1), "c": Expected(3)},
+        [],
+        ["a", "c"],
+        [("b", 1)],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected", "kill", "lost", "resume"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_reconcile(
+    reports: list[RunningReport],
+    expected: dict[str, Expected],
+    kill: list[tuple[str, int]],
+    lost: list[str],
+    resume: list[tuple[str, int]],
+) -> None:
+    result = reconcile(reports, expected)
+    assert ids(result.kill) == kill
+    assert list(result.lost) == lost
+    assert list(result.resume) == resume
+
+
+def running(job_id: str, *slots: Slot, epoch: int = 1) -> Job:
+    job = Job(id=job_id, user="u", argv=["x"], command="x", state=JobState.RUNNING, epoch=epoch)
+    job.allocation = list(slots)
+    return job
+
+
+def test_expectations_from_the_masters_jobs_and_steps() -> None:
+    jobs = {
+        "live": running("live", Slot("n1", [0])),
+        "multi": running("multi", Slot("n2", [0]), Slot("n1", [1], done=True), epoch=4),
+        "elsewhere": running("elsewhere", Slot("n2", [1])),
+        "queued": Job(id="queued", user="u", argv=["x"], command="x"),
+        "stopping": running("stopping", Slot("n1", [2])),
+    }
+    jobs["stopping"].cancel_requested = True
+    steps = Steps()
+    here, there = steps.new("live", 1, "n1"), steps.new("elsewhere", 1, "n2")
+    reports = [rep(i) for i in ("multi", "elsewhere", "queued", here.id, there.id, "gone")]
+    got = expectations("n1", ["live", "stopping"], reports, jobs, steps.by_id)
+    assert got == {
+        "live": Expected(1),
+        "stopping": Expected(1, stop=True),
+        "multi": Expected(4, ended=True),
+        "elsewhere": Expected(1, here=False, ended=True),
+        here.id: Expected(1, step=True),
+        there.id: Expected(1, here=False, step=True),
+    }
+    result = reconcile(reports, got)
+    killed = ["multi", "elsewhere", "queued", there.id, "gone"]
+    assert ids(result.kill) == [(run_id, 1) for run_id in killed]
+    assert result.lost == ("live", "stopping")
+    assert result.resume == ((here.id, 1),)
+    assert reconcile([], {}) == Reconciliation()
+
+
+def test_the_controller_requeues_lost_jobs_and_counts_one_failure_per_restart(
+    tmp_path: Path,
+) -> None:
+    from mgpu.config import ClusterConfig
+    from mgpu.master.cluster import Cluster
+    from mgpu.master.registry import NodeRecord
+    from mgpu.model import NodeState
+    from mgpu.protocol import GpuDesc
+
+    cl = Cluster(tmp_path, ClusterConfig())
+    try:
+        gpus = [GpuDesc(index=i, name="g", memory_mb=100) for i in range(3)]
+        node = cl.nodes["n1"] = NodeRecord("n1", gpus=gpus, state=NodeState.ONLINE)
+        for i, job_id in enumerate(("lost0001", "lost0002", "kept0003")):
+            job = running(job_id, Slot("n1", [i]))
+            job.start_time = 1.0
+            cl.jobs[job_id] = job
+            node.busy[i] = job_id
+            node.jobs.add(job_id)
+        kill = cl._reconcile(node, [rep("kept0003"), rep("stale001")])
+        assert [r.job_id for r in kill] == ["stale001"]
+        assert node.failures == 1  # two jobs lost, one restart
+        for job_id in ("lost0001", "lost0002"):
+            job = cl.jobs[job_id]
+            assert job.state == JobState.QUEUED
+            assert job.reason == "requeued: n1 restarted and no longer runs it (retry 1/5)"
+        assert cl.jobs["kept0003"].state == JobState.RUNNING
+        assert node.busy == {2: "kept0003"} and node.jobs == {"kept0003"}
+        # The same agent saying hello again: nothing more is lost, no failure more.
+        assert cl._reconcile(node, [rep("kept0003")]) == []
+        assert node.failures == 1
+        resume = cl._resume_points(node, [rep("kept0003"), rep("lost0001")])
+        assert [(r.job_id, r.epoch) for r in resume] == [("kept0003", 1)]
+    finally:
+        cl.outputs.close_all()
+        cl.store.close()
