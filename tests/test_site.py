@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
-from mgpu.agent import containers
+from mgpu.agent import containers, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
@@ -71,7 +72,7 @@ def build(rt: Runtime, gpu_ids: list[int], cwd: str | None = "/home/al/exp") -> 
         gpu_ids=gpu_ids,
         cwd=cwd,
         uid_gid=(1001, 100),
-        env_names=["MGPU_JOB_ID", "CUDA_VISIBLE_DEVICES", "MGPU_RUN_TAG"],
+        env_file="/var/lib/mgpu/spool/ab12cd34.1.env",
         name="mgpu-ab12cd34-1",
     )
 
@@ -83,7 +84,7 @@ def test_podman_command_line() -> None:
         "--user", "1001:100",
         "--device", "nvidia.com/gpu=2", "--device", "nvidia.com/gpu=3",
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
-        "-e", "MGPU_JOB_ID", "-e", "MGPU_RUN_TAG", "-e", "CUDA_VISIBLE_DEVICES=0,1",
+        "--env-file", "/var/lib/mgpu/spool/ab12cd34.1.env", "-e", "CUDA_VISIBLE_DEVICES=0,1",
         "pytorch:24.01", "python", "train.py",
     ]  # fmt: skip
     rootless = build(PODMAN_ROOTLESS, [0])
@@ -98,7 +99,7 @@ def test_docker_command_line() -> None:
         "--user", "1001:100",
         "--gpus", '"device=1,3"',
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
-        "-e", "MGPU_JOB_ID", "-e", "MGPU_RUN_TAG", "-e", "CUDA_VISIBLE_DEVICES=0,1",
+        "--env-file", "/var/lib/mgpu/spool/ab12cd34.1.env", "-e", "CUDA_VISIBLE_DEVICES=0,1",
         "pytorch:24.01", "python", "train.py",
     ]  # fmt: skip
 
@@ -328,9 +329,10 @@ def test_admission_refuses_with_one_sentence_audits_and_queues_nothing(
 # ---- containers (end to end) ----------------------------------------------------------
 
 FAKE_PODMAN = r"""#!{python}
-# A stand-in for podman: knows one image, records `run` command lines, runs the command
-# with only the environment passed by -e (as a container would).
-import json, os, sys
+# A stand-in for podman: knows one image, records `run` command lines (with its own
+# environment and its env file's mode), runs the command with only the environment passed
+# by -e and --env-file (as a container would).
+import json, os, stat, sys
 
 args = sys.argv[1:]
 if args[:1] == ["--version"]:
@@ -342,23 +344,30 @@ if args[:1] == ["rm"]:
     sys.exit(0)
 if args[:1] != ["run"]:
     sys.exit(125)
-with open({log!r}, "a") as f:
-    f.write(json.dumps(args) + "\n")
-env, cwd, i = {{"PATH": "/usr/bin:/bin"}}, None, 1
+env, cwd, i, mode = {{"PATH": "/usr/bin:/bin"}}, None, 1, None
 while args[i].startswith("-"):
-    if args[i] in ("--name", "--user", "--device", "-v", "-w", "-e"):
+    if args[i] in ("--name", "--user", "--device", "-v", "-w", "-e", "--env-file"):
         opt, val = args[i], args[i + 1]
         i += 2
-        if opt == "-e":
-            key, eq, value = val.partition("=")
-            if eq:
-                env[key] = value
-            elif key in os.environ:
-                env[key] = os.environ[key]
+        if opt in ("-e", "--env-file"):
+            if opt == "--env-file":
+                mode = stat.S_IMODE(os.stat(val).st_mode)
+                with open(val, encoding="utf-8") as f:
+                    items = f.read().splitlines()
+            else:
+                items = [val]
+            for item in items:
+                key, eq, value = item.partition("=")
+                if eq:
+                    env[key] = value
+                elif key in os.environ:
+                    env[key] = os.environ[key]
         elif opt == "-w":
             cwd = val
     else:
         i += 1
+with open({log!r}, "a") as f:
+    f.write(json.dumps({{"argv": args, "own_env": sorted(os.environ), "mode": mode}}) + "\n")
 if cwd:
     os.chdir(cwd)
 os.execvpe(args[i + 1], args[i + 1:], env)
@@ -380,18 +389,33 @@ def test_container_jobs_with_a_runtime(tmp_path: Path, make_cluster: list[LocalC
     workdir = tmp_path / "work"
     workdir.mkdir()
     job = client.submit(
-        'echo "$CUDA_VISIBLE_DEVICES|$MGPU_JOB_ID|$(pwd)|${HOME:-nohome}|$SECRET"',
+        'echo "$CUDA_VISIBLE_DEVICES|$MGPU_JOB_ID|$(pwd)|${HOME:-nohome}|$SECRET|$MGPU_RUN_TAG"'
+        '"|$SPACED|$MULTI"',
         gpus=2,
         image="localhost/present:1",
         cwd=str(workdir),
-        env={"SECRET": "s3"},
+        env={"SECRET": "s3", "SPACED": " a = b $HOME # ", "MULTI": "line1\nline2"},
     )
     done = client.wait(job.id, timeout=30)
     assert done["state"] == "completed", done
     assert done["image"] == "localhost/present:1"
-    # Inside, the two allocated GPUs are 0 and 1; the host's HOME does not leak in.
-    assert client.logs(job.id) == f"0,1|{job.id}|{workdir}|nohome|s3\n"
-    (argv,) = [json.loads(line) for line in runs.read_text().splitlines()]
+    # Inside, the two allocated GPUs are 0 and 1; the host's HOME does not leak in; the
+    # run's tag is there (the agent kills escaped processes by it); a value a line-based
+    # env file cannot hold is left out, and the job's stderr says so.
+    out = client.logs(job.id).splitlines()
+    assert out[-1].startswith(f"0,1|{job.id}|{workdir}|nohome|s3|{job.id}.1.")
+    assert out[-1].endswith("| a = b $HOME # |"), out
+    assert out[0] == (
+        "mgpu: not passed into the container (a value a line-based env file cannot hold): MULTI"
+    )
+    (record,) = [json.loads(line) for line in runs.read_text().splitlines()]
+    argv = record["argv"]
+    # The runtime ran as root with the agent's environment, not the job's: the job's
+    # variables reached the container through a 0600 file, removed once the run ended.
+    assert "SECRET" not in record["own_env"] and "MGPU_JOB_ID" not in record["own_env"]
+    assert record["mode"] == 0o600
+    env_file = argv[argv.index("--env-file") + 1]
+    assert not os.path.exists(env_file)
     gpus = done["allocation"][0]["gpu_ids"]
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
     assert devices == [f"nvidia.com/gpu={g}" for g in gpus]
@@ -440,8 +464,9 @@ def _podman_ready(conf: Path) -> str | None:
     return None
 
 
-def test_real_podman_job(tmp_path: Path, make_cluster: list[LocalCluster]) -> None:
-    """A real container: a busybox image imported from a tarball (no registry needed)."""
+@pytest.fixture
+def podman_conf(tmp_path: Path) -> Path:
+    """A containers.conf for rootful podman on this VM, with the busybox image imported."""
     conf = tmp_path / "containers.conf"
     # This VM lacks CAP_SYS_RESOURCE and has hybrid cgroups: runc, and limits it may set.
     nofile = int(subprocess.run(["sh", "-c", "ulimit -Hn"], capture_output=True).stdout)
@@ -452,6 +477,14 @@ def test_real_podman_job(tmp_path: Path, make_cluster: list[LocalCluster]) -> No
     why = _podman_ready(conf)
     if why is not None:
         pytest.skip(why)
+    return conf
+
+
+def test_real_podman_job(
+    tmp_path: Path, make_cluster: list[LocalCluster], podman_conf: Path
+) -> None:
+    """A real container: a busybox image imported from a tarball (no registry needed)."""
+    conf = podman_conf
     c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
     c.env["CONTAINERS_CONF"] = str(conf)
     c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
@@ -626,3 +659,70 @@ def test_dist_executables_run_a_cluster(tmp_path: Path) -> None:
     finally:
         for p in procs:
             kill_group(p)
+
+
+# A library that leaves a mark, named after the uid, in every process that loads it.
+MARKER_LIB = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/loaded-by-uid-%d", MARK_DIR, (int)geteuid());
+    close(open(path, O_CREAT | O_WRONLY, 0644));
+}
+"""
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every account can use (pytest's tmp dirs are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="mgpu-test-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_real_podman_runtime_never_gets_the_users_environment(
+    tmp_path: Path, make_cluster: list[LocalCluster], podman_conf: Path, shared_dir: Path
+) -> None:
+    """The runtime runs as root: a user's LD_PRELOAD in its environment would run the
+    user's code as root.  The job's variables reach the container through an env file."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the marker library")
+    source = shared_dir / "mark.c"
+    source.write_text(MARKER_LIB)
+    lib = shared_dir / "mark.so"
+    define = f'-DMARK_DIR="{shared_dir}"'
+    subprocess.run([cc, "-shared", "-fPIC", define, "-o", str(lib), str(source)], check=True)
+    subprocess.run(["true"], env={"LD_PRELOAD": str(lib)}, check=True)
+    root_mark = shared_dir / "loaded-by-uid-0"
+    assert root_mark.exists()  # the library works: loaded by root, it says so
+    root_mark.unlink()
+
+    c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
+    c.env["CONTAINERS_CONF"] = str(podman_conf)
+    c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
+    admin = c.client()
+    user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+    env = {"LD_PRELOAD": str(lib), "MARK_ME": "seen-inside", "PATH": "/usr/bin:/bin"}
+    job = user.submit('echo "[$MARK_ME|$MGPU_RUN_TAG]"; exec sleep 300', gpus=0,
+                      image=BUSYBOX_IMAGE, cwd=str(shared_dir), env=env)  # fmt: skip
+    wait_for(lambda: "[seen-inside|" in admin.logs(job.id), timeout=60, what="the job's output")
+    # Inside: the job's variable, and the run's tag (taken by name from the runtime's own
+    # environment: the agent finds escaped container processes by it).
+    assert admin.logs(job.id).startswith(f"[seen-inside|{job.id}.1."), admin.logs(job.id)
+
+    spool = tmp_path / "agent-node001" / "node-node001" / "spool"
+    shim = psutil.Process(json.loads(next(spool.glob(f"{job.id}.*.run")).read_text())["pid"])
+    root_side = [shim, *shim.children(recursive=True)]
+    assert "podman" in {p.name() for p in root_side}, root_side
+    for proc in root_side:
+        assert proc.uids().effective == 0
+        environ = proc.environ()
+        assert "MARK_ME" not in environ and "LD_PRELOAD" not in environ, (proc, environ)
+        assert environ["PATH"] == privileged.SAFE_PATH
+    admin.cancel(job.id)
+    assert admin.wait(job.id, timeout=30)["state"] == "cancelled"
+    assert not root_mark.exists(), "a root process loaded the user's LD_PRELOAD"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import json
 import logging
 import os
 import random
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
-from mgpu.agent.launcher import Launcher, LaunchError, Running
+from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
@@ -136,7 +137,10 @@ class Agent:
             len(self.gpus),
             self.gpu_source,
         )
-        for rec in self.launcher.load_previous():
+        records = self.launcher.load_previous()
+        containment = self.launcher.contain(self.node_id, records)
+        log.info("jobs are contained by %s", containment.describe())
+        for rec in records:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
             log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
@@ -254,7 +258,7 @@ class Agent:
         beater = asyncio.create_task(self._heartbeats())
         try:
             async for raw in ws:
-                for msg in parse_master_messages(raw):
+                for msg in self._parse(raw):
                     self._handle(msg)
         finally:
             sender.cancel()
@@ -314,7 +318,59 @@ class Agent:
 
     # ---- inbound ------------------------------------------------------------
 
+    def _parse(self, raw: str | bytes) -> list[Any]:
+        """A frame's messages.  One that does not validate is dropped alone (a launch of it
+        reported failed), never with the rest of its frame or the connection."""
+        try:
+            return list(parse_master_messages(raw))
+        except ValueError:
+            pass
+        try:
+            items = json.loads(raw)
+        except ValueError as e:
+            log.error("unreadable frame from the master dropped: %s", e)
+            return []
+        messages = []
+        for item in items if isinstance(items, list) else [items]:
+            try:
+                messages.append(parse_master_message(json.dumps(item)))
+            except ValueError as e:
+                log.error("invalid message from the master dropped: %s", _first_line(e))
+                self._fail_unreadable(item, e)
+        return messages
+
+    def _fail_unreadable(self, item: Any, error: Exception) -> None:
+        if not isinstance(item, dict) or item.get("type") != "launch":
+            return
+        job_id, epoch = item.get("job_id"), item.get("epoch")
+        if isinstance(job_id, str) and isinstance(epoch, int):
+            self._fail_launch(job_id, epoch, f"the agent cannot read the launch: {error}")
+
+    def _fail_launch(self, job_id: str, epoch: int, error: str, fatal: bool = True) -> None:
+        log.error("job %s: %s", job_id, _first_line(error))
+        self._report_exit(
+            Exited(
+                job_id=job_id,
+                epoch=epoch,
+                exit_code=None,
+                time=time.time(),
+                launch_error=_first_line(error),
+                fatal=fatal,
+            )
+        )
+
     def _handle(self, msg: Any) -> None:
+        """One message from the master.  Whatever goes wrong stays with it: logged, and a
+        launch reported as failed; the connection and the other messages carry on."""
+        try:
+            self._dispatch(msg)
+        except Exception as e:
+            log.exception("handling a %s message failed", getattr(msg, "type", "?"))
+            if isinstance(msg, Launch) and self.launcher.find(msg.job_id, msg.epoch) is None:
+                self.site.discard(msg.job_id, msg.epoch)
+                self._fail_launch(msg.job_id, msg.epoch, f"the agent failed to launch it: {e}")
+
+    def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Launch):
             if not self.site.prepare(msg):  # image check and prolog first, if any
                 self._launch(msg)
@@ -341,7 +397,7 @@ class Agent:
             self.launcher.kill(old, "superseded", 0.0)
         try:
             ids = self._identity(msg)
-            argv, env, ids = self.site.wrap(msg, self._job_env(msg), ids)  # --image
+            argv, env, ids, note = self.site.wrap(msg, self._job_env(msg), ids)  # --image
             run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
@@ -352,19 +408,12 @@ class Agent:
                 msg.kill_grace,
                 user_ids=ids,
                 hostfile=msg.hostfile,
+                note=note,
             )
         except (UserError, LaunchError) as e:
-            log.error("job %s: %s", msg.job_id, e)
-            self._report_exit(
-                Exited(
-                    job_id=msg.job_id,
-                    epoch=msg.epoch,
-                    exit_code=None,
-                    time=time.time(),
-                    launch_error=str(e),
-                    fatal=isinstance(e, UserError),  # the job's problem, not the node's
-                )
-            )
+            self.site.discard(msg.job_id, msg.epoch)
+            # UserError, JobError: the job's problem, not the node's.
+            self._fail_launch(msg.job_id, msg.epoch, str(e), isinstance(e, UserError | JobError))
             return
         self.send(self._started(run))
         self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
@@ -411,7 +460,7 @@ class Agent:
 
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
-        self.launcher.kill_leftovers(run)
+        await self.launcher.kill_leftovers(run)
         epilog_error = await self.site.after(run)  # its output joins the job's stderr
         if self.connected:
             self.launcher.pump_output(run)  # else after the reconnect, from where the master is
@@ -437,6 +486,10 @@ class Agent:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.discard(task)
+
+
+def _first_line(error: object) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:500]
 
 
 def _free_port() -> int:

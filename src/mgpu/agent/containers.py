@@ -17,10 +17,13 @@ What every command line does:
   agent runs the runtime as root), `--userns=keep-id` for rootless podman (the agent and
   its jobs run as one user), and apptainer runs as the user anyway.
 * The host network and IPC namespace (NCCL and torchrun rendezvous need them).
-* The job's environment is passed by name (`-e NAME`, the value from the runtime's own
-  environment, so values do not show in `ps`), except variables that describe the host
-  (PATH, HOME, LD_LIBRARY_PATH, ...).  `MGPU_RUN_TAG` goes in too: the agent finds and
-  kills the container's processes by it, as it does for any job's escaped processes.
+* podman and docker run as the agent (root) with the agent's own environment
+  (mgpu.agent.privileged), never the job's.  The job's variables go into the container
+  through a 0600 `--env-file` in the agent's private spool (not `-e NAME=VALUE`: values
+  would show in `ps`), except variables that describe the host (PATH, HOME,
+  LD_LIBRARY_PATH, ...).  `MGPU_RUN_TAG` goes in too, by name from the runtime's
+  environment: the agent finds and kills the container's processes by it, as it does for
+  any job's escaped processes.  apptainer runs as the job's user with its environment.
 
 Everything here but `probe` and `image_present` is pure and unit-tested line by line.
 """
@@ -36,28 +39,14 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mgpu.agent import privileged
+from mgpu.agent.privileged import RUNTIME_ENV
+
 RUNTIMES = ("podman", "docker", "apptainer")
 """In the order `auto` tries them."""
 
 FEATURE = "container"
 """The node feature of every node with a runtime; `--image` jobs require it."""
-
-RUNTIME_ENV = (
-    "CONTAINERS_CONF",
-    "CONTAINERS_STORAGE_CONF",
-    "CONTAINERS_REGISTRIES_CONF",
-    "REGISTRY_AUTH_FILE",
-    "XDG_RUNTIME_DIR",
-    "DOCKER_HOST",
-    "DOCKER_CONFIG",
-    "DOCKER_CONTEXT",
-    "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY",
-    "APPTAINER_CACHEDIR",
-    "APPTAINER_TMPDIR",
-    "APPTAINER_CONFIGDIR",
-)
-"""The agent's own settings for its runtime, handed to the runtime it starts for a job."""
 
 _HOST_ONLY = frozenset(
     {
@@ -84,7 +73,6 @@ _HOST_ONLY = frozenset(
     }
 )
 _HOST_ONLY_PREFIXES = ("XDG_", "CONTAINERS_", "DOCKER_", "APPTAINER_", "SINGULARITY_", "CONDA_")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +109,7 @@ def probe(choice: str = "auto", timeout: float = 10.0) -> Runtime | None:
         if exe is None:
             continue
         try:
-            res = subprocess.run(
-                _version_argv(name, exe),
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                stdin=subprocess.DEVNULL,
-            )
+            res = privileged.run(_version_argv(name, exe), timeout)
         except (OSError, subprocess.TimeoutExpired):
             continue
         if res.returncode != 0:
@@ -163,22 +145,13 @@ class ImageCheckError(RuntimeError):
     """The runtime could not say (it hung or failed): the node's problem, not the image's."""
 
 
-async def image_present(
-    runtime: Runtime, image: str, env: Mapping[str, str], timeout: float = 60.0
-) -> bool:
+async def image_present(runtime: Runtime, image: str, timeout: float = 60.0) -> bool:
     """Is `image` on this node?  Raises ImageCheckError when the runtime cannot answer."""
     argv = image_check_argv(runtime, image)
     if argv is None:  # apptainer: a .sif file (or a URI it pulls itself)
         return is_image_uri(image) or os.path.isfile(image)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,
-        )
+        proc = await privileged.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     except OSError as e:
         raise ImageCheckError(f"cannot run {runtime.name}: {e.strerror}") from None
     try:
@@ -215,7 +188,7 @@ def passed_env(env: Mapping[str, str]) -> list[str]:
         for k in env
         if k not in _HOST_ONLY
         and not k.startswith(_HOST_ONLY_PREFIXES)
-        and _ENV_NAME.match(k) is not None
+        and privileged.ENV_NAME.match(k) is not None
     )
 
 
@@ -227,13 +200,13 @@ def build_argv(
     gpu_ids: Sequence[int],
     cwd: str | None,
     uid_gid: tuple[int, int] | None,
-    env_names: Sequence[str],
+    env_file: str | None,
     name: str,
 ) -> list[str]:
     """The command line that runs `argv` in `image` with these GPUs, directory and user.
 
-    `env_names` are passed by name (their values come from the runtime's environment);
-    CUDA_VISIBLE_DEVICES is set here, as it must be seen inside."""
+    The job's variables come from `env_file` (podman, docker); CUDA_VISIBLE_DEVICES is set
+    here, as it must be seen inside."""
     ids = list(gpu_ids)
     if runtime.name in ("podman", "docker"):
         out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
@@ -253,9 +226,8 @@ def build_argv(
                 out += ["--gpus", '"device=' + ",".join(map(str, ids)) + '"']
         if cwd:
             out += ["-v", f"{cwd}:{cwd}", "-w", cwd]
-        for key in env_names:
-            if key != "CUDA_VISIBLE_DEVICES":
-                out += ["-e", key]
+        if env_file is not None:
+            out += ["--env-file", env_file]
         # Inside, the allocated GPUs are numbered from 0.
         out += ["-e", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(len(ids)))]
         return [*out, image, *argv]
@@ -276,6 +248,11 @@ def cleanup_argv(runtime: Runtime, name: str) -> list[str] | None:
     if runtime.name in ("podman", "docker"):
         return [runtime.exe, "rm", "-f", name]
     return None
+
+
+def uses_env_file(runtime: Runtime) -> bool:
+    """podman and docker take the job's variables from a file (see `build_argv`)."""
+    return runtime.name in ("podman", "docker")
 
 
 def runs_as_agent(runtime: Runtime) -> bool:
@@ -301,4 +278,5 @@ __all__ = [
     "passed_env",
     "probe",
     "runs_as_agent",
+    "uses_env_file",
 ]

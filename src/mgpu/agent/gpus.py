@@ -34,6 +34,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from mgpu.agent import privileged
+
 __all__ = [
     "FAKE_GPU_MEMORY_MB",
     "FAKE_GPU_NAME",
@@ -189,13 +191,7 @@ def _detect_nvml() -> list[GpuInfo]:
 def _run_nvidia_smi(args: list[str], timeout: float) -> str | None:
     """stdout of a successful nvidia-smi run, else None (logged)."""
     try:
-        proc = subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        proc = privileged.run(args, timeout)
     except FileNotFoundError:
         log.debug("%s is not installed", args[0])
         return None

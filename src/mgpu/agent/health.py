@@ -49,6 +49,22 @@ def check_spool(state_dir: Path, node_id: str) -> Check:
     return Check("spool writable", True, str(spool))
 
 
+def check_containment(state_dir: Path, node_id: str) -> Check:
+    """How this node's agent contains jobs (what `mgpu node` picks at start): a cgroup per
+    job, or only the process tree (escaped processes may outlive their job)."""
+    from mgpu.agent import cgroups
+
+    spool = state_dir / f"node-{node_id}" / "spool"
+    key = cgroups.agent_key(node_id, spool)
+    containment = cgroups.choose(key)
+    if containment.base is not None:
+        cgroups.release(containment.base)  # made by the probe; the agent makes it again
+    detail = containment.method
+    if containment.method == cgroups.PROCESS_TREE:
+        detail += " (no usable cgroup here: processes that leave the job's tree may outlive it)"
+    return Check("job containment", True, detail)
+
+
 def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
     """None if an mgpu master answers /healthz there, else why not."""
     conn: http.client.HTTPConnection
@@ -109,6 +125,7 @@ def run_health(
         check_gpus(fake_gpus),
         check_spool(state_dir, node_id),
         check_master(master_host, master_port),
+        check_containment(state_dir, node_id),
     ]
     for c in checks:
         print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)

@@ -2,7 +2,8 @@
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
-    sh -c 'trap : TERM INT HUP; "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD ARGV...
+    sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...; shift;
+           "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -10,6 +11,18 @@ agent is killed and restarted it re-adopts the shim (checked by pid *and*
 start time, so a reused pid is never mistaken), keeps tailing the files and
 still learns the real exit code.  Exit is noticed through a pidfd, which works
 for adopted processes that are not the agent's children too.
+
+Where the machine allows it each run has its own cgroup (mgpu.agent.cgroups).  The
+shim's stdin is then a pipe, the *gate*: the shim waits on it while the agent (as
+root) moves the shim's pid into the cgroup, and only then closes it; the shim swaps
+stdin for /dev/null and runs the job, so nothing the job starts is ever outside.  (The
+agent writes the pid itself rather than handing the job's user a descriptor of a root
+cgroup file: no user process ever holds one, and it works on every kernel.)
+
+The shim enters the job's working directory itself, as the job's user: a root agent
+that did the `chdir` (as Popen's `cwd=` does, before it switches uid) would let a job
+start inside a directory its user cannot reach.  One it cannot enter fails the job
+(exit code 126, the reason on its stderr).
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -31,18 +45,31 @@ from typing import Any
 
 import psutil
 
+from mgpu.agent import cgroups
+
 log = logging.getLogger("mgpu.agent")
 
 # $0 is the number of an inherited descriptor open on the exit file.  Writing through
 # /proc/self/fd reaches the file even when the job's user could not walk the spool's
 # path (a root agent's state dir is usually private).  The shim reads the file only
 # after the job exited, so the write needs no atomicity.
-SHIM = 'trap : TERM INT HUP; "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
+# `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
+SHIM = (
+    "trap : TERM INT HUP; read -r _; exec </dev/null; "
+    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
+    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
+    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
+)
 READ_CHUNK = 256 * 1024
 
 
 class LaunchError(RuntimeError):
     """The node could not start the job (a node failure, not the job's)."""
+
+
+class JobError(LaunchError):
+    """The job's own request cannot be started here (too big for execve, a NUL byte, a
+    name no environment can hold): the job fails, the node is fine."""
 
 
 @dataclass
@@ -63,6 +90,10 @@ class RunRecord:
     err_sent: int = 0
     tag: str = ""
     """$MGPU_RUN_TAG of this run's processes (empty in records of older agents)."""
+    cgroup: str = ""
+    """The run's cgroup (empty: none, the process tree is what is killed)."""
+    hosts: str = ""
+    """The `--mpi` hostfile written for this run, removed with its spool files."""
 
 
 @dataclass
@@ -90,6 +121,15 @@ class Launcher:
         self.running: dict[tuple[str, int], Running] = {}
         """Keyed by (job id, epoch): an old run being killed and its successor can overlap."""
         self._trash: list[str] = []
+        self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
+        """How runs are contained (`contain` picks the best the machine allows)."""
+
+    def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
+        """Pick the containment method at agent start, and kill and remove the cgroups of
+        runs that no run record names any more."""
+        self.containment = cgroups.choose(cgroups.agent_key(node_id, self.spool))
+        cgroups.sweep(self.containment, {rec.cgroup for rec in known if rec.cgroup})
+        return self.containment
 
     # ---- persistence --------------------------------------------------------
 
@@ -128,80 +168,99 @@ class Launcher:
         kill_grace: float,
         user_ids: tuple[int, int, list[int]] | None = None,
         hostfile: str | None = None,
+        note: str | None = None,
     ) -> Running:
+        """Start a run; `note` is a line written to its stderr first (said by the agent)."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
             Path(f"{base}.err"),
             Path(f"{base}.exit"),
         )
+        made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        fds: list[int] = []
         try:
-            out_fd = os.open(out_path, flags, 0o600)
-            err_fd = os.open(err_path, flags, 0o600)
-            exit_fd = os.open(exit_path, flags, 0o600)
+            for path in (out_path, err_path, exit_path):
+                fds.append(os.open(path, flags, 0o600))
+                made.append(str(path))
         except OSError as e:
+            _close_all(fds)
+            _unlink_all(made)
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
-        home = os.path.expanduser("~")
-        if user_ids is not None:
-            import pwd
-
-            uid, gid, _ = user_ids
-            home = pwd.getpwuid(uid).pw_dir
-            os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
-        if not os.path.isdir(home):
-            home = "/"
-        if cwd and not os.path.isdir(cwd):
-            cwd = None  # the submit dir may not exist on this node: run in the user's home
-        full_env = dict(env)
-        if user_ids is not None:
-            full_env["HOME"] = home
-        full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-        # Marks this run's processes, even those that escape the shim's process group.
-        # Unique per run: other runs of the same job (an older epoch being killed here,
-        # or another node's part when agents share a machine) must not match.
-        tag = f"{job_id}.{epoch}.{os.urandom(6).hex()}"
-        full_env["MGPU_RUN_TAG"] = tag
-        if hostfile is not None:
-            hosts = Path(f"{base}.hosts")
-            if user_ids is not None:  # mpirun runs as the user: a file it can reach
-                fd, name = tempfile.mkstemp(prefix=f"mgpu-{job_id}-", suffix=".hosts")
-                os.fchown(fd, user_ids[0], user_ids[1])
-                os.close(fd)
-                hosts = Path(name)
-            hosts.write_text(hostfile)
-            for var in (
-                "MGPU_HOSTFILE",
-                "OMPI_MCA_orte_default_hostfile",
-                "PRTE_MCA_prte_default_hostfile",
-                "HYDRA_HOST_FILE",
-            ):
-                full_env[var] = str(hosts)
-        kwargs: dict[str, Any] = {}
-        if user_ids is not None:
-            uid, gid, groups = user_ids
-            kwargs.update(user=uid, group=gid, extra_groups=groups)
+        out_fd, err_fd, exit_fd = fds
+        cgroup: str | None = None
+        gate: tuple[int, int] | None = None
         try:
-            popen = subprocess.Popen(
-                ["/bin/sh", "-c", SHIM, str(exit_fd), *argv],
-                stdin=subprocess.DEVNULL,
+            if note:
+                os.write(err_fd, f"mgpu: {note}\n".encode())
+            home = os.path.expanduser("~")
+            if user_ids is not None:
+                import pwd
+
+                uid, gid, _ = user_ids
+                home = pwd.getpwuid(uid).pw_dir
+                os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
+            if not os.path.isdir(home):
+                home = "/"
+            if cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
+                cwd = None  # the submit dir may not exist on this node: run in the user's home
+            full_env = dict(env)
+            if user_ids is not None:
+                full_env["HOME"] = home
+            full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+            # Marks this run's processes, even those that escape the shim's process group.
+            # Unique per run: other runs of the same job (an older epoch being killed here,
+            # or another node's part when agents share a machine) must not match.
+            tag = f"{job_id}.{epoch}.{os.urandom(6).hex()}"
+            full_env["MGPU_RUN_TAG"] = tag
+            hosts = ""
+            if hostfile is not None:
+                try:
+                    hosts = self._write_hostfile(base, hostfile, user_ids)
+                except OSError as e:
+                    raise LaunchError(f"cannot write the job's hostfile: {e.strerror}") from None
+                made.append(hosts)
+                for var in (
+                    "MGPU_HOSTFILE",
+                    "OMPI_MCA_orte_default_hostfile",
+                    "PRTE_MCA_prte_default_hostfile",
+                    "HYDRA_HOST_FILE",
+                ):
+                    full_env[var] = hosts
+            kwargs: dict[str, Any] = {}
+            if user_ids is not None:
+                uid, gid, groups = user_ids
+                kwargs.update(user=uid, group=gid, extra_groups=groups)
+            cgroup = cgroups.create(self.containment, job_id, epoch)
+            if cgroup is not None:
+                gate = os.pipe2(os.O_CLOEXEC)
+            popen = _start(
+                ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
+                stdin=gate[0] if gate is not None else subprocess.DEVNULL,
                 stdout=out_fd,
                 stderr=err_fd,
-                cwd=cwd or home,
                 env=full_env,
-                start_new_session=True,
-                close_fds=True,
                 pass_fds=(exit_fd,),
                 **kwargs,
             )
-        except PermissionError as e:
-            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename or cwd})") from None
-        except OSError as e:
-            raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+        except BaseException:
+            if gate is not None:
+                _close_all(gate)
+            if cgroup is not None:
+                cgroups.release(cgroup)
+            _unlink_all(made)
+            raise
         finally:
-            os.close(out_fd)
-            os.close(err_fd)
-            os.close(exit_fd)
+            _close_all(fds)
+        if gate is not None and cgroup is not None:
+            # The shim waits at its gate: put it in the run's cgroup, then let it go on, before
+            # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
+            # period unless another move came just before: ~0.5 ms, once per burst of
+            # launches.  Done in a thread it would leave a window where a stopped or killed
+            # agent holds the job at its gate, or lets it run outside.)
+            os.close(gate[0])
+            _admit(cgroup, popen.pid, gate[1])
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
         rec = RunRecord(
@@ -216,11 +275,34 @@ class Launcher:
             deadline=(now + time_limit) if time_limit else None,
             kill_grace=kill_grace,
             tag=tag,
+            cgroup=cgroup or "",
+            hosts=hosts,
         )
         self.save(rec)
         run = Running(rec=rec, popen=popen)
         self._track(run)
         return run
+
+    def _write_hostfile(
+        self, base: Path, text: str, user_ids: tuple[int, int, list[int]] | None
+    ) -> str:
+        """The `--mpi` hostfile: in the spool, or, when mpirun runs as another user (who
+        cannot reach the private spool), a fresh private temp file owned by that user,
+        written through its descriptor before it changes hands."""
+        if user_ids is None:
+            path = f"{base}.hosts"
+            Path(path).write_text(text)
+            return path
+        fd, path = tempfile.mkstemp(prefix="mgpu-", suffix=".hosts")
+        try:
+            os.write(fd, text.encode())
+            os.fchown(fd, user_ids[0], user_ids[1])
+        except OSError:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        return path
 
     def find(self, job_id: str, epoch: int | None = None) -> Running | None:
         """The run of `job_id` (of that epoch, or the newest)."""
@@ -329,13 +411,23 @@ class Launcher:
         except (OSError, ValueError):
             return None
 
-    def kill_leftovers(self, run: Running) -> None:
-        """Leftovers in the job's process group die with the job, as in Slurm."""
+    async def kill_leftovers(self, run: Running, timeout: float = 5.0) -> None:
+        """Leftovers die with the job, as in Slurm: its process group, and everything in its
+        cgroup (then removed, once empty)."""
         if run.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=1)
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, signal.SIGKILL)
+        path = run.rec.cgroup
+        if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
+            return
+        cgroups.kill(path)
+        deadline = time.monotonic() + timeout
+        while cgroups.populated(path) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # SIGKILLed processes take a moment to go
+        if not cgroups.release(path):
+            log.warning("job %s: cgroup %s still busy, left for now", run.rec.job_id, path)
 
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
@@ -344,6 +436,8 @@ class Launcher:
         # milliseconds, which the event loop should not wait for.
         rec = run.rec
         self._trash += [rec.out_path, rec.err_path, rec.exit_path, str(self._record_path(rec))]
+        if rec.hosts:
+            self._trash.append(rec.hosts)
 
     async def sweep(self, interval: float = 1.0) -> None:
         """Remove the spool files of finished runs, off the event loop."""
@@ -378,6 +472,11 @@ class Launcher:
     def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, sig)
+        if run.rec.cgroup:
+            if sig == signal.SIGKILL:
+                cgroups.kill(run.rec.cgroup)
+            else:
+                cgroups.signal_all(run.rec.cgroup, sig)
         for p in targets:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
@@ -405,6 +504,38 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
+
+
+def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
+    try:
+        # cwd "/": the shim enters the job's directory itself, as the job's user.
+        return subprocess.Popen(argv, cwd="/", start_new_session=True, close_fds=True, **kwargs)
+    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
+        raise JobError(f"cannot start the job: {e}") from None
+    except OSError as e:
+        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
+            raise JobError(
+                f"cannot start the job: its command line and environment are too big ({e.strerror})"
+            ) from None
+        if isinstance(e, PermissionError):
+            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
+        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+
+
+def _admit(cgroup: str, pid: int, gate: int) -> None:
+    """Move the shim into its cgroup and open its gate (always: a failed move leaves the
+    run to the process-tree fallback, it does not hang it)."""
+    try:
+        cgroups.enter(cgroup, pid)
+    finally:
+        os.close(gate)
+
+
+def _close_all(fds: tuple[int, ...] | list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _unlink_all(paths: list[str]) -> None:

@@ -14,13 +14,14 @@ the job's `--image` in each `Launch`, so one config file governs every node.
   job (`mgpu logs`).  An epilog that fails drains the node (as Slurm does); the job's own
   result stands.
 
-The scripts run as the agent's user (root on a real node), like Slurm's, with the agent's
-environment plus the variables the scheduler sets for the job (`MGPU_*`,
-`CUDA_VISIBLE_DEVICES`, the torchrun variables), `MGPU_JOB_USER` and
-`MGPU_SCRIPT_CONTEXT=prolog|epilog`, and the epilog also `MGPU_JOB_EXIT_CODE`.  Variables
-the user submitted are *not* passed: a root script must not run with a user's
-`LD_PRELOAD` or `PATH`.  What the epilog needs after an agent restart (its command, time
-limit and environment, and later its result) is kept next to the run's spool files.
+The scripts run as the agent's user (root on a real node), like Slurm's, with the fixed
+base environment of mgpu.agent.privileged (a standard PATH, the agent's HOME) plus the
+variables the scheduler sets for the job (`MGPU_*`, `CUDA_VISIBLE_DEVICES`, the torchrun
+variables), `MGPU_JOB_USER` and `MGPU_SCRIPT_CONTEXT=prolog|epilog`, and the epilog also
+`MGPU_JOB_EXIT_CODE`.  Variables the user submitted are *not* passed: a root script must
+not run with a user's `LD_PRELOAD` or `PATH`.  What the epilog needs after an agent
+restart (its command, time limit and environment, and later its result) is kept next to
+the run's spool files.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mgpu.agent import containers
-from mgpu.agent.launcher import LaunchError, Running
+from mgpu.agent import containers, privileged
+from mgpu.agent.launcher import JobError, LaunchError, Running
+from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
 
 if TYPE_CHECKING:
@@ -49,12 +51,6 @@ log = logging.getLogger("mgpu.agent")
 SCRIPT_OUTPUT_MAX = 64 * 1024
 """Bytes of a prolog's / epilog's output kept (the end of it)."""
 IMAGE_CHECK_TIMEOUT = 60.0
-
-_SCHEDULER_ENV = frozenset(
-    {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NODE_RANK"}
-    | {"NPROC_PER_NODE"}
-)
-_SCHEDULER_PREFIXES = ("MGPU_", "PET_")
 
 
 @dataclass(slots=True)
@@ -68,16 +64,11 @@ class ScriptResult:
 async def run_script(
     path: str, env: dict[str, str], timeout: float, cwd: str = "/"
 ) -> ScriptResult:
-    """Run a site script (executed directly, as Slurm does) with a time limit."""
+    """Run a site script (executed directly, as Slurm does) with a time limit, as the
+    agent: `env` goes over the privileged base (see `script_env`)."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            path,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
+        proc = await privileged.start(
+            [path], env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd
         )
     except OSError as e:
         return ScriptResult(False, "", f"cannot run {path}: {e.strerror or e}")
@@ -99,18 +90,6 @@ async def run_script(
     code = proc.returncode
     why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
     return ScriptResult(False, text, first or why)
-
-
-def script_env(job_env: dict[str, str], user: str | None, context: str) -> dict[str, str]:
-    """The agent's environment plus the scheduler's variables of the job (not the user's)."""
-    env = dict(os.environ)
-    for key, value in job_env.items():
-        if key in _SCHEDULER_ENV or key.startswith(_SCHEDULER_PREFIXES):
-            env[key] = value
-    env.pop("MGPU_RUN_TAG", None)
-    env["MGPU_JOB_USER"] = user or ""
-    env["MGPU_SCRIPT_CONTEXT"] = context
-    return env
 
 
 @dataclass(slots=True)
@@ -211,9 +190,8 @@ class SiteHooks:
         if rt is None:
             self._exit(msg, f"{node} has no container runtime for --image")
             return False
-        env = dict(os.environ)
         try:
-            present = await containers.image_present(rt, msg.image, env, IMAGE_CHECK_TIMEOUT)
+            present = await containers.image_present(rt, msg.image, IMAGE_CHECK_TIMEOUT)
         except containers.ImageCheckError as e:
             self._exit(msg, str(e))  # the runtime is broken here: a node failure
             return False
@@ -250,21 +228,55 @@ class SiteHooks:
     def _side_path(self, job_id: str, epoch: int) -> Path:
         return self.agent.launcher.spool / f"{job_id}.{epoch}.site.json"
 
+    def _env_path(self, job_id: str, epoch: int) -> Path:
+        return self.agent.launcher.spool / f"{job_id}.{epoch}.env"
+
     def wrap(
         self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
-    ) -> tuple[list[str], dict[str, str], tuple[int, int, list[int]] | None]:
-        """The argv, environment and user to start: a container command line for --image;
-        remembers what the end of the run needs (epilog, container to clean up)."""
+    ) -> tuple[list[str], dict[str, str], tuple[int, int, list[int]] | None, str | None]:
+        """The argv, environment and user to start, and a note for the job's stderr: a
+        container command line for --image; remembers what the end of the run needs
+        (epilog, container to clean up)."""
         argv = list(msg.argv)
         side: dict[str, Any] = {}
+        note = None
+        if msg.epilog:
+            side["epilog"] = {
+                "path": msg.epilog,
+                "timeout": msg.epilog_timeout,
+                "env": script_env(env, msg.user, "epilog"),
+            }
         if msg.image:
             rt = self.runtime
             if rt is None:
                 raise LaunchError(f"{self.agent.node_id} has no container runtime for --image")
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
-            cwd = msg.cwd if msg.cwd and os.path.isdir(msg.cwd) else None
-            names = [*containers.passed_env(env), "MGPU_RUN_TAG"]
+            cwd = msg.cwd if msg.cwd and os.path.isabs(msg.cwd) and os.path.isdir(msg.cwd) else None
+            # A root runtime would bind-mount it for the user whatever its parents allow.
+            if (
+                cwd
+                and ids is not None
+                and containers.runs_as_agent(rt)
+                and not privileged.can_enter(cwd, ids)
+            ):
+                raise JobError(f"cannot enter the working directory {cwd}")
+            env_file = None
+            if containers.uses_env_file(rt):
+                # The container's variables go in through a 0600 file in the private spool,
+                # not through the environment of the runtime (root: see privileged).
+                env_file = self._env_path(msg.job_id, msg.epoch)
+                passed = {k: env[k] for k in containers.passed_env(env)}
+                try:
+                    dropped = privileged.write_env_file(env_file, passed, inherit=["MGPU_RUN_TAG"])
+                except OSError as e:
+                    raise LaunchError(f"cannot write the container's env file: {e}") from None
+                if dropped:
+                    note = (
+                        "not passed into the container (a value a line-based env file cannot "
+                        "hold): " + ", ".join(dropped)
+                    )
+                env = privileged.base_env()
             argv = containers.build_argv(
                 rt,
                 msg.image,
@@ -272,32 +284,24 @@ class SiteHooks:
                 gpu_ids=msg.gpu_ids,
                 cwd=cwd,
                 uid_gid=uid_gid,
-                env_names=names,
+                env_file=str(env_file) if env_file is not None else None,
                 name=name,
             )
-            env = dict(env)
-            for key in containers.RUNTIME_ENV:
-                if key in os.environ:
-                    env[key] = os.environ[key]
             if containers.runs_as_agent(rt):
                 ids = None  # the runtime runs as the agent; --user keeps the job's uid
             side["container"] = {"runtime": rt.name, "exe": rt.exe, "name": name}
-        if msg.epilog:
-            side["epilog"] = {
-                "path": msg.epilog,
-                "timeout": msg.epilog_timeout,
-                "env": script_env(env, msg.user, "epilog"),
-            }
         if side:
             path = self._side_path(msg.job_id, msg.epoch)
             with contextlib.suppress(OSError):
                 path.write_text(json.dumps(side))
-        return argv, env, ids
+        return argv, env, ids, note
 
     # ---- after a job ----------------------------------------------------------
 
     async def after(self, run: Running) -> str | None:
         """Clean up a container and run the epilog of an ended run; the epilog's error."""
+        with contextlib.suppress(OSError):
+            self._env_path(run.rec.job_id, run.rec.epoch).unlink()  # read when the run began
         path = self._side_path(run.rec.job_id, run.rec.epoch)
         try:
             side = json.loads(path.read_text())
@@ -339,11 +343,8 @@ class SiteHooks:
         if argv is None:
             return
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+            proc = await privileged.start(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
             await asyncio.wait_for(proc.wait(), 30)
         except (OSError, TimeoutError) as e:
@@ -352,6 +353,12 @@ class SiteHooks:
     def forget(self, job_id: str, epoch: int) -> None:
         with contextlib.suppress(OSError):
             self._side_path(job_id, epoch).unlink()
+
+    def discard(self, job_id: str, epoch: int) -> None:
+        """Remove what `wrap` wrote for a run that did not start."""
+        self.forget(job_id, epoch)
+        with contextlib.suppress(OSError):
+            self._env_path(job_id, epoch).unlink()
 
 
 __all__ = ["SiteHooks", "run_script", "script_env"]

@@ -1,0 +1,195 @@
+"""Processes the agent starts with its own rights, and the environment they get.
+
+On a real node the agent is root.  Everything it runs as itself (site scripts, the
+container runtime and the shim around it, image checks, `nvidia-smi`) starts here, with
+an environment decided here: a fixed base (a standard `PATH`, the agent account's
+`HOME`/`USER`/`LOGNAME`, the agent's own container-runtime settings) plus values the
+agent chose.  Nothing of a job's submitted environment is ever in it: a user's
+`LD_PRELOAD`, `PATH` or `PYTHONPATH` must not run code as root.
+
+A container's variables reach the container through a 0600 `--env-file` written in the
+agent's private spool (`write_env_file`), never through the runtime's own environment and
+never as `-e NAME=VALUE` (values would show in `ps`).  Only names that are POSIX names and
+values a line-based file can carry (UTF-8, no NUL, CR or newline) go in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+RUNTIME_ENV = (
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
+    "CONTAINERS_REGISTRIES_CONF",
+    "REGISTRY_AUTH_FILE",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "APPTAINER_CACHEDIR",
+    "APPTAINER_TMPDIR",
+    "APPTAINER_CONFIGDIR",
+)
+"""The agent's own settings for its container runtime (from its environment, set by the
+node's admin), passed to every process it starts."""
+
+SCHEDULER_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NODE_RANK"}
+    | {"NPROC_PER_NODE"}
+)
+SCHEDULER_PREFIXES = ("MGPU_", "PET_")
+"""A job's variables the scheduler sets (not the user's): site scripts may see them."""
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_BAD_VALUE = re.compile(r"[\0\r\n]")
+
+
+def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process the agent runs as itself: the fixed base plus `extra`
+    (values the agent chose, never a job's submitted variables)."""
+    env = {"PATH": SAFE_PATH}
+    try:
+        pw = pwd.getpwuid(os.geteuid())
+        env.update(HOME=pw.pw_dir or "/", USER=pw.pw_name, LOGNAME=pw.pw_name)
+    except KeyError:  # an agent running under a uid with no passwd entry
+        env["HOME"] = "/"
+    for key in RUNTIME_ENV:
+        if key in os.environ:
+            env[key] = os.environ[key]
+    if extra:
+        env.update(extra)
+    return env
+
+
+def script_env(job_env: Mapping[str, str], user: str | None, context: str) -> dict[str, str]:
+    """A prolog's / epilog's environment: the base plus the scheduler's variables of the job
+    (`MGPU_*`, `CUDA_VISIBLE_DEVICES`, the torchrun ones), not the user's."""
+    extra = {
+        key: value
+        for key, value in job_env.items()
+        if (key in SCHEDULER_ENV or key.startswith(SCHEDULER_PREFIXES)) and key != "MGPU_RUN_TAG"
+    }
+    extra["MGPU_JOB_USER"] = user or ""
+    extra["MGPU_SCRIPT_CONTEXT"] = context
+    return base_env(extra)
+
+
+def env_file_entries(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(`NAME=VALUE` lines for an env file, names left out): a name must be a POSIX name and
+    a value valid UTF-8 without NUL, CR or newline (the runtimes read the file by lines)."""
+    lines: list[str] = []
+    dropped: list[str] = []
+    for name in sorted(env):
+        value = env[name]
+        ok = ENV_NAME.match(name) is not None and _BAD_VALUE.search(value) is None
+        if ok:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                ok = False
+        if ok:
+            lines.append(f"{name}={value}\n")
+        else:
+            dropped.append(name)
+    return lines, dropped
+
+
+def write_env_file(path: Path, env: Mapping[str, str], inherit: Sequence[str] = ()) -> list[str]:
+    """Write `env` as a 0600 env file for `--env-file`; returns the names left out.
+
+    `inherit` names go in bare: the runtime takes their values from its own environment
+    (the agent's own variables, such as the run's tag)."""
+    lines, dropped = env_file_entries(env)
+    lines += [f"{name}\n" for name in inherit if ENV_NAME.match(name)]
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, "".join(lines).encode("utf-8"))
+    finally:
+        os.close(fd)
+    return dropped
+
+
+def _resolve(argv: Sequence[str]) -> list[str]:
+    """A bare command name is looked up in the agent's own PATH (set by the node's admin, as
+    for the agent itself), not in the child's fixed one."""
+    argv = list(argv)
+    if argv and "/" not in argv[0]:
+        argv[0] = shutil.which(argv[0]) or argv[0]
+    return argv
+
+
+def run(argv: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` of a short command as the agent (text output captured)."""
+    return subprocess.run(
+        _resolve(argv),
+        env=base_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,
+    )
+
+
+def can_enter(path: str, ids: tuple[int, int, list[int]], timeout: float = 10.0) -> bool:
+    """Can this uid/gid/groups enter directory `path`?  Asked of a child that really is that
+    user (what a root agent's own checks cannot tell: root enters everything)."""
+    uid, gid, groups = ids
+    try:
+        res = subprocess.run(
+            ["/bin/sh", "-c", 'cd -- "$1"', "sh", path],
+            env={"PATH": SAFE_PATH},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            user=uid,
+            group=gid,
+            extra_groups=groups,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+async def start(
+    argv: Sequence[str], extra_env: Mapping[str, str] | None = None, **kwargs: Any
+) -> asyncio.subprocess.Process:
+    """Start a command as the agent, from the event loop (its own session, stdin closed)."""
+    return await asyncio.create_subprocess_exec(
+        *_resolve(argv),
+        env=base_env(extra_env),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        **kwargs,
+    )
+
+
+__all__ = [
+    "RUNTIME_ENV",
+    "SAFE_PATH",
+    "base_env",
+    "can_enter",
+    "env_file_entries",
+    "run",
+    "script_env",
+    "start",
+    "write_env_file",
+]

@@ -1,0 +1,193 @@
+"""A launch the job itself makes impossible fails the job, never the node or the connection;
+failed launches and `--mpi` hostfiles leave nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import LocalCluster, local_cluster
+from mgpu import Client
+from mgpu.agent.agent import Agent
+from mgpu.agent.launcher import JobError, Launcher
+from mgpu.protocol import Welcome, encode
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root agent")
+
+
+def launch(job_id: str, **kw: Any) -> dict[str, Any]:
+    msg = {"type": "launch", "job_id": job_id, "epoch": 1, "gpu_ids": [0]}
+    msg |= {"argv": ["/bin/sh", "-c", "echo ran"], "env": {"PATH": "/usr/bin:/bin"}}
+    return msg | kw
+
+
+# ---- through a real connection to a stand-in master -------------------------------------
+
+
+async def _fake_master(tmp_path: Path) -> dict[str, Any]:
+    """Serve one agent: send it a frame mixing good and impossible launches, then another
+    frame; collect what it answers."""
+    import websockets
+
+    seen: dict[str, Any] = {"connections": 0, "started": set(), "exited": {}}
+    done = asyncio.Event()
+    good = {"good1", "good2", "good3"}
+    bad = {"huge", "nul_env", "eq_name", "nul_argv", "surrogate", "unreadable"}
+
+    async def serve(ws: Any) -> None:
+        seen["connections"] += 1
+        json.loads(await ws.recv())  # hello
+        await ws.send(encode(Welcome(heartbeat_interval=0.2)))
+        frame = [
+            launch("good1"),
+            launch("huge", argv=["/bin/echo", "x" * 1_000_000]),
+            launch("nul_env", env={"V": "a\0b"}),
+            launch("eq_name", env={"A=B": "1"}),
+            launch("nul_argv", argv=["/bin/echo", "a\0b"]),
+            launch("surrogate", env={"V": "\ud800"}),
+            launch("unreadable", gpu_ids="all"),  # does not even validate
+            launch("good2"),
+        ]
+        await ws.send(json.dumps(frame))
+        sent_third = False
+        async for raw in ws:
+            items = json.loads(raw)
+            for msg in items if isinstance(items, list) else [items]:
+                if msg["type"] == "started":
+                    seen["started"].add(msg["job_id"])
+                elif msg["type"] == "exited":
+                    seen["exited"][msg["job_id"]] = msg
+            if not sent_third and bad | {"good1", "good2"} <= set(seen["exited"]):
+                sent_third = True  # the same connection still takes new work
+                await ws.send(json.dumps(launch("good3")))
+            if good <= set(seen["exited"]) and bad <= set(seen["exited"]):
+                done.set()
+                return
+
+    async with websockets.serve(serve, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        task = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            for run in agent.launcher.running.values():  # all ended; nothing to stop
+                assert run.exited.is_set()
+    seen["spool"] = sorted(p.name for p in agent.launcher.spool.iterdir())
+    return seen
+
+
+def test_impossible_launches_fail_their_jobs_not_the_node_or_the_connection(
+    tmp_path: Path,
+) -> None:
+    seen = asyncio.run(_fake_master(tmp_path))
+    assert seen["connections"] == 1  # never dropped
+    exited = seen["exited"]
+    for job in ("good1", "good2", "good3"):
+        assert job in seen["started"] and exited[job]["exit_code"] == 0, exited[job]
+    for job in ("huge", "nul_env", "eq_name", "nul_argv", "surrogate", "unreadable"):
+        # fatal: the master fails the job and does not count it against the node.
+        assert exited[job]["fatal"] is True and exited[job]["launch_error"], exited[job]
+        assert job not in seen["started"]
+    assert "too big" in exited["huge"]["launch_error"]
+    assert "null" in exited["nul_env"]["launch_error"]
+    assert "cannot read the launch" in exited["unreadable"]["launch_error"]
+    # No spool files of the failed launches (the good ones' stay until the master's Forget).
+    assert not [name for name in seen["spool"] if not name.startswith("good")], seen["spool"]
+
+
+# ---- the launcher alone ---------------------------------------------------------------
+
+
+def _launcher(tmp_path: Path) -> Launcher:
+    return Launcher(tmp_path / "spool", lambda *a: None)
+
+
+def test_failed_launch_leaves_no_spool_files(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        with pytest.raises(JobError, match="too big"):
+            launcher.launch("j1", 1, ["/bin/echo", "x" * 200_000], {}, None, None, 1.0)
+        with pytest.raises(JobError, match="null"):
+            launcher.launch("j2", 1, ["/bin/echo"], {"V": "\0"}, None, None, 1.0, hostfile="h\n")
+        assert list(launcher.spool.iterdir()) == []
+
+    asyncio.run(scenario())
+
+
+@ROOT_ONLY
+def test_mpi_hostfile_of_another_user_is_private_and_removed(tmp_path: Path) -> None:
+    nobody = pwd.getpwnam("nobody")
+    ids = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid])
+
+    async def scenario() -> tuple[str, os.stat_result, str]:
+        launcher = _launcher(tmp_path)
+        sweeper = asyncio.create_task(launcher.sweep(interval=0.05))
+        argv = ["/bin/sh", "-c", 'cat "$MGPU_HOSTFILE"; echo "$MGPU_HOSTFILE"']
+        run = launcher.launch(
+            "j1", 1, argv, {}, None, None, 1.0, user_ids=ids, hostfile="node1 slots=2\n"
+        )
+        info = os.stat(run.rec.hosts)
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        assert launcher.exit_code(run) == 0
+        seen = Path(run.rec.out_path).read_text()
+        launcher.finish(run)
+        for _ in range(200):
+            if not os.path.exists(run.rec.hosts):
+                break
+            await asyncio.sleep(0.05)
+        sweeper.cancel()
+        return run.rec.hosts, info, seen
+
+    hosts, info, seen = asyncio.run(scenario())
+    assert seen == f"node1 slots=2\n{hosts}\n"  # the job (as nobody) could read it
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (pwd.getpwnam("nobody").pw_uid, 0o600)
+    assert os.path.basename(hosts).startswith("mgpu-") and hosts.endswith(".hosts")
+    assert not os.path.exists(hosts)  # removed with the run's spool files
+
+
+# ---- a real cluster -----------------------------------------------------------------------
+
+
+@ROOT_ONLY
+def test_working_dir_the_user_cannot_enter_fails_the_job_not_the_node(tmp_path: Path) -> None:
+    """The job's user enters its directory itself: a root agent's chdir would start it
+    inside a directory whose parents its user may not pass (here: readable `sub` under a
+    0700 `private`)."""
+    sub = tmp_path / "private" / "sub"
+    sub.mkdir(parents=True)
+    (tmp_path / "private").chmod(0o700)
+    sub.chmod(0o755)
+    with local_cluster(tmp_path, agents=1, gpus=1) as c:
+        admin = c.client()
+        nobody = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+        jobs = [nobody.submit("pwd; ls", gpus=1, cwd=str(sub)) for _ in range(3)]
+        for job in jobs:
+            done = admin.wait(job.id, timeout=30)
+            assert (done["state"], done["exit_code"], done["retries"]) == ("failed", 126, 0)
+            assert admin.logs(job.id) == f"mgpu: cannot enter the working directory {sub}\n"
+        node = _node(c)
+        assert (node["state"], node["failures"]) == ("online", 0)
+        fine = nobody.submit("pwd", gpus=1, cwd="/")
+        assert admin.wait(fine.id, timeout=30)["state"] == "completed"
+        assert admin.logs(fine.id) == "/\n"
+        mine = admin.submit("pwd", gpus=1, cwd=str(sub))  # root may
+        assert admin.wait(mine.id, timeout=30)["state"] == "completed"
+        assert admin.logs(mine.id) == f"{sub}\n"
+
+
+def _node(c: LocalCluster) -> dict[str, Any]:
+    (node,) = c.client().nodes()
+    return node
