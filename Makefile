@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv sysdeps bench down clean dist
+.PHONY: demo test lint typecheck unit e2e venv sysdeps bench down clean dist
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,10 +34,17 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# Tests come in tiers: tests/unit (pure code), tests/controller (the master's controller
+# in-process: fake clock, fake agents), tests/e2e (real masters and agents on loopback),
+# tests/netns (multi-node on network namespaces; root).  `make unit` is the fast loop.
 unit: venv
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q tests/unit tests/controller
 
-test: sysdeps venv $(TEST_EXTRAS) lint typecheck unit
+e2e: venv $(TEST_EXTRAS)
+	$(BIN)/pytest -q tests/e2e tests/netns
+
+test: sysdeps venv $(TEST_EXTRAS) lint typecheck
+	$(BIN)/pytest -q
 
 demo: venv
 	@bash scripts/demo.sh

@@ -4,7 +4,7 @@
 #   iproute2, util-linux, hostname  network/UTS namespaces for multi-node tests (tests/netns.py)
 #   openmpi-bin, libopenmpi-dev     MPI runtime + headers (to build mpi4py in the venv)
 #   chromium                        headless browser tests of the web UI
-#   podman, runc, busybox-static    a real --image job (tests/test_site.py: rootful podman,
+#   podman, runc, busybox-static    a real --image job (tests/e2e/test_site.py: rootful podman,
 #                                   runc for hybrid-cgroup VMs, a busybox image built locally)
 #
 # Idempotent and fast when everything is present (one dpkg-query, no apt-get).

@@ -2,7 +2,7 @@
 
 Plain functions over the controller's records, with no store, clock or agent link of their
 own: the scheduling loop calls `prepare` every pass, and a test can build exactly the
-snapshot the master would without a live master (tests/test_sim_equals_master.py).
+snapshot the master would without a live master (tests/unit/test_sim_equals_master.py).
 """
 
 from __future__ import annotations

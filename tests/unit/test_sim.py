@@ -28,7 +28,7 @@ from mgpu.sim import (
 )
 from mgpu.sim.report import percentile
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = Path(__file__).resolve().parent.parent / "data" / "traces"
 NASA = DATA / "NASA-iPSC-1993-3.1-cln.swf.gz"
 TINY_CSV = DATA / "tiny.csv"
 TINY_SWF = DATA / "tiny.swf"

@@ -314,7 +314,7 @@ def test_cleanup_stale_removes_a_crashed_runs_leftovers() -> None:
         os._exit(1)  # no cleanup at all
         """
     )
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).resolve().parent.parent)
     out = subprocess.run(
         [sys.executable, "-c", crash], capture_output=True, text=True, timeout=60, cwd=tests_dir
     )

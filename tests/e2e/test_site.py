@@ -32,7 +32,7 @@ from mgpu.model import Job
 from mgpu.scheduler.types import JobRequest
 
 ME = getpass.getuser()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def script(path: Path, text: str) -> Path:

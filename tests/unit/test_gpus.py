@@ -21,7 +21,7 @@ from mgpu.agent.gpus import (
     sample_gpus,
 )
 
-DATA = Path(__file__).parent / "data" / "nvidia-smi"
+DATA = Path(__file__).resolve().parent.parent / "data" / "nvidia-smi"
 MIB = 1024 * 1024
 
 A100_UUIDS = (
