@@ -120,8 +120,8 @@ def test_env_file_takes_posix_names_and_line_safe_values(tmp_path: Path) -> None
 def _hooks(tmp_path: Path, runtime: Runtime) -> SiteHooks:
     spool = tmp_path / "spool"
     spool.mkdir()
-    agent: Any = SimpleNamespace(node_id="n1", launcher=SimpleNamespace(spool=spool))
-    hooks = SiteHooks(agent)
+    launcher: Any = SimpleNamespace(spool=spool)
+    hooks = SiteHooks(SimpleNamespace(), launcher, "n1")
     hooks.runtime = runtime
     return hooks
 

@@ -100,7 +100,7 @@ class Agent:
         self.heartbeat_interval = 5.0
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.site = SiteHooks(self, container_runtime)
+        self.site = SiteHooks(self, self.launcher, node_id, container_runtime)
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
         self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
         """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
@@ -117,7 +117,7 @@ class Agent:
         out = Output(job_id=job_id, epoch=epoch, stream=stream, data=text, offset=start, end=end)  # type: ignore[arg-type]
         self.send(out)
 
-    def _report_exit(self, msg: Exited) -> None:
+    def report_exit(self, msg: Exited) -> None:
         """Send a run's end now if connected, and again after every reconnect until the
         master says it has stored it (`Forget`)."""
         self._exits[(msg.job_id, msg.epoch)] = msg
@@ -348,7 +348,7 @@ class Agent:
 
     def _fail_launch(self, job_id: str, epoch: int, error: str, fatal: bool = True) -> None:
         log.error("job %s: %s", job_id, _first_line(error))
-        self._report_exit(
+        self.report_exit(
             Exited(
                 job_id=job_id,
                 epoch=epoch,
@@ -373,7 +373,7 @@ class Agent:
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Launch):
             if not self.site.prepare(msg):  # image check and prolog first, if any
-                self._launch(msg)
+                self.launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None:
@@ -389,7 +389,7 @@ class Agent:
             if run is not None and run.exited.is_set():
                 self.launcher.finish(run)
 
-    def _launch(self, msg: Launch) -> None:
+    def launch(self, msg: Launch) -> None:
         old = self.launcher.find(msg.job_id)
         if old is not None:
             if old.rec.epoch == msg.epoch:
@@ -397,7 +397,7 @@ class Agent:
             self.launcher.kill(old, "superseded", 0.0)
         try:
             ids = self._identity(msg)
-            argv, env, ids, note = self.site.wrap(msg, self._job_env(msg), ids)  # --image
+            argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
             run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
@@ -442,7 +442,7 @@ class Agent:
             raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
         return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
 
-    def _job_env(self, msg: Launch) -> dict[str, str]:
+    def job_env(self, msg: Launch) -> dict[str, str]:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
         env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
@@ -472,7 +472,7 @@ class Agent:
         with contextlib.suppress(OSError):
             ended = os.path.getmtime(run.rec.exit_path)  # the shim wrote it as the job ended
         # The run stays (listed in hello, files kept) until the master has stored its end.
-        self._report_exit(
+        self.report_exit(
             Exited(
                 job_id=run.rec.job_id,
                 epoch=run.rec.epoch,
