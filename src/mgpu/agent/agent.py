@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mgpu.agent import devices
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -75,6 +76,7 @@ class Agent:
         token: str | None = None,
         insecure: bool = False,
         container_runtime: str = "auto",
+        gpu_device_dir: Path = devices.DEFAULT_DIR,
     ) -> None:
         from mgpu.client.credentials import is_loopback
 
@@ -88,6 +90,8 @@ class Agent:
         self.fake_gpus = fake_gpus
         self.advertise_ip = advertise_ip
         self.token = token
+        self.gpu_device_dir = gpu_device_dir
+        """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""
         self.hostname = socket.gethostname()
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
@@ -127,6 +131,7 @@ class Agent:
     # ---- main loop ----------------------------------------------------------
 
     async def run(self) -> None:
+        _make_private(self.state_dir, self.launcher.spool.parent, self.launcher.spool)
         self.identity.open()
         self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
         await self.site.probe()
@@ -140,6 +145,8 @@ class Agent:
         records = self.launcher.load_previous()
         containment = self.launcher.contain(self.node_id, records)
         log.info("jobs are contained by %s", containment.describe())
+        isolation = self.launcher.isolate(self.node_id, self.gpu_device_dir, records)
+        log.info("jobs are kept to their GPUs by %s", isolation.describe())
         for rec in records:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
@@ -221,6 +228,8 @@ class Agent:
             run_as_user=None if os.geteuid() == 0 else getpass.getuser(),
             features=self.site.features(),
             node_secret=self.identity.secret,
+            containment=self.launcher.containment.method,
+            gpu_isolation=self.launcher.isolation.method,
         )
         await ws.send(encode(hello))
         reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -409,6 +418,7 @@ class Agent:
                 user_ids=ids,
                 hostfile=msg.hostfile,
                 note=note,
+                gpu_ids=msg.gpu_ids,
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -488,6 +498,21 @@ class Agent:
             self._tasks.discard(task)
 
 
+PRIVATE_UMASK = 0o077
+"""The agent's own files (run records, spool, side files with an epilog's environment) are
+its alone whatever its caller's umask; its children get `privileged.CHILD_UMASK` back."""
+
+
+def _make_private(*dirs: Path) -> None:
+    """The state dir, the node's dir and its spool: 0700, also ones made before."""
+    for d in dirs:
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        except OSError as e:
+            raise NodeIdentityError(f"cannot use the state dir {d}: {e.strerror}") from None
+
+
 def _first_line(error: object) -> str:
     return (str(error).strip().splitlines() or [""])[0][:500]
 
@@ -525,9 +550,11 @@ def run_agent(
     token: str | None = None,
     insecure: bool = False,
     container_runtime: str = "auto",
+    gpu_device_dir: Path = devices.DEFAULT_DIR,
 ) -> None:
     from mgpu.client.credentials import find_join_token
 
+    os.umask(PRIVATE_UMASK)
     token = find_join_token(token, state_dir)
     agent = Agent(
         node_id,
@@ -539,6 +566,7 @@ def run_agent(
         token=token,
         insecure=insecure,
         container_runtime=container_runtime,
+        gpu_device_dir=gpu_device_dir,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())
