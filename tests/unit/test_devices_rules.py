@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mgpu.agent import cgroups, devices
+from mgpu.agent.launcher import Launcher, LaunchError
 
 NVIDIA = {0: (195, 0), 1: (195, 1), 2: (195, 2), 3: (195, 3)}
 
@@ -167,3 +168,20 @@ def test_choose_none_without_a_writable_devices_cgroup(tmp_path: Path) -> None:
     iso = devices.choose("n1-abc", dev, no_cgroup, "auto", mountinfo, self_cgroup)
     assert iso.method == devices.NONE and iso.base is None
     assert "devices.deny is not writable" in iso.why
+
+
+# ---- a run whose rules cannot be set up never starts -------------------------------------------
+
+
+@pytest.mark.parametrize("method", [devices.V1, devices.BPF])
+def test_rules_that_cannot_be_set_up_fail_the_launch(tmp_path: Path, method: str) -> None:
+    spool = tmp_path / "spool"
+    launcher = Launcher(spool, lambda *args: None)  # containment: the process tree, no cgroup
+    not_a_cgroup = tmp_path / "devices"  # a plain directory: it has no devices.deny to write
+    launcher.isolation = devices.Isolation(method, NVIDIA, str(not_a_cgroup))
+    started = tmp_path / "started"
+    with pytest.raises(LaunchError, match="cannot keep the job to its GPUs"):
+        launcher.launch("j1", 1, ["touch", str(started)], {}, None, None, 1.0, gpu_ids=[0])
+    assert not started.exists()
+    assert list(spool.iterdir()) == []  # no spool files, no run record
+    assert not not_a_cgroup.exists() or list(not_a_cgroup.iterdir()) == []

@@ -16,10 +16,10 @@ Where the machine allows it each run has its own cgroup (mgpu.agent.cgroups), an
 that denies it the GPUs it was not given (mgpu.agent.devices).  The shim's stdin is then
 a pipe, the *gate*: the shim waits on it while the agent (as root) moves the shim's pid
 into the cgroups, and only then closes it; the shim swaps stdin for /dev/null and runs
-the job, so nothing the job starts is ever outside.  The shim gets umask 0022, not the
-agent's private 0077.  (The
-agent writes the pid itself rather than handing the job's user a descriptor of a root
-cgroup file: no user process ever holds one, and it works on every kernel.)
+the job, so nothing the job starts is ever outside.  (The agent writes the pid itself
+rather than handing the job's user a descriptor of a root cgroup file: no user process
+ever holds one, and it works on every kernel.)  The shim gets umask 0022, not the
+agent's private 0077.
 
 The shim enters the job's working directory itself, as the job's user: a root agent
 that did the `chdir` (as Popen's `cwd=` does, before it switches uid) would let a job
