@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 import threading
@@ -137,6 +138,20 @@ def test_queue_and_show_import_nothing_heavy(argv: list[str], master: str) -> No
     assert "mgpu.client.api" in modules  # the measurement sees mgpu's imports
     heavy = {m for m in modules - at_start if m in HEAVY or m.split(".")[0] in HEAVY}
     assert not heavy, f"mgpu {' '.join(argv)} imports {sorted(heavy)}"
+
+
+def test_a_master_that_is_down_costs_no_more(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # bound, not listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        _, at_start = imported(["-c", "pass"], address)
+        res, modules = imported([str(MGPU), "queue"], address)
+    assert res.returncode == 1
+    assert res.stderr.splitlines()[-1].startswith(
+        f"mgpu: error: cannot reach the mgpu master at {address} (connection refused)"
+    )
+    heavy = {m for m in modules - at_start if m in HEAVY or m.split(".")[0] in HEAVY}
+    assert not heavy, f"mgpu queue with the master down imports {sorted(heavy)}"
 
 
 def test_errors_stay_one_line(master: str) -> None:

@@ -151,9 +151,9 @@ class Client:
         context = self._tls_context() if self.tls else None
         try:
             conn = Connection(self.host, self.port, self.connect_timeout, context)
-        except ssl_errors() as e:
-            raise self._tls_failed(e) from None
-        except OSError as e:
+        except OSError as e:  # ssl's errors included; `ssl` imported only if it was used
+            if context is not None and isinstance(e, ssl_errors()):
+                raise self._tls_failed(e) from None
             raise self._unreachable(e) from None
         conn.settimeout(timeout)
         return conn
