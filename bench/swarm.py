@@ -394,12 +394,9 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def cpu_percent(procs: list[psutil.Process], seconds: float) -> list[float]:
-    """Each process's CPU use over the next `seconds`, in % of one core."""
-    for p in procs:
-        p.cpu_percent(None)
-    time.sleep(seconds)
-    return [round(p.cpu_percent(None), 2) for p in procs]
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
 
 
 def queue_json(cluster: LocalCluster, runs: int) -> dict[str, Any]:
@@ -504,25 +501,32 @@ def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
                 lambda: online() if online() == nodes else None, timeout=60, what="nodes online"
             )
             time.sleep(min(5.0, args.idle))  # the joins' aftermath settles
+            procs = [master, psutil.Process(swarm.proc.pid), psutil.Process()]
+            before = [cpu_seconds(p) for p in procs]
             psutil.cpu_percent(None)
-            idle = cpu_percent([master, psutil.Process(swarm.proc.pid)], args.idle)
-            out["master_idle_cpu_pct"], out["swarm_idle_cpu_pct"] = idle
-            out["machine_cpu_idle_pct"] = round(psutil.cpu_percent(None))  # others' work
+            t0 = time.monotonic()
+            time.sleep(args.idle)
+            idle = time.monotonic() - t0
+            used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
+            out["master_idle_cpu_pct"] = round(100 * used[0] / idle, 2)
+            out["swarm_idle_cpu_pct"] = round(100 * used[1] / idle, 2)
+            # The whole machine (2 cores = 100 %): what else ran beside the master and swarm.
+            out["machine_busy_idle_pct"] = round(psutil.cpu_percent(None))
             out["load_idle"] = load()
             out.update(queue_json(cluster, args.queue_runs))
             out["master_rss_idle_mb"] = round(master.memory_info().rss / 2**20, 1)
-            # CPU while the jobs flow: the master's, the swarm's, this process's (the submitters)
-            procs = [master, psutil.Process(swarm.proc.pid), psutil.Process()]
-            for p in procs:
-                p.cpu_percent(None)
+            # CPU while the jobs flow: the master's, the swarm's, this process's (the
+            # submitters); the master's per job is the figure the machine's load moves least.
+            before = [cpu_seconds(p) for p in procs]
             psutil.cpu_percent(None)
             t0 = time.monotonic()
             out.update(throughput(cluster, args.jobs, args.threads))
             elapsed = time.monotonic() - t0
-            busy = [round(p.cpu_percent(None)) for p in procs]
-            for name, pct in zip(("master", "swarm", "submitters"), busy, strict=True):
-                out[f"{name}_cpu_during_pct"] = pct
-            out["machine_cpu_during_pct"] = round(psutil.cpu_percent(None))  # all cores
+            used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
+            for name, cpu in zip(("master", "swarm", "submitters"), used, strict=True):
+                out[f"{name}_cpu_during_pct"] = round(100 * cpu / elapsed)
+            out["master_cpu_ms_per_job"] = round(1000 * used[0] / args.jobs, 2)
+            out["machine_busy_during_pct"] = round(psutil.cpu_percent(None))
             out["throughput_measured_s"] = round(elapsed, 1)
             out["master_rss_mb"] = round(master.memory_info().rss / 2**20, 1)
             out["gang_completed"] = gang_jobs(cluster, args.gang_jobs)
@@ -534,7 +538,7 @@ def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
     return out
 
 
-def plot(runs: list[dict[str, Any]], path: Path) -> None:
+def plot(runs: list[dict[str, Any]], path: Path, target: float = 0.0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -548,7 +552,16 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         ax.annotate(f"{r:.0f}", (n, r), textcoords="offset points", xytext=(0, 6), ha="center")
     ax.set_xscale("log")
     ax.set_xticks(nodes, [str(n) for n in nodes])
-    ax.set_ylim(bottom=0, top=max(rates) * 1.2)
+    if target:
+        ax.axhline(target, linestyle="--", color="grey", linewidth=1)
+        ax.annotate(
+            f"target {target:g}",
+            (nodes[0], target),
+            xytext=(0, 4),
+            textcoords="offset points",
+            color="grey",
+        )
+    ax.set_ylim(bottom=0, top=max([*rates, target]) * 1.2)
     ax.set_xlabel(f"simulated nodes × {runs[0]['gpus_per_node']} GPUs")
     ax.set_ylabel("jobs/s end to end")
     ax.set_title(f"{runs[0]['jobs']} one-GPU jobs from {runs[0]['threads']} threads")
@@ -587,12 +600,13 @@ def drive(args: argparse.Namespace) -> None:
             f"{run['queue_json_ms']:>7.0f} ms {run['queue_json_bytes'] / 1024:>5.0f} KB "
             f"{run['jobs_per_s']:>7.0f} {run['master_rss_mb']:>5.0f} MB"
             f"   (load {run['load_idle']} idle, {run['load_throughput']} busy; "
-            f"{run['completed']}/{run['jobs']} completed, swarm CPU idle "
-            f"{run['swarm_idle_cpu_pct']:.1f}%, busy {run['swarm_cpu_during_pct']}%)",
+            f"{run['completed']}/{run['jobs']} completed; master {run['master_cpu_ms_per_job']} "
+            f"ms CPU a job; swarm CPU {run['swarm_idle_cpu_pct']:.1f}% idle, "
+            f"{run['swarm_cpu_during_pct']}% busy)",
             flush=True,
         )
     if args.plot:
-        plot(result["runs"], Path(args.plot))
+        plot(result["runs"], Path(args.plot), args.target)
     print(f"written to {out_path}" + (f" and {args.plot}" if args.plot else ""))
 
 
@@ -620,6 +634,7 @@ def main() -> None:
     p.add_argument("--queue-runs", type=int, default=10)
     p.add_argument("--gang-jobs", type=int, default=0, help="two-node jobs after the others")
     p.add_argument("--heartbeat", type=float, help="the master's heartbeat_interval")
+    p.add_argument("--target", type=float, default=500.0, help="jobs/s line on the plot")
     p.add_argument("--out", default=str(RESULTS / "swarm.json"))
     p.add_argument("--plot", default=str(RESULTS / "swarm.png"), help="'' for none")
     args = p.parse_args()
