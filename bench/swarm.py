@@ -571,6 +571,17 @@ def plot(runs: list[dict[str, Any]], path: Path, target: float = 0.0) -> None:
     plt.close(fig)
 
 
+def python_floor(runs: int = 20) -> float:
+    """Median ms of a bare `python -c pass`: how fast this (virtual) machine runs today, for
+    comparing figures taken on different days."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) * 1000, 1)
+
+
 def drive(args: argparse.Namespace) -> None:
     # Stopped with SIGTERM (a test's timeout), the master and the swarm are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -580,6 +591,7 @@ def drive(args: argparse.Namespace) -> None:
             "cpus": os.cpu_count(),
             "python": sys.version.split()[0],
             "platform": platform.platform(),
+            "python_c_pass_ms": python_floor(),
         },
         "settings": {
             k: getattr(args, k)
@@ -607,6 +619,7 @@ def drive(args: argparse.Namespace) -> None:
         )
     if args.plot:
         plot(result["runs"], Path(args.plot), args.target)
+    print(f"(a bare `python -c pass` took {result['machine']['python_c_pass_ms']} ms)")
     print(f"written to {out_path}" + (f" and {args.plot}" if args.plot else ""))
 
 
