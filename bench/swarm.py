@@ -180,7 +180,13 @@ class SimNode:
         beater = asyncio.create_task(self._heartbeats())
         try:
             async for raw in ws:
-                for msg in parse_master_messages(raw):
+                try:
+                    messages = parse_master_messages(raw)
+                except ValueError as e:  # as the agent does: dropped, the connection stays
+                    self.swarm.count("bad_frames")
+                    print(f"swarm: {self.node_id}: unreadable frame: {e}", file=sys.stderr)
+                    continue
+                for msg in messages:
                     self._handle(msg)
         finally:
             sender.cancel()
@@ -326,6 +332,8 @@ class Swarm:
         loop.add_reader(0, on_stdin)
         t0 = time.monotonic()
         tasks = [loop.create_task(node.run()) for node in self.nodes]
+        for task in tasks:
+            task.add_done_callback(_report_crash)
         try:
             await asyncio.wait_for(self._all_welcomed.wait(), join_timeout)
             say({"joined": round(time.monotonic() - t0, 3), **self.stats()})
@@ -334,6 +342,11 @@ class Swarm:
         await done.wait()
         for task in tasks:
             task.cancel()
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        print(f"swarm: a node crashed: {task.exception()!r}", file=sys.stderr)
 
 
 def say(record: dict[str, Any]) -> None:

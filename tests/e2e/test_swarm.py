@@ -32,7 +32,7 @@ def test_swarm_small(tmp_path: Path) -> None:
     swarm = run["swarm"]
     assert swarm["launched"] == swarm["exited"] == 300 + 3 * 2, swarm
     assert swarm["ports"] == 3
-    assert "killed" not in swarm and "refused" not in swarm
+    assert not {"killed", "refused", "bad_frames"} & swarm.keys(), swarm
     assert swarm["heartbeats"] >= 20
     assert run["jobs_per_s"] > 0 and run["queue_json_bytes"] > 0 and run["master_rss_mb"] > 0
     assert png.stat().st_size > 0
