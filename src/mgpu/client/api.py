@@ -9,14 +9,16 @@ one Client (as the contract allows) each talk on a connection of their own.
 from __future__ import annotations
 
 import _thread  # a lock without importing `threading` (the CLI's start-up budget)
-import json
 import os
-import socket
 import time
-from collections.abc import Iterator
-from typing import Any
 
+from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
 from mgpu.client.wire import Connection
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing and collections.abc cost the CLI's start-up ~2 ms
+    from collections.abc import Iterator
+    from typing import Any
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 WAIT_BATCH = 1000
@@ -149,9 +151,9 @@ class Client:
         context = self._tls_context() if self.tls else None
         try:
             conn = Connection(self.host, self.port, self.connect_timeout, context)
-        except ssl_errors() as e:
-            raise self._tls_failed(e) from None
-        except OSError as e:
+        except OSError as e:  # ssl's errors included; `ssl` imported only if it was used
+            if context is not None and isinstance(e, ssl_errors()):
+                raise self._tls_failed(e) from None
             raise self._unreachable(e) from None
         conn.settimeout(timeout)
         return conn
@@ -163,7 +165,7 @@ class Client:
         )
 
     def _unreachable(self, e: OSError) -> ConnectError:
-        if isinstance(e, socket.timeout | TimeoutError):
+        if isinstance(e, TimeoutError):
             reason = f"no answer within {self.connect_timeout:g} s"
         elif isinstance(e, ConnectionRefusedError):
             reason = "connection refused"
@@ -220,8 +222,10 @@ class Client:
                 raw = resp.read()
             except OSError as e:
                 conn.close()
-                if fresh and not was_tls and self._tls_auto:
-                    self.tls = True  # a loopback master may speak only TLS (--tls): try it
+                if fresh and not was_tls and self._tls_auto and isinstance(e, ConnectionError):
+                    # Closed or reset at once (a timeout is not that): a loopback master may
+                    # speak only TLS (--tls): try it.
+                    self.tls = True
                     continue
                 if fresh or retried:
                     raise self._broken(e, "did not answer in time") from None
@@ -238,7 +242,7 @@ class Client:
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
-        if isinstance(e, socket.timeout | TimeoutError):
+        if isinstance(e, TimeoutError):
             return MgpuError(f"the mgpu master at {self.address} {timed_out}")
         return ConnectError(f"lost the connection to the mgpu master at {self.address}: {e}")
 
@@ -517,7 +521,12 @@ def _query(**params: Any) -> str:
     return "?" + urlencode(given) if given else ""
 
 
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
 def _quote(part: str) -> str:
+    if _UNRESERVED.issuperset(part):  # a job id: as quote() would leave it, without urllib
+        return part
     from urllib.parse import quote
 
     return quote(part, safe="")

@@ -1,31 +1,27 @@
 """The `mgpu` command line: a thin skin over `mgpu.Client` (and the server entry points).
 
-Only the standard library is imported at start-up, so `mgpu queue` answers fast;
-the server stacks load only for `mgpu master` / `mgpu node`.
+`mgpu queue` and `mgpu show` start in a few milliseconds: they import only what they use
+(no argparse, typing, json, pathlib, socket: see `_quick_args` and the client modules; a
+test keeps it so); the server stacks load only for `mgpu master` / `mgpu node`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, NoReturn
 
+from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
 from mgpu.client.api import Client, MgpuError, RequestError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
 
 
 class UsageError(Exception):
     pass
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line: `mgpu: error: ...`."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -239,6 +235,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_master(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from mgpu.config import ConfigError
     from mgpu.master.server import default_state_dir, run_master
 
@@ -274,6 +272,8 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     if args.action == "remove":
         return cmd_node_remove(args)
     if args.node_id is None:
@@ -464,7 +464,15 @@ def _address_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", help="your token (default $MGPU_TOKEN or ~/.config/mgpu/token)")
 
 
-def build_parser() -> Parser:
+def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        """argparse, but a usage error is one line: `mgpu: error: ...`."""
+
+        def error(self, message: str) -> NoReturn:
+            raise UsageError(message)
+
     p = Parser(prog="mgpu", description="mgpu: a multi-node GPU job scheduler")
     _address_options(p)
     p.add_argument("--version", action="version", version="mgpu 0.1.0")
@@ -608,14 +616,68 @@ def build_parser() -> Parser:
     return p
 
 
+if TYPE_CHECKING:
+    from argparse import Namespace as _Args
+else:
+
+    class _Args:
+        """What argparse.Namespace is to the commands, for `_quick_args`."""
+
+        def __init__(self, **values: Any) -> None:
+            self.__dict__.update(values)
+
+
+_QUICK_FLAGS = {
+    "queue": {"--all": "all", "-a": "all", "--json": "json"},
+    "show": {"--json": "json"},
+}
+
+
+def _quick_args(words: list[str]) -> argparse.Namespace | None:
+    """`[--host H] [--port P] [--token T] queue [--all] [--json]` and `... show JOB [--json]`
+    (the commands people run in loops) parsed without argparse, which costs them ~5 ms of
+    imports and parser building.  Only these plain forms: anything else (help, a typo, an
+    abbreviation, `--opt=value`) gives None, and argparse parses it or says what is wrong."""
+    values: dict[str, Any] = {"host": None, "port": None, "token": None}
+    i = 0
+    while i < len(words) and words[i] in ("--host", "--port", "--token"):
+        if i + 1 == len(words) or words[i + 1].startswith("-"):
+            return None
+        values[words[i][2:]] = words[i + 1]
+        i += 2
+    if values["port"] is not None:
+        if not (values["port"].isascii() and values["port"].isdigit()):
+            return None
+        values["port"] = int(values["port"])
+    if i == len(words) or words[i] not in _QUICK_FLAGS:
+        return None
+    cmd, flags = words[i], _QUICK_FLAGS[words[i]]
+    values.update({name: False for name in flags.values()}, cmd=cmd)
+    positional: list[str] = []
+    for word in words[i + 1 :]:
+        if word in flags:
+            values[flags[word]] = True
+        elif word.startswith("-"):
+            return None
+        else:
+            positional.append(word)
+    if cmd == "queue" and not positional:
+        return _Args(fn=cmd_queue, **values)
+    if cmd == "show" and len(positional) == 1:
+        return _Args(fn=cmd_show, job=positional[0], **values)
+    return None
+
+
 def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
     args_list = [*prefix, *(sys.argv[1:] if argv is None else argv)]
-    parser = build_parser()
     try:
-        args = parser.parse_args(args_list)
-        if getattr(args, "fn", None) is None:
-            parser.print_help()
-            raise SystemExit(2)
+        args = _quick_args(args_list)
+        if args is None:
+            parser = build_parser()
+            args = parser.parse_args(args_list)
+            if getattr(args, "fn", None) is None:
+                parser.print_help()
+                raise SystemExit(2)
         code = args.fn(args)
     except UsageError as e:
         _fail(str(e), 2)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -220,12 +223,15 @@ def render_tokens(tokens: list[dict[str, Any]]) -> str:
             t["user"],
             t["kind"],
             "yes" if t["admin"] else "",
+            "yes" if t.get("owner") else "",
+            "yes" if t.get("allow_root") else "",
             _ts(t["created"]),
             _ts(t["revoked"]) if t.get("revoked") else "",
         ]
         for t in tokens
     ]
-    return table(["ID", "USER", "KIND", "ADMIN", "CREATED", "REVOKED"], rows)
+    headers = ["ID", "USER", "KIND", "ADMIN", "OWNER", "ALLOW ROOT", "CREATED", "REVOKED"]
+    return table(headers, rows)
 
 
 def render_events(events: list[dict[str, Any]]) -> str:

@@ -6,13 +6,20 @@ well under 100 ms, and so must we).  The master is uvicorn, so the subset needed
 is small and fixed: requests with a JSON body and Content-Length, responses with
 Content-Length or chunked transfer encoding, keep-alive.  Anything else is an
 error, not a guess.
+
+Plain connections use `_socket` and `io` directly: the `socket` module imports `enum` and
+`selectors` (about 2 ms of start-up).  TLS imports `ssl`, and `socket` with it, anyway.
 """
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-from typing import Any
+import _socket
+import io
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 MAX_HEADER_LINE = 65536
 
@@ -93,8 +100,13 @@ class Connection:
     ) -> None:
         self.host = host
         self.port = port
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is None:
+            sock: Any = _connect(host, port, connect_timeout)
+        else:
+            import socket
+
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         if ssl_context is not None:
             try:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
@@ -102,7 +114,7 @@ class Connection:
                 sock.close()
                 raise
         self.sock = sock
-        self.file = sock.makefile("rb")
+        self.file = io.BufferedReader(_SocketReader(sock))
 
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
@@ -145,3 +157,35 @@ class Connection:
             self.file.close()
         finally:
             self.sock.close()
+
+
+class _SocketReader(io.RawIOBase):
+    """A socket as a raw stream, so that io.BufferedReader gives it readline and read: what
+    `socket.makefile("rb")` does, for a `_socket.socket` as for an `ssl.SSLSocket`."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return int(self._sock.recv_into(buffer))
+
+
+def _connect(host: str, port: int, timeout: float) -> Any:
+    """`socket.create_connection` on `_socket`: each address of `host` in turn."""
+    error: OSError | None = None
+    # An ASCII name as bytes: getaddrinfo would encode a str with the "idna" codec, whose
+    # import (re, stringprep, enum) costs more than all the rest of `mgpu queue`.
+    name = host.encode() if host.isascii() else host
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"{host} has no address")
