@@ -112,6 +112,7 @@ def create_app(
                 await task
             cluster.flush_all()
             failures.flush()
+            refused_hellos.flush()
             cluster.outputs.close_all()
             cluster.store.close()
 
@@ -121,8 +122,11 @@ def create_app(
         assert cluster is not None
         return cluster
 
-    # Refused logins: counted, one audit row per address and minute (see guard.py).
+    # Refused logins and hellos: counted, one audit row per address and minute (guard.py).
     failures = FailedLogins(lambda rows: c().store.record_events(rows))
+    refused_hellos = FailedLogins(
+        lambda rows: c().store.record_events(rows), kind="agent_refused", noun="hello"
+    )
 
     app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
     # Authentication and the body limit run before FastAPI reads a body.
@@ -404,7 +408,8 @@ def create_app(
     @app.get("/api/audit")
     async def audit(request: Request, since: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
         require_admin(request, "audit")
-        failures.flush()  # the refused logins counted so far, written now
+        failures.flush()  # the refused logins and hellos counted so far, written now
+        refused_hellos.flush()
         return {"events": c().store.events(since=since)}
 
     @app.get("/api/ca")
@@ -482,10 +487,7 @@ def create_app(
                 if delay:
                     await asyncio.sleep(delay)
         if refusal is not None:
-            cl.store.record_event(
-                "agent_refused", actor=first.node_id, address=address, detail=refusal
-            )
-        if refusal is not None:
+            refused_hellos.failed(address, None, refusal, actor=first.node_id)
             log.warning("refused agent %s from %s: %s", first.node_id, ws.client, refusal)
             await ws.send_text(encode(Refused(reason=refusal)))
             await ws.close()
