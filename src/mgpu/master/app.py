@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
@@ -22,8 +22,9 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
+from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
@@ -56,9 +57,16 @@ class WaitRequest(BaseModel):
     timeout: float = Field(default=30.0, ge=0, le=3600)
 
 
+def _step_host(text: str) -> str:
+    spec.validate_text(text, "the step's host")
+    return text
+
+
 class StepRequest(BaseModel):
-    host: str = Field(min_length=1, max_length=255)
-    argv: list[str] = Field(min_length=1)
+    """`mgpu rsh HOST ARGV`: argv is checked as a submit's is (UTF-8 without NUL, sizes)."""
+
+    host: Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_step_host)]
+    argv: Annotated[list[str], Field(min_length=1), AfterValidator(execspec.validate_argv)]
 
 
 class TokenRequest(BaseModel):
