@@ -5,7 +5,7 @@ unit that runs exactly that command (same executable, same options, paths made a
 ready for `/etc/systemd/system/`.  Tokens never go into the unit (unit files are world-
 readable): the agent reads `MGPU_JOIN_TOKEN` from `/etc/mgpu/node.env` (mode 0600).
 State dirs are private (0700): systemd makes one under /var/lib so (`StateDirectory=`,
-`StateDirectoryMode=0700`), and the master's unit sets `UMask=0077` for what it writes.
+`StateDirectoryMode=0700`), and both units set `UMask=0077` for what they write.
 """
 
 from __future__ import annotations
@@ -127,6 +127,9 @@ def node_unit(args: argparse.Namespace, state_dir: Path) -> str:
     runtime = getattr(args, "container_runtime", "auto")
     if runtime and runtime != "auto":
         words += ["--container-runtime", runtime]
+    device_dir = getattr(args, "gpu_device_dir", "/dev")
+    if device_dir and device_dir != "/dev":
+        words += ["--gpu-device-dir", _abs(device_dir)]
     if args.insecure:
         words.append("--insecure")
     words += ["--state-dir", _abs(state_dir)]
@@ -155,8 +158,9 @@ Type=simple
 User={user}
 {token_note}EnvironmentFile=-/etc/mgpu/node.env
 ExecStart={_exec_start(words)}
-# The spool (jobs' output, run records) is private: a 0700 state dir and 0600 files.  No
-# UMask= here: jobs inherit the agent's umask, and files they write are their users' business.
+# The spool (jobs' output, run records) is private: a 0700 state dir and 0600 files (the
+# agent sets this umask itself too; jobs and site scripts get 0022 back, as at a login).
+UMask=0077
 {_state_directory(state_dir)}Restart=on-failure
 RestartSec=5
 # KillMode=process: stopping or restarting the agent signals the agent alone, not the jobs
@@ -166,6 +170,9 @@ RestartSec=5
 # (control-group) every `systemctl restart mgpu-node` or agent upgrade would kill every
 # running job on the node.  Cancelling a job still kills its whole process tree.
 KillMode=process
+# Each job runs in a cgroup of its own under the agent's (see mgpu.agent.cgroups): the
+# subtree is the agent's to manage, not systemd's.
+Delegate=yes
 TimeoutStopSec=30
 LimitNOFILE=65536
 

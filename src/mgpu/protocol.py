@@ -86,6 +86,10 @@ class Hello(BaseModel):
     token: str | None = None
     node_secret: str | None = None
     """The secret this node received at its first join (see `Welcome.node_secret`)."""
+    containment: str | None = None
+    """How the agent contains jobs (mgpu.agent.cgroups: `cgroup-v2`, ...); None: not said."""
+    gpu_isolation: str | None = None
+    """How it keeps jobs off GPUs they were not given (mgpu.agent.devices: `none`, ...)."""
 
     @field_validator("node_id")
     @classmethod
@@ -95,7 +99,7 @@ class Hello(BaseModel):
         except SpecError as e:  # "node id 'x' is not valid; ..." -> "node_id 'x' is ..."
             raise ValueError(str(e).removeprefix("the ").removeprefix("node id ")) from None
 
-    @field_validator("hostname", "ip", "gpu_source", "run_as_user")
+    @field_validator("hostname", "ip", "gpu_source", "run_as_user", "containment", "gpu_isolation")
     @classmethod
     def _text(cls, value: str | None) -> str | None:
         return _printable(value, 255)

@@ -89,15 +89,17 @@ def kill_leftover_jobs(root: Path) -> None:
         if started is not None and abs(started - float(rec["create_time"])) < 0.05:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(rec["pid"]), signal.SIGKILL)
-        if rec.get("cgroup"):  # and whatever is in the run's cgroup, which then goes
+        for path in (rec.get("cgroup"), rec.get("devices")):
+            if not path:
+                continue
             from mgpu.agent import cgroups
 
-            cgroups.kill(rec["cgroup"])
+            cgroups.kill(path)  # whatever is in the run's cgroups, which then go
             deadline = time.monotonic() + 5
-            while cgroups.populated(rec["cgroup"]) and time.monotonic() < deadline:
+            while cgroups.populated(path) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            if cgroups.release(rec["cgroup"]):
-                cgroups.release(os.path.dirname(rec["cgroup"]))
+            if cgroups.release(path):
+                cgroups.release(os.path.dirname(path))
 
 
 class LocalCluster:

@@ -147,6 +147,40 @@ def test_mgpu_up_keeps_its_state_and_logs_private(shared_dir: Path) -> None:
     assert down.returncode == 0, down.stderr
 
 
+@needs_root
+def test_agent_files_are_private_whatever_the_umask_and_jobs_get_022(shared_dir: Path) -> None:
+    """The agent's spool holds jobs' output and, in side files, an epilog's environment:
+    0600 even when its caller's umask is 000.  Its jobs and site scripts do not inherit
+    that 0077: they get 0022, as at a login."""
+    epilog = shared_dir / "epilog.sh"
+    epilog.write_text(f"#!/bin/sh\ntouch {shared_dir}/from-epilog\n")
+    epilog.chmod(0o755)
+    cluster = LocalCluster(shared_dir, config=f"site: {{epilog: {epilog}}}\n")
+    try:
+        cluster.start_master()
+        argv = [str(BIN / "mgpu"), "node", "--node-id", "node001", "--fake-gpus", "1"]
+        argv += ["--master-port", str(cluster.port), "--state-dir", str(shared_dir / "agent")]
+        agent = cluster._spawn(with_umask("000", argv), shared_dir / "node001.log")
+        cluster.agents["node001"] = agent
+        cluster.wait_node("node001", "online")
+        go = shared_dir / "go"
+        job = cluster.client().submit(
+            f"umask; touch {shared_dir}/from-job; while [ ! -e {go} ]; do sleep 0.05; done",
+            gpus=1,
+        )
+        spool = shared_dir / "agent" / "node-node001" / "spool"
+        wait_for(lambda: list(spool.glob(f"{job.id}.*.site.json")), what="the epilog's side file")
+        wait_for(lambda: (shared_dir / "from-job").exists(), what="the job's file")
+        assert_private(shared_dir / "agent")
+        go.touch()
+        assert cluster.client().wait(job.id, timeout=30)["state"] == "completed"
+        assert cluster.client().logs(job.id) == "0022\n"
+        assert (shared_dir / "from-job").stat().st_mode & 0o777 == 0o644
+        assert (shared_dir / "from-epilog").stat().st_mode & 0o777 == 0o644
+    finally:
+        cluster.stop()
+
+
 def test_systemd_units_keep_state_private() -> None:
     args = Namespace(
         host="0.0.0.0",
@@ -166,8 +200,13 @@ def test_systemd_units_keep_state_private() -> None:
     for line in ("UMask=0077", "StateDirectory=mgpu", "StateDirectoryMode=0700"):
         assert f"\n{line}\n" in master
     node = node_unit(args, Path("/var/lib/mgpu-node"))
-    for line in ("StateDirectory=mgpu-node", "StateDirectoryMode=0700"):
+    for line in ("UMask=0077", "StateDirectory=mgpu-node", "StateDirectoryMode=0700"):
         assert f"\n{line}\n" in node
+    # The jobs' cgroups under the agent's are the agent's to manage, not systemd's.
+    assert "\nDelegate=yes\n" in node and "\nKillMode=process\n" in node
+    assert "--gpu-device-dir" not in node
+    args.gpu_device_dir = "/run/gpus"
+    assert " --gpu-device-dir /run/gpus " in node_unit(args, Path("/var/lib/mgpu-node"))
     # Not under /var/lib: systemd cannot manage the dir (mgpu makes it 0700 itself).
     elsewhere = master_unit(args, Path("/srv/mgpu"))
     assert "\nUMask=0077\n" in elsewhere and "\nStateDirectory=" not in elsewhere

@@ -120,8 +120,8 @@ def test_env_file_takes_posix_names_and_line_safe_values(tmp_path: Path) -> None
 def _hooks(tmp_path: Path, runtime: Runtime) -> SiteHooks:
     spool = tmp_path / "spool"
     spool.mkdir()
-    agent: Any = SimpleNamespace(node_id="n1", launcher=SimpleNamespace(spool=spool))
-    hooks = SiteHooks(agent)
+    launcher: Any = SimpleNamespace(spool=spool)
+    hooks = SiteHooks(SimpleNamespace(), launcher, "n1")
     hooks.runtime = runtime
     return hooks
 
@@ -153,7 +153,7 @@ def test_root_container_runtime_gets_the_base_and_the_job_an_env_file(
     assert env == privileged.base_env()
     assert argv[argv.index("--user") + 1] == "65534:65534"  # the job keeps its uid inside
     env_file = Path(argv[argv.index("--env-file") + 1])
-    assert env_file.parent == hooks.agent.launcher.spool
+    assert env_file.parent == hooks.launcher.spool
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     lines = env_file.read_text().splitlines()
     # The job's own variables reach the container, where they act as the job's user (not
@@ -168,10 +168,10 @@ def test_root_container_runtime_gets_the_base_and_the_job_an_env_file(
     ]
     assert not any("s3cr3t" in a for a in argv)
     assert note is None
-    side = json.loads((hooks.agent.launcher.spool / "j1.1.site.json").read_text())
+    side = json.loads((hooks.launcher.spool / "j1.1.site.json").read_text())
     _no_user_values(side["epilog"]["env"])
     hooks.discard("j1", 1)  # a launch that then failed leaves nothing
-    assert list(hooks.agent.launcher.spool.iterdir()) == []
+    assert list(hooks.launcher.spool.iterdir()) == []
 
 
 def test_apptainer_runs_as_the_user_with_the_users_environment(tmp_path: Path) -> None:

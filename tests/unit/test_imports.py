@@ -16,12 +16,6 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # The agent and its site hooks: being cut by the agent-side work (a small protocol for
-    # the hooks instead of the agent's private methods); drop this entry when it lands.
-    frozenset({"mgpu.agent.agent", "mgpu.agent.site"}),
-}
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -129,7 +123,7 @@ def test_cycles_are_found() -> None:
 
 
 def test_no_import_cycles_between_mgpus_modules() -> None:
-    found = [c for c in cycles(import_graph()) if c not in KNOWN_CYCLES]
+    found = cycles(import_graph())
     if found:
         shown = "; ".join(" <-> ".join(sorted(c)) for c in found)
         pytest.fail(f"import cycles between mgpu's modules: {shown}")

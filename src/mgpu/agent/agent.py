@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mgpu.agent import devices
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -75,6 +76,7 @@ class Agent:
         token: str | None = None,
         insecure: bool = False,
         container_runtime: str = "auto",
+        gpu_device_dir: Path = devices.DEFAULT_DIR,
     ) -> None:
         from mgpu.client.credentials import is_loopback
 
@@ -88,6 +90,8 @@ class Agent:
         self.fake_gpus = fake_gpus
         self.advertise_ip = advertise_ip
         self.token = token
+        self.gpu_device_dir = gpu_device_dir
+        """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""
         self.hostname = socket.gethostname()
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
@@ -100,7 +104,7 @@ class Agent:
         self.heartbeat_interval = 5.0
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.site = SiteHooks(self, container_runtime)
+        self.site = SiteHooks(self, self.launcher, node_id, container_runtime)
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
         self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
         """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
@@ -117,7 +121,7 @@ class Agent:
         out = Output(job_id=job_id, epoch=epoch, stream=stream, data=text, offset=start, end=end)  # type: ignore[arg-type]
         self.send(out)
 
-    def _report_exit(self, msg: Exited) -> None:
+    def report_exit(self, msg: Exited) -> None:
         """Send a run's end now if connected, and again after every reconnect until the
         master says it has stored it (`Forget`)."""
         self._exits[(msg.job_id, msg.epoch)] = msg
@@ -127,6 +131,7 @@ class Agent:
     # ---- main loop ----------------------------------------------------------
 
     async def run(self) -> None:
+        _make_private(self.state_dir, self.launcher.spool.parent, self.launcher.spool)
         self.identity.open()
         self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
         await self.site.probe()
@@ -140,6 +145,8 @@ class Agent:
         records = self.launcher.load_previous()
         containment = self.launcher.contain(self.node_id, records)
         log.info("jobs are contained by %s", containment.describe())
+        isolation = self.launcher.isolate(self.node_id, self.gpu_device_dir, records)
+        log.info("jobs are kept to their GPUs by %s", isolation.describe())
         for rec in records:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
@@ -221,6 +228,8 @@ class Agent:
             run_as_user=None if os.geteuid() == 0 else getpass.getuser(),
             features=self.site.features(),
             node_secret=self.identity.secret,
+            containment=self.launcher.containment.method,
+            gpu_isolation=self.launcher.isolation.method,
         )
         await ws.send(encode(hello))
         reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -348,7 +357,7 @@ class Agent:
 
     def _fail_launch(self, job_id: str, epoch: int, error: str, fatal: bool = True) -> None:
         log.error("job %s: %s", job_id, _first_line(error))
-        self._report_exit(
+        self.report_exit(
             Exited(
                 job_id=job_id,
                 epoch=epoch,
@@ -373,7 +382,7 @@ class Agent:
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, Launch):
             if not self.site.prepare(msg):  # image check and prolog first, if any
-                self._launch(msg)
+                self.launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None:
@@ -389,7 +398,7 @@ class Agent:
             if run is not None and run.exited.is_set():
                 self.launcher.finish(run)
 
-    def _launch(self, msg: Launch) -> None:
+    def launch(self, msg: Launch) -> None:
         old = self.launcher.find(msg.job_id)
         if old is not None:
             if old.rec.epoch == msg.epoch:
@@ -397,7 +406,7 @@ class Agent:
             self.launcher.kill(old, "superseded", 0.0)
         try:
             ids = self._identity(msg)
-            argv, env, ids, note = self.site.wrap(msg, self._job_env(msg), ids)  # --image
+            argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
             run = self.launcher.launch(
                 msg.job_id,
                 msg.epoch,
@@ -409,6 +418,7 @@ class Agent:
                 user_ids=ids,
                 hostfile=msg.hostfile,
                 note=note,
+                gpu_ids=msg.gpu_ids,
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -442,7 +452,7 @@ class Agent:
             raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
         return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
 
-    def _job_env(self, msg: Launch) -> dict[str, str]:
+    def job_env(self, msg: Launch) -> dict[str, str]:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
         env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
@@ -472,7 +482,7 @@ class Agent:
         with contextlib.suppress(OSError):
             ended = os.path.getmtime(run.rec.exit_path)  # the shim wrote it as the job ended
         # The run stays (listed in hello, files kept) until the master has stored its end.
-        self._report_exit(
+        self.report_exit(
             Exited(
                 job_id=run.rec.job_id,
                 epoch=run.rec.epoch,
@@ -486,6 +496,21 @@ class Agent:
         task = asyncio.current_task()
         if task is not None:
             self._tasks.discard(task)
+
+
+PRIVATE_UMASK = 0o077
+"""The agent's own files (run records, spool, side files with an epilog's environment) are
+its alone whatever its caller's umask; its children get `privileged.CHILD_UMASK` back."""
+
+
+def _make_private(*dirs: Path) -> None:
+    """The state dir, the node's dir and its spool: 0700, also ones made before."""
+    for d in dirs:
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        except OSError as e:
+            raise NodeIdentityError(f"cannot use the state dir {d}: {e.strerror}") from None
 
 
 def _first_line(error: object) -> str:
@@ -525,9 +550,11 @@ def run_agent(
     token: str | None = None,
     insecure: bool = False,
     container_runtime: str = "auto",
+    gpu_device_dir: Path = devices.DEFAULT_DIR,
 ) -> None:
     from mgpu.client.credentials import find_join_token
 
+    os.umask(PRIVATE_UMASK)
     token = find_join_token(token, state_dir)
     agent = Agent(
         node_id,
@@ -539,6 +566,7 @@ def run_agent(
         token=token,
         insecure=insecure,
         container_runtime=container_runtime,
+        gpu_device_dir=gpu_device_dir,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())

@@ -96,6 +96,27 @@ def candidates(mountinfo: str, self_cgroup: str) -> list[tuple[str, str]]:
     return found
 
 
+def v1_hierarchy(mountinfo: str, self_cgroup: str, controller: str) -> str | None:
+    """The directory of this process's own cgroup in the v1 hierarchy of `controller`
+    (`devices`, ...), or None where that controller is not mounted as v1."""
+    own = None
+    for line in self_cgroup.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid != "0" and controller in controllers.split(","):
+            own = path
+    if own is None:
+        return None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype, _, super_opts = line.split(" - ", 1)[1].split(" ", 2)
+        if fstype == "cgroup" and controller in super_opts.strip().split(","):
+            return _join(_unescape(fields[4]), fields[3], own)
+    return None
+
+
 def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
@@ -110,6 +131,11 @@ def _join(mountpoint: str, root: str, own: str) -> str:
 
 def _name(text: str, limit: int = 100) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:limit] or "-"
+
+
+def run_name(job_id: str, epoch: int) -> str:
+    """The directory name of a run's cgroup."""
+    return f"{_name(job_id)}.{epoch}"
 
 
 def agent_key(node_id: str, spool: Path) -> str:
@@ -163,7 +189,7 @@ def create(containment: Containment, job_id: str, epoch: int) -> str | None:
     """A fresh cgroup for one run (None: none, use the process tree)."""
     if containment.base is None:
         return None
-    path = os.path.join(containment.base, f"{_name(job_id)}.{epoch}")
+    path = os.path.join(containment.base, run_name(job_id, epoch))
     for _ in range(2):
         try:
             os.mkdir(path)
@@ -227,13 +253,13 @@ def kill(path: str) -> None:
         return
     if os.path.exists(os.path.join(path, "cgroup.kill")):
         with contextlib.suppress(OSError):
-            _write(path, "cgroup.kill", "1")
+            write(path, "cgroup.kill", "1")
         return
     if not os.path.exists(os.path.join(path, "freezer.state")):
         signal_all(path, signal.SIGKILL)
         return
     try:
-        _write(path, "freezer.state", "FROZEN")
+        write(path, "freezer.state", "FROZEN")
         deadline = time.monotonic() + 1.0
         while _read(path, "freezer.state") == "FREEZING" and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -243,7 +269,7 @@ def kill(path: str) -> None:
         signal_all(path, signal.SIGKILL)
     finally:
         with contextlib.suppress(OSError):
-            _write(path, "freezer.state", "THAWED")  # a frozen process cannot die
+            write(path, "freezer.state", "THAWED")  # a frozen process cannot die
 
 
 def release(path: str) -> bool:
@@ -257,7 +283,8 @@ def release(path: str) -> bool:
         return False
 
 
-def _write(path: str, name: str, value: str) -> None:
+def write(path: str, name: str, value: str) -> None:
+    """One write to a cgroup file (they take one value or rule per write)."""
     fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, value.encode())
@@ -319,6 +346,9 @@ __all__ = [
     "pids",
     "populated",
     "release",
+    "run_name",
     "signal_all",
     "sweep",
+    "v1_hierarchy",
+    "write",
 ]

@@ -65,6 +65,23 @@ def check_containment(state_dir: Path, node_id: str) -> Check:
     return Check("job containment", True, detail)
 
 
+def check_gpu_isolation(state_dir: Path, node_id: str, gpu_device_dir: Path) -> Check:
+    """How this node's agent keeps jobs off GPUs they were not given (what `mgpu node`
+    picks at start, with its containment): device rules per job, or none."""
+    from mgpu.agent import cgroups, devices
+
+    key = cgroups.agent_key(node_id, state_dir / f"node-{node_id}" / "spool")
+    containment = cgroups.choose(key)
+    isolation = devices.choose(key, gpu_device_dir, containment)
+    for base in (isolation.base, containment.base):
+        if base is not None:
+            cgroups.release(base)  # made by the probe; the agent makes it again
+    detail = isolation.describe()
+    if isolation.method == devices.NONE and isolation.devices:
+        detail += ": a job can open every GPU"
+    return Check("GPU isolation", True, detail)
+
+
 def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
     """None if an mgpu master answers /healthz there, else why not."""
     conn: http.client.HTTPConnection
@@ -118,6 +135,7 @@ def run_health(
     state_dir: Path,
     fake_gpus: int | None,
     out: TextIO | None = None,
+    gpu_device_dir: Path = Path("/dev"),
 ) -> int:
     """Print one line per check; 0 if all pass, else 1."""
     out = out or sys.stdout
@@ -126,6 +144,7 @@ def run_health(
         check_spool(state_dir, node_id),
         check_master(master_host, master_port),
         check_containment(state_dir, node_id),
+        check_gpu_isolation(state_dir, node_id, gpu_device_dir),
     ]
     for c in checks:
         print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)

@@ -12,12 +12,14 @@ start time, so a reused pid is never mistaken), keeps tailing the files and
 still learns the real exit code.  Exit is noticed through a pidfd, which works
 for adopted processes that are not the agent's children too.
 
-Where the machine allows it each run has its own cgroup (mgpu.agent.cgroups).  The
-shim's stdin is then a pipe, the *gate*: the shim waits on it while the agent (as
-root) moves the shim's pid into the cgroup, and only then closes it; the shim swaps
-stdin for /dev/null and runs the job, so nothing the job starts is ever outside.  (The
-agent writes the pid itself rather than handing the job's user a descriptor of a root
-cgroup file: no user process ever holds one, and it works on every kernel.)
+Where the machine allows it each run has its own cgroup (mgpu.agent.cgroups), and one
+that denies it the GPUs it was not given (mgpu.agent.devices).  The shim's stdin is then
+a pipe, the *gate*: the shim waits on it while the agent (as root) moves the shim's pid
+into the cgroups, and only then closes it; the shim swaps stdin for /dev/null and runs
+the job, so nothing the job starts is ever outside.  (The agent writes the pid itself
+rather than handing the job's user a descriptor of a root cgroup file: no user process
+ever holds one, and it works on every kernel.)  The shim gets umask 0022, not the
+agent's private 0077.
 
 The shim enters the job's working directory itself, as the job's user: a root agent
 that did the `chdir` (as Popen's `cwd=` does, before it switches uid) would let a job
@@ -38,14 +40,14 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups
+from mgpu.agent import cgroups, devices, privileged
 
 log = logging.getLogger("mgpu.agent")
 
@@ -94,6 +96,8 @@ class RunRecord:
     """The run's cgroup (empty: none, the process tree is what is killed)."""
     hosts: str = ""
     """The `--mpi` hostfile written for this run, removed with its spool files."""
+    devices: str = ""
+    """The run's v1 devices cgroup, which denies it the GPUs it was not given (empty: none)."""
 
 
 @dataclass
@@ -123,6 +127,8 @@ class Launcher:
         self._trash: list[str] = []
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
+        self.isolation = devices.Isolation(devices.NONE)
+        """How runs are kept off GPUs they were not given (`isolate` picks it)."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -130,6 +136,14 @@ class Launcher:
         self.containment = cgroups.choose(cgroups.agent_key(node_id, self.spool))
         cgroups.sweep(self.containment, {rec.cgroup for rec in known if rec.cgroup})
         return self.containment
+
+    def isolate(self, node_id: str, dev_dir: Path, known: list[RunRecord]) -> devices.Isolation:
+        """Pick the GPU isolation method at agent start (after `contain`), and remove the
+        device cgroups of runs that no run record names any more."""
+        key = cgroups.agent_key(node_id, self.spool)
+        self.isolation = devices.choose(key, dev_dir, self.containment)
+        devices.sweep(self.isolation, {rec.devices for rec in known if rec.devices})
+        return self.isolation
 
     # ---- persistence --------------------------------------------------------
 
@@ -169,8 +183,10 @@ class Launcher:
         user_ids: tuple[int, int, list[int]] | None = None,
         hostfile: str | None = None,
         note: str | None = None,
+        gpu_ids: Collection[int] | None = None,
     ) -> Running:
-        """Start a run; `note` is a line written to its stderr first (said by the agent)."""
+        """Start a run; `note` is a line written to its stderr first (said by the agent).
+        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules)."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -190,6 +206,7 @@ class Launcher:
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         out_fd, err_fd, exit_fd = fds
         cgroup: str | None = None
+        guard: str | None = None  # the cgroup that holds the run's device rules
         gate: tuple[int, int] | None = None
         try:
             if note:
@@ -233,7 +250,12 @@ class Launcher:
                 uid, gid, groups = user_ids
                 kwargs.update(user=uid, group=gid, extra_groups=groups)
             cgroup = cgroups.create(self.containment, job_id, epoch)
-            if cgroup is not None:
+            if gpu_ids is not None:
+                try:
+                    guard = devices.apply(self.isolation, job_id, epoch, gpu_ids, cgroup)
+                except devices.IsolationError as e:
+                    raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
+            if cgroup is not None or guard is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
             popen = _start(
                 ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
@@ -247,20 +269,23 @@ class Launcher:
         except BaseException:
             if gate is not None:
                 _close_all(gate)
-            if cgroup is not None:
-                cgroups.release(cgroup)
+            _release_all([cgroup, guard])
             _unlink_all(made)
             raise
         finally:
             _close_all(fds)
-        if gate is not None and cgroup is not None:
-            # The shim waits at its gate: put it in the run's cgroup, then let it go on, before
+        if gate is not None:
+            # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
             # period unless another move came just before: ~0.5 ms, once per burst of
             # launches.  Done in a thread it would leave a window where a stopped or killed
             # agent holds the job at its gate, or lets it run outside.)
             os.close(gate[0])
-            _admit(cgroup, popen.pid, gate[1])
+            if not _admit(cgroup, guard, popen.pid, gate[1]):
+                popen.wait()  # killed at its gate: the job never ran
+                _release_all([cgroup, guard])
+                _unlink_all(made)
+                raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
         rec = RunRecord(
@@ -277,6 +302,7 @@ class Launcher:
             tag=tag,
             cgroup=cgroup or "",
             hosts=hosts,
+            devices=guard if guard is not None and guard != cgroup else "",
         )
         self.save(rec)
         run = Running(rec=rec, popen=popen)
@@ -419,15 +445,15 @@ class Launcher:
                 run.popen.wait(timeout=1)
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, signal.SIGKILL)
-        path = run.rec.cgroup
-        if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
-            return
-        cgroups.kill(path)
-        deadline = time.monotonic() + timeout
-        while cgroups.populated(path) and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)  # SIGKILLed processes take a moment to go
-        if not cgroups.release(path):
-            log.warning("job %s: cgroup %s still busy, left for now", run.rec.job_id, path)
+        for path in (run.rec.cgroup, run.rec.devices):
+            if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
+                continue
+            cgroups.kill(path)
+            deadline = time.monotonic() + timeout
+            while cgroups.populated(path) and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)  # SIGKILLed processes take a moment to go
+            if not cgroups.release(path):
+                log.warning("job %s: cgroup %s still busy, left for now", run.rec.job_id, path)
 
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
@@ -510,7 +536,14 @@ def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
     try:
         # cwd "/": the shim enters the job's directory itself, as the job's user.
-        return subprocess.Popen(argv, cwd="/", start_new_session=True, close_fds=True, **kwargs)
+        return subprocess.Popen(
+            argv,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            umask=privileged.CHILD_UMASK,  # not the agent's private one
+            **kwargs,
+        )
     except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
         raise JobError(f"cannot start the job: {e}") from None
     except OSError as e:
@@ -523,13 +556,29 @@ def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
 
 
-def _admit(cgroup: str, pid: int, gate: int) -> None:
-    """Move the shim into its cgroup and open its gate (always: a failed move leaves the
-    run to the process-tree fallback, it does not hang it)."""
+def _admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
+    """Move the shim into its cgroups and open its gate (always: it never hangs there).
+
+    A failed move into the containment cgroup leaves the run to the process-tree fallback;
+    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
+    opens (False): a job never runs with GPUs it was not given."""
     try:
-        cgroups.enter(cgroup, pid)
+        joined = True
+        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
+            if not cgroups.enter(path, pid) and path == guard:
+                joined = False
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+        return joined
     finally:
         os.close(gate)
+
+
+def _release_all(paths: list[str | None]) -> None:
+    for path in paths:
+        if path is not None:
+            cgroups.release(path)
 
 
 def _close_all(fds: tuple[int, ...] | list[int]) -> None:

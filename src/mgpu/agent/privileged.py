@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CHILD_UMASK = 0o022
+"""The umask of jobs and site scripts, as a login shell's: the agent's own (0077, private)
+would make every file a job writes unreadable to its group and to others."""
 
 RUNTIME_ENV = (
     "CONTAINERS_CONF",
@@ -178,11 +181,13 @@ async def start(
         env=base_env(extra_env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        umask=CHILD_UMASK,
         **kwargs,
     )
 
 
 __all__ = [
+    "CHILD_UMASK",
     "RUNTIME_ENV",
     "SAFE_PATH",
     "base_env",

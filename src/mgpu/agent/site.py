@@ -36,15 +36,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mgpu.agent import containers, privileged
-from mgpu.agent.launcher import JobError, LaunchError, Running
+from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
-
-if TYPE_CHECKING:
-    from mgpu.agent.agent import Agent
 
 log = logging.getLogger("mgpu.agent")
 
@@ -101,9 +98,26 @@ class Pending:
     cancelled: str | None = None
 
 
+class JobHost(Protocol):
+    """What the site hooks need of the agent (mgpu.agent.agent.Agent implements it)."""
+
+    def report_exit(self, msg: Exited) -> None:
+        """Tell the master a run ended (or never started), again after reconnects."""
+
+    def job_env(self, msg: Launch) -> dict[str, str]:
+        """The environment the agent gives the job of `msg`."""
+
+    def launch(self, msg: Launch) -> None:
+        """Start the job of a launch that is now prepared."""
+
+
 class SiteHooks:
-    def __init__(self, agent: Agent, runtime_choice: str = "auto") -> None:
-        self.agent = agent
+    def __init__(
+        self, host: JobHost, launcher: Launcher, node_id: str, runtime_choice: str = "auto"
+    ) -> None:
+        self.host = host
+        self.launcher = launcher
+        self.node_id = node_id
         self.runtime_choice = runtime_choice
         self.runtime: containers.Runtime | None = None
         self.pending: dict[tuple[str, int], Pending] = {}
@@ -125,7 +139,7 @@ class SiteHooks:
     def prepare(self, msg: Launch) -> bool:
         """Take over a launch that needs preparing (True), or leave it to the agent."""
         key = (msg.job_id, msg.epoch)
-        if key in self.pending or self.agent.launcher.find(*key) is not None:
+        if key in self.pending or self.launcher.find(*key) is not None:
             return True  # a duplicate of a launch being prepared or done
         if not (msg.image or msg.prolog):
             return False
@@ -149,7 +163,7 @@ class SiteHooks:
 
     def _exit(self, msg: Launch, error: str, fatal: bool = False, free: bool = False) -> None:
         log.error("job %s: %s", msg.job_id, error)
-        self.agent._report_exit(
+        self.host.report_exit(
             Exited(
                 job_id=msg.job_id,
                 epoch=msg.epoch,
@@ -168,7 +182,7 @@ class SiteHooks:
             if msg.image and not await self._check_image(msg):
                 return
             if msg.prolog:
-                env = script_env(self.agent._job_env(msg), msg.user, "prolog")
+                env = script_env(self.host.job_env(msg), msg.user, "prolog")
                 res = await run_script(msg.prolog, env, msg.prolog_timeout)
                 if not res.ok:
                     self._exit(msg, f"prolog failed: {res.error}", free=True)
@@ -181,12 +195,12 @@ class SiteHooks:
         if pending.cancelled is not None:
             self._cancelled(pending)
             return
-        self.agent._launch(msg)
+        self.host.launch(msg)
 
     async def _check_image(self, msg: Launch) -> bool:
         assert msg.image is not None
         rt = self.runtime
-        node = self.agent.node_id
+        node = self.node_id
         if rt is None:
             self._exit(msg, f"{node} has no container runtime for --image")
             return False
@@ -204,7 +218,7 @@ class SiteHooks:
         """A launch killed while being prepared ends as a job killed at once would."""
         msg = pending.msg
         log.info("job %s: %s before it started", msg.job_id, pending.cancelled or "killed")
-        self.agent._report_exit(
+        self.host.report_exit(
             Exited(job_id=msg.job_id, epoch=msg.epoch, exit_code=128 + 15, time=time.time())
         )
 
@@ -226,10 +240,10 @@ class SiteHooks:
     # ---- the job's process ----------------------------------------------------
 
     def _side_path(self, job_id: str, epoch: int) -> Path:
-        return self.agent.launcher.spool / f"{job_id}.{epoch}.site.json"
+        return self.launcher.spool / f"{job_id}.{epoch}.site.json"
 
     def _env_path(self, job_id: str, epoch: int) -> Path:
-        return self.agent.launcher.spool / f"{job_id}.{epoch}.env"
+        return self.launcher.spool / f"{job_id}.{epoch}.env"
 
     def wrap(
         self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
@@ -249,7 +263,7 @@ class SiteHooks:
         if msg.image:
             rt = self.runtime
             if rt is None:
-                raise LaunchError(f"{self.agent.node_id} has no container runtime for --image")
+                raise LaunchError(f"{self.node_id} has no container runtime for --image")
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
             cwd = msg.cwd if msg.cwd and os.path.isabs(msg.cwd) and os.path.isdir(msg.cwd) else None
@@ -315,7 +329,7 @@ class SiteHooks:
             return None
         if "result" not in epilog:
             env = dict(epilog["env"])
-            code = self.agent.launcher.exit_code(run)
+            code = self.launcher.exit_code(run)
             env["MGPU_JOB_EXIT_CODE"] = "" if code is None else str(code)
             res = await run_script(epilog["path"], env, float(epilog["timeout"]))
             self._append_output(run, res.output)
@@ -361,4 +375,4 @@ class SiteHooks:
             self._env_path(job_id, epoch).unlink()
 
 
-__all__ = ["SiteHooks", "run_script", "script_env"]
+__all__ = ["JobHost", "SiteHooks", "run_script", "script_env"]

@@ -289,6 +289,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         _fail(str(e))
     if args.fake_gpus is not None and args.fake_gpus < 0:
         _fail("--fake-gpus must not be negative")
+    if not os.path.isdir(args.gpu_device_dir):
+        _fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     if args.print_systemd_unit:
         from mgpu.deploy import node_unit
@@ -299,7 +301,12 @@ def cmd_node(args: argparse.Namespace) -> int:
         from mgpu.agent.health import run_health
 
         return run_health(
-            args.node_id, args.master_host, args.master_port, state_dir, args.fake_gpus
+            args.node_id,
+            args.master_host,
+            args.master_port,
+            state_dir,
+            args.fake_gpus,
+            gpu_device_dir=Path(args.gpu_device_dir),
         )
     if args.fake_foreign:
         from mgpu.agent.telemetry import parse_gpu_values
@@ -321,6 +328,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             token=args.join_token,
             insecure=args.insecure,
             container_runtime=args.container_runtime,
+            gpu_device_dir=Path(args.gpu_device_dir),
         )
     except AgentRefused as e:
         _fail(f"the master refused this node: {e}")
@@ -559,6 +567,7 @@ def build_parser() -> Parser:
         default="auto",
         help="runtime for --image jobs (default: the first of podman, docker, apptainer)",
     )
+    s.add_argument("--gpu-device-dir", default="/dev", help="where the GPUs' nvidiaN files are")
     s.add_argument(
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
     )

@@ -62,7 +62,7 @@ def _private_dirs(state_dir: Path, node_id: str) -> None:
     """The state dir (the master's and this node's: tokens, the database, job output and
     spool files) 0700 before anything is written in it.  The master tightens it again as
     it starts; the agent's own dir is made here so it is private from the first file on.
-    (The agent itself keeps the caller's umask: its jobs inherit it.)"""
+    (The agent sets umask 0077 for itself; its jobs get 0022.)"""
     state_dir.parent.mkdir(parents=True, exist_ok=True)
     for d in (state_dir, state_dir / f"node-{node_id}", state_dir / f"node-{node_id}" / "spool"):
         d.mkdir(mode=0o700, exist_ok=True)

@@ -109,6 +109,7 @@ class Agents:
         node.gpu_source = hello.gpu_source
         node.features = list(hello.features)
         node.run_as_user = hello.run_as_user
+        node.containment, node.gpu_isolation = hello.containment, hello.gpu_isolation
         node.last_seen = self.state.clock.time()
         entry = self.config.node(hello.node_id)
         if entry is not None and entry.gpu_type:

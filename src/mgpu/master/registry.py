@@ -93,6 +93,9 @@ class NodeRecord:
     rack: str | None = None
     features: list[str] = field(default_factory=list)
     run_as_user: str | None = None
+    containment: str | None = None
+    gpu_isolation: str | None = None
+    """What the agent said in its hello: how it contains jobs and keeps them to their GPUs."""
     failures: int = 0
     """Consecutive node failures (launch errors, lost jobs); reset by a clean job end."""
     last_seen: float = 0.0
@@ -168,6 +171,8 @@ class NodeRecord:
             "rack": self.rack,
             "features": self.features,
             "run_as_user": self.run_as_user,
+            "containment": self.containment,
+            "gpu_isolation": self.gpu_isolation,
             "failures": self.failures,
             "last_seen": self.last_seen,
             "jobs": sorted(self.jobs),
