@@ -2,8 +2,9 @@
 a fake one in the controller tests, which then run in milliseconds.
 
 `Clock` reads the time; `Timers` runs a callback soon (the group commit at the end of an
-event-loop turn) or later (a lazy write, a deferred judgement).  The real `LoopTimers` uses
-the running asyncio loop, and runs the callback at once when there is none.
+event-loop turn) or later (jobs queued before any node joined, judged a little later).  The
+real `LoopTimers` uses the running asyncio loop, and runs the callback at once when there is
+none.
 """
 
 from __future__ import annotations
