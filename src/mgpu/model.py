@@ -1,8 +1,12 @@
-"""Jobs, nodes and the job state machine.
+"""Jobs, nodes and their state machines.
 
-Every state change of a job goes through `Job.transition`, so the allowed moves
-live in one place (`ALLOWED`).  The master writes the job to the store right
-after each transition and before acting on it.
+A job's `state` is what the master observed (queued, running, or how it ended); what the
+master *wants* of a running job is apart from it (`Job.desired`, Nomad's DesiredStatus
+beside its ClientStatus).  Every state change goes through `Job.transition`, so the allowed
+moves live in one place (`ALLOWED`); why a run ended is an `EndReason`, which decides the
+next state and whether a retry is spent (`mgpu.master.lifecycle` applies it).  Each slot of
+a run has its own launch phase (`SlotPhase`).  Node states move by `NODE_MOVES`.  The
+master writes a job to the store right after each transition and before acting on it.
 """
 
 from __future__ import annotations
@@ -50,11 +54,133 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+class DesiredState(StrEnum):
+    """What the master wants of a running job; it gets there by killing its processes."""
+
+    RUN = "run"
+    STOP = "stop"
+    """End it (cancelled, idle): it ends cancelled once its processes are gone."""
+    PREEMPT = "preempt"
+    """Make room for higher-priority work: back to the queue, no retry spent."""
+    REQUEUE = "requeue"
+    """Run it again later (`mgpu requeue`): back to the queue, no retry spent."""
+
+
+class EndReason(StrEnum):
+    """Why a run (or a queued job) ended: decides the job's next state (`to_state`) and
+    whether a retry is spent (`counts_retry`), as dstack's JobTerminationReason does.  The
+    text shown in `reason` is separate: these are for control flow, never the text."""
+
+    EXIT_OK = "exit_ok"
+    EXIT_NONZERO = "exit_nonzero"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    IDLE = "idle"
+    """Cancelled for leaving its GPUs idle (`scheduling.idle_action: cancel`)."""
+    DEPENDENCY_NEVER = "dependency_never"
+    """A dependency that can never be satisfied."""
+    NEVER_FITS = "never_fits"
+    """Queued before any node joined, and could never run on the nodes that did."""
+    LAUNCH_FATAL = "launch_fatal"
+    """The launch cannot succeed anywhere (no such user, a message that cannot be sent)."""
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    NODE_LOST = "node_lost"
+    """Its node went silent, restarted without it, or was removed."""
+    LAUNCH_FAILED = "launch_failed"
+    """The node could not launch it (the node's fault): tried elsewhere, a retry spent."""
+    PROLOG_FAILED = "prolog_failed"
+    """The site's prolog refused the node: tried again without spending a retry."""
+    NOT_LAUNCHED = "not_launched"
+    """Its launch never reached the agent (a master crash before it was sent): free."""
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
+
+    def to_state(self) -> JobState:
+        return _END_STATE[self]
+
+    @property
+    def counts_retry(self) -> bool:
+        """Whether a requeue for this reason spends one of the job's retries."""
+        return self in (EndReason.NODE_LOST, EndReason.LAUNCH_FAILED)
+
+    @property
+    def desired(self) -> DesiredState:
+        """The desired state of a running job being stopped for this reason."""
+        return _STOP_DESIRED.get(self, DesiredState.STOP)
+
+
+_END_STATE: dict[EndReason, JobState] = {
+    EndReason.EXIT_OK: JobState.COMPLETED,
+    EndReason.EXIT_NONZERO: JobState.FAILED,
+    EndReason.TIMEOUT: JobState.TIMEOUT,
+    EndReason.CANCELLED: JobState.CANCELLED,
+    EndReason.IDLE: JobState.CANCELLED,
+    EndReason.DEPENDENCY_NEVER: JobState.CANCELLED,
+    EndReason.NEVER_FITS: JobState.FAILED,
+    EndReason.LAUNCH_FATAL: JobState.FAILED,
+    EndReason.RETRIES_EXHAUSTED: JobState.FAILED,
+    EndReason.NODE_LOST: JobState.QUEUED,
+    EndReason.LAUNCH_FAILED: JobState.QUEUED,
+    EndReason.PROLOG_FAILED: JobState.QUEUED,
+    EndReason.NOT_LAUNCHED: JobState.QUEUED,
+    EndReason.PREEMPTED: JobState.QUEUED,
+    EndReason.REQUEUED: JobState.QUEUED,
+}
+_STOP_DESIRED = {
+    EndReason.PREEMPTED: DesiredState.PREEMPT,
+    EndReason.REQUEUED: DesiredState.REQUEUE,
+}
+
+
+class SlotPhase(StrEnum):
+    """Where the launch of one slot stands: pending → sent → started → exited."""
+
+    PENDING = "pending"
+    """Allocated; the launch waits (for the rank-0 node's port) and has not been sent."""
+    SENT = "sent"
+    """The launch is on its way (stored before it is sent); the agent has not said started."""
+    STARTED = "started"
+    """The agent reported the process started."""
+    EXITED = "exited"
+    """Its process ended (or the run was given up: requeued)."""
+    HELD = "held"
+    """No process of its own: the GPUs of an `--mpi` job's other ranks, used by its steps."""
+
+
 class NodeState(StrEnum):
     ONLINE = "online"
     OFFLINE = "offline"
     DRAINING = "draining"
     DRAINED = "drained"
+
+
+class NodeEvent(StrEnum):
+    """What moves a node's state, and who makes it happen."""
+
+    JOINED = "joined"
+    """Its agent said hello (master/agents.py)."""
+    LOST = "lost"
+    """Silent past the timeout (master/liveness.py)."""
+    DRAIN = "drain"
+    """An admin's drain, too many consecutive failures, an epilog error."""
+    RESUME = "resume"
+    """An admin's resume."""
+    EMPTIED = "emptied"
+    """The last job left it (the GPU ledger, master/state.py)."""
+
+
+NODE_MOVES: dict[tuple[NodeState, NodeEvent], NodeState] = {
+    # A node that joins is online; its drain request, kept while it was away, is applied
+    # again at once (NodeRecord.move).
+    **{(s, NodeEvent.JOINED): NodeState.ONLINE for s in NodeState},
+    **{(s, NodeEvent.LOST): NodeState.OFFLINE for s in NodeState},
+    (NodeState.ONLINE, NodeEvent.DRAIN): NodeState.DRAINING,
+    (NodeState.DRAINING, NodeEvent.RESUME): NodeState.ONLINE,
+    (NodeState.DRAINED, NodeEvent.RESUME): NodeState.ONLINE,
+    (NodeState.DRAINING, NodeEvent.EMPTIED): NodeState.DRAINED,
+}
+"""(state, event) → next state; a pair not listed leaves the state as it is (an offline
+node stays offline whatever an admin does, until its agent joins)."""
 
 
 @dataclass(slots=True)
@@ -67,7 +193,28 @@ class Slot:
     ip: str | None = None
     pid: int | None = None
     exit_code: int | None = None
-    done: bool = False
+    phase: SlotPhase = SlotPhase.PENDING
+
+    @property
+    def done(self) -> bool:
+        """No live process of this slot: it exited, or it never has one (held)."""
+        return self.phase in (SlotPhase.EXITED, SlotPhase.HELD)
+
+    @property
+    def started(self) -> bool:
+        """The agent has (or had) a process of this slot."""
+        return self.phase in (SlotPhase.STARTED, SlotPhase.EXITED)
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Slot:
+        rec = dict(rec)
+        if "done" in rec:  # before launch phases: done, else started when a pid is known
+            done = rec.pop("done")
+            started = rec.get("pid") is not None
+            phase = SlotPhase.EXITED if done else SlotPhase.STARTED if started else SlotPhase.SENT
+            rec["phase"] = phase
+        rec["phase"] = SlotPhase(rec.get("phase", SlotPhase.PENDING))
+        return cls(**rec)
 
 
 @dataclass(slots=True)
@@ -124,8 +271,10 @@ class Job:
     """Allocation epoch: bumped at every start, so stale messages from an old run are ignored."""
     allocation: list[Slot] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
-    cancel_requested: bool = False
-    preempt_requested: bool = False
+    stop_reason: EndReason | None = None
+    """Why the master is stopping this run (see `desired`); None: it should run."""
+    stop_text: str | None = None
+    """The reason the job will show when the stop is done (None: the usual text)."""
     timed_out: bool = False
     job_token_hashes: list[str] = field(default_factory=list)
     """Hashes of this run's credentials (mgpu.master.auth.new_job_token): the plaintext is
@@ -141,8 +290,6 @@ class Job:
     gpu_util_mean: float | None = None
     """Mean utilisation (%) over every telemetry sample of the job's GPUs."""
     gpu_util_samples: int = 0
-    cancel_reason: str | None = None
-    """Final reason of a running job cancelled for a reason of the system (idle)."""
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
 
@@ -155,6 +302,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def desired(self) -> DesiredState:
+        """What the master wants of this job (it is stopped by killing its processes)."""
+        return DesiredState.RUN if self.stop_reason is None else self.stop_reason.desired
 
     def to_record(self) -> dict[str, Any]:
         """Everything, for the store (by hand: dataclasses.asdict is slow on a hot path)."""
@@ -171,8 +323,9 @@ class Job:
             from mgpu.master.auth import token_hash
 
             rec["job_token_hashes"] = [*rec.get("job_token_hashes", []), token_hash(legacy)]
+        _migrate_stop(rec)
         rec["state"] = JobState(rec["state"])
-        rec["allocation"] = [Slot(**s) for s in rec.get("allocation", [])]
+        rec["allocation"] = [Slot.from_record(s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]
         if rec.get("node_gpu_ids") is not None:
             rec["node_gpu_ids"] = [(n, list(g)) for n, g in rec["node_gpu_ids"]]
@@ -227,6 +380,20 @@ class Job:
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
         }
+
+
+def _migrate_stop(rec: dict[str, Any]) -> None:
+    """Records of versions before `stop_reason`: flags and a text instead."""
+    cancel = rec.pop("cancel_requested", False)
+    preempt = rec.pop("preempt_requested", False)
+    text = rec.pop("cancel_reason", None)
+    if cancel:
+        idle = text is not None and text.startswith("idle")
+        rec["stop_reason"], rec["stop_text"] = EndReason.IDLE if idle else EndReason.CANCELLED, text
+    elif preempt:
+        rec["stop_reason"] = EndReason.PREEMPTED
+    if rec.get("stop_reason") is not None:
+        rec["stop_reason"] = EndReason(rec["stop_reason"])
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))

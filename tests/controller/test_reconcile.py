@@ -1,15 +1,13 @@
-"""Reconcile at an agent's hello: what to kill, what is lost, what to resume (pure, and as
-the controller applies it)."""
+"""Reconcile at an agent's hello, the pure part: what to kill, what is lost, what was never
+launched, what to resume (test_agents.py has it as the controller applies it)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from mgpu.master.reconcile import Expected, Reconciliation, expectations, reconcile
 from mgpu.master.steps import Steps
-from mgpu.model import Job, JobState, Slot
+from mgpu.model import EndReason, Job, JobState, Slot, SlotPhase
 from mgpu.protocol import RunningReport
 
 
@@ -102,6 +100,14 @@ CASES = [
     ),
     ("a lost job", [], {"j": Expected(1)}, [], ["j"], []),
     (
+        "a launch that never reached the agent: not lost, unlaunched",
+        [],
+        {"j": Expected(1, started=False)},
+        [],
+        [],
+        [],
+    ),
+    (
         "two lost jobs beside one still running",
         [rep("b")],
         {"a": Expected(1), "b": Expected(1), "c": Expected(3)},
@@ -128,30 +134,44 @@ def test_reconcile(
     assert ids(result.kill) == kill
     assert list(result.lost) == lost
     assert list(result.resume) == resume
+    unlaunched = [j for j, e in expected.items() if not e.started]
+    assert list(result.unlaunched) == unlaunched
+
+
+def test_a_launch_reported_running_is_resumed_not_unlaunched() -> None:
+    result = reconcile([rep("j")], {"j": Expected(1, started=False)})
+    assert result.resume == (("j", 1),) and result.unlaunched == () and result.lost == ()
 
 
 def running(job_id: str, *slots: Slot, epoch: int = 1) -> Job:
     job = Job(id=job_id, user="u", argv=["x"], command="x", state=JobState.RUNNING, epoch=epoch)
     job.allocation = list(slots)
+    for slot in job.allocation:
+        if slot.phase == SlotPhase.PENDING:
+            slot.phase = SlotPhase.STARTED
     return job
 
 
 def test_expectations_from_the_masters_jobs_and_steps() -> None:
     jobs = {
         "live": running("live", Slot("n1", [0])),
-        "multi": running("multi", Slot("n2", [0]), Slot("n1", [1], done=True), epoch=4),
+        "multi": running(
+            "multi", Slot("n2", [0]), Slot("n1", [1], phase=SlotPhase.EXITED), epoch=4
+        ),
         "elsewhere": running("elsewhere", Slot("n2", [1])),
         "queued": Job(id="queued", user="u", argv=["x"], command="x"),
         "stopping": running("stopping", Slot("n1", [2])),
+        "sent": running("sent", Slot("n1", [3], phase=SlotPhase.SENT)),
     }
-    jobs["stopping"].cancel_requested = True
+    jobs["stopping"].stop_reason = EndReason.CANCELLED
     steps = Steps()
     here, there = steps.new("live", 1, "n1"), steps.new("elsewhere", 1, "n2")
     reports = [rep(i) for i in ("multi", "elsewhere", "queued", here.id, there.id, "gone")]
-    got = expectations("n1", ["live", "stopping"], reports, jobs, steps.by_id)
+    got = expectations("n1", ["live", "stopping", "sent"], reports, jobs, steps.by_id)
     assert got == {
         "live": Expected(1),
         "stopping": Expected(1, stop=True),
+        "sent": Expected(1, started=False),
         "multi": Expected(4, ended=True),
         "elsewhere": Expected(1, here=False, ended=True),
         here.id: Expected(1, step=True),
@@ -161,43 +181,6 @@ def test_expectations_from_the_masters_jobs_and_steps() -> None:
     killed = ["multi", "elsewhere", "queued", there.id, "gone"]
     assert ids(result.kill) == [(run_id, 1) for run_id in killed]
     assert result.lost == ("live", "stopping")
+    assert result.unlaunched == ("sent",)
     assert result.resume == ((here.id, 1),)
     assert reconcile([], {}) == Reconciliation()
-
-
-def test_the_controller_requeues_lost_jobs_and_counts_one_failure_per_restart(
-    tmp_path: Path,
-) -> None:
-    from mgpu.config import ClusterConfig
-    from mgpu.master.cluster import Cluster
-    from mgpu.master.registry import NodeRecord
-    from mgpu.model import NodeState
-    from mgpu.protocol import GpuDesc
-
-    cl = Cluster(tmp_path, ClusterConfig())
-    try:
-        gpus = [GpuDesc(index=i, name="g", memory_mb=100) for i in range(3)]
-        node = cl.nodes["n1"] = NodeRecord("n1", gpus=gpus, state=NodeState.ONLINE)
-        for i, job_id in enumerate(("lost0001", "lost0002", "kept0003")):
-            job = running(job_id, Slot("n1", [i]))
-            job.start_time = 1.0
-            cl.jobs[job_id] = job
-            node.busy[i] = job_id
-            node.jobs.add(job_id)
-        kill = cl._reconcile(node, [rep("kept0003"), rep("stale001")])
-        assert [r.job_id for r in kill] == ["stale001"]
-        assert node.failures == 1  # two jobs lost, one restart
-        for job_id in ("lost0001", "lost0002"):
-            job = cl.jobs[job_id]
-            assert job.state == JobState.QUEUED
-            assert job.reason == "requeued: n1 restarted and no longer runs it (retry 1/5)"
-        assert cl.jobs["kept0003"].state == JobState.RUNNING
-        assert node.busy == {2: "kept0003"} and node.jobs == {"kept0003"}
-        # The same agent saying hello again: nothing more is lost, no failure more.
-        assert cl._reconcile(node, [rep("kept0003")]) == []
-        assert node.failures == 1
-        resume = cl._resume_points(node, [rep("kept0003"), rep("lost0001")])
-        assert [(r.job_id, r.epoch) for r in resume] == [("kept0003", 1)]
-    finally:
-        cl.outputs.close_all()
-        cl.store.close()

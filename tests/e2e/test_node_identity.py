@@ -109,8 +109,9 @@ def test_impostor_is_refused_and_the_real_node_keeps_its_job(one: LocalCluster) 
     job = wait_end(c, job_id)
     assert job["state"] == "completed" and job["retries"] == 0, job
     assert len(job["attempts"]) == 1
-    refusals = [e for e in c.client().audit() if e["kind"] == "agent_refused"]
-    assert [e["actor"] for e in refusals] == ["node001", "node001"]
+    (refused,) = [e for e in c.client().audit() if e["kind"] == "agent_refused"]
+    assert refused["actor"] == "node001" and refused["detail"].startswith("2 refused hellos")
+    assert "no node secret" in refused["detail"] and "a wrong node secret" in refused["detail"]
 
 
 def test_made_up_id_joins_once_then_belongs_to_its_first_agent(one: LocalCluster) -> None:

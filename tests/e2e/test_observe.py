@@ -450,37 +450,3 @@ def test_accounting_arithmetic() -> None:
     assert [p["allocated"] for p in series["points"]] == [2.2, 2.2, 1.0, 1.0]
     assert series["points"][0]["allocated_pct"] == 55.0
     assert [p["measured_pct"] for p in series["points"]] == [None, None, None, 60.0]
-
-
-def test_idle_notify_writes_to_the_job_output(tmp_path: Path) -> None:
-    from mgpu.config import ClusterConfig
-    from mgpu.master.cluster import Cluster
-    from mgpu.master.registry import NodeRecord
-    from mgpu.model import Job, JobState, Slot
-    from mgpu.protocol import GpuDesc, GpuTelemetry
-
-    config = ClusterConfig.model_validate(
-        {"scheduling": {"idle_after_minutes": 1, "idle_action": "notify"}}
-    )
-    cl = Cluster(tmp_path, config)
-    try:
-        n = cl.nodes["n1"] = NodeRecord("n1", gpus=[GpuDesc(index=0, name="g", memory_mb=100)])
-        job = Job(id="abcd1234", user="u", argv=["x"], command="x", interactive=True)
-        job.state, job.start_time = JobState.RUNNING, 1000.0
-        job.allocation = [Slot("n1", [0])]
-        cl.jobs[job.id], n.busy[0] = job, job.id
-        for t, util in ((1000, 90.0), (1030, 0.0), (1050, 0.0), (1091, 0.0)):
-            n.telemetry = {0: GpuTelemetry(index=0, utilization_pct=util, memory_used_mb=40)}
-            cl.gpuwatch.heartbeat(cl, n, now=t)
-            if t < 1091:
-                assert cl.public_job(job)["idle"] is False
-        assert cl.public_job(job)["idle"] is True
-        assert cl.public_job(job)["idle_since"] == 1000
-        assert job.gpu_memory_peak_mb == 40 and job.gpu_util_mean == pytest.approx(22.5)
-        (note,) = cl.outputs.read(job.id)
-        assert note["s"] == "e" and "idle for 1 minutes" in note["d"]
-        assert job.state == JobState.RUNNING  # notify does not cancel
-        assert any(e["kind"] == "idle" for e in cl.store.events())
-    finally:
-        cl.outputs.close_all()
-        cl.store.close()

@@ -25,8 +25,8 @@ from mgpu.agent import containers, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
+from mgpu.master.access import unix_groups
 from mgpu.master.admission import Admission, AdmissionContext
-from mgpu.master.cluster import _unix_groups
 from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
 from mgpu.model import Job
 from mgpu.scheduler.types import JobRequest
@@ -249,7 +249,7 @@ def _admit(adm: Admission, **fields: Any) -> Job:
     spec = JobSpec(command="true", **fields)
     jobs = build_jobs(spec, ME, SubmitDefaults(), 0.0, lambda: "a1b2c3d4")
     ctx = AdmissionContext(
-        nodes=[], request_for=_no_request, job_exists=lambda _: False, groups=_unix_groups
+        nodes=[], request_for=_no_request, job_exists=lambda _: False, groups=unix_groups
     )
     asyncio.run(adm.admit(jobs, spec, ctx))
     return jobs[0]

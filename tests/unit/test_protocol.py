@@ -12,16 +12,13 @@ from pydantic import ValidationError
 
 from mgpu.config import ClusterConfig
 from mgpu.master.cluster import Cluster
-from mgpu.master.registry import AgentLink, NodeRecord, Unsendable
-from mgpu.model import Job, JobState, NodeState
+from mgpu.master.registry import AgentLink, Unsendable
 from mgpu.protocol import (
     Exited,
     Forget,
-    GpuDesc,
     Heartbeat,
     Hello,
     Kill,
-    Launch,
     Started,
     batch_frames,
     encode,
@@ -116,45 +113,6 @@ def test_a_message_that_cannot_be_encoded_is_refused_alone() -> None:
     link.send(Forget(job_id="a1b2c3d4", epoch=1))
     assert _sent(link) == [Forget(job_id="a1b2c3d4", epoch=1)]
     assert not link.closed
-
-
-def test_an_unencodable_launch_fails_its_job_and_the_batch_goes_out(tmp_path: Path) -> None:
-    """A lone surrogate in one job's argv: that job fails with one sentence (no retry
-    spent, the node not blamed, its GPU given back); the other launches go out."""
-
-    async def main() -> None:
-        cl = Cluster(tmp_path, ClusterConfig())
-        try:
-            ws = FakeWebSocket()
-            link = AgentLink("n1", ws)
-            gpus = [GpuDesc(index=i, name="g", memory_mb=100) for i in range(3)]
-            node = cl.nodes["n1"] = NodeRecord("n1", gpus=gpus, link=link)
-            node.state = NodeState.ONLINE
-            jobs = []
-            for i, arg in enumerate(["one", "bad \ud800", "three"]):
-                job = Job(id=f"job0000{i}", user="u", argv=["echo", arg], command="echo")
-                cl.jobs[job.id] = job
-                jobs.append(job)
-                assert cl._start(job, [("n1", [i])])
-            await asyncio.sleep(0)  # the group commit runs: store, then the outbox
-            launched = [m.job_id for m in _sent(link) if isinstance(m, Launch)]
-            assert launched == ["job00000", "job00002"]
-            bad = jobs[1]
-            assert bad.state == JobState.FAILED
-            assert bad.reason == (
-                "could not be sent to n1: a string in it is not valid Unicode (a lone surrogate)"
-            )
-            assert bad.retries == 0 and node.failures == 0
-            assert 1 not in node.busy and node.busy == {0: "job00000", 2: "job00002"}
-            assert not link.closed
-            cl.flush()
-            stored = cl.store.get_job(bad.id)
-            assert stored is not None and stored.state == JobState.FAILED
-        finally:
-            cl.outputs.close_all()
-            cl.store.close()
-
-    asyncio.run(main())
 
 
 def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(

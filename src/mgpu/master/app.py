@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
@@ -22,18 +22,24 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field
 
+from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
-from mgpu.master.auth import BadTokenThrottle, Identity
+from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.guard import FailedLogins, Guard
+from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
+from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink
+from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
+from mgpu.master.store import Store
 from mgpu.master.submit import JobSpec, SubmitError
 from mgpu.model import Job, JobState
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
+from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
 
@@ -51,9 +57,16 @@ class WaitRequest(BaseModel):
     timeout: float = Field(default=30.0, ge=0, le=3600)
 
 
+def _step_host(text: str) -> str:
+    spec.validate_text(text, "the step's host")
+    return text
+
+
 class StepRequest(BaseModel):
-    host: str = Field(min_length=1, max_length=255)
-    argv: list[str] = Field(min_length=1)
+    """`mgpu rsh HOST ARGV`: argv is checked as a submit's is (UTF-8 without NUL, sizes)."""
+
+    host: Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_step_host)]
+    argv: Annotated[list[str], Field(min_length=1), AfterValidator(execspec.validate_argv)]
 
 
 class TokenRequest(BaseModel):
@@ -74,57 +87,16 @@ def _error(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": detail}, status_code=status)
 
 
-_SHOULD = re.compile(r"^(?:Input|String|List|Dictionary|Value|Tuple|Set) should ")
-
-
-def _shown(part: object) -> str:
-    """A piece of an error location as the user may see it: printable, short, encodable."""
-    text = str(part)
-    if len(text) > 40 or not text.isprintable():
-        return ascii(text[:40] + ("..." if len(text) > 40 else ""))
-    return text
-
-
-def _validation_sentence(exc: RequestValidationError | ValidationError) -> str:
-    """One sentence for a refused request, naming the option as the user typed it
-    (``--gpus-per-node``, ``--env[NAME]``), not the JSON field; no pydantic wording."""
-    err = exc.errors()[0]
-    kind = err.get("type", "")
-    raw_loc = tuple(err.get("loc", ()))
-    if kind == "json_invalid":
-        why = (err.get("ctx") or {}).get("error", "")
-        at = f" at character {raw_loc[1]}" if len(raw_loc) > 1 else ""
-        return f"the request body is not valid JSON ({why}{at})"
-    if kind in ("value_error", "assertion_error"):
-        # Our own validators' messages are whole sentences that name the option.
-        return str((err.get("ctx") or {}).get("error", err.get("msg", "invalid value")))
-    loc = [p for p in raw_loc if p not in ("body", "query", "path")]
-    if kind == "string_unicode":  # a key pydantic cannot read as text (a lone surrogate)
-        return f"{_where(loc) if loc else 'a field name of the request'} is not valid UTF-8"
-    if not loc:
-        if kind == "missing":
-            return "the request body is missing; send a JSON object"
-        if kind in ("model_attributes_type", "model_type", "dict_type"):
-            return "the request body must be a JSON object"
-        return "the request body " + _predicate(str(err.get("msg", "")))
-    where = _where(loc)
-    if kind == "extra_forbidden":
-        return f"{where} is not an option of this request"
-    if kind == "missing":
-        return f"{where} is required"
-    return f"{where} {_predicate(str(err.get('msg', '')))}"
-
-
-def _where(loc: list[Any]) -> str:
-    """A JSON location as the option the user typed: `--gpus-per-node`, `--env[NAME]`."""
-    return "--" + _shown(loc[0]).replace("_", "-") + "".join(f"[{_shown(p)}]" for p in loc[1:])
-
-
-def _predicate(msg: str) -> str:
-    """pydantic's "Input should be a valid integer" as "must be a valid integer"."""
-    if _SHOULD.match(msg):
-        return _SHOULD.sub("must ", msg)
-    return f"is not valid: {msg[:1].lower()}{msg[1:]}" if msg else "is not valid"
+def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
+    """The controller over the state dir: its store, tokens (made at first start), output
+    and node secrets; the cluster CA is made here too, at start, if it is not there yet."""
+    fingerprint = ensure_ca(state_dir)
+    store = Store(state_dir / "mgpu.db")
+    owner = getpass.getuser()
+    tokens = TokenStore(store.db, state_dir, fingerprint)
+    tokens.bootstrap(owner)
+    outputs = OutputStore(state_dir / "output")
+    return Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
 
 
 def create_app(
@@ -135,7 +107,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         nonlocal cluster
-        cluster = Cluster(state_dir, config)
+        cluster = open_cluster(state_dir, config)
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])
@@ -148,6 +120,7 @@ def create_app(
                 await task
             cluster.flush_all()
             failures.flush()
+            refused_hellos.flush()
             cluster.outputs.close_all()
             cluster.store.close()
 
@@ -157,8 +130,11 @@ def create_app(
         assert cluster is not None
         return cluster
 
-    # Refused logins: counted, one audit row per address and minute (see guard.py).
+    # Refused logins and hellos: counted, one audit row per address and minute (guard.py).
     failures = FailedLogins(lambda rows: c().store.record_events(rows))
+    refused_hellos = FailedLogins(
+        lambda rows: c().store.record_events(rows), kind="agent_refused", noun="hello"
+    )
 
     app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
     # Authentication and the body limit run before FastAPI reads a body.
@@ -366,9 +342,8 @@ def create_app(
     @app.post("/api/nodes/{node_id}/drain")
     async def drain(node_id: str, body: DrainRequest, request: Request) -> dict[str, Any]:
         ident = require_admin(request, "drain")
-        users = {j.id: j.user for j in c().jobs.values()}
         node = c().drain(node_id, body.reason, actor=ident.user, address=_address(request))
-        return node.to_public(users)
+        return c().node_public(node)
 
     @app.delete("/api/nodes/{node_id}")
     async def remove_node(node_id: str, request: Request) -> Any:
@@ -383,9 +358,8 @@ def create_app(
     @app.post("/api/nodes/{node_id}/resume")
     async def resume(node_id: str, request: Request) -> dict[str, Any]:
         ident = require_admin(request, "resume")
-        users = {j.id: j.user for j in c().jobs.values()}
         node = c().resume(node_id, actor=ident.user, address=_address(request))
-        return node.to_public(users)
+        return c().node_public(node)
 
     # ---- tokens and audit ---------------------------------------------------
 
@@ -442,7 +416,8 @@ def create_app(
     @app.get("/api/audit")
     async def audit(request: Request, since: float = Query(default=0.0, ge=0)) -> dict[str, Any]:
         require_admin(request, "audit")
-        failures.flush()  # the refused logins counted so far, written now
+        failures.flush()  # the refused logins and hellos counted so far, written now
+        refused_hellos.flush()
         return {"events": c().store.events(since=since)}
 
     @app.get("/api/ca")
@@ -520,10 +495,7 @@ def create_app(
                 if delay:
                     await asyncio.sleep(delay)
         if refusal is not None:
-            cl.store.record_event(
-                "agent_refused", actor=first.node_id, address=address, detail=refusal
-            )
-        if refusal is not None:
+            refused_hellos.failed(address, None, refusal, actor=first.node_id)
             log.warning("refused agent %s from %s: %s", first.node_id, ws.client, refusal)
             await ws.send_text(encode(Refused(reason=refusal)))
             await ws.close()

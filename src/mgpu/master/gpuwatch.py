@@ -9,21 +9,23 @@
   `scheduling.idle_after_minutes` is flagged `idle`; `scheduling.idle_action` then
   notifies (a line in the job's output) or cancels interactive jobs.
 * A measured cluster utilisation series for the dashboard's chart.
+
+It decides, the controller acts: `heartbeat` returns what is to be done (`WatchAction`s:
+block these GPUs, record that a job is idle, write a notice to its output, cancel it) and
+the controller applies them (master/agents.py).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from mgpu.config import ClusterConfig
+from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState
-
-if TYPE_CHECKING:
-    from mgpu.master.cluster import Cluster
-    from mgpu.master.registry import NodeRecord
 
 log = logging.getLogger("mgpu.master")
 
@@ -32,6 +34,44 @@ IDLE_UTIL_PCT = 5.0
 SERIES_STEP = 10.0
 """Seconds between two points of the measured utilisation series."""
 SERIES_POINTS = int(24 * 3600 / SERIES_STEP)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockGpus:
+    """Offer only the node's other GPUs to the scheduler (these are used outside mgpu)."""
+
+    node_id: str
+    gpus: frozenset[int]
+    freed: bool
+    """Some GPUs blocked before are free again: the scheduler should look."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobIdle:
+    """Record (audit log) that the job's GPUs have been idle for `detail`."""
+
+    job_id: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Write `text` to the job's stderr output."""
+
+    job_id: str
+    node_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelIdle:
+    """Cancel the job for leaving its GPUs idle; `reason` is its final reason."""
+
+    job_id: str
+    reason: str
+
+
+WatchAction = BlockGpus | JobIdle | Notice | CancelIdle
 
 
 class GpuWatch:
@@ -45,28 +85,39 @@ class GpuWatch:
 
     # ---- heartbeats ---------------------------------------------------------
 
-    def heartbeat(self, cluster: Cluster, node: NodeRecord, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        self._foreign(cluster, node)
+    def heartbeat(
+        self,
+        node: NodeRecord,
+        jobs: Mapping[str, Job],
+        nodes: Iterable[NodeRecord],
+        now: float,
+    ) -> list[WatchAction]:
+        """What the telemetry `node` just sent means; `jobs` are the active jobs, `nodes`
+        every node (for the utilisation series)."""
+        actions: list[WatchAction] = []
+        block = self._foreign(node)
+        if block is not None:
+            actions.append(block)
         by_job: dict[str, list[tuple[float | None, int | None]]] = {}
         for index, job_id in node.busy.items():
             tel = node.telemetry.get(index)
             if tel is not None:
                 by_job.setdefault(job_id, []).append((tel.utilization_pct, tel.memory_used_mb))
         for job_id, samples in by_job.items():
-            job = cluster.jobs.get(job_id)
+            job = jobs.get(job_id)
             if job is not None and job.state == JobState.RUNNING and job.start_time is not None:
                 self._observe(job, samples, now)
-        self._check_idle(cluster, now)
-        self._sample_series(cluster, now)
+        actions += self._check_idle(jobs, now)
+        self._sample_series(nodes, now)
+        return actions
 
-    def _foreign(self, cluster: Cluster, node: NodeRecord) -> None:
+    def _foreign(self, node: NodeRecord) -> BlockGpus | None:
         threshold = self.config.scheduling.foreign_memory_threshold_mb
         blocked = frozenset(
             i for i, t in node.telemetry.items() if (t.foreign_memory_mb or 0) > threshold
         )
         if blocked == node.foreign_blocked:
-            return
+            return None
         for i in sorted(blocked - node.foreign_blocked):
             mb = node.telemetry[i].foreign_memory_mb
             log.warning(
@@ -74,10 +125,7 @@ class GpuWatch:
             )
         for i in sorted(node.foreign_blocked - blocked):
             log.info("%s GPU %d is no longer used outside mgpu", node.node_id, i)
-        freed = bool(node.foreign_blocked - blocked)
-        node.foreign_blocked = blocked
-        if freed:
-            cluster.wake()
+        return BlockGpus(node.node_id, blocked, freed=bool(node.foreign_blocked - blocked))
 
     def _observe(
         self, job: Job, samples: list[tuple[float | None, int | None]], now: float
@@ -103,11 +151,12 @@ class GpuWatch:
 
     # ---- idle jobs ----------------------------------------------------------
 
-    def _check_idle(self, cluster: Cluster, now: float) -> None:
+    def _check_idle(self, jobs: Mapping[str, Job], now: float) -> list[WatchAction]:
         s = self.config.scheduling
         limit = s.idle_after_minutes * 60
+        actions: list[WatchAction] = []
         for job_id, last in list(self._last_active.items()):
-            job = cluster.jobs.get(job_id)
+            job = jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING:
                 self.forget(job_id)
                 continue
@@ -116,16 +165,17 @@ class GpuWatch:
             self._idle_since[job_id] = last
             minutes = f"{s.idle_after_minutes:g}"
             log.info("job %s is idle: its GPUs were unused for %s minutes", job_id, minutes)
-            cluster.store.record_event("idle", target=job_id, detail=f"{minutes} minutes")
+            actions.append(JobIdle(job_id, f"{minutes} minutes"))
             if not job.interactive or s.idle_action == "none" or job_id in self._acted:
                 continue
             self._acted.add(job_id)
             if s.idle_action == "cancel":
-                cluster.cancel(job, reason=f"idle for {minutes} minutes")
+                actions.append(CancelIdle(job_id, f"idle for {minutes} minutes"))
             else:
                 text = f"mgpu: this job's GPUs have been idle for {minutes} minutes\n"
                 node = job.allocation[0].node_id if job.allocation else ""
-                cluster.outputs.append(job.id, "e", text, node)
+                actions.append(Notice(job_id, node, text))
+        return actions
 
     def job_fields(self, job: Job) -> dict[str, Any]:
         """Fields added to an active job's JSON."""
@@ -139,19 +189,19 @@ class GpuWatch:
 
     # ---- measured utilisation -----------------------------------------------
 
-    def _sample_series(self, cluster: Cluster, now: float) -> None:
+    def _sample_series(self, nodes: Iterable[NodeRecord], now: float) -> None:
         if self.series and now - self.series[-1][0] < SERIES_STEP:
             return
-        utils = measured_utilisation(cluster)
+        utils = measured_utilisation(nodes)
         if utils:
             self.series.append((now, sum(utils) / len(utils)))
 
 
-def measured_utilisation(cluster: Cluster) -> list[float]:
+def measured_utilisation(nodes: Iterable[NodeRecord]) -> list[float]:
     """Every connected GPU's last reported utilisation, in percent."""
     return [
         t.utilization_pct
-        for n in cluster.nodes.values()
+        for n in nodes
         if n.connected
         for t in n.telemetry.values()
         if t.utilization_pct is not None

@@ -10,7 +10,7 @@ the answer; a huge one ends the connection.
 
 Refused logins are counted per address (`FailedLogins`) and written to the audit log
 as one row per address and window, so a flood of bad tokens costs a counter, not a
-database write each.
+database write each.  Refused agent hellos are counted the same way (`agent_refused`).
 """
 
 from __future__ import annotations
@@ -58,36 +58,53 @@ def too_large(method: str, path: str, limit: int) -> str:
     return f"request body too large: {method} {path} takes at most {_size(limit)}"
 
 
+MAX_REASONS = 5
+"""Distinct reasons named in one audit row; more are summed up as "..."."""
+
+AuditRow = tuple[str, str | None, str | None, str | None, str | None]
+"""(kind, actor, address, target, detail)"""
+
+
 @dataclass
 class _Failures:
     count: int = 0
-    path: str = ""
+    path: str | None = ""
     reasons: dict[str, None] = field(default_factory=dict)  # ordered set
+    more: bool = False
 
 
 class FailedLogins:
-    """Refused requests per address, written as one `auth_failed` audit row per address
-    when the window closes (or earlier, when someone reads the audit log)."""
+    """Refused requests per address (and actor, when one is named), written as one audit
+    row (`kind`) each when the window closes (or earlier, when someone reads the audit
+    log)."""
 
     def __init__(
         self,
-        write: Callable[[list[tuple[str, str | None, str | None, str | None, str | None]]], None],
+        write: Callable[[list[AuditRow]], None],
         window: float = 60.0,
         max_addresses: int = 10000,
+        kind: str = "auth_failed",
+        noun: str = "request",
     ) -> None:
         self._write = write
         self.window = window
         self.max_addresses = max_addresses
-        self._by_address: dict[str, _Failures] = {}
+        self.kind = kind
+        self.noun = noun
+        self._by_address: dict[tuple[str, str | None], _Failures] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def failed(self, address: str, path: str, why: str) -> None:
-        if address not in self._by_address and len(self._by_address) >= self.max_addresses:
+    def failed(self, address: str, path: str | None, why: str, actor: str | None = None) -> None:
+        key = (address, actor)
+        if key not in self._by_address and len(self._by_address) >= self.max_addresses:
             self.flush()  # memory stays bounded whatever the number of addresses
-        entry = self._by_address.setdefault(address, _Failures())
+        entry = self._by_address.setdefault(key, _Failures())
         entry.count += 1
         entry.path = path
-        entry.reasons[why] = None
+        if why in entry.reasons or len(entry.reasons) < MAX_REASONS:
+            entry.reasons[why] = None
+        else:
+            entry.more = True
         if self._timer is None:
             try:
                 self._timer = asyncio.get_running_loop().call_later(self.window, self.flush)
@@ -100,11 +117,11 @@ class FailedLogins:
             self._timer = None
         if not self._by_address:
             return
-        rows: list[tuple[str, str | None, str | None, str | None, str | None]] = []
-        for address, f in self._by_address.items():
-            noun = "request" if f.count == 1 else "requests"
-            detail = f"{f.count} refused {noun}: {', '.join(f.reasons)}"
-            rows.append(("auth_failed", None, address, f.path, detail))
+        rows: list[AuditRow] = []
+        for (address, actor), f in self._by_address.items():
+            noun = self.noun if f.count == 1 else f"{self.noun}s"
+            why = ", ".join([*f.reasons, "..."] if f.more else f.reasons)
+            rows.append((self.kind, actor, address, f.path, f"{f.count} refused {noun}: {why}"))
         self._by_address.clear()
         self._write(rows)
 

@@ -1,20 +1,20 @@
 """Prometheus exposition of the master's state.
 
-Most series are read from the cluster when `/metrics` is scraped (jobs, nodes, GPU
-telemetry).  Histograms need every observation, so `JobMetrics` keeps them: the cluster
-calls `started` when a job's process first starts and `finished` when a job ends.
+Most series are read from the controller when `/metrics` is scraped (jobs, nodes, GPU
+telemetry), through the small `MetricsSource` protocol.  Histograms need every
+observation, so `JobMetrics` keeps them: the controller calls `started` when a job's process
+first starts and `finished` when a job ends.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState, NodeState
-
-if TYPE_CHECKING:
-    from mgpu.master.cluster import Cluster
 
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
 RUNTIME_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 2 * 3600, 6 * 3600, 12 * 3600, 86400)
@@ -66,11 +66,32 @@ class JobMetrics:
             self.runtime.observe(max(0.0, job.end_time - job.start_time))
 
 
-def render_metrics(cluster: Cluster) -> str:
+class MetricsSource(Protocol):
+    """What /metrics reads of the controller."""
+
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+
+    @property
+    def nodes(self) -> Mapping[str, NodeRecord]: ...
+
+    @property
+    def counters(self) -> Mapping[str, int]: ...
+
+    @property
+    def last_pass_duration(self) -> float: ...
+
+    @property
+    def job_metrics(self) -> JobMetrics: ...
+
+    def stored_counts(self) -> dict[str, int]: ...
+
+
+def render_metrics(cluster: MetricsSource) -> str:
     reg = CollectorRegistry()
     jobs = Gauge("mgpu_jobs", "Jobs known to the master, by state", ["state"], registry=reg)
     counts = {s: 0 for s in JobState}
-    for state, n in _stored_counts(cluster).items():
+    for state, n in cluster.stored_counts().items():
         if state in counts and JobState(state).terminal:
             counts[JobState(state)] = n
     for j in cluster.jobs.values():
@@ -102,12 +123,7 @@ def render_metrics(cluster: Cluster) -> str:
     return text + generate_latest(cluster.job_metrics.registry).decode()
 
 
-def _stored_counts(cluster: Cluster) -> dict[str, int]:
-    cur = cluster.store.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
-    return {str(state): int(n) for state, n in cur}
-
-
-def _gpu_gauges(cluster: Cluster, reg: CollectorRegistry) -> None:
+def _gpu_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
     labels = ["node", "gpu"]
     util = Gauge("mgpu_gpu_utilization_percent", "GPU utilisation", labels, registry=reg)
     used = Gauge("mgpu_gpu_memory_used_bytes", "GPU memory in use", labels, registry=reg)

@@ -1,32 +1,29 @@
 """Observing the cluster: accounting (history, report), the utilisation series and the
 dashboard's static files.
 
-`make_router(get_cluster)` returns the routes; `create_app` includes them.  The
-accounting functions are pure (jobs in, rows out) so that they are easy to test.
+`make_router(get_cluster)` returns the routes; `create_app` includes them.  They read the
+controller through the small `Observed` protocol.  The accounting functions are pure (jobs
+in, rows out) so that they are easy to test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import math
 import re
-import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse, JSONResponse
 
-from mgpu.master.gpuwatch import measured_utilisation
+from mgpu.master.gpuwatch import GpuWatch, measured_utilisation
+from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState
-
-if TYPE_CHECKING:
-    from mgpu.master.cluster import Cluster
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css", "favicon.svg": "image/svg+xml"}
@@ -37,6 +34,25 @@ MAX_ROWS = 100000
 
 class BadQuery(ValueError):
     """A query parameter the user typed wrong; the message is one sentence."""
+
+
+class Observed(Protocol):
+    """What the accounting and utilisation routes read of the controller."""
+
+    @property
+    def jobs(self) -> Mapping[str, Job]: ...
+
+    @property
+    def nodes(self) -> Mapping[str, NodeRecord]: ...
+
+    @property
+    def gpuwatch(self) -> GpuWatch: ...
+
+    def finished_since(
+        self, since: float, user: str | None = None, states: set[str] | None = None, limit: int = 0
+    ) -> list[Job]:
+        """Jobs ended at or after `since`, newest first; safe to call from a thread."""
+        ...
 
 
 def parse_since(text: str | None, now: float, default: str = "7d") -> float:
@@ -223,7 +239,7 @@ def utilisation_series(
 # ---- routes -----------------------------------------------------------------
 
 
-def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
+def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
     router = APIRouter()
 
     def bad(e: BadQuery) -> JSONResponse:
@@ -242,7 +258,7 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
             states = _states(state)
         except BadQuery as e:
             return bad(e)
-        jobs = await asyncio.to_thread(finished_jobs, _db(cl), start, user, states, limit)
+        jobs = await asyncio.to_thread(cl.finished_since, start, user, states, limit)
         return {"since": start, "jobs": [history_row(j) for j in jobs]}
 
     @router.get("/api/report")
@@ -256,7 +272,7 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
             return bad(e)
 
         def compute() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            return report_rows(finished_jobs(_db(cl), start), by)
+            return report_rows(cl.finished_since(start, limit=MAX_ROWS), by)
 
         rows, total = await asyncio.to_thread(compute)
         return {"by": by, "since": start, "rows": rows, "total": total}
@@ -276,12 +292,12 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
         total = sum(len(n.gpus) for n in cl.nodes.values())
 
         def compute() -> dict[str, Any]:
-            jobs = [*finished_jobs(_db(cl), start), *active]
+            jobs = [*cl.finished_since(start, limit=MAX_ROWS), *active]
             return utilisation_series(jobs, start, now, points, total, measured)
 
         series = await asyncio.to_thread(compute)
         busy = sum(len(n.busy) for n in cl.nodes.values())
-        utils = measured_utilisation(cl)
+        utils = measured_utilisation(cl.nodes.values())
         series["now"] = {
             "allocated": busy,
             "allocated_pct": round(100 * busy / total, 2) if total else 0.0,
@@ -298,35 +314,6 @@ def make_router(get_cluster: Callable[[], Cluster]) -> APIRouter:
         return FileResponse(path, media_type=media, headers={"Cache-Control": "no-cache"})
 
     return router
-
-
-def _db(cluster: Cluster) -> Path:
-    return cluster.state_dir / "mgpu.db"
-
-
-def finished_jobs(
-    db: Path,
-    since: float,
-    user: str | None = None,
-    states: set[str] | None = None,
-    limit: int = MAX_ROWS,
-) -> list[Job]:
-    """Jobs that ended at or after `since`, newest first, through a read-only connection of
-    their own (SQLite in WAL mode lets it read while the master writes)."""
-    where = ["state NOT IN ('queued', 'running')", "end_time >= ?"]
-    params: list[Any] = [since]
-    if user:
-        where.append("user = ?")
-        params.append(user)
-    if states:
-        where.append(f"state IN ({','.join('?' * len(states))})")
-        params += sorted(states)
-    sql = f"SELECT record FROM jobs WHERE {' AND '.join(where)} ORDER BY end_time DESC LIMIT ?"
-    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
-    try:
-        return [Job.from_record(json.loads(r[0])) for r in conn.execute(sql, (*params, limit))]
-    finally:
-        conn.close()
 
 
 def _states(text: str | None) -> set[str]:

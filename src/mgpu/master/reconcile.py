@@ -7,9 +7,12 @@ applies the result:
 * **kill** — every run the master does not expect that is still running: an unknown id, a
   stale epoch (the job was requeued and runs elsewhere now), a slot or step that has ended,
   and a run the master wants stopped (a cancel it may have missed);
-* **lost** — jobs the master expects running here that the agent does not report (it
-  restarted without them): they are requeued, and the node is charged one failure for the
-  whole restart, not one per job;
+* **lost** — jobs the master expects running here, whose process the agent had reported
+  started, that the agent does not report (it restarted without them): they are requeued,
+  a retry spent, and the node is charged one failure for the whole restart, not one per job;
+* **unlaunched** — jobs whose launch the master stored as sent (or still pending) that the
+  agent neither reported started nor reports now: the launch never reached it (the master
+  died before sending it, or the connection did).  Requeued free: no retry, no failure;
 * **resume** — runs the master expects of this epoch on this node, ended or not, with
   the output it should tell the agent it already has (the agent re-sends the rest).
 
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mgpu.master.steps import Step, is_step_id
-from mgpu.model import Job, JobState
+from mgpu.model import DesiredState, Job, JobState
 from mgpu.protocol import RunningReport
 
 __all__ = ["Expected", "Reconciliation", "expectations", "reconcile"]
@@ -42,6 +45,8 @@ class Expected:
     """The master wants it stopped (a cancel requested): a live report is killed."""
     step: bool = False
     """A job step (`mgpu rsh`): it ends with its job, so it is never lost on its own."""
+    started: bool = True
+    """The agent had reported its process started (else the launch may never have come)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class Reconciliation:
     """Job ids; the first loss of a hello is the node's failure, the others are not."""
     resume: tuple[tuple[str, int], ...] = ()
     """(job or step id, epoch) of each run whose output the master keeps taking."""
+    unlaunched: tuple[str, ...] = ()
+    """Job ids whose launch never reached the agent: requeued free."""
 
 
 def reconcile(reports: Sequence[RunningReport], expected: Mapping[str, Expected]) -> Reconciliation:
@@ -74,12 +81,14 @@ def reconcile(reports: Sequence[RunningReport], expected: Mapping[str, Expected]
         matched.add(rep.job_id)
         if e.stop and not rep.exited:
             kill.append(rep)
-    lost = tuple(
-        job_id
+    missing = [
+        (job_id, e.started)
         for job_id, e in expected.items()
         if e.here and not e.ended and not e.step and job_id not in matched
-    )
-    return Reconciliation(tuple(kill), lost, tuple(resume))
+    ]
+    lost = tuple(job_id for job_id, started in missing if started)
+    unlaunched = tuple(job_id for job_id, started in missing if not started)
+    return Reconciliation(tuple(kill), lost, tuple(resume), unlaunched=unlaunched)
 
 
 def expectations(
@@ -105,5 +114,7 @@ def expectations(
             continue
         slot = next((s for s in job.allocation if s.node_id == node_id), None)
         ended = slot is None or slot.done
-        out[run_id] = Expected(job.epoch, slot is not None, ended, job.cancel_requested)
+        stop = job.desired is not DesiredState.RUN
+        started = slot is None or slot.started
+        out[run_id] = Expected(job.epoch, slot is not None, ended, stop, started=started)
     return out

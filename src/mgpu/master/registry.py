@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.model import NodeState
+from mgpu.model import NODE_MOVES, NodeEvent, NodeState
 from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
 
 log = logging.getLogger("mgpu.master")
@@ -119,10 +119,16 @@ class NodeRecord:
     def free_gpus(self) -> frozenset[int]:
         return frozenset(g.index for g in self.gpus if g.index not in self.busy)
 
-    def settle_drain(self) -> None:
-        """draining becomes drained once the last job has left."""
-        if self.drain_requested and self.state in (NodeState.DRAINING, NodeState.ONLINE):
-            self.state = NodeState.DRAINED if not self.jobs else NodeState.DRAINING
+    def move(self, event: NodeEvent) -> NodeState:
+        """Apply one event of `NODE_MOVES`; a drain request (kept while the node was away,
+        `drain_requested` is the node's desired state) is applied again as it joins, and a
+        draining node without jobs is drained at once."""
+        self.state = NODE_MOVES.get((self.state, event), self.state)
+        if event == NodeEvent.JOINED and self.drain_requested:
+            self.state = NODE_MOVES[(self.state, NodeEvent.DRAIN)]
+        if self.state == NodeState.DRAINING and not self.jobs:
+            self.state = NODE_MOVES[(self.state, NodeEvent.EMPTIED)]
+        return self.state
 
     def to_record(self) -> dict[str, Any]:
         """What survives a master restart."""

@@ -51,9 +51,15 @@ CREATE TABLE IF NOT EXISTS events (
 ACTIVE_STATES = ("queued", "running")
 
 
+MEMORY = ":memory:"
+"""A store that lives in memory only (the controller tests)."""
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+        if path != MEMORY:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -146,6 +152,41 @@ class Store:
             (*ACTIVE_STATES, since or 0.0, limit),
         )
         return [Job.from_record(json.loads(r[0])) for r in cur]
+
+    def count_by_state(self) -> dict[str, int]:
+        cur = self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        return {str(state): int(n) for state, n in cur}
+
+    def read_finished(
+        self,
+        since: float,
+        user: str | None = None,
+        states: set[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """Jobs that ended at or after `since`, newest first, through a read-only connection
+        of their own (SQLite in WAL mode lets it read while the master writes): safe to call
+        from a thread, so that a long history does not hold up the event loop."""
+        where = ["state NOT IN (?, ?)", "end_time >= ?"]
+        params: list[Any] = [*ACTIVE_STATES, since]
+        if user:
+            where.append("user = ?")
+            params.append(user)
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            params += sorted(states)
+        sql = f"SELECT record FROM jobs WHERE {' AND '.join(where)} ORDER BY end_time DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        if self.path == MEMORY:
+            return [Job.from_record(json.loads(r[0])) for r in self.db.execute(sql, params)]
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=10)
+        try:
+            return [Job.from_record(json.loads(r[0])) for r in conn.execute(sql, params)]
+        finally:
+            conn.close()
 
     def jobs_with_prefix(self, prefix: str) -> list[Job]:
         cur = self.db.execute(

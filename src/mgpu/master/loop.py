@@ -1,0 +1,205 @@
+"""The scheduling loop: snapshot → `schedule()` → apply, whenever something changed.
+
+`plan` reads the controller's state into the scheduler's snapshot (master/snapshot.py) and
+calls the pure core; `apply` carries the decisions out, re-checking each against the state
+as it is then, as Nomad's plan applier does: a start whose node is gone or no longer
+schedulable, or whose GPUs are no longer free, is dropped whole (the job stays queued and
+is planned again), never half-applied; a preemption of a job that has meanwhile ended or is
+already being stopped is dropped too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from mgpu.config import ClusterConfig
+from mgpu.master.lifecycle import Lifecycle
+from mgpu.master.nodes import NodeAdmin
+from mgpu.master.snapshot import job_request, prepare, scheduler_config
+from mgpu.master.state import ControllerState
+from mgpu.model import DesiredState, EndReason, Job, JobState
+from mgpu.scheduler import (
+    Decisions,
+    DependencyTarget,
+    Eligibility,
+    JobRequest,
+    UsageLedger,
+    schedule,
+)
+
+log = logging.getLogger("mgpu.master")
+
+__all__ = ["Plan", "SchedulingLoop"]
+
+REPLAN_INTERVAL = 5.0
+"""Seconds between passes when nothing happened (age priority, expected starts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One pass's verdicts, computed from a snapshot and not applied yet."""
+
+    now: float
+    eligibility: Eligibility
+    decisions: Decisions | None
+    """None when no queued job was eligible (no scheduler call was needed)."""
+    seconds: float
+    """CPU time the planning took."""
+
+
+class SchedulingLoop:
+    def __init__(
+        self,
+        state: ControllerState,
+        life: Lifecycle,
+        nodes: NodeAdmin,
+        usage: UsageLedger,
+        config: ClusterConfig,
+        allowed_nodes: Callable[[str], frozenset[str] | None],
+        targets: Callable[[str], Sequence[DependencyTarget]],
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.nodes = nodes
+        self.usage = usage
+        self.config = config
+        self.allowed_nodes = allowed_nodes
+        self.targets = targets
+        self._requests: dict[str, JobRequest] = {}
+        self.priorities: dict[str, float] = {}
+        self.factors: dict[str, dict[str, float]] = {}
+        self.expected_start: dict[str, float] = {}
+        self._deps_met: set[tuple[str, str]] = set()
+        """Dependencies (kind, job id) known to be satisfied for good."""
+        self.last_pass_time = 0.0
+        self.last_pass_duration = 0.0
+        self.loop_tick = state.clock.time()
+        """When the loop last went round (readyz)."""
+        self._last_full = 0.0
+        life.on_end.append(self.forget)
+
+    # ---- the loop ---------------------------------------------------------
+
+    async def run(self) -> None:
+        """Schedule whenever something changed; re-plan unchanged queues every few seconds
+        (priorities age, backoffs expire).  A long pass is followed by a pause of about its
+        own length, so a huge queue cannot starve the API of the event loop."""
+        while True:
+            woken = True
+            try:
+                await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
+            except TimeoutError:
+                woken = False
+            self.state.wakeup.clear()
+            self.tick(woken)
+            if self.last_pass_duration > 0.02:
+                await asyncio.sleep(min(1.0, self.last_pass_duration))
+            else:
+                await asyncio.sleep(0)  # let queued submissions in before the next pass
+
+    def tick(self, woken: bool = True) -> None:
+        """One round: lost nodes first, then a pass if something changed or one is due."""
+        self.loop_tick = self.state.clock.time()
+        try:
+            self.nodes.check_heartbeats()
+            now = self.state.clock.monotonic()
+            due = now - self._last_full >= REPLAN_INTERVAL or self.backoff_expired()
+            if woken or due:
+                self.schedule_pass()
+                self._last_full = now
+        except Exception:
+            log.exception("scheduling pass failed")
+
+    def backoff_expired(self) -> bool:
+        now = self.state.clock.time()
+        return any(
+            j.state == JobState.QUEUED
+            and j.retries
+            and self.last_pass_time < j.eligible_time <= now
+            for j in self.state.jobs.values()
+        )
+
+    # ---- requests (cached per queued job) ---------------------------------
+
+    def request_for(self, job: Job) -> JobRequest:
+        req = self._requests.get(job.id)
+        if req is None:
+            req = job_request(job, self.allowed_nodes(job.user))
+            if job.state == JobState.QUEUED and job.id in self.state.jobs:
+                self._requests[job.id] = req
+        return req
+
+    def forget(self, job: Job) -> None:
+        """The job left the queue for good (or changed): its cached verdicts go."""
+        self._requests.pop(job.id, None)
+        self.priorities.pop(job.id, None)
+        self.factors.pop(job.id, None)
+
+    # ---- a pass -----------------------------------------------------------
+
+    def schedule_pass(self) -> None:
+        self.apply(self.plan())
+
+    def plan(self) -> Plan:
+        now = self.state.clock.time()
+        t0 = time.perf_counter()
+        prepared = prepare(
+            now,
+            self.state.jobs.values(),
+            self.state.sorted_nodes(),
+            self.usage,
+            scheduler_config(self.config.scheduling),
+            request_for=self.request_for,
+            targets=self.targets,
+            known_met=self._deps_met,
+        )
+        decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
+        return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)
+
+    def apply(self, plan: Plan) -> None:
+        """Carry out `plan`, each decision re-checked against the state as it is now."""
+        t0 = time.perf_counter()
+        jobs = self.state.jobs
+        verdict = plan.eligibility
+        for job_id, why in verdict.cancel.items():
+            job = jobs.get(job_id)
+            if job is not None and job.state == JobState.QUEUED:
+                self.life.finish(job, EndReason.DEPENDENCY_NEVER, why)
+        for job_id, why in verdict.waiting.items():
+            job = jobs.get(job_id)
+            if job is not None:
+                job.reason = why  # advisory and changing: in memory, not written each pass
+        # Ended as required: that never changes, so later passes need not look them up.
+        self._deps_met.update(verdict.satisfied)
+        decisions = plan.decisions
+        if decisions is not None:
+            self.priorities.update(decisions.priorities)
+            self.factors.update(decisions.factors)
+            self.expected_start = dict(decisions.expected_start)
+            started: set[str] = set()
+            for start in decisions.starts:
+                job = jobs.get(start.job_id)
+                if job is None or job.state != JobState.QUEUED:
+                    continue
+                placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
+                if not all(self.state.free(n, g) for n, g in placements):
+                    log.info("start of %s dropped: %s changed since the plan", job.id, placements)
+                    continue
+                self.life.start(job, placements)
+                self._requests.pop(job.id, None)
+                started.add(job.id)
+            for job_id in decisions.preempt:
+                job = jobs.get(job_id)
+                running = job is not None and job.state == JobState.RUNNING
+                if running and job is not None and job.desired is DesiredState.RUN:
+                    self.life.request_stop(job, EndReason.PREEMPTED)
+            for job_id, why in decisions.reasons.items():
+                job = jobs.get(job_id)
+                if job is not None and job.id not in started and job.state == JobState.QUEUED:
+                    job.reason = why
+        self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)
+        self.last_pass_duration = plan.seconds + time.perf_counter() - t0

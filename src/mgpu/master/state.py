@@ -1,0 +1,116 @@
+"""The controller's memory: active jobs, nodes, job steps, and the GPU ledger between them.
+
+All of it lives on the asyncio loop, so there is no locking.  The ledger's rule, which
+keeps a GPU from being given twice: a GPU is taken (`allocate`) only from a node's free set
+while its job is written as running with a new epoch, and given back (`release`) only when
+that slot has ended, the job ends or is requeued, or the node is declared lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from mgpu.config import ClusterConfig
+from mgpu.master.clock import Clock
+from mgpu.master.registry import NodeRecord
+from mgpu.master.steps import Steps
+from mgpu.model import Job, JobState, NodeEvent, Slot, SlotPhase
+
+__all__ = ["ControllerState"]
+
+
+class ControllerState:
+    def __init__(self, config: ClusterConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.jobs: dict[str, Job] = {}
+        """Active jobs (queued and running), in submit order; ended ones are in the store."""
+        self.nodes: dict[str, NodeRecord] = {}
+        self.steps = Steps()
+        self.wakeup = asyncio.Event()
+        """Set when something happened that the scheduling loop should look at."""
+        self._waiters: dict[str, asyncio.Event] = {}
+        self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    # ---- waiting for a job ------------------------------------------------
+
+    def job_event(self, job_id: str) -> asyncio.Event:
+        """Set at the job's next change of state or start (then made anew)."""
+        ev = self._waiters.get(job_id)
+        if ev is None:
+            ev = self._waiters[job_id] = asyncio.Event()
+        return ev
+
+    def notify(self, job: Job) -> None:
+        ev = self._waiters.pop(job.id, None)
+        if ev is not None:
+            ev.set()
+
+    # ---- nodes ------------------------------------------------------------
+
+    def node(self, node_id: str) -> NodeRecord:
+        """The node's record, made (from its entry in the config, if any) when unknown."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = NodeRecord(node_id=node_id)
+            entry = self.config.node(node_id)
+            if entry is not None:
+                node.gpu_type = entry.gpu_type
+                node.rack = entry.rack or entry.switch
+                node.hostname = entry.hostname or ""
+                node.ip = entry.ip or ""
+                node.last_seen = self.clock.time()
+        return node
+
+    def sorted_nodes(self) -> list[NodeRecord]:
+        return [self.nodes[k] for k in sorted(self.nodes)]
+
+    def any_node_joined(self) -> bool:
+        """Whether any node has ever said hello (nodes listed in the config but never seen
+        have no GPUs to judge a job against)."""
+        return any(n.gpu_source != "unknown" for n in self.nodes.values())
+
+    def running_jobs_on(self, node: NodeRecord) -> list[Job]:
+        jobs = (self.jobs.get(j) for j in sorted(node.jobs))
+        return [j for j in jobs if j is not None and j.state == JobState.RUNNING]
+
+    # ---- the GPU ledger ---------------------------------------------------
+
+    def free(self, node_id: str, gpu_ids: Iterable[int]) -> bool:
+        """May a start take these GPUs now: the node is there and schedulable, and none of
+        them is held by a job or used outside mgpu."""
+        node = self.nodes.get(node_id)
+        if node is None or not node.schedulable:
+            return False
+        return not any(g in node.busy or g in node.foreign_blocked for g in gpu_ids)
+
+    def allocate(self, job: Job, node_id: str, gpu_ids: Iterable[int]) -> None:
+        node = self.nodes[node_id]
+        node.jobs.add(job.id)
+        for g in gpu_ids:
+            node.busy[g] = job.id
+
+    def release(self, job: Job, slot: Slot) -> None:
+        node = self.nodes.get(slot.node_id)
+        if node is None:
+            return
+        node.jobs.discard(job.id)
+        for g in slot.gpu_ids:
+            if node.busy.get(g) == job.id:
+                del node.busy[g]
+        if not node.jobs:
+            node.move(NodeEvent.EMPTIED)
+        self.wake()
+
+    def hold(self, job: Job) -> None:
+        """Mark the GPUs of a running job busy (a job loaded as running at start-up)."""
+        for slot in job.allocation:
+            node = self.node(slot.node_id)
+            if slot.phase != SlotPhase.EXITED:  # held ranks of an --mpi job too
+                node.jobs.add(job.id)
+                for g in slot.gpu_ids:
+                    node.busy[g] = job.id

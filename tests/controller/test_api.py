@@ -1,0 +1,159 @@
+"""The master's API in front of the controller, driven in process over ASGI (no server):
+a step's argv is checked as a submit's is, and refused agent hellos are counted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mgpu.config import ClusterConfig
+from mgpu.master.app import create_app
+from mgpu.master.cluster import Cluster
+from mgpu.master.guard import MAX_REASONS, FailedLogins
+from mgpu.protocol import Hello, encode
+
+
+def _http(path: str, method: str, token: str, body: bytes = b"") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+
+
+async def _call(app: Any, method: str, path: str, token: str, body: bytes = b"") -> Any:
+    """(status, JSON body) of one request."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(_http(path, method, token, body), receive, send), timeout=10)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(data)
+
+
+async def _refused_hello(app: Any, hello: Hello) -> str:
+    """One agent connection that says `hello` and is refused: the reason it was given."""
+    inbox = [
+        {"type": "websocket.connect"},
+        {"type": "websocket.receive", "text": encode(hello)},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return inbox.pop(0) if inbox else {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "path": "/api/agent",
+        "raw_path": b"/api/agent",
+        "root_path": "",
+        "scheme": "ws",
+        "query_string": b"",
+        "headers": [],
+        "client": ("10.1.2.3", 50000),
+        "server": ("127.0.0.1", 8080),
+        "subprotocols": [],
+    }
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    (text,) = [m["text"] for m in sent if m["type"] == "websocket.send"]
+    return str(json.loads(text)["reason"])
+
+
+# (case, argv as JSON, the sentence)
+BAD_STEPS = [
+    ("a NUL byte", '["echo", "a\\u0000b"]', "--argv[1] contains a NUL byte"),
+    ("a lone surrogate", '["echo", "\\ud800"]', "--argv[1] is not valid"),
+    ("an empty command", '[" "]', "the command is empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "sentence"), [c[1:] for c in BAD_STEPS], ids=[c[0] for c in BAD_STEPS]
+)
+def test_a_steps_argv_is_checked_like_a_submits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: str, sentence: str
+) -> None:
+    started: list[Any] = []
+    monkeypatch.setattr(Cluster, "start_step", lambda self, *args: started.append(args))
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> tuple[int, Any]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            body = f'{{"host": "node001", "argv": {argv}}}'.encode()
+            return await _call(app, "POST", "/api/jobs/a1b2c3d4/steps", token, body)
+
+    status, answer = asyncio.run(main())
+    assert status == 422
+    assert answer["detail"].startswith(sentence)
+    assert started == []  # never reached the controller, let alone an agent
+
+
+def test_refused_hellos_are_counted_in_one_audit_row(tmp_path: Path) -> None:
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> tuple[list[str], list[dict[str, Any]]]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            hello = Hello(node_id="n1", hostname="h", ip="10.1.2.3", gpus=[], token="bad")
+            reasons = [await _refused_hello(app, hello) for _ in range(3)]
+            other = Hello(node_id="n2", hostname="h", ip="10.1.2.3", gpus=[], token=None)
+            reasons.append(await _refused_hello(app, other))
+            status, audit = await _call(app, "GET", "/api/audit", token)
+            assert status == 200
+            return reasons, audit["events"]
+
+    reasons, events = asyncio.run(main())
+    assert reasons[:3] == ["not authorised: wrong join token"] * 3
+    rows = sorted(
+        (e["actor"], e["address"], e["detail"]) for e in events if e["kind"] == "agent_refused"
+    )
+    assert rows == [
+        ("n1", "10.1.2.3", "3 refused hellos: not authorised: wrong join token"),
+        (
+            "n2",
+            "10.1.2.3",
+            "1 refused hello: not authorised: no join token given (mgpu node --token, "
+            "or $MGPU_JOIN_TOKEN)",
+        ),
+    ]
+
+
+def test_a_refusal_row_names_a_few_reasons_however_many_there_were() -> None:
+    rows: list[Any] = []
+    hellos = FailedLogins(rows.extend, kind="agent_refused", noun="hello")
+    for i in range(MAX_REASONS + 20):
+        hellos.failed("10.0.0.9", None, f"reason {i}", actor="n1")
+    hellos.flush()
+    ((kind, actor, address, target, detail),) = rows
+    assert (kind, actor, address, target) == ("agent_refused", "n1", "10.0.0.9", None)
+    named = ", ".join(f"reason {i}" for i in range(MAX_REASONS))
+    assert detail == f"{MAX_REASONS + 20} refused hellos: {named}, ..."
