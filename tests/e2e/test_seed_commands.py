@@ -100,7 +100,7 @@ class Walk:
         self.last_job = ""
         self.daemons: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
-        self.clients: list[Client] = []
+        self._client: Client | None = None
         self._count = itertools.count()
         smi = tmp / "gpu-bin"
         smi.mkdir()
@@ -147,9 +147,12 @@ class Walk:
         return words
 
     def client(self) -> Client:
-        token = (self.state_dir / "admin-token").read_text().strip()
-        self.clients.append(Client(f"127.0.0.1:{self.port}", token=token, connect_timeout=2.0))
-        return self.clients[-1]
+        """The owner's client, as on the master's machine (one, reused: a TLS master waits
+        for idle connections to close when it stops)."""
+        if self._client is None:
+            token = (self.state_dir / "admin-token").read_text().strip()
+            self._client = Client(f"127.0.0.1:{self.port}", token=token, connect_timeout=2.0)
+        return self._client
 
     def run(self, seed: Seed, extra_env: dict[str, str] | None = None) -> str:
         """Run one seed command and check its outcome; returns its stdout."""
@@ -200,9 +203,9 @@ class Walk:
         return ""
 
     def stop(self) -> None:
-        for client in self.clients:  # a TLS master waits for idle connections to close
-            client.close()
-        self.clients.clear()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         for proc in reversed(self.daemons):
             kill_group(proc)
         self.daemons.clear()
