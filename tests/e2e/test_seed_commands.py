@@ -422,6 +422,16 @@ def test_node_options_refused_in_one_sentence(
     assert "Traceback" not in res.stderr
 
 
+def test_node_health_checks_the_gpu_count(tmp_path: Path) -> None:
+    node = [str(BIN / "mgpu"), "node", "--node-id", "n1", "--master-port", str(free_port())]
+    node += ["--state-dir", str(tmp_path / "st"), "--health", "--fake-gpus", "4"]
+    res = run_here(*node, "--gpu-count", "2")
+    assert "ok    GPUs visible: 2 simulated GPU(s) (--fake-gpus)" in res.stdout, res.stdout
+    res = run_here(*node, "--gpu-count", "5")
+    assert res.returncode == 1
+    assert "FAIL  GPUs visible: --gpu-count 5 asks for more GPUs than this node has" in res.stdout
+
+
 @pytest.mark.parametrize(
     ("argv", "start"),
     [
