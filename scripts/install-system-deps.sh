@@ -6,13 +6,15 @@
 #   chromium                        headless browser tests of the web UI
 #   podman, runc, busybox-static    a real --image job (tests/e2e/test_site.py: rootful podman,
 #                                   runc for hybrid-cgroup VMs, a busybox image built locally)
+#   zsh                             the zsh completion script, typed into a real zsh
+#                                   (tests/unit/test_completion.py)
 #
 # Idempotent and fast when everything is present (one dpkg-query, no apt-get).
 # Skips with a message (exit 0) when not root or when apt-get is unavailable, so
 # `make test` still runs elsewhere; the tests needing these packages then skip.
 set -euo pipefail
 
-PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static)
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 

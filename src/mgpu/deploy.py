@@ -43,10 +43,17 @@ def executable(subcommand: str) -> list[str]:
         return [os.path.abspath(sys.executable), "-m", "mgpu", subcommand]
     if os.sep not in argv0:
         argv0 = shutil.which(argv0) or argv0
-    exe = os.path.abspath(argv0)
-    if name.startswith(f"mgpu_{subcommand}"):
-        return [exe]
-    return [exe, subcommand]
+    exe = [os.path.abspath(argv0)]
+    if not frozen and name.endswith(".py"):  # the seeds' `python src/mgpu_simple_node.py`
+        exe.insert(0, os.path.abspath(sys.executable))
+        name = name.removesuffix(".py")
+    if name.startswith(f"mgpu_{subcommand}") or _SEED_ALIASES.get(name) == subcommand:
+        return exe
+    return [*exe, subcommand]
+
+
+_SEED_ALIASES = {"mgpu_simple_master": "master", "mgpu_simple_node": "node"}
+"""The seeds' names that are a subcommand, beyond the `mgpu_<subcommand>` ones."""
 
 
 def _exec_start(words: Sequence[str]) -> str:
@@ -124,6 +131,8 @@ def node_unit(args: argparse.Namespace, state_dir: Path) -> str:
         words += ["--advertise-ip", args.advertise_ip]
     if args.fake_gpus is not None:
         words += ["--fake-gpus", str(args.fake_gpus)]
+    if getattr(args, "gpu_count", None) is not None:
+        words += ["--gpu-count", str(args.gpu_count)]
     runtime = getattr(args, "container_runtime", "auto")
     if runtime and runtime != "auto":
         words += ["--container-runtime", runtime]

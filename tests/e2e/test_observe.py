@@ -354,7 +354,9 @@ def test_completion(obs: LocalCluster) -> None:
     assert _complete(bash, "mgpu", "rep") == ["report"]
     assert {"history", "top", "completion", "submit"} <= set(_complete(bash, "mgpu", ""))
     assert _complete(bash, "mgpu", "report", "--by", "") == ["user", "node"]
-    assert _complete(bash, "mgpu", "--host", "h", "submit", "--gpu-") == ["--gpu-ids", "--gpu-type"]
+    assert set(_complete(bash, "mgpu", "--host", "h", "submit", "--gpu-")) == {
+        *("--gpu-ids", "--gpu-type", "--gpu-share")  # --gpu-share: listed before it lands
+    }
     assert _complete(bash, "mgpu", "completion", "z") == ["zsh"]
     zsh = obs.cli("completion", "zsh", check=True).stdout
     assert zsh.startswith("#compdef mgpu mgpu_client")

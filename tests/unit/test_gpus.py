@@ -15,6 +15,7 @@ import pytest
 from mgpu.agent.gpus import (
     FAKE_GPU_MEMORY_MB,
     FAKE_GPU_NAME,
+    GpuCountError,
     GpuInfo,
     detect_gpus,
     parse_nvidia_smi_csv,
@@ -408,6 +409,65 @@ def test_driver_error_message_is_what_nvidia_smi_prints() -> None:
     assert recorded("driver_error.txt").startswith(
         "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
     )
+
+
+# --------------------------------------------------------------------------- --gpu-count
+
+
+@pytest.mark.parametrize("count", [0, 1, 4])
+def test_gpu_count_keeps_the_first_real_gpus(count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_nvml(monkeypatch, None)
+    install_smi(monkeypatch, query_gpu=(recorded("a100x4.csv"), 0))
+    gpus, source = detect_gpus(count=count)
+    assert source == "nvidia-smi"
+    assert [g.index for g in gpus] == list(range(count))
+    assert [g.uuid for g in gpus] == [g.uuid for g in detect_gpus()[0][:count]]
+
+
+def test_gpu_count_keeps_indices_as_cuda_numbers_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GPUs 1 and 2 are unreadable: the "first two" are 0 and 3, not renumbered.
+    install_nvml(monkeypatch, None)
+    install_smi(monkeypatch, query_gpu=(recorded("na_fields.csv"), 0))
+    gpus, _ = detect_gpus(count=2)
+    assert [g.index for g in gpus] == [0, 3]
+
+
+def test_gpu_count_with_fake_gpus() -> None:
+    gpus, source = detect_gpus(fake=4, count=2, hostname="h")
+    assert (source, [g.uuid for g in gpus]) == ("fake", ["FAKE-h-0", "FAKE-h-1"])
+
+
+@pytest.mark.parametrize(
+    ("fake", "count", "message"),
+    [
+        (
+            2,
+            3,
+            "--gpu-count 3 asks for more GPUs than this node has (2 simulated by --fake-gpus); "
+            "give a smaller N, or leave --gpu-count out to use them all",
+        ),
+        (2, -1, "--gpu-count must be 0 or more, not -1"),
+    ],
+)
+def test_gpu_count_beyond_the_node(fake: int, count: int, message: str) -> None:
+    with pytest.raises(GpuCountError) as err:
+        detect_gpus(fake=fake, count=count)
+    assert str(err.value) == message
+
+
+def test_gpu_count_on_a_node_without_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_nvml(monkeypatch, None)
+    install_smi(monkeypatch, query_gpu=(recorded("no_devices.txt"), 6))
+    with pytest.raises(GpuCountError, match="none found through NVML or nvidia-smi") as err:
+        detect_gpus(count=1)
+    assert "--fake-gpus N simulates GPUs" in str(err.value)
+    assert detect_gpus(count=0) == ([], "none")
+
+
+def test_gpu_count_of_a_real_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_nvml(monkeypatch, a100_box())
+    with pytest.raises(GpuCountError, match=r"\(2 found through nvml\)"):
+        detect_gpus(count=8)
 
 
 # --------------------------------------------------------------------------- telemetry

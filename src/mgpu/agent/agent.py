@@ -77,6 +77,7 @@ class Agent:
         insecure: bool = False,
         container_runtime: str = "auto",
         gpu_device_dir: Path = devices.DEFAULT_DIR,
+        gpu_count: int | None = None,
     ) -> None:
         from mgpu.client.credentials import is_loopback
 
@@ -88,6 +89,8 @@ class Agent:
         self.master = (master_host, master_port)
         self.state_dir = state_dir
         self.fake_gpus = fake_gpus
+        self.gpu_count = gpu_count
+        """Manage only the node's first N GPUs (`mgpu node --gpu-count N`); None: all."""
         self.advertise_ip = advertise_ip
         self.token = token
         self.gpu_device_dir = gpu_device_dir
@@ -133,7 +136,7 @@ class Agent:
     async def run(self) -> None:
         _make_private(self.state_dir, self.launcher.spool.parent, self.launcher.spool)
         self.identity.open()
-        self.gpus, self.gpu_source = detect_gpus(self.fake_gpus)
+        self.gpus, self.gpu_source = detect_gpus(self.fake_gpus, count=self.gpu_count)
         await self.site.probe()
         log.info(
             "node %s on %s: %d GPU(s) via %s",
@@ -551,6 +554,7 @@ def run_agent(
     insecure: bool = False,
     container_runtime: str = "auto",
     gpu_device_dir: Path = devices.DEFAULT_DIR,
+    gpu_count: int | None = None,
 ) -> None:
     from mgpu.client.credentials import find_join_token
 
@@ -567,6 +571,7 @@ def run_agent(
         insecure=insecure,
         container_runtime=container_runtime,
         gpu_device_dir=gpu_device_dir,
+        gpu_count=gpu_count,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())

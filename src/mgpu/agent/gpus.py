@@ -2,12 +2,13 @@
 
 Discovery order (`detect_gpus`): simulated GPUs when ``--fake-gpus N`` is given, else NVML
 through the ``pynvml`` module of the ``nvidia-ml-py`` package, else ``nvidia-smi``'s CSV
-query, else no GPUs.
+query, else no GPUs.  ``--gpu-count N`` then keeps the first N of them (by index), as the
+seeds' node agent did.
 
 The agent manages *every* GPU of its node: an inherited ``CUDA_VISIBLE_DEVICES`` is
 deliberately ignored here (NVML and nvidia-smi do not honour it either), because the agent
-sets ``CUDA_VISIBLE_DEVICES`` itself for each job.  To keep GPUs away from mgpu, drain the
-node or run it with fewer fake GPUs.
+sets ``CUDA_VISIBLE_DEVICES`` itself for each job.  To keep GPUs away from mgpu, give the
+agent ``--gpu-count N`` (it then manages GPUs 0..N-1 only), or drain the node.
 
 Reported facts, checked against nvidia-ml-py 13.x:
 
@@ -39,11 +40,13 @@ from mgpu.agent import privileged
 __all__ = [
     "FAKE_GPU_MEMORY_MB",
     "FAKE_GPU_NAME",
+    "GpuCountError",
     "GpuInfo",
     "GpuSample",
     "GpuSource",
     "detect_gpus",
     "fake_gpus",
+    "first_gpus",
     "parse_nvidia_smi_csv",
     "sample_gpus",
 ]
@@ -89,9 +92,14 @@ class GpuSample:
 # --------------------------------------------------------------------------- discovery
 
 
+class GpuCountError(ValueError):
+    """``--gpu-count N`` asks for more GPUs than the node has."""
+
+
 def detect_gpus(
     fake: int | None = None,
     *,
+    count: int | None = None,
     hostname: str | None = None,
     nvidia_smi: str = NVIDIA_SMI,
     timeout: float = NVIDIA_SMI_TIMEOUT,
@@ -102,7 +110,17 @@ def detect_gpus(
     ``"nvidia-smi"`` or ``"none"``; `gpus` is sorted by index.  ``fake=N`` (N >= 0)
     simulates N GPUs without touching the hardware.  A real source that finds zero GPUs
     falls through to the next one, so ``"none"`` always comes with an empty list.
+    ``count=N`` keeps the first N GPUs found (`GpuCountError` if there are fewer).
     """
+    gpus, source = _discover(fake, hostname, nvidia_smi, timeout)
+    if count is None:
+        return gpus, source
+    return first_gpus(gpus, count, source), source
+
+
+def _discover(
+    fake: int | None, hostname: str | None, nvidia_smi: str, timeout: float
+) -> tuple[list[GpuInfo], str]:
     if fake is not None:
         return fake_gpus(fake, hostname=hostname), "fake"
 
@@ -116,6 +134,26 @@ def detect_gpus(
 
     log.info("no NVIDIA GPUs found (NVML and nvidia-smi both unavailable or empty)")
     return [], "none"
+
+
+def first_gpus(gpus: Sequence[GpuInfo], count: int, source: str) -> list[GpuInfo]:
+    """The first `count` of `gpus` (sorted by index): what ``--gpu-count`` leaves the agent.
+
+    The others stay outside mgpu: never allocated, nor sampled.  Their indices are not
+    renumbered (GPU 0..count-1 are the node's own 0..count-1, as CUDA numbers them)."""
+    if isinstance(count, bool) or count < 0:
+        raise GpuCountError(f"--gpu-count must be 0 or more, not {count}")
+    if count > len(gpus):
+        found = {
+            "fake": f"{len(gpus)} simulated by --fake-gpus",
+            "none": "none found through NVML or nvidia-smi",
+        }.get(source, f"{len(gpus)} found through {source}")
+        hint = "--fake-gpus N simulates GPUs" if source == "none" else "give a smaller N"
+        raise GpuCountError(
+            f"--gpu-count {count} asks for more GPUs than this node has ({found}); "
+            f"{hint}, or leave --gpu-count out to use them all"
+        )
+    return sorted(gpus, key=lambda g: g.index)[:count]
 
 
 def fake_gpus(count: int, *, hostname: str | None = None) -> list[GpuInfo]:

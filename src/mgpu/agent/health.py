@@ -19,11 +19,13 @@ class Check:
     detail: str
 
 
-def check_gpus(fake_gpus: int | None) -> Check:
-    from mgpu.agent.gpus import detect_gpus
+def check_gpus(fake_gpus: int | None, gpu_count: int | None = None) -> Check:
+    from mgpu.agent.gpus import GpuCountError, detect_gpus
 
     try:
-        gpus, source = detect_gpus(fake_gpus)
+        gpus, source = detect_gpus(fake_gpus, count=gpu_count)
+    except GpuCountError as e:
+        return Check("GPUs visible", False, str(e))
     except Exception as e:  # a broken driver must give a failed check, not a traceback
         return Check("GPUs visible", False, f"GPU detection failed: {e}")
     if source == "fake":
@@ -136,11 +138,12 @@ def run_health(
     fake_gpus: int | None,
     out: TextIO | None = None,
     gpu_device_dir: Path = Path("/dev"),
+    gpu_count: int | None = None,
 ) -> int:
     """Print one line per check; 0 if all pass, else 1."""
     out = out or sys.stdout
     checks = [
-        check_gpus(fake_gpus),
+        check_gpus(fake_gpus, gpu_count),
         check_spool(state_dir, node_id),
         check_master(master_host, master_port),
         check_containment(state_dir, node_id),

@@ -265,6 +265,8 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
         raise UsageError("mgpu node remove needs the node id: mgpu node remove ID")
     if args.join_token:
         args.token = args.join_token  # `mgpu node remove ID --token T`: T is the admin's
+    if args.node_host or args.master_host:
+        args.host = args.node_host or args.master_host  # `node remove ID --host H`, as for node
     res = make_client(args).remove_node(args.target)
     requeued = res.get("requeued") or []
     print(f"removed {res['removed']}" + (f"; requeued {', '.join(requeued)}" if requeued else ""))
@@ -289,6 +291,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         _fail(str(e))
     if args.fake_gpus is not None and args.fake_gpus < 0:
         _fail("--fake-gpus must not be negative")
+    if args.gpu_count is not None and args.gpu_count < 0:
+        _fail("--gpu-count must not be negative")
+    args.master_host = _node_master_host(args)
     if not os.path.isdir(args.gpu_device_dir):
         _fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
@@ -307,6 +312,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             state_dir,
             args.fake_gpus,
             gpu_device_dir=Path(args.gpu_device_dir),
+            gpu_count=args.gpu_count,
         )
     if args.fake_foreign:
         from mgpu.agent.telemetry import parse_gpu_values
@@ -317,6 +323,8 @@ def cmd_node(args: argparse.Namespace) -> int:
             _fail(str(e))
         os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
     setup_logging(args.verbose)
+    from mgpu.agent.gpus import GpuCountError
+
     try:
         run_agent(
             args.node_id,
@@ -329,12 +337,35 @@ def cmd_node(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             container_runtime=args.container_runtime,
             gpu_device_dir=Path(args.gpu_device_dir),
+            gpu_count=args.gpu_count,
         )
     except AgentRefused as e:
+        from mgpu.client.credentials import find_join_token
+
+        if find_join_token(args.join_token, state_dir) is None:
+            _fail(NO_JOIN_TOKEN)
         _fail(f"the master refused this node: {e}")
-    except NodeIdentityError as e:
+    except (NodeIdentityError, GpuCountError) as e:
         _fail(str(e))
     return 0
+
+
+NO_JOIN_TOKEN = (
+    "this node has no join token: copy it from the file join-token in the master's state dir "
+    "(on the master's machine ~/.local/state/mgpu/join-token of the account running "
+    "`mgpu master`, unless it was given --state-dir or $MGPU_STATE_DIR; its log names the "
+    "file) and give it to this node with --token TOKEN or $MGPU_JOIN_TOKEN"
+)
+
+
+def _node_master_host(args: argparse.Namespace) -> str:
+    """`--master-host`, or the original node agent's `--host` for the same thing."""
+    if args.node_host and args.master_host and args.node_host != args.master_host:
+        _fail(
+            f"--host {args.node_host} and --master-host {args.master_host} name different "
+            "masters; give only --master-host"
+        )
+    return str(args.master_host or args.node_host or "127.0.0.1")
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -553,9 +584,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", nargs="?", choices=["remove"], help="remove ID (admin)")
     s.add_argument("target", nargs="?", metavar="ID", help="(remove) the node to forget")
     s.add_argument("--node-id")
-    s.add_argument("--master-host", default="127.0.0.1")
+    s.add_argument("--master-host", help="the master's address (default 127.0.0.1)")
+    s.add_argument(
+        "--host", dest="node_host", metavar="MASTER_HOST", help="the same (the original name)"
+    )
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
+    s.add_argument("--gpu-count", type=int, help="manage only the node's first N GPUs")
     s.add_argument(
         "--fake-foreign",
         metavar="GPU:MB[,GPU:MB]",
