@@ -131,5 +131,8 @@ def run_master(
         ws_ping_interval=None,
         ws_per_message_deflate=False,
         ws_max_size=64 * 1024 * 1024,
+        # An idle keep-alive TLS connection otherwise holds a SIGTERM'd master up for
+        # ~30 s (uvicorn waits for it); state is flushed by the lifespan's end anyway.
+        timeout_graceful_shutdown=3,
         **ssl_args,  # type: ignore[arg-type]
     )
