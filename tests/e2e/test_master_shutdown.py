@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from helpers import BIN, LocalCluster, wait_for
-
 from mgpu import Client
 
 
