@@ -293,3 +293,17 @@ def test_could_fit_reservation_checks_the_request_against_its_gpus() -> None:
 )  # fmt: skip
 def test_format_delay(seconds: float, text: str) -> None:
     assert format_delay(seconds) == text
+
+
+def test_preemption_never_takes_a_reservations_gpus_for_the_head() -> None:
+    nodes = [node("n1", free=())]
+    victims = [
+        RunningJob("low", "bob", (Placement("n1", (0, 1, 2, 3)),), NOW - 10, HOUR, preemptible=True)
+    ]
+    urgent = job("urgent", 2, priority=1000, time_limit=2 * HOUR)
+    window = reservation(gpus=(0, 1), starts_in=HOUR)
+    d = run(nodes, [urgent], [window], victims, preemption=True)
+    assert d.preempt == ["low"]  # GPUs 2, 3 are outside the window: fine
+    window = reservation(gpus=(0, 1, 2), starts_in=HOUR)
+    d = run(nodes, [urgent], [window], victims, preemption=True)
+    assert d.preempt == []  # only GPU 3 would be left to it

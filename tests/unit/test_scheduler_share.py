@@ -176,6 +176,18 @@ def test_withhold_and_restore_put_free_and_shared_gpus_back_exactly() -> None:
     assert place(share("s", 100), pool, "fill_first") == (Placement("n1", (0,), 100),)
 
 
+def test_a_blocked_gpu_stays_blocked_through_a_release_in_that_copy_only() -> None:
+    pool = FreePool([node("n1", free=(1,), shared={0: 500}, gpus=3)])
+    other = pool.copy()
+    pool.block([Placement("n1", (0, 1))])
+    pool.release("n1", (0,), 500)
+    pool.release("n1", (1, 2))
+    assert pool.total_free == 1 and pool.usable("n1") == {2}
+    assert place(whole("w", 2), pool, "fill_first") is None
+    other.release("n1", (0,), 500)
+    assert other.total_free == 2 and other.usable("n1") == {0, 1, 2}
+
+
 def test_could_ever_fit_and_wait_reason_for_shares() -> None:
     nodes = [node("n1")]
     assert could_ever_fit(share("s", 250), nodes) is None

@@ -155,12 +155,7 @@ class _Pass:
         d = self.decisions
         if not pending:
             return d
-        needs = [
-            j.gpus
-            if j.nodes is None and j.node_gpu_ids is None and j.gpu_ids is None and not j.gpu_share
-            else requested_gpus(j)
-            for j in pending
-        ]
+        needs = [j.gpus if j.counted else requested_gpus(j) for j in pending]
         sizes: list[int] | list[float] = needs
         if 0 in needs:  # a share counts F in the job-size factor (a --gpus 0 job counts 0)
             sizes = [
@@ -318,22 +313,7 @@ class _Pass:
         else:
             # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count
             # alone, which allocates nothing; any other request by its full shape.
-            keys = [
-                j.gpus
-                if j.node_gpu_ids is None
-                and j.nodes is None
-                and j.gpu_ids is None
-                and j.nodelist is None
-                and j.gpu_type is None
-                and j.allowed_nodes is None
-                and not j.exclude
-                and not j.requires
-                and not j.distributed
-                and not j.gpu_share
-                and j.reservation is None
-                else _shape_key(j)
-                for j in pending
-            ]
+            keys = [j.gpus if j.plain else _shape_key(j) for j in pending]
         verdicts: dict[object, str] = {}
         for key, job in dict(zip(keys, pending, strict=True)).items():
             reason, runnable = self._wait_reason(job)

@@ -435,8 +435,18 @@ class FreePool:
             self.release(p.node_id, p.gpu_ids, p.share)
 
     def block(self, placements: Iterable[Placement]) -> None:
-        """Make the placements' GPUs unusable, free or shared (whatever their share)."""
+        """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
+        share): not even a `release` brings them back."""
+        placements = list(placements)
         self.withhold(placements)
+        every = self._all = dict(self._all)  # copy on write: other copies keep theirs
+        for p in placements:
+            if p.node_id in every:
+                every[p.node_id] = every[p.node_id] - frozenset(p.gpu_ids)
+
+    def usable(self, node_id: str) -> frozenset[int]:
+        """The node's GPUs this pool may ever hand out (all of them unless `block`ed)."""
+        return self._all.get(node_id, _EMPTY)
 
     def withhold(self, placements: Iterable[Placement]) -> list[tuple[str, int, int]]:
         """`block` the GPUs and return what `restore` needs to put them back exactly."""

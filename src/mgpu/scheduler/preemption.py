@@ -43,9 +43,10 @@ def _gpus_on(job: RunningJob, node_id: str) -> set[int]:
 
 def _freed(pool: FreePool, node_id: str, victims: Iterable[RunningJob]) -> set[int]:
     """The node's GPUs free once `victims` stop: those free now, the victims' whole GPUs,
-    and shared GPUs whose every share belongs to a victim."""
+    and shared GPUs whose every share belongs to a victim (none the pool may not use)."""
     free = set(pool.free(node_id))
     used = dict(pool.shared(node_id))
+    usable = pool.usable(node_id)
     for v in victims:
         for p in v.placements:
             if p.node_id != node_id:
@@ -58,7 +59,7 @@ def _freed(pool: FreePool, node_id: str, victims: Iterable[RunningJob]) -> set[i
                     used[g] -= p.share
                     if used[g] <= 0:
                         free.add(g)
-    return free
+    return free & usable
 
 
 def _after(pool: FreePool, victims: Iterable[RunningJob]) -> FreePool:

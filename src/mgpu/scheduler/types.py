@@ -92,6 +92,33 @@ class JobRequest:
     reservation: str | None = None
     """`--reservation NAME`: runs only inside that reservation's window, on its GPUs (the
     master has checked the user may use it)."""
+    # Derived once here rather than in every pass: a pass tests them over the whole queue.
+    counted: bool = field(init=False, repr=False, compare=False)
+    """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,
+    `--node-gpu-ids`, `--nodes`, share): its whole-GPU need is `gpus`."""
+    plain: bool = field(init=False, repr=False, compare=False)
+    """`counted`, and no node filter, split or reservation either: "N GPUs anywhere"."""
+
+    def __post_init__(self) -> None:
+        counted = (
+            self.node_gpu_ids is None
+            and self.nodes is None
+            and self.gpu_ids is None
+            and not self.gpu_share
+        )
+        object.__setattr__(self, "counted", counted)
+        object.__setattr__(
+            self,
+            "plain",
+            counted
+            and self.nodelist is None
+            and self.gpu_type is None
+            and self.allowed_nodes is None
+            and not self.exclude
+            and not self.requires
+            and not self.distributed
+            and self.reservation is None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
