@@ -177,7 +177,7 @@ def test_a_gang_is_planned_on_the_node_timelines() -> None:
     # n1 and n3 are free at +1h (a ends, head ends): the gang takes them; the split job
     # needs all three nodes: after b ends at +3h.
     assert offsets(d) == {"gang": HOUR, "wide": 3 * HOUR}
-    assert d.waiting_on == {"gang": ("a", "head"), "wide": ("a", "gang", "b", "head")}
+    assert d.waiting_on == {"gang": ("a", "head"), "wide": ("a", "head", "gang", "b")}
 
 
 def test_a_preempting_head_is_expected_now_and_waits_for_its_victims() -> None:
@@ -203,7 +203,7 @@ def test_shares_are_planned_by_room() -> None:
     d = run(nodes, pending, busy)
     assert {s.job_id for s in d.starts} == {"quarter"}  # in the room left, ends in time
     assert offsets(d) == {"half": HOUR, "whole": 2 * HOUR}
-    assert d.waiting_on["whole"] == ("s", "quarter", "half")
+    assert d.waiting_on["whole"] == ("quarter", "s", "half")  # in the order they let go
 
 
 # --------------------------------------------------------------------------- property

@@ -307,3 +307,18 @@ def test_preemption_never_takes_a_reservations_gpus_for_the_head() -> None:
     window = reservation(gpus=(0, 1, 2), starts_in=HOUR)
     d = run(nodes, [urgent], [window], victims, preemption=True)
     assert d.preempt == []  # only GPU 3 would be left to it
+
+
+def test_jobs_beyond_the_scan_get_reasons_that_depend_on_their_limits() -> None:
+    nodes = [node("n1"), node("n2", free=())]
+    busy = [running("r", "n2", (0, 1, 2, 3), ends_in=HOUR)]
+    pending = [
+        job("head", 8, priority=100, distributed=True),  # n1 is reserved from +1h: waits
+        job("short", 2, submit=1.0, time_limit=HOUR / 2),  # would fit n1 before the window
+        job("long", 2, submit=2.0, time_limit=2 * HOUR),  # would still run in it
+    ]
+    d = run(nodes, pending, [reservation()], busy, backfill_depth=0)
+    assert d.starts == []
+    assert d.expected_start["head"] == NOW + 3 * HOUR  # after the window
+    assert d.reasons["short"] == "priority"
+    assert d.reasons["long"] == "waiting for 2 GPUs (reservation course-a takes 4 GPUs in 1h)"

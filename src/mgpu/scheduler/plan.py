@@ -41,16 +41,15 @@ from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy, Reserva
 
 __all__ = ["WAITING_ON_MAX", "PlanTimeout", "Planned", "Planner", "plan_queue"]
 
-_Holders = tuple[str, ...]
-_State = tuple[int, tuple[int, ...], tuple[_Holders, ...]]
-"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU, holders)."""
+_State = tuple[int, tuple[int, ...]]
+"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU)."""
 
 _CHECK_EVERY = 64
 """Node checks between two looks at the clock inside one search."""
 
 WAITING_ON_MAX = 16
-"""At most this many entries in a job's `waiting_on` (the first in time): enough to say
-what a job waits for, without a wide job's hundred predecessors in every pass."""
+"""At most this many entries in a job's `waiting_on` (the last before its start): enough to
+say what a job waits for, without a wide job's hundred predecessors in every pass."""
 
 
 class PlanTimeout(Exception):
@@ -65,9 +64,10 @@ class Planned:
 
 class _Line:
     """One node's timeline: `segs[i]` holds from `times[i]` to `times[i + 1]` (the last one
-    forever); `blocks` are reservation windows on its GPUs."""
+    forever); `ends[p]`/`whos[p]` say who uses GPU `p` until when (sorted by that end),
+    `blocks` are the reservation windows on its GPUs."""
 
-    __slots__ = ("blocks", "gpus", "pos", "segs", "times")
+    __slots__ = ("blocks", "ends", "gpus", "pos", "segs", "times", "whos")
 
     def __init__(
         self,
@@ -81,6 +81,8 @@ class _Line:
         self.times = [now]
         self.segs = [state]
         self.blocks = blocks
+        self.ends: list[list[float]] = [[] for _ in gpus]
+        self.whos: list[list[str]] = [[] for _ in gpus]
 
     def split(self, t: float) -> int:
         """The index of the segment starting at `t`, splitting one if needed."""
@@ -96,29 +98,26 @@ class _Line:
         """`holder` uses `units` of each GPU at `positions` during [t0, t1)."""
         if t1 <= t0:
             return
+        for p in positions:
+            k = bisect_right(self.ends[p], t1)
+            self.ends[p].insert(k, t1)
+            self.whos[p].insert(k, holder)
         i0 = self.split(t0)
         i1 = self.split(t1) if math.isfinite(t1) else len(self.times)
         segs = self.segs
-        # Stretches that shared a state (or a holders tuple) share the new one: fewer
-        # objects, and `until` skips what it has seen by identity.
-        # (The memos keep the old objects too, so that no id is reused meanwhile.)
+        # Stretches that shared a state share the new one (the memo keeps the old objects
+        # too, so that no id is reused meanwhile).
         states: dict[int, tuple[_State, _State]] = {}
-        grown: dict[int, tuple[_Holders, _Holders]] = {}
         for k in range(i0, i1):
             old = segs[k]
             memo = states.get(id(old))
             if memo is None:
-                mask, used, holders = old
-                u, h = list(used), list(holders)
+                mask, used = old
+                u = list(used)
                 for p in positions:
                     u[p] = min(SHARE_UNITS, u[p] + units)
-                    before = h[p]
-                    pair = grown.get(id(before))
-                    if pair is None:
-                        pair = grown[id(before)] = (before, (*before, holder))
-                    h[p] = pair[1]
                     mask |= 1 << p
-                memo = states[id(old)] = (old, (mask, tuple(u), tuple(h)))
+                memo = states[id(old)] = (old, (mask, tuple(u)))
             segs[k] = memo[1]
 
     def free_for(self, t: float, end: float, own: str | None, allowed: int, need: int) -> int:
@@ -157,30 +156,25 @@ class _Line:
         return peak
 
     def until(
-        self, t: float, positions: Iterable[int], own: str | None, out: dict[str, None]
-    ) -> None:
-        """Add to `out` who uses these GPUs before `t`, in order: jobs, then reservations
-        (as `reservation:NAME`) whose window keeps them; at most `WAITING_ON_MAX` in all."""
-        positions = list(positions)
-        seen: set[int] = set()  # holder tuples already added (stretches share them)
-        last: _State | None = None
-        for k in range(bisect_left(self.times, t)):
-            seg = self.segs[k]
-            if seg is last:
-                continue  # a stretch split off the one before, unchanged since
-            last = seg
-            holders = seg[2]
-            for p in positions:
-                h = holders[p]
-                if h and id(h) not in seen:
-                    seen.add(id(h))
-                    out.update(dict.fromkeys(h))
-                    if len(out) >= WAITING_ON_MAX:
-                        return
-        wanted = sum(1 << p for p in positions)
-        for bs, _, bmask, name in self.blocks:
+        self, t: float, positions: Iterable[int], own: str | None, limit: int
+    ) -> dict[str, float]:
+        """Who uses these GPUs before `t` and lets go of them by then, with when (on each GPU
+        the last `limit`); and the reservations (as `reservation:NAME`, until their window
+        ends) that keep them."""
+        out: dict[str, float] = {}
+        wanted = 0
+        for p in positions:
+            wanted |= 1 << p
+            ends, whos = self.ends[p], self.whos[p]
+            k = bisect_right(ends, t)
+            for j in range(k - 1, max(k - limit, 0) - 1, -1):
+                who = whos[j]
+                if ends[j] > out.get(who, -math.inf):
+                    out[who] = ends[j]
+        for bs, be, bmask, name in self.blocks:
             if bs < t and bmask & wanted and name != own:
-                out[RESERVATION_PREFIX + name] = None
+                out[RESERVATION_PREFIX + name] = be
+        return out
 
 
 class _Staircase:
@@ -292,7 +286,7 @@ class Planner:
         known = set(view.free_gpus) | self.freed.get(nid, set())
         for _, _, ids, _ in held:
             known.update(ids)
-        mask, used, holders = 0, [0] * len(gpus), [()] * len(gpus)
+        mask, used = 0, [0] * len(gpus)
         for g, p in pos.items():
             if g not in known:
                 mask |= 1 << p
@@ -301,7 +295,7 @@ class Planner:
             (bs, be, sum(1 << pos[g] for g in ids if g in pos), name)
             for bs, be, ids, name in self.blocks.get(nid, ())
         ]
-        line = _Line(self.now, gpus, (mask, tuple(used), tuple(holders)), blocks)
+        line = _Line(self.now, gpus, (mask, tuple(used)), blocks)
         for job_id, end, ids, units in held:
             line.add(self.now, max(end, self.now), [pos[g] for g in ids if g in pos], units, job_id)
         self.lines[nid] = line
@@ -326,16 +320,18 @@ class Planner:
 
     def waiting_on(self, planned: Planned, own: str | None) -> list[str]:
         """Who uses the GPUs of `planned` until its start (running jobs, jobs planned ahead
-        of it, reservations), in order of appearance; at most `WAITING_ON_MAX`."""
-        out: dict[str, None] = {}
+        of it, reservations), in the order they let go of them; at most `WAITING_ON_MAX`,
+        the last ones."""
         if planned.start <= self.now:
             return []
+        ends: dict[str, float] = {}
         for p in planned.placements:
             line = self.line(p.node_id)
-            line.until(planned.start, [line.pos[g] for g in p.gpu_ids], own, out)
-            if len(out) >= WAITING_ON_MAX:
-                break
-        return list(out)[:WAITING_ON_MAX]
+            got = line.until(planned.start, [line.pos[g] for g in p.gpu_ids], own, WAITING_ON_MAX)
+            for who, until in got.items():
+                ends[who] = max(until, ends.get(who, until))
+        ordered = sorted(ends, key=lambda who: (ends[who], who))
+        return ordered[-WAITING_ON_MAX:]
 
     # -- the search
 

@@ -256,6 +256,7 @@ class Decisions:
     """Estimated start of each waiting job whose start follows from time limits (the blocked
     head's backfill reservation, then the planner's projection within its budget)."""
     waiting_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """For each job in `expected_start`: what uses the GPUs it will get until then — job ids
-    (running, or queued ahead of it and planned earlier; under fifo/priority also the job
-    ahead that it may not pass) and `reservation:NAME` entries; empty when it could start now."""
+    """For each job in `expected_start`: what uses the GPUs it will get until then, in the
+    order they let go of them — job ids (running, or queued ahead of it and planned earlier)
+    and `reservation:NAME` entries; under fifo/priority first the job ahead that it may not
+    pass; at most 16 (the last before its start); empty when it could start now."""
