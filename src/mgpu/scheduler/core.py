@@ -87,9 +87,7 @@ PRIORITY_REASON = "priority"
 _ShapeKey = tuple[object, ...]
 
 
-def _shape_key(job: JobRequest) -> _ShapeKey:
-    """Everything about a request that decides where it fits (not who or when)."""
-    return shape_key(job)
+_shape_key = shape_key  # everything about a request that decides where it fits
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
@@ -133,7 +131,7 @@ class _Pass:
             self.user_jobs[r.user] = self.user_jobs.get(r.user, 0) + 1
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
-        self._reasons: dict[_ShapeKey, tuple[str, bool]] = {}
+        self._reasons: dict[_ShapeKey | int, tuple[str, bool]] = {}
         self.fairshare: dict[str, float] = {}
         # Reservations still to come or under way, soonest first.
         self.reservations = sorted(
@@ -230,7 +228,9 @@ class _Pass:
                     self._start(job, placements, need)
                     continue
                 reason, runnable = self._wait_reason(job)
-                reasons[job.job_id] = self._note(job, reason, runnable)
+                if self.reservations:
+                    reason = self._note(job, reason, runnable)
+                reasons[job.job_id] = reason
                 if not runnable:
                     continue
                 head = self.head = job
@@ -256,7 +256,7 @@ class _Pass:
             reason, runnable = self._wait_reason(job)
             if runnable and shadow is not pool and self._fits(job, need):
                 reason = PRIORITY_REASON
-            else:
+            elif self.reservations:
                 reason = self._note(job, reason, runnable)
             reasons[job.job_id] = reason
 
@@ -389,9 +389,9 @@ class _Pass:
                 )
         return None
 
-    def _wait_reason(self, job: JobRequest, key: _ShapeKey | None = None) -> tuple[str, bool]:
-        if key is None:
-            key = _shape_key(job)
+    def _wait_reason(self, job: JobRequest) -> tuple[str, bool]:
+        # A plain "N GPUs anywhere" request's reason depends on N alone.
+        key: _ShapeKey | int = job.gpus if job.plain else _shape_key(job)
         found = self._reasons.get(key)
         if found is None:
             if job.reservation is None:

@@ -84,7 +84,8 @@ def requested_gpus(req: JobRequest) -> int:
 
 
 def shape_key(req: JobRequest) -> tuple[object, ...]:
-    """Everything about a request that decides where it fits (not who or when)."""
+    """Everything about a request that decides whether it fits (not who, when or which of
+    the places it fits the policy picks)."""
     return (
         req.gpus,
         req.gpu_ids,
@@ -99,7 +100,6 @@ def shape_key(req: JobRequest) -> tuple[object, ...]:
         req.requires,
         req.gpu_share,
         req.reservation,
-        req.policy,
     )
 
 
@@ -243,8 +243,11 @@ class FreePool:
         other._free = {nid: set(free) for nid, free in self._free.items()}
         other._buckets = [list(b) for b in self._buckets]
         other._eligible = self._eligible
-        other._shared = {nid: dict(used) for nid, used in self._shared.items()}
-        other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
+        if self._shared:
+            other._shared = {nid: dict(used) for nid, used in self._shared.items()}
+            other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
+        else:
+            other._shared, other._rooms = {}, {}
         other.total_free = self.total_free
         other.max_gpus = self.max_gpus
         other.up_count = self.up_count
@@ -438,7 +441,10 @@ class FreePool:
         """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
         share): not even a `release` brings them back."""
         placements = list(placements)
-        self.withhold(placements)
+        if self._shared:
+            self.withhold(placements)
+        else:
+            self.take(placements)  # the same when nothing is shared, and quicker
         every = self._all = dict(self._all)  # copy on write: other copies keep theirs
         for p in placements:
             if p.node_id in every:

@@ -222,7 +222,11 @@ class _Cluster:
         for p in placements:
             i = self.index.get(p.node_id)
             ids = set(p.gpu_ids)
-            if i is None or len(ids) != len(p.gpu_ids) or not self._fits(i, ids, p.share):
+            if (
+                i is None
+                or len(ids) != len(p.gpu_ids)
+                or not (ids <= self.free[i] if not p.share else self._fits(i, ids, p.share))
+            ):
                 raise SimulationError(
                     f"the scheduler started job {job_id} on GPUs {sorted(p.gpu_ids)} of "
                     f"{p.node_id}, which are not all free"
@@ -244,8 +248,6 @@ class _Cluster:
         return taken
 
     def _fits(self, i: int, ids: set[int], share: int) -> bool:
-        if not share:
-            return ids <= self.free[i]
         shared = self.shared[i]
         return all(
             g in self.free[i] or (g in shared and shared[g] + share <= SHARE_UNITS) for g in ids
