@@ -2,8 +2,10 @@
 
 About a third of the nodes are partly busy and a tenth fully busy with running jobs; the
 queue mixes job shapes (1-8 GPU jobs, a few gang and pinned jobs, several users).  Each
-policy is timed over several passes; the median is printed and written to
-``bench/results/scheduler.json``.  No assertions: this reports figures.
+policy is timed over several passes, the decisions alone (the planner off,
+`plan_jobs=0`); then backfill with the default estimate budget (`plan_jobs`,
+`plan_seconds`), with how many waiting jobs got an estimate.  The medians are printed and
+written to ``bench/results/scheduler.json``.  No assertions: this reports figures.
 
     PYTHONPATH=src python bench/scheduler.py [--runs 7] [--pending 50000] [--nodes 1000]
 """
@@ -18,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from mgpu.scheduler import (
@@ -89,13 +92,18 @@ def build(n_nodes: int, n_pending: int, seed: int = 1, idle: bool = False) -> Sn
     return Snapshot(now=now, nodes=nodes, pending=pending, running=running)
 
 
-def time_pass(snapshot: Snapshot, policy: QueuePolicy, runs: int) -> dict[str, float | int]:
+def time_pass(
+    snapshot: Snapshot, policy: QueuePolicy, runs: int, estimates: bool = False
+) -> dict[str, float | int]:
+    config = SchedulerConfig(queue_policy=policy)
+    if not estimates:
+        config = replace(config, plan_jobs=0)
     snap = Snapshot(
         now=snapshot.now,
         nodes=snapshot.nodes,
         pending=snapshot.pending,
         running=snapshot.running,
-        config=SchedulerConfig(queue_policy=policy),
+        config=config,
     )
     times = []
     cpu = []
@@ -113,6 +121,7 @@ def time_pass(snapshot: Snapshot, policy: QueuePolicy, runs: int) -> dict[str, f
         "starts": len(decisions.starts),
         "reasons": len(decisions.reasons),
         "preempt": len(decisions.preempt),
+        "estimates": len(decisions.expected_start),
     }
 
 
@@ -153,6 +162,17 @@ def main() -> None:
             f"starts {figures['starts']}, preempt {figures['preempt']}"
         )
     results["policies"] = policies
+    figures = time_pass(snapshot, "backfill", args.runs, estimates=True)
+    results["backfill_with_estimates"] = {
+        **figures,
+        "plan_jobs": SchedulerConfig().plan_jobs,
+        "plan_seconds": SchedulerConfig().plan_seconds,
+    }
+    print(
+        f"  backfill + estimates: median {figures['median_ms']:8.2f} ms  "
+        f"(min {figures['min_ms']}, max {figures['max_ms']}; "
+        f"CPU median {figures['median_cpu_ms']})  estimates {figures['estimates']}"
+    )
     idle = build(args.nodes, args.pending, idle=True)
     figures = time_pass(idle, "backfill", args.runs)
     results["idle_cluster_backfill"] = figures

@@ -5,14 +5,25 @@
 fairshare reads.  The master and the simulator use all three alike.
 
 `could_ever_fit(request, nodes)` tells the master at submit time whether a request could
-ever run on the cluster (None) or why not (one sentence).
+ever run on the cluster (None) or why not (one sentence); `share_units(F)` turns
+`--gpu-share F` into exact share units; `pick_reservation_gpus(...)` chooses the GPUs of a
+new reservation (or refuses with `ReservationError`), `could_fit_reservation` checks a
+`--reservation` job at submit.
 """
 
 from .core import schedule
 from .eligibility import DependencyTarget, Eligibility, eligibility
 from .placement import FreePool, could_ever_fit, place, requested_gpus, wait_reason
 from .priority import compute_priorities, fairshare_factors, running_priorities
+from .reservations import (
+    RESERVATION_PREFIX,
+    ReservationError,
+    could_fit_reservation,
+    pick_reservation_gpus,
+)
+from .shares import format_share, share_units
 from .types import (
+    SHARE_UNITS,
     Decisions,
     Dependency,
     JobRequest,
@@ -21,6 +32,7 @@ from .types import (
     Policy,
     PriorityWeights,
     QueuePolicy,
+    Reservation,
     RunningJob,
     SchedulerConfig,
     Snapshot,
@@ -29,6 +41,8 @@ from .types import (
 from .usage import UsageLedger
 
 __all__ = [
+    "RESERVATION_PREFIX",
+    "SHARE_UNITS",
     "Decisions",
     "Dependency",
     "DependencyTarget",
@@ -40,6 +54,8 @@ __all__ = [
     "Policy",
     "PriorityWeights",
     "QueuePolicy",
+    "Reservation",
+    "ReservationError",
     "RunningJob",
     "SchedulerConfig",
     "Snapshot",
@@ -47,11 +63,15 @@ __all__ = [
     "UsageLedger",
     "compute_priorities",
     "could_ever_fit",
+    "could_fit_reservation",
     "eligibility",
     "fairshare_factors",
+    "format_share",
+    "pick_reservation_gpus",
     "place",
     "requested_gpus",
     "running_priorities",
     "schedule",
+    "share_units",
     "wait_reason",
 ]

@@ -13,6 +13,12 @@ A lower-priority job may then start now only if it fits now and either
 Because the reservation names concrete GPUs, this is exact for pinned (`--node-gpu-ids`),
 `--gpu-ids` and gang (`--nodes`) jobs too, not only for GPU counts.  Jobs without a finite
 time limit never release their GPUs on the timeline, and never backfill into reserved GPUs.
+A fractional job's end gives back only its share; a head that is itself fractional has its
+whole GPU kept from backfill (the simple, safe reading of "cannot delay it").
+
+Admin reservations (`types.Reservation`, `mgpu reserve`) are honoured on the timeline too:
+at a candidate time T, the GPUs of every reservation whose window overlaps the head's run
+[T, T + limit) are withheld, and a reservation's end is a candidate time of its own.
 """
 
 from __future__ import annotations
@@ -22,9 +28,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .placement import FreePool, place, requested_gpus
-from .types import JobRequest, Placement, Policy, RunningJob
+from .types import JobRequest, Placement, Policy, Reservation, RunningJob
 
-__all__ = ["Release", "Reservation", "find_reservation", "release_events", "shadow_pool"]
+__all__ = [
+    "HeadReservation",
+    "Release",
+    "blocked_by",
+    "find_reservation",
+    "place_around",
+    "release_events",
+    "shadow_pool",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +50,9 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
-    """Where and when the blocked head of the queue will start."""
+class HeadReservation:
+    """Where and when the blocked head of the queue will start (EASY's reservation; not to
+    be confused with an admin `types.Reservation`)."""
 
     job_id: str
     time: float
@@ -67,31 +82,73 @@ def release_events(
     return events
 
 
+def blocked_by(
+    reservations: Sequence[Reservation], start: float, duration: float, member_of: str | None
+) -> list[Reservation]:
+    """The reservations a job running [start, start + duration) must keep off: every one
+    whose window overlaps the run, except the job's own."""
+    end = start + duration
+    return [
+        r
+        for r in reservations
+        if r.start < end and r.end > start and r.name != member_of and r.placements
+    ]
+
+
+def place_around(
+    job: JobRequest, pool: FreePool, policy: Policy, blocks: Sequence[Reservation]
+) -> tuple[Placement, ...] | None:
+    """`place` with the GPUs of `blocks` withheld; `pool` is left as it was."""
+    if not blocks:
+        return place(job, pool, policy)
+    taken = pool.withhold(p for r in blocks for p in r.placements)
+    try:
+        return place(job, pool, policy)
+    finally:
+        pool.restore(taken)
+
+
 def find_reservation(
-    job: JobRequest, pool: FreePool, events: Sequence[Release], default_policy: Policy
-) -> Reservation | None:
+    job: JobRequest,
+    pool: FreePool,
+    events: Sequence[Release],
+    default_policy: Policy,
+    reservations: Sequence[Reservation] = (),
+    duration: float = math.inf,
+) -> HeadReservation | None:
     """The earliest time and GPUs at which `job` fits as `events` release GPUs.
 
-    None when it never fits (GPUs held outside mgpu, jobs without a time limit, ...).
-    `pool` is not changed.
+    `reservations` are the admin reservations to keep off for a run of `duration` seconds
+    (see the module docstring).  None when it never fits (GPUs held outside mgpu, jobs
+    without a time limit, ...).  `pool` is not changed.
     """
     need = requested_gpus(job)
     sim = pool.copy()
+    if reservations:
+        # A reservation's end lets the head onto its GPUs: a candidate time of its own.
+        ends = [Release(r.end, ()) for r in reservations if math.isfinite(r.end)]
+        events = sorted([*events, *ends], key=lambda e: e.time)
     for event in events:
-        for p in event.placements:
-            sim.release(p.node_id, p.gpu_ids)
+        sim.release_all(event.placements)
         # Trying after every release (not only after the last one at this time) finds the
         # same time, with fewer placement attempts when many jobs end together.
         if sim.total_free < need:
             continue
-        placements = place(job, sim, default_policy)
+        blocks = (
+            blocked_by(reservations, event.time, duration, job.reservation) if reservations else ()
+        )
+        placements = place_around(job, sim, default_policy, blocks)
         if placements is not None:
-            return Reservation(job.job_id, event.time, placements)
+            return HeadReservation(job.job_id, event.time, placements)
     return None
 
 
-def shadow_pool(pool: FreePool, reservation: Reservation) -> FreePool:
-    """A copy of `pool` without the reserved GPUs: what backfill may use freely."""
+def shadow_pool(pool: FreePool, reservation: HeadReservation) -> FreePool:
+    """A copy of `pool` without the reserved GPUs: what backfill may use freely.
+
+    A reserved GPU is taken out whole even when the head is fractional or the GPU is shared
+    now: a backfilled share on it could outlast the jobs that make room for the head.
+    """
     shadow = pool.copy()
-    shadow.take(reservation.placements)
+    shadow.block(reservation.placements)
     return shadow

@@ -21,26 +21,63 @@ it will get are protected from backfill.  The running jobs' priorities are compu
 as of `Snapshot.now` and by the pending jobs' formula (`running_priorities`), so the master
 and the simulator weigh the same victims the same way.
 
+Admin reservations (`Snapshot.reservations`): a job that could still run when a window
+opens is kept off its GPUs (its reason names the reservation when that is what keeps it
+waiting), and a reservation's own jobs (`JobRequest.reservation`) run only inside its
+window, only on its GPUs.  They are scanned first, on a pool of those GPUs alone: they
+never block the rest of the queue, nor are blocked by it.
+
 Every pending job gets a `priorities`/`factors` entry; every one that does not start gets
 a `reasons` entry: a limit, "waiting for 2 GPUs" and the like when it does not fit now,
-or "priority" when it would fit but higher-priority work comes first.
+or "priority" when it would fit but higher-priority work comes first.  After the
+decisions, the planner (`plan.py`) gives waiting jobs an `expected_start` and says what
+they wait for (`waiting_on`), within `config.plan_jobs` / `config.plan_seconds`.
 
 Cost: placements are attempted only for jobs that start plus the scan window; every other
 job is answered from per-pass caches keyed by request shape, so a pass over 50,000 jobs
-is dominated by computing their priorities.
+is dominated by computing their priorities.  The estimates cost what their budget allows.
 """
 
 from __future__ import annotations
 
 import gc
+import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
-from .backfill import Reservation, find_reservation, release_events, shadow_pool
-from .placement import FreePool, place, requested_gpus, wait_reason
+from .backfill import (
+    HeadReservation,
+    blocked_by,
+    expected_end,
+    find_reservation,
+    place_around,
+    release_events,
+    shadow_pool,
+)
+from .placement import (
+    FreePool,
+    could_ever_fit,
+    place,
+    requested_gpus,
+    shape_key,
+    wait_reason,
+)
+from .plan import Planned, Planner, plan_queue
 from .preemption import plan_preemption
 from .priority import compute_priorities, running_priorities, weighted_fairshare
-from .types import Decisions, JobRequest, Placement, Snapshot, Start
+from .reservations import kept_out_note, member_reason, reservation_views
+from .shares import format_share
+from .types import (
+    SHARE_UNITS,
+    Decisions,
+    JobRequest,
+    Placement,
+    Reservation,
+    Snapshot,
+    Start,
+)
 
 __all__ = ["PRIORITY_REASON", "schedule"]
 
@@ -50,21 +87,7 @@ PRIORITY_REASON = "priority"
 _ShapeKey = tuple[object, ...]
 
 
-def _shape_key(job: JobRequest) -> _ShapeKey:
-    """Everything about a request that decides where it fits (not who or when)."""
-    return (
-        job.gpus,
-        job.gpu_ids,
-        job.node_gpu_ids,
-        job.nodes,
-        job.gpus_per_node,
-        job.distributed,
-        job.nodelist,
-        job.exclude,
-        job.allowed_nodes,
-        job.gpu_type,
-        job.requires,
-    )
+_shape_key = shape_key  # everything about a request that decides where it fits
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
@@ -101,14 +124,27 @@ class _Pass:
         self.policy = self.config.placement_policy
         self.pool = FreePool(snapshot.nodes)
         self.decisions = Decisions()
-        self.user_gpus: dict[str, int] = {}
+        self.user_gpus: dict[str, int] = {}  # share units (1000 = a GPU)
         self.user_jobs: dict[str, int] = {}
         for r in snapshot.running:
-            self.user_gpus[r.user] = self.user_gpus.get(r.user, 0) + r.gpus
+            self.user_gpus[r.user] = self.user_gpus.get(r.user, 0) + r.gpu_units
             self.user_jobs[r.user] = self.user_jobs.get(r.user, 0) + 1
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
-        self._reasons: dict[_ShapeKey, tuple[str, bool]] = {}
+        self.started_ids: list[str] = []
+        self._reasons: dict[_ShapeKey | int, tuple[str, bool]] = {}
         self.fairshare: dict[str, float] = {}
+        # Reservations still to come or under way, soonest first.
+        self.reservations = sorted(
+            (r for r in snapshot.reservations if r.end > self.now and r.placements),
+            key=lambda r: (r.start, r.name),
+        )
+        self.by_name: dict[str, Reservation] = {r.name: r for r in self.reservations}
+        self.member_pools: dict[str, FreePool] = {}
+        # What the planner needs from the scan.
+        self.held: set[str] = set()  # by a per-user limit: no estimate
+        self.handled: list[int] = []  # scanned before the main scan (reservations' jobs)
+        self.head: JobRequest | None = None
+        self.head_reservation: HeadReservation | None = None
 
     # -- the pass
 
@@ -117,14 +153,15 @@ class _Pass:
         d = self.decisions
         if not pending:
             return d
-        needs = [
-            j.gpus
-            if j.nodes is None and j.node_gpu_ids is None and j.gpu_ids is None
-            else requested_gpus(j)
-            for j in pending
-        ]
+        needs = [j.gpus if j.counted else requested_gpus(j) for j in pending]
+        sizes: list[int] | list[float] = needs
+        if 0 in needs:  # a share counts F in the job-size factor (a --gpus 0 job counts 0)
+            sizes = [
+                j.gpu_share / SHARE_UNITS if j.gpu_share else n
+                for j, n in zip(pending, needs, strict=True)
+            ]
         self.fairshare = weighted_fairshare(self.snapshot)
-        priorities, factors = compute_priorities(self.snapshot, needs, self.fairshare)
+        priorities, factors = compute_priorities(self.snapshot, sizes, self.fairshare)
         ids = [j.job_id for j in pending]
         d.priorities = dict(zip(ids, priorities, strict=True))
         d.factors = dict(zip(ids, factors, strict=True))
@@ -138,7 +175,16 @@ class _Pass:
             # the priority, so exact ties are rare anyway.
             negated = [-p for p in priorities]
             order.sort(key=negated.__getitem__)
+        full_order = order
+        if self.reservations:
+            # A reservation's jobs use its GPUs alone: scanned apart, first.
+            member = [j.reservation is not None for j in pending]
+            if any(member):
+                self._scan_members([i for i in order if member[i]], needs)
+                order = [i for i in order if not member[i]]
         self._scan(order, ids, needs, priorities)
+        if self.config.plan_jobs > 0:
+            self._plan(full_order)
         return d
 
     def _scan(
@@ -151,7 +197,7 @@ class _Pass:
         reasons = self.decisions.reasons
         pool = self.pool
         shadow = pool  # the GPUs backfill may use freely (pool minus the reservation)
-        reservation: Reservation | None = None
+        reservation: HeadReservation | None = None
         head: JobRequest | None = None
         examined = 0
         has_limits = (
@@ -161,7 +207,7 @@ class _Pass:
         for pos, i in enumerate(order):
             if head is not None:
                 if not backfill or examined >= depth:
-                    self._finish(order[:pos], ids, needs)
+                    self._finish(self.handled + order[:pos], ids, needs)
                     return
                 examined += 1
             job = pending[i]
@@ -170,19 +216,25 @@ class _Pass:
                 limited = self._limit_reason(job, need)
                 if limited is not None:
                     reasons[job.job_id] = limited
+                    self.held.add(job.job_id)
                     continue
+            if job.reservation is not None:  # of a reservation that is not in the snapshot
+                reasons[job.job_id] = self._wait_reason(job)[0]
+                continue
 
             if head is None:
-                placements = place(job, pool, self.policy) if need <= pool.total_free else None
+                placements = self._place(job, pool) if need <= pool.total_free else None
                 if placements is not None:
                     self._start(job, placements, need)
                     continue
                 reason, runnable = self._wait_reason(job)
+                if self.reservations:
+                    reason = self._note(job, reason, runnable)
                 reasons[job.job_id] = reason
                 if not runnable:
                     continue
-                head = job
-                reservation = self._protect(job, priorities[i])
+                head = self.head = job
+                reservation = self.head_reservation = self._protect(job, priorities[i])
                 if backfill and reservation is not None:
                     shadow = shadow_pool(pool, reservation)
                 continue
@@ -190,21 +242,52 @@ class _Pass:
             # A backfill candidate behind the head.
             placements = None
             if need <= shadow.total_free:
-                placements = place(job, shadow, self.policy)
+                placements = self._place(job, shadow)
             if (
                 placements is None
                 and reservation is not None
                 and need <= pool.total_free
                 and self.now + self._time_limit(job) <= reservation.time
             ):
-                placements = place(job, pool, self.policy)
+                placements = self._place(job, pool)
             if placements is not None:
                 self._start(job, placements, need, shadow)
                 continue
             reason, runnable = self._wait_reason(job)
             if runnable and shadow is not pool and self._fits(job, need):
                 reason = PRIORITY_REASON
+            elif self.reservations:
+                reason = self._note(job, reason, runnable)
             reasons[job.job_id] = reason
+
+    def _scan_members(self, order: list[int], needs: list[int]) -> None:
+        """Start reservations' jobs that fit in their reservation's GPUs now."""
+        pending = self.snapshot.pending
+        reasons = self.decisions.reasons
+        has_limits = (
+            self.config.max_gpus_per_user is not None
+            or self.config.max_running_jobs_per_user is not None
+        )
+        for i in order:
+            job = pending[i]
+            need = needs[i]
+            self.handled.append(i)
+            if has_limits:
+                limited = self._limit_reason(job, need)
+                if limited is not None:
+                    reasons[job.job_id] = limited
+                    self.held.add(job.job_id)
+                    continue
+            res = self.by_name.get(job.reservation or "")
+            placements = None
+            if res is not None and res.start <= self.now:
+                pool = self._member_pool(res)
+                if need <= pool.total_free:
+                    placements = self._place(job, pool)
+            if placements is not None:
+                self._start(job, placements, need)
+            else:
+                reasons[job.job_id] = self._wait_reason(job)[0]
 
     def _finish(self, handled: list[int], ids: list[str], needs: list[int]) -> None:
         """Reasons for the jobs the scan did not reach (all but `handled`); the pool is final.
@@ -215,27 +298,29 @@ class _Pass:
         answers over the top.
         """
         pending = self.snapshot.pending
-        # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count alone,
-        # which allocates nothing; any other request by its full shape.
-        keys: list[_ShapeKey | int] = [
-            j.gpus
-            if j.node_gpu_ids is None
-            and j.nodes is None
-            and j.gpu_ids is None
-            and j.nodelist is None
-            and j.gpu_type is None
-            and j.allowed_nodes is None
-            and not j.exclude
-            and not j.requires
-            and not j.distributed
-            else _shape_key(j)
-            for j in pending
-        ]
-        verdicts: dict[_ShapeKey | int, str] = {}
+        keys: list[_ShapeKey | int] | list[tuple[_ShapeKey, int]]
+        if self.reservations:
+            # Which reservations a job must keep off depends on its time limit too.
+            starts = [r.start for r in self.reservations]
+            now, default = self.now, self.config.default_time_limit
+            keys = [
+                (
+                    _shape_key(j),
+                    bisect_left(starts, now + (default if j.time_limit is None else j.time_limit)),
+                )
+                for j in pending
+            ]
+        else:
+            # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count
+            # alone, which allocates nothing; any other request by its full shape.
+            keys = [j.gpus if j.plain else _shape_key(j) for j in pending]
+        verdicts: dict[object, str] = {}
         for key, job in dict(zip(keys, pending, strict=True)).items():
             reason, runnable = self._wait_reason(job)
             if runnable and self._fits(job, requested_gpus(job)):
                 reason = PRIORITY_REASON
+            else:
+                reason = self._note(job, reason, runnable)
             verdicts[key] = reason
         d = self.decisions
         reasons = dict(zip(ids, map(verdicts.__getitem__, keys), strict=True))
@@ -253,6 +338,7 @@ class _Pass:
                     limited = self._limit_reason(job, needs[k])
                     if limited is not None:
                         reasons[ids[k]] = limited
+                        self.held.add(ids[k])
 
     # -- helpers
 
@@ -266,12 +352,16 @@ class _Pass:
         self.pool.take(placements)
         if shadow is not None and shadow is not self.pool:
             shadow.take(placements)
+        for pool in self.member_pools.values():
+            pool.take(placements)
         self.decisions.starts.append(Start(job.job_id, placements))
         user = job.user
-        self.user_gpus[user] = self.user_gpus.get(user, 0) + need
+        units = job.gpu_share or need * SHARE_UNITS
+        self.user_gpus[user] = self.user_gpus.get(user, 0) + units
         self.user_jobs[user] = self.user_jobs.get(user, 0) + 1
         limit = self.config.default_time_limit if job.time_limit is None else job.time_limit
         self.started.append((self.now + limit, placements))
+        self.started_ids.append(job.job_id)
 
     def _time_limit(self, job: JobRequest) -> float:
         return self.config.default_time_limit if job.time_limit is None else job.time_limit
@@ -283,49 +373,179 @@ class _Pass:
             cap = cfg.max_running_jobs_per_user
             if self.user_jobs.get(user, 0) >= cap:
                 return f"user {user} is at the limit of {cap} running job{'' if cap == 1 else 's'}"
-        if cfg.max_gpus_per_user is not None and need > 0:
+        units = job.gpu_share or need * SHARE_UNITS
+        if cfg.max_gpus_per_user is not None and units > 0:
             cap = cfg.max_gpus_per_user
             used = self.user_gpus.get(user, 0)
-            if need > cap:
-                return f"the job needs {need} GPUs but user {user} may use at most {cap}"
-            if used + need > cap:
-                if used >= cap:
+            wanted = format_share(units)
+            if units > cap * SHARE_UNITS:
+                return f"the job needs {wanted} GPUs but user {user} may use at most {cap}"
+            if used + units > cap * SHARE_UNITS:
+                if used >= cap * SHARE_UNITS:
                     return f"user {user} is at the limit of {cap} GPUs in use"
                 return (
-                    f"user {user} has {used} of at most {cap} GPUs in use and the job needs {need}"
+                    f"user {user} has {format_share(used)} of at most {cap} GPUs in use "
+                    f"and the job needs {wanted}"
                 )
         return None
 
-    def _wait_reason(self, job: JobRequest, key: _ShapeKey | None = None) -> tuple[str, bool]:
-        if key is None:
-            key = _shape_key(job)
+    def _wait_reason(self, job: JobRequest) -> tuple[str, bool]:
+        # A plain "N GPUs anywhere" request's reason depends on N alone.
+        key: _ShapeKey | int = job.gpus if job.plain else _shape_key(job)
         found = self._reasons.get(key)
         if found is None:
-            found = self._reasons[key] = wait_reason(job, self.pool)
+            if job.reservation is None:
+                found = wait_reason(job, self.pool)
+            else:
+                found = (self._member_reason(job, job.reservation), False)
+            self._reasons[key] = found
         return found
 
-    def _fits(self, job: JobRequest, need: int) -> bool:
-        return need <= self.pool.total_free and place(job, self.pool, self.policy) is not None
+    def _member_reason(self, job: JobRequest, name: str) -> str:
+        """Why a reservation's job waits.  Never runnable in the main scan's sense: it uses
+        the reservation's GPUs alone, so it must not hold up anyone else."""
+        res = self.by_name.get(name)
+        why = member_reason(name, res, self.now)
+        if why is not None or res is None:
+            return why or f"reservation {name} does not exist or has ended"
+        pool = self._member_pool(res)
+        never = could_ever_fit(job, pool.views)
+        if never is not None:
+            return f"reservation {name} cannot run it: {never}"
+        reason, _ = wait_reason(job, pool)
+        return f"{reason} of reservation {name}"
 
-    def _protect(self, head: JobRequest, priority: float) -> Reservation | None:
+    def _member_pool(self, res: Reservation) -> FreePool:
+        """The reservation's GPUs alone, as they are now in this pass."""
+        pool = self.member_pools.get(res.name)
+        if pool is None:
+            main = self.pool
+            live = [
+                replace(
+                    view,
+                    free_gpus=frozenset(g for g in view.gpu_indices if g in main.free(nid)),
+                    shared={g: u for g, u in main.shared(nid).items() if g in view.gpu_indices},
+                )
+                for view in reservation_views(res, main.views)
+                if main.is_up(nid := view.node_id)
+            ]
+            pool = self.member_pools[res.name] = FreePool(live)
+        return pool
+
+    def _blocks(self, job: JobRequest) -> list[Reservation]:
+        """The reservations `job` must keep off if it started now."""
+        return blocked_by(self.reservations, self.now, self._time_limit(job), job.reservation)
+
+    def _place(self, job: JobRequest, pool: FreePool) -> tuple[Placement, ...] | None:
+        if not self.reservations:
+            return place(job, pool, self.policy)
+        return place_around(job, pool, self.policy, self._blocks(job))
+
+    def _fits(self, job: JobRequest, need: int) -> bool:
+        return need <= self.pool.total_free and self._place(job, self.pool) is not None
+
+    def _note(self, job: JobRequest, reason: str, runnable: bool) -> str:
+        """`reason`, naming the reservation when one is what keeps `job` off GPUs now free."""
+        if not self.reservations or not runnable or job.reservation is not None:
+            return reason
+        blocks = self._blocks(job)
+        if not blocks or requested_gpus(job) > self.pool.total_free:
+            return reason
+        placements = place(job, self.pool, self.policy)
+        if placements is None:
+            return reason
+        used = {(p.node_id, g) for p in placements for g in p.gpu_ids}
+        for res in blocks:
+            if any((p.node_id, g) in used for p in res.placements for g in p.gpu_ids):
+                return f"{reason} ({kept_out_note(res, self.now)})"
+        return reason
+
+    def _protect(self, head: JobRequest, priority: float) -> HeadReservation | None:
         """Preempt for the blocked head if allowed and possible, else reserve its start."""
         running = self.snapshot.running
         if self.config.preemption and any(r.preemptible for r in running):
             current = running_priorities(
                 self.snapshot, (r for r in running if r.preemptible), self.fairshare
             )
-            plan = plan_preemption(head, priority, self.pool, running, self.policy, current)
+            pool = self.pool
+            if self.reservations:  # the head's GPUs must be clear of reservations too
+                pool = pool.copy()
+                pool.block(p for r in self._blocks(head) for p in r.placements)
+            plan = plan_preemption(head, priority, pool, running, self.policy, current)
             if plan is not None:
                 self.decisions.preempt.extend(plan.victims)
                 n = len(plan.victims)
                 reasons = self.decisions.reasons
                 jobs = "1 lower-priority job" if n == 1 else f"{n} lower-priority jobs"
                 reasons[head.job_id] = f"{reasons[head.job_id]}; preempting {jobs}"
-                return Reservation(head.job_id, self.now, plan.placements)
+                return HeadReservation(head.job_id, self.now, plan.placements)
         events = release_events(
             self.snapshot.running, self.started, self.now, self.config.default_time_limit
         )
-        reservation = find_reservation(head, self.pool, events, self.policy)
+        reservation = find_reservation(
+            head, self.pool, events, self.policy, self.reservations, self._time_limit(head)
+        )
         if reservation is not None:
             self.decisions.expected_start[head.job_id] = reservation.time
         return reservation
+
+    # -- estimates
+
+    def _plan(self, order: list[int]) -> None:
+        """Estimated starts and what each waiting job waits for (`plan.py`)."""
+        cfg = self.config
+        d = self.decisions
+        pending = self.snapshot.pending
+        started = set(self.started_ids)
+        if len(started) == len(pending):
+            return
+        budget = cfg.plan_seconds
+        deadline = None if budget is None else time.perf_counter() + budget
+        victims = set(d.preempt)
+        now, default = self.now, cfg.default_time_limit
+        intervals = [
+            (r.job_id, expected_end(r.start_time, r.time_limit, default, now), r.placements)
+            for r in self.snapshot.running
+            if r.job_id not in victims
+        ]
+        intervals.extend(
+            (job_id, end, placements)
+            for job_id, (end, placements) in zip(self.started_ids, self.started, strict=True)
+        )
+        planner = Planner(
+            now, self.pool, self.snapshot.nodes, intervals, self.reservations, self.policy, deadline
+        )
+        ordered = cfg.queue_policy != "backfill"
+        skip = started | self.held
+        floor, ahead = now, None
+        head, res = self.head, self.head_reservation
+        if head is not None:
+            skip.add(head.job_id)
+            if res is not None:
+                if victims:
+                    gone = [r for r in self.snapshot.running if r.job_id in victims]
+                    planner.release_now(p for r in gone for p in r.placements)
+                planned = Planned(res.time, res.placements)
+                planner.commit(head.job_id, planned, self._time_limit(head))
+                d.expected_start[head.job_id] = res.time
+                on = list(d.preempt) if res.time <= now else []
+                on.extend(planner.waiting_on(planned, None))
+                d.waiting_on[head.job_id] = tuple(dict.fromkeys(on))
+                floor, ahead = res.time, head.job_id
+            elif ordered:
+                return  # nothing behind a head that never starts may pass it
+
+        def waiting() -> Iterator[JobRequest]:
+            for i in order:
+                job = pending[i]
+                if job.job_id in skip:
+                    continue
+                if job.reservation is None and not self._wait_reason(job)[1]:
+                    continue  # could not run on the nodes that are up: no estimate
+                yield job
+
+        starts, waits = plan_queue(
+            planner, waiting(), self._time_limit, ordered, cfg.plan_jobs, floor, ahead
+        )
+        d.expected_start.update(starts)
+        d.waiting_on.update(waits)

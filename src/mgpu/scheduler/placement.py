@@ -13,6 +13,12 @@ then a *pick*.  Three things keep it fast on big clusters:
 * counts are checked before anything else (a job asking for more GPUs than are free in
   the whole pool fails in O(1)).
 
+Fractional requests (`gpu_share`, see `shares.py`) go to a GPU that is already shared when
+one has room (fill_first: the least room that fits, on the busiest node — so shares pack
+together), else to a free GPU chosen as a one-GPU job's; spread takes a free GPU first, then
+the least-used shared one.  The pool keeps shared GPUs apart from the free ones, indexed by
+their room; with no shared GPU none of this costs a whole-GPU request anything.
+
 `could_ever_fit` answers a different question — could this request *ever* run on these
 nodes, ignoring what is busy or down — so that the master can refuse impossible jobs at
 submit time with a sentence a person can act on.
@@ -24,7 +30,8 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from .types import JobRequest, NodeView, Placement, Policy
+from .shares import format_share
+from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy
 
 __all__ = [
     "Eligible",
@@ -35,6 +42,7 @@ __all__ = [
     "gpus_per_node",
     "place",
     "requested_gpus",
+    "shape_key",
     "wait_reason",
 ]
 
@@ -58,7 +66,13 @@ def gpus_per_node(req: JobRequest) -> int | None:
 
 
 def requested_gpus(req: JobRequest) -> int:
-    """Total GPUs the request occupies, whatever form it was given in."""
+    """Total whole GPUs the request occupies, whatever form it was given in.
+
+    A fractional request (`gpu_share`) occupies no whole GPU: 0 (it may fit on a shared GPU
+    when none is free, so no count of free GPUs can rule it out).
+    """
+    if req.gpu_share:
+        return 0
     if req.node_gpu_ids is not None:
         return sum(len(set(ids)) for _, ids in req.node_gpu_ids)
     if req.nodes is not None:
@@ -67,6 +81,26 @@ def requested_gpus(req: JobRequest) -> int:
     if req.gpu_ids is not None:
         return len(set(req.gpu_ids))
     return req.gpus
+
+
+def shape_key(req: JobRequest) -> tuple[object, ...]:
+    """Everything about a request that decides whether it fits (not who, when or which of
+    the places it fits the policy picks)."""
+    return (
+        req.gpus,
+        req.gpu_ids,
+        req.node_gpu_ids,
+        req.nodes,
+        req.gpus_per_node,
+        req.distributed,
+        req.nodelist,
+        req.exclude,
+        req.allowed_nodes,
+        req.gpu_type,
+        req.requires,
+        req.gpu_share,
+        req.reservation,
+    )
 
 
 def format_ids(ids: Iterable[int]) -> str:
@@ -142,6 +176,9 @@ class FreePool:
     `buckets[k]` holds the ids (sorted) of the nodes with exactly `k` free GPUs.  Copies
     (`copy`) share the immutable node views and the eligibility cache, so a simulation
     (backfill reservations, preemption) costs one copy of the free sets.
+
+    Shared GPUs (holding fractional jobs) are not free: `_shared[node][gpu]` is the share
+    units in use, and `_rooms[room]` holds the (node, gpu) pairs with that much room left.
     """
 
     __slots__ = (
@@ -149,6 +186,8 @@ class FreePool:
         "_buckets",
         "_eligible",
         "_free",
+        "_rooms",
+        "_shared",
         "_up",
         "max_gpus",
         "total_free",
@@ -162,6 +201,8 @@ class FreePool:
     _free: dict[str, set[int]]
     _buckets: list[list[str]]
     _eligible: dict[_EligibleKey, Eligible]
+    _shared: dict[str, dict[int, int]]
+    _rooms: dict[int, dict[tuple[str, int], None]]
     total_free: int
     max_gpus: int
     up_count: int
@@ -171,6 +212,8 @@ class FreePool:
         self._free = {}
         self._all = {}
         self._up = None
+        self._shared = {}
+        self._rooms = {}
         max_gpus = 0
         for node in nodes:
             self.views[node.node_id] = node
@@ -178,7 +221,10 @@ class FreePool:
             if node.schedulable:
                 every = frozenset(node.gpu_indices)
                 self._all[node.node_id] = every
-                self._free[node.node_id] = set(node.free_gpus & every)
+                free = set(node.free_gpus & every)
+                if node.shared:
+                    self._add_shared(node.node_id, node.shared, every, free)
+                self._free[node.node_id] = free
         self.max_gpus = max_gpus
         self._buckets = [[] for _ in range(max_gpus + 1)]
         for nid, free in self._free.items():
@@ -197,10 +243,27 @@ class FreePool:
         other._free = {nid: set(free) for nid, free in self._free.items()}
         other._buckets = [list(b) for b in self._buckets]
         other._eligible = self._eligible
+        if self._shared:
+            other._shared = {nid: dict(used) for nid, used in self._shared.items()}
+            other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
+        else:
+            other._shared, other._rooms = {}, {}
         other.total_free = self.total_free
         other.max_gpus = self.max_gpus
         other.up_count = self.up_count
         return other
+
+    def _add_shared(
+        self, node_id: str, shared: Mapping[int, int], every: frozenset[int], free: set[int]
+    ) -> None:
+        """Take the node's shared GPUs out of `free` and index them by room (at init)."""
+        used = {g: min(u, SHARE_UNITS) for g, u in shared.items() if g in every and u > 0}
+        if not used:
+            return
+        free.difference_update(used)
+        self._shared[node_id] = used
+        for g, u in used.items():
+            self._room_add(node_id, g, u)
 
     # -- queries
 
@@ -220,6 +283,41 @@ class FreePool:
     def free_count(self, node_id: str) -> int:
         free = self._free.get(node_id)
         return 0 if free is None else len(free)
+
+    def shared(self, node_id: str) -> Mapping[int, int]:
+        """The node's shared GPUs: index -> share units in use."""
+        return self._shared.get(node_id, _NO_SHARES)
+
+    @property
+    def has_shared(self) -> bool:
+        return bool(self._shared)
+
+    def shared_nodes(self) -> Iterable[str]:
+        """The nodes with at least one shared GPU."""
+        return self._shared.keys()
+
+    def best_shared(
+        self, share: int, policy: Policy, members: Set[str] | None = None
+    ) -> tuple[str, int] | None:
+        """A shared GPU with room for `share` units (among `members`' nodes), or None.
+
+        fill_first: the least room that fits (pack), on the busiest node; spread: the most
+        room (least used), on the node with the most free GPUs.  Ties: node id, GPU index.
+        """
+        rooms = sorted((r for r in self._rooms if r >= share), reverse=policy == "spread")
+        free = self._free
+        sign = 1 if policy == "fill_first" else -1
+        for room in rooms:
+            best: tuple[int, str, int] | None = None
+            for nid, g in self._rooms[room]:
+                if members is not None and nid not in members:
+                    continue
+                key = (sign * len(free[nid]), nid, g)
+                if best is None or key < best:
+                    best = key
+            if best is not None:
+                return best[1], best[2]
+        return None
 
     def nodes_with_at_least(self, need: int) -> int:
         """How many schedulable nodes have at least `need` free GPUs."""
@@ -297,25 +395,152 @@ class FreePool:
     # -- updates
 
     def take(self, placements: Iterable[Placement]) -> None:
-        """Mark the placements' GPUs busy (GPUs not free here are ignored)."""
+        """Mark the placements' GPUs busy (GPUs not free here are ignored).
+
+        A fractional placement (`share`) makes a free GPU shared, or adds to a shared GPU's
+        use (up to a whole GPU); a whole GPU held by a whole job is left alone.
+        """
         for p in placements:
             free = self._free.get(p.node_id)
             if free is None:
+                continue
+            if p.share:
+                self._take_share(p.node_id, free, p.gpu_ids, p.share)
                 continue
             before = len(free)
             free.difference_update(p.gpu_ids)
             self._moved(p.node_id, before, len(free))
 
-    def release(self, node_id: str, gpu_ids: Iterable[int]) -> None:
-        """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored."""
+    def release(self, node_id: str, gpu_ids: Iterable[int], share: int = 0) -> None:
+        """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored.
+
+        With `share`, a fractional job's units go back; its GPU is free once none are left.
+        """
         free = self._free.get(node_id)
         if free is None:
             return
+        if share:
+            self._release_share(node_id, free, gpu_ids, share)
+            return
         before = len(free)
         free.update(gpu_ids)
-        if len(free) > before and not free <= self._all[node_id]:
-            free &= self._all[node_id]
+        if len(free) > before:
+            if not free <= self._all[node_id]:
+                free &= self._all[node_id]
+            shared = self._shared.get(node_id)
+            if shared:  # a GPU with shares left is not free, whatever was released
+                free.difference_update(shared)
         self._moved(node_id, before, len(free))
+
+    def release_all(self, placements: Iterable[Placement]) -> None:
+        """`release` every placement (a job's GPUs, whole or shared)."""
+        for p in placements:
+            self.release(p.node_id, p.gpu_ids, p.share)
+
+    def block(self, placements: Iterable[Placement]) -> None:
+        """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
+        share): not even a `release` brings them back."""
+        placements = list(placements)
+        if self._shared:
+            self.withhold(placements)
+        else:
+            self.take(placements)  # the same when nothing is shared, and quicker
+        every = self._all = dict(self._all)  # copy on write: other copies keep theirs
+        for p in placements:
+            if p.node_id in every:
+                every[p.node_id] = every[p.node_id] - frozenset(p.gpu_ids)
+
+    def usable(self, node_id: str) -> frozenset[int]:
+        """The node's GPUs this pool may ever hand out (all of them unless `block`ed)."""
+        return self._all.get(node_id, _EMPTY)
+
+    def withhold(self, placements: Iterable[Placement]) -> list[tuple[str, int, int]]:
+        """`block` the GPUs and return what `restore` needs to put them back exactly."""
+        taken: list[tuple[str, int, int]] = []
+        for p in placements:
+            nid = p.node_id
+            free = self._free.get(nid)
+            if free is None:
+                continue
+            shared = self._shared.get(nid)
+            before = len(free)
+            for g in p.gpu_ids:
+                if g in free:
+                    free.discard(g)
+                    taken.append((nid, g, 0))
+                elif shared and g in shared:
+                    used = shared.pop(g)
+                    self._room_remove(nid, g, used)
+                    taken.append((nid, g, used))
+            if shared is not None and not shared:
+                del self._shared[nid]
+            self._moved(nid, before, len(free))
+        return taken
+
+    def restore(self, taken: Iterable[tuple[str, int, int]]) -> None:
+        """Undo a `withhold` (nothing else may have changed those GPUs in between)."""
+        for nid, g, used in taken:
+            free = self._free[nid]
+            if used:
+                self._shared.setdefault(nid, {})[g] = used
+                self._room_add(nid, g, used)
+            else:
+                before = len(free)
+                free.add(g)
+                self._moved(nid, before, before + 1)
+
+    def _take_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+        shared = self._shared.get(nid)
+        for g in gpu_ids:
+            if g in free:
+                before = len(free)
+                free.discard(g)
+                self._moved(nid, before, before - 1)
+                if shared is None:
+                    shared = self._shared[nid] = {}
+                used = min(share, SHARE_UNITS)
+            elif shared and g in shared:
+                used = shared[g]
+                self._room_remove(nid, g, used)
+                used = min(used + share, SHARE_UNITS)
+            else:
+                continue
+            shared[g] = used
+            self._room_add(nid, g, used)
+
+    def _release_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+        shared = self._shared.get(nid)
+        if not shared:
+            return
+        for g in gpu_ids:
+            used = shared.get(g)
+            if used is None:
+                continue
+            self._room_remove(nid, g, used)
+            used -= share
+            if used > 0:
+                shared[g] = used
+                self._room_add(nid, g, used)
+                continue
+            del shared[g]
+            before = len(free)
+            free.add(g)
+            self._moved(nid, before, before + 1)
+        if not shared:
+            del self._shared[nid]
+
+    def _room_add(self, nid: str, g: int, used: int) -> None:
+        room = SHARE_UNITS - used
+        if room > 0:
+            self._rooms.setdefault(room, {})[(nid, g)] = None
+
+    def _room_remove(self, nid: str, g: int, used: int) -> None:
+        room = SHARE_UNITS - used
+        spots = self._rooms.get(room)
+        if spots is not None:
+            spots.pop((nid, g), None)
+            if not spots:
+                del self._rooms[room]
 
     def _moved(self, node_id: str, before: int, after: int) -> None:
         if before == after:
@@ -327,6 +552,7 @@ class FreePool:
 
 
 _EMPTY: frozenset[int] = frozenset()
+_NO_SHARES: Mapping[int, int] = {}
 
 
 # --------------------------------------------------------------------------- placement
@@ -375,6 +601,8 @@ def place(req: JobRequest, pool: FreePool, default_policy: Policy) -> tuple[Plac
         return _place_gang(req, pool, req.nodes, per, policy)
     if req.gpu_ids is not None:
         return _place_indices(req, pool, policy)
+    if req.gpu_share:
+        return _place_share(req, pool, policy)
     need = req.gpus
     if need > pool.total_free:
         return None
@@ -388,6 +616,29 @@ def place(req: JobRequest, pool: FreePool, default_policy: Policy) -> tuple[Plac
         return (Placement(nid, _lowest(pool.free(nid), need)),)
     if req.distributed and need > eligible.max_total:
         return _place_split(req, pool, need, eligible, policy)
+    return None
+
+
+def _place_share(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Placement, ...] | None:
+    """A share of one GPU: a shared GPU with room, or a free one (see the module docstring)."""
+    share = req.gpu_share
+    eligible = pool.eligible(req)
+    members = eligible.nodes
+    if policy == "fill_first" and pool.has_shared:
+        spot = pool.best_shared(share, policy, members)
+        if spot is not None:
+            return (Placement(spot[0], (spot[1],), share),)
+    if pool.total_free:
+        if members is not None and len(members) * 8 < pool.up_count:
+            nid = next(_candidates(pool, 1, eligible, policy), None)
+        else:
+            nid = pool.best_node(1, policy, members)
+        if nid is not None:
+            return (Placement(nid, (min(pool.free(nid)),), share),)
+    if policy == "spread" and pool.has_shared:
+        spot = pool.best_shared(share, policy, members)
+        if spot is not None:
+            return (Placement(spot[0], (spot[1],), share),)
     return None
 
 
@@ -515,6 +766,10 @@ def could_ever_fit(
     req = request
     if req.gpus < 0:
         return "a job cannot ask for a negative number of GPUs"
+    if req.gpu_share:
+        why = _share_never_fits(req)
+        if why is not None:
+            return why
     for nid in sorted(req.nodelist or ()):
         if nid not in views:
             return f"node {nid} is not in the cluster"
@@ -556,6 +811,25 @@ def could_ever_fit(
         f"{where} has {need} GPUs (the largest has {most}); "
         "use --nodes/--gpus-per-node or --distributed to span nodes"
     )
+
+
+def _share_never_fits(req: JobRequest) -> str | None:
+    """What is wrong with a fractional request's shape, if anything."""
+    if not 0 < req.gpu_share < SHARE_UNITS:
+        return "--gpu-share must be between 0 and 1 (a fraction of one GPU)"
+    if (
+        req.nodes is not None
+        or req.gpu_ids is not None
+        or req.node_gpu_ids is not None
+        or req.distributed
+    ):
+        return (
+            "--gpu-share asks for part of one GPU; it cannot be combined with --nodes, "
+            "--gpu-ids, --node-gpu-ids or --distributed"
+        )
+    if req.gpus != 1:
+        return "--gpu-share asks for part of one GPU; it cannot be combined with --gpus"
+    return None
 
 
 def _named_or_all(req: JobRequest, views: Mapping[str, NodeView]) -> Iterable[NodeView]:
@@ -674,9 +948,11 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
         if eligible.nodes is not None and len(eligible.nodes) == 1:
             (where,) = eligible.nodes
         return f"waiting for {_gpu_list(req.gpu_ids)} on {where}", True
+    kind = f"{req.gpu_type} " if req.gpu_type else ""
+    if req.gpu_share:
+        return f"waiting for {format_share(req.gpu_share)} of one {kind}GPU", True
     if req.gpus == 0:
         return "waiting for a node", True
-    kind = f"{req.gpu_type} " if req.gpu_type else ""
     return f"waiting for {req.gpus} {kind}GPU{'' if req.gpus == 1 else 's'}", True
 
 

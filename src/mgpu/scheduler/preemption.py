@@ -10,8 +10,11 @@ equal priority are taken youngest first (least work lost), as Slurm does.
 * gang requests (`--nodes`): the N cheapest nodes to clear, each cleared on its own;
 * pinned requests (`--node-gpu-ids`): exactly the holders of the named GPUs, which must
   all be candidates;
-* split `--distributed` requests: victims are added lowest priority first until the job
-  fits, then any that turn out unneeded are dropped.
+* split `--distributed` and fractional (`--gpu-share`) requests: victims are added lowest
+  priority first until the job fits, then any that turn out unneeded are dropped.
+
+A fractional victim gives back only its share: its GPU is free for a whole-GPU job once every
+share on it is gone, so all of them must be victims.
 
 The plan's placement is what the job would get once the victims are gone; the core
 protects it from backfill until the job starts (on a later pass).
@@ -38,11 +41,31 @@ def _gpus_on(job: RunningJob, node_id: str) -> set[int]:
     return {g for p in job.placements if p.node_id == node_id for g in p.gpu_ids}
 
 
+def _freed(pool: FreePool, node_id: str, victims: Iterable[RunningJob]) -> set[int]:
+    """The node's GPUs free once `victims` stop: those free now, the victims' whole GPUs,
+    and shared GPUs whose every share belongs to a victim (none the pool may not use)."""
+    free = set(pool.free(node_id))
+    used = dict(pool.shared(node_id))
+    usable = pool.usable(node_id)
+    for v in victims:
+        for p in v.placements:
+            if p.node_id != node_id:
+                continue
+            if not p.share:
+                free.update(p.gpu_ids)
+                continue
+            for g in p.gpu_ids:
+                if g in used:
+                    used[g] -= p.share
+                    if used[g] <= 0:
+                        free.add(g)
+    return free & usable
+
+
 def _after(pool: FreePool, victims: Iterable[RunningJob]) -> FreePool:
     sim = pool.copy()
     for v in victims:
-        for p in v.placements:
-            sim.release(p.node_id, p.gpu_ids)
+        sim.release_all(v.placements)
     return sim
 
 
@@ -74,7 +97,9 @@ def plan_preemption(
         return _pinned(job, pool, running, candidates)
     if job.nodes is not None:
         return _gang(job, pool, candidates, default_policy, priorities)
-    if job.gpu_ids is None and job.distributed and job.gpus > pool.eligible(job).max_total:
+    if job.gpu_share or (
+        job.gpu_ids is None and job.distributed and job.gpus > pool.eligible(job).max_total
+    ):
         return _greedy(job, pool, candidates, default_policy)
     return _one_node(job, pool, candidates, default_policy, priorities)
 
@@ -102,30 +127,24 @@ def _clear(
     ids: frozenset[int] | None,
 ) -> list[RunningJob] | None:
     """The fewest of `victims` (in order) whose GPUs on `node_id` make the request fit there."""
-    free = set(pool.free(node_id))
-    chosen: list[RunningJob] = []
     if ids is not None:
-        missing = ids - free
-        for v in victims:
-            if not missing:
-                break
-            held = _gpus_on(v, node_id)
-            if held & missing:
-                chosen.append(v)
-                missing -= held
-        return None if missing else chosen
+        # Every holder of a wanted GPU that is not free must go (all sharers of a shared one).
+        missing = ids - pool.free(node_id)
+        chosen = [v for v in victims if _gpus_on(v, node_id) & missing]
+        return chosen if ids <= _freed(pool, node_id, chosen) else None
+    chosen = []
+    free = set(pool.free(node_id))
     for v in victims:
         if len(free) >= need:
             break
         chosen.append(v)
-        free |= _gpus_on(v, node_id)
+        free = _freed(pool, node_id, chosen)
     if len(free) < need:
         return None
     for v in reversed(list(chosen)):  # drop the ones that turned out unnecessary
-        without = free - _gpus_on(v, node_id)
-        if len(without) >= need:
-            chosen.remove(v)
-            free = without
+        trial = [c for c in chosen if c is not v]
+        if len(_freed(pool, node_id, trial)) >= need:
+            chosen = trial
     return chosen
 
 
@@ -205,17 +224,22 @@ def _pinned(
     candidates: Sequence[RunningJob],
 ) -> PreemptionPlan | None:
     assert job.node_gpu_ids is not None
-    owner = {(p.node_id, g): r for r in running for p in r.placements for g in p.gpu_ids}
+    owners: dict[tuple[str, int], list[RunningJob]] = {}
+    for r in running:
+        for p in r.placements:
+            for g in p.gpu_ids:
+                owners.setdefault((p.node_id, g), []).append(r)
     allowed = {id(c) for c in candidates}
     victims: dict[str, RunningJob] = {}
     for nid, ids in job.node_gpu_ids:
         if not pool.is_up(nid):
             return None
         for g in set(ids) - set(pool.free(nid)):
-            holder = owner.get((nid, g))
-            if holder is None or id(holder) not in allowed:
+            holders = owners.get((nid, g))
+            if not holders or any(id(h) not in allowed for h in holders):
                 return None
-            victims.setdefault(holder.job_id, holder)
+            for holder in holders:
+                victims.setdefault(holder.job_id, holder)
     placements = place(job, _after(pool, victims.values()), "fill_first")
     if placements is None or not victims:
         return None
@@ -230,8 +254,7 @@ def _greedy(
     chosen: list[RunningJob] = []
     placements = None
     for v in candidates:
-        for p in v.placements:
-            sim.release(p.node_id, p.gpu_ids)
+        sim.release_all(v.placements)
         chosen.append(v)
         if sim.total_free >= need:
             placements = place(job, sim, policy)

@@ -12,7 +12,7 @@ Each factor is a number in [0, 1]; a job's priority is the weighted sum
   so with no configuration every user seen (pending, running or with usage) is equal.
   A configured share of 0 scores 0.
 * **job_size** — GPUs asked for / GPUs in the cluster, at most 1 (bigger jobs first, as
-  Slurm does by default: they are the hardest to fit later).
+  Slurm does by default: they are the hardest to fit later); a share of a GPU counts F.
 * **user_priority** — the job's `--priority`, clamped to [-1000, 1000] and mapped linearly
   onto [0, 1]: -1000 → 0, 0 → 0.5, 1000 → 1.  With the default weight of 1000 each unit
   of `--priority` is worth one point (about ten minutes of age with the default weights).
@@ -26,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .placement import requested_gpus
-from .types import JobRequest, PriorityWeights, RunningJob, Snapshot
+from .types import SHARE_UNITS, JobRequest, PriorityWeights, RunningJob, Snapshot
 
 __all__ = [
     "USER_PRIORITY_RANGE",
     "compute_priorities",
     "fairshare_factors",
+    "job_size",
     "running_priorities",
     "user_priority_factor",
     "weighted_fairshare",
@@ -92,14 +93,19 @@ def weighted_fairshare(snapshot: Snapshot) -> dict[str, float]:
     return {u: weight * f for u, f in factors.items()}
 
 
+def job_size(job: JobRequest) -> float:
+    """The GPUs a job counts for in the job-size factor: F for a share, else its GPUs."""
+    return job.gpu_share / SHARE_UNITS if job.gpu_share else requested_gpus(job)
+
+
 def compute_priorities(
     snapshot: Snapshot,
-    needs: Sequence[int] | None = None,
+    needs: Sequence[float] | None = None,
     fairshare: Mapping[str, float] | None = None,
 ) -> tuple[list[float], list[dict[str, float]]]:
     """Priority and weighted factor breakdown of each pending job, in `pending` order.
 
-    `needs` (each job's `requested_gpus`) and `fairshare` (`weighted_fairshare`) may be
+    `needs` (each job's `job_size`) and `fairshare` (`weighted_fairshare`) may be
     passed when the caller has them already.  The work is done in list comprehensions on
     purpose: this runs over every pending job on every pass, and is the bulk of a pass over
     a long queue.
@@ -108,7 +114,7 @@ def compute_priorities(
     w: PriorityWeights = snapshot.config.weights
     weighted_fs = weighted_fairshare(snapshot) if fairshare is None else fairshare
     if needs is None:
-        needs = [requested_gpus(j) for j in pending]
+        needs = [job_size(j) for j in pending]
 
     now = snapshot.now
     age_scale = w.age / w.max_age if w.max_age > 0 else 0.0
@@ -161,7 +167,7 @@ def running_priorities(
         submitted = r.start_time if r.submit_time is None else r.submit_time
         age = (snapshot.now - submitted) * age_scale
         age = w.age if age > w.age else (age if age > 0.0 else 0.0)
-        size = r.gpus * size_scale
+        size = r.gpu_amount * size_scale
         size = w.job_size if size > w.job_size else size
         p = r.priority
         user = ((bound if p > bound else (-bound if p < -bound else p)) + bound) * user_scale

@@ -1,8 +1,9 @@
 """The scheduler core's inputs and outputs.
 
 The core is pure: the master (and the simulator) build a `Snapshot`, call
-`schedule(snapshot)` and apply the returned `Decisions`.  Nothing here does I/O
-or reads a clock; `Snapshot.now` is the only time there is.
+`schedule(snapshot)` and apply the returned `Decisions`.  Nothing here does I/O;
+`Snapshot.now` is the only time there is (the planner reads a clock only to stop
+estimating when `SchedulerConfig.plan_seconds` is spent).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Literal, NamedTuple
 
 Policy = Literal["fill_first", "spread"]
 QueuePolicy = Literal["fifo", "priority", "backfill"]
+
+SHARE_UNITS = 1000
+"""A whole GPU in share units: fractional requests (`--gpu-share F`) are whole thousandths
+of one GPU, so shares add up exactly (ten jobs of 0.1 fill a GPU, no rounding residue)."""
 
 
 class Dependency(NamedTuple):
@@ -37,6 +42,9 @@ class NodeView:
     rack: str | None = None
     features: frozenset[str] = frozenset()
     """Capabilities such as container runtimes ("podman")."""
+    shared: Mapping[int, int] = field(default_factory=dict)
+    """GPUs holding fractional jobs: index -> share units in use (1..`SHARE_UNITS`).
+    Such a GPU is not in `free_gpus`: no whole-GPU job may use it until its shares are gone."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,39 @@ class JobRequest:
     """The array the job is a task of."""
     array_max_running: int | None = None
     """The array's `%N`: at most this many of its tasks run at once."""
+    gpu_share: int = 0
+    """A fraction of one GPU (`--gpu-share F`) in share units (1..999 of `SHARE_UNITS`), with
+    `gpus=1`; 0 = whole GPUs.  Packed with other shares on one GPU, never beside a whole job."""
+    reservation: str | None = None
+    """`--reservation NAME`: runs only inside that reservation's window, on its GPUs (the
+    master has checked the user may use it)."""
+    # Derived once here rather than in every pass: a pass tests them over the whole queue.
+    counted: bool = field(init=False, repr=False, compare=False)
+    """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,
+    `--node-gpu-ids`, `--nodes`, share): its whole-GPU need is `gpus`."""
+    plain: bool = field(init=False, repr=False, compare=False)
+    """`counted`, and no node filter, split or reservation either: "N GPUs anywhere"."""
+
+    def __post_init__(self) -> None:
+        counted = (
+            self.node_gpu_ids is None
+            and self.nodes is None
+            and self.gpu_ids is None
+            and not self.gpu_share
+        )
+        object.__setattr__(self, "counted", counted)
+        object.__setattr__(
+            self,
+            "plain",
+            counted
+            and self.nodelist is None
+            and self.gpu_type is None
+            and self.allowed_nodes is None
+            and not self.exclude
+            and not self.requires
+            and not self.distributed
+            and self.reservation is None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +127,8 @@ class Placement:
 
     node_id: str
     gpu_ids: tuple[int, ...]
+    share: int = 0
+    """Share units of each GPU listed that the job holds (a fractional job); 0 = whole GPUs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +150,39 @@ class RunningJob:
     preemptible: bool = False
     submit_time: float | None = None
     """When the job was submitted (its age); None = `start_time`."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job runs on, a shared one counting as one."""
+        return sum(len(p.gpu_ids) for p in self.placements)
+
+    @property
+    def gpu_units(self) -> int:
+        """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
+        return sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
+
+    @property
+    def gpu_amount(self) -> float:
+        """GPUs held, a fractional job counting F (what usage and the job size charge)."""
+        return self.gpu_units / SHARE_UNITS
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """GPUs set aside for a window (`mgpu reserve create`).
+
+    Inside [start, end) only jobs with `JobRequest.reservation == name` run on `placements`
+    (and only there); before the window, another job may use them only if its time limit
+    ends it by `start`.  After `end` they are ordinary GPUs again.
+    """
+
+    name: str
+    placements: tuple[Placement, ...]
+    """Whole GPUs on nodes, chosen when the reservation is made (`pick_reservation_gpus`)."""
+    start: float
+    end: float
+    users: frozenset[str] = frozenset()
+    """Who may submit into it: checked by the master at submit, not by the core."""
 
     @property
     def gpus(self) -> int:
@@ -138,6 +214,12 @@ class SchedulerConfig:
     preemption: bool = True
     cluster_gpus: int = 0
     """Total GPUs in the cluster, for the job-size factor; 0 = derive from nodes."""
+    plan_jobs: int = 5000
+    """At most this many waiting jobs get an estimated start per pass (`plan.py`); 0 = only
+    the blocked head's (EASY) reservation, as before the planner."""
+    plan_seconds: float | None = 0.02
+    """Wall-time budget of the estimates per pass (the only clock the core reads, and only
+    to stop estimating: decisions never depend on it); None = no time budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +232,8 @@ class Snapshot:
     usage: Mapping[str, float] = field(default_factory=dict)
     """Each user's decayed GPU-seconds (fairshare)."""
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    reservations: Sequence[Reservation] = ()
+    """Active and future reservations (those ended are left out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,4 +253,10 @@ class Decisions:
     factors: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each pending job's priority broken down by factor."""
     expected_start: dict[str, float] = field(default_factory=dict)
-    """Reservation times for jobs that must wait (backfill)."""
+    """Estimated start of each waiting job whose start follows from time limits (the blocked
+    head's backfill reservation, then the planner's projection within its budget)."""
+    waiting_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """For each job in `expected_start`: what uses the GPUs it will get until then, in the
+    order they let go of them — job ids (running, or queued ahead of it and planned earlier)
+    and `reservation:NAME` entries; under fifo/priority first the job ahead that it may not
+    pass; at most 16 (the last before its start); empty when it could start now."""

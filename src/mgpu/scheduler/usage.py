@@ -1,6 +1,7 @@
 """Each user's GPU usage with exponential decay, for fairshare (`Snapshot.usage`).
 
-Usage is GPU-seconds, halved every `half_life` seconds (Slurm's PriorityDecayHalfLife):
+Usage is GPU-seconds, halved every `half_life` seconds (Slurm's PriorityDecayHalfLife); a
+fractional job (`--gpu-share F`) is charged F x its time:
 an attempt's GPU-seconds are added when it ends (`add`) and decay from then on, and running
 attempts count their GPU-seconds so far, undecayed.  The master and the simulator both keep
 one `UsageLedger`; they differ only in how running work reaches it: the master passes its
@@ -11,7 +12,8 @@ Decay is never a sweep.  Each user's ended usage is kept as its value as of a co
 time, `value · e^(k·(t − base))` for usage worth `value` at `t`, with k = ln 2 / half-life;
 reading every user at `now` is then one multiplication each by e^(−k·(now − base)), one
 `exp` in all.  The base moves forward before that factor could overflow.  Running work per
-user is `gpus·now − Σ gpus·start`, both kept as jobs start and stop.
+user is `gpus·now − Σ gpus·start`, both kept as jobs start and stop (GPUs in whole share
+units, so that a user's running GPUs go back to exactly 0 however shares were added).
 
 Stored (`dumps`/`loads`) as `{"user": [value, as_of], ...}`: each user's usage as of
 `as_of`, halved every half-life after it.
@@ -23,7 +25,7 @@ import json
 import math
 from collections.abc import Iterable
 
-from .types import RunningJob
+from .types import SHARE_UNITS, RunningJob
 
 __all__ = ["UsageLedger"]
 
@@ -39,7 +41,7 @@ class UsageLedger:
         self.as_of = 0.0
         """The latest time the ledger was changed or read at."""
         self._ended: dict[str, float] = {}  # as of `base`, see the module docstring
-        self._gpus: dict[str, int] = {}  # GPUs of the user's registered running jobs
+        self._units: dict[str, int] = {}  # share units of the user's registered running jobs
         self._started: dict[str, float] = {}  # Σ gpus·start of those jobs
 
     def _decay(self, now: float) -> float:
@@ -56,7 +58,7 @@ class UsageLedger:
     def _user(self, user: str) -> None:
         if user not in self._ended:
             self._ended[user] = 0.0
-            self._gpus[user] = 0
+            self._units[user] = 0
             self._started[user] = 0.0
 
     def add(self, user: str, gpu_seconds: float, now: float) -> None:
@@ -65,16 +67,17 @@ class UsageLedger:
         decay = self._decay(now)  # first: it may rescale the ledger
         self._ended[user] += gpu_seconds / decay
 
-    def start(self, user: str, gpus: int, now: float) -> None:
-        """A job of `user` on `gpus` GPUs started at `now` (counted until `stop`)."""
+    def start(self, user: str, gpus: float, now: float) -> None:
+        """A job of `user` on `gpus` GPUs (F for a share) started at `now` (counted until
+        `stop`)."""
         self._user(user)
-        self._gpus[user] += gpus
+        self._units[user] += round(gpus * SHARE_UNITS)
         self._started[user] += gpus * now
 
-    def stop(self, user: str, gpus: int, start: float, now: float) -> None:
+    def stop(self, user: str, gpus: float, start: float, now: float) -> None:
         """The job `start` registered ended at `now`: its GPU-seconds become ended work."""
-        left = self._gpus[user] - gpus
-        self._gpus[user] = left
+        left = self._units[user] - round(gpus * SHARE_UNITS)
+        self._units[user] = left
         # Reset to exactly 0 when idle so no rounding residue lingers.
         self._started[user] = self._started[user] - gpus * start if left else 0.0
         self.add(user, gpus * (now - start), now)
@@ -86,10 +89,13 @@ class UsageLedger:
         start (none if it starts later than `now`).
         """
         decay = self._decay(now)
-        gpus, started = self._gpus, self._started
-        usage = {u: v * decay + (gpus[u] * now - started[u]) for u, v in self._ended.items()}
+        units, started = self._units, self._started
+        usage = {
+            u: v * decay + (units[u] / SHARE_UNITS * now - started[u])
+            for u, v in self._ended.items()
+        }
         for r in running:
-            usage[r.user] = usage.get(r.user, 0.0) + r.gpus * max(0.0, now - r.start_time)
+            usage[r.user] = usage.get(r.user, 0.0) + r.gpu_amount * max(0.0, now - r.start_time)
         return usage
 
     def dumps(self) -> str:

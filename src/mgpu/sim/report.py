@@ -7,7 +7,11 @@ Definitions (times in seconds, over the jobs that finished):
 * bounded slowdown = max(1, (wait + run) / max(run, 10 s)), averaged;
 * GPU utilisation = busy GPU-seconds / (cluster GPUs × makespan), where
   makespan = last end − first submit;
-* scheduler cost = wall time of each `schedule()` call (mean, p99) and how many there were.
+* scheduler cost = wall time of each `schedule()` call (mean, p99) and how many there were;
+* estimates (replays with `SimConfig.estimates`, `estimate_metrics`): over the finished
+  jobs that waited in the queue (did not start in the pass of their submission), the share
+  that got an `expected_start` in that pass, and the error = actual start − estimate of
+  those: median and p90 of its size, its median (negative: started sooner than estimated).
 
 Percentiles interpolate linearly between order statistics (numpy's default).
 """
@@ -24,8 +28,12 @@ from .simulator import SimResult
 
 __all__ = [
     "SLOWDOWN_BOUND",
+    "EstimateMetrics",
     "Metrics",
     "compute_metrics",
+    "estimate_metrics",
+    "format_duration",
+    "format_estimates",
     "format_table",
     "format_text",
     "metrics_json",
@@ -118,10 +126,69 @@ def compute_metrics(result: SimResult) -> Metrics:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class EstimateMetrics:
+    queued: int
+    """Finished jobs that did not start in the pass of their submission."""
+    estimated: int
+    """Of those, the ones that got an estimate in that pass."""
+    error_median: float
+    """Median of |actual start − estimate|, seconds."""
+    error_p90: float
+    signed_median: float
+    """Median of actual start − estimate (negative: it started sooner than estimated)."""
+    exact: int
+    """Estimates within a second of the actual start."""
+    wait_median: float
+    """Median wait of the estimated jobs, for scale."""
+
+    @property
+    def share(self) -> float:
+        return self.estimated / self.queued if self.queued else math.nan
+
+
+def estimate_metrics(result: SimResult) -> EstimateMetrics:
+    """How close the estimates at submit came to the real starts (see the module docstring)."""
+    queued = [j for j in result.jobs if j.finished and j.queued]
+    had = [j for j in queued if not math.isnan(j.estimate)]
+    errors = [j.start - j.estimate for j in had]
+    sizes = [abs(e) for e in errors]
+    return EstimateMetrics(
+        queued=len(queued),
+        estimated=len(had),
+        error_median=percentile(sizes, 50),
+        error_p90=percentile(sizes, 90),
+        signed_median=percentile(errors, 50),
+        exact=sum(1 for e in sizes if e < 1.0),
+        wait_median=percentile([j.start - j.submit for j in had], 50),
+    )
+
+
+def format_estimates(e: EstimateMetrics) -> str:
+    """One line on the estimates at submit."""
+    if not e.queued:
+        return "no job waited in the queue: nothing to estimate"
+    if not e.estimated:
+        return f"{e.queued} jobs waited; none got an estimate at submit"
+    return (
+        f"{e.estimated} of {e.queued} waiting jobs ({e.share:.0%}) got an estimate at submit; "
+        f"|actual - estimate|: median {format_duration(e.error_median)}, "
+        f"p90 {format_duration(e.error_p90)}; {e.exact / e.estimated:.0%} exact; "
+        f"median actual - estimate {_signed(e.signed_median)} "
+        f"(their median wait {format_duration(e.wait_median)})"
+    )
+
+
+def _signed(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "-"
+    return ("-" if seconds < 0 else "+") + format_duration(abs(seconds))
+
+
 # --------------------------------------------------------------------------- text and JSON
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     """`42s`, `12m 5s`, `3h 20m`, `2d 4h` — enough precision to compare policies."""
     if math.isnan(seconds):
         return "-"
@@ -144,13 +211,13 @@ def format_text(m: Metrics, source: str, mapping: str) -> str:
         ("jobs", _jobs_line(m)),
         (
             "wait",
-            f"avg {_duration(m.wait_avg)}  median {_duration(m.wait_median)}  "
-            f"p99 {_duration(m.wait_p99)}",
+            f"avg {format_duration(m.wait_avg)}  median {format_duration(m.wait_median)}  "
+            f"p99 {format_duration(m.wait_p99)}",
         ),
-        ("completion time", f"avg {_duration(m.completion_avg)}"),
+        ("completion time", f"avg {format_duration(m.completion_avg)}"),
         ("bounded slowdown", f"avg {m.bounded_slowdown_avg:.2f} (runs < 10s count as 10s)"),
         ("GPU utilisation", f"{m.utilisation:.1%}"),
-        ("makespan", f"{_duration(m.makespan)} ({m.makespan:.0f}s)"),
+        ("makespan", f"{format_duration(m.makespan)} ({m.makespan:.0f}s)"),
         (
             "scheduler",
             f"{m.passes} passes, {m.pass_ms_mean:.3f} ms mean, {m.pass_ms_p99:.3f} ms p99 "
@@ -192,9 +259,9 @@ def format_table(rows: Sequence[Metrics]) -> str:
     lines = [head]
     for m in rows:
         lines.append(
-            f"| {m.policy} | {_duration(m.wait_avg)} | {_duration(m.wait_median)} "
-            f"| {_duration(m.wait_p99)} | {m.utilisation:.1%} | {m.bounded_slowdown_avg:.2f} "
-            f"| {_duration(m.makespan)} | {m.passes} "
+            f"| {m.policy} | {format_duration(m.wait_avg)} | {format_duration(m.wait_median)} "
+            f"| {format_duration(m.wait_p99)} | {m.utilisation:.1%} | {m.bounded_slowdown_avg:.2f} "
+            f"| {format_duration(m.makespan)} | {m.passes} "
             f"| {m.pass_ms_mean:.2f} / {m.pass_ms_p99:.2f} ms |"
         )
     return "\n".join(lines)
@@ -219,7 +286,9 @@ def utilisation_series(result: SimResult, bins: int = 150) -> tuple[list[float],
     return mids, [a / (width * total) for a in acc]
 
 
-def _spread(acc: list[float], origin: float, width: float, a: float, b: float, level: int) -> None:
+def _spread(
+    acc: list[float], origin: float, width: float, a: float, b: float, level: float
+) -> None:
     """Add `level` GPU-seconds per second over [a, b) to the bins it covers."""
     if level == 0 or b <= a:
         return

@@ -16,6 +16,15 @@ The clock is virtual: it jumps from one event time to the next.  Events are subm
 
 A job ends "completed", or "timeout" when killed at its limit (which fails `afterok`).
 
+Shares (`gpus` below 1 in a CSV trace) are requests for part of one GPU, packed by the
+core as in the master; utilisation counts what is allocated (F x time for a share).
+Reservations (`SimConfig.reservations`) are passed in every snapshot until they end, and
+their starts and ends are event times of their own; jobs name theirs in the CSV
+`reservation` column.  With `SimConfig.estimates` the planner runs on every pass (with a
+budget in jobs only, so that a replay does not depend on the machine's speed), and each
+job that did not start in the pass of its submission keeps the `expected_start` that pass
+gave it, for `report.estimate_metrics` to compare with its real start.
+
 Mapping a trace job onto a request (`to_request`): a job of at most `gpus_per_node`
 GPUs asks for plain `gpus=N` (one node); a wider one is `distributed=True` with `gpus=N`,
 so placement may split it over nodes, fewest nodes first — like an MPI job of the log.
@@ -44,16 +53,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from mgpu.scheduler import (
+    SHARE_UNITS,
     Dependency,
     DependencyTarget,
     JobRequest,
     NodeView,
     Placement,
+    Reservation,
     RunningJob,
     SchedulerConfig,
     Snapshot,
     UsageLedger,
     eligibility,
+    requested_gpus,
     schedule,
 )
 from mgpu.scheduler.types import QueuePolicy
@@ -101,6 +113,10 @@ class SimConfig:
     """Fairshare usage decay, seconds."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     """Base scheduler settings; `queue_policy` and `cluster_gpus` are overridden."""
+    reservations: tuple[Reservation, ...] = ()
+    """Admin reservations to replay (node ids as the simulator names them: node001, ...)."""
+    estimates: bool = False
+    """Run the planner on every pass and keep each job's estimate at submit (slower)."""
 
 
 @dataclass(slots=True)
@@ -118,6 +134,12 @@ class JobResult:
     requeues: int = 0
     cancelled: bool = False
     """Cancelled without running: a dependency that can never be satisfied."""
+    share: int = 0
+    """Share units of one GPU (a fractional job); 0 = whole GPUs."""
+    queued: bool = False
+    """It did not start in the pass of its submission (it waited in the queue)."""
+    estimate: float = math.nan
+    """`expected_start` that pass gave it (NaN: none, or `SimConfig.estimates` off)."""
 
     @property
     def finished(self) -> bool:
@@ -131,8 +153,9 @@ class SimResult:
     pass_seconds: list[float]
     """Wall time of each `schedule()` call."""
     times: list[float]
-    """Event times, ascending; `busy[i]` GPUs are busy from `times[i]` to `times[i+1]`."""
-    busy: list[int]
+    """Event times, ascending; `busy[i]` GPUs are busy from `times[i]` to `times[i+1]`
+    (a share counting F)."""
+    busy: list[float]
     busy_gpu_seconds: float
     capped: int
     """Jobs whose GPUs were cut down to the cluster size."""
@@ -165,17 +188,19 @@ def to_request(
         job_id=job.job_id if job_id is None else job_id,
         user=job.user,
         submit_time=job.submit,
-        gpus=gpus,
-        distributed=gpus > gpus_per_node,
+        gpus=1 if job.gpu_share else gpus,
+        distributed=gpus > gpus_per_node and not job.gpu_share,
         time_limit=limit,
         priority=job.priority,
         preemptible=job.preemptible,
         dependencies=dependencies,
+        gpu_share=job.gpu_share,
+        reservation=job.reservation,
     )
 
 
 class _Cluster:
-    """Free GPUs per node, with the NodeViews rebuilt only for nodes that changed."""
+    """Free and shared GPUs per node, with the NodeViews rebuilt only for nodes that changed."""
 
     def __init__(self, shape: ClusterShape) -> None:
         width = len(str(shape.nodes))
@@ -184,36 +209,75 @@ class _Cluster:
         every = tuple(range(shape.gpus_per_node))
         self.every = every
         self.free = [set(every) for _ in self.ids]
+        self.shared: list[dict[int, int]] = [{} for _ in self.ids]
         self.views = [NodeView(nid, every, frozenset(every)) for nid in self.ids]
         self.dirty: set[int] = set()
         self.total_free = shape.gpus
+        self.busy_units = 0
+        """Share units allocated (a whole GPU is `SHARE_UNITS`)."""
 
     def take(self, job_id: str, placements: Sequence[Placement]) -> int:
+        """Allocate; the share units taken."""
         taken = 0
         for p in placements:
             i = self.index.get(p.node_id)
             ids = set(p.gpu_ids)
-            if i is None or not ids <= self.free[i] or len(ids) != len(p.gpu_ids):
+            if (
+                i is None
+                or len(ids) != len(p.gpu_ids)
+                or not (ids <= self.free[i] if not p.share else self._fits(i, ids, p.share))
+            ):
                 raise SimulationError(
                     f"the scheduler started job {job_id} on GPUs {sorted(p.gpu_ids)} of "
                     f"{p.node_id}, which are not all free"
                 )
-            self.free[i] -= ids
+            if p.share:
+                shared = self.shared[i]
+                for g in ids:
+                    if g in self.free[i]:
+                        self.free[i].discard(g)
+                        self.total_free -= 1
+                    shared[g] = shared.get(g, 0) + p.share
+                taken += p.share * len(ids)
+            else:
+                self.free[i] -= ids
+                self.total_free -= len(ids)
+                taken += SHARE_UNITS * len(ids)
             self.dirty.add(i)
-            taken += len(ids)
-        self.total_free -= taken
+        self.busy_units += taken
         return taken
+
+    def _fits(self, i: int, ids: set[int], share: int) -> bool:
+        shared = self.shared[i]
+        return all(
+            g in self.free[i] or (g in shared and shared[g] + share <= SHARE_UNITS) for g in ids
+        )
 
     def release(self, placements: Sequence[Placement]) -> None:
         for p in placements:
             i = self.index[p.node_id]
-            self.free[i].update(p.gpu_ids)
+            if p.share:
+                shared = self.shared[i]
+                for g in p.gpu_ids:
+                    left = shared[g] - p.share
+                    if left > 0:
+                        shared[g] = left
+                    else:
+                        del shared[g]
+                        self.free[i].add(g)
+                        self.total_free += 1
+                self.busy_units -= p.share * len(p.gpu_ids)
+            else:
+                self.free[i].update(p.gpu_ids)
+                self.total_free += len(p.gpu_ids)
+                self.busy_units -= SHARE_UNITS * len(p.gpu_ids)
             self.dirty.add(i)
-            self.total_free += len(p.gpu_ids)
 
     def node_views(self) -> list[NodeView]:
         for i in self.dirty:
-            self.views[i] = NodeView(self.ids[i], self.every, frozenset(self.free[i]))
+            self.views[i] = NodeView(
+                self.ids[i], self.every, frozenset(self.free[i]), shared=dict(self.shared[i])
+            )
         self.dirty.clear()
         return self.views
 
@@ -226,7 +290,16 @@ class _Replay:
         if shape.nodes < 1 or shape.gpus_per_node < 1:
             raise ValueError("the cluster needs at least one node with at least one GPU")
         self.config = config
-        self.sched = replace(config.scheduler, queue_policy=config.policy, cluster_gpus=shape.gpus)
+        # The planner is costly and changes no decision: on only when estimates are asked
+        # for, and then with a budget in jobs alone, so the replay is the same on any machine.
+        plan = {"plan_seconds": None} if config.estimates else {"plan_jobs": 0}
+        self.sched = replace(
+            config.scheduler, queue_policy=config.policy, cluster_gpus=shape.gpus, **plan
+        )
+        self.unplanned = replace(self.sched, plan_jobs=0)
+        self.reservations = sorted(config.reservations, key=lambda r: r.start)
+        # Reservation starts and ends: event times of their own.
+        self.boundaries = sorted({t for r in self.reservations for t in (r.start, r.end)})
         self.cluster = _Cluster(shape)
         self.usage = UsageLedger(config.half_life)
         self.jobs = sorted(jobs, key=lambda j: j.submit)
@@ -246,7 +319,8 @@ class _Replay:
             # The scheduler sees the job's position as its id: trace ids need not be unique.
             req = to_request(job, gpus, shape.gpus_per_node, factor, str(slot), deps)
             self.requests.append(req)
-            self.results.append(JobResult(job.job_id, job.user, gpus, job.submit))
+            result = JobResult(job.job_id, job.user, req.gpus, job.submit, share=job.gpu_share)
+            self.results.append(result)
         self.pending: dict[str, JobRequest] = {}
         self.sizes: dict[int, int] = {}  # pending jobs by GPUs asked for
         self.running: dict[str, RunningJob] = {}
@@ -255,16 +329,25 @@ class _Replay:
         self.preemptible_running = 0
         self.pass_seconds: list[float] = []
         self.times: list[float] = []
-        self.busy: list[int] = []
+        self.busy: list[float] = []
         self.busy_gpu_seconds = 0.0
         self.preemptions = 0
+        self.fresh: list[str] = []  # jobs submitted at this event time (for estimates)
 
     def run(self) -> None:
         n = len(self.requests)
         nxt = 0
+        edge = 0  # next reservation boundary
         inf = math.inf
-        while nxt < n or self.ends:
-            now = min(self.requests[nxt].submit_time if nxt < n else inf, self._next_end())
+        bounds = self.boundaries
+        while nxt < n or self.ends or (self.pending and edge < len(bounds)):
+            now = min(
+                self.requests[nxt].submit_time if nxt < n else inf,
+                self._next_end(),
+                bounds[edge] if edge < len(bounds) else inf,
+            )
+            while edge < len(bounds) and bounds[edge] <= now:
+                edge += 1
             while self.ends and self.ends[0][0] <= now:
                 _, attempt, slot = heapq.heappop(self.ends)
                 if attempt == self.attempt[slot]:  # else: a preempted attempt's stale end
@@ -272,10 +355,13 @@ class _Replay:
             while nxt < n and self.requests[nxt].submit_time <= now:
                 req = self.requests[nxt]
                 self._queue(req)
+                if self.config.estimates:
+                    self.fresh.append(req.job_id)
                 nxt += 1
             self._passes(now)
+            self.fresh.clear()
             self._record(now)
-            if not self.ends and nxt >= n and self.pending:
+            if not self.ends and nxt >= n and self.pending and edge >= len(bounds):
                 break  # nothing left that could free GPUs: these jobs can never start
 
     def _next_end(self) -> float:
@@ -286,23 +372,30 @@ class _Replay:
 
     def _queue(self, req: JobRequest) -> None:
         self.pending[req.job_id] = req
-        self.sizes[req.gpus] = self.sizes.get(req.gpus, 0) + 1
+        need = requested_gpus(req)  # 0 for a share: it may fit beside other shares
+        self.sizes[need] = self.sizes.get(need, 0) + 1
 
     def _unqueue(self, req: JobRequest) -> None:
-        left = self.sizes[req.gpus] - 1
+        need = requested_gpus(req)
+        left = self.sizes[need] - 1
         if left:
-            self.sizes[req.gpus] = left
+            self.sizes[need] = left
         else:
-            del self.sizes[req.gpus]
+            del self.sizes[need]
 
     def _passes(self, now: float) -> None:
         # A pass is skipped only when no policy could start anything: nothing pending, or
         # every pending job needs more GPUs than are free, and no preemption is possible.
-        # That alone skips about 30 % of the passes of the NASA replays.
+        # That alone skips about 30 % of the passes of the NASA replays.  With estimates,
+        # jobs just submitted get their pass anyway (their estimate at submit).
         for _ in range(8):
             if not self.sizes:
                 return
-            if min(self.sizes) > self.cluster.total_free and not self.preemptible_running:
+            if (
+                min(self.sizes) > self.cluster.total_free
+                and not self.preemptible_running
+                and not self.fresh
+            ):
                 return
             # A preemption frees GPUs for a job that starts on a later pass: pass again.
             if not self._pass(now):
@@ -330,7 +423,9 @@ class _Replay:
             pending=pending,
             running=list(self.running.values()),
             usage=self.usage.snapshot(now),
-            config=self.sched,
+            # Estimates are kept only at submit: no planning in the other passes.
+            config=self.sched if self.fresh else self.unplanned,
+            reservations=[r for r in self.reservations if r.end > now],
         )
         t0 = time.perf_counter()
         decisions = schedule(snap)
@@ -339,6 +434,13 @@ class _Replay:
             self._preempt(victim, now)
         for start in decisions.starts:
             self._start(start.job_id, start.placements, now)
+        if self.fresh:
+            for job_id in self.fresh:
+                if job_id in self.pending:
+                    res = self.results[int(job_id)]
+                    res.queued = True
+                    res.estimate = decisions.expected_start.get(job_id, math.nan)
+            self.fresh.clear()
         return bool(decisions.preempt)
 
     def _start(self, job_id: str, placements: tuple[Placement, ...], now: float) -> None:
@@ -346,7 +448,7 @@ class _Replay:
         if req is None:
             raise SimulationError(f"the scheduler started job {job_id}, which is not pending")
         self._unqueue(req)
-        gpus = self.cluster.take(job_id, placements)
+        units = self.cluster.take(job_id, placements)
         slot = int(job_id)
         limit = self.sched.default_time_limit if req.time_limit is None else req.time_limit
         run = self.jobs[slot].run
@@ -365,15 +467,15 @@ class _Replay:
             req.submit_time,
         )
         self.preemptible_running += req.preemptible
-        self.usage.start(req.user, gpus, now)
+        self.usage.start(req.user, units / SHARE_UNITS, now)
         heapq.heappush(self.ends, (now + res.run, self.attempt[slot], slot))
 
     def _stop(self, job_id: str, now: float) -> RunningJob:
         job = self.running.pop(job_id)
         self.cluster.release(job.placements)
         self.preemptible_running -= job.preemptible
-        self.usage.stop(job.user, job.gpus, job.start_time, now)
-        self.busy_gpu_seconds += job.gpus * (now - job.start_time)
+        self.usage.stop(job.user, job.gpu_amount, job.start_time, now)
+        self.busy_gpu_seconds += job.gpu_amount * (now - job.start_time)
         return job
 
     def _finish(self, slot: int, now: float) -> None:
@@ -400,7 +502,7 @@ class _Replay:
         self.preemptions += 1
 
     def _record(self, now: float) -> None:
-        busy = self.config.cluster.gpus - self.cluster.total_free
+        busy = self.cluster.busy_units / SHARE_UNITS
         if self.times and self.times[-1] == now:
             self.busy[-1] = busy
         else:

@@ -7,8 +7,10 @@
   archive logs mark cancelled or broken records that way.  Processors map to GPUs one
   to one.  The `; MaxProcs:` header, when present, is kept to size the default cluster.
 * **CSV** — a header row naming `submit_time,duration,gpus,user,time_limit` (any order;
-  `user` and `time_limit` may be left out or left empty), times in seconds; optional
-  `priority` (as `--priority`), `preemptible` (0/1) and `dependency` columns too.  A
+  `user` and `time_limit` may be left out or left empty), times in seconds; `gpus` below 1
+  (0.25) is a share of one GPU, as `--gpu-share` asks; optional `priority` (as
+  `--priority`), `preemptible` (0/1), `reservation` (as `--reservation`, replayed against
+  `SimConfig.reservations`) and `dependency` columns too.  A
   dependency is written as `--dependency` is (`afterok:ID[:ID...]`, several joined by `,`
   in a quoted cell), where a job's ID is its line number minus one (the header is line 1,
   so the first job is 1); it must name a job of the file.  A hand-made file, so a malformed
@@ -44,10 +46,12 @@ __all__ = [
 
 TraceFormat = Literal["swf", "csv"]
 CSV_COLUMNS = ("submit_time", "duration", "gpus", "user", "time_limit")
-_OPTIONAL_CSV = ("priority", "preemptible", "dependency")
+_OPTIONAL_CSV = ("priority", "preemptible", "dependency", "reservation")
 _DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 _REQUIRED_CSV = ("submit_time", "duration", "gpus")
 _SWF_FIELDS = 18
+_SHARE_UNITS = 1000
+"""`mgpu.scheduler.SHARE_UNITS` (not imported: reading a trace needs no scheduler)."""
 
 
 class TraceError(ValueError):
@@ -68,6 +72,16 @@ class TraceJob:
     preemptible: bool = False
     dependency: tuple[tuple[str, str], ...] = ()
     """(kind, job id) pairs, as `--dependency`: afterok, afterany or afternotok."""
+    gpu_share: int = 0
+    """A share of one GPU in share units (`mgpu.scheduler.SHARE_UNITS` = a GPU), with
+    `gpus=1`; 0 = whole GPUs."""
+    reservation: str | None = None
+    """`--reservation NAME`."""
+
+    @property
+    def gpu_amount(self) -> float:
+        """GPUs the job holds: its share, or its whole GPUs."""
+        return self.gpu_share / _SHARE_UNITS if self.gpu_share else float(self.gpus)
 
 
 @dataclass(slots=True)
@@ -253,9 +267,7 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
     run = _number(cell["duration"], "duration", where)
     if run < 0:
         raise TraceError(f"{where}: duration must not be negative, got {cell['duration']!r}")
-    gpus = _integer(cell["gpus"], "gpus", where)
-    if gpus < 0:
-        raise TraceError(f"{where}: gpus must not be negative, got {gpus}")
+    gpus, share = _gpus(cell["gpus"], where)
     limit_text = cell.get("time_limit", "")
     limit = _number(limit_text, "time_limit", where) if limit_text else None
     if limit is not None and limit <= 0:
@@ -272,7 +284,30 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
         priority=_integer(cell.get("priority") or "0", "priority", where),
         preemptible=_flag(cell.get("preemptible") or "0", where),
         dependency=_dependency(cell.get("dependency", ""), where),
+        gpu_share=share,
+        reservation=cell.get("reservation") or None,
     )
+
+
+def _gpus(text: str, where: str) -> tuple[int, int]:
+    """`4` -> (4, 0); `0.25` -> (1, 250): whole GPUs, or a share of one (in share units)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{where}: gpus must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}: gpus must not be negative, got {text!r}")
+    if 0 < value < 1:
+        units = round(value * _SHARE_UNITS)
+        if not 0 < units < _SHARE_UNITS:
+            raise TraceError(f"{where}: a share of a GPU must be 0.001 to 0.999, got {text!r}")
+        return 1, units
+    if value != int(value):
+        raise TraceError(
+            f"{where}: gpus must be a whole number, got {text!r} "
+            "(or a share of one GPU below 1, such as 0.25)"
+        )
+    return int(value), 0
 
 
 def _dependency(text: str, where: str) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,733 @@
+"""An estimated start for every waiting job: the queue projected on per-node GPU timelines.
+
+After a pass has decided what starts now, the planner projects the rest of the queue, the
+way conservative backfill plans it: every running job (and every job started by this pass)
+holds its GPUs until its time limit; then the waiting jobs, in the pass's order, are put one
+by one at the earliest time at which GPUs they can use stay free for their whole time limit,
+and hold them from then on.  A later job may be put into a hole before an earlier one's
+start if it ends in time, as backfill would start it; under the `fifo` and `priority`
+policies no job is put before the one ahead of it.  The blocked head keeps the reservation
+EASY backfill gave it, so its estimate is the one the decisions protect.
+
+The timelines are per node: a list of breakpoints and, between them, each GPU's use (share
+units, so fractional jobs stack on a GPU up to a whole one) and who holds it.  Admin
+reservations are windows on their GPUs: no other job may overlap them, and the
+reservation's own jobs go only there and start only inside the window.  A job's earliest
+start on a node can only be now or a time at which something on that node ends (moving a
+start to a later time without crossing an end only lengthens what must stay free), so the
+search walks the times at which GPUs come free, soonest first, and looks only at the nodes
+freeing then.
+
+What each job waits for is read off the timeline: whoever uses the GPUs it gets between now
+and its estimated start (jobs running or planned ahead of it, reservations), plus the job
+ahead of it when the policy forbids passing it.
+
+Cost is bounded by `SchedulerConfig.plan_jobs` (jobs per pass) and `plan_seconds` (wall
+time, checked inside long searches too); jobs beyond either get no estimate.  This is the
+only place the core reads a clock, and it changes no decision.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .placement import FreePool, gpus_per_node, requested_gpus, shape_key
+from .reservations import RESERVATION_PREFIX, reservation_gpus
+from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy, Reservation
+
+__all__ = ["WAITING_ON_MAX", "PlanTimeout", "Planned", "Planner", "plan_queue"]
+
+_State = tuple[int, tuple[int, ...]]
+"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU)."""
+
+_CHECK_EVERY = 64
+"""Node checks between two looks at the clock inside one search."""
+
+WAITING_ON_MAX = 16
+"""At most this many entries in a job's `waiting_on` (the last before its start): enough to
+say what a job waits for, without a wide job's hundred predecessors in every pass."""
+
+
+class PlanTimeout(Exception):
+    """The planning budget ran out (inside a search)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    start: float
+    placements: tuple[Placement, ...]
+
+
+class _Line:
+    """One node's timeline: `segs[i]` holds from `times[i]` to `times[i + 1]` (the last one
+    forever); `ends[p]`/`whos[p]` say who uses GPU `p` until when (sorted by that end),
+    `blocks` are the reservation windows on its GPUs."""
+
+    __slots__ = ("blocks", "ends", "gpus", "pos", "segs", "times", "whos")
+
+    def __init__(
+        self,
+        now: float,
+        gpus: tuple[int, ...],
+        state: _State,
+        blocks: list[tuple[float, float, int, str]],
+    ) -> None:
+        self.gpus = gpus
+        self.pos = {g: i for i, g in enumerate(gpus)}
+        self.times = [now]
+        self.segs = [state]
+        self.blocks = blocks
+        self.ends: list[list[float]] = [[] for _ in gpus]
+        self.whos: list[list[str]] = [[] for _ in gpus]
+
+    def split(self, t: float) -> int:
+        """The index of the segment starting at `t`, splitting one if needed."""
+        times = self.times
+        i = bisect_right(times, t) - 1
+        if times[i] == t:
+            return i
+        times.insert(i + 1, t)
+        self.segs.insert(i + 1, self.segs[i])
+        return i + 1
+
+    def add(self, t0: float, t1: float, positions: Sequence[int], units: int, holder: str) -> None:
+        """`holder` uses `units` of each GPU at `positions` during [t0, t1)."""
+        if t1 <= t0:
+            return
+        for p in positions:
+            k = bisect_right(self.ends[p], t1)
+            self.ends[p].insert(k, t1)
+            self.whos[p].insert(k, holder)
+        i0 = self.split(t0)
+        i1 = self.split(t1) if math.isfinite(t1) else len(self.times)
+        segs = self.segs
+        # Stretches that shared a state share the new one (the memo keeps the old objects
+        # too, so that no id is reused meanwhile).
+        states: dict[int, tuple[_State, _State]] = {}
+        for k in range(i0, i1):
+            old = segs[k]
+            memo = states.get(id(old))
+            if memo is None:
+                mask, used = old
+                u = list(used)
+                for p in positions:
+                    u[p] = min(SHARE_UNITS, u[p] + units)
+                    mask |= 1 << p
+                memo = states[id(old)] = (old, (mask, tuple(u)))
+            segs[k] = memo[1]
+
+    def free_for(self, t: float, end: float, own: str | None, allowed: int, need: int) -> int:
+        """Bitmask of the `allowed` GPUs free for all of [t, end), or 0 if fewer than `need`
+        (given up as soon as too few are left: most checks fail on the first stretch)."""
+        times, segs = self.times, self.segs
+        i = bisect_right(times, t) - 1
+        n = len(times)
+        free = allowed
+        while i < n and times[i] < end:
+            free &= ~segs[i][0]
+            if free.bit_count() < need:
+                return 0
+            i += 1
+        for bs, be, bmask, name in self.blocks:
+            if bs < end and be > t and name != own:
+                free &= ~bmask
+        return free if free.bit_count() >= need else 0
+
+    def peak(self, t: float, end: float, own: str | None) -> list[int]:
+        """Each GPU's highest use during [t, end) (a reservation window counts as full)."""
+        times, segs = self.times, self.segs
+        i = bisect_right(times, t) - 1
+        n = len(times)
+        peak = [0] * len(self.gpus)
+        while i < n and times[i] < end:
+            for p, u in enumerate(segs[i][1]):
+                if u > peak[p]:
+                    peak[p] = u
+            i += 1
+        for bs, be, bmask, name in self.blocks:
+            if bs < end and be > t and name != own:
+                for p in range(len(peak)):
+                    if bmask >> p & 1:
+                        peak[p] = SHARE_UNITS
+        return peak
+
+    def until(
+        self, t: float, positions: Iterable[int], own: str | None, limit: int
+    ) -> dict[str, float]:
+        """Who uses these GPUs before `t` and lets go of them by then, with when (on each GPU
+        the last `limit`); and the reservations (as `reservation:NAME`, until their window
+        ends) that keep them."""
+        out: dict[str, float] = {}
+        wanted = 0
+        for p in positions:
+            wanted |= 1 << p
+            ends, whos = self.ends[p], self.whos[p]
+            k = bisect_right(ends, t)
+            for j in range(k - 1, max(k - limit, 0) - 1, -1):
+                who = whos[j]
+                if ends[j] > out.get(who, -math.inf):
+                    out[who] = ends[j]
+        for bs, be, bmask, name in self.blocks:
+            if bs < t and bmask & wanted and name != own:
+                out[RESERVATION_PREFIX + name] = be
+        return out
+
+
+class _Staircase:
+    """No start before `floor(d)` for a run of `d` seconds: the latest start found for a run
+    at most that long (entries: durations ascending, starts strictly ascending)."""
+
+    __slots__ = ("durations", "now", "starts")
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.durations: list[float] = []
+        self.starts: list[float] = []
+
+    def floor(self, duration: float) -> float:
+        k = bisect_right(self.durations, duration)
+        return self.starts[k - 1] if k else self.now
+
+    def add(self, duration: float, start: float) -> None:
+        if start <= self.floor(duration):
+            return  # a shorter run already proved as much
+        k = bisect_left(self.durations, duration)
+        end = k
+        while end < len(self.starts) and self.starts[end] <= start:
+            end += 1  # longer runs proven no later: this entry covers them
+        self.durations[k:end] = [duration]
+        self.starts[k:end] = [start]
+
+
+def _mask_positions(mask: int, limit: int | None = None) -> list[int]:
+    """The set bits of `mask`, lowest first (at most `limit`)."""
+    out: list[int] = []
+    p = 0
+    while mask and (limit is None or len(out) < limit):
+        if mask & 1:
+            out.append(p)
+        mask >>= 1
+        p += 1
+    return out
+
+
+class Planner:
+    """The timelines of one pass; `earliest` finds a job's start, `commit` books it."""
+
+    def __init__(
+        self,
+        now: float,
+        pool: FreePool,
+        nodes: Sequence[NodeView],
+        intervals: Iterable[tuple[str, float, tuple[Placement, ...]]],
+        reservations: Sequence[Reservation],
+        policy: Policy,
+        deadline: float | None,
+    ) -> None:
+        """`pool` is the pass's final free pool (it is copied); `intervals` are the jobs that
+        hold GPUs from now: (job id, expected end, placements)."""
+        self.now = now
+        self.policy = policy
+        self.deadline = deadline
+        self.checks = 0
+        self.pool = pool.copy()
+        self.views = {n.node_id: n for n in nodes if pool.is_up(n.node_id)}
+        self.reservations = {r.name: r for r in reservations}
+        self.lines: dict[str, _Line] = {}
+        self.pending: dict[str, list[tuple[str, float, tuple[int, ...], int]]] = {}
+        self.event_times: list[float] = []
+        self.event_nodes: dict[float, dict[str, None]] = {}  # ordered: the plan is repeatable
+        self.blocks: dict[str, list[tuple[float, float, tuple[int, ...], str]]] = {}
+        for r in reservations:
+            for nid, gpus in reservation_gpus(r).items():
+                if nid in self.views:
+                    self.blocks.setdefault(nid, []).append((r.start, r.end, tuple(gpus), r.name))
+                    self._event(r.end, nid)
+        # GPUs not free in the views but free from now on (overdue jobs, victims).
+        self.freed: dict[str, set[int]] = {}
+        for job_id, end, placements in intervals:
+            if end <= now:  # overdue: it ends any moment, its GPUs count as free now
+                self.release_now(placements)
+                continue
+            for p in placements:
+                if p.node_id in self.views:
+                    units = p.share or SHARE_UNITS
+                    self.pending.setdefault(p.node_id, []).append((job_id, end, p.gpu_ids, units))
+                    self._event(end, p.node_id)
+        self._res_masks: dict[str, dict[str, int]] = {}
+        # Per request shape, starts found so far: booking only ever adds use, so a later
+        # job of that shape running at least as long cannot start sooner (`_Staircase`).
+        self.known: dict[tuple[object, ...], _Staircase] = {}
+
+    # -- timelines
+
+    def _event(self, t: float, nid: str) -> None:
+        if not math.isfinite(t):
+            return
+        nodes = self.event_nodes.get(t)
+        if nodes is None:
+            nodes = self.event_nodes[t] = {}
+            insort(self.event_times, t)
+        nodes[nid] = None
+
+    def line(self, nid: str) -> _Line:
+        found = self.lines.get(nid)
+        if found is not None:
+            return found
+        view = self.views[nid]
+        gpus = tuple(view.gpu_indices)
+        pos = {g: i for i, g in enumerate(gpus)}
+        held = self.pending.pop(nid, [])
+        # A GPU neither free, nor held by a job we know of, is used outside mgpu.
+        known = set(view.free_gpus) | self.freed.get(nid, set())
+        for _, _, ids, _ in held:
+            known.update(ids)
+        mask, used = 0, [0] * len(gpus)
+        for g, p in pos.items():
+            if g not in known:
+                mask |= 1 << p
+                used[p] = SHARE_UNITS
+        blocks = [
+            (bs, be, sum(1 << pos[g] for g in ids if g in pos), name)
+            for bs, be, ids, name in self.blocks.get(nid, ())
+        ]
+        line = _Line(self.now, gpus, (mask, tuple(used)), blocks)
+        for job_id, end, ids, units in held:
+            line.add(self.now, max(end, self.now), [pos[g] for g in ids if g in pos], units, job_id)
+        self.lines[nid] = line
+        return line
+
+    def commit(self, job_id: str, planned: Planned, duration: float) -> None:
+        """Book `planned` for `job_id` for `duration` seconds."""
+        t, end = planned.start, planned.start + duration
+        for p in planned.placements:
+            line = self.line(p.node_id)
+            line.add(t, end, [line.pos[g] for g in p.gpu_ids], p.share or SHARE_UNITS, job_id)
+            self._event(end, p.node_id)
+        if t <= self.now:
+            self.pool.take(planned.placements)
+
+    def release_now(self, placements: Iterable[Placement]) -> None:
+        """GPUs held now that are to be free now (overdue jobs, preemption victims); before
+        any `earliest` or `commit`."""
+        for p in placements:
+            self.pool.release(p.node_id, p.gpu_ids, p.share)
+            self.freed.setdefault(p.node_id, set()).update(p.gpu_ids)
+
+    def waiting_on(self, planned: Planned, own: str | None) -> list[str]:
+        """Who uses the GPUs of `planned` until its start (running jobs, jobs planned ahead
+        of it, reservations), in the order they let go of them; at most `WAITING_ON_MAX`,
+        the last ones."""
+        if planned.start <= self.now:
+            return []
+        ends: dict[str, float] = {}
+        for p in planned.placements:
+            line = self.line(p.node_id)
+            got = line.until(planned.start, [line.pos[g] for g in p.gpu_ids], own, WAITING_ON_MAX)
+            for who, until in got.items():
+                ends[who] = max(until, ends.get(who, until))
+        ordered = sorted(ends, key=lambda who: (ends[who], who))
+        return ordered[-WAITING_ON_MAX:]
+
+    # -- the search
+
+    def _tick(self, n: int = 1) -> None:
+        self.checks += n
+        if self.deadline is not None and self.checks >= _CHECK_EVERY:
+            self.checks = 0
+            if time.perf_counter() > self.deadline:
+                raise PlanTimeout
+
+    def earliest(self, job: JobRequest, duration: float, floor: float) -> Planned | None:
+        """The earliest start at or after `floor`, and where; None if none follows from the
+        timelines (a GPU never freed, a node down, an unknown reservation)."""
+        key = shape_key(job)
+        stairs = self.known.get(key)
+        if stairs is None:
+            stairs = self.known[key] = _Staircase(self.now)
+        known = stairs.floor(duration)
+        if not math.isfinite(known):
+            return None
+        found = self._earliest(job, duration, floor, known)
+        if floor <= known:  # else [known, floor) was not searched: nothing more is proven
+            stairs.add(duration, math.inf if found is None else found.start)
+        return found
+
+    def _earliest(
+        self, job: JobRequest, duration: float, floor: float, known: float
+    ) -> Planned | None:
+        res: Reservation | None = None
+        if job.reservation is not None:
+            res = self.reservations.get(job.reservation)
+            if res is None:
+                return None
+            floor = max(floor, res.start)
+            if floor >= res.end:
+                return None
+        if job.node_gpu_ids is not None:
+            return self._pinned(job, duration, max(floor, known), res)
+        eligible = self.pool.eligible(job)
+        members = eligible.nodes  # None = every node that is up
+        if res is not None:
+            mine = self._res_mask(res)
+            members = frozenset(n for n in mine if members is None or n in members)
+        if members is not None and not members:
+            return None
+        if job.nodes is not None:
+            per = gpus_per_node(job)
+            if per is None or job.nodes <= 0:
+                return None
+            return self._across(job, duration, max(floor, known), res, members, per)
+        split = job.gpu_ids is None and not job.gpu_share and job.distributed
+        if split and job.gpus > eligible.max_total:
+            return self._across(job, duration, max(floor, known), res, members, None)
+        return self._one_node(job, duration, floor, res, members, known)
+
+    def _res_mask(self, res: Reservation) -> dict[str, int]:
+        """The reservation's GPUs as a bitmask per node (of the nodes that are up)."""
+        found = self._res_masks.get(res.name)
+        if found is None:
+            found = {}
+            for nid, gpus in reservation_gpus(res).items():
+                if nid in self.views:
+                    pos = self.line(nid).pos
+                    found[nid] = sum(1 << pos[g] for g in gpus if g in pos)
+            self._res_masks[res.name] = found
+        return found
+
+    def _allowed(self, line: _Line, nid: str, res: Reservation | None) -> int:
+        if res is None:
+            return (1 << len(line.gpus)) - 1
+        return self._res_mask(res).get(nid, 0)
+
+    def _times_after(
+        self, floor: float, nodes: frozenset[str] | None, res: Reservation | None
+    ) -> Iterable[tuple[float, Iterable[str]]]:
+        """Candidate times after `floor`, soonest first, with the nodes freeing something
+        then (`nodes` None = every node)."""
+        if nodes is not None and (res is not None or len(nodes) <= 4):
+            # A few nodes: their own breakpoints.
+            times: set[float] = set()
+            for nid in sorted(nodes):
+                line = self.line(nid)
+                times.update(t for t in line.times if t > floor)
+                for bs, be, _, _ in line.blocks:
+                    times.update(x for x in (bs, be) if x > floor)
+            limit = res.end if res is not None else math.inf
+            ordered = sorted(nodes)
+            for t in sorted(times):
+                if t >= limit:
+                    return
+                yield t, ordered
+            return
+        k = bisect_right(self.event_times, floor)
+        while k < len(self.event_times):
+            t = self.event_times[k]
+            at = self.event_nodes[t]
+            yield t, (at if nodes is None else [n for n in at if n in nodes])
+            k += 1
+
+    def _one_node(
+        self,
+        job: JobRequest,
+        duration: float,
+        floor: float,
+        res: Reservation | None,
+        members: frozenset[str] | None,
+        known: float,
+    ) -> Planned | None:
+        """One node: `--gpus N`, `--gpu-ids`, or a share of one GPU.
+
+        `known`: no start before it is possible.  When it is later than `floor`, only the
+        nodes freeing something at `known` can fit then (a node's fit can only begin when
+        something on it ends), so the search starts there, at those nodes.
+        """
+        own = job.reservation
+        fits: Callable[[str, float], tuple[tuple[object, ...], Placement] | None]
+        if job.gpu_share:
+            fits = self._share_fit(job.gpu_share, duration, res, own)
+        elif job.gpu_ids is not None:
+            fits = self._ids_fit(frozenset(job.gpu_ids), duration, res, own)
+        else:
+            fits = self._count_fit(requested_gpus(job), duration, res, own)
+        best: Placement | None
+        if known > floor:
+            floor = known
+            best = self._first(self.event_nodes.get(floor, {}), members, fits, floor)
+        elif floor <= self.now and res is None:
+            # Now: only nodes with room in the pool (or GPUs just released) can fit; they
+            # come best first for the policy, so the first that stays free long enough wins.
+            best = self._first(self._room_now(job), members, fits)
+        else:
+            best = self._best(self.views if members is None else members, floor, fits)
+        if best is not None:
+            return Planned(floor, (best,))
+        for t, at in self._times_after(floor, members, res):
+            # The first node found: many may free up at once, and weighing them all by the
+            # policy costs more than the estimate gains.
+            best = self._first(at, None, fits, t)
+            if best is not None:
+                return Planned(t, (best,))
+        return None
+
+    def _room_now(self, job: JobRequest) -> Iterable[str]:
+        """Nodes with room now, best first for the policy."""
+        pool = self.pool
+        if job.gpu_share:
+            # Shared GPUs first when packing, free ones first when spreading.
+            shared = sorted(pool.shared_nodes(), key=lambda n: (pool.free_count(n), n))
+            free = pool.iter_nodes(1, self.policy)
+            return [*shared, *free] if self.policy == "fill_first" else [*free, *shared]
+        need = len(set(job.gpu_ids)) if job.gpu_ids is not None else requested_gpus(job)
+        return pool.iter_nodes(need, self.policy)
+
+    def _first(
+        self,
+        nodes: Iterable[str],
+        members: frozenset[str] | None,
+        fits: Callable[[str, float], tuple[tuple[object, ...], Placement] | None],
+        t: float | None = None,
+    ) -> Placement | None:
+        """The first of `nodes` (among `members`) where it fits at `t` (default now)."""
+        at = self.now if t is None else t
+        for nid in nodes:
+            if members is not None and nid not in members:
+                continue
+            self._tick()
+            got = fits(nid, at)
+            if got is not None:
+                return got[1]
+        return None
+
+    def _best(
+        self,
+        nodes: Iterable[str],
+        t: float,
+        fits: Callable[[str, float], tuple[tuple[object, ...], Placement] | None],
+    ) -> Placement | None:
+        best: tuple[tuple[object, ...], Placement] | None = None
+        for nid in nodes:
+            self._tick()
+            got = fits(nid, t)
+            if got is not None and (best is None or got[0] < best[0]):
+                best = got
+        return None if best is None else best[1]
+
+    def _sign(self) -> int:
+        return 1 if self.policy == "fill_first" else -1
+
+    def _count_fit(
+        self, need: int, duration: float, res: Reservation | None, own: str | None
+    ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
+        sign = self._sign()
+
+        def fits(nid: str, t: float) -> tuple[tuple[object, ...], Placement] | None:
+            line = self.line(nid)
+            free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), need)
+            if not free:
+                return None
+            ids = tuple(line.gpus[p] for p in _mask_positions(free, need))
+            return (sign * free.bit_count(), nid), Placement(nid, ids)
+
+        return fits
+
+    def _ids_fit(
+        self, ids: frozenset[int], duration: float, res: Reservation | None, own: str | None
+    ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
+        sign = self._sign()
+
+        def fits(nid: str, t: float) -> tuple[tuple[object, ...], Placement] | None:
+            line = self.line(nid)
+            if not ids <= line.pos.keys():
+                return None
+            wanted = sum(1 << line.pos[g] for g in ids)
+            free = line.free_for(t, t + duration, own, self._allowed(line, nid, res) & wanted, 1)
+            if free != wanted:
+                return None
+            return (sign * free.bit_count(), nid), Placement(nid, tuple(sorted(ids)))
+
+        return fits
+
+    def _share_fit(
+        self, share: int, duration: float, res: Reservation | None, own: str | None
+    ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
+        sign = self._sign()
+
+        def fits(nid: str, t: float) -> tuple[tuple[object, ...], Placement] | None:
+            line = self.line(nid)
+            allowed = self._allowed(line, nid, res)
+            peak = line.peak(t, t + duration, own)
+            best: tuple[int, int] | None = None
+            for p, used in enumerate(peak):
+                if allowed >> p & 1 and used + share <= SHARE_UNITS:
+                    # fill_first: the fullest GPU that fits; spread: the emptiest.
+                    key = (-sign * used, p)
+                    if best is None or key < best:
+                        best = key
+            if best is None:
+                return None
+            return (best[0], nid), Placement(nid, (line.gpus[best[1]],), share)
+
+        return fits
+
+    def _across(
+        self,
+        job: JobRequest,
+        duration: float,
+        floor: float,
+        res: Reservation | None,
+        members: frozenset[str] | None,
+        per: int | None,
+    ) -> Planned | None:
+        """Several nodes: a gang of `job.nodes` x `per` GPUs, or (`per` None) a split
+        `--distributed` job over the fewest nodes.
+
+        Incremental over the candidate times: `room` keeps the nodes that count (at least
+        `per` GPUs free for the whole run; any for a split).  A node can only gain room at a
+        time it frees something, so each time re-checks the nodes freeing then and the ones
+        already counted (which may lose room as the run moves later); until the job fits,
+        fewer than its nodes (or its GPUs) are counted.
+        """
+        own = job.reservation
+        need = requested_gpus(job)
+        least = 1 if per is None else per
+        room: dict[str, int] = {}  # node -> bitmask of GPUs free for the run
+        total = 0
+
+        def enough() -> bool:
+            return len(room) >= job.nodes if per is not None and job.nodes else total >= need
+
+        def check(nids: Iterable[str], t: float, early: bool = False) -> None:
+            """Re-count `nids` at `t`; `early`: they come best first, stop once it fits."""
+            nonlocal total
+            for nid in nids:
+                if members is not None and nid not in members:
+                    continue
+                self._tick()
+                line = self.line(nid)
+                free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), least)
+                total -= room.pop(nid, 0).bit_count()
+                if free:
+                    room[nid] = free
+                    total += free.bit_count()
+                    if early and enough():
+                        return
+
+        def placed() -> tuple[Placement, ...] | None:
+            if per is not None:
+                assert job.nodes is not None
+                if len(room) < job.nodes:
+                    return None
+                sign = self._sign()
+                order = sorted(room, key=lambda n: (sign * room[n].bit_count(), n))
+                return tuple(
+                    Placement(nid, self._ids(nid, room[nid], per)) for nid in order[: job.nodes]
+                )
+            if total < need:
+                return None
+            placements = []
+            left = need
+            for nid in sorted(room, key=lambda n: (-room[n].bit_count(), n)):
+                take = min(room[nid].bit_count(), left)
+                placements.append(Placement(nid, self._ids(nid, room[nid], take)))
+                left -= take
+                if not left:
+                    break
+            return tuple(placements)
+
+        if floor <= self.now and res is None:
+            # Nodes with room now, best first (most free first for a split: fewest nodes).
+            policy: Policy = self.policy if per is not None else "spread"
+            check(self.pool.iter_nodes(least, policy), floor, early=True)
+        else:
+            check(self.views if members is None else members, floor)
+        got = placed()
+        if got is not None:
+            return Planned(floor, got)
+        for t, at in self._times_after(floor, members, res):
+            check([*at, *(n for n in room if n not in at)], t)
+            got = placed()
+            if got is not None:
+                return Planned(t, got)
+        return None
+
+    def _ids(self, nid: str, free: int, n: int) -> tuple[int, ...]:
+        gpus = self.line(nid).gpus
+        return tuple(gpus[p] for p in _mask_positions(free, n))
+
+    def _pinned(
+        self, job: JobRequest, duration: float, floor: float, res: Reservation | None
+    ) -> Planned | None:
+        assert job.node_gpu_ids is not None
+        wanted: dict[str, set[int]] = {}
+        for nid, ids in job.node_gpu_ids:
+            wanted.setdefault(nid, set()).update(ids)
+        if not wanted or any(nid not in self.views for nid in wanted):
+            return None
+        own = job.reservation
+
+        def attempt(t: float) -> bool:
+            for nid, ids in wanted.items():
+                self._tick()
+                line = self.line(nid)
+                if not ids <= line.pos.keys():
+                    return False
+                mask = sum(1 << line.pos[g] for g in ids)
+                free = line.free_for(t, t + duration, own, self._allowed(line, nid, res) & mask, 1)
+                if free != mask:
+                    return False
+            return True
+
+        placements = tuple(Placement(nid, tuple(sorted(ids))) for nid, ids in wanted.items())
+        if attempt(floor):
+            return Planned(floor, placements)
+        for t, _ in self._times_after(floor, frozenset(wanted), res):
+            if attempt(t):
+                return Planned(t, placements)
+        return None
+
+
+def plan_queue(
+    planner: Planner,
+    jobs: Iterable[JobRequest],
+    duration: Callable[[JobRequest], float],
+    ordered: bool,
+    max_jobs: int,
+    floor: float,
+    ahead: str | None = None,
+) -> tuple[dict[str, float], dict[str, tuple[str, ...]]]:
+    """Estimate `jobs` (in order) on `planner`; `ordered`: no job starts before the one ahead
+    of it (fifo/priority), nor before `floor` (the start of `ahead`, the blocked head).
+    Stops after `max_jobs` or when the planner's time runs out."""
+    starts: dict[str, float] = {}
+    waits: dict[str, tuple[str, ...]] = {}
+    for count, job in enumerate(jobs):
+        if count >= max_jobs:
+            break
+        if planner.deadline is not None and time.perf_counter() > planner.deadline:
+            break
+        own_floor = floor if ordered and job.reservation is None else planner.now
+        d = duration(job)
+        try:
+            planned = planner.earliest(job, d, own_floor)
+        except PlanTimeout:
+            break
+        if planned is None:
+            continue
+        planner.commit(job.job_id, planned, d)
+        starts[job.job_id] = planned.start
+        on = planner.waiting_on(planned, job.reservation)
+        if ordered and ahead is not None and planned.start == own_floor > planner.now:
+            on.insert(0, ahead)
+        if job.reservation is not None and planned.start > planner.now:
+            res = planner.reservations.get(job.reservation)
+            if res is not None and planned.start == res.start:
+                on.append(RESERVATION_PREFIX + res.name)
+        waits[job.job_id] = tuple(dict.fromkeys(on))
+        if ordered and job.reservation is None and planned.start >= floor:
+            floor, ahead = planned.start, job.job_id
+    return starts, waits
