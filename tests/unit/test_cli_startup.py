@@ -69,7 +69,7 @@ class _FakeMaster(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        if self.path in ("/api/jobs", "/api/jobs?all=1"):
+        if self.path.partition("?")[0] == "/api/jobs":
             self._answer(200, {"jobs": [JOB], "nodes": [NODE]})
         elif self.path == f"/api/jobs/{JOB['id']}":
             self._answer(200, JOB)

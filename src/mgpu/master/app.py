@@ -26,12 +26,14 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
+from mgpu.master import gcpause
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
 from mgpu.master.outputs import OutputStore
+from mgpu.master.queries import ARRAY_TASKS_SHOWN, JobFilter, array_answer, queue_answer
 from mgpu.master.registry import AgentLink
 from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
@@ -48,8 +50,10 @@ WAIT_MAX_IDS = 1000
 """Jobs one /api/wait may name (the client splits a longer list into several requests)."""
 LOOKUP_SLICE = 100
 """Jobs read or rendered per loop turn by a request that names many."""
-CANCEL_SLICE = 100
-"""Array tasks cancelled per loop turn (one transaction each), between them others run."""
+CANCEL_PAGE = 50
+CANCEL_BUDGET = 0.015
+"""Seconds of array cancelling per loop turn (then written in one transaction, which
+takes about as long again); between them others run."""
 
 
 class WaitRequest(BaseModel):
@@ -96,7 +100,10 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
     tokens = TokenStore(store.db, state_dir, fingerprint)
     tokens.bootstrap(owner)
     outputs = OutputStore(state_dir / "output")
-    return Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    gcpause.watch()
+    gcpause.freeze()  # what was loaded lives long: full collections skip it
+    return cluster
 
 
 def create_app(
@@ -213,19 +220,35 @@ def create_app(
         return JSONResponse(body, status_code=201)
 
     @app.get("/api/jobs")
-    async def queue(all: bool = False) -> dict[str, Any]:
-        return c().queue(include_finished=all)
+    async def queue(
+        all: bool = False,
+        limit: int = Query(default=0, ge=0),
+        after: str | None = None,
+        state: str | None = None,
+        user: str | None = None,
+        fold: bool = False,
+    ) -> Response:
+        """Every active job (`all`: and the last 1,000 ended), in submit order; `limit`
+        jobs a page from just `after` the cursor, only those in `state`(s) of `user`."""
+        flt = JobFilter(_states(state), user or None)
+        body = await queue_answer(c(), all, limit, after, flt, fold)
+        return Response(body, media_type="application/json")
 
     @app.get("/api/jobs/{job_id}")
-    async def show(job_id: str) -> dict[str, Any]:
-        """One job; an array id gives {"array_job_id", "tasks": [every task]}."""
+    async def show(
+        job_id: str,
+        limit: int = Query(default=ARRAY_TASKS_SHOWN, ge=0),
+        state: str | None = None,
+    ) -> Response:
+        """One job; an array id gives {"array_job_id", "counts" by state, "tasks": the
+        first `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
         job = c().get_job(job_id)
         if job is None:
-            tasks = c().array_tasks(job_id)
-            if not tasks:
+            body = await array_answer(c(), job_id, limit, JobFilter(_states(state)))
+            if body is None:
                 raise NotFound(job_id)
-            return {"array_job_id": job_id, "tasks": [c().public_job(t) for t in tasks]}
-        return c().public_job(job)
+            return Response(body, media_type="application/json")
+        return JSONResponse(c().public_job(job))
 
     @app.get("/api/jobs/{job_id}/wait")
     async def wait(job_id: str, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
@@ -286,23 +309,35 @@ def create_app(
             return JSONResponse({"cancelled": [], "already_ended": [job.id]})
         if len(job_id) != 8:  # not an array id either
             raise NotFound(job_id)
-        # An array: its tasks a slice at a time, each slice in one transaction and the loop
-        # free in between; the request's one audit event is written with the first slice.
+        # An array: its tasks a page at a time; every CANCEL_BUDGET of work is written in one
+        # transaction and the loop is free before the next (the request's one audit event
+        # goes with the first).
         cancelled: list[str] = []
         ended: list[str] = []
-        after = ""
-        while rows := c().store.job_rows_with_prefix(job_id + "_", after, CANCEL_SLICE):
+        found = False
+        event: tuple[str, str | None, str | None, str] | None = (
+            "cancel",
+            ident.user,
+            address,
+            job_id,
+        )
+        started = time.monotonic()
+        for rows in c().array_pages(job_id, CANCEL_PAGE):
+            found = True
             for task_id, _, user in rows:
                 if user != ident.user and not ident.admin:
                     raise deny(request, f"cancel {task_id}", f"job {task_id} belongs to {user}")
-            event = (job_id, "every task of the array") if not after else None
-            done, gone = c().cancel_slice([r[:2] for r in rows], ident.user, address, event)
+            done, gone = c().cancel_tasks([r[:2] for r in rows], ident.user)
             cancelled += done
             ended += gone
-            after = rows[-1][0]
-            await asyncio.sleep(0)
-        if not after:
+            if time.monotonic() - started >= CANCEL_BUDGET:
+                c().commit(event, "every task of the array")
+                event = None
+                await asyncio.sleep(0)
+                started = time.monotonic()
+        if not found:
             raise NotFound(job_id)
+        c().commit(event, "every task of the array")
         body = {"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)}
         return Response(await _json_in_slices(body), media_type="application/json")
 
@@ -545,6 +580,15 @@ async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
         if job_id not in found:
             raise NotFound(job_id)
     return found
+
+
+def _states(text: str | None) -> frozenset[str]:
+    """`state=queued,running` as a set; an unknown state is refused with one sentence."""
+    states = frozenset(filter(None, (text or "").split(",")))
+    known = {s.value for s in JobState}
+    for name in sorted(states - known):
+        raise HTTPException(422, f"state {name!r:.40} is not one of {', '.join(sorted(known))}")
+    return states
 
 
 def _by_task(ids: list[str]) -> list[str]:
