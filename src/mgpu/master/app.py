@@ -192,7 +192,7 @@ def create_app(
     # ---- jobs ---------------------------------------------------------------
 
     @app.post("/api/jobs")
-    async def submit(spec: JobSpec, request: Request) -> JSONResponse:
+    async def submit(spec: JobSpec, request: Request) -> Response:
         """Queue a job: `spec` is already checked field by field (`mgpu.master.submit`)."""
         ident = who(request)
         user = ident.user
@@ -217,7 +217,8 @@ def create_app(
             body["task_ids"] = result.task_ids
         if result.dropped_env:  # set by the scheduler itself: said once, not passed
             body["dropped_env"] = result.dropped_env
-        return JSONResponse(body, status_code=201)
+        text = await _json_in_slices(body)  # 100,000 task ids are not encoded in one go
+        return Response(text, status_code=201, media_type="application/json")
 
     @app.get("/api/jobs")
     async def queue(
@@ -597,13 +598,16 @@ def _by_task(ids: list[str]) -> list[str]:
     return sorted(ids, key=len)
 
 
-async def _json_in_slices(body: dict[str, list[str]], size: int = 10000) -> str:
-    """`body` (lists of strings) as JSON, a slice at a time with the loop free between."""
+async def _json_in_slices(body: dict[str, Any], size: int = 10000) -> str:
+    """`body` as JSON, its lists (of strings) a slice at a time with the loop free between."""
     parts = []
-    for key, values in body.items():
+    for key, value in body.items():
+        if not isinstance(value, list):
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+            continue
         pieces = []
-        for i in range(0, len(values), size):
-            pieces.append(json.dumps(values[i : i + size])[1:-1])
+        for i in range(0, len(value), size):
+            pieces.append(json.dumps(value[i : i + size])[1:-1])
             await asyncio.sleep(0)
         parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
     return "{" + ", ".join(parts) + "}"
