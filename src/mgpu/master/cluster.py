@@ -358,8 +358,11 @@ class Cluster:
         return {"jobs": jobs, "nodes": self.nodes_public()}
 
     def nodes_public(self) -> list[dict[str, Any]]:
-        users = {j.id: j.user for j in self.jobs.values()}
-        return [n.to_public(users) for n in self.state.sorted_nodes()]
+        nodes = self.state.sorted_nodes()
+        # The users of the jobs on nodes only: not a map of every queued job per request.
+        on_nodes = (self.jobs.get(job_id) for n in nodes for job_id in n.jobs)
+        users = {j.id: j.user for j in on_nodes if j is not None}
+        return [n.to_public(users) for n in nodes]
 
     def node_public(self, node: NodeRecord) -> dict[str, Any]:
         return node.to_public({j.id: j.user for j in self.jobs.values()})
