@@ -99,7 +99,11 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
 
 def render_array(array: dict[str, Any]) -> str:
     """`mgpu show ARRAY_ID`: its tasks by state, then the ones listed (the first 1,000)."""
-    counts = array.get("counts") or {}
+    counts = array.get("counts")
+    if counts is None:  # a master from before the counts: every task is listed
+        counts = {}
+        for task in array["tasks"]:
+            counts[task["state"]] = counts.get(task["state"], 0) + 1
     total = sum(counts.values())
     by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
     lines = [f"Array {array['array_job_id']}: {total} tasks ({by_state})"]

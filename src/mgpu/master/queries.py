@@ -113,6 +113,7 @@ async def queue_answer(
             break
         await asyncio.sleep(0)
     del chosen[limit if limit and more else len(chosen) :]
+    listed = {j.id for j in chosen}
     folded: dict[str, list[int]] = {}
     if fold:
         chosen, folded = _fold(chosen)
@@ -127,7 +128,9 @@ async def queue_answer(
 
     text = await _render(cl, chosen, public)
     if include_finished and not more:
-        ended = await _render(cl, cl.finished_jobs(flt), lambda j: j.to_public())
+        # A job that ended while the list above was rendered is listed there already.
+        finished = cl.finished_jobs(lambda j: j.id not in listed and flt(j))
+        ended = await _render(cl, finished, lambda j: j.to_public())
         text = ", ".join(p for p in (text, ended) if p)
     body = f'{{"jobs": [{text}], "nodes": {json.dumps(cl.nodes_public())}'
     if more:
