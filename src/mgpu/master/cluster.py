@@ -212,14 +212,21 @@ class Cluster:
                 # change the template too, so that every task carries them.
                 first = next(arrays.tasks(template, array.indices[:1], array.max_running))
                 await self.admission.admit([first, template], spec, ctx)
-                jobs = await _tasks_in_slices(template, array.indices, array.max_running)
+                jobs = await _tasks_in_slices(
+                    template, array.indices, array.max_running, self.loop.cache_requests
+                )
         finally:
             self._ids_in_admission.discard(base_id)
         event = ("submit", template.user, address, base_id)
         if array is None:
             self.store.save_jobs(jobs, event=event)
         else:
-            self.store.save_array(template, list(array.indices), array.max_running, event)
+            try:
+                self.store.save_array(template, list(array.indices), array.max_running, event)
+            except BaseException:
+                for job in jobs:
+                    self.loop.forget(job)
+                raise
         self.jobs.update((job.id, job) for job in jobs)
         gcpause.after_bulk(len(jobs))
         if not ctx.nodes:
@@ -492,15 +499,24 @@ class Cluster:
         self.uow.flush_all()
 
 
-TASK_SLICE = 1000
+TASK_SLICE = 500
 """Array tasks built per turn of the event loop (a few milliseconds)."""
 
 
-async def _tasks_in_slices(template: Job, indices: Sequence[int], cap: int | None) -> list[Job]:
+async def _tasks_in_slices(
+    template: Job,
+    indices: Sequence[int],
+    cap: int | None,
+    built: Callable[[list[Job]], None],
+) -> list[Job]:
+    """The tasks, a slice at a time with the loop free between; `built` sees each slice
+    (the scheduling loop builds their requests then, not all at once in its next pass)."""
     out: list[Job] = []
     common = arrays.common_fields(template)
     for i in range(0, len(indices), TASK_SLICE):
-        out += [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
+        part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
+        built(part)
+        out += part
         await asyncio.sleep(0)
     return out
 
