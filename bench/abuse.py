@@ -19,6 +19,7 @@ Prints the table and writes bench/results/abuse.json.  Not a test.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import http.client
 import json
 import os
@@ -160,11 +161,6 @@ def _last_pass_ms(address: str) -> float | None:
     return None
 
 
-def _slow_collections(log: str) -> list[float]:
-    """Garbage collections the master logged as slow (ms)."""
-    return [float(m) for m in re.findall(r"garbage collection of generation \d took (\d+) ms", log)]
-
-
 def patient(cluster: LocalCluster) -> Client:
     """A client that waits as long as a 100,000-task request takes on a busy machine."""
     return Client(cluster.address, timeout=600, token=cluster.admin_token)
@@ -181,6 +177,22 @@ class Bench:
         self.cluster = cluster
         self.probe = probe
         self.rows: list[dict[str, Any]] = []
+        self.walls: list[tuple[float, float]] = []
+        """Each row's start and end (wall clock: the master's log has no other)."""
+
+    def add_collections(self, log: str) -> list[float]:
+        """Slow garbage collections the master logged: each row gets those that ended while
+        it ran (`slow_gc_ms`); all of them are returned."""
+        found = []
+        pattern = r"^(\S+ \S+) WARNING mgpu.master: garbage collection of generation \d "
+        pattern += r"took (\d+) ms"
+        for stamp, ms in re.findall(pattern, log, flags=re.M):
+            when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append(float(ms))
+            for row, (w0, w1) in zip(self.rows, self.walls, strict=True):
+                if w0 <= when <= w1 + 0.2:
+                    row.setdefault("slow_gc_ms", []).append(float(ms))
+        return found
 
     def measure(self, name: str, fn: Callable[[], Any], times: int = 1) -> None:
         results: list[Any] = [None] * times
@@ -194,12 +206,14 @@ class Bench:
         threads = [threading.Thread(target=run, args=(i,)) for i in range(times)]
         self.probe.settle()
         t0 = time.monotonic()
+        wall0 = time.time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         t1 = time.monotonic()
         time.sleep(0.1)  # the sample in flight at the end lands
+        self.walls.append((wall0, time.time()))
         row: dict[str, Any] = {"request": name, "concurrent": times, "seconds": round(t1 - t0, 2)}
         row.update(summary(self.probe, t0, t1))
         row["result"] = str(results[0])
@@ -304,7 +318,7 @@ def main() -> None:
             probe.stop()
         finally:
             cluster.stop()
-            slow_gc = _slow_collections(cluster.log("master"))
+            slow_gc = bench.add_collections(cluster.log("master"))
             errors = [x for x in cluster.log("master").splitlines() if "Error" in x]
             if errors:
                 print("the master logged errors:", *errors[-20:], sep="\n  ")

@@ -36,3 +36,26 @@ def test_a_slow_collection_is_logged(
         assert gcpause.slowest > 0
     finally:
         gc.callbacks.remove(gcpause._timer)
+
+
+def test_collection_pauses_nest_and_resume_after_the_last() -> None:
+    assert gc.isenabled()
+    first = gcpause.paused()
+    second = gcpause.paused()
+    first.__enter__()
+    second.__enter__()
+    assert not gc.isenabled()
+    first.__exit__(None, None, None)  # the other big submit is still building its tasks
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_a_pause_leaves_a_disabled_collector_disabled() -> None:
+    gc.disable()
+    try:
+        with gcpause.paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

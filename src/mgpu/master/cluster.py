@@ -212,9 +212,11 @@ class Cluster:
                 # change the template too, so that every task carries them.
                 first = next(arrays.tasks(template, array.indices[:1], array.max_running))
                 await self.admission.admit([first, template], spec, ctx)
-                jobs = await _tasks_in_slices(
-                    template, array.indices, array.max_running, self.loop.cache_requests
-                )
+                with gcpause.paused():
+                    jobs = await _tasks_in_slices(
+                        template, array.indices, array.max_running, self.loop.cache_requests
+                    )
+                    gcpause.after_bulk(len(jobs))  # long-lived: full collections skip them
         finally:
             self._ids_in_admission.discard(base_id)
         event = ("submit", template.user, address, base_id)
@@ -228,7 +230,6 @@ class Cluster:
                     self.loop.forget(job)
                 raise
         self.jobs.update((job.id, job) for job in jobs)
-        gcpause.after_bulk(len(jobs))
         if not ctx.nodes:
             self._unjudged.update(job.id for job in jobs)
             if self.state.any_node_joined():  # while the site validator ran

@@ -10,14 +10,16 @@ logged (`watch`), so a regression shows.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger("mgpu.master")
 
-__all__ = ["BULK", "after_bulk", "freeze", "watch"]
+__all__ = ["BULK", "after_bulk", "freeze", "paused", "watch"]
 
 BULK = 10_000
 """A submit of at least this many jobs freezes them (and what else is long-lived)."""
@@ -27,6 +29,30 @@ SLOW = 0.05
 _started: list[float] = []
 slowest = 0.0
 """The longest collection seen since `watch` (seconds)."""
+
+
+_pausing = 0
+_enable_after = False
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No cyclic collection while many long-lived objects are made (a big array's tasks,
+    built a slice at a time with the loop free between): each slice would be promoted and
+    walked by the full collections it triggers, hundreds of milliseconds each.  Other
+    coroutines run meanwhile; what cycles they leave is collected once this is over.
+    Nests (two big submits at once): the collector resumes when the last one ends."""
+    global _pausing, _enable_after
+    if _pausing == 0:
+        _enable_after = gc.isenabled()
+        gc.disable()
+    _pausing += 1
+    try:
+        yield
+    finally:
+        _pausing -= 1
+        if _pausing == 0 and _enable_after:
+            gc.enable()
 
 
 def freeze() -> None:
