@@ -214,7 +214,7 @@ def create_app(
             return _error(400, str(e))
         body: dict[str, Any] = {"job_id": result.job_id}
         if result.task_ids is not None:
-            body["task_ids"] = result.task_ids
+            body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
         if result.dropped_env:  # set by the scheduler itself: said once, not passed
             body["dropped_env"] = result.dropped_env
         text = await _json_in_slices(body)  # 100,000 task ids are not encoded in one go
@@ -313,8 +313,10 @@ def create_app(
         # An array: its tasks a page at a time; every CANCEL_BUDGET of work is written in one
         # transaction and the loop is free before the next (the request's one audit event
         # goes with the first).
-        cancelled: list[str] = []
-        ended: list[str] = []
+        # Pages of ids as tuples: the collector stops tracking a tuple of strings, where it
+        # would walk a list of 100,000 ids in every full collection while this runs.
+        cancelled: list[tuple[str, ...]] = []
+        ended: list[tuple[str, ...]] = []
         found = False
         event: tuple[str, str | None, str | None, str] | None = (
             "cancel",
@@ -329,8 +331,8 @@ def create_app(
                 if user != ident.user and not ident.admin:
                     raise deny(request, f"cancel {task_id}", f"job {task_id} belongs to {user}")
             done, gone = c().cancel_tasks([r[:2] for r in rows], ident.user)
-            cancelled += done
-            ended += gone
+            cancelled.append(tuple(done))
+            ended.append(tuple(gone))
             if time.monotonic() - started >= CANCEL_BUDGET:
                 c().commit(event, "every task of the array")
                 event = None
@@ -592,22 +594,22 @@ def _states(text: str | None) -> frozenset[str]:
     return states
 
 
-def _by_task(ids: list[str]) -> list[str]:
+def _by_task(pages: list[tuple[str, ...]]) -> tuple[str, ...]:
     """Array task ids in index order: the store pages them in text order, which within one
     length is index order, so a stable sort by length is all it takes (and is quick)."""
-    return sorted(ids, key=len)
+    return tuple(sorted((i for page in pages for i in page), key=len))
 
 
 async def _json_in_slices(body: dict[str, Any], size: int = 10000) -> str:
     """`body` as JSON, its lists (of strings) a slice at a time with the loop free between."""
     parts = []
     for key, value in body.items():
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):
             parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
             continue
         pieces = []
         for i in range(0, len(value), size):
-            pieces.append(json.dumps(value[i : i + size])[1:-1])
+            pieces.append(json.dumps(list(value[i : i + size]))[1:-1])
             await asyncio.sleep(0)
         parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
     return "{" + ", ".join(parts) + "}"

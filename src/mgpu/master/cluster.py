@@ -62,7 +62,7 @@ __all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
 @dataclass
 class SubmitResult:
     job_id: str
-    task_ids: list[str] | None = None
+    task_ids: tuple[str, ...] | None = None
     dropped_env: list[str] = field(default_factory=list)
     """Reserved names in the submitted environment, not passed to the job."""
 
@@ -235,7 +235,7 @@ class Cluster:
             if self.state.any_node_joined():  # while the site validator ran
                 self._judge_unjudged_later()
         self.state.wake()
-        task_ids = [j.id for j in jobs] if array is not None else None
+        task_ids = tuple(j.id for j in jobs) if array is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
 
     def _new_job_id(self) -> str:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterable, Sequence
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from mgpu.master import arrays
 from mgpu.model import Job, JobState
@@ -50,46 +53,47 @@ def _position(job: Job) -> tuple[float, int]:
     return job.submit_time, -1 if job.array_task_id is None else job.array_task_id
 
 
-def _after(cl: Cluster, jobs: Sequence[Job], cursor: str | None) -> int:
-    """Index in `jobs` (the active ones, in submit order) just after the cursor job; a
+def _after(cl: Cluster, ids: tuple[str, ...], cursor: str | None) -> int:
+    """Index in `ids` (the active jobs, in submit order) just after the cursor job; a
     cursor job that has ended since is placed by its submit time."""
     if not cursor:
         return 0
-    for i, job in enumerate(jobs):
-        if job.id == cursor:
-            return i + 1
+    try:
+        return ids.index(cursor) + 1
+    except ValueError:
+        pass
     gone = cl.get_job(cursor)
     if gone is None:
         return 0
     key = _position(gone)
-    return next((i for i, job in enumerate(jobs) if _position(job) > key), len(jobs))
+    for i, job_id in enumerate(ids):
+        job = cl.active_job(job_id)
+        if job is not None and _position(job) > key:
+            return i
+    return len(ids)
 
 
-async def _render(cl: Cluster, jobs: Sequence[Job], public: Callable[[Job], Any]) -> str:
-    """Jobs as the text of a JSON list's items, a slice at a time."""
-    parts = []
-    for i in range(0, len(jobs), SLICE):
-        part = json.dumps([public(j) for j in jobs[i : i + SLICE]])[1:-1]
-        if part:
-            parts.append(part)
-        await asyncio.sleep(0)
-    return ", ".join(parts)
+def _render(jobs: list[Job], public: Callable[[Job], Any]) -> str:
+    """Jobs as the text of a JSON list's items (orjson: ten times quicker than json; what it
+    refuses, json writes)."""
+    items = [public(j) for j in jobs]
+    try:
+        return orjson.dumps(items).decode()[1:-1]
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(items)[1:-1]
 
 
-def _fold(jobs: Iterable[Job]) -> tuple[list[Job], dict[str, list[int]]]:
-    """Queued tasks of an array as one entry (their first), with the indices folded in."""
-    out: list[Job] = []
-    folded: dict[str, list[int]] = {}
-    for job in jobs:
-        array_id = job.array_job_id
-        if array_id is not None and job.state == JobState.QUEUED:
-            indices = folded.get(array_id)
-            if indices is not None:
-                indices.append(job.array_task_id or 0)
+async def _folds(cl: Cluster, ids: tuple[str, ...], flt: JobFilter) -> dict[str, array[int]]:
+    """The queued tasks of each array among `ids` (their indices), a slice at a time."""
+    folded: dict[str, array[int]] = {}  # array.array: no references, nothing for the collector
+    for i in range(0, len(ids), SLICE):
+        for job in map(cl.active_job, ids[i : i + SLICE]):
+            if job is None or job.array_job_id is None or job.state != JobState.QUEUED:
                 continue
-            folded[array_id] = [job.array_task_id or 0]
-        out.append(job)
-    return out, folded
+            if flt(job):
+                folded.setdefault(job.array_job_id, array("q")).append(job.array_task_id or 0)
+        await asyncio.sleep(0)
+    return folded
 
 
 async def queue_answer(
@@ -101,22 +105,14 @@ async def queue_answer(
     fold: bool = False,
 ) -> str:
     """The JSON text of `GET /api/jobs`: {"jobs": [...], "nodes": [...]}, and "next" (the
-    cursor for the next page) when `limit` cut the list short."""
-    active = list(cl.jobs.values())
-    start = _after(cl, active, after)
-    chosen: list[Job] = []
-    more = False
-    for i in range(start, len(active), SLICE):
-        chosen += filter(flt, active[i : i + SLICE])
-        if limit and len(chosen) > limit:
-            more = True
-            break
-        await asyncio.sleep(0)
-    del chosen[limit if limit and more else len(chosen) :]
-    listed = {j.id for j in chosen}
-    folded: dict[str, list[int]] = {}
-    if fold:
-        chosen, folded = _fold(chosen)
+    cursor for the next page) when `limit` cut the list short.
+
+    What is kept across the slices is ids and text, never a list of 100,000 jobs: the
+    cyclic collector walks every list it tracks (ids in a tuple, it stops tracking)."""
+    ids = tuple(cl.jobs)
+    ids = ids[_after(cl, ids, after) :]
+    folded = await _folds(cl, ids, flt) if fold else {}
+    shown: set[str] = set()  # arrays whose folded entry is out
 
     def public(job: Job) -> dict[str, Any]:
         out = cl.public_job(job)
@@ -126,15 +122,45 @@ async def queue_answer(
             out["array_count"] = len(indices)
         return out
 
-    text = await _render(cl, chosen, public)
+    def keep(job: Job) -> bool:
+        if not flt(job):
+            return False
+        if fold and job.state == JobState.QUEUED and job.array_job_id in folded:
+            if job.array_job_id in shown:
+                return False
+            shown.add(job.array_job_id)
+        return True
+
+    parts: list[str] = []
+    listed: dict[str, None] = {}  # str keys only: not tracked by the collector either
+    more = False
+    for i in range(0, len(ids), SLICE):
+        jobs = [j for j in map(cl.active_job, ids[i : i + SLICE]) if j is not None and keep(j)]
+        if limit and len(listed) >= limit:
+            more = bool(jobs)
+            if more:
+                break
+            await asyncio.sleep(0)
+            continue
+        if limit and len(listed) + len(jobs) > limit:
+            jobs = jobs[: limit - len(listed)]
+            more = True
+        if jobs:
+            parts.append(_render(jobs, public))
+            listed.update(dict.fromkeys(j.id for j in jobs))
+        await asyncio.sleep(0)
+        if more:
+            break
     if include_finished and not more:
         # A job that ended while the list above was rendered is listed there already.
         finished = cl.finished_jobs(lambda j: j.id not in listed and flt(j))
-        ended = await _render(cl, finished, lambda j: j.to_public())
-        text = ", ".join(p for p in (text, ended) if p)
+        for i in range(0, len(finished), SLICE):
+            parts.append(_render(finished[i : i + SLICE], lambda j: j.to_public()))
+            await asyncio.sleep(0)
+    text = ", ".join(p for p in parts if p)
     body = f'{{"jobs": [{text}], "nodes": {json.dumps(cl.nodes_public())}'
     if more:
-        body += f', "next": {json.dumps(chosen[-1].id)}'
+        body += f', "next": {json.dumps(next(reversed(listed)))}'
     return body + "}"
 
 
@@ -142,7 +168,7 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
     """The JSON text of `GET /api/jobs/ARRAY_ID`: {"array_job_id", "counts" (tasks by
     state), "tasks" (the first `limit` that pass the filter, 0 = all), "more" (how many
     more pass it)}; None if there is no such array."""
-    states: dict[str, str] = {}  # task id -> state, in index order
+    states: dict[str, str] = {}  # task id -> state, in index order (untracked: strings)
     for rows in cl.array_pages(array_id, 5000):
         for task_id, stored, _ in rows:
             job = cl.active_job(task_id)
@@ -150,27 +176,25 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
         await asyncio.sleep(0)
     if not states:
         return None
-    unknown = [t for t, s in states.items() if not s]  # ended tasks of a one-row array
-    if unknown:
-        stored_states: dict[str, str] = {}
+    if "" in states.values():  # ended tasks of an array stored as one row: their rows say
         after = ""
         while rows := cl.store.job_rows_with_prefix(array_id + "_", after, 5000):
-            stored_states.update((r[0], r[1]) for r in rows)
+            for task_id, stored, _ in rows:
+                if states.get(task_id) == "":
+                    states[task_id] = stored
             after = rows[-1][0]
             await asyncio.sleep(0)
-        for task_id in unknown:
-            states[task_id] = stored_states.get(task_id, "unknown")
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1
-    wanted = [t for t, s in states.items() if not flt.states or s in flt.states]
+    wanted = tuple(t for t, s in states.items() if not flt.states or s in flt.states)
     shown = wanted if not limit else wanted[:limit]
-    jobs: list[Job] = []
+    parts = []
     for i in range(0, len(shown), SLICE):
-        found = cl.get_jobs(shown[i : i + SLICE])
-        jobs += (found[t] for t in shown[i : i + SLICE] if t in found)
+        found = cl.get_jobs(list(shown[i : i + SLICE]))
+        parts.append(_render([found[t] for t in shown[i : i + SLICE] if t in found], cl.public_job))
         await asyncio.sleep(0)
-    text = await _render(cl, jobs, cl.public_job)
+    text = ", ".join(p for p in parts if p)
     counts_text = json.dumps(dict(sorted(counts.items())))
     return (
         f'{{"array_job_id": {json.dumps(array_id)}, "counts": {counts_text}, '

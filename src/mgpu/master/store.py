@@ -162,15 +162,17 @@ class Store:
                 )
         self._array_seq[template.id] = self._seq
 
-    def get_array(self, array_id: str) -> tuple[Job, list[int], int | None] | None:
-        """An array stored as one row: (template, task indices, running cap)."""
+    def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
+        """An array stored as one row: (template, task indices, running cap).  The indices
+        are a tuple, which the cyclic collector stops tracking (a list of 100,000 ints it
+        would walk in every full collection while a request pages through them)."""
         row = self.db.execute(
             "SELECT record, indices, max_running FROM arrays WHERE id=?", (array_id,)
         ).fetchone()
         if row is None:
             return None
         template = Job.from_record(json.loads(row[0]))
-        return template, arrays.decode_indices(row[1]), row[2]
+        return template, tuple(arrays.decode_indices(row[1])), row[2]
 
     def load_active_jobs(self) -> list[Job]:
         """Queued and running jobs in submit order: stored rows, and the tasks of arrays
