@@ -232,8 +232,8 @@ def create_app(
         """Every active job (`all`: and the last 1,000 ended), in submit order; `limit`
         jobs a page from just `after` the cursor, only those in `state`(s) of `user`."""
         flt = JobFilter(_states(state), user or None)
-        body = await queue_answer(c(), all, limit, after, flt, fold)
-        return Response(body, media_type="application/json")
+        chunks = queue_answer(c(), all, limit, after, flt, fold)
+        return StreamingResponse(chunks, media_type="application/json")
 
     @app.get("/api/jobs/{job_id}")
     async def show(
