@@ -33,7 +33,15 @@ from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
 from mgpu.master.outputs import OutputStore
-from mgpu.master.queries import ARRAY_TASKS_SHOWN, JobFilter, array_answer, queue_answer
+from mgpu.master.queries import (
+    ARRAY_TASKS_SHOWN,
+    JobFilter,
+    array_answer,
+    by_task,
+    json_in_slices,
+    queue_answer,
+    states_of,
+)
 from mgpu.master.registry import AgentLink
 from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
@@ -217,7 +225,7 @@ def create_app(
             body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
         if result.dropped_env:  # set by the scheduler itself: said once, not passed
             body["dropped_env"] = result.dropped_env
-        text = await _json_in_slices(body)  # 100,000 task ids are not encoded in one go
+        text = await json_in_slices(body)  # 100,000 task ids are not encoded in one go
         return Response(text, status_code=201, media_type="application/json")
 
     @app.get("/api/jobs")
@@ -231,7 +239,7 @@ def create_app(
     ) -> Response:
         """Every active job (`all`: and the last 1,000 ended), in submit order; `limit`
         jobs a page from just `after` the cursor, only those in `state`(s) of `user`."""
-        flt = JobFilter(_states(state), user or None)
+        flt = JobFilter(states_of(state), user or None)
         chunks = queue_answer(c(), all, limit, after, flt, fold)
         return StreamingResponse(chunks, media_type="application/json")
 
@@ -245,7 +253,7 @@ def create_app(
         first `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
         job = c().get_job(job_id)
         if job is None:
-            body = await array_answer(c(), job_id, limit, JobFilter(_states(state)))
+            body = await array_answer(c(), job_id, limit, JobFilter(states_of(state)))
             if body is None:
                 raise NotFound(job_id)
             return Response(body, media_type="application/json")
@@ -347,8 +355,8 @@ def create_app(
         if not found:
             raise NotFound(job_id)
         c().commit(event, "every task of the array")
-        body = {"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)}
-        return Response(await _json_in_slices(body), media_type="application/json")
+        body = {"cancelled": by_task(cancelled), "already_ended": by_task(ended)}
+        return Response(await json_in_slices(body), media_type="application/json")
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
@@ -589,36 +597,6 @@ async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
         if job_id not in found:
             raise NotFound(job_id)
     return found
-
-
-def _states(text: str | None) -> frozenset[str]:
-    """`state=queued,running` as a set; an unknown state is refused with one sentence."""
-    states = frozenset(filter(None, (text or "").split(",")))
-    known = {s.value for s in JobState}
-    for name in sorted(states - known):
-        raise HTTPException(422, f"state {name!r:.40} is not one of {', '.join(sorted(known))}")
-    return states
-
-
-def _by_task(pages: list[tuple[str, ...]]) -> tuple[str, ...]:
-    """Array task ids in index order: the store pages them in text order, which within one
-    length is index order, so a stable sort by length is all it takes (and is quick)."""
-    return tuple(sorted((i for page in pages for i in page), key=len))
-
-
-async def _json_in_slices(body: dict[str, Any], size: int = 10000) -> str:
-    """`body` as JSON, its lists (of strings) a slice at a time with the loop free between."""
-    parts = []
-    for key, value in body.items():
-        if not isinstance(value, list | tuple):
-            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
-            continue
-        pieces = []
-        for i in range(0, len(value), size):
-            pieces.append(json.dumps(list(value[i : i + size]))[1:-1])
-            await asyncio.sleep(0)
-        parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
-    return "{" + ", ".join(parts) + "}"
 
 
 async def _output_stream(

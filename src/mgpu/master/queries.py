@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from fastapi import HTTPException
 
 from mgpu.master import arrays
 from mgpu.model import Job, JobState
@@ -28,7 +29,14 @@ from mgpu.model import Job, JobState
 if TYPE_CHECKING:
     from mgpu.master.cluster import Cluster
 
-__all__ = ["JobFilter", "array_answer", "queue_answer"]
+__all__ = [
+    "JobFilter",
+    "array_answer",
+    "by_task",
+    "json_in_slices",
+    "queue_answer",
+    "states_of",
+]
 
 SLICE = 500
 """Jobs rendered per turn of the event loop (a few milliseconds)."""
@@ -206,3 +214,33 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
         f'{{"array_job_id": {json.dumps(array_id)}, "counts": {counts_text}, '
         f'"tasks": [{text}], "more": {len(wanted) - len(shown)}}}'
     )
+
+
+def states_of(text: str | None) -> frozenset[str]:
+    """`state=queued,running` as a set; an unknown state is refused with one sentence."""
+    states = frozenset(filter(None, (text or "").split(",")))
+    known = {s.value for s in JobState}
+    for name in sorted(states - known):
+        raise HTTPException(422, f"state {name!r:.40} is not one of {', '.join(sorted(known))}")
+    return states
+
+
+def by_task(pages: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """Array task ids in index order: the store pages them in text order, which within one
+    length is index order, so a stable sort by length is all it takes (and is quick)."""
+    return tuple(sorted((i for page in pages for i in page), key=len))
+
+
+async def json_in_slices(body: dict[str, Any], size: int = 10000) -> str:
+    """`body` as JSON, its lists (of strings) a slice at a time with the loop free between."""
+    parts = []
+    for key, value in body.items():
+        if not isinstance(value, list | tuple):
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+            continue
+        pieces = []
+        for i in range(0, len(value), size):
+            pieces.append(json.dumps(list(value[i : i + size]))[1:-1])
+            await asyncio.sleep(0)
+        parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
+    return "{" + ", ".join(parts) + "}"
