@@ -78,6 +78,8 @@ class JobRequest:
     """The array the job is a task of."""
     array_max_running: int | None = None
     """The array's `%N`: at most this many of its tasks run at once."""
+    held: bool = False
+    """Held (`--hold`, `mgpu hold`): never eligible until released."""
 
 
 @dataclass(frozen=True, slots=True)
