@@ -72,10 +72,10 @@ def make_jobctl_router(
     async def act(request: Request, job_id: str, kind: str, action: Action) -> JSONResponse:
         ident = who(request)
         address = request.client.host if request.client else "?"
-        jobs, array = targets(request, job_id, kind)
-        actor = Actor(ident.user, ident.admin, address, audit=not array)
         done: list[Change] = []
         try:
+            jobs, array = targets(request, job_id, kind)
+            actor = Actor(ident.user, ident.admin, address, audit=not array)
             for i, job in enumerate(jobs):
                 try:
                     done.append(await action(job, actor))
