@@ -227,9 +227,12 @@ def _job_control_lines(job: dict[str, Any]) -> list[str]:
     sources = job.get("option_sources") or {}
     if sources:
         by: dict[str, list[str]] = {}
-        for option, source in sources.items():
+        for option, source in sorted(sources.items()):
             by.setdefault(source, []).append("--" + option.replace("_", "-"))
-        shown = "; ".join(f"{src}: {', '.join(opts)}" for src, opts in by.items())
+        # Lowest precedence first, as they were applied: the script's lines, then the CLI.
+        rank = {"#SBATCH": 0, "#MGPU": 1, "command line": 2}
+        order = sorted(by, key=lambda src: rank.get(src, 3))
+        shown = "; ".join(f"{src}: {', '.join(by[src])}" for src in order)
         lines.append(f"  options:    {shown}; the rest: defaults")
     return lines
 
