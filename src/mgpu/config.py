@@ -86,7 +86,7 @@ class Scheduling(_Strict):
     @classmethod
     def _signal(cls, value: str | None) -> str | None:
         if value is not None:
-            from mgpu.spec import format_signal, parse_signal
+            from mgpu.signalspec import format_signal, parse_signal
 
             return format_signal(parse_signal(value))  # a SpecError names the problem
         return value

@@ -297,7 +297,7 @@ class Job:
     held_by: str | None = None
     """Who held it: a job an admin held for another user only an admin releases."""
     signal: str | None = None
-    """`--signal` in its canonical form `[B:]SIG@SECONDS` (mgpu.spec.format_signal)."""
+    """`--signal` in its canonical form `[B:]SIG@SECONDS` (mgpu.signalspec.format_signal)."""
     restarts: int = 0
     """Runs requeued so far, for any reason (`MGPU_RESTART_COUNT` of the next run)."""
     notify: str | None = None

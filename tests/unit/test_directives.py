@@ -12,7 +12,8 @@ import pytest
 from mgpu.client import directives
 from mgpu.client.cli import UsageError, build_parser, job_options
 from mgpu.client.cmd_jobctl import _directive_parser, read_script, script_options
-from mgpu.spec import SpecError, format_signal, parse_signal
+from mgpu.signalspec import format_signal, parse_signal
+from mgpu.spec import SpecError
 
 KNOWN = _directive_parser()[1]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mgpu import spec as specs
 from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, Slot
 from mgpu.protocol import Launch
+from mgpu.signalspec import SignalSpec, parse_signal
 
 __all__ = ["hostfile", "job_env", "job_launch", "preempt_warning", "step_launch"]
 
@@ -78,7 +78,7 @@ def job_launch(
     """The launch of rank `rank` of the job's current run."""
     slot = job.allocation[rank]
     site = config.site
-    warning = None if job.signal is None else specs.parse_signal(job.signal)
+    warning = None if job.signal is None else parse_signal(job.signal)
     return Launch(
         job_id=job.id,
         epoch=job.epoch,
@@ -105,11 +105,11 @@ def job_launch(
     )
 
 
-def preempt_warning(job: Job, config: ClusterConfig) -> specs.SignalSpec | None:
+def preempt_warning(job: Job, config: ClusterConfig) -> SignalSpec | None:
     """The signal a preempted job gets before it is stopped: its own `--signal`, else the
     cluster's `scheduling.preempt_signal` (None: just SIGTERM, grace, SIGKILL)."""
     text = job.signal or config.scheduling.preempt_signal
-    return None if text is None else specs.parse_signal(text)
+    return None if text is None else parse_signal(text)
 
 
 def step_launch(

@@ -44,7 +44,7 @@ from mgpu.model import (
 )
 from mgpu.protocol import Kill, Launch, ReservePort
 from mgpu.scheduler import UsageLedger
-from mgpu.spec import SignalSpec
+from mgpu.signalspec import SignalSpec
 
 log = logging.getLogger("mgpu.master")
 

@@ -44,6 +44,7 @@ from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.notify import parse_target
 from mgpu.model import Job
+from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
 T = TypeVar("T")
 
@@ -201,9 +202,9 @@ MAX_SCRIPT_BYTES = 1 << 20
 OPTION_SOURCES = frozenset({"command line", "#MGPU", "#SBATCH", "default"})
 
 
-def _signal(value: Any) -> specs.SignalSpec | None:
+def _signal(value: Any) -> SignalSpec | None:
     text = _text_of(value, "--signal", "USR1@60")
-    return None if text is None else _named("--signal", specs.parse_signal, text)
+    return None if text is None else _named("--signal", parse_signal, text)
 
 
 def _notify(value: str) -> str | None:
@@ -266,7 +267,7 @@ NodeNames = Annotated[
 ]
 Dependencies = Annotated[tuple[specs.Dependency, ...], PlainValidator(_dependency), _schema(_STR)]
 Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
-Signal = Annotated[specs.SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
+Signal = Annotated[SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +352,7 @@ class JobSpec(BaseModel):
         sig, limit = self.signal, self.time
         if sig is not None and limit is not None and sig.seconds >= limit:
             raise specs.SpecError(
-                f"--signal {specs.format_signal(sig)} would come {sig.seconds} s before the "
+                f"--signal {format_signal(sig)} would come {sig.seconds} s before the "
                 f"end of a job of {specs.format_time_limit(limit)}, before it starts; give "
                 "fewer seconds or a longer --time"
             )
@@ -491,7 +492,7 @@ def build_jobs(
         image=spec.image,
         held=spec.hold,
         held_by=user if spec.hold else None,
-        signal=None if spec.signal is None else specs.format_signal(spec.signal),
+        signal=None if spec.signal is None else format_signal(spec.signal),
         notify=spec.notify,
         script=spec.script,
         script_name=(spec.script_name or "script") if spec.script is not None else None,
