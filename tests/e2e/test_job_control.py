@@ -217,13 +217,20 @@ def test_b_signals_only_the_top_process(
     assert Path(f"{out}.child").exists() is child_got_it  # the whole job, or its top only
 
 
-def test_a_preempted_job_gets_its_signal_and_is_requeued_free(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("config", "options"),
+    [(None, ["--signal", "USR1@20"]), ("scheduling:\n  preempt_signal: USR1@20\n", [])],
+    ids=["its own --signal", "the cluster default"],
+)
+def test_a_preempted_job_gets_its_signal_and_is_requeued_free(
+    tmp_path: Path, config: str | None, options: list[str]
+) -> None:
     ckpt = tmp_path / "ckpt"
     script = tmp_path / "low.sh"
     script.write_text(CHECKPOINT.format(ckpt=ckpt))
     (tmp_path / "c").mkdir()
-    with local_cluster(tmp_path / "c", agents=1, gpus=1) as c:
-        low = submit(c, "--preemptible", "--signal", "USR1@20", str(script))
+    with local_cluster(tmp_path / "c", agents=1, gpus=1, config=config) as c:
+        low = submit(c, "--preemptible", *options, str(script))
         wait_for(lambda: "run 0" in c.client().logs(low), what="the low-priority run")
         t0 = time.time()
         high = submit(c, "--priority", "100000", "true")
