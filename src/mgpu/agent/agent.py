@@ -42,6 +42,7 @@ from mgpu.protocol import (
     Refused,
     ReservePort,
     RunningReport,
+    SetTimeLimit,
     Started,
     Welcome,
     batch_frames,
@@ -388,10 +389,17 @@ class Agent:
                 self.launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
+            warning = (
+                None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch)
+            )
             if run is not None:
-                self.launcher.kill(run, msg.reason, msg.grace)
+                self.launcher.kill(run, msg.reason, msg.grace, warning)
             else:
                 self.site.cancel(msg.job_id, msg.epoch, msg.reason)
+        elif isinstance(msg, SetTimeLimit):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None:
+                self.launcher.set_time_limit(run, msg.time_limit)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
         elif isinstance(msg, Forget):
@@ -422,6 +430,10 @@ class Agent:
                 hostfile=msg.hostfile,
                 note=note,
                 gpu_ids=msg.gpu_ids,
+                warning=None
+                if msg.signal is None
+                else (msg.signal, msg.signal_lead, msg.signal_batch),
+                script=None if msg.script is None else (msg.script_name or "script", msg.script),
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)

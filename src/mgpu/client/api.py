@@ -329,6 +329,39 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/cancel"))
 
+    def submit_script(
+        self, script: str, args: list[str] | None = None, name: str = "script", **options: Any
+    ) -> SubmittedJob:
+        """Queue a job script (its text): sent with the job and run on the node with its
+        `#!` interpreter (else /bin/sh), `args` as its arguments.  Its `#MGPU`/`#SBATCH`
+        lines are read by `mgpu submit FILE`, not here: pass the options."""
+        return self.submit(list(args or []), script=script, script_name=name, **options)
+
+    def hold(self, job_id: str) -> dict[str, Any]:
+        """Keep a queued job (or an array's queued tasks) from starting:
+        `{"jobs": [{"job_id", "changed", "message"}]}`."""
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/hold"))
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/release"))
+
+    def requeue(self, job_id: str) -> dict[str, Any]:
+        """Stop a running job and queue it again (no retry spent)."""
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/requeue"))
+
+    def update(
+        self,
+        job_id: str,
+        time: str | None = None,
+        priority: int | None = None,
+        gpus: int | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Change a queued job (time, priority, GPUs, name) or a running one (time, name)."""
+        body = {"time": time, "priority": priority, "gpus": gpus, "name": name}
+        body = {k: v for k, v in body.items() if v is not None}
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/update", body))
+
     def drain(self, node_id: str, reason: str | None = None) -> dict[str, Any]:
         return dict(
             self._request("POST", f"/api/nodes/{_quote(node_id)}/drain", {"reason": reason})

@@ -178,6 +178,7 @@ def render_job(job: dict[str, Any]) -> str:
         end = job.get("end_time") or now
         lines.append(f"  elapsed:    {duration(end - job['start_time'])}")
     lines.append(f"  retries:    {job['retries']} of {job.get('max_retries', '-')}")
+    lines += _job_control_lines(job)
     if job.get("gpu_util_mean") is not None or job.get("gpu_memory_peak_mb") is not None:
         util, peak = job.get("gpu_util_mean"), job.get("gpu_memory_peak_mb")
         lines.append(
@@ -208,6 +209,32 @@ def render_job(job: dict[str, Any]) -> str:
             span = f"start {_ts(at.get('start_time'))}  end {_ts(at.get('end_time'))}"
             lines.append(f"    {i}. {nodes}  {span}  {at.get('end_reason') or ''}".rstrip())
     return "\n".join(lines)
+
+
+def _job_control_lines(job: dict[str, Any]) -> list[str]:
+    """Restarts, --signal, --notify, the job script and where its options came from."""
+    lines = []
+    if job.get("restart_count"):
+        lines.append(f"  restarts:   {job['restart_count']}")
+    if job.get("held"):
+        lines.append(f"  held:       by {job.get('held_by') or '-'} (mgpu release {job['id']})")
+    if job.get("signal"):
+        lines.append(f"  signal:     {job['signal']} (seconds before the time limit)")
+    if job.get("notify"):
+        lines.append(f"  notify:     {job['notify']}")
+    if job.get("script_name"):
+        lines.append(f"  script:     {job['script_name']} (sent with the job)")
+    sources = job.get("option_sources") or {}
+    if sources:
+        by: dict[str, list[str]] = {}
+        for option, source in sorted(sources.items()):
+            by.setdefault(source, []).append("--" + option.replace("_", "-"))
+        # Lowest precedence first, as they were applied: the script's lines, then the CLI.
+        rank = {"#SBATCH": 0, "#MGPU": 1, "command line": 2}
+        order = sorted(by, key=lambda src: rank.get(src, 3))
+        shown = "; ".join(f"{src}: {', '.join(by[src])}" for src in order)
+        lines.append(f"  options:    {shown}; the rest: defaults")
+    return lines
 
 
 def _ts(t: float | None) -> str:

@@ -13,8 +13,9 @@ from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, Slot
 from mgpu.protocol import Launch
+from mgpu.signalspec import SignalSpec, parse_signal
 
-__all__ = ["hostfile", "job_env", "job_launch", "step_launch"]
+__all__ = ["hostfile", "job_env", "job_launch", "preempt_warning", "step_launch"]
 
 
 def job_env(
@@ -38,6 +39,7 @@ def job_env(
         }
     )
     env["MGPU_TOKEN"] = credential
+    env["MGPU_RESTART_COUNT"] = str(job.restarts)  # as SLURM_RESTART_COUNT: 0 on the first run
     if job.array_job_id is not None:
         env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
         env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
@@ -76,6 +78,7 @@ def job_launch(
     """The launch of rank `rank` of the job's current run."""
     slot = job.allocation[rank]
     site = config.site
+    warning = None if job.signal is None else parse_signal(job.signal)
     return Launch(
         job_id=job.id,
         epoch=job.epoch,
@@ -94,7 +97,19 @@ def job_launch(
         epilog=site.epilog,
         prolog_timeout=site.prolog_timeout,
         epilog_timeout=site.epilog_timeout,
+        signal=None if warning is None else warning.number,
+        signal_lead=0.0 if warning is None else float(warning.seconds),
+        signal_batch=warning is not None and warning.batch_only,
+        script=job.script,
+        script_name=job.script_name,
     )
+
+
+def preempt_warning(job: Job, config: ClusterConfig) -> SignalSpec | None:
+    """The signal a preempted job gets before it is stopped: its own `--signal`, else the
+    cluster's `scheduling.preempt_signal` (None: just SIGTERM, grace, SIGKILL)."""
+    text = job.signal or config.scheduling.preempt_signal
+    return None if text is None else parse_signal(text)
 
 
 def step_launch(

@@ -87,6 +87,7 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         eligible_time=job.eligible_time,
         array_id=job.array_job_id,
         array_max_running=job.array_max_running,
+        held=job.held,
     )
 
 

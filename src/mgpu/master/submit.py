@@ -42,7 +42,9 @@ from pydantic import (
 from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
+from mgpu.master.notify import parse_target
 from mgpu.model import Job
+from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
 T = TypeVar("T")
 
@@ -195,6 +197,54 @@ def _image(value: str) -> str | None:
     return execspec.validate_image(value) if value else None
 
 
+MAX_SCRIPT_BYTES = 1 << 20
+"""A job script sent with the job (and stored with it): 1 MiB."""
+OPTION_SOURCES = frozenset({"command line", "#MGPU", "#SBATCH", "default"})
+
+
+def _signal(value: Any) -> SignalSpec | None:
+    text = _text_of(value, "--signal", "USR1@60")
+    return None if text is None else _named("--signal", parse_signal, text)
+
+
+def _notify(value: str) -> str | None:
+    return parse_target(value) if value else None
+
+
+def _script(value: str) -> str:
+    specs.validate_text(value, "the job script")
+    size = len(value.encode("utf-8"))
+    if size > MAX_SCRIPT_BYTES:
+        raise specs.SpecError(
+            f"the job script is {size} bytes; at most {MAX_SCRIPT_BYTES >> 20} MiB is sent "
+            "with a job (keep data in files the script reads)"
+        )
+    if not value.strip():
+        raise specs.SpecError("the job script is empty")
+    return value
+
+
+def _script_name(value: str) -> str:
+    specs.validate_text(value, "the job script's name")
+    if not value or "/" in value or len(value) > 255 or not value.isprintable():
+        raise specs.SpecError(f"{value!r:.60} is not a file name for the job script")
+    return value
+
+
+def _sources(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > 64:
+        raise specs.SpecError("option_sources names more than 64 options")
+    for option, source in value.items():
+        if re.fullmatch(r"[a-z][a-z_]{0,31}", option) is None or source not in OPTION_SOURCES:
+            raise specs.SpecError(
+                f"option_sources: {option!r:.40}: {source!r:.40} is not one of "
+                f"{', '.join(sorted(OPTION_SOURCES))}"
+            )
+    return value
+
+
 def _schema(*types: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [*types, {"type": "null"}]})
 
@@ -217,6 +267,7 @@ NodeNames = Annotated[
 ]
 Dependencies = Annotated[tuple[specs.Dependency, ...], PlainValidator(_dependency), _schema(_STR)]
 Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
+Signal = Annotated[SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +314,16 @@ class JobSpec(BaseModel):
     cwd: Annotated[str, AfterValidator(_cwd)] | None = None
     env: Annotated[dict[str, str] | None, AfterValidator(_env)] = None
     image: Annotated[str, AfterValidator(_image)] | None = None
+    signal: Signal = None
+    """`--signal [B:]SIG@SECONDS`: a warning before the time limit (and at preemption)."""
+    hold: bool = False
+    """`--hold`: queued held, until `mgpu release`."""
+    notify: Annotated[str, AfterValidator(_notify)] | None = None
+    """`--notify URL|mailto:ADDRESS|none` (where the cluster allows: Cluster.submit)."""
+    script: Annotated[str, AfterValidator(_script)] | None = None
+    """A job script (`mgpu submit FILE`): sent with the job, `argv` being its arguments."""
+    script_name: Annotated[str, AfterValidator(_script_name)] | None = None
+    option_sources: Annotated[dict[str, str] | None, AfterValidator(_sources)] = None
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -276,10 +337,25 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _whole_request(self) -> JobSpec:
-        if self.argv is None and self.command is None:
+        if self.script is not None:
+            if self.command is not None:
+                raise specs.SpecError("give either a job script or a command, not both")
+            if self.image is not None:
+                raise specs.SpecError(
+                    "a job script cannot run in --image yet; submit the command that runs "
+                    "it instead (mgpu submit --image IMAGE 'sh job.sh')"
+                )
+        elif self.argv is None and self.command is None:
             raise specs.SpecError("the command is empty; give the command to run")
         if self.argv is not None and self.command is not None:
             raise specs.SpecError("give the command either as a string or as argv, not both")
+        sig, limit = self.signal, self.time
+        if sig is not None and limit is not None and sig.seconds >= limit:
+            raise specs.SpecError(
+                f"--signal {format_signal(sig)} would come {sig.seconds} s before the "
+                f"end of a job of {specs.format_time_limit(limit)}, before it starts; give "
+                "fewer seconds or a longer --time"
+            )
         self._shape = _reconcile(self)
         return self
 
@@ -367,7 +443,10 @@ def build_jobs(
     new_id: Callable[[], str],
 ) -> list[Job]:
     """The queued job `spec` asks for, or one per task of an array (ids ``ID_INDEX``)."""
-    if spec.argv is not None:
+    if spec.script is not None:
+        argv = list(spec.argv or ())  # the script's arguments
+        command = shlex.join([spec.script_name or "script", *argv])
+    elif spec.argv is not None:
         argv = list(spec.argv)
         command = shlex.join(argv)
     else:
@@ -411,7 +490,16 @@ def build_jobs(
         submit_time=now,
         eligible_time=now,
         image=spec.image,
+        held=spec.hold,
+        held_by=user if spec.hold else None,
+        signal=None if spec.signal is None else format_signal(spec.signal),
+        notify=spec.notify,
+        script=spec.script,
+        script_name=(spec.script_name or "script") if spec.script is not None else None,
+        option_sources=dict(spec.option_sources or {}),
     )
+    if base.held:
+        base.reason = "held"
     if spec.array is None:
         return [base]
     # The tasks share the request's fields, argv and env included (nothing changes them
