@@ -292,6 +292,10 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    gpu_share: float | None = None
+    """`--gpu-share F`: a fraction of one GPU (with `gpus` = 1), packed with other shares."""
+    reservation: str | None = None
+    """`--reservation NAME`: runs only inside that reservation's window, on its GPUs."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -302,6 +306,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def gpu_fraction(self) -> float:
+        """What each GPU the job holds counts for in accounting: F for a share, else 1."""
+        return self.gpu_share or 1.0
 
     @property
     def desired(self) -> DesiredState:
@@ -379,6 +388,8 @@ class Job:
             "image": self.image,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
+            "gpu_share": self.gpu_share,
+            "reservation": self.reservation,
         }
 
 

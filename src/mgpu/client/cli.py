@@ -58,6 +58,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
     g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
     g.add_argument("--image", help="run inside this container image (the node's runtime)")
+    g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
+    g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -89,6 +91,8 @@ JOB_FIELDS = (
     "array",
     "preemptible",
     "image",
+    "gpu_share",
+    "reservation",
 )
 
 
@@ -626,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mgpu.client.cmd_simulate import add_simulate_parser
 
     add_simulate_parser(sub)
+    from mgpu.client.cmd_reserve import add_reserve_parser
+
+    add_reserve_parser(sub, make_client)
 
     s = add("token", cmd_token, "manage user tokens (admin)")
     s.add_argument("action", choices=["create", "list", "revoke"])

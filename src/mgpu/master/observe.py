@@ -77,8 +77,12 @@ def parse_since(text: str | None, now: float, default: str = "7d") -> float:
 # ---- accounting -------------------------------------------------------------
 
 
-def attempt_spans(job: Job, now: float | None = None) -> list[tuple[float, float, dict[str, int]]]:
-    """(start, end, GPUs per node) of every attempt that started; a running one ends `now`."""
+def attempt_spans(
+    job: Job, now: float | None = None
+) -> list[tuple[float, float, dict[str, float]]]:
+    """(start, end, GPUs per node) of every attempt that started; a running one ends `now`.
+    A fractional job (`--gpu-share F`) counts F of its GPU."""
+    share = job.gpu_fraction
     spans = []
     for a in job.attempts:
         if a.start_time is None:
@@ -86,9 +90,8 @@ def attempt_spans(job: Job, now: float | None = None) -> list[tuple[float, float
         end = a.end_time or job.end_time or now
         if end is None:
             continue
-        spans.append(
-            (a.start_time, max(a.start_time, end), {n: len(g) for n, g in a.gpu_ids.items()})
-        )
+        per_node = {n: len(g) * share for n, g in a.gpu_ids.items()}
+        spans.append((a.start_time, max(a.start_time, end), per_node))
     return spans
 
 
