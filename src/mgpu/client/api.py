@@ -557,6 +557,8 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 def _quote(part: str) -> str:
     if _UNRESERVED.issuperset(part):  # a job id: as quote() would leave it, without urllib
         return part
+    if "/" in part:  # the server would decode it and match no route: a bare "Not Found"
+        raise MgpuError(f"no job, node, step or token is called {part!r} (ids never contain '/')")
     from urllib.parse import quote
 
     return quote(part, safe="")
