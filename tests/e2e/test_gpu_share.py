@@ -57,7 +57,7 @@ def test_four_quarters_share_one_gpu_and_a_whole_job_waits(mps_node: LocalCluste
 
     queue = c.cli("queue", check=True).stdout
     for j in shares:
-        assert f"node001:0(0.25)" in next(line for line in queue.splitlines() if j in line)
+        assert "node001:0(0.25)" in next(line for line in queue.splitlines() if j in line)
     assert "GPU 0 shared: 1 used by 4 jobs" in queue
     gpu = client.nodes()[0]["gpus"][0]
     assert gpu["busy_job"] is None and gpu["share_used"] == 1.0
@@ -69,9 +69,9 @@ def test_four_quarters_share_one_gpu_and_a_whole_job_waits(mps_node: LocalCluste
         wait_for(lambda j=j: "share=" in client.logs(j), what=f"{j}'s environment")
         line = client.logs(j).strip()
         # 0.25 of the fake GPU's 81920 MB; MPS found: the pinned memory capped at the share
-        assert line == (
-            f"share=0.25 mem=20480 pct=25 cvd=0 pin=0=20480M pipe={c.root / 'mps'}"
-        ), line
+        assert line == (f"share=0.25 mem=20480 pct=25 cvd=0 pin=0=20480M pipe={c.root / 'mps'}"), (
+            line
+        )
     gate.touch()
     assert client.wait(whole, timeout=30)["state"] == "completed"
     ended = [client.wait(j, timeout=30) for j in shares]

@@ -630,9 +630,6 @@ def build_parser() -> argparse.ArgumentParser:
     from mgpu.client.cmd_simulate import add_simulate_parser
 
     add_simulate_parser(sub)
-    from mgpu.client.cmd_reserve import add_reserve_parser
-
-    add_reserve_parser(sub, make_client)
 
     s = add("token", cmd_token, "manage user tokens (admin)")
     s.add_argument("action", choices=["create", "list", "revoke"])
@@ -655,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("config", cmd_config_check, "check a cluster config file")
     s.add_argument("action", choices=["check"])
     s.add_argument("file")
+    from mgpu.client.cmd_reserve import add_reserve_parser
+
+    add_reserve_parser(sub, make_client)
     return p
 
 
