@@ -57,7 +57,8 @@ def _subparsers(
 
 
 def _options(parser: argparse.ArgumentParser) -> tuple[list[Option], list[str]]:
-    options, positional = [], []
+    options: list[Option] = []
+    positional: list[str] = []
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
             # Actions (`reserve create|list|delete`): offered as words, their options merged.
