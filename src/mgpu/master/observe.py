@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from mgpu.master.gpuwatch import GpuWatch, measured_utilisation
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState
+from mgpu.scheduler.types import SHARE_UNITS
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css", "favicon.svg": "image/svg+xml"}
@@ -299,7 +300,10 @@ def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
             return utilisation_series(jobs, start, now, points, total, measured)
 
         series = await asyncio.to_thread(compute)
-        busy = sum(len(n.busy) for n in cl.nodes.values())
+        busy = sum(
+            len(n.busy) + sum(sum(t.values()) for t in n.shares.values()) / SHARE_UNITS
+            for n in cl.nodes.values()
+        )  # a shared GPU counts the share in use
         utils = measured_utilisation(cl.nodes.values())
         series["now"] = {
             "allocated": busy,
