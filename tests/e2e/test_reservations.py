@@ -129,8 +129,7 @@ def test_queue_and_show_give_every_queued_job_an_estimate(tmp_path: Path) -> Non
         client = c.client()
         first = c.cli("submit", "--gpus", "2", "--time", "10", "sleep 600", check=True)
         first_id = first.stdout.strip()
-        wait_for(lambda: client.show(first_id)["state"] == "running", what="first job")
-        started = client.show(first_id)["start_time"]
+        started = wait_for(lambda: client.show(first_id)["start_time"], what="first job")
         second = c.cli("submit", "--gpus", "2", "--time", "5", "true", check=True).stdout.strip()
         third = c.cli("submit", "--gpus", "1", "--time", "5", "true", check=True).stdout.strip()
         wait_for(
