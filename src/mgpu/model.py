@@ -312,6 +312,10 @@ class Job:
     limit_changed: bool = False
     """Its time limit was changed while it ran (`mgpu update`): sent to its agents again
     when they reconnect."""
+    gpu_share: float | None = None
+    """`--gpu-share F`: a fraction of one GPU (with `gpus` = 1), packed with other shares."""
+    reservation: str | None = None
+    """`--reservation NAME`: runs only inside that reservation's window, on its GPUs."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -322,6 +326,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def gpu_fraction(self) -> float:
+        """What each GPU the job holds counts for in accounting: F for a share, else 1."""
+        return self.gpu_share or 1.0
 
     @property
     def desired(self) -> DesiredState:
@@ -406,6 +415,8 @@ class Job:
             "notify": shown_target(self.notify),
             "script_name": self.script_name,
             "option_sources": dict(self.option_sources),
+            "gpu_share": self.gpu_share,
+            "reservation": self.reservation,
         }
 
 

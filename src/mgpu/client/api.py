@@ -280,7 +280,7 @@ class Client:
         Options are those of `mgpu submit`: gpus, gpu_ids, node_gpu_ids, nodes,
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
-        preemptible, gpu_type, policy, cwd, env.
+        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation.
 
         Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
         the job would run elsewhere).  Without `env` it gets this process's environment,
@@ -430,6 +430,36 @@ class Client:
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return dict(self._request("DELETE", f"/api/tokens/{_quote(token_id)}"))
+
+    def reserve(
+        self,
+        name: str,
+        gpus: int,
+        start: str | float = "now",
+        duration: str | None = None,
+        end: str | float | None = None,
+        users: list[str] | None = None,
+        nodelist: str | None = None,
+    ) -> dict[str, Any]:
+        """Set GPUs aside for a window (admin): `start` is `now`, `now+MINUTES` or epoch
+        seconds; the length is `duration` (`--time` syntax) or `end`.  Returns the
+        reservation with the GPUs chosen."""
+        body: dict[str, Any] = {"name": name, "gpus": gpus, "start": start}
+        for key, value in (
+            ("duration", duration),
+            ("end", end),
+            ("users", users),
+            ("nodelist", nodelist),
+        ):
+            if value is not None:
+                body[key] = value
+        return dict(self._request("POST", "/api/reservations", body))
+
+    def reservations(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/reservations")["reservations"])
+
+    def delete_reservation(self, name: str) -> dict[str, Any]:
+        return dict(self._request("DELETE", f"/api/reservations/{_quote(name)}"))
 
     def audit(self, since: float = 0.0) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/api/audit?since={since}")["events"])

@@ -62,6 +62,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hold", "-H", action="store_true", help="queue it held (mgpu release)")
     g.add_argument("--notify", help="when it ends: POST to this URL, or mailto:ADDRESS")
     g.add_argument("--mail-user", dest="notify", help="when it ends: mail this address")
+    g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
+    g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -96,6 +98,8 @@ JOB_FIELDS = (
     "signal",
     "hold",
     "notify",
+    "gpu_share",
+    "reservation",
 )
 
 
@@ -667,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("config", cmd_config_check, "check a cluster config file")
     s.add_argument("action", choices=["check"])
     s.add_argument("file")
+    from mgpu.client.cmd_reserve import add_reserve_parser
+
+    add_reserve_parser(sub, make_client)
     return p
 
 

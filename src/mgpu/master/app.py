@@ -33,6 +33,7 @@ from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink
+from mgpu.master.reserve_api import make_reserve_router
 from mgpu.master.routes_jobctl import make_jobctl_router
 from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
@@ -534,6 +535,7 @@ def create_app(
 
     app.include_router(make_router(c))
     app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
+    app.include_router(make_reserve_router(c, require_admin, _address))
     return app
 
 

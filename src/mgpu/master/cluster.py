@@ -45,7 +45,9 @@ from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
 from mgpu.master.notify import Notifier, check_target
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
-from mgpu.master.snapshot import job_request, node_views
+from mgpu.master.reservations import ReservationBook
+from mgpu.master.reservations import public as public_reservation
+from mgpu.master.snapshot import job_request, node_views, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -104,6 +106,7 @@ class Cluster:
         self.life.on_end.append(lambda job: self.gpuwatch.forget(job.id))
         self.access = Access(config, tokens, self.jobs, self.nodes, self.default_user)
         self.node_admin = NodeAdmin(self.state, self.life, store, node_secrets, config)
+        self.reservations = ReservationBook(store)
         self.loop = SchedulingLoop(
             self.state,
             self.life,
@@ -112,6 +115,7 @@ class Cluster:
             config,
             self.access.allowed_nodes,
             self._dependency_targets,
+            self.reservations.active,
         )
         self.agents = Agents(
             self.state,
@@ -203,6 +207,9 @@ class Cluster:
             except specs.SpecError as e:
                 raise SubmitError(str(e)) from None
         ctx = self.admission_context(cached=True)
+        if jobs[0].reservation is not None:
+            request = self.loop.request_for(jobs[0])
+            self.reservations.admit(jobs[0], ctx.nodes, request, self.clock.time())
         self._ids_in_admission.add(base_id)  # the site validator may take a while
         try:
             await self.admission.admit(jobs, spec, ctx)
@@ -328,6 +335,7 @@ class Cluster:
             out["priority_value"] = self.loop.priorities.get(job.id)
             out["priority_factors"] = self.loop.factors.get(job.id)
             out["expected_start"] = self.loop.expected_start.get(job.id)
+            out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
         return out
 
     def queue(self, include_finished: bool = False) -> dict[str, Any]:
@@ -368,6 +376,38 @@ class Cluster:
     ) -> list[Job]:
         """Jobs that ended at or after `since` (history, reports); safe in a thread."""
         return self.store.read_finished(since, user, states, limit or None)
+
+    # ---- reservations -----------------------------------------------------
+
+    def create_reservation(
+        self, body: dict[str, Any], actor: str | None, address: str | None
+    ) -> dict[str, Any]:
+        """`mgpu reserve create`: raises ReservationRequestError (one sentence), storing
+        nothing, when it cannot be made."""
+        now = self.clock.time()
+        running = [running_job(j, now) for j in self.jobs.values() if j.state == JobState.RUNNING]
+        config = scheduler_config(self.config.scheduling)
+        r = self.reservations.create(
+            body,
+            now,
+            self._node_views(),
+            running,
+            config.default_time_limit,
+            self.access.known_user,
+            actor,
+            address,
+        )
+        self.state.wake()
+        return public_reservation(r, now)
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        now = self.clock.time()
+        return [public_reservation(r, now) for r in self.reservations.active(now)]
+
+    def delete_reservation(self, name: str, actor: str | None, address: str | None) -> bool:
+        deleted = self.reservations.delete(name, actor, address)
+        self.state.wake()
+        return deleted
 
     # ---- cancel -----------------------------------------------------------
 

@@ -354,7 +354,8 @@ class Lifecycle:
     def _charge(self, job: Job, now: float) -> None:
         """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
         if job.start_time is not None and job.gpus > 0:
-            self.usage.add(job.user, job.gpus * max(0.0, now - job.start_time), now)
+            amount = job.gpus * job.gpu_fraction  # a share is charged F of its GPU's time
+            self.usage.add(job.user, amount * max(0.0, now - job.start_time), now)
             self.uow.usage_changed()
 
     @staticmethod

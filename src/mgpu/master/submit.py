@@ -44,6 +44,7 @@ from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.notify import parse_target
 from mgpu.model import Job
+from mgpu.scheduler.shares import share_units
 from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
 T = TypeVar("T")
@@ -245,6 +246,32 @@ def _sources(value: dict[str, str] | None) -> dict[str, str] | None:
     return value
 
 
+def _gpu_share(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise specs.SpecError("--gpu-share must be a number between 0 and 1, such as 0.25")
+    try:
+        share_units(float(value))
+    except ValueError as e:
+        raise specs.SpecError(str(e)) from None
+    return float(value)
+
+
+_RESERVATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def reservation_name(value: str, option: str = "--reservation") -> str:
+    """A reservation's name: up to 64 letters, digits, '.', '_' or '-'."""
+    specs.validate_text(value, option)
+    if _RESERVATION_RE.fullmatch(value) is None:
+        raise specs.SpecError(
+            f"{option} {value!r:.60} is not a reservation name; use up to 64 letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return value
+
+
 def _schema(*types: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [*types, {"type": "null"}]})
 
@@ -324,6 +351,10 @@ class JobSpec(BaseModel):
     """A job script (`mgpu submit FILE`): sent with the job, `argv` being its arguments."""
     script_name: Annotated[str, AfterValidator(_script_name)] | None = None
     option_sources: Annotated[dict[str, str] | None, AfterValidator(_sources)] = None
+    gpu_share: Annotated[float | None, PlainValidator(_gpu_share), _schema({"type": "number"})] = (
+        None
+    )
+    reservation: Annotated[str, AfterValidator(reservation_name)] | None = None
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -375,6 +406,8 @@ def _reconcile(spec: JobSpec) -> Shape:
     gpus, nodes, per_node = spec.gpus, spec.nodes, spec.gpus_per_node
     pinned, ids = spec.node_gpu_ids, spec.gpu_ids
     gang = nodes is not None or per_node is not None
+    if spec.gpu_share is not None:
+        return _share_shape(spec)
     if ids is not None and pinned is not None:
         raise specs.SpecError("use either --gpu-ids or --node-gpu-ids, not both")
     if ids is not None and gang:
@@ -413,6 +446,32 @@ def _reconcile(spec: JobSpec) -> Shape:
             raise specs.SpecError(f"--gpus {gpus} does not match the {len(ids)} --gpu-ids")
         return Shape(gpus=len(ids))
     return Shape(gpus=1 if gpus is None else gpus)
+
+
+def _share_shape(spec: JobSpec) -> Shape:
+    """`--gpu-share F` is part of one GPU on one node: nothing may ask for more or pin it."""
+    share = f"--gpu-share {spec.gpu_share:g}"
+    if spec.gpus is not None and spec.gpus != 1:
+        raise specs.SpecError(
+            f"{share} is part of one GPU and cannot be combined with --gpus {spec.gpus}"
+        )
+    others = [
+        option
+        for option, given in (
+            ("--nodes", spec.nodes is not None),
+            ("--gpus-per-node", spec.gpus_per_node is not None),
+            ("--gpu-ids", spec.gpu_ids is not None),
+            ("--node-gpu-ids", spec.node_gpu_ids is not None),
+            ("--distributed", spec.distributed),
+            ("--mpi", spec.mpi),
+        )
+        if given
+    ]
+    if others:
+        raise specs.SpecError(
+            f"{share} is part of one GPU and cannot be combined with {' or '.join(others)}"
+        )
+    return Shape(gpus=1)
 
 
 # ---- building jobs ---------------------------------------------------------------------
@@ -497,6 +556,8 @@ def build_jobs(
         script=spec.script,
         script_name=(spec.script_name or "script") if spec.script is not None else None,
         option_sources=dict(spec.option_sources or {}),
+        gpu_share=spec.gpu_share,
+        reservation=spec.reservation,
     )
     if base.held:
         base.reason = "held"
