@@ -132,6 +132,10 @@ _STOP_DESIRED = {
 }
 
 
+ALLOCATION = "allocation"
+"""`Job.kind` of an allocation (`mgpu alloc`)."""
+
+
 class SlotPhase(StrEnum):
     """Where the launch of one slot stands: pending → sent → started → exited."""
 
@@ -144,7 +148,8 @@ class SlotPhase(StrEnum):
     EXITED = "exited"
     """Its process ended (or the run was given up: requeued)."""
     HELD = "held"
-    """No process of its own: the GPUs of an `--mpi` job's other ranks, used by its steps."""
+    """No process of its own: the GPUs of an `--mpi` job's other ranks, or of an allocation,
+    used by its steps."""
 
 
 class NodeState(StrEnum):
@@ -292,6 +297,13 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    pty: bool = False
+    """Runs on a pseudo-terminal (`mgpu srun --pty`); its client holds it (allocations.py)."""
+    pty_size: list[int] | None = None
+    """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
+    kind: str = "job"
+    """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
+    the steps its client starts (master/allocations.py)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -377,6 +389,8 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
             "image": self.image,
+            "kind": self.kind,
+            "pty": self.pty,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
         }

@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 
 from mgpu.spec import SpecError, validate_node_id
 
-PROTOCOL_VERSION = 4
-"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets."""
+PROTOCOL_VERSION = 5
+"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets;
+5: terminals (Launch.pty, terminal_input, terminal_resize)."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -237,6 +238,11 @@ class Refused(BaseModel):
     reason: str
 
 
+class TerminalSize(BaseModel):
+    rows: int = Field(ge=1, le=10000)
+    cols: int = Field(ge=1, le=10000)
+
+
 class Launch(BaseModel):
     type: Literal["launch"] = "launch"
     job_id: str
@@ -261,6 +267,9 @@ class Launch(BaseModel):
     epilog: str | None = None
     prolog_timeout: float = 30.0
     epilog_timeout: float = 30.0
+    pty: TerminalSize | None = None
+    """Run on a pseudo-terminal of this size (`mgpu srun --pty`): stdin, stdout and stderr
+    are its slave side, the program's controlling terminal; the output is one stream."""
 
 
 class Kill(BaseModel):
@@ -278,8 +287,32 @@ class ReservePort(BaseModel):
     epoch: int
 
 
+MAX_TERMINAL_INPUT = 64 * 1024
+"""Bytes of typed input one message carries (base64: a third more)."""
+
+
+class TerminalInput(BaseModel):
+    """Bytes typed at a run's terminal, to write to its pty (base64: any byte travels)."""
+
+    type: Literal["terminal_input"] = "terminal_input"
+    job_id: str
+    epoch: int
+    data: str = Field(max_length=MAX_TERMINAL_INPUT * 4 // 3 + 4)
+
+
+class TerminalResize(BaseModel):
+    """The user's terminal changed size: set it on the run's pty (the program gets
+    SIGWINCH)."""
+
+    type: Literal["terminal_resize"] = "terminal_resize"
+    job_id: str
+    epoch: int
+    size: TerminalSize
+
+
 MasterMessage = Annotated[
-    Welcome | Refused | Launch | Kill | ReservePort | Forget, Field(discriminator="type")
+    Welcome | Refused | Launch | Kill | ReservePort | Forget | TerminalInput | TerminalResize,
+    Field(discriminator="type"),
 ]
 
 _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

@@ -7,14 +7,14 @@ MPI hostfile and the message out.  The caller decides when to send it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, Slot
-from mgpu.protocol import Launch
+from mgpu.protocol import Launch, TerminalSize
 
-__all__ = ["hostfile", "job_env", "job_launch", "step_launch"]
+__all__ = ["hostfile", "job_env", "job_launch", "step_launch", "terminal_size"]
 
 
 def job_env(
@@ -94,7 +94,14 @@ def job_launch(
         epilog=site.epilog,
         prolog_timeout=site.prolog_timeout,
         epilog_timeout=site.epilog_timeout,
+        pty=terminal_size(job.pty_size) if job.pty else None,
     )
+
+
+def terminal_size(size: Sequence[int] | None) -> TerminalSize:
+    """A pty's size: the client's terminal as last told, else the classic 24 x 80."""
+    rows, cols = size if size else (24, 80)
+    return TerminalSize(rows=rows, cols=cols)
 
 
 def step_launch(

@@ -42,7 +42,7 @@ from pydantic import (
 from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
-from mgpu.model import Job
+from mgpu.model import ALLOCATION, Job
 
 T = TypeVar("T")
 
@@ -219,6 +219,22 @@ Dependencies = Annotated[tuple[specs.Dependency, ...], PlainValidator(_dependenc
 Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
 
 
+def _pty_size(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list | tuple) and len(value) == 2
+    if not ok or not all(type(v) is int and 1 <= v <= 10000 for v in value):
+        raise specs.SpecError("--pty size must be [rows, columns], each from 1 to 10000")
+    return int(value[0]), int(value[1])
+
+
+PtySize = Annotated[
+    tuple[int, int] | None,
+    PlainValidator(_pty_size),
+    _schema({"type": "array", "items": {"type": "integer"}}),
+]
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """How many GPUs a job takes and how they spread, once the options are reconciled."""
@@ -263,6 +279,13 @@ class JobSpec(BaseModel):
     cwd: Annotated[str, AfterValidator(_cwd)] | None = None
     env: Annotated[dict[str, str] | None, AfterValidator(_env)] = None
     image: Annotated[str, AfterValidator(_image)] | None = None
+    pty: bool = False
+    """Run on a pseudo-terminal (`mgpu srun --pty`): one program, on one node."""
+    pty_size: PtySize = None
+    """The client's terminal as (rows, cols): the pty's size at launch."""
+    allocation: bool = False
+    """An allocation (`mgpu alloc`): the GPUs are held for the client's steps; the
+    command is only shown (it runs on the client's machine)."""
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -281,6 +304,11 @@ class JobSpec(BaseModel):
         if self.argv is not None and self.command is not None:
             raise specs.SpecError("give the command either as a string or as argv, not both")
         self._shape = _reconcile(self)
+        return self
+
+    @model_validator(mode="after")
+    def _session(self) -> JobSpec:
+        _check_session(self)
         return self
 
     @property
@@ -337,6 +365,40 @@ def _reconcile(spec: JobSpec) -> Shape:
             raise specs.SpecError(f"--gpus {gpus} does not match the {len(ids)} --gpu-ids")
         return Shape(gpus=len(ids))
     return Shape(gpus=1 if gpus is None else gpus)
+
+
+def _check_session(spec: JobSpec) -> None:
+    """A terminal is one program on one node; an allocation runs nothing itself and is held
+    by its client, so it is never an array, never requeued, never preempted."""
+    if spec.pty:
+        if spec.allocation:
+            raise specs.SpecError(
+                "an allocation runs nothing itself: use mgpu srun --pty inside it instead"
+            )
+        if spec.array is not None:
+            raise specs.SpecError("--pty runs one program at a terminal, not a job array (--array)")
+        many = (spec.shape.nodes or 1) > 1 or len(spec.node_gpu_ids or ()) > 1
+        if many or spec.distributed or spec.mpi:
+            raise specs.SpecError(
+                "--pty runs one program on one node; drop --nodes, --distributed and --mpi"
+            )
+        if spec.image is not None:
+            raise specs.SpecError(
+                "--pty does not work with --image: container jobs get no terminal"
+            )
+    if not spec.allocation:
+        return
+    refused = [
+        ("--array", spec.array is not None, "start one mgpu alloc per allocation"),
+        ("--mpi", spec.mpi, "run mpirun in a step (mgpu srun inside the allocation)"),
+        ("--distributed", spec.distributed, "run torchrun in a step"),
+        ("--image", spec.image is not None, "give it to the steps' own command"),
+        ("--preemptible", spec.preemptible, "its client's steps cannot be requeued"),
+        ("--retries", bool(spec.retries), "it is never requeued: its client holds it"),
+    ]
+    for option, given, why in refused:
+        if given:
+            raise specs.SpecError(f"{option} does not apply to an allocation (mgpu alloc): {why}")
 
 
 # ---- building jobs ---------------------------------------------------------------------
@@ -412,6 +474,12 @@ def build_jobs(
         eligible_time=now,
         image=spec.image,
     )
+    if spec.pty or spec.allocation:  # a person waits at the other end: idle rules apply
+        base.interactive = True
+        base.pty = spec.pty
+        base.pty_size = None if spec.pty_size is None else list(spec.pty_size)
+    if spec.allocation:
+        base.kind, base.max_retries = ALLOCATION, 0
     if spec.array is None:
         return [base]
     # The tasks share the request's fields, argv and env included (nothing changes them
