@@ -125,14 +125,14 @@ class Holder:
         heartbeat = 5.0
         last = time.monotonic()
         while True:
-            wait = max(0.0, last + heartbeat / 2 - time.monotonic())
+            wait = 0.0 if ws.buffered() else max(0.0, last + heartbeat / 2 - time.monotonic())
             ready, _, _ = select.select([ws, self._stop_r], [], [], wait)
             if self._stop_r in ready:
                 return True
             if time.monotonic() - last >= heartbeat / 2:
                 ws.send_text('{"hb":1}')
                 last = time.monotonic()
-            if ws not in ready:
+            if ws not in ready and not ws.buffered():
                 continue
             for _, payload in ws.feed():
                 for line in payload.split(b"\n"):

@@ -164,7 +164,7 @@ class TerminalSession:
         while True:
             watch = [ws, wake] + ([self.fd] if self.started else [])
             wait = max(0.0, last_sent + self.heartbeat / 2 - time.monotonic())
-            ready, _, _ = select.select(watch, [], [], wait)
+            ready, _, _ = select.select(watch, [], [], 0.0 if ws.buffered() else wait)
             if time.monotonic() - last_sent >= self.heartbeat / 2:
                 ws.send_text('{"hb":1}')
                 last_sent = time.monotonic()
@@ -181,7 +181,7 @@ class TerminalSession:
                     raise _Hangup(signal.SIGHUP)
                 ws.send_binary(data)
                 last_sent = time.monotonic()
-            if ws in ready:
+            if ws in ready or ws.buffered():
                 for _, payload in ws.feed():
                     for line in payload.split(b"\n"):
                         if line.strip():

@@ -90,6 +90,25 @@ class WebSocket:
     def fileno(self) -> int:
         return int(self.sock.fileno())
 
+    def buffered(self) -> bool:
+        """Is a message here already, which waiting on `fileno()` would not tell?  (Frames
+        that came with the handshake's answer; bytes TLS decrypted ahead.)  The caller's
+        loop must `feed()` without waiting while this is true."""
+        pending = getattr(self.sock, "pending", None)
+        return (pending is not None and pending() > 0) or self._whole_frame()
+
+    def _whole_frame(self) -> bool:
+        buf = self._buffer
+        if len(buf) < 2:
+            return False
+        n, at = buf[1] & 0x7F, 2
+        if n >= 126:
+            at = 4 if n == 126 else 10
+            if len(buf) < at:
+                return False
+            n = int.from_bytes(buf[2:at], "big")
+        return len(buf) >= at + (4 if buf[1] & 0x80 else 0) + n
+
     # ---- out ------------------------------------------------------------------
 
     def _send(self, opcode: int, payload: bytes) -> None:
@@ -129,6 +148,8 @@ class WebSocket:
         """Read what has arrived (call when `fileno()` is readable); returns the whole
         messages it completed as (TEXT or BINARY, payload).  After the server's close, or
         at the end of the connection, `closed` is set."""
+        if self._whole_frame():  # what is here first: the socket may have nothing (blocking)
+            return self._messages()
         try:
             data = self.sock.recv(65536)
             pending = getattr(self.sock, "pending", None)  # TLS: bytes already decrypted
