@@ -62,7 +62,10 @@ def add_alloc_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _say(text: str) -> None:
-    print(f"mgpu: {text}", file=sys.stderr, flush=True)
+    # One write of the whole line: the allocation's command and its steps share this
+    # stderr, and with PYTHONUNBUFFERED print() writes the newline apart.
+    sys.stderr.write(f"mgpu: {text}\n")
+    sys.stderr.flush()
 
 
 # ---- mgpu alloc ---------------------------------------------------------------------
@@ -205,7 +208,7 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     opts = job_options(args)
     job = client.submit(argv, allocation=True, **opts)
     for warning in job.warnings:
-        print(f"mgpu: warning: {warning}", file=sys.stderr)
+        _say(f"warning: {warning}")
     holder = Holder(client, job.id)
     holder.start()
     try:
@@ -288,9 +291,7 @@ def srun_special(client: Client, args: argparse.Namespace, argv: list[str]) -> i
     from mgpu.client.cli import job_options
 
     if args.pty and not sys.stdin.isatty():
-        print(
-            "mgpu: warning: not using a pseudo-terminal, stdin is not a terminal", file=sys.stderr
-        )
+        _say("warning: not using a pseudo-terminal, stdin is not a terminal")
         args.pty = False  # as srun: it goes on without one
     code = srun_in_allocation(client, args, argv)
     if code is not None or not args.pty:
@@ -301,7 +302,7 @@ def srun_special(client: Client, args: argparse.Namespace, argv: list[str]) -> i
     opts.update(interactive=True, pty=True, pty_size=terminal_size(sys.stdin.fileno()))
     job = client.submit(argv, **opts)
     for warning in job.warnings:
-        print(f"mgpu: warning: {warning}", file=sys.stderr)
+        _say(f"warning: {warning}")
     return run_terminal(client, job.id, verbose=bool(args.verbose))
 
 
@@ -327,10 +328,9 @@ def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]
     # (0 counts as not given: --priority defaults to it.)
     given = ["--" + k.replace("_", "-") for k in STEP_IGNORES if getattr(args, k, None)]
     if given:
-        print(
-            f"mgpu: warning: a step runs on allocation {job_id}'s GPUs as they are; "
-            f"ignored: {', '.join(given)}",
-            file=sys.stderr,
+        _say(
+            f"warning: a step runs on allocation {job_id}'s GPUs as they are; "
+            f"ignored: {', '.join(given)}"
         )
     from mgpu.client.terminal import terminal_size
 
