@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from helpers import BIN, LocalCluster, local_cluster, wait_for
+from helpers import BIN, LocalCluster, kill_group, local_cluster, wait_for
 
 PY = "python3"
 
@@ -177,6 +177,19 @@ def test_a_raw_mode_program_gets_each_key_at_once(cluster: LocalCluster, term: A
     t.type(b"x")  # no newline: only a raw terminal hands it over
     t.expect(r"'x'")
     assert t.wait() == 0
+    assert t.restored()
+
+
+def test_the_terminal_is_restored_when_the_master_goes_away(
+    cluster: LocalCluster, term: Any
+) -> None:
+    t = term("srun", "--pty", "--", "sh", "-c", "echo ready; sleep 100")
+    t.expect("ready")
+    wait_for(lambda: not t.restored(), what="the terminal in raw mode")  # the program runs
+    assert cluster.master is not None
+    kill_group(cluster.master)  # the master is gone for good
+    assert t.wait(timeout=60) != 0
+    t.expect(r"mgpu: error: .*the job \w+ may still be running")
     assert t.restored()
 
 
