@@ -297,3 +297,14 @@ def test_impossible_terminals_and_allocations_are_refused(
         h.submit("bash", **fields)
     assert sentence in validation_sentence(e.value)
     assert h.cl.jobs == {} and h.store.load_active_jobs() == []
+
+
+def test_ended_terminal_steps_are_forgotten(h: Harness) -> None:
+    n1 = h.agent("n1")
+    job_id = _alloc(h, gpus=1)
+    step_id = _step(h, job_id, ["bash"], pty=True)
+    h.cl.sessions.touch(step_id)
+    step = h.cl.steps.by_id[step_id]
+    n1.exited(step_id, 0, epoch=step.epoch)
+    h.tick()
+    assert set(h.cl.sessions.last_seen) == {job_id}  # no trace of the step is kept

@@ -86,6 +86,7 @@ class Sessions:
             elif job.desired is DesiredState.RUN:
                 self.life.request_stop(job, EndReason.CANCELLED, f"cancelled: {why}")
             self.uow.flush(event=("cancel", None, None, job_id), detail=why)
+        live = set(self.held)
         for step in list(self.state.steps.by_id.values()):
             if not step.pty or step.done:
                 continue
@@ -93,6 +94,10 @@ class Sessions:
                 log.warning("step %s: %s", step.id, why)
                 self.last_seen.pop(step.id, None)
                 self.kill_step(step, "its client went away")
+            else:
+                live.add(step.id)
+        for run_id in [r for r in self.last_seen if r not in live]:
+            del self.last_seen[run_id]  # ended steps, runs attached to that no client holds
 
     def _ended_id(self, job_id: str) -> None:
         self.held.discard(job_id)
