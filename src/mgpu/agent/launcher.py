@@ -48,6 +48,7 @@ from typing import Any
 import psutil
 
 from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged
+from mgpu.agent.terminal import Terminal
 
 log = logging.getLogger("mgpu.agent")
 
@@ -58,6 +59,16 @@ log = logging.getLogger("mgpu.agent")
 # `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
 SHIM = (
     "trap : TERM INT HUP; read -r _; exec </dev/null; "
+    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
+    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
+    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
+)
+# With a terminal (mgpu.agent.terminal): $1 is the pty's slave, opened as stdin by the shim,
+# a session leader, after the gate, which makes it its controlling terminal.  The signals
+# a terminal sends its foreground group (which the shim is in) are caught, so they reach
+# the program only.
+PTY_SHIM = (
+    'trap : TERM INT HUP QUIT TSTP TTIN TTOU; read -r _; exec 0<>"$1"; shift; '
     'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
     "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
     '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
@@ -106,6 +117,8 @@ class RunRecord:
     signal_sent: bool = False
     script: str = ""
     """The job script written for this run (mgpu.agent.jobscript), removed with it."""
+    pty: bool = False
+    """Runs on a terminal the agent held (it did not survive an agent restart)."""
 
 
 @dataclass
@@ -121,6 +134,7 @@ class Running:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     """The time limit's and the warning signal's (re-armed when the limit changes)."""
+    terminal: Terminal | None = None
 
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
@@ -139,6 +153,8 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
+        self.on_terminal_output: Callable[[Running], None] = self.pump_output
+        """Told when a terminal run wrote something (stored in its stdout file): send it."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -196,11 +212,13 @@ class Launcher:
         gpu_ids: Collection[int] | None = None,
         warning: tuple[int, float, bool] | None = None,
         script: tuple[str, str] | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> Running:
         """Start a run; `note` is a line written to its stderr first (said by the agent).
         `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
         `warning`: (signal, seconds, top process only) before the time limit (--signal).
-        `script`: (name, text) of a job script, run with `argv` as its arguments."""
+        `script`: (name, text) of a job script, run with `argv` as its arguments.
+        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -222,9 +240,11 @@ class Launcher:
         cgroup: str | None = None
         guard: str | None = None  # the cgroup that holds the run's device rules
         gate: tuple[int, int] | None = None
+        term: Terminal | None = None
+        slave = -1
         try:
             if note:
-                os.write(err_fd, f"mgpu: {note}\n".encode())
+                os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
             home = os.path.expanduser("~")
             if user_ids is not None:
                 import pwd
@@ -280,11 +300,19 @@ class Launcher:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
             if cgroup is not None or guard is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
+            shim = [SHIM, str(exit_fd)]
+            if pty is not None:
+                owner = None if user_ids is None else user_ids[:2]
+                try:
+                    term, slave = Terminal.open(pty[0], pty[1], owner, out_path)
+                except OSError as e:
+                    raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
+                shim = [PTY_SHIM, str(exit_fd), term.path]
             popen = _start(
-                ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
+                ["/bin/sh", "-c", *shim, cwd or home, *argv],
                 stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
+                stdout=out_fd if term is None else slave,
+                stderr=err_fd if term is None else slave,
                 env=full_env,
                 pass_fds=(exit_fd,),
                 **kwargs,
@@ -292,11 +320,13 @@ class Launcher:
         except BaseException:
             if gate is not None:
                 _close_all(gate)
+            if term is not None:
+                term.close()
             _release_all([cgroup, guard])
             _unlink_all(made)
             raise
         finally:
-            _close_all(fds)
+            _close_all([*fds, slave] if slave >= 0 else fds)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -306,6 +336,8 @@ class Launcher:
             os.close(gate[0])
             if not _admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
+                if term is not None:
+                    term.close()
                 _release_all([cgroup, guard])
                 _unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
@@ -327,12 +359,15 @@ class Launcher:
             hosts=hosts,
             devices=guard if guard is not None and guard != cgroup else "",
             script=script_path,
+            pty=term is not None,
         )
         if warning is not None:
             rec.signal, rec.signal_lead, rec.signal_batch = warning
         self.save(rec)
-        run = Running(rec=rec, popen=popen)
+        run = Running(rec=rec, popen=popen, terminal=term)
         self._track(run)
+        if term is not None:
+            term.start(lambda: self.on_terminal_output(run))
         return run
 
     def _write_hostfile(
@@ -514,6 +549,8 @@ class Launcher:
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
+        if run.terminal is not None:
+            run.terminal.close()
         # Unlinked later, in a thread: with `discard` mounts an unlink can take
         # milliseconds, which the event loop should not wait for.
         rec = run.rec

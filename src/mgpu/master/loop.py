@@ -88,6 +88,8 @@ class SchedulingLoop:
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
         life.on_end.append(self.forget)
+        self.on_tick: list[Callable[[], None]] = []
+        """Checks run every round after the nodes' (clients of terminals and allocations)."""
 
     # ---- the loop ---------------------------------------------------------
 
@@ -113,6 +115,8 @@ class SchedulingLoop:
         self.loop_tick = self.state.clock.time()
         try:
             self.nodes.check_heartbeats()
+            for check in self.on_tick:
+                check()
             now = self.state.clock.monotonic()
             due = now - self._last_full >= REPLAN_INTERVAL or self.backoff_expired()
             if woken or due:
