@@ -43,7 +43,6 @@ from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
-from mgpu.master.snapshot import node_views
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -192,7 +191,7 @@ class Cluster:
         base_id = jobs[0].array_job_id or jobs[0].id
         joined = self.state.any_node_joined()
         ctx = AdmissionContext(
-            nodes=self._node_views() if joined else [],
+            nodes=self.state.node_index.shape() if joined else [],
             request_for=self.loop.request_for,
             job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
             groups=unix_groups,
@@ -220,7 +219,7 @@ class Cluster:
         return job_id
 
     def _node_views(self) -> list[NodeView]:
-        return node_views(self.state.sorted_nodes())
+        return self.state.node_index.views()
 
     def _judge_unjudged_later(self) -> None:
         """Jobs queued before any node was known could not be judged at submit.  Once a

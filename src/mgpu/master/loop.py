@@ -150,12 +150,13 @@ class SchedulingLoop:
         prepared = prepare(
             now,
             self.state.jobs.values(),
-            self.state.sorted_nodes(),
+            (),  # the nodes' views are kept up to date (`views`)
             self.usage,
             scheduler_config(self.config.scheduling),
             request_for=self.request_for,
             targets=self.targets,
             known_met=self._deps_met,
+            views=self.state.node_index.views(),
         )
         decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)

@@ -150,12 +150,14 @@ def prepare(
     request_for: Callable[[Job], JobRequest] = job_request,
     targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
     known_met: Set[tuple[str, str]] = frozenset(),
+    views: Sequence[NodeView] | None = None,
 ) -> Prepared:
     """Everything one scheduling pass needs, from the master's jobs (in submit order).
 
     `request_for` turns a queued job into its request (the master caches them and applies
     its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
-    or in its store), for dependencies not in `known_met`.
+    or in its store), for dependencies not in `known_met`.  `views`: the nodes' views when
+    the caller keeps them (master/nodeindex.py); else made from `nodes`.
     """
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
@@ -174,7 +176,7 @@ def prepare(
         return Prepared(verdict, None)
     snapshot = Snapshot(
         now=now,
-        nodes=node_views(nodes),
+        nodes=node_views(nodes) if views is None else views,
         pending=verdict.eligible,
         running=running,
         usage=usage.snapshot(now, running),  # running work counts too, as in Slurm

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from mgpu.config import ClusterConfig
 from mgpu.master.clock import Clock
+from mgpu.master.nodeindex import NodeIndex
 from mgpu.master.registry import NodeRecord
 from mgpu.master.steps import Steps
 from mgpu.model import Job, JobState, NodeEvent, Slot, SlotPhase
@@ -27,6 +28,8 @@ class ControllerState:
         self.jobs: dict[str, Job] = {}
         """Active jobs (queued and running), in submit order; ended ones are in the store."""
         self.nodes: dict[str, NodeRecord] = {}
+        self.node_index = NodeIndex(self.nodes)
+        """The scheduler's views of the nodes, kept up to date as they change."""
         self.steps = Steps()
         self.wakeup = asyncio.Event()
         """Set when something happened that the scheduling loop should look at."""
@@ -57,6 +60,8 @@ class ControllerState:
         node = self.nodes.get(node_id)
         if node is None:
             node = self.nodes[node_id] = NodeRecord(node_id=node_id)
+            node.watch(self.node_index.changed)
+            self.node_index.changed(node_id, shape=True)
             entry = self.config.node(node_id)
             if entry is not None:
                 node.gpu_type = entry.gpu_type
@@ -65,6 +70,10 @@ class ControllerState:
                 node.ip = entry.ip or ""
                 node.last_seen = self.clock.time()
         return node
+
+    def remove_node(self, node_id: str) -> None:
+        del self.nodes[node_id]
+        self.node_index.changed(node_id, shape=True)
 
     def sorted_nodes(self) -> list[NodeRecord]:
         return [self.nodes[k] for k in sorted(self.nodes)]
@@ -93,6 +102,7 @@ class ControllerState:
         node.jobs.add(job.id)
         for g in gpu_ids:
             node.busy[g] = job.id
+        node.changed()
 
     def release(self, job: Job, slot: Slot) -> None:
         node = self.nodes.get(slot.node_id)
@@ -102,6 +112,7 @@ class ControllerState:
         for g in slot.gpu_ids:
             if node.busy.get(g) == job.id:
                 del node.busy[g]
+        node.changed()
         if not node.jobs:
             node.move(NodeEvent.EMPTIED)
         self.wake()
@@ -114,3 +125,4 @@ class ControllerState:
                 node.jobs.add(job.id)
                 for g in slot.gpu_ids:
                     node.busy[g] = job.id
+                node.changed()
