@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mgpu.config import ClusterConfig
 from mgpu.master.lifecycle import Lifecycle
@@ -37,6 +37,10 @@ __all__ = ["Plan", "SchedulingLoop"]
 
 REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
+
+
+LIVENESS_INTERVAL = 1.0
+"""Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class SchedulingLoop:
         self.loop_tick = state.clock.time()
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
+        self._last_liveness = -LIVENESS_INTERVAL
         life.on_end.append(self.forget)
 
     # ---- the loop ---------------------------------------------------------
@@ -105,8 +110,12 @@ class SchedulingLoop:
         """One round: lost nodes first, then a pass if something changed or one is due."""
         self.loop_tick = self.state.clock.time()
         try:
-            self.nodes.check_heartbeats()
             now = self.state.clock.monotonic()
+            # Liveness is a matter of seconds: once a second, not at every turn (it looks
+            # at every node).
+            if now - self._last_liveness >= LIVENESS_INTERVAL:
+                self._last_liveness = now
+                self.nodes.check_heartbeats()
             due = now - self._last_full >= REPLAN_INTERVAL or self.backoff_expired()
             if woken or due:
                 self.schedule_pass()
@@ -152,7 +161,11 @@ class SchedulingLoop:
             self.state.jobs.values(),
             (),  # the nodes' views are kept up to date (`views`)
             self.usage,
-            scheduler_config(self.config.scheduling),
+            # The cluster's size is kept by the index: not summed over every node a pass.
+            replace(
+                scheduler_config(self.config.scheduling),
+                cluster_gpus=self.state.node_index.gpu_count(),
+            ),
             request_for=self.request_for,
             targets=self.targets,
             known_met=self._deps_met,

@@ -33,6 +33,7 @@ class NodeIndex:
         self._order: list[NodeView] | None = None
         self._pos: dict[str, int] = {}
         self._shape: list[NodeView] | None = None
+        self._gpus = 0
 
     def changed(self, node_id: str, shape: bool = False) -> None:
         """The node's view is stale (`shape`: its GPUs, type, rack or features changed, or
@@ -54,7 +55,13 @@ class NodeIndex:
         if self._shape is None:
             assert self._order is not None
             self._shape = list(self._order)
+            self._gpus = sum(len(view.gpu_indices) for view in self._shape)
         return self._shape
+
+    def gpu_count(self) -> int:
+        """Every GPU of every node, up or not (the job-size factor's cluster size)."""
+        self.shape()
+        return self._gpus
 
     def _refresh(self) -> None:
         if self._dirty:
