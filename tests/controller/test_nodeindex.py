@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mgpu.master.nodes import Conflict
 from mgpu.master.snapshot import node_views
+from mgpu.master.submit import SubmitError
 from mgpu.model import JobState
 from mgpu.protocol import GpuTelemetry
 
@@ -48,7 +49,10 @@ def apply(h: Harness, op: str, k: int) -> None:
     agent = h.agents.get(node_id)
     running = [j for j in h.cl.jobs.values() if j.state == JobState.RUNNING]
     if op == "submit":
-        h.submit("true", gpus=1 + k % 3)
+        try:
+            h.submit("true", gpus=1 + k % 3)
+        except SubmitError:  # no node left that big: refused, as it should be
+            return
         h.tick()
     elif op in ("started", "exit", "fail") and running:
         job = running[k % len(running)]
@@ -100,7 +104,7 @@ def apply(h: Harness, op: str, k: int) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
