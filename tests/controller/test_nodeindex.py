@@ -76,9 +76,9 @@ def apply(h: Harness, op: str, k: int) -> None:
     elif op == "lose":
         h.advance(h.config.networking.timeout + 1)
         for other in h.agents.values():  # the others stay alive
-            if other is not agent and h.cl.nodes.get(other.node_id) is not None:
-                if h.cl.nodes[other.node_id].connected:
-                    other.heartbeat()
+            record = h.cl.nodes.get(other.node_id)
+            if other is not agent and record is not None and record.connected:
+                other.heartbeat()
         h.tick()
     elif op == "drain" and node_id in h.cl.nodes:
         h.cl.drain(node_id, "test")

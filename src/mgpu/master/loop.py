@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from mgpu.config import ClusterConfig
@@ -75,7 +76,9 @@ class SchedulingLoop:
         self.targets = targets
         self._requests: dict[str, JobRequest] = {}
         self.priorities: dict[str, float] = {}
-        self.factors: dict[str, dict[str, float]] = {}
+        self.factors: Mapping[str, dict[str, float]] = {}
+        """The last pass's (jobs it did not see, like those waiting for a dependency, have
+        none): read lazily, never copied."""
         self.expected_start: dict[str, float] = {}
         self._deps_met: set[tuple[str, str]] = set()
         """Dependencies (kind, job id) known to be satisfied for good."""
@@ -85,6 +88,8 @@ class SchedulingLoop:
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
         self._last_liveness = -LIVENESS_INTERVAL
+        self._next_backoff = math.inf
+        """When the first retry backoff the last pass saw ends."""
         life.on_end.append(self.forget)
 
     # ---- the loop ---------------------------------------------------------
@@ -116,7 +121,11 @@ class SchedulingLoop:
             if now - self._last_liveness >= LIVENESS_INTERVAL:
                 self._last_liveness = now
                 self.nodes.check_heartbeats()
-            due = now - self._last_full >= REPLAN_INTERVAL or self.backoff_expired()
+            # With nothing new, a pass only ages priorities and moves estimates: at most
+            # every REPLAN_INTERVAL, and for a long queue (a costly pass) rarer still, so
+            # that these passes take at most about 2 % of the master's time.
+            interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
+            due = now - self._last_full >= interval or self.backoff_expired()
             if woken or due:
                 self.schedule_pass()
                 self._last_full = now
@@ -124,13 +133,9 @@ class SchedulingLoop:
             log.exception("scheduling pass failed")
 
     def backoff_expired(self) -> bool:
-        now = self.state.clock.time()
-        return any(
-            j.state == JobState.QUEUED
-            and j.retries
-            and self.last_pass_time < j.eligible_time <= now
-            for j in self.state.jobs.values()
-        )
+        """Has a retry backoff the last pass saw ended (not a look at every job: this is
+        asked at every turn of the loop)."""
+        return self.state.clock.time() >= self._next_backoff
 
     # ---- requests (cached per queued job) ---------------------------------
 
@@ -146,7 +151,6 @@ class SchedulingLoop:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self.factors.pop(job.id, None)
 
     # ---- a pass -----------------------------------------------------------
 
@@ -170,6 +174,7 @@ class SchedulingLoop:
             targets=self.targets,
             known_met=self._deps_met,
             views=self.state.node_index.views(),
+            requests=self._requests,
         )
         decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)
@@ -183,18 +188,21 @@ class SchedulingLoop:
             job = jobs.get(job_id)
             if job is not None and job.state == JobState.QUEUED:
                 self.life.finish(job, EndReason.DEPENDENCY_NEVER, why)
+        next_backoff = math.inf
         for job_id, why in verdict.waiting.items():
             job = jobs.get(job_id)
             if job is not None:
                 job.reason = why  # advisory and changing: in memory, not written each pass
+                if plan.now < job.eligible_time < next_backoff:
+                    next_backoff = job.eligible_time
+        self._next_backoff = next_backoff
         # Ended as required: that never changes, so later passes need not look them up.
         self._deps_met.update(verdict.satisfied)
         decisions = plan.decisions
         if decisions is not None:
             self.priorities.update(decisions.priorities)
-            self.factors.update(decisions.factors)
+            self.factors = decisions.factors
             self.expected_start = dict(decisions.expected_start)
-            started: set[str] = set()
             for start in decisions.starts:
                 job = jobs.get(start.job_id)
                 if job is None or job.state != JobState.QUEUED:
@@ -205,15 +213,15 @@ class SchedulingLoop:
                     continue
                 self.life.start(job, placements)
                 self._requests.pop(job.id, None)
-                started.add(job.id)
             for job_id in decisions.preempt:
                 job = jobs.get(job_id)
                 running = job is not None and job.state == JobState.RUNNING
                 if running and job is not None and job.desired is DesiredState.RUN:
                     self.life.request_stop(job, EndReason.PREEMPTED)
-            for job_id, why in decisions.reasons.items():
+            queued = JobState.QUEUED
+            for job_id, why in decisions.reasons.items():  # every waiting job: kept lean
                 job = jobs.get(job_id)
-                if job is not None and job.id not in started and job.state == JobState.QUEUED:
-                    job.reason = why
+                if job is not None and job.state is queued and job.reason != why:
+                    job.reason = why  # (a job started above is no longer queued)
         self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)
         self.last_pass_duration = plan.seconds + time.perf_counter() - t0
