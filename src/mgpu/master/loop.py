@@ -40,6 +40,9 @@ REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
 
 
+PASS_BATCH = 0.01
+"""Seconds the loop waits after a pass before the next: events arriving meanwhile are
+planned together (Slurm: sched_min_interval)."""
 LIVENESS_INTERVAL = 1.0
 """Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
 
@@ -97,7 +100,9 @@ class SchedulingLoop:
     async def run(self) -> None:
         """Schedule whenever something changed; re-plan unchanged queues every few seconds
         (priorities age, backoffs expire).  A long pass is followed by a pause of about its
-        own length, so a huge queue cannot starve the API of the event loop."""
+        own length, so a huge queue cannot starve the API of the event loop; a short one by
+        PASS_BATCH, so that the events of that moment (submits, ends, starts) are planned
+        in one pass rather than one pass each: a pass costs what the cluster's size does."""
         while True:
             woken = True
             try:
@@ -106,10 +111,7 @@ class SchedulingLoop:
                 woken = False
             self.state.wakeup.clear()
             self.tick(woken)
-            if self.last_pass_duration > 0.02:
-                await asyncio.sleep(min(1.0, self.last_pass_duration))
-            else:
-                await asyncio.sleep(0)  # let queued submissions in before the next pass
+            await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
