@@ -43,7 +43,7 @@ REPLAN_INTERVAL = 5.0
 PASS_BATCH = 0.01
 """Seconds the loop waits after a pass before the next: events arriving meanwhile are
 planned together (Slurm: sched_min_interval)."""
-LIVENESS_INTERVAL = 1.0
+LIVENESS_INTERVAL = 0.5
 """Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
 
 
@@ -118,7 +118,7 @@ class SchedulingLoop:
         self.loop_tick = self.state.clock.time()
         try:
             now = self.state.clock.monotonic()
-            # Liveness is a matter of seconds: once a second, not at every turn (it looks
+            # Liveness is a matter of seconds: twice a second, not at every turn (it looks
             # at every node).
             if now - self._last_liveness >= LIVENESS_INTERVAL:
                 self._last_liveness = now
