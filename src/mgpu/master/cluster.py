@@ -51,7 +51,7 @@ from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.reservations import ReservationBook
 from mgpu.master.reservations import public as public_reservation
 from mgpu.master.sessions import Sessions
-from mgpu.master.snapshot import job_request, node_views, running_job, scheduler_config
+from mgpu.master.snapshot import job_request, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -240,7 +240,9 @@ class Cluster:
         may be used (a new job); a changed job (mgpu update) is judged as it is now."""
         joined = self.state.any_node_joined()
         return AdmissionContext(
-            nodes=self._node_views() if joined else [],
+            # What the nodes are (not what is busy): the same list until the cluster's
+            # shape changes, so admission's verdicts per request shape stay cached.
+            nodes=self.state.node_index.shape() if joined else [],
             request_for=(
                 self.loop.request_for
                 if cached
@@ -264,7 +266,7 @@ class Cluster:
         return job_id
 
     def _node_views(self) -> list[NodeView]:
-        return node_views(self.state.sorted_nodes())
+        return self.state.node_index.views()
 
     def _judge_unjudged_later(self) -> None:
         """Jobs queued before any node was known could not be judged at submit.  Once a

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
-from mgpu.master.state import job_share_units
+from mgpu.master.shares import job_share_units
 from mgpu.model import Job, Slot
 from mgpu.protocol import Launch, TerminalSize
 from mgpu.scheduler.shares import SHARE_UNITS, format_share
