@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -47,42 +46,25 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged
+from mgpu.agent import cgroups, devices, jobscript, jobsignal
+from mgpu.agent.spawn import (
+    PTY_SHIM,
+    READ_CHUNK,
+    SHIM,
+    JobError,
+    LaunchError,
+    admit,
+    close_all,
+    process_start_time,
+    release_all,
+    start_shim,
+    unlink_all,
+)
 from mgpu.agent.terminal import Terminal
 
+__all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
+
 log = logging.getLogger("mgpu.agent")
-
-# $0 is the number of an inherited descriptor open on the exit file.  Writing through
-# /proc/self/fd reaches the file even when the job's user could not walk the spool's
-# path (a root agent's state dir is usually private).  The shim reads the file only
-# after the job exited, so the write needs no atomicity.
-# `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
-SHIM = (
-    "trap : TERM INT HUP; read -r _; exec </dev/null; "
-    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
-)
-# With a terminal (mgpu.agent.terminal): $1 is the pty's slave, opened as stdin by the shim,
-# a session leader, after the gate, which makes it its controlling terminal.  The signals
-# a terminal sends its foreground group (which the shim is in) are caught, so they reach
-# the program only.
-PTY_SHIM = (
-    'trap : TERM INT HUP QUIT TSTP TTIN TTOU; read -r _; exec 0<>"$1"; shift; '
-    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
-)
-READ_CHUNK = 256 * 1024
-
-
-class LaunchError(RuntimeError):
-    """The node could not start the job (a node failure, not the job's)."""
-
-
-class JobError(LaunchError):
-    """The job's own request cannot be started here (too big for execve, a NUL byte, a
-    name no environment can hold): the job fails, the node is fine."""
 
 
 @dataclass
@@ -233,8 +215,8 @@ class Launcher:
                 fds.append(os.open(path, flags, 0o600))
                 made.append(str(path))
         except OSError as e:
-            _close_all(fds)
-            _unlink_all(made)
+            close_all(fds)
+            unlink_all(made)
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         out_fd, err_fd, exit_fd = fds
         cgroup: str | None = None
@@ -308,7 +290,7 @@ class Launcher:
                 except OSError as e:
                     raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
                 shim = [PTY_SHIM, str(exit_fd), term.path]
-            popen = _start(
+            popen = start_shim(
                 ["/bin/sh", "-c", *shim, cwd or home, *argv],
                 stdin=gate[0] if gate is not None else subprocess.DEVNULL,
                 stdout=out_fd if term is None else slave,
@@ -319,14 +301,14 @@ class Launcher:
             )
         except BaseException:
             if gate is not None:
-                _close_all(gate)
+                close_all(gate)
             if term is not None:
                 term.close()
-            _release_all([cgroup, guard])
-            _unlink_all(made)
+            release_all([cgroup, guard])
+            unlink_all(made)
             raise
         finally:
-            _close_all([*fds, slave] if slave >= 0 else fds)
+            close_all([*fds, slave] if slave >= 0 else fds)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -334,12 +316,12 @@ class Launcher:
             # launches.  Done in a thread it would leave a window where a stopped or killed
             # agent holds the job at its gate, or lets it run outside.)
             os.close(gate[0])
-            if not _admit(cgroup, guard, popen.pid, gate[1]):
+            if not admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
                 if term is not None:
                     term.close()
-                _release_all([cgroup, guard])
-                _unlink_all(made)
+                release_all([cgroup, guard])
+                unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
@@ -566,7 +548,7 @@ class Launcher:
             await asyncio.sleep(interval)
             if self._trash:
                 batch, self._trash = self._trash, []
-                await asyncio.to_thread(_unlink_all, batch)
+                await asyncio.to_thread(unlink_all, batch)
 
     # ---- stopping -----------------------------------------------------------
 
@@ -641,90 +623,3 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
-
-
-def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
-    try:
-        # cwd "/": the shim enters the job's directory itself, as the job's user.
-        return subprocess.Popen(
-            argv,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-            umask=privileged.CHILD_UMASK,  # not the agent's private one
-            **kwargs,
-        )
-    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
-        raise JobError(f"cannot start the job: {e}") from None
-    except OSError as e:
-        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
-            raise JobError(
-                f"cannot start the job: its command line and environment are too big ({e.strerror})"
-            ) from None
-        if isinstance(e, PermissionError):
-            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
-        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
-
-
-def _admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
-    """Move the shim into its cgroups and open its gate (always: it never hangs there).
-
-    A failed move into the containment cgroup leaves the run to the process-tree fallback;
-    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
-    opens (False): a job never runs with GPUs it was not given."""
-    try:
-        joined = True
-        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
-            if not cgroups.enter(path, pid) and path == guard:
-                joined = False
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-        return joined
-    finally:
-        os.close(gate)
-
-
-def _release_all(paths: list[str | None]) -> None:
-    for path in paths:
-        if path is not None:
-            cgroups.release(path)
-
-
-def _close_all(fds: tuple[int, ...] | list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except IsADirectoryError:  # a job script's directory, after its file
-            with contextlib.suppress(OSError):
-                os.rmdir(p)
-        except OSError:
-            pass
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-_boot_time: float | None = None
-
-
-def process_start_time(pid: int) -> float | None:
-    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
-    there is no such process.  With the pid it identifies a process: pids are reused, start
-    times are not."""
-    global _boot_time
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(b")", 1)[1].split()
-    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
-    if _boot_time is None:
-        _boot_time = psutil.boot_time()
-    return _boot_time + ticks / _CLK_TCK
