@@ -133,6 +133,10 @@ _STOP_DESIRED = {
 }
 
 
+ALLOCATION = "allocation"
+"""`Job.kind` of an allocation (`mgpu alloc`)."""
+
+
 class SlotPhase(StrEnum):
     """Where the launch of one slot stands: pending → sent → started → exited."""
 
@@ -145,7 +149,8 @@ class SlotPhase(StrEnum):
     EXITED = "exited"
     """Its process ended (or the run was given up: requeued)."""
     HELD = "held"
-    """No process of its own: the GPUs of an `--mpi` job's other ranks, used by its steps."""
+    """No process of its own: the GPUs of an `--mpi` job's other ranks, or of an allocation,
+    used by its steps."""
 
 
 class NodeState(StrEnum):
@@ -293,6 +298,37 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    held: bool = False
+    """Kept from starting (`--hold`, `mgpu hold`) until `mgpu release`."""
+    held_by: str | None = None
+    """Who held it: a job an admin held for another user only an admin releases."""
+    signal: str | None = None
+    """`--signal` in its canonical form `[B:]SIG@SECONDS` (mgpu.signalspec.format_signal)."""
+    restarts: int = 0
+    """Runs requeued so far, for any reason (`MGPU_RESTART_COUNT` of the next run)."""
+    notify: str | None = None
+    """Told when the job ends (`--notify`): an http(s) URL, or mailto:ADDRESS."""
+    script: str | None = None
+    """The job script (`mgpu submit FILE`), run with its `#!` interpreter; `argv` holds
+    its arguments."""
+    script_name: str | None = None
+    option_sources: dict[str, str] = field(default_factory=dict)
+    """Where the job's options came from (a job script's `#MGPU` / `#SBATCH` lines, the
+    command line); options not named took their defaults."""
+    limit_changed: bool = False
+    """Its time limit was changed while it ran (`mgpu update`): sent to its agents again
+    when they reconnect."""
+    gpu_share: float | None = None
+    """`--gpu-share F`: a fraction of one GPU (with `gpus` = 1), packed with other shares."""
+    reservation: str | None = None
+    """`--reservation NAME`: runs only inside that reservation's window, on its GPUs."""
+    pty: bool = False
+    """Runs on a pseudo-terminal (`mgpu srun --pty`); its client holds it (allocations.py)."""
+    pty_size: list[int] | None = None
+    """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
+    kind: str = "job"
+    """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
+    the steps its client starts (master/allocations.py)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -303,6 +339,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def gpu_fraction(self) -> float:
+        """What each GPU the job holds counts for in accounting: F for a share, else 1."""
+        return self.gpu_share or 1.0
 
     @property
     def desired(self) -> DesiredState:
@@ -378,9 +419,30 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
             "image": self.image,
+            "kind": self.kind,
+            "pty": self.pty,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
+            "held": self.held,
+            "held_by": self.held_by,
+            "signal": self.signal,
+            "restart_count": self.restarts,
+            "notify": shown_target(self.notify),
+            "script_name": self.script_name,
+            "option_sources": dict(self.option_sources),
+            "gpu_share": self.gpu_share,
+            "reservation": self.reservation,
         }
+
+
+def shown_target(target: str | None) -> str | None:
+    """A notification target as others may see it: a webhook's path is often its secret
+    (Slack's are), so only the scheme and host are shown."""
+    if target is None or target.startswith("mailto:"):
+        return target
+    scheme, _, rest = target.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return f"{scheme}://{host}" + ("" if rest.rstrip("/") == host else "/...")
 
 
 def _migrate_stop(rec: dict[str, Any]) -> None:

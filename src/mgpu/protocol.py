@@ -16,8 +16,10 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 
 from mgpu.spec import SpecError, validate_node_id
 
-PROTOCOL_VERSION = 4
-"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets."""
+PROTOCOL_VERSION = 5
+"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets; 5: job
+scripts, warning signals (`--signal`), time limits changed while a job runs, terminals
+(Launch.pty, terminal_input, terminal_resize)."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -237,6 +239,11 @@ class Refused(BaseModel):
     reason: str
 
 
+class TerminalSize(BaseModel):
+    rows: int = Field(ge=1, le=10000)
+    cols: int = Field(ge=1, le=10000)
+
+
 class Launch(BaseModel):
     type: Literal["launch"] = "launch"
     job_id: str
@@ -261,6 +268,18 @@ class Launch(BaseModel):
     epilog: str | None = None
     prolog_timeout: float = 30.0
     epilog_timeout: float = 30.0
+    signal: int | None = None
+    """`--signal`: send this signal `signal_lead` seconds before the time limit..."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+    """...to the job's top process only (`B:`), else to every process of the job."""
+    script: str | None = None
+    """A job script: the agent writes it (private to the job's user) and runs it with its
+    `#!` interpreter (else /bin/sh), `argv` being its arguments."""
+    script_name: str | None = None
+    pty: TerminalSize | None = None
+    """Run on a pseudo-terminal of this size (`mgpu srun --pty`): stdin, stdout and stderr
+    are its slave side, the program's controlling terminal; the output is one stream."""
 
 
 class Kill(BaseModel):
@@ -270,6 +289,21 @@ class Kill(BaseModel):
     """None = whatever epoch the agent runs."""
     reason: str = "cancelled"
     grace: float = 10.0
+    signal: int | None = None
+    """Send this signal first and wait up to `signal_lead` seconds for the job to end
+    before SIGTERM (a preempted job's warning, as `--signal`)."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+
+
+class SetTimeLimit(BaseModel):
+    """A running job's time limit changed (`mgpu update --time`): seconds from its start,
+    None for no limit."""
+
+    type: Literal["set_time_limit"] = "set_time_limit"
+    job_id: str
+    epoch: int
+    time_limit: float | None
 
 
 class ReservePort(BaseModel):
@@ -278,8 +312,40 @@ class ReservePort(BaseModel):
     epoch: int
 
 
+MAX_TERMINAL_INPUT = 64 * 1024
+"""Bytes of typed input one message carries (base64: a third more)."""
+
+
+class TerminalInput(BaseModel):
+    """Bytes typed at a run's terminal, to write to its pty (base64: any byte travels)."""
+
+    type: Literal["terminal_input"] = "terminal_input"
+    job_id: str
+    epoch: int
+    data: str = Field(max_length=MAX_TERMINAL_INPUT * 4 // 3 + 4)
+
+
+class TerminalResize(BaseModel):
+    """The user's terminal changed size: set it on the run's pty (the program gets
+    SIGWINCH)."""
+
+    type: Literal["terminal_resize"] = "terminal_resize"
+    job_id: str
+    epoch: int
+    size: TerminalSize
+
+
 MasterMessage = Annotated[
-    Welcome | Refused | Launch | Kill | ReservePort | Forget, Field(discriminator="type")
+    Welcome
+    | Refused
+    | Launch
+    | Kill
+    | ReservePort
+    | Forget
+    | SetTimeLimit
+    | TerminalInput
+    | TerminalResize,
+    Field(discriminator="type"),
 ]
 
 _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

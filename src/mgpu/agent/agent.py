@@ -9,6 +9,7 @@ messages wait in an ordered outbox and the agent reconnects with backoff.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import getpass
 import json
@@ -28,6 +29,7 @@ from mgpu.agent import devices
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
+from mgpu.agent.mps import mps_env
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
@@ -42,7 +44,10 @@ from mgpu.protocol import (
     Refused,
     ReservePort,
     RunningReport,
+    SetTimeLimit,
     Started,
+    TerminalInput,
+    TerminalResize,
     Welcome,
     batch_frames,
     encode,
@@ -111,6 +116,10 @@ class Agent:
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
         self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
         """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
+        # A terminal's output is sent as it comes (else after the reconnect, from the file).
+        self.launcher.on_terminal_output = lambda run: (
+            self.launcher.pump_output(run) if self.connected else None
+        )
 
     # ---- outbound -----------------------------------------------------------
 
@@ -154,6 +163,8 @@ class Agent:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
             log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
+            if alive and rec.pty:  # its terminal closed with the agent that held it
+                self.launcher.kill(run, "its terminal ended with the agent", 0.0)
             self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
         loop = asyncio.get_running_loop()
         self._tasks.add(loop.create_task(self._pump_loop()))
@@ -388,12 +399,27 @@ class Agent:
                 self.launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
+            warning = (
+                None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch)
+            )
             if run is not None:
-                self.launcher.kill(run, msg.reason, msg.grace)
+                self.launcher.kill(run, msg.reason, msg.grace, warning)
             else:
                 self.site.cancel(msg.job_id, msg.epoch, msg.reason)
+        elif isinstance(msg, SetTimeLimit):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None:
+                self.launcher.set_time_limit(run, msg.time_limit)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
+        elif isinstance(msg, TerminalInput | TerminalResize):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is None or run.terminal is None:
+                return  # ended, or not a terminal run: nothing to type into
+            if isinstance(msg, TerminalInput):
+                run.terminal.write(base64.b64decode(msg.data))
+            else:
+                run.terminal.resize(msg.size.rows, msg.size.cols)
         elif isinstance(msg, Forget):
             self._exits.pop((msg.job_id, msg.epoch), None)
             self.site.forget(msg.job_id, msg.epoch)
@@ -421,7 +447,12 @@ class Agent:
                 user_ids=ids,
                 hostfile=msg.hostfile,
                 note=note,
-                gpu_ids=msg.gpu_ids,
+                warning=None
+                if msg.signal is None
+                else (msg.signal, msg.signal_lead, msg.signal_batch),
+                script=None if msg.script is None else (msg.script_name or "script", msg.script),
+                gpu_ids=self._device_ids(msg.gpu_ids),
+                pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -455,10 +486,20 @@ class Agent:
             raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
         return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
 
+    def _device_ids(self, gpu_ids: list[int]) -> list[int]:
+        """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""
+        physical = {g.index: g.device_index for g in self.gpus if g.device_index is not None}
+        return sorted({physical.get(i, i) for i in gpu_ids})
+
     def job_env(self, msg: Launch) -> dict[str, str]:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
         env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
+        env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
+        if any(g.mig for g in self.gpus) and msg.gpu_ids:
+            # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
+            uuids = {g.index: g.uuid for g in self.gpus}
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in msg.gpu_ids)
         if msg.mpi:
             launcher = f"{sys.executable} -m mgpu rsh"
             env.update(
@@ -474,6 +515,9 @@ class Agent:
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
         await self.launcher.kill_leftovers(run)
+        if run.terminal is not None:
+            run.terminal.drain()  # the last of its output, then the pty goes
+            run.terminal.close()
         epilog_error = await self.site.after(run)  # its output joins the job's stderr
         if self.connected:
             self.launcher.pump_output(run)  # else after the reconnect, from where the master is

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -47,31 +46,25 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, privileged
+from mgpu.agent import cgroups, devices, jobscript, jobsignal
+from mgpu.agent.spawn import (
+    PTY_SHIM,
+    READ_CHUNK,
+    SHIM,
+    JobError,
+    LaunchError,
+    admit,
+    close_all,
+    process_start_time,
+    release_all,
+    start_shim,
+    unlink_all,
+)
+from mgpu.agent.terminal import Terminal
+
+__all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
 
 log = logging.getLogger("mgpu.agent")
-
-# $0 is the number of an inherited descriptor open on the exit file.  Writing through
-# /proc/self/fd reaches the file even when the job's user could not walk the spool's
-# path (a root agent's state dir is usually private).  The shim reads the file only
-# after the job exited, so the write needs no atomicity.
-# `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
-SHIM = (
-    "trap : TERM INT HUP; read -r _; exec </dev/null; "
-    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
-)
-READ_CHUNK = 256 * 1024
-
-
-class LaunchError(RuntimeError):
-    """The node could not start the job (a node failure, not the job's)."""
-
-
-class JobError(LaunchError):
-    """The job's own request cannot be started here (too big for execve, a NUL byte, a
-    name no environment can hold): the job fails, the node is fine."""
 
 
 @dataclass
@@ -98,6 +91,16 @@ class RunRecord:
     """The `--mpi` hostfile written for this run, removed with its spool files."""
     devices: str = ""
     """The run's v1 devices cgroup, which denies it the GPUs it was not given (empty: none)."""
+    signal: int = 0
+    """`--signal`: sent `signal_lead` seconds before `deadline` (0: none), to the top
+    process only when `signal_batch`; `signal_sent` once it went."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+    signal_sent: bool = False
+    script: str = ""
+    """The job script written for this run (mgpu.agent.jobscript), removed with it."""
+    pty: bool = False
+    """Runs on a terminal the agent held (it did not survive an agent restart)."""
 
 
 @dataclass
@@ -111,6 +114,9 @@ class Running:
     kill_task: asyncio.Task[None] | None = None
     poll_task: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    """The time limit's and the warning signal's (re-armed when the limit changes)."""
+    terminal: Terminal | None = None
 
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
@@ -129,6 +135,8 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
+        self.on_terminal_output: Callable[[Running], None] = self.pump_output
+        """Told when a terminal run wrote something (stored in its stdout file): send it."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -184,9 +192,15 @@ class Launcher:
         hostfile: str | None = None,
         note: str | None = None,
         gpu_ids: Collection[int] | None = None,
+        warning: tuple[int, float, bool] | None = None,
+        script: tuple[str, str] | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> Running:
         """Start a run; `note` is a line written to its stderr first (said by the agent).
-        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules)."""
+        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
+        `warning`: (signal, seconds, top process only) before the time limit (--signal).
+        `script`: (name, text) of a job script, run with `argv` as its arguments.
+        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -201,16 +215,18 @@ class Launcher:
                 fds.append(os.open(path, flags, 0o600))
                 made.append(str(path))
         except OSError as e:
-            _close_all(fds)
-            _unlink_all(made)
+            close_all(fds)
+            unlink_all(made)
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         out_fd, err_fd, exit_fd = fds
         cgroup: str | None = None
         guard: str | None = None  # the cgroup that holds the run's device rules
         gate: tuple[int, int] | None = None
+        term: Terminal | None = None
+        slave = -1
         try:
             if note:
-                os.write(err_fd, f"mgpu: {note}\n".encode())
+                os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
             home = os.path.expanduser("~")
             if user_ids is not None:
                 import pwd
@@ -245,6 +261,15 @@ class Launcher:
                     "HYDRA_HOST_FILE",
                 ):
                     full_env[var] = hosts
+            script_path = ""
+            if script is not None:
+                owner = None if user_ids is None else (user_ids[0], user_ids[1])
+                try:
+                    script_path = jobscript.write(job_id, script[0], script[1], owner)
+                except OSError as e:
+                    raise LaunchError(f"cannot write the job script: {e.strerror}") from None
+                made += [script_path, os.path.dirname(script_path)]
+                argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
             if user_ids is not None:
                 uid, gid, groups = user_ids
@@ -257,23 +282,33 @@ class Launcher:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
             if cgroup is not None or guard is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
-            popen = _start(
-                ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
+            shim = [SHIM, str(exit_fd)]
+            if pty is not None:
+                owner = None if user_ids is None else user_ids[:2]
+                try:
+                    term, slave = Terminal.open(pty[0], pty[1], owner, out_path)
+                except OSError as e:
+                    raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
+                shim = [PTY_SHIM, str(exit_fd), term.path]
+            popen = start_shim(
+                ["/bin/sh", "-c", *shim, cwd or home, *argv],
                 stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
+                stdout=out_fd if term is None else slave,
+                stderr=err_fd if term is None else slave,
                 env=full_env,
                 pass_fds=(exit_fd,),
                 **kwargs,
             )
         except BaseException:
             if gate is not None:
-                _close_all(gate)
-            _release_all([cgroup, guard])
-            _unlink_all(made)
+                close_all(gate)
+            if term is not None:
+                term.close()
+            release_all([cgroup, guard])
+            unlink_all(made)
             raise
         finally:
-            _close_all(fds)
+            close_all([*fds, slave] if slave >= 0 else fds)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -281,10 +316,12 @@ class Launcher:
             # launches.  Done in a thread it would leave a window where a stopped or killed
             # agent holds the job at its gate, or lets it run outside.)
             os.close(gate[0])
-            if not _admit(cgroup, guard, popen.pid, gate[1]):
+            if not admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
-                _release_all([cgroup, guard])
-                _unlink_all(made)
+                if term is not None:
+                    term.close()
+                release_all([cgroup, guard])
+                unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
@@ -303,10 +340,16 @@ class Launcher:
             cgroup=cgroup or "",
             hosts=hosts,
             devices=guard if guard is not None and guard != cgroup else "",
+            script=script_path,
+            pty=term is not None,
         )
+        if warning is not None:
+            rec.signal, rec.signal_lead, rec.signal_batch = warning
         self.save(rec)
-        run = Running(rec=rec, popen=popen)
+        run = Running(rec=rec, popen=popen, terminal=term)
         self._track(run)
+        if term is not None:
+            term.start(lambda: self.on_terminal_output(run))
         return run
 
     def _write_hostfile(
@@ -360,9 +403,39 @@ class Launcher:
             loop.add_reader(run.pidfd, self._on_exit, run)
         else:  # pragma: no cover - kernels before 5.3
             run.poll_task = loop.create_task(self._poll_exit(run))
-        if run.rec.deadline is not None:
-            delay = max(0.0, run.rec.deadline - time.time())
-            loop.call_later(delay, self._time_limit, run)
+        self._arm(run)
+
+    def _arm(self, run: Running) -> None:
+        """The timers of the run's deadline: the time limit, and `--signal` before it."""
+        for timer in run.timers:
+            timer.cancel()
+        run.timers.clear()
+        if run.rec.deadline is None or run.exited.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        now = time.time()
+        run.timers.append(loop.call_later(max(0.0, run.rec.deadline - now), self._time_limit, run))
+        if run.rec.signal and not run.rec.signal_sent:
+            when = run.rec.deadline - run.rec.signal_lead
+            run.timers.append(loop.call_later(max(0.0, when - now), self._warn_once, run))
+
+    def set_time_limit(self, run: Running, time_limit: float | None) -> None:
+        """The job's limit changed (mgpu update): counted from the run's start, as before."""
+        run.rec.deadline = None if time_limit is None else run.rec.start_time + time_limit
+        self.save(run.rec)
+        self._arm(run)
+
+    def _warn_once(self, run: Running) -> None:
+        if not run.rec.signal_sent and not run.exited.is_set() and run.kill_task is None:
+            self.warn(run, run.rec.signal, run.rec.signal_batch)
+
+    def warn(self, run: Running, sig: int, top_only: bool) -> None:
+        """Send `sig` to the job, or to its top process only (mgpu.agent.jobsignal)."""
+        run.rec.signal_sent = True
+        self.save(run.rec)
+        tagged = set() if top_only else self._job_processes(run)
+        count = jobsignal.send(run.rec.pid, run.rec.cgroup, tagged, sig, top_only)
+        log.info("job %s: signal %d sent to %d process(es)", run.rec.job_id, sig, count)
 
     async def _poll_exit(self, run: Running) -> None:
         while psutil.pid_exists(run.rec.pid):
@@ -458,12 +531,16 @@ class Launcher:
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
+        if run.terminal is not None:
+            run.terminal.close()
         # Unlinked later, in a thread: with `discard` mounts an unlink can take
         # milliseconds, which the event loop should not wait for.
         rec = run.rec
         self._trash += [rec.out_path, rec.err_path, rec.exit_path, str(self._record_path(rec))]
         if rec.hosts:
             self._trash.append(rec.hosts)
+        if rec.script:
+            self._trash += [rec.script, os.path.dirname(rec.script)]
 
     async def sweep(self, interval: float = 1.0) -> None:
         """Remove the spool files of finished runs, off the event loop."""
@@ -471,7 +548,7 @@ class Launcher:
             await asyncio.sleep(interval)
             if self._trash:
                 batch, self._trash = self._trash, []
-                await asyncio.to_thread(_unlink_all, batch)
+                await asyncio.to_thread(unlink_all, batch)
 
     # ---- stopping -----------------------------------------------------------
 
@@ -480,13 +557,29 @@ class Launcher:
             run.timed_out = True
             self.kill(run, "time limit", run.rec.kill_grace)
 
-    def kill(self, run: Running, reason: str, grace: float) -> None:
+    def kill(
+        self,
+        run: Running,
+        reason: str,
+        grace: float,
+        warning: tuple[int, float, bool] | None = None,
+    ) -> None:
+        """SIGTERM, `grace`, SIGKILL; `warning` (signal, seconds, top process only) first,
+        and that long for the job to end on its own (a preempted job's --signal)."""
         if run.kill_task is not None or run.exited.is_set():
             return
         run.kill_reason = reason
-        run.kill_task = asyncio.get_running_loop().create_task(self._kill(run, grace))
+        run.kill_task = asyncio.get_running_loop().create_task(self._kill(run, grace, warning))
 
-    async def _kill(self, run: Running, grace: float) -> None:
+    async def _kill(
+        self, run: Running, grace: float, warning: tuple[int, float, bool] | None = None
+    ) -> None:
+        if warning is not None:
+            self.warn(run, warning[0], warning[2])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.exited.wait(), timeout=warning[1])
+            if run.exited.is_set():
+                return
         targets = self._job_processes(run)
         self._signal(run, targets, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
@@ -530,85 +623,3 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
-
-
-def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
-    try:
-        # cwd "/": the shim enters the job's directory itself, as the job's user.
-        return subprocess.Popen(
-            argv,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-            umask=privileged.CHILD_UMASK,  # not the agent's private one
-            **kwargs,
-        )
-    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
-        raise JobError(f"cannot start the job: {e}") from None
-    except OSError as e:
-        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
-            raise JobError(
-                f"cannot start the job: its command line and environment are too big ({e.strerror})"
-            ) from None
-        if isinstance(e, PermissionError):
-            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
-        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
-
-
-def _admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
-    """Move the shim into its cgroups and open its gate (always: it never hangs there).
-
-    A failed move into the containment cgroup leaves the run to the process-tree fallback;
-    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
-    opens (False): a job never runs with GPUs it was not given."""
-    try:
-        joined = True
-        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
-            if not cgroups.enter(path, pid) and path == guard:
-                joined = False
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-        return joined
-    finally:
-        os.close(gate)
-
-
-def _release_all(paths: list[str | None]) -> None:
-    for path in paths:
-        if path is not None:
-            cgroups.release(path)
-
-
-def _close_all(fds: tuple[int, ...] | list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for p in paths:
-        with contextlib.suppress(OSError):
-            os.unlink(p)
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-_boot_time: float | None = None
-
-
-def process_start_time(pid: int) -> float | None:
-    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
-    there is no such process.  With the pid it identifies a process: pids are reused, start
-    times are not."""
-    global _boot_time
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(b")", 1)[1].split()
-    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
-    if _boot_time is None:
-        _boot_time = psutil.boot_time()
-    return _boot_time + ticks / _CLK_TCK

@@ -41,6 +41,7 @@ from mgpu.protocol import (
     PortReserved,
     Resume,
     RunningReport,
+    SetTimeLimit,
     Started,
     Welcome,
 )
@@ -158,6 +159,11 @@ class Agents:
                 slot.phase = SlotPhase.STARTED  # its start was not stored yet
             o, e = self.outputs.resume_point(run_id, epoch, node.node_id)
             resume.append(Resume(job_id=run_id, epoch=epoch, stdout=o, stderr=e))
+            if job is not None and job.limit_changed and node.link is not None:
+                # Changed while it ran (mgpu update): the agent may not have heard (after
+                # the welcome, on the same ordered link).
+                limit = SetTimeLimit(job_id=run_id, epoch=epoch, time_limit=job.time_limit)
+                self.uow.send(node.link, limit)
         why = f"{node.node_id} restarted and no longer runs it"
         if result.lost:
             self.nodes.charge_failure(node, why)
@@ -287,7 +293,7 @@ class Agents:
 
     def _step_message(self, node: NodeRecord, msg: Any) -> None:
         step = self.state.steps.by_id.get(msg.job_id)
-        if step is None or step.epoch != msg.epoch or step.node_id != node.node_id:
+        if step is None or step.epoch != msg.epoch or not step.runs_on(node.node_id):
             if isinstance(msg, Started) and node.link is not None:
                 self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
             return
@@ -299,6 +305,7 @@ class Agents:
                 return  # already stored (re-sent after a reconnect)
             self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
             self.outputs.append(step.job_id, msg.stream, data, node.node_id)
-        elif isinstance(msg, Exited):
-            self.state.steps.end(step, msg.exit_code, msg.launch_error)
-            self.outputs.close(step.id)
+        elif isinstance(msg, Exited) and not step.ended_on(node.node_id):
+            code, error = msg.exit_code, msg.launch_error
+            if self.state.steps.node_exited(step, node.node_id, code, error):
+                self.outputs.close(step.id)

@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
 from mgpu.master import gcpause
+from mgpu.master.attach import make_attach_router
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.guard import FailedLogins, Guard
@@ -43,6 +44,8 @@ from mgpu.master.queries import (
     states_of,
 )
 from mgpu.master.registry import AgentLink
+from mgpu.master.reserve_api import make_reserve_router
+from mgpu.master.routes_jobctl import make_jobctl_router
 from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -584,6 +587,9 @@ def create_app(
             writer.cancel()
 
     app.include_router(make_router(c))
+    app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
+    app.include_router(make_reserve_router(c, require_admin, _address))
+    app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
 
 

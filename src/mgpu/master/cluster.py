@@ -9,6 +9,8 @@ The parts, each in its own module (see docs/ARCHITECTURE.md, "The controller"):
 * `lifecycle.py` — one method per job transition, with its `EndReason`;
 * `launch.py` — the Launch message, built in one place;
 * `agents.py` — hellos and reconcile, agent messages, job steps;
+* `sessions.py`, `allocations.py` — runs held by a client (terminals, allocations) and
+  the steps an allocation runs;
 * `nodes.py` — drain, resume, remove, failures and liveness (heartbeats);
 * `loop.py` — snapshot → `schedule()` → apply, the plan re-checked as it is applied;
 * `access.py` — tokens, root grants, node access rules.
@@ -34,21 +36,27 @@ from mgpu.master import arrays, gcpause
 from mgpu.master.access import Access, unix_groups
 from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.agents import Agents
+from mgpu.master.allocations import Allocations
 from mgpu.master.auth import Identity, TokenStore
 from mgpu.master.clock import Clock, LoopTimers, SystemClock, Timers
 from mgpu.master.gpuwatch import GpuWatch
+from mgpu.master.jobctl import JobControl
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.loop import SchedulingLoop
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
+from mgpu.master.notify import Notifier, check_target
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
-from mgpu.master.snapshot import node_views
+from mgpu.master.reservations import ReservationBook
+from mgpu.master.reservations import public as public_reservation
+from mgpu.master.sessions import Sessions, held_by_client
+from mgpu.master.snapshot import job_request, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
-from mgpu.master.submit import JobSpec, SubmitDefaults, build_template
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_template
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome
@@ -103,6 +111,7 @@ class Cluster:
         self.life.on_end.append(lambda job: self.gpuwatch.forget(job.id))
         self.access = Access(config, tokens, self.jobs, self.nodes, self.default_user)
         self.node_admin = NodeAdmin(self.state, self.life, store, node_secrets, config)
+        self.reservations = ReservationBook(store)
         self.loop = SchedulingLoop(
             self.state,
             self.life,
@@ -111,6 +120,7 @@ class Cluster:
             config,
             self.access.allowed_nodes,
             self._dependency_targets,
+            self.reservations.active,
         )
         self.agents = Agents(
             self.state,
@@ -123,13 +133,22 @@ class Cluster:
             config,
         )
         self.agents.on_joined = self._judge_unjudged_later
+        self.sessions = Sessions(self.state, self.life, config)
+        self.allocations = Allocations(self.state, self.life, self.sessions, config)
+        self.loop.on_tick += [self.sessions.check, self.allocations.check]
         self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self.jobctl = JobControl(
+            self.state, self.life, self.loop, self.admission, self.admission_context
+        )
+        self.notifier = Notifier(config.notify, self._active_tasks, store.job_rows_with_prefix)
+        self.life.on_end.append(self.notifier.job_ended)
         self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
         self._ids_in_admission: set[str] = set()
         self._unjudged: set[str] = set()
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
         self._load()
+        self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
         now = self.clock.time()
@@ -195,13 +214,15 @@ class Cluster:
         template.allow_root = allow_root
         array = spec.array
         base_id = template.id
-        joined = self.state.any_node_joined()
-        ctx = AdmissionContext(
-            nodes=self._node_views() if joined else [],
-            request_for=self.loop.request_for,
-            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
-            groups=unix_groups,
-        )
+        if spec.notify is not None:
+            try:
+                check_target(spec.notify, self.config.notify)
+            except specs.SpecError as e:
+                raise SubmitError(str(e)) from None
+        ctx = self.admission_context(cached=True)
+        if template.reservation is not None:
+            request = self.loop.request_for(template)
+            self.reservations.admit(template, ctx.nodes, request, self.clock.time())
         self._ids_in_admission.add(base_id)  # the site validator may take a while
         try:
             if array is None:
@@ -230,6 +251,8 @@ class Cluster:
                     self.loop.forget(job)
                 raise
         self.jobs.update((job.id, job) for job in jobs)
+        if held_by_client(template):
+            self.sessions.track(jobs)
         if not ctx.nodes:
             self._unjudged.update(job.id for job in jobs)
             if self.state.any_node_joined():  # while the site validator ran
@@ -238,6 +261,30 @@ class Cluster:
         task_ids = tuple(j.id for j in jobs) if array is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
 
+    def admission_context(self, cached: bool = False) -> AdmissionContext:
+        """What admission judges a job against now.  `cached`: the loop's request cache
+        may be used (a new job); a changed job (mgpu update) is judged as it is now."""
+        joined = self.state.any_node_joined()
+        return AdmissionContext(
+            # What the nodes are (not what is busy): the same list until the cluster's
+            # shape changes, so admission's verdicts per request shape stay cached.
+            nodes=self.state.node_index.shape() if joined else [],
+            request_for=(
+                self.loop.request_for
+                if cached
+                else lambda job: job_request(job, self.access.allowed_nodes(job.user))
+            ),
+            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
+            groups=unix_groups,
+        )
+
+    def _active_tasks(self, array_id: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.array_job_id == array_id)
+
+    def active_tasks(self, array_id: str) -> list[Job]:
+        """The queued and running tasks of an array (job control acts on these)."""
+        return [j for j in self.jobs.values() if j.array_job_id == array_id]
+
     def _new_job_id(self) -> str:
         job_id = specs.new_job_id()
         while job_id in self.jobs or job_id in self._ids_in_admission or self.store.has_job(job_id):
@@ -245,7 +292,7 @@ class Cluster:
         return job_id
 
     def _node_views(self) -> list[NodeView]:
-        return node_views(self.state.sorted_nodes())
+        return self.state.node_index.views()
 
     def _judge_unjudged_later(self) -> None:
         """Jobs queued before any node was known could not be judged at submit.  Once a
@@ -340,6 +387,7 @@ class Cluster:
             out["priority_value"] = self.loop.priorities.get(job.id)
             out["priority_factors"] = self.loop.factors.get(job.id)
             out["expected_start"] = self.loop.expected_start.get(job.id)
+            out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
         return out
 
     def active_job(self, job_id: str) -> Job | None:
@@ -396,6 +444,38 @@ class Cluster:
     ) -> list[Job]:
         """Jobs that ended at or after `since` (history, reports); safe in a thread."""
         return self.store.read_finished(since, user, states, limit or None)
+
+    # ---- reservations -----------------------------------------------------
+
+    def create_reservation(
+        self, body: dict[str, Any], actor: str | None, address: str | None
+    ) -> dict[str, Any]:
+        """`mgpu reserve create`: raises ReservationRequestError (one sentence), storing
+        nothing, when it cannot be made."""
+        now = self.clock.time()
+        running = [running_job(j, now) for j in self.jobs.values() if j.state == JobState.RUNNING]
+        config = scheduler_config(self.config.scheduling)
+        r = self.reservations.create(
+            body,
+            now,
+            self._node_views(),
+            running,
+            config.default_time_limit,
+            self.access.known_user,
+            actor,
+            address,
+        )
+        self.state.wake()
+        return public_reservation(r, now)
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        now = self.clock.time()
+        return [public_reservation(r, now) for r in self.reservations.active(now)]
+
+    def delete_reservation(self, name: str, actor: str | None, address: str | None) -> bool:
+        deleted = self.reservations.delete(name, actor, address)
+        self.state.wake()
+        return deleted
 
     # ---- cancel -----------------------------------------------------------
 
@@ -479,7 +559,7 @@ class Cluster:
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        await self.loop.run()
+        await asyncio.gather(self.loop.run(), self.notifier.run())
 
     def wake(self) -> None:
         self.state.wake()

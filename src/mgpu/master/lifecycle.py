@@ -28,12 +28,13 @@ from pydantic import BaseModel
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import new_job_token, token_hash
-from mgpu.master.launch import job_launch
+from mgpu.master.launch import job_launch, preempt_warning
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.outputs import OutputStore
 from mgpu.master.state import ControllerState
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import (
+    ALLOCATION,
     Attempt,
     DesiredState,
     EndReason,
@@ -44,6 +45,7 @@ from mgpu.model import (
 )
 from mgpu.protocol import Kill, Launch, ReservePort
 from mgpu.scheduler import UsageLedger
+from mgpu.signalspec import SignalSpec
 
 log = logging.getLogger("mgpu.master")
 
@@ -116,12 +118,15 @@ class Lifecycle:
             )
         )
         job.start_time = job.exit_code = job.failed_node = None
-        job.timed_out = False
+        job.timed_out = job.limit_changed = False
         job.stop_reason = job.stop_text = None
         for node_id, gpu_ids in placements:
             self.state.allocate(job, node_id, gpu_ids)
         self.uow.persist(job)  # written before any agent hears of it (see UnitOfWork)
         self.state.counters["started"] += 1
+        if job.kind == ALLOCATION:
+            self._grant(job)
+            return
         if len(placements) > 1 or job.distributed or job.mpi:
             first = self.state.nodes[placements[0][0]]
             assert first.link is not None
@@ -156,6 +161,17 @@ class Lifecycle:
             slot.phase = SlotPhase.SENT
             self.uow.send(link, message)
         self.uow.persist(job)
+
+    def _grant(self, job: Job) -> None:
+        """An allocation runs nothing of its own: its slots are held for its steps, and it
+        has started once its GPUs are taken (master/allocations.py)."""
+        for slot in job.allocation:
+            node = self.state.nodes[slot.node_id]
+            slot.phase, slot.hostname, slot.ip = SlotPhase.HELD, node.hostname, node.ip
+        job.start_time = job.attempts[-1].start_time = self.state.clock.time()
+        job.reason = None
+        self.job_metrics.started(job)
+        self.state.notify(job)
 
     def slot_started(
         self, job: Job, slot: Slot, pid: int, hostname: str, ip: str, time: float
@@ -231,7 +247,15 @@ class Lifecycle:
         shown, kill_reason = _STOP_WORDS[reason.desired]
         job.reason = shown
         self.uow.persist(job)
-        self.kill_slots(job, kill_reason)
+        # A preempted job is warned first, as --signal warns of the time limit.
+        warning = preempt_warning(job, self.config) if reason is EndReason.PREEMPTED else None
+        self.kill_slots(job, kill_reason, warning=warning)
+        if all(slot.done for slot in job.allocation):  # nothing to wait for (an allocation)
+            end, why = self._how_it_ended(job, failed=False)
+            if end.to_state() == JobState.QUEUED:
+                self.requeue(job, end, why or end.value)
+            else:
+                self.finish(job, end, why)
 
     def slot_lost(self, job: Job, reason: EndReason, why: str) -> None:
         """A slot's process is gone without an exit: requeue for `reason` (`why` is shown),
@@ -262,6 +286,7 @@ class Lifecycle:
         now = self.state.clock.time()
         self._charge(job, now)
         self._end_attempt(job, now, why)
+        job.restarts += 1  # MGPU_RESTART_COUNT of the next run, whatever the cause
         job.transition(JobState.QUEUED, text)
         job.stop_reason = job.stop_text = None
         self._forget_credential(job)
@@ -313,7 +338,15 @@ class Lifecycle:
 
     # ---- helpers ----------------------------------------------------------
 
-    def kill_slots(self, job: Job, reason: str, except_node: str | None = None) -> None:
+    def kill_slots(
+        self,
+        job: Job,
+        reason: str,
+        except_node: str | None = None,
+        warning: SignalSpec | None = None,
+    ) -> None:
+        """Kill the run's live slots; `warning`: a signal sent first, and the seconds the
+        job then has to end on its own before SIGTERM (a preempted job's)."""
         for slot in job.allocation:
             if slot.done or slot.node_id == except_node:
                 continue
@@ -325,21 +358,26 @@ class Lifecycle:
                     reason=reason,
                     grace=self.config.scheduling.kill_grace,
                 )
+                if warning is not None:
+                    kill.signal, kill.signal_lead = warning.number, float(warning.seconds)
+                    kill.signal_batch = warning.batch_only
                 self.uow.send(node.link, kill)
 
     def end_steps(self, job: Job) -> None:
         """The job's run ended: its steps are ended too, their processes killed."""
         for step in self.state.steps.forget_job(job.id):
-            node = self.state.nodes.get(step.node_id)
-            if node is not None and node.link is not None:
-                kill = Kill(job_id=step.id, epoch=step.epoch, reason="job ended")
-                self.uow.send(node.link, kill)
+            for node_id in step.on_nodes:
+                node = self.state.nodes.get(node_id)
+                if node is not None and node.link is not None and node_id not in step.exits:
+                    kill = Kill(job_id=step.id, epoch=step.epoch, reason="job ended")
+                    self.uow.send(node.link, kill)
             self.outputs.close(step.id)
 
     def _charge(self, job: Job, now: float) -> None:
         """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
         if job.start_time is not None and job.gpus > 0:
-            self.usage.add(job.user, job.gpus * max(0.0, now - job.start_time), now)
+            amount = job.gpus * job.gpu_fraction  # a share is charged F of its GPU's time
+            self.usage.add(job.user, amount * max(0.0, now - job.start_time), now)
             self.uow.usage_changed()
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 from mgpu.model import NODE_MOVES, NodeEvent, NodeState
 from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
+from mgpu.scheduler.types import SHARE_UNITS
 
 log = logging.getLogger("mgpu.master")
 
@@ -79,6 +81,12 @@ def _why_unencodable(error: Exception) -> str:
     return f"it cannot be encoded ({str(error).splitlines()[0][:200]})"
 
 
+SHAPE_FIELDS = frozenset({"gpus", "gpu_type", "rack", "features"})
+"""What a node is: what decides whether a job could ever run on it."""
+VIEW_FIELDS = SHAPE_FIELDS | {"state", "link", "foreign_blocked", "busy"}
+"""The fields the scheduler's view of a node reads (master/snapshot.node_views)."""
+
+
 @dataclass
 class NodeRecord:
     node_id: str
@@ -103,10 +111,30 @@ class NodeRecord:
     foreign_blocked: frozenset[int] = frozenset()
     """GPUs not offered to the scheduler: used outside mgpu beyond the threshold."""
     busy: dict[int, str] = field(default_factory=dict)
-    """GPU index -> job id holding it."""
+    """GPU index -> job id holding it whole."""
+    shares: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Shared GPUs: index -> {job id: share units} of the fractional jobs on it (never a
+    GPU in `busy` too; an entry goes when its last share does)."""
     jobs: set[str] = field(default_factory=set)
     """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
     link: AgentLink | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in VIEW_FIELDS:
+            self.changed(name in SHAPE_FIELDS)
+
+    def watch(self, watcher: Callable[[str, bool], None]) -> None:
+        """Tell `watcher(node_id, shape)` of every change to what the scheduler's view of
+        this node reads (master/nodeindex.py)."""
+        object.__setattr__(self, "_watcher", watcher)
+
+    def changed(self, shape: bool = False) -> None:
+        """The scheduler's view of this node is stale: called by itself when a field in
+        `VIEW_FIELDS` is assigned, and by whoever changes `busy` in place (the ledger)."""
+        watcher = self.__dict__.get("_watcher")
+        if watcher is not None:
+            watcher(self.node_id, shape)
 
     @property
     def connected(self) -> bool:
@@ -117,7 +145,13 @@ class NodeRecord:
         return self.connected and self.state == NodeState.ONLINE
 
     def free_gpus(self) -> frozenset[int]:
-        return frozenset(g.index for g in self.gpus if g.index not in self.busy)
+        return frozenset(
+            g.index for g in self.gpus if g.index not in self.busy and g.index not in self.shares
+        )
+
+    def shared_units(self) -> dict[int, int]:
+        """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
+        return {g: sum(jobs.values()) for g, jobs in self.shares.items()}
 
     def move(self, event: NodeEvent) -> NodeState:
         """Apply one event of `NODE_MOVES`; a drain request (kept while the node was away,
@@ -148,6 +182,7 @@ class NodeRecord:
         for g in self.gpus:
             job = self.busy.get(g.index)
             tel = self.telemetry.get(g.index)
+            tenants = self.shares.get(g.index, {})
             gpus.append(
                 {
                     "index": g.index,
@@ -157,6 +192,16 @@ class NodeRecord:
                     "busy_user": (job_users or {}).get(job) if job else None,
                     "telemetry": tel.model_dump() if tel else None,
                     "foreign_blocked": g.index in self.foreign_blocked,
+                    "uuid": g.uuid,
+                    "share_used": sum(tenants.values()) / SHARE_UNITS if tenants else None,
+                    "shared_jobs": [
+                        {
+                            "job_id": job_id,
+                            "user": (job_users or {}).get(job_id),
+                            "share": units / SHARE_UNITS,
+                        }
+                        for job_id, units in sorted(tenants.items())
+                    ],
                 }
             )
         return {

@@ -7,12 +7,13 @@ snapshot the master would without a live master (tests/unit/test_sim_equals_mast
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.registry import NodeRecord
+from mgpu.master.shares import job_share_units
 from mgpu.model import Job, JobState
 from mgpu.scheduler import (
     Dependency,
@@ -22,6 +23,7 @@ from mgpu.scheduler import (
     NodeView,
     Placement,
     PriorityWeights,
+    Reservation,
     RunningJob,
     SchedulerConfig,
     Snapshot,
@@ -53,6 +55,7 @@ def node_views(nodes: Iterable[NodeRecord]) -> list[NodeView]:
             gpu_type=specs.normalize_gpu_type(n.gpu_type or (n.gpus[0].name if n.gpus else None)),
             rack=n.rack,
             features=frozenset(n.features),
+            shared=n.shared_units() if n.shares else {},
         )
         for n in nodes
     ]
@@ -87,6 +90,9 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         eligible_time=job.eligible_time,
         array_id=job.array_job_id,
         array_max_running=job.array_max_running,
+        held=job.held,
+        gpu_share=job_share_units(job),
+        reservation=job.reservation,
     )
 
 
@@ -95,7 +101,9 @@ def running_job(job: Job, now: float) -> RunningJob:
     return RunningJob(
         job_id=job.id,
         user=job.user,
-        placements=tuple(Placement(s.node_id, tuple(s.gpu_ids)) for s in job.allocation),
+        placements=tuple(
+            Placement(s.node_id, tuple(s.gpu_ids), job_share_units(job)) for s in job.allocation
+        ),
         start_time=now if job.start_time is None else job.start_time,  # None: launching
         time_limit=job.time_limit,
         priority=job.priority,
@@ -141,6 +149,10 @@ def _no_targets(job_id: str) -> Sequence[DependencyTarget]:
     return ()
 
 
+def _none(job_id: str) -> None:
+    return None
+
+
 def prepare(
     now: float,
     jobs: Iterable[Job],
@@ -150,23 +162,33 @@ def prepare(
     request_for: Callable[[Job], JobRequest] = job_request,
     targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
     known_met: Set[tuple[str, str]] = frozenset(),
+    reservations: Sequence[Reservation] = (),
+    views: Sequence[NodeView] | None = None,
+    requests: Mapping[str, JobRequest] | None = None,
 ) -> Prepared:
     """Everything one scheduling pass needs, from the master's jobs (in submit order).
 
     `request_for` turns a queued job into its request (the master caches them and applies
     its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
-    or in its store), for dependencies not in `known_met`.
+    or in its store), for dependencies not in `known_met`.  `views`: the nodes' views when
+    the caller keeps them (master/nodeindex.py); else made from `nodes`.  `requests`: the
+    caller's cache of `request_for`'s answers (by job id), looked in first.
     """
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
     array_running: dict[str, int] = {}
+    # This runs over every active job each pass: identity tests and a C-level cache lookup
+    # before the (Python) `request_for`.
+    queued_state, running_state = JobState.QUEUED, JobState.RUNNING
+    cached = requests.get if requests is not None else _none
     for j in jobs:
-        if j.state == JobState.RUNNING:
+        state = j.state
+        if state is queued_state:
+            queued.append(cached(j.id) or request_for(j))
+        elif state is running_state:
             running.append(running_job(j, now))
             if j.array_job_id is not None:
                 array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-        elif j.state == JobState.QUEUED:
-            queued.append(request_for(j))
     wanted = {d.job_id for r in queued for d in r.dependencies if d not in known_met}
     found = {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
     verdict = eligibility(queued, now, found, array_running)
@@ -174,10 +196,11 @@ def prepare(
         return Prepared(verdict, None)
     snapshot = Snapshot(
         now=now,
-        nodes=node_views(nodes),
+        nodes=node_views(nodes) if views is None else views,
         pending=verdict.eligible,
         running=running,
         usage=usage.snapshot(now, running),  # running work counts too, as in Slurm
         config=config,
+        reservations=reservations,
     )
     return Prepared(verdict, snapshot)

@@ -31,18 +31,17 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .placement import FreePool, gpus_per_node, requested_gpus, shape_key
 from .reservations import RESERVATION_PREFIX, reservation_gpus
+from .timeline import Line, Staircase, mask_positions
 from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy, Reservation
 
 __all__ = ["WAITING_ON_MAX", "PlanTimeout", "Planned", "Planner", "plan_queue"]
 
-_State = tuple[int, tuple[int, ...]]
-"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU)."""
 
 _CHECK_EVERY = 64
 """Node checks between two looks at the clock inside one search."""
@@ -60,159 +59,6 @@ class PlanTimeout(Exception):
 class Planned:
     start: float
     placements: tuple[Placement, ...]
-
-
-class _Line:
-    """One node's timeline: `segs[i]` holds from `times[i]` to `times[i + 1]` (the last one
-    forever); `ends[p]`/`whos[p]` say who uses GPU `p` until when (sorted by that end),
-    `blocks` are the reservation windows on its GPUs."""
-
-    __slots__ = ("blocks", "ends", "gpus", "pos", "segs", "times", "whos")
-
-    def __init__(
-        self,
-        now: float,
-        gpus: tuple[int, ...],
-        state: _State,
-        blocks: list[tuple[float, float, int, str]],
-    ) -> None:
-        self.gpus = gpus
-        self.pos = {g: i for i, g in enumerate(gpus)}
-        self.times = [now]
-        self.segs = [state]
-        self.blocks = blocks
-        self.ends: list[list[float]] = [[] for _ in gpus]
-        self.whos: list[list[str]] = [[] for _ in gpus]
-
-    def split(self, t: float) -> int:
-        """The index of the segment starting at `t`, splitting one if needed."""
-        times = self.times
-        i = bisect_right(times, t) - 1
-        if times[i] == t:
-            return i
-        times.insert(i + 1, t)
-        self.segs.insert(i + 1, self.segs[i])
-        return i + 1
-
-    def add(self, t0: float, t1: float, positions: Sequence[int], units: int, holder: str) -> None:
-        """`holder` uses `units` of each GPU at `positions` during [t0, t1)."""
-        if t1 <= t0:
-            return
-        for p in positions:
-            k = bisect_right(self.ends[p], t1)
-            self.ends[p].insert(k, t1)
-            self.whos[p].insert(k, holder)
-        i0 = self.split(t0)
-        i1 = self.split(t1) if math.isfinite(t1) else len(self.times)
-        segs = self.segs
-        # Stretches that shared a state share the new one (the memo keeps the old objects
-        # too, so that no id is reused meanwhile).
-        states: dict[int, tuple[_State, _State]] = {}
-        for k in range(i0, i1):
-            old = segs[k]
-            memo = states.get(id(old))
-            if memo is None:
-                mask, used = old
-                u = list(used)
-                for p in positions:
-                    u[p] = min(SHARE_UNITS, u[p] + units)
-                    mask |= 1 << p
-                memo = states[id(old)] = (old, (mask, tuple(u)))
-            segs[k] = memo[1]
-
-    def free_for(self, t: float, end: float, own: str | None, allowed: int, need: int) -> int:
-        """Bitmask of the `allowed` GPUs free for all of [t, end), or 0 if fewer than `need`
-        (given up as soon as too few are left: most checks fail on the first stretch)."""
-        times, segs = self.times, self.segs
-        i = bisect_right(times, t) - 1
-        n = len(times)
-        free = allowed
-        while i < n and times[i] < end:
-            free &= ~segs[i][0]
-            if free.bit_count() < need:
-                return 0
-            i += 1
-        for bs, be, bmask, name in self.blocks:
-            if bs < end and be > t and name != own:
-                free &= ~bmask
-        return free if free.bit_count() >= need else 0
-
-    def peak(self, t: float, end: float, own: str | None) -> list[int]:
-        """Each GPU's highest use during [t, end) (a reservation window counts as full)."""
-        times, segs = self.times, self.segs
-        i = bisect_right(times, t) - 1
-        n = len(times)
-        peak = [0] * len(self.gpus)
-        while i < n and times[i] < end:
-            for p, u in enumerate(segs[i][1]):
-                if u > peak[p]:
-                    peak[p] = u
-            i += 1
-        for bs, be, bmask, name in self.blocks:
-            if bs < end and be > t and name != own:
-                for p in range(len(peak)):
-                    if bmask >> p & 1:
-                        peak[p] = SHARE_UNITS
-        return peak
-
-    def until(
-        self, t: float, positions: Iterable[int], own: str | None, limit: int
-    ) -> dict[str, float]:
-        """Who uses these GPUs before `t` and lets go of them by then, with when (on each GPU
-        the last `limit`); and the reservations (as `reservation:NAME`, until their window
-        ends) that keep them."""
-        out: dict[str, float] = {}
-        wanted = 0
-        for p in positions:
-            wanted |= 1 << p
-            ends, whos = self.ends[p], self.whos[p]
-            k = bisect_right(ends, t)
-            for j in range(k - 1, max(k - limit, 0) - 1, -1):
-                who = whos[j]
-                if ends[j] > out.get(who, -math.inf):
-                    out[who] = ends[j]
-        for bs, be, bmask, name in self.blocks:
-            if bs < t and bmask & wanted and name != own:
-                out[RESERVATION_PREFIX + name] = be
-        return out
-
-
-class _Staircase:
-    """No start before `floor(d)` for a run of `d` seconds: the latest start found for a run
-    at most that long (entries: durations ascending, starts strictly ascending)."""
-
-    __slots__ = ("durations", "now", "starts")
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-        self.durations: list[float] = []
-        self.starts: list[float] = []
-
-    def floor(self, duration: float) -> float:
-        k = bisect_right(self.durations, duration)
-        return self.starts[k - 1] if k else self.now
-
-    def add(self, duration: float, start: float) -> None:
-        if start <= self.floor(duration):
-            return  # a shorter run already proved as much
-        k = bisect_left(self.durations, duration)
-        end = k
-        while end < len(self.starts) and self.starts[end] <= start:
-            end += 1  # longer runs proven no later: this entry covers them
-        self.durations[k:end] = [duration]
-        self.starts[k:end] = [start]
-
-
-def _mask_positions(mask: int, limit: int | None = None) -> list[int]:
-    """The set bits of `mask`, lowest first (at most `limit`)."""
-    out: list[int] = []
-    p = 0
-    while mask and (limit is None or len(out) < limit):
-        if mask & 1:
-            out.append(p)
-        mask >>= 1
-        p += 1
-    return out
 
 
 class Planner:
@@ -237,7 +83,7 @@ class Planner:
         self.pool = pool.copy()
         self.views = {n.node_id: n for n in nodes if pool.is_up(n.node_id)}
         self.reservations = {r.name: r for r in reservations}
-        self.lines: dict[str, _Line] = {}
+        self.lines: dict[str, Line] = {}
         self.pending: dict[str, list[tuple[str, float, tuple[int, ...], int]]] = {}
         self.event_times: list[float] = []
         self.event_nodes: dict[float, dict[str, None]] = {}  # ordered: the plan is repeatable
@@ -260,8 +106,8 @@ class Planner:
                     self._event(end, p.node_id)
         self._res_masks: dict[str, dict[str, int]] = {}
         # Per request shape, starts found so far: booking only ever adds use, so a later
-        # job of that shape running at least as long cannot start sooner (`_Staircase`).
-        self.known: dict[tuple[object, ...], _Staircase] = {}
+        # job of that shape running at least as long cannot start sooner (`Staircase`).
+        self.known: dict[tuple[object, ...], Staircase] = {}
 
     # -- timelines
 
@@ -274,7 +120,7 @@ class Planner:
             insort(self.event_times, t)
         nodes[nid] = None
 
-    def line(self, nid: str) -> _Line:
+    def line(self, nid: str) -> Line:
         found = self.lines.get(nid)
         if found is not None:
             return found
@@ -295,7 +141,7 @@ class Planner:
             (bs, be, sum(1 << pos[g] for g in ids if g in pos), name)
             for bs, be, ids, name in self.blocks.get(nid, ())
         ]
-        line = _Line(self.now, gpus, (mask, tuple(used)), blocks)
+        line = Line(self.now, gpus, (mask, tuple(used)), blocks)
         for job_id, end, ids, units in held:
             line.add(self.now, max(end, self.now), [pos[g] for g in ids if g in pos], units, job_id)
         self.lines[nid] = line
@@ -348,7 +194,7 @@ class Planner:
         key = shape_key(job)
         stairs = self.known.get(key)
         if stairs is None:
-            stairs = self.known[key] = _Staircase(self.now)
+            stairs = self.known[key] = Staircase(self.now)
         known = stairs.floor(duration)
         if not math.isfinite(known):
             return None
@@ -399,7 +245,7 @@ class Planner:
             self._res_masks[res.name] = found
         return found
 
-    def _allowed(self, line: _Line, nid: str, res: Reservation | None) -> int:
+    def _allowed(self, line: Line, nid: str, res: Reservation | None) -> int:
         if res is None:
             return (1 << len(line.gpus)) - 1
         return self._res_mask(res).get(nid, 0)
@@ -530,7 +376,7 @@ class Planner:
             free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), need)
             if not free:
                 return None
-            ids = tuple(line.gpus[p] for p in _mask_positions(free, need))
+            ids = tuple(line.gpus[p] for p in mask_positions(free, need))
             return (sign * free.bit_count(), nid), Placement(nid, ids)
 
         return fits
@@ -657,7 +503,7 @@ class Planner:
 
     def _ids(self, nid: str, free: int, n: int) -> tuple[int, ...]:
         gpus = self.line(nid).gpus
-        return tuple(gpus[p] for p in _mask_positions(free, n))
+        return tuple(gpus[p] for p in mask_positions(free, n))
 
     def _pinned(
         self, job: JobRequest, duration: float, floor: float, res: Reservation | None

@@ -92,6 +92,8 @@ class JobRequest:
     reservation: str | None = None
     """`--reservation NAME`: runs only inside that reservation's window, on its GPUs (the
     master has checked the user may use it)."""
+    held: bool = False
+    """Held (`--hold`, `mgpu hold`): never eligible until released."""
     # Derived once here rather than in every pass: a pass tests them over the whole queue.
     counted: bool = field(init=False, repr=False, compare=False)
     """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,
@@ -250,8 +252,8 @@ class Decisions:
     reasons: dict[str, str] = field(default_factory=dict)
     """Why each pending job that did not start waits ("waiting for 2 GPUs", "priority")."""
     priorities: dict[str, float] = field(default_factory=dict)
-    factors: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each pending job's priority broken down by factor."""
+    factors: Mapping[str, dict[str, float]] = field(default_factory=dict)
+    """Each pending job's priority broken down by factor (each made when it is read)."""
     expected_start: dict[str, float] = field(default_factory=dict)
     """Estimated start of each waiting job whose start follows from time limits (the blocked
     head's backfill reservation, then the planner's projection within its budget)."""

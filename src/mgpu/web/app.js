@@ -147,6 +147,7 @@ async function cancelJob(id, button, errorEl) {
 function gpuState(node, g) {
   if (node.state === "offline" || node.connected === false) return "offline";
   if (g.busy_job) return "busy";
+  if ((g.shared_jobs || []).length) return "shared";
   if (g.foreign_blocked) return "foreign";
   return node.state === "online" ? "free" : node.state;
 }
@@ -162,7 +163,8 @@ function renderStats(data) {
   const stat = (n, l) => `<div class="stat"><div class="n">${n}</div><div class="l">${l}</div></div>`;
   $("stats").innerHTML =
     stat(`${online}/${nodes.length}`, "nodes online") +
-    stat(`${count("busy")}/${gpus.length}`, "GPUs busy") +
+    stat(`${count("busy") + count("shared")}/${gpus.length}`, "GPUs busy") +
+    (count("shared") ? stat(count("shared"), "GPUs shared") : "") +
     stat(count("free"), "GPUs free") +
     stat(count("foreign"), "GPUs used outside mgpu") +
     stat(running, "jobs running" + (idle ? ` (${idle} idle)` : "")) +
@@ -181,14 +183,19 @@ function renderNodes(nodes) {
       const st = gpuState(n, g);
       const note = st === "foreign"
         ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
-        : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>' : "";
+        : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>'
+        : st === "shared" ? ` <span class="note">${esc(+g.share_used.toFixed(3))} used by ${g.shared_jobs.length} job${g.shared_jobs.length === 1 ? "" : "s"}</span>` : "";
+      const tenants = g.shared_jobs || [];
+      const jobCell = g.busy_job ? `<a href="#/job/${esc(g.busy_job)}">${esc(g.busy_job)}</a>`
+        : tenants.map((o) => `<a href="#/job/${esc(o.job_id)}">${esc(o.job_id)}</a>(${esc(o.share)})`).join(" ");
+      const userCell = g.busy_user || [...new Set(tenants.map((o) => o.user || "?"))].join(",");
       const mem = t.memory_used_mb == null ? "-"
         : `${(t.memory_used_mb / 1024).toFixed(1)} / ${((t.memory_total_mb || g.memory_mb) / 1024).toFixed(0)} GB`;
       return `<tr data-gpu="${esc(n.node_id)}:${g.index}">
         <td class="num">${g.index}</td>
         <td>${badge(st)}${note}</td>
-        <td>${g.busy_job ? `<a href="#/job/${esc(g.busy_job)}">${esc(g.busy_job)}</a>` : ""}</td>
-        <td>${esc(g.busy_user || "")}</td>
+        <td>${jobCell}</td>
+        <td>${esc(userCell)}</td>
         <td>${bar(t.utilization_pct)}</td>
         <td class="num">${mem}</td>
         <td class="num">${t.temperature_c == null ? "-" : Math.round(t.temperature_c) + " °C"}</td>
@@ -208,9 +215,32 @@ function renderNodes(nodes) {
 function jobWhere(j) {
   const alloc = j.allocation || [];
   if (j.state === "queued" || !alloc.length) return `<span class="muted">${esc(j.reason || j.state)}</span>`;
-  let text = alloc.map((a) => a.gpu_ids.length ? `${a.node_id}:${a.gpu_ids.join(",")}` : a.node_id).join(" ");
+  const ids = (a) => a.gpu_ids.map((g) => j.gpu_share ? `${g}(${j.gpu_share})` : g).join(",");
+  let text = alloc.map((a) => a.gpu_ids.length ? `${a.node_id}:${ids(a)}` : a.node_id).join(" ");
   if (!["queued", "running"].includes(j.state) && j.reason) text += ` (${j.reason})`;
   return esc(text);
+}
+
+function startIn(t, now) {
+  if (!t) return "-";
+  const wait = t - now;
+  return wait < 30 ? "now" : "in " + dur(wait);
+}
+
+function waitsFor(j) {
+  const held = j.waiting_on || [];
+  if (!held.length || !j.expected_start) return "";
+  const until = new Date(j.expected_start * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const jobs = held.filter((h) => !h.startsWith("reservation:"));
+  const res = held.filter((h) => h.startsWith("reservation:")).map((h) => h.slice(12));
+  const need = j.gpu_share ? `${j.gpu_share} of a GPU` : j.gpus === 1 ? "1 GPU" : `${j.gpus} GPUs`;
+  const parts = [];
+  if (jobs.length) {
+    parts.push(`${esc(need)} held by job${jobs.length === 1 ? "" : "s"} ` +
+      jobs.map((id) => `<a class="mono" href="#/job/${esc(id)}">${esc(id)}</a>`).join(", ") + ` until ~${esc(until)}`);
+  }
+  for (const name of res) parts.push(`reservation ${esc(name)} until ~${esc(until)}`);
+  return parts.join("; ");
 }
 
 function renderQueue(data) {
@@ -241,14 +271,15 @@ function renderQueue(data) {
       <td>${esc(j.name || "")}</td>
       <td>${esc(j.user)}</td>
       <td>${badge(j.state)}${j.idle ? badge("idle") : ""}</td>
-      <td class="num">${j.gpus}</td>
+      <td class="num">${j.gpu_share || j.gpus}</td>
       <td class="num">${time}</td>
+      <td class="num">${j.state === "queued" ? startIn(j.expected_start, now) : ""}</td>
       <td>${jobWhere(j)}</td>
       <td>${active ? `<button class="danger small" data-cancel="${esc(j.id)}" type="button">Cancel</button>` : ""}<span class="error">${esc(state.cancelErrors[j.id] || "")}</span></td>
     </tr>`;
   });
   $("queue").innerHTML = rows.length
-    ? `<table><thead><tr><th>job</th><th>name</th><th>user</th><th>state</th><th class="num">GPUs</th><th class="num">time</th><th>nodes (reason)</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`
+    ? `<table><thead><tr><th>job</th><th>name</th><th>user</th><th>state</th><th class="num">GPUs</th><th class="num">time</th><th class="num">start</th><th>nodes (reason)</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`
     : '<div class="empty">No jobs match.</div>';
 }
 
@@ -350,7 +381,7 @@ function renderJob(j) {
     ["user", esc(j.user)],
     ["state", esc(j.state) + (j.reason ? ` <span class="muted">(${esc(j.reason)})</span>` : "")],
     ["command", `<code>${esc(j.command)}</code>`],
-    ["GPUs", esc(j.gpus) + (j.nodes ? ` on ${esc(j.nodes)} nodes` : "")],
+    ["GPUs", esc(j.gpus) + (j.nodes ? ` on ${esc(j.nodes)} nodes` : "") + (j.gpu_share ? ` (a share of ${esc(j.gpu_share)})` : "")],
     ["submitted", ts(j.submit_time)],
     ["started", ts(j.start_time)],
     ["ended", ts(j.end_time)],
@@ -360,6 +391,9 @@ function renderJob(j) {
   if (j.time_limit) rows.push(["time limit", dur(j.time_limit)]);
   rows.push(["retries", `${esc(j.retries)} of ${esc(j.max_retries)}`]);
   if (j.priority_value != null) rows.push(["priority", Math.round(j.priority_value)]);
+  if (j.reservation) rows.push(["reservation", esc(j.reservation)]);
+  if (j.expected_start) rows.push(["expected start", `${ts(j.expected_start)} (${startIn(j.expected_start, now)})`]);
+  if (waitsFor(j)) rows.push(["waits for", waitsFor(j)]);
   if (j.gpu_util_mean != null || j.gpu_memory_peak_mb != null) {
     rows.push(["GPU use", `mean ${j.gpu_util_mean == null ? "-" : Math.round(j.gpu_util_mean) + "%"} utilisation, ` +
       `peak ${j.gpu_memory_peak_mb == null ? "-" : (j.gpu_memory_peak_mb / 1024).toFixed(1) + " GB"} memory`]);

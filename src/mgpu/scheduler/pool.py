@@ -1,0 +1,464 @@
+"""The free GPUs of one pass, indexed for placement.
+
+`FreePool` indexes schedulable nodes by how many GPUs they have free, so "the busiest node
+with at least 4 free" is a walk up the buckets from 4 that usually stops at the first node,
+rather than a scan of every node.  A job's static filters (up, in `--nodelist`, not
+excluded, allowed to the user, GPU type, features) are evaluated once per distinct
+combination (`Eligible`) and cached for the pass.  Shared GPUs (fractional requests, see
+`shares.py`) are kept apart from the free ones, indexed by their room; with no shared GPU
+none of this costs a whole-GPU request anything.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Mapping, Set
+from dataclasses import dataclass
+
+from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy
+
+__all__ = ["Eligible", "FreePool"]
+
+_EligibleKey = tuple[
+    frozenset[str] | None, frozenset[str], frozenset[str] | None, str | None, frozenset[str]
+]
+_NO_FILTERS: _EligibleKey = (None, frozenset(), None, None, frozenset())
+
+
+# --------------------------------------------------------------------------- request shape
+
+
+def _why_not_eligible(req: JobRequest, node: NodeView) -> str | None:
+    """Why the request's static filters reject this node (ignoring up/down), or None."""
+    nid = node.node_id
+    if req.nodelist is not None and nid not in req.nodelist:
+        return f"{nid} is not in the job's --nodelist"
+    if nid in req.exclude:
+        return f"{nid} is excluded by the job's --exclude"
+    if req.allowed_nodes is not None and nid not in req.allowed_nodes:
+        return f"user {req.user} may not use {nid}"
+    if req.gpu_type is not None and node.gpu_type != req.gpu_type:
+        return f"{nid} has no {req.gpu_type} GPUs"
+    if req.requires and not req.requires <= node.features:
+        missing = ", ".join(sorted(req.requires - node.features))
+        return f"{nid} lacks {missing}"
+    return None
+
+
+def _statically_eligible(req: JobRequest, node: NodeView) -> bool:
+    return _why_not_eligible(req, node) is None
+
+
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    """The schedulable nodes a request's static filters accept."""
+
+    nodes: frozenset[str] | None
+    """None means every schedulable node (the request has no filters)."""
+    max_total: int
+    """Most GPUs any accepted node has in total (busy or not)."""
+
+    def __contains__(self, node_id: object) -> bool:
+        return self.nodes is None or node_id in self.nodes
+
+
+# --------------------------------------------------------------------------- the free pool
+
+
+class FreePool:
+    """Free GPUs of every schedulable node, bucketed by free count; updated as jobs start.
+
+    `buckets[k]` holds the ids (sorted) of the nodes with exactly `k` free GPUs.  Copies
+    (`copy`) share the immutable node views and the eligibility cache, so a simulation
+    (backfill reservations, preemption) costs one copy of the free sets.
+
+    Shared GPUs (holding fractional jobs) are not free: `_shared[node][gpu]` is the share
+    units in use, and `_rooms[room]` holds the (node, gpu) pairs with that much room left.
+    """
+
+    __slots__ = (
+        "_all",
+        "_buckets",
+        "_eligible",
+        "_free",
+        "_rooms",
+        "_shared",
+        "_up",
+        "max_gpus",
+        "total_free",
+        "up_count",
+        "views",
+    )
+
+    views: dict[str, NodeView]
+    _all: dict[str, frozenset[int]]
+    _up: dict[str, NodeView] | None
+    _free: dict[str, set[int]]
+    _buckets: list[list[str]]
+    _eligible: dict[_EligibleKey, Eligible]
+    _shared: dict[str, dict[int, int]]
+    _rooms: dict[int, dict[tuple[str, int], None]]
+    total_free: int
+    max_gpus: int
+    up_count: int
+
+    def __init__(self, nodes: Iterable[NodeView]) -> None:
+        # Built at every pass from every node: local names and C-level tests on purpose.
+        views: dict[str, NodeView] = {}
+        free_of: dict[str, set[int]] = {}
+        all_of: dict[str, frozenset[int]] = {}
+        self.views, self._free, self._all = views, free_of, all_of
+        self._up = None
+        self._shared = {}
+        self._rooms = {}
+        max_gpus = 0
+        sets: dict[tuple[int, ...], frozenset[int]] = {}  # most nodes have the same GPUs
+        for node in nodes:
+            nid = node.node_id
+            views[nid] = node
+            indices = node.gpu_indices
+            if len(indices) > max_gpus:
+                max_gpus = len(indices)
+            if node.schedulable:
+                every = sets.get(indices)
+                if every is None:
+                    every = sets[indices] = frozenset(indices)
+                all_of[nid] = every
+                free = set(node.free_gpus)
+                if not free <= every:
+                    free &= every
+                if node.shared:
+                    self._add_shared(nid, node.shared, every, free)
+                free_of[nid] = free
+        self.max_gpus = max_gpus
+        buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
+        for nid, free in free_of.items():
+            buckets[len(free)].append(nid)
+        for bucket in buckets:
+            bucket.sort()
+        self._buckets = buckets
+        self.total_free = sum(map(len, free_of.values()))
+        self.up_count = len(free_of)
+        self._eligible = {}
+
+    def copy(self) -> FreePool:
+        other = FreePool.__new__(FreePool)
+        other.views = self.views
+        other._all = self._all
+        other._up = self._up
+        other._free = {nid: set(free) for nid, free in self._free.items()}
+        other._buckets = [list(b) for b in self._buckets]
+        other._eligible = self._eligible
+        if self._shared:
+            other._shared = {nid: dict(used) for nid, used in self._shared.items()}
+            other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
+        else:
+            other._shared, other._rooms = {}, {}
+        other.total_free = self.total_free
+        other.max_gpus = self.max_gpus
+        other.up_count = self.up_count
+        return other
+
+    def _add_shared(
+        self, node_id: str, shared: Mapping[int, int], every: frozenset[int], free: set[int]
+    ) -> None:
+        """Take the node's shared GPUs out of `free` and index them by room (at init)."""
+        used = {g: min(u, SHARE_UNITS) for g, u in shared.items() if g in every and u > 0}
+        if not used:
+            return
+        free.difference_update(used)
+        self._shared[node_id] = used
+        for g, u in used.items():
+            self._room_add(node_id, g, u)
+
+    # -- queries
+
+    def is_up(self, node_id: str) -> bool:
+        return node_id in self._free
+
+    def up_views(self) -> Mapping[str, NodeView]:
+        """The schedulable nodes' views (built once, shared by copies: up/down is fixed)."""
+        if self._up is None:
+            self._up = {nid: self.views[nid] for nid in self._free}
+        return self._up
+
+    def free(self, node_id: str) -> Set[int]:
+        """The node's free GPU indices (empty when the node is not schedulable)."""
+        return self._free.get(node_id, _EMPTY)
+
+    def free_count(self, node_id: str) -> int:
+        free = self._free.get(node_id)
+        return 0 if free is None else len(free)
+
+    def shared(self, node_id: str) -> Mapping[int, int]:
+        """The node's shared GPUs: index -> share units in use."""
+        return self._shared.get(node_id, _NO_SHARES)
+
+    @property
+    def has_shared(self) -> bool:
+        return bool(self._shared)
+
+    def shared_nodes(self) -> Iterable[str]:
+        """The nodes with at least one shared GPU."""
+        return self._shared.keys()
+
+    def best_shared(
+        self, share: int, policy: Policy, members: Set[str] | None = None
+    ) -> tuple[str, int] | None:
+        """A shared GPU with room for `share` units (among `members`' nodes), or None.
+
+        fill_first: the least room that fits (pack), on the busiest node; spread: the most
+        room (least used), on the node with the most free GPUs.  Ties: node id, GPU index.
+        """
+        rooms = sorted((r for r in self._rooms if r >= share), reverse=policy == "spread")
+        free = self._free
+        sign = 1 if policy == "fill_first" else -1
+        for room in rooms:
+            best: tuple[int, str, int] | None = None
+            for nid, g in self._rooms[room]:
+                if members is not None and nid not in members:
+                    continue
+                key = (sign * len(free[nid]), nid, g)
+                if best is None or key < best:
+                    best = key
+            if best is not None:
+                return best[1], best[2]
+        return None
+
+    def nodes_with_at_least(self, need: int) -> int:
+        """How many schedulable nodes have at least `need` free GPUs."""
+        if need > self.max_gpus:
+            return 0
+        return sum(len(b) for b in self._buckets[max(need, 0) :])
+
+    def iter_nodes(self, need: int, policy: Policy) -> Iterator[str]:
+        """Schedulable nodes with at least `need` free GPUs, best first for `policy`.
+
+        fill_first: fewest free first (pack busy nodes, keep whole nodes for big jobs);
+        spread: most free first.  Ties go to the lower node id.
+        """
+        need = max(need, 0)
+        if need > self.max_gpus:
+            return
+        sizes = range(need, self.max_gpus + 1)
+        for k in sizes if policy == "fill_first" else reversed(sizes):
+            yield from self._buckets[k]
+
+    def best_node(self, need: int, policy: Policy, members: Set[str] | None = None) -> str | None:
+        """The best node for `policy` with at least `need` free GPUs (among `members`)."""
+        need = max(need, 0)
+        top = self.max_gpus
+        if need > top:
+            return None
+        buckets = self._buckets
+        sizes = range(need, top + 1) if policy == "fill_first" else range(top, need - 1, -1)
+        for k in sizes:
+            bucket = buckets[k]
+            if bucket:
+                if members is None:
+                    return bucket[0]
+                for nid in bucket:
+                    if nid in members:
+                        return nid
+        return None
+
+    def eligible(self, req: JobRequest) -> Eligible:
+        """The schedulable nodes that pass the request's static filters (cached per pass)."""
+        if (
+            req.nodelist is None
+            and req.allowed_nodes is None
+            and req.gpu_type is None
+            and not req.exclude
+            and not req.requires
+        ):
+            key: _EligibleKey = _NO_FILTERS
+        else:
+            key = (req.nodelist, req.exclude, req.allowed_nodes, req.gpu_type, req.requires)
+        found = self._eligible.get(key)
+        if found is None:
+            found = self._compute_eligible(req, key)
+            self._eligible[key] = found
+        return found
+
+    def _compute_eligible(self, req: JobRequest, key: _EligibleKey) -> Eligible:
+        if key == _NO_FILTERS:
+            totals = [len(self.views[nid].gpu_indices) for nid in self._free]
+            return Eligible(None, max(totals, default=0))
+        # Start from the smallest explicit list, then filter.
+        base: Iterable[str] = self._free
+        if req.nodelist is not None:
+            base = req.nodelist
+        if req.allowed_nodes is not None and (
+            req.nodelist is None or len(req.allowed_nodes) < len(req.nodelist)
+        ):
+            base = req.allowed_nodes
+        accepted = frozenset(
+            nid for nid in base if nid in self._free and _statically_eligible(req, self.views[nid])
+        )
+        most = max((len(self.views[nid].gpu_indices) for nid in accepted), default=0)
+        return Eligible(accepted, most)
+
+    # -- updates
+
+    def take(self, placements: Iterable[Placement]) -> None:
+        """Mark the placements' GPUs busy (GPUs not free here are ignored).
+
+        A fractional placement (`share`) makes a free GPU shared, or adds to a shared GPU's
+        use (up to a whole GPU); a whole GPU held by a whole job is left alone.
+        """
+        for p in placements:
+            free = self._free.get(p.node_id)
+            if free is None:
+                continue
+            if p.share:
+                self._take_share(p.node_id, free, p.gpu_ids, p.share)
+                continue
+            before = len(free)
+            free.difference_update(p.gpu_ids)
+            self._moved(p.node_id, before, len(free))
+
+    def release(self, node_id: str, gpu_ids: Iterable[int], share: int = 0) -> None:
+        """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored.
+
+        With `share`, a fractional job's units go back; its GPU is free once none are left.
+        """
+        free = self._free.get(node_id)
+        if free is None:
+            return
+        if share:
+            self._release_share(node_id, free, gpu_ids, share)
+            return
+        before = len(free)
+        free.update(gpu_ids)
+        if len(free) > before:
+            if not free <= self._all[node_id]:
+                free &= self._all[node_id]
+            shared = self._shared.get(node_id)
+            if shared:  # a GPU with shares left is not free, whatever was released
+                free.difference_update(shared)
+        self._moved(node_id, before, len(free))
+
+    def release_all(self, placements: Iterable[Placement]) -> None:
+        """`release` every placement (a job's GPUs, whole or shared)."""
+        for p in placements:
+            self.release(p.node_id, p.gpu_ids, p.share)
+
+    def block(self, placements: Iterable[Placement]) -> None:
+        """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
+        share): not even a `release` brings them back."""
+        placements = list(placements)
+        if self._shared:
+            self.withhold(placements)
+        else:
+            self.take(placements)  # the same when nothing is shared, and quicker
+        every = self._all = dict(self._all)  # copy on write: other copies keep theirs
+        for p in placements:
+            if p.node_id in every:
+                every[p.node_id] = every[p.node_id] - frozenset(p.gpu_ids)
+
+    def usable(self, node_id: str) -> frozenset[int]:
+        """The node's GPUs this pool may ever hand out (all of them unless `block`ed)."""
+        return self._all.get(node_id, _EMPTY)
+
+    def withhold(self, placements: Iterable[Placement]) -> list[tuple[str, int, int]]:
+        """`block` the GPUs and return what `restore` needs to put them back exactly."""
+        taken: list[tuple[str, int, int]] = []
+        for p in placements:
+            nid = p.node_id
+            free = self._free.get(nid)
+            if free is None:
+                continue
+            shared = self._shared.get(nid)
+            before = len(free)
+            for g in p.gpu_ids:
+                if g in free:
+                    free.discard(g)
+                    taken.append((nid, g, 0))
+                elif shared and g in shared:
+                    used = shared.pop(g)
+                    self._room_remove(nid, g, used)
+                    taken.append((nid, g, used))
+            if shared is not None and not shared:
+                del self._shared[nid]
+            self._moved(nid, before, len(free))
+        return taken
+
+    def restore(self, taken: Iterable[tuple[str, int, int]]) -> None:
+        """Undo a `withhold` (nothing else may have changed those GPUs in between)."""
+        for nid, g, used in taken:
+            free = self._free[nid]
+            if used:
+                self._shared.setdefault(nid, {})[g] = used
+                self._room_add(nid, g, used)
+            else:
+                before = len(free)
+                free.add(g)
+                self._moved(nid, before, before + 1)
+
+    def _take_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+        shared = self._shared.get(nid)
+        for g in gpu_ids:
+            if g in free:
+                before = len(free)
+                free.discard(g)
+                self._moved(nid, before, before - 1)
+                if shared is None:
+                    shared = self._shared[nid] = {}
+                used = min(share, SHARE_UNITS)
+            elif shared and g in shared:
+                used = shared[g]
+                self._room_remove(nid, g, used)
+                used = min(used + share, SHARE_UNITS)
+            else:
+                continue
+            shared[g] = used
+            self._room_add(nid, g, used)
+
+    def _release_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+        shared = self._shared.get(nid)
+        if not shared:
+            return
+        for g in gpu_ids:
+            used = shared.get(g)
+            if used is None:
+                continue
+            self._room_remove(nid, g, used)
+            used -= share
+            if used > 0:
+                shared[g] = used
+                self._room_add(nid, g, used)
+                continue
+            del shared[g]
+            before = len(free)
+            free.add(g)
+            self._moved(nid, before, before + 1)
+        if not shared:
+            del self._shared[nid]
+
+    def _room_add(self, nid: str, g: int, used: int) -> None:
+        room = SHARE_UNITS - used
+        if room > 0:
+            self._rooms.setdefault(room, {})[(nid, g)] = None
+
+    def _room_remove(self, nid: str, g: int, used: int) -> None:
+        room = SHARE_UNITS - used
+        spots = self._rooms.get(room)
+        if spots is not None:
+            spots.pop((nid, g), None)
+            if not spots:
+                del self._rooms[room]
+
+    def _moved(self, node_id: str, before: int, after: int) -> None:
+        if before == after:
+            return
+        old = self._buckets[before]
+        del old[bisect.bisect_left(old, node_id)]
+        bisect.insort(self._buckets[after], node_id)
+        self.total_free += after - before
+
+
+_EMPTY: frozenset[int] = frozenset()
+_NO_SHARES: Mapping[int, int] = {}
+
+
+# --------------------------------------------------------------------------- placement
