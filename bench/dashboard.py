@@ -107,8 +107,8 @@ def open_page(
     page.on("pageerror", lambda e: errors.append(str(e)))
     out: dict[str, Any] = {"load_before": load()}
     t0 = time.monotonic()
-    page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")
     try:
+        page.goto(f"http://{cluster.address}/#token={cluster.admin_token}", wait_until="commit")
         page.wait_for_function(
             f"""(n) => performance.getEntriesByName('mgpu-ready').length > 0
                 || ({OLD_READY})(n) && (window.__oldReady ??= performance.now())""",
@@ -133,6 +133,7 @@ def open_page(
     tasks = page.evaluate("window.__longtasks")
     out["longest_task_load_ms"] = round(max((d for _, d in tasks), default=0.0))
     out["load_after_render"] = load()
+    shoot(page, f"first-{nodes}")
     return {**out, **watch(page, watching), **interact(page, nodes), "errors": errors[:3]}
 
 
@@ -157,6 +158,14 @@ def watch(page: Any, seconds: float) -> dict[str, Any]:
     }
 
 
+def shoot(page: Any, name: str) -> None:
+    """MGPU_SCREENSHOTS=DIR: the page as DIR/dashboard-NAME.png (as test_dashboard.py)."""
+    out = os.environ.get("MGPU_SCREENSHOTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(out) / f"dashboard-{name}.png"), full_page=True)
+
+
 def timed(page: Any, action: Any, done: str, arg: Any = None) -> float:
     t0 = time.monotonic()
     action()
@@ -173,9 +182,10 @@ def interact(page: Any, nodes: int) -> dict[str, Any]:
     out["search_ms"] = timed(
         page,
         lambda: page.fill("#node-search", last),
-        "(id) => document.querySelector(`#node-details [data-node='${id}']`) !== null",
+        "(id) => document.querySelector(`#nodes [data-node='${id}']`) !== null",
         last,
     )
+    shoot(page, f"search-{nodes}")
     out["filter_user_ms"] = timed(
         page,
         lambda: page.select_option("#filter-user", USERS[1]),

@@ -28,6 +28,7 @@ from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
+from mgpu.master.dashboard import make_router as dashboard_router
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
@@ -532,6 +533,7 @@ def create_app(
             writer.cancel()
 
     app.include_router(make_router(c))
+    app.include_router(dashboard_router(c))
     return app
 
 

@@ -26,7 +26,12 @@ from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-_STATIC = {"app.js": "text/javascript", "style.css": "text/css", "favicon.svg": "image/svg+xml"}
+_STATIC = {
+    "app.js": "text/javascript",
+    "heatmap.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 MAX_ROWS = 100000
