@@ -49,9 +49,15 @@ BUSY, SHARED, FREE, FOREIGN, HELD, DOWN = "b", "s", "f", "x", "n", "d"
 """busy with an mgpu job; shared by fractional jobs; free; used outside mgpu (not offered);
 free but not offered (the node drains or is drained); down (the node is offline or not
 connected)."""
-ROW_LEFT_OUT = ("attempts", "priority_factors", "priority_value")
-"""Fields of a job's JSON the list does not show: heavy, or changing at every pass (an
-unchanged page keeps its ETag)."""
+ROW_LEFT_OUT = (
+    "attempts",
+    "priority_factors",
+    "priority_value",
+    "gpu_util_mean",
+    "gpu_memory_peak_mb",
+)
+"""Fields of a job's JSON the list does not show: heavy, or changing at every pass or
+heartbeat (a page of jobs that did not change keeps its ETag)."""
 
 
 class Dashboarded(Observed, Protocol):

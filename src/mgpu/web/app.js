@@ -77,10 +77,12 @@ async function api(path, opts = {}) {
   return body;
 }
 
-// GET with the ETag of the last answer: null when the master says it has not changed.
-async function apiCached(path) {
+// GET with the ETag of the answer last drawn in `slot` (if it was for the same path): null
+// when the master says it has not changed.
+async function apiCached(slot, path) {
   const h = headers();
-  if (state.etags[path]) h["If-None-Match"] = state.etags[path];
+  const last = state.etags[slot];
+  if (last && last.path === path) h["If-None-Match"] = last.tag;
   const resp = await fetch(path, { headers: h, cache: "no-store" });
   if (resp.status === 304) return null;
   let body = null;
@@ -89,7 +91,7 @@ async function apiCached(path) {
   if (!resp.ok) {
     throw new ApiError(resp.status, body && typeof body.detail === "string" ? body.detail : `HTTP ${resp.status}`);
   }
-  state.etags[path] = resp.headers.get("ETag");
+  state.etags[slot] = { path, tag: resp.headers.get("ETag") };
   return body;
 }
 
@@ -413,10 +415,14 @@ function jobsPath() {
 
 async function loadJobs() {
   const path = jobsPath();
-  const page = await apiCached(path);
+  const page = await apiCached("jobs", path);
   if (page === null) return; // unchanged
-  // An armed or busy cancel button survives a refresh: the rows are redrawn the poll after.
-  if ($("queue").querySelector("button.armed, button[data-busy]")) { delete state.etags[path]; return; }
+  // Not drawn: an answer overtaken by a newer question (the user paged or filtered), or an
+  // armed or busy cancel button (it survives a refresh; the rows are redrawn the poll after).
+  if (path !== jobsPath() || $("queue").querySelector("button.armed, button[data-busy]")) {
+    delete state.etags.jobs;
+    return;
+  }
   if (page.total && page.offset >= page.total) { // the page emptied under us: back to the last one
     state.offset = Math.max(0, Math.floor((page.total - 1) / PAGE_SIZE) * PAGE_SIZE);
     return loadJobs();
@@ -426,8 +432,10 @@ async function loadJobs() {
 
 async function loadOverview() {
   const open = openNodes();
-  const ov = await apiCached("/api/dashboard/overview" + (open.length ? "?open=" + encodeURIComponent(open.join(",")) : ""));
+  const ask = open.join(",");
+  const ov = await apiCached("overview", "/api/dashboard/overview" + (ask ? "?open=" + encodeURIComponent(ask) : ""));
   if (ov === null) return; // unchanged
+  if (ask !== openNodes().join(",")) { delete state.etags.overview; return; } // overtaken
   state.overview = ov;
   renderStats(ov);
   drawHeat();
