@@ -166,10 +166,14 @@ def shoot(page: Any, name: str) -> None:
         page.screenshot(path=str(Path(out) / f"dashboard-{name}.png"), full_page=True)
 
 
-def timed(page: Any, action: Any, done: str, arg: Any = None) -> float:
+def timed(page: Any, action: Any, done: str, arg: Any = None) -> float | None:
+    """Milliseconds from the action to `done` holding; None if it did not within 30 s."""
     t0 = time.monotonic()
     action()
-    page.wait_for_function(done, arg=arg)
+    try:
+        page.wait_for_function(done, arg=arg, timeout=30000)
+    except Exception:  # a figure too: the page did not answer
+        return None
     return round((time.monotonic() - t0) * 1000)
 
 
@@ -193,7 +197,7 @@ def interact(page: Any, nodes: int) -> dict[str, Any]:
                     return rows.length > 0 && rows.every((r) => r.dataset.user === u); }""",
         USERS[1],
     )
-    first = page.evaluate("document.querySelector('#queue tr[data-job]').dataset.job")
+    first = page.evaluate("document.querySelector('#queue tr[data-job]')?.dataset.job")
     out["next_page_ms"] = timed(
         page,
         lambda: page.click("#queue-next"),

@@ -2,7 +2,9 @@
 
 One binary serves every name, chosen by the name it is started under (as busybox):
 `mgpu_master` = `mgpu master`, `mgpu_node` = `mgpu node`, `mgpu_client` and `mgpu` =
-`mgpu`.  `EXE -m mgpu ARGS` (how mgpu re-executes itself: `sys.executable -m mgpu`) is
+`mgpu`, and the seeds' names (`mgpu_simple_master`, `mgpu_simple_node`,
+`mgpu_simple_client`, `mgpu_master_server`, `mgpu_srun_multinode`) as pyproject's scripts.
+`EXE -m mgpu ARGS` (how mgpu re-executes itself: `sys.executable -m mgpu`) is
 `mgpu ARGS` whatever the name.
 """
 
@@ -20,7 +22,10 @@ def _run() -> None:
         return
     name = os.path.basename(sys.argv[0]).lower()
     for prefix, entry in (
-        ("mgpu_master", cli.main_master),
+        ("mgpu_simple_master", cli.main_master),  # the seeds' names (pyproject's scripts)
+        ("mgpu_simple_node", cli.main_node),
+        ("mgpu_simple_client", cli.main),
+        ("mgpu_master", cli.main_master),  # also mgpu_master_server
         ("mgpu_node", cli.main_node),
         ("mgpu_srun", cli.main_srun),
         ("mgpu_queue", cli.main_queue),

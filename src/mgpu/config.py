@@ -77,6 +77,19 @@ class Scheduling(_Strict):
     """A running job whose GPUs stay near 0% utilisation this long is flagged idle."""
     idle_action: Literal["none", "notify", "cancel"] = "none"
     """What happens to an idle interactive job: nothing, a note in its output, cancel."""
+    preempt_signal: str | None = None
+    """`[B:]SIG@SECONDS` (as `--signal`): a preempted job without a `--signal` of its own
+    is sent SIG, then given SECONDS to save its work before it is stopped.  None: only the
+    usual SIGTERM, `kill_grace`, SIGKILL."""
+
+    @field_validator("preempt_signal")
+    @classmethod
+    def _signal(cls, value: str | None) -> str | None:
+        if value is not None:
+            from mgpu.signalspec import format_signal, parse_signal
+
+            return format_signal(parse_signal(value))  # a SpecError names the problem
+        return value
 
 
 class AccessRule(_Strict):
@@ -146,6 +159,35 @@ class Site(_Strict):
     admission: Admission = Field(default_factory=Admission)
 
 
+class Smtp(_Strict):
+    """The mail relay that sends `--notify mailto:` / `--mail-user` notifications."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    host: str
+    port: int = Field(default=25, ge=1, le=65535)
+    sender: str = Field(default="mgpu@localhost", alias="from")
+    starttls: bool = False
+    timeout: float = Field(default=10.0, gt=0)
+
+
+class Notify(_Strict):
+    """Notifications when jobs end (mgpu.master.notify)."""
+
+    webhook: str | None = None
+    """Every job without a `--notify` of its own is reported here (http or https)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """When set, `--notify` may name only these hosts (`*.example.org` for a domain).
+    Loopback, link-local and private addresses are refused unless named here."""
+    smtp: Smtp | None = None
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+
 class ClusterConfig(_Strict):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     nodes: list[NodeEntry] = Field(default_factory=list)
@@ -153,6 +195,7 @@ class ClusterConfig(_Strict):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     security: Security = Field(default_factory=Security)
     site: Site = Field(default_factory=Site)
+    notify: Notify = Field(default_factory=Notify)
 
     @field_validator("nodes")
     @classmethod

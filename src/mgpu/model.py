@@ -292,6 +292,30 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    held: bool = False
+    """Kept from starting (`--hold`, `mgpu hold`) until `mgpu release`."""
+    held_by: str | None = None
+    """Who held it: a job an admin held for another user only an admin releases."""
+    signal: str | None = None
+    """`--signal` in its canonical form `[B:]SIG@SECONDS` (mgpu.signalspec.format_signal)."""
+    restarts: int = 0
+    """Runs requeued so far, for any reason (`MGPU_RESTART_COUNT` of the next run)."""
+    notify: str | None = None
+    """Told when the job ends (`--notify`): an http(s) URL, or mailto:ADDRESS."""
+    script: str | None = None
+    """The job script (`mgpu submit FILE`), run with its `#!` interpreter; `argv` holds
+    its arguments."""
+    script_name: str | None = None
+    option_sources: dict[str, str] = field(default_factory=dict)
+    """Where the job's options came from (a job script's `#MGPU` / `#SBATCH` lines, the
+    command line); options not named took their defaults."""
+    limit_changed: bool = False
+    """Its time limit was changed while it ran (`mgpu update`): sent to its agents again
+    when they reconnect."""
+    gpu_share: float | None = None
+    """`--gpu-share F`: a fraction of one GPU (with `gpus` = 1), packed with other shares."""
+    reservation: str | None = None
+    """`--reservation NAME`: runs only inside that reservation's window, on its GPUs."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -302,6 +326,11 @@ class Job:
     @property
     def terminal(self) -> bool:
         return self.state.terminal
+
+    @property
+    def gpu_fraction(self) -> float:
+        """What each GPU the job holds counts for in accounting: F for a share, else 1."""
+        return self.gpu_share or 1.0
 
     @property
     def desired(self) -> DesiredState:
@@ -379,7 +408,26 @@ class Job:
             "image": self.image,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
+            "held": self.held,
+            "held_by": self.held_by,
+            "signal": self.signal,
+            "restart_count": self.restarts,
+            "notify": shown_target(self.notify),
+            "script_name": self.script_name,
+            "option_sources": dict(self.option_sources),
+            "gpu_share": self.gpu_share,
+            "reservation": self.reservation,
         }
+
+
+def shown_target(target: str | None) -> str | None:
+    """A notification target as others may see it: a webhook's path is often its secret
+    (Slack's are), so only the scheme and host are shown."""
+    if target is None or target.startswith("mailto:"):
+        return target
+    scheme, _, rest = target.partition("://")
+    host = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return f"{scheme}://{host}" + ("" if rest.rstrip("/") == host else "/...")
 
 
 def _migrate_stop(rec: dict[str, Any]) -> None:

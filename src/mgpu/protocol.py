@@ -16,8 +16,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 
 from mgpu.spec import SpecError, validate_node_id
 
-PROTOCOL_VERSION = 4
-"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets."""
+PROTOCOL_VERSION = 5
+"""2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets; 5: job
+scripts, warning signals (`--signal`), time limits changed while a job runs."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -261,6 +262,15 @@ class Launch(BaseModel):
     epilog: str | None = None
     prolog_timeout: float = 30.0
     epilog_timeout: float = 30.0
+    signal: int | None = None
+    """`--signal`: send this signal `signal_lead` seconds before the time limit..."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+    """...to the job's top process only (`B:`), else to every process of the job."""
+    script: str | None = None
+    """A job script: the agent writes it (private to the job's user) and runs it with its
+    `#!` interpreter (else /bin/sh), `argv` being its arguments."""
+    script_name: str | None = None
 
 
 class Kill(BaseModel):
@@ -270,6 +280,21 @@ class Kill(BaseModel):
     """None = whatever epoch the agent runs."""
     reason: str = "cancelled"
     grace: float = 10.0
+    signal: int | None = None
+    """Send this signal first and wait up to `signal_lead` seconds for the job to end
+    before SIGTERM (a preempted job's warning, as `--signal`)."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+
+
+class SetTimeLimit(BaseModel):
+    """A running job's time limit changed (`mgpu update --time`): seconds from its start,
+    None for no limit."""
+
+    type: Literal["set_time_limit"] = "set_time_limit"
+    job_id: str
+    epoch: int
+    time_limit: float | None
 
 
 class ReservePort(BaseModel):
@@ -279,7 +304,8 @@ class ReservePort(BaseModel):
 
 
 MasterMessage = Annotated[
-    Welcome | Refused | Launch | Kill | ReservePort | Forget, Field(discriminator="type")
+    Welcome | Refused | Launch | Kill | ReservePort | Forget | SetTimeLimit,
+    Field(discriminator="type"),
 ]
 
 _agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

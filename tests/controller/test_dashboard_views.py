@@ -115,3 +115,14 @@ def test_the_etag_spares_an_unchanged_answer() -> None:
     assert etagged(_request(tag), {"a": 1}).status_code == 304
     changed = etagged(_request(tag), {"a": 2})
     assert changed.status_code == 200 and changed.headers["etag"] != tag
+
+
+def test_a_shared_gpu_has_its_letter_and_its_occupants(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    shares = [h.start(gpu_share=0.5, user=u) for u in ("alice", "bob")]
+    ov = overview(h.cl, [])
+    assert ov["heat"] == [["n1", "online", "sf"]]
+    assert ov["gpus"]["shared"] == 1 and ov["gpus"]["free"] == 1
+    (gpu0, _) = ov["details"][0]["gpus"]
+    occupants = {(o["job_id"], o["user"]) for o in gpu0["shared_jobs"]}
+    assert occupants == set(zip(shares, ("alice", "bob"), strict=True))

@@ -10,6 +10,7 @@ MGPU_SCREENSHOTS=DIR to also save the pages as DIR/dashboard-*.png
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,4 +131,46 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     assert "not authorised" in page.inner_text("#job-cancel-error")
     assert cluster.client().show(late_id)["state"] in ("queued", "running")  # not cancelled
     cluster.client().cancel(late_id)
+    assert errors == []
+
+
+def test_dashboard_shows_shared_gpus_and_estimates(
+    cluster: LocalCluster, browser_page: Any
+) -> None:
+    page = browser_page
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    c = cluster.client()
+    shares = [
+        cluster.cli("submit", "--gpu-share", "0.5", "--time", "10", "sleep 300", check=True)
+        for _ in range(2)
+    ]
+    share_ids = [s.stdout.strip() for s in shares]
+    wait_for(lambda: all(c.show(j)["state"] == "running" for j in share_ids), what="shares")
+    wide = cluster.cli("submit", "--gpus", "2", "--time", "5", "true", check=True).stdout.strip()
+    wait_for(lambda: c.show(wide).get("expected_start"), what="the estimate")
+    gpu = c.show(share_ids[0])["allocation"][0]["gpu_ids"][0]
+
+    page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")
+    cell = page.locator(f"#nodes tr[data-gpu='node001:{gpu}']")
+    cell.wait_for()
+    page.wait_for_function(
+        f"document.querySelector(\"#nodes tr[data-gpu='node001:{gpu}']\")"
+        ".innerText.includes('used by 2 jobs')"
+    )
+    text = cell.inner_text()
+    assert "shared" in text and all(j in text for j in share_ids) and "(0.5)" in text
+    row = page.locator(f"#queue tr[data-job='{wide}']")
+    row.wait_for()
+    start = re.search(r"\bin (\d+):\d\d\b", row.inner_text())  # the shares end in ~10 min
+    assert start is not None and 8 <= int(start.group(1)) <= 10, row.inner_text()
+    shoot(page, "shares")
+
+    page.goto(f"http://{cluster.address}/#/job/{wide}")
+    page.wait_for_function("document.getElementById('job-details').textContent.includes('waits')")
+    details = page.inner_text("#job-details")
+    assert "expected start" in details and "2 GPUs held by jobs" in details
+    assert all(j in details for j in share_ids)
+    for j in [*share_ids, wide]:
+        c.cancel(j)
     assert errors == []

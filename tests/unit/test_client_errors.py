@@ -124,3 +124,11 @@ def test_token_table_shows_owner_and_allow_root() -> None:
 
     shown = {cell(r, "ID"): (cell(r, "OWNER"), cell(r, "ALLOW ROOT")) for r in rows}
     assert shown == {"t1": ("yes", "yes"), "t2": ("", ""), "t3": ("", "yes")}
+
+
+def test_an_id_with_a_slash_is_refused_before_it_reaches_the_master() -> None:
+    # The server decodes %2F and matches no route: the user got a bare "Not Found".
+    client = Client("127.0.0.1:9")  # nothing listens: refused before any connection
+    for call in (client.show, client.cancel):
+        with pytest.raises(MgpuError, match=r"no job, node, step or token is called '\.\./x'"):
+            call("../x")

@@ -28,6 +28,7 @@ from mgpu.agent import devices
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
+from mgpu.agent.mps import mps_env
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
@@ -42,6 +43,7 @@ from mgpu.protocol import (
     Refused,
     ReservePort,
     RunningReport,
+    SetTimeLimit,
     Started,
     Welcome,
     batch_frames,
@@ -388,10 +390,17 @@ class Agent:
                 self.launch(msg)
         elif isinstance(msg, Kill):
             run = self.launcher.find(msg.job_id, msg.epoch)
+            warning = (
+                None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch)
+            )
             if run is not None:
-                self.launcher.kill(run, msg.reason, msg.grace)
+                self.launcher.kill(run, msg.reason, msg.grace, warning)
             else:
                 self.site.cancel(msg.job_id, msg.epoch, msg.reason)
+        elif isinstance(msg, SetTimeLimit):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None:
+                self.launcher.set_time_limit(run, msg.time_limit)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
         elif isinstance(msg, Forget):
@@ -421,7 +430,11 @@ class Agent:
                 user_ids=ids,
                 hostfile=msg.hostfile,
                 note=note,
-                gpu_ids=msg.gpu_ids,
+                warning=None
+                if msg.signal is None
+                else (msg.signal, msg.signal_lead, msg.signal_batch),
+                script=None if msg.script is None else (msg.script_name or "script", msg.script),
+                gpu_ids=self._device_ids(msg.gpu_ids),
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -455,10 +468,20 @@ class Agent:
             raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
         return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
 
+    def _device_ids(self, gpu_ids: list[int]) -> list[int]:
+        """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""
+        physical = {g.index: g.device_index for g in self.gpus if g.device_index is not None}
+        return sorted({physical.get(i, i) for i in gpu_ids})
+
     def job_env(self, msg: Launch) -> dict[str, str]:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
         env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
+        env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
+        if any(g.mig for g in self.gpus) and msg.gpu_ids:
+            # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
+            uuids = {g.index: g.uuid for g in self.gpus}
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in msg.gpu_ids)
         if msg.mpi:
             launcher = f"{sys.executable} -m mgpu rsh"
             env.update(

@@ -72,6 +72,13 @@ class GpuInfo:
     name: str
     memory_mb: int
     uuid: str | None = None
+    device_index: int | None = None
+    """The physical GPU's NVML index (its /dev/nvidiaN) where it differs from `index`: a MIG
+    instance (its parent), and the GPUs numbered after MIG instances on the node."""
+
+    @property
+    def mig(self) -> bool:
+        return bool(self.uuid and self.uuid.startswith("MIG-"))
 
 
 @dataclass
@@ -205,16 +212,13 @@ def _detect_nvml() -> list[GpuInfo]:
         gpus: list[GpuInfo] = []
         for i in range(int(nvml.nvmlDeviceGetCount())):
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            try:
-                name = _text(nvml.nvmlDeviceGetName(handle)).strip() or "NVIDIA GPU"
-            except UnicodeDecodeError:  # seen under WSL: NVML returns undecodable bytes
-                name = "NVIDIA GPU"
-            memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
-            try:
-                uuid: str | None = _text(nvml.nvmlDeviceGetUUID(handle)).strip() or None
-            except (nvml_error, UnicodeDecodeError):
-                uuid = None
-            gpus.append(GpuInfo(index=i, name=name, memory_mb=memory_mb, uuid=uuid))
+            instances = _mig_instances(nvml, handle, nvml_error)
+            if instances:  # each MIG instance is a device of its own
+                for mig in instances:
+                    gpus.append(_nvml_gpu(nvml, mig, len(gpus), i, nvml_error))
+                continue
+            renumbered = len(gpus) != i
+            gpus.append(_nvml_gpu(nvml, handle, len(gpus), i if renumbered else None, nvml_error))
         return gpus
     except (nvml_error, OSError) as exc:
         log.warning("NVML failed while listing GPUs (%s); trying nvidia-smi", exc)
@@ -224,6 +228,49 @@ def _detect_nvml() -> list[GpuInfo]:
             nvml.nvmlShutdown()
         except (nvml_error, OSError):
             pass
+
+
+def _nvml_gpu(
+    nvml: Any, handle: Any, index: int, device_index: int | None, nvml_error: type[BaseException]
+) -> GpuInfo:
+    """One GPU (or MIG instance) from its NVML handle."""
+    try:
+        name = _text(nvml.nvmlDeviceGetName(handle)).strip() or "NVIDIA GPU"
+    except UnicodeDecodeError:  # seen under WSL: NVML returns undecodable bytes
+        name = "NVIDIA GPU"
+    memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+    try:
+        uuid: str | None = _text(nvml.nvmlDeviceGetUUID(handle)).strip() or None
+    except (nvml_error, UnicodeDecodeError):
+        uuid = None
+    return GpuInfo(
+        index=index, name=name, memory_mb=memory_mb, uuid=uuid, device_index=device_index
+    )
+
+
+def _mig_instances(nvml: Any, handle: Any, nvml_error: type[BaseException]) -> list[Any]:
+    """The MIG instances of a GPU in MIG mode (their NVML handles), else [].
+
+    `nvmlDeviceGetMigMode` returns (current, pending) and raises NOT_SUPPORTED on GPUs
+    without MIG; `nvmlDeviceGetMaxMigDeviceCount` bounds the instance slots, and
+    `nvmlDeviceGetMigDeviceHandleByIndex` raises NOT_FOUND for an empty slot."""
+    get_mode = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if get_mode is None:  # bindings older than MIG
+        return []
+    try:
+        current, _pending = get_mode(handle)
+        if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            return []
+        slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except (nvml_error, OSError):
+        return []
+    found = []
+    for slot in range(slots):
+        try:
+            found.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+        except (nvml_error, OSError):
+            continue
+    return found
 
 
 def _run_nvidia_smi(args: list[str], timeout: float) -> str | None:
@@ -392,7 +439,8 @@ def _sample_nvml(gpus: Sequence[GpuInfo], exclude_pids: Collection[int]) -> list
         samples = []
         for g in gpus:
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(g.index)
+                physical = g.index if g.device_index is None else g.device_index
+                handle = nvml.nvmlDeviceGetHandleByIndex(physical)
             except errors as exc:
                 log.warning("NVML cannot reach GPU %d: %s", g.index, exc)
                 samples.append(_empty_sample(g))

@@ -47,7 +47,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, privileged
+from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged
 
 log = logging.getLogger("mgpu.agent")
 
@@ -98,6 +98,14 @@ class RunRecord:
     """The `--mpi` hostfile written for this run, removed with its spool files."""
     devices: str = ""
     """The run's v1 devices cgroup, which denies it the GPUs it was not given (empty: none)."""
+    signal: int = 0
+    """`--signal`: sent `signal_lead` seconds before `deadline` (0: none), to the top
+    process only when `signal_batch`; `signal_sent` once it went."""
+    signal_lead: float = 0.0
+    signal_batch: bool = False
+    signal_sent: bool = False
+    script: str = ""
+    """The job script written for this run (mgpu.agent.jobscript), removed with it."""
 
 
 @dataclass
@@ -111,6 +119,8 @@ class Running:
     kill_task: asyncio.Task[None] | None = None
     poll_task: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    """The time limit's and the warning signal's (re-armed when the limit changes)."""
 
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
@@ -184,9 +194,13 @@ class Launcher:
         hostfile: str | None = None,
         note: str | None = None,
         gpu_ids: Collection[int] | None = None,
+        warning: tuple[int, float, bool] | None = None,
+        script: tuple[str, str] | None = None,
     ) -> Running:
         """Start a run; `note` is a line written to its stderr first (said by the agent).
-        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules)."""
+        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
+        `warning`: (signal, seconds, top process only) before the time limit (--signal).
+        `script`: (name, text) of a job script, run with `argv` as its arguments."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -245,6 +259,15 @@ class Launcher:
                     "HYDRA_HOST_FILE",
                 ):
                     full_env[var] = hosts
+            script_path = ""
+            if script is not None:
+                owner = None if user_ids is None else (user_ids[0], user_ids[1])
+                try:
+                    script_path = jobscript.write(job_id, script[0], script[1], owner)
+                except OSError as e:
+                    raise LaunchError(f"cannot write the job script: {e.strerror}") from None
+                made += [script_path, os.path.dirname(script_path)]
+                argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
             if user_ids is not None:
                 uid, gid, groups = user_ids
@@ -303,7 +326,10 @@ class Launcher:
             cgroup=cgroup or "",
             hosts=hosts,
             devices=guard if guard is not None and guard != cgroup else "",
+            script=script_path,
         )
+        if warning is not None:
+            rec.signal, rec.signal_lead, rec.signal_batch = warning
         self.save(rec)
         run = Running(rec=rec, popen=popen)
         self._track(run)
@@ -360,9 +386,39 @@ class Launcher:
             loop.add_reader(run.pidfd, self._on_exit, run)
         else:  # pragma: no cover - kernels before 5.3
             run.poll_task = loop.create_task(self._poll_exit(run))
-        if run.rec.deadline is not None:
-            delay = max(0.0, run.rec.deadline - time.time())
-            loop.call_later(delay, self._time_limit, run)
+        self._arm(run)
+
+    def _arm(self, run: Running) -> None:
+        """The timers of the run's deadline: the time limit, and `--signal` before it."""
+        for timer in run.timers:
+            timer.cancel()
+        run.timers.clear()
+        if run.rec.deadline is None or run.exited.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        now = time.time()
+        run.timers.append(loop.call_later(max(0.0, run.rec.deadline - now), self._time_limit, run))
+        if run.rec.signal and not run.rec.signal_sent:
+            when = run.rec.deadline - run.rec.signal_lead
+            run.timers.append(loop.call_later(max(0.0, when - now), self._warn_once, run))
+
+    def set_time_limit(self, run: Running, time_limit: float | None) -> None:
+        """The job's limit changed (mgpu update): counted from the run's start, as before."""
+        run.rec.deadline = None if time_limit is None else run.rec.start_time + time_limit
+        self.save(run.rec)
+        self._arm(run)
+
+    def _warn_once(self, run: Running) -> None:
+        if not run.rec.signal_sent and not run.exited.is_set() and run.kill_task is None:
+            self.warn(run, run.rec.signal, run.rec.signal_batch)
+
+    def warn(self, run: Running, sig: int, top_only: bool) -> None:
+        """Send `sig` to the job, or to its top process only (mgpu.agent.jobsignal)."""
+        run.rec.signal_sent = True
+        self.save(run.rec)
+        tagged = set() if top_only else self._job_processes(run)
+        count = jobsignal.send(run.rec.pid, run.rec.cgroup, tagged, sig, top_only)
+        log.info("job %s: signal %d sent to %d process(es)", run.rec.job_id, sig, count)
 
     async def _poll_exit(self, run: Running) -> None:
         while psutil.pid_exists(run.rec.pid):
@@ -464,6 +520,8 @@ class Launcher:
         self._trash += [rec.out_path, rec.err_path, rec.exit_path, str(self._record_path(rec))]
         if rec.hosts:
             self._trash.append(rec.hosts)
+        if rec.script:
+            self._trash += [rec.script, os.path.dirname(rec.script)]
 
     async def sweep(self, interval: float = 1.0) -> None:
         """Remove the spool files of finished runs, off the event loop."""
@@ -480,13 +538,29 @@ class Launcher:
             run.timed_out = True
             self.kill(run, "time limit", run.rec.kill_grace)
 
-    def kill(self, run: Running, reason: str, grace: float) -> None:
+    def kill(
+        self,
+        run: Running,
+        reason: str,
+        grace: float,
+        warning: tuple[int, float, bool] | None = None,
+    ) -> None:
+        """SIGTERM, `grace`, SIGKILL; `warning` (signal, seconds, top process only) first,
+        and that long for the job to end on its own (a preempted job's --signal)."""
         if run.kill_task is not None or run.exited.is_set():
             return
         run.kill_reason = reason
-        run.kill_task = asyncio.get_running_loop().create_task(self._kill(run, grace))
+        run.kill_task = asyncio.get_running_loop().create_task(self._kill(run, grace, warning))
 
-    async def _kill(self, run: Running, grace: float) -> None:
+    async def _kill(
+        self, run: Running, grace: float, warning: tuple[int, float, bool] | None = None
+    ) -> None:
+        if warning is not None:
+            self.warn(run, warning[0], warning[2])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.exited.wait(), timeout=warning[1])
+            if run.exited.is_set():
+                return
         targets = self._job_processes(run)
         self._signal(run, targets, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
@@ -589,8 +663,13 @@ def _close_all(fds: tuple[int, ...] | list[int]) -> None:
 
 def _unlink_all(paths: list[str]) -> None:
     for p in paths:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(p)
+        except IsADirectoryError:  # a job script's directory, after its file
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
+        except OSError:
+            pass
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

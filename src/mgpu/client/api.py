@@ -280,7 +280,7 @@ class Client:
         Options are those of `mgpu submit`: gpus, gpu_ids, node_gpu_ids, nodes,
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
-        preemptible, gpu_type, policy, cwd, env.
+        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation.
 
         Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
         the job would run elsewhere).  Without `env` it gets this process's environment,
@@ -328,6 +328,39 @@ class Client:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/cancel"))
+
+    def submit_script(
+        self, script: str, args: list[str] | None = None, name: str = "script", **options: Any
+    ) -> SubmittedJob:
+        """Queue a job script (its text): sent with the job and run on the node with its
+        `#!` interpreter (else /bin/sh), `args` as its arguments.  Its `#MGPU`/`#SBATCH`
+        lines are read by `mgpu submit FILE`, not here: pass the options."""
+        return self.submit(list(args or []), script=script, script_name=name, **options)
+
+    def hold(self, job_id: str) -> dict[str, Any]:
+        """Keep a queued job (or an array's queued tasks) from starting:
+        `{"jobs": [{"job_id", "changed", "message"}]}`."""
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/hold"))
+
+    def release(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/release"))
+
+    def requeue(self, job_id: str) -> dict[str, Any]:
+        """Stop a running job and queue it again (no retry spent)."""
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/requeue"))
+
+    def update(
+        self,
+        job_id: str,
+        time: str | None = None,
+        priority: int | None = None,
+        gpus: int | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Change a queued job (time, priority, GPUs, name) or a running one (time, name)."""
+        body = {"time": time, "priority": priority, "gpus": gpus, "name": name}
+        body = {k: v for k, v in body.items() if v is not None}
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/update", body))
 
     def drain(self, node_id: str, reason: str | None = None) -> dict[str, Any]:
         return dict(
@@ -397,6 +430,36 @@ class Client:
 
     def revoke_token(self, token_id: str) -> dict[str, Any]:
         return dict(self._request("DELETE", f"/api/tokens/{_quote(token_id)}"))
+
+    def reserve(
+        self,
+        name: str,
+        gpus: int,
+        start: str | float = "now",
+        duration: str | None = None,
+        end: str | float | None = None,
+        users: list[str] | None = None,
+        nodelist: str | None = None,
+    ) -> dict[str, Any]:
+        """Set GPUs aside for a window (admin): `start` is `now`, `now+MINUTES` or epoch
+        seconds; the length is `duration` (`--time` syntax) or `end`.  Returns the
+        reservation with the GPUs chosen."""
+        body: dict[str, Any] = {"name": name, "gpus": gpus, "start": start}
+        for key, value in (
+            ("duration", duration),
+            ("end", end),
+            ("users", users),
+            ("nodelist", nodelist),
+        ):
+            if value is not None:
+                body[key] = value
+        return dict(self._request("POST", "/api/reservations", body))
+
+    def reservations(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/reservations")["reservations"])
+
+    def delete_reservation(self, name: str) -> dict[str, Any]:
+        return dict(self._request("DELETE", f"/api/reservations/{_quote(name)}"))
 
     def audit(self, since: float = 0.0) -> list[dict[str, Any]]:
         return list(self._request("GET", f"/api/audit?since={since}")["events"])
@@ -527,6 +590,8 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 def _quote(part: str) -> str:
     if _UNRESERVED.issuperset(part):  # a job id: as quote() would leave it, without urllib
         return part
+    if "/" in part:  # the server would decode it and match no route: a bare "Not Found"
+        raise MgpuError(f"no job, node, step or token is called {part!r} (ids never contain '/')")
     from urllib.parse import quote
 
     return quote(part, safe="")

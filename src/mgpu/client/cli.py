@@ -52,12 +52,18 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mpi", action="store_true", help="mpirun on the first node, hostfile set")
     g.add_argument("--time", "-t", help="time limit: MIN, MM:SS, HH:MM:SS or D-HH:MM:SS")
     g.add_argument("--name", "-J", help="job name")
-    g.add_argument("--priority", type=int, default=0, help="user priority (higher first)")
+    g.add_argument("--priority", type=int, help="user priority (higher first; default 0)")
     g.add_argument("--retries", type=int, help="requeues allowed after node failures")
     g.add_argument("--dependency", "-d", help="afterok:ID[:ID], afterany:ID, afternotok:ID")
     g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
     g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
     g.add_argument("--image", help="run inside this container image (the node's runtime)")
+    g.add_argument("--signal", help="[B:]SIG@SECONDS before the time limit or a preemption")
+    g.add_argument("--hold", "-H", action="store_true", help="queue it held (mgpu release)")
+    g.add_argument("--notify", help="when it ends: POST to this URL, or mailto:ADDRESS")
+    g.add_argument("--mail-user", dest="notify", help="when it ends: mail this address")
+    g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
+    g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -89,6 +95,11 @@ JOB_FIELDS = (
     "array",
     "preemptible",
     "image",
+    "signal",
+    "hold",
+    "notify",
+    "gpu_share",
+    "reservation",
 )
 
 
@@ -108,6 +119,12 @@ def make_client(args: argparse.Namespace) -> Client:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    if args.command and os.path.isfile(args.command[0]):  # a job script
+        from mgpu.client.cmd_jobctl import submit_script
+
+        code = submit_script(args)
+        if code is not None:
+            return code
     command = " ".join(args.command) if len(args.command) > 1 else "".join(args.command)
     if not command.strip():
         raise UsageError("the command is empty")
@@ -517,11 +534,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("submit", cmd_submit, "queue a job; prints its id")
     add_job_options(s)
     s.add_argument("--interactive", "-i", action="store_true", help="stream output, wait")
-    s.add_argument("command", nargs=argparse.REMAINDER, help="the command (run with /bin/sh -c)")
+    s.add_argument(
+        "command", nargs=argparse.REMAINDER, help="the command (run with /bin/sh -c), or FILE ARGS"
+    )
 
     s = add("srun", cmd_srun, "run a job in the foreground with live output")
     add_job_options(s)
     s.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
+
+    from mgpu.client.cmd_jobctl import add_jobctl_parsers
+
+    add_jobctl_parsers(add)
 
     s = add("queue", cmd_queue, "pending and running jobs, and nodes")
     s.add_argument("--all", "-a", action="store_true", help="include finished jobs")
@@ -648,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("config", cmd_config_check, "check a cluster config file")
     s.add_argument("action", choices=["check"])
     s.add_argument("file")
+    from mgpu.client.cmd_reserve import add_reserve_parser
+
+    add_reserve_parser(sub, make_client)
     return p
 
 

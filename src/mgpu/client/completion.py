@@ -57,9 +57,18 @@ def _subparsers(
 
 
 def _options(parser: argparse.ArgumentParser) -> tuple[list[Option], list[str]]:
-    options, positional = [], []
+    options: list[Option] = []
+    positional: list[str] = []
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
+            # Actions (`reserve create|list|delete`): offered as words, their options merged.
+            positional += [str(c) for c in a.choices]
+            seen = {f for o in options for f in o.flags}
+            for nested in a.choices.values():
+                for o in _options(nested)[0]:
+                    if not seen & set(o.flags):
+                        options.append(o)
+                        seen.update(o.flags)
             continue
         choices = [str(c) for c in a.choices] if a.choices else []
         if a.option_strings:

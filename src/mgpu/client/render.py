@@ -40,8 +40,9 @@ def where(job: dict[str, Any]) -> str:
     if job["state"] == "queued" or not alloc:
         return f"({job.get('reason') or 'queued'})"
     parts = []
+    share = job.get("gpu_share")
     for a in alloc:
-        gpus = ",".join(map(str, a["gpu_ids"]))
+        gpus = ",".join(f"{g}({share:g})" if share else str(g) for g in a["gpu_ids"])
         parts.append(f"{a['node_id']}:{gpus}" if gpus else a["node_id"])
     text = ";".join(parts)
     if job["state"] not in ("queued", "running") and job.get("reason"):
@@ -59,11 +60,53 @@ def _job_row(job: dict[str, Any], now: float) -> list[str]:
         (job.get("name") or "")[:20],
         job["user"],
         job["state"] + (" (idle)" if job.get("idle") else ""),
-        str(job["gpus"]),
+        f"{job['gpu_share']:g}" if job.get("gpu_share") else str(job["gpus"]),
         f"{prio:.0f}" if isinstance(prio, int | float) else "-",
         elapsed,
+        start_in(job.get("expected_start"), now) if job["state"] == "queued" else "",
         where(job),
     ]
+
+
+def start_in(expected: float | None, now: float) -> str:
+    """A queued job's estimated start, relative: `now`, `in 12m`, `in 1h 20m`, `-` if none."""
+    if not expected:
+        return "-"
+    wait = expected - now
+    if wait < 30:
+        return "now"
+    m = round(wait / 60)
+    if m < 60:
+        return f"in {m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"in {h}h {m}m" if m else f"in {h}h"
+    d, h = divmod(h, 24)
+    return f"in {d}d {h}h" if h else f"in {d}d"
+
+
+def explain_wait(job: dict[str, Any]) -> str | None:
+    """What a queued job waits for, from the planner's `waiting_on` and `expected_start`:
+    `2 GPUs held by jobs 1a2b3c4d, 5e6f7a8b until ~14:05; reservation course-a`."""
+    held = job.get("waiting_on") or []
+    expected = job.get("expected_start")
+    if not held or not expected:
+        return None
+    jobs = [h for h in held if not h.startswith("reservation:")]
+    reservations = [h.split(":", 1)[1] for h in held if h.startswith("reservation:")]
+    need = (
+        f"{job['gpu_share']:g} of a GPU"
+        if job.get("gpu_share")
+        else ("1 GPU" if job["gpus"] == 1 else f"{job['gpus']} GPUs")
+    )
+    until = time.strftime("%H:%M", time.localtime(expected))
+    parts = []
+    if jobs:
+        word = "job" if len(jobs) == 1 else "jobs"
+        parts.append(f"{need} held by {word} {', '.join(jobs)} until ~{until}")
+    for name in reservations:
+        parts.append(f"reservation {name} until ~{until}")
+    return "; ".join(parts)
 
 
 def render_queue(data: dict[str, Any]) -> str:
@@ -88,7 +131,8 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
         row = _job_row(first, now)
         row[0] = f"{array_id}_[{_ranges(ids)}]"
         rows.append(row)
-    headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "NODES (REASON)"]
+    headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "START"]
+    headers.append("NODES (REASON)")
     return table(headers, rows) if rows else "  (no jobs)"
 
 
@@ -112,11 +156,12 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
     rows = []
     for n in nodes:
         gpus = n.get("gpus") or []
-        busy = sum(1 for g in gpus if g.get("busy_job"))
+        busy = sum(1 for g in gpus if g.get("busy_job") or g.get("shared_jobs"))
         foreign = [g for g in gpus if g.get("foreign_blocked") and not g.get("busy_job")]
         state = n["state"] + ("" if n.get("connected", True) else "*")
         util, mem = _gpu_use(gpus)
         reason = [n.get("reason") or ""] + [_foreign_note(g) for g in foreign]
+        reason += [shared_note(g) for g in gpus if g.get("shared_jobs")]
         if n.get("run_as_user"):  # a non-root agent cannot switch users
             reason.append(f"jobs run as {n['run_as_user']}")
         rows.append(
@@ -154,6 +199,14 @@ def _gpu_use(gpus: list[dict[str, Any]]) -> tuple[str, str]:
     return util, mem
 
 
+def shared_note(gpu: dict[str, Any]) -> str:
+    """`GPU 0 shared: 0.75 used by 3 jobs`."""
+    tenants = gpu.get("shared_jobs") or []
+    used = gpu.get("share_used") or sum(t["share"] for t in tenants)
+    jobs = "1 job" if len(tenants) == 1 else f"{len(tenants)} jobs"
+    return f"GPU {gpu['index']} shared: {used:g} used by {jobs}"
+
+
 def _foreign_note(gpu: dict[str, Any]) -> str:
     mb = (gpu.get("telemetry") or {}).get("foreign_memory_mb")
     return f"GPU {gpu['index']} used outside mgpu ({mb} MB)"
@@ -166,7 +219,8 @@ def render_job(job: dict[str, Any]) -> str:
         f"  user:       {job['user']}",
         f"  state:      {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""),
         f"  command:    {job['command']}",
-        f"  gpus:       {job['gpus']}",
+        f"  gpus:       {job['gpus']}"
+        + (f" (a share of {job['gpu_share']:g})" if job.get("gpu_share") else ""),
         f"  exit code:  {job['exit_code'] if job['exit_code'] is not None else '-'}",
         f"  submitted:  {_ts(job['submit_time'])}",
         f"  started:    {_ts(job.get('start_time'))}",
@@ -178,6 +232,7 @@ def render_job(job: dict[str, Any]) -> str:
         end = job.get("end_time") or now
         lines.append(f"  elapsed:    {duration(end - job['start_time'])}")
     lines.append(f"  retries:    {job['retries']} of {job.get('max_retries', '-')}")
+    lines += _job_control_lines(job)
     if job.get("gpu_util_mean") is not None or job.get("gpu_memory_peak_mb") is not None:
         util, peak = job.get("gpu_util_mean"), job.get("gpu_memory_peak_mb")
         lines.append(
@@ -192,8 +247,14 @@ def render_job(job: dict[str, Any]) -> str:
         if factors:
             detail = " = " + " + ".join(f"{k} {v:.0f}" for k, v in factors.items())
         lines.append(f"  priority:   {job['priority_value']:.0f}{detail}")
+    if job.get("reservation"):
+        lines.append(f"  reservation: {job['reservation']}")
     if job.get("expected_start"):
-        lines.append(f"  expected start: {_ts(job['expected_start'])}")
+        when = start_in(job["expected_start"], now)
+        lines.append(f"  expected start: {_ts(job['expected_start'])} ({when})")
+        waits = explain_wait(job)
+        if waits:
+            lines.append(f"  waits for:  {waits}")
     for a in job.get("allocation") or []:
         gpus = ",".join(map(str, a["gpu_ids"])) or "none"
         lines.append(
@@ -208,6 +269,32 @@ def render_job(job: dict[str, Any]) -> str:
             span = f"start {_ts(at.get('start_time'))}  end {_ts(at.get('end_time'))}"
             lines.append(f"    {i}. {nodes}  {span}  {at.get('end_reason') or ''}".rstrip())
     return "\n".join(lines)
+
+
+def _job_control_lines(job: dict[str, Any]) -> list[str]:
+    """Restarts, --signal, --notify, the job script and where its options came from."""
+    lines = []
+    if job.get("restart_count"):
+        lines.append(f"  restarts:   {job['restart_count']}")
+    if job.get("held"):
+        lines.append(f"  held:       by {job.get('held_by') or '-'} (mgpu release {job['id']})")
+    if job.get("signal"):
+        lines.append(f"  signal:     {job['signal']} (seconds before the time limit)")
+    if job.get("notify"):
+        lines.append(f"  notify:     {job['notify']}")
+    if job.get("script_name"):
+        lines.append(f"  script:     {job['script_name']} (sent with the job)")
+    sources = job.get("option_sources") or {}
+    if sources:
+        by: dict[str, list[str]] = {}
+        for option, source in sorted(sources.items()):
+            by.setdefault(source, []).append("--" + option.replace("_", "-"))
+        # Lowest precedence first, as they were applied: the script's lines, then the CLI.
+        rank = {"#SBATCH": 0, "#MGPU": 1, "command line": 2}
+        order = sorted(by, key=lambda src: rank.get(src, 3))
+        shown = "; ".join(f"{src}: {', '.join(by[src])}" for src in order)
+        lines.append(f"  options:    {shown}; the rest: defaults")
+    return lines
 
 
 def _ts(t: float | None) -> str:

@@ -6,7 +6,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mgpu.client.api import Client, MgpuError
-from mgpu.client.render import duration
+from mgpu.client.render import duration, start_in
+from mgpu.client.render import where as render_where
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -33,12 +34,20 @@ def gpu_state(node: dict[str, Any], gpu: dict[str, Any]) -> str:
         return "offline"
     if gpu.get("busy_job"):
         return "busy"
+    if gpu.get("shared_jobs"):
+        return f"shared {gpu.get('share_used') or 0:g}"
     if gpu.get("foreign_blocked"):
         return "foreign"
     return "free" if node["state"] == "online" else node["state"]
 
 
-_STATE_STYLE = {"busy": "cyan", "free": "green", "foreign": "magenta", "offline": "red"}
+_STATE_STYLE = {
+    "busy": "cyan",
+    "shared": "blue",
+    "free": "green",
+    "foreign": "magenta",
+    "offline": "red",
+}
 
 
 def frame(data: dict[str, Any], address: str, error: str | None = None) -> RenderableType:
@@ -49,7 +58,9 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
     nodes = data.get("nodes", [])
     jobs = data.get("jobs", [])
     total = sum(len(n.get("gpus") or []) for n in nodes)
-    busy = sum(1 for n in nodes for g in n.get("gpus") or [] if g.get("busy_job"))
+    busy = sum(
+        1 for n in nodes for g in n.get("gpus") or [] if g.get("busy_job") or g.get("shared_jobs")
+    )
     online = sum(1 for n in nodes if n["state"] == "online" and n.get("connected", True))
     running = sum(1 for j in jobs if j["state"] == "running")
     queued = sum(1 for j in jobs if j["state"] == "queued")
@@ -76,12 +87,13 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
                 state = f"foreign {tel.get('foreign_memory_mb') or 0}M"
             temp = tel.get("temperature_c")
             style = _STATE_STYLE.get(state.split()[0], "yellow")
+            tenants = g.get("shared_jobs") or []
             gt.add_row(
                 n["node_id"] if i == 0 else "",
                 str(g["index"]),
                 f"[{style}]{state}[/]",
-                g.get("busy_job") or "",
-                g.get("busy_user") or "",
+                g.get("busy_job") or " ".join(f"{t['job_id']}({t['share']:g})" for t in tenants),
+                g.get("busy_user") or ",".join(sorted({t.get("user") or "?" for t in tenants})),
                 _bar(tel.get("utilization_pct")),
                 _mem(tel),
                 "-" if temp is None else f"{temp:.0f}°C",
@@ -89,7 +101,7 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
     parts.append(gt)
 
     qt = Table(title="Queue", title_justify="left", expand=False, pad_edge=False)
-    for col in ("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "NODES (REASON)"):
+    for col in ("JOBID", "NAME", "USER", "STATE", "GPUS", "TIME", "START", "NODES (REASON)"):
         qt.add_column(col, no_wrap=True)
     now = time.time()
     order = {"running": 0, "queued": 1}
@@ -97,9 +109,7 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
         start = j.get("start_time")
         alloc = j.get("allocation") or []
         if j["state"] == "running" and alloc:
-            where = ";".join(
-                f"{a['node_id']}:{','.join(map(str, a['gpu_ids']))}".rstrip(":") for a in alloc
-            )
+            where = render_where(j)
         else:
             where = f"({j.get('reason') or j['state']})"
         state = j["state"] + (" [bold magenta]idle[/]" if j.get("idle") else "")
@@ -108,12 +118,13 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
             (j.get("name") or "")[:20],
             j["user"],
             state,
-            str(j["gpus"]),
+            f"{j['gpu_share']:g}" if j.get("gpu_share") else str(j["gpus"]),
             duration(now - start) if start else "-",
+            start_in(j.get("expected_start"), now) if j["state"] == "queued" else "",
             where,
         )
     if not jobs:
-        qt.add_row("(no jobs)", "", "", "", "", "", "")
+        qt.add_row("(no jobs)", "", "", "", "", "", "", "")
     parts.append(qt)
     return Group(*parts)
 

@@ -69,6 +69,21 @@ class Access:
             return "the master's own account"
         return "root on the master's machine" if is_uid0(user) else None
 
+    def known_user(self, user: str) -> bool:
+        """Whether `user` is someone this cluster knows (`mgpu reserve create --users`): the
+        owner, a user with a token, one with a job in the queue, or an account here."""
+        if user == self.owner or any(j.user == user for j in self.jobs.values()):
+            return True
+        if any(t["user"] == user and not t.get("revoked") for t in self.tokens.list()):
+            return True
+        import pwd
+
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            return False
+        return True
+
     def allowed_nodes(self, user: str) -> frozenset[str] | None:
         """Nodes `user` may use under the access rules; None = every node."""
         if not self._restricted:

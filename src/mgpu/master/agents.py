@@ -41,6 +41,7 @@ from mgpu.protocol import (
     PortReserved,
     Resume,
     RunningReport,
+    SetTimeLimit,
     Started,
     Welcome,
 )
@@ -158,6 +159,11 @@ class Agents:
                 slot.phase = SlotPhase.STARTED  # its start was not stored yet
             o, e = self.outputs.resume_point(run_id, epoch, node.node_id)
             resume.append(Resume(job_id=run_id, epoch=epoch, stdout=o, stderr=e))
+            if job is not None and job.limit_changed and node.link is not None:
+                # Changed while it ran (mgpu update): the agent may not have heard (after
+                # the welcome, on the same ordered link).
+                limit = SetTimeLimit(job_id=run_id, epoch=epoch, time_limit=job.time_limit)
+                self.uow.send(node.link, limit)
         why = f"{node.node_id} restarted and no longer runs it"
         if result.lost:
             self.nodes.charge_failure(node, why)

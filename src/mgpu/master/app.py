@@ -34,6 +34,8 @@ from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink
+from mgpu.master.reserve_api import make_reserve_router
+from mgpu.master.routes_jobctl import make_jobctl_router
 from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -534,6 +536,8 @@ def create_app(
 
     app.include_router(make_router(c))
     app.include_router(dashboard_router(c))
+    app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
+    app.include_router(make_reserve_router(c, require_admin, _address))
     return app
 
 

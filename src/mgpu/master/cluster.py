@@ -36,18 +36,22 @@ from mgpu.master.agents import Agents
 from mgpu.master.auth import Identity, TokenStore
 from mgpu.master.clock import Clock, LoopTimers, SystemClock, Timers
 from mgpu.master.gpuwatch import GpuWatch
+from mgpu.master.jobctl import JobControl
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.loop import SchedulingLoop
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
+from mgpu.master.notify import Notifier, check_target
 from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
-from mgpu.master.snapshot import node_views
+from mgpu.master.reservations import ReservationBook
+from mgpu.master.reservations import public as public_reservation
+from mgpu.master.snapshot import job_request, node_views, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
-from mgpu.master.submit import JobSpec, SubmitDefaults, build_jobs
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome
@@ -102,6 +106,7 @@ class Cluster:
         self.life.on_end.append(lambda job: self.gpuwatch.forget(job.id))
         self.access = Access(config, tokens, self.jobs, self.nodes, self.default_user)
         self.node_admin = NodeAdmin(self.state, self.life, store, node_secrets, config)
+        self.reservations = ReservationBook(store)
         self.loop = SchedulingLoop(
             self.state,
             self.life,
@@ -110,6 +115,7 @@ class Cluster:
             config,
             self.access.allowed_nodes,
             self._dependency_targets,
+            self.reservations.active,
         )
         self.agents = Agents(
             self.state,
@@ -123,6 +129,11 @@ class Cluster:
         )
         self.agents.on_joined = self._judge_unjudged_later
         self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self.jobctl = JobControl(
+            self.state, self.life, self.loop, self.admission, self.admission_context
+        )
+        self.notifier = Notifier(config.notify, self._active_tasks, store.job_rows_with_prefix)
+        self.life.on_end.append(self.notifier.job_ended)
         self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
         self._ids_in_admission: set[str] = set()
         self._unjudged: set[str] = set()
@@ -190,13 +201,15 @@ class Cluster:
         for job in jobs:
             job.allow_root = allow_root
         base_id = jobs[0].array_job_id or jobs[0].id
-        joined = self.state.any_node_joined()
-        ctx = AdmissionContext(
-            nodes=self._node_views() if joined else [],
-            request_for=self.loop.request_for,
-            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
-            groups=unix_groups,
-        )
+        if spec.notify is not None:
+            try:
+                check_target(spec.notify, self.config.notify)
+            except specs.SpecError as e:
+                raise SubmitError(str(e)) from None
+        ctx = self.admission_context(cached=True)
+        if jobs[0].reservation is not None:
+            request = self.loop.request_for(jobs[0])
+            self.reservations.admit(jobs[0], ctx.nodes, request, self.clock.time())
         self._ids_in_admission.add(base_id)  # the site validator may take a while
         try:
             await self.admission.admit(jobs, spec, ctx)
@@ -212,6 +225,28 @@ class Cluster:
         self.state.wake()
         task_ids = [j.id for j in jobs] if jobs[0].array_job_id is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
+
+    def admission_context(self, cached: bool = False) -> AdmissionContext:
+        """What admission judges a job against now.  `cached`: the loop's request cache
+        may be used (a new job); a changed job (mgpu update) is judged as it is now."""
+        joined = self.state.any_node_joined()
+        return AdmissionContext(
+            nodes=self._node_views() if joined else [],
+            request_for=(
+                self.loop.request_for
+                if cached
+                else lambda job: job_request(job, self.access.allowed_nodes(job.user))
+            ),
+            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
+            groups=unix_groups,
+        )
+
+    def _active_tasks(self, array_id: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.array_job_id == array_id)
+
+    def active_tasks(self, array_id: str) -> list[Job]:
+        """The queued and running tasks of an array (job control acts on these)."""
+        return [j for j in self.jobs.values() if j.array_job_id == array_id]
 
     def _new_job_id(self) -> str:
         job_id = specs.new_job_id()
@@ -300,6 +335,7 @@ class Cluster:
             out["priority_value"] = self.loop.priorities.get(job.id)
             out["priority_factors"] = self.loop.factors.get(job.id)
             out["expected_start"] = self.loop.expected_start.get(job.id)
+            out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
         return out
 
     def queue(self, include_finished: bool = False) -> dict[str, Any]:
@@ -340,6 +376,38 @@ class Cluster:
     ) -> list[Job]:
         """Jobs that ended at or after `since` (history, reports); safe in a thread."""
         return self.store.read_finished(since, user, states, limit or None)
+
+    # ---- reservations -----------------------------------------------------
+
+    def create_reservation(
+        self, body: dict[str, Any], actor: str | None, address: str | None
+    ) -> dict[str, Any]:
+        """`mgpu reserve create`: raises ReservationRequestError (one sentence), storing
+        nothing, when it cannot be made."""
+        now = self.clock.time()
+        running = [running_job(j, now) for j in self.jobs.values() if j.state == JobState.RUNNING]
+        config = scheduler_config(self.config.scheduling)
+        r = self.reservations.create(
+            body,
+            now,
+            self._node_views(),
+            running,
+            config.default_time_limit,
+            self.access.known_user,
+            actor,
+            address,
+        )
+        self.state.wake()
+        return public_reservation(r, now)
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        now = self.clock.time()
+        return [public_reservation(r, now) for r in self.reservations.active(now)]
+
+    def delete_reservation(self, name: str, actor: str | None, address: str | None) -> bool:
+        deleted = self.reservations.delete(name, actor, address)
+        self.state.wake()
+        return deleted
 
     # ---- cancel -----------------------------------------------------------
 
@@ -426,7 +494,7 @@ class Cluster:
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        await self.loop.run()
+        await asyncio.gather(self.loop.run(), self.notifier.run())
 
     def wake(self) -> None:
         self.state.wake()

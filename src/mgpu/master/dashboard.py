@@ -71,8 +71,7 @@ class BadFilter(ValueError):
 
 
 def gpu_letters(node: NodeRecord) -> str:
-    """The node's GPUs as heat-map letters, in index order.  (A GPU shared by fractional
-    jobs is SHARED: the line for it comes with the shares in the GPU ledger.)"""
+    """The node's GPUs as heat-map letters, in index order."""
     if not node.connected or node.state == NodeState.OFFLINE:
         return DOWN * len(node.gpus)
     offered = node.state == NodeState.ONLINE
@@ -80,6 +79,8 @@ def gpu_letters(node: NodeRecord) -> str:
     for g in node.gpus:
         if g.index in node.busy:
             out.append(BUSY)
+        elif g.index in node.shares:
+            out.append(SHARED)
         elif g.index in node.foreign_blocked:
             out.append(FOREIGN)
         else:

@@ -11,10 +11,13 @@ from collections.abc import Mapping
 
 from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
+from mgpu.master.state import job_share_units
 from mgpu.model import Job, Slot
 from mgpu.protocol import Launch
+from mgpu.scheduler.shares import SHARE_UNITS, format_share
+from mgpu.signalspec import SignalSpec, parse_signal
 
-__all__ = ["hostfile", "job_env", "job_launch", "step_launch"]
+__all__ = ["hostfile", "job_env", "job_launch", "preempt_warning", "share_env", "step_launch"]
 
 
 def job_env(
@@ -38,6 +41,9 @@ def job_env(
         }
     )
     env["MGPU_TOKEN"] = credential
+    env["MGPU_RESTART_COUNT"] = str(job.restarts)  # as SLURM_RESTART_COUNT: 0 on the first run
+    if job.gpu_share:
+        env.update(share_env(job, slot, nodes))
     if job.array_job_id is not None:
         env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
         env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
@@ -54,6 +60,24 @@ def job_env(
         # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
         env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
         env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+    return env
+
+
+def share_env(job: Job, slot: Slot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
+    """What a fractional job (`--gpu-share F`) is told of its share: F, its part of the GPU's
+    memory (rounded down, from the node's hello) and the share of the GPU's threads MPS gives
+    it.  The agent runs it under MPS where the node has a control daemon (agent/mps.py)."""
+    units = job_share_units(job)
+    node = nodes.get(slot.node_id)
+    memory = next(
+        (g.memory_mb for g in (node.gpus if node else []) if g.index in slot.gpu_ids), None
+    )
+    env = {
+        "MGPU_GPU_SHARE": format_share(units),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": format_share(units * 100),
+    }
+    if memory is not None:
+        env["MGPU_GPU_MEMORY_LIMIT_MB"] = str(memory * units // SHARE_UNITS)
     return env
 
 
@@ -76,6 +100,7 @@ def job_launch(
     """The launch of rank `rank` of the job's current run."""
     slot = job.allocation[rank]
     site = config.site
+    warning = None if job.signal is None else parse_signal(job.signal)
     return Launch(
         job_id=job.id,
         epoch=job.epoch,
@@ -94,7 +119,19 @@ def job_launch(
         epilog=site.epilog,
         prolog_timeout=site.prolog_timeout,
         epilog_timeout=site.epilog_timeout,
+        signal=None if warning is None else warning.number,
+        signal_lead=0.0 if warning is None else float(warning.seconds),
+        signal_batch=warning is not None and warning.batch_only,
+        script=job.script,
+        script_name=job.script_name,
     )
+
+
+def preempt_warning(job: Job, config: ClusterConfig) -> SignalSpec | None:
+    """The signal a preempted job gets before it is stopped: its own `--signal`, else the
+    cluster's `scheduling.preempt_signal` (None: just SIGTERM, grace, SIGKILL)."""
+    text = job.signal or config.scheduling.preempt_signal
+    return None if text is None else parse_signal(text)
 
 
 def step_launch(

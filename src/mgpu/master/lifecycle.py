@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from mgpu.config import ClusterConfig
 from mgpu.master.auth import new_job_token, token_hash
-from mgpu.master.launch import job_launch
+from mgpu.master.launch import job_launch, preempt_warning
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.outputs import OutputStore
 from mgpu.master.state import ControllerState
@@ -44,6 +44,7 @@ from mgpu.model import (
 )
 from mgpu.protocol import Kill, Launch, ReservePort
 from mgpu.scheduler import UsageLedger
+from mgpu.signalspec import SignalSpec
 
 log = logging.getLogger("mgpu.master")
 
@@ -116,7 +117,7 @@ class Lifecycle:
             )
         )
         job.start_time = job.exit_code = job.failed_node = None
-        job.timed_out = False
+        job.timed_out = job.limit_changed = False
         job.stop_reason = job.stop_text = None
         for node_id, gpu_ids in placements:
             self.state.allocate(job, node_id, gpu_ids)
@@ -231,7 +232,9 @@ class Lifecycle:
         shown, kill_reason = _STOP_WORDS[reason.desired]
         job.reason = shown
         self.uow.persist(job)
-        self.kill_slots(job, kill_reason)
+        # A preempted job is warned first, as --signal warns of the time limit.
+        warning = preempt_warning(job, self.config) if reason is EndReason.PREEMPTED else None
+        self.kill_slots(job, kill_reason, warning=warning)
 
     def slot_lost(self, job: Job, reason: EndReason, why: str) -> None:
         """A slot's process is gone without an exit: requeue for `reason` (`why` is shown),
@@ -262,6 +265,7 @@ class Lifecycle:
         now = self.state.clock.time()
         self._charge(job, now)
         self._end_attempt(job, now, why)
+        job.restarts += 1  # MGPU_RESTART_COUNT of the next run, whatever the cause
         job.transition(JobState.QUEUED, text)
         job.stop_reason = job.stop_text = None
         self._forget_credential(job)
@@ -313,7 +317,15 @@ class Lifecycle:
 
     # ---- helpers ----------------------------------------------------------
 
-    def kill_slots(self, job: Job, reason: str, except_node: str | None = None) -> None:
+    def kill_slots(
+        self,
+        job: Job,
+        reason: str,
+        except_node: str | None = None,
+        warning: SignalSpec | None = None,
+    ) -> None:
+        """Kill the run's live slots; `warning`: a signal sent first, and the seconds the
+        job then has to end on its own before SIGTERM (a preempted job's)."""
         for slot in job.allocation:
             if slot.done or slot.node_id == except_node:
                 continue
@@ -325,6 +337,9 @@ class Lifecycle:
                     reason=reason,
                     grace=self.config.scheduling.kill_grace,
                 )
+                if warning is not None:
+                    kill.signal, kill.signal_lead = warning.number, float(warning.seconds)
+                    kill.signal_batch = warning.batch_only
                 self.uow.send(node.link, kill)
 
     def end_steps(self, job: Job) -> None:
@@ -339,7 +354,8 @@ class Lifecycle:
     def _charge(self, job: Job, now: float) -> None:
         """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
         if job.start_time is not None and job.gpus > 0:
-            self.usage.add(job.user, job.gpus * max(0.0, now - job.start_time), now)
+            amount = job.gpus * job.gpu_fraction  # a share is charged F of its GPU's time
+            self.usage.add(job.user, amount * max(0.0, now - job.start_time), now)
             self.uow.usage_changed()
 
     @staticmethod

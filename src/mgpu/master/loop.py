@@ -20,13 +20,14 @@ from mgpu.config import ClusterConfig
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodes import NodeAdmin
 from mgpu.master.snapshot import job_request, prepare, scheduler_config
-from mgpu.master.state import ControllerState
+from mgpu.master.state import ControllerState, job_share_units
 from mgpu.model import DesiredState, EndReason, Job, JobState
 from mgpu.scheduler import (
     Decisions,
     DependencyTarget,
     Eligibility,
     JobRequest,
+    Reservation,
     UsageLedger,
     schedule,
 )
@@ -61,6 +62,7 @@ class SchedulingLoop:
         config: ClusterConfig,
         allowed_nodes: Callable[[str], frozenset[str] | None],
         targets: Callable[[str], Sequence[DependencyTarget]],
+        reservations: Callable[[float], Sequence[Reservation]] = lambda now: (),
     ) -> None:
         self.state = state
         self.life = life
@@ -69,10 +71,15 @@ class SchedulingLoop:
         self.config = config
         self.allowed_nodes = allowed_nodes
         self.targets = targets
+        self.reservations = reservations
+        """The active and future reservations at a time (master/reservations.py)."""
         self._requests: dict[str, JobRequest] = {}
         self.priorities: dict[str, float] = {}
         self.factors: dict[str, dict[str, float]] = {}
         self.expected_start: dict[str, float] = {}
+        self.waiting_on: dict[str, tuple[str, ...]] = {}
+        """The last pass's estimates and what each job waits for: in memory only (they
+        change every pass; `mgpu queue` and `show` read them)."""
         self._deps_met: set[tuple[str, str]] = set()
         """Dependencies (kind, job id) known to be satisfied for good."""
         self.last_pass_time = 0.0
@@ -156,6 +163,7 @@ class SchedulingLoop:
             request_for=self.request_for,
             targets=self.targets,
             known_met=self._deps_met,
+            reservations=self.reservations(now),
         )
         decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)
@@ -180,13 +188,15 @@ class SchedulingLoop:
             self.priorities.update(decisions.priorities)
             self.factors.update(decisions.factors)
             self.expected_start = dict(decisions.expected_start)
+            self.waiting_on = dict(decisions.waiting_on)
             started: set[str] = set()
             for start in decisions.starts:
                 job = jobs.get(start.job_id)
                 if job is None or job.state != JobState.QUEUED:
                     continue
                 placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
-                if not all(self.state.free(n, g) for n, g in placements):
+                share = job_share_units(job)
+                if not all(self.state.free(n, g, share) for n, g in placements):
                     log.info("start of %s dropped: %s changed since the plan", job.id, placements)
                     continue
                 self.life.start(job, placements)
@@ -201,5 +211,7 @@ class SchedulingLoop:
                 job = jobs.get(job_id)
                 if job is not None and job.id not in started and job.state == JobState.QUEUED:
                     job.reason = why
+        else:
+            self.expected_start, self.waiting_on = {}, {}
         self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)
         self.last_pass_duration = plan.seconds + time.perf_counter() - t0

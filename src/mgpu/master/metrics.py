@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState, NodeState
+from mgpu.scheduler.types import SHARE_UNITS
 
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
 RUNTIME_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 2 * 3600, 6 * 3600, 12 * 3600, 86400)
@@ -106,8 +107,10 @@ def render_metrics(cluster: MetricsSource) -> str:
         nodes.labels(ns.value).set(n)
     gpus = Gauge("mgpu_gpus", "GPUs by use", ["state"], registry=reg)
     total = sum(len(n.gpus) for n in cluster.nodes.values())
-    busy = sum(len(n.busy) for n in cluster.nodes.values())
-    foreign = sum(len(n.foreign_blocked - n.busy.keys()) for n in cluster.nodes.values())
+    busy = sum(len(n.busy) + len(n.shares) for n in cluster.nodes.values())  # shared: busy
+    foreign = sum(
+        len(n.foreign_blocked - n.busy.keys() - n.shares.keys()) for n in cluster.nodes.values()
+    )
     gpus.labels("busy").set(busy)
     gpus.labels("foreign").set(foreign)
     gpus.labels("free").set(total - busy - foreign)
@@ -130,7 +133,12 @@ def _gpu_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
     size = Gauge("mgpu_gpu_memory_total_bytes", "GPU memory size", labels, registry=reg)
     temp = Gauge("mgpu_gpu_temperature_celsius", "GPU temperature", labels, registry=reg)
     power = Gauge("mgpu_gpu_power_watts", "GPU power draw", labels, registry=reg)
-    held = Gauge("mgpu_gpu_allocated", "1 if an mgpu job holds the GPU", labels, registry=reg)
+    held = Gauge(
+        "mgpu_gpu_allocated",
+        "1 if an mgpu job holds the GPU, the share in use if fractional jobs share it",
+        labels,
+        registry=reg,
+    )
     outside = Gauge(
         "mgpu_gpu_foreign_memory_bytes", "GPU memory used outside mgpu", labels, registry=reg
     )
@@ -138,7 +146,8 @@ def _gpu_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
     for node in cluster.nodes.values():
         for g in node.gpus:
             key = (node.node_id, str(g.index))
-            held.labels(*key).set(1 if g.index in node.busy else 0)
+            shared = sum(node.shares.get(g.index, {}).values()) / SHARE_UNITS
+            held.labels(*key).set(1 if g.index in node.busy else shared)
             tel = node.telemetry.get(g.index)
             if tel is None:
                 continue

@@ -153,4 +153,5 @@ class NodeAdmin:
             for job in self.state.running_jobs_on(node):
                 self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node.node_id} lost")
             node.busy.clear()
+            node.shares.clear()
             node.jobs.clear()

@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from mgpu.master.gpuwatch import GpuWatch, measured_utilisation
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState
+from mgpu.scheduler.types import SHARE_UNITS
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 _STATIC = {
@@ -82,8 +83,12 @@ def parse_since(text: str | None, now: float, default: str = "7d") -> float:
 # ---- accounting -------------------------------------------------------------
 
 
-def attempt_spans(job: Job, now: float | None = None) -> list[tuple[float, float, dict[str, int]]]:
-    """(start, end, GPUs per node) of every attempt that started; a running one ends `now`."""
+def attempt_spans(
+    job: Job, now: float | None = None
+) -> list[tuple[float, float, dict[str, float]]]:
+    """(start, end, GPUs per node) of every attempt that started; a running one ends `now`.
+    A fractional job (`--gpu-share F`) counts F of its GPU."""
+    share = job.gpu_fraction
     spans = []
     for a in job.attempts:
         if a.start_time is None:
@@ -91,9 +96,8 @@ def attempt_spans(job: Job, now: float | None = None) -> list[tuple[float, float
         end = a.end_time or job.end_time or now
         if end is None:
             continue
-        spans.append(
-            (a.start_time, max(a.start_time, end), {n: len(g) for n, g in a.gpu_ids.items()})
-        )
+        per_node = {n: len(g) * share for n, g in a.gpu_ids.items()}
+        spans.append((a.start_time, max(a.start_time, end), per_node))
     return spans
 
 
@@ -198,7 +202,7 @@ def utilisation_series(
     points: int,
     total_gpus: int,
     measured: Iterable[tuple[float, float]] = (),
-    spans: Iterable[tuple[float, float, dict[str, int]]] = (),
+    spans: Iterable[tuple[float, float, dict[str, float]]] = (),
 ) -> dict[str, Any]:
     """Allocated GPUs over [start, end] in `points` equal buckets (mean over each bucket),
     from every attempt's start and end (of `jobs`, and `spans` taken already), and the
@@ -304,7 +308,10 @@ def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
             return utilisation_series(done, start, now, points, total, measured, active)
 
         series = await asyncio.to_thread(compute)
-        busy = sum(len(n.busy) for n in cl.nodes.values())
+        busy = sum(
+            len(n.busy) + sum(sum(t.values()) for t in n.shares.values()) / SHARE_UNITS
+            for n in cl.nodes.values()
+        )  # a shared GPU counts the share in use
         utils = measured_utilisation(cl.nodes.values())
         series["now"] = {
             "allocated": busy,

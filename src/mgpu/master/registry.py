@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from mgpu.model import NODE_MOVES, NodeEvent, NodeState
 from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
+from mgpu.scheduler.types import SHARE_UNITS
 
 log = logging.getLogger("mgpu.master")
 
@@ -103,7 +104,10 @@ class NodeRecord:
     foreign_blocked: frozenset[int] = frozenset()
     """GPUs not offered to the scheduler: used outside mgpu beyond the threshold."""
     busy: dict[int, str] = field(default_factory=dict)
-    """GPU index -> job id holding it."""
+    """GPU index -> job id holding it whole."""
+    shares: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Shared GPUs: index -> {job id: share units} of the fractional jobs on it (never a
+    GPU in `busy` too; an entry goes when its last share does)."""
     jobs: set[str] = field(default_factory=set)
     """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
     link: AgentLink | None = None
@@ -117,7 +121,13 @@ class NodeRecord:
         return self.connected and self.state == NodeState.ONLINE
 
     def free_gpus(self) -> frozenset[int]:
-        return frozenset(g.index for g in self.gpus if g.index not in self.busy)
+        return frozenset(
+            g.index for g in self.gpus if g.index not in self.busy and g.index not in self.shares
+        )
+
+    def shared_units(self) -> dict[int, int]:
+        """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
+        return {g: sum(jobs.values()) for g, jobs in self.shares.items()}
 
     def move(self, event: NodeEvent) -> NodeState:
         """Apply one event of `NODE_MOVES`; a drain request (kept while the node was away,
@@ -148,6 +158,7 @@ class NodeRecord:
         for g in self.gpus:
             job = self.busy.get(g.index)
             tel = self.telemetry.get(g.index)
+            tenants = self.shares.get(g.index, {})
             gpus.append(
                 {
                     "index": g.index,
@@ -157,6 +168,16 @@ class NodeRecord:
                     "busy_user": (job_users or {}).get(job) if job else None,
                     "telemetry": tel.model_dump() if tel else None,
                     "foreign_blocked": g.index in self.foreign_blocked,
+                    "uuid": g.uuid,
+                    "share_used": sum(tenants.values()) / SHARE_UNITS if tenants else None,
+                    "shared_jobs": [
+                        {
+                            "job_id": job_id,
+                            "user": (job_users or {}).get(job_id),
+                            "share": units / SHARE_UNITS,
+                        }
+                        for job_id, units in sorted(tenants.items())
+                    ],
                 }
             )
         return {

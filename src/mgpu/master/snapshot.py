@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.registry import NodeRecord
+from mgpu.master.state import job_share_units
 from mgpu.model import Job, JobState
 from mgpu.scheduler import (
     Dependency,
@@ -22,6 +23,7 @@ from mgpu.scheduler import (
     NodeView,
     Placement,
     PriorityWeights,
+    Reservation,
     RunningJob,
     SchedulerConfig,
     Snapshot,
@@ -53,6 +55,7 @@ def node_views(nodes: Iterable[NodeRecord]) -> list[NodeView]:
             gpu_type=specs.normalize_gpu_type(n.gpu_type or (n.gpus[0].name if n.gpus else None)),
             rack=n.rack,
             features=frozenset(n.features),
+            shared=n.shared_units() if n.shares else {},
         )
         for n in nodes
     ]
@@ -87,6 +90,9 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         eligible_time=job.eligible_time,
         array_id=job.array_job_id,
         array_max_running=job.array_max_running,
+        held=job.held,
+        gpu_share=job_share_units(job),
+        reservation=job.reservation,
     )
 
 
@@ -95,7 +101,9 @@ def running_job(job: Job, now: float) -> RunningJob:
     return RunningJob(
         job_id=job.id,
         user=job.user,
-        placements=tuple(Placement(s.node_id, tuple(s.gpu_ids)) for s in job.allocation),
+        placements=tuple(
+            Placement(s.node_id, tuple(s.gpu_ids), job_share_units(job)) for s in job.allocation
+        ),
         start_time=now if job.start_time is None else job.start_time,  # None: launching
         time_limit=job.time_limit,
         priority=job.priority,
@@ -150,6 +158,7 @@ def prepare(
     request_for: Callable[[Job], JobRequest] = job_request,
     targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
     known_met: Set[tuple[str, str]] = frozenset(),
+    reservations: Sequence[Reservation] = (),
 ) -> Prepared:
     """Everything one scheduling pass needs, from the master's jobs (in submit order).
 
@@ -179,5 +188,6 @@ def prepare(
         running=running,
         usage=usage.snapshot(now, running),  # running work counts too, as in Slurm
         config=config,
+        reservations=reservations,
     )
     return Prepared(verdict, snapshot)

@@ -3,7 +3,10 @@
 All of it lives on the asyncio loop, so there is no locking.  The ledger's rule, which
 keeps a GPU from being given twice: a GPU is taken (`allocate`) only from a node's free set
 while its job is written as running with a new epoch, and given back (`release`) only when
-that slot has ended, the job ends or is requeued, or the node is declared lost.
+that slot has ended, the job ends or is requeued, or the node is declared lost.  A GPU is
+free, whole (`NodeRecord.busy`: one job), or shared (`NodeRecord.shares`: fractional jobs'
+share units, adding up to at most `SHARE_UNITS`); never whole and shared at once.  Shares are
+not stored apart: at start-up `hold` rebuilds them from the running jobs' records.
 """
 
 from __future__ import annotations
@@ -16,8 +19,14 @@ from mgpu.master.clock import Clock
 from mgpu.master.registry import NodeRecord
 from mgpu.master.steps import Steps
 from mgpu.model import Job, JobState, NodeEvent, Slot, SlotPhase
+from mgpu.scheduler.shares import SHARE_UNITS, share_units
 
-__all__ = ["ControllerState"]
+__all__ = ["ControllerState", "job_share_units"]
+
+
+def job_share_units(job: Job) -> int:
+    """The share units each GPU of a fractional job holds (`--gpu-share`); 0 = whole GPUs."""
+    return share_units(job.gpu_share) if job.gpu_share else 0
 
 
 class ControllerState:
@@ -80,19 +89,28 @@ class ControllerState:
 
     # ---- the GPU ledger ---------------------------------------------------
 
-    def free(self, node_id: str, gpu_ids: Iterable[int]) -> bool:
+    def free(self, node_id: str, gpu_ids: Iterable[int], share: int = 0) -> bool:
         """May a start take these GPUs now: the node is there and schedulable, and none of
-        them is held by a job or used outside mgpu."""
+        them is held by a job or used outside mgpu.  With `share` (units of a fractional
+        job): a GPU may be shared already, if that much room is left on it."""
         node = self.nodes.get(node_id)
         if node is None or not node.schedulable:
             return False
-        return not any(g in node.busy or g in node.foreign_blocked for g in gpu_ids)
+        if any(g in node.busy or g in node.foreign_blocked for g in gpu_ids):
+            return False
+        if not share:
+            return not any(g in node.shares for g in gpu_ids)
+        return all(sum(node.shares.get(g, {}).values()) + share <= SHARE_UNITS for g in gpu_ids)
 
     def allocate(self, job: Job, node_id: str, gpu_ids: Iterable[int]) -> None:
         node = self.nodes[node_id]
         node.jobs.add(job.id)
+        units = job_share_units(job)
         for g in gpu_ids:
-            node.busy[g] = job.id
+            if units:
+                node.shares.setdefault(g, {})[job.id] = units
+            else:
+                node.busy[g] = job.id
 
     def release(self, job: Job, slot: Slot) -> None:
         node = self.nodes.get(slot.node_id)
@@ -102,6 +120,9 @@ class ControllerState:
         for g in slot.gpu_ids:
             if node.busy.get(g) == job.id:
                 del node.busy[g]
+            tenants = node.shares.get(g)
+            if tenants is not None and tenants.pop(job.id, None) is not None and not tenants:
+                del node.shares[g]
         if not node.jobs:
             node.move(NodeEvent.EMPTIED)
         self.wake()
@@ -111,6 +132,4 @@ class ControllerState:
         for slot in job.allocation:
             node = self.node(slot.node_id)
             if slot.phase != SlotPhase.EXITED:  # held ranks of an --mpi job too
-                node.jobs.add(job.id)
-                for g in slot.gpu_ids:
-                    node.busy[g] = job.id
+                self.allocate(job, node.node_id, slot.gpu_ids)

@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reservations (
+    name TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
@@ -260,6 +264,45 @@ class Store:
         )
         keys = ("time", "kind", "actor", "address", "target", "detail")
         return [dict(zip(keys, r, strict=True)) for r in cur]
+
+    # ---- reservations -----------------------------------------------------
+
+    def save_reservation(
+        self, name: str, record: dict[str, Any], event: tuple[str, str | None, str | None]
+    ) -> None:
+        """Store a new reservation with its audit event (kind, actor, address) at once."""
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO reservations(name, record) VALUES (?, ?)", (name, json.dumps(record))
+            )
+            self._event(*event, name, None)
+
+    def delete_reservations(
+        self, names: list[str], event: tuple[str, str | None, str | None] | None = None
+    ) -> None:
+        """Forget reservations (deleted, or ended), with one audit event each if given."""
+        with self._tx():
+            for name in names:
+                self.db.execute("DELETE FROM reservations WHERE name=?", (name,))
+                if event is not None:
+                    self._event(*event, name, None)
+
+    def load_reservations(self) -> list[dict[str, Any]]:
+        cur = self.db.execute("SELECT record FROM reservations ORDER BY name")
+        return [json.loads(r[0]) for r in cur]
+
+    def _event(
+        self,
+        kind: str,
+        actor: str | None,
+        address: str | None,
+        target: str | None,
+        detail: str | None,
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO events(time, kind, actor, address, target, detail) VALUES (?,?,?,?,?,?)",
+            (time.time(), kind, actor, address, target, detail),
+        )
 
     # ---- helpers ----------------------------------------------------------
 

@@ -42,7 +42,10 @@ from pydantic import (
 from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
+from mgpu.master.notify import parse_target
 from mgpu.model import Job
+from mgpu.scheduler.shares import share_units
+from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
 T = TypeVar("T")
 
@@ -195,6 +198,80 @@ def _image(value: str) -> str | None:
     return execspec.validate_image(value) if value else None
 
 
+MAX_SCRIPT_BYTES = 1 << 20
+"""A job script sent with the job (and stored with it): 1 MiB."""
+OPTION_SOURCES = frozenset({"command line", "#MGPU", "#SBATCH", "default"})
+
+
+def _signal(value: Any) -> SignalSpec | None:
+    text = _text_of(value, "--signal", "USR1@60")
+    return None if text is None else _named("--signal", parse_signal, text)
+
+
+def _notify(value: str) -> str | None:
+    return parse_target(value) if value else None
+
+
+def _script(value: str) -> str:
+    specs.validate_text(value, "the job script")
+    size = len(value.encode("utf-8"))
+    if size > MAX_SCRIPT_BYTES:
+        raise specs.SpecError(
+            f"the job script is {size} bytes; at most {MAX_SCRIPT_BYTES >> 20} MiB is sent "
+            "with a job (keep data in files the script reads)"
+        )
+    if not value.strip():
+        raise specs.SpecError("the job script is empty")
+    return value
+
+
+def _script_name(value: str) -> str:
+    specs.validate_text(value, "the job script's name")
+    if not value or "/" in value or len(value) > 255 or not value.isprintable():
+        raise specs.SpecError(f"{value!r:.60} is not a file name for the job script")
+    return value
+
+
+def _sources(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if len(value) > 64:
+        raise specs.SpecError("option_sources names more than 64 options")
+    for option, source in value.items():
+        if re.fullmatch(r"[a-z][a-z_]{0,31}", option) is None or source not in OPTION_SOURCES:
+            raise specs.SpecError(
+                f"option_sources: {option!r:.40}: {source!r:.40} is not one of "
+                f"{', '.join(sorted(OPTION_SOURCES))}"
+            )
+    return value
+
+
+def _gpu_share(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise specs.SpecError("--gpu-share must be a number between 0 and 1, such as 0.25")
+    try:
+        share_units(float(value))
+    except ValueError as e:
+        raise specs.SpecError(str(e)) from None
+    return float(value)
+
+
+_RESERVATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def reservation_name(value: str, option: str = "--reservation") -> str:
+    """A reservation's name: up to 64 letters, digits, '.', '_' or '-'."""
+    specs.validate_text(value, option)
+    if _RESERVATION_RE.fullmatch(value) is None:
+        raise specs.SpecError(
+            f"{option} {value!r:.60} is not a reservation name; use up to 64 letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return value
+
+
 def _schema(*types: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [*types, {"type": "null"}]})
 
@@ -217,6 +294,7 @@ NodeNames = Annotated[
 ]
 Dependencies = Annotated[tuple[specs.Dependency, ...], PlainValidator(_dependency), _schema(_STR)]
 Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
+Signal = Annotated[SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +341,20 @@ class JobSpec(BaseModel):
     cwd: Annotated[str, AfterValidator(_cwd)] | None = None
     env: Annotated[dict[str, str] | None, AfterValidator(_env)] = None
     image: Annotated[str, AfterValidator(_image)] | None = None
+    signal: Signal = None
+    """`--signal [B:]SIG@SECONDS`: a warning before the time limit (and at preemption)."""
+    hold: bool = False
+    """`--hold`: queued held, until `mgpu release`."""
+    notify: Annotated[str, AfterValidator(_notify)] | None = None
+    """`--notify URL|mailto:ADDRESS|none` (where the cluster allows: Cluster.submit)."""
+    script: Annotated[str, AfterValidator(_script)] | None = None
+    """A job script (`mgpu submit FILE`): sent with the job, `argv` being its arguments."""
+    script_name: Annotated[str, AfterValidator(_script_name)] | None = None
+    option_sources: Annotated[dict[str, str] | None, AfterValidator(_sources)] = None
+    gpu_share: Annotated[float | None, PlainValidator(_gpu_share), _schema({"type": "number"})] = (
+        None
+    )
+    reservation: Annotated[str, AfterValidator(reservation_name)] | None = None
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -276,10 +368,25 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _whole_request(self) -> JobSpec:
-        if self.argv is None and self.command is None:
+        if self.script is not None:
+            if self.command is not None:
+                raise specs.SpecError("give either a job script or a command, not both")
+            if self.image is not None:
+                raise specs.SpecError(
+                    "a job script cannot run in --image yet; submit the command that runs "
+                    "it instead (mgpu submit --image IMAGE 'sh job.sh')"
+                )
+        elif self.argv is None and self.command is None:
             raise specs.SpecError("the command is empty; give the command to run")
         if self.argv is not None and self.command is not None:
             raise specs.SpecError("give the command either as a string or as argv, not both")
+        sig, limit = self.signal, self.time
+        if sig is not None and limit is not None and sig.seconds >= limit:
+            raise specs.SpecError(
+                f"--signal {format_signal(sig)} would come {sig.seconds} s before the "
+                f"end of a job of {specs.format_time_limit(limit)}, before it starts; give "
+                "fewer seconds or a longer --time"
+            )
         self._shape = _reconcile(self)
         return self
 
@@ -299,6 +406,8 @@ def _reconcile(spec: JobSpec) -> Shape:
     gpus, nodes, per_node = spec.gpus, spec.nodes, spec.gpus_per_node
     pinned, ids = spec.node_gpu_ids, spec.gpu_ids
     gang = nodes is not None or per_node is not None
+    if spec.gpu_share is not None:
+        return _share_shape(spec)
     if ids is not None and pinned is not None:
         raise specs.SpecError("use either --gpu-ids or --node-gpu-ids, not both")
     if ids is not None and gang:
@@ -339,6 +448,32 @@ def _reconcile(spec: JobSpec) -> Shape:
     return Shape(gpus=1 if gpus is None else gpus)
 
 
+def _share_shape(spec: JobSpec) -> Shape:
+    """`--gpu-share F` is part of one GPU on one node: nothing may ask for more or pin it."""
+    share = f"--gpu-share {spec.gpu_share:g}"
+    if spec.gpus is not None and spec.gpus != 1:
+        raise specs.SpecError(
+            f"{share} is part of one GPU and cannot be combined with --gpus {spec.gpus}"
+        )
+    others = [
+        option
+        for option, given in (
+            ("--nodes", spec.nodes is not None),
+            ("--gpus-per-node", spec.gpus_per_node is not None),
+            ("--gpu-ids", spec.gpu_ids is not None),
+            ("--node-gpu-ids", spec.node_gpu_ids is not None),
+            ("--distributed", spec.distributed),
+            ("--mpi", spec.mpi),
+        )
+        if given
+    ]
+    if others:
+        raise specs.SpecError(
+            f"{share} is part of one GPU and cannot be combined with {' or '.join(others)}"
+        )
+    return Shape(gpus=1)
+
+
 # ---- building jobs ---------------------------------------------------------------------
 
 
@@ -367,7 +502,10 @@ def build_jobs(
     new_id: Callable[[], str],
 ) -> list[Job]:
     """The queued job `spec` asks for, or one per task of an array (ids ``ID_INDEX``)."""
-    if spec.argv is not None:
+    if spec.script is not None:
+        argv = list(spec.argv or ())  # the script's arguments
+        command = shlex.join([spec.script_name or "script", *argv])
+    elif spec.argv is not None:
         argv = list(spec.argv)
         command = shlex.join(argv)
     else:
@@ -411,7 +549,18 @@ def build_jobs(
         submit_time=now,
         eligible_time=now,
         image=spec.image,
+        held=spec.hold,
+        held_by=user if spec.hold else None,
+        signal=None if spec.signal is None else format_signal(spec.signal),
+        notify=spec.notify,
+        script=spec.script,
+        script_name=(spec.script_name or "script") if spec.script is not None else None,
+        option_sources=dict(spec.option_sources or {}),
+        gpu_share=spec.gpu_share,
+        reservation=spec.reservation,
     )
+    if base.held:
+        base.reason = "held"
     if spec.array is None:
         return [base]
     # The tasks share the request's fields, argv and env included (nothing changes them

@@ -4,6 +4,7 @@
 and in the simulator alike; what it lets through is `Snapshot.pending`.  Each queued job,
 in the order given (submit order), is checked in this order:
 
+0. **held** (`--hold`, `mgpu hold`) — it waits ("held") until released.
 1. **retry backoff** — `eligible_time` still ahead: it waits ("retry backoff until 12:00:05").
 2. **dependencies** (`--dependency KIND:ID`) — the targets of ID (that job, or every task of
    that array) must all have ended: `afterok` needs each to have completed, `afternotok`
@@ -28,12 +29,14 @@ from dataclasses import dataclass, field
 
 from .types import Dependency, JobRequest
 
-__all__ = ["COMPLETED", "DependencyTarget", "Eligibility", "backoff_reason", "eligibility"]
+__all__ = ["COMPLETED", "HELD", "DependencyTarget", "Eligibility", "backoff_reason", "eligibility"]
 
 COMPLETED = "completed"
 """The final state that satisfies `afterok` (any other satisfies `afternotok`)."""
 
 _CANCELLED = "cancelled"
+HELD = "held"
+"""The reason a held job shows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,9 @@ def eligibility(
     known = targets or {}
     for job in queued:
         # Most jobs wait for nothing but GPUs: one test each, so a long queue costs little.
+        if job.held:
+            out.waiting[job.job_id] = HELD
+            continue
         if job.eligible_time > now:
             out.waiting[job.job_id] = backoff_reason(job.eligible_time)
             continue

@@ -92,6 +92,8 @@ class JobRequest:
     reservation: str | None = None
     """`--reservation NAME`: runs only inside that reservation's window, on its GPUs (the
     master has checked the user may use it)."""
+    held: bool = False
+    """Held (`--hold`, `mgpu hold`): never eligible until released."""
     # Derived once here rather than in every pass: a pass tests them over the whole queue.
     counted: bool = field(init=False, repr=False, compare=False)
     """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,

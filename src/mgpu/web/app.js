@@ -367,6 +367,22 @@ function startIn(t, now) {
   return wait < 30 ? "now" : "in " + dur(wait);
 }
 
+function waitsFor(j) {
+  const held = j.waiting_on || [];
+  if (!held.length || !j.expected_start) return "";
+  const until = new Date(j.expected_start * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const jobs = held.filter((h) => !h.startsWith("reservation:"));
+  const res = held.filter((h) => h.startsWith("reservation:")).map((h) => h.slice(12));
+  const need = j.gpu_share ? `${j.gpu_share} of a GPU` : j.gpus === 1 ? "1 GPU" : `${j.gpus} GPUs`;
+  const parts = [];
+  if (jobs.length) {
+    parts.push(`${esc(need)} held by job${jobs.length === 1 ? "" : "s"} ` +
+      jobs.map((id) => `<a class="mono" href="#/job/${esc(id)}">${esc(id)}</a>`).join(", ") + ` until ~${esc(until)}`);
+  }
+  for (const name of res) parts.push(`reservation ${esc(name)} until ~${esc(until)}`);
+  return parts.join("; ");
+}
+
 function renderUsers(users) {
   const sel = $("filter-user");
   const chosen = sel.value;
@@ -546,7 +562,7 @@ function renderJob(j) {
     ["user", esc(j.user)],
     ["state", esc(j.state) + (j.reason ? ` <span class="muted">(${esc(j.reason)})</span>` : "")],
     ["command", `<code>${esc(j.command)}</code>`],
-    ["GPUs", esc(j.gpus) + (j.nodes ? ` on ${esc(j.nodes)} nodes` : "")],
+    ["GPUs", esc(j.gpus) + (j.nodes ? ` on ${esc(j.nodes)} nodes` : "") + (j.gpu_share ? ` (a share of ${esc(j.gpu_share)})` : "")],
     ["submitted", ts(j.submit_time)],
     ["started", ts(j.start_time)],
     ["ended", ts(j.end_time)],
@@ -556,6 +572,9 @@ function renderJob(j) {
   if (j.time_limit) rows.push(["time limit", dur(j.time_limit)]);
   rows.push(["retries", `${esc(j.retries)} of ${esc(j.max_retries)}`]);
   if (j.priority_value != null) rows.push(["priority", Math.round(j.priority_value)]);
+  if (j.reservation) rows.push(["reservation", esc(j.reservation)]);
+  if (j.expected_start) rows.push(["expected start", `${ts(j.expected_start)} (${startIn(j.expected_start, now)})`]);
+  if (waitsFor(j)) rows.push(["waits for", waitsFor(j)]);
   if (j.gpu_util_mean != null || j.gpu_memory_peak_mb != null) {
     rows.push(["GPU use", `mean ${j.gpu_util_mean == null ? "-" : Math.round(j.gpu_util_mean) + "%"} utilisation, ` +
       `peak ${j.gpu_memory_peak_mb == null ? "-" : (j.gpu_memory_peak_mb / 1024).toFixed(1) + " GB"} memory`]);

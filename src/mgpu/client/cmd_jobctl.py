@@ -1,0 +1,236 @@
+"""`mgpu submit FILE` (a job script and its directives) and `mgpu hold|release|requeue|update`.
+
+Kept apart from `cli.py` (which registers these with `add_jobctl_parsers` and hands a
+submit whose first word is an existing file to `submit_script`).
+
+A job script's options come from, lowest first: the defaults, its `#SBATCH` lines, its
+`#MGPU` lines, the command line; a later line beats an earlier one of the same kind.  The
+GPU request is one thing, however it is spelt (`--gpus`, `--gpus-per-node`, `--gpu-ids`,
+`--node-gpu-ids`, `--gres`): the command line's replaces the script's whole, so
+`mgpu submit --gpus 4 job.sh` never clashes with the script's `--gres=gpu:2`.  Where each
+option came from is sent with the job (`option_sources`, shown by `mgpu show`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from mgpu.client import cli, directives, jsonlite
+from mgpu.client.api import Client, RequestError
+
+__all__ = ["add_jobctl_parsers", "submit_script"]
+
+MAX_SCRIPT_BYTES = 1 << 20
+"""As the master's limit (mgpu.master.submit.MAX_SCRIPT_BYTES)."""
+GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids", "gres")
+"""However the GPUs are asked for (`gres`: #SBATCH --gres, Slurm's count per node)."""
+COMMAND_LINE = "command line"
+SUMMARY_OVER = 10
+"""An array's tasks are listed one a line up to this many, else summed up."""
+
+
+# ---- job scripts ------------------------------------------------------------------
+
+
+def read_script(path: str) -> str | None:
+    """A job script's text; None for a program (an executable file that is not text),
+    which is run as a command, as before."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as e:
+        raise cli.UsageError(f"cannot read the job script {path}: {e.strerror}") from None
+    if data.startswith(b"\x7fELF") or b"\0" in data[:8192]:
+        return None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise cli.UsageError(
+            f"the job script {path} is over 1 MiB; a script is sent with its job, so keep "
+            "data in files the script reads"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise cli.UsageError(
+            f"the job script {path} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8"
+        ) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise cli.UsageError(message)
+
+
+def _directive_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
+    """The job options, nothing set unless given; and each spelling → takes a value."""
+    p = _Parser(prog="directive", add_help=False, argument_default=argparse.SUPPRESS)
+    cli.add_job_options(p)
+    known = {opt: a.nargs != 0 for a in p._actions for opt in a.option_strings}
+    return p, known
+
+
+def script_options(
+    path: str, text: str, given: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The job options of `mgpu submit [given] path`: (options, where each came from,
+    warnings).  A directive that is not understood is a UsageError naming its line."""
+    found = directives.scan(text)
+    if found.error is not None:
+        raise cli.UsageError(f"{path} {found.error}")
+    parser, known = _directive_parser()
+    layers: dict[str, dict[str, Any]] = {directives.SBATCH: {}, directives.MGPU: {}}
+    ignored: list[str] = []
+    no_mail = False
+    for d in found.directives:
+        words, extra = d.words, {}
+        if d.source == directives.SBATCH:
+            slurm = directives.translate_sbatch(words, known)
+            words, no_mail = slurm.words, no_mail or slurm.no_mail
+            ignored += [o for o in slurm.ignored if o not in ignored]
+            if slurm.gres_per_node is not None:
+                extra["gres"] = slurm.gres_per_node
+        try:
+            values = vars(parser.parse_args(words))
+        except cli.UsageError as e:
+            raise cli.UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
+        values = {k: v for k, v in values.items() if k in cli.JOB_FIELDS}
+        _layer(layers[d.source], {**values, **extra})
+    if no_mail and str(layers[directives.SBATCH].get("notify", "")).startswith("mailto:"):
+        del layers[directives.SBATCH]["notify"]
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for source, values in (*layers.items(), (COMMAND_LINE, given)):
+        _layer(merged, values)
+        for key in GPU_REQUEST:
+            if key not in merged:
+                sources.pop(key, None)
+        sources.update(dict.fromkeys(values, source))
+    if "gres" in merged:  # Slurm's --gres counts GPUs per node
+        per_node = merged.pop("gres")
+        key = "gpus_per_node" if merged.get("nodes") is not None else "gpus"
+        merged[key], sources[key] = per_node, sources.pop("gres")
+    warnings = []
+    if ignored:
+        note = ""
+        if set(ignored) & directives.OUTPUT_OPTIONS:
+            note = " (mgpu keeps the job's output itself: mgpu logs JOB)"
+        warnings.append(
+            f"{os.path.basename(path)}: #SBATCH options mgpu does not have, ignored: "
+            f"{', '.join(ignored)}{note}"
+        )
+    return merged, sources, warnings
+
+
+def _layer(into: dict[str, Any], values: dict[str, Any]) -> None:
+    """`values` over `into`, a GPU request replacing the one before it whole."""
+    if set(GPU_REQUEST) & values.keys():
+        for key in GPU_REQUEST:
+            into.pop(key, None)
+    into.update(values)
+
+
+def submit_script(args: argparse.Namespace) -> int | None:
+    """`mgpu submit [options] FILE [ARGS...]` with FILE an existing file: the script is sent
+    with the job.  None when FILE is a program rather than a script (run as a command)."""
+    path, script_args = args.command[0], list(args.command[1:])
+    text = read_script(path)
+    if text is None:
+        return None
+    opts, sources, warnings = script_options(path, text, cli.job_options(args))
+    cli._warn(warnings)
+    if args.interactive:
+        opts["interactive"] = True
+    client = cli.make_client(args)
+    job = client.submit(
+        script_args,
+        script=text,
+        script_name=os.path.basename(path),
+        option_sources=sources,
+        **opts,
+    )
+    cli._warn(job.warnings)
+    if args.interactive:
+        return cli.follow_job(client, job.id, args)
+    if args.json:
+        out: dict[str, Any] = {"job_id": job.id}
+        if job.task_ids is not None:
+            out["task_ids"] = job.task_ids
+        print(jsonlite.dumps(out))
+    else:
+        print(job.id)
+    return 0
+
+
+# ---- hold, release, requeue, update -----------------------------------------------
+
+
+def _report(rows: list[dict[str, Any]], verb: str, job_id: str) -> None:
+    changed = [r for r in rows if r["changed"]]
+    same = [r for r in rows if not r["changed"]]
+    if len(rows) > SUMMARY_OVER:
+        print(f"{verb} {len(changed)} of the {len(rows)} active tasks of {job_id}")
+        if same:
+            print(f"{len(same)} left as they were: {same[0]['message']}", file=sys.stderr)
+        return
+    for r in changed:
+        print(r["message"])
+    for r in same:
+        print(r["message"], file=sys.stderr)
+
+
+def _each(args: argparse.Namespace, verb: str, call: Any) -> int:
+    status = 0
+    for job_id in args.jobs:
+        try:
+            out = call(job_id)
+        except RequestError as e:
+            print(f"mgpu: error: {e}", file=sys.stderr)
+            status = 1
+            continue
+        if args.json:
+            print(jsonlite.dumps(out))
+        else:
+            _report(out["jobs"], verb, job_id)
+    return status
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    return _each(args, "held", cli.make_client(args).hold)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    return _each(args, "released", cli.make_client(args).release)
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    return _each(args, "requeueing", cli.make_client(args).requeue)
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    client: Client = cli.make_client(args)
+    changes = {k: getattr(args, k) for k in ("time", "priority", "gpus", "name")}
+    if all(v is None for v in changes.values()):
+        raise cli.UsageError("nothing to change: give --time, --priority, --gpus or --name")
+    args.jobs = [args.job]
+    return _each(args, "updated", lambda job_id: client.update(job_id, **changes))
+
+
+def add_jobctl_parsers(add: Any) -> None:
+    """Register the commands; `add(name, fn, help)` is cli.build_parser's."""
+    for name, fn, text in (
+        ("hold", cmd_hold, "keep queued jobs from starting (an array id: all its tasks)"),
+        ("release", cmd_release, "let held jobs start"),
+        ("requeue", cmd_requeue, "stop running jobs and queue them again (no retry counted)"),
+    ):
+        s = add(name, fn, text)
+        s.add_argument("jobs", nargs="+", metavar="JOB")
+        s.add_argument("--json", action="store_true")
+    s = add("update", cmd_update, "change a queued job (a running one: --time, --name)")
+    s.add_argument("job", metavar="JOB")
+    s.add_argument("--time", "-t", help="new time limit (a running job's: only an admin raises)")
+    s.add_argument("--priority", type=int, help="new user priority (queued jobs)")
+    s.add_argument("--gpus", type=int, help="new GPU count (queued jobs)")
+    s.add_argument("--name", "-J", help="new name")
+    s.add_argument("--json", action="store_true")

@@ -1,0 +1,223 @@
+"""Notifications when a job ends: a webhook POST and an e-mail from a real master, retries
+of a receiver that is down or failing, a slow receiver that never holds the event loop, and
+targets the cluster does not allow (master/notify.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from email import message_from_bytes
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from helpers import free_port, local_cluster, wait_for
+from mgpu.config import Notify
+from mgpu.master import notify
+from mgpu.master.notify import Delivery, Notifier, Target, check_target
+
+
+class Receiver:
+    """A webhook receiver on loopback: keeps what it is sent, fails the first `fail` POSTs
+    with 503."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.hosts: list[str] = []
+        self.fail = fail
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.fail > 0:
+                    outer.fail -= 1
+                    self.send_response(503)
+                else:
+                    outer.bodies.append(json.loads(body))
+                    outer.hosts.append(self.headers["Host"])
+                    self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+class Mailbox:
+    """aiosmtpd's handler: keeps the messages it is handed."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append((envelope.rcpt_tos, message_from_bytes(envelope.content)))
+        return "250 OK"
+
+
+@pytest.fixture
+def smtp() -> Iterator[tuple[Mailbox, int]]:
+    box = Mailbox()
+    port = free_port()
+    controller = Controller(box, hostname="127.0.0.1", port=port)
+    controller.start()
+    yield box, port
+    controller.stop()
+
+
+ALLOW_LOOPBACK = Notify(allowed_hosts=["127.0.0.1", "localhost"])
+
+
+def webhook(url: str, checked: bool = True) -> Delivery:
+    target = check_target(url, ALLOW_LOOPBACK)
+    assert target is not None
+    return Delivery(target, {"job_id": "a1b2c3d4", "text": "done"}, checked)
+
+
+def notifier(config: Notify = ALLOW_LOOPBACK) -> Notifier:
+    return Notifier(config, lambda _: 0, lambda *_: [])
+
+
+# ---- through a real master ------------------------------------------------------------
+
+
+def test_a_jobs_end_is_posted_and_mailed(
+    tmp_path: Path, receiver: Receiver, smtp: tuple[Mailbox, int]
+) -> None:
+    box, port = smtp
+    config = (
+        "notify:\n"
+        "  allowed_hosts: [127.0.0.1]\n"
+        f"  smtp: {{host: 127.0.0.1, port: {port}, from: mgpu@cluster.example}}\n"
+    )
+    with local_cluster(tmp_path, agents=1, gpus=1, config=config) as c:
+        res = c.cli("submit", "--name", "train", "--notify", receiver.url(), "exit 3", check=True)
+        job_id = res.stdout.strip()
+        body = wait_for(lambda: receiver.bodies[0] if receiver.bodies else None, timeout=30)
+        user = c.client().show(job_id)["user"]
+        assert {k: body[k] for k in ("job_id", "name", "user", "state", "exit_code")} == {
+            "job_id": job_id,
+            "name": "train",
+            "user": user,
+            "state": "failed",
+            "exit_code": 3,
+        }
+        assert body["reason"] == "exit code 3"
+        assert body["text"].startswith(f"Job {job_id} (train) of {user} failed with exit code 3")
+        assert body["text"].endswith(" on node001.")
+        assert receiver.hosts == [f"127.0.0.1:{receiver.port}"]
+
+        mailed = c.cli("submit", "--mail-user", "alice@example.org", "true", check=True)
+        mail_id = mailed.stdout.strip()
+        rcpt, msg = wait_for(lambda: box.messages[0] if box.messages else None, timeout=30)
+        assert rcpt == ["alice@example.org"] and msg["From"] == "mgpu@cluster.example"
+        assert msg["Subject"] == f"mgpu: job {mail_id} completed"
+        assert f"Job {mail_id} of {user} completed after" in msg.get_payload()
+        assert len(receiver.bodies) == 1  # a job without --notify: no webhook configured
+
+        # Bad targets: one sentence, non-zero exit, nothing queued.
+        before = len(c.client().queue(all=True)["jobs"])
+        for target, words in (
+            ("ftp://example.org/x", "only http://, https:// or mailto: targets are sent"),
+            ("http://169.254.169.254/latest", "is not a host this cluster sends notifications"),
+            ("mailto:not an address", "must not contain spaces"),
+        ):
+            bad = c.cli("submit", "--notify", target, "true")
+            assert bad.returncode != 0 and words in bad.stderr, bad.stderr
+            assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("mgpu: error: ")
+        assert len(c.client().queue(all=True)["jobs"]) == before
+
+
+# ---- delivery ------------------------------------------------------------------------
+
+
+def test_a_receiver_that_fails_is_tried_again() -> None:
+    receiver = Receiver(fail=2)
+    try:
+        n = notifier()
+        delivery = webhook(receiver.url())
+        assert asyncio.run(n.deliver(delivery, delays=[0.05, 0.05, 0.05]))
+        assert delivery.tries == 3 and receiver.bodies == [delivery.body]
+        assert delivery.errors == ["127.0.0.1 answered HTTP 503"] * 2
+    finally:
+        receiver.close()
+
+
+def test_a_receiver_that_is_down_is_given_up_after_the_last_try() -> None:
+    n = notifier()
+    delivery = webhook(f"http://127.0.0.1:{free_port()}/hook")
+    assert not asyncio.run(n.deliver(delivery, delays=[0.01, 0.01]))
+    assert delivery.tries == 3 and n.failed == 1
+    assert all("cannot reach 127.0.0.1" in e for e in delivery.errors)
+
+
+def test_a_name_that_resolves_to_loopback_is_not_sent_to(receiver: Receiver) -> None:
+    # A name the submit rules cannot judge (not an address): checked as it is delivered.
+    n = notifier(Notify())
+    delivery = Delivery(
+        Target("webhook", f"http://localhost:{receiver.port}/x", "localhost", receiver.port),
+        {"job_id": "a1b2c3d4"},
+    )
+    assert not asyncio.run(n.deliver(delivery, delays=[0.01]))
+    assert delivery.tries == 1  # refused: not tried again
+    assert "resolves to" in delivery.errors[0] and "not a public address" in delivery.errors[0]
+    assert receiver.bodies == []
+    delivery.checked = False  # the cluster's own webhook: the admin's choice
+    assert asyncio.run(n.deliver(delivery, delays=[]))
+    assert len(receiver.bodies) == 1
+
+
+def test_a_silent_receiver_never_holds_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that accepts and never answers: the notifier's task waits on it, the loop
+    keeps turning (its longest pause is measured), and the try times out."""
+    monkeypatch.setattr(notify, "TIMEOUT", 1.0)
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+
+    delivery = webhook(f"http://127.0.0.1:{port}/hook")
+
+    async def scenario() -> float:
+        n = notifier()
+        runner = asyncio.create_task(n.run())
+        n.queue.put_nowait(delivery)
+        worst, last = 0.0, time.monotonic()
+        end = last + 1.5
+        while time.monotonic() < end:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+        runner.cancel()
+        return worst
+
+    try:
+        worst = asyncio.run(scenario())
+    finally:
+        silent.close()
+    assert worst < 0.2, f"the event loop paused {worst:.3f} s"
+    assert delivery.tries == 1 and len(delivery.errors) == 1  # timed out, a retry waits
