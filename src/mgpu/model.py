@@ -132,6 +132,10 @@ _STOP_DESIRED = {
 }
 
 
+ALLOCATION = "allocation"
+"""`Job.kind` of an allocation (`mgpu alloc`)."""
+
+
 class SlotPhase(StrEnum):
     """Where the launch of one slot stands: pending → sent → started → exited."""
 
@@ -144,7 +148,8 @@ class SlotPhase(StrEnum):
     EXITED = "exited"
     """Its process ended (or the run was given up: requeued)."""
     HELD = "held"
-    """No process of its own: the GPUs of an `--mpi` job's other ranks, used by its steps."""
+    """No process of its own: the GPUs of an `--mpi` job's other ranks, or of an allocation,
+    used by its steps."""
 
 
 class NodeState(StrEnum):
@@ -316,6 +321,13 @@ class Job:
     """`--gpu-share F`: a fraction of one GPU (with `gpus` = 1), packed with other shares."""
     reservation: str | None = None
     """`--reservation NAME`: runs only inside that reservation's window, on its GPUs."""
+    pty: bool = False
+    """Runs on a pseudo-terminal (`mgpu srun --pty`); its client holds it (allocations.py)."""
+    pty_size: list[int] | None = None
+    """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
+    kind: str = "job"
+    """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
+    the steps its client starts (master/allocations.py)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -406,6 +418,8 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
             "image": self.image,
+            "kind": self.kind,
+            "pty": self.pty,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
             "held": self.held,

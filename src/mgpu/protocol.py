@@ -18,7 +18,8 @@ from mgpu.spec import SpecError, validate_node_id
 
 PROTOCOL_VERSION = 5
 """2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets; 5: job
-scripts, warning signals (`--signal`), time limits changed while a job runs."""
+scripts, warning signals (`--signal`), time limits changed while a job runs, terminals
+(Launch.pty, terminal_input, terminal_resize)."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -238,6 +239,11 @@ class Refused(BaseModel):
     reason: str
 
 
+class TerminalSize(BaseModel):
+    rows: int = Field(ge=1, le=10000)
+    cols: int = Field(ge=1, le=10000)
+
+
 class Launch(BaseModel):
     type: Literal["launch"] = "launch"
     job_id: str
@@ -271,6 +277,9 @@ class Launch(BaseModel):
     """A job script: the agent writes it (private to the job's user) and runs it with its
     `#!` interpreter (else /bin/sh), `argv` being its arguments."""
     script_name: str | None = None
+    pty: TerminalSize | None = None
+    """Run on a pseudo-terminal of this size (`mgpu srun --pty`): stdin, stdout and stderr
+    are its slave side, the program's controlling terminal; the output is one stream."""
 
 
 class Kill(BaseModel):
@@ -303,8 +312,39 @@ class ReservePort(BaseModel):
     epoch: int
 
 
+MAX_TERMINAL_INPUT = 64 * 1024
+"""Bytes of typed input one message carries (base64: a third more)."""
+
+
+class TerminalInput(BaseModel):
+    """Bytes typed at a run's terminal, to write to its pty (base64: any byte travels)."""
+
+    type: Literal["terminal_input"] = "terminal_input"
+    job_id: str
+    epoch: int
+    data: str = Field(max_length=MAX_TERMINAL_INPUT * 4 // 3 + 4)
+
+
+class TerminalResize(BaseModel):
+    """The user's terminal changed size: set it on the run's pty (the program gets
+    SIGWINCH)."""
+
+    type: Literal["terminal_resize"] = "terminal_resize"
+    job_id: str
+    epoch: int
+    size: TerminalSize
+
+
 MasterMessage = Annotated[
-    Welcome | Refused | Launch | Kill | ReservePort | Forget | SetTimeLimit,
+    Welcome
+    | Refused
+    | Launch
+    | Kill
+    | ReservePort
+    | Forget
+    | SetTimeLimit
+    | TerminalInput
+    | TerminalResize,
     Field(discriminator="type"),
 ]
 

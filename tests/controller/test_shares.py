@@ -8,7 +8,7 @@ import pytest
 from harness import Harness
 
 from mgpu.master.reservations import ReservationRequestError
-from mgpu.master.state import job_share_units
+from mgpu.master.shares import job_share_units
 from mgpu.model import JobState
 
 

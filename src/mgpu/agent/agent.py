@@ -9,6 +9,7 @@ messages wait in an ordered outbox and the agent reconnects with backoff.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import getpass
 import json
@@ -45,6 +46,8 @@ from mgpu.protocol import (
     RunningReport,
     SetTimeLimit,
     Started,
+    TerminalInput,
+    TerminalResize,
     Welcome,
     batch_frames,
     encode,
@@ -113,6 +116,10 @@ class Agent:
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
         self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
         """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
+        # A terminal's output is sent as it comes (else after the reconnect, from the file).
+        self.launcher.on_terminal_output = lambda run: (
+            self.launcher.pump_output(run) if self.connected else None
+        )
 
     # ---- outbound -----------------------------------------------------------
 
@@ -156,6 +163,8 @@ class Agent:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
             log.info("re-adopted job %s (pid %d, alive=%s)", rec.job_id, rec.pid, alive)
+            if alive and rec.pty:  # its terminal closed with the agent that held it
+                self.launcher.kill(run, "its terminal ended with the agent", 0.0)
             self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
         loop = asyncio.get_running_loop()
         self._tasks.add(loop.create_task(self._pump_loop()))
@@ -403,6 +412,14 @@ class Agent:
                 self.launcher.set_time_limit(run, msg.time_limit)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
+        elif isinstance(msg, TerminalInput | TerminalResize):
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is None or run.terminal is None:
+                return  # ended, or not a terminal run: nothing to type into
+            if isinstance(msg, TerminalInput):
+                run.terminal.write(base64.b64decode(msg.data))
+            else:
+                run.terminal.resize(msg.size.rows, msg.size.cols)
         elif isinstance(msg, Forget):
             self._exits.pop((msg.job_id, msg.epoch), None)
             self.site.forget(msg.job_id, msg.epoch)
@@ -435,6 +452,7 @@ class Agent:
                 else (msg.signal, msg.signal_lead, msg.signal_batch),
                 script=None if msg.script is None else (msg.script_name or "script", msg.script),
                 gpu_ids=self._device_ids(msg.gpu_ids),
+                pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -497,6 +515,9 @@ class Agent:
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
         await self.launcher.kill_leftovers(run)
+        if run.terminal is not None:
+            run.terminal.drain()  # the last of its output, then the pty goes
+            run.terminal.close()
         epilog_error = await self.site.after(run)  # its output joins the job's stderr
         if self.connected:
             self.launcher.pump_output(run)  # else after the reconnect, from where the master is

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -47,31 +46,25 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged
+from mgpu.agent import cgroups, devices, jobscript, jobsignal
+from mgpu.agent.spawn import (
+    PTY_SHIM,
+    READ_CHUNK,
+    SHIM,
+    JobError,
+    LaunchError,
+    admit,
+    close_all,
+    process_start_time,
+    release_all,
+    start_shim,
+    unlink_all,
+)
+from mgpu.agent.terminal import Terminal
+
+__all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
 
 log = logging.getLogger("mgpu.agent")
-
-# $0 is the number of an inherited descriptor open on the exit file.  Writing through
-# /proc/self/fd reaches the file even when the job's user could not walk the spool's
-# path (a root agent's state dir is usually private).  The shim reads the file only
-# after the job exited, so the write needs no atomicity.
-# `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
-SHIM = (
-    "trap : TERM INT HUP; read -r _; exec </dev/null; "
-    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
-)
-READ_CHUNK = 256 * 1024
-
-
-class LaunchError(RuntimeError):
-    """The node could not start the job (a node failure, not the job's)."""
-
-
-class JobError(LaunchError):
-    """The job's own request cannot be started here (too big for execve, a NUL byte, a
-    name no environment can hold): the job fails, the node is fine."""
 
 
 @dataclass
@@ -106,6 +99,8 @@ class RunRecord:
     signal_sent: bool = False
     script: str = ""
     """The job script written for this run (mgpu.agent.jobscript), removed with it."""
+    pty: bool = False
+    """Runs on a terminal the agent held (it did not survive an agent restart)."""
 
 
 @dataclass
@@ -121,6 +116,7 @@ class Running:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     """The time limit's and the warning signal's (re-armed when the limit changes)."""
+    terminal: Terminal | None = None
 
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
@@ -139,6 +135,8 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
+        self.on_terminal_output: Callable[[Running], None] = self.pump_output
+        """Told when a terminal run wrote something (stored in its stdout file): send it."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -196,11 +194,13 @@ class Launcher:
         gpu_ids: Collection[int] | None = None,
         warning: tuple[int, float, bool] | None = None,
         script: tuple[str, str] | None = None,
+        pty: tuple[int, int] | None = None,
     ) -> Running:
         """Start a run; `note` is a line written to its stderr first (said by the agent).
         `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
         `warning`: (signal, seconds, top process only) before the time limit (--signal).
-        `script`: (name, text) of a job script, run with `argv` as its arguments."""
+        `script`: (name, text) of a job script, run with `argv` as its arguments.
+        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
         base = self.spool / f"{job_id}.{epoch}"
         out_path, err_path, exit_path = (
             Path(f"{base}.out"),
@@ -215,16 +215,18 @@ class Launcher:
                 fds.append(os.open(path, flags, 0o600))
                 made.append(str(path))
         except OSError as e:
-            _close_all(fds)
-            _unlink_all(made)
+            close_all(fds)
+            unlink_all(made)
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         out_fd, err_fd, exit_fd = fds
         cgroup: str | None = None
         guard: str | None = None  # the cgroup that holds the run's device rules
         gate: tuple[int, int] | None = None
+        term: Terminal | None = None
+        slave = -1
         try:
             if note:
-                os.write(err_fd, f"mgpu: {note}\n".encode())
+                os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
             home = os.path.expanduser("~")
             if user_ids is not None:
                 import pwd
@@ -280,23 +282,33 @@ class Launcher:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
             if cgroup is not None or guard is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
-            popen = _start(
-                ["/bin/sh", "-c", SHIM, str(exit_fd), cwd or home, *argv],
+            shim = [SHIM, str(exit_fd)]
+            if pty is not None:
+                owner = None if user_ids is None else user_ids[:2]
+                try:
+                    term, slave = Terminal.open(pty[0], pty[1], owner, out_path)
+                except OSError as e:
+                    raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
+                shim = [PTY_SHIM, str(exit_fd), term.path]
+            popen = start_shim(
+                ["/bin/sh", "-c", *shim, cwd or home, *argv],
                 stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                stdout=out_fd,
-                stderr=err_fd,
+                stdout=out_fd if term is None else slave,
+                stderr=err_fd if term is None else slave,
                 env=full_env,
                 pass_fds=(exit_fd,),
                 **kwargs,
             )
         except BaseException:
             if gate is not None:
-                _close_all(gate)
-            _release_all([cgroup, guard])
-            _unlink_all(made)
+                close_all(gate)
+            if term is not None:
+                term.close()
+            release_all([cgroup, guard])
+            unlink_all(made)
             raise
         finally:
-            _close_all(fds)
+            close_all([*fds, slave] if slave >= 0 else fds)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -304,10 +316,12 @@ class Launcher:
             # launches.  Done in a thread it would leave a window where a stopped or killed
             # agent holds the job at its gate, or lets it run outside.)
             os.close(gate[0])
-            if not _admit(cgroup, guard, popen.pid, gate[1]):
+            if not admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
-                _release_all([cgroup, guard])
-                _unlink_all(made)
+                if term is not None:
+                    term.close()
+                release_all([cgroup, guard])
+                unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
         create_time = process_start_time(popen.pid) or 0.0
@@ -327,12 +341,15 @@ class Launcher:
             hosts=hosts,
             devices=guard if guard is not None and guard != cgroup else "",
             script=script_path,
+            pty=term is not None,
         )
         if warning is not None:
             rec.signal, rec.signal_lead, rec.signal_batch = warning
         self.save(rec)
-        run = Running(rec=rec, popen=popen)
+        run = Running(rec=rec, popen=popen, terminal=term)
         self._track(run)
+        if term is not None:
+            term.start(lambda: self.on_terminal_output(run))
         return run
 
     def _write_hostfile(
@@ -514,6 +531,8 @@ class Launcher:
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
+        if run.terminal is not None:
+            run.terminal.close()
         # Unlinked later, in a thread: with `discard` mounts an unlink can take
         # milliseconds, which the event loop should not wait for.
         rec = run.rec
@@ -529,7 +548,7 @@ class Launcher:
             await asyncio.sleep(interval)
             if self._trash:
                 batch, self._trash = self._trash, []
-                await asyncio.to_thread(_unlink_all, batch)
+                await asyncio.to_thread(unlink_all, batch)
 
     # ---- stopping -----------------------------------------------------------
 
@@ -604,90 +623,3 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
-
-
-def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
-    try:
-        # cwd "/": the shim enters the job's directory itself, as the job's user.
-        return subprocess.Popen(
-            argv,
-            cwd="/",
-            start_new_session=True,
-            close_fds=True,
-            umask=privileged.CHILD_UMASK,  # not the agent's private one
-            **kwargs,
-        )
-    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
-        raise JobError(f"cannot start the job: {e}") from None
-    except OSError as e:
-        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
-            raise JobError(
-                f"cannot start the job: its command line and environment are too big ({e.strerror})"
-            ) from None
-        if isinstance(e, PermissionError):
-            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
-        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
-
-
-def _admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
-    """Move the shim into its cgroups and open its gate (always: it never hangs there).
-
-    A failed move into the containment cgroup leaves the run to the process-tree fallback;
-    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
-    opens (False): a job never runs with GPUs it was not given."""
-    try:
-        joined = True
-        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
-            if not cgroups.enter(path, pid) and path == guard:
-                joined = False
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                break
-        return joined
-    finally:
-        os.close(gate)
-
-
-def _release_all(paths: list[str | None]) -> None:
-    for path in paths:
-        if path is not None:
-            cgroups.release(path)
-
-
-def _close_all(fds: tuple[int, ...] | list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _unlink_all(paths: list[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except IsADirectoryError:  # a job script's directory, after its file
-            with contextlib.suppress(OSError):
-                os.rmdir(p)
-        except OSError:
-            pass
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-_boot_time: float | None = None
-
-
-def process_start_time(pid: int) -> float | None:
-    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
-    there is no such process.  With the pid it identifies a process: pids are reused, start
-    times are not."""
-    global _boot_time
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(b")", 1)[1].split()
-    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
-    if _boot_time is None:
-        _boot_time = psutil.boot_time()
-    return _boot_time + ticks / _CLK_TCK

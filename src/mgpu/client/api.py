@@ -416,6 +416,51 @@ class Client:
     def step_stream(self, step_id: str) -> Iterator[dict[str, Any]]:
         return self._stream_path(f"/api/steps/{_quote(step_id)}/output", read_timeout=3600 * 24)
 
+    def start_alloc_step(self, job_id: str, argv: list[str], **options: Any) -> dict[str, Any]:
+        """Run `argv` as a step of the running allocation `job_id` (`mgpu srun` inside
+        `mgpu alloc`): {"step_id", "nodes"}.  Options: nodelist, pty, pty_size, cwd, env
+        (default: this directory and environment, as submit)."""
+        body: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        body["argv"] = list(argv)
+        body.setdefault("cwd", _submit_dir())
+        if "env" not in body:
+            body["env"] = _portable_environment(os.environ)[0]
+        return dict(self._request("POST", f"/api/allocations/{_quote(job_id)}/steps", body))
+
+    def end_allocation(self, job_id: str, exit_code: int) -> dict[str, Any]:
+        """The allocation's command ended with `exit_code`: end the allocation (completed,
+        or failed with that code)."""
+        path = f"/api/allocations/{_quote(job_id)}/end"
+        return dict(self._request("POST", path, {"exit_code": exit_code}))
+
+    def cancel_step(self, step_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/api/steps/{_quote(step_id)}/cancel"))
+
+    def attach(self, run_id: str, since: int = 0, output: bool = True) -> Any:
+        """Open the attach WebSocket of a job or step held by this client (a terminal, an
+        allocation): a `mgpu.client.websocket.WebSocket`, blocking, no timeout."""
+        from mgpu.client.websocket import HandshakeError, ProtocolError, WebSocket
+
+        path = f"/api/jobs/{_quote(run_id)}/attach?since={since}&output={int(output)}"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        while True:
+            was_tls = self.tls
+            conn = self._connect(self.connect_timeout)
+            try:
+                ws = WebSocket.open(conn.sock, f"{self.host}:{self.port}", path, headers)
+            except HandshakeError as e:
+                conn.close()
+                raise RequestError(e.status, e.detail) from None
+            except OSError as e:
+                conn.close()
+                closed = isinstance(e, ConnectionError) and not isinstance(e, ProtocolError)
+                if not was_tls and self._tls_auto and closed:
+                    self.tls = True  # a loopback master may speak only TLS (--tls)
+                    continue
+                raise self._broken(e, "did not answer in time") from None
+            conn.sock.settimeout(None)  # the caller's select loop decides how long to wait
+            return ws
+
     def whoami(self) -> dict[str, Any]:
         return dict(self._request("GET", "/api/whoami"))
 

@@ -119,6 +119,10 @@ def make_client(args: argparse.Namespace) -> Client:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    if args.pty:
+        raise UsageError(
+            "--pty is for srun (mgpu srun --pty -- ARGV): a queued job has no terminal"
+        )
     if args.command and os.path.isfile(args.command[0]):  # a job script
         from mgpu.client.cmd_jobctl import submit_script
 
@@ -153,6 +157,11 @@ def cmd_srun(args: argparse.Namespace) -> int:
     if not argv or not argv[0].strip():
         raise UsageError("srun needs a command after --")
     client = make_client(args)
+    from mgpu.client.cmd_alloc import srun_special
+
+    code = srun_special(client, args, argv)  # --pty, or a step inside mgpu alloc
+    if code is not None:
+        return code
     opts = job_options(args)
     opts["interactive"] = True
     job = client.submit(argv, **opts)
@@ -534,17 +543,22 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("submit", cmd_submit, "queue a job; prints its id")
     add_job_options(s)
     s.add_argument("--interactive", "-i", action="store_true", help="stream output, wait")
+    s.add_argument("--pty", action="store_true", help=argparse.SUPPRESS)  # refused: srun's
     s.add_argument(
         "command", nargs=argparse.REMAINDER, help="the command (run with /bin/sh -c), or FILE ARGS"
     )
 
     s = add("srun", cmd_srun, "run a job in the foreground with live output")
     add_job_options(s)
+    s.add_argument("--pty", action="store_true", help="on a pseudo-terminal (a shell, an editor)")
     s.add_argument("argv", nargs=argparse.REMAINDER, help="-- ARGV...")
 
     from mgpu.client.cmd_jobctl import add_jobctl_parsers
 
     add_jobctl_parsers(add)
+    from mgpu.client.cmd_alloc import add_alloc_parser
+
+    add_alloc_parser(sub)
 
     s = add("queue", cmd_queue, "pending and running jobs, and nodes")
     s.add_argument("--all", "-a", action="store_true", help="include finished jobs")

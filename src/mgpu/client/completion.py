@@ -70,6 +70,8 @@ def _options(parser: argparse.ArgumentParser) -> tuple[list[Option], list[str]]:
                         options.append(o)
                         seen.update(o.flags)
             continue
+        if a.help == argparse.SUPPRESS:
+            continue  # hidden on purpose (`submit --pty` exists only to be refused)
         choices = [str(c) for c in a.choices] if a.choices else []
         if a.option_strings:
             options.append(

@@ -48,6 +48,7 @@ from mgpu.config import Admission as AdmissionConfig
 from mgpu.master.submit import JobSpec, SubmitError
 from mgpu.model import Job
 from mgpu.scheduler import could_ever_fit
+from mgpu.scheduler.placement import shape_key
 from mgpu.scheduler.types import JobRequest, NodeView
 
 CONTAINER_FEATURE = "container"
@@ -80,6 +81,8 @@ class Admission:
         self.max_time = (
             specs.parse_time_limit(config.max_time_per_job) if config.max_time_per_job else None
         )
+        self._verdicts_for: Sequence[NodeView] | None = None
+        self._verdicts: dict[tuple[object, ...], str | None] = {}
 
     async def admit(self, jobs: Sequence[Job], spec: JobSpec, ctx: AdmissionContext) -> None:
         """Apply the mutators to every job, then the validators; raise SubmitError."""
@@ -162,7 +165,16 @@ class Admission:
                 "no node has a container runtime (podman, docker or apptainer) "
                 f"to run --image {job.image}"
             )
-        return could_ever_fit(request_for(job), nodes)
+        request = request_for(job)
+        # The verdict depends on the request's shape and the nodes' alone: remembered for
+        # as long as the caller passes the same node list (master/nodeindex.py keeps one
+        # until the cluster's shape changes), so a submit does not cost O(nodes).
+        if nodes is not self._verdicts_for or len(self._verdicts) > 4096:
+            self._verdicts_for, self._verdicts = nodes, {}
+        key = (*shape_key(request), request.user if request.allowed_nodes is not None else None)
+        if key not in self._verdicts:
+            self._verdicts[key] = could_ever_fit(request, nodes)
+        return self._verdicts[key]
 
     # ---- the site's external validator ----------------------------------------------
 

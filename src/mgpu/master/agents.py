@@ -293,7 +293,7 @@ class Agents:
 
     def _step_message(self, node: NodeRecord, msg: Any) -> None:
         step = self.state.steps.by_id.get(msg.job_id)
-        if step is None or step.epoch != msg.epoch or step.node_id != node.node_id:
+        if step is None or step.epoch != msg.epoch or not step.runs_on(node.node_id):
             if isinstance(msg, Started) and node.link is not None:
                 self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
             return
@@ -305,6 +305,7 @@ class Agents:
                 return  # already stored (re-sent after a reconnect)
             self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
             self.outputs.append(step.job_id, msg.stream, data, node.node_id)
-        elif isinstance(msg, Exited):
-            self.state.steps.end(step, msg.exit_code, msg.launch_error)
-            self.outputs.close(step.id)
+        elif isinstance(msg, Exited) and not step.ended_on(node.node_id):
+            code, error = msg.exit_code, msg.launch_error
+            if self.state.steps.node_exited(step, node.node_id, code, error):
+                self.outputs.close(step.id)

@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
+from mgpu.master.attach import make_attach_router
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.dashboard import make_router as dashboard_router
@@ -538,6 +539,7 @@ def create_app(
     app.include_router(dashboard_router(c))
     app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
     app.include_router(make_reserve_router(c, require_admin, _address))
+    app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
 
 

@@ -9,6 +9,8 @@ The parts, each in its own module (see docs/ARCHITECTURE.md, "The controller"):
 * `lifecycle.py` — one method per job transition, with its `EndReason`;
 * `launch.py` — the Launch message, built in one place;
 * `agents.py` — hellos and reconcile, agent messages, job steps;
+* `sessions.py`, `allocations.py` — runs held by a client (terminals, allocations) and
+  the steps an allocation runs;
 * `nodes.py` — drain, resume, remove, failures and liveness (heartbeats);
 * `loop.py` — snapshot → `schedule()` → apply, the plan re-checked as it is applied;
 * `access.py` — tokens, root grants, node access rules.
@@ -33,6 +35,7 @@ from mgpu.config import ClusterConfig
 from mgpu.master.access import Access, unix_groups
 from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.agents import Agents
+from mgpu.master.allocations import Allocations
 from mgpu.master.auth import Identity, TokenStore
 from mgpu.master.clock import Clock, LoopTimers, SystemClock, Timers
 from mgpu.master.gpuwatch import GpuWatch
@@ -47,7 +50,8 @@ from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.reservations import ReservationBook
 from mgpu.master.reservations import public as public_reservation
-from mgpu.master.snapshot import job_request, node_views, running_job, scheduler_config
+from mgpu.master.sessions import Sessions
+from mgpu.master.snapshot import job_request, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
@@ -128,6 +132,9 @@ class Cluster:
             config,
         )
         self.agents.on_joined = self._judge_unjudged_later
+        self.sessions = Sessions(self.state, self.life, config)
+        self.allocations = Allocations(self.state, self.life, self.sessions, config)
+        self.loop.on_tick += [self.sessions.check, self.allocations.check]
         self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
         self.jobctl = JobControl(
             self.state, self.life, self.loop, self.admission, self.admission_context
@@ -140,6 +147,7 @@ class Cluster:
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
         self._load()
+        self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
         now = self.clock.time()
@@ -218,6 +226,7 @@ class Cluster:
         self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, base_id))
         for job in jobs:
             self.jobs[job.id] = job
+        self.sessions.track(jobs)
         if not ctx.nodes:
             self._unjudged.update(job.id for job in jobs)
             if self.state.any_node_joined():  # while the site validator ran
@@ -231,7 +240,9 @@ class Cluster:
         may be used (a new job); a changed job (mgpu update) is judged as it is now."""
         joined = self.state.any_node_joined()
         return AdmissionContext(
-            nodes=self._node_views() if joined else [],
+            # What the nodes are (not what is busy): the same list until the cluster's
+            # shape changes, so admission's verdicts per request shape stay cached.
+            nodes=self.state.node_index.shape() if joined else [],
             request_for=(
                 self.loop.request_for
                 if cached
@@ -255,7 +266,7 @@ class Cluster:
         return job_id
 
     def _node_views(self) -> list[NodeView]:
-        return node_views(self.state.sorted_nodes())
+        return self.state.node_index.views()
 
     def _judge_unjudged_later(self) -> None:
         """Jobs queued before any node was known could not be judged at submit.  Once a

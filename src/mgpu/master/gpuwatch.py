@@ -107,7 +107,10 @@ class GpuWatch:
             job = jobs.get(job_id)
             if job is not None and job.state == JobState.RUNNING and job.start_time is not None:
                 self._observe(job, samples, now)
-        actions += self._check_idle(jobs, now)
+        # This node's jobs only: checking every running job at every node's heartbeat
+        # would cost O(nodes x jobs) a heartbeat interval.  A job is judged when one of
+        # its nodes reports, which is within a heartbeat of the limit.
+        actions += self._check_idle(jobs, now, node.jobs)
         self._sample_series(nodes, now)
         return actions
 
@@ -151,11 +154,16 @@ class GpuWatch:
 
     # ---- idle jobs ----------------------------------------------------------
 
-    def _check_idle(self, jobs: Mapping[str, Job], now: float) -> list[WatchAction]:
+    def _check_idle(
+        self, jobs: Mapping[str, Job], now: float, among: Iterable[str]
+    ) -> list[WatchAction]:
         s = self.config.scheduling
         limit = s.idle_after_minutes * 60
         actions: list[WatchAction] = []
-        for job_id, last in list(self._last_active.items()):
+        for job_id in sorted(among):
+            last = self._last_active.get(job_id)
+            if last is None:
+                continue
             job = jobs.get(job_id)
             if job is None or job.state != JobState.RUNNING:
                 self.forget(job_id)

@@ -47,7 +47,9 @@ def is_open(path: str) -> bool:
 
 
 def body_limit(method: str, path: str) -> int:
-    return SUBMIT_BODY_LIMIT if method == "POST" and path == "/api/jobs" else BODY_LIMIT
+    # A job, or a step of an allocation: each carries its submitter's environment.
+    big = path == "/api/jobs" or (path.startswith("/api/allocations/") and path.endswith("/steps"))
+    return SUBMIT_BODY_LIMIT if method == "POST" and big else BODY_LIMIT
 
 
 def _size(n: int) -> str:
@@ -141,7 +143,42 @@ class Guard:
         self.throttle = throttle
         self.failures = failures
 
+    async def _authenticate(self, scope: Scope, headers: Headers) -> str | None:
+        """Put the caller's identity in the scope's state; else why not (throttled)."""
+        header = headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else None
+        ident = self.identify(token)
+        client = scope.get("client")
+        address = client[0] if client else "?"
+        if ident is None:
+            delay = self.throttle.delay(address)
+            self.throttle.failed(address)
+            why = "no token given" if not token else "unknown or revoked token"
+            self.failures.failed(address, scope["path"], why)
+            if delay:
+                await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
+            hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
+            return f"not authorised: {why}{hint}"
+        self.throttle.succeeded(address)
+        scope.setdefault("state", {})["identity"] = ident
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and not is_open(scope["path"]):
+            # A client's WebSocket (a terminal, an allocation): the same token, refused
+            # with an HTTP answer before the upgrade.
+            refusal = await self._authenticate(scope, Headers(scope=scope))
+            if refusal is not None:
+                await receive()  # websocket.connect
+                if "websocket.http.response" not in scope.get("extensions", {}):
+                    await send({"type": "websocket.close", "code": 1008})  # a bare 403
+                    return
+                body = json.dumps({"detail": refusal}).encode()
+                start = {"type": "websocket.http.response.start", "status": 401}
+                start["headers"] = [(b"content-type", b"application/json")]
+                await send(start)
+                await send({"type": "websocket.http.response.body", "body": body})
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -156,23 +193,10 @@ class Guard:
         # discards what arrives after the answer) or, when big or of unknown size, cut off.
         cut_off = declared > DRAIN_LIMIT or "transfer-encoding" in headers
         if not is_open(path):
-            header = headers.get("authorization", "")
-            token = header[7:].strip() if header[:7].lower() == "bearer " else None
-            ident = self.identify(token)
-            client = scope.get("client")
-            address = client[0] if client else "?"
-            if ident is None:
-                delay = self.throttle.delay(address)
-                self.throttle.failed(address)
-                why = "no token given" if not token else "unknown or revoked token"
-                self.failures.failed(address, path, why)
-                if delay:
-                    await asyncio.sleep(delay)  # slows down guessing, costs the honest nothing
-                hint = " (set $MGPU_TOKEN or ~/.config/mgpu/token)" if not token else ""
-                await _refuse(send, 401, f"not authorised: {why}{hint}", close=cut_off)
+            refusal = await self._authenticate(scope, headers)
+            if refusal is not None:
+                await _refuse(send, 401, refusal, close=cut_off)
                 return
-            self.throttle.succeeded(address)
-            scope.setdefault("state", {})["identity"] = ident
         limit = body_limit(method, path)
         if declared > limit:
             await _refuse(send, 413, too_large(method, path, limit), close=cut_off)

@@ -7,17 +7,25 @@ MPI hostfile and the message out.  The caller decides when to send it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mgpu.config import ClusterConfig
 from mgpu.master.registry import NodeRecord
-from mgpu.master.state import job_share_units
+from mgpu.master.shares import job_share_units
 from mgpu.model import Job, Slot
-from mgpu.protocol import Launch
+from mgpu.protocol import Launch, TerminalSize
 from mgpu.scheduler.shares import SHARE_UNITS, format_share
 from mgpu.signalspec import SignalSpec, parse_signal
 
-__all__ = ["hostfile", "job_env", "job_launch", "preempt_warning", "share_env", "step_launch"]
+__all__ = [
+    "hostfile",
+    "job_env",
+    "job_launch",
+    "preempt_warning",
+    "share_env",
+    "step_launch",
+    "terminal_size",
+]
 
 
 def job_env(
@@ -124,6 +132,7 @@ def job_launch(
         signal_batch=warning is not None and warning.batch_only,
         script=job.script,
         script_name=job.script_name,
+        pty=terminal_size(job.pty_size) if job.pty else None,
     )
 
 
@@ -132,6 +141,12 @@ def preempt_warning(job: Job, config: ClusterConfig) -> SignalSpec | None:
     cluster's `scheduling.preempt_signal` (None: just SIGTERM, grace, SIGKILL)."""
     text = job.signal or config.scheduling.preempt_signal
     return None if text is None else parse_signal(text)
+
+
+def terminal_size(size: Sequence[int] | None) -> TerminalSize:
+    """A pty's size: the client's terminal as last told, else the classic 24 x 80."""
+    rows, cols = size if size else (24, 80)
+    return TerminalSize(rows=rows, cols=cols)
 
 
 def step_launch(

@@ -34,6 +34,7 @@ from mgpu.master.outputs import OutputStore
 from mgpu.master.state import ControllerState
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import (
+    ALLOCATION,
     Attempt,
     DesiredState,
     EndReason,
@@ -123,6 +124,9 @@ class Lifecycle:
             self.state.allocate(job, node_id, gpu_ids)
         self.uow.persist(job)  # written before any agent hears of it (see UnitOfWork)
         self.state.counters["started"] += 1
+        if job.kind == ALLOCATION:
+            self._grant(job)
+            return
         if len(placements) > 1 or job.distributed or job.mpi:
             first = self.state.nodes[placements[0][0]]
             assert first.link is not None
@@ -157,6 +161,17 @@ class Lifecycle:
             slot.phase = SlotPhase.SENT
             self.uow.send(link, message)
         self.uow.persist(job)
+
+    def _grant(self, job: Job) -> None:
+        """An allocation runs nothing of its own: its slots are held for its steps, and it
+        has started once its GPUs are taken (master/allocations.py)."""
+        for slot in job.allocation:
+            node = self.state.nodes[slot.node_id]
+            slot.phase, slot.hostname, slot.ip = SlotPhase.HELD, node.hostname, node.ip
+        job.start_time = job.attempts[-1].start_time = self.state.clock.time()
+        job.reason = None
+        self.job_metrics.started(job)
+        self.state.notify(job)
 
     def slot_started(
         self, job: Job, slot: Slot, pid: int, hostname: str, ip: str, time: float
@@ -235,6 +250,12 @@ class Lifecycle:
         # A preempted job is warned first, as --signal warns of the time limit.
         warning = preempt_warning(job, self.config) if reason is EndReason.PREEMPTED else None
         self.kill_slots(job, kill_reason, warning=warning)
+        if all(slot.done for slot in job.allocation):  # nothing to wait for (an allocation)
+            end, why = self._how_it_ended(job, failed=False)
+            if end.to_state() == JobState.QUEUED:
+                self.requeue(job, end, why or end.value)
+            else:
+                self.finish(job, end, why)
 
     def slot_lost(self, job: Job, reason: EndReason, why: str) -> None:
         """A slot's process is gone without an exit: requeue for `reason` (`why` is shown),
@@ -345,10 +366,11 @@ class Lifecycle:
     def end_steps(self, job: Job) -> None:
         """The job's run ended: its steps are ended too, their processes killed."""
         for step in self.state.steps.forget_job(job.id):
-            node = self.state.nodes.get(step.node_id)
-            if node is not None and node.link is not None:
-                kill = Kill(job_id=step.id, epoch=step.epoch, reason="job ended")
-                self.uow.send(node.link, kill)
+            for node_id in step.on_nodes:
+                node = self.state.nodes.get(node_id)
+                if node is not None and node.link is not None and node_id not in step.exits:
+                    kill = Kill(job_id=step.id, epoch=step.epoch, reason="job ended")
+                    self.uow.send(node.link, kill)
             self.outputs.close(step.id)
 
     def _charge(self, job: Job, now: float) -> None:

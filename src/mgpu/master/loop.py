@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from mgpu.config import ClusterConfig
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodes import NodeAdmin
+from mgpu.master.shares import job_share_units
 from mgpu.master.snapshot import job_request, prepare, scheduler_config
-from mgpu.master.state import ControllerState, job_share_units
+from mgpu.master.state import ControllerState
 from mgpu.model import DesiredState, EndReason, Job, JobState
 from mgpu.scheduler import (
     Decisions,
@@ -38,6 +40,13 @@ __all__ = ["Plan", "SchedulingLoop"]
 
 REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
+
+
+PASS_BATCH = 0.01
+"""Seconds the loop waits after a pass before the next: events arriving meanwhile are
+planned together (Slurm: sched_min_interval)."""
+LIVENESS_INTERVAL = 0.5
+"""Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +84,9 @@ class SchedulingLoop:
         """The active and future reservations at a time (master/reservations.py)."""
         self._requests: dict[str, JobRequest] = {}
         self.priorities: dict[str, float] = {}
-        self.factors: dict[str, dict[str, float]] = {}
+        self.factors: Mapping[str, dict[str, float]] = {}
+        """The last pass's (jobs it did not see, like those waiting for a dependency, have
+        none): read lazily, never copied."""
         self.expected_start: dict[str, float] = {}
         self.waiting_on: dict[str, tuple[str, ...]] = {}
         """The last pass's estimates and what each job waits for: in memory only (they
@@ -87,14 +98,21 @@ class SchedulingLoop:
         self.loop_tick = state.clock.time()
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
+        self._last_liveness = -LIVENESS_INTERVAL
+        self._next_backoff = math.inf
+        """When the first retry backoff the last pass saw ends."""
         life.on_end.append(self.forget)
+        self.on_tick: list[Callable[[], None]] = []
+        """Checks run every round after the nodes' (clients of terminals and allocations)."""
 
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
         """Schedule whenever something changed; re-plan unchanged queues every few seconds
         (priorities age, backoffs expire).  A long pass is followed by a pause of about its
-        own length, so a huge queue cannot starve the API of the event loop."""
+        own length, so a huge queue cannot starve the API of the event loop; a short one by
+        PASS_BATCH, so that the events of that moment (submits, ends, starts) are planned
+        in one pass rather than one pass each: a pass costs what the cluster's size does."""
         while True:
             woken = True
             try:
@@ -103,18 +121,25 @@ class SchedulingLoop:
                 woken = False
             self.state.wakeup.clear()
             self.tick(woken)
-            if self.last_pass_duration > 0.02:
-                await asyncio.sleep(min(1.0, self.last_pass_duration))
-            else:
-                await asyncio.sleep(0)  # let queued submissions in before the next pass
+            await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
         self.loop_tick = self.state.clock.time()
         try:
-            self.nodes.check_heartbeats()
             now = self.state.clock.monotonic()
-            due = now - self._last_full >= REPLAN_INTERVAL or self.backoff_expired()
+            # Liveness is a matter of seconds: twice a second, not at every turn (it looks
+            # at every node).
+            if now - self._last_liveness >= LIVENESS_INTERVAL:
+                self._last_liveness = now
+                self.nodes.check_heartbeats()
+            for check in self.on_tick:  # clients' heartbeats (terminals, allocations): few
+                check()
+            # With nothing new, a pass only ages priorities and moves estimates: at most
+            # every REPLAN_INTERVAL, and for a long queue (a costly pass) rarer still, so
+            # that these passes take at most about 2 % of the master's time.
+            interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
+            due = now - self._last_full >= interval or self.backoff_expired()
             if woken or due:
                 self.schedule_pass()
                 self._last_full = now
@@ -122,13 +147,9 @@ class SchedulingLoop:
             log.exception("scheduling pass failed")
 
     def backoff_expired(self) -> bool:
-        now = self.state.clock.time()
-        return any(
-            j.state == JobState.QUEUED
-            and j.retries
-            and self.last_pass_time < j.eligible_time <= now
-            for j in self.state.jobs.values()
-        )
+        """Has a retry backoff the last pass saw ended (not a look at every job: this is
+        asked at every turn of the loop)."""
+        return self.state.clock.time() >= self._next_backoff
 
     # ---- requests (cached per queued job) ---------------------------------
 
@@ -144,7 +165,6 @@ class SchedulingLoop:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self.factors.pop(job.id, None)
 
     # ---- a pass -----------------------------------------------------------
 
@@ -157,13 +177,19 @@ class SchedulingLoop:
         prepared = prepare(
             now,
             self.state.jobs.values(),
-            self.state.sorted_nodes(),
+            (),  # the nodes' views are kept up to date (`views`)
             self.usage,
-            scheduler_config(self.config.scheduling),
+            # The cluster's size is kept by the index: not summed over every node a pass.
+            replace(
+                scheduler_config(self.config.scheduling),
+                cluster_gpus=self.state.node_index.gpu_count(),
+            ),
             request_for=self.request_for,
             targets=self.targets,
             known_met=self._deps_met,
             reservations=self.reservations(now),
+            views=self.state.node_index.views(),
+            requests=self._requests,
         )
         decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)
@@ -177,19 +203,22 @@ class SchedulingLoop:
             job = jobs.get(job_id)
             if job is not None and job.state == JobState.QUEUED:
                 self.life.finish(job, EndReason.DEPENDENCY_NEVER, why)
+        next_backoff = math.inf
         for job_id, why in verdict.waiting.items():
             job = jobs.get(job_id)
             if job is not None:
                 job.reason = why  # advisory and changing: in memory, not written each pass
+                if plan.now < job.eligible_time < next_backoff:
+                    next_backoff = job.eligible_time
+        self._next_backoff = next_backoff
         # Ended as required: that never changes, so later passes need not look them up.
         self._deps_met.update(verdict.satisfied)
         decisions = plan.decisions
         if decisions is not None:
             self.priorities.update(decisions.priorities)
-            self.factors.update(decisions.factors)
+            self.factors = decisions.factors
             self.expected_start = dict(decisions.expected_start)
             self.waiting_on = dict(decisions.waiting_on)
-            started: set[str] = set()
             for start in decisions.starts:
                 job = jobs.get(start.job_id)
                 if job is None or job.state != JobState.QUEUED:
@@ -201,16 +230,16 @@ class SchedulingLoop:
                     continue
                 self.life.start(job, placements)
                 self._requests.pop(job.id, None)
-                started.add(job.id)
             for job_id in decisions.preempt:
                 job = jobs.get(job_id)
                 running = job is not None and job.state == JobState.RUNNING
                 if running and job is not None and job.desired is DesiredState.RUN:
                     self.life.request_stop(job, EndReason.PREEMPTED)
-            for job_id, why in decisions.reasons.items():
+            queued = JobState.QUEUED
+            for job_id, why in decisions.reasons.items():  # every waiting job: kept lean
                 job = jobs.get(job_id)
-                if job is not None and job.id not in started and job.state == JobState.QUEUED:
-                    job.reason = why
+                if job is not None and job.state is queued and job.reason != why:
+                    job.reason = why  # (a job started above is no longer queued)
         else:
             self.expected_start, self.waiting_on = {}, {}
         self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)

@@ -119,7 +119,7 @@ class NodeAdmin:
                     requeued.append(job.id)
             if node.link is not None:
                 node.link.close()  # an idle agent still running joins again as a new node
-            del self.state.nodes[node_id]
+            self.state.remove_node(node_id)
         # The secret first: should the master die in between, the node is forgotten anyway.
         self.node_secrets.forget(node_id)
         self.store.delete_node(node_id)
@@ -154,4 +154,5 @@ class NodeAdmin:
                 self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node.node_id} lost")
             node.busy.clear()
             node.shares.clear()
+            node.changed()
             node.jobs.clear()

@@ -107,7 +107,8 @@ def expectations(
         if is_step_id(run_id):
             step = steps.get(run_id)
             if step is not None:
-                out[run_id] = Expected(step.epoch, step.node_id == node_id, step.done, step=True)
+                here, ended = step.runs_on(node_id), step.ended_on(node_id)
+                out[run_id] = Expected(step.epoch, here, ended, step=True)
             continue
         job = jobs.get(run_id)
         if job is None or job.state != JobState.RUNNING:

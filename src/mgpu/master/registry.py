@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,12 @@ def _why_unencodable(error: Exception) -> str:
     return f"it cannot be encoded ({str(error).splitlines()[0][:200]})"
 
 
+SHAPE_FIELDS = frozenset({"gpus", "gpu_type", "rack", "features"})
+"""What a node is: what decides whether a job could ever run on it."""
+VIEW_FIELDS = SHAPE_FIELDS | {"state", "link", "foreign_blocked", "busy"}
+"""The fields the scheduler's view of a node reads (master/snapshot.node_views)."""
+
+
 @dataclass
 class NodeRecord:
     node_id: str
@@ -111,6 +118,23 @@ class NodeRecord:
     jobs: set[str] = field(default_factory=set)
     """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
     link: AgentLink | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in VIEW_FIELDS:
+            self.changed(name in SHAPE_FIELDS)
+
+    def watch(self, watcher: Callable[[str, bool], None]) -> None:
+        """Tell `watcher(node_id, shape)` of every change to what the scheduler's view of
+        this node reads (master/nodeindex.py)."""
+        object.__setattr__(self, "_watcher", watcher)
+
+    def changed(self, shape: bool = False) -> None:
+        """The scheduler's view of this node is stale: called by itself when a field in
+        `VIEW_FIELDS` is assigned, and by whoever changes `busy` in place (the ledger)."""
+        watcher = self.__dict__.get("_watcher")
+        if watcher is not None:
+            watcher(self.node_id, shape)
 
     @property
     def connected(self) -> bool:

@@ -7,13 +7,13 @@ snapshot the master would without a live master (tests/unit/test_sim_equals_mast
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.registry import NodeRecord
-from mgpu.master.state import job_share_units
+from mgpu.master.shares import job_share_units
 from mgpu.model import Job, JobState
 from mgpu.scheduler import (
     Dependency,
@@ -149,6 +149,10 @@ def _no_targets(job_id: str) -> Sequence[DependencyTarget]:
     return ()
 
 
+def _none(job_id: str) -> None:
+    return None
+
+
 def prepare(
     now: float,
     jobs: Iterable[Job],
@@ -159,23 +163,32 @@ def prepare(
     targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
     known_met: Set[tuple[str, str]] = frozenset(),
     reservations: Sequence[Reservation] = (),
+    views: Sequence[NodeView] | None = None,
+    requests: Mapping[str, JobRequest] | None = None,
 ) -> Prepared:
     """Everything one scheduling pass needs, from the master's jobs (in submit order).
 
     `request_for` turns a queued job into its request (the master caches them and applies
     its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
-    or in its store), for dependencies not in `known_met`.
+    or in its store), for dependencies not in `known_met`.  `views`: the nodes' views when
+    the caller keeps them (master/nodeindex.py); else made from `nodes`.  `requests`: the
+    caller's cache of `request_for`'s answers (by job id), looked in first.
     """
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
     array_running: dict[str, int] = {}
+    # This runs over every active job each pass: identity tests and a C-level cache lookup
+    # before the (Python) `request_for`.
+    queued_state, running_state = JobState.QUEUED, JobState.RUNNING
+    cached = requests.get if requests is not None else _none
     for j in jobs:
-        if j.state == JobState.RUNNING:
+        state = j.state
+        if state is queued_state:
+            queued.append(cached(j.id) or request_for(j))
+        elif state is running_state:
             running.append(running_job(j, now))
             if j.array_job_id is not None:
                 array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
-        elif j.state == JobState.QUEUED:
-            queued.append(request_for(j))
     wanted = {d.job_id for r in queued for d in r.dependencies if d not in known_met}
     found = {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
     verdict = eligibility(queued, now, found, array_running)
@@ -183,7 +196,7 @@ def prepare(
         return Prepared(verdict, None)
     snapshot = Snapshot(
         now=now,
-        nodes=node_views(nodes),
+        nodes=node_views(nodes) if views is None else views,
         pending=verdict.eligible,
         running=running,
         usage=usage.snapshot(now, running),  # running work counts too, as in Slurm

@@ -16,17 +16,14 @@ from collections.abc import Iterable
 
 from mgpu.config import ClusterConfig
 from mgpu.master.clock import Clock
+from mgpu.master.nodeindex import NodeIndex
 from mgpu.master.registry import NodeRecord
+from mgpu.master.shares import job_share_units
 from mgpu.master.steps import Steps
 from mgpu.model import Job, JobState, NodeEvent, Slot, SlotPhase
-from mgpu.scheduler.shares import SHARE_UNITS, share_units
+from mgpu.scheduler.shares import SHARE_UNITS
 
 __all__ = ["ControllerState", "job_share_units"]
-
-
-def job_share_units(job: Job) -> int:
-    """The share units each GPU of a fractional job holds (`--gpu-share`); 0 = whole GPUs."""
-    return share_units(job.gpu_share) if job.gpu_share else 0
 
 
 class ControllerState:
@@ -36,6 +33,8 @@ class ControllerState:
         self.jobs: dict[str, Job] = {}
         """Active jobs (queued and running), in submit order; ended ones are in the store."""
         self.nodes: dict[str, NodeRecord] = {}
+        self.node_index = NodeIndex(self.nodes)
+        """The scheduler's views of the nodes, kept up to date as they change."""
         self.steps = Steps()
         self.wakeup = asyncio.Event()
         """Set when something happened that the scheduling loop should look at."""
@@ -66,6 +65,8 @@ class ControllerState:
         node = self.nodes.get(node_id)
         if node is None:
             node = self.nodes[node_id] = NodeRecord(node_id=node_id)
+            node.watch(self.node_index.changed)
+            self.node_index.changed(node_id, shape=True)
             entry = self.config.node(node_id)
             if entry is not None:
                 node.gpu_type = entry.gpu_type
@@ -74,6 +75,10 @@ class ControllerState:
                 node.ip = entry.ip or ""
                 node.last_seen = self.clock.time()
         return node
+
+    def remove_node(self, node_id: str) -> None:
+        del self.nodes[node_id]
+        self.node_index.changed(node_id, shape=True)
 
     def sorted_nodes(self) -> list[NodeRecord]:
         return [self.nodes[k] for k in sorted(self.nodes)]
@@ -111,6 +116,7 @@ class ControllerState:
                 node.shares.setdefault(g, {})[job.id] = units
             else:
                 node.busy[g] = job.id
+        node.changed()
 
     def release(self, job: Job, slot: Slot) -> None:
         node = self.nodes.get(slot.node_id)
@@ -123,6 +129,7 @@ class ControllerState:
             tenants = node.shares.get(g)
             if tenants is not None and tenants.pop(job.id, None) is not None and not tenants:
                 del node.shares[g]
+        node.changed()
         if not node.jobs:
             node.move(NodeEvent.EMPTIED)
         self.wake()

@@ -2,8 +2,10 @@
 
 `mpirun` inside an `--mpi` job starts its remote daemons through `mgpu rsh
 HOST CMD`, which asks the master for a step on the allocated node that HOST
-names.  A step runs with the job's GPUs on that node and ends with the job.
-Agents know a step as a run whose id is `JOBID.sN`.
+names; `mgpu srun` inside an allocation (`mgpu alloc`) starts one on the
+allocation's nodes (master/allocations.py).  A step runs with the job's GPUs on
+its nodes and ends with the job.  Agents know a step as a run whose id is
+`JOBID.sN` (the same id on each of its nodes).
 """
 
 from __future__ import annotations
@@ -24,6 +26,23 @@ class Step:
     error: str | None = None
     done: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    nodes: list[str] = field(default_factory=list)
+    """Every node it runs on (a step of an allocation may span several); empty: `node_id`."""
+    exits: dict[str, int | None] = field(default_factory=dict)
+    """Exit codes of the nodes whose process has ended."""
+    pty: bool = False
+    """Runs on a pseudo-terminal (`mgpu srun --pty` inside an allocation)."""
+    pty_size: list[int] | None = None
+
+    @property
+    def on_nodes(self) -> list[str]:
+        return self.nodes or [self.node_id]
+
+    def runs_on(self, node_id: str) -> bool:
+        return node_id in self.on_nodes
+
+    def ended_on(self, node_id: str) -> bool:
+        return self.done or node_id in self.exits
 
 
 def is_step_id(run_id: str) -> bool:
@@ -50,6 +69,21 @@ class Steps:
         step.error = error
         step.done = True
         step.finished.set()
+
+    def node_exited(
+        self, step: Step, node_id: str, exit_code: int | None, error: str | None = None
+    ) -> bool:
+        """One node's process of the step ended; True when it was the last (the step's
+        exit code is then the first non-zero one, as a job's)."""
+        step.exits[node_id] = exit_code
+        if error is not None and step.error is None:
+            step.error = f"{node_id}: {error}" if len(step.on_nodes) > 1 else error
+        if not all(n in step.exits for n in step.on_nodes):
+            return False
+        codes = [step.exits[n] for n in step.on_nodes]
+        bad = [c for c in codes if c != 0]
+        self.end(step, bad[0] if bad else codes[0], step.error)
+        return True
 
     def forget_job(self, job_id: str) -> list[Step]:
         """The job ended: its live steps are ended too (their processes are killed)."""

@@ -43,7 +43,7 @@ from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
 from mgpu.master.notify import parse_target
-from mgpu.model import Job
+from mgpu.model import ALLOCATION, Job
 from mgpu.scheduler.shares import share_units
 from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
@@ -297,6 +297,22 @@ Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
 Signal = Annotated[SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
 
 
+def _pty_size(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list | tuple) and len(value) == 2
+    if not ok or not all(type(v) is int and 1 <= v <= 10000 for v in value):
+        raise specs.SpecError("--pty size must be [rows, columns], each from 1 to 10000")
+    return int(value[0]), int(value[1])
+
+
+PtySize = Annotated[
+    tuple[int, int] | None,
+    PlainValidator(_pty_size),
+    _schema({"type": "array", "items": {"type": "integer"}}),
+]
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """How many GPUs a job takes and how they spread, once the options are reconciled."""
@@ -355,6 +371,13 @@ class JobSpec(BaseModel):
         None
     )
     reservation: Annotated[str, AfterValidator(reservation_name)] | None = None
+    pty: bool = False
+    """Run on a pseudo-terminal (`mgpu srun --pty`): one program, on one node."""
+    pty_size: PtySize = None
+    """The client's terminal as (rows, cols): the pty's size at launch."""
+    allocation: bool = False
+    """An allocation (`mgpu alloc`): the GPUs are held for the client's steps; the
+    command is only shown (it runs on the client's machine)."""
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -388,6 +411,11 @@ class JobSpec(BaseModel):
                 "fewer seconds or a longer --time"
             )
         self._shape = _reconcile(self)
+        return self
+
+    @model_validator(mode="after")
+    def _session(self) -> JobSpec:
+        _check_session(self)
         return self
 
     @property
@@ -472,6 +500,40 @@ def _share_shape(spec: JobSpec) -> Shape:
             f"{share} is part of one GPU and cannot be combined with {' or '.join(others)}"
         )
     return Shape(gpus=1)
+
+
+def _check_session(spec: JobSpec) -> None:
+    """A terminal is one program on one node; an allocation runs nothing itself and is held
+    by its client, so it is never an array, never requeued, never preempted."""
+    if spec.pty:
+        if spec.allocation:
+            raise specs.SpecError(
+                "an allocation runs nothing itself: use mgpu srun --pty inside it instead"
+            )
+        if spec.array is not None:
+            raise specs.SpecError("--pty runs one program at a terminal, not a job array (--array)")
+        many = (spec.shape.nodes or 1) > 1 or len(spec.node_gpu_ids or ()) > 1
+        if many or spec.distributed or spec.mpi:
+            raise specs.SpecError(
+                "--pty runs one program on one node; drop --nodes, --distributed and --mpi"
+            )
+        if spec.image is not None:
+            raise specs.SpecError(
+                "--pty does not work with --image: container jobs get no terminal"
+            )
+    if not spec.allocation:
+        return
+    refused = [
+        ("--array", spec.array is not None, "start one mgpu alloc per allocation"),
+        ("--mpi", spec.mpi, "run mpirun in a step (mgpu srun inside the allocation)"),
+        ("--distributed", spec.distributed, "run torchrun in a step"),
+        ("--image", spec.image is not None, "give it to the steps' own command"),
+        ("--preemptible", spec.preemptible, "its client's steps cannot be requeued"),
+        ("--retries", bool(spec.retries), "it is never requeued: its client holds it"),
+    ]
+    for option, given, why in refused:
+        if given:
+            raise specs.SpecError(f"{option} does not apply to an allocation (mgpu alloc): {why}")
 
 
 # ---- building jobs ---------------------------------------------------------------------
@@ -561,6 +623,12 @@ def build_jobs(
     )
     if base.held:
         base.reason = "held"
+    if spec.pty or spec.allocation:  # a person waits at the other end: idle rules apply
+        base.interactive = True
+        base.pty = spec.pty
+        base.pty_size = None if spec.pty_size is None else list(spec.pty_size)
+    if spec.allocation:
+        base.kind, base.max_retries = ALLOCATION, 0
     if spec.array is None:
         return [base]
     # The tasks share the request's fields, argv and env included (nothing changes them

@@ -66,7 +66,7 @@ from .placement import (
 )
 from .plan import Planned, Planner, plan_queue
 from .preemption import plan_preemption
-from .priority import compute_priorities, running_priorities, weighted_fairshare
+from .priority import FactorMap, compute_priorities, running_priorities, weighted_fairshare
 from .reservations import kept_out_note, member_reason, reservation_views
 from .shares import format_share
 from .types import (
@@ -164,7 +164,7 @@ class _Pass:
         priorities, factors = compute_priorities(self.snapshot, sizes, self.fairshare)
         ids = [j.job_id for j in pending]
         d.priorities = dict(zip(ids, priorities, strict=True))
-        d.factors = dict(zip(ids, factors, strict=True))
+        d.factors = FactorMap(ids, factors)
 
         order = list(range(len(pending)))
         if self.config.queue_policy == "fifo":

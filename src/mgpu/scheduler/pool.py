@@ -103,31 +103,42 @@ class FreePool:
     up_count: int
 
     def __init__(self, nodes: Iterable[NodeView]) -> None:
-        self.views = {}
-        self._free = {}
-        self._all = {}
+        # Built at every pass from every node: local names and C-level tests on purpose.
+        views: dict[str, NodeView] = {}
+        free_of: dict[str, set[int]] = {}
+        all_of: dict[str, frozenset[int]] = {}
+        self.views, self._free, self._all = views, free_of, all_of
         self._up = None
         self._shared = {}
         self._rooms = {}
         max_gpus = 0
+        sets: dict[tuple[int, ...], frozenset[int]] = {}  # most nodes have the same GPUs
         for node in nodes:
-            self.views[node.node_id] = node
-            max_gpus = max(max_gpus, len(node.gpu_indices))
+            nid = node.node_id
+            views[nid] = node
+            indices = node.gpu_indices
+            if len(indices) > max_gpus:
+                max_gpus = len(indices)
             if node.schedulable:
-                every = frozenset(node.gpu_indices)
-                self._all[node.node_id] = every
-                free = set(node.free_gpus & every)
+                every = sets.get(indices)
+                if every is None:
+                    every = sets[indices] = frozenset(indices)
+                all_of[nid] = every
+                free = set(node.free_gpus)
+                if not free <= every:
+                    free &= every
                 if node.shared:
-                    self._add_shared(node.node_id, node.shared, every, free)
-                self._free[node.node_id] = free
+                    self._add_shared(nid, node.shared, every, free)
+                free_of[nid] = free
         self.max_gpus = max_gpus
-        self._buckets = [[] for _ in range(max_gpus + 1)]
-        for nid, free in self._free.items():
-            self._buckets[len(free)].append(nid)
-        for bucket in self._buckets:
+        buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
+        for nid, free in free_of.items():
+            buckets[len(free)].append(nid)
+        for bucket in buckets:
             bucket.sort()
-        self.total_free = sum(len(free) for free in self._free.values())
-        self.up_count = len(self._free)
+        self._buckets = buckets
+        self.total_free = sum(map(len, free_of.values()))
+        self.up_count = len(free_of)
         self._eligible = {}
 
     def copy(self) -> FreePool:

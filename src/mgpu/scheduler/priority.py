@@ -23,13 +23,16 @@ Each factor is a number in [0, 1]; a job's priority is the weighted sum
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import overload
 
 from .placement import requested_gpus
 from .types import SHARE_UNITS, JobRequest, PriorityWeights, RunningJob, Snapshot
 
 __all__ = [
     "USER_PRIORITY_RANGE",
+    "FactorMap",
+    "FactorTable",
     "compute_priorities",
     "fairshare_factors",
     "job_size",
@@ -102,7 +105,7 @@ def compute_priorities(
     snapshot: Snapshot,
     needs: Sequence[float] | None = None,
     fairshare: Mapping[str, float] | None = None,
-) -> tuple[list[float], list[dict[str, float]]]:
+) -> tuple[list[float], FactorTable]:
     """Priority and weighted factor breakdown of each pending job, in `pending` order.
 
     `needs` (each job's `job_size`) and `fairshare` (`weighted_fairshare`) may be
@@ -134,11 +137,56 @@ def compute_priorities(
         for p in [j.priority for j in pending]
     ]
     priorities = [a + f + s + u for a, f, s, u in zip(ages, shares, sizes, users_p, strict=True)]
-    factors = [
-        {"age": a, "fairshare": f, "job_size": s, "user_priority": u}
-        for a, f, s, u in zip(ages, shares, sizes, users_p, strict=True)
-    ]
-    return priorities, factors
+    return priorities, FactorTable(ages, shares, sizes, users_p)
+
+
+class FactorTable(Sequence[dict[str, float]]):
+    """Each pending job's weighted factors, in `pending` order, each made into a dict only
+    when it is read: a pass over 100,000 jobs would otherwise build 100,000 dicts, of which
+    a query reads a few."""
+
+    __slots__ = ("_ages", "_shares", "_sizes", "_users")
+
+    def __init__(
+        self, ages: list[float], shares: list[float], sizes: list[float], users: list[float]
+    ) -> None:
+        self._ages, self._shares, self._sizes, self._users = ages, shares, sizes, users
+
+    def __len__(self) -> int:
+        return len(self._ages)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, float]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, float]]: ...
+    def __getitem__(self, i: int | slice) -> dict[str, float] | list[dict[str, float]]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return {
+            "age": self._ages[i],
+            "fairshare": self._shares[i],
+            "job_size": self._sizes[i],
+            "user_priority": self._users[i],
+        }
+
+
+class FactorMap(Mapping[str, dict[str, float]]):
+    """Job id -> its weighted factors (`Decisions.factors`), read from a `FactorTable`."""
+
+    __slots__ = ("_index", "_table")
+
+    def __init__(self, ids: Sequence[str], table: Sequence[dict[str, float]]) -> None:
+        self._index = dict(zip(ids, range(len(ids)), strict=True))
+        self._table = table
+
+    def __getitem__(self, job_id: str) -> dict[str, float]:
+        return self._table[self._index[job_id]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
 
 
 def running_priorities(

@@ -252,8 +252,8 @@ class Decisions:
     reasons: dict[str, str] = field(default_factory=dict)
     """Why each pending job that did not start waits ("waiting for 2 GPUs", "priority")."""
     priorities: dict[str, float] = field(default_factory=dict)
-    factors: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each pending job's priority broken down by factor."""
+    factors: Mapping[str, dict[str, float]] = field(default_factory=dict)
+    """Each pending job's priority broken down by factor (each made when it is read)."""
     expected_start: dict[str, float] = field(default_factory=dict)
     """Estimated start of each waiting job whose start follows from time limits (the blocked
     head's backfill reservation, then the planner's projection within its budget)."""

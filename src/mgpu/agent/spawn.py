@@ -1,0 +1,144 @@
+"""Starting a job's shim: the shim itself, Popen with the job's errors told apart from the
+node's, the gate through which the agent moves it into its cgroups, and the small file and
+process helpers of a run's start and end (see launcher.py for the design)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+from typing import Any
+
+import psutil
+
+from mgpu.agent import cgroups, privileged
+
+__all__ = [
+    "PTY_SHIM",
+    "READ_CHUNK",
+    "SHIM",
+    "JobError",
+    "LaunchError",
+    "process_start_time",
+]
+
+# $0 is the number of an inherited descriptor open on the exit file.  Writing through
+# /proc/self/fd reaches the file even when the job's user could not walk the spool's
+# path (a root agent's state dir is usually private).  The shim reads the file only
+# after the job exited, so the write needs no atomicity.
+# `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
+SHIM = (
+    "trap : TERM INT HUP; read -r _; exec </dev/null; "
+    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
+    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
+    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
+)
+# With a terminal (mgpu.agent.terminal): $1 is the pty's slave, opened as stdin by the shim,
+# a session leader, after the gate, which makes it its controlling terminal.  The signals
+# a terminal sends its foreground group (which the shim is in) are caught, so they reach
+# the program only.
+PTY_SHIM = (
+    'trap : TERM INT HUP QUIT TSTP TTIN TTOU; read -r _; exec 0<>"$1"; shift; '
+    'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
+    "echo 126 > /proc/self/fd/$0; exit 126; }; shift; "
+    '"$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c'
+)
+READ_CHUNK = 256 * 1024
+
+
+class LaunchError(RuntimeError):
+    """The node could not start the job (a node failure, not the job's)."""
+
+
+class JobError(LaunchError):
+    """The job's own request cannot be started here (too big for execve, a NUL byte, a
+    name no environment can hold): the job fails, the node is fine."""
+
+
+def start_shim(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Popen of a shim, its errors sorted into the job's (JobError) and the node's."""
+    try:
+        # cwd "/": the shim enters the job's directory itself, as the job's user.
+        return subprocess.Popen(
+            argv,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            umask=privileged.CHILD_UMASK,  # not the agent's private one
+            **kwargs,
+        )
+    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
+        raise JobError(f"cannot start the job: {e}") from None
+    except OSError as e:
+        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
+            raise JobError(
+                f"cannot start the job: its command line and environment are too big ({e.strerror})"
+            ) from None
+        if isinstance(e, PermissionError):
+            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
+        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+
+
+def admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
+    """Move the shim into its cgroups and open its gate (always: it never hangs there).
+
+    A failed move into the containment cgroup leaves the run to the process-tree fallback;
+    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
+    opens (False): a job never runs with GPUs it was not given."""
+    try:
+        joined = True
+        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
+            if not cgroups.enter(path, pid) and path == guard:
+                joined = False
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                break
+        return joined
+    finally:
+        os.close(gate)
+
+
+def release_all(paths: list[str | None]) -> None:
+    for path in paths:
+        if path is not None:
+            cgroups.release(path)
+
+
+def close_all(fds: tuple[int, ...] | list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def unlink_all(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except IsADirectoryError:  # a job script's directory, after its file
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
+        except OSError:
+            pass
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_boot_time: float | None = None
+
+
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
+    there is no such process.  With the pid it identifies a process: pids are reused, start
+    times are not."""
+    global _boot_time
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()
+    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
+    if _boot_time is None:
+        _boot_time = psutil.boot_time()
+    return _boot_time + ticks / _CLK_TCK

@@ -1,0 +1,179 @@
+"""A run's pseudo-terminal (`mgpu srun --pty`), made as sshd makes one for `ssh -t`.
+
+The agent opens the pty (`os.openpty`), gives its slave side to the job's user (mode
+0620, as login does) at the size of the user's terminal, and starts the shim with the
+slave as stdout and stderr.  The shim, a session leader (`setsid`), opens the slave by
+its path as its stdin once it is past the cgroup gate: a session leader without a
+controlling terminal that opens one gets it as its controlling terminal (Linux), so the
+program runs in the pty's foreground process group.  Ctrl-C, Ctrl-Z and Ctrl-\\ travel as
+bytes, and the pty's line discipline turns them into SIGINT, SIGTSTP and SIGQUIT for the
+foreground process group, as on any terminal; a size change (TIOCSWINSZ) into SIGWINCH.
+(`setsid -c`, or TIOCSCTTY in a pre-exec function, would do the same; the shell does it
+without running Python code in the forked child of a threaded agent.)
+
+The agent keeps the master side.  What the program writes is read as it comes (an event
+loop reader: no polling delay), appended to the run's stdout spool file and sent from
+there at once, on the offsets every output uses: so it reaches `mgpu logs` and survives a
+lost connection to the master.  Typed bytes and size changes from the master are written
+to it; input the program does not read yet waits here (bounded).
+
+A terminal does not outlive its agent: the master side closes with the agent, the kernel
+hangs the terminal up (SIGHUP), and a restarted agent kills what is left of the run, as
+sshd's sessions end with sshd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import termios
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("mgpu.agent")
+
+READ_CHUNK = 64 * 1024
+MAX_PENDING_INPUT = 1 << 20
+"""Typed bytes kept for a program that does not read them; beyond, input is dropped."""
+MAX_DRAIN = 16 << 20
+"""Bytes read after the run ended (its last output): a runaway writer cannot hold us."""
+TTY_MODE = 0o620
+
+
+def _winsize(rows: int, cols: int) -> bytes:
+    return struct.pack("HHHH", rows, cols, 0, 0)
+
+
+class Terminal:
+    def __init__(self, master: int, path: str, sink: int) -> None:
+        self.master = master
+        """The pty's master side (non-blocking), the agent's end."""
+        self.path = path
+        """The slave's device (/dev/pts/N), which the shim opens as its stdin."""
+        self.sink = sink
+        """The run's stdout spool file, opened for appending."""
+        self._pending = bytearray()
+        self._reading = False
+        self._writing = False
+        self._on_data: Callable[[], None] = lambda: None
+        self.closed = False
+
+    @classmethod
+    def open(
+        cls, rows: int, cols: int, owner: tuple[int, int] | None, out_path: Path
+    ) -> tuple[Terminal, int]:
+        """A new pty of that size whose slave belongs to `owner` (uid, gid; None: this
+        agent's user); returns it and the slave's descriptor (the caller closes it once the
+        shim has it)."""
+        master, slave = os.openpty()  # non-inheritable; glibc opens the slave O_NOCTTY
+        sink = -1
+        try:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, _winsize(rows, cols))
+            if owner is not None:
+                os.fchown(slave, owner[0], -1)  # the group stays the devpts one (tty)
+            os.fchmod(slave, TTY_MODE)
+            path = os.ttyname(slave)
+            sink = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            os.set_blocking(master, False)
+        except BaseException:
+            for fd in (master, slave, sink):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        return cls(master, path, sink), slave
+
+    def start(self, on_data: Callable[[], None]) -> None:
+        """Read the program's output as it comes; `on_data` after each piece is stored."""
+        self._on_data = on_data
+        asyncio.get_running_loop().add_reader(self.master, self._readable)
+        self._reading = True
+
+    def _readable(self) -> None:
+        if self._read_once() is None:
+            self._stop_reading()  # every slave descriptor closed: the run is ending
+            return
+        self._on_data()
+
+    def _read_once(self) -> bytes | None:
+        """What the program wrote (b"" if nothing now), stored; None once the pty is done."""
+        try:
+            data = os.read(self.master, READ_CHUNK)
+        except BlockingIOError:
+            return b""
+        except OSError:  # EIO: no process has the slave open any more
+            return None
+        if not data:
+            return None
+        os.write(self.sink, data)
+        return data
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self.master)
+
+    def write(self, data: bytes) -> None:
+        """Typed bytes for the program (kept while it does not read them)."""
+        if self.closed:
+            return
+        if len(self._pending) + len(data) > MAX_PENDING_INPUT:
+            log.warning(
+                "terminal %s: input not read by its program, %d bytes dropped", self.path, len(data)
+            )
+            return
+        self._pending += data
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._pending and not self.closed:
+            try:
+                n = os.write(self.master, self._pending)
+            except BlockingIOError:
+                break
+            except OSError:  # the pty is gone
+                self._pending.clear()
+                break
+            del self._pending[:n]
+        want = bool(self._pending) and not self.closed
+        if want != self._writing:
+            loop = asyncio.get_running_loop()
+            if want:
+                loop.add_writer(self.master, self._flush)
+            else:
+                loop.remove_writer(self.master)
+            self._writing = want
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the size: the kernel sends SIGWINCH to the foreground process group."""
+        if not self.closed:
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self.master, termios.TIOCSWINSZ, _winsize(rows, cols))
+
+    def drain(self) -> None:
+        """The run has ended: store what the program wrote last (never blocks)."""
+        if self.closed:
+            return
+        total = 0
+        while total < MAX_DRAIN:
+            data = self._read_once()
+            if not data:
+                break
+            total += len(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._stop_reading()
+        if self._writing:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_writer(self.master)
+            self._writing = False
+        self.closed = True
+        for fd in (self.master, self.sink):
+            with contextlib.suppress(OSError):
+                os.close(fd)
