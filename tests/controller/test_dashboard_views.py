@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from starlette.requests import Request
 
 from mgpu.master import dashboard
 from mgpu.master.dashboard import BadFilter, etagged, job_page, overview
+from mgpu.protocol import GpuTelemetry
 
 
 def page(h: Harness, state: str = "active", user: str | None = None, q: str | None = None,
@@ -126,3 +128,15 @@ def test_a_shared_gpu_has_its_letter_and_its_occupants(h: Harness) -> None:
     (gpu0, _) = ov["details"][0]["gpus"]
     occupants = {(o["job_id"], o["user"]) for o in gpu0["shared_jobs"]}
     assert occupants == set(zip(shares, ("alice", "bob"), strict=True))
+
+
+def test_an_idle_job_is_counted(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness({"scheduling": {"idle_after_minutes": 1}})
+    busy, quiet = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    h.start(nodelist=["n1"])
+    h.start(nodelist=["n2"])
+    for dt in (0, 61):
+        h.advance(dt)
+        busy.heartbeat([GpuTelemetry(index=0, utilization_pct=90.0)])
+        quiet.heartbeat([GpuTelemetry(index=0, utilization_pct=0.0)])
+    assert overview(h.cl, [])["jobs"] == {"running": 2, "queued": 0, "idle": 1}

@@ -737,11 +737,12 @@ function route() {
     $("job-attempts").innerHTML = "";
     followOutput(state.jobId);
   }
-  if (page === "overview") {
-    refreshChart().catch(() => {});
-    state.utilTimer = setInterval(() => refreshChart().catch(() => {}), UTIL_MS);
-  }
-  refresh().finally(() => { if (gen === state.gen) schedule(gen); });
+  if (page === "overview") state.utilTimer = setInterval(() => refreshChart().catch(() => {}), UTIL_MS);
+  refresh().finally(() => {
+    if (gen !== state.gen) return;
+    if (page === "overview") refreshChart().catch(() => {}); // after the first render, not beside it
+    schedule(gen);
+  });
 }
 
 window.addEventListener("hashchange", route);
