@@ -220,7 +220,8 @@ function nodeKeep() {
   return (r) => want(r) && (!text || r[0].toLowerCase().includes(text));
 }
 
-function isBig() { return state.overview && state.overview.nodes.total > SMALL_CLUSTER; }
+// Past SMALL_CLUSTER nodes, a node is detailed only when opened (and can be closed again).
+function onDemand() { return state.overview && state.overview.nodes.total > SMALL_CLUSTER; }
 
 // What the overview should detail: the nodes opened by a click, and a search's single match.
 function openNodes() { return [...state.open, ...(state.found ? [state.found] : [])]; }
@@ -329,8 +330,8 @@ function renderNodes(ov) {
     el.innerHTML = '<div class="empty">No nodes yet: start one with <code>mgpu node --node-id node001</code>.</div>';
     return;
   }
-  const big = isBig();
-  const cards = ov.details.map((n) => nodeCard(n, big && state.open.has(n.node_id))).join("");
+  const closable = onDemand();
+  const cards = ov.details.map((n) => nodeCard(n, closable && state.open.has(n.node_id))).join("");
   el.innerHTML = cards || '<div class="empty">Click a node in the map, or find one by name, to see its GPUs.</div>';
 }
 
