@@ -214,7 +214,7 @@ def test_hostile_names_are_refused(cluster: LocalCluster, name: str, message: st
 def test_hostile_paths_are_harmless(cluster: LocalCluster) -> None:
     c = cluster.client()
     for job_id in ("../../etc/passwd", "..%2F..%2Fmgpu.db", "a" * 5000):
-        with pytest.raises(MgpuError, match=r"no such job|Not Found"):
+        with pytest.raises(MgpuError, match=r"no such job|Not Found|ids never contain"):
             c.show(job_id)
     job = c.submit("echo ok", name="../../../etc/x")  # a name is only a label
     assert c.wait(job.id, timeout=30)["name"] == "../../../etc/x"

@@ -1,8 +1,7 @@
 """`mgpu completion bash|zsh`: shell completion scripts generated from the argparse parser,
-so they always list the commands and options the installed mgpu has, plus those the
-contract fixes and that are on their way (`PLANNED_*`: the parser's own win once it has
-them).  The legacy and seed names complete too: `mgpu_client` as `mgpu`, `mgpu_srun` as
-`mgpu srun`, and so on (`ALIASES`).
+so they always list the commands and options the installed mgpu has.  The legacy and
+seed names complete too: `mgpu_client` as `mgpu`, `mgpu_srun` as `mgpu srun`, and so on
+(`ALIASES`).
 
     eval "$(mgpu completion bash)"          # in ~/.bashrc
     mgpu completion zsh > ~/.zfunc/_mgpu    # with ~/.zfunc in $fpath, before compinit
@@ -82,63 +81,8 @@ def _options(parser: argparse.ArgumentParser) -> tuple[list[Option], list[str]]:
     return options, positional
 
 
-def _value(flag: str, help: str, choices: tuple[str, ...] = ()) -> Option:
-    return Option([flag], True, list(choices), help)
-
-
-def _switch(flag: str, help: str) -> Option:
-    return Option([flag], False, [], help)
-
-
-# The contract's round 2 (issue 14) and shared GPUs and reservations (issue 13): listed
-# before the parser has them, so completion needs no change when they land.
-_PLANNED_JOB_OPTIONS = [
-    _value("--signal", "send a signal SECONDS before the time limit"),
-    _switch("--hold", "queue the job held"),
-    _value("--notify", "POST to this URL when the job ends"),
-    _value("--gpu-share", "a fraction of one GPU, 0 < F < 1"),
-    _value("--reservation", "run in this reservation"),
-]
-PLANNED_OPTIONS: dict[str, list[Option]] = {
-    "submit": _PLANNED_JOB_OPTIONS,
-    "srun": [*_PLANNED_JOB_OPTIONS, _switch("--pty", "a real terminal for the program")],
-    "alloc": _PLANNED_JOB_OPTIONS,
-}
-"""Options of existing commands, by command."""
-
-PLANNED_COMMANDS: dict[str, tuple[str, list[Option], list[str]]] = {
-    "hold": ("keep queued jobs from starting", [], []),
-    "release": ("let held jobs start", [], []),
-    "requeue": ("stop running jobs and queue them again", [], []),
-    "update": (
-        "change a queued job (a running one: time, name)",
-        [
-            _value("--time", "new time limit"),
-            _value("--priority", "new user priority"),
-            _value("--gpus", "new number of GPUs"),
-            _value("--name", "new name"),
-        ],
-        [],
-    ),
-    "alloc": ("allocate GPUs, then run ARGV (default $SHELL) here with them", [], []),
-    "reserve": (
-        "GPUs set aside for a window (admin)",
-        [
-            _value("--gpus", "GPUs to set aside"),
-            _value("--nodelist", "on these nodes"),
-            _value("--start", "now, now+MINUTES or YYYY-MM-DDTHH:MM"),
-            _value("--duration", "how long"),
-            _value("--users", "who may use it, a,b"),
-            _switch("--json", "machine-readable output"),
-        ],
-        ["create", "list", "delete"],
-    ),
-}
-"""Commands the parser may not have yet: (help, options, positional choices)."""
-
-
 def describe(parser: argparse.ArgumentParser) -> tuple[list[Option], list[Command]]:
-    """The top-level options and every subcommand with its options, planned ones added."""
+    """The top-level options and every subcommand with its options."""
     top, _ = _options(parser)
     sub = _subparsers(parser)
     commands = []
@@ -147,20 +91,6 @@ def describe(parser: argparse.ArgumentParser) -> tuple[list[Option], list[Comman
         for name, sp in sub.choices.items():
             opts, positional = _options(sp)
             commands.append(Command(name, helps.get(name, ""), opts, positional))
-    by_name = {c.name: c for c in commands}
-    srun = by_name.get("srun")
-    for name, (help, opts, positional) in PLANNED_COMMANDS.items():
-        if name not in by_name:
-            if name == "alloc" and srun is not None:  # the job options, as srun takes them
-                opts = [o for o in srun.options if o.flags != ["--pty"]] + opts
-            by_name[name] = Command(name, help, list(opts), list(positional))
-            commands.append(by_name[name])
-    for name, opts in PLANNED_OPTIONS.items():
-        command = by_name.get(name)
-        if command is None:
-            continue
-        known = {f for o in command.options for f in o.flags}
-        command.options += [o for o in opts if not known & set(o.flags)]
     return top, commands
 
 

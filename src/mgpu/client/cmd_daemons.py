@@ -1,0 +1,217 @@
+"""`mgpu master`, `mgpu node` (and `node remove`), `mgpu up` and `mgpu down`: the commands
+that run or manage the daemons, apart from the everyday client commands in cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from typing import Any
+
+from mgpu.client.cli import UsageError, _fail, make_client
+
+__all__ = ["NO_JOIN_TOKEN", "add_daemon_parsers"]
+
+
+def cmd_master(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mgpu.config import ConfigError
+    from mgpu.master.server import default_state_dir, run_master
+
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    if args.print_systemd_unit:
+        from mgpu.deploy import master_unit
+
+        print(master_unit(args, state_dir), end="")
+        return 0
+    try:
+        run_master(
+            args.host,
+            args.port,
+            state_dir,
+            args.config,
+            args.verbose,
+            tls=True if args.tls else (False if args.insecure else None),
+        )
+    except ConfigError as e:
+        _fail(str(e))
+    return 0
+
+
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    if not args.target:
+        raise UsageError("mgpu node remove needs the node id: mgpu node remove ID")
+    if args.join_token:
+        args.token = args.join_token  # `mgpu node remove ID --token T`: T is the admin's
+    if args.node_host or args.master_host:
+        args.host = args.node_host or args.master_host  # `node remove ID --host H`, as for node
+    res = make_client(args).remove_node(args.target)
+    requeued = res.get("requeued") or []
+    print(f"removed {res['removed']}" + (f"; requeued {', '.join(requeued)}" if requeued else ""))
+    return 0
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if args.action == "remove":
+        return cmd_node_remove(args)
+    if args.node_id is None:
+        raise UsageError("the following arguments are required: --node-id")
+    from mgpu.agent.agent import AgentRefused, run_agent
+    from mgpu.agent.identity import NodeIdentityError
+    from mgpu.master.server import default_state_dir, setup_logging
+    from mgpu.spec import SpecError, validate_node_id
+
+    try:
+        validate_node_id(args.node_id)
+    except SpecError as e:
+        _fail(str(e))
+    if args.fake_gpus is not None and args.fake_gpus < 0:
+        _fail("--fake-gpus must not be negative")
+    if args.gpu_count is not None and args.gpu_count < 0:
+        _fail("--gpu-count must not be negative")
+    args.master_host = _node_master_host(args)
+    if not os.path.isdir(args.gpu_device_dir):
+        _fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
+    state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    if args.print_systemd_unit:
+        from mgpu.deploy import node_unit
+
+        print(node_unit(args, state_dir), end="")
+        return 0
+    if args.health:
+        from mgpu.agent.health import run_health
+
+        return run_health(
+            args.node_id,
+            args.master_host,
+            args.master_port,
+            state_dir,
+            args.fake_gpus,
+            gpu_device_dir=Path(args.gpu_device_dir),
+            gpu_count=args.gpu_count,
+        )
+    if args.fake_foreign:
+        from mgpu.agent.telemetry import parse_gpu_values
+
+        try:
+            parse_gpu_values(args.fake_foreign, "--fake-foreign")
+        except ValueError as e:
+            _fail(str(e))
+        os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
+    setup_logging(args.verbose)
+    from mgpu.agent.gpus import GpuCountError
+
+    try:
+        run_agent(
+            args.node_id,
+            args.master_host,
+            args.master_port,
+            state_dir,
+            args.fake_gpus,
+            advertise_ip=args.advertise_ip,
+            token=args.join_token,
+            insecure=args.insecure,
+            container_runtime=args.container_runtime,
+            gpu_device_dir=Path(args.gpu_device_dir),
+            gpu_count=args.gpu_count,
+        )
+    except AgentRefused as e:
+        from mgpu.client.credentials import find_join_token
+
+        if find_join_token(args.join_token, state_dir) is None:
+            _fail(NO_JOIN_TOKEN)
+        _fail(f"the master refused this node: {e}")
+    except (NodeIdentityError, GpuCountError) as e:
+        _fail(str(e))
+    return 0
+
+
+NO_JOIN_TOKEN = (
+    "this node has no join token: copy it from the file join-token in the master's state dir "
+    "(on the master's machine ~/.local/state/mgpu/join-token of the account running "
+    "`mgpu master`, unless it was given --state-dir or $MGPU_STATE_DIR; its log names the "
+    "file) and give it to this node with --token TOKEN or $MGPU_JOIN_TOKEN"
+)
+
+
+def _node_master_host(args: argparse.Namespace) -> str:
+    """`--master-host`, or the original node agent's `--host` for the same thing."""
+    if args.node_host and args.master_host and args.node_host != args.master_host:
+        _fail(
+            f"--host {args.node_host} and --master-host {args.master_host} name different "
+            "masters; give only --master-host"
+        )
+    return str(args.master_host or args.node_host or "127.0.0.1")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from mgpu.client.local import cluster_up
+
+    return cluster_up(args.port, args.fake_gpus, args.state_dir)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from mgpu.client.local import cluster_down
+
+    return cluster_down(args.state_dir)
+
+
+def add_daemon_parsers(add: Callable[..., Any]) -> None:
+    """Register the daemons' commands (`add(name, fn, help)` is build_parser's)."""
+    s = add("master", cmd_master, "run the control plane (foreground)")
+    s.add_argument("--host", dest="host", help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", dest="port", type=int, help="port (default 8080)")
+    s.add_argument("--config", help="cluster_config.yaml")
+    s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
+    s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
+    s.add_argument("--verbose", "-v", action="store_true")
+    s.add_argument(
+        "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
+
+    s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")
+    s.add_argument("action", nargs="?", choices=["remove"], help="remove ID (admin)")
+    s.add_argument("target", nargs="?", metavar="ID", help="(remove) the node to forget")
+    s.add_argument("--node-id")
+    s.add_argument("--master-host", help="the master's address (default 127.0.0.1)")
+    s.add_argument(
+        "--host", dest="node_host", metavar="MASTER_HOST", help="the same (the original name)"
+    )
+    s.add_argument("--master-port", type=int, default=8080)
+    s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
+    s.add_argument("--gpu-count", type=int, help="manage only the node's first N GPUs")
+    s.add_argument(
+        "--fake-foreign",
+        metavar="GPU:MB[,GPU:MB]",
+        help="simulate use outside mgpu of fake GPUs (also $MGPU_FAKE_FOREIGN)",
+    )
+    s.add_argument("--health", action="store_true", help="run the node's checks and exit")
+    s.add_argument("--advertise-ip", help="the IP other nodes reach this one at")
+    s.add_argument(
+        "--token", dest="join_token", help="join token (default $MGPU_JOIN_TOKEN; remove: yours)"
+    )
+    s.add_argument("--insecure", action="store_true", help="plain ws:// to a non-loopback master")
+    s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument("--verbose", "-v", action="store_true")
+    s.add_argument(
+        "--container-runtime",
+        choices=["auto", "podman", "docker", "apptainer", "none"],
+        default="auto",
+        help="runtime for --image jobs (default: the first of podman, docker, apptainer)",
+    )
+    s.add_argument("--gpu-device-dir", default="/dev", help="where the GPUs' nvidiaN files are")
+    s.add_argument(
+        "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
+
+    s = add("up", cmd_up, "start a local cluster (master + one node) in the background")
+    s.add_argument("--fake-gpus", type=int, help="simulate N GPUs (default: 4 if none found)")
+    s.add_argument("--port", dest="port", type=int, default=8080)
+    s.add_argument("--state-dir")
+
+    s = add("down", cmd_down, "stop the local cluster started by mgpu up")
+    s.add_argument("--state-dir")
