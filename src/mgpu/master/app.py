@@ -30,6 +30,7 @@ from mgpu.master import gcpause
 from mgpu.master.attach import make_attach_router
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
+from mgpu.master.dashboard import make_router as dashboard_router
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
@@ -587,6 +588,7 @@ def create_app(
             writer.cancel()
 
     app.include_router(make_router(c))
+    app.include_router(dashboard_router(c))
     app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps

@@ -9,7 +9,7 @@ in, rows out) so that they are easy to test.
 from __future__ import annotations
 
 import asyncio
-import copy
+import itertools
 import math
 import re
 import time
@@ -27,7 +27,12 @@ from mgpu.model import Job, JobState
 from mgpu.scheduler.types import SHARE_UNITS
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-_STATIC = {"app.js": "text/javascript", "style.css": "text/css", "favicon.svg": "image/svg+xml"}
+_STATIC = {
+    "app.js": "text/javascript",
+    "heatmap.js": "text/javascript",
+    "style.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 MAX_ROWS = 100000
@@ -197,26 +202,28 @@ def utilisation_series(
     points: int,
     total_gpus: int,
     measured: Iterable[tuple[float, float]] = (),
+    spans: Iterable[tuple[float, float, dict[str, float]]] = (),
 ) -> dict[str, Any]:
     """Allocated GPUs over [start, end] in `points` equal buckets (mean over each bucket),
-    from every attempt's start and end, and the measured utilisation where known."""
+    from every attempt's start and end (of `jobs`, and `spans` taken already), and the
+    measured utilisation where known."""
     step = (end - start) / points
     alloc = [0.0] * points  # GPU-seconds per bucket
     full = [0.0] * (points + 1)  # difference array of GPUs holding a whole bucket
-    for job in jobs:
-        for s, e, per_node in attempt_spans(job, end):
-            gpus = sum(per_node.values())
-            s, e = max(s, start), min(e, end)
-            if gpus == 0 or e <= s:
-                continue
-            first, last = int((s - start) // step), min(points - 1, int((e - start) // step))
-            if first == last:
-                alloc[first] += gpus * (e - s)
-                continue
-            alloc[first] += gpus * (start + (first + 1) * step - s)
-            alloc[last] += gpus * (e - (start + last * step))
-            full[first + 1] += gpus
-            full[last] -= gpus
+    every = itertools.chain(spans, (span for job in jobs for span in attempt_spans(job, end)))
+    for s, e, per_node in every:
+        gpus = sum(per_node.values())
+        s, e = max(s, start), min(e, end)
+        if gpus == 0 or e <= s:
+            continue
+        first, last = int((s - start) // step), min(points - 1, int((e - start) // step))
+        if first == last:
+            alloc[first] += gpus * (e - s)
+            continue
+        alloc[first] += gpus * (start + (first + 1) * step - s)
+        alloc[last] += gpus * (e - (start + last * step))
+        full[first + 1] += gpus
+        full[last] -= gpus
     sums = [0.0] * points
     counts = [0] * points
     for t, util in measured:
@@ -289,15 +296,16 @@ def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
         cl = get_cluster()
         now = time.time()
         start = now - hours * 3600
-        # Running work is copied here, on the loop that changes it; the store is read in a
-        # thread so that a long history does not hold up scheduling.
-        active = [copy.deepcopy(j) for j in cl.jobs.values() if j.attempts]
+        # Running work's spans are taken here, on the loop that changes it (a few tuples a
+        # job: copying the jobs took seconds with thousands running); the store is read in
+        # a thread so that a long history does not hold up scheduling.
+        active = [s for j in cl.jobs.values() if j.attempts for s in attempt_spans(j, now)]
         measured = list(cl.gpuwatch.series)
         total = sum(len(n.gpus) for n in cl.nodes.values())
 
         def compute() -> dict[str, Any]:
-            jobs = [*cl.finished_since(start, limit=MAX_ROWS), *active]
-            return utilisation_series(jobs, start, now, points, total, measured)
+            done = cl.finished_since(start, limit=MAX_ROWS)
+            return utilisation_series(done, start, now, points, total, measured, active)
 
         series = await asyncio.to_thread(compute)
         busy = sum(

@@ -1,16 +1,21 @@
 // mgpu dashboard: plain JavaScript, no build step, no outside resources.
 // Pages (by URL hash): #/ overview, #/job/ID a job, #/accounting reports.
-// Live: the overview polls /api/jobs every POLL_MS; a job page follows its output
-// through the NDJSON stream GET /api/jobs/ID/output?follow=1.
+// Live: the overview polls two compact views (/api/dashboard/overview and one page of
+// /api/dashboard/jobs) every POLL_MS, slower on a big cluster, and redraws only what
+// changed (ETag); a job page follows its output through GET /api/jobs/ID/output?follow=1.
+// The node heat map is heatmap.js.
 "use strict";
 
 const POLL_MS = 1500;
+const POLL_MAX_MS = 15000;
+const SMALL_CLUSTER = 16; // as mgpu.master.dashboard: up to this many nodes, all detailed
 const UTIL_MS = 15000;
 const OUTPUT_LIMIT = 1 << 20; // characters kept in the output pane
 
 const $ = (id) => document.getElementById(id);
 const state = {
-  page: null, jobId: null, timer: null, utilTimer: null, stream: null, data: null, cancelErrors: {},
+  page: null, jobId: null, timer: null, utilTimer: null, stream: null, cancelErrors: {}, gen: 0,
+  overview: null, open: new Set(), found: null, offset: 0, etags: {}, pollMs: POLL_MS, ready: false,
 };
 
 // ---- helpers ---------------------------------------------------------------
@@ -70,6 +75,29 @@ async function api(path, opts = {}) {
     throw new ApiError(resp.status, detail);
   }
   return body;
+}
+
+// GET with the ETag of the answer last drawn in `slot` (if it was for the same path): null
+// when the master says it has not changed.
+async function apiCached(slot, path) {
+  const h = headers();
+  const last = state.etags[slot];
+  if (last && last.path === path) h["If-None-Match"] = last.tag;
+  const resp = await fetch(path, { headers: h, cache: "no-store" });
+  if (resp.status === 304) return null;
+  let body = null;
+  try { body = await resp.json(); } catch (e) { body = null; }
+  if (resp.status === 401) showLogin(body && body.detail);
+  if (!resp.ok) {
+    throw new ApiError(resp.status, body && typeof body.detail === "string" ? body.detail : `HTTP ${resp.status}`);
+  }
+  state.etags[slot] = { path, tag: resp.headers.get("ETag") };
+  return body;
+}
+
+function debounce(fn, ms) {
+  let t = null;
+  return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); };
 }
 
 function setLive(ok, text) {
@@ -143,6 +171,13 @@ async function cancelJob(id, button, errorEl) {
 }
 
 // ---- overview ----------------------------------------------------------------
+// Two compact views of the master (mgpu.master.dashboard), each with an ETag: the
+// overview (counts, the heat map, the details of the nodes shown) and one page of jobs.
+
+const PAGE_SIZE = 50;
+const BIG_POLL_MS = 5000; // a big cluster (nodes or queued jobs) is polled less often
+const BIG_NODES = 200, BIG_QUEUE = 10000;
+const SEARCH_SHOWN = 12; // nodes a search lists by name
 
 function gpuState(node, g) {
   if (node.state === "offline" || node.connected === false) return "offline";
@@ -152,65 +187,171 @@ function gpuState(node, g) {
   return node.state === "online" ? "free" : node.state;
 }
 
-function renderStats(data) {
-  const nodes = data.nodes || [], jobs = data.jobs || [];
-  const gpus = nodes.flatMap((n) => (n.gpus || []).map((g) => gpuState(n, g)));
-  const online = nodes.filter((n) => n.state === "online" && n.connected !== false).length;
-  const count = (s) => gpus.filter((x) => x === s).length;
-  const running = jobs.filter((j) => j.state === "running").length;
-  const queued = jobs.filter((j) => j.state === "queued").length;
-  const idle = jobs.filter((j) => j.idle).length;
+function renderStats(ov) {
   const stat = (n, l) => `<div class="stat"><div class="n">${n}</div><div class="l">${l}</div></div>`;
+  const n = (v) => Number(v).toLocaleString("en");
+  const g = ov.gpus, j = ov.jobs;
   $("stats").innerHTML =
-    stat(`${online}/${nodes.length}`, "nodes online") +
-    stat(`${count("busy") + count("shared")}/${gpus.length}`, "GPUs busy") +
-    (count("shared") ? stat(count("shared"), "GPUs shared") : "") +
-    stat(count("free"), "GPUs free") +
-    stat(count("foreign"), "GPUs used outside mgpu") +
-    stat(running, "jobs running" + (idle ? ` (${idle} idle)` : "")) +
-    stat(queued, "jobs queued");
+    stat(`${n(ov.nodes.online)}/${n(ov.nodes.total)}`, "nodes online") +
+    stat(`${n(g.busy + (g.shared || 0))}/${n(g.total)}`, "GPUs busy") +
+    (g.shared ? stat(n(g.shared), "GPUs shared") : "") +
+    stat(n(g.free), "GPUs free") +
+    stat(n(g.foreign), "GPUs used outside mgpu") +
+    stat(n(j.running), "jobs running" + (j.idle ? ` (${n(j.idle)} idle)` : "")) +
+    stat(n(j.queued), "jobs queued");
 }
 
-function renderNodes(nodes) {
-  if (!nodes.length) {
-    $("nodes").innerHTML = '<div class="empty">No nodes yet: start one with <code>mgpu node --node-id node001</code>.</div>';
+// ---- nodes: the heat map, search and filter, details on demand
+
+const heat = new HeatMap($("heatmap"), (id) => toggleNode(id));
+
+const NODE_FILTERS = {
+  "": () => true,
+  online: (r) => r[1] === "online",
+  free: (r) => r[1] === "online" && r[2].includes("f"),
+  full: (r) => r[2].length > 0 && !/[fn]/.test(r[2]),
+  draining: (r) => r[1] === "draining" || r[1] === "drained",
+  offline: (r) => r[1] === "offline",
+};
+
+function nodeKeep() {
+  const text = $("node-search").value.trim().toLowerCase();
+  const want = NODE_FILTERS[$("node-filter").value] || NODE_FILTERS[""];
+  return (r) => want(r) && (!text || r[0].toLowerCase().includes(text));
+}
+
+// Past SMALL_CLUSTER nodes, a node is detailed only when opened (and can be closed again).
+function onDemand() { return state.overview && state.overview.nodes.total > SMALL_CLUSTER; }
+
+// What the overview should detail: the nodes opened by a click, and a search's single match.
+function openNodes() { return [...state.open, ...(state.found ? [state.found] : [])]; }
+
+function drawHeat() {
+  const ov = state.overview;
+  if (!ov) return;
+  const filtered = $("node-search").value.trim() || $("node-filter").value;
+  heat.draw(ov.heat, filtered ? nodeKeep() : undefined, new Set(openNodes()));
+}
+
+function renderSearch() {
+  const ov = state.overview;
+  const text = $("node-search").value.trim();
+  const el = $("node-matches");
+  if (!ov || !(text || $("node-filter").value)) { el.innerHTML = ""; return; }
+  const keep = nodeKeep();
+  const hits = ov.heat.filter(keep);
+  const names = hits.slice(0, SEARCH_SHOWN).map((r) =>
+    `<button type="button" class="link-like" data-node="${esc(r[0])}">${esc(r[0])}</button>`).join(" ");
+  el.innerHTML = `${hits.length.toLocaleString("en")} of ${ov.heat.length.toLocaleString("en")} nodes match` +
+    (hits.length ? `: ${names}${hits.length > SEARCH_SHOWN ? " …" : ""}` : "");
+}
+
+// A search that names one node (exactly, or as the only match) opens its details.
+function searchNodes() {
+  const ov = state.overview;
+  const text = $("node-search").value.trim().toLowerCase();
+  let found = null;
+  if (ov && text) {
+    const exact = ov.heat.find((r) => r[0].toLowerCase() === text);
+    const hits = exact ? [exact] : ov.heat.filter(nodeKeep());
+    if (hits.length === 1) found = hits[0][0];
+  }
+  renderSearch();
+  drawHeat();
+  if (found !== state.found) {
+    state.found = found;
+    loadOverview().catch(() => {});
+  }
+}
+
+function toggleNode(id) {
+  if (state.open.has(id)) state.open.delete(id);
+  else state.open.add(id);
+  drawHeat();
+  loadOverview().catch(() => {});
+}
+
+function gpuTable(n) {
+  const names = Object.fromEntries((n.job_rows || []).map((j) => [j.id, j.name]));
+  const rows = (n.gpus || []).map((g) => {
+    const t = g.telemetry || {};
+    const st = gpuState(n, g);
+    const tenants = g.shared_jobs || [];
+    const note = st === "foreign"
+      ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
+      : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>'
+      : st === "shared" ? ` <span class="note">${esc(+g.share_used.toFixed(3))} used by ${tenants.length} job${tenants.length === 1 ? "" : "s"}</span>` : "";
+    const mem = t.memory_used_mb == null ? "-"
+      : `${(t.memory_used_mb / 1024).toFixed(1)} / ${((t.memory_total_mb || g.memory_mb) / 1024).toFixed(0)} GB`;
+    const job = g.busy_job
+      ? `<a href="#/job/${esc(g.busy_job)}">${esc(g.busy_job)}</a>${names[g.busy_job] ? ` <span class="muted">${esc(names[g.busy_job])}</span>` : ""}`
+      : tenants.map((o) => `<a href="#/job/${esc(o.job_id)}">${esc(o.job_id)}</a>(${esc(o.share)})`).join(" ");
+    const user = g.busy_user || [...new Set(tenants.map((o) => o.user || "?"))].join(",");
+    return `<tr data-gpu="${esc(n.node_id)}:${g.index}">
+      <td class="num">${g.index}</td>
+      <td>${badge(st)}${note}</td>
+      <td>${job}</td>
+      <td>${esc(user)}</td>
+      <td>${bar(t.utilization_pct)}</td>
+      <td class="num">${mem}</td>
+      <td class="num">${t.temperature_c == null ? "-" : Math.round(t.temperature_c) + " °C"}</td>
+    </tr>`;
+  }).join("");
+  return `<table><thead><tr><th class="num">GPU</th><th>state</th><th>job</th><th>user</th><th>util</th><th class="num">memory</th><th class="num">temp</th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="7" class="empty">no GPUs</td></tr>'}</tbody></table>`;
+}
+
+function nodeJobs(n) {
+  const cpuOnly = (n.job_rows || []).filter((j) => !j.gpus);
+  if (!cpuOnly.length) return "";
+  return `<div class="note">without GPUs: ${cpuOnly.map((j) =>
+    `<a href="#/job/${esc(j.id)}">${esc(j.id)}</a> ${esc(j.name || "")} (${esc(j.user)})`).join(", ")}</div>`;
+}
+
+// A node's card is its head and these sections, in order: add one here for a new view of a
+// node (it gets the node's JSON from node_details in mgpu.master.dashboard).
+const NODE_SECTIONS = [gpuTable, nodeJobs];
+
+function nodeCard(n, closable) {
+  const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);
+  const where = [n.hostname, n.ip].filter(Boolean).join(" · ");
+  return `<div class="node" data-node="${esc(n.node_id)}">
+    <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "offline" : n.state)}
+      <span class="muted">${esc(where)}</span>${sim ? badge("simulated", "sim") : ""}
+      ${n.reason ? `<span class="muted">${esc(n.reason)}</span>` : ""}
+      ${closable ? `<span class="spacer"></span><button type="button" class="small" data-close="${esc(n.node_id)}" title="close">×</button>` : ""}</div>
+    ${NODE_SECTIONS.map((section) => section(n)).join("")}
+  </div>`;
+}
+
+function renderNodes(ov) {
+  const el = $("nodes");
+  if (!ov.heat.length) {
+    el.innerHTML = '<div class="empty">No nodes yet: start one with <code>mgpu node --node-id node001</code>.</div>';
     return;
   }
-  $("nodes").innerHTML = nodes.map((n) => {
-    const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);
-    const rows = (n.gpus || []).map((g) => {
-      const t = g.telemetry || {};
-      const st = gpuState(n, g);
-      const note = st === "foreign"
-        ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
-        : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>'
-        : st === "shared" ? ` <span class="note">${esc(+g.share_used.toFixed(3))} used by ${g.shared_jobs.length} job${g.shared_jobs.length === 1 ? "" : "s"}</span>` : "";
-      const tenants = g.shared_jobs || [];
-      const jobCell = g.busy_job ? `<a href="#/job/${esc(g.busy_job)}">${esc(g.busy_job)}</a>`
-        : tenants.map((o) => `<a href="#/job/${esc(o.job_id)}">${esc(o.job_id)}</a>(${esc(o.share)})`).join(" ");
-      const userCell = g.busy_user || [...new Set(tenants.map((o) => o.user || "?"))].join(",");
-      const mem = t.memory_used_mb == null ? "-"
-        : `${(t.memory_used_mb / 1024).toFixed(1)} / ${((t.memory_total_mb || g.memory_mb) / 1024).toFixed(0)} GB`;
-      return `<tr data-gpu="${esc(n.node_id)}:${g.index}">
-        <td class="num">${g.index}</td>
-        <td>${badge(st)}${note}</td>
-        <td>${jobCell}</td>
-        <td>${esc(userCell)}</td>
-        <td>${bar(t.utilization_pct)}</td>
-        <td class="num">${mem}</td>
-        <td class="num">${t.temperature_c == null ? "-" : Math.round(t.temperature_c) + " °C"}</td>
-      </tr>`;
-    }).join("");
-    const where = [n.hostname, n.ip].filter(Boolean).join(" · ");
-    return `<div class="node" data-node="${esc(n.node_id)}">
-      <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "offline" : n.state)}
-        <span class="muted">${esc(where)}</span>${sim ? badge("simulated", "sim") : ""}
-        ${n.reason ? `<span class="muted">${esc(n.reason)}</span>` : ""}</div>
-      <table><thead><tr><th class="num">GPU</th><th>state</th><th>job</th><th>user</th><th>util</th><th class="num">memory</th><th class="num">temp</th></tr></thead>
-      <tbody>${rows || '<tr><td colspan="7" class="empty">no GPUs</td></tr>'}</tbody></table>
-    </div>`;
-  }).join("");
+  const closable = onDemand();
+  const cards = ov.details.map((n) => nodeCard(n, closable && state.open.has(n.node_id))).join("");
+  el.innerHTML = cards || '<div class="empty">Click a node in the map, or find one by name, to see its GPUs.</div>';
 }
+
+$("node-search").addEventListener("input", debounce(searchNodes, 150));
+$("node-search").addEventListener("keydown", (ev) => {
+  if (ev.key !== "Enter") return;
+  const first = state.overview && state.overview.heat.find(nodeKeep());
+  if (first && $("node-search").value.trim()) { state.open.add(first[0]); drawHeat(); loadOverview().catch(() => {}); }
+});
+$("node-filter").addEventListener("change", searchNodes);
+$("node-matches").addEventListener("click", (ev) => {
+  const b = ev.target.closest("button[data-node]");
+  if (b && !state.open.has(b.dataset.node)) toggleNode(b.dataset.node);
+});
+$("nodes").addEventListener("click", (ev) => {
+  const b = ev.target.closest("button[data-close]");
+  if (b) toggleNode(b.dataset.close);
+});
+
+// ---- the job list: filtered and paged by the master
 
 function jobWhere(j) {
   const alloc = j.allocation || [];
@@ -243,30 +384,23 @@ function waitsFor(j) {
   return parts.join("; ");
 }
 
-function renderQueue(data) {
-  const jobs = data.jobs || [];
-  const users = [...new Set(jobs.map((j) => j.user))].sort();
+function renderUsers(users) {
   const sel = $("filter-user");
   const chosen = sel.value;
   const have = [...sel.options].map((o) => o.value).slice(1);
-  if (users.join() !== have.join() && !(chosen && !users.includes(chosen))) {
-    sel.innerHTML = '<option value="">everyone</option>' +
-      users.map((u) => `<option>${esc(u)}</option>`).join("");
+  const list = chosen && !users.includes(chosen) ? [...users, chosen].sort() : users;
+  if (list.join() !== have.join()) {
+    sel.innerHTML = '<option value="">everyone</option>' + list.map((u) => `<option>${esc(u)}</option>`).join("");
     sel.value = chosen;
   }
-  const want = $("filter-state").value;
-  const match = (j) => {
-    if (chosen && j.user !== chosen) return false;
-    if (want === "all") return true;
-    if (want === "active") return j.state === "queued" || j.state === "running";
-    if (want === "finished") return j.state !== "queued" && j.state !== "running";
-    return j.state === want;
-  };
+}
+
+function renderQueue(page) {
   const now = Date.now() / 1000;
-  const rows = jobs.filter(match).map((j) => {
+  const rows = page.jobs.map((j) => {
     const time = j.start_time ? dur((j.end_time || now) - j.start_time) : "-";
     const active = j.state === "queued" || j.state === "running";
-    return `<tr data-job="${esc(j.id)}">
+    return `<tr data-job="${esc(j.id)}" data-user="${esc(j.user)}">
       <td><a class="mono" href="#/job/${esc(j.id)}">${esc(j.id)}</a></td>
       <td>${esc(j.name || "")}</td>
       <td>${esc(j.user)}</td>
@@ -281,24 +415,72 @@ function renderQueue(data) {
   $("queue").innerHTML = rows.length
     ? `<table><thead><tr><th>job</th><th>name</th><th>user</th><th>state</th><th class="num">GPUs</th><th class="num">time</th><th class="num">start</th><th>nodes (reason)</th><th></th></tr></thead><tbody>${rows.join("")}</tbody></table>`
     : '<div class="empty">No jobs match.</div>';
+  const n = (v) => v.toLocaleString("en");
+  const first = page.total ? page.offset + 1 : 0, last = page.offset + page.jobs.length;
+  const note = page.finished_window && page.total >= page.finished_window ? " (finished: the newest)" : "";
+  $("queue-range").textContent = `${n(first)}–${n(last)} of ${n(page.total)}${note}`;
+  $("queue-prev").disabled = page.offset === 0;
+  $("queue-next").disabled = last >= page.total;
 }
+
+function jobsPath() {
+  const q = new URLSearchParams({ state: $("filter-state").value, offset: state.offset, limit: PAGE_SIZE });
+  if ($("filter-user").value) q.set("user", $("filter-user").value);
+  if ($("job-search").value.trim()) q.set("q", $("job-search").value.trim());
+  return "/api/dashboard/jobs?" + q;
+}
+
+async function loadJobs() {
+  const path = jobsPath();
+  const page = await apiCached("jobs", path);
+  if (page === null) return; // unchanged
+  // Not drawn: an answer overtaken by a newer question (the user paged or filtered), or an
+  // armed or busy cancel button (it survives a refresh; the rows are redrawn the poll after).
+  if (path !== jobsPath() || $("queue").querySelector("button.armed, button[data-busy]")) {
+    delete state.etags.jobs;
+    return;
+  }
+  if (page.total && page.offset >= page.total) { // the page emptied under us: back to the last one
+    state.offset = Math.max(0, Math.floor((page.total - 1) / PAGE_SIZE) * PAGE_SIZE);
+    return loadJobs();
+  }
+  renderQueue(page);
+}
+
+async function loadOverview() {
+  const open = openNodes();
+  const ask = open.join(",");
+  const ov = await apiCached("overview", "/api/dashboard/overview" + (ask ? "?open=" + encodeURIComponent(ask) : ""));
+  if (ov === null) return; // unchanged
+  if (ask !== openNodes().join(",")) { delete state.etags.overview; return; } // overtaken
+  state.overview = ov;
+  renderStats(ov);
+  drawHeat();
+  renderSearch();
+  renderNodes(ov);
+  renderUsers(ov.users);
+}
+
+function jobsChanged() { state.offset = 0; loadJobs().catch(() => {}); }
 
 $("queue").addEventListener("click", (ev) => {
   const b = ev.target.closest("button[data-cancel]");
   if (b) cancelJob(b.dataset.cancel, b, b.nextElementSibling);
 });
-$("filter-state").addEventListener("change", () => refresh());
-$("filter-user").addEventListener("change", () => state.data && renderQueue(state.data));
+$("filter-state").addEventListener("change", jobsChanged);
+$("filter-user").addEventListener("change", jobsChanged);
+$("job-search").addEventListener("input", debounce(jobsChanged, 250));
+$("queue-prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE_SIZE); loadJobs().catch(() => {}); });
+$("queue-next").addEventListener("click", () => { state.offset += PAGE_SIZE; loadJobs().catch(() => {}); });
 
 async function refreshOverview() {
-  const want = $("filter-state").value;
-  const all = !["active", "queued", "running"].includes(want);
-  // Armed cancel buttons survive a refresh only if we skip re-rendering while one is armed.
-  const data = await api("/api/jobs" + (all ? "?all=1" : ""));
-  state.data = data;
-  renderStats(data);
-  renderNodes(data.nodes || []);
-  if (!$("queue").querySelector("button.armed, button[data-busy]")) renderQueue(data);
+  const t0 = performance.now();
+  await Promise.all([loadOverview(), loadJobs()]);
+  if (!state.ready) { state.ready = true; performance.mark("mgpu-ready"); }
+  // Poll slower when a refresh costs more (a big cluster, a loaded master).
+  const ov = state.overview;
+  const big = ov && (ov.nodes.total > BIG_NODES || ov.jobs.queued > BIG_QUEUE);
+  state.pollMs = Math.min(POLL_MAX_MS, Math.max(big ? BIG_POLL_MS : POLL_MS, 8 * (performance.now() - t0)));
 }
 
 // ---- utilisation chart -------------------------------------------------------
@@ -522,13 +704,25 @@ async function refresh() {
   }
 }
 
+// The next refresh is set once this one is done, so that slow answers never pile up.
+function schedule(gen) {
+  const ms = state.page === "accounting" ? 10 * POLL_MS : state.page === "overview" ? state.pollMs : POLL_MS;
+  state.timer = setTimeout(async () => {
+    if (gen !== state.gen) return;
+    if (!document.hidden) await refresh();
+    if (gen === state.gen) schedule(gen);
+  }, ms);
+}
+
 function route() {
   const hash = location.hash || "#/";
   const m = hash.match(/^#\/job\/([^/?#]+)/);
   const page = m ? "job" : hash.startsWith("#/accounting") ? "accounting" : "overview";
   if (state.stream) { state.stream.abort(); state.stream = null; }
-  clearInterval(state.timer);
+  clearTimeout(state.timer);
   clearInterval(state.utilTimer);
+  const gen = ++state.gen;
+  state.etags = {};
   state.page = page;
   state.jobId = m ? decodeURIComponent(m[1]) : null;
   for (const p of ["overview", "job", "accounting"]) $("page-" + p).hidden = p !== page;
@@ -544,15 +738,19 @@ function route() {
     $("job-attempts").innerHTML = "";
     followOutput(state.jobId);
   }
-  if (page === "overview") {
-    refreshChart().catch(() => {});
-    state.utilTimer = setInterval(() => refreshChart().catch(() => {}), UTIL_MS);
-  }
-  refresh();
-  state.timer = setInterval(refresh, page === "accounting" ? 10 * POLL_MS : POLL_MS);
+  if (page === "overview") state.utilTimer = setInterval(() => refreshChart().catch(() => {}), UTIL_MS);
+  refresh().finally(() => {
+    if (gen !== state.gen) return;
+    if (page === "overview") refreshChart().catch(() => {}); // after the first render, not beside it
+    schedule(gen);
+  });
 }
 
 window.addEventListener("hashchange", route);
-window.addEventListener("resize", () => { if (state.page === "overview") refreshChart().catch(() => {}); });
+window.addEventListener("resize", debounce(() => {
+  if (state.page !== "overview") return;
+  refreshChart().catch(() => {});
+  drawHeat();
+}, 100));
 takeTokenFromUrl();
 route();
