@@ -6,9 +6,12 @@ master's event loop could not answer.  Another samples the master's resident
 memory.  Each request below runs alone, then three at once; for each the table
 gives healthz p50 / max while it ran and the master's peak RSS.
 
-Set-up (not measured): a job that writes 50 MB of output, and 100,000-task arrays
-(`sleep` tasks capped at 4 running, the rest queued).  The `idle` row is the
-baseline with 100,000 tasks queued: what the scheduling pass alone costs.
+Set-up (not measured): a job that writes 50 MB of output.  Then 100,000-task arrays
+(`sleep` tasks capped at 4 running, the rest queued) are submitted, listed, shown and
+cancelled.  The `idle` row is the baseline with 100,000 tasks queued: what the
+scheduling pass alone costs (`last_pass_ms`: the master's last pass, from /metrics);
+every row that runs while they are queued shares it.  Slow garbage collections the
+master logged are listed too.
 
 Prints the table and writes bench/results/abuse.json.  Not a test.
 """
@@ -16,10 +19,12 @@ Prints the table and writes bench/results/abuse.json.  Not a test.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import http.client
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -134,6 +139,28 @@ def _logs(cluster: LocalCluster, job_id: str) -> str:
     return f"{len(res.stdout) >> 20} MiB"
 
 
+def _cli(cluster: LocalCluster, *args: str) -> str:
+    res = subprocess.run(
+        [str(BIN / "mgpu"), *args], capture_output=True, env=cluster.env, timeout=600, check=True
+    )
+    return f"{len(res.stdout.splitlines())} lines"
+
+
+def _last_pass_ms(address: str) -> float | None:
+    """The master's last scheduling pass (from /metrics), in ms."""
+    host, port = address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    for line in text.splitlines():
+        if line.startswith("mgpu_scheduler_pass_seconds "):
+            return round(float(line.split()[1]) * 1000, 1)
+    return None
+
+
 def patient(cluster: LocalCluster) -> Client:
     """A client that waits as long as a 100,000-task request takes on a busy machine."""
     return Client(cluster.address, timeout=600, token=cluster.admin_token)
@@ -150,6 +177,22 @@ class Bench:
         self.cluster = cluster
         self.probe = probe
         self.rows: list[dict[str, Any]] = []
+        self.walls: list[tuple[float, float]] = []
+        """Each row's start and end (wall clock: the master's log has no other)."""
+
+    def add_collections(self, log: str) -> list[float]:
+        """Slow garbage collections the master logged: each row gets those that ended while
+        it ran (`slow_gc_ms`); all of them are returned."""
+        found = []
+        pattern = r"^(\S+ \S+) WARNING mgpu.master: garbage collection of generation \d "
+        pattern += r"took (\d+) ms"
+        for stamp, ms in re.findall(pattern, log, flags=re.M):
+            when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append(float(ms))
+            for row, (w0, w1) in zip(self.rows, self.walls, strict=True):
+                if w0 <= when <= w1 + 0.2:
+                    row.setdefault("slow_gc_ms", []).append(float(ms))
+        return found
 
     def measure(self, name: str, fn: Callable[[], Any], times: int = 1) -> None:
         results: list[Any] = [None] * times
@@ -163,12 +206,14 @@ class Bench:
         threads = [threading.Thread(target=run, args=(i,)) for i in range(times)]
         self.probe.settle()
         t0 = time.monotonic()
+        wall0 = time.time()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         t1 = time.monotonic()
         time.sleep(0.1)  # the sample in flight at the end lands
+        self.walls.append((wall0, time.time()))
         row: dict[str, Any] = {"request": name, "concurrent": times, "seconds": round(t1 - t0, 2)}
         row.update(summary(self.probe, t0, t1))
         row["result"] = str(results[0])
@@ -221,13 +266,29 @@ def main() -> None:
                 lambda: _flood(address, "/healthz"),
             )
 
-            # Set-up: TASKS array tasks, 4 running, the rest queued.
-            t0 = time.monotonic()
-            array_id, ids = _submit_array(client)
-            setup = summary(probe, t0, time.monotonic())
-            print(f"(set-up, not in scope: submitting {TASKS:,} tasks: {setup})")
+            # TASKS array tasks, 4 running, the rest queued.
+            submitted: list[tuple[str, list[str]]] = []
+            bench.measure(
+                f"submit a {TASKS:,}-task array",
+                lambda: submitted.append(_submit_array(client)) or f"{TASKS:,} task ids",
+            )
+            array_id, ids = submitted[0]
             # Two re-planning intervals: at least one full scheduling pass over the queue.
             bench.measure(f"idle, {TASKS:,} tasks queued (12 s)", lambda: time.sleep(12))
+            bench.rows[-1]["last_pass_ms"] = _last_pass_ms(address)
+            bench.both(
+                f"queue --json, all {TASKS:,} tasks (GET /api/jobs)",
+                lambda: f"{len(patient(cluster).queue()['jobs']):,} jobs",
+            )
+            bench.both(
+                "a page of 100 queued jobs (GET /api/jobs?limit=100&state=queued)",
+                lambda: len(client._request("GET", "/api/jobs?limit=100&state=queued")["jobs"]),
+            )
+            bench.both("mgpu queue (arrays folded by the master)", lambda: _cli(cluster, "queue"))
+            bench.both(
+                f"mgpu show ARRAY_ID ({TASKS:,} tasks: counts, first 1,000)",
+                lambda: _cli(cluster, "show", array_id),
+            )
             body = json.dumps({"ids": ids, "timeout": 0}).encode()
             bench.both(
                 f"wait, {TASKS:,} ids in one request",
@@ -257,6 +318,7 @@ def main() -> None:
             probe.stop()
         finally:
             cluster.stop()
+            slow_gc = bench.add_collections(cluster.log("master"))
             errors = [x for x in cluster.log("master").splitlines() if "Error" in x]
             if errors:
                 print("the master logged errors:", *errors[-20:], sep="\n  ")
@@ -267,7 +329,7 @@ def main() -> None:
         "load_average_at_end": os.getloadavg(),
         "target_max_stall_ms": 100,
         "worst_stall_ms": worst,
-        "setup_submit_stall": setup,
+        "slow_gc_collections_ms": slow_gc,
         "rows": bench.rows,
     }
     RESULTS.parent.mkdir(exist_ok=True)

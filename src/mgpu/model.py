@@ -11,6 +11,7 @@ master writes a job to the store right after each transition and before acting o
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -351,7 +352,7 @@ class Job:
 
     def to_record(self) -> dict[str, Any]:
         """Everything, for the store (by hand: dataclasses.asdict is slow on a hot path)."""
-        rec = {f: getattr(self, f) for f in _JOB_FIELDS}
+        rec = dict(zip(_JOB_FIELDS, _job_values(self), strict=True))
         rec["allocation"] = [{f: getattr(s, f) for f in _SLOT_FIELDS} for s in self.allocation]
         rec["attempts"] = [{f: getattr(a, f) for f in _ATTEMPT_FIELDS} for a in self.attempts]
         return rec
@@ -459,5 +460,6 @@ def _migrate_stop(rec: dict[str, Any]) -> None:
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
+_job_values = operator.attrgetter(*_JOB_FIELDS)
 _SLOT_FIELDS = tuple(f.name for f in fields(Slot))
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))

@@ -290,9 +290,11 @@ class Harness:
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that never waits for anything (a submit without a site validator)."""
+    """Run a coroutine that never waits for anything but a turn of the loop
+    (`asyncio.sleep(0)`, which yields None): a submit without a site validator."""
     try:
-        coro.send(None)
+        while coro.send(None) is None:
+            pass
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     coro.close()

@@ -69,9 +69,10 @@ class _FakeMaster(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        if self.path in ("/api/jobs", "/api/jobs?all=1"):
+        path = self.path.partition("?")[0]
+        if path == "/api/jobs":
             self._answer(200, {"jobs": [JOB], "nodes": [NODE]})
-        elif self.path == f"/api/jobs/{JOB['id']}":
+        elif path == f"/api/jobs/{JOB['id']}":
             self._answer(200, JOB)
         else:
             self._answer(404, {"detail": "no such job or node"})
@@ -123,7 +124,13 @@ def imported(argv: list[str], address: str) -> tuple[subprocess.CompletedProcess
 
 @pytest.mark.parametrize(
     "argv",
-    [["queue"], ["queue", "--json", "--all"], ["show", "a1b2c3d4"], ["show", "a1b2c3d4", "--json"]],
+    [
+        ["queue"],
+        ["queue", "--json", "--all"],
+        ["show", "a1b2c3d4"],
+        ["show", "a1b2c3d4", "--json"],
+        ["show", "a1b2c3d4", "--all"],
+    ],
 )
 def test_queue_and_show_import_nothing_heavy(argv: list[str], master: str) -> None:
     if not MGPU.exists():
@@ -187,6 +194,7 @@ def _same(argv: list[str]) -> None:
         ["--host", "h", "--port", "8080", "--token", "t", "show", "x", "--json"],
         ["--port", "01", "queue"],
         ["show", "", "--json"],
+        ["show", "x", "--all"],
         ["--host", "a", "--host", "b", "queue"],
     ],
 )

@@ -317,11 +317,17 @@ class Client:
             warnings.append(f"not passed to the job, mgpu sets them itself: {_names(dropped)}")
         return SubmittedJob(out["job_id"], out.get("task_ids"), warnings)
 
-    def queue(self, all: bool = False) -> dict[str, Any]:
-        return dict(self._request("GET", "/api/jobs?all=1" if all else "/api/jobs"))
+    def queue(self, all: bool = False, fold: bool = False) -> dict[str, Any]:
+        """`{"jobs": [...], "nodes": [...]}`; `fold`: an array's queued tasks as one entry
+        (the first, with `array_tasks`, their indices as ranges, and `array_count`)."""
+        query = "&".join(q for q, on in (("all=1", all), ("fold=1", fold)) if on)
+        return dict(self._request("GET", "/api/jobs" + (f"?{query}" if query else "")))
 
-    def show(self, job_id: str) -> dict[str, Any]:
-        return dict(self._request("GET", f"/api/jobs/{_quote(job_id)}"))
+    def show(self, job_id: str, all: bool = False) -> dict[str, Any]:
+        """One job; an array id gives `{"array_job_id", "counts", "tasks", "more"}`: its
+        tasks by state and the first 1,000 of them (`all`: every one)."""
+        path = f"/api/jobs/{_quote(job_id)}" + ("?limit=0" if all else "")
+        return dict(self._request("GET", path))
 
     def nodes(self) -> list[dict[str, Any]]:
         return list(self._request("GET", "/api/nodes")["nodes"])

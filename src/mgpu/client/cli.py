@@ -185,7 +185,9 @@ def follow_job(client: Client, job_id: str, args: argparse.Namespace) -> int:
 
 def cmd_queue(args: argparse.Namespace) -> int:
     client = make_client(args)
-    data = client.queue(all=args.all)
+    # The table folds an array's queued tasks into one line: the master does it, so that
+    # 100,000 of them are not sent to be folded here.
+    data = client.queue(all=args.all, fold=not args.json)
     if args.json:
         print(json.dumps(data))
         return 0
@@ -197,14 +199,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     client = make_client(args)
-    job = client.show(args.job)
+    job = client.show(args.job, all=bool(getattr(args, "all", False)))
     if args.json:
         print(json.dumps(job))
         return 0
-    from mgpu.client.render import render_job, render_jobs
+    from mgpu.client.render import render_array, render_job
 
-    if "tasks" in job:  # an array: its tasks, as `queue` shows jobs
-        print(render_jobs(job["tasks"]))
+    if "tasks" in job:  # an array: its tasks by state, and the first ones as `queue` shows
+        print(render_array(job))
         return 0
     print(render_job(job))
     return 0
@@ -421,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("show", cmd_show, "one job in full")
     s.add_argument("job")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--all", "-a", action="store_true", help="an array: list every task")
 
     s = add("logs", cmd_logs, "a job's output")
     s.add_argument("job")
@@ -507,12 +510,12 @@ else:
 
 _QUICK_FLAGS = {
     "queue": {"--all": "all", "-a": "all", "--json": "json"},
-    "show": {"--json": "json"},
+    "show": {"--json": "json", "--all": "all", "-a": "all"},
 }
 
 
 def _quick_args(words: list[str]) -> argparse.Namespace | None:
-    """`[--host H] [--port P] [--token T] queue [--all] [--json]` and `... show JOB [--json]`
+    """`[--host H] [--port P] [--token T] queue [--all] [--json]`, `... show JOB [--json] [--all]`
     (the commands people run in loops) parsed without argparse, which costs them ~5 ms of
     imports and parser building.  Only these plain forms: anything else (help, a typo, an
     abbreviation, `--opt=value`) gives None, and argparse parses it or says what is wrong."""

@@ -120,6 +120,11 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
     rows = []
     folded: dict[str, list[dict[str, Any]]] = {}
     for job in jobs:
+        if job.get("array_tasks"):  # folded by the master already
+            row = _job_row(job, now)
+            row[0] = f"{job['array_job_id']}_[{job['array_tasks']}]"
+            rows.append(row)
+            continue
         # Pending tasks of one array fold into one line, as squeue does.
         if job["state"] == "queued" and job.get("array_job_id"):
             folded.setdefault(job["array_job_id"], []).append(job)
@@ -134,6 +139,23 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
     headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "START"]
     headers.append("NODES (REASON)")
     return table(headers, rows) if rows else "  (no jobs)"
+
+
+def render_array(array: dict[str, Any]) -> str:
+    """`mgpu show ARRAY_ID`: its tasks by state, then the ones listed (the first 1,000)."""
+    counts = array.get("counts")
+    if counts is None:  # a master from before the counts: every task is listed
+        counts = {}
+        for task in array["tasks"]:
+            counts[task["state"]] = counts.get(task["state"], 0) + 1
+    total = sum(counts.values())
+    by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
+    lines = [f"Array {array['array_job_id']}: {total} tasks ({by_state})"]
+    lines.append(render_jobs(array["tasks"]))
+    more = array.get("more") or 0
+    if more:
+        lines.append(f"... and {more} more tasks (mgpu show {array['array_job_id']} --all)")
+    return "\n".join(lines)
 
 
 def _ranges(ids: list[int]) -> str:

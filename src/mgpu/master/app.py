@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
+from mgpu.master import gcpause
 from mgpu.master.attach import make_attach_router
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
@@ -34,6 +35,15 @@ from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.observe import make_router
 from mgpu.master.outputs import OutputStore
+from mgpu.master.queries import (
+    ARRAY_TASKS_SHOWN,
+    JobFilter,
+    array_answer,
+    by_task,
+    json_in_slices,
+    queue_answer,
+    states_of,
+)
 from mgpu.master.registry import AgentLink
 from mgpu.master.reserve_api import make_reserve_router
 from mgpu.master.routes_jobctl import make_jobctl_router
@@ -52,8 +62,10 @@ WAIT_MAX_IDS = 1000
 """Jobs one /api/wait may name (the client splits a longer list into several requests)."""
 LOOKUP_SLICE = 100
 """Jobs read or rendered per loop turn by a request that names many."""
-CANCEL_SLICE = 100
-"""Array tasks cancelled per loop turn (one transaction each), between them others run."""
+CANCEL_PAGE = 50
+CANCEL_BUDGET = 0.02
+"""Seconds of array cancelling per loop turn, the write of what it cancelled (one
+transaction, its cost estimated from the last one) included; between them others run."""
 
 
 class WaitRequest(BaseModel):
@@ -100,7 +112,10 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
     tokens = TokenStore(store.db, state_dir, fingerprint)
     tokens.bootstrap(owner)
     outputs = OutputStore(state_dir / "output")
-    return Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    gcpause.watch()
+    gcpause.freeze()  # what was loaded lives long: full collections skip it
+    return cluster
 
 
 def create_app(
@@ -189,7 +204,7 @@ def create_app(
     # ---- jobs ---------------------------------------------------------------
 
     @app.post("/api/jobs")
-    async def submit(spec: JobSpec, request: Request) -> JSONResponse:
+    async def submit(spec: JobSpec, request: Request) -> Response:
         """Queue a job: `spec` is already checked field by field (`mgpu.master.submit`)."""
         ident = who(request)
         user = ident.user
@@ -211,25 +226,42 @@ def create_app(
             return _error(400, str(e))
         body: dict[str, Any] = {"job_id": result.job_id}
         if result.task_ids is not None:
-            body["task_ids"] = result.task_ids
+            body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
         if result.dropped_env:  # set by the scheduler itself: said once, not passed
             body["dropped_env"] = result.dropped_env
-        return JSONResponse(body, status_code=201)
+        text = await json_in_slices(body)  # 100,000 task ids are not encoded in one go
+        return Response(text, status_code=201, media_type="application/json")
 
     @app.get("/api/jobs")
-    async def queue(all: bool = False) -> dict[str, Any]:
-        return c().queue(include_finished=all)
+    async def queue(
+        all: bool = False,
+        limit: int = Query(default=0, ge=0),
+        after: str | None = None,
+        state: str | None = None,
+        user: str | None = None,
+        fold: bool = False,
+    ) -> Response:
+        """Every active job (`all`: and the last 1,000 ended), in submit order; `limit`
+        jobs a page from just `after` the cursor, only those in `state`(s) of `user`."""
+        flt = JobFilter(states_of(state), user or None)
+        chunks = queue_answer(c(), all, limit, after, flt, fold)
+        return StreamingResponse(chunks, media_type="application/json")
 
     @app.get("/api/jobs/{job_id}")
-    async def show(job_id: str) -> dict[str, Any]:
-        """One job; an array id gives {"array_job_id", "tasks": [every task]}."""
+    async def show(
+        job_id: str,
+        limit: int = Query(default=ARRAY_TASKS_SHOWN, ge=0),
+        state: str | None = None,
+    ) -> Response:
+        """One job; an array id gives {"array_job_id", "counts" by state, "tasks": the
+        first `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
         job = c().get_job(job_id)
         if job is None:
-            tasks = c().array_tasks(job_id)
-            if not tasks:
+            body = await array_answer(c(), job_id, limit, JobFilter(states_of(state)))
+            if body is None:
                 raise NotFound(job_id)
-            return {"array_job_id": job_id, "tasks": [c().public_job(t) for t in tasks]}
-        return c().public_job(job)
+            return Response(body, media_type="application/json")
+        return JSONResponse(c().public_job(job))
 
     @app.get("/api/jobs/{job_id}/wait")
     async def wait(job_id: str, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
@@ -290,25 +322,45 @@ def create_app(
             return JSONResponse({"cancelled": [], "already_ended": [job.id]})
         if len(job_id) != 8:  # not an array id either
             raise NotFound(job_id)
-        # An array: its tasks a slice at a time, each slice in one transaction and the loop
-        # free in between; the request's one audit event is written with the first slice.
-        cancelled: list[str] = []
-        ended: list[str] = []
-        after = ""
-        while rows := c().store.job_rows_with_prefix(job_id + "_", after, CANCEL_SLICE):
+        # An array: its tasks a page at a time; every CANCEL_BUDGET of work is written in one
+        # transaction and the loop is free before the next (the request's one audit event
+        # goes with the first).
+        # Pages of ids as tuples: the collector stops tracking a tuple of strings, where it
+        # would walk a list of 100,000 ids in every full collection while this runs.
+        cancelled: list[tuple[str, ...]] = []
+        ended: list[tuple[str, ...]] = []
+        found = False
+        event: tuple[str, str | None, str | None, str] | None = (
+            "cancel",
+            ident.user,
+            address,
+            job_id,
+        )
+        started = time.monotonic()
+        pending = 0  # cancelled, not written yet
+        write_cost = 30e-6  # seconds per task, as the last write took (a first guess)
+        for rows in c().array_pages(job_id, CANCEL_PAGE):
+            found = True
             for task_id, _, user in rows:
                 if user != ident.user and not ident.admin:
                     raise deny(request, f"cancel {task_id}", f"job {task_id} belongs to {user}")
-            event = (job_id, "every task of the array") if not after else None
-            done, gone = c().cancel_slice([r[:2] for r in rows], ident.user, address, event)
-            cancelled += done
-            ended += gone
-            after = rows[-1][0]
-            await asyncio.sleep(0)
-        if not after:
+            done, gone = c().cancel_tasks([r[:2] for r in rows], ident.user)
+            cancelled.append(tuple(done))
+            ended.append(tuple(gone))
+            pending += len(done)
+            if time.monotonic() - started + pending * write_cost >= CANCEL_BUDGET:
+                written = time.monotonic()
+                c().commit(event, "every task of the array")
+                write_cost = (time.monotonic() - written) / max(pending, 1)
+                event = None
+                pending = 0
+                await asyncio.sleep(0)
+                started = time.monotonic()
+        if not found:
             raise NotFound(job_id)
-        body = {"cancelled": _by_task(cancelled), "already_ended": _by_task(ended)}
-        return Response(await _json_in_slices(body), media_type="application/json")
+        c().commit(event, "every task of the array")
+        body = {"cancelled": by_task(cancelled), "already_ended": by_task(ended)}
+        return Response(await json_in_slices(body), media_type="application/json")
 
     @app.get("/api/jobs/{job_id}/output")
     async def output(
@@ -553,24 +605,6 @@ async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
         if job_id not in found:
             raise NotFound(job_id)
     return found
-
-
-def _by_task(ids: list[str]) -> list[str]:
-    """Array task ids in index order: the store pages them in text order, which within one
-    length is index order, so a stable sort by length is all it takes (and is quick)."""
-    return sorted(ids, key=len)
-
-
-async def _json_in_slices(body: dict[str, list[str]], size: int = 10000) -> str:
-    """`body` (lists of strings) as JSON, a slice at a time with the loop free between."""
-    parts = []
-    for key, values in body.items():
-        pieces = []
-        for i in range(0, len(values), size):
-            pieces.append(json.dumps(values[i : i + size])[1:-1])
-            await asyncio.sleep(0)
-        parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
-    return "{" + ", ".join(parts) + "}"
 
 
 async def _output_stream(

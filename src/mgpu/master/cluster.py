@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
+from mgpu.master import arrays, gcpause
 from mgpu.master.access import Access, unix_groups
 from mgpu.master.admission import Admission, AdmissionContext
 from mgpu.master.agents import Agents
@@ -50,12 +51,12 @@ from mgpu.master.outputs import OutputStore
 from mgpu.master.registry import AgentLink, NodeRecord
 from mgpu.master.reservations import ReservationBook
 from mgpu.master.reservations import public as public_reservation
-from mgpu.master.sessions import Sessions
+from mgpu.master.sessions import Sessions, held_by_client
 from mgpu.master.snapshot import job_request, running_job, scheduler_config
 from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
-from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
+from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_template
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome
@@ -69,7 +70,7 @@ __all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
 @dataclass
 class SubmitResult:
     job_id: str
-    task_ids: list[str] | None = None
+    task_ids: tuple[str, ...] | None = None
     dropped_env: list[str] = field(default_factory=list)
     """Reserved names in the submitted environment, not passed to the job."""
 
@@ -198,41 +199,66 @@ class Cluster:
         allow_root: bool = False,
     ) -> SubmitResult:
         """Build, admit, store: raises SubmitError with one sentence, storing nothing.
-        allow_root: the submitter's grant (root_grant), recorded on every job."""
-        jobs = build_jobs(
+        allow_root: the submitter's grant (root_grant), recorded on every job.
+
+        An array is stored as one row (`mgpu.master.arrays`), so a submit of 100,000 tasks
+        is one small transaction; its tasks are built a slice at a time with the loop free
+        in between, and become visible all at once, after the write."""
+        template = build_template(
             spec,
             user or self.default_user,
             self._submit_defaults,
             self.clock.time(),
             self._new_job_id,
         )
-        for job in jobs:
-            job.allow_root = allow_root
-        base_id = jobs[0].array_job_id or jobs[0].id
+        template.allow_root = allow_root
+        array = spec.array
+        base_id = template.id
         if spec.notify is not None:
             try:
                 check_target(spec.notify, self.config.notify)
             except specs.SpecError as e:
                 raise SubmitError(str(e)) from None
         ctx = self.admission_context(cached=True)
-        if jobs[0].reservation is not None:
-            request = self.loop.request_for(jobs[0])
-            self.reservations.admit(jobs[0], ctx.nodes, request, self.clock.time())
+        if template.reservation is not None:
+            request = self.loop.request_for(template)
+            self.reservations.admit(template, ctx.nodes, request, self.clock.time())
         self._ids_in_admission.add(base_id)  # the site validator may take a while
         try:
-            await self.admission.admit(jobs, spec, ctx)
+            if array is None:
+                await self.admission.admit([template], spec, ctx)
+                jobs = [template]
+            else:
+                # The checks see the first task, as they always have; the site's mutators
+                # change the template too, so that every task carries them.
+                first = next(arrays.tasks(template, array.indices[:1], array.max_running))
+                await self.admission.admit([first, template], spec, ctx)
+                with gcpause.paused():
+                    jobs = await _tasks_in_slices(
+                        template, array.indices, array.max_running, self.loop.cache_requests
+                    )
+                    gcpause.after_bulk(len(jobs))  # long-lived: full collections skip them
         finally:
             self._ids_in_admission.discard(base_id)
-        self.store.save_jobs(jobs, event=("submit", jobs[0].user, address, base_id))
-        for job in jobs:
-            self.jobs[job.id] = job
-        self.sessions.track(jobs)
+        event = ("submit", template.user, address, base_id)
+        if array is None:
+            self.store.save_jobs(jobs, event=event)
+        else:
+            try:
+                self.store.save_array(template, list(array.indices), array.max_running, event)
+            except BaseException:
+                for job in jobs:
+                    self.loop.forget(job)
+                raise
+        self.jobs.update((job.id, job) for job in jobs)
+        if held_by_client(template):
+            self.sessions.track(jobs)
         if not ctx.nodes:
             self._unjudged.update(job.id for job in jobs)
             if self.state.any_node_joined():  # while the site validator ran
                 self._judge_unjudged_later()
         self.state.wake()
-        task_ids = [j.id for j in jobs] if jobs[0].array_job_id is not None else None
+        task_ids = tuple(j.id for j in jobs) if array is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
 
     def admission_context(self, cached: bool = False) -> AdmissionContext:
@@ -338,6 +364,21 @@ class Cluster:
                 found[j.id] = j
         return sorted(found.values(), key=lambda j: j.array_task_id or 0)
 
+    def array_pages(self, array_id: str, size: int) -> Iterator[list[tuple[str, str, str]]]:
+        """An array's tasks as pages of (id, stored state, user), in index order.  An array
+        stored as one row lists every task from its indices (the state is "" there: an
+        active task is in memory, any other has ended); an older one pages its stored rows."""
+        stored = self.store.get_array(array_id) if len(array_id) == 8 else None
+        if stored is None:
+            after = ""
+            while rows := self.store.job_rows_with_prefix(array_id + "_", after, size):
+                yield rows
+                after = rows[-1][0]
+            return
+        template, indices, _ = stored
+        for i in range(0, len(indices), size):
+            yield [(f"{array_id}_{k}", "", template.user) for k in indices[i : i + size]]
+
     def public_job(self, job: Job) -> dict[str, Any]:
         out = job.to_public()
         if not job.terminal:
@@ -348,6 +389,19 @@ class Cluster:
             out["expected_start"] = self.loop.expected_start.get(job.id)
             out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
         return out
+
+    def active_job(self, job_id: str) -> Job | None:
+        """A queued or running job, or one that has just changed (not written yet)."""
+        return self.jobs.get(job_id) or self.uow.pending(job_id)
+
+    def finished_jobs(self, keep: Callable[[Job], bool]) -> list[Job]:
+        """What `queue --all` adds: the last 1,000 ended jobs in the store, then those that
+        have just ended and are not written yet, oldest first; those `keep` keeps."""
+        ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
+        stored = self.store.finished_jobs(limit=1000)
+        jobs = [j for j in reversed(stored) if j.id not in ended]
+        jobs += sorted(ended.values(), key=_end_time)
+        return [j for j in jobs if keep(j)]
 
     def queue(self, include_finished: bool = False) -> dict[str, Any]:
         jobs = [self.public_job(j) for j in self.jobs.values()]
@@ -360,8 +414,11 @@ class Cluster:
         return {"jobs": jobs, "nodes": self.nodes_public()}
 
     def nodes_public(self) -> list[dict[str, Any]]:
-        users = {j.id: j.user for j in self.jobs.values()}
-        return [n.to_public(users) for n in self.state.sorted_nodes()]
+        nodes = self.state.sorted_nodes()
+        # The users of the jobs on nodes only: not a map of every queued job per request.
+        on_nodes = (self.jobs.get(job_id) for n in nodes for job_id in n.jobs)
+        users = {j.id: j.user for j in on_nodes if j is not None}
+        return [n.to_public(users) for n in nodes]
 
     def node_public(self, node: NodeRecord) -> dict[str, Any]:
         return node.to_public({j.id: j.user for j in self.jobs.values()})
@@ -432,16 +489,11 @@ class Cluster:
         self.uow.flush(event=("cancel", actor, address, job.id))
         return True
 
-    def cancel_slice(
-        self,
-        rows: list[tuple[str, str]],
-        actor: str | None,
-        address: str | None,
-        event: tuple[str, str | None] | None,
+    def cancel_tasks(
+        self, rows: list[tuple[str, str]], actor: str | None
     ) -> tuple[list[str], list[str]]:
-        """Cancel a slice of many jobs (an array's tasks), given as (id, stored state): one
-        transaction for the slice, with the request's one audit event (target, detail)
-        when given.  Returns the ids cancelled and those that had already ended."""
+        """Cancel many jobs (an array's tasks), given as (id, stored state), without writing
+        them yet (`commit`).  Returns the ids cancelled and those that had already ended."""
         cancelled, ended = [], []
         for job_id, stored_state in rows:
             job = self.jobs.get(job_id) or self.uow.pending(job_id)
@@ -452,11 +504,13 @@ class Cluster:
                 continue
             self._cancel(job, actor)
             cancelled.append(job_id)
-        if event is None:
-            self.uow.flush()
-        else:
-            self.uow.flush(event=("cancel", actor, address, event[0]), detail=event[1])
         return cancelled, ended
+
+    def commit(
+        self, event: tuple[str, str | None, str | None, str] | None, detail: str | None = None
+    ) -> None:
+        """Write what changed now, in one transaction with the audit event when given."""
+        self.uow.flush(event=event, detail=detail)
 
     def _cancel(self, job: Job, actor: str | None) -> None:
         if job.state == JobState.QUEUED:
@@ -524,6 +578,28 @@ class Cluster:
     def flush_all(self) -> None:
         """Everything to disk now (shutdown)."""
         self.uow.flush_all()
+
+
+TASK_SLICE = 500
+"""Array tasks built per turn of the event loop (a few milliseconds)."""
+
+
+async def _tasks_in_slices(
+    template: Job,
+    indices: Sequence[int],
+    cap: int | None,
+    built: Callable[[list[Job]], None],
+) -> list[Job]:
+    """The tasks, a slice at a time with the loop free between; `built` sees each slice
+    (the scheduling loop builds their requests then, not all at once in its next pass)."""
+    out: list[Job] = []
+    common = arrays.common_fields(template)
+    for i in range(0, len(indices), TASK_SLICE):
+        part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
+        built(part)
+        out += part
+        await asyncio.sleep(0)
+    return out
 
 
 def _end_time(job: Job) -> float:

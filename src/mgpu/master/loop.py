@@ -14,7 +14,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from mgpu.config import ClusterConfig
@@ -160,6 +160,13 @@ class SchedulingLoop:
             if job.state == JobState.QUEUED and job.id in self.state.jobs:
                 self._requests[job.id] = req
         return req
+
+    def cache_requests(self, jobs: Iterable[Job]) -> None:
+        """Build the requests of jobs about to be queued (a big array's tasks, a slice at a
+        time while it is submitted), so that the first pass after it does not hold the
+        event loop building 100,000 of them."""
+        for job in jobs:
+            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
     def forget(self, job: Job) -> None:
         """The job left the queue for good (or changed): its cached verdicts go."""

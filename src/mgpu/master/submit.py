@@ -23,7 +23,7 @@ import math
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -42,6 +42,7 @@ from pydantic import (
 from mgpu import execspec
 from mgpu import spec as specs
 from mgpu.config import Scheduling
+from mgpu.master import arrays
 from mgpu.master.notify import parse_target
 from mgpu.model import ALLOCATION, Job
 from mgpu.scheduler.shares import share_units
@@ -55,6 +56,7 @@ __all__ = [
     "SubmitDefaults",
     "SubmitError",
     "build_jobs",
+    "build_template",
 ]
 
 
@@ -556,14 +558,15 @@ class SubmitDefaults:
         )
 
 
-def build_jobs(
+def build_template(
     spec: JobSpec,
     user: str,
     defaults: SubmitDefaults,
     now: float,
     new_id: Callable[[], str],
-) -> list[Job]:
-    """The queued job `spec` asks for, or one per task of an array (ids ``ID_INDEX``)."""
+) -> Job:
+    """The queued job `spec` asks for; for an array, the template its tasks are made of
+    (`mgpu.master.arrays`), with the array's id."""
     if spec.script is not None:
         argv = list(spec.argv or ())  # the script's arguments
         command = shlex.join([spec.script_name or "script", *argv])
@@ -629,26 +632,20 @@ def build_jobs(
         base.pty_size = None if spec.pty_size is None else list(spec.pty_size)
     if spec.allocation:
         base.kind, base.max_retries = ALLOCATION, 0
+    return base
+
+
+def build_jobs(
+    spec: JobSpec,
+    user: str,
+    defaults: SubmitDefaults,
+    now: float,
+    new_id: Callable[[], str],
+) -> list[Job]:
+    """The queued job `spec` asks for, or one per task of an array (ids ``ID_INDEX``)."""
+    base = build_template(spec, user, defaults, now, new_id)
     if spec.array is None:
         return [base]
     # The tasks share the request's fields, argv and env included (nothing changes them
     # after submit; a launch copies the env): 100,000 tasks must not mean 100,000 copies.
-    common = {f: getattr(base, f) for f in _JOB_FIELDS if f not in _PER_TASK}
-    cap = spec.array.max_running
-    return [
-        Job(
-            **common,
-            id=specs.array_task_id(base.id, index),
-            array_job_id=base.id,
-            array_task_id=index,
-            array_max_running=cap,
-        )
-        for index in spec.array.indices
-    ]
-
-
-_JOB_FIELDS = tuple(f.name for f in fields(Job))
-_PER_TASK = frozenset(
-    {"id", "array_job_id", "array_task_id", "array_max_running", "allocation", "attempts"}
-)
-"""Fields each task of an array has for itself (allocation and attempts: fresh lists)."""
+    return list(arrays.tasks(base, spec.array.indices, spec.array.max_running))
