@@ -57,6 +57,7 @@ from mgpu.agent.spawn import (
     close_all,
     process_start_time,
     release_all,
+    same_ids,
     start_shim,
     unlink_all,
 )
@@ -271,7 +272,7 @@ class Launcher:
                 made += [script_path, os.path.dirname(script_path)]
                 argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
-            if user_ids is not None:
+            if user_ids is not None and not same_ids(*user_ids):
                 uid, gid, groups = user_ids
                 kwargs.update(user=uid, group=gid, extra_groups=groups)
             cgroup = cgroups.create(self.containment, job_id, epoch)
