@@ -211,7 +211,7 @@ def test_bare_names_are_found_in_the_agents_path(
 
 def test_a_run_without_side_files_ends_without_spool_lookups(tmp_path: Path) -> None:
     """No epilog, no container: nothing written, and its end reads nothing (a hot path);
-    the same run relaunched with an epilog is looked up again."""
+    once forgotten, it is looked up as any run is."""
     hooks = _hooks(tmp_path, Runtime("podman", "/usr/bin/podman"))
     hooks.wrap(_launch(image=None, epilog=None), dict(JOB_ENV), NOBODY)
     assert list(hooks.launcher.spool.iterdir()) == []
