@@ -207,3 +207,29 @@ def test_bare_names_are_found_in_the_agents_path(
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     res = privileged.run(["site-tool"], 10)
     assert (res.returncode, res.stdout) == (0, privileged.SAFE_PATH + "\n")
+
+
+def test_a_run_without_side_files_ends_without_spool_lookups(tmp_path: Path) -> None:
+    """No epilog, no container: nothing written, and its end reads nothing (a hot path);
+    once forgotten, it is looked up as any run is."""
+    hooks = _hooks(tmp_path, Runtime("podman", "/usr/bin/podman"))
+    hooks.wrap(_launch(image=None, epilog=None), dict(JOB_ENV), NOBODY)
+    assert list(hooks.launcher.spool.iterdir()) == []
+    run: Any = SimpleNamespace(rec=SimpleNamespace(job_id="j1", epoch=1), kill_reason=None)
+    # A side file appearing behind its back is not read: the run is known to have none.
+    (hooks.launcher.spool / "j1.1.site.json").write_text(
+        '{"epilog": {"result": {"ok": false, "error": "x"}}}'
+    )
+    assert asyncio.run(hooks.after(run)) is None
+    hooks.forget("j1", 1)
+    assert asyncio.run(hooks.after(run)) == "epilog failed: x"  # forgotten: looked up again
+
+
+def test_the_uid_switch_is_left_out_only_for_the_agents_own_ids() -> None:
+    from mgpu.agent.spawn import same_ids
+
+    uid, gid = os.getuid(), os.getgid()
+    assert same_ids(uid, gid, [*os.getgroups(), gid])
+    assert not same_ids(uid + 1, gid, os.getgroups())
+    assert not same_ids(uid, gid + 1, os.getgroups())
+    assert not same_ids(uid, gid, [*os.getgroups(), 4242, gid])

@@ -129,8 +129,11 @@ def _join(mountpoint: str, root: str, own: str) -> str:
     return mountpoint.rstrip("/") + "/" + own.strip("/") if own.strip("/") else mountpoint
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
 def _name(text: str, limit: int = 100) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:limit] or "-"
+    return _UNSAFE.sub("-", text)[:limit] or "-"
 
 
 def run_name(job_id: str, epoch: int) -> str:

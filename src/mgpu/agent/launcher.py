@@ -57,6 +57,7 @@ from mgpu.agent.spawn import (
     close_all,
     process_start_time,
     release_all,
+    same_ids,
     start_shim,
     unlink_all,
 )
@@ -137,6 +138,8 @@ class Launcher:
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
         self.on_terminal_output: Callable[[Running], None] = self.pump_output
         """Told when a terminal run wrote something (stored in its stdout file): send it."""
+        self._home = os.path.expanduser("~")
+        """The agent's own home (runs as the agent's user start there)."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -155,8 +158,8 @@ class Launcher:
 
     # ---- persistence --------------------------------------------------------
 
-    def _record_path(self, rec: RunRecord) -> Path:
-        return self.spool / f"{rec.job_id}.{rec.epoch}.run"
+    def _record_path(self, rec: RunRecord) -> str:
+        return f"{self.spool}/{rec.job_id}.{rec.epoch}.run"
 
     def save(self, rec: RunRecord) -> None:
         """One small file per running job: cheaper than rewriting a shared index.  Written
@@ -201,19 +204,15 @@ class Launcher:
         `warning`: (signal, seconds, top process only) before the time limit (--signal).
         `script`: (name, text) of a job script, run with `argv` as its arguments.
         `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
-        base = self.spool / f"{job_id}.{epoch}"
-        out_path, err_path, exit_path = (
-            Path(f"{base}.out"),
-            Path(f"{base}.err"),
-            Path(f"{base}.exit"),
-        )
+        base = f"{self.spool}/{job_id}.{epoch}"  # strings, not Paths: this is a hot path
+        out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
         made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         fds: list[int] = []
         try:
             for path in (out_path, err_path, exit_path):
                 fds.append(os.open(path, flags, 0o600))
-                made.append(str(path))
+                made.append(path)
         except OSError as e:
             close_all(fds)
             unlink_all(made)
@@ -227,7 +226,7 @@ class Launcher:
         try:
             if note:
                 os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
-            home = os.path.expanduser("~")
+            home = self._home
             if user_ids is not None:
                 import pwd
 
@@ -271,7 +270,7 @@ class Launcher:
                 made += [script_path, os.path.dirname(script_path)]
                 argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
-            if user_ids is not None:
+            if user_ids is not None and not same_ids(*user_ids):
                 uid, gid, groups = user_ids
                 kwargs.update(user=uid, group=gid, extra_groups=groups)
             cgroup = cgroups.create(self.containment, job_id, epoch)
@@ -286,7 +285,7 @@ class Launcher:
             if pty is not None:
                 owner = None if user_ids is None else user_ids[:2]
                 try:
-                    term, slave = Terminal.open(pty[0], pty[1], owner, out_path)
+                    term, slave = Terminal.open(pty[0], pty[1], owner, Path(out_path))
                 except OSError as e:
                     raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
                 shim = [PTY_SHIM, str(exit_fd), term.path]
@@ -331,9 +330,9 @@ class Launcher:
             pid=popen.pid,
             create_time=create_time,
             start_time=now,
-            out_path=str(out_path),
-            err_path=str(err_path),
-            exit_path=str(exit_path),
+            out_path=out_path,
+            err_path=err_path,
+            exit_path=exit_path,
             deadline=(now + time_limit) if time_limit else None,
             kill_grace=kill_grace,
             tag=tag,
@@ -353,7 +352,7 @@ class Launcher:
         return run
 
     def _write_hostfile(
-        self, base: Path, text: str, user_ids: tuple[int, int, list[int]] | None
+        self, base: str, text: str, user_ids: tuple[int, int, list[int]] | None
     ) -> str:
         """The `--mpi` hostfile: in the spool, or, when mpirun runs as another user (who
         cannot reach the private spool), a fresh private temp file owned by that user,
@@ -536,7 +535,7 @@ class Launcher:
         # Unlinked later, in a thread: with `discard` mounts an unlink can take
         # milliseconds, which the event loop should not wait for.
         rec = run.rec
-        self._trash += [rec.out_path, rec.err_path, rec.exit_path, str(self._record_path(rec))]
+        self._trash += [rec.out_path, rec.err_path, rec.exit_path, self._record_path(rec)]
         if rec.hosts:
             self._trash.append(rec.hosts)
         if rec.script:

@@ -121,6 +121,9 @@ class SiteHooks:
         self.runtime_choice = runtime_choice
         self.runtime: containers.Runtime | None = None
         self.pending: dict[tuple[str, int], Pending] = {}
+        self._plain: set[tuple[str, int]] = set()
+        """Runs this agent process started with no side files (no epilog, no container):
+        their end needs no look at the spool (most runs; adopted ones are not here)."""
 
     # ---- start-up -------------------------------------------------------------
 
@@ -305,15 +308,20 @@ class SiteHooks:
                 ids = None  # the runtime runs as the agent; --user keeps the job's uid
             side["container"] = {"runtime": rt.name, "exe": rt.exe, "name": name}
         if side:
+            self._plain.discard((msg.job_id, msg.epoch))
             path = self._side_path(msg.job_id, msg.epoch)
             with contextlib.suppress(OSError):
                 path.write_text(json.dumps(side))
+        else:
+            self._plain.add((msg.job_id, msg.epoch))
         return argv, env, ids, note
 
     # ---- after a job ----------------------------------------------------------
 
     async def after(self, run: Running) -> str | None:
         """Clean up a container and run the epilog of an ended run; the epilog's error."""
+        if (run.rec.job_id, run.rec.epoch) in self._plain:
+            return None
         with contextlib.suppress(OSError):
             self._env_path(run.rec.job_id, run.rec.epoch).unlink()  # read when the run began
         path = self._side_path(run.rec.job_id, run.rec.epoch)
@@ -365,14 +373,19 @@ class SiteHooks:
             log.warning("cannot remove container %s: %s", box["name"], e)
 
     def forget(self, job_id: str, epoch: int) -> None:
+        if (job_id, epoch) in self._plain:
+            self._plain.discard((job_id, epoch))
+            return  # nothing was written
         with contextlib.suppress(OSError):
             self._side_path(job_id, epoch).unlink()
 
     def discard(self, job_id: str, epoch: int) -> None:
         """Remove what `wrap` wrote for a run that did not start."""
+        plain = (job_id, epoch) in self._plain
         self.forget(job_id, epoch)
-        with contextlib.suppress(OSError):
-            self._env_path(job_id, epoch).unlink()
+        if not plain:
+            with contextlib.suppress(OSError):
+                self._env_path(job_id, epoch).unlink()
 
 
 __all__ = ["JobHost", "SiteHooks", "run_script", "script_env"]

@@ -81,6 +81,17 @@ def start_shim(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
 
 
+def same_ids(uid: int, gid: int, groups: list[int]) -> bool:
+    """Whether the agent already has exactly these ids (a root job of a root agent).  Then
+    the switch is left out: it would change nothing, and any uid/gid switch makes Popen
+    fork the whole agent instead of vfork (a copy of its page tables per job)."""
+    return (
+        os.getresuid() == (uid, uid, uid)
+        and os.getresgid() == (gid, gid, gid)
+        and set(os.getgroups()) - {gid} == set(groups) - {gid}  # gid counts as a member anyway
+    )
+
+
 def admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
     """Move the shim into its cgroups and open its gate (always: it never hangs there).
 

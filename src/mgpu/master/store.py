@@ -110,9 +110,11 @@ class Store:
         jobs: list[Job],
         event: tuple[str, str | None, str | None, str] | None = None,
         detail: str | None = None,
+        meta: tuple[str, str] | None = None,
     ) -> None:
         """Write jobs in one transaction (a whole array is stored or nothing), with an
-        optional audit event (kind, actor, address, target; detail) in the same one."""
+        optional audit event (kind, actor, address, target; detail) and meta value (key,
+        value) in the same one: one commit, not one each."""
         rows = []
         for job in jobs:
             self._seq += 1
@@ -141,6 +143,8 @@ class Store:
                     "VALUES (?,?,?,?,?,?)",
                     (time.time(), *event, detail),
                 )
+            if meta is not None:
+                self._set_meta(*meta)
 
     def save_array(
         self,
@@ -311,11 +315,14 @@ class Store:
 
     def set_meta(self, key: str, value: str) -> None:
         with self._tx():
-            self.db.execute(
-                "INSERT INTO meta(key, value) VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                (key, value),
-            )
+            self._set_meta(key, value)
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, value),
+        )
 
     def record_event(
         self,

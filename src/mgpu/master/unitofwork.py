@@ -71,13 +71,13 @@ class UnitOfWork:
         """Write every changed job in one transaction (with `event` for the audit log, if
         given), then send what waited on it."""
         self._flush_armed = False
-        if self._dirty or event is not None:
+        # The usage ledger goes in the jobs' transaction: one commit per flush.
+        usage = ("usage", self.usage.dumps()) if self._usage_dirty else None
+        if self._dirty or event is not None or usage is not None:
             jobs = list(self._dirty.values())
-            self.store.save_jobs(jobs, event=event, detail=detail)
+            self.store.save_jobs(jobs, event=event, detail=detail, meta=usage)
             self._dirty.clear()  # after the write: queries find them here until it is done
-        if self._usage_dirty:
             self._usage_dirty = False
-            self.store.set_meta("usage", self.usage.dumps())
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
             try:
