@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +13,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import LocalCluster, local_cluster
 from netns_fixtures import virtual_cluster  # noqa: F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_directory_every_account_can_enter() -> Iterator[None]:
+    """Jobs run in the submitting directory, as their owner; a clone in a private directory
+    (`mktemp -d` under /root) would make every other account's job fail to enter it.  The
+    tests submit from a directory like a user's project directory instead."""
+    before = os.getcwd()
+    here = tempfile.mkdtemp(prefix="mgpu-tests-")
+    os.chmod(here, 0o755)
+    os.chdir(here)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+        shutil.rmtree(here, ignore_errors=True)
 
 
 @pytest.fixture

@@ -19,18 +19,25 @@ __all__ = ["send"]
 
 def send(shim: int, cgroup: str, tagged: set[psutil.Process], sig: int, top_only: bool) -> int:
     """Send `sig` (see the module docstring); how many processes it went to.  `tagged`:
-    the processes that carry the run's tag (when not `top_only`)."""
+    the processes that carry the run's tag (when not `top_only`).
+
+    Parents before their children: a shell in `cmd & wait` that traps the signal must have
+    it pending before its child dies of it, or its `wait` returns 0 and the shell leaves
+    without running the trap."""
     try:
-        targets = set(psutil.Process(shim).children(recursive=not top_only))
+        top = psutil.Process(shim)
+        targets = list(top.children()) if top_only else _parents_first(top)
     except psutil.Error:
-        targets = set()
+        targets = []
     if not top_only:
-        targets |= tagged
         known = {p.pid for p in targets} | {shim}
+        extra = [p for p in tagged if p.pid not in known]
+        known.update(p.pid for p in extra)
         for pid in cgroups.pids(cgroup) if cgroup else ():
             if pid not in known:
                 with contextlib.suppress(psutil.Error):
-                    targets.add(psutil.Process(pid))
+                    extra.append(psutil.Process(pid))
+        targets += extra
     sent = 0
     for p in targets:
         if p.pid == shim:
@@ -39,3 +46,17 @@ def send(shim: int, cgroup: str, tagged: set[psutil.Process], sig: int, top_only
             p.send_signal(sig)
             sent += 1
     return sent
+
+
+def _parents_first(top: psutil.Process) -> list[psutil.Process]:
+    """`top`'s descendants, level by level (its children, then theirs, ...)."""
+    out: list[psutil.Process] = []
+    level = top.children()
+    while level:
+        out += level
+        nxt: list[psutil.Process] = []
+        for p in level:
+            with contextlib.suppress(psutil.Error):
+                nxt += p.children()
+        level = nxt
+    return out
