@@ -11,7 +11,7 @@ import os
 import sys
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
-from mgpu.client.api import Client, MgpuError, RequestError
+from mgpu.client.api import Client, MgpuError, RequestError, SubmittedJob
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -136,7 +136,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
     opts = job_options(args)
     if args.interactive:
         opts["interactive"] = True
-    job = client.submit(command, **opts)
+    return submitted(client, client.submit(command, **opts), args)
+
+
+def submitted(client: Client, job: SubmittedJob, args: argparse.Namespace) -> int:
+    """After a submit: its warnings, then its id (or JSON), or its live output (`-i`)."""
     _warn(job.warnings)
     if args.interactive:
         return follow_job(client, job.id, args)

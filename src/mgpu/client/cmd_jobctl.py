@@ -150,17 +150,7 @@ def submit_script(args: argparse.Namespace) -> int | None:
         option_sources=sources,
         **opts,
     )
-    cli._warn(job.warnings)
-    if args.interactive:
-        return cli.follow_job(client, job.id, args)
-    if args.json:
-        out: dict[str, Any] = {"job_id": job.id}
-        if job.task_ids is not None:
-            out["task_ids"] = job.task_ids
-        print(jsonlite.dumps(out))
-    else:
-        print(job.id)
-    return 0
+    return cli.submitted(client, job, args)
 
 
 # ---- hold, release, requeue, update -----------------------------------------------
