@@ -90,6 +90,7 @@ def weighted_fairshare(snapshot: Snapshot) -> dict[str, float]:
     """
     users = {j.user for j in snapshot.pending}
     users.update(r.user for r in snapshot.running)
+    users.update(snapshot.users)
     cfg = snapshot.config
     factors = fairshare_factors(users, cfg.shares, snapshot.usage)
     weight = cfg.weights.fairshare

@@ -236,6 +236,9 @@ class Snapshot:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     reservations: Sequence[Reservation] = ()
     """Active and future reservations (those ended are left out)."""
+    users: frozenset[str] = frozenset()
+    """Users with queued jobs besides those of `pending`: they take part in the fairshare
+    normalisation (a pass over the head of a long queue weighs users as the full pass)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +265,6 @@ class Decisions:
     order they let go of them — job ids (running, or queued ahead of it and planned earlier)
     and `reservation:NAME` entries; under fifo/priority first the job ahead that it may not
     pass; at most 16 (the last before its start); empty when it could start now."""
+    order: list[str] = field(default_factory=list)
+    """The pending jobs' ids in the order the pass took them (priority order; submit order
+    under fifo): the master's quick passes start from its head."""
