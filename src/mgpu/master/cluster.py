@@ -43,6 +43,7 @@ from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.jobctl import JobControl
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.loop import SchedulingLoop
+from mgpu.master.looplag import LoopLag
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
@@ -103,6 +104,7 @@ class Cluster:
         self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
         self.uow = UnitOfWork(store, self.timers, self.usage)
         self.job_metrics = JobMetrics()
+        self.loop_lag = LoopLag()
         self.gpuwatch = GpuWatch(config)
         self.life = Lifecycle(
             self.state, self.uow, outputs, self.usage, config, tokens.fingerprint, self.job_metrics
@@ -559,7 +561,7 @@ class Cluster:
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.gather(self.loop.run(), self.notifier.run())
+        await asyncio.gather(self.loop.run(), self.notifier.run(), self.loop_lag.run())
 
     def wake(self) -> None:
         self.state.wake()
@@ -571,6 +573,10 @@ class Cluster:
     @property
     def last_pass_duration(self) -> float:
         return self.loop.last_pass_duration
+
+    @property
+    def last_full_pass_duration(self) -> float:
+        return self.loop.last_full_seconds
 
     def flush(self) -> None:
         self.uow.flush()
