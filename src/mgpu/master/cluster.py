@@ -253,6 +253,7 @@ class Cluster:
                     self.loop.forget(job)
                 raise
         self.jobs.update((job.id, job) for job in jobs)
+        self.loop.queued(jobs)
         if held_by_client(template):
             self.sessions.track(jobs)
         if not ctx.nodes:

@@ -168,6 +168,7 @@ class SchedulingLoop:
         self.last_full_seconds = 0.0
         """Wall time of the last full pass (its slices and its worker thread)."""
         life.on_end.append(self.forget)
+        life.on_requeue.append(lambda job: self.queued((job,)))
         self.on_tick: list[Callable[[], None]] = []
         """Checks run every round after the nodes' (clients of terminals and allocations)."""
 
@@ -257,7 +258,6 @@ class SchedulingLoop:
             req = job_request(job, self.allowed_nodes(job.user))
             if job.state == JobState.QUEUED and job.id in self.state.jobs:
                 self._requests[job.id] = req
-                self._fresh[job.id] = None
         return req
 
     def cache_requests(self, jobs: Iterable[Job]) -> None:
@@ -266,14 +266,21 @@ class SchedulingLoop:
         event loop building 100,000 of them."""
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
-            self._fresh[job.id] = None
+
+    def queued(self, jobs: Iterable[Job]) -> None:
+        """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
+        them, in this order, before any full pass has placed them in its order."""
+        self._fresh.update(dict.fromkeys(job.id for job in jobs))
 
     def forget(self, job: Job) -> None:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self._fresh.pop(job.id, None)
         self._fresh_old.pop(job.id, None)
+        if job.state is JobState.QUEUED and job.id in self.state.jobs:
+            self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
+        else:
+            self._fresh.pop(job.id, None)
 
     # ---- a pass -----------------------------------------------------------
 
