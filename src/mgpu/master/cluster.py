@@ -58,6 +58,7 @@ from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
 from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_template
+from mgpu.master.turns import bulk_turn
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome
@@ -605,7 +606,7 @@ async def _tasks_in_slices(
         part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
         built(part)
         out += part
-        await asyncio.sleep(0)
+        await bulk_turn()
     return out
 
 

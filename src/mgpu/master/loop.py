@@ -44,6 +44,7 @@ from mgpu.master.snapshot import (
     scheduler_config,
 )
 from mgpu.master.state import ControllerState
+from mgpu.master.turns import bulk_turn
 from mgpu.model import DesiredState, EndReason, Job, JobState
 from mgpu.scheduler import (
     ARRAY_LIMIT,
@@ -340,7 +341,7 @@ class SchedulingLoop:
             running += r
             for array_id, n in a.items():
                 arrays[array_id] = arrays.get(array_id, 0) + n
-            await asyncio.sleep(0)
+            await bulk_turn()
         found = dependency_targets(queued, self._deps_met, self.targets)
         args = (
             now, queued, running, arrays, found, self.usage.snapshot(now, running),
@@ -378,14 +379,14 @@ class SchedulingLoop:
                     job.reason = why
                     if plan.now < job.eligible_time < next_backoff:
                         next_backoff = job.eligible_time
-            await asyncio.sleep(0)
+            await bulk_turn()
         self._next_backoff = min(self._next_backoff, next_backoff)
         for k in range(0, len(reasons), SLICE):
             for job_id, why in reasons[k : k + SLICE]:
                 job = jobs.get(job_id)
                 if job is not None and job.state is queued and job.reason != why:
                     job.reason = why
-            await asyncio.sleep(0)
+            await bulk_turn()
 
     # ---- the quick pass ---------------------------------------------------
 
