@@ -236,8 +236,8 @@ class Bench:
         """Loop holds of 100 ms or more the master logged: each row's longest replaces its
         bucket (`loop_hold_max_ms`); all of them are returned."""
         found = []
-        pattern = r"^(\S+ \S+) WARNING mgpu.master: event loop held for (\d+) ms"
-        for stamp, ms in re.findall(pattern, log, flags=re.M):
+        pattern = r"^(\S+ \S+) WARNING mgpu.master: event loop held for (\d+) ms(.*)$"
+        for stamp, ms, ran in re.findall(pattern, log, flags=re.M):
             when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
             found.append(float(ms))
             for row, (w0, w1) in zip(self.rows, self.walls, strict=True):
@@ -245,6 +245,9 @@ class Bench:
                     held = row.setdefault("loop_holds_ms", [])
                     held.append(float(ms))
                     row["loop_hold_max_ms"] = max(held)
+                    running = re.search(r"\((\d+) ms of it running\)", ran)
+                    if running:  # the rest: waiting for a CPU (or the GIL)
+                        row.setdefault("loop_holds_running_ms", []).append(float(running[1]))
         return found
 
     def measure(self, name: str, fn: Callable[[], Any], times: int = 1) -> None:

@@ -5,8 +5,10 @@ difference is how long something else held the loop (a callback, a request, a pa
 a busy machine, how long the process waited for a CPU.  Every hold is observed in a
 Prometheus histogram (`mgpu_event_loop_hold_seconds`) and the longest one since start is a
 gauge (`mgpu_event_loop_hold_max_seconds`), both in /metrics; a hold of `SLOW` or more is
-logged with its time.  A request that queues behind others (a flood of connections) shows
-as latency elsewhere; a callback that holds the loop shows here.
+logged with its time and how much of it the loop's thread spent running (its CPU time):
+the rest it waited, for a CPU on a busy machine or for the GIL held by a worker thread.
+A request that queues behind others (a flood of connections) shows as latency elsewhere;
+a callback that holds the loop shows here.
 """
 
 from __future__ import annotations
@@ -44,19 +46,20 @@ class LoopLag:
         )
         self.max = 0.0
 
-    def observe(self, held: float) -> None:
+    def observe(self, held: float, running: float | None = None) -> None:
         self.holds.observe(held)
         if held >= SLOW:
-            log.warning("event loop held for %d ms", held * 1000)
+            ran = "" if running is None else f" ({running * 1000:.0f} ms of it running)"
+            log.warning("event loop held for %d ms%s", held * 1000, ran)
         if held > self.max:
             self.max = held
             self.longest.set(held)
 
     async def run(self) -> None:
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
         while True:
-            before = clock()
+            before, ran = clock(), cpu()
             await asyncio.sleep(INTERVAL)
             held = clock() - before - INTERVAL
             if held > 0.001:  # under a millisecond is the loop's own granularity
-                self.observe(held)
+                self.observe(held, cpu() - ran)
