@@ -254,7 +254,10 @@ class Cluster:
                     self.loop.forget(job)
                 raise
         self.jobs.update((job.id, job) for job in jobs)
-        self.loop.queued(jobs)
+        for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
+            if i:
+                await bulk_turn()
+            self.loop.queued(jobs[i : i + QUEUED_SLICE])
         if held_by_client(template):
             self.sessions.track(jobs)
         if not ctx.nodes:
@@ -588,6 +591,8 @@ class Cluster:
         self.uow.flush_all()
 
 
+QUEUED_SLICE = 5_000
+"""A big array's tasks told to the scheduling loop per turn of the event loop."""
 TASK_SLICE = 500
 """Array tasks built per turn of the event loop (a few milliseconds)."""
 
