@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from mgpu.config import ClusterConfig
 from mgpu.master import gcpause
@@ -361,19 +362,19 @@ class SchedulingLoop:
 
     async def _apply_slices(self, plan: Plan) -> None:
         """`apply` a full plan, its reasons written a slice at a time (the loop runs
-        between)."""
+        between).  Read from the plan's own dicts (nobody else changes them), not copied
+        into lists: 100,000 tuples would each be tracked by the cyclic collector."""
         decisions = plan.decisions
-        reasons: list[tuple[str, str]] = []
+        reasons: dict[str, str] = {}
         if decisions is not None:
-            reasons = list(decisions.reasons.items())
-            decisions.reasons = {}
-        waiting = list(plan.eligibility.waiting.items())
-        plan.eligibility.waiting = {}
+            reasons, decisions.reasons = decisions.reasons, {}
+        waiting, plan.eligibility.waiting = plan.eligibility.waiting, {}
         self.apply(plan, timed=False)  # its time is its own (`last_full_seconds`)
         jobs, queued = self.state.jobs, JobState.QUEUED
         next_backoff = math.inf
-        for k in range(0, len(waiting), SLICE):
-            for job_id, why in waiting[k : k + SLICE]:
+        items = iter(waiting.items())
+        for _ in range(0, len(waiting), SLICE):
+            for job_id, why in islice(items, SLICE):
                 job = jobs.get(job_id)
                 if job is not None:
                     job.reason = why
@@ -381,8 +382,9 @@ class SchedulingLoop:
                         next_backoff = job.eligible_time
             await bulk_turn()
         self._next_backoff = min(self._next_backoff, next_backoff)
-        for k in range(0, len(reasons), SLICE):
-            for job_id, why in reasons[k : k + SLICE]:
+        items = iter(reasons.items())
+        for _ in range(0, len(reasons), SLICE):
+            for job_id, why in islice(items, SLICE):
                 job = jobs.get(job_id)
                 if job is not None and job.state is queued and job.reason != why:
                     job.reason = why
