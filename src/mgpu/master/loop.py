@@ -246,6 +246,7 @@ class SchedulingLoop:
             log.exception("full scheduling pass failed")
         finally:
             self._full = None
+            self.full_due = False  # asked for while it ran: the next round judges anew
 
     def backoff_expired(self) -> bool:
         """Has a retry backoff the last pass saw ended (not a look at every job: this is
