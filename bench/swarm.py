@@ -24,6 +24,12 @@ starts a master (as mgpu.testing.LocalCluster does), then the swarm, and measure
   submit to the last job's end (the master's end_time);
 - the master's resident memory after that.
 
+The masters' state dirs are made under $TMPDIR and kept until every N ran.  On an ext4
+without a journal (this VM's root) creating a file costs kernel CPU in proportion to the
+inodes of its block group freed in the last minutes (the allocator steps over each), so a
+master whose state dir sits where other work just deleted many files pays up to ~0.8 ms a
+job for its output files: `TMPDIR=/a/fresh/top/level/dir` keeps that out of the figures.
+
 Prints a table, writes bench/results/swarm.json and a plot bench/results/swarm.png
 (jobs/s against nodes).  The load average is recorded next to each figure: this machine
 may be shared.  Not a test; tests/e2e/test_swarm.py runs it small.
