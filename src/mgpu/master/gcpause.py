@@ -24,6 +24,7 @@ __all__ = ["BULK", "YOUNG", "after_bulk", "freeze", "paused", "tune", "watch"]
 BULK = 10_000
 """A submit of at least this many jobs freezes them (and what else is long-lived)."""
 SLOW = 0.05
+"""A collection that takes longer is logged (seconds)."""
 YOUNG = 10_000
 """Allocations between two collections of the youngest generation (CPython's default is
 700).  A job's way through the master (a request, its validation, the store's records, the
@@ -32,7 +33,6 @@ containers a pass or a request holds at that moment (lists over 1,000 nodes' vie
 1,000 simulated nodes the default collected ~100 times in 2,000 jobs, 0.11-0.13 ms of CPU
 a job (bench/swarm.py), this about twice, 0.02-0.05 ms a job.  Garbage without cycles is
 freed by reference counting whatever this is; only cyclic garbage waits a little longer."""
-"""A collection that takes longer is logged (seconds)."""
 
 _started: list[float] = []
 slowest = 0.0
