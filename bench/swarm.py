@@ -24,6 +24,12 @@ starts a master (as mgpu.testing.LocalCluster does), then the swarm, and measure
   submit to the last job's end (the master's end_time);
 - the master's resident memory after that.
 
+The masters' state dirs are made under $TMPDIR and kept until every N ran.  On an ext4
+without a journal (this VM's root) creating a file costs kernel CPU in proportion to the
+inodes of its block group freed in the last minutes (the allocator steps over each), so a
+master whose state dir sits where other work just deleted many files pays up to ~0.8 ms a
+job for its output files: `TMPDIR=/a/fresh/top/level/dir` keeps that out of the figures.
+
 Prints a table, writes bench/results/swarm.json and a plot bench/results/swarm.png
 (jobs/s against nodes).  The load average is recorded next to each figure: this machine
 may be shared.  Not a test; tests/e2e/test_swarm.py runs it small.
@@ -488,66 +494,66 @@ def gang_jobs(cluster: LocalCluster, count: int) -> int:
         return sum(j["state"] == "completed" for j in client.wait_all(ids, timeout=300))
 
 
-def measure(args: argparse.Namespace, nodes: int) -> dict[str, Any]:
+def measure(args: argparse.Namespace, nodes: int, root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": nodes, "gpus_per_node": args.gpus}
-    with tempfile.TemporaryDirectory(prefix="mgpu-swarm-") as tmp:
-        config = None
-        if args.heartbeat is not None:
-            config = f"networking:\n  heartbeat_interval: {args.heartbeat}\n"
-        cluster = LocalCluster(Path(tmp), config)
-        swarm: SwarmProcess | None = None
-        try:
-            cluster.start_master()
-            assert cluster.master is not None
-            master = psutil.Process(cluster.master.pid)
-            out["load_start"] = load()
-            swarm = SwarmProcess(cluster, args, nodes)
-            joined = swarm.read(args.join_timeout + 60)
-            out["join_s"] = joined["joined"]
-            out["load_join"] = load()
+    root.mkdir(parents=True)
+    config = None
+    if args.heartbeat is not None:
+        config = f"networking:\n  heartbeat_interval: {args.heartbeat}\n"
+    cluster = LocalCluster(root, config)
+    swarm: SwarmProcess | None = None
+    try:
+        cluster.start_master()
+        assert cluster.master is not None
+        master = psutil.Process(cluster.master.pid)
+        out["load_start"] = load()
+        swarm = SwarmProcess(cluster, args, nodes)
+        joined = swarm.read(args.join_timeout + 60)
+        out["join_s"] = joined["joined"]
+        out["load_join"] = load()
 
-            def online() -> int:
-                listed = cluster.client().nodes()
-                return sum(n["state"] == "online" and n["connected"] for n in listed)
+        def online() -> int:
+            listed = cluster.client().nodes()
+            return sum(n["state"] == "online" and n["connected"] for n in listed)
 
-            out["nodes_online"] = wait_for(
-                lambda: online() if online() == nodes else None, timeout=60, what="nodes online"
-            )
-            time.sleep(min(5.0, args.idle))  # the joins' aftermath settles
-            procs = [master, psutil.Process(swarm.proc.pid), psutil.Process()]
-            before = [cpu_seconds(p) for p in procs]
-            psutil.cpu_percent(None)
-            t0 = time.monotonic()
-            time.sleep(args.idle)
-            idle = time.monotonic() - t0
-            used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
-            out["master_idle_cpu_pct"] = round(100 * used[0] / idle, 2)
-            out["swarm_idle_cpu_pct"] = round(100 * used[1] / idle, 2)
-            # The whole machine (2 cores = 100 %): what else ran beside the master and swarm.
-            out["machine_busy_idle_pct"] = round(psutil.cpu_percent(None))
-            out["load_idle"] = load()
-            out.update(queue_json(cluster, args.queue_runs))
-            out["master_rss_idle_mb"] = round(master.memory_info().rss / 2**20, 1)
-            # CPU while the jobs flow: the master's, the swarm's, this process's (the
-            # submitters); the master's per job is the figure the machine's load moves least.
-            before = [cpu_seconds(p) for p in procs]
-            psutil.cpu_percent(None)
-            t0 = time.monotonic()
-            out.update(throughput(cluster, args.jobs, args.threads))
-            elapsed = time.monotonic() - t0
-            used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
-            for name, cpu in zip(("master", "swarm", "submitters"), used, strict=True):
-                out[f"{name}_cpu_during_pct"] = round(100 * cpu / elapsed)
-            out["master_cpu_ms_per_job"] = round(1000 * used[0] / args.jobs, 2)
-            out["machine_busy_during_pct"] = round(psutil.cpu_percent(None))
-            out["throughput_measured_s"] = round(elapsed, 1)
-            out["master_rss_mb"] = round(master.memory_info().rss / 2**20, 1)
-            out["gang_completed"] = gang_jobs(cluster, args.gang_jobs)
-            out["swarm"] = swarm.stats()
-        finally:
-            if swarm is not None:
-                swarm.stop()
-            cluster.stop()
+        out["nodes_online"] = wait_for(
+            lambda: online() if online() == nodes else None, timeout=60, what="nodes online"
+        )
+        time.sleep(min(5.0, args.idle))  # the joins' aftermath settles
+        procs = [master, psutil.Process(swarm.proc.pid), psutil.Process()]
+        before = [cpu_seconds(p) for p in procs]
+        psutil.cpu_percent(None)
+        t0 = time.monotonic()
+        time.sleep(args.idle)
+        idle = time.monotonic() - t0
+        used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
+        out["master_idle_cpu_pct"] = round(100 * used[0] / idle, 2)
+        out["swarm_idle_cpu_pct"] = round(100 * used[1] / idle, 2)
+        # The whole machine (2 cores = 100 %): what else ran beside the master and swarm.
+        out["machine_busy_idle_pct"] = round(psutil.cpu_percent(None))
+        out["load_idle"] = load()
+        out.update(queue_json(cluster, args.queue_runs))
+        out["master_rss_idle_mb"] = round(master.memory_info().rss / 2**20, 1)
+        # CPU while the jobs flow: the master's, the swarm's, this process's (the
+        # submitters); the master's per job is the figure the machine's load moves least.
+        before = [cpu_seconds(p) for p in procs]
+        psutil.cpu_percent(None)
+        t0 = time.monotonic()
+        out.update(throughput(cluster, args.jobs, args.threads))
+        elapsed = time.monotonic() - t0
+        used = [cpu_seconds(p) - b for p, b in zip(procs, before, strict=True)]
+        for name, cpu in zip(("master", "swarm", "submitters"), used, strict=True):
+            out[f"{name}_cpu_during_pct"] = round(100 * cpu / elapsed)
+        out["master_cpu_ms_per_job"] = round(1000 * used[0] / args.jobs, 2)
+        out["machine_busy_during_pct"] = round(psutil.cpu_percent(None))
+        out["throughput_measured_s"] = round(elapsed, 1)
+        out["master_rss_mb"] = round(master.memory_info().rss / 2**20, 1)
+        out["gang_completed"] = gang_jobs(cluster, args.gang_jobs)
+        out["swarm"] = swarm.stats()
+    finally:
+        if swarm is not None:
+            swarm.stop()
+        cluster.stop()
     return out
 
 
@@ -614,22 +620,29 @@ def drive(args: argparse.Namespace) -> None:
     }
     head = ("nodes", "join s", "idle CPU", "queue --json", "jobs/s", "RSS")
     print(" ".join(h.rjust(w) for h, w in zip(head, (6, 7, 9, 16, 7, 7), strict=True)))
-    for nodes in args.nodes:
-        run = measure(args, nodes)
-        run["threads"] = args.threads
-        result["runs"].append(run)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=2) + "\n")  # kept as each N ends
-        print(
-            f"{nodes:>6} {run['join_s']!s:>7} {run['master_idle_cpu_pct']:>8.1f}% "
-            f"{run['queue_json_ms']:>7.0f} ms {run['queue_json_bytes'] / 1024:>5.0f} KB "
-            f"{run['jobs_per_s']:>7.0f} {run['master_rss_mb']:>5.0f} MB"
-            f"   (load {run['load_idle']} idle, {run['load_throughput']} busy; "
-            f"{run['completed']}/{run['jobs']} completed; master {run['master_cpu_ms_per_job']} "
-            f"ms CPU a job; swarm CPU {run['swarm_idle_cpu_pct']:.1f}% idle, "
-            f"{run['swarm_cpu_during_pct']}% busy)",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory(prefix="mgpu-swarm-") as tmp_name:
+        tmp = Path(tmp_name)
+        for nodes in args.nodes:
+            # Each N's state dir is kept until every N ran: a master's thousands of output files,
+            # deleted just before the next master creates its own, would cost the next run up to
+            # ~0.5 ms of kernel CPU a job on an ext4 without a journal (this VM's), whose inode
+            # allocator steps over every inode freed in the last minutes, one by one.
+            run = measure(args, nodes, tmp / f"n{nodes}")
+            run["threads"] = args.threads
+            result["runs"].append(run)
+            out_path.parent.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps(result, indent=2) + "\n")  # kept as each N ends
+            print(
+                f"{nodes:>6} {run['join_s']!s:>7} {run['master_idle_cpu_pct']:>8.1f}% "
+                f"{run['queue_json_ms']:>7.0f} ms {run['queue_json_bytes'] / 1024:>5.0f} KB "
+                f"{run['jobs_per_s']:>7.0f} {run['master_rss_mb']:>5.0f} MB"
+                f"   (load {run['load_idle']} idle, {run['load_throughput']} busy; "
+                f"{run['completed']}/{run['jobs']} completed; "
+                f"master {run['master_cpu_ms_per_job']} ms CPU a job; "
+                f"swarm CPU {run['swarm_idle_cpu_pct']:.1f}% idle, "
+                f"{run['swarm_cpu_during_pct']}% busy)",
+                flush=True,
+            )
     if args.plot:
         plot(result["runs"], Path(args.plot), args.target)
     print(f"(a bare `python -c pass` took {result['machine']['python_c_pass_ms']} ms)")

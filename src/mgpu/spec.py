@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Final, Literal
@@ -456,8 +457,15 @@ def parse_array(text: str) -> ArraySpec:
 
 def format_array(array: ArraySpec) -> str:
     """An `ArraySpec` in Slurm's syntax, consecutive indices as ranges: ``0-99%8``."""
-    parts: list[str] = []
-    indices = array.indices
+    cap = "" if array.max_running is None else f"%{array.max_running}"
+    return encode_indices(array.indices) + cap
+
+
+def encode_indices(indices: Sequence[int]) -> str:
+    """Sorted unique indices as ranges: ``0-99999`` or ``1,3,5-9``."""
+    if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
+        return f"{indices[0]}-{indices[-1]}"  # one range (most arrays): not a walk of each
+    parts = []
     i = 0
     while i < len(indices):
         j = i
@@ -465,8 +473,7 @@ def format_array(array: ArraySpec) -> str:
             j += 1
         parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
         i = j + 1
-    cap = "" if array.max_running is None else f"%{array.max_running}"
-    return ",".join(parts) + cap
+    return ",".join(parts)
 
 
 # --------------------------------------------------------------------------- job ids

@@ -5,8 +5,10 @@ targets the cluster does not allow (master/notify.py)."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from helpers import free_port, local_cluster, wait_for
 from mgpu.config import Notify
 from mgpu.master import notify
 from mgpu.master.notify import Delivery, Notifier, Target, check_target
+from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca
 
 
 class Receiver:
@@ -57,6 +60,15 @@ class Receiver:
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    def serve_tls(self, cert: Path, key: Path) -> None:
+        """Speak HTTPS from now on with this certificate; the names clients ask for (SNI)
+        are kept in `sni`."""
+        self.sni: list[str | None] = []
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        ctx.sni_callback = lambda _sock, name, _ctx: self.sni.append(name)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -221,3 +233,84 @@ def test_a_silent_receiver_never_holds_the_event_loop(monkeypatch: pytest.Monkey
         silent.close()
     assert worst < 0.2, f"the event loop paused {worst:.3f} s"
     assert delivery.tries == 1 and len(delivery.errors) == 1  # timed out, a retry waits
+
+
+# ---- https ---------------------------------------------------------------------------
+
+
+def _cert_for(ca_dir: Path, name: str, out: Path) -> tuple[Path, Path]:
+    """A server certificate for the DNS name `name` alone (no address in it), signed by
+    the CA in `ca_dir`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((ca_dir / CA_KEY).read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate((ca_dir / CA_CERT).read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = out / f"{name}.crt", out / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.mark.parametrize(
+    ("cert_name", "trusted", "delivered"),
+    [
+        ("localhost", True, True),
+        ("elsewhere.example", True, False),  # a certificate for another name
+        ("localhost", False, False),  # signed by a CA this machine does not trust
+    ],
+)
+def test_an_https_receiver_is_verified_by_the_name_in_the_url(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cert_name: str,
+    trusted: bool,
+    delivered: bool,
+) -> None:
+    """The connection goes to the address the name was checked to have, yet the receiver's
+    certificate is verified against the URL's name (a certificate naming only `localhost`
+    passes though the socket dials 127.0.0.1), with the CAs the master trusts
+    (SSL_CERT_FILE names a site's own CA)."""
+    ensure_ca(tmp_path)
+    cert, key = _cert_for(tmp_path, cert_name, tmp_path)
+    if trusted:
+        monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / CA_CERT))
+    else:
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    receiver = Receiver()
+    try:
+        receiver.serve_tls(cert, key)
+        n = notifier()
+        delivery = webhook(f"https://localhost:{receiver.port}/hook")
+        assert asyncio.run(n.deliver(delivery, delays=[])) is delivered
+        if delivered:
+            assert receiver.bodies == [delivery.body]
+            assert receiver.hosts == [f"localhost:{receiver.port}"]
+        else:
+            assert receiver.bodies == []
+            assert "CERTIFICATE_VERIFY_FAILED" in delivery.errors[0], delivery.errors
+        assert receiver.sni[:1] == ["localhost"]
+    finally:
+        receiver.close()

@@ -103,6 +103,25 @@ def test_other_gres_and_mail_type_none() -> None:
     assert (out.gres_per_node, out.ignored, out.no_mail) == (1, ["--gres=nvme:2"], True)
 
 
+@pytest.mark.parametrize(
+    ("gres", "words", "ignored"),
+    [
+        ("mps:25", ["--gpu-share", "0.25"], []),
+        ("mps:5", ["--gpu-share", "0.05"], []),
+        ("mps:100", [], ["--gres=mps:100"]),  # a whole GPU's MPS: not a share mgpu knows
+        ("mps:0", [], ["--gres=mps:0"]),
+        ("mps", [], ["--gres=mps"]),
+    ],
+)
+def test_gres_mps_is_a_share_of_one_gpu(gres: str, words: list[str], ignored: list[str]) -> None:
+    out = directives.translate_sbatch([f"--gres={gres}"], KNOWN)
+    assert (out.words, out.gres_per_node, out.ignored) == (words, None, ignored)
+
+
+def test_a_script_asking_for_mps_gets_a_gpu_share() -> None:
+    assert options("#SBATCH --gres=mps:50\n")[0] == {"gpu_share": 0.5}
+
+
 # ---- the script and the command line -------------------------------------------------
 
 

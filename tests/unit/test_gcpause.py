@@ -59,3 +59,14 @@ def test_a_pause_leaves_a_disabled_collector_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_tune_makes_young_collections_rarer_and_keeps_the_older_thresholds() -> None:
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 9, 11)
+        gcpause.tune()
+        assert gc.get_threshold() == (gcpause.YOUNG, 9, 11)
+        assert gcpause.YOUNG > 700
+    finally:
+        gc.set_threshold(*saved)

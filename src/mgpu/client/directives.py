@@ -8,10 +8,11 @@ directive's words are split as a shell would, a `#` after a space starting a com
 
 `#MGPU` lines take mgpu's own job options.  `#SBATCH` lines take them too, plus Slurm's
 names for what mgpu has (`-J/--job-name`, `-t`, `-N`, `-w`, `-x`, `-d`, `-a`, `-H`, `-G`,
-`--gres=gpu[:TYPE]:N`, `--gpus=[TYPE:]N`, `--mail-user`); a Slurm option mgpu lacks
+`--gres=gpu[:TYPE]:N`, `--gres=mps:N`, `--gpus=[TYPE:]N`, `--mail-user`); a Slurm option mgpu lacks
 (`--mem`, `--ntasks`, `--output`, ...) is collected in `ignored`, for one warning line.
 `--gres=gpu:N` is Slurm's count per node: it is `gres_per_node`, which the caller turns
 into `--gpus-per-node` when the job spans nodes and `--gpus` when it does not.
+`--gres=mps:N` is N % of one GPU's MPS (Slurm's usual 100 per GPU): `--gpu-share N/100`.
 """
 
 from __future__ import annotations
@@ -197,6 +198,9 @@ def _gres(value: str, out: Translated) -> None:
     """`--gres=gpu[:TYPE][:N][,other...]`: the GPU part; other resources are ignored."""
     for item in value.split(","):
         parts = item.split(":")
+        if parts[0] == "mps" and len(parts) == 2 and parts[1].isdigit() and 0 < int(parts[1]) < 100:
+            out.words += ["--gpu-share", f"{int(parts[1]) / 100:g}"]
+            continue
         if parts[0] != "gpu":
             out.ignored.append(f"--gres={item}")
             continue

@@ -115,6 +115,7 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
     outputs = OutputStore(state_dir / "output")
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
     gcpause.watch()
+    gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it
     return cluster
 

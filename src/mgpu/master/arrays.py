@@ -13,12 +13,13 @@ the template's lists and dicts (argv, env ...), which nothing changes after subm
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
 from mgpu import spec as specs
 from mgpu.model import Job
+from mgpu.spec import encode_indices
 
 __all__ = ["decode_indices", "encode_indices", "task", "tasks"]
 
@@ -50,21 +51,6 @@ def tasks(template: Job, indices: Iterable[int], max_running: int | None) -> Ite
     common = common_fields(template)
     for index in indices:
         yield task(common, template.id, index, max_running)
-
-
-def encode_indices(indices: Sequence[int]) -> str:
-    """Sorted unique indices as ranges: ``0-99999`` or ``1,3,5-9``."""
-    if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
-        return f"{indices[0]}-{indices[-1]}"  # one range (most arrays): not a walk of each
-    parts = []
-    i = 0
-    while i < len(indices):
-        j = i
-        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
-            j += 1
-        parts.append(str(indices[i]) if i == j else f"{indices[i]}-{indices[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def decode_indices(text: str) -> list[int]:

@@ -28,6 +28,9 @@ from typing import IO, Any
 
 Record = dict[str, Any]
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+"""A record as one compact line (json.dumps with these separators builds an encoder a call)."""
+
 CHUNK = 64 * 1024
 """Bytes read from an output file per step: a reader's memory, whatever the file's size."""
 
@@ -103,7 +106,9 @@ class OutputStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        self._files: dict[str, IO[str]] = {}
+        self._root = str(root)
+        self._files: dict[str, int] = {}
+        """Open files (descriptors, written unbuffered) of jobs that may still append."""
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._repaired: set[str] = set()
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
@@ -187,15 +192,26 @@ class OutputStore:
         rec: Record = {"s": stream, "d": data, "n": node_id}
         if epoch is not None and end is not None:
             rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
-        f = self._files.get(job_id)
-        if f is None:
-            path = self.path(job_id)
-            self._repair(path)
-            f = self._files[job_id] = open(path, "a", encoding="utf-8")  # noqa: SIM115
-        f.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        f.flush()
+        fd = self._files.get(job_id)
+        if fd is None:
+            fd = self._open(job_id)
+        line = (_encode(rec) + "\n").encode()  # ASCII: ensure_ascii escapes the rest
+        while line:  # one write: in the page cache when it returns, as a kill -9 needs
+            line = line[os.write(fd, line) :]
         for wake in self._followers.get(job_id, ()):
             wake.set()
+
+    def _open(self, job_id: str) -> int:
+        """The job's file for appending: one open that creates it or finds what an earlier
+        run (or master) wrote, repaired then if it was not yet (see `_repair`)."""
+        name = f"{job_id}.jsonl"
+        path = os.path.join(self._root, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        if name not in self._repaired and os.fstat(fd).st_size:
+            self._repair(self.path(job_id))
+        self._repaired.add(name)
+        self._files[job_id] = fd
+        return fd
 
     def _repair(self, path: Path) -> None:
         """Once per file and master run: drop a last line cut short by a crash, so the
@@ -222,9 +238,9 @@ class OutputStore:
 
     def close(self, job_id: str) -> None:
         """The job ended: close its file and wake followers so they can finish."""
-        f = self._files.pop(job_id, None)
-        if f is not None:
-            f.close()
+        fd = self._files.pop(job_id, None)
+        if fd is not None:
+            os.close(fd)
         self._have.pop(job_id, None)
         for wake in self._followers.get(job_id, ()):
             wake.set()
@@ -260,6 +276,6 @@ class OutputStore:
                 del self._followers[job_id]
 
     def close_all(self) -> None:
-        for f in self._files.values():
-            f.close()
+        for fd in self._files.values():
+            os.close(fd)
         self._files.clear()
