@@ -182,18 +182,22 @@ class SchedulingLoop:
         own length, so a huge queue cannot starve the API of the event loop; a short one by
         PASS_BATCH, so that the events of that moment (submits, ends, starts) are planned
         in one pass rather than one pass each: a pass costs what the cluster's size does."""
-        while True:
-            woken = True
-            try:
-                await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
-            except TimeoutError:
-                woken = False
-            self.state.wakeup.clear()
-            self.tick(woken)
-            if self.full_due and self._full is None:
-                self.full_due = False
-                self._full = asyncio.create_task(self._full_task())
-            await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
+        try:
+            while True:
+                woken = True
+                try:
+                    await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
+                except TimeoutError:
+                    woken = False
+                self.state.wakeup.clear()
+                self.tick(woken)
+                if self.full_due and self._full is None:
+                    self.full_due = False
+                    self._full = asyncio.create_task(self._full_task())
+                await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
+        finally:  # the master stops: a full pass under way is not waited for
+            if self._full is not None:
+                self._full.cancel()
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
