@@ -161,6 +161,8 @@ class SchedulingLoop:
         self._users: frozenset[str] = frozenset()
         """Users of the last full pass's pending jobs (fairshare normalisation)."""
         self._queued = 0
+        self._running_made: dict[str, tuple[tuple[object, ...], RunningJob]] = {}
+        """Running jobs as the scheduler sees them, with what each was made from."""
         self.full_due = False
         """A full pass of a long queue is due (`run` starts it as a task)."""
         self._full: asyncio.Task[None] | None = None
@@ -274,6 +276,20 @@ class SchedulingLoop:
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
+    def running_for(self, job: Job, now: float) -> RunningJob:
+        """`running_job`, kept while what it is made of stays the same: thousands of
+        running jobs are not rebuilt at every pass.  One still launching (no start time:
+        it counts from `now`) is made anew."""
+        if job.start_time is None:
+            return running_job(job, now)
+        key = (job.start_time, job.epoch, job.time_limit, job.priority, job.preemptible)
+        found = self._running_made.get(job.id)
+        if found is not None and found[0] == key:
+            return found[1]
+        made = running_job(job, now)
+        self._running_made[job.id] = (key, made)
+        return made
+
     def queued(self, jobs: Iterable[Job]) -> None:
         """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
         them, in this order, before any full pass has placed them in its order."""
@@ -283,6 +299,7 @@ class SchedulingLoop:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
+        self._running_made.pop(job.id, None)
         self._fresh_old.pop(job.id, None)
         if job.state is JobState.QUEUED and job.id in self.state.jobs:
             self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
@@ -309,7 +326,7 @@ class SchedulingLoop:
         self._fresh_old.update(self._fresh)
         self._fresh = {}
         queued, running, arrays = collect(
-            now, self.state.jobs.values(), self.request_for, self._requests
+            now, self.state.jobs.values(), self.request_for, self._requests, self.running_for
         )
         found = dependency_targets(queued, self._deps_met, self.targets)
         usage = self.usage.snapshot(now, running)
@@ -342,7 +359,9 @@ class SchedulingLoop:
         running: list[RunningJob] = []
         arrays: dict[str, int] = {}
         for k in range(0, len(jobs), SLICE):
-            q, r, a = collect(now, jobs[k : k + SLICE], self.request_for, self._requests)
+            q, r, a = collect(
+                now, jobs[k : k + SLICE], self.request_for, self._requests, self.running_for
+            )
             queued += q
             running += r
             for array_id, n in a.items():
@@ -473,7 +492,7 @@ class SchedulingLoop:
         for job_id in sorted(ids):
             job = jobs.get(job_id)
             if job is not None and job.state is state:
-                running.append(running_job(job, now))
+                running.append(self.running_for(job, now))
                 if job.array_job_id is not None:
                     arrays[job.array_job_id] = arrays.get(job.array_job_id, 0) + 1
         return running, arrays

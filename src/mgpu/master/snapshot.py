@@ -200,8 +200,10 @@ def collect(
     jobs: Iterable[Job],
     request_for: Callable[[Job], JobRequest] = job_request,
     requests: Mapping[str, JobRequest] | None = None,
+    running_for: Callable[[Job, float], RunningJob] = running_job,
 ) -> tuple[list[JobRequest], list[RunningJob], dict[str, int]]:
-    """The queued jobs' requests, the running jobs, and each array's running tasks."""
+    """The queued jobs' requests, the running jobs (`running_for`: the master keeps them),
+    and each array's running tasks."""
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
     array_running: dict[str, int] = {}
@@ -214,7 +216,7 @@ def collect(
         if state is queued_state:
             queued.append(cached(j.id) or request_for(j))
         elif state is running_state:
-            running.append(running_job(j, now))
+            running.append(running_for(j, now))
             if j.array_job_id is not None:
                 array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
     return queued, running, array_running

@@ -152,16 +152,18 @@ class RunningJob:
     preemptible: bool = False
     submit_time: float | None = None
     """When the job was submitted (its age); None = `start_time`."""
+    # Derived once: every pass reads it for every running job (usage, per-user counts).
+    gpu_units: int = field(init=False, repr=False, compare=False)
+    """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
+
+    def __post_init__(self) -> None:
+        units = sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
+        object.__setattr__(self, "gpu_units", units)
 
     @property
     def gpus(self) -> int:
         """GPUs the job runs on, a shared one counting as one."""
         return sum(len(p.gpu_ids) for p in self.placements)
-
-    @property
-    def gpu_units(self) -> int:
-        """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
-        return sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
 
     @property
     def gpu_amount(self) -> float:
