@@ -463,6 +463,8 @@ def format_array(array: ArraySpec) -> str:
 
 def encode_indices(indices: Sequence[int]) -> str:
     """Sorted unique indices as ranges: ``0-99999`` or ``1,3,5-9``."""
+    if len(indices) > 1 and indices[-1] - indices[0] == len(indices) - 1:
+        return f"{indices[0]}-{indices[-1]}"  # one range (most arrays): not a walk of each
     parts = []
     i = 0
     while i < len(indices):

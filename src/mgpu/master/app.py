@@ -51,6 +51,7 @@ from mgpu.master.sentences import validation_sentence as _validation_sentence
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
 from mgpu.master.submit import JobSpec, SubmitError
+from mgpu.master.turns import bulk_turn
 from mgpu.model import Job, JobState
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 from mgpu.tlsutil import ensure_ca
@@ -307,7 +308,7 @@ def create_app(
         for i in range(0, len(body.ids), LOOKUP_SLICE):
             part = [c().public_job(jobs[j]) for j in body.ids[i : i + LOOKUP_SLICE]]
             parts.append(json.dumps(part)[1:-1])
-            await asyncio.sleep(0)
+            await bulk_turn()
         body_text = '{"jobs": [' + ",".join(p for p in parts if p) + "]}"
         return Response(body_text, media_type="application/json")
 
@@ -355,7 +356,7 @@ def create_app(
                 write_cost = (time.monotonic() - written) / max(pending, 1)
                 event = None
                 pending = 0
-                await asyncio.sleep(0)
+                await bulk_turn()
                 started = time.monotonic()
         if not found:
             raise NotFound(job_id)
@@ -601,7 +602,7 @@ async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
     found: dict[str, Job] = {}
     for i in range(0, len(ids), LOOKUP_SLICE):
         found.update(cluster.get_jobs(ids[i : i + LOOKUP_SLICE]))
-        await asyncio.sleep(0)
+        await bulk_turn()
     for job_id in ids:
         if job_id not in found:
             raise NotFound(job_id)

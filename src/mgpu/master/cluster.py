@@ -43,6 +43,7 @@ from mgpu.master.gpuwatch import GpuWatch
 from mgpu.master.jobctl import JobControl
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.loop import SchedulingLoop
+from mgpu.master.looplag import LoopLag
 from mgpu.master.metrics import JobMetrics
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import Conflict, NodeAdmin, NotFound
@@ -57,6 +58,7 @@ from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
 from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_template
+from mgpu.master.turns import bulk_turn
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome
@@ -103,6 +105,7 @@ class Cluster:
         self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
         self.uow = UnitOfWork(store, self.timers, self.usage)
         self.job_metrics = JobMetrics()
+        self.loop_lag = LoopLag()
         self.gpuwatch = GpuWatch(config)
         self.life = Lifecycle(
             self.state, self.uow, outputs, self.usage, config, tokens.fingerprint, self.job_metrics
@@ -251,6 +254,10 @@ class Cluster:
                     self.loop.forget(job)
                 raise
         self.jobs.update((job.id, job) for job in jobs)
+        for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
+            if i:
+                await bulk_turn()
+            self.loop.queued(jobs[i : i + QUEUED_SLICE])
         if held_by_client(template):
             self.sessions.track(jobs)
         if not ctx.nodes:
@@ -559,7 +566,7 @@ class Cluster:
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.gather(self.loop.run(), self.notifier.run())
+        await asyncio.gather(self.loop.run(), self.notifier.run(), self.loop_lag.run())
 
     def wake(self) -> None:
         self.state.wake()
@@ -572,6 +579,10 @@ class Cluster:
     def last_pass_duration(self) -> float:
         return self.loop.last_pass_duration
 
+    @property
+    def last_full_pass_duration(self) -> float:
+        return self.loop.last_full_seconds
+
     def flush(self) -> None:
         self.uow.flush()
 
@@ -580,6 +591,8 @@ class Cluster:
         self.uow.flush_all()
 
 
+QUEUED_SLICE = 5_000
+"""A big array's tasks told to the scheduling loop per turn of the event loop."""
 TASK_SLICE = 500
 """Array tasks built per turn of the event loop (a few milliseconds)."""
 
@@ -598,7 +611,7 @@ async def _tasks_in_slices(
         part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
         built(part)
         out += part
-        await asyncio.sleep(0)
+        await bulk_turn()
     return out
 
 

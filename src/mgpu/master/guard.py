@@ -25,6 +25,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mgpu.master.auth import BadTokenThrottle, Identity
+from mgpu.master.turns import RequestTurns
 
 SUBMIT_BODY_LIMIT = 4 << 20
 """POST /api/jobs: a full environment and a job script fit with room to spare."""
@@ -142,6 +143,7 @@ class Guard:
         self.identify = identify
         self.throttle = throttle
         self.failures = failures
+        self.turns = RequestTurns()
 
     async def _authenticate(self, scope: Scope, headers: Headers) -> str | None:
         """Put the caller's identity in the scope's state; else why not (throttled)."""
@@ -182,6 +184,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.turns.enter()  # a burst of requests is spread over turns of the loop
         headers = Headers(scope=scope)
         path: str = scope["path"]
         method: str = scope["method"]

@@ -81,6 +81,8 @@ class Lifecycle:
         """Running jobs' credentials in clear: memory only (the store keeps their hashes)."""
         self.on_end: list[Callable[[Job], None]] = []
         """Told when a job leaves the active set (ended): caches drop it."""
+        self.on_requeue: list[Callable[[Job], None]] = []
+        """Told when a running job is queued again (the loop's quick passes look at it)."""
 
     # ---- credentials ------------------------------------------------------
 
@@ -294,6 +296,8 @@ class Lifecycle:
             slot.phase = SlotPhase.EXITED
         self.uow.persist(job)
         self.state.notify(job)
+        for told in self.on_requeue:
+            told(job)
         self.state.wake()
 
     def finish(self, job: Job, reason: EndReason, text: str | None) -> None:

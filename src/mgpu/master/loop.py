@@ -6,6 +6,19 @@ as it is then, as Nomad's plan applier does: a start whose node is gone or no lo
 schedulable, or whose GPUs are no longer free, is dropped whole (the job stays queued and
 is planned again), never half-applied; a preemption of a job that has meanwhile ended or is
 already being stopped is dropped too.
+
+A long queue (more than `LONG_QUEUE` jobs) splits the work as Slurm does between its main
+scheduler and its backfill plugin.  The *quick pass*, on events, looks only at the head of
+the queue: the first `QUICK_DEPTH` jobs of the last full pass's priority order still queued,
+the jobs queued since (`_fresh`, in submit order), and the next tasks of arrays held at
+their `%N` cap; the pure core runs on those alone (`schedule()` with their priorities
+computed now), so its cost does not grow with the queue.  It makes every start and
+preemption.  The *full pass* (priorities, reasons and estimates of every queued job, the
+order the quick passes start from) runs every few seconds: its snapshot is gathered a
+slice at a time, the core runs on it in a worker thread (it is made of immutable values and
+fresh containers), and its verdicts are written a slice at a time, so it never holds the
+event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
+A short queue gets a full pass, on the loop, every time (a few milliseconds).
 """
 
 from __future__ import annotations
@@ -15,21 +28,35 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from itertools import islice
 
 from mgpu.config import ClusterConfig
+from mgpu.master import gcpause
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodes import NodeAdmin
 from mgpu.master.shares import job_share_units
-from mgpu.master.snapshot import job_request, prepare, scheduler_config
+from mgpu.master.snapshot import (
+    assemble,
+    collect,
+    dependency_targets,
+    job_request,
+    running_job,
+    scheduler_config,
+)
 from mgpu.master.state import ControllerState
+from mgpu.master.turns import bulk_turn
 from mgpu.model import DesiredState, EndReason, Job, JobState
 from mgpu.scheduler import (
+    ARRAY_LIMIT,
     Decisions,
     DependencyTarget,
     Eligibility,
     JobRequest,
+    NodeView,
     Reservation,
+    RunningJob,
+    SchedulerConfig,
     UsageLedger,
     schedule,
 )
@@ -47,6 +74,16 @@ PASS_BATCH = 0.01
 planned together (Slurm: sched_min_interval)."""
 LIVENESS_INTERVAL = 0.5
 """Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
+LONG_QUEUE = 2_000
+"""Queued jobs beyond which passes split into quick and full ones (module docstring)."""
+QUICK_DEPTH = 1_000
+"""Jobs of the last full order a quick pass looks at, and as many fresh ones (Slurm:
+default_queue_depth; the core's backfill looks at `backfill_depth` behind the head)."""
+FULL_INTERVAL = 2.0
+"""Least seconds between full passes of a long queue while things happen (at least 10x
+the last one's length): every queued job has its reason and estimate within seconds."""
+SLICE = 5_000
+"""Jobs read or written per turn of the event loop by a full pass (a few milliseconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +96,14 @@ class Plan:
     """None when no queued job was eligible (no scheduler call was needed)."""
     seconds: float
     """CPU time the planning took."""
+    quick: bool = False
+    """A quick pass's: its verdicts cover the head of the queue alone."""
+    capped: Mapping[str, list[str]] = field(default_factory=dict)
+    """A full pass's: each capped array's tasks waiting for its cap, in submit order."""
+    queued: int = 0
+    """A full pass's: how many jobs were queued."""
+    users: frozenset[str] = frozenset()
+    """A full pass's: the users of the jobs it could start (fairshare normalisation)."""
 
 
 class SchedulingLoop:
@@ -101,7 +146,33 @@ class SchedulingLoop:
         self._last_liveness = -LIVENESS_INTERVAL
         self._next_backoff = math.inf
         """When the first retry backoff the last pass saw ends."""
+        self.long_queue = LONG_QUEUE
+        self.quick_depth = QUICK_DEPTH
+        self._order: list[str] = []
+        """The last full pass's pending jobs in priority order (the quick passes' head)."""
+        self._cursor = 0
+        """Where in `_order` the first job still queued may be."""
+        self._fresh: dict[str, None] = {}
+        """Jobs queued since the last full pass's snapshot, in submit order."""
+        self._fresh_old: dict[str, None] = {}
+        """Jobs queued before the snapshot of the full pass under way (or last)."""
+        self._capped: Mapping[str, list[str]] = {}
+        self._capped_at: dict[str, int] = {}
+        self._users: frozenset[str] = frozenset()
+        """Users of the last full pass's pending jobs (fairshare normalisation)."""
+        self._queued = 0
+        self._running_made: dict[str, tuple[tuple[object, ...], RunningJob]] = {}
+        """Running jobs as the scheduler sees them, with what each was made from."""
+        self.full_due = False
+        """A full pass of a long queue is due (`run` starts it as a task)."""
+        self._full: asyncio.Task[None] | None = None
+        self._changed = False
+        """Something happened since the last full pass started."""
+        self._last_full_start = -math.inf
+        self.last_full_seconds = 0.0
+        """Wall time of the last full pass (its slices and its worker thread)."""
         life.on_end.append(self.forget)
+        life.on_requeue.append(lambda job: self.queued((job,)))
         self.on_tick: list[Callable[[], None]] = []
         """Checks run every round after the nodes' (clients of terminals and allocations)."""
 
@@ -113,15 +184,22 @@ class SchedulingLoop:
         own length, so a huge queue cannot starve the API of the event loop; a short one by
         PASS_BATCH, so that the events of that moment (submits, ends, starts) are planned
         in one pass rather than one pass each: a pass costs what the cluster's size does."""
-        while True:
-            woken = True
-            try:
-                await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
-            except TimeoutError:
-                woken = False
-            self.state.wakeup.clear()
-            self.tick(woken)
-            await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
+        try:
+            while True:
+                woken = True
+                try:
+                    await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
+                except TimeoutError:
+                    woken = False
+                self.state.wakeup.clear()
+                self.tick(woken)
+                if self.full_due and self._full is None:
+                    self.full_due = False
+                    self._full = asyncio.create_task(self._full_task())
+                await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
+        finally:  # the master stops: a full pass under way is not waited for
+            if self._full is not None:
+                self._full.cancel()
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
@@ -138,6 +216,9 @@ class SchedulingLoop:
             # With nothing new, a pass only ages priorities and moves estimates: at most
             # every REPLAN_INTERVAL, and for a long queue (a costly pass) rarer still, so
             # that these passes take at most about 2 % of the master's time.
+            if self.long:
+                self._tick_long(woken, now)
+                return
             interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
             due = now - self._last_full >= interval or self.backoff_expired()
             if woken or due:
@@ -145,6 +226,33 @@ class SchedulingLoop:
                 self._last_full = now
         except Exception:
             log.exception("scheduling pass failed")
+
+    @property
+    def long(self) -> bool:
+        """Is the queue long enough for split passes (as of the last full pass)."""
+        return self._queued + len(self._fresh) > self.long_queue
+
+    def _tick_long(self, woken: bool, now: float) -> None:
+        """Quick passes on events; a full pass every few seconds while things happen, every
+        REPLAN_INTERVAL or more when nothing does (priorities age, backoffs expire)."""
+        self._changed = self._changed or woken
+        expired = self.backoff_expired()
+        if woken or expired:
+            self.apply(self.quick_plan())
+        since = now - self._last_full_start
+        busy = max(FULL_INTERVAL, 10 * self.last_full_seconds)
+        idle = max(REPLAN_INTERVAL, 50 * self.last_full_seconds)
+        if (self._changed and since >= busy) or since >= idle or expired:
+            self.full_due = True
+
+    async def _full_task(self) -> None:
+        try:
+            await self.full_pass()
+        except Exception:
+            log.exception("full scheduling pass failed")
+        finally:
+            self._full = None
+            self.full_due = False  # asked for while it ran: the next round judges anew
 
     def backoff_expired(self) -> bool:
         """Has a retry backoff the last pass saw ended (not a look at every job: this is
@@ -168,40 +276,228 @@ class SchedulingLoop:
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
+    def running_for(self, job: Job, now: float) -> RunningJob:
+        """`running_job`, kept while what it is made of stays the same: thousands of
+        running jobs are not rebuilt at every pass.  One still launching (no start time:
+        it counts from `now`) is made anew."""
+        if job.start_time is None:
+            return running_job(job, now)
+        key = (job.start_time, job.epoch, job.time_limit, job.priority, job.preemptible)
+        found = self._running_made.get(job.id)
+        if found is not None and found[0] == key:
+            return found[1]
+        made = running_job(job, now)
+        self._running_made[job.id] = (key, made)
+        return made
+
+    def queued(self, jobs: Iterable[Job]) -> None:
+        """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
+        them, in this order, before any full pass has placed them in its order."""
+        self._fresh.update(dict.fromkeys(job.id for job in jobs))
+
     def forget(self, job: Job) -> None:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
+        self._running_made.pop(job.id, None)
+        self._fresh_old.pop(job.id, None)
+        if job.state is JobState.QUEUED and job.id in self.state.jobs:
+            self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
+        else:
+            self._fresh.pop(job.id, None)
 
     # ---- a pass -----------------------------------------------------------
 
     def schedule_pass(self) -> None:
         self.apply(self.plan())
 
+    def config_now(self, quick: bool = False) -> SchedulerConfig:
+        config = replace(
+            scheduler_config(self.config.scheduling),
+            # The cluster's size is kept by the index: not summed over every node a pass.
+            cluster_gpus=self.state.node_index.gpu_count(),
+        )
+        return replace(config, plan_jobs=0) if quick else config
+
     def plan(self) -> Plan:
+        """A full pass's plan, on the loop (a short queue, or a test)."""
         now = self.state.clock.time()
         t0 = time.perf_counter()
-        prepared = prepare(
+        self._fresh_old.update(self._fresh)
+        self._fresh = {}
+        queued, running, arrays = collect(
+            now, self.state.jobs.values(), self.request_for, self._requests, self.running_for
+        )
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        usage = self.usage.snapshot(now, running)
+        views = self.state.node_index.views()  # kept up to date per node
+        plan = _pure_full(
             now,
-            self.state.jobs.values(),
-            (),  # the nodes' views are kept up to date (`views`)
-            self.usage,
-            # The cluster's size is kept by the index: not summed over every node a pass.
-            replace(
-                scheduler_config(self.config.scheduling),
-                cluster_gpus=self.state.node_index.gpu_count(),
-            ),
-            request_for=self.request_for,
-            targets=self.targets,
-            known_met=self._deps_met,
-            reservations=self.reservations(now),
-            views=self.state.node_index.views(),
-            requests=self._requests,
+            queued,
+            running,
+            arrays,
+            found,
+            usage,
+            self.config_now(),
+            views,
+            self.reservations(now),
+        )
+        return replace(plan, seconds=time.perf_counter() - t0)
+
+    async def full_pass(self, offload: bool = True) -> None:
+        """A full pass that never holds the event loop: its snapshot read a slice at a time,
+        the core in a worker thread (`offload`; else inline, for tests), its verdicts
+        written a slice at a time.  It starts nothing: the quick pass it wakes does."""
+        t0 = time.perf_counter()
+        self._last_full_start = self.state.clock.monotonic()
+        self._changed = False
+        now = self.state.clock.time()
+        self._fresh_old.update(self._fresh)
+        self._fresh = {}
+        jobs = list(self.state.jobs.values())
+        queued: list[JobRequest] = []
+        running: list[RunningJob] = []
+        arrays: dict[str, int] = {}
+        for k in range(0, len(jobs), SLICE):
+            q, r, a = collect(
+                now, jobs[k : k + SLICE], self.request_for, self._requests, self.running_for
+            )
+            queued += q
+            running += r
+            for array_id, n in a.items():
+                arrays[array_id] = arrays.get(array_id, 0) + n
+            await bulk_turn()
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        args = (
+            now, queued, running, arrays, found, self.usage.snapshot(now, running),
+            self.config_now(), self.state.node_index.views(), self.reservations(now),
+        )  # fmt: skip
+        if offload:
+            with gcpause.paused():  # the core pauses it too: one owner, on this thread
+                plan = await asyncio.to_thread(_pure_full, *args)
+        else:
+            plan = _pure_full(*args)
+        if plan.decisions is not None:  # decided on a snapshot: the quick pass starts
+            plan.decisions.starts.clear()
+            plan.decisions.preempt.clear()
+        await self._apply_slices(plan)
+        self.last_full_seconds = time.perf_counter() - t0
+        self.state.wake()
+
+    async def _apply_slices(self, plan: Plan) -> None:
+        """`apply` a full plan, its reasons written a slice at a time (the loop runs
+        between).  Read from the plan's own dicts (nobody else changes them), not copied
+        into lists: 100,000 tuples would each be tracked by the cyclic collector."""
+        decisions = plan.decisions
+        reasons: dict[str, str] = {}
+        if decisions is not None:
+            reasons, decisions.reasons = decisions.reasons, {}
+        waiting, plan.eligibility.waiting = plan.eligibility.waiting, {}
+        self.apply(plan, timed=False)  # its time is its own (`last_full_seconds`)
+        jobs, queued = self.state.jobs, JobState.QUEUED
+        next_backoff = math.inf
+        items = iter(waiting.items())
+        for _ in range(0, len(waiting), SLICE):
+            for job_id, why in islice(items, SLICE):
+                job = jobs.get(job_id)
+                if job is not None:
+                    job.reason = why
+                    if plan.now < job.eligible_time < next_backoff:
+                        next_backoff = job.eligible_time
+            await bulk_turn()
+        self._next_backoff = min(self._next_backoff, next_backoff)
+        items = iter(reasons.items())
+        for _ in range(0, len(reasons), SLICE):
+            for job_id, why in islice(items, SLICE):
+                job = jobs.get(job_id)
+                if job is not None and job.state is queued and job.reason != why:
+                    job.reason = why
+            await bulk_turn()
+
+    # ---- the quick pass ---------------------------------------------------
+
+    def quick_plan(self) -> Plan:
+        """The head of a long queue only (module docstring)."""
+        now = self.state.clock.time()
+        t0 = time.perf_counter()
+        picked = self._head()
+        running, arrays = self._running(now)
+        queued = [self.request_for(job) for job in picked]
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        prepared = assemble(
+            now,
+            queued,
+            running,
+            arrays,
+            found,
+            self.usage.snapshot(now, running),
+            self.config_now(quick=True),
+            self.state.node_index.views(),
+            self.reservations(now),
+            self._users,
         )
         decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
-        return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0)
+        return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0, quick=True)
 
-    def apply(self, plan: Plan) -> None:
+    def _head(self) -> list[Job]:
+        """The queued jobs a quick pass looks at: the head of the last full order, the
+        first fresh ones, the next tasks of each capped array."""
+        jobs, queued, depth = self.state.jobs, JobState.QUEUED, self.quick_depth
+        picked: dict[str, Job] = {}
+        order, k, leading = self._order, self._cursor, True
+        while k < len(order) and len(picked) < depth:
+            job = jobs.get(order[k])
+            if job is not None and job.state is queued:
+                picked[job.id] = job
+                leading = False
+            elif leading:  # started or gone: the next quick pass need not look again
+                self._cursor = k + 1
+            k += 1
+        for fresh in (self._fresh_old, self._fresh):
+            gone, taken = [], 0
+            for job_id in fresh:
+                if taken >= depth:
+                    break
+                job = jobs.get(job_id)
+                if job is None or job.state is not queued:
+                    gone.append(job_id)
+                    continue
+                picked.setdefault(job_id, job)
+                taken += 1
+            for job_id in gone:
+                del fresh[job_id]
+        for array_id, tasks in self._capped.items():
+            k = self._capped_at.get(array_id, 0)
+            leading, taken, cap = True, 0, None
+            while k < len(tasks) and (cap is None or taken < cap):
+                job = jobs.get(tasks[k])
+                if job is not None and job.state is queued:
+                    picked.setdefault(job.id, job)
+                    cap = min(depth, job.array_max_running or 1)
+                    taken += 1
+                    leading = False
+                elif leading:
+                    self._capped_at[array_id] = k + 1
+                k += 1
+        return list(picked.values())
+
+    def _running(self, now: float) -> tuple[list[RunningJob], dict[str, int]]:
+        """The running jobs, found through the nodes (not a look at every active job)."""
+        ids: set[str] = set()
+        for node in self.state.nodes.values():
+            ids.update(node.jobs)
+        jobs, state = self.state.jobs, JobState.RUNNING
+        running: list[RunningJob] = []
+        arrays: dict[str, int] = {}
+        for job_id in sorted(ids):
+            job = jobs.get(job_id)
+            if job is not None and job.state is state:
+                running.append(self.running_for(job, now))
+                if job.array_job_id is not None:
+                    arrays[job.array_job_id] = arrays.get(job.array_job_id, 0) + 1
+        return running, arrays
+
+    def apply(self, plan: Plan, timed: bool = True) -> None:
         """Carry out `plan`, each decision re-checked against the state as it is now."""
         t0 = time.perf_counter()
         jobs = self.state.jobs
@@ -217,15 +513,27 @@ class SchedulingLoop:
                 job.reason = why  # advisory and changing: in memory, not written each pass
                 if plan.now < job.eligible_time < next_backoff:
                     next_backoff = job.eligible_time
-        self._next_backoff = next_backoff
+        if plan.quick:  # it saw a few jobs: the others' backoffs stand
+            self._next_backoff = min(self._next_backoff, next_backoff)
+        else:
+            self._next_backoff = next_backoff
+            self._fresh_old = {}
+            self._queued = plan.queued
+            self._capped, self._capped_at = plan.capped, {}
+            if plan.decisions is not None:
+                self._order, self._cursor = plan.decisions.order, 0
+            else:
+                self._order, self._cursor = [], 0
+            self._users = plan.users
         # Ended as required: that never changes, so later passes need not look them up.
         self._deps_met.update(verdict.satisfied)
         decisions = plan.decisions
         if decisions is not None:
             self.priorities.update(decisions.priorities)
-            self.factors = decisions.factors
-            self.expected_start = dict(decisions.expected_start)
-            self.waiting_on = dict(decisions.waiting_on)
+            if not plan.quick:
+                self.factors = decisions.factors
+                self.expected_start = dict(decisions.expected_start)
+                self.waiting_on = dict(decisions.waiting_on)
             for start in decisions.starts:
                 job = jobs.get(start.job_id)
                 if job is None or job.state != JobState.QUEUED:
@@ -237,6 +545,8 @@ class SchedulingLoop:
                     continue
                 self.life.start(job, placements)
                 self._requests.pop(job.id, None)
+                self.expected_start.pop(job.id, None)
+                self.waiting_on.pop(job.id, None)
             for job_id in decisions.preempt:
                 job = jobs.get(job_id)
                 running = job is not None and job.state == JobState.RUNNING
@@ -247,7 +557,42 @@ class SchedulingLoop:
                 job = jobs.get(job_id)
                 if job is not None and job.state is queued and job.reason != why:
                     job.reason = why  # (a job started above is no longer queued)
-        else:
+        elif not plan.quick:
             self.expected_start, self.waiting_on = {}, {}
         self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)
-        self.last_pass_duration = plan.seconds + time.perf_counter() - t0
+        if timed:  # the loop paces itself by the passes it runs on the loop
+            self.last_pass_duration = plan.seconds + time.perf_counter() - t0
+
+
+def _pure_full(
+    now: float,
+    queued: list[JobRequest],
+    running: list[RunningJob],
+    arrays: dict[str, int],
+    found: Mapping[str, Sequence[DependencyTarget]],
+    usage: Mapping[str, float],
+    config: SchedulerConfig,
+    views: Sequence[NodeView],
+    reservations: Sequence[Reservation],
+) -> Plan:
+    """A full pass's verdicts from plain values: no controller state is read (so it may run
+    in a worker thread while the loop goes on)."""
+    t0 = time.perf_counter()
+    prepared = assemble(now, queued, running, arrays, found, usage, config, views, reservations)
+    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
+    capped: dict[str, list[str]] = {}
+    waiting = prepared.eligibility.waiting
+    for req in queued:  # tasks of one array share one verdict: kept for the quick passes
+        if req.array_id is not None and waiting.get(req.job_id, "").startswith(ARRAY_LIMIT):
+            capped.setdefault(req.array_id, []).append(req.job_id)
+    users = frozenset(r.user for r in prepared.eligibility.eligible)
+    seconds = time.perf_counter() - t0
+    return Plan(
+        now,
+        prepared.eligibility,
+        decisions,
+        seconds,
+        capped=capped,
+        queued=len(queued),
+        users=users,
+    )

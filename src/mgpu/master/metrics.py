@@ -13,6 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mgpu.master.looplag import LoopLag
 from mgpu.master.registry import NodeRecord
 from mgpu.model import Job, JobState, NodeState
 from mgpu.scheduler.types import SHARE_UNITS
@@ -84,6 +85,12 @@ class MetricsSource(Protocol):
     @property
     def job_metrics(self) -> JobMetrics: ...
 
+    @property
+    def last_full_pass_duration(self) -> float: ...
+
+    @property
+    def loop_lag(self) -> LoopLag: ...
+
     def stored_counts(self) -> dict[str, int]: ...
 
 
@@ -121,7 +128,14 @@ def render_metrics(cluster: MetricsSource) -> str:
     started.inc(cluster.counters["started"])
     passes = Gauge("mgpu_scheduler_pass_seconds", "Duration of the last pass", registry=reg)
     passes.set(cluster.last_pass_duration)
+    full = Gauge(
+        "mgpu_scheduler_full_pass_seconds",
+        "Wall time of the last full pass of a long queue (off the event loop)",
+        registry=reg,
+    )
+    full.set(cluster.last_full_pass_duration)
     text = generate_latest(reg).decode()
+    text += generate_latest(cluster.loop_lag.registry).decode()
     return text + generate_latest(cluster.job_metrics.registry).decode()
 
 

@@ -13,7 +13,6 @@ squeue does; the JSON of `mgpu queue --json` is never folded.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from array import array
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +23,7 @@ import orjson
 from fastapi import HTTPException
 
 from mgpu.master import arrays
+from mgpu.master.turns import bulk_turn
 from mgpu.model import Job, JobState
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ async def _folds(cl: Cluster, ids: tuple[str, ...], flt: JobFilter) -> dict[str,
                 continue
             if flt(job):
                 folded.setdefault(job.array_job_id, array("q")).append(job.array_task_id or 0)
-        await asyncio.sleep(0)
+        await bulk_turn()
     return folded
 
 
@@ -151,7 +151,7 @@ async def queue_answer(
             more = bool(jobs)
             if more:
                 break
-            await asyncio.sleep(0)
+            await bulk_turn()
             continue
         if limit and len(listed) + len(jobs) > limit:
             jobs = jobs[: limit - len(listed)]
@@ -160,7 +160,7 @@ async def queue_answer(
             yield (b"" if first else b", ") + _render(jobs, public).encode()
             first = False
             listed.update(dict.fromkeys(j.id for j in jobs))
-        await asyncio.sleep(0)
+        await bulk_turn()
         if more:
             break
     if include_finished and not more:
@@ -171,7 +171,7 @@ async def queue_answer(
                 finished[i : i + SLICE], lambda j: j.to_public()
             ).encode()
             first = False
-            await asyncio.sleep(0)
+            await bulk_turn()
     end = f'], "nodes": {json.dumps(cl.nodes_public())}'
     if more:
         end += f', "next": {json.dumps(next(reversed(listed)))}'
@@ -187,7 +187,7 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
         for task_id, stored, _ in rows:
             job = cl.active_job(task_id)
             states[task_id] = job.state.value if job is not None else stored
-        await asyncio.sleep(0)
+        await bulk_turn()
     if not states:
         return None
     if "" in states.values():  # ended tasks of an array stored as one row: their rows say
@@ -197,7 +197,7 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
                 if states.get(task_id) == "":
                     states[task_id] = stored
             after = rows[-1][0]
-            await asyncio.sleep(0)
+            await bulk_turn()
     counts: dict[str, int] = {}
     for state in states.values():
         counts[state] = counts.get(state, 0) + 1
@@ -207,7 +207,7 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
     for i in range(0, len(shown), SLICE):
         found = cl.get_jobs(list(shown[i : i + SLICE]))
         parts.append(_render([found[t] for t in shown[i : i + SLICE] if t in found], cl.public_job))
-        await asyncio.sleep(0)
+        await bulk_turn()
     text = ", ".join(p for p in parts if p)
     counts_text = json.dumps(dict(sorted(counts.items())))
     return (
@@ -241,6 +241,6 @@ async def json_in_slices(body: dict[str, Any], size: int = 10000) -> str:
         pieces = []
         for i in range(0, len(value), size):
             pieces.append(json.dumps(list(value[i : i + size]))[1:-1])
-            await asyncio.sleep(0)
+            await bulk_turn()
         parts.append(f"{json.dumps(key)}: [{', '.join(p for p in pieces if p)}]")
     return "{" + ", ".join(parts) + "}"

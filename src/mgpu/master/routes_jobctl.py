@@ -12,7 +12,6 @@ request's one audit event written with the first.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.jobctl import Actor, Change, NotAllowed
 from mgpu.master.sentences import validation_sentence
 from mgpu.master.submit import JobSpec, SubmitError
+from mgpu.master.turns import bulk_turn
 from mgpu.model import Job
 
 __all__ = ["make_jobctl_router"]
@@ -90,7 +90,7 @@ def make_jobctl_router(
                     get_cluster().uow.flush(
                         event=event, detail=f"every task of the array {detail}".strip()
                     )
-                    await asyncio.sleep(0)
+                    await bulk_turn()
         except NotAllowed as e:
             raise deny(request, f"{kind} {job_id}", str(e)) from None
         except Conflict as e:

@@ -33,6 +33,9 @@ from mgpu.scheduler import (
 
 __all__ = [
     "Prepared",
+    "assemble",
+    "collect",
+    "dependency_targets",
     "job_request",
     "node_views",
     "prepare",
@@ -165,6 +168,7 @@ def prepare(
     reservations: Sequence[Reservation] = (),
     views: Sequence[NodeView] | None = None,
     requests: Mapping[str, JobRequest] | None = None,
+    users: frozenset[str] = frozenset(),
 ) -> Prepared:
     """Everything one scheduling pass needs, from the master's jobs (in submit order).
 
@@ -172,8 +176,34 @@ def prepare(
     its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
     or in its store), for dependencies not in `known_met`.  `views`: the nodes' views when
     the caller keeps them (master/nodeindex.py); else made from `nodes`.  `requests`: the
-    caller's cache of `request_for`'s answers (by job id), looked in first.
+    caller's cache of `request_for`'s answers (by job id), looked in first.  `users`: see
+    `Snapshot.users`.
     """
+    queued, running, array_running = collect(now, jobs, request_for, requests)
+    found = dependency_targets(queued, known_met, targets)
+    return assemble(
+        now,
+        queued,
+        running,
+        array_running,
+        found,
+        usage.snapshot(now, running),
+        config,
+        node_views(nodes) if views is None else views,
+        reservations,
+        users,
+    )
+
+
+def collect(
+    now: float,
+    jobs: Iterable[Job],
+    request_for: Callable[[Job], JobRequest] = job_request,
+    requests: Mapping[str, JobRequest] | None = None,
+    running_for: Callable[[Job, float], RunningJob] = running_job,
+) -> tuple[list[JobRequest], list[RunningJob], dict[str, int]]:
+    """The queued jobs' requests, the running jobs (`running_for`: the master keeps them),
+    and each array's running tasks."""
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
     array_running: dict[str, int] = {}
@@ -186,21 +216,48 @@ def prepare(
         if state is queued_state:
             queued.append(cached(j.id) or request_for(j))
         elif state is running_state:
-            running.append(running_job(j, now))
+            running.append(running_for(j, now))
             if j.array_job_id is not None:
                 array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1
+    return queued, running, array_running
+
+
+def dependency_targets(
+    queued: Iterable[JobRequest],
+    known_met: Set[tuple[str, str]],
+    targets: Callable[[str], Sequence[DependencyTarget]],
+) -> dict[str, tuple[DependencyTarget, ...]]:
+    """The targets of the queued jobs' dependencies not known to be met (looked up by the
+    caller: in memory or in its store, so on its own thread)."""
     wanted = {d.job_id for r in queued for d in r.dependencies if d not in known_met}
-    found = {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
+    return {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
+
+
+def assemble(
+    now: float,
+    queued: Sequence[JobRequest],
+    running: Sequence[RunningJob],
+    array_running: Mapping[str, int],
+    found: Mapping[str, Sequence[DependencyTarget]],
+    usage: Mapping[str, float],
+    config: SchedulerConfig,
+    views: Sequence[NodeView],
+    reservations: Sequence[Reservation] = (),
+    users: frozenset[str] = frozenset(),
+) -> Prepared:
+    """Eligibility, then the snapshot of what may start.  Pure (plain values in, new values
+    out): the master may run it off its event loop."""
     verdict = eligibility(queued, now, found, array_running)
     if not verdict.eligible:
         return Prepared(verdict, None)
     snapshot = Snapshot(
         now=now,
-        nodes=node_views(nodes) if views is None else views,
+        nodes=views,
         pending=verdict.eligible,
         running=running,
-        usage=usage.snapshot(now, running),  # running work counts too, as in Slurm
+        usage=usage,  # running work counts too, as in Slurm
         config=config,
         reservations=reservations,
+        users=users,
     )
     return Prepared(verdict, snapshot)

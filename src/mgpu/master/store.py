@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from mgpu.master import arrays
+from mgpu.master.walcheckpoint import Checkpointer
 from mgpu.model import Job
 
 SCHEMA = """
@@ -89,6 +90,11 @@ class Store:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
+        self._checkpointer: Checkpointer | None = None
+        if path != MEMORY:  # checkpoints off the event loop (walcheckpoint.py)
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = Checkpointer(path)
+            self._checkpointer.start()
         self.db.executescript(SCHEMA)
         row = self.db.execute(
             "SELECT MAX(COALESCE((SELECT MAX(seq) FROM jobs), 0), "
@@ -101,6 +107,8 @@ class Store:
         seq, so it keeps its place in the queue."""
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         self.db.close()
 
     # ---- jobs -------------------------------------------------------------

@@ -12,7 +12,7 @@ new reservation (or refuses with `ReservationError`), `could_fit_reservation` ch
 """
 
 from .core import schedule
-from .eligibility import DependencyTarget, Eligibility, eligibility
+from .eligibility import ARRAY_LIMIT, DependencyTarget, Eligibility, eligibility
 from .placement import FreePool, could_ever_fit, place, requested_gpus, wait_reason
 from .priority import compute_priorities, fairshare_factors, running_priorities
 from .reservations import (
@@ -41,6 +41,7 @@ from .types import (
 from .usage import UsageLedger
 
 __all__ = [
+    "ARRAY_LIMIT",
     "RESERVATION_PREFIX",
     "SHARE_UNITS",
     "Decisions",

@@ -176,6 +176,7 @@ class _Pass:
             negated = [-p for p in priorities]
             order.sort(key=negated.__getitem__)
         full_order = order
+        d.order = [ids[i] for i in order]
         if self.reservations:
             # A reservation's jobs use its GPUs alone: scanned apart, first.
             member = [j.reservation is not None for j in pending]

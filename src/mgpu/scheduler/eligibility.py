@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 
 from .types import Dependency, JobRequest
 
-__all__ = ["COMPLETED", "HELD", "DependencyTarget", "Eligibility", "backoff_reason", "eligibility"]
+__all__ = [
+    "ARRAY_LIMIT",
+    "COMPLETED",
+    "HELD",
+    "DependencyTarget",
+    "Eligibility",
+    "backoff_reason",
+    "eligibility",
+]
 
 COMPLETED = "completed"
 """The final state that satisfies `afterok` (any other satisfies `afternotok`)."""
@@ -37,6 +45,8 @@ COMPLETED = "completed"
 _CANCELLED = "cancelled"
 HELD = "held"
 """The reason a held job shows."""
+ARRAY_LIMIT = "array limit of "
+"""How the reason of a task held back by its array's `%N` begins."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +104,7 @@ def eligibility(
         cap, array_id = job.array_max_running, job.array_id
         if cap is not None and array_id is not None:
             if running.get(array_id, 0) >= cap:
-                out.waiting[job.job_id] = f"array limit of {cap} running tasks"
+                out.waiting[job.job_id] = f"{ARRAY_LIMIT}{cap} running tasks"
                 continue
             running[array_id] = running.get(array_id, 0) + 1  # counts for its siblings
         eligible.append(job)

@@ -86,10 +86,12 @@ def weighted_fairshare(snapshot: Snapshot) -> dict[str, float]:
     """Each user's fairshare term (weight × factor) for this snapshot.
 
     Users of pending and running jobs alike take part, so waiting and running jobs are
-    weighed against one another with the same numbers.
+    weighed against one another with the same numbers; so do `Snapshot.users` (a pass over
+    the head of a long queue weighs its users as the full pass does).
     """
     users = {j.user for j in snapshot.pending}
     users.update(r.user for r in snapshot.running)
+    users.update(snapshot.users)
     cfg = snapshot.config
     factors = fairshare_factors(users, cfg.shares, snapshot.usage)
     weight = cfg.weights.fairshare

@@ -152,16 +152,18 @@ class RunningJob:
     preemptible: bool = False
     submit_time: float | None = None
     """When the job was submitted (its age); None = `start_time`."""
+    # Derived once: every pass reads it for every running job (usage, per-user counts).
+    gpu_units: int = field(init=False, repr=False, compare=False)
+    """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
+
+    def __post_init__(self) -> None:
+        units = sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
+        object.__setattr__(self, "gpu_units", units)
 
     @property
     def gpus(self) -> int:
         """GPUs the job runs on, a shared one counting as one."""
         return sum(len(p.gpu_ids) for p in self.placements)
-
-    @property
-    def gpu_units(self) -> int:
-        """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
-        return sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
 
     @property
     def gpu_amount(self) -> float:
@@ -236,6 +238,9 @@ class Snapshot:
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     reservations: Sequence[Reservation] = ()
     """Active and future reservations (those ended are left out)."""
+    users: frozenset[str] = frozenset()
+    """Users with queued jobs besides those of `pending`: they take part in the fairshare
+    normalisation (a pass over the head of a long queue weighs users as the full pass)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +267,6 @@ class Decisions:
     order they let go of them — job ids (running, or queued ahead of it and planned earlier)
     and `reservation:NAME` entries; under fifo/priority first the job ahead that it may not
     pass; at most 16 (the last before its start); empty when it could start now."""
+    order: list[str] = field(default_factory=list)
+    """The pending jobs' ids in the order the pass took them (priority order; submit order
+    under fifo): the master's quick passes start from its head."""

@@ -1,0 +1,65 @@
+"""How long the master's event loop is held: a task that measures its own oversleep.
+
+`LoopLag.run` sleeps `INTERVAL` again and again; each time it wakes later than asked, the
+difference is how long something else held the loop (a callback, a request, a pass) or, on
+a busy machine, how long the process waited for a CPU.  Every hold is observed in a
+Prometheus histogram (`mgpu_event_loop_hold_seconds`) and the longest one since start is a
+gauge (`mgpu_event_loop_hold_max_seconds`), both in /metrics; a hold of `SLOW` or more is
+logged with its time and how much of it the loop's thread spent running (its CPU time):
+the rest it waited, for a CPU on a busy machine or for the GIL held by a worker thread.
+A request that queues behind others (a flood of connections) shows as latency elsewhere;
+a callback that holds the loop shows here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+__all__ = ["INTERVAL", "SLOW", "LoopLag"]
+
+log = logging.getLogger("mgpu.master")
+
+INTERVAL = 0.01
+"""Seconds the monitor sleeps between two looks (1 % of a core or less)."""
+SLOW = 0.1
+"""A hold this long or longer is logged (seconds): the master's target is none."""
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class LoopLag:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.holds = Histogram(
+            "mgpu_event_loop_hold_seconds",
+            "How long the event loop was held past a 10 ms sleep, each time it was",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.longest = Gauge(
+            "mgpu_event_loop_hold_max_seconds",
+            "The longest the event loop was held since the master started",
+            registry=self.registry,
+        )
+        self.max = 0.0
+
+    def observe(self, held: float, running: float | None = None) -> None:
+        self.holds.observe(held)
+        if held >= SLOW:
+            ran = "" if running is None else f" ({running * 1000:.0f} ms of it running)"
+            log.warning("event loop held for %d ms%s", held * 1000, ran)
+        if held > self.max:
+            self.max = held
+            self.longest.set(held)
+
+    async def run(self) -> None:
+        clock, cpu = time.perf_counter, time.thread_time
+        while True:
+            before, ran = clock(), cpu()
+            await asyncio.sleep(INTERVAL)
+            held = clock() - before - INTERVAL
+            if held > 0.001:  # under a millisecond is the loop's own granularity
+                self.observe(held, cpu() - ran)

@@ -1,0 +1,154 @@
+"""Passes over a long queue: quick passes look at its head, full passes reach every job.
+
+The loop's thresholds are lowered (`long_queue`, `quick_depth`) so that a few dozen jobs
+make a "long" queue: the rules are the same at 100,000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from harness import Harness, _run
+
+from mgpu.model import JobState
+
+DEPTH = 5
+
+
+@pytest.fixture
+def long(h: Harness) -> Harness:
+    h.cl.loop.long_queue = 10
+    h.cl.loop.quick_depth = DEPTH
+    return h
+
+
+def full(h: Harness) -> None:
+    """A full pass as the loop runs it (inline here), then the quick pass it wakes."""
+    _run(h.cl.loop.full_pass(offload=False))
+    h.tick()
+
+
+def queued(h: Harness) -> list[str]:
+    return [j.id for j in h.cl.state.jobs.values() if j.state == JobState.QUEUED]
+
+
+def test_a_short_queue_gets_a_full_pass_every_time(long: Harness) -> None:
+    long.cl.loop.long_queue = 100
+    long.agent("n1", gpus=1)
+    long.start("sleep", gpus=1)
+    ids = [long.submit() for _ in range(20)]
+    assert not long.cl.loop.long
+    long.tick()
+    assert all(long.job(i).reason for i in ids)
+    assert set(ids) <= long.cl.loop.priorities.keys()
+
+
+def test_a_quick_pass_looks_at_the_head_of_the_queue_only(long: Harness) -> None:
+    long.agent("n1", gpus=1)
+    long.start("sleep", gpus=1)
+    ids = [long.submit() for _ in range(40)]
+    assert long.cl.loop.long
+    full(long)
+    plan = long.cl.loop.quick_plan()
+    assert [r.job_id for r in plan.eligibility.eligible] == ids[:DEPTH]
+    assert plan.decisions is not None and set(plan.decisions.reasons) == set(ids[:DEPTH])
+    # Jobs queued since the last full pass are looked at too, the first few of them.
+    later = [long.submit() for _ in range(2 * DEPTH)]
+    plan = long.cl.loop.quick_plan()
+    assert [r.job_id for r in plan.eligibility.eligible] == ids[:DEPTH] + later[:DEPTH]
+
+
+def test_the_full_pass_reaches_every_queued_job(long: Harness) -> None:
+    long.agent("n1", gpus=2)
+    long.start("sleep", gpus=2)
+    ids = [long.submit(gpus=1 + i % 2) for i in range(40)]
+    array_id = long.submit(array="0-29%2")
+    tasks = [f"{array_id}_{i}" for i in range(30)]
+    long.tick()  # a quick pass: the head only
+    assert long.job(ids[-1]).reason == "waiting to be scheduled"  # not judged yet
+    loop = long.cl.loop
+    quick = loop.last_pass_duration
+    _run(loop.full_pass(offload=False))
+    # The loop paces itself by its quick passes: the full one's time is kept apart.
+    assert loop.last_pass_duration == quick and loop.last_full_seconds > 0
+    for job_id in ids + tasks:
+        assert long.job(job_id).reason != "waiting to be scheduled", job_id
+    assert set(ids) <= loop.priorities.keys()
+    assert set(ids) <= loop.expected_start.keys()  # every one within the planner's budget
+    assert long.job(tasks[-1]).reason == "array limit of 2 running tasks"
+
+
+def test_the_full_pass_in_a_worker_thread_gives_what_it_gives_inline(
+    make_harness: type[Harness],
+) -> None:
+    hs = [make_harness(), make_harness()]
+    for h in hs:
+        h.cl.loop.long_queue = 10
+        h.agent("n1", gpus=2)
+        h.start("sleep", gpus=2)
+        for i in range(30):
+            h.submit(gpus=1 + i % 2, priority=i % 7)
+    _run(hs[0].cl.loop.full_pass(offload=False))
+    asyncio.run(hs[1].cl.loop.full_pass(offload=True))
+    # Job ids differ from one harness to the other: compared by submit position.
+    reasons = [[j.reason for j in h.cl.state.jobs.values()] for h in hs]
+    orders = [[list(h.cl.state.jobs).index(i) for i in h.cl.loop._order] for h in hs]
+    assert reasons[0] == reasons[1] and orders[0] == orders[1] and len(orders[0]) == 30
+
+
+def test_the_head_starts_first_when_gpus_free_up(long: Harness) -> None:
+    a = long.agent("n1", gpus=1)
+    blocker = long.start("sleep", gpus=1)
+    ids = [long.submit() for _ in range(40)]
+    full(long)
+    urgent = long.submit(priority=1000)  # queued after the full pass: fresh
+    a.exited(blocker)
+    long.tick()
+    assert long.job(urgent).state == JobState.RUNNING
+    assert all(long.job(i).state == JobState.QUEUED for i in ids)
+
+
+def test_backfill_in_a_quick_pass_never_delays_the_head(long: Harness) -> None:
+    long.agent("n1", gpus=4)
+    long.start("sleep", gpus=3, time="10")  # 3 of 4 GPUs for 10 minutes
+    head = long.submit(gpus=4, priority=1000)
+    long_one = long.submit(gpus=1, time="60")  # would hold the 4th GPU past the head's start
+    filler = [long.submit(gpus=2) for _ in range(30)]
+    full(long)
+    short = long.submit(gpus=1, time="5")  # ends before the head can start: may backfill
+    long.tick()
+    assert long.job(head).state == JobState.QUEUED
+    assert long.job(long_one).state == JobState.QUEUED
+    assert long.job(short).state == JobState.RUNNING
+    assert all(long.job(i).state == JobState.QUEUED for i in filler)
+
+
+def test_an_array_at_its_cap_starts_its_next_task_in_a_quick_pass(long: Harness) -> None:
+    a = long.agent("n1", gpus=4)
+    array_id = long.submit(array="0-99%2")
+    task = [f"{array_id}_{i}" for i in range(100)]
+    long.tick()
+    full(long)
+    running = [t for t in task if long.job(t).state == JobState.RUNNING]
+    assert running == task[:2]
+    for t in running:
+        a.started(t)
+    a.exited(task[0])
+    long.tick()  # no full pass in between
+    assert [t for t in task if long.job(t).state == JobState.RUNNING] == [task[1], task[2]]
+    plan = long.cl.loop.quick_plan()
+    assert len(plan.eligibility.eligible) + len(plan.eligibility.waiting) <= 2 + DEPTH
+
+
+def test_a_running_jobs_view_is_kept_until_what_it_is_made_of_changes(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    job = h.job(h.start("sleep", gpus=1, time="10"))
+    loop = h.cl.loop
+    first = loop.running_for(job, h.clock.now)
+    assert loop.running_for(job, h.clock.now + 5) is first and first.time_limit == 600
+    job.time_limit = 1200.0  # as `mgpu update` does
+    second = loop.running_for(job, h.clock.now)
+    assert second is not first and second.time_limit == 1200
+    job.epoch += 1  # started again (on other GPUs, perhaps)
+    assert loop.running_for(job, h.clock.now) is not second
