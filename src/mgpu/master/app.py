@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import orjson
 from fastapi import FastAPI, HTTPException, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
@@ -237,7 +238,7 @@ def create_app(
             if body is None:
                 raise NotFound(job_id)
             return Response(body, media_type="application/json")
-        return JSONResponse(c().public_job(job))
+        return _json_response(c().public_job(job))
 
     @app.get("/api/jobs/{job_id}/wait")
     async def wait(job_id: str, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
@@ -247,7 +248,7 @@ def create_app(
             job = find(job_id)
             left = deadline - time.monotonic()
             if job.terminal or left <= 0:
-                return c().public_job(job)
+                return _json_response(c().public_job(job))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(c().job_event(job_id).wait(), timeout=left)
 
@@ -281,10 +282,10 @@ def create_app(
         parts = []
         for i in range(0, len(body.ids), LOOKUP_SLICE):
             part = [c().public_job(jobs[j]) for j in body.ids[i : i + LOOKUP_SLICE]]
-            parts.append(json.dumps(part)[1:-1])
+            parts.append(_json_bytes(part)[1:-1])
             await asyncio.sleep(0)
-        body_text = '{"jobs": [' + ",".join(p for p in parts if p) + "]}"
-        return Response(body_text, media_type="application/json")
+        body_bytes = b'{"jobs": [' + b",".join(p for p in parts if p) + b"]}"
+        return Response(body_bytes, media_type="application/json")
 
     @app.post("/api/jobs/{job_id}/cancel")
     async def cancel(job_id: str, request: Request) -> Response:
@@ -569,6 +570,19 @@ def create_app(
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
+
+
+def _json_bytes(body: Any) -> bytes:
+    """Jobs as JSON: orjson (ten times quicker than json on them; FastAPI's encoder walks
+    each value in Python first); json for what orjson refuses (a lone surrogate)."""
+    try:
+        return orjson.dumps(body)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(body).encode()
+
+
+def _json_response(body: Any) -> Response:
+    return Response(_json_bytes(body), media_type="application/json")
 
 
 async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
