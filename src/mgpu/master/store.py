@@ -13,6 +13,7 @@ import json
 import sqlite3
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,11 @@ class Store:
         event: tuple[str, str | None, str | None, str] | None = None,
         detail: str | None = None,
         meta: tuple[str, str] | None = None,
+        events: Sequence[tuple[str, str | None, str | None, str]] = (),
     ) -> None:
         """Write jobs in one transaction (a whole array is stored or nothing), with an
-        optional audit event (kind, actor, address, target; detail) and meta value (key,
-        value) in the same one: one commit, not one each."""
+        optional audit event (kind, actor, address, target; detail), more `events` without
+        a detail, and a meta value (key, value) in the same one: one commit, not one each."""
         rows = []
         for job in jobs:
             self._seq += 1
@@ -151,6 +153,12 @@ class Store:
                     "INSERT INTO events(time, kind, actor, address, target, detail) "
                     "VALUES (?,?,?,?,?,?)",
                     (time.time(), *event, detail),
+                )
+            if events:
+                now = time.time()
+                self.db.executemany(
+                    "INSERT INTO events(time, kind, actor, address, target) VALUES (?,?,?,?,?)",
+                    [(now, *e) for e in events],
                 )
             if meta is not None:
                 self._set_meta(*meta)
