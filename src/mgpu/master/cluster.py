@@ -58,6 +58,7 @@ from mgpu.master.state import ControllerState
 from mgpu.master.steps import Step
 from mgpu.master.store import Store
 from mgpu.master.submit import JobSpec, SubmitDefaults, SubmitError, build_template
+from mgpu.master.submitbatch import SubmitBatch
 from mgpu.master.turns import bulk_turn
 from mgpu.master.unitofwork import UnitOfWork
 from mgpu.model import EndReason, Job, JobState, NodeState
@@ -147,6 +148,7 @@ class Cluster:
         self.life.on_end.append(self.notifier.job_ended)
         self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
         self._ids_in_admission: set[str] = set()
+        self.submits = SubmitBatch(store)
         self._unjudged: set[str] = set()
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
@@ -244,8 +246,21 @@ class Cluster:
         finally:
             self._ids_in_admission.discard(base_id)
         event = ("submit", template.user, address, base_id)
+
+        def known() -> None:  # right after the write: a job on disk is a job in memory
+            self.jobs.update((job.id, job) for job in jobs)
+            if array is None:
+                self.loop.queued(jobs)
+            if held_by_client(template):
+                self.sessions.track(jobs)
+            if not ctx.nodes:
+                self._unjudged.update(job.id for job in jobs)
+                if self.state.any_node_joined():  # while the site validator ran
+                    self._judge_unjudged_later()
+            self.state.wake()
+
         if array is None:
-            self.store.save_jobs(jobs, event=event)
+            await self.submits.write(jobs, event, known)  # this turn's submits: one commit
         else:
             try:
                 self.store.save_array(template, list(array.indices), array.max_running, event)
@@ -253,18 +268,12 @@ class Cluster:
                 for job in jobs:
                     self.loop.forget(job)
                 raise
-        self.jobs.update((job.id, job) for job in jobs)
-        for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
-            if i:
-                await bulk_turn()
-            self.loop.queued(jobs[i : i + QUEUED_SLICE])
-        if held_by_client(template):
-            self.sessions.track(jobs)
-        if not ctx.nodes:
-            self._unjudged.update(job.id for job in jobs)
-            if self.state.any_node_joined():  # while the site validator ran
-                self._judge_unjudged_later()
-        self.state.wake()
+            known()
+            for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
+                if i:
+                    await bulk_turn()
+                self.loop.queued(jobs[i : i + QUEUED_SLICE])
+            self.state.wake()
         task_ids = tuple(j.id for j in jobs) if array is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
 
@@ -294,7 +303,12 @@ class Cluster:
 
     def _new_job_id(self) -> str:
         job_id = specs.new_job_id()
-        while job_id in self.jobs or job_id in self._ids_in_admission or self.store.has_job(job_id):
+        while (
+            job_id in self.jobs
+            or job_id in self._ids_in_admission
+            or job_id in self.submits.ids
+            or self.store.has_job(job_id)
+        ):
             job_id = specs.new_job_id()
         return job_id
 

@@ -1,0 +1,62 @@
+"""The store keeps the jobs it last wrote as ended (master/store.py, RECENTLY_ENDED): read
+back from memory, equal to what is on disk, bounded, and only once the write committed."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from mgpu.master import store as store_module
+from mgpu.master.store import MEMORY, Store
+from mgpu.model import Job, JobState
+
+
+def _job(job_id: str, state: JobState = JobState.COMPLETED) -> Job:
+    job = Job(id=job_id, user="alice", argv=["true"], command="true", submit_time=1.0)
+    job.state = state
+    if state.terminal:
+        job.end_time, job.exit_code = 2.0, 0
+    return job
+
+
+def _on_disk(store: Store, job_id: str) -> Job:
+    row = store.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
+    return Job.from_record(json.loads(row[0]))
+
+
+def test_an_ended_job_is_read_back_from_memory_as_it_is_on_disk() -> None:
+    store = Store(MEMORY)
+    ended, running = _job("e1"), _job("r1", JobState.RUNNING)
+    store.save_jobs([ended, running])
+    assert store.get_job("e1") is ended  # no query, no Job.from_record
+    assert store.get_jobs(["e1", "r1", "nope"])["e1"] is ended
+    assert store.get_job("e1") == _on_disk(store, "e1")
+    # A job still running is read from disk: the controller has the live one.
+    assert store.get_job("r1") is not running
+    assert store.get_job("r1") == running
+    assert set(store.get_jobs(["e1", "r1", "nope"])) == {"e1", "r1"}
+
+
+def test_only_the_last_jobs_that_ended_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "RECENTLY_ENDED", 3)
+    store = Store(MEMORY)
+    jobs = [_job(f"j{i}") for i in range(5)]
+    for job in jobs:
+        store.save_jobs([job])
+    assert [store.get_job(j.id) is j for j in jobs] == [False, False, True, True, True]
+    assert store.get_job("j0") == jobs[0]  # from disk, all the same
+    store.save_jobs(jobs[:1])  # written again: the most recent now
+    assert store.get_job("j0") is jobs[0] and store.get_job("j2") is not jobs[2]
+
+
+def test_a_write_that_failed_is_not_remembered() -> None:
+    store = Store(MEMORY)
+    job = _job("x1")
+    store.db.execute(
+        "CREATE TRIGGER no_x BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'x'); END"
+    )
+    with pytest.raises(sqlite3.IntegrityError):
+        store.save_jobs([job], event=("submit", "alice", None, "x1"))
+    assert store.get_job("x1") is None
