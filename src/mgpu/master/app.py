@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from mgpu import execspec, spec
 from mgpu.config import ClusterConfig
 from mgpu.master import gcpause
-from mgpu.master.attach import make_attach_router
+from mgpu.master.attach import follow_line, make_attach_router
 from mgpu.master.auth import BadTokenThrottle, Identity, TokenStore
 from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.dashboard import make_router as dashboard_router
@@ -54,7 +54,7 @@ from mgpu.master.steps import Step
 from mgpu.master.store import Store
 from mgpu.master.submit import SubmitError
 from mgpu.master.turns import bulk_turn
-from mgpu.model import Job, JobState
+from mgpu.model import Job
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
 from mgpu.tlsutil import ensure_ca
 
@@ -620,14 +620,10 @@ async def _output_stream(
             job = cluster.get_job(job_id)
             if job is None:
                 return
-            if job.terminal:  # and the file has been read to its end just now
-                end = {"end": True, "state": job.state.value, "exit_code": job.exit_code}
-                end["reason"] = job.reason
-                yield (json.dumps(end) + "\n").encode()
+            status = follow_line(cluster, job)
+            if "end" in status:  # and the file has been read to its end just now
+                yield (json.dumps(status) + "\n").encode()
                 return
-            status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
-            if job.state == JobState.QUEUED:
-                status["position"] = cluster.queue_position(job)
             if status != last_status:
                 last_status = status
                 yield (json.dumps(status) + "\n").encode()

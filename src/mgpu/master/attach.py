@@ -238,6 +238,22 @@ async def _either(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
             w.cancel()
 
 
+def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
+    """What a follower of `job` is told now: its end once it has ended, else its state and
+    reason (and place in the queue while queued)."""
+    if job.terminal:
+        return {
+            "end": True,
+            "state": job.state.value,
+            "exit_code": job.exit_code,
+            "reason": job.reason,
+        }
+    status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
+    if job.state == JobState.QUEUED:
+        status["position"] = cl.queue_position(job)
+    return status
+
+
 async def _job_feed(cl: Cluster, job_id: str, since: int, output: bool) -> AsyncIterator[str]:
     """A job's lines (see the module docstring), woken by its output and its changes."""
     wake = cl.outputs.subscribe(job_id)
@@ -254,13 +270,10 @@ async def _job_feed(cl: Cluster, job_id: str, since: int, output: bool) -> Async
             job = cl.get_job(job_id)
             if job is None:
                 return
-            if job.terminal:  # and its output has been read to the end just now
-                end = {"end": True, "state": job.state.value, "exit_code": job.exit_code}
-                yield _line({**end, "reason": job.reason})
+            status = follow_line(cl, job)
+            if "end" in status:  # and its output has been read to the end just now
+                yield _line(status)
                 return
-            status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
-            if job.state == JobState.QUEUED:
-                status["position"] = cl.queue_position(job)
             if status != last:
                 last = status
                 yield _line(status)
