@@ -158,6 +158,47 @@ def test_mpi_hostfile_of_another_user_is_private_and_removed(tmp_path: Path) -> 
     assert not os.path.exists(hosts)  # removed with the run's spool files
 
 
+@ROOT_ONLY
+def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path) -> None:
+    """A finished run's stdout, stderr and exit files go to a pool of its user's and the
+    next run of that user gets them (emptied); another user's run never does."""
+    nobody = pwd.getpwnam("nobody")
+    me = (os.geteuid(), os.getegid(), os.getgroups())
+    them = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid])
+
+    async def run_one(launcher: Launcher, job: str, ids: Any) -> tuple[set[int], str]:
+        run = launcher.launch(job, 1, ["/bin/sh", "-c", f"echo {job}"], {}, "/", None, 1.0, ids)
+        paths = (run.rec.out_path, run.rec.err_path, run.rec.exit_path)
+        inodes = {os.stat(p).st_ino for p in paths}
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        assert launcher.exit_code(run) == 0
+        out = Path(run.rec.out_path).read_text()
+        launcher.finish(run)
+        return inodes, out
+
+    async def pooled(launcher: Launcher, key: str, count: int) -> list[str]:
+        while launcher._trash or len(launcher.pool.free.get(key, [])) < count:
+            await asyncio.sleep(0.02)
+        return launcher.pool.free[key]
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        sweeper = asyncio.create_task(launcher.sweep(interval=0.02))
+        first, _ = await run_one(launcher, "j1", me)
+        await asyncio.wait_for(pooled(launcher, str(me[0]), 2), 10)
+        other, _ = await run_one(launcher, "j2", them)
+        assert not first & other
+        again, out = await run_one(launcher, "j3", me)
+        assert again == first and out == "j3\n"  # the same files, only the new run's output
+        # The exit file a job of `nobody` could write to stays theirs, in their own pool.
+        exits = await asyncio.wait_for(pooled(launcher, f"{them[0]}x", 1), 10)
+        assert [os.stat(p).st_uid for p in exits] == [them[0]]
+        sweeper.cancel()
+
+    asyncio.run(scenario())
+
+
 # ---- a real cluster -----------------------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal
+from mgpu.agent import cgroups, devices, jobscript, jobsignal, recycle
 from mgpu.agent.spawn import (
     PTY_SHIM,
     READ_CHUNK,
@@ -102,6 +102,9 @@ class RunRecord:
     """The job script written for this run (mgpu.agent.jobscript), removed with it."""
     pty: bool = False
     """Runs on a terminal the agent held (it did not survive an agent restart)."""
+    pool: str = ""
+    """The pool its stdout, stderr and exit files go back to at its end (its user's uid:
+    mgpu.agent.recycle); empty: they are removed."""
 
 
 @dataclass
@@ -131,7 +134,10 @@ class Launcher:
         self.on_output = on_output
         self.running: dict[tuple[str, int], Running] = {}
         """Keyed by (job id, epoch): an old run being killed and its successor can overlap."""
-        self._trash: list[str] = []
+        self._trash: list[tuple[str, str | None]] = []
+        """Files of ended runs, with the pool each goes back to (None: removed)."""
+        self.pool = recycle.Pool(str(spool))
+        self._uid = os.geteuid()
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
@@ -172,6 +178,7 @@ class Launcher:
             os.close(fd)
 
     def load_previous(self) -> list[RunRecord]:
+        self.pool.adopt()
         records = []
         for path in sorted(self.spool.glob("*.run")):
             try:
@@ -209,8 +216,13 @@ class Launcher:
         made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         fds: list[int] = []
+        # Files its processes hold go back to a pool of its user's only (mgpu.agent.recycle).
+        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
+        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
         try:
-            for path in (out_path, err_path, exit_path):
+            for path, key in ((out_path, pool), (err_path, pool), (exit_path, f"{pool}x")):
+                if pool:
+                    self.pool.take(key, path)
                 fds.append(os.open(path, flags, 0o600))
                 made.append(path)
         except OSError as e:
@@ -341,9 +353,11 @@ class Launcher:
             devices=guard if guard is not None and guard != cgroup else "",
             script=script_path,
             pty=term is not None,
+            pool=pool,
         )
         if warning is not None:
             rec.signal, rec.signal_lead, rec.signal_batch = warning
+        self.pool.take(recycle.RECORDS, self._record_path(rec))
         self.save(rec)
         run = Running(rec=rec, popen=popen, terminal=term)
         self._track(run)
@@ -532,22 +546,25 @@ class Launcher:
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
         if run.terminal is not None:
             run.terminal.close()
-        # Unlinked later, in a thread: with `discard` mounts an unlink can take
-        # milliseconds, which the event loop should not wait for.
+        # Emptied into the pool or unlinked later, in a thread: with `discard` mounts that
+        # can take milliseconds, which the event loop should not wait for.
         rec = run.rec
-        self._trash += [rec.out_path, rec.err_path, rec.exit_path, self._record_path(rec)]
+        pool = rec.pool or None
+        exits = f"{pool}x" if pool else None  # owned by the user: a pool of their own
+        self._trash += [(rec.out_path, pool), (rec.err_path, pool), (rec.exit_path, exits)]
+        self._trash.append((self._record_path(rec), recycle.RECORDS))
         if rec.hosts:
-            self._trash.append(rec.hosts)
+            self._trash.append((rec.hosts, None))
         if rec.script:
-            self._trash += [rec.script, os.path.dirname(rec.script)]
+            self._trash += [(rec.script, None), (os.path.dirname(rec.script), None)]
 
     async def sweep(self, interval: float = 1.0) -> None:
-        """Remove the spool files of finished runs, off the event loop."""
+        """Recycle or remove the spool files of finished runs, off the event loop."""
         while True:
             await asyncio.sleep(interval)
             if self._trash:
-                batch, self._trash = self._trash, []
-                await asyncio.to_thread(unlink_all, batch)
+                batch, self._trash = self.pool.names(self._trash), []
+                self.pool.recycled(await asyncio.to_thread(recycle.recycle, batch))
 
     # ---- stopping -----------------------------------------------------------
 
