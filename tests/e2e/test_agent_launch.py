@@ -199,6 +199,51 @@ def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path
     asyncio.run(scenario())
 
 
+@ROOT_ONLY
+def test_other_users_runs_start_through_the_spawner_with_their_ids_and_cgroup(
+    tmp_path: Path,
+) -> None:
+    """A root agent starts other users' shims through its spawner (no fork of itself):
+    they run as their user with their groups, in their run's cgroup; a spawner that died
+    is started again, and a run it had started still ends with its own exit code."""
+    nobody = pwd.getpwnam("nobody")
+    ids = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid, 100])
+    script = "id -u; id -G; cat /proc/self/cgroup; exit 5"
+
+    async def one(launcher: Launcher, job: str, argv: list[str]) -> Any:
+        return launcher.launch(job, 1, argv, {}, "/", None, 1.0, user_ids=ids)
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        containment = launcher.contain("spawn1", [])
+        run = await one(launcher, "j1", ["/bin/sh", "-c", script])
+        assert type(run.popen).__name__ == "Spawned"
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        assert launcher.exit_code(run) == 5
+        uid, groups, *cgroup_lines = Path(run.rec.out_path).read_text().splitlines()
+        assert int(uid) == nobody.pw_uid
+        assert sorted(map(int, groups.split())) == sorted({nobody.pw_gid, 100})
+        if containment.method != "process-tree":
+            assert any(line.endswith(run.rec.cgroup.split("/")[-1]) for line in cgroup_lines)
+        # A run going on while its spawner dies.
+        spawner = launcher.spawner
+        assert spawner is not None and spawner._proc is not None
+        long = await one(launcher, "j2", ["/bin/sh", "-c", "sleep 0.5; exit 4"])
+        os.kill(spawner._proc.pid, 9)
+        await asyncio.wait_for(long.exited.wait(), 20)
+        await launcher.kill_leftovers(long)
+        assert launcher.exit_code(long) == 4  # from its exit file
+        again = await one(launcher, "j3", ["/bin/sh", "-c", "id -u"])
+        await asyncio.wait_for(again.exited.wait(), 20)
+        await launcher.kill_leftovers(again)
+        assert launcher.exit_code(again) == 0
+        assert Path(again.rec.out_path).read_text() == f"{nobody.pw_uid}\n"
+        spawner.stop()
+
+    asyncio.run(scenario())
+
+
 # ---- a real cluster -----------------------------------------------------------------------
 
 

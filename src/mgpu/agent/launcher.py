@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal, recycle
+from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged, recycle
 from mgpu.agent.spawn import (
     PTY_SHIM,
     READ_CHUNK,
@@ -58,9 +58,11 @@ from mgpu.agent.spawn import (
     process_start_time,
     release_all,
     same_ids,
+    spawn_shim,
     start_shim,
     unlink_all,
 )
+from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
 
 __all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
@@ -110,7 +112,7 @@ class RunRecord:
 @dataclass
 class Running:
     rec: RunRecord
-    popen: subprocess.Popen[bytes] | None = None
+    popen: subprocess.Popen[bytes] | Spawned | None = None
     pidfd: int | None = None
     decoders: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
@@ -146,6 +148,8 @@ class Launcher:
         """Told when a terminal run wrote something (stored in its stdout file): send it."""
         self._home = os.path.expanduser("~")
         """The agent's own home (runs as the agent's user start there)."""
+        self.spawner = Spawner(privileged.base_env()) if self._uid == 0 else None
+        """Starts the shims of runs as other users (mgpu.agent.spawner): a root agent's."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -282,34 +286,47 @@ class Launcher:
                 made += [script_path, os.path.dirname(script_path)]
                 argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
+            spawner = None
             if user_ids is not None and not same_ids(*user_ids):
-                uid, gid, groups = user_ids
-                kwargs.update(user=uid, group=gid, extra_groups=groups)
+                if self.spawner is not None:
+                    spawner = self.spawner  # not a fork of the whole agent
+                else:
+                    uid, gid, groups = user_ids
+                    kwargs.update(user=uid, group=gid, extra_groups=groups)
             cgroup = cgroups.create(self.containment, job_id, epoch)
             if gpu_ids is not None:
                 try:
                     guard = devices.apply(self.isolation, job_id, epoch, gpu_ids, cgroup)
                 except devices.IsolationError as e:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
-            if cgroup is not None or guard is not None:
+            if cgroup is not None or guard is not None or spawner is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
-            shim = [SHIM, str(exit_fd)]
+            exit_no = "3" if spawner is not None else str(exit_fd)  # the spawner numbers it 3
+            shim = [SHIM, exit_no]
             if pty is not None:
                 owner = None if user_ids is None else user_ids[:2]
                 try:
                     term, slave = Terminal.open(pty[0], pty[1], owner, Path(out_path))
                 except OSError as e:
                     raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
-                shim = [PTY_SHIM, str(exit_fd), term.path]
-            popen = start_shim(
-                ["/bin/sh", "-c", *shim, cwd or home, *argv],
-                stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                stdout=out_fd if term is None else slave,
-                stderr=err_fd if term is None else slave,
-                env=full_env,
-                pass_fds=(exit_fd,),
-                **kwargs,
-            )
+                shim = [PTY_SHIM, exit_no, term.path]
+            shim_argv = ["/bin/sh", "-c", *shim, cwd or home, *argv]
+            stdio = (out_fd, err_fd) if term is None else (slave, slave)
+            if spawner is not None and gate is not None and user_ids is not None:
+                std = [gate[0], *stdio, exit_fd]
+                popen: subprocess.Popen[bytes] | Spawned = spawn_shim(
+                    spawner, shim_argv, full_env, user_ids, std, tag
+                )
+            else:
+                popen = start_shim(
+                    shim_argv,
+                    stdin=gate[0] if gate is not None else subprocess.DEVNULL,
+                    stdout=stdio[0],
+                    stderr=stdio[1],
+                    env=full_env,
+                    pass_fds=(exit_fd,),
+                    **kwargs,
+                )
         except BaseException:
             if gate is not None:
                 close_all(gate)
@@ -320,6 +337,12 @@ class Launcher:
             raise
         finally:
             close_all([*fds, slave] if slave >= 0 else fds)
+        pidfd = create_time = None
+        if isinstance(popen, Spawned):
+            # Not our child: the spawner reaps it once it ends, and its pid could then be
+            # reused.  Held by a pidfd (and its start time read) while it waits at its gate.
+            pidfd = _pidfd_open(popen.pid)
+            create_time = process_start_time(popen.pid)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -335,12 +358,13 @@ class Launcher:
                 unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
-        create_time = process_start_time(popen.pid) or 0.0
+        if create_time is None:
+            create_time = process_start_time(popen.pid)
         rec = RunRecord(
             job_id=job_id,
             epoch=epoch,
             pid=popen.pid,
-            create_time=create_time,
+            create_time=create_time or 0.0,
             start_time=now,
             out_path=out_path,
             err_path=err_path,
@@ -360,7 +384,7 @@ class Launcher:
         self.pool.take(recycle.RECORDS, self._record_path(rec))
         self.save(rec)
         run = Running(rec=rec, popen=popen, terminal=term)
-        self._track(run)
+        self._track(run, pidfd)
         if term is not None:
             term.start(lambda: self.on_terminal_output(run))
         return run
@@ -405,12 +429,9 @@ class Launcher:
             run.exited.set()
         return run
 
-    def _track(self, run: Running) -> None:
+    def _track(self, run: Running, pidfd: int | None = None) -> None:
         self.running[(run.rec.job_id, run.rec.epoch)] = run
-        try:
-            run.pidfd = os.pidfd_open(run.rec.pid)
-        except (OSError, AttributeError):
-            run.pidfd = None
+        run.pidfd = pidfd if pidfd is not None else _pidfd_open(run.rec.pid)
         loop = asyncio.get_running_loop()
         if run.pidfd is not None:
             loop.add_reader(run.pidfd, self._on_exit, run)
@@ -516,8 +537,9 @@ class Launcher:
         dies of a signal: 128+N, as a shell reports it).  Adopted after an agent restart:
         the code the shim wrote to its file."""
         if run.popen is not None:
-            rc = run.popen.wait()
-            return 128 - rc if rc < 0 else rc
+            rc = run.popen.wait()  # None: its spawner died before it told (as if adopted)
+            if rc is not None:
+                return 128 - rc if rc < 0 else rc
         try:
             return int(Path(run.rec.exit_path).read_text().strip())
         except (OSError, ValueError):
@@ -639,3 +661,10 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
