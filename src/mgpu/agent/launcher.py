@@ -171,15 +171,24 @@ class Launcher:
     def _record_path(self, rec: RunRecord) -> str:
         return f"{self.spool}/{rec.job_id}.{rec.epoch}.run"
 
-    def save(self, rec: RunRecord) -> None:
+    def save(self, rec: RunRecord, new: bool = False) -> None:
         """One small file per running job: cheaper than rewriting a shared index.  Written
         in place (a torn record after a crash fails to parse and is skipped; the master
-        then treats that job as lost, which is what it was)."""
-        fd = os.open(self._record_path(rec), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        then treats that job as lost, which is what it was).  A `new` one is written into
+        a file of the pool (mgpu.agent.recycle) and then renamed: never emptied, so an old
+        record's blocks are not flushed first, and whole once it has its name."""
+        path = self._record_path(rec)
+        spare = self.pool.spare(recycle.RECORDS) if new else None
+        data = json.dumps(vars(rec)).encode()  # flat: vars() = asdict(), no copy
+        fd = os.open(spare or path, os.O_WRONLY | os.O_CREAT | (0 if spare else os.O_TRUNC), 0o600)
         try:
-            os.write(fd, json.dumps(vars(rec)).encode())  # flat: vars() = asdict(), no copy
+            os.write(fd, data)
+            if spare:
+                os.ftruncate(fd, len(data))  # the rest of what it held before
         finally:
             os.close(fd)
+        if spare:
+            os.rename(spare, path)
 
     def load_previous(self) -> list[RunRecord]:
         self.pool.adopt()
@@ -381,8 +390,7 @@ class Launcher:
         )
         if warning is not None:
             rec.signal, rec.signal_lead, rec.signal_batch = warning
-        self.pool.take(recycle.RECORDS, self._record_path(rec))
-        self.save(rec)
+        self.save(rec, new=True)
         run = Running(rec=rec, popen=popen, terminal=term)
         self._track(run, pidfd)
         if term is not None:

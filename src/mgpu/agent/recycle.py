@@ -31,7 +31,8 @@ _NAME = re.compile(r"\.pool\.(r|\d+x?)\.(\d+)")
 
 class Pool:
     """Emptied spool files, by key (a uid as text: stdout and stderr files; the uid and
-    "x": exit files, owned by that user; RECORDS), ready to be renamed."""
+    "x": exit files, owned by that user; RECORDS: run records, not emptied), ready to be
+    renamed."""
 
     def __init__(self, spool: str, size: int = 256) -> None:
         self.spool = spool
@@ -64,6 +65,11 @@ class Pool:
             except OSError:
                 continue  # gone (removed by hand): try the next one
 
+    def spare(self, key: str) -> str | None:
+        """A file of the pool `key`, left where it is (the caller renames it), if any."""
+        free = self.free.get(key)
+        return free.pop() if free else None
+
     def names(self, files: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
         """Where each finished file goes: (path, its pool name), or (path, None) to be
         removed (its key is None, or that pool is full).  Call `recycled` with the pool
@@ -92,13 +98,16 @@ class Pool:
 
 def recycle(moves: list[tuple[str, str | None]]) -> list[str]:
     """Empty each file and rename it into the pool, or remove it (name None); a
-    directory (a job script's) is removed.  Returns the pool names filled.  Blocking: run
-    it in a thread."""
+    directory (a job script's) is removed.  Run records are not emptied: they are written
+    over whole before they are named again (`Launcher.save`).  Returns the pool names
+    filled.  Blocking: run it in a thread."""
+    records = f"/{PREFIX}{RECORDS}."
     done = []
     for path, name in moves:
         if name is not None:
             try:
-                os.truncate(path, 0)
+                if records not in name:
+                    os.truncate(path, 0)
                 os.rename(path, name)
                 done.append(name)
                 continue
