@@ -78,9 +78,7 @@ place of a request's descriptors (3, 4, ... in the child)."""
 def spawn(req: dict[str, Any], fds: list[int], children: dict[int, Any]) -> dict[str, Any]:
     """Start one shim as the request says (stdin, stdout, stderr: the first three of
     `fds`, the rest as 3, 4, ...; `fds` are closed); the reply to send."""
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, LOW) for fd in fds]
-    for fd in fds:
-        os.close(fd)
+    high = [_high(fd) for fd in fds]
     extra = range(3, 3 + max(0, len(high) - 3))
     try:
         if len(high) < 3:
@@ -112,10 +110,17 @@ def spawn(req: dict[str, Any], fds: list[int], children: dict[int, Any]) -> dict
     return {"pid": popen.pid}
 
 
+def _high(fd: int) -> int:
+    """`fd` moved to LOW or above (and closed where it was)."""
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, LOW)
+    os.close(fd)
+    return new
+
+
 def serve(sock: socket.socket) -> None:
     """The spawner's loop: requests in, replies and ends out, until the agent is gone."""
-    sock = socket.socket(fileno=fcntl.fcntl(sock.detach(), fcntl.F_DUPFD_CLOEXEC, LOW))
-    wake_r, wake_w = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, LOW) for fd in os.pipe())
+    sock = socket.socket(fileno=_high(sock.detach()))
+    wake_r, wake_w = (_high(fd) for fd in os.pipe())
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
