@@ -361,6 +361,7 @@ class Launcher:
             os.close(gate[0])
             if not admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
+                close_all([pidfd] if pidfd is not None else [])
                 if term is not None:
                     term.close()
                 release_all([cgroup, guard])
