@@ -158,6 +158,92 @@ def test_mpi_hostfile_of_another_user_is_private_and_removed(tmp_path: Path) -> 
     assert not os.path.exists(hosts)  # removed with the run's spool files
 
 
+@ROOT_ONLY
+def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path) -> None:
+    """A finished run's stdout, stderr and exit files go to a pool of its user's and the
+    next run of that user gets them (emptied); another user's run never does."""
+    nobody = pwd.getpwnam("nobody")
+    me = (os.geteuid(), os.getegid(), os.getgroups())
+    them = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid])
+
+    async def run_one(launcher: Launcher, job: str, ids: Any) -> tuple[set[int], str]:
+        run = launcher.launch(job, 1, ["/bin/sh", "-c", f"echo {job}"], {}, "/", None, 1.0, ids)
+        paths = (run.rec.out_path, run.rec.err_path, run.rec.exit_path)
+        inodes = {os.stat(p).st_ino for p in paths}
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        assert launcher.exit_code(run) == 0
+        out = Path(run.rec.out_path).read_text()
+        launcher.finish(run)
+        return inodes, out
+
+    async def pooled(launcher: Launcher, key: str, count: int) -> list[str]:
+        while launcher._trash or len(launcher.pool.free.get(key, [])) < count:
+            await asyncio.sleep(0.02)
+        return launcher.pool.free[key]
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        sweeper = asyncio.create_task(launcher.sweep(interval=0.02))
+        first, _ = await run_one(launcher, "j1", me)
+        await asyncio.wait_for(pooled(launcher, str(me[0]), 2), 10)
+        other, _ = await run_one(launcher, "j2", them)
+        assert not first & other
+        again, out = await run_one(launcher, "j3", me)
+        assert again == first and out == "j3\n"  # the same files, only the new run's output
+        # The exit file a job of `nobody` could write to stays theirs, in their own pool.
+        exits = await asyncio.wait_for(pooled(launcher, f"{them[0]}x", 1), 10)
+        assert [os.stat(p).st_uid for p in exits] == [them[0]]
+        sweeper.cancel()
+
+    asyncio.run(scenario())
+
+
+@ROOT_ONLY
+def test_other_users_runs_start_through_the_spawner_with_their_ids_and_cgroup(
+    tmp_path: Path,
+) -> None:
+    """A root agent starts other users' shims through its spawner (no fork of itself):
+    they run as their user with their groups, in their run's cgroup; a spawner that died
+    is started again, and a run it had started still ends with its own exit code."""
+    nobody = pwd.getpwnam("nobody")
+    ids = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid, 100])
+    script = "id -u; id -G; cat /proc/self/cgroup; exit 5"
+
+    async def one(launcher: Launcher, job: str, argv: list[str]) -> Any:
+        return launcher.launch(job, 1, argv, {}, "/", None, 1.0, user_ids=ids)
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        containment = launcher.contain("spawn1", [])
+        run = await one(launcher, "j1", ["/bin/sh", "-c", script])
+        assert type(run.popen).__name__ == "Spawned"
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        assert launcher.exit_code(run) == 5
+        uid, groups, *cgroup_lines = Path(run.rec.out_path).read_text().splitlines()
+        assert int(uid) == nobody.pw_uid
+        assert sorted(map(int, groups.split())) == sorted({nobody.pw_gid, 100})
+        if containment.method != "process-tree":
+            assert any(line.endswith(run.rec.cgroup.split("/")[-1]) for line in cgroup_lines)
+        # A run going on while its spawner dies.
+        spawner = launcher.spawner
+        assert spawner is not None and spawner._proc is not None
+        long = await one(launcher, "j2", ["/bin/sh", "-c", "sleep 0.5; exit 4"])
+        os.kill(spawner._proc.pid, 9)
+        await asyncio.wait_for(long.exited.wait(), 20)
+        await launcher.kill_leftovers(long)
+        assert launcher.exit_code(long) == 4  # from its exit file
+        again = await one(launcher, "j3", ["/bin/sh", "-c", "id -u"])
+        await asyncio.wait_for(again.exited.wait(), 20)
+        await launcher.kill_leftovers(again)
+        assert launcher.exit_code(again) == 0
+        assert Path(again.rec.out_path).read_text() == f"{nobody.pw_uid}\n"
+        spawner.stop()
+
+    asyncio.run(scenario())
+
+
 # ---- a real cluster -----------------------------------------------------------------------
 
 

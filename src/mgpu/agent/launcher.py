@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal
+from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged, recycle
 from mgpu.agent.spawn import (
     PTY_SHIM,
     READ_CHUNK,
@@ -58,9 +58,11 @@ from mgpu.agent.spawn import (
     process_start_time,
     release_all,
     same_ids,
+    spawn_shim,
     start_shim,
     unlink_all,
 )
+from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
 
 __all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
@@ -102,12 +104,15 @@ class RunRecord:
     """The job script written for this run (mgpu.agent.jobscript), removed with it."""
     pty: bool = False
     """Runs on a terminal the agent held (it did not survive an agent restart)."""
+    pool: str = ""
+    """The pool its stdout, stderr and exit files go back to at its end (its user's uid:
+    mgpu.agent.recycle); empty: they are removed."""
 
 
 @dataclass
 class Running:
     rec: RunRecord
-    popen: subprocess.Popen[bytes] | None = None
+    popen: subprocess.Popen[bytes] | Spawned | None = None
     pidfd: int | None = None
     decoders: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
@@ -131,7 +136,10 @@ class Launcher:
         self.on_output = on_output
         self.running: dict[tuple[str, int], Running] = {}
         """Keyed by (job id, epoch): an old run being killed and its successor can overlap."""
-        self._trash: list[str] = []
+        self._trash: list[tuple[str, str | None]] = []
+        """Files of ended runs, with the pool each goes back to (None: removed)."""
+        self.pool = recycle.Pool(str(spool))
+        self._uid = os.geteuid()
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
@@ -140,6 +148,8 @@ class Launcher:
         """Told when a terminal run wrote something (stored in its stdout file): send it."""
         self._home = os.path.expanduser("~")
         """The agent's own home (runs as the agent's user start there)."""
+        self.spawner = Spawner(privileged.base_env()) if self._uid == 0 else None
+        """Starts the shims of runs as other users (mgpu.agent.spawner): a root agent's."""
 
     def contain(self, node_id: str, known: list[RunRecord]) -> cgroups.Containment:
         """Pick the containment method at agent start, and kill and remove the cgroups of
@@ -161,17 +171,27 @@ class Launcher:
     def _record_path(self, rec: RunRecord) -> str:
         return f"{self.spool}/{rec.job_id}.{rec.epoch}.run"
 
-    def save(self, rec: RunRecord) -> None:
+    def save(self, rec: RunRecord, new: bool = False) -> None:
         """One small file per running job: cheaper than rewriting a shared index.  Written
         in place (a torn record after a crash fails to parse and is skipped; the master
-        then treats that job as lost, which is what it was)."""
-        fd = os.open(self._record_path(rec), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        then treats that job as lost, which is what it was).  A `new` one is written into
+        a file of the pool (mgpu.agent.recycle) and then renamed: never emptied, so an old
+        record's blocks are not flushed first, and whole once it has its name."""
+        path = self._record_path(rec)
+        spare = self.pool.spare(recycle.RECORDS) if new else None
+        data = json.dumps(vars(rec)).encode()  # flat: vars() = asdict(), no copy
+        fd = os.open(spare or path, os.O_WRONLY | os.O_CREAT | (0 if spare else os.O_TRUNC), 0o600)
         try:
-            os.write(fd, json.dumps(vars(rec)).encode())  # flat: vars() = asdict(), no copy
+            os.write(fd, data)
+            if spare:
+                os.ftruncate(fd, len(data))  # the rest of what it held before
         finally:
             os.close(fd)
+        if spare:
+            os.rename(spare, path)
 
     def load_previous(self) -> list[RunRecord]:
+        self.pool.adopt()
         records = []
         for path in sorted(self.spool.glob("*.run")):
             try:
@@ -209,8 +229,13 @@ class Launcher:
         made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         fds: list[int] = []
+        # Files its processes hold go back to a pool of its user's only (mgpu.agent.recycle).
+        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
+        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
         try:
-            for path in (out_path, err_path, exit_path):
+            for path, key in ((out_path, pool), (err_path, pool), (exit_path, f"{pool}x")):
+                if pool:
+                    self.pool.take(key, path)
                 fds.append(os.open(path, flags, 0o600))
                 made.append(path)
         except OSError as e:
@@ -270,34 +295,47 @@ class Launcher:
                 made += [script_path, os.path.dirname(script_path)]
                 argv = [*jobscript.interpreter(script[1]), script_path, *argv]
             kwargs: dict[str, Any] = {}
+            spawner = None
             if user_ids is not None and not same_ids(*user_ids):
-                uid, gid, groups = user_ids
-                kwargs.update(user=uid, group=gid, extra_groups=groups)
+                if self.spawner is not None:
+                    spawner = self.spawner  # not a fork of the whole agent
+                else:
+                    uid, gid, groups = user_ids
+                    kwargs.update(user=uid, group=gid, extra_groups=groups)
             cgroup = cgroups.create(self.containment, job_id, epoch)
             if gpu_ids is not None:
                 try:
                     guard = devices.apply(self.isolation, job_id, epoch, gpu_ids, cgroup)
                 except devices.IsolationError as e:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
-            if cgroup is not None or guard is not None:
+            if cgroup is not None or guard is not None or spawner is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
-            shim = [SHIM, str(exit_fd)]
+            exit_no = "3" if spawner is not None else str(exit_fd)  # the spawner numbers it 3
+            shim = [SHIM, exit_no]
             if pty is not None:
                 owner = None if user_ids is None else user_ids[:2]
                 try:
                     term, slave = Terminal.open(pty[0], pty[1], owner, Path(out_path))
                 except OSError as e:
                     raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
-                shim = [PTY_SHIM, str(exit_fd), term.path]
-            popen = start_shim(
-                ["/bin/sh", "-c", *shim, cwd or home, *argv],
-                stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                stdout=out_fd if term is None else slave,
-                stderr=err_fd if term is None else slave,
-                env=full_env,
-                pass_fds=(exit_fd,),
-                **kwargs,
-            )
+                shim = [PTY_SHIM, exit_no, term.path]
+            shim_argv = ["/bin/sh", "-c", *shim, cwd or home, *argv]
+            stdio = (out_fd, err_fd) if term is None else (slave, slave)
+            if spawner is not None and gate is not None and user_ids is not None:
+                std = [gate[0], *stdio, exit_fd]
+                popen: subprocess.Popen[bytes] | Spawned = spawn_shim(
+                    spawner, shim_argv, full_env, user_ids, std, tag
+                )
+            else:
+                popen = start_shim(
+                    shim_argv,
+                    stdin=gate[0] if gate is not None else subprocess.DEVNULL,
+                    stdout=stdio[0],
+                    stderr=stdio[1],
+                    env=full_env,
+                    pass_fds=(exit_fd,),
+                    **kwargs,
+                )
         except BaseException:
             if gate is not None:
                 close_all(gate)
@@ -308,6 +346,12 @@ class Launcher:
             raise
         finally:
             close_all([*fds, slave] if slave >= 0 else fds)
+        pidfd = create_time = None
+        if isinstance(popen, Spawned):
+            # Not our child: the spawner reaps it once it ends, and its pid could then be
+            # reused.  Held by a pidfd (and its start time read) while it waits at its gate.
+            pidfd = _pidfd_open(popen.pid)
+            create_time = process_start_time(popen.pid)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -317,18 +361,20 @@ class Launcher:
             os.close(gate[0])
             if not admit(cgroup, guard, popen.pid, gate[1]):
                 popen.wait()  # killed at its gate: the job never ran
+                close_all([pidfd] if pidfd is not None else [])
                 if term is not None:
                     term.close()
                 release_all([cgroup, guard])
                 unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
-        create_time = process_start_time(popen.pid) or 0.0
+        if create_time is None:
+            create_time = process_start_time(popen.pid)
         rec = RunRecord(
             job_id=job_id,
             epoch=epoch,
             pid=popen.pid,
-            create_time=create_time,
+            create_time=create_time or 0.0,
             start_time=now,
             out_path=out_path,
             err_path=err_path,
@@ -341,12 +387,13 @@ class Launcher:
             devices=guard if guard is not None and guard != cgroup else "",
             script=script_path,
             pty=term is not None,
+            pool=pool,
         )
         if warning is not None:
             rec.signal, rec.signal_lead, rec.signal_batch = warning
-        self.save(rec)
+        self.save(rec, new=True)
         run = Running(rec=rec, popen=popen, terminal=term)
-        self._track(run)
+        self._track(run, pidfd)
         if term is not None:
             term.start(lambda: self.on_terminal_output(run))
         return run
@@ -391,12 +438,9 @@ class Launcher:
             run.exited.set()
         return run
 
-    def _track(self, run: Running) -> None:
+    def _track(self, run: Running, pidfd: int | None = None) -> None:
         self.running[(run.rec.job_id, run.rec.epoch)] = run
-        try:
-            run.pidfd = os.pidfd_open(run.rec.pid)
-        except (OSError, AttributeError):
-            run.pidfd = None
+        run.pidfd = pidfd if pidfd is not None else _pidfd_open(run.rec.pid)
         loop = asyncio.get_running_loop()
         if run.pidfd is not None:
             loop.add_reader(run.pidfd, self._on_exit, run)
@@ -502,8 +546,9 @@ class Launcher:
         dies of a signal: 128+N, as a shell reports it).  Adopted after an agent restart:
         the code the shim wrote to its file."""
         if run.popen is not None:
-            rc = run.popen.wait()
-            return 128 - rc if rc < 0 else rc
+            rc = run.popen.wait()  # None: its spawner died before it told (as if adopted)
+            if rc is not None:
+                return 128 - rc if rc < 0 else rc
         try:
             return int(Path(run.rec.exit_path).read_text().strip())
         except (OSError, ValueError):
@@ -532,22 +577,25 @@ class Launcher:
         self.running.pop((run.rec.job_id, run.rec.epoch), None)
         if run.terminal is not None:
             run.terminal.close()
-        # Unlinked later, in a thread: with `discard` mounts an unlink can take
-        # milliseconds, which the event loop should not wait for.
+        # Emptied into the pool or unlinked later, in a thread: with `discard` mounts that
+        # can take milliseconds, which the event loop should not wait for.
         rec = run.rec
-        self._trash += [rec.out_path, rec.err_path, rec.exit_path, self._record_path(rec)]
+        pool = rec.pool or None
+        exits = f"{pool}x" if pool else None  # owned by the user: a pool of their own
+        self._trash += [(rec.out_path, pool), (rec.err_path, pool), (rec.exit_path, exits)]
+        self._trash.append((self._record_path(rec), recycle.RECORDS))
         if rec.hosts:
-            self._trash.append(rec.hosts)
+            self._trash.append((rec.hosts, None))
         if rec.script:
-            self._trash += [rec.script, os.path.dirname(rec.script)]
+            self._trash += [(rec.script, None), (os.path.dirname(rec.script), None)]
 
     async def sweep(self, interval: float = 1.0) -> None:
-        """Remove the spool files of finished runs, off the event loop."""
+        """Recycle or remove the spool files of finished runs, off the event loop."""
         while True:
             await asyncio.sleep(interval)
             if self._trash:
-                batch, self._trash = self._trash, []
-                await asyncio.to_thread(unlink_all, batch)
+                batch, self._trash = self.pool.names(self._trash), []
+                self.pool.recycled(await asyncio.to_thread(recycle.recycle, batch))
 
     # ---- stopping -----------------------------------------------------------
 
@@ -622,3 +670,10 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None

@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from mgpu.agent import cgroups, privileged
+from mgpu.agent.spawner import Spawned, Spawner, SpawnerGone
 
 __all__ = [
     "PTY_SHIM",
@@ -69,16 +70,60 @@ def start_shim(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
             umask=privileged.CHILD_UMASK,  # not the agent's private one
             **kwargs,
         )
-    except ValueError as e:  # a NUL byte, a '=' in a name, a character with no encoding
-        raise JobError(f"cannot start the job: {e}") from None
-    except OSError as e:
-        if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
-            raise JobError(
-                f"cannot start the job: its command line and environment are too big ({e.strerror})"
-            ) from None
-        if isinstance(e, PermissionError):
-            raise LaunchError(f"cannot start the job: {e.strerror} ({e.filename})") from None
-        raise LaunchError(f"cannot start /bin/sh: {e.strerror}") from None
+    except (ValueError, OSError) as e:
+        raise _sorted(e) from None
+
+
+def spawn_shim(
+    spawner: Spawner,
+    argv: list[str],
+    env: dict[str, str],
+    ids: tuple[int, int, list[int]],
+    fds: list[int],
+    tag: str,
+) -> Spawned:
+    """A shim of another user's run, started by the spawner as Popen would (new session,
+    `/`, the children's umask), its errors sorted the same way.  `fds`: its stdin (the
+    gate, which the caller opens), stdout, stderr, then 3, 4, ..."""
+    try:
+        return spawner.spawn(argv, env, ids, fds, privileged.CHILD_UMASK)
+    except (ValueError, OSError) as e:
+        raise _sorted(e) from None
+    except SpawnerGone as e:
+        # It may have died after its fork: a shim of this run would wait at its gate,
+        # which the caller now closes.  None may be left to go on outside its cgroup.
+        for pid in tagged(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        raise LaunchError(f"cannot start the job: {e}") from None
+
+
+def tagged(tag: str) -> list[int]:
+    """The processes with MGPU_RUN_TAG=`tag` in their environment."""
+    mark = f"MGPU_RUN_TAG={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def _sorted(e: ValueError | OSError) -> LaunchError:
+    """A failed start as the job's error (JobError) or the node's."""
+    if isinstance(e, ValueError):  # a NUL byte, a '=' in a name, a character with no encoding
+        return JobError(f"cannot start the job: {e}")
+    if e.errno in (errno.E2BIG, errno.ENAMETOOLONG):
+        return JobError(
+            f"cannot start the job: its command line and environment are too big ({e.strerror})"
+        )
+    if isinstance(e, PermissionError):
+        return LaunchError(f"cannot start the job: {e.strerror} ({e.filename})")
+    return LaunchError(f"cannot start /bin/sh: {e.strerror}")
 
 
 def same_ids(uid: int, gid: int, groups: list[int]) -> bool:
