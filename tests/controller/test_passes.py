@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from harness import Harness, _run
 
+from mgpu.master.loop import BATCH_FACTOR, PASS_BATCH
 from mgpu.model import JobState
 
 DEPTH = 5
@@ -152,3 +153,25 @@ def test_a_running_jobs_view_is_kept_until_what_it_is_made_of_changes(h: Harness
     assert second is not first and second.time_limit == 1200
     job.epoch += 1  # started again (on other GPUs, perhaps)
     assert loop.running_for(job, h.clock.now) is not second
+
+
+def test_a_pass_with_jobs_queued_batches_the_next_events_and_one_without_does_not(
+    h: Harness,
+) -> None:
+    """After a pass that had queued jobs the loop waits up to PASS_BATCH, at most
+    BATCH_FACTOR times the pass's length (a stream of submits is planned a batch a pass); after
+    one over an empty queue only the pass's length: the next submit on a quiet cluster is
+    planned at once (submit-to-start latency)."""
+    loop = h.cl.loop
+    h.agent("n1", gpus=1)
+    h.submit()
+    h.tick()  # starts it: the pass had a queued job
+    loop.last_pass_duration = 0.0002
+    assert loop.pause() == pytest.approx(BATCH_FACTOR * 0.0002)
+    loop.last_pass_duration = 0.005
+    assert loop.pause() == PASS_BATCH  # a costly pass: the whole batch window
+    h.tick()  # nothing queued now
+    loop.last_pass_duration = 0.0002
+    assert loop.pause() == 0.0002
+    h.submit()  # queued, not yet planned
+    assert loop.pause() == pytest.approx(BATCH_FACTOR * 0.0002)

@@ -72,6 +72,8 @@ REPLAN_INTERVAL = 5.0
 PASS_BATCH = 0.01
 """Seconds the loop waits after a pass before the next: events arriving meanwhile are
 planned together (Slurm: sched_min_interval)."""
+BATCH_FACTOR = 10
+"""A pass that had jobs queued is followed by at most this many times its length."""
 LIVENESS_INTERVAL = 0.5
 """Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
 LONG_QUEUE = 2_000
@@ -196,10 +198,22 @@ class SchedulingLoop:
                 if self.full_due and self._full is None:
                     self.full_due = False
                     self._full = asyncio.create_task(self._full_task())
-                await asyncio.sleep(min(1.0, max(PASS_BATCH, self.last_pass_duration)))
+                await asyncio.sleep(self.pause())
         finally:  # the master stops: a full pass under way is not waited for
             if self._full is not None:
                 self._full.cancel()
+
+    def pause(self) -> float:
+        """Seconds to wait after a pass, so that the events meanwhile (a stream of submits,
+        ends, starts) are planned in one pass: about the pass's own length at least; when
+        it had jobs queued, up to PASS_BATCH but no more than BATCH_FACTOR times its length
+        (passes then take at most about a tenth of the loop while events stream, and a
+        cheap pass on a small cluster is followed by a short wait, not PASS_BATCH: the
+        next submit starts within a few ms).  After a pass with nothing queued (a job's
+        end on a quiet cluster) the next event is planned at once."""
+        spent = self.last_pass_duration
+        batch = min(PASS_BATCH, BATCH_FACTOR * spent) if self._queued or self._fresh else 0.0
+        return min(1.0, max(batch, spent))
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
