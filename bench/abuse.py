@@ -154,16 +154,20 @@ def _cli(cluster: LocalCluster, *args: str) -> str:
     return f"{len(res.stdout.splitlines())} lines"
 
 
-def _last_pass_ms(address: str) -> float | None:
-    """The master's last scheduling pass (from /metrics), in ms."""
+def _metrics(address: str) -> str:
+    """The master's /metrics page."""
     host, port = address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     try:
         conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
+        return conn.getresponse().read().decode()
     finally:
         conn.close()
-    for line in text.splitlines():
+
+
+def _last_pass_ms(address: str) -> float | None:
+    """The master's last scheduling pass (from /metrics), in ms."""
+    for line in _metrics(address).splitlines():
         if line.startswith("mgpu_scheduler_pass_seconds "):
             return round(float(line.split()[1]) * 1000, 1)
     return None
@@ -174,14 +178,7 @@ HOLD_BUCKET = re.compile(r'^mgpu_event_loop_hold_seconds_bucket\{le="([^"]+)"\} 
 
 def _hold_buckets(address: str) -> dict[float, float]:
     """The master's loop-hold histogram (cumulative counts by upper bound, seconds)."""
-    host, port = address.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-    finally:
-        conn.close()
-    return {float(le): float(n) for le, n in HOLD_BUCKET.findall(text)}
+    return {float(le): float(n) for le, n in HOLD_BUCKET.findall(_metrics(address))}
 
 
 def _hold_summary(before: dict[float, float], after: dict[float, float]) -> tuple[str, int]:
