@@ -60,7 +60,6 @@ from mgpu.agent.spawn import (
     same_ids,
     spawn_shim,
     start_shim,
-    unlink_all,
 )
 from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
@@ -240,7 +239,7 @@ class Launcher:
                 made.append(path)
         except OSError as e:
             close_all(fds)
-            unlink_all(made)
+            recycle.unlink_all(made)
             raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
         out_fd, err_fd, exit_fd = fds
         cgroup: str | None = None
@@ -342,7 +341,7 @@ class Launcher:
             if term is not None:
                 term.close()
             release_all([cgroup, guard])
-            unlink_all(made)
+            recycle.unlink_all(made)
             raise
         finally:
             close_all([*fds, slave] if slave >= 0 else fds)
@@ -365,7 +364,7 @@ class Launcher:
                 if term is not None:
                     term.close()
                 release_all([cgroup, guard])
-                unlink_all(made)
+                recycle.unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
         if create_time is None:

@@ -21,7 +21,7 @@ import contextlib
 import os
 import re
 
-__all__ = ["RECORDS", "Pool", "recycle"]
+__all__ = ["RECORDS", "Pool", "recycle", "unlink", "unlink_all"]
 
 RECORDS = "r"
 """The pool of run-record files (no job ever holds them)."""
@@ -113,11 +113,21 @@ def recycle(moves: list[tuple[str, str | None]]) -> list[str]:
                 continue
             except OSError:
                 pass
-        try:
-            os.unlink(path)
-        except IsADirectoryError:  # a job script's directory, after its file
-            with contextlib.suppress(OSError):
-                os.rmdir(path)
-        except OSError:
-            pass
+        unlink(path)
     return done
+
+
+def unlink(path: str) -> None:
+    """Remove a spool file, or a job script's directory (after its file); gone is fine."""
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    except OSError:
+        pass
+
+
+def unlink_all(paths: list[str]) -> None:
+    for path in paths:
+        unlink(path)

@@ -168,17 +168,6 @@ def close_all(fds: tuple[int, ...] | list[int]) -> None:
             os.close(fd)
 
 
-def unlink_all(paths: list[str]) -> None:
-    for p in paths:
-        try:
-            os.unlink(p)
-        except IsADirectoryError:  # a job script's directory, after its file
-            with contextlib.suppress(OSError):
-                os.rmdir(p)
-        except OSError:
-            pass
-
-
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _boot_time: float | None = None
 
