@@ -69,6 +69,21 @@ CREATE TABLE IF NOT EXISTS events (
 ACTIVE_STATES = ("queued", "running")
 
 
+SCRIPT_OF_ARRAY = "script_of_array"
+"""In a task's stored record: its script is its array's (kept once, in the array's row)."""
+SCRIPT_CACHE = 16
+"""Arrays whose scripts are kept in memory for reading tasks back (each ≤ 1 MiB)."""
+
+
+def _task_record(job: Job) -> dict[str, Any]:
+    """A job's record to store: an array task's script (up to 1 MiB) is not copied into
+    each of its up to 100,000 rows: the array's row holds it."""
+    record = job.to_record()
+    if job.array_job_id is not None and record.get("script") is not None:
+        record["script"], record[SCRIPT_OF_ARRAY] = None, True
+    return record
+
+
 def _encode(record: dict[str, Any]) -> str:
     """A job record as JSON: orjson, ten times quicker than json on these records (cancelling
     100,000 tasks writes 100,000 of them).  What orjson refuses (a lone surrogate in some
@@ -113,6 +128,8 @@ class Store:
         self._array_seq: dict[str, int] = {str(r[0]): int(r[1]) for r in cur}
         """Arrays with tasks that have no row yet: a task's first row takes the array's
         seq, so it keeps its place in the queue."""
+        self._scripts: dict[str, str | None] = {}
+        """Scripts of arrays whose tasks were read back lately (SCRIPT_CACHE of them)."""
         self._ended: OrderedDict[str, Job] = OrderedDict()
         """The last RECENTLY_ENDED jobs written as ended, oldest first."""
 
@@ -145,7 +162,7 @@ class Store:
                     job.user,
                     job.submit_time,
                     job.end_time,
-                    _encode(job.to_record()),
+                    _encode(_task_record(job)),
                 )
             )
         with self._tx():
@@ -218,13 +235,30 @@ class Store:
         template = Job.from_record(json.loads(row[0]))
         return template, tuple(arrays.decode_indices(row[1])), row[2]
 
+    def _job(self, text: str, db: sqlite3.Connection | None = None) -> Job:
+        """A stored job record read back, an array task's script from its array's row."""
+        record = json.loads(text)
+        if record.pop(SCRIPT_OF_ARRAY, False):
+            record["script"] = self._array_script(record["array_job_id"], db or self.db)
+        return Job.from_record(record)
+
+    def _array_script(self, array_id: str, db: sqlite3.Connection) -> str | None:
+        script = self._scripts.get(array_id)
+        if script is None:
+            row = db.execute("SELECT record FROM arrays WHERE id=?", (array_id,)).fetchone()
+            script = None if row is None else json.loads(row[0]).get("script")
+            if len(self._scripts) >= SCRIPT_CACHE:
+                self._scripts.pop(next(iter(self._scripts)), None)
+            self._scripts[array_id] = script
+        return script
+
     def load_active_jobs(self) -> list[Job]:
         """Queued and running jobs in submit order: stored rows, and the tasks of arrays
         that have no row of their own yet (made from the array's template)."""
         found: list[tuple[int, int, Job]] = []
         cur = self.db.execute("SELECT seq, record FROM jobs WHERE state IN (?, ?)", ACTIVE_STATES)
-        for seq, record in cur:
-            job = Job.from_record(json.loads(record))
+        for seq, record in list(cur):
+            job = self._job(record)
             found.append((seq, -1 if job.array_task_id is None else job.array_task_id, job))
         cur = self.db.execute(
             "SELECT id, seq, indices, max_running, record FROM arrays WHERE active=1"
@@ -255,7 +289,7 @@ class Store:
         if job is not None:
             return job
         row = self.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return None if row is None else Job.from_record(json.loads(row[0]))
+        return None if row is None else self._job(row[0])
 
     def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
         """Many jobs by id in a few queries (not one per id); unknown ids are left out."""
@@ -273,7 +307,7 @@ class Store:
             cur = self.db.execute(
                 f"SELECT id, record FROM jobs WHERE id IN ({','.join('?' * len(part))})", part
             )
-            out.update((r[0], Job.from_record(json.loads(r[1]))) for r in cur)
+            out.update((r[0], self._job(r[1])) for r in list(cur))
         return out
 
     def job_rows_with_prefix(
@@ -293,7 +327,7 @@ class Store:
             "ORDER BY end_time DESC LIMIT ?",
             (*ACTIVE_STATES, since or 0.0, limit),
         )
-        return [Job.from_record(json.loads(r[0])) for r in cur]
+        return [self._job(r[0]) for r in cur.fetchall()]
 
     def count_by_state(self) -> dict[str, int]:
         cur = self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
@@ -322,11 +356,11 @@ class Store:
             sql += " LIMIT ?"
             params.append(limit)
         if self.path == MEMORY:
-            return [Job.from_record(json.loads(r[0])) for r in self.db.execute(sql, params)]
+            return [self._job(r[0]) for r in self.db.execute(sql, params).fetchall()]
         uri = Path(self.path).resolve().as_uri() + "?mode=ro"
         conn = sqlite3.connect(uri, uri=True, timeout=10)
         try:
-            return [Job.from_record(json.loads(r[0])) for r in conn.execute(sql, params)]
+            return [self._job(r[0], conn) for r in conn.execute(sql, params).fetchall()]
         finally:
             conn.close()
 
@@ -335,7 +369,7 @@ class Store:
             "SELECT record FROM jobs WHERE id >= ? AND id < ? ORDER BY seq",
             (prefix, prefix + "\U0010ffff"),
         )
-        return [Job.from_record(json.loads(r[0])) for r in cur]
+        return [self._job(r[0]) for r in cur.fetchall()]
 
     # ---- nodes and meta ---------------------------------------------------
 
