@@ -18,6 +18,8 @@ import socket
 import ssl
 from pathlib import Path
 
+from mgpu.privatefile import write_private
+
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 SERVER_CERT = "server.crt"
@@ -31,9 +33,7 @@ def fingerprint_pem(pem: bytes) -> str:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    write_private(path, data)
 
 
 def _local_names() -> tuple[list[str], list[str]]:

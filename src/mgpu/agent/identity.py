@@ -9,10 +9,11 @@ would take the node from each other.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from pathlib import Path
+
+from mgpu.privatefile import write_private
 
 SECRET_FILE = "node-secret"
 
@@ -59,24 +60,9 @@ class NodeIdentity:
 
     def save(self, secret: str) -> None:
         """Keep the secret the master issued (written whole or not at all)."""
-        tmp = self.path.with_name(SECRET_FILE + ".tmp")
         try:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()  # a leftover keeps its own mode: start from a new 0600 file
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secret + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.node_dir, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)  # the rename survives a power loss too
-            finally:
-                os.close(dir_fd)
+            write_private(self.path, (secret + "\n").encode())
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise NodeIdentityError(
                 f"cannot keep the node secret in {self.path} ({e.strerror}); the master "
                 f"now expects it: fix the state dir, then run `mgpu node remove "

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mgpu.privatefile import write_private
 
 TOKEN_PREFIX = "mgpu_"
 JOB_TOKEN_PREFIX = "mgpujob_"
@@ -104,9 +105,7 @@ class TokenStore:
                 continue
             user = owner if kind != JOIN else "-"
             _, token = self._new(user, admin, kind, owner=admin, allow_root=admin)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
+            write_private(path, (token + "\n").encode())  # never seen empty or half
         self._mark_owner()
 
     def _mark_owner(self) -> None:
