@@ -32,10 +32,6 @@ def fingerprint_pem(pem: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    write_private(path, data)
-
-
 def _local_names() -> tuple[list[str], list[str]]:
     names = {"localhost", socket.gethostname(), socket.getfqdn()}
     ips = {"127.0.0.1", "::1"}
@@ -74,7 +70,7 @@ def ensure_ca(state_dir: Path) -> str:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .sign(key, hashes.SHA256())
         )
-        _write_private(
+        write_private(
             state_dir / CA_KEY,
             key.private_bytes(
                 serialization.Encoding.PEM,
@@ -124,7 +120,7 @@ def ensure_server_cert(state_dir: Path, extra_names: list[str] | None = None) ->
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(
+    write_private(
         key_path,
         key.private_bytes(
             serialization.Encoding.PEM,
