@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -13,6 +14,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import LocalCluster, local_cluster
 from netns_fixtures import virtual_cluster  # noqa: F401
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _signals_as_at_a_terminal() -> None:
+    """A suite started in the background by a script (`make test &`, CI runners) inherits
+    SIGINT and SIGQUIT ignored, and so would every client it starts: `mgpu srun` would
+    not see the ^C a test types.  The tests' processes start as a user's shell starts them."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session", autouse=True)

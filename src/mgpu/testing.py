@@ -168,9 +168,16 @@ class LocalCluster:
         return True
 
     def start_agent(
-        self, node_id: str, gpus: int = 4, wait: bool = True, extra: list[str] | None = None
+        self,
+        node_id: str,
+        gpus: int = 4,
+        wait: bool = True,
+        extra: list[str] | None = None,
+        prefix: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        argv = [str(BIN / "mgpu"), "node", "--node-id", node_id, "--master-port", str(self.port)]
+        """`prefix`: a command the agent is started through (as `nohup` would be)."""
+        argv = [*(prefix or []), str(BIN / "mgpu"), "node", "--node-id", node_id]
+        argv += ["--master-port", str(self.port)]
         argv += ["--fake-gpus", str(gpus), "--state-dir", str(self.root / f"agent-{node_id}")]
         argv += extra or []
         proc = self._spawn(argv, self.root / f"{node_id}.log")
@@ -230,8 +237,11 @@ def local_cluster(
     cluster = LocalCluster(root, config)
     try:
         cluster.start_master()
-        for i in range(1, agents + 1):
-            cluster.start_agent(f"node{i:03d}", gpus=gpus)
+        names = [f"node{i:03d}" for i in range(1, agents + 1)]
+        for name in names:  # started together, then waited for: each takes ~0.5 s to start
+            cluster.start_agent(name, gpus=gpus, wait=False)
+        for name in names:
+            cluster.wait_node(name, "online")
         yield cluster
     finally:
         cluster.stop()

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import devices
+from mgpu.agent import devices, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -603,6 +603,7 @@ def run_agent(
     from mgpu.client.credentials import find_join_token
 
     os.umask(PRIVATE_UMASK)
+    sigdefaults.defaults_for_children()  # before the spawner or any job is started
     token = find_join_token(token, state_dir)
     agent = Agent(
         node_id,

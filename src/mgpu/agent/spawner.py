@@ -125,7 +125,10 @@ def serve(sock: socket.socket) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the agent
+    # A terminal's ^C or hang-up is for the agent, which ends the spawner by going away;
+    # caught rather than ignored, so that the shims it starts do not inherit an ignore.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, lambda *_: None)
     poll = select.poll()  # not a selector: it would hold a descriptor below LOW
     poll.register(sock, select.POLLIN)
     poll.register(wake_r, select.POLLIN)
