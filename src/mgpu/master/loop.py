@@ -356,7 +356,7 @@ class SchedulingLoop:
             self.config_now(),
             index.views(),
             self.reservations(now),
-            index.pool(),
+            index.pool(fork=False),  # the core runs at once, on the loop, on a copy
         )
         return replace(plan, seconds=time.perf_counter() - t0)
 
@@ -454,7 +454,8 @@ class SchedulingLoop:
             self._users,
         )
         snapshot = prepared.snapshot
-        decisions = None if snapshot is None else schedule(snapshot, self.state.node_index.pool())
+        pool = None if snapshot is None else self.state.node_index.pool(fork=False)
+        decisions = None if snapshot is None else schedule(snapshot, pool)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0, quick=True)
 
     def _head(self) -> list[Job]:

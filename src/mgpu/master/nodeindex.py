@@ -52,14 +52,15 @@ class NodeIndex:
         assert self._order is not None
         return list(self._order)
 
-    def pool(self) -> FreePool:
+    def pool(self, fork: bool = True) -> FreePool:
         """The free pool of `views()` as they are now: a fork the caller may change, or
-        hand to a pass on another thread."""
+        hand to a pass on another thread; with `fork` False the kept pool itself, for a
+        pass run at once on the loop (`schedule` works on a copy: nothing changes it)."""
         self._refresh()
         if self._pool is None:
             assert self._order is not None
             self._pool = FreePool(self._order)
-        return self._pool.fork()
+        return self._pool.fork() if fork else self._pool
 
     def shape(self) -> list[NodeView]:
         """Every node's view, sorted by id: the same list until the cluster's shape changes
