@@ -8,12 +8,12 @@ when its node changed: a `NodeRecord` reports an assignment to a field its view 
 makes in place (`NodeRecord.changed()`); nodes added or removed go through
 `ControllerState.node` / `remove_node`.
 
-Three answers: `views()` (every node, sorted by id: the scheduler's input), `pool()` (the
-same as the scheduler's free-GPU index, kept up to date a node at a time as the views are,
-and handed to each pass as a private fork, so that a pass does not index every node's free
-GPUs anew), and `shape()` (the same list object for as long as no node's *shape* changed —
-GPUs, type, rack, features, the set of nodes — so that what depends on the shape alone,
-like the never-fits verdict at submit, can be remembered against it).
+Three answers: `views()` (every node, sorted by id: the scheduler's input), `pool()` (those
+views as the scheduler's free-GPU index, `FreePool`, kept up to date a node at a time as the
+views are and handed to each pass, which works on a copy: a pass does not index every
+node's free GPUs anew), and `shape()` (the same list object for as long as no node's
+*shape* changed — GPUs, type, rack, features, the set of nodes — so that what depends on
+the shape alone, like the never-fits verdict at submit, can be remembered against it).
 """
 
 from __future__ import annotations

@@ -144,10 +144,14 @@ class NodeAdmin:
         connected nodes for the heartbeat interval on the way."""
         now = self.state.clock.time()
         pace, connected = self.pace, 0
+        least = pace.timeout  # no node's is shorter: most are judged without a lookup
         for node in self.state.nodes.values():
+            silent = now - node.last_seen
             # An offline node may still hold jobs: loaded as running after a master restart.
-            if (node.state == NodeState.OFFLINE and not node.jobs) or (
-                now - node.last_seen <= pace.timeout_of(node.node_id)
+            if (
+                silent <= least
+                or (node.state == NodeState.OFFLINE and not node.jobs)
+                or silent <= pace.timeout_of(node.node_id)
             ):
                 connected += node.connected
                 continue
