@@ -7,8 +7,9 @@ speaking the real protocol (mgpu.protocol) as the agent does (mgpu.agent.agent):
 - hello with a join token; the node secret the master issues at the first join is kept
   and proven in every later hello (in memory: the swarm's nodes live as long as it does;
   a real agent keeps it 0600 in its state dir, mgpu.agent.identity);
-- heartbeats at the interval the master's Welcome sets, with simulated GPU telemetry
-  (mgpu.agent.gpus, busy GPUs look loaded);
+- heartbeats at the interval the master's Welcome sets (and a later `SetHeartbeat`
+  changes, as the cluster grows), with simulated GPU telemetry (mgpu.agent.gpus, busy
+  GPUs look loaded);
 - for each launch: `started`, a few lines of output, and `exited` (code 0) after the
   run time; kills end a run (143), port reservations for gang jobs are answered,
   `forget` drops a stored end (re-sent after a reconnect until then);
@@ -74,6 +75,7 @@ from mgpu.protocol import (
     Refused,
     ReservePort,
     RunningReport,
+    SetHeartbeat,
     Started,
     Welcome,
     batch_frames,
@@ -261,6 +263,9 @@ class SimNode:
             self.send(encode(port))
         elif isinstance(msg, Forget):
             self.exits.pop((msg.job_id, msg.epoch), None)
+        elif isinstance(msg, SetHeartbeat):
+            self.swarm.count("heartbeat_changes")
+            self.heartbeat_interval = msg.heartbeat_interval
 
     def _started(self, run: Run) -> str:
         msg = Started(

@@ -46,6 +46,9 @@ class NodeEntry(_Strict):
 class Networking(_Strict):
     heartbeat_interval: float = Field(default=5.0, gt=0)
     timeout: float = Field(default=30.0, gt=0)
+    max_heartbeats_per_second: float = Field(default=50.0, ge=0)
+    """Past this many nodes x heartbeats a second, the interval (and the timeout with it)
+    stretches to keep the cluster's heartbeats at this rate; 0: never (master/heartbeats.py)."""
 
 
 class PriorityWeightsConf(_Strict):

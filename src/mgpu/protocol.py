@@ -239,6 +239,14 @@ class Refused(BaseModel):
     reason: str
 
 
+class SetHeartbeat(BaseModel):
+    """Heartbeat at this interval from now on (the cluster grew or shrank: the master keeps
+    its heartbeats to `networking.max_heartbeats_per_second`)."""
+
+    type: Literal["set_heartbeat"] = "set_heartbeat"
+    heartbeat_interval: float = Field(gt=0)
+
+
 class TerminalSize(BaseModel):
     rows: int = Field(ge=1, le=10000)
     cols: int = Field(ge=1, le=10000)
@@ -344,7 +352,8 @@ MasterMessage = Annotated[
     | Forget
     | SetTimeLimit
     | TerminalInput
-    | TerminalResize,
+    | TerminalResize
+    | SetHeartbeat,
     Field(discriminator="type"),
 ]
 

@@ -1,5 +1,6 @@
-"""The node index (master/nodeindex.py): the scheduler's node views kept up to date per
-node must equal views rebuilt from every node record, after any sequence of events."""
+"""The node index (master/nodeindex.py): the scheduler's node views and free pool kept up
+to date per node must equal those rebuilt from every node record, after any sequence of
+events."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from mgpu.master.snapshot import node_views
 from mgpu.master.submit import SubmitError
 from mgpu.model import JobState
 from mgpu.protocol import GpuTelemetry
+from mgpu.scheduler import FreePool
+from poolcheck import observed
 
 NODES = ["n1", "n2", "n3"]
 OPS = [
@@ -42,6 +45,7 @@ def assert_index_fresh(h: Harness) -> None:
     kept = state.node_index.shape()
     assert [(v.node_id, v.gpu_indices, v.gpu_type, v.rack, v.features) for v in kept] == shape
     assert state.node_index.gpu_count() == sum(len(v.gpu_indices) for v in rebuilt)
+    assert observed(state.node_index.pool()) == observed(FreePool(rebuilt))
 
 
 def apply(h: Harness, op: str, k: int) -> None:

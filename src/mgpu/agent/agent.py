@@ -44,6 +44,7 @@ from mgpu.protocol import (
     Refused,
     ReservePort,
     RunningReport,
+    SetHeartbeat,
     SetTimeLimit,
     Started,
     TerminalInput,
@@ -412,6 +413,8 @@ class Agent:
                 self.launcher.set_time_limit(run, msg.time_limit)
         elif isinstance(msg, ReservePort):
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
+        elif isinstance(msg, SetHeartbeat):  # the cluster's size changed: from the next one
+            self.heartbeat_interval = msg.heartbeat_interval
         elif isinstance(msg, TerminalInput | TerminalResize):
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is None or run.terminal is None:

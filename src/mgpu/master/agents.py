@@ -129,7 +129,7 @@ class Agents:
         )
         self.state.wake()
         return Welcome(
-            heartbeat_interval=self.config.networking.heartbeat_interval,
+            heartbeat_interval=self.nodes.pace.welcome(node.node_id),
             kill=kill,
             resume=resume,
             node_secret=node_secret,
@@ -191,6 +191,9 @@ class Agents:
             log.warning("node %s said hello again on its connection: ignored", node_id)
             return
         if isinstance(msg, Heartbeat):
+            pace = self.nodes.pace.heartbeat(node_id)  # the cluster's size changed it
+            if pace is not None and node.link is not None:
+                node.link.send(pace)
             node.telemetry = {t.index: t for t in msg.telemetry}
             actions = self.gpuwatch.heartbeat(
                 node, self.state.jobs, self.state.nodes.values(), node.last_seen

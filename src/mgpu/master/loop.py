@@ -52,6 +52,7 @@ from mgpu.scheduler import (
     Decisions,
     DependencyTarget,
     Eligibility,
+    FreePool,
     JobRequest,
     NodeView,
     Reservation,
@@ -344,7 +345,7 @@ class SchedulingLoop:
         )
         found = dependency_targets(queued, self._deps_met, self.targets)
         usage = self.usage.snapshot(now, running)
-        views = self.state.node_index.views()  # kept up to date per node
+        index = self.state.node_index  # views and free pool kept up to date per node
         plan = _pure_full(
             now,
             queued,
@@ -353,8 +354,9 @@ class SchedulingLoop:
             found,
             usage,
             self.config_now(),
-            views,
+            index.views(),
             self.reservations(now),
+            index.pool(fork=False),  # the core runs at once, on the loop, on a copy
         )
         return replace(plan, seconds=time.perf_counter() - t0)
 
@@ -385,6 +387,7 @@ class SchedulingLoop:
         args = (
             now, queued, running, arrays, found, self.usage.snapshot(now, running),
             self.config_now(), self.state.node_index.views(), self.reservations(now),
+            self.state.node_index.pool(),
         )  # fmt: skip
         if offload:
             with gcpause.paused():  # the core pauses it too: one owner, on this thread
@@ -450,7 +453,9 @@ class SchedulingLoop:
             self.reservations(now),
             self._users,
         )
-        decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
+        snapshot = prepared.snapshot
+        pool = None if snapshot is None else self.state.node_index.pool(fork=False)
+        decisions = None if snapshot is None else schedule(snapshot, pool)
         return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0, quick=True)
 
     def _head(self) -> list[Job]:
@@ -588,12 +593,13 @@ def _pure_full(
     config: SchedulerConfig,
     views: Sequence[NodeView],
     reservations: Sequence[Reservation],
+    pool: FreePool | None = None,
 ) -> Plan:
     """A full pass's verdicts from plain values: no controller state is read (so it may run
-    in a worker thread while the loop goes on)."""
+    in a worker thread while the loop goes on; `pool` is a fork of the node index's)."""
     t0 = time.perf_counter()
     prepared = assemble(now, queued, running, arrays, found, usage, config, views, reservations)
-    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot)
+    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot, pool)
     capped: dict[str, list[str]] = {}
     waiting = prepared.eligibility.waiting
     for req in queued:  # tasks of one array share one verdict: kept for the quick passes

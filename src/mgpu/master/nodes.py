@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from mgpu.config import ClusterConfig
+from mgpu.master.heartbeats import HeartbeatPace
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodeauth import NodeSecrets
 from mgpu.master.registry import NodeRecord
@@ -46,6 +47,8 @@ class NodeAdmin:
         self.store = store
         self.node_secrets = node_secrets
         self.config = config
+        self.pace = HeartbeatPace(config.networking)
+        """The heartbeat interval for the cluster's size, and each node's timeout."""
 
     def drain(
         self,
@@ -122,6 +125,7 @@ class NodeAdmin:
             self.state.remove_node(node_id)
         # The secret first: should the master die in between, the node is forgotten anyway.
         self.node_secrets.forget(node_id)
+        self.pace.forget(node_id)
         self.store.delete_node(node_id)
         detail = f"requeued {', '.join(requeued)}" if requeued else None
         self.store.record_event(
@@ -134,16 +138,22 @@ class NodeAdmin:
         return requeued
 
     def check_heartbeats(self) -> None:
-        """Declare nodes silent for longer than `networking.timeout` lost: offline, their
-        connection dropped, their jobs requeued (a retry spent) or, if being cancelled,
-        ended."""
+        """Declare nodes silent for longer than their timeout (`networking.timeout`, more
+        in a big cluster: master/heartbeats.py) lost: offline, their connection dropped,
+        their jobs requeued (a retry spent) or, if being cancelled, ended.  Counts the
+        connected nodes for the heartbeat interval on the way."""
         now = self.state.clock.time()
-        timeout = self.config.networking.timeout
+        pace, connected = self.pace, 0
+        least = pace.timeout  # no node's is shorter: most are judged without a lookup
         for node in self.state.nodes.values():
+            silent = now - node.last_seen
             # An offline node may still hold jobs: loaded as running after a master restart.
-            if (node.state == NodeState.OFFLINE and not node.jobs) or (
-                now - node.last_seen <= timeout
+            if (
+                silent <= least
+                or (node.state == NodeState.OFFLINE and not node.jobs)
+                or silent <= pace.timeout_of(node.node_id)
             ):
+                connected += node.connected
                 continue
             if node.link is not None:
                 node.link.close()
@@ -156,3 +166,4 @@ class NodeAdmin:
             node.shares.clear()
             node.changed()
             node.jobs.clear()
+        pace.count(connected)

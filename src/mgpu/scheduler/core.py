@@ -90,10 +90,14 @@ _ShapeKey = tuple[object, ...]
 _shape_key = shape_key  # everything about a request that decides where it fits
 
 
-def schedule(snapshot: Snapshot) -> Decisions:
-    """Decide which pending jobs start now, where, and why the others wait."""
+def schedule(snapshot: Snapshot, pool: FreePool | None = None) -> Decisions:
+    """Decide which pending jobs start now, where, and why the others wait.
+
+    `pool`: `snapshot.nodes` as a free pool, when the caller keeps one up to date a node at
+    a time (master/nodeindex.py); the pass works on a copy of it rather than index every
+    node's view anew.  It must agree with `snapshot.nodes`."""
     with _cyclic_gc_paused():
-        return _Pass(snapshot).run()
+        return _Pass(snapshot, pool).run()
 
 
 @contextmanager
@@ -117,12 +121,12 @@ def _cyclic_gc_paused() -> Iterator[None]:
 class _Pass:
     """The mutable state of one pass: free GPUs, per-user counts, caches, decisions."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, pool: FreePool | None = None) -> None:
         self.snapshot = snapshot
         self.config = snapshot.config
         self.now = snapshot.now
         self.policy = self.config.placement_policy
-        self.pool = FreePool(snapshot.nodes)
+        self.pool = FreePool(snapshot.nodes) if pool is None else pool.copy()
         self.decisions = Decisions()
         self.user_gpus: dict[str, int] = {}  # share units (1000 = a GPU)
         self.user_jobs: dict[str, int] = {}

@@ -7,6 +7,11 @@ excluded, allowed to the user, GPU type, features) are evaluated once per distin
 combination (`Eligible`) and cached for the pass.  Shared GPUs (fractional requests, see
 `shares.py`) are kept apart from the free ones, indexed by their room; with no shared GPU
 none of this costs a whole-GPU request anything.
+
+A pool may also be kept from pass to pass by its caller and updated a node at a time
+(`put`, `drop`: the master's node index), rather than built from every node's view at
+every pass; the pass then works on a `fork` of it.  So that copies cost a copy of a few
+dicts, not of every node's free set, the free sets are frozen and replaced when they change.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ class FreePool:
     """Free GPUs of every schedulable node, bucketed by free count; updated as jobs start.
 
     `buckets[k]` holds the ids (sorted) of the nodes with exactly `k` free GPUs.  Copies
-    (`copy`) share the immutable node views and the eligibility cache, so a simulation
-    (backfill reservations, preemption) costs one copy of the free sets.
+    (`copy`) share the node views and the eligibility cache, so a simulation (backfill
+    reservations, preemption) costs a copy of the dict of (frozen) free sets.
 
     Shared GPUs (holding fractional jobs) are not free: `_shared[node][gpu]` is the share
     units in use, and `_rooms[room]` holds the (node, gpu) pairs with that much room left.
@@ -93,7 +98,7 @@ class FreePool:
     views: dict[str, NodeView]
     _all: dict[str, frozenset[int]]
     _up: dict[str, NodeView] | None
-    _free: dict[str, set[int]]
+    _free: dict[str, frozenset[int]]
     _buckets: list[list[str]]
     _eligible: dict[_EligibleKey, Eligible]
     _shared: dict[str, dict[int, int]]
@@ -105,7 +110,7 @@ class FreePool:
     def __init__(self, nodes: Iterable[NodeView]) -> None:
         # Built at every pass from every node: local names and C-level tests on purpose.
         views: dict[str, NodeView] = {}
-        free_of: dict[str, set[int]] = {}
+        free_of: dict[str, frozenset[int]] = {}
         all_of: dict[str, frozenset[int]] = {}
         self.views, self._free, self._all = views, free_of, all_of
         self._up = None
@@ -124,12 +129,7 @@ class FreePool:
                 if every is None:
                     every = sets[indices] = frozenset(indices)
                 all_of[nid] = every
-                free = set(node.free_gpus)
-                if not free <= every:
-                    free &= every
-                if node.shared:
-                    self._add_shared(nid, node.shared, every, free)
-                free_of[nid] = free
+                free_of[nid] = self._free_of(nid, node, every)
         self.max_gpus = max_gpus
         buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
         for nid, free in free_of.items():
@@ -141,12 +141,21 @@ class FreePool:
         self.up_count = len(free_of)
         self._eligible = {}
 
+    def _free_of(self, nid: str, node: NodeView, every: frozenset[int]) -> frozenset[int]:
+        """The node's free set, its shared GPUs indexed (at init or `put`)."""
+        free = node.free_gpus
+        if not isinstance(free, frozenset) or not free <= every:
+            free = frozenset(free) & every
+        if node.shared:
+            free = self._add_shared(nid, node.shared, every, free)
+        return free
+
     def copy(self) -> FreePool:
         other = FreePool.__new__(FreePool)
         other.views = self.views
         other._all = self._all
         other._up = self._up
-        other._free = {nid: set(free) for nid, free in self._free.items()}
+        other._free = dict(self._free)  # frozen sets: replaced, never changed in place
         other._buckets = [list(b) for b in self._buckets]
         other._eligible = self._eligible
         if self._shared:
@@ -159,17 +168,89 @@ class FreePool:
         other.up_count = self.up_count
         return other
 
+    def fork(self) -> FreePool:
+        """A copy that shares nothing this pool changes: for a pool kept across passes
+        (`put`, `drop`), a pass's own (which may run on another thread meanwhile)."""
+        other = self.copy()
+        other.views = dict(self.views)
+        other._all = dict(self._all)
+        # Shared on purpose: the filters' answers hold until a node's shape or up/down
+        # state changes, and then this pool starts a new dict.
+        other._eligible = self._eligible
+        return other
+
     def _add_shared(
-        self, node_id: str, shared: Mapping[int, int], every: frozenset[int], free: set[int]
-    ) -> None:
-        """Take the node's shared GPUs out of `free` and index them by room (at init)."""
+        self, node_id: str, shared: Mapping[int, int], every: frozenset[int], free: frozenset[int]
+    ) -> frozenset[int]:
+        """Index the node's shared GPUs by room; returns `free` without them."""
         used = {g: min(u, SHARE_UNITS) for g, u in shared.items() if g in every and u > 0}
         if not used:
-            return
-        free.difference_update(used)
+            return free
         self._shared[node_id] = used
         for g, u in used.items():
             self._room_add(node_id, g, u)
+        return free.difference(used)
+
+    # -- kept across passes
+
+    def put(self, node: NodeView) -> None:
+        """Add or replace one node's view (a pool kept up to date by its caller)."""
+        nid = node.node_id
+        old = self.views.get(nid)
+        if old is not None:
+            self._remove(nid, old, node)
+        else:
+            self._eligible = {}  # a new dict: copies keep theirs
+        self.views[nid] = node
+        self._up = None  # a new dict when asked: copies keep theirs
+        indices = node.gpu_indices
+        if len(indices) > self.max_gpus:
+            self._buckets.extend([] for _ in range(len(indices) - self.max_gpus))
+            self.max_gpus = len(indices)
+        elif old is not None and len(old.gpu_indices) == self.max_gpus > len(indices):
+            self._fit_max()
+        if node.schedulable:
+            every = self._all[nid] = frozenset(indices)
+            free = self._free[nid] = self._free_of(nid, node, every)
+            bisect.insort(self._buckets[len(free)], nid)
+            self.total_free += len(free)
+            self.up_count += 1
+
+    def drop(self, node_id: str) -> None:
+        """Forget one node (a pool kept up to date by its caller)."""
+        old = self.views.get(node_id)
+        if old is not None:
+            self._remove(node_id, old, None)
+            del self.views[node_id]
+            self._up = None
+            if len(old.gpu_indices) == self.max_gpus:
+                self._fit_max()
+
+    def _fit_max(self) -> None:
+        """`max_gpus` anew after the largest node shrank or went (rare: a look at all)."""
+        self.max_gpus = max((len(v.gpu_indices) for v in self.views.values()), default=0)
+        del self._buckets[self.max_gpus + 1 :]
+
+    def _remove(self, nid: str, old: NodeView, new: NodeView | None) -> None:
+        """Take the node out of the index before its view is replaced (`new`) or dropped;
+        the cached answers go if what they are made of changed."""
+        free = self._free.pop(nid, None)
+        if free is not None:
+            bucket = self._buckets[len(free)]
+            del bucket[bisect.bisect_left(bucket, nid)]
+            self.total_free -= len(free)
+            self.up_count -= 1
+            self._all.pop(nid, None)
+            for g, used in self._shared.pop(nid, {}).items():
+                self._room_remove(nid, g, used)
+        if (
+            new is None
+            or new.schedulable != old.schedulable
+            or new.gpu_indices != old.gpu_indices
+            or new.gpu_type != old.gpu_type
+            or new.features != old.features
+        ):
+            self._eligible = {}  # a new dict: copies keep theirs
 
     # -- queries
 
@@ -313,9 +394,7 @@ class FreePool:
             if p.share:
                 self._take_share(p.node_id, free, p.gpu_ids, p.share)
                 continue
-            before = len(free)
-            free.difference_update(p.gpu_ids)
-            self._moved(p.node_id, before, len(free))
+            self._replace(p.node_id, free, free.difference(p.gpu_ids))
 
     def release(self, node_id: str, gpu_ids: Iterable[int], share: int = 0) -> None:
         """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored.
@@ -328,15 +407,14 @@ class FreePool:
         if share:
             self._release_share(node_id, free, gpu_ids, share)
             return
-        before = len(free)
-        free.update(gpu_ids)
-        if len(free) > before:
-            if not free <= self._all[node_id]:
-                free &= self._all[node_id]
+        new = free.union(gpu_ids)
+        if len(new) > len(free):
+            if not new <= self._all[node_id]:
+                new &= self._all[node_id]
             shared = self._shared.get(node_id)
             if shared:  # a GPU with shares left is not free, whatever was released
-                free.difference_update(shared)
-        self._moved(node_id, before, len(free))
+                new = new.difference(shared)
+        self._replace(node_id, free, new)
 
     def release_all(self, placements: Iterable[Placement]) -> None:
         """`release` every placement (a job's GPUs, whole or shared)."""
@@ -369,10 +447,10 @@ class FreePool:
             if free is None:
                 continue
             shared = self._shared.get(nid)
-            before = len(free)
+            gone: list[int] = []
             for g in p.gpu_ids:
-                if g in free:
-                    free.discard(g)
+                if g in free and g not in gone:
+                    gone.append(g)
                     taken.append((nid, g, 0))
                 elif shared and g in shared:
                     used = shared.pop(g)
@@ -380,7 +458,8 @@ class FreePool:
                     taken.append((nid, g, used))
             if shared is not None and not shared:
                 del self._shared[nid]
-            self._moved(nid, before, len(free))
+            if gone:
+                self._replace(nid, free, free.difference(gone))
         return taken
 
     def restore(self, taken: Iterable[tuple[str, int, int]]) -> None:
@@ -391,17 +470,15 @@ class FreePool:
                 self._shared.setdefault(nid, {})[g] = used
                 self._room_add(nid, g, used)
             else:
-                before = len(free)
-                free.add(g)
-                self._moved(nid, before, before + 1)
+                self._replace(nid, free, free | {g})
 
-    def _take_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+    def _take_share(
+        self, nid: str, free: frozenset[int], gpu_ids: Iterable[int], share: int
+    ) -> None:
         shared = self._shared.get(nid)
         for g in gpu_ids:
             if g in free:
-                before = len(free)
-                free.discard(g)
-                self._moved(nid, before, before - 1)
+                free = self._replace(nid, free, free - {g})
                 if shared is None:
                     shared = self._shared[nid] = {}
                 used = min(share, SHARE_UNITS)
@@ -414,7 +491,9 @@ class FreePool:
             shared[g] = used
             self._room_add(nid, g, used)
 
-    def _release_share(self, nid: str, free: set[int], gpu_ids: Iterable[int], share: int) -> None:
+    def _release_share(
+        self, nid: str, free: frozenset[int], gpu_ids: Iterable[int], share: int
+    ) -> None:
         shared = self._shared.get(nid)
         if not shared:
             return
@@ -429,9 +508,7 @@ class FreePool:
                 self._room_add(nid, g, used)
                 continue
             del shared[g]
-            before = len(free)
-            free.add(g)
-            self._moved(nid, before, before + 1)
+            free = self._replace(nid, free, free | {g})
         if not shared:
             del self._shared[nid]
 
@@ -447,6 +524,12 @@ class FreePool:
             spots.pop((nid, g), None)
             if not spots:
                 del self._rooms[room]
+
+    def _replace(self, node_id: str, old: frozenset[int], new: frozenset[int]) -> frozenset[int]:
+        """The node's free set is now `new` (was `old`); returns `new`."""
+        self._free[node_id] = new
+        self._moved(node_id, len(old), len(new))
+        return new
 
     def _moved(self, node_id: str, before: int, after: int) -> None:
         if before == after:
