@@ -56,3 +56,12 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A master and two agents with 4 fake GPUs each, on loopback."""
     with local_cluster(tmp_path, agents=2, gpus=4) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def refusing_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A cluster like `cluster`, shared by the tests of requests that must be refused: each
+    of them checks that nothing was queued, so none leaves anything for the next (starting
+    a master and its agents costs ~2.5 s; there are a few dozen such cases)."""
+    with local_cluster(tmp_path_factory.mktemp("refusing"), agents=2, gpus=4) as c:
+        yield c

@@ -271,8 +271,9 @@ def test_queue_show_nodes_json_and_tables(cluster: LocalCluster) -> None:
     ],
 )
 def test_bad_input_is_refused_and_nothing_queued(
-    cluster: LocalCluster, args: list[str], message: str
+    refusing_cluster: LocalCluster, args: list[str], message: str
 ) -> None:
+    cluster = refusing_cluster
     before = len(cluster.client().queue(all=True)["jobs"])
     res = cluster.cli("submit", *args)
     assert res.returncode != 0

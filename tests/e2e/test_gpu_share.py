@@ -121,8 +121,9 @@ def test_policies_pack_or_spread_shares(tmp_path: Path, policy: str, same_gpu: b
     ],
 )
 def test_bad_shares_are_refused_with_one_sentence(
-    cluster: LocalCluster, args: list[str], words: str
+    refusing_cluster: LocalCluster, args: list[str], words: str
 ) -> None:
+    cluster = refusing_cluster
     res = cluster.cli("submit", *args, "true")
     assert res.returncode != 0
     assert res.stderr.startswith("mgpu: error: ") and res.stderr.count("\n") == 1, res.stderr

@@ -205,7 +205,8 @@ def test_node_access_rules_at_submit_and_placement(secured: LocalCluster) -> Non
         ("tab\there", "name"),
     ],
 )
-def test_hostile_names_are_refused(cluster: LocalCluster, name: str, message: str) -> None:
+def test_hostile_names_are_refused(refusing_cluster: LocalCluster, name: str, message: str) -> None:
+    cluster = refusing_cluster
     with pytest.raises(MgpuError, match=message):
         cluster.client().submit("true", name=name)
     assert cluster.client().queue(all=True)["jobs"] == []

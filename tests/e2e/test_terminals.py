@@ -226,8 +226,9 @@ REFUSED = [
 
 @pytest.mark.parametrize(("args", "sentence"), REFUSED)
 def test_bad_terminal_and_allocation_requests_are_one_sentence(
-    cluster: LocalCluster, args: list[str], sentence: str
+    refusing_cluster: LocalCluster, args: list[str], sentence: str
 ) -> None:
+    cluster = refusing_cluster
     res = cluster.cli(*args)
     assert res.returncode != 0
     assert res.stderr.startswith("mgpu: error: ") and sentence in res.stderr
