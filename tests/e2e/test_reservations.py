@@ -94,7 +94,7 @@ def test_window_kept_for_its_members(tmp_path: Path) -> None:
     with local_cluster(tmp_path, agents=1, gpus=2) as c:
         client = c.client()
         me = client.whoami()["user"]
-        c.cli("reserve", "create", "course", "--gpus", "1", "--start", "now+0.15",
+        c.cli("reserve", "create", "course", "--gpus", "1", "--start", "now+0.05",
               "--duration", "10", "--users", me, check=True)  # fmt: skip
         (r,) = reservations(c)
         reserved = r["allocation"][0]["gpu_ids"]

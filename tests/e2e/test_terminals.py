@@ -129,11 +129,17 @@ def test_pty_is_a_terminal_of_the_users_size(cluster: LocalCluster, term: Any) -
 
 
 def test_a_resize_reaches_the_program(cluster: LocalCluster, term: Any) -> None:
+    # The handler exits: the signal may come before pause() is reached (which would then
+    # wait for ever).
     program = (
-        "import os, signal\n"
-        "signal.signal(signal.SIGWINCH, lambda *a: print('winch', *os.get_terminal_size()))\n"
+        "import os, signal, sys\n"
+        "def winch(*a):\n"
+        "    print('winch', *os.get_terminal_size())\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGWINCH, winch)\n"
         "print('ready', flush=True)\n"
-        "signal.pause()\n"
+        "while True:\n"
+        "    signal.pause()\n"
     )
     t = term("srun", "--pty", "--", PY, "-c", program, rows=24, cols=80)
     t.expect("ready")
