@@ -3,7 +3,7 @@
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
     sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...; shift;
-           "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
+           "$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged, recycle
+from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
 from mgpu.agent.spawn import (
     PTY_SHIM,
     READ_CHUNK,
@@ -123,6 +123,8 @@ class Running:
     """The time limit's and the warning signal's (re-armed when the limit changes)."""
     terminal: Terminal | None = None
 
+
+EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
 """(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
@@ -235,8 +237,10 @@ class Launcher:
             for path, key in ((out_path, pool), (err_path, pool), (exit_path, f"{pool}x")):
                 if pool:
                     self.pool.take(key, path)
-                fds.append(os.open(path, flags, 0o600))
+                # The exit file is not truncated: its first line is blanked (see SHIM).
+                fds.append(os.open(path, EXIT_FLAGS if path == exit_path else flags, 0o600))
                 made.append(path)
+            os.pwrite(fds[2], b"\n", 0)
         except OSError as e:
             close_all(fds)
             recycle.unlink_all(made)
@@ -252,10 +256,8 @@ class Launcher:
                 os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
             home = self._home
             if user_ids is not None:
-                import pwd
-
                 uid, gid, _ = user_ids
-                home = pwd.getpwuid(uid).pw_dir
+                home = accounts.home_of(uid)
                 os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
             if not os.path.isdir(home):
                 home = "/"
@@ -549,7 +551,8 @@ class Launcher:
             if rc is not None:
                 return 128 - rc if rc < 0 else rc
         try:
-            return int(Path(run.rec.exit_path).read_text().strip())
+            with open(run.rec.exit_path, "rb") as f:
+                return int(f.readline())  # the rest: what an earlier run left (see SHIM)
         except (OSError, ValueError):
             return None
 

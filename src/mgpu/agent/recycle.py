@@ -54,9 +54,10 @@ class Pool:
                 self._count = max(self._count, int(m.group(2)) + 1)
 
     def take(self, key: str, path: str) -> None:
-        """Give `path` an emptied file of the pool `key`, if there is one (else the caller's
-        open creates it).  The file is empty, 0600 and owned by whoever the key's runs
-        left it to: the caller opens it with O_TRUNC and sets its owner as for a new one."""
+        """Give `path` a file of the pool `key`, if there is one (else the caller's open
+        creates it).  The file is 0600, owned by whoever the key's runs left it to, and
+        empty unless it is an exit file (see `recycle`): the caller opens it as a new one
+        and sets its owner."""
         free = self.free.get(key)
         while free:
             try:
@@ -99,14 +100,19 @@ class Pool:
 def recycle(moves: list[tuple[str, str | None]]) -> list[str]:
     """Empty each file and rename it into the pool, or remove it (name None); a
     directory (a job script's) is removed.  Run records are not emptied: they are written
-    over whole before they are named again (`Launcher.save`).  Returns the pool names
-    filled.  Blocking: run it in a thread."""
-    records = f"/{PREFIX}{RECORDS}."
+    over whole before they are named again (`Launcher.save`); nor are exit files: a run's
+    first line is blanked at its start, and the shim writes over it
+    (mgpu.agent.spawn.SHIM).  Returns the pool names filled.  Blocking: run it in a
+    thread."""
     done = []
     for path, name in moves:
         if name is not None:
             try:
-                if records not in name:
+                # Only stdout and stderr files (keys: a uid) are emptied, and only when
+                # they hold something: a truncation frees blocks (and, on `discard`
+                # mounts, tells the disk), which a later write would allocate again.
+                key = name[name.rindex("/") + 1 + len(PREFIX) :].split(".", 1)[0]
+                if key.isdigit() and os.stat(path).st_size:
                     os.truncate(path, 0)
                 os.rename(path, name)
                 done.append(name)
