@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
 from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
@@ -141,6 +142,9 @@ class Launcher:
         """Files of ended runs, with the pool each goes back to (None: removed)."""
         self.pool = recycle.Pool(str(spool))
         self._uid = os.geteuid()
+        self._tag = os.urandom(6).hex()
+        """This agent process's part of its runs' tags (with a count: unique per run)."""
+        self._runs = 0
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
@@ -180,7 +184,10 @@ class Launcher:
         record's blocks are not flushed first, and whole once it has its name."""
         path = self._record_path(rec)
         spare = self.pool.spare(recycle.RECORDS) if new else None
-        data = json.dumps(vars(rec)).encode()  # flat: vars() = asdict(), no copy
+        try:
+            data = orjson.dumps(vars(rec))  # flat: vars() = asdict(), no copy
+        except orjson.JSONEncodeError:  # a path that is not UTF-8 (surrogate escapes)
+            data = json.dumps(vars(rec)).encode()
         fd = os.open(spare or path, os.O_WRONLY | os.O_CREAT | (0 if spare else os.O_TRUNC), 0o600)
         try:
             os.write(fd, data)
@@ -270,7 +277,8 @@ class Launcher:
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
             # or another node's part when agents share a machine) must not match.
-            tag = f"{job_id}.{epoch}.{os.urandom(6).hex()}"
+            self._runs += 1
+            tag = f"{job_id}.{epoch}.{self._tag}{self._runs}"
             full_env["MGPU_RUN_TAG"] = tag
             hosts = ""
             if hostfile is not None:

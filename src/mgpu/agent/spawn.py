@@ -134,11 +134,23 @@ def same_ids(uid: int, gid: int, groups: list[int]) -> bool:
     """Whether the agent already has exactly these ids (a root job of a root agent).  Then
     the switch is left out: it would change nothing, and any uid/gid switch makes Popen
     fork the whole agent instead of vfork (a copy of its page tables per job)."""
+    own = _own_ids()
     return (
-        os.getresuid() == (uid, uid, uid)
-        and os.getresgid() == (gid, gid, gid)
-        and set(os.getgroups()) - {gid} == set(groups) - {gid}  # gid counts as a member anyway
+        own[0] == (uid, uid, uid)
+        and own[1] == (gid, gid, gid)
+        and own[2] - {gid} == set(groups) - {gid}  # gid counts as a member anyway
     )
+
+
+_ids: tuple[tuple[int, int, int], tuple[int, int, int], set[int]] | None = None
+
+
+def _own_ids() -> tuple[tuple[int, int, int], tuple[int, int, int], set[int]]:
+    """The agent's uids, gids and groups, read once: it never changes them."""
+    global _ids
+    if _ids is None:
+        _ids = (os.getresuid(), os.getresgid(), set(os.getgroups()))
+    return _ids
 
 
 def admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
@@ -182,9 +194,14 @@ def process_start_time(pid: int) -> float | None:
     times are not."""
     global _boot_time
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # not open(): 4 syscalls
+        try:
+            stat = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
+        return None
+    if not stat:
         return None
     fields = stat.rsplit(b")", 1)[1].split()
     ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
