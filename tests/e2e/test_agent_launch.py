@@ -199,6 +199,49 @@ def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path
     asyncio.run(scenario())
 
 
+def test_a_restarted_agent_reads_exit_codes_from_reused_files_and_keeps_running_ones(
+    tmp_path: Path,
+) -> None:
+    """Exit files are used again without being emptied: a shorter code written over a
+    longer one still reads right.  A new agent process reads the code from the file (it
+    is not the shim's parent), and does not hand out the files of runs still going."""
+    me = (os.geteuid(), os.getegid(), os.getgroups())
+
+    async def ended(launcher: Launcher, job: str, argv: list[str]) -> Any:
+        run = launcher.launch(job, 1, argv, {}, "/", None, 1.0, me)
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        return run
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        first = await ended(launcher, "j1", ["/bin/sh", "-c", "exit 123"])
+        assert launcher.exit_code(first) == 123
+        launcher.finish(first)
+        sweeper = asyncio.create_task(launcher.sweep(interval=0.02))
+        while launcher._trash or not launcher.pool.free.get(f"{me[0]}x"):
+            await asyncio.sleep(0.02)
+        second = await ended(launcher, "j2", ["/bin/sh", "-c", "exit 4"])
+        assert second.rec.exit_path == first.rec.exit_path  # the same file, not emptied
+        assert Path(second.rec.exit_path).read_bytes().startswith(b"4\n")
+        going = launcher.launch("j3", 1, ["sleep", "30"], {}, "/", None, 1.0, me)
+        sweeper.cancel()
+        # A new agent process: the shims are not its children.
+        later = _launcher(tmp_path)
+        records = {rec.job_id: rec for rec in later.load_previous()}
+        assert set(records) == {"j2", "j3"}
+        assert later.exit_code(later.adopt(records["j2"])) == 4
+        adopted = later.adopt(records["j3"])
+        assert not adopted.exited.is_set()
+        free = {p for paths in later.pool.free.values() for p in paths}
+        assert not free & {going.rec.out_path, going.rec.err_path, going.rec.exit_path}
+        os.killpg(going.rec.pid, 9)
+        await asyncio.wait_for(adopted.exited.wait(), 20)
+        going.popen.wait()  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+
+
 @ROOT_ONLY
 def test_other_users_runs_start_through_the_spawner_with_their_ids_and_cgroup(
     tmp_path: Path,

@@ -199,13 +199,13 @@ class Launcher:
             os.rename(spare, path)
 
     def load_previous(self) -> list[RunRecord]:
-        self.pool.adopt()
         records = []
         for path in sorted(self.spool.glob("*.run")):
             try:
                 records.append(RunRecord(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError):
                 continue
+        self.pool.adopt({p for rec in records for p in (rec.out_path, rec.err_path, rec.exit_path)})
         return records
 
     # ---- launch -------------------------------------------------------------
@@ -233,17 +233,19 @@ class Launcher:
         `script`: (name, text) of a job script, run with `argv` as its arguments.
         `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
         base = f"{self.spool}/{job_id}.{epoch}"  # strings, not Paths: this is a hot path
-        out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
+        # Files its processes hold are pool files of its user's only (mgpu.agent.recycle).
+        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
+        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
+        if pool:
+            take = self.pool.take
+            out_path, err_path, exit_path = take(pool), take(pool), take(f"{pool}x")
+        else:
+            out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
         made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         fds: list[int] = []
-        # Files its processes hold go back to a pool of its user's only (mgpu.agent.recycle).
-        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
-        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
         try:
-            for path, key in ((out_path, pool), (err_path, pool), (exit_path, f"{pool}x")):
-                if pool:
-                    self.pool.take(key, path)
+            for path in (out_path, err_path, exit_path):
                 # The exit file is not truncated: its first line is blanked (see SHIM).
                 fds.append(os.open(path, EXIT_FLAGS if path == exit_path else flags, 0o600))
                 made.append(path)
