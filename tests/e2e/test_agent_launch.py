@@ -107,6 +107,62 @@ def test_impossible_launches_fail_their_jobs_not_the_node_or_the_connection(
     assert not [name for name in seen["spool"] if not name.startswith("good")], seen["spool"]
 
 
+def test_a_short_jobs_start_goes_with_its_end_and_a_long_jobs_start_goes_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's start is held (STARTED_HOLD) so that a short job's start and end reach the
+    master in one frame; a job still running when the hold is over is reported started
+    then, before it ends, with the time it really started."""
+    import websockets
+
+    from mgpu.agent import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "STARTED_HOLD", 0.5)  # ample on a loaded machine
+    frames: list[list[dict[str, Any]]] = []
+
+    async def scenario() -> None:
+        done = asyncio.Event()
+
+        async def serve(ws: Any) -> None:
+            json.loads(await ws.recv())  # hello
+            await ws.send(encode(Welcome(heartbeat_interval=30)))
+            quick = launch("quick", argv=["/bin/sh", "-c", "exit 3"])
+            slow = launch("slow", argv=["/bin/sh", "-c", "sleep 1.5"])
+            await ws.send(json.dumps([quick, slow]))
+            async for raw in ws:
+                items = json.loads(raw)
+                items = items if isinstance(items, list) else [items]
+                frames.append([m for m in items if m["type"] in ("started", "exited")])
+                ended = {m["job_id"] for f in frames for m in f if m["type"] == "exited"}
+                if ended == {"quick", "slow"}:
+                    done.set()
+                    return
+
+        async with websockets.serve(serve, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+            task = asyncio.create_task(agent.run())
+            try:
+                await asyncio.wait_for(done.wait(), 30)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(scenario())
+    told = [(m["type"], m["job_id"]) for f in frames for m in f]
+    where = {(m["type"], m["job_id"]): i for i, f in enumerate(frames) for m in f}
+    assert told.count(("started", "quick")) == 1 and told.count(("started", "slow")) == 1
+    assert where[("started", "quick")] == where[("exited", "quick")]  # one frame
+    assert told.index(("started", "quick")) < told.index(("exited", "quick"))
+    assert where[("started", "slow")] < where[("exited", "slow")]  # told while it ran
+    started, ended = (
+        next(m for f in frames for m in f if (m["type"], m["job_id"]) == key)
+        for key in (("started", "slow"), ("exited", "slow"))
+    )
+    assert ended["time"] - started["time"] > 1.0  # the real start time, not when told
+
+
 # ---- the launcher alone ---------------------------------------------------------------
 
 
