@@ -149,7 +149,7 @@ def bench_throughput(
 def median_rounds(rounds: list[tuple[float, dict[str, float]]], n: int) -> dict[str, object]:
     walls = [w for w, _ in rounds]
     wall = statistics.median(walls)
-    cpu = {role: statistics.median(c[role] for _, c in rounds) for role in rounds[0][1]}
+    cpu = {role: round(statistics.median(c[role] for _, c in rounds), 2) for role in rounds[0][1]}
     return {
         "wall_s": round(wall, 3),
         "rounds_wall_s": [round(w, 3) for w in walls],
