@@ -6,7 +6,11 @@
     job's start_time (when the agent had started the process) minus its
     submit_time, both stamped on this machine's clock;
 (b) throughput: 1000 `true` jobs, wall time from the first submit to the last
-    completion; three rounds, the median quoted (this VM's timings wander by ±15 %);
+    completion; three rounds, the median quoted (this VM's timings wander by ±15 %).
+    Three ways: "serial", one client thread submitting one job after another (each
+    submit a round trip, so the client itself sets a floor); "threaded", 8 client
+    threads at once (as many users would; submits then share the master's commits);
+    "array", one 1000-task job array (Slurm's high-throughput advice);
 (c) the floor: a bare `subprocess.run(["true"])` in the same run;
 (d) CPU time a job during (b), by process: the master, the agents (with their spawners),
     the jobs' own processes (shims and `true`, reaped by the agents or spawners) and this
@@ -27,7 +31,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -37,6 +43,9 @@ from mgpu.testing import LocalCluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latency.json"
 ROUNDS = int(os.environ.get("BENCH_THROUGHPUT_ROUNDS", 3))
+THREADS = 8
+MODES = ("serial", "threaded", "array")
+JOB: dict[str, object] = {"gpus": 1, "env": {}, "cwd": "/"}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -85,14 +94,48 @@ def cpu_by_role(cluster: LocalCluster) -> dict[str, float]:
     return out
 
 
+def submit_serial(client: Client, n: int) -> list[str]:
+    return [client.submit(["true"], **JOB).id for _ in range(n)]
+
+
+def submit_threaded(make_client: Callable[[], Client], n: int) -> list[str]:
+    """`n` jobs from THREADS threads, each with its own client (connection)."""
+    ids: list[list[str]] = [[] for _ in range(THREADS)]
+    errors: list[BaseException] = []
+
+    def submit(k: int) -> None:
+        try:
+            with make_client() as client:
+                for _ in range(n // THREADS + (k < n % THREADS)):
+                    ids[k].append(client.submit(["true"], **JOB).id)
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=submit, args=(k,)) for k in range(THREADS)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return [i for chunk in ids for i in chunk]
+
+
+def submit_array(client: Client, n: int) -> list[str]:
+    job = client.submit(["true"], array=f"0-{n - 1}", **JOB)
+    assert job.task_ids is not None and len(job.task_ids) == n, job
+    return list(job.task_ids)
+
+
 def bench_throughput(
-    cluster: LocalCluster, client: Client, n: int
+    cluster: LocalCluster, client: Client, submit: Callable[[], list[str]], n: int
 ) -> tuple[float, dict[str, float]]:
-    """Wall seconds for `n` jobs, and CPU ms a job by role (and the load average)."""
+    """Wall seconds for the `n` jobs `submit` queues, and CPU ms a job by role (and the
+    load average)."""
     load = os.getloadavg()[0]
     before = cpu_by_role(cluster)
     t0 = time.perf_counter()
-    ids = [client.submit(["true"], gpus=1, env={}, cwd="/").id for _ in range(n)]
+    ids = submit()
     for done in client.wait_all(ids, timeout=300):
         assert done["state"] == "completed", done
     wall = time.perf_counter() - t0
@@ -103,9 +146,23 @@ def bench_throughput(
     return wall, cpu
 
 
+def median_rounds(rounds: list[tuple[float, dict[str, float]]], n: int) -> dict[str, object]:
+    walls = [w for w, _ in rounds]
+    wall = statistics.median(walls)
+    cpu = {role: round(statistics.median(c[role] for _, c in rounds), 2) for role in rounds[0][1]}
+    return {
+        "wall_s": round(wall, 3),
+        "rounds_wall_s": [round(w, 3) for w in walls],
+        "jobs_per_s": round(n / wall, 1),
+        "cpu_ms_per_job": cpu,
+        "rounds_cpu_ms_per_job": [c for _, c in rounds],
+    }
+
+
 def main() -> None:
     n_latency = int(os.environ.get("BENCH_LATENCY_JOBS", 200))
     n_throughput = int(os.environ.get("BENCH_THROUGHPUT_JOBS", 1000))
+    modes = os.environ.get("BENCH_MODES", ",".join(MODES)).split(",")
     with tempfile.TemporaryDirectory(prefix="mgpu-bench-") as tmp:
         cluster = LocalCluster(Path(tmp))
         try:
@@ -115,14 +172,25 @@ def main() -> None:
             with cluster.client() as client:
                 bench_latency(client, 20)  # warm-up
                 latencies = bench_latency(client, n_latency)
-                runner = client
-                if os.environ.get("BENCH_USER"):
-                    token = client.create_token(os.environ["BENCH_USER"])["token"]
-                    runner = Client(cluster.address, token=token)
-                rounds = [bench_throughput(cluster, runner, n_throughput) for _ in range(ROUNDS)]
-                walls = [w for w, _ in rounds]
-                wall = statistics.median(walls)
-                cpu = {role: statistics.median(c[role] for _, c in rounds) for role in rounds[0][1]}
+                user = os.environ.get("BENCH_USER")
+                token = client.create_token(user)["token"] if user else client.token
+
+                def make_client() -> Client:
+                    return Client(cluster.address, token=token)
+
+                runner = make_client()
+                submits: dict[str, Callable[[], list[str]]] = {
+                    "serial": lambda: submit_serial(runner, n_throughput),
+                    "threaded": lambda: submit_threaded(make_client, n_throughput),
+                    "array": lambda: submit_array(runner, n_throughput),
+                }
+                throughput = {}
+                for mode in modes:
+                    rounds = [
+                        bench_throughput(cluster, runner, submits[mode], n_throughput)
+                        for _ in range(ROUNDS)
+                    ]
+                    throughput[mode] = median_rounds(rounds, n_throughput)
         finally:
             cluster.stop()
     floor = floor_subprocess()
@@ -141,11 +209,8 @@ def main() -> None:
             "mean": round(statistics.fmean(latencies) * 1000, 2),
         },
         "throughput_jobs": n_throughput,
-        "throughput_wall_s": round(wall, 3),
-        "throughput_rounds_wall_s": [round(w, 3) for w in walls],
-        "throughput_jobs_per_s": round(n_throughput / wall, 1),
-        "throughput_cpu_ms_per_job": cpu,
-        "throughput_rounds_cpu_ms_per_job": [c for _, c in rounds],
+        "throughput_threads": THREADS,
+        "throughput": throughput,
         "floor_subprocess_run_true_ms": round(floor * 1000, 3),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -154,16 +219,17 @@ def main() -> None:
     print(
         f"submit->running latency over {n_latency} jobs: p50 {lat['p50']} ms, p99 {lat['p99']} ms"
     )
-    print(
-        f"throughput: {n_throughput} jobs in {wall:.2f} s = "
-        f"{result['throughput_jobs_per_s']} jobs/s end to end "
-        f"(median of {ROUNDS}: {', '.join(f'{w:.2f}' for w in walls)} s)"
-    )
-    print(
-        "CPU a job (median): "
-        + ", ".join(f"{role} {ms} ms" for role, ms in cpu.items() if role != "load")
-        + f" (load average up to {cpu['load']})"
-    )
+    for mode, got in throughput.items():
+        cpu = got["cpu_ms_per_job"]
+        assert isinstance(cpu, dict)
+        print(
+            f"throughput, {mode}: {n_throughput} jobs in {got['wall_s']:.2f} s = "
+            f"{got['jobs_per_s']} jobs/s end to end (median of {ROUNDS}: "
+            + ", ".join(f"{w:.2f}" for w in got["rounds_wall_s"])  # type: ignore[attr-defined]
+            + " s); CPU a job: "
+            + ", ".join(f"{role} {ms} ms" for role, ms in cpu.items() if role != "load")
+            + f" (load average up to {cpu['load']})"
+        )
     print(f"floor: subprocess.run(['true']) median {result['floor_subprocess_run_true_ms']} ms")
     print(f"written to {RESULTS}")
 

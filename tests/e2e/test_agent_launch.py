@@ -107,6 +107,62 @@ def test_impossible_launches_fail_their_jobs_not_the_node_or_the_connection(
     assert not [name for name in seen["spool"] if not name.startswith("good")], seen["spool"]
 
 
+def test_a_short_jobs_start_goes_with_its_end_and_a_long_jobs_start_goes_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's start is held (STARTED_HOLD) so that a short job's start and end reach the
+    master in one frame; a job still running when the hold is over is reported started
+    then, before it ends, with the time it really started."""
+    import websockets
+
+    from mgpu.agent import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "STARTED_HOLD", 0.5)  # ample on a loaded machine
+    frames: list[list[dict[str, Any]]] = []
+
+    async def scenario() -> None:
+        done = asyncio.Event()
+
+        async def serve(ws: Any) -> None:
+            json.loads(await ws.recv())  # hello
+            await ws.send(encode(Welcome(heartbeat_interval=30)))
+            quick = launch("quick", argv=["/bin/sh", "-c", "exit 3"])
+            slow = launch("slow", argv=["/bin/sh", "-c", "sleep 1.5"])
+            await ws.send(json.dumps([quick, slow]))
+            async for raw in ws:
+                items = json.loads(raw)
+                items = items if isinstance(items, list) else [items]
+                frames.append([m for m in items if m["type"] in ("started", "exited")])
+                ended = {m["job_id"] for f in frames for m in f if m["type"] == "exited"}
+                if ended == {"quick", "slow"}:
+                    done.set()
+                    return
+
+        async with websockets.serve(serve, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+            task = asyncio.create_task(agent.run())
+            try:
+                await asyncio.wait_for(done.wait(), 30)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(scenario())
+    told = [(m["type"], m["job_id"]) for f in frames for m in f]
+    where = {(m["type"], m["job_id"]): i for i, f in enumerate(frames) for m in f}
+    assert told.count(("started", "quick")) == 1 and told.count(("started", "slow")) == 1
+    assert where[("started", "quick")] == where[("exited", "quick")]  # one frame
+    assert told.index(("started", "quick")) < told.index(("exited", "quick"))
+    assert where[("started", "slow")] < where[("exited", "slow")]  # told while it ran
+    started, ended = (
+        next(m for f in frames for m in f if (m["type"], m["job_id"]) == key)
+        for key in (("started", "slow"), ("exited", "slow"))
+    )
+    assert ended["time"] - started["time"] > 1.0  # the real start time, not when told
+
+
 # ---- the launcher alone ---------------------------------------------------------------
 
 
@@ -195,6 +251,49 @@ def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path
         exits = await asyncio.wait_for(pooled(launcher, f"{them[0]}x", 1), 10)
         assert [os.stat(p).st_uid for p in exits] == [them[0]]
         sweeper.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_agent_reads_exit_codes_from_reused_files_and_keeps_running_ones(
+    tmp_path: Path,
+) -> None:
+    """Exit files are used again without being emptied: a shorter code written over a
+    longer one still reads right.  A new agent process reads the code from the file (it
+    is not the shim's parent), and does not hand out the files of runs still going."""
+    me = (os.geteuid(), os.getegid(), os.getgroups())
+
+    async def ended(launcher: Launcher, job: str, argv: list[str]) -> Any:
+        run = launcher.launch(job, 1, argv, {}, "/", None, 1.0, me)
+        await asyncio.wait_for(run.exited.wait(), 20)
+        await launcher.kill_leftovers(run)
+        return run
+
+    async def scenario() -> None:
+        launcher = _launcher(tmp_path)
+        first = await ended(launcher, "j1", ["/bin/sh", "-c", "exit 123"])
+        assert launcher.exit_code(first) == 123
+        launcher.finish(first)
+        sweeper = asyncio.create_task(launcher.sweep(interval=0.02))
+        while launcher._trash or not launcher.pool.free.get(f"{me[0]}x"):
+            await asyncio.sleep(0.02)
+        second = await ended(launcher, "j2", ["/bin/sh", "-c", "exit 4"])
+        assert second.rec.exit_path == first.rec.exit_path  # the same file, not emptied
+        assert Path(second.rec.exit_path).read_bytes().startswith(b"4\n")
+        going = launcher.launch("j3", 1, ["sleep", "30"], {}, "/", None, 1.0, me)
+        sweeper.cancel()
+        # A new agent process: the shims are not its children.
+        later = _launcher(tmp_path)
+        records = {rec.job_id: rec for rec in later.load_previous()}
+        assert set(records) == {"j2", "j3"}
+        assert later.exit_code(later.adopt(records["j2"])) == 4
+        adopted = later.adopt(records["j3"])
+        assert not adopted.exited.is_set()
+        free = {p for paths in later.pool.free.values() for p in paths}
+        assert not free & {going.rec.out_path, going.rec.err_path, going.rec.exit_path}
+        os.killpg(going.rec.pid, 9)
+        await asyncio.wait_for(adopted.exited.wait(), 20)
+        going.popen.wait()  # type: ignore[union-attr]
 
     asyncio.run(scenario())
 

@@ -115,6 +115,48 @@ def test_a_message_that_cannot_be_encoded_is_refused_alone() -> None:
     assert not link.closed
 
 
+def test_acknowledgements_alone_wait_for_the_next_message_to_share_its_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Forget waits (at most ACK_WAIT) for the next message to the agent, and both go in
+    one frame; a Forget with nothing after it still goes out on its own."""
+    from mgpu.master import registry
+    from mgpu.master.registry import ACK
+
+    monkeypatch.setattr(registry, "ACK_WAIT", 0.5)  # ample on a loaded machine
+
+    forget = Forget(job_id="a1b2c3d4", epoch=1)
+    assert encode(forget).startswith(ACK)  # how the link tells an acknowledgement
+    kill = Kill(job_id="e5f6a7b8", reason="cancelled")
+
+    async def until(condition: Any) -> None:
+        for _ in range(2000):
+            if condition():
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError("not in time")
+
+    async def main() -> tuple[list[str], list[str]]:
+        ws = FakeWebSocket()
+        link = AgentLink("n1", ws)
+        writer = asyncio.create_task(link.writer())
+        link.send(forget)
+        await asyncio.sleep(0.02)
+        assert ws.frames == []  # still waiting for company
+        link.send(kill)
+        await until(lambda: len(ws.frames) == 1)
+        together = list(ws.frames)
+        link.send(forget)
+        await until(lambda: len(ws.frames) == 2)
+        link.close()
+        await asyncio.wait_for(writer, 5)
+        return together, ws.frames[1:]
+
+    together, alone = asyncio.run(main())
+    assert [parse_master_messages(f) for f in together] == [[forget, kill]]
+    assert [parse_master_messages(f) for f in alone] == [[forget]]
+
+
 def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,4 +1,4 @@
-"""Spool files go back to a pool per user and are renamed out of it for later runs."""
+"""Spool files go back to a pool per user and are used again, as they are, by later runs."""
 
 from __future__ import annotations
 
@@ -15,19 +15,36 @@ def _file(path: Path, text: str = "old output\n") -> Path:
 
 def test_a_finished_file_is_emptied_and_given_to_a_later_run_of_its_key(tmp_path: Path) -> None:
     pool = Pool(str(tmp_path))
-    old = _file(tmp_path / "j1.1.out")
-    inode = old.stat().st_ino
-    moves = pool.names([(str(old), "1000")])
+    first = pool.take("1000")  # an empty pool: a new name, made by the caller's open
+    assert os.path.basename(first).startswith(".pool.1000.") and not os.path.exists(first)
+    _file(Path(first))
+    inode = os.stat(first).st_ino
+    moves = pool.names([(first, "1000")])
+    assert moves == [(first, first)]  # it keeps its name: no rename
     pool.recycled(recycle(moves))
-    assert not old.exists()
-    pool.take("1001", str(tmp_path / "j2.1.out"))  # another user's pool: nothing there
-    assert not (tmp_path / "j2.1.out").exists()
-    pool.take("1000", str(tmp_path / "j3.1.out"))
-    new = tmp_path / "j3.1.out"
-    assert (new.stat().st_ino, new.read_text()) == (inode, "")
+    assert pool.take("1001") != first  # another user's pool: not this file
+    again = pool.take("1000")
+    assert again == first and (os.stat(again).st_ino, Path(again).read_text()) == (inode, "")
     assert pool.free["1000"] == []
-    pool.take("1000", str(tmp_path / "j4.1.out"))  # empty pool: left to the caller's open
-    assert not (tmp_path / "j4.1.out").exists()
+    assert pool.take("1000") not in (first, None)  # empty pool again: a new name
+
+
+def test_a_file_not_named_by_the_pool_is_renamed_into_it(tmp_path: Path) -> None:
+    pool = Pool(str(tmp_path))
+    old = _file(tmp_path / "j1.1.out")  # a run of an older agent
+    pool.recycled(recycle(pool.names([(str(old), "1000")])))
+    assert not old.exists()
+    (name,) = pool.free["1000"]
+    assert os.path.basename(name).startswith(".pool.1000.") and Path(name).read_text() == ""
+
+
+def test_exit_files_keep_their_contents(tmp_path: Path) -> None:
+    """An exit file is not truncated (its block stays): a run blanks its first line."""
+    pool = Pool(str(tmp_path))
+    path = pool.take("1000x")
+    _file(Path(path), "0\n")
+    pool.recycled(recycle(pool.names([(path, "1000x")])))
+    assert pool.free["1000x"] == [path] and Path(path).read_text() == "0\n"
 
 
 def test_files_without_a_pool_and_beyond_its_size_are_removed(tmp_path: Path) -> None:
@@ -49,13 +66,13 @@ def test_files_without_a_pool_and_beyond_its_size_are_removed(tmp_path: Path) ->
     assert spare is not None and os.path.exists(spare) and spare not in pool.free[RECORDS]
 
 
-def test_a_vanished_pool_file_is_skipped(tmp_path: Path) -> None:
+def test_a_vanished_pool_file_is_made_again_by_its_next_run(tmp_path: Path) -> None:
     pool = Pool(str(tmp_path))
     a, b = _file(tmp_path / "a"), _file(tmp_path / "b")
     pool.recycled(recycle(pool.names([(str(a), "0"), (str(b), "0")])))
-    os.unlink(pool.free["0"][-1])  # removed by hand
-    pool.take("0", str(tmp_path / "new"))
-    assert (tmp_path / "new").exists() and pool.free["0"] == []
+    gone = pool.free["0"][-1]
+    os.unlink(gone)  # removed by hand
+    assert pool.take("0") == gone  # the caller's open (O_CREAT) makes it again
 
 
 def test_a_new_agent_process_adopts_the_pool_it_finds(tmp_path: Path) -> None:
@@ -64,11 +81,13 @@ def test_a_new_agent_process_adopts_the_pool_it_finds(tmp_path: Path) -> None:
     moves.append((str(_file(tmp_path / "r")), RECORDS))
     first.recycled(recycle(first.names(moves)))
     _file(tmp_path / ".pool.junk")  # not a pool name: left alone
+    busy = _file(tmp_path / ".pool.0.999")  # named by a running run's record
     second = Pool(str(tmp_path))
-    second.adopt()
+    second.adopt(in_use={str(busy)})
     assert {k: sorted(v) for k, v in second.free.items()} == {
         k: sorted(v) for k, v in first.free.items()
     }
-    # Names given later do not collide with the adopted ones.
+    # Names given later do not collide with the adopted ones, nor with the one in use.
     (name,) = [n for _, n in second.names([(str(_file(tmp_path / "o2")), "0")])]
     assert name is not None and name not in second.free["0"] and not os.path.exists(name)
+    assert second.take("1") not in (str(busy), *second.free["0"])

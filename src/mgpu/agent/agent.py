@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import devices, sigdefaults
+from mgpu.agent import accounts, devices, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -60,6 +60,10 @@ log = logging.getLogger("mgpu.agent")
 
 OUTPUT_POLL = 0.05
 """Seconds between looks at running jobs' spool files."""
+STARTED_HOLD = 0.01
+"""A run's start is told this long after it, or with its first output or its end if one
+comes sooner: a short job's start and end reach the master in one frame and one commit.
+(The start time told is the real one, stamped at the start.)"""
 
 
 class AgentRefused(RuntimeError):
@@ -110,6 +114,8 @@ class Agent:
         self._exits: dict[tuple[str, int], Exited] = {}
         """Ends not yet stored by the master (no `Forget` yet): re-sent after a reconnect."""
         self._outbox_ready = asyncio.Event()
+        self._held: dict[tuple[str, int], tuple[Running, asyncio.TimerHandle]] = {}
+        """Starts not told yet (STARTED_HOLD), by run."""
         self.heartbeat_interval = 5.0
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -131,6 +137,8 @@ class Agent:
     def _on_output(
         self, job_id: str, epoch: int, stream: str, text: str, start: int, end: int
     ) -> None:
+        if self._held:
+            self._tell_started((job_id, epoch))  # the master hears of a start before its output
         out = Output(job_id=job_id, epoch=epoch, stream=stream, data=text, offset=start, end=end)  # type: ignore[arg-type]
         self.send(out)
 
@@ -138,6 +146,8 @@ class Agent:
         """Send a run's end now if connected, and again after every reconnect until the
         master says it has stored it (`Forget`)."""
         self._exits[(msg.job_id, msg.epoch)] = msg
+        if self._held:
+            self._tell_started((msg.job_id, msg.epoch))
         if self.connected:
             self.send(msg)
 
@@ -462,8 +472,17 @@ class Agent:
             # UserError, JobError: the job's problem, not the node's.
             self._fail_launch(msg.job_id, msg.epoch, str(e), isinstance(e, UserError | JobError))
             return
-        self.send(self._started(run))
-        self._tasks.add(asyncio.get_running_loop().create_task(self._watch(run)))
+        loop = asyncio.get_running_loop()
+        key = (msg.job_id, msg.epoch)
+        self._held[key] = (run, loop.call_later(STARTED_HOLD, self._tell_started, key))
+        self._tasks.add(loop.create_task(self._watch(run)))
+
+    def _tell_started(self, key: tuple[str, int]) -> None:
+        """Send a held start now (if it still is)."""
+        held = self._held.pop(key, None)
+        if held is not None:
+            held[1].cancel()
+            self.send(self._started(held[0]))
 
     def _started(self, run: Running) -> Started:
         return Started(
@@ -479,15 +498,13 @@ class Agent:
         """uid, gid and groups to run the job as; None = as this agent's own user."""
         if os.geteuid() != 0 or not msg.user:
             return None
-        import pwd
-
         try:
-            pw = pwd.getpwnam(msg.user)
+            account = accounts.lookup(msg.user)
         except KeyError:
             raise UserError(f"user {msg.user} does not exist on {self.hostname}") from None
-        if pw.pw_uid == 0 and not msg.allow_root:
+        if account.uid == 0 and not msg.allow_root:
             raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
-        return pw.pw_uid, pw.pw_gid, os.getgrouplist(msg.user, pw.pw_gid)
+        return account.uid, account.gid, list(account.groups)
 
     def _device_ids(self, gpu_ids: list[int]) -> list[int]:
         """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""

@@ -3,7 +3,7 @@
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
     sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...; shift;
-           "$@"; c=$?; echo $c > /proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
+           "$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psutil
 
-from mgpu.agent import cgroups, devices, jobscript, jobsignal, privileged, recycle
+from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
 from mgpu.agent.spawn import (
     PTY_SHIM,
     READ_CHUNK,
@@ -124,6 +125,8 @@ class Running:
     terminal: Terminal | None = None
 
 
+EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+
 OutputSink = Callable[[str, int, str, str, int, int], None]
 """(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
 
@@ -139,6 +142,9 @@ class Launcher:
         """Files of ended runs, with the pool each goes back to (None: removed)."""
         self.pool = recycle.Pool(str(spool))
         self._uid = os.geteuid()
+        self._tag = os.urandom(6).hex()
+        """This agent process's part of its runs' tags (with a count: unique per run)."""
+        self._runs = 0
         self.containment = cgroups.Containment(cgroups.PROCESS_TREE)
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
@@ -178,7 +184,10 @@ class Launcher:
         record's blocks are not flushed first, and whole once it has its name."""
         path = self._record_path(rec)
         spare = self.pool.spare(recycle.RECORDS) if new else None
-        data = json.dumps(vars(rec)).encode()  # flat: vars() = asdict(), no copy
+        try:
+            data = orjson.dumps(vars(rec))  # flat: vars() = asdict(), no copy
+        except orjson.JSONEncodeError:  # a path that is not UTF-8 (surrogate escapes)
+            data = json.dumps(vars(rec)).encode()
         fd = os.open(spare or path, os.O_WRONLY | os.O_CREAT | (0 if spare else os.O_TRUNC), 0o600)
         try:
             os.write(fd, data)
@@ -190,13 +199,13 @@ class Launcher:
             os.rename(spare, path)
 
     def load_previous(self) -> list[RunRecord]:
-        self.pool.adopt()
         records = []
         for path in sorted(self.spool.glob("*.run")):
             try:
                 records.append(RunRecord(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError):
                 continue
+        self.pool.adopt({p for rec in records for p in (rec.out_path, rec.err_path, rec.exit_path)})
         return records
 
     # ---- launch -------------------------------------------------------------
@@ -224,19 +233,23 @@ class Launcher:
         `script`: (name, text) of a job script, run with `argv` as its arguments.
         `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
         base = f"{self.spool}/{job_id}.{epoch}"  # strings, not Paths: this is a hot path
-        out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
+        # Files its processes hold are pool files of its user's only (mgpu.agent.recycle).
+        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
+        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
+        if pool:
+            take = self.pool.take
+            out_path, err_path, exit_path = take(pool), take(pool), take(f"{pool}x")
+        else:
+            out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
         made: list[str] = []  # removed again if the launch fails
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         fds: list[int] = []
-        # Files its processes hold go back to a pool of its user's only (mgpu.agent.recycle).
-        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
-        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
         try:
-            for path, key in ((out_path, pool), (err_path, pool), (exit_path, f"{pool}x")):
-                if pool:
-                    self.pool.take(key, path)
-                fds.append(os.open(path, flags, 0o600))
+            for path in (out_path, err_path, exit_path):
+                # The exit file is not truncated: its first line is blanked (see SHIM).
+                fds.append(os.open(path, EXIT_FLAGS if path == exit_path else flags, 0o600))
                 made.append(path)
+            os.pwrite(fds[2], b"\n", 0)
         except OSError as e:
             close_all(fds)
             recycle.unlink_all(made)
@@ -252,10 +265,8 @@ class Launcher:
                 os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
             home = self._home
             if user_ids is not None:
-                import pwd
-
                 uid, gid, _ = user_ids
-                home = pwd.getpwuid(uid).pw_dir
+                home = accounts.home_of(uid)
                 os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
             if not os.path.isdir(home):
                 home = "/"
@@ -268,7 +279,8 @@ class Launcher:
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
             # or another node's part when agents share a machine) must not match.
-            tag = f"{job_id}.{epoch}.{os.urandom(6).hex()}"
+            self._runs += 1
+            tag = f"{job_id}.{epoch}.{self._tag}{self._runs}"
             full_env["MGPU_RUN_TAG"] = tag
             hosts = ""
             if hostfile is not None:
@@ -549,7 +561,8 @@ class Launcher:
             if rc is not None:
                 return 128 - rc if rc < 0 else rc
         try:
-            return int(Path(run.rec.exit_path).read_text().strip())
+            with open(run.rec.exit_path, "rb") as f:
+                return int(f.readline())  # the rest: what an earlier run left (see SHIM)
         except (OSError, ValueError):
             return None
 

@@ -4,9 +4,12 @@ A run has four spool files (stdout, stderr, exit status, run record).  Creating 
 allocates an inode: ~20 µs on most filesystems, but ext4 without a journal skips every
 inode freed in the last minutes, so under a stream of short jobs each creation scanned
 inode tables: 0.3-0.6 ms a file on this project's CI machine, about half of the agent's
-CPU.  A finished run's files are emptied and renamed into a pool instead (off the event
-loop, with the rest of the clean-up), and a new run's files are renamed out of it: a
-rename within one directory allocates nothing.
+CPU.  So a run's stdout, stderr and exit files are pool files: named `.pool.<key>.<n>`
+for their whole life (the run record names them), made once, emptied when their run is
+over (off the event loop, with the rest of the clean-up) and given to a later run as they
+are, without even a rename.  Run records keep their names (`<job>.<epoch>.run`, which a
+restarted agent looks for): a new one is written into a pooled record file renamed to its
+name, and renamed back into the pool at its end.
 
 A job's processes hold descriptors of its stdout, stderr and exit-status files, and one
 could keep such a descriptor past the job's end (handed to a process outside it).  Those
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Collection
 
 __all__ = ["RECORDS", "Pool", "recycle", "unlink", "unlink_all"]
 
@@ -30,9 +34,8 @@ _NAME = re.compile(r"\.pool\.(r|\d+x?)\.(\d+)")
 
 
 class Pool:
-    """Emptied spool files, by key (a uid as text: stdout and stderr files; the uid and
-    "x": exit files, owned by that user; RECORDS: run records, not emptied), ready to be
-    renamed."""
+    """Spool files ready for a run, by key (a uid as text: stdout and stderr files, empty;
+    the uid and "x": exit files, owned by that user; RECORDS: run records, not emptied)."""
 
     def __init__(self, spool: str, size: int = 256) -> None:
         self.spool = spool
@@ -41,8 +44,9 @@ class Pool:
         self.free: dict[str, list[str]] = {}
         self._count = 0
 
-    def adopt(self) -> None:
-        """Take over the pool files an earlier agent process left in the spool."""
+    def adopt(self, in_use: Collection[str] = ()) -> None:
+        """Take over the pool files an earlier agent process left in the spool, but those
+        its runs still use (`in_use`: the paths their run records name)."""
         try:
             names = os.listdir(self.spool)
         except OSError:
@@ -50,20 +54,21 @@ class Pool:
         for name in names:
             m = _NAME.fullmatch(name)
             if m is not None:
-                self.free.setdefault(m.group(1), []).append(f"{self.spool}/{name}")
                 self._count = max(self._count, int(m.group(2)) + 1)
+                path = f"{self.spool}/{name}"
+                if path not in in_use:
+                    self.free.setdefault(m.group(1), []).append(path)
 
-    def take(self, key: str, path: str) -> None:
-        """Give `path` an emptied file of the pool `key`, if there is one (else the caller's
-        open creates it).  The file is empty, 0600 and owned by whoever the key's runs
-        left it to: the caller opens it with O_TRUNC and sets its owner as for a new one."""
+    def take(self, key: str) -> str:
+        """The path of a file for a run, from the pool `key`: one that exists (0600, owned by
+        whoever the key's runs left it to, empty unless it is an exit file: see `recycle`),
+        or a new name (the caller's open creates it).  The caller opens it as a new file
+        and sets its owner."""
         free = self.free.get(key)
-        while free:
-            try:
-                os.rename(free.pop(), path)
-                return
-            except OSError:
-                continue  # gone (removed by hand): try the next one
+        if free:
+            return free.pop()
+        self._count += 1
+        return f"{self.spool}/{PREFIX}{key}.{self._count}"
 
     def spare(self, key: str) -> str | None:
         """A file of the pool `key`, left where it is (the caller renames it), if any."""
@@ -71,9 +76,9 @@ class Pool:
         return free.pop() if free else None
 
     def names(self, files: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
-        """Where each finished file goes: (path, its pool name), or (path, None) to be
-        removed (its key is None, or that pool is full).  Call `recycled` with the pool
-        names once the files are there."""
+        """Where each finished file goes: (path, its pool name: `path` itself for a file
+        that has one already), or (path, None) to be removed (its key is None, or that
+        pool is full).  Call `recycled` with the pool names once the files are there."""
         out: list[tuple[str, str | None]] = []
         room: dict[str, int] = {}
         for path, key in files:
@@ -85,6 +90,9 @@ class Pool:
                 out.append((path, None))
                 continue
             room[key] = left - 1
+            if _NAME.fullmatch(os.path.basename(path)) is not None:
+                out.append((path, path))
+                continue
             self._count += 1
             out.append((path, f"{self.spool}/{PREFIX}{key}.{self._count}"))
         return out
@@ -97,18 +105,25 @@ class Pool:
 
 
 def recycle(moves: list[tuple[str, str | None]]) -> list[str]:
-    """Empty each file and rename it into the pool, or remove it (name None); a
+    """Empty each file and rename it into the pool (if it has not its pool name already),
+    or remove it (name None); a
     directory (a job script's) is removed.  Run records are not emptied: they are written
-    over whole before they are named again (`Launcher.save`).  Returns the pool names
-    filled.  Blocking: run it in a thread."""
-    records = f"/{PREFIX}{RECORDS}."
+    over whole before they are named again (`Launcher.save`); nor are exit files: a run's
+    first line is blanked at its start, and the shim writes over it
+    (mgpu.agent.spawn.SHIM).  Returns the pool names filled.  Blocking: run it in a
+    thread."""
     done = []
     for path, name in moves:
         if name is not None:
             try:
-                if records not in name:
+                # Only stdout and stderr files (keys: a uid) are emptied, and only when
+                # they hold something: a truncation frees blocks (and, on `discard`
+                # mounts, tells the disk), which a later write would allocate again.
+                key = name[name.rindex("/") + 1 + len(PREFIX) :].split(".", 1)[0]
+                if key.isdigit() and os.stat(path).st_size:
                     os.truncate(path, 0)
-                os.rename(path, name)
+                if name != path:
+                    os.rename(path, name)
                 done.append(name)
                 continue
             except OSError:

@@ -22,6 +22,12 @@ class Unsendable(ValueError):
     """A message that cannot be encoded for the wire; the message says why in a phrase."""
 
 
+ACK = '{"type":"forget"'
+"""How an encoded `Forget` begins: an acknowledgement, which need not leave at once."""
+ACK_WAIT = 0.02
+"""Seconds a frame of acknowledgements alone waits for another message to go with."""
+
+
 class AgentLink:
     """The master's end of one agent's WebSocket: an outbox drained by a writer task."""
 
@@ -56,6 +62,13 @@ class AgentLink:
             items: list[str | None] = [item]
             while not self.outbox.empty() and items[-1] is not None:
                 items.append(self.outbox.get_nowait())
+            if all(i is not None and i.startswith(ACK) for i in items):
+                # Only acknowledgements: they wait a moment for the next message (a launch,
+                # usually), so that one frame and one wake-up of the agent carry both.
+                with contextlib.suppress(TimeoutError):
+                    items.append(await asyncio.wait_for(self.outbox.get(), ACK_WAIT))
+                    while not self.outbox.empty() and items[-1] is not None:
+                        items.append(self.outbox.get_nowait())
             closing = items[-1] is None
             encoded = [i for i in items if i is not None]
             try:
