@@ -16,6 +16,17 @@ from helpers import LocalCluster, local_cluster
 from netns_fixtures import virtual_cluster  # noqa: F401
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, items sharing a node id (schemathesis gives its operations one)
+    would run once between them, silently: refuse (the Makefile runs those apart)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    seen: set[str] = set()
+    twice = {item.nodeid for item in items if item.nodeid in seen or seen.add(item.nodeid)}
+    if twice:
+        raise pytest.UsageError(f"items share a node id under xdist: {sorted(twice)[:3]}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _signals_as_at_a_terminal() -> None:
     """A suite started in the background by a script (`make test &`, CI runners) inherits
