@@ -142,19 +142,6 @@ def test_an_array_at_its_cap_starts_its_next_task_in_a_quick_pass(long: Harness)
     assert len(plan.eligibility.eligible) + len(plan.eligibility.waiting) <= 2 + DEPTH
 
 
-def test_a_running_jobs_view_is_kept_until_what_it_is_made_of_changes(h: Harness) -> None:
-    h.agent("n1", gpus=2)
-    job = h.job(h.start("sleep", gpus=1, time="10"))
-    loop = h.cl.loop
-    first = loop.running_for(job, h.clock.now)
-    assert loop.running_for(job, h.clock.now + 5) is first and first.time_limit == 600
-    job.time_limit = 1200.0  # as `mgpu update` does
-    second = loop.running_for(job, h.clock.now)
-    assert second is not first and second.time_limit == 1200
-    job.epoch += 1  # started again (on other GPUs, perhaps)
-    assert loop.running_for(job, h.clock.now) is not second
-
-
 def test_a_pass_with_jobs_queued_batches_the_next_events_and_one_without_does_not(
     h: Harness,
 ) -> None:

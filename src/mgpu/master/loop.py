@@ -35,13 +35,13 @@ from mgpu.config import ClusterConfig
 from mgpu.master import gcpause
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodes import NodeAdmin
+from mgpu.master.runindex import RunningIndex
 from mgpu.master.shares import job_share_units
 from mgpu.master.snapshot import (
     assemble,
     collect,
     dependency_targets,
     job_request,
-    running_job,
     scheduler_config,
 )
 from mgpu.master.state import ControllerState
@@ -61,6 +61,7 @@ from mgpu.scheduler import (
     UsageLedger,
     schedule,
 )
+from mgpu.scheduler.running import RunningSet
 
 log = logging.getLogger("mgpu.master")
 
@@ -164,8 +165,10 @@ class SchedulingLoop:
         self._users: frozenset[str] = frozenset()
         """Users of the last full pass's pending jobs (fairshare normalisation)."""
         self._queued = 0
-        self._running_made: dict[str, tuple[tuple[object, ...], RunningJob]] = {}
-        """Running jobs as the scheduler sees them, with what each was made from."""
+        default_limit = scheduler_config(config.scheduling).default_time_limit
+        self.running = RunningIndex(state.jobs, default_limit)
+        """The running jobs as the scheduler sees them, kept by every job's change."""
+        life.uow.on_persist = self.running.touched
         self.full_due = False
         """A full pass of a long queue is due (`run` starts it as a task)."""
         self._full: asyncio.Task[None] | None = None
@@ -291,20 +294,6 @@ class SchedulingLoop:
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
-    def running_for(self, job: Job, now: float) -> RunningJob:
-        """`running_job`, kept while what it is made of stays the same: thousands of
-        running jobs are not rebuilt at every pass.  One still launching (no start time:
-        it counts from `now`) is made anew."""
-        if job.start_time is None:
-            return running_job(job, now)
-        key = (job.start_time, job.epoch, job.time_limit, job.priority, job.preemptible)
-        found = self._running_made.get(job.id)
-        if found is not None and found[0] == key:
-            return found[1]
-        made = running_job(job, now)
-        self._running_made[job.id] = (key, made)
-        return made
-
     def queued(self, jobs: Iterable[Job]) -> None:
         """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
         them, in this order, before any full pass has placed them in its order."""
@@ -314,12 +303,18 @@ class SchedulingLoop:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self._running_made.pop(job.id, None)
         self._fresh_old.pop(job.id, None)
         if job.state is JobState.QUEUED and job.id in self.state.jobs:
             self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
         else:
             self._fresh.pop(job.id, None)
+
+    def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
+        """Each user's usage: ended work, decayed, plus the running work the set keeps."""
+        usage = self.usage.snapshot(now)
+        for user, used in running.usage(now).items():
+            usage[user] = usage.get(user, 0.0) + used
+        return usage
 
     # ---- a pass -----------------------------------------------------------
 
@@ -340,17 +335,18 @@ class SchedulingLoop:
         t0 = time.perf_counter()
         self._fresh_old.update(self._fresh)
         self._fresh = {}
-        queued, running, arrays = collect(
-            now, self.state.jobs.values(), self.request_for, self._requests, self.running_for
+        queued, _, _ = collect(
+            now, self.state.jobs.values(), self.request_for, self._requests, None
         )
+        running = self.running.refresh(now)  # kept: the core runs at once, on the loop
         found = dependency_targets(queued, self._deps_met, self.targets)
-        usage = self.usage.snapshot(now, running)
+        usage = self.usage_at(now, running)
         index = self.state.node_index  # views and free pool kept up to date per node
         plan = _pure_full(
             now,
             queued,
             running,
-            arrays,
+            self.running.arrays,
             found,
             usage,
             self.config_now(),
@@ -372,20 +368,13 @@ class SchedulingLoop:
         self._fresh = {}
         jobs = list(self.state.jobs.values())
         queued: list[JobRequest] = []
-        running: list[RunningJob] = []
-        arrays: dict[str, int] = {}
         for k in range(0, len(jobs), SLICE):
-            q, r, a = collect(
-                now, jobs[k : k + SLICE], self.request_for, self._requests, self.running_for
-            )
-            queued += q
-            running += r
-            for array_id, n in a.items():
-                arrays[array_id] = arrays.get(array_id, 0) + n
+            queued += collect(now, jobs[k : k + SLICE], self.request_for, self._requests, None)[0]
             await bulk_turn()
         found = dependency_targets(queued, self._deps_met, self.targets)
+        running = self.running.refresh(now).copy()  # for the worker thread: its own
         args = (
-            now, queued, running, arrays, found, self.usage.snapshot(now, running),
+            now, queued, running, dict(self.running.arrays), found, self.usage_at(now, running),
             self.config_now(), self.state.node_index.views(), self.reservations(now),
             self.state.node_index.pool(),
         )  # fmt: skip
@@ -438,16 +427,16 @@ class SchedulingLoop:
         now = self.state.clock.time()
         t0 = time.perf_counter()
         picked = self._head()
-        running, arrays = self._running(now)
+        running = self.running.refresh(now)
         queued = [self.request_for(job) for job in picked]
         found = dependency_targets(queued, self._deps_met, self.targets)
         prepared = assemble(
             now,
             queued,
             running,
-            arrays,
+            self.running.arrays,
             found,
-            self.usage.snapshot(now, running),
+            self.usage_at(now, running),
             self.config_now(quick=True),
             self.state.node_index.views(),
             self.reservations(now),
@@ -499,22 +488,6 @@ class SchedulingLoop:
                     self._capped_at[array_id] = k + 1
                 k += 1
         return list(picked.values())
-
-    def _running(self, now: float) -> tuple[list[RunningJob], dict[str, int]]:
-        """The running jobs, found through the nodes (not a look at every active job)."""
-        ids: set[str] = set()
-        for node in self.state.nodes.values():
-            ids.update(node.jobs)
-        jobs, state = self.state.jobs, JobState.RUNNING
-        running: list[RunningJob] = []
-        arrays: dict[str, int] = {}
-        for job_id in sorted(ids):
-            job = jobs.get(job_id)
-            if job is not None and job.state is state:
-                running.append(self.running_for(job, now))
-                if job.array_job_id is not None:
-                    arrays[job.array_job_id] = arrays.get(job.array_job_id, 0) + 1
-        return running, arrays
 
     def apply(self, plan: Plan, timed: bool = True) -> None:
         """Carry out `plan`, each decision re-checked against the state as it is now."""
