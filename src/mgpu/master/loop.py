@@ -18,7 +18,10 @@ order the quick passes start from) runs every few seconds: its snapshot is gathe
 slice at a time, the core runs on it in a worker thread (it is made of immutable values and
 fresh containers), and its verdicts are written a slice at a time, so it never holds the
 event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
-A short queue gets a full pass, on the loop, every time (a few milliseconds).
+A short queue gets a full pass, on the loop, every time (a few milliseconds); with more
+than `ESTIMATE_RUNNING` jobs running, the estimates (the planner's timelines cost what the
+running jobs do) are left to one such pass at most every `FULL_INTERVAL`.  The running jobs
+themselves are kept by the jobs' changes (master/runindex.py), not walked at every pass.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ FULL_INTERVAL = 2.0
 the last one's length): every queued job has its reason and estimate within seconds."""
 SLICE = 5_000
 """Jobs read or written per turn of the event loop by a full pass (a few milliseconds)."""
+ESTIMATE_RUNNING = 1_000
+"""Running jobs beyond which a short queue's passes at events leave the estimates (which
+cost what the running jobs do) to a pass at most every FULL_INTERVAL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,8 @@ class Plan:
     """A full pass's: how many jobs were queued."""
     users: frozenset[str] = frozenset()
     """A full pass's: the users of the jobs it could start (fairshare normalisation)."""
+    estimated: bool = True
+    """A full pass's: it made every waiting job's estimate (else the last ones stand)."""
 
 
 class SchedulingLoop:
@@ -147,11 +155,15 @@ class SchedulingLoop:
         self.loop_tick = state.clock.time()
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
+        self._last_estimates = -math.inf
+        self._estimates_owed = False
+        """A short queue's pass left the estimates out (`ESTIMATE_RUNNING`)."""
         self._last_liveness = -LIVENESS_INTERVAL
         self._next_backoff = math.inf
         """When the first retry backoff the last pass saw ends."""
         self.long_queue = LONG_QUEUE
         self.quick_depth = QUICK_DEPTH
+        self.estimate_running = ESTIMATE_RUNNING
         self._order: list[str] = []
         """The last full pass's pending jobs in priority order (the quick passes' head)."""
         self._cursor = 0
@@ -239,9 +251,15 @@ class SchedulingLoop:
                 return
             interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
             due = now - self._last_full >= interval or self.backoff_expired()
-            if woken or due:
-                self.schedule_pass()
+            owed = self._estimates_owed and now - self._last_estimates >= FULL_INTERVAL
+            if woken or due or owed:
+                running = self.running.refresh(self.state.clock.time())
+                estimates = due or owed or len(running) <= self.estimate_running
+                self.schedule_pass(estimates)
                 self._last_full = now
+                self._estimates_owed = not estimates
+                if estimates:
+                    self._last_estimates = now
         except Exception:
             log.exception("scheduling pass failed")
 
@@ -318,10 +336,11 @@ class SchedulingLoop:
 
     # ---- a pass -----------------------------------------------------------
 
-    def schedule_pass(self) -> None:
-        self.apply(self.plan())
+    def schedule_pass(self, estimates: bool = True) -> None:
+        self.apply(self.plan(estimates))
 
     def config_now(self, quick: bool = False) -> SchedulerConfig:
+        """The scheduler's config now (`quick`: no estimates but the blocked head's)."""
         config = replace(
             scheduler_config(self.config.scheduling),
             # The cluster's size is kept by the index: not summed over every node a pass.
@@ -329,8 +348,9 @@ class SchedulingLoop:
         )
         return replace(config, plan_jobs=0) if quick else config
 
-    def plan(self) -> Plan:
-        """A full pass's plan, on the loop (a short queue, or a test)."""
+    def plan(self, estimates: bool = True) -> Plan:
+        """A full pass's plan, on the loop (a short queue, or a test); without `estimates`
+        the waiting jobs get none but the blocked head's (the last ones stand)."""
         now = self.state.clock.time()
         t0 = time.perf_counter()
         self._fresh_old.update(self._fresh)
@@ -349,12 +369,12 @@ class SchedulingLoop:
             self.running.arrays,
             found,
             usage,
-            self.config_now(),
+            self.config_now(quick=not estimates),
             index.views(),
             self.reservations(now),
             index.pool(fork=False),  # the core runs at once, on the loop, on a copy
         )
-        return replace(plan, seconds=time.perf_counter() - t0)
+        return replace(plan, seconds=time.perf_counter() - t0, estimated=estimates)
 
     async def full_pass(self, offload: bool = True) -> None:
         """A full pass that never holds the event loop: its snapshot read a slice at a time,
@@ -524,6 +544,7 @@ class SchedulingLoop:
             self.priorities.update(decisions.priorities)
             if not plan.quick:
                 self.factors = decisions.factors
+            if not plan.quick and plan.estimated:
                 self.expected_start = dict(decisions.expected_start)
                 self.waiting_on = dict(decisions.waiting_on)
             for start in decisions.starts:
@@ -559,7 +580,7 @@ class SchedulingLoop:
 def _pure_full(
     now: float,
     queued: list[JobRequest],
-    running: list[RunningJob],
+    running: Sequence[RunningJob],
     arrays: dict[str, int],
     found: Mapping[str, Sequence[DependencyTarget]],
     usage: Mapping[str, float],

@@ -39,6 +39,8 @@ class RunningIndex:
         """Each array's running tasks."""
         self._made: dict[str, _Key | None] = {}
         """The key each kept job was made from (None: launching, made at every refresh)."""
+        self._launching: dict[str, None] = {}
+        """Kept jobs whose start is not known yet (made again at every refresh)."""
         self._array: dict[str, str] = {}
         self._touched: dict[str, None] = {}
         self._built = False
@@ -55,9 +57,8 @@ class RunningIndex:
         touched, self._touched = self._touched, {}
         for job_id in touched:
             self._update(job_id, now)
-        for job_id in [j for j, key in self._made.items() if key is None]:
-            if job_id not in touched:
-                self._update(job_id, now)  # still launching: it counts from now
+        for job_id in [j for j in self._launching if j not in touched]:
+            self._update(job_id, now)  # still launching: it counts from now
         return self.set
 
     def _update(self, job_id: str, now: float) -> None:
@@ -65,6 +66,7 @@ class RunningIndex:
         if job is None or job.state is not JobState.RUNNING:
             if self._made.pop(job_id, False) is not False:
                 self.set.drop(job_id)
+                self._launching.pop(job_id, None)
                 array = self._array.pop(job_id, None)
                 if array is not None:
                     left = self.arrays[array] - 1
@@ -80,4 +82,8 @@ class RunningIndex:
             self._array[job_id] = job.array_job_id
             self.arrays[job.array_job_id] = self.arrays.get(job.array_job_id, 0) + 1
         self._made[job_id] = key
+        if key is None:
+            self._launching[job_id] = None
+        else:
+            self._launching.pop(job_id, None)
         self.set.put(running_job(job, now))
