@@ -132,12 +132,15 @@ def timed(fn: Callable[[], object], runs: int) -> dict[str, float]:
     }
 
 
-def event_pass(h: Harness, preempt: bool) -> Callable[[], object]:
-    """The pass the loop runs at an event (its plan; applied unless it preempts)."""
+def event_pass(h: Harness, preempt: bool, estimates: bool | None = None) -> Callable[[], object]:
+    """The pass the loop runs at an event (its plan; applied unless it preempts): for a short
+    queue, with estimates when `tick` would make them (few running), or as `estimates` says."""
     loop = h.cl.loop
+    if estimates is None:
+        estimates = len(loop.running.refresh(h.clock.now)) <= loop.estimate_running
 
     def run() -> object:
-        plan = loop.quick_plan() if loop.long else loop.plan()
+        plan = loop.quick_plan() if loop.long else loop.plan(estimates)
         if plan.decisions is not None:
             assert not plan.decisions.starts, "the cluster is full: nothing may start"
             assert bool(plan.decisions.preempt) == preempt, plan.decisions.preempt
@@ -198,6 +201,8 @@ def main() -> None:
             "pass": "quick" if loop.long else "full on the loop",
             "event_pass": timed(event_pass(h, preempt), args.runs),
         }
+        if queued and not loop.long:  # the pass every FULL_INTERVAL that makes the estimates
+            row["estimating_pass"] = timed(event_pass(h, preempt, True), args.runs)
         if queued:
             row["full_core"] = timed(full_core(h), max(3, args.runs // 3))
         rows.append(row)
@@ -208,6 +213,11 @@ def main() -> None:
             f"{label}: {row['pass']} pass {ev['median_ms']:7.2f} ms "
             f"(cpu {ev['median_cpu_ms']:.2f})"
             + (f"; full core {core['median_ms']:.1f} ms" if core else "")
+            + (
+                f"; with estimates {row['estimating_pass']['median_cpu_ms']:.1f} ms cpu"
+                if "estimating_pass" in row
+                else ""
+            )
         )
         if args.profile and running >= 8000 and queued in (100, 100_000) and not preempt:
             profile(event_pass(h, preempt), label)
