@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from harness import Harness, _run
 
-from mgpu.master.loop import BATCH_FACTOR, PASS_BATCH
+from mgpu.master.loop import BATCH_FACTOR, FULL_INTERVAL, PASS_BATCH
 from mgpu.model import JobState
 
 DEPTH = 5
@@ -142,19 +142,6 @@ def test_an_array_at_its_cap_starts_its_next_task_in_a_quick_pass(long: Harness)
     assert len(plan.eligibility.eligible) + len(plan.eligibility.waiting) <= 2 + DEPTH
 
 
-def test_a_running_jobs_view_is_kept_until_what_it_is_made_of_changes(h: Harness) -> None:
-    h.agent("n1", gpus=2)
-    job = h.job(h.start("sleep", gpus=1, time="10"))
-    loop = h.cl.loop
-    first = loop.running_for(job, h.clock.now)
-    assert loop.running_for(job, h.clock.now + 5) is first and first.time_limit == 600
-    job.time_limit = 1200.0  # as `mgpu update` does
-    second = loop.running_for(job, h.clock.now)
-    assert second is not first and second.time_limit == 1200
-    job.epoch += 1  # started again (on other GPUs, perhaps)
-    assert loop.running_for(job, h.clock.now) is not second
-
-
 def test_a_pass_with_jobs_queued_batches_the_next_events_and_one_without_does_not(
     h: Harness,
 ) -> None:
@@ -175,3 +162,32 @@ def test_a_pass_with_jobs_queued_batches_the_next_events_and_one_without_does_no
     assert loop.pause() == 0.0002
     h.submit()  # queued, not yet planned
     assert loop.pause() == pytest.approx(BATCH_FACTOR * 0.0002)
+
+
+def test_with_many_running_a_short_queue_gets_its_estimates_every_few_seconds(
+    h: Harness,
+) -> None:
+    """Estimates cost what the running jobs do: past `estimate_running` of them, the pass
+    at an event leaves them out (the last ones stand) and one comes within FULL_INTERVAL."""
+    loop = h.cl.loop
+    loop.estimate_running = 0
+    h.agent("n1", gpus=1)
+    blocker = h.start("sleep", gpus=1, time="10")
+    first = h.submit(time="5")
+    h.tick()  # at an event: no estimates (they are owed)
+    assert first not in loop.expected_start
+    h.tick()  # the last were made less than FULL_INTERVAL ago (at the blocker's start)
+    assert first not in loop.expected_start
+    h.advance(FULL_INTERVAL)
+    h.cl.loop.tick(woken=False)  # nothing happened: the estimates owed come now
+    assert loop.expected_start.get(first) == h.job(blocker).start_time + 600
+    second = h.submit(time="5")
+    h.tick()  # at an event: none for the new job yet, the last ones stand
+    assert second not in loop.expected_start and first in loop.expected_start
+    h.advance(FULL_INTERVAL)
+    h.cl.loop.tick(woken=False)  # nothing happened: the estimates owed come now
+    assert loop.expected_start[second] == loop.expected_start[first] + 300
+    loop.estimate_running = 10  # few running: every pass makes them
+    third = h.submit(time="5")
+    h.tick()
+    assert loop.expected_start[third] == loop.expected_start[second] + 300

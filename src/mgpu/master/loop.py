@@ -18,7 +18,10 @@ order the quick passes start from) runs every few seconds: its snapshot is gathe
 slice at a time, the core runs on it in a worker thread (it is made of immutable values and
 fresh containers), and its verdicts are written a slice at a time, so it never holds the
 event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
-A short queue gets a full pass, on the loop, every time (a few milliseconds).
+A short queue gets a full pass, on the loop, every time (a few milliseconds); with more
+than `ESTIMATE_RUNNING` jobs running, the estimates (the planner's timelines cost what the
+running jobs do) are left to one such pass at most every `FULL_INTERVAL`.  The running jobs
+themselves are kept by the jobs' changes (master/runindex.py), not walked at every pass.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ from mgpu.config import ClusterConfig
 from mgpu.master import gcpause
 from mgpu.master.lifecycle import Lifecycle
 from mgpu.master.nodes import NodeAdmin
+from mgpu.master.runindex import RunningIndex
 from mgpu.master.shares import job_share_units
 from mgpu.master.snapshot import (
     assemble,
     collect,
     dependency_targets,
     job_request,
-    running_job,
     scheduler_config,
 )
 from mgpu.master.state import ControllerState
@@ -61,6 +64,7 @@ from mgpu.scheduler import (
     UsageLedger,
     schedule,
 )
+from mgpu.scheduler.running import RunningSet
 
 log = logging.getLogger("mgpu.master")
 
@@ -87,6 +91,9 @@ FULL_INTERVAL = 2.0
 the last one's length): every queued job has its reason and estimate within seconds."""
 SLICE = 5_000
 """Jobs read or written per turn of the event loop by a full pass (a few milliseconds)."""
+ESTIMATE_RUNNING = 1_000
+"""Running jobs beyond which a short queue's passes at events leave the estimates (which
+cost what the running jobs do) to a pass at most every FULL_INTERVAL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,8 @@ class Plan:
     """A full pass's: how many jobs were queued."""
     users: frozenset[str] = frozenset()
     """A full pass's: the users of the jobs it could start (fairshare normalisation)."""
+    estimated: bool = True
+    """A full pass's: it made every waiting job's estimate (else the last ones stand)."""
 
 
 class SchedulingLoop:
@@ -146,11 +155,15 @@ class SchedulingLoop:
         self.loop_tick = state.clock.time()
         """When the loop last went round (readyz)."""
         self._last_full = 0.0
+        self._last_estimates = -math.inf
+        self._estimates_owed = False
+        """A short queue's pass left the estimates out (`ESTIMATE_RUNNING`)."""
         self._last_liveness = -LIVENESS_INTERVAL
         self._next_backoff = math.inf
         """When the first retry backoff the last pass saw ends."""
         self.long_queue = LONG_QUEUE
         self.quick_depth = QUICK_DEPTH
+        self.estimate_running = ESTIMATE_RUNNING
         self._order: list[str] = []
         """The last full pass's pending jobs in priority order (the quick passes' head)."""
         self._cursor = 0
@@ -164,8 +177,10 @@ class SchedulingLoop:
         self._users: frozenset[str] = frozenset()
         """Users of the last full pass's pending jobs (fairshare normalisation)."""
         self._queued = 0
-        self._running_made: dict[str, tuple[tuple[object, ...], RunningJob]] = {}
-        """Running jobs as the scheduler sees them, with what each was made from."""
+        default_limit = scheduler_config(config.scheduling).default_time_limit
+        self.running = RunningIndex(state.jobs, default_limit)
+        """The running jobs as the scheduler sees them, kept by every job's change."""
+        life.uow.on_persist = self.running.touched
         self.full_due = False
         """A full pass of a long queue is due (`run` starts it as a task)."""
         self._full: asyncio.Task[None] | None = None
@@ -236,9 +251,15 @@ class SchedulingLoop:
                 return
             interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
             due = now - self._last_full >= interval or self.backoff_expired()
-            if woken or due:
-                self.schedule_pass()
+            owed = self._estimates_owed and now - self._last_estimates >= FULL_INTERVAL
+            if woken or due or owed:
+                running = self.running.refresh(self.state.clock.time())
+                estimates = due or owed or len(running) <= self.estimate_running
+                self.schedule_pass(estimates)
                 self._last_full = now
+                self._estimates_owed = not estimates
+                if estimates:
+                    self._last_estimates = now
         except Exception:
             log.exception("scheduling pass failed")
 
@@ -291,20 +312,6 @@ class SchedulingLoop:
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
-    def running_for(self, job: Job, now: float) -> RunningJob:
-        """`running_job`, kept while what it is made of stays the same: thousands of
-        running jobs are not rebuilt at every pass.  One still launching (no start time:
-        it counts from `now`) is made anew."""
-        if job.start_time is None:
-            return running_job(job, now)
-        key = (job.start_time, job.epoch, job.time_limit, job.priority, job.preemptible)
-        found = self._running_made.get(job.id)
-        if found is not None and found[0] == key:
-            return found[1]
-        made = running_job(job, now)
-        self._running_made[job.id] = (key, made)
-        return made
-
     def queued(self, jobs: Iterable[Job]) -> None:
         """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
         them, in this order, before any full pass has placed them in its order."""
@@ -314,19 +321,26 @@ class SchedulingLoop:
         """The job left the queue for good (or changed): its cached verdicts go."""
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self._running_made.pop(job.id, None)
         self._fresh_old.pop(job.id, None)
         if job.state is JobState.QUEUED and job.id in self.state.jobs:
             self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
         else:
             self._fresh.pop(job.id, None)
 
+    def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
+        """Each user's usage: ended work, decayed, plus the running work the set keeps."""
+        usage = self.usage.snapshot(now)
+        for user, used in running.usage(now).items():
+            usage[user] = usage.get(user, 0.0) + used
+        return usage
+
     # ---- a pass -----------------------------------------------------------
 
-    def schedule_pass(self) -> None:
-        self.apply(self.plan())
+    def schedule_pass(self, estimates: bool = True) -> None:
+        self.apply(self.plan(estimates))
 
     def config_now(self, quick: bool = False) -> SchedulerConfig:
+        """The scheduler's config now (`quick`: no estimates but the blocked head's)."""
         config = replace(
             scheduler_config(self.config.scheduling),
             # The cluster's size is kept by the index: not summed over every node a pass.
@@ -334,31 +348,33 @@ class SchedulingLoop:
         )
         return replace(config, plan_jobs=0) if quick else config
 
-    def plan(self) -> Plan:
-        """A full pass's plan, on the loop (a short queue, or a test)."""
+    def plan(self, estimates: bool = True) -> Plan:
+        """A full pass's plan, on the loop (a short queue, or a test); without `estimates`
+        the waiting jobs get none but the blocked head's (the last ones stand)."""
         now = self.state.clock.time()
         t0 = time.perf_counter()
         self._fresh_old.update(self._fresh)
         self._fresh = {}
-        queued, running, arrays = collect(
-            now, self.state.jobs.values(), self.request_for, self._requests, self.running_for
+        queued, _, _ = collect(
+            now, self.state.jobs.values(), self.request_for, self._requests, None
         )
+        running = self.running.refresh(now)  # kept: the core runs at once, on the loop
         found = dependency_targets(queued, self._deps_met, self.targets)
-        usage = self.usage.snapshot(now, running)
+        usage = self.usage_at(now, running)
         index = self.state.node_index  # views and free pool kept up to date per node
         plan = _pure_full(
             now,
             queued,
             running,
-            arrays,
+            self.running.arrays,
             found,
             usage,
-            self.config_now(),
+            self.config_now(quick=not estimates),
             index.views(),
             self.reservations(now),
             index.pool(fork=False),  # the core runs at once, on the loop, on a copy
         )
-        return replace(plan, seconds=time.perf_counter() - t0)
+        return replace(plan, seconds=time.perf_counter() - t0, estimated=estimates)
 
     async def full_pass(self, offload: bool = True) -> None:
         """A full pass that never holds the event loop: its snapshot read a slice at a time,
@@ -372,20 +388,13 @@ class SchedulingLoop:
         self._fresh = {}
         jobs = list(self.state.jobs.values())
         queued: list[JobRequest] = []
-        running: list[RunningJob] = []
-        arrays: dict[str, int] = {}
         for k in range(0, len(jobs), SLICE):
-            q, r, a = collect(
-                now, jobs[k : k + SLICE], self.request_for, self._requests, self.running_for
-            )
-            queued += q
-            running += r
-            for array_id, n in a.items():
-                arrays[array_id] = arrays.get(array_id, 0) + n
+            queued += collect(now, jobs[k : k + SLICE], self.request_for, self._requests, None)[0]
             await bulk_turn()
         found = dependency_targets(queued, self._deps_met, self.targets)
+        running = self.running.refresh(now).copy()  # for the worker thread: its own
         args = (
-            now, queued, running, arrays, found, self.usage.snapshot(now, running),
+            now, queued, running, dict(self.running.arrays), found, self.usage_at(now, running),
             self.config_now(), self.state.node_index.views(), self.reservations(now),
             self.state.node_index.pool(),
         )  # fmt: skip
@@ -438,16 +447,16 @@ class SchedulingLoop:
         now = self.state.clock.time()
         t0 = time.perf_counter()
         picked = self._head()
-        running, arrays = self._running(now)
+        running = self.running.refresh(now)
         queued = [self.request_for(job) for job in picked]
         found = dependency_targets(queued, self._deps_met, self.targets)
         prepared = assemble(
             now,
             queued,
             running,
-            arrays,
+            self.running.arrays,
             found,
-            self.usage.snapshot(now, running),
+            self.usage_at(now, running),
             self.config_now(quick=True),
             self.state.node_index.views(),
             self.reservations(now),
@@ -500,22 +509,6 @@ class SchedulingLoop:
                 k += 1
         return list(picked.values())
 
-    def _running(self, now: float) -> tuple[list[RunningJob], dict[str, int]]:
-        """The running jobs, found through the nodes (not a look at every active job)."""
-        ids: set[str] = set()
-        for node in self.state.nodes.values():
-            ids.update(node.jobs)
-        jobs, state = self.state.jobs, JobState.RUNNING
-        running: list[RunningJob] = []
-        arrays: dict[str, int] = {}
-        for job_id in sorted(ids):
-            job = jobs.get(job_id)
-            if job is not None and job.state is state:
-                running.append(self.running_for(job, now))
-                if job.array_job_id is not None:
-                    arrays[job.array_job_id] = arrays.get(job.array_job_id, 0) + 1
-        return running, arrays
-
     def apply(self, plan: Plan, timed: bool = True) -> None:
         """Carry out `plan`, each decision re-checked against the state as it is now."""
         t0 = time.perf_counter()
@@ -551,6 +544,7 @@ class SchedulingLoop:
             self.priorities.update(decisions.priorities)
             if not plan.quick:
                 self.factors = decisions.factors
+            if not plan.quick and plan.estimated:
                 self.expected_start = dict(decisions.expected_start)
                 self.waiting_on = dict(decisions.waiting_on)
             for start in decisions.starts:
@@ -586,7 +580,7 @@ class SchedulingLoop:
 def _pure_full(
     now: float,
     queued: list[JobRequest],
-    running: list[RunningJob],
+    running: Sequence[RunningJob],
     arrays: dict[str, int],
     found: Mapping[str, Sequence[DependencyTarget]],
     usage: Mapping[str, float],

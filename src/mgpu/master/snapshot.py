@@ -200,10 +200,10 @@ def collect(
     jobs: Iterable[Job],
     request_for: Callable[[Job], JobRequest] = job_request,
     requests: Mapping[str, JobRequest] | None = None,
-    running_for: Callable[[Job, float], RunningJob] = running_job,
+    running_for: Callable[[Job, float], RunningJob] | None = running_job,
 ) -> tuple[list[JobRequest], list[RunningJob], dict[str, int]]:
-    """The queued jobs' requests, the running jobs (`running_for`: the master keeps them),
-    and each array's running tasks."""
+    """The queued jobs' requests, the running jobs, and each array's running tasks
+    (`running_for` None: the queued jobs alone, when the caller keeps the running ones)."""
     running: list[RunningJob] = []
     queued: list[JobRequest] = []
     array_running: dict[str, int] = {}
@@ -215,7 +215,7 @@ def collect(
         state = j.state
         if state is queued_state:
             queued.append(cached(j.id) or request_for(j))
-        elif state is running_state:
+        elif state is running_state and running_for is not None:
             running.append(running_for(j, now))
             if j.array_job_id is not None:
                 array_running[j.array_job_id] = array_running.get(j.array_job_id, 0) + 1

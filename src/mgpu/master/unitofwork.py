@@ -40,10 +40,13 @@ class UnitOfWork:
         self._flush_armed = False
         self.on_unsendable: Callable[[str, BaseModel, str], None] = lambda n, m, why: None
         """Told of a message that could not be encoded (node id, message, why)."""
+        self.on_persist: Callable[[Job], None] = lambda job: None
+        """Told of every change (the scheduler's running-job index: master/runindex.py)."""
 
     def persist(self, job: Job) -> None:
         """Write this job's change with this turn's flush."""
         self._dirty[job.id] = job
+        self.on_persist(job)
         self._arm_flush()
 
     def usage_changed(self) -> None:

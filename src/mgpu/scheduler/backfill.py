@@ -111,12 +111,13 @@ def place_around(
 def find_reservation(
     job: JobRequest,
     pool: FreePool,
-    events: Sequence[Release],
+    events: Iterable[Release],
     default_policy: Policy,
     reservations: Sequence[Reservation] = (),
     duration: float = math.inf,
 ) -> HeadReservation | None:
-    """The earliest time and GPUs at which `job` fits as `events` release GPUs.
+    """The earliest time and GPUs at which `job` fits as `events` (soonest first) release
+    GPUs; they are read only as far as needed.
 
     `reservations` are the admin reservations to keep off for a run of `duration` seconds
     (see the module docstring).  None when it never fits (GPUs held outside mgpu, jobs

@@ -53,7 +53,6 @@ from .backfill import (
     expected_end,
     find_reservation,
     place_around,
-    release_events,
     shadow_pool,
 )
 from .placement import (
@@ -66,8 +65,15 @@ from .placement import (
 )
 from .plan import Planned, Planner, plan_queue
 from .preemption import plan_preemption
-from .priority import FactorMap, compute_priorities, running_priorities, weighted_fairshare
+from .priority import (
+    FactorMap,
+    compute_priorities,
+    running_priorities,
+    running_priority_floor,
+    weighted_fairshare,
+)
 from .reservations import kept_out_note, member_reason, reservation_views
+from .running import running_stats
 from .shares import format_share
 from .types import (
     SHARE_UNITS,
@@ -128,11 +134,10 @@ class _Pass:
         self.policy = self.config.placement_policy
         self.pool = FreePool(snapshot.nodes) if pool is None else pool.copy()
         self.decisions = Decisions()
-        self.user_gpus: dict[str, int] = {}  # share units (1000 = a GPU)
-        self.user_jobs: dict[str, int] = {}
-        for r in snapshot.running:
-            self.user_gpus[r.user] = self.user_gpus.get(r.user, 0) + r.gpu_units
-            self.user_jobs[r.user] = self.user_jobs.get(r.user, 0) + 1
+        # What the running jobs give: kept by the caller's `RunningSet`, or derived here.
+        self.stats = running_stats(snapshot.running)
+        # Share units (1000 = a GPU) and jobs per user, counting this pass's starts.
+        self.user_gpus, self.user_jobs = self.stats.per_user()
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
         self._reasons: dict[_ShapeKey | int, tuple[str, bool]] = {}
@@ -468,15 +473,15 @@ class _Pass:
     def _protect(self, head: JobRequest, priority: float) -> HeadReservation | None:
         """Preempt for the blocked head if allowed and possible, else reserve its start."""
         running = self.snapshot.running
-        if self.config.preemption and any(r.preemptible for r in running):
-            current = running_priorities(
-                self.snapshot, (r for r in running if r.preemptible), self.fairshare
-            )
+        victims = self.stats.preemptible() if self.config.preemption else []
+        # No running job's priority can be below the floor: none could be a victim.
+        if victims and running_priority_floor(self.snapshot, self.stats, self.fairshare) < priority:
+            current = running_priorities(self.snapshot, victims, self.fairshare)
             pool = self.pool
             if self.reservations:  # the head's GPUs must be clear of reservations too
                 pool = pool.copy()
                 pool.block(p for r in self._blocks(head) for p in r.placements)
-            plan = plan_preemption(head, priority, pool, running, self.policy, current)
+            plan = plan_preemption(head, priority, pool, running, self.policy, current, victims)
             if plan is not None:
                 self.decisions.preempt.extend(plan.victims)
                 n = len(plan.victims)
@@ -484,9 +489,7 @@ class _Pass:
                 jobs = "1 lower-priority job" if n == 1 else f"{n} lower-priority jobs"
                 reasons[head.job_id] = f"{reasons[head.job_id]}; preempting {jobs}"
                 return HeadReservation(head.job_id, self.now, plan.placements)
-        events = release_events(
-            self.snapshot.running, self.started, self.now, self.config.default_time_limit
-        )
+        events = self.stats.releases(self.now, self.config.default_time_limit, self.started)
         reservation = find_reservation(
             head, self.pool, events, self.policy, self.reservations, self._time_limit(head)
         )

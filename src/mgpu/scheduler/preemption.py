@@ -84,12 +84,15 @@ def plan_preemption(
     running: Sequence[RunningJob],
     default_policy: Policy,
     priorities: Mapping[str, float],
+    preemptible: Sequence[RunningJob] | None = None,
 ) -> PreemptionPlan | None:
     """Victims whose GPUs would let `job` start, or None if no acceptable set exists.
 
-    `priorities` holds the current priority of every preemptible job in `running`.
+    `priorities` holds the current priority of every preemptible job in `running`;
+    `preemptible`: those jobs, in `running`'s order, when the caller has them.
     """
-    candidates = [r for r in running if r.preemptible and priorities[r.job_id] < priority]
+    pre = [r for r in running if r.preemptible] if preemptible is None else preemptible
+    candidates = [r for r in pre if priorities[r.job_id] < priority]
     if not candidates:
         return None
     candidates.sort(key=lambda r: (priorities[r.job_id], -r.start_time, r.job_id))

@@ -23,10 +23,12 @@ Each factor is a number in [0, 1]; a job's priority is the weighted sum
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import overload
 
 from .placement import requested_gpus
+from .running import RunningStats, running_stats
 from .types import SHARE_UNITS, JobRequest, PriorityWeights, RunningJob, Snapshot
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "fairshare_factors",
     "job_size",
     "running_priorities",
+    "running_priority_floor",
     "user_priority_factor",
     "weighted_fairshare",
 ]
@@ -59,7 +62,9 @@ def fairshare_factors(
     `users` are the users seen this pass; configured users and users with usage are
     added, since they all take part in the normalisation.
     """
-    everyone = set(users) | set(shares) | {u for u, v in usage.items() if v > 0}
+    # Sorted: the sums below do not depend on the order the users came in (a pass over a
+    # kept set of running jobs and one over a list of them weigh users to the last bit alike).
+    everyone = sorted(set(users) | set(shares) | {u for u, v in usage.items() if v > 0})
     configured = [max(0.0, s) for s in shares.values()]
     default_share = sum(configured) / len(configured) if configured else 1.0
     share = {u: max(0.0, shares.get(u, default_share)) for u in everyone}
@@ -90,7 +95,7 @@ def weighted_fairshare(snapshot: Snapshot) -> dict[str, float]:
     the head of a long queue weighs its users as the full pass does).
     """
     users = {j.user for j in snapshot.pending}
-    users.update(r.user for r in snapshot.running)
+    users.update(running_stats(snapshot.running).users())
     users.update(snapshot.users)
     cfg = snapshot.config
     factors = fairshare_factors(users, cfg.shares, snapshot.usage)
@@ -223,3 +228,30 @@ def running_priorities(
         user = ((bound if p > bound else (-bound if p < -bound else p)) + bound) * user_scale
         out[r.job_id] = age + weighted_fs.get(r.user, 0.0) + size + user
     return out
+
+
+def running_priority_floor(
+    snapshot: Snapshot, stats: RunningStats, fairshare: Mapping[str, float]
+) -> float:
+    """A priority no preemptible running job's is below (`running_priorities`), from
+    `stats.floor()`: each user's latest submit, least GPUs and least `--priority` give terms
+    no job of theirs is below, and the same float operations on smaller terms never give a
+    larger sum.  -inf when unknown (a plain list of running jobs) or a weight is negative."""
+    floor = stats.floor()
+    w = snapshot.config.weights
+    if floor is None or min(w.age, w.job_size, w.user_priority, w.max_age) < 0:
+        return -math.inf
+    age_scale = w.age / w.max_age if w.max_age > 0 else 0.0
+    total = cluster_size(snapshot)
+    size_scale = w.job_size / total if total > 0 else 0.0
+    user_scale = w.user_priority / (2 * USER_PRIORITY_RANGE)
+    bound = USER_PRIORITY_RANGE
+    lowest = math.inf
+    for user, (submitted, units, p) in floor.items():
+        age = (snapshot.now - submitted) * age_scale
+        age = w.age if age > w.age else (age if age > 0.0 else 0.0)
+        size = units / SHARE_UNITS * size_scale
+        size = w.job_size if size > w.job_size else size
+        up = ((bound if p > bound else (-bound if p < -bound else p)) + bound) * user_scale
+        lowest = min(lowest, age + fairshare.get(user, 0.0) + size + up)
+    return lowest
