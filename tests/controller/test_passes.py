@@ -191,3 +191,28 @@ def test_with_many_running_a_short_queue_gets_its_estimates_every_few_seconds(
     third = h.submit(time="5")
     h.tick()
     assert loop.expected_start[third] == loop.expected_start[second] + 300
+
+
+def test_with_many_queued_a_short_queue_gets_its_estimates_every_few_seconds(
+    h: Harness,
+) -> None:
+    """Estimates cost what the waiting jobs do too: past `estimate_queued` of them (a short
+    queue all the same), the pass at an event leaves them out and one comes within
+    FULL_INTERVAL; the blocked head's start is still planned (backfill needs it)."""
+    loop = h.cl.loop
+    loop.estimate_queued = 1
+    h.agent("n1", gpus=1)
+    blocker = h.start("sleep", gpus=1, time="10")
+    first = h.submit(time="5")
+    h.tick()
+    second = h.submit(time="5")
+    h.tick()  # two queued now: the pass at this event makes no estimates
+    assert second not in loop.expected_start
+    h.advance(FULL_INTERVAL)
+    h.cl.loop.tick(woken=False)  # the estimates owed come now
+    assert loop.expected_start[first] == h.job(blocker).start_time + 600
+    assert loop.expected_start[second] == loop.expected_start[first] + 300
+    loop.estimate_queued = 10  # few queued: every pass makes them
+    third = h.submit(time="5")
+    h.tick()
+    assert loop.expected_start[third] == loop.expected_start[second] + 300

@@ -19,8 +19,9 @@ slice at a time, the core runs on it in a worker thread (it is made of immutable
 fresh containers), and its verdicts are written a slice at a time, so it never holds the
 event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
 A short queue gets a full pass, on the loop, every time (a few milliseconds); with more
-than `ESTIMATE_RUNNING` jobs running, the estimates (the planner's timelines cost what the
-running jobs do) are left to one such pass at most every `FULL_INTERVAL`.  The running jobs
+than `ESTIMATE_RUNNING` jobs running or `ESTIMATE_QUEUED` queued, the estimates (the
+planner's timelines cost what the running and waiting jobs do) are left to one such pass at
+most every `FULL_INTERVAL`.  The running jobs
 themselves are kept by the jobs' changes (master/runindex.py), not walked at every pass.
 """
 
@@ -94,6 +95,10 @@ SLICE = 5_000
 ESTIMATE_RUNNING = 1_000
 """Running jobs beyond which a short queue's passes at events leave the estimates (which
 cost what the running jobs do) to a pass at most every FULL_INTERVAL."""
+ESTIMATE_QUEUED = 200
+"""Queued jobs beyond which the same holds: each waiting job's estimate is planned against
+the running ones (with a thousand queued, the estimates were ~70 % of a pass; Slurm makes
+them in its backfill cycle, not at every event)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,7 @@ class SchedulingLoop:
         self.long_queue = LONG_QUEUE
         self.quick_depth = QUICK_DEPTH
         self.estimate_running = ESTIMATE_RUNNING
+        self.estimate_queued = ESTIMATE_QUEUED
         self._order: list[str] = []
         """The last full pass's pending jobs in priority order (the quick passes' head)."""
         self._cursor = 0
@@ -254,7 +260,11 @@ class SchedulingLoop:
             owed = self._estimates_owed and now - self._last_estimates >= FULL_INTERVAL
             if woken or due or owed:
                 running = self.running.refresh(self.state.clock.time())
-                estimates = due or owed or len(running) <= self.estimate_running
+                cheap = (
+                    len(running) <= self.estimate_running
+                    and self._queued + len(self._fresh) <= self.estimate_queued
+                )
+                estimates = due or owed or cheap
                 self.schedule_pass(estimates)
                 self._last_full = now
                 self._estimates_owed = not estimates
