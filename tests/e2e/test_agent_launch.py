@@ -35,7 +35,6 @@ def launch(job_id: str, **kw: Any) -> dict[str, Any]:
 async def _fake_master(tmp_path: Path) -> dict[str, Any]:
     """Serve one agent: send it a frame mixing good and impossible launches, then another
     frame; collect what it answers."""
-    import websockets
 
     seen: dict[str, Any] = {"connections": 0, "started": set(), "exited": {}}
     done = asyncio.Event()
@@ -72,6 +71,17 @@ async def _fake_master(tmp_path: Path) -> dict[str, Any]:
                 done.set()
                 return
 
+    agent = await _agent_served_until(serve, done, tmp_path)
+    for run in agent.launcher.running.values():  # all ended; nothing to stop
+        assert run.exited.is_set()
+    seen["spool"] = sorted(p.name for p in agent.launcher.spool.iterdir())
+    return seen
+
+
+async def _agent_served_until(serve: Any, done: asyncio.Event, tmp_path: Path) -> Agent:
+    """Run a real agent against the stand-in master `serve` until `done` (30 s at most)."""
+    import websockets
+
     async with websockets.serve(serve, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
@@ -82,10 +92,7 @@ async def _fake_master(tmp_path: Path) -> dict[str, Any]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            for run in agent.launcher.running.values():  # all ended; nothing to stop
-                assert run.exited.is_set()
-    seen["spool"] = sorted(p.name for p in agent.launcher.spool.iterdir())
-    return seen
+    return agent
 
 
 def test_impossible_launches_fail_their_jobs_not_the_node_or_the_connection(
@@ -113,7 +120,6 @@ def test_a_short_jobs_start_goes_with_its_end_and_a_long_jobs_start_goes_alone(
     """A run's start is held (STARTED_HOLD) so that a short job's start and end reach the
     master in one frame; a job still running when the hold is over is reported started
     then, before it ends, with the time it really started."""
-    import websockets
 
     from mgpu.agent import agent as agent_module
 
@@ -138,16 +144,7 @@ def test_a_short_jobs_start_goes_with_its_end_and_a_long_jobs_start_goes_alone(
                     done.set()
                     return
 
-        async with websockets.serve(serve, "127.0.0.1", 0) as server:
-            port = server.sockets[0].getsockname()[1]
-            agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
-            task = asyncio.create_task(agent.run())
-            try:
-                await asyncio.wait_for(done.wait(), 30)
-            finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await _agent_served_until(serve, done, tmp_path)
 
     asyncio.run(scenario())
     told = [(m["type"], m["job_id"]) for f in frames for m in f]
