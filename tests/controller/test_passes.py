@@ -216,3 +216,21 @@ def test_with_many_queued_a_short_queue_gets_its_estimates_every_few_seconds(
     third = h.submit(time="5")
     h.tick()
     assert loop.expected_start[third] == loop.expected_start[second] + 300
+
+
+def test_a_job_whose_dependency_ends_is_looked_at_by_the_next_quick_pass(long: Harness) -> None:
+    """Deep in a long queue, a job waiting for another gets its look when that one ends,
+    not at the next full pass (seconds away with 100,000 queued)."""
+    n1 = long.agent("n1", gpus=1)
+    long.agent("n2", gpus=2)
+    first = long.start("sleep", gpus=1)  # on n1
+    long.start("sleep", gpus=2)  # n2 taken: the fillers wait for it
+    fillers = [long.submit(gpus=2) for _ in range(20)]  # the head, and more
+    dependent = long.submit(gpus=1, dependency=f"afterany:{first}")
+    full(long)
+    assert long.job(dependent).state is JobState.QUEUED
+    assert dependent not in {r.job_id for r in long.cl.loop.quick_plan().eligibility.eligible}
+    n1.exited(first)
+    long.tick()  # a quick pass, no full one
+    assert long.job(dependent).state is JobState.RUNNING
+    assert all(long.job(f).state is JobState.QUEUED for f in fillers)

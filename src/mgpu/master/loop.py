@@ -155,6 +155,9 @@ class SchedulingLoop:
         change every pass; `mgpu queue` and `show` read them)."""
         self._deps_met: set[tuple[str, str]] = set()
         """Dependencies (kind, job id) known to be satisfied for good."""
+        self._dependents: dict[str, list[str]] = {}
+        """Active job id → the waiting jobs that depend on it (as of the last full pass):
+        its end puts them in the next quick pass of a long queue, not the next full one."""
         self.last_pass_time = 0.0
         self.last_pass_duration = 0.0
         self.loop_tick = state.clock.time()
@@ -336,6 +339,18 @@ class SchedulingLoop:
             self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
         else:
             self._fresh.pop(job.id, None)
+        if job.state.terminal:  # its dependents may start now
+            self._fresh.update(dict.fromkeys(self._dependents.pop(job.id, ())))
+
+    def _note_dependents(self, job_id: str) -> None:
+        """A waiting job: indexed by the active jobs it depends on (not arrays: a task's
+        end rarely frees them, and their targets are many to look up)."""
+        req = self._requests.get(job_id)
+        if req is None or not req.dependencies:
+            return
+        for dep in req.dependencies:
+            if dep not in self._deps_met and dep.job_id in self.state.jobs:
+                self._dependents.setdefault(dep.job_id, []).append(job_id)
 
     def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
         """Each user's usage: ended work, decayed, plus the running work the set keeps."""
@@ -440,6 +455,7 @@ class SchedulingLoop:
                     job.reason = why
                     if plan.now < job.eligible_time < next_backoff:
                         next_backoff = job.eligible_time
+                    self._note_dependents(job_id)
             await bulk_turn()
         self._next_backoff = min(self._next_backoff, next_backoff)
         items = iter(reasons.items())
@@ -529,12 +545,15 @@ class SchedulingLoop:
             if job is not None and job.state == JobState.QUEUED:
                 self.life.finish(job, EndReason.DEPENDENCY_NEVER, why)
         next_backoff = math.inf
+        if not plan.quick:
+            self._dependents = {}  # made anew from this pass's waiting jobs
         for job_id, why in verdict.waiting.items():
             job = jobs.get(job_id)
             if job is not None:
                 job.reason = why  # advisory and changing: in memory, not written each pass
                 if plan.now < job.eligible_time < next_backoff:
                     next_backoff = job.eligible_time
+                self._note_dependents(job_id)
         if plan.quick:  # it saw a few jobs: the others' backoffs stand
             self._next_backoff = min(self._next_backoff, next_backoff)
         else:
