@@ -21,8 +21,8 @@ event loop.  It starts nothing itself: the quick pass that follows it does, on f
 A short queue gets a full pass, on the loop, every time (a few milliseconds); with more
 than `ESTIMATE_RUNNING` jobs running or `ESTIMATE_QUEUED` queued, the estimates (the
 planner's timelines cost what the running and waiting jobs do) are left to one such pass at
-most every `FULL_INTERVAL`.  The running jobs
-themselves are kept by the jobs' changes (master/runindex.py), not walked at every pass.
+most every `FULL_INTERVAL`.  The running jobs themselves are kept by the jobs' changes
+(master/runindex.py), not walked at every pass.
 """
 
 from __future__ import annotations
