@@ -234,3 +234,18 @@ def test_a_job_whose_dependency_ends_is_looked_at_by_the_next_quick_pass(long: H
     long.tick()  # a quick pass, no full one
     assert long.job(dependent).state is JobState.RUNNING
     assert all(long.job(f).state is JobState.QUEUED for f in fillers)
+
+
+def test_a_job_deep_in_the_queue_that_can_backfill_starts_after_a_full_pass(
+    long: Harness,
+) -> None:
+    # Slurm's backfill reaches further than its main scheduler's queue depth: a job behind
+    # the head that fits must not wait for the head to drain.
+    long.agent("n1", gpus=4)
+    long.start("sleep", gpus=3, time="10")  # 3 of 4 GPUs for 10 minutes
+    blocked = [long.submit(gpus=4, priority=1000) for _ in range(3 * DEPTH)]
+    short = long.submit(gpus=1, time="5")  # ends before the head can start
+    long.tick()
+    full(long)
+    assert long.job(short).state == JobState.RUNNING
+    assert all(long.job(i).state == JobState.QUEUED for i in blocked)

@@ -10,15 +10,16 @@ already being stopped is dropped too.
 A long queue (more than `LONG_QUEUE` jobs) splits the work as Slurm does between its main
 scheduler and its backfill plugin.  The *quick pass*, on events, looks only at the head of
 the queue: the first `QUICK_DEPTH` jobs of the last full pass's priority order still queued,
-the jobs queued since (`_fresh`, in submit order), and the next tasks of arrays held at
-their `%N` cap; the pure core runs on those alone (`schedule()` with their priorities
+the jobs that full pass would have started (its backfill deeper in the queue), the jobs
+queued since (`_fresh`, in submit order), and the next tasks of arrays held at their `%N`
+cap; the pure core runs on those alone (`schedule()` with their priorities
 computed now), so its cost does not grow with the queue.  It makes every start and
 preemption.  The *full pass* (priorities, reasons and estimates of every queued job, the
 order the quick passes start from) runs every few seconds: its snapshot is gathered a
 slice at a time, the core runs on it in a worker thread (it is made of immutable values and
 fresh containers), and its verdicts are written a slice at a time, so it never holds the
 event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
-A short queue gets a full pass, on the loop, every time (a few milliseconds); with more
+A short queue gets a full pass, on the loop, every time (a millisecond or two); with more
 than `ESTIMATE_RUNNING` jobs running or `ESTIMATE_QUEUED` queued, the estimates (the
 planner's timelines cost what the running and waiting jobs do) are left to one such pass at
 most every `FULL_INTERVAL`.  The running jobs themselves are kept by the jobs' changes
@@ -82,9 +83,9 @@ BATCH_FACTOR = 10
 """A pass that had jobs queued is followed by at most this many times its length."""
 LIVENESS_INTERVAL = 0.5
 """Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
-LONG_QUEUE = 2_000
+LONG_QUEUE = 200
 """Queued jobs beyond which passes split into quick and full ones (module docstring)."""
-QUICK_DEPTH = 1_000
+QUICK_DEPTH = 100
 """Jobs of the last full order a quick pass looks at, and as many fresh ones (Slurm:
 default_queue_depth; the core's backfill looks at `backfill_depth` behind the head)."""
 FULL_INTERVAL = 2.0
@@ -177,6 +178,9 @@ class SchedulingLoop:
         """The last full pass's pending jobs in priority order (the quick passes' head)."""
         self._cursor = 0
         """Where in `_order` the first job still queued may be."""
+        self._would_start: list[str] = []
+        """Jobs the last full pass would have started (backfill deep in the queue): the
+        quick passes that follow look at them too, so that depth does not hide them."""
         self._fresh: dict[str, None] = {}
         """Jobs queued since the last full pass's snapshot, in submit order."""
         self._fresh_old: dict[str, None] = {}
@@ -428,7 +432,9 @@ class SchedulingLoop:
                 plan = await asyncio.to_thread(_pure_full, *args)
         else:
             plan = _pure_full(*args)
+        self._would_start = []
         if plan.decisions is not None:  # decided on a snapshot: the quick pass starts
+            self._would_start = [start.job_id for start in plan.decisions.starts]
             plan.decisions.starts.clear()
             plan.decisions.preempt.clear()
         await self._apply_slices(plan)
@@ -495,7 +501,8 @@ class SchedulingLoop:
 
     def _head(self) -> list[Job]:
         """The queued jobs a quick pass looks at: the head of the last full order, the
-        first fresh ones, the next tasks of each capped array."""
+        jobs the last full pass would have started, the first fresh ones, the next tasks
+        of each capped array."""
         jobs, queued, depth = self.state.jobs, JobState.QUEUED, self.quick_depth
         picked: dict[str, Job] = {}
         order, k, leading = self._order, self._cursor, True
@@ -507,6 +514,11 @@ class SchedulingLoop:
             elif leading:  # started or gone: the next quick pass need not look again
                 self._cursor = k + 1
             k += 1
+        if self._would_start:
+            still = [job for job in map(jobs.get, self._would_start) if job and job.state is queued]
+            self._would_start = [job.id for job in still]
+            for job in still:
+                picked.setdefault(job.id, job)
         for fresh in (self._fresh_old, self._fresh):
             gone, taken = [], 0
             for job_id in fresh:
