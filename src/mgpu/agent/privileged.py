@@ -16,6 +16,7 @@ values a line-based file can carry (UTF-8, no NUL, CR or newline) go in.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import pwd
 import re
@@ -176,14 +177,32 @@ async def start(
     argv: Sequence[str], extra_env: Mapping[str, str] | None = None, **kwargs: Any
 ) -> asyncio.subprocess.Process:
     """Start a command as the agent, from the event loop (its own session, stdin closed)."""
+    argv = _resolve(argv)
+    _check_executable(argv[0])
+    env = base_env(extra_env)
+    # The agent's loop is uvloop's, which cannot set a child's umask: a /bin/sh sets it
+    # and execs the command (errors as exec's are raised above, as a direct start's), and
+    # takes back the PWD it exports itself.
+    script = f'umask {CHILD_UMASK:04o} && {"" if "PWD" in env else "unset PWD && "}exec "$@"'
     return await asyncio.create_subprocess_exec(
-        *_resolve(argv),
-        env=base_env(extra_env),
+        "/bin/sh",
+        "-c",
+        script,
+        argv[0],  # $0
+        *argv,
+        env=env,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        umask=CHILD_UMASK,
         **kwargs,
     )
+
+
+def _check_executable(path: str) -> None:
+    """Raise what exec of `path` would: no such file, or not an executable file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
 
 
 __all__ = [
