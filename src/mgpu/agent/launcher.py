@@ -2,8 +2,8 @@
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
-    sh -c 'trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...; shift;
-           "$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
+    sh -c 'umask 0022; trap : TERM INT HUP; read -r _; exec </dev/null; cd -- "$1" || ...;
+           shift; "$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c' EXIT_FD WORKDIR ARGV...
 
 stdout and stderr go to spool files, not pipes, and the shim writes the exit
 status to a file.  So the job neither depends on nor notices the agent: if the
@@ -18,8 +18,9 @@ a pipe, the *gate*: the shim waits on it while the agent (as root) moves the shi
 into the cgroups, and only then closes it; the shim swaps stdin for /dev/null and runs
 the job, so nothing the job starts is ever outside.  (The agent writes the pid itself
 rather than handing the job's user a descriptor of a root cgroup file: no user process
-ever holds one, and it works on every kernel.)  The shim gets umask 0022, not the
-agent's private 0077.
+ever holds one, and it works on every kernel.)  The shim sets umask 0022, not the
+agent's private 0077.  A shim with the agent's own ids is started by posix_spawn
+(`spawn.spawn_own`: a vfork without Popen's Python); another user's, by the spawner.
 
 The shim enters the job's working directory itself, as the job's user: a root agent
 that did the `chdir` (as Popen's `cwd=` does, before it switches uid) would let a job
@@ -54,11 +55,13 @@ from mgpu.agent.spawn import (
     SHIM,
     JobError,
     LaunchError,
+    OwnShim,
     admit,
     close_all,
     process_start_time,
     release_all,
     same_ids,
+    spawn_own,
     spawn_shim,
     start_shim,
 )
@@ -112,7 +115,7 @@ class RunRecord:
 @dataclass
 class Running:
     rec: RunRecord
-    popen: subprocess.Popen[bytes] | Spawned | None = None
+    popen: subprocess.Popen[bytes] | Spawned | OwnShim | None = None
     pidfd: int | None = None
     decoders: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
@@ -321,25 +324,29 @@ class Launcher:
                     raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
             if cgroup is not None or guard is not None or spawner is not None:
                 gate = os.pipe2(os.O_CLOEXEC)
-            exit_no = "3" if spawner is not None else str(exit_fd)  # the spawner numbers it 3
-            shim = [SHIM, exit_no]
+            shim, pty_args = SHIM, []
             if pty is not None:
                 owner = None if user_ids is None else user_ids[:2]
                 try:
                     term, slave = Terminal.open(pty[0], pty[1], owner, Path(out_path))
                 except OSError as e:
                     raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
-                shim = [PTY_SHIM, exit_no, term.path]
-            shim_argv = ["/bin/sh", "-c", *shim, cwd or home, *argv]
+                shim, pty_args = PTY_SHIM, [term.path]
+
+            def shim_argv(exit_no: int) -> list[str]:  # $0: the exit file's descriptor
+                return ["/bin/sh", "-c", shim, str(exit_no), *pty_args, cwd or home, *argv]
+
             stdio = (out_fd, err_fd) if term is None else (slave, slave)
+            popen: subprocess.Popen[bytes] | Spawned | OwnShim | None = None
             if spawner is not None and gate is not None and user_ids is not None:
-                std = [gate[0], *stdio, exit_fd]
-                popen: subprocess.Popen[bytes] | Spawned = spawn_shim(
-                    spawner, shim_argv, full_env, user_ids, std, tag
-                )
-            else:
+                std = [gate[0], *stdio, exit_fd]  # the spawner numbers the exit file 3
+                popen = spawn_shim(spawner, shim_argv(3), full_env, user_ids, std, tag)
+            elif not kwargs:  # the agent's own ids
+                stdin = gate[0] if gate is not None else None
+                popen = spawn_own(shim_argv(3), stdin, *stdio, exit_fd, full_env)
+            if popen is None:
                 popen = start_shim(
-                    shim_argv,
+                    shim_argv(exit_fd),
                     stdin=gate[0] if gate is not None else subprocess.DEVNULL,
                     stdout=stdio[0],
                     stderr=stdio[1],
