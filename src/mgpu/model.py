@@ -12,7 +12,7 @@ master writes a job to the store right after each transition and before acting o
 from __future__ import annotations
 
 import operator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -399,7 +399,7 @@ class Job:
             "start_time": self.start_time,
             "end_time": self.end_time,
             "retries": self.retries,
-            "attempts": [asdict(a) for a in self.attempts],
+            "attempts": [_attempt_public(a) for a in self.attempts],
             "priority": self.priority,
             "time_limit": self.time_limit,
             "nodes": self.nodes,
@@ -461,5 +461,19 @@ def _migrate_stop(rec: dict[str, Any]) -> None:
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
 _job_values = operator.attrgetter(*_JOB_FIELDS)
+
+
+def _attempt_public(a: Attempt) -> dict[str, Any]:
+    """asdict(a), by hand: every ended job's JSON has it (a waiting client reads each)."""
+    return {
+        "epoch": a.epoch,
+        "nodes": list(a.nodes),
+        "gpu_ids": {node: list(ids) for node, ids in a.gpu_ids.items()},
+        "start_time": a.start_time,
+        "end_time": a.end_time,
+        "end_reason": a.end_reason,
+    }
+
+
 _SLOT_FIELDS = tuple(f.name for f in fields(Slot))
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))

@@ -5,6 +5,7 @@ loop), the sentence a refusal answers, and the client's side (what it sends and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import math
 import os
@@ -329,6 +330,15 @@ def test_build_an_array() -> None:
     jobs[0].allocation.append(Slot("n1", [0, 1]))
     jobs[0].attempts.append(Attempt(1, ["n1"], {"n1": [0, 1]}))
     assert jobs[1].allocation == [] and jobs[1].attempts == []  # each task its own
+
+
+def test_a_jobs_attempts_in_its_json_are_every_field_of_each() -> None:
+    [job] = jobs_of(spec())
+    job.attempts.append(Attempt(1, ["n1"], {"n1": [0, 1]}, 1.0, 2.0, "node lost"))
+    public = job.to_public()["attempts"]
+    assert public == [dataclasses.asdict(a) for a in job.attempts]
+    public[0]["gpu_ids"]["n1"].append(9)  # a copy: the job is not changed through it
+    assert job.attempts[0].gpu_ids == {"n1": [0, 1]}
 
 
 def test_build_a_large_array_quickly() -> None:
