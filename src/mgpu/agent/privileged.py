@@ -30,6 +30,8 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CHILD_UMASK = 0o022
 """The umask of jobs and site scripts, as a login shell's: the agent's own (0077, private)
 would make every file a job writes unreadable to its group and to others."""
+SET_CHILD_UMASK = f"umask {CHILD_UMASK:04o}"
+"""The shell command that gives a child that umask (posix_spawn and uvloop cannot)."""
 
 RUNTIME_ENV = (
     "CONTAINERS_CONF",
@@ -183,7 +185,7 @@ async def start(
     # The agent's loop is uvloop's, which cannot set a child's umask: a /bin/sh sets it
     # and execs the command (errors as exec's are raised above, as a direct start's), and
     # takes back the PWD it exports itself.
-    script = f'umask {CHILD_UMASK:04o} && {"" if "PWD" in env else "unset PWD && "}exec "$@"'
+    script = f'{SET_CHILD_UMASK} && {"" if "PWD" in env else "unset PWD && "}exec "$@"'
     return await asyncio.create_subprocess_exec(
         "/bin/sh",
         "-c",
@@ -209,6 +211,7 @@ __all__ = [
     "CHILD_UMASK",
     "RUNTIME_ENV",
     "SAFE_PATH",
+    "SET_CHILD_UMASK",
     "base_env",
     "can_enter",
     "env_file_entries",

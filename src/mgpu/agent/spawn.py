@@ -1,6 +1,6 @@
-"""Starting a job's shim: the shim itself, Popen with the job's errors told apart from the
-node's, the gate through which the agent moves it into its cgroups, and the small file and
-process helpers of a run's start and end (see launcher.py for the design)."""
+"""Starting a job's shim: the shim itself, posix_spawn or Popen with the job's errors told
+apart from the node's, the gate through which the agent moves it into its cgroups, and the
+small file and process helpers of a run's start and end (see launcher.py for the design)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ __all__ = [
 # agent blanks that line before each run.
 # `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
 # The umask is set by the shim itself: posix_spawn (`spawn_own`) cannot set one.
-UMASK = f"umask {privileged.CHILD_UMASK:04o}; "
+UMASK = privileged.SET_CHILD_UMASK + "; "
 SHIM = (
     UMASK + "trap : TERM INT HUP; read -r _; exec </dev/null; "
     'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
