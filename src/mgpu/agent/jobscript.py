@@ -15,9 +15,10 @@ given the path, so a temp dir mounted `noexec` does not matter.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
+
+from mgpu.agent import recycle
 
 __all__ = ["file_name", "interpreter", "remove", "write"]
 
@@ -67,8 +68,7 @@ def write(job_id: str, name: str, text: str, owner: tuple[int, int] | None) -> s
 
 
 def remove(path: str) -> None:
-    """Remove a script written by `write` and its directory."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(path))
+    """Remove a script written by `write` and its directory (never through a link the
+    job's user put in their place: mgpu.agent.recycle.unlink)."""
+    recycle.unlink(path)
+    recycle.unlink(os.path.dirname(path))
