@@ -129,6 +129,8 @@ class Running:
 
 
 EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+SAME_START = 0.05
+"""Seconds two readings of one process's start time may differ by (clock ticks, boot time)."""
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
 """(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
@@ -447,7 +449,7 @@ class Launcher:
     def adopt(self, rec: RunRecord) -> Running:
         """Take over a job started by an earlier agent process, if it is really still ours."""
         started = process_start_time(rec.pid)
-        alive = started is not None and abs(started - rec.create_time) < 0.05
+        alive = started is not None and abs(started - rec.create_time) < SAME_START
         run = Running(rec=rec)
         if alive:
             self._track(run)
@@ -495,7 +497,8 @@ class Launcher:
         run.rec.signal_sent = True
         self.save(run.rec)
         tagged = set() if top_only else self._job_processes(run)
-        count = jobsignal.send(run.rec.pid, run.rec.cgroup, tagged, sig, top_only)
+        shim = None if self.pid_reused(run) else run.rec.pid
+        count = jobsignal.send(shim, run.rec.cgroup, tagged, sig, top_only)
         log.info("job %s: signal %d sent to %d process(es)", run.rec.job_id, sig, count)
 
     async def _poll_exit(self, run: Running) -> None:
@@ -579,8 +582,7 @@ class Launcher:
         if run.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=1)
-        with contextlib.suppress(OSError):
-            os.killpg(run.rec.pid, signal.SIGKILL)
+        self._killpg(run, signal.SIGKILL)
         for path in (run.rec.cgroup, run.rec.devices):
             if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
                 continue
@@ -654,9 +656,30 @@ class Launcher:
         targets |= self._job_processes(run)
         self._signal(run, targets, signal.SIGKILL)
 
-    def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
+    def pid_reused(self, run: Running) -> bool:
+        """Does the run's pid name another process now?  Once the shim has ended and been
+        reaped its pid is free, and a later process (a daemon that made itself a process
+        group leader) can get it: that group and its children are not the job's.  A pid
+        with no process is not reused: a group with that id can only be the job's (the
+        kernel keeps a pid in use while a group of that id lives)."""
+        started = process_start_time(run.rec.pid)
+        return started is not None and abs(started - run.rec.create_time) >= SAME_START
+
+    def _killpg(self, run: Running, sig: int) -> None:
+        """Signal the shim's process group, unless its pid was reused (checked just before:
+        the pid of a live process is not reused, so the window is the check's microseconds)."""
+        if self.pid_reused(run):
+            log.warning(
+                "job %s: pid %d is another process now: its group not signalled",
+                run.rec.job_id,
+                run.rec.pid,
+            )
+            return
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, sig)
+
+    def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
+        self._killpg(run, sig)
         if run.rec.cgroup:
             if sig == signal.SIGKILL:
                 cgroups.kill(run.rec.cgroup)
@@ -669,10 +692,9 @@ class Launcher:
     def _job_processes(self, run: Running) -> set[psutil.Process]:
         """The shim's descendants, plus any process tagged with this run in its environment."""
         found: set[psutil.Process] = set()
-        try:
-            found.update(psutil.Process(run.rec.pid).children(recursive=True))
-        except psutil.Error:
-            pass
+        if not self.pid_reused(run):  # else its children are another process's
+            with contextlib.suppress(psutil.Error):
+                found.update(psutil.Process(run.rec.pid).children(recursive=True))
         tag = (
             f"MGPU_RUN_TAG={run.rec.tag}" if run.rec.tag else f"MGPU_JOB_ID={run.rec.job_id}"
         ).encode()
