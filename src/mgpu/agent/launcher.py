@@ -132,6 +132,9 @@ EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
 SAME_START = 0.05
 """Seconds two readings of one process's start time may differ by (clock ticks, boot time)."""
 
+READ_MAX = 4 << 20
+"""Bytes of one stream read at most per look at a run's spool files."""
+
 OutputSink = Callable[[str, int, str, str, int, int], None]
 """(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
 
@@ -154,7 +157,10 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
-        self.on_terminal_output: Callable[[Running], None] = self.pump_output
+        self.output_room: Callable[[], bool] = lambda: True
+        """May more output be read and queued for the master now (mgpu.agent.agent)?"""
+        self._pump_turn = 0
+        self.on_terminal_output: Callable[[Running], object] = self.pump_output
         """Told when a terminal run wrote something (stored in its stdout file): send it."""
         self._home = os.path.expanduser("~")
         """The agent's own home (runs as the agent's user start there)."""
@@ -517,8 +523,12 @@ class Launcher:
 
     # ---- output -------------------------------------------------------------
 
-    def pump_output(self, run: Running) -> None:
-        """Send whatever the job wrote since last time."""
+    def pump_output(self, run: Running) -> bool:
+        """Send what the job wrote since last time: at most READ_MAX bytes of each stream,
+        and nothing more once `output_room` says enough is queued for the master (a job
+        writing as fast as it can must not fill the root agent's memory).  True when all
+        of it was sent (up to the files' sizes as they were when called)."""
+        caught_up = True
         for stream, path_attr, sent_attr in (
             ("o", "out_path", "out_sent"),
             ("e", "err_path", "err_sent"),
@@ -531,12 +541,14 @@ class Launcher:
                 continue
             if size <= sent:
                 continue
+            budget = READ_MAX
             with open(path, "rb") as f:
                 f.seek(sent)
-                while True:
-                    data = f.read(READ_CHUNK)
+                while budget > 0 and self.output_room():
+                    data = f.read(min(READ_CHUNK, budget))
                     if not data:
                         break
+                    budget -= len(data)
                     dec = run.decoders.get(stream)
                     if dec is None:
                         dec = run.decoders[stream] = codecs.getincrementaldecoder("utf-8")(
@@ -550,6 +562,8 @@ class Launcher:
                         end = sent - len(dec.getstate()[0])
                         self.on_output(run.rec.job_id, run.rec.epoch, stream, text, start, end)
             setattr(run.rec, sent_attr, sent)
+            caught_up = caught_up and sent >= size
+        return caught_up
 
     def rewind(self, run: Running, stdout: int, stderr: int) -> None:
         """Send output again from these byte offsets (what the master has)."""
@@ -557,8 +571,13 @@ class Launcher:
         run.decoders.clear()
 
     def pump_all(self) -> None:
-        for run in list(self.running.values()):
-            self.pump_output(run)
+        """Send every run's new output; each turn starts with the next run, so that when
+        the queue to the master is full the same runs do not always go first."""
+        runs = list(self.running.values())
+        if runs:
+            self._pump_turn = (self._pump_turn + 1) % len(runs)
+            for run in runs[self._pump_turn :] + runs[: self._pump_turn]:
+                self.pump_output(run)
 
     # ---- exit ---------------------------------------------------------------
 
