@@ -24,14 +24,18 @@ ENV_DUMP = (
 def mps_node(tmp_path: Path) -> Iterator[LocalCluster]:
     """One agent with one fake GPU, and a fake MPS control daemon's pipe on its node."""
     pipes = tmp_path / "mps"
-    pipes.mkdir()
+    pipes.mkdir(mode=0o755)  # the daemon's: root's, not writable by others (mgpu.agent.mps)
     os.mkfifo(pipes / "control")
+    logs = tmp_path / "mps-log"
+    logs.mkdir(mode=0o755)
     c = LocalCluster(tmp_path)
     try:
         c.start_master()
         c.env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)  # the agent's environment
+        c.env["CUDA_MPS_LOG_DIRECTORY"] = str(logs)
         c.start_agent("node001", gpus=1)
         c.env.pop("CUDA_MPS_PIPE_DIRECTORY")
+        c.env.pop("CUDA_MPS_LOG_DIRECTORY")
         yield c
     finally:
         c.stop()

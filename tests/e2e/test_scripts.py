@@ -5,6 +5,7 @@ where `mgpu show` says each option came from, and the cases that stay commands."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -170,3 +171,27 @@ def test_a_script_of_another_user_is_theirs_and_removed_after(
     wait_for(lambda: not Path(path).parent.exists(), what="the script's removal")
     show = json.loads(cluster.cli("show", job_id, "--json", check=True).stdout)
     assert show["user"] == "daemon"
+
+
+def test_a_script_dir_swapped_for_a_link_makes_the_agent_remove_nothing_else(
+    cluster: LocalCluster, shared_dir: Path
+) -> None:
+    """The script's directory is the job user's: they may put a symbolic link to any
+    directory in its place.  The root agent's clean-up must not remove the file of the
+    script's name there (it removes the link only)."""
+    victim = shared_dir / "victim"
+    victim.mkdir()
+    (victim / "swap.sh").write_text("root's file\n")
+    token = cluster.client().create_token("daemon")["token"]
+    (shared_dir / "swap.sh").write_text(
+        '#!/bin/sh\nd=$(dirname "$0")\n'
+        f'mv "$d" "$d.old" && ln -s {victim} "$d" && rm -rf "$d.old" && echo "$d"\n'
+    )
+    res = mgpu(cluster, shared_dir, "submit", "--gpus", "0", "swap.sh", token=token)
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    done = Client(cluster.address, token=token).wait(job_id, timeout=30)
+    link = Path(cluster.client().logs(job_id).strip())
+    assert done["state"] == "completed" and link.is_symlink(), (done, link)
+    wait_for(lambda: not os.path.lexists(link), what="the agent's clean-up of the run")
+    assert (victim / "swap.sh").read_text() == "root's file\n"

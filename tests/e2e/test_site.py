@@ -80,7 +80,8 @@ def build(rt: Runtime, gpu_ids: list[int], cwd: str | None = "/home/al/exp") -> 
 def test_podman_command_line() -> None:
     assert build(PODMAN, [2, 3]) == [
         "/usr/bin/podman", "run", "--rm", "--name", "mgpu-ab12cd34-1",
-        "--network=host", "--ipc=host", "--security-opt=label=disable",
+        "--network=host", "--ipc=host", "--security-opt=no-new-privileges",
+        "--security-opt=label=disable",
         "--user", "1001:100",
         "--device", "nvidia.com/gpu=2", "--device", "nvidia.com/gpu=3",
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
@@ -95,7 +96,7 @@ def test_podman_command_line() -> None:
 def test_docker_command_line() -> None:
     assert build(DOCKER, [1, 3]) == [
         "/usr/bin/docker", "run", "--rm", "--name", "mgpu-ab12cd34-1",
-        "--network=host", "--ipc=host",
+        "--network=host", "--ipc=host", "--security-opt=no-new-privileges",
         "--user", "1001:100",
         "--gpus", '"device=1,3"',
         "-v", "/home/al/exp:/home/al/exp", "-w", "/home/al/exp",
@@ -494,7 +495,8 @@ def test_real_podman_job(
     workdir = tmp_path / "w"
     workdir.mkdir()
     job = client.submit(
-        'echo "$(id -u)|$(pwd)|[$CUDA_VISIBLE_DEVICES]|$MGPU_JOB_ID"; cat /etc/os-release',
+        'echo "$(id -u)|$(pwd)|[$CUDA_VISIBLE_DEVICES]|$MGPU_JOB_ID"; '
+        "grep NoNewPrivs /proc/self/status; cat /etc/os-release",
         gpus=0,
         image=BUSYBOX_IMAGE,
         cwd=str(workdir),
@@ -503,6 +505,8 @@ def test_real_podman_job(
     out = client.logs(job.id)
     assert done["state"] == "failed" and done["exit_code"] == 1, (done, out)  # no os-release
     assert out.startswith(f"{os.getuid()}|{workdir}|[]|{job.id}\n"), out
+    # --security-opt=no-new-privileges: a setuid binary in the image cannot raise the job.
+    assert "NoNewPrivs:\t1\n" in out, out
 
     # Cancelling kills the container (its shell ignores SIGTERM as PID 1; then SIGKILL).
     long = client.submit("sleep 300", gpus=0, image=BUSYBOX_IMAGE, cwd=str(workdir))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mgpu.agent import jobscript
 from mgpu.agent.recycle import RECORDS, Pool, recycle
 
 
@@ -91,3 +92,35 @@ def test_a_new_agent_process_adopts_the_pool_it_finds(tmp_path: Path) -> None:
     (name,) = [n for _, n in second.names([(str(_file(tmp_path / "o2")), "0")])]
     assert name is not None and name not in second.free["0"] and not os.path.exists(name)
     assert second.take("1") not in (str(busy), *second.free["0"])
+
+
+def test_a_script_directory_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A job script's directory belongs to the job's user, who may put a symbolic link to
+    any directory in its place: the root agent removes the link, nothing it points to."""
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    target = _file(victim / "passwd", "root:x:0:0\n")
+    script_dir = tmp_path / "mgpu-j1.abcd"
+    script_dir.symlink_to(victim)
+    recycle([(str(script_dir / "passwd"), None), (str(script_dir), None)])
+    assert target.read_text() == "root:x:0:0\n"
+    assert not os.path.lexists(script_dir)  # the link itself went
+
+
+def test_a_script_file_replaced_by_a_link_removes_the_link_only(tmp_path: Path) -> None:
+    victim = _file(tmp_path / "victim")
+    script_dir = tmp_path / "mgpu-j2.abcd"
+    script_dir.mkdir()
+    (script_dir / "job.sh").symlink_to(victim)
+    recycle([(str(script_dir / "job.sh"), None), (str(script_dir), None)])
+    assert victim.exists() and not os.path.lexists(script_dir)
+
+
+def test_jobscript_remove_does_not_follow_a_linked_directory(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    kept = _file(victim / "job.sh")
+    link = tmp_path / "mgpu-j3.abcd"
+    link.symlink_to(victim)
+    jobscript.remove(str(link / "job.sh"))
+    assert kept.exists()

@@ -67,6 +67,12 @@ comes sooner: a short job's start and end reach the master in one frame and one 
 (The start time told is the real one, stamped at the start.)"""
 
 
+OUTPUT_QUEUED_MAX = 16 << 20
+"""Characters of job output queued for the master at most: past this, no spool file is read
+until the connection has taken some (a job writing as fast as it can, or a slow master,
+must not fill the root agent's memory).  The output waits in its spool file meanwhile."""
+
+
 class AgentRefused(RuntimeError):
     pass
 
@@ -112,6 +118,12 @@ class Agent:
         self.launcher = Launcher(state_dir / f"node-{node_id}" / "spool", self._on_output)
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
+        self.output_queued = 0
+        """Characters of the output messages in `outbox` (OUTPUT_QUEUED_MAX)."""
+        self._output_room = asyncio.Event()
+        """Set when the connection took queued output (waited on by `_send_all_output`)."""
+        self._connection = 0
+        """Counts connections: work begun for one is dropped once another has begun."""
         self._exits: dict[tuple[str, int], Exited] = {}
         """Ends not yet stored by the master (no `Forget` yet): re-sent after a reconnect."""
         self._outbox_ready = asyncio.Event()
@@ -128,11 +140,15 @@ class Agent:
         self.launcher.on_terminal_output = lambda run: (
             self.launcher.pump_output(run) if self.connected else None
         )
+        self.launcher.output_room = lambda: self.output_queued < OUTPUT_QUEUED_MAX
 
     # ---- outbound -----------------------------------------------------------
 
     def send(self, message: BaseModel) -> None:
-        self.outbox.append((str(getattr(message, "type", "")), encode(message)))
+        kind, text = str(getattr(message, "type", "")), encode(message)
+        if kind == "output":
+            self.output_queued += len(text)
+        self.outbox.append((kind, text))
         self._outbox_ready.set()
 
     def _on_output(
@@ -277,18 +293,24 @@ class Agent:
         # Output and ends still queued may never have reached the master, or may have: drop
         # them and send again from where the master's copy ends (it drops what it has).
         self.outbox = deque(m for m in self.outbox if m[0] not in ("output", "exited"))
+        self.output_queued = 0
+        self._connection += 1
         for res in reply.resume:
             run = self.launcher.find(res.job_id, res.epoch)
             if run is not None:
                 self.send(self._started(run))  # again: lost if the master died right after
                 self.launcher.rewind(run, res.stdout, res.stderr)
+        self.connected = True
+        behind = []  # ends that must wait for more output than fits the queue now
         for (job_id, epoch), exited in self._exits.items():
             run = self.launcher.find(job_id, epoch)
-            if run is not None:
-                self.launcher.pump_output(run)
-            self.send(exited)
+            if run is None or self.launcher.pump_output(run):
+                self.send(exited)
+            else:
+                behind.append((run, exited))
+        for run, exited in behind:
+            self._spawn(self._send_end_after_output(run, exited, self._connection))
         log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
-        self.connected = True
         sender = asyncio.create_task(self._sender(ws))
         beater = asyncio.create_task(self._heartbeats())
         try:
@@ -323,7 +345,10 @@ class Agent:
                 for frame in batch_frames([self.outbox[i][1] for i in range(count)]):
                     await ws.send(frame)
                 for _ in range(count):
-                    self.outbox.popleft()
+                    kind, text = self.outbox.popleft()
+                    if kind == "output":
+                        self.output_queued -= len(text)
+                self._output_room.set()
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 
@@ -533,6 +558,42 @@ class Agent:
             )
         return env
 
+    async def _send_all_output(self, run: Running) -> bool:
+        """Queue an ended run's output up to where its files end now, as the connection takes
+        it (the master drops output that comes after the run's end).  False when the
+        connection went first: the rest is sent after the reconnect."""
+        ends = []
+        for path in (run.rec.out_path, run.rec.err_path):
+            try:
+                ends.append(os.path.getsize(path))
+            except OSError:
+                ends.append(0)
+        connection = self._connection
+        while self.connected and connection == self._connection:
+            self.launcher.pump_output(run)
+            if run.rec.out_sent >= ends[0] and run.rec.err_sent >= ends[1]:
+                return True
+            if self.launcher.output_room():
+                await asyncio.sleep(0)  # READ_MAX read: the rest next turn of the loop
+                continue
+            self._output_room.clear()
+            # Bounded: the sender that sets it goes with a dropped connection.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._output_room.wait(), OUTPUT_POLL)
+        return False
+
+    async def _send_end_after_output(self, run: Running, exited: Exited, connection: int) -> None:
+        """After a reconnect: an end the master has not stored, once its output is sent."""
+        sent = await self._send_all_output(run)
+        stored = (run.rec.job_id, run.rec.epoch) not in self._exits  # Forget came meanwhile
+        if sent and connection == self._connection and not stored:
+            self.send(exited)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _watch(self, run: Running) -> None:
         await run.exited.wait()
         await self.launcher.kill_leftovers(run)
@@ -540,8 +601,10 @@ class Agent:
             run.terminal.drain()  # the last of its output, then the pty goes
             run.terminal.close()
         epilog_error = await self.site.after(run)  # its output joins the job's stderr
-        if self.connected:
-            self.launcher.pump_output(run)  # else after the reconnect, from where the master is
+        # Its output before its end (else after the reconnect, from where the master is);
+        # again if a new connection began meanwhile: it rewound to the master's copy.
+        while not await self._send_all_output(run) and self.connected:
+            pass
         code = self.launcher.exit_code(run)
         error = None
         if code is None:

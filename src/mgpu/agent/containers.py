@@ -17,6 +17,9 @@ What every command line does:
   agent runs the runtime as root), `--userns=keep-id` for rootless podman (the agent and
   its jobs run as one user), and apptainer runs as the user anyway.
 * The host network and IPC namespace (NCCL and torchrun rendezvous need them).
+* No new privileges (`--security-opt=no-new-privileges`): a setuid or file-capability
+  binary in the image (sudo, su, ping) cannot raise the job above its user inside the
+  container.  apptainer sets `PR_SET_NO_NEW_PRIVS` itself.
 * podman and docker run as the agent (root) with the agent's own environment
   (mgpu.agent.privileged), never the job's.  The job's variables go into the container
   through a 0600 `--env-file` in the agent's private spool (not `-e NAME=VALUE`: values
@@ -210,6 +213,8 @@ def build_argv(
     ids = list(gpu_ids)
     if runtime.name in ("podman", "docker"):
         out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
+        # A setuid binary in the image must not make the job's user root inside it.
+        out.append("--security-opt=no-new-privileges")
         if runtime.name == "podman":
             out.append("--security-opt=label=disable")  # SELinux hosts: the bind mount works
             if runtime.rootless:

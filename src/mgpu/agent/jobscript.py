@@ -15,11 +15,12 @@ given the path, so a temp dir mounted `noexec` does not matter.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 
-__all__ = ["interpreter", "remove", "write"]
+from mgpu.agent import recycle
+
+__all__ = ["file_name", "interpreter", "remove", "write"]
 
 
 def interpreter(text: str) -> list[str]:
@@ -33,11 +34,21 @@ def interpreter(text: str) -> list[str]:
     return ["/bin/sh"]
 
 
+def file_name(name: str) -> str:
+    """The script's file name in its directory: `name`'s last part, or `script` when that
+    is no name of a file there (empty, `.`, `..`, a NUL, too long).  The master refuses
+    such names at submit; the agent does not rely on it: `..` would be the temp dir."""
+    base = os.path.basename(name)
+    if base in ("", ".", "..") or "\0" in base or len(os.fsencode(base)) > 255:
+        return "script"
+    return base
+
+
 def write(job_id: str, name: str, text: str, owner: tuple[int, int] | None) -> str:
     """Write the script for one run; its path.  `owner`: (uid, gid) of the job's user
     when the job runs as another account than the agent's."""
     folder = tempfile.mkdtemp(prefix=f"mgpu-{job_id}.")
-    path = os.path.join(folder, os.path.basename(name) or "script")
+    path = os.path.join(folder, file_name(name))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
         try:
@@ -57,8 +68,7 @@ def write(job_id: str, name: str, text: str, owner: tuple[int, int] | None) -> s
 
 
 def remove(path: str) -> None:
-    """Remove a script written by `write` and its directory."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    with contextlib.suppress(OSError):
-        os.rmdir(os.path.dirname(path))
+    """Remove a script written by `write` and its directory (never through a link the
+    job's user put in their place: mgpu.agent.recycle.unlink)."""
+    recycle.unlink(path)
+    recycle.unlink(os.path.dirname(path))

@@ -17,20 +17,24 @@ from mgpu.agent import cgroups
 __all__ = ["send"]
 
 
-def send(shim: int, cgroup: str, tagged: set[psutil.Process], sig: int, top_only: bool) -> int:
+def send(
+    shim: int | None, cgroup: str, tagged: set[psutil.Process], sig: int, top_only: bool
+) -> int:
     """Send `sig` (see the module docstring); how many processes it went to.  `tagged`:
-    the processes that carry the run's tag (when not `top_only`).
+    the processes that carry the run's tag (when not `top_only`).  `shim` None: its pid
+    names another process now (mgpu.agent.launcher.Launcher.pid_reused), whose children
+    are not the job's: the cgroup and the tagged processes only.
 
     Parents before their children: a shell in `cmd & wait` that traps the signal must have
     it pending before its child dies of it, or its `wait` returns 0 and the shell leaves
     without running the trap."""
-    try:
-        top = psutil.Process(shim)
-        targets = list(top.children()) if top_only else _parents_first(top)
-    except psutil.Error:
-        targets = []
+    targets: list[psutil.Process] = []
+    if shim is not None:
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(shim)
+            targets = list(top.children()) if top_only else _parents_first(top)
     if not top_only:
-        known = {p.pid for p in targets} | {shim}
+        known = {p.pid for p in targets} | ({shim} if shim is not None else set())
         extra = [p for p in tagged if p.pid not in known]
         known.update(p.pid for p in extra)
         for pid in cgroups.pids(cgroup) if cgroup else ():

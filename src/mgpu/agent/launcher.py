@@ -129,6 +129,11 @@ class Running:
 
 
 EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+SAME_START = 0.05
+"""Seconds two readings of one process's start time may differ by (clock ticks, boot time)."""
+
+READ_MAX = 4 << 20
+"""Bytes of one stream read at most per look at a run's spool files."""
 
 OutputSink = Callable[[str, int, str, str, int, int], None]
 """(job_id, epoch, stream "o"/"e", text, start, end): text decodes bytes [start, end)."""
@@ -152,7 +157,10 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
-        self.on_terminal_output: Callable[[Running], None] = self.pump_output
+        self.output_room: Callable[[], bool] = lambda: True
+        """May more output be read and queued for the master now (mgpu.agent.agent)?"""
+        self._pump_turn = 0
+        self.on_terminal_output: Callable[[Running], object] = self.pump_output
         """Told when a terminal run wrote something (stored in its stdout file): send it."""
         self._home = os.path.expanduser("~")
         """The agent's own home (runs as the agent's user start there)."""
@@ -447,7 +455,7 @@ class Launcher:
     def adopt(self, rec: RunRecord) -> Running:
         """Take over a job started by an earlier agent process, if it is really still ours."""
         started = process_start_time(rec.pid)
-        alive = started is not None and abs(started - rec.create_time) < 0.05
+        alive = started is not None and abs(started - rec.create_time) < SAME_START
         run = Running(rec=rec)
         if alive:
             self._track(run)
@@ -495,7 +503,8 @@ class Launcher:
         run.rec.signal_sent = True
         self.save(run.rec)
         tagged = set() if top_only else self._job_processes(run)
-        count = jobsignal.send(run.rec.pid, run.rec.cgroup, tagged, sig, top_only)
+        shim = None if self.pid_reused(run) else run.rec.pid
+        count = jobsignal.send(shim, run.rec.cgroup, tagged, sig, top_only)
         log.info("job %s: signal %d sent to %d process(es)", run.rec.job_id, sig, count)
 
     async def _poll_exit(self, run: Running) -> None:
@@ -514,8 +523,12 @@ class Launcher:
 
     # ---- output -------------------------------------------------------------
 
-    def pump_output(self, run: Running) -> None:
-        """Send whatever the job wrote since last time."""
+    def pump_output(self, run: Running) -> bool:
+        """Send what the job wrote since last time: at most READ_MAX bytes of each stream,
+        and nothing more once `output_room` says enough is queued for the master (a job
+        writing as fast as it can must not fill the root agent's memory).  True when all
+        of it was sent (up to the files' sizes as they were when called)."""
+        caught_up = True
         for stream, path_attr, sent_attr in (
             ("o", "out_path", "out_sent"),
             ("e", "err_path", "err_sent"),
@@ -528,12 +541,14 @@ class Launcher:
                 continue
             if size <= sent:
                 continue
+            budget = READ_MAX
             with open(path, "rb") as f:
                 f.seek(sent)
-                while True:
-                    data = f.read(READ_CHUNK)
+                while budget > 0 and self.output_room():
+                    data = f.read(min(READ_CHUNK, budget))
                     if not data:
                         break
+                    budget -= len(data)
                     dec = run.decoders.get(stream)
                     if dec is None:
                         dec = run.decoders[stream] = codecs.getincrementaldecoder("utf-8")(
@@ -547,6 +562,8 @@ class Launcher:
                         end = sent - len(dec.getstate()[0])
                         self.on_output(run.rec.job_id, run.rec.epoch, stream, text, start, end)
             setattr(run.rec, sent_attr, sent)
+            caught_up = caught_up and sent >= size
+        return caught_up
 
     def rewind(self, run: Running, stdout: int, stderr: int) -> None:
         """Send output again from these byte offsets (what the master has)."""
@@ -554,8 +571,13 @@ class Launcher:
         run.decoders.clear()
 
     def pump_all(self) -> None:
-        for run in list(self.running.values()):
-            self.pump_output(run)
+        """Send every run's new output; each turn starts with the next run, so that when
+        the queue to the master is full the same runs do not always go first."""
+        runs = list(self.running.values())
+        if runs:
+            self._pump_turn = (self._pump_turn + 1) % len(runs)
+            for run in runs[self._pump_turn :] + runs[: self._pump_turn]:
+                self.pump_output(run)
 
     # ---- exit ---------------------------------------------------------------
 
@@ -579,8 +601,7 @@ class Launcher:
         if run.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=1)
-        with contextlib.suppress(OSError):
-            os.killpg(run.rec.pid, signal.SIGKILL)
+        self._killpg(run, signal.SIGKILL)
         for path in (run.rec.cgroup, run.rec.devices):
             if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
                 continue
@@ -654,9 +675,30 @@ class Launcher:
         targets |= self._job_processes(run)
         self._signal(run, targets, signal.SIGKILL)
 
-    def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
+    def pid_reused(self, run: Running) -> bool:
+        """Does the run's pid name another process now?  Once the shim has ended and been
+        reaped its pid is free, and a later process (a daemon that made itself a process
+        group leader) can get it: that group and its children are not the job's.  A pid
+        with no process is not reused: a group with that id can only be the job's (the
+        kernel keeps a pid in use while a group of that id lives)."""
+        started = process_start_time(run.rec.pid)
+        return started is not None and abs(started - run.rec.create_time) >= SAME_START
+
+    def _killpg(self, run: Running, sig: int) -> None:
+        """Signal the shim's process group, unless its pid was reused (checked just before:
+        the pid of a live process is not reused, so the window is the check's microseconds)."""
+        if self.pid_reused(run):
+            log.warning(
+                "job %s: pid %d is another process now: its group not signalled",
+                run.rec.job_id,
+                run.rec.pid,
+            )
+            return
         with contextlib.suppress(OSError):
             os.killpg(run.rec.pid, sig)
+
+    def _signal(self, run: Running, targets: set[psutil.Process], sig: int) -> None:
+        self._killpg(run, sig)
         if run.rec.cgroup:
             if sig == signal.SIGKILL:
                 cgroups.kill(run.rec.cgroup)
@@ -669,10 +711,9 @@ class Launcher:
     def _job_processes(self, run: Running) -> set[psutil.Process]:
         """The shim's descendants, plus any process tagged with this run in its environment."""
         found: set[psutil.Process] = set()
-        try:
-            found.update(psutil.Process(run.rec.pid).children(recursive=True))
-        except psutil.Error:
-            pass
+        if not self.pid_reused(run):  # else its children are another process's
+            with contextlib.suppress(psutil.Error):
+                found.update(psutil.Process(run.rec.pid).children(recursive=True))
         tag = (
             f"MGPU_RUN_TAG={run.rec.tag}" if run.rec.tag else f"MGPU_JOB_ID={run.rec.job_id}"
         ).encode()

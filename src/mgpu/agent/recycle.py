@@ -21,6 +21,8 @@ the agent's alone: one pool for all.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import re
 from collections.abc import Collection
@@ -31,6 +33,9 @@ RECORDS = "r"
 """The pool of run-record files (no job ever holds them)."""
 PREFIX = ".pool."
 _NAME = re.compile(r"\.pool\.(r|\d+x?)\.(\d+)")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+log = logging.getLogger("mgpu.agent")
 
 
 class Pool:
@@ -133,14 +138,29 @@ def recycle(moves: list[tuple[str, str | None]]) -> list[str]:
 
 
 def unlink(path: str) -> None:
-    """Remove a spool file, or a job script's directory (after its file); gone is fine."""
+    """Remove a spool file, or a job script's directory (after its file); gone is fine.
+
+    Through a descriptor of its directory, opened without following a symbolic link: a
+    job script's directory belongs to the job's user, who could replace it (or its
+    file) with a link, and a root `unlink` of the path would then remove whatever the link
+    names.  A linked directory is refused; a linked file is removed as the link itself."""
+    folder, name = os.path.split(path)
     try:
-        os.unlink(path)
-    except IsADirectoryError:
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-    except OSError:
-        pass
+        fd = os.open(folder or ".", _DIR_FLAGS)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            log.warning("not removing %s: %s is not a directory (a symbolic link?)", path, folder)
+        return
+    try:
+        try:
+            os.unlink(name, dir_fd=fd)
+        except IsADirectoryError:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)  # rmdir of a link fails: it is not a directory
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
 
 
 def unlink_all(paths: list[str]) -> None:

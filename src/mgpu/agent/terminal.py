@@ -59,7 +59,7 @@ class Terminal:
         self._pending = bytearray()
         self._reading = False
         self._writing = False
-        self._on_data: Callable[[], None] = lambda: None
+        self._on_data: Callable[[], object] = lambda: None
         self.closed = False
 
     @classmethod
@@ -86,7 +86,7 @@ class Terminal:
             raise
         return cls(master, path, sink), slave
 
-    def start(self, on_data: Callable[[], None]) -> None:
+    def start(self, on_data: Callable[[], object]) -> None:
         """Read the program's output as it comes; `on_data` after each piece is stored."""
         self._on_data = on_data
         asyncio.get_running_loop().add_reader(self.master, self._readable)

@@ -1,0 +1,87 @@
+"""Killing a run never signals a process that only got the run's pid later: the shim's
+process group and children are signalled only while its pid is still the shim (same start
+time) or names no process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import wait_for
+from mgpu.agent.launcher import Launcher, Running, RunRecord, process_start_time
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process group leader with a child: what a reused pid could name."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        wait_for(lambda: psutil.Process(proc.pid).children(), timeout=10, what="its child")
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # its child too, whatever the test did
+        proc.wait(timeout=10)
+
+
+def run_of(pid: int, create_time: float, spool: Path) -> Running:
+    rec = RunRecord(
+        job_id="j1",
+        epoch=1,
+        pid=pid,
+        create_time=create_time,
+        start_time=create_time,
+        out_path=str(spool / "j1.out"),
+        err_path=str(spool / "j1.err"),
+        exit_path=str(spool / "j1.exit"),
+        tag="j1.1.test",
+    )
+    return Running(rec=rec)
+
+
+def stop(launcher: Launcher, run: Running) -> None:
+    """Everything that signals a run: a cancel (TERM, then KILL), the clean-up after its
+    end, and a --signal warning to the whole job."""
+
+    async def main() -> None:
+        launcher.warn(run, signal.SIGTERM, top_only=False)
+        launcher.kill(run, "cancelled", 0.0)
+        assert run.kill_task is not None
+        await run.kill_task
+        await launcher.kill_leftovers(run)
+
+    asyncio.run(main())
+
+
+def test_a_reused_pid_is_not_signalled(tmp_path: Path, stranger: subprocess.Popen[bytes]) -> None:
+    started = process_start_time(stranger.pid)
+    assert started is not None
+    launcher = Launcher(tmp_path / "spool", lambda *a: None)
+    shim_before = run_of(stranger.pid, started - 1000.0, tmp_path)  # the shim, long ago
+    assert launcher.pid_reused(shim_before)
+    stop(launcher, shim_before)
+    with pytest.raises(subprocess.TimeoutExpired):
+        stranger.wait(timeout=0.5)
+    (child,) = psutil.Process(stranger.pid).children()
+
+    # The same calls do reach the process while the pid is still the run's (same start).
+    same = run_of(stranger.pid, started, tmp_path)
+    assert not launcher.pid_reused(same)
+    stop(launcher, same)
+    stranger.wait(timeout=10)
+    child.wait(timeout=10)
+
+
+def test_a_pid_with_no_process_is_not_reused(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait(timeout=10)
+    launcher = Launcher(tmp_path / "spool", lambda *a: None)
+    assert not launcher.pid_reused(run_of(proc.pid, 1.0, tmp_path))
