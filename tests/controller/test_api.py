@@ -157,3 +157,26 @@ def test_a_refusal_row_names_a_few_reasons_however_many_there_were() -> None:
     assert (kind, actor, address, target) == ("agent_refused", "n1", "10.0.0.9", None)
     named = ", ".join(f"reason {i}" for i in range(MAX_REASONS))
     assert detail == f"{MAX_REASONS + 20} refused hellos: {named}, ..."
+
+
+def test_audit_rows_escape_what_a_client_sent(tmp_path: Path) -> None:
+    """A refused request's path is stored as the client sent it; the audit API gives it
+    escaped, so an admin's terminal (`mgpu audit`, `jq -r`) never obeys it."""
+    app = create_app(tmp_path, ClusterConfig())
+    path = "/api/jobs/\x1b]0;owned\x07\x9b2J\u202e"
+
+    async def main() -> list[dict[str, Any]]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            status, _ = await _call(app, "GET", path, "not-a-token")
+            assert status == 401
+            status, audit = await _call(app, "GET", "/api/audit", token)
+            assert status == 200
+            return list(audit["events"])
+
+    events = asyncio.run(main())
+    (row,) = [e for e in events if e["kind"] == "auth_failed"]
+    assert row["target"] == "/api/jobs/\\x1b]0;owned\\x07\\x9b2J\\u202e"
+    for event in events:
+        for value in event.values():
+            assert not isinstance(value, str) or value.isprintable(), event

@@ -56,6 +56,7 @@ from mgpu.master.submit import SubmitError
 from mgpu.master.turns import bulk_turn
 from mgpu.model import Job
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
+from mgpu.safetext import escape_optional
 from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
@@ -452,7 +453,7 @@ def create_app(
         require_admin(request, "audit")
         failures.flush()  # the refused logins and hellos counted so far, written now
         refused_hellos.flush()
-        return {"events": c().store.events(since=since)}
+        return {"events": [_shown_event(e) for e in c().store.events(since=since)]}
 
     @app.get("/api/ca")
     async def ca() -> PlainTextResponse:
@@ -571,6 +572,18 @@ def create_app(
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
+
+
+AUDIT_TEXT_FIELDS = ("actor", "address", "target", "detail")
+
+
+def _shown_event(event: dict[str, Any]) -> dict[str, Any]:
+    """An audit row with its text escaped (mgpu.safetext): a refused request's path, a
+    node's id or a refusal's sentence is whatever a client sent (`GET /%1b]0;x%07`), and
+    an admin reads these in a terminal, through `jq -r` as well as `mgpu audit`."""
+    for key in AUDIT_TEXT_FIELDS:
+        event[key] = escape_optional(event[key])
+    return event
 
 
 def _json_bytes(body: Any) -> bytes:
