@@ -180,3 +180,25 @@ def test_audit_rows_escape_what_a_client_sent(tmp_path: Path) -> None:
     for event in events:
         for value in event.values():
             assert not isinstance(value, str) or value.isprintable(), event
+
+
+@pytest.mark.parametrize("name", [".", "..", "a/b", "a\x00b"])
+def test_a_script_name_that_is_not_a_file_name_is_refused_and_nothing_stored(
+    tmp_path: Path, name: str
+) -> None:
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> tuple[int, Any, Any]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            body = json.dumps({"script": "#!/bin/sh\ntrue\n", "script_name": name}).encode()
+            status, answer = await _call(app, "POST", "/api/jobs", token, body)
+            _, queue = await _call(app, "GET", "/api/jobs", token)  # a stored one: queued
+            return status, answer, queue
+
+    status, answer, queue = asyncio.run(main())
+    assert status == 422
+    detail = answer["detail"]
+    assert "\n" not in detail and detail.isprintable()
+    assert detail.startswith(("the job script's name", repr(name)))
+    assert queue["jobs"] == []

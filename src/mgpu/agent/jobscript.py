@@ -37,7 +37,8 @@ def write(job_id: str, name: str, text: str, owner: tuple[int, int] | None) -> s
     """Write the script for one run; its path.  `owner`: (uid, gid) of the job's user
     when the job runs as another account than the agent's."""
     folder = tempfile.mkdtemp(prefix=f"mgpu-{job_id}.")
-    path = os.path.join(folder, os.path.basename(name) or "script")
+    base = os.path.basename(name)
+    path = os.path.join(folder, base if base not in ("", ".", "..") else "script")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
         try:
