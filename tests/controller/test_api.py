@@ -202,3 +202,75 @@ def test_a_script_name_that_is_not_a_file_name_is_refused_and_nothing_stored(
     assert "\n" not in detail and detail.isprintable()
     assert detail.startswith(("the job script's name", repr(name)))
     assert queue["jobs"] == []
+
+
+async def _agent_connection(app: Any, inbox: list[dict[str, Any]], hold: bool) -> list[str]:
+    """One agent connection fed `inbox` (then nothing, if `hold`: a peer that stays
+    silent; else a disconnect); the texts the master sent, once the app returned."""
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "websocket.connect"}, *inbox]
+
+    async def receive() -> dict[str, Any]:
+        if inbox:
+            return inbox.pop(0)
+        if hold:
+            await asyncio.Event().wait()  # never: only the master's own timeout ends this
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "path": "/api/agent",
+        "raw_path": b"/api/agent",
+        "root_path": "",
+        "scheme": "ws",
+        "query_string": b"",
+        "headers": [],
+        "client": ("10.1.2.3", 50000),
+        "server": ("127.0.0.1", 8080),
+        "subprotocols": [],
+    }
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    return [m["text"] for m in sent if m["type"] == "websocket.send"]
+
+
+def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone who reaches the port may open an agent connection: one that never says hello
+    is refused and closed after HELLO_TIMEOUT, one whose hello is over HELLO_LIMIT is
+    refused without being parsed."""
+    from mgpu.master import app as app_module
+
+    monkeypatch.setattr(app_module, "HELLO_TIMEOUT", 0.2)
+    parsed: list[int] = []
+    real_parse = app_module.parse_hello
+    monkeypatch.setattr(
+        app_module, "parse_hello", lambda raw: parsed.append(len(raw)) or real_parse(raw)
+    )
+    app = create_app(tmp_path, ClusterConfig())
+    huge = '{"type": "hello", "pad": "' + "x" * app_module.HELLO_LIMIT + '"}'
+
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        async with app.router.lifespan_context(app):
+            silent = await _agent_connection(app, [], hold=True)
+            big = await _agent_connection(
+                app, [{"type": "websocket.receive", "text": huge}], hold=False
+            )
+            binary = await _agent_connection(
+                app, [{"type": "websocket.receive", "bytes": b"{}"}], hold=False
+            )
+            return silent, big, binary
+
+    silent, big, binary = asyncio.run(main())
+    assert [json.loads(t) for t in silent] == [
+        {"type": "refused", "reason": "no hello within 0.2 s"}
+    ]
+    (reason,) = [json.loads(t)["reason"] for t in big]
+    assert reason == f"the hello is {len(huge)} characters long; at most {app_module.HELLO_LIMIT}"
+    (reason,) = [json.loads(t)["reason"] for t in binary]
+    assert reason == "the first message must be hello (it is not text)"
+    assert parsed == []

@@ -338,6 +338,26 @@ def test_master_refuses_bad_hellos_and_throttles_bad_secrets(tmp_path: Path) -> 
         assert "Traceback" not in c.log("master")
 
 
+def test_a_peer_that_never_says_hello_or_says_too_much_is_let_go(tmp_path: Path) -> None:
+    """The agent port is open to anyone who reaches it: a connection that sends nothing is
+    refused and closed after HELLO_TIMEOUT (10 s), a hello over HELLO_LIMIT (4 MiB) is
+    refused at once; the master stays healthy."""
+    from mgpu.master.app import HELLO_LIMIT, HELLO_TIMEOUT
+
+    with local_cluster(tmp_path, agents=0) as c:
+        with connect(f"ws://{c.address}/api/agent", open_timeout=10) as silent:
+            opened = time.monotonic()
+            huge = json.dumps(hello(token=c.join_token, pad="x" * HELLO_LIMIT))
+            reply = say_hello(c, huge)
+            assert reply["type"] == "refused" and "characters long; at most" in reply["reason"]
+            answer = json.loads(silent.recv(timeout=HELLO_TIMEOUT + 20))
+            waited = time.monotonic() - opened
+        assert answer == {"type": "refused", "reason": f"no hello within {HELLO_TIMEOUT:g} s"}
+        assert HELLO_TIMEOUT - 1 < waited < HELLO_TIMEOUT + 20
+        assert c.client().nodes() == []
+        assert "Traceback" not in c.log("master")
+
+
 # ---- the secret store alone ---------------------------------------------------------------
 
 

@@ -501,7 +501,7 @@ def create_app(
         await ws.accept()
         cl = c()
         try:
-            first = parse_hello(await ws.receive_text())
+            first = parse_hello(await _hello_text(ws))
         except (HelloError, WebSocketDisconnect) as e:
             with contextlib.suppress(Exception):
                 await ws.send_text(encode(Refused(reason=str(e) or "no hello")))
@@ -572,6 +572,30 @@ def create_app(
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
+
+
+HELLO_LIMIT = 4 << 20
+"""Characters an agent's hello may have: 10,000 runs and 64 GPUs take about 1 MiB."""
+HELLO_TIMEOUT = 10.0
+"""Seconds from the connection's upgrade to its hello: an agent sends it at once."""
+
+
+async def _hello_text(ws: WebSocket) -> str:
+    """The first message of an agent's connection, bounded before it is parsed: whoever
+    can reach the port may open one (the join token is in the hello), so a peer that
+    sends nothing, or something huge, must not hold the connection and its memory."""
+    try:
+        message = await asyncio.wait_for(ws.receive(), HELLO_TIMEOUT)
+    except TimeoutError:
+        raise HelloError(f"no hello within {HELLO_TIMEOUT:g} s") from None
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if text is None:
+        raise HelloError("the first message must be hello (it is not text)")
+    if len(text) > HELLO_LIMIT:
+        raise HelloError(f"the hello is {len(text)} characters long; at most {HELLO_LIMIT}")
+    return str(text)
 
 
 AUDIT_TEXT_FIELDS = ("actor", "address", "target", "detail")
