@@ -137,6 +137,11 @@ def run_master(
         # text, plus one message); whoever can reach the port may send one before its
         # hello is checked, so this is what one such connection can hold.
         ws_max_size=WS_MAX_SIZE,
+        # uvicorn believes X-Forwarded-For/-Proto from loopback by default: any local
+        # account could then write any address into the audit log and dodge the
+        # bad-token throttle (per address).  The master serves clients directly.
+        proxy_headers=False,
+        forwarded_allow_ips=[],
         # An idle keep-alive TLS connection otherwise holds a SIGTERM'd master up for
         # ~30 s (uvicorn waits for it); state is flushed by the lifespan's end anyway.
         timeout_graceful_shutdown=3,
