@@ -274,3 +274,41 @@ def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
     (reason,) = [json.loads(t)["reason"] for t in binary]
     assert reason == "the first message must be hello (it is not text)"
     assert parsed == []
+
+
+async def _headers(app: Any, path: str) -> tuple[int, dict[str, str]]:
+    """(status, response headers) of an unauthenticated GET."""
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if inbox:
+            return inbox.pop(0)
+        await asyncio.Event().wait()  # the client stays: a file response listens for it
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {**_http(path, "GET", ""), "headers": []}
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}
+
+
+def test_the_dashboard_cannot_be_framed(tmp_path: Path) -> None:
+    """The page acts with its user's token (cancel): no other site may put it in a frame
+    and trick a click.  Its files say so too."""
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> list[tuple[int, dict[str, str]]]:
+        async with app.router.lifespan_context(app):
+            return [await _headers(app, p) for p in ("/", "/web/app.js", "/web/style.css")]
+
+    for status, headers in asyncio.run(main()):
+        assert status == 200
+        assert headers["x-frame-options"] == "DENY"
+        policy = [d.strip() for d in headers["content-security-policy"].split(";")]
+        assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"

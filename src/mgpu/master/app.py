@@ -34,7 +34,7 @@ from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.dashboard import make_router as dashboard_router
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
-from mgpu.master.observe import make_router
+from mgpu.master.observe import PAGE_HEADERS, make_router
 from mgpu.master.outputs import OutputStore
 from mgpu.master.queries import (
     ARRAY_TASKS_SHOWN,
@@ -491,8 +491,10 @@ def create_app(
     async def dashboard() -> HTMLResponse:
         page = Path(__file__).resolve().parent.parent / "web" / "index.html"
         if page.exists():
-            return HTMLResponse(page.read_text(encoding="utf-8"))
-        return HTMLResponse("<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>")
+            return HTMLResponse(page.read_text(encoding="utf-8"), headers=PAGE_HEADERS)
+        return HTMLResponse(
+            "<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>", headers=PAGE_HEADERS
+        )
 
     # ---- agents -------------------------------------------------------------
 
