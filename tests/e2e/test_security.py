@@ -180,8 +180,9 @@ def test_repeated_bad_tokens_are_slowed_down(secured: LocalCluster) -> None:
         with pytest.raises(MgpuError, match="not authorised"):
             bad.queue()
         times.append(time.monotonic() - t0)
-    # Three free tries, then 0.05 s doubling: the 7th waits at least 0.4 s.
-    assert times[-1] >= 0.4
+    # Three free tries, then 0.05 s doubling: the 7th waits 0.4 s (asyncio may run a
+    # timer up to its clock's resolution early: a run measured 0.39986 s).
+    assert times[-1] >= 0.39
     assert secured.client().queue() is not None  # a good token is not slowed
 
 
