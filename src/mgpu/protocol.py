@@ -9,11 +9,15 @@ recognised as stale and ignored (fencing).
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
+import string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
+from mgpu.safetext import escape_controls
 from mgpu.spec import SpecError, validate_node_id
 
 PROTOCOL_VERSION = 5
@@ -24,6 +28,57 @@ scripts, warning signals (`--signal`), time limits changed while a job runs, ter
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
 """Runs (jobs and steps) one hello may list: far more than a node runs at once."""
+
+
+MAX_HOSTNAME = 253
+"""A DNS name's longest text form."""
+_HOSTNAME_CHARS = frozenset(string.ascii_letters + string.digits + "-._")
+MAX_ERROR_TEXT = 1000
+"""Characters of an agent's error text (a launch or epilog error) the master keeps."""
+MAX_PID = 2**31 - 1
+MAX_EXIT_CODE = 2**31 - 1
+
+
+def _hostname(value: str) -> str:
+    """A host name as a node reports it: it goes into job records, `mgpu rsh` host
+    matching and MPI hostfiles (one line each: `HOST slots=N`), so nothing else."""
+    if not 0 < len(value) <= MAX_HOSTNAME:
+        raise ValueError(f"is {len(value)} characters long; 1 to {MAX_HOSTNAME} are allowed")
+    if not _HOSTNAME_CHARS.issuperset(value) or value[0] in "-.":
+        raise ValueError(f"{value!r:.80} is not a host name (letters, digits, '-', '.', '_')")
+    return value
+
+
+def _ip(value: str) -> str:
+    """An IP address (v4 or v6, with a zone for a link-local one): torchrun's
+    MASTER_ADDR and what `mgpu nodes` shows."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r:.80} is not an IP address") from None
+    return value
+
+
+def _error_text(value: str | None) -> str | None:
+    """An agent's error sentence, kept but made safe: it becomes a job's reason or a
+    node's drain reason, stored and shown to everyone.  Escaped, and cut at
+    MAX_ERROR_TEXT characters (refusing it would refuse the run's end with it)."""
+    if value is None:
+        return None
+    text = escape_controls(value)
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 3] + "..."
+
+
+def _finite(value: float | None) -> float | None:
+    """A measurement that is not a number (NaN, infinity) is no measurement."""
+    return value if value is None or math.isfinite(value) else None
+
+
+HostName = Annotated[str, AfterValidator(_hostname)]
+IpAddress = Annotated[str, AfterValidator(_ip)]
+ErrorText = Annotated[str | None, AfterValidator(_error_text)]
+Measured = Annotated[float | None, AfterValidator(_finite)]
+Timestamp = Annotated[float, Field(allow_inf_nan=False)]
 
 
 def _printable(value: str | None, limit: int) -> str | None:
@@ -49,16 +104,20 @@ class GpuDesc(BaseModel):
         return _printable(value, 128)
 
 
+MAX_FOREIGN_PROCESSES = 1024
+"""Processes mgpu did not start one GPU's telemetry may list."""
+
+
 class GpuTelemetry(BaseModel):
-    index: int
-    utilization_pct: float | None = None
-    memory_used_mb: int | None = None
-    memory_total_mb: int | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
+    index: int = Field(ge=0, lt=1024)
+    utilization_pct: Measured = None
+    memory_used_mb: int | None = Field(default=None, ge=0, le=1 << 30)
+    memory_total_mb: int | None = Field(default=None, ge=0, le=1 << 30)
+    temperature_c: Measured = None
+    power_w: Measured = None
     simulated: bool = False
-    foreign_processes: list[int] = Field(default_factory=list)
-    foreign_memory_mb: int | None = None
+    foreign_processes: list[int] = Field(default_factory=list, max_length=MAX_FOREIGN_PROCESSES)
+    foreign_memory_mb: int | None = Field(default=None, ge=0, le=1 << 30)
     """Memory used on this GPU by processes mgpu did not start."""
 
 
@@ -101,7 +160,17 @@ class Hello(BaseModel):
         except SpecError as e:  # "node id 'x' is not valid; ..." -> "node_id 'x' is ..."
             raise ValueError(str(e).removeprefix("the ").removeprefix("node id ")) from None
 
-    @field_validator("hostname", "ip", "gpu_source", "run_as_user", "containment", "gpu_isolation")
+    @field_validator("hostname")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return _hostname(value)
+
+    @field_validator("ip")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return _ip(value)
+
+    @field_validator("gpu_source", "run_as_user", "containment", "gpu_isolation")
     @classmethod
     def _text(cls, value: str | None) -> str | None:
         return _printable(value, 255)
@@ -144,18 +213,18 @@ class Hello(BaseModel):
 
 class Heartbeat(BaseModel):
     type: Literal["heartbeat"] = "heartbeat"
-    telemetry: list[GpuTelemetry] = Field(default_factory=list)
+    telemetry: list[GpuTelemetry] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
 
 
 class Started(BaseModel):
     type: Literal["started"] = "started"
     job_id: str
     epoch: int
-    pid: int
-    hostname: str
-    ip: str
-    time: float
-    port: int | None = None
+    pid: int = Field(ge=0, le=MAX_PID)
+    hostname: HostName
+    ip: IpAddress
+    time: Timestamp
+    port: int | None = Field(default=None, ge=1, le=65535)
 
 
 class Output(BaseModel):
@@ -175,24 +244,27 @@ class Exited(BaseModel):
     type: Literal["exited"] = "exited"
     job_id: str
     epoch: int
-    exit_code: int | None
-    time: float
+    exit_code: int | None = Field(ge=-MAX_EXIT_CODE, le=MAX_EXIT_CODE)
+    time: Timestamp
     timed_out: bool = False
-    launch_error: str | None = None
+    launch_error: ErrorText = None
     """Set when the node could not start the job at all: a node failure, not the job's..."""
     fatal: bool = False
     """...unless fatal: the job itself cannot run (unknown user, root refused): it fails."""
     requeue_free: bool = False
     """The node's prolog failed: a node failure, and the requeue costs the job no retry."""
-    epilog_error: str | None = None
+    epilog_error: ErrorText = None
     """The epilog failed after the job ended: the node is drained, the job's result stands."""
 
 
 class PortReserved(BaseModel):
+    """Rank 0's MASTER_PORT: the master takes it only from the job's first node, and
+    only while the launch waits for it (master/lifecycle.py, `awaits_port`)."""
+
     type: Literal["port_reserved"] = "port_reserved"
     job_id: str
     epoch: int
-    port: int
+    port: int = Field(ge=1, le=65535)
 
 
 AgentMessage = Annotated[

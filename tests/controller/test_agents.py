@@ -54,7 +54,7 @@ FENCING: list[tuple[str, Callable[[str, int], object], type | None]] = [
     ),
     (
         "stale start: killed",
-        lambda j, e: Started(job_id=j, epoch=e, pid=1, hostname="h", ip="i", time=1),
+        lambda j, e: Started(job_id=j, epoch=e, pid=1, hostname="h", ip="10.0.0.1", time=1),
         Kill,
     ),
     ("stale port: killed", lambda j, e: PortReserved(job_id=j, epoch=e, port=1), Kill),
@@ -81,7 +81,7 @@ def test_messages_of_an_older_run_are_fenced(
 
 def test_a_start_of_a_job_the_master_does_not_know_is_killed(h: Harness) -> None:
     a = h.agent("n1")
-    a.send(Started(job_id="a1b2c3d4", epoch=3, pid=1, hostname="h", ip="i", time=1.0))
+    a.send(Started(job_id="a1b2c3d4", epoch=3, pid=1, hostname="h", ip="10.0.0.1", time=1.0))
     (kill,) = a.kills()
     assert (kill.job_id, kill.epoch, kill.reason) == ("a1b2c3d4", 3, "stale")
 

@@ -157,3 +157,158 @@ def test_a_refusal_row_names_a_few_reasons_however_many_there_were() -> None:
     assert (kind, actor, address, target) == ("agent_refused", "n1", "10.0.0.9", None)
     named = ", ".join(f"reason {i}" for i in range(MAX_REASONS))
     assert detail == f"{MAX_REASONS + 20} refused hellos: {named}, ..."
+
+
+def test_audit_rows_escape_what_a_client_sent(tmp_path: Path) -> None:
+    """A refused request's path is stored as the client sent it; the audit API gives it
+    escaped, so an admin's terminal (`mgpu audit`, `jq -r`) never obeys it."""
+    app = create_app(tmp_path, ClusterConfig())
+    path = "/api/jobs/\x1b]0;owned\x07\x9b2J\u202e"
+
+    async def main() -> list[dict[str, Any]]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            status, _ = await _call(app, "GET", path, "not-a-token")
+            assert status == 401
+            status, audit = await _call(app, "GET", "/api/audit", token)
+            assert status == 200
+            return list(audit["events"])
+
+    events = asyncio.run(main())
+    (row,) = [e for e in events if e["kind"] == "auth_failed"]
+    assert row["target"] == "/api/jobs/\\x1b]0;owned\\x07\\x9b2J\\u202e"
+    for event in events:
+        for value in event.values():
+            assert not isinstance(value, str) or value.isprintable(), event
+
+
+@pytest.mark.parametrize("name", [".", "..", "a/b", "a\x00b"])
+def test_a_script_name_that_is_not_a_file_name_is_refused_and_nothing_stored(
+    tmp_path: Path, name: str
+) -> None:
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> tuple[int, Any, Any]:
+        async with app.router.lifespan_context(app):
+            token = (tmp_path / "admin-token").read_text().strip()
+            body = json.dumps({"script": "#!/bin/sh\ntrue\n", "script_name": name}).encode()
+            status, answer = await _call(app, "POST", "/api/jobs", token, body)
+            _, queue = await _call(app, "GET", "/api/jobs", token)  # a stored one: queued
+            return status, answer, queue
+
+    status, answer, queue = asyncio.run(main())
+    assert status == 422
+    detail = answer["detail"]
+    assert "\n" not in detail and detail.isprintable()
+    assert detail.startswith(("the job script's name", repr(name)))
+    assert queue["jobs"] == []
+
+
+async def _agent_connection(app: Any, inbox: list[dict[str, Any]], hold: bool) -> list[str]:
+    """One agent connection fed `inbox` (then nothing, if `hold`: a peer that stays
+    silent; else a disconnect); the texts the master sent, once the app returned."""
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "websocket.connect"}, *inbox]
+
+    async def receive() -> dict[str, Any]:
+        if inbox:
+            return inbox.pop(0)
+        if hold:
+            await asyncio.Event().wait()  # never: only the master's own timeout ends this
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0"},
+        "path": "/api/agent",
+        "raw_path": b"/api/agent",
+        "root_path": "",
+        "scheme": "ws",
+        "query_string": b"",
+        "headers": [],
+        "client": ("10.1.2.3", 50000),
+        "server": ("127.0.0.1", 8080),
+        "subprotocols": [],
+    }
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    return [m["text"] for m in sent if m["type"] == "websocket.send"]
+
+
+def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone who reaches the port may open an agent connection: one that never says hello
+    is refused and closed after HELLO_TIMEOUT, one whose hello is over HELLO_LIMIT is
+    refused without being parsed."""
+    from mgpu.master import app as app_module
+
+    monkeypatch.setattr(app_module, "HELLO_TIMEOUT", 0.2)
+    parsed: list[int] = []
+    real_parse = app_module.parse_hello
+    monkeypatch.setattr(
+        app_module, "parse_hello", lambda raw: parsed.append(len(raw)) or real_parse(raw)
+    )
+    app = create_app(tmp_path, ClusterConfig())
+    huge = '{"type": "hello", "pad": "' + "x" * app_module.HELLO_LIMIT + '"}'
+
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        async with app.router.lifespan_context(app):
+            silent = await _agent_connection(app, [], hold=True)
+            big = await _agent_connection(
+                app, [{"type": "websocket.receive", "text": huge}], hold=False
+            )
+            binary = await _agent_connection(
+                app, [{"type": "websocket.receive", "bytes": b"{}"}], hold=False
+            )
+            return silent, big, binary
+
+    silent, big, binary = asyncio.run(main())
+    assert [json.loads(t) for t in silent] == [
+        {"type": "refused", "reason": "no hello within 0.2 s"}
+    ]
+    (reason,) = [json.loads(t)["reason"] for t in big]
+    assert reason == f"the hello is {len(huge)} characters long; at most {app_module.HELLO_LIMIT}"
+    (reason,) = [json.loads(t)["reason"] for t in binary]
+    assert reason == "the first message must be hello (it is not text)"
+    assert parsed == []
+
+
+async def _headers(app: Any, path: str) -> tuple[int, dict[str, str]]:
+    """(status, response headers) of an unauthenticated GET."""
+    sent: list[dict[str, Any]] = []
+    inbox = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if inbox:
+            return inbox.pop(0)
+        await asyncio.Event().wait()  # the client stays: a file response listens for it
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {**_http(path, "GET", ""), "headers": []}
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}
+
+
+def test_the_dashboard_cannot_be_framed(tmp_path: Path) -> None:
+    """The page acts with its user's token (cancel): no other site may put it in a frame
+    and trick a click.  Its files say so too."""
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> list[tuple[int, dict[str, str]]]:
+        async with app.router.lifespan_context(app):
+            return [await _headers(app, p) for p in ("/", "/web/app.js", "/web/style.css")]
+
+    for status, headers in asyncio.run(main()):
+        assert status == 200
+        assert headers["x-frame-options"] == "DENY"
+        policy = [d.strip() for d in headers["content-security-policy"].split(";")]
+        assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"

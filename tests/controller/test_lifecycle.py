@@ -323,3 +323,57 @@ def test_a_job_that_just_ended_is_in_queue_all_before_it_is_written(h: Harness) 
     h.settle()
     listed_ids = [j["id"] for j in h.cl.queue(include_finished=True)["jobs"]]
     assert listed_ids.count(job_id) == 1 and listed_ids.count(f"{tasks}_0") == 1
+
+
+def test_only_rank_0_reserves_the_port_and_only_once(h: Harness) -> None:
+    """MASTER_PORT is rank 0's, asked for at start: another rank's `port_reserved` (a
+    rogue node in the gang) is ignored, and so is a second one of rank 0 after the
+    launch (it would change the port, or launch the ranks again)."""
+    n1, n2 = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    job_id = h.submit(nodes=2, gpus_per_node=1)
+    h.tick()
+    assert [r.job_id for r in n1.port_requests()] == [job_id]
+    n2.port(job_id, 31337)
+    assert n1.launches() == [] and n2.launches() == []
+    assert h.job(job_id).port is None
+    assert [s.phase for s in h.job(job_id).allocation] == [SlotPhase.PENDING] * 2
+    n1.port(job_id, 29500)
+    (l1,), (l2,) = n1.launches(), n2.launches()
+    assert l1.env["MASTER_PORT"] == l2.env["MASTER_PORT"] == "29500"
+    for agent in (n1, n2):
+        agent.port(job_id, 31337)
+    assert n1.launches() == [] and n2.launches() == []
+    assert h.job(job_id).port == 29500 and h.stored(job_id).port == 29500
+
+
+def test_a_port_for_a_job_that_asked_none_is_ignored(h: Harness) -> None:
+    n1 = h.agent("n1", gpus=1)
+    job_id = h.start()
+    n1.link.take()
+    n1.port(job_id, 31337)
+    assert n1.link.take() == [] and h.job(job_id).port is None
+
+
+def test_a_requeued_gang_waits_for_a_new_port(h: Harness) -> None:
+    """A requeued run's old port is not the new run's: it waits for rank 0 again."""
+    n1, n2 = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    job_id = h.submit(nodes=2, gpus_per_node=1, retries=3)
+    h.tick()
+    n1.port(job_id, 29500)
+    n1.started(job_id)
+    n2.exited(job_id, None, launch_error="no GPU")  # the node's fault: requeued
+    n1.exited(job_id, 143)
+    assert h.job(job_id).state == JobState.QUEUED
+    h.advance(h.config.scheduling.retry_backoff_base)
+    for agent in (n1, n2):
+        agent.heartbeat()
+        agent.link.take()
+    h.tick()
+    job = h.job(job_id)
+    assert job.state == JobState.RUNNING and job.epoch == 2 and job.port is None
+    assert [r.epoch for r in n1.port_requests()] == [2]
+    n2.port(job_id, 31337)
+    assert n1.launches() == [] and n2.launches() == []
+    n1.port(job_id, 29501)
+    (l1,), (l2,) = n1.launches(), n2.launches()
+    assert l1.env["MASTER_PORT"] == l2.env["MASTER_PORT"] == "29501"

@@ -66,12 +66,17 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     page = browser_page
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    # Its Content-Security-Policy must not stop the page's own work (each violation is
+    # a console error in Chromium).
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     job_id = cluster.cli("submit", "--name", "ticker", "--gpus", "1", TICKER, check=True)
     job_id = job_id.stdout.strip()
     wait_for(lambda: cluster.client().show(job_id)["state"] == "running", what="job running")
 
     # Without a token the page asks for one.
-    page.goto(f"http://{cluster.address}/")
+    answer = page.goto(f"http://{cluster.address}/")
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
     page.wait_for_selector("#login:not([hidden])")
     page.fill("#login-token", cluster.admin_token)
     page.click("#login-form button[type=submit]")
@@ -102,7 +107,8 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     # The job page follows the output as it comes.
     page.click(f"#queue a[href='#/job/{job_id}']")
     page.wait_for_selector("#page-job:not([hidden])")
-    assert job_id in page.inner_text("#job-title")
+    # (Its title is filled in once the job's JSON is in: waited for, not read at once.)
+    page.wait_for_function(f"document.getElementById('job-title').textContent.includes('{job_id}')")
     page.wait_for_function("document.getElementById('output').textContent.includes('tick 3')")
     page.wait_for_function("document.getElementById('output').textContent.includes('tick 8')")
     assert page.locator("#output span.e").count() > 0  # stderr, shown apart

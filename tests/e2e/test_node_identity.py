@@ -286,12 +286,13 @@ GPU = {"name": "g", "memory_mb": 1}
     ("fields", "sentence"),
     [
         ({"gpus": [{"index": 0, **GPU}, {"index": 0, **GPU}]}, "gpus lists GPU index 0 twice"),
-        ({"hostname": "h" * 10000}, "hostname is 10000 characters long; at most 255"),
+        ({"hostname": "h" * 10000}, "hostname is 10000 characters long; 1 to 253 are"),
         ({"node_id": "../etc"}, "node_id '../etc' is not valid"),
         ({"node_id": "n" * 65}, "is 65 characters long; at most 64"),
         ({"gpus": [{"index": i, **GPU} for i in range(65)]}, "gpus lists 65 GPUs; at most 64"),
         ({"gpus": [{"index": 0, "name": "g", "memory_mb": -1}]}, "gpus.0.memory_mb should be"),
-        ({"ip": "1.2.3.4\n"}, "ip has characters that cannot be shown"),
+        ({"ip": "1.2.3.4\n"}, "ip '1.2.3.4\\n' is not an IP address"),
+        ({"hostname": "h slots=64"}, "hostname 'h slots=64' is not a host name"),
         ({"features": ["x" * 65]}, "features is 65 characters long"),
         ({"running": [{"job_id": "j", "epoch": 1}] * 10001}, "running lists 10001 runs"),
         ({"hostname": None}, "hostname should be a valid string"),
@@ -335,6 +336,26 @@ def test_master_refuses_bad_hellos_and_throttles_bad_secrets(tmp_path: Path) -> 
             times.append(time.monotonic() - t0)
             assert reply["type"] == "refused" and "a wrong node secret" in reply["reason"]
         assert times[-1] >= 0.4, times
+        assert "Traceback" not in c.log("master")
+
+
+def test_a_peer_that_never_says_hello_or_says_too_much_is_let_go(tmp_path: Path) -> None:
+    """The agent port is open to anyone who reaches it: a connection that sends nothing is
+    refused and closed after HELLO_TIMEOUT (10 s), a hello over HELLO_LIMIT (4 MiB) is
+    refused at once; the master stays healthy."""
+    from mgpu.master.app import HELLO_LIMIT, HELLO_TIMEOUT
+
+    with local_cluster(tmp_path, agents=0) as c:
+        with connect(f"ws://{c.address}/api/agent", open_timeout=10) as silent:
+            opened = time.monotonic()
+            huge = json.dumps(hello(token=c.join_token, pad="x" * HELLO_LIMIT))
+            reply = say_hello(c, huge)
+            assert reply["type"] == "refused" and "characters long; at most" in reply["reason"]
+            answer = json.loads(silent.recv(timeout=HELLO_TIMEOUT + 20))
+            waited = time.monotonic() - opened
+        assert answer == {"type": "refused", "reason": f"no hello within {HELLO_TIMEOUT:g} s"}
+        assert HELLO_TIMEOUT - 1 < waited < HELLO_TIMEOUT + 20
+        assert c.client().nodes() == []
         assert "Traceback" not in c.log("master")
 
 

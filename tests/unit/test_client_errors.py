@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +135,21 @@ def test_an_id_with_a_slash_is_refused_before_it_reaches_the_master() -> None:
     for call in (client.show, client.cancel):
         with pytest.raises(MgpuError, match=r"no job, node, step or token is called '\.\./x'"):
             call("../x")
+
+
+def test_an_advertise_ip_that_is_not_an_ip_is_one_line_before_the_agent_starts(
+    tmp_path: Path,
+) -> None:
+    """The master refuses a hello whose ip is not an IP address: the agent says so at once."""
+    argv = [str(Path(sys.executable).parent / "mgpu"), "node", "--node-id", "n1"]
+    argv += ["--advertise-ip", "gpu01.lab", "--master-port", "1", "--state-dir", str(tmp_path)]
+    res = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (res.returncode, res.stderr) == (
+        2,
+        "mgpu: error: --advertise-ip 'gpu01.lab' is not an IP address\n",
+    )

@@ -209,7 +209,9 @@ def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
             await inbox.put({"type": "websocket.receive", "text": encode(hello)})
             channel = asyncio.create_task(app(scope, inbox.get, send))  # type: ignore[arg-type]
             assert (await texts(1))[0][0].type == "welcome"
-            started = Started(job_id="a1b2c3d4", epoch=3, pid=1, hostname="h", ip="i", time=1.0)
+            started = Started(
+                job_id="a1b2c3d4", epoch=3, pid=1, hostname="h", ip="10.0.0.1", time=1.0
+            )
             frame = f'[{encode(Heartbeat())},{{"type": "bogus"}},{encode(started)}]'
             await inbox.put({"type": "websocket.receive", "text": frame})
             (reply,) = (await texts(2))[1]  # the valid message was handled: a stale run
@@ -226,3 +228,102 @@ def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
     assert "handling a heartbeat message from n1 failed" in logged
     assert "a bug in a handler" in logged
     assert "bad message from n1 skipped: message 1 (bogus)" in logged
+
+
+# ---- what an agent reports is bounded -------------------------------------------------
+
+
+def _started(**fields: Any) -> dict[str, Any]:
+    base = {"type": "started", "job_id": "a1b2c3d4", "epoch": 1, "pid": 42}
+    return {**base, "hostname": "gpu-01.lab", "ip": "10.0.0.1", "time": 1.0, **fields}
+
+
+def _exited(**fields: Any) -> dict[str, Any]:
+    base = {"type": "exited", "job_id": "a1b2c3d4", "epoch": 1, "exit_code": 0, "time": 2.0}
+    return {**base, **fields}
+
+
+def _refusal(message: dict[str, Any] | str) -> str:
+    raw = message if isinstance(message, str) else json.dumps(message)
+    errors: list[str] = []
+    assert parse_agent_messages(f"[{raw}]", errors) == []
+    (error,) = errors
+    return error
+
+
+@pytest.mark.parametrize("hostname", ["gpu-01.lab", "node_7", "h" * 253, "a", "GPU01.example.org"])
+@pytest.mark.parametrize("ip", ["10.0.0.1", "::1", "fe80::1%eth0", "2001:db8::7"])
+def test_real_host_names_and_addresses_are_taken(hostname: str, ip: str) -> None:
+    (msg,) = parse_agent_messages(json.dumps(_started(hostname=hostname, ip=ip)))
+    assert isinstance(msg, Started) and (msg.hostname, msg.ip) == (hostname, ip)
+    hello = {"type": "hello", "node_id": "n1", "hostname": hostname, "ip": ip, "gpus": []}
+    assert Hello.model_validate(hello).hostname == hostname
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"hostname": "h" * 254}, "hostname: Value error, is 254 characters long"),
+        ({"hostname": ""}, "is 0 characters long"),
+        ({"hostname": "h slots=999"}, "is not a host name"),  # an MPI hostfile line
+        ({"hostname": "h\nother slots=8"}, "is not a host name"),
+        ({"hostname": "\x1b]0;x\x07"}, "is not a host name"),
+        ({"hostname": "-oProxyCommand=x"}, "is not a host name"),
+        ({"hostname": "héllo"}, "is not a host name"),
+        ({"ip": "example.org"}, "ip: Value error, 'example.org' is not an IP address"),
+        ({"ip": "10.0.0.1\n"}, "is not an IP address"),
+        ({"ip": "10.0.0.1 -x"}, "is not an IP address"),
+        ({"ip": ""}, "is not an IP address"),
+        ({"pid": 10**30}, "pid"),
+        ({"pid": -1}, "pid"),
+        ({"port": 70000}, "port"),
+        ({"time": "NaN"}, "time"),
+    ],
+)
+def test_a_started_with_a_bad_host_address_or_number_is_refused(
+    fields: dict[str, Any], words: str
+) -> None:
+    message = json.dumps(_started(**fields)).replace('"NaN"', "NaN")
+    assert words in _refusal(message)
+
+
+def test_the_same_rules_hold_for_a_hello() -> None:
+    base = {"type": "hello", "node_id": "n1", "hostname": "h", "ip": "10.0.0.1", "gpus": []}
+    for fields in ({"hostname": "h slots=999"}, {"ip": "not-an-ip"}, {"hostname": "h" * 254}):
+        with pytest.raises(ValidationError):
+            Hello.model_validate({**base, **fields})
+
+
+def test_error_texts_are_escaped_and_cut() -> None:
+    hostile = "prolog said \x1b]0;owned\x07\r\n" + "\x1b[2J" * 2000
+    (msg,) = parse_agent_messages(json.dumps(_exited(launch_error=hostile, epilog_error="ok")))
+    assert isinstance(msg, Exited) and msg.launch_error is not None
+    assert len(msg.launch_error) <= 1000 and msg.launch_error.isprintable()
+    assert msg.launch_error.startswith("prolog said \\x1b]0;owned\\x07\\r\\n\\x1b[2J")
+    assert msg.launch_error.endswith("...") and msg.epilog_error == "ok"
+    plain = "cannot write the job script: No space left on device"
+    (kept,) = parse_agent_messages(json.dumps(_exited(launch_error=plain)))
+    assert isinstance(kept, Exited) and kept.launch_error == plain
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [({"exit_code": 10**30}, "exit_code"), ({"time": "Infinity"}, "time")],
+)
+def test_an_exited_with_impossible_numbers_is_refused(fields: dict[str, Any], words: str) -> None:
+    message = json.dumps(_exited(**fields)).replace('"Infinity"', "Infinity")
+    assert words in _refusal(message)
+
+
+def test_telemetry_is_bounded_and_not_a_number_is_no_measurement() -> None:
+    gpu = {"index": 0, "utilization_pct": 50.0, "temperature_c": "NaN", "power_w": "Infinity"}
+    raw = json.dumps({"type": "heartbeat", "telemetry": [gpu]})
+    (beat,) = parse_agent_messages(raw.replace('"NaN"', "NaN").replace('"Infinity"', "Infinity"))
+    assert isinstance(beat, Heartbeat)
+    (tel,) = beat.telemetry
+    assert (tel.utilization_pct, tel.temperature_c, tel.power_w) == (50.0, None, None)
+    many = {"type": "heartbeat", "telemetry": [{"index": i} for i in range(65)]}
+    assert "telemetry" in _refusal(many)
+    pids = {"type": "heartbeat", "telemetry": [{"index": 0, "foreign_processes": [1] * 1025}]}
+    assert "foreign_processes" in _refusal(pids)
+    assert "index" in _refusal({"type": "heartbeat", "telemetry": [{"index": -1}]})

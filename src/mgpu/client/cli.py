@@ -12,6 +12,7 @@ import sys
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
 from mgpu.client.api import Client, MgpuError, RequestError, SubmittedJob
+from mgpu.safetext import escape_controls
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ class UsageError(Exception):
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    print(f"mgpu: error: {message}", file=sys.stderr)
+    # One line, whatever the master's sentence quotes (another user's job name, say).
+    print(f"mgpu: error: {escape_controls(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -230,7 +232,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         try:
             res = client.cancel(job_id)
         except RequestError as e:
-            print(f"mgpu: error: {e}", file=sys.stderr)
+            print(f"mgpu: error: {escape_controls(str(e))}", file=sys.stderr)
             status = 1
             continue
         for j in res["cancelled"]:
@@ -254,9 +256,8 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     node = make_client(args).drain(args.node, args.reason)
-    print(
-        f"{node['node_id']}: {node['state']}" + (f" ({node['reason']})" if node["reason"] else "")
-    )
+    reason = f" ({node['reason']})" if node["reason"] else ""
+    print(escape_controls(f"{node['node_id']}: {node['state']}{reason}"))
     return 0
 
 

@@ -101,6 +101,13 @@ def cmd_node(args: argparse.Namespace) -> int:
         except ValueError as e:
             _fail(str(e))
         os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
+    if args.advertise_ip:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(args.advertise_ip)
+        except ValueError:  # the master would refuse the hello for it
+            raise UsageError(f"--advertise-ip {args.advertise_ip!r} is not an IP address") from None
     setup_logging(args.verbose)
     from mgpu.agent.gpus import GpuCountError
 

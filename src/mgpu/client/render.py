@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from mgpu.safetext import escape_controls
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -11,6 +13,10 @@ if TYPE_CHECKING:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell.  Every cell is escaped first: names, commands,
+    reasons and hostnames are other users' text (mgpu.safetext)."""
+    headers = [escape_controls(h) for h in headers]
+    rows = [[escape_controls(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -150,7 +156,7 @@ def render_array(array: dict[str, Any]) -> str:
             counts[task["state"]] = counts.get(task["state"], 0) + 1
     total = sum(counts.values())
     by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
-    lines = [f"Array {array['array_job_id']}: {total} tasks ({by_state})"]
+    lines = [escape_controls(f"Array {array['array_job_id']}: {total} tasks ({by_state})")]
     lines.append(render_jobs(array["tasks"]))
     more = array.get("more") or 0
     if more:
@@ -290,7 +296,8 @@ def render_job(job: dict[str, Any]) -> str:
             nodes = ",".join(at["nodes"])
             span = f"start {_ts(at.get('start_time'))}  end {_ts(at.get('end_time'))}"
             lines.append(f"    {i}. {nodes}  {span}  {at.get('end_reason') or ''}".rstrip())
-    return "\n".join(lines)
+    # Each line is one line: a name, command or reason cannot add lines or escapes.
+    return "\n".join(escape_controls(line) for line in lines)
 
 
 def _job_control_lines(job: dict[str, Any]) -> list[str]:

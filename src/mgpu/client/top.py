@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from mgpu.client.api import Client, MgpuError
 from mgpu.client.render import duration, start_in
 from mgpu.client.render import where as render_where
+from mgpu.safetext import escape_controls
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -55,6 +56,11 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
     from rich.table import Table
     from rich.text import Text
 
+    def plain(value: str) -> Text:
+        """Other users' text as it is: never read as rich markup (`[link=...]` would
+        become a terminal hyperlink), its control characters escaped."""
+        return Text(escape_controls(value))
+
     nodes = data.get("nodes", [])
     jobs = data.get("jobs", [])
     total = sum(len(n.get("gpus") or []) for n in nodes)
@@ -71,7 +77,7 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
     )
     parts: list[RenderableType] = [head]
     if error:
-        parts.append(Text(f"! {error}", style="bold red"))
+        parts.append(Text(f"! {escape_controls(error)}", style="bold red"))
 
     gt = Table(title="Nodes and GPUs", title_justify="left", expand=False, pad_edge=False)
     for col in ("NODE", "GPU", "STATE", "JOB", "USER", "UTIL", "MEM", "TEMP"):
@@ -79,7 +85,7 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
     for n in nodes:
         gpus = n.get("gpus") or []
         if not gpus:
-            gt.add_row(n["node_id"], "-", n["state"], "", "", "", "", "")
+            gt.add_row(plain(n["node_id"]), "-", plain(n["state"]), "", "", "", "", "")
         for i, g in enumerate(gpus):
             tel = g.get("telemetry") or {}
             state = gpu_state(n, g)
@@ -89,11 +95,15 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
             style = _STATE_STYLE.get(state.split()[0], "yellow")
             tenants = g.get("shared_jobs") or []
             gt.add_row(
-                n["node_id"] if i == 0 else "",
+                plain(n["node_id"] if i == 0 else ""),
                 str(g["index"]),
-                f"[{style}]{state}[/]",
-                g.get("busy_job") or " ".join(f"{t['job_id']}({t['share']:g})" for t in tenants),
-                g.get("busy_user") or ",".join(sorted({t.get("user") or "?" for t in tenants})),
+                Text(state, style=style),
+                plain(
+                    g.get("busy_job") or " ".join(f"{t['job_id']}({t['share']:g})" for t in tenants)
+                ),
+                plain(
+                    g.get("busy_user") or ",".join(sorted({t.get("user") or "?" for t in tenants}))
+                ),
                 _bar(tel.get("utilization_pct")),
                 _mem(tel),
                 "-" if temp is None else f"{temp:.0f}°C",
@@ -112,16 +122,18 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
             where = render_where(j)
         else:
             where = f"({j.get('reason') or j['state']})"
-        state = j["state"] + (" [bold magenta]idle[/]" if j.get("idle") else "")
+        shown = plain(j["state"])
+        if j.get("idle"):
+            shown.append(" idle", style="bold magenta")
         qt.add_row(
-            j["id"],
-            (j.get("name") or "")[:20],
-            j["user"],
-            state,
+            plain(j["id"]),
+            plain((j.get("name") or "")[:20]),
+            plain(j["user"]),
+            shown,
             f"{j['gpu_share']:g}" if j.get("gpu_share") else str(j["gpus"]),
             duration(now - start) if start else "-",
             start_in(j.get("expected_start"), now) if j["state"] == "queued" else "",
-            where,
+            plain(where),
         )
     if not jobs:
         qt.add_row("(no jobs)", "", "", "", "", "", "", "")

@@ -18,7 +18,7 @@ from typing import Any
 from mgpu.config import ClusterConfig
 from mgpu.master.gpuwatch import BlockGpus, CancelIdle, GpuWatch, JobIdle, Notice, WatchAction
 from mgpu.master.launch import step_launch
-from mgpu.master.lifecycle import Lifecycle
+from mgpu.master.lifecycle import Lifecycle, awaits_port
 from mgpu.master.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.nodes import NodeAdmin
 from mgpu.master.outputs import OutputStore
@@ -226,7 +226,10 @@ class Agents:
         elif isinstance(msg, Started):
             self.life.slot_started(job, slot, msg.pid, msg.hostname, msg.ip, msg.time)
         elif isinstance(msg, PortReserved):
-            self.life.launch(job, port=msg.port)
+            if awaits_port(job, node_id):
+                self.life.launch(job, port=msg.port)
+            else:  # from another rank, or again: MASTER_PORT is rank 0's, given once
+                log.warning("node %s: port_reserved for job %s ignored", node_id, job.id)
         elif isinstance(msg, Exited) and not slot.done:  # done: a re-sent end
             self._exited(job, node, slot, msg)
 

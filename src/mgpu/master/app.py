@@ -34,7 +34,7 @@ from mgpu.master.cluster import Cluster, Conflict, NotFound
 from mgpu.master.dashboard import make_router as dashboard_router
 from mgpu.master.guard import FailedLogins, Guard
 from mgpu.master.nodeauth import NodeSecrets
-from mgpu.master.observe import make_router
+from mgpu.master.observe import PAGE_HEADERS, make_router
 from mgpu.master.outputs import OutputStore
 from mgpu.master.queries import (
     ARRAY_TASKS_SHOWN,
@@ -56,6 +56,7 @@ from mgpu.master.submit import SubmitError
 from mgpu.master.turns import bulk_turn
 from mgpu.model import Job
 from mgpu.protocol import HelloError, Refused, encode, parse_agent_messages, parse_hello
+from mgpu.safetext import escape_optional
 from mgpu.tlsutil import ensure_ca
 
 log = logging.getLogger("mgpu.master")
@@ -452,7 +453,7 @@ def create_app(
         require_admin(request, "audit")
         failures.flush()  # the refused logins and hellos counted so far, written now
         refused_hellos.flush()
-        return {"events": c().store.events(since=since)}
+        return {"events": [_shown_event(e) for e in c().store.events(since=since)]}
 
     @app.get("/api/ca")
     async def ca() -> PlainTextResponse:
@@ -490,8 +491,10 @@ def create_app(
     async def dashboard() -> HTMLResponse:
         page = Path(__file__).resolve().parent.parent / "web" / "index.html"
         if page.exists():
-            return HTMLResponse(page.read_text(encoding="utf-8"))
-        return HTMLResponse("<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>")
+            return HTMLResponse(page.read_text(encoding="utf-8"), headers=PAGE_HEADERS)
+        return HTMLResponse(
+            "<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>", headers=PAGE_HEADERS
+        )
 
     # ---- agents -------------------------------------------------------------
 
@@ -500,7 +503,7 @@ def create_app(
         await ws.accept()
         cl = c()
         try:
-            first = parse_hello(await ws.receive_text())
+            first = parse_hello(await _hello_text(ws))
         except (HelloError, WebSocketDisconnect) as e:
             with contextlib.suppress(Exception):
                 await ws.send_text(encode(Refused(reason=str(e) or "no hello")))
@@ -571,6 +574,42 @@ def create_app(
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
     return app
+
+
+HELLO_LIMIT = 4 << 20
+"""Characters an agent's hello may have: 10,000 runs and 64 GPUs take about 1 MiB."""
+HELLO_TIMEOUT = 10.0
+"""Seconds from the connection's upgrade to its hello: an agent sends it at once."""
+
+
+async def _hello_text(ws: WebSocket) -> str:
+    """The first message of an agent's connection, bounded before it is parsed: whoever
+    can reach the port may open one (the join token is in the hello), so a peer that
+    sends nothing, or something huge, must not hold the connection and its memory."""
+    try:
+        message = await asyncio.wait_for(ws.receive(), HELLO_TIMEOUT)
+    except TimeoutError:
+        raise HelloError(f"no hello within {HELLO_TIMEOUT:g} s") from None
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if text is None:
+        raise HelloError("the first message must be hello (it is not text)")
+    if len(text) > HELLO_LIMIT:
+        raise HelloError(f"the hello is {len(text)} characters long; at most {HELLO_LIMIT}")
+    return str(text)
+
+
+AUDIT_TEXT_FIELDS = ("actor", "address", "target", "detail")
+
+
+def _shown_event(event: dict[str, Any]) -> dict[str, Any]:
+    """An audit row with its text escaped (mgpu.safetext): a refused request's path, a
+    node's id or a refusal's sentence is whatever a client sent (`GET /%1b]0;x%07`), and
+    an admin reads these in a terminal, through `jq -r` as well as `mgpu audit`."""
+    for key in AUDIT_TEXT_FIELDS:
+        event[key] = escape_optional(event[key])
+    return event
 
 
 def _json_bytes(body: Any) -> bytes:

@@ -59,6 +59,21 @@ _STOP_WORDS = {
 """A stop's reason shown while it is under way, and the Kill message's reason."""
 
 
+def needs_port(job: Job) -> bool:
+    """Is this job launched only once its rank-0 node has reserved MASTER_PORT?"""
+    return len(job.allocation) > 1 or job.distributed or job.mpi
+
+
+def awaits_port(job: Job, node_id: str) -> bool:
+    """May `node_id`'s `port_reserved` launch this running job: it asked for the port
+    (its rank 0, asked at start), and none came yet.  Another node's, or a second one,
+    would set (or change) every rank's MASTER_PORT, or launch the job twice."""
+    if not needs_port(job) or not job.allocation or job.port is not None:
+        return False
+    first = job.allocation[0]
+    return first.node_id == node_id and first.phase == SlotPhase.PENDING
+
+
 class Lifecycle:
     def __init__(
         self,
@@ -119,7 +134,7 @@ class Lifecycle:
                 gpu_ids={n: list(g) for n, g in placements},
             )
         )
-        job.start_time = job.exit_code = job.failed_node = None
+        job.start_time = job.exit_code = job.failed_node = job.port = None
         job.timed_out = job.limit_changed = False
         job.stop_reason = job.stop_text = None
         for node_id, gpu_ids in placements:
@@ -129,7 +144,7 @@ class Lifecycle:
         if job.kind == ALLOCATION:
             self._grant(job)
             return
-        if len(placements) > 1 or job.distributed or job.mpi:
+        if needs_port(job):
             first = self.state.nodes[placements[0][0]]
             assert first.link is not None
             self.uow.send(first.link, ReservePort(job_id=job.id, epoch=job.epoch))

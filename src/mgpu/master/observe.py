@@ -27,6 +27,21 @@ from mgpu.model import Job, JobState
 from mgpu.scheduler.types import SHARE_UNITS
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+PAGE_HEADERS = {
+    # The page acts with the token it holds (cancel, logs): no other site may frame it
+    # and trick a click (clickjacking), in old browsers (X-Frame-Options) or new.
+    "X-Frame-Options": "DENY",
+    # No plugins, no <base> to repoint the page's relative URLs, forms only to the
+    # master.  (Scripts are not limited to 'self' here: the browser tests drive the page
+    # with evaluated expressions, which such a policy refuses.)
+    "Content-Security-Policy": (
+        "frame-ancestors 'none'; object-src 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # a `/?token=...` link never leaves in a Referer
+}
+"""Headers of the dashboard's page and its files."""
 _STATIC = {
     "app.js": "text/javascript",
     "heatmap.js": "text/javascript",
@@ -326,7 +341,8 @@ def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
         path = WEB_DIR / name
         if media is None or not path.is_file():
             return JSONResponse({"detail": f"no such file: {name}"}, status_code=404)
-        return FileResponse(path, media_type=media, headers={"Cache-Control": "no-cache"})
+        headers = {"Cache-Control": "no-cache", **PAGE_HEADERS}
+        return FileResponse(path, media_type=media, headers=headers)
 
     return router
 

@@ -18,6 +18,9 @@ def default_state_dir() -> Path:
     return Path("~/.local/state/mgpu").expanduser()
 
 
+WS_MAX_SIZE = 16 << 20
+"""Bytes of one WebSocket message the master accepts (agents, terminals)."""
+
 PRIVATE_UMASK = 0o077
 """Everything the master writes is its own: tokens, the CA key, jobs' environments, output."""
 
@@ -130,7 +133,15 @@ def run_master(
         access_log=verbose,
         ws_ping_interval=None,
         ws_per_message_deflate=False,
-        ws_max_size=64 * 1024 * 1024,
+        # The largest message an agent sends is a few MiB (a batch of frames, 1 MiB of
+        # text, plus one message); whoever can reach the port may send one before its
+        # hello is checked, so this is what one such connection can hold.
+        ws_max_size=WS_MAX_SIZE,
+        # uvicorn believes X-Forwarded-For/-Proto from loopback by default: any local
+        # account could then write any address into the audit log and dodge the
+        # bad-token throttle (per address).  The master serves clients directly.
+        proxy_headers=False,
+        forwarded_allow_ips=[],
         # An idle keep-alive TLS connection otherwise holds a SIGTERM'd master up for
         # ~30 s (uvicorn waits for it); state is flushed by the lifespan's end anyway.
         timeout_graceful_shutdown=3,

@@ -229,7 +229,10 @@ def _script(value: str) -> str:
 
 def _script_name(value: str) -> str:
     specs.validate_text(value, "the job script's name")
-    if not value or "/" in value or len(value) > 255 or not value.isprintable():
+    # The agent writes the script under this name in a fresh directory: `.` and `..`
+    # name that directory and its parent, not a file in it.
+    bad = value in ("", ".", "..") or "/" in value or len(value) > 255
+    if bad or not value.isprintable():
         raise specs.SpecError(f"{value!r:.60} is not a file name for the job script")
     return value
 
