@@ -180,3 +180,35 @@ def test_dashboard_shows_shared_gpus_and_estimates(
     for j in [*share_ids, wide]:
         c.cancel(j)
     assert errors == []
+
+
+HOSTILE = '<img src=x onerror="window.__pwned=1">'
+
+
+def test_users_text_is_shown_as_text_never_run(cluster: LocalCluster, browser_page: Any) -> None:
+    """A job's name, command and output are another user's text on an admin's page: markup
+    in them is shown as written and never becomes elements (an `onerror` that ran would act
+    with the admin's token)."""
+    page = browser_page
+    command = f"echo '{HOSTILE}'; sleep 300"
+    job_id = cluster.cli("submit", "--name", HOSTILE, "--gpus", "1", command, check=True)
+    job_id = job_id.stdout.strip()
+    wait_for(lambda: cluster.client().show(job_id)["state"] == "running", what="job running")
+    page.goto(f"http://{cluster.address}/")
+    page.evaluate(f"localStorage.setItem('mgpu-token', {cluster.admin_token!r})")
+    page.goto(f"http://{cluster.address}/")
+    row = page.locator(f"#queue tr[data-job='{job_id}']")
+    row.wait_for()
+    assert HOSTILE in row.inner_text()
+
+    page.goto(f"http://{cluster.address}/#/job/{job_id}")
+    page.wait_for_function(f"document.getElementById('job-title').textContent.includes('{job_id}')")
+    page.wait_for_function(
+        "document.getElementById('output').textContent.includes('onerror')", timeout=15000
+    )
+    assert HOSTILE in page.inner_text("#job-title")
+    assert HOSTILE in page.inner_text("#job-details")  # the command
+    assert HOSTILE in page.inner_text("#output")
+    assert page.locator("img").count() == 0  # no element was made of the text
+    assert page.evaluate("window.__pwned") is None
+    cluster.client().cancel(job_id)
