@@ -57,33 +57,8 @@ async def _call(app: Any, method: str, path: str, token: str, body: bytes = b"")
 
 async def _refused_hello(app: Any, hello: Hello) -> str:
     """One agent connection that says `hello` and is refused: the reason it was given."""
-    inbox = [
-        {"type": "websocket.connect"},
-        {"type": "websocket.receive", "text": encode(hello)},
-    ]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return inbox.pop(0) if inbox else {"type": "websocket.disconnect", "code": 1000}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "websocket",
-        "asgi": {"version": "3.0"},
-        "path": "/api/agent",
-        "raw_path": b"/api/agent",
-        "root_path": "",
-        "scheme": "ws",
-        "query_string": b"",
-        "headers": [],
-        "client": ("10.1.2.3", 50000),
-        "server": ("127.0.0.1", 8080),
-        "subprotocols": [],
-    }
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)
-    (text,) = [m["text"] for m in sent if m["type"] == "websocket.send"]
+    inbox = [{"type": "websocket.receive", "text": encode(hello)}]
+    (text,) = await _agent_connection(app, inbox, hold=False)
     return str(json.loads(text)["reason"])
 
 

@@ -32,6 +32,23 @@ async def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+async def take_output(ws: Any, got: dict[str, Any]) -> None:
+    """Read the agent's frames as a master would, checking that stdout comes piece after
+    piece (no gap, no overlap), until its `exited`, kept in `got`."""
+    async for raw in ws:
+        items = json.loads(raw)
+        for msg in items if isinstance(items, list) else [items]:
+            if msg["type"] == "output" and msg["stream"] == "o":
+                assert msg["offset"] == got["next"], (msg["offset"], got["next"])
+                got["next"] = msg["end"]
+                data = msg["data"].encode()
+                got["sha"].update(data)
+                got["bytes"] += len(data)
+            elif msg["type"] == "exited":
+                got["exited"] = msg
+                return
+
+
 async def flood(tmp_path: Path) -> dict[str, Any]:
     import websockets
 
@@ -45,19 +62,8 @@ async def flood(tmp_path: Path) -> dict[str, Any]:
         launch |= {"argv": ["seq", "1", str(LINES)], "env": {"PATH": "/usr/bin:/bin"}}
         await ws.send(json.dumps(launch))
         await release.wait()  # a master that does not read: the agent's frames back up
-        async for raw in ws:
-            items = json.loads(raw)
-            for msg in items if isinstance(items, list) else [items]:
-                if msg["type"] == "output" and msg["stream"] == "o":
-                    assert msg["offset"] == got["next"], (msg["offset"], got["next"])
-                    got["next"] = msg["end"]
-                    data = msg["data"].encode()
-                    got["sha"].update(data)
-                    got["bytes"] += len(data)
-                elif msg["type"] == "exited":
-                    got["exited"] = msg
-                    done.set()
-                    return
+        await take_output(ws, got)
+        done.set()
 
     async with websockets.serve(serve, "127.0.0.1", 0, max_size=None) as server:
         port = server.sockets[0].getsockname()[1]
@@ -132,19 +138,8 @@ async def flood_then_reconnect(tmp_path: Path) -> dict[str, Any]:
         await until(lambda: ("flood", 1) in agent._exits, 30, "the end kept for later")
         welcome = Welcome(heartbeat_interval=30, resume=[{"job_id": "flood", "epoch": 1}])
         await ws.send(encode(welcome))
-        async for raw in ws:
-            items = json.loads(raw)
-            for msg in items if isinstance(items, list) else [items]:
-                if msg["type"] == "output" and msg["stream"] == "o":
-                    assert msg["offset"] == got["next"], (msg["offset"], got["next"])
-                    got["next"] = msg["end"]
-                    data = msg["data"].encode()
-                    got["sha"].update(data)
-                    got["bytes"] += len(data)
-                elif msg["type"] == "exited":
-                    got["exited"] = msg
-                    done.set()
-                    return
+        await take_output(ws, got)
+        done.set()
 
     async with websockets.serve(serve, "127.0.0.1", 0, max_size=None) as server:
         port = server.sockets[0].getsockname()[1]
