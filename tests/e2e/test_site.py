@@ -422,7 +422,12 @@ def test_container_jobs_with_a_runtime(tmp_path: Path, make_cluster: list[LocalC
     gpus = done["allocation"][0]["gpu_ids"]
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
     assert devices == [f"nvidia.com/gpu={g}" for g in gpus]
-    assert argv[argv.index("-v") + 1] == f"{workdir}:{workdir}"
+    # A root agent gives the runtime the directory as its user entered it, pinned as a
+    # mount point in its spool, unmounted at the run's end (mgpu.agent.bindmount).
+    spool = tmp_path / "agent-node001" / "node-node001" / "spool"
+    point = spool / f"{job.id}.1{bindmount.SUFFIX}" if os.geteuid() == 0 else workdir
+    assert argv[argv.index("-v") + 1] == f"{point}:{workdir}"
+    assert point == workdir or not point.exists()
     assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
 
     missing = client.submit("true", image="localhost/absent:2")
