@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
-from mgpu.agent import containers, privileged
+from mgpu.agent import bindmount, containers, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
@@ -422,7 +422,12 @@ def test_container_jobs_with_a_runtime(tmp_path: Path, make_cluster: list[LocalC
     gpus = done["allocation"][0]["gpu_ids"]
     devices = [argv[i + 1] for i, a in enumerate(argv) if a == "--device"]
     assert devices == [f"nvidia.com/gpu={g}" for g in gpus]
-    assert argv[argv.index("-v") + 1] == f"{workdir}:{workdir}"
+    # A root agent gives the runtime the directory as its user entered it, pinned as a
+    # mount point in its spool, unmounted at the run's end (mgpu.agent.bindmount).
+    spool = tmp_path / "agent-node001" / "node-node001" / "spool"
+    point = spool / f"{job.id}.1{bindmount.SUFFIX}" if os.geteuid() == 0 else workdir
+    assert argv[argv.index("-v") + 1] == f"{point}:{workdir}"
+    assert point == workdir or not point.exists()
     assert argv[argv.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
 
     missing = client.submit("true", image="localhost/absent:2")
@@ -732,3 +737,40 @@ def test_real_podman_runtime_never_gets_the_users_environment(
     admin.cancel(job.id)
     assert admin.wait(job.id, timeout=30)["state"] == "cancelled"
     assert not root_mark.exists(), "a root process loaded the user's LD_PRELOAD"
+
+
+def test_real_podman_job_of_another_user_gets_its_pinned_directory(
+    tmp_path: Path, make_cluster: list[LocalCluster], podman_conf: Path, shared_dir: Path
+) -> None:
+    """A root runtime mounts the directory the job's user entered, from a mount point in
+    the agent's spool (mgpu.agent.bindmount); the job reads and writes it there, and the
+    mount goes when the run ends, by itself or cancelled."""
+    exp = shared_dir / "exp"
+    exp.mkdir()
+    (exp / "mine.txt").write_text("mine\n")
+    os.chown(exp, 65534, 65534)
+    c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
+    c.env["CONTAINERS_CONF"] = str(podman_conf)
+    c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
+    admin = c.client()
+    user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+    spool = tmp_path / "agent-node001" / "node-node001" / "spool"
+
+    job = user.submit('echo "$(id -u)|$(pwd)|$(cat mine.txt)"; echo made > made.txt',
+                      gpus=0, image=BUSYBOX_IMAGE, cwd=str(exp))  # fmt: skip
+    done = admin.wait(job.id, timeout=60)
+    assert done["state"] == "completed", (done, admin.logs(job.id))
+    assert admin.logs(job.id) == f"65534|{exp}|mine\n"
+    made = exp / "made.txt"
+    assert made.read_text() == "made\n" and made.stat().st_uid == 65534
+    point = spool / f"{job.id}.1{bindmount.SUFFIX}"
+    assert not point.exists() and not bindmount.mounted(str(point))
+
+    long = user.submit("echo ready; exec sleep 300", gpus=0, image=BUSYBOX_IMAGE, cwd=str(exp))
+    wait_for(lambda: "ready" in admin.logs(long.id), timeout=60, what="the container running")
+    point = spool / f"{long.id}.1{bindmount.SUFFIX}"
+    assert bindmount.mounted(str(point)) and (point / "made.txt").exists()
+    admin.cancel(long.id)
+    assert admin.wait(long.id, timeout=30)["state"] == "cancelled"
+    assert not point.exists() and not bindmount.mounted(str(point))
+    assert sorted(os.listdir(exp)) == ["made.txt", "mine.txt"]  # unmounting removed nothing

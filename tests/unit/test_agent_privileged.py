@@ -189,7 +189,10 @@ def test_root_runtime_mounts_only_a_directory_the_user_can_enter(tmp_path: Path)
     private.chmod(0o700)
     tmp_path.chmod(0o755)
     hooks = _hooks(tmp_path, Runtime("podman", "/usr/bin/podman"))
-    assert privileged.can_enter("/", NOBODY) and not privileged.can_enter(str(sub), NOBODY)
+    fd = privileged.enter_dir("/", NOBODY)
+    assert fd is not None
+    os.close(fd)
+    assert privileged.enter_dir(str(sub), NOBODY) is None
     with pytest.raises(JobError, match=f"cannot enter the working directory {sub}"):
         hooks.wrap(_launch(cwd=str(sub)), dict(JOB_ENV), NOBODY)
     argv, *_ = hooks.wrap(_launch(cwd=str(sub)), dict(JOB_ENV), None)  # a root job may

@@ -183,6 +183,7 @@ class Agent:
             self.gpu_source,
         )
         records = self.launcher.load_previous()
+        self.site.sweep([(rec.job_id, rec.epoch) for rec in records])  # container cwd mounts
         containment = self.launcher.contain(self.node_id, records)
         log.info("jobs are contained by %s", containment.describe())
         isolation = self.launcher.isolate(self.node_id, self.gpu_device_dir, records)

@@ -12,7 +12,10 @@ What every command line does:
   container toolkit (`--gpus '"device=<i,j>"'`); both renumber the GPUs from 0 inside, so
   `CUDA_VISIBLE_DEVICES` is set to `0..n-1` there.  apptainer's `--nv` shows every GPU
   and `CUDA_VISIBLE_DEVICES` (the host indices) narrows it.
-* The submit directory is mounted at the same path and is the working directory.
+* The submit directory is mounted at the same path and is the working directory.  A root
+  runtime gets it as a mount point the agent bound from a descriptor its user opened
+  (mgpu.agent.bindmount), never by its name, which the user may change.  A directory
+  with `:` in its name is refused: the runtimes' mount options follow a `:`.
 * The job keeps its user's uid/gid: `--user uid:gid` for docker and rootful podman (the
   agent runs the runtime as root), `--userns=keep-id` for rootless podman (the agent and
   its jobs run as one user), and apptainer runs as the user anyway.
@@ -205,11 +208,13 @@ def build_argv(
     uid_gid: tuple[int, int] | None,
     env_file: str | None,
     name: str,
+    source: str | None = None,
 ) -> list[str]:
     """The command line that runs `argv` in `image` with these GPUs, directory and user.
 
     The job's variables come from `env_file` (podman, docker); CUDA_VISIBLE_DEVICES is set
-    here, as it must be seen inside."""
+    here, as it must be seen inside.  `source`: what podman or docker mounts at `cwd` (the
+    pinned mount point of mgpu.agent.bindmount; default `cwd` itself)."""
     ids = list(gpu_ids)
     if runtime.name in ("podman", "docker"):
         out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
@@ -230,7 +235,7 @@ def build_argv(
                 # The quotes are docker's: a comma inside --gpus must be quoted.
                 out += ["--gpus", '"device=' + ",".join(map(str, ids)) + '"']
         if cwd:
-            out += ["-v", f"{cwd}:{cwd}", "-w", cwd]
+            out += ["-v", f"{source or cwd}:{cwd}", "-w", cwd]
         if env_file is not None:
             out += ["--env-file", env_file]
         # Inside, the allocated GPUs are numbered from 0.

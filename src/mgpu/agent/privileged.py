@@ -16,10 +16,12 @@ values a line-based file can carry (UTF-8, no NUL, CR or newline) go in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import pwd
 import re
+import select
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -152,27 +154,44 @@ def run(argv: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.Comple
     )
 
 
-def can_enter(path: str, ids: tuple[int, int, list[int]], timeout: float = 10.0) -> bool:
-    """Can this uid/gid/groups enter directory `path`?  Asked of a child that really is that
-    user (what a root agent's own checks cannot tell: root enters everything)."""
+def enter_dir(path: str, ids: tuple[int, int, list[int]], timeout: float = 10.0) -> int | None:
+    """An `O_PATH` descriptor of the directory `path` as a process of this uid/gid/groups
+    entered it (`cd`), or None when that user cannot enter it.
+
+    What a root agent's own checks cannot tell (root enters everything), and pinned: the
+    descriptor is of the directory the user's process is in, taken from its
+    `/proc/PID/cwd` while it waits there, not found by the name again (the user may have
+    swapped a component of it for a symbolic link since)."""
     uid, gid, groups = ids
     try:
-        res = subprocess.run(
-            ["/bin/sh", "-c", 'cd -- "$1"', "sh", path],
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", 'cd -- "$1" && echo && read -r _', "sh", path],
             env={"PATH": SAFE_PATH},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             cwd="/",
             user=uid,
             group=gid,
             extra_groups=groups,
-            timeout=timeout,
-            check=False,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return res.returncode == 0
+    except OSError:
+        return None
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        if not ready or os.read(proc.stdout.fileno(), 1) != b"\n":
+            return None  # it could not enter (or hung: a dead NFS server)
+        return os.open(f"/proc/{proc.pid}/cwd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None  # it went (the user may kill their own process)
+    finally:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)  # else reaped later by subprocess itself
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 async def start(
@@ -213,7 +232,7 @@ __all__ = [
     "SAFE_PATH",
     "SET_CHILD_UMASK",
     "base_env",
-    "can_enter",
+    "enter_dir",
     "env_file_entries",
     "run",
     "script_env",

@@ -34,11 +34,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mgpu.agent import containers, privileged
+from mgpu.agent import bindmount, containers, privileged
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
@@ -248,6 +249,32 @@ class SiteHooks:
     def _env_path(self, job_id: str, epoch: int) -> Path:
         return self.launcher.spool / f"{job_id}.{epoch}.env"
 
+    def _mount_path(self, job_id: str, epoch: int) -> str:
+        return f"{self.launcher.spool}/{job_id}.{epoch}{bindmount.SUFFIX}"
+
+    def _pin_cwd(self, job_id: str, epoch: int, cwd: str, ids: tuple[int, int, list[int]]) -> str:
+        """Mount the directory `cwd` as the job's user enters it on a mount point of the
+        private spool (mgpu.agent.bindmount); its path."""
+        fd = privileged.enter_dir(cwd, ids)
+        if fd is None:
+            raise JobError(f"cannot enter the working directory {cwd}")
+        target = self._mount_path(job_id, epoch)
+        try:
+            bindmount.bind(fd, target)
+        except OSError as e:
+            raise LaunchError(f"cannot mount the working directory: {e.strerror}") from None
+        finally:
+            os.close(fd)
+        return target
+
+    def sweep(self, runs: Collection[tuple[str, int]]) -> None:
+        """At agent start: unmount the working directories of runs without a record (an
+        agent that died between mounting and saving the record); the others go at their
+        end, as usual."""
+        keep = {os.path.basename(self._mount_path(*key)) for key in runs}
+        for name in bindmount.sweep(str(self.launcher.spool), keep):
+            log.info("unmounted a leftover working directory %s", name)
+
     def wrap(
         self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
     ) -> tuple[list[str], dict[str, str], tuple[int, int, list[int]] | None, str | None]:
@@ -270,14 +297,13 @@ class SiteHooks:
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
             cwd = msg.cwd if msg.cwd and os.path.isabs(msg.cwd) and os.path.isdir(msg.cwd) else None
-            # A root runtime would bind-mount it for the user whatever its parents allow.
-            if (
-                cwd
-                and ids is not None
-                and containers.runs_as_agent(rt)
-                and not privileged.can_enter(cwd, ids)
-            ):
-                raise JobError(f"cannot enter the working directory {cwd}")
+            if cwd and ":" in cwd:  # `-v SRC:DST:OPTIONS`, `--bind SRC:DST:OPTIONS`
+                raise JobError(f"a container cannot mount a directory with ':' in its name: {cwd}")
+            source = None
+            if cwd and ids is not None and containers.runs_as_agent(rt):
+                # A root runtime would mount it for the user whatever its parents allow,
+                # and finds it by name again: it gets the directory the user entered.
+                source = self._pin_cwd(msg.job_id, msg.epoch, cwd, ids)
             env_file = None
             if containers.uses_env_file(rt):
                 # The container's variables go in through a 0600 file in the private spool,
@@ -303,6 +329,7 @@ class SiteHooks:
                 uid_gid=uid_gid,
                 env_file=str(env_file) if env_file is not None else None,
                 name=name,
+                source=source,
             )
             if containers.runs_as_agent(rt):
                 ids = None  # the runtime runs as the agent; --user keeps the job's uid
@@ -319,11 +346,13 @@ class SiteHooks:
     # ---- after a job ----------------------------------------------------------
 
     async def after(self, run: Running) -> str | None:
-        """Clean up a container and run the epilog of an ended run; the epilog's error."""
+        """Clean up a container (its working directory's mount, too) and run the epilog of
+        an ended run; the epilog's error."""
         if (run.rec.job_id, run.rec.epoch) in self._plain:
             return None
         with contextlib.suppress(OSError):
             self._env_path(run.rec.job_id, run.rec.epoch).unlink()  # read when the run began
+        bindmount.release(self._mount_path(run.rec.job_id, run.rec.epoch))
         path = self._side_path(run.rec.job_id, run.rec.epoch)
         try:
             side = json.loads(path.read_text())
@@ -386,6 +415,7 @@ class SiteHooks:
         if not plain:
             with contextlib.suppress(OSError):
                 self._env_path(job_id, epoch).unlink()
+            bindmount.release(self._mount_path(job_id, epoch))
 
 
 __all__ = ["JobHost", "SiteHooks", "run_script", "script_env"]
