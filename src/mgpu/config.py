@@ -32,6 +32,8 @@ class MasterAddr(_Strict):
     Every local account shares 127.0.0.1, and `bench/abuse.py` opens 900 at once from it
     (three floods of 300): generous for that, yet below the master's descriptors (it raises
     its soft limit to the hard one at start)."""
+    pending_hellos: int = Field(default=64, ge=1)
+    """Agent connections waiting for their hello at once; more are closed (they retry)."""
 
 
 class ClusterSection(_Strict):
