@@ -23,6 +23,17 @@ class _Strict(BaseModel):
 class MasterAddr(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
+    header_timeout: float = Field(default=10.0, gt=0, le=600)
+    """Seconds a connection has to send a request's line and headers, from its opening or
+    from the end of its previous answer; then it is closed (a body or an answer is not
+    timed)."""
+    connections_per_address: int = Field(default=1024, ge=1)
+    """Open HTTP connections one client address may hold; more are refused with a 503.
+    Every local account shares 127.0.0.1, and `bench/abuse.py` opens 900 at once from it
+    (three floods of 300): generous for that, yet below the master's descriptors (it raises
+    its soft limit to the hard one at start)."""
+    pending_hellos: int = Field(default=64, ge=1)
+    """Agent connections waiting for their hello at once; more are closed (they retry)."""
 
 
 class ClusterSection(_Strict):

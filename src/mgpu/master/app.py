@@ -498,17 +498,33 @@ def create_app(
 
     # ---- agents -------------------------------------------------------------
 
+    # Agent connections waiting for their hello: anyone who reaches the port may open one.
+    hellos_awaited = 0
+    hellos_limit = config.cluster.master.pending_hellos
+
     @app.websocket("/api/agent")
     async def agent_channel(ws: WebSocket) -> None:
-        await ws.accept()
+        nonlocal hellos_awaited
+        if hellos_awaited >= hellos_limit:
+            # Closed, not refused: an agent (and bench/swarm.py) tries again after its
+            # backoff, and a refused hello would stop it.  An HTTP refusal before the
+            # accept would make an agent that guesses TLS switch to it for a try.
+            with contextlib.suppress(Exception):
+                await ws.accept()
+                await ws.close(code=1013, reason="too many agents saying hello: try again")
+            return
         cl = c()
+        hellos_awaited += 1  # before the accept: counted by the time the peer may go on
         try:
+            await ws.accept()
             first = parse_hello(await _hello_text(ws))
         except (HelloError, WebSocketDisconnect) as e:
             with contextlib.suppress(Exception):
                 await ws.send_text(encode(Refused(reason=str(e) or "no hello")))
                 await ws.close()
             return
+        finally:
+            hellos_awaited -= 1
         refusal = cl.refuse_hello(first)
         address = ws.client.host if ws.client else "?"
         if refusal is None and not cl.tokens.join(first.token):

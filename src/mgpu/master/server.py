@@ -84,6 +84,23 @@ def setup_logging(verbose: bool) -> None:
     logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
 
 
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open descriptors to the hard one (as Go programs do at
+    start): the usual soft 1,024 is less than one address may hold (connections_per_address);
+    the number of descriptors the master may now have."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # kept as it was: the cap per address still bounds each client
+    return soft
+
+
 def run_master(
     host: str | None,
     port: int | None,
@@ -96,6 +113,7 @@ def run_master(
     import uvicorn
 
     from mgpu.master.app import create_app
+    from mgpu.master.connections import ConnectionLimits, protocol_class
 
     setup_logging(verbose)
     config: ClusterConfig = load_config(config_path)
@@ -120,6 +138,16 @@ def run_master(
 
         cert, key = ensure_server_cert(state_dir)
         ssl_args = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    fds = raise_fd_limit()
+    master_conf = config.cluster.master
+    if master_conf.connections_per_address * 2 > fds:
+        log.warning(
+            "one address may hold %d connections, half or more of the %d descriptors the "
+            "master may open (ulimit -n): lower cluster.master.connections_per_address",
+            master_conf.connections_per_address,
+            fds,
+        )
+    limits = ConnectionLimits(master_conf.header_timeout, master_conf.connections_per_address)
     first_start = not (state_dir / "join-token").exists()
     app = create_app(state_dir, config, announce=(host, port, first_start))
     log.info(
@@ -131,6 +159,9 @@ def run_master(
         port=port,
         log_level="debug" if verbose else "warning",
         access_log=verbose,
+        # Each request's head within header_timeout; at most so many connections per
+        # address (connections.py).
+        http=protocol_class(limits),
         ws_ping_interval=None,
         ws_per_message_deflate=False,
         # The largest message an agent sends is a few MiB (a batch of frames, 1 MiB of
