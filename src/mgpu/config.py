@@ -6,6 +6,7 @@ the file, the field and the reason instead of being silently ignored.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -202,6 +203,31 @@ class Notify(_Strict):
         return value
 
 
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`4096`, `512K`, `64M`, `1G`, `1GiB`: bytes (binary units, as Slurm's --mem)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size: give bytes or a number with K, M, G or T")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+class Limits(_Strict):
+    """What the master keeps for one job."""
+
+    max_output_per_job: int | None = Field(default=1 << 30, ge=0)
+    """Bytes of a job's stored output (its file on the master, all its runs together): past
+    them one marker line is stored and the rest dropped; the job runs on.  None: no cap."""
+
+    @field_validator("max_output_per_job", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+
 class ClusterConfig(_Strict):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     nodes: list[NodeEntry] = Field(default_factory=list)
@@ -210,6 +236,7 @@ class ClusterConfig(_Strict):
     security: Security = Field(default_factory=Security)
     site: Site = Field(default_factory=Site)
     notify: Notify = Field(default_factory=Notify)
+    limits: Limits = Field(default_factory=Limits)
 
     @field_validator("nodes")
     @classmethod

@@ -272,3 +272,38 @@ def test_a_node_joining_is_online_or_back_to_its_drain(h: Harness) -> None:
     h.submit()
     h.tick()
     assert a.launches() == []
+
+
+# ---- output past the cap ----------------------------------------------------------------
+
+
+def test_output_past_the_cap_is_dropped_and_the_job_runs_on(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """`limits.max_output_per_job`: one marker, then nothing; the agent's offsets still
+    move, so a reconnect resumes past what was dropped, and a resend is dropped again."""
+    h = make_harness({"limits": {"max_output_per_job": "1K"}})
+    a = h.agent("n1")
+    job_id = h.start()
+
+    def out(data: str, start: int) -> None:
+        a.send(
+            Output(
+                job_id=job_id, epoch=1, stream="o", data=data, offset=start, end=start + len(data)
+            )
+        )
+
+    out("x" * 600, 0)
+    out("y" * 1000, 600)
+    out("z" * 100, 1600)
+    welcome = a.hello([a.running(job_id)])
+    assert [(r.job_id, r.stdout) for r in welcome.resume] == [(job_id, 1700)]
+    out("x" * 600, 0)  # an agent that lost its place sends it all again
+    a.exited(job_id, code=3)
+    job = h.job(job_id)
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    records = h.outputs.read(job_id)
+    assert [r["d"][:1] for r in records] == ["x", "y", "\n"]
+    assert records[-1]["d"] == "\nmgpu: output truncated at 1 KiB (limits.max_output_per_job)\n"
+    lines = (h.root / "output" / f"{job_id}.jsonl").read_bytes().splitlines(keepends=True)
+    assert 1024 - 12 < sum(map(len, lines[:-1])) <= 1024  # the marker is past the cap

@@ -76,6 +76,8 @@ def test_the_seed_format_loads(tmp_path: Path) -> None:
         ("nodes:\n  - hostname: x\n", "nodes[0].node_id", "required"),
         ("- just\n- a list\n", "", "mapping"),
         ("cluster: [unclosed\n", "", "YAML"),
+        ("limits:\n  max_output_per_job: lots\n", "limits.max_output_per_job", "not a size"),
+        ("limits:\n  max_output_per_job: -1\n", "limits.max_output_per_job", "greater than"),
     ],
 )
 def test_bad_configs_name_file_field_and_reason(
@@ -87,6 +89,15 @@ def test_bad_configs_name_file_field_and_reason(
     message = str(err.value)
     assert message.startswith(f"{path}: ")
     assert field in message and why.lower() in message.lower()
+
+
+@pytest.mark.parametrize(
+    ("value", "cap"),
+    [("", 1 << 30), ("null", None), ("4096", 4096), ("512M", 512 << 20), ("2 GiB", 2 << 30)],
+)
+def test_the_output_cap_is_bytes_or_a_size(tmp_path: Path, value: str, cap: int | None) -> None:
+    text = f"limits:\n  max_output_per_job: {value}\n" if value else ""
+    assert load_config(write(tmp_path, text)).limits.max_output_per_job == cap
 
 
 def test_config_check_command(tmp_path: Path) -> None:

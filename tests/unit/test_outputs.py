@@ -54,3 +54,98 @@ def test_the_first_append_after_a_crash_drops_a_cut_last_line(tmp_path: Path) ->
         assert store.resume_point("j", 1, "n1") == (12, 0)
     finally:
         store.close_all()
+
+
+def test_a_job_past_its_cap_stores_a_marker_and_drops_the_rest(tmp_path: Path) -> None:
+    """The record that crosses the cap is cut to end within it, one marker follows on
+    stderr, and nothing more is stored for the job: notes, later runs, resends."""
+    store = OutputStore(tmp_path)
+    store.cap = 1024
+    path = tmp_path / "j.jsonl"
+    try:
+        store.append("j", "o", "x" * 500 + "\n", "n1", epoch=1, end=501)
+        store.append("j", "o", "y" * 5000, "n1", epoch=1, end=5501)
+        size = path.stat().st_size
+        store.append("j", "e", "more\n", "n1", epoch=1, end=5)
+        store.append("j", "e", "a master's note\n", "n1")
+        store.close("j")
+        store.append("j", "o", "second run\n", "n2", epoch=2, end=11)  # a requeued run
+        assert path.stat().st_size == size
+        records = store.read("j")
+        assert [r["d"][:1] for r in records] == ["x", "y", "\n"]
+        cut = path.read_bytes().splitlines()[1]
+        assert 1024 - 12 < len(b"\n".join(path.read_bytes().splitlines()[:2])) + 1 <= 1024
+        assert cut.endswith(b'"ep":1,"at":5501}')  # where the run stands: a resume skips it
+        assert records[2] == {
+            "s": "e",
+            "d": "\nmgpu: output truncated at 1 KiB (limits.max_output_per_job)\n",
+            "n": "n1",
+        }
+    finally:
+        store.close_all()
+
+
+def test_a_cut_never_splits_an_escape(tmp_path: Path) -> None:
+    """Text whose characters take up to 12 bytes each in the file is cut between them."""
+    store = OutputStore(tmp_path)
+    store.cap = 300
+    try:
+        text = '\U0001f600\u00e9"\x01' * 100
+        store.append("j", "o", text, "n1", epoch=1, end=1000)
+        records = store.read("j")  # each line parses: no escape was cut
+        assert records[0]["d"] and text.startswith(records[0]["d"])
+        assert records[1]["d"].startswith("\nmgpu: output truncated at 300 bytes")
+        first = (tmp_path / "j.jsonl").read_bytes().splitlines()[0]
+        assert 300 - 12 < len(first) + 1 <= 300
+    finally:
+        store.close_all()
+
+
+def test_a_record_that_does_not_fit_at_all_leaves_only_the_marker(tmp_path: Path) -> None:
+    store = OutputStore(tmp_path)
+    store.cap = 60
+    try:
+        store.append("j", "o", "ab\n", "n1", epoch=1, end=3)  # 44 bytes: 16 left
+        store.append("j", "o", "cd\n", "n1", epoch=1, end=6)
+        assert [r["d"][:5] for r in store.read("j")] == ["ab\n", "\nmgpu"]
+    finally:
+        store.close_all()
+
+
+def test_a_restarted_master_counts_the_file_it_finds(tmp_path: Path) -> None:
+    """The count is the file's size, read at the first append after a restart: a full
+    file stays full (no second marker), a file below the cap fills up to it."""
+    first = OutputStore(tmp_path)
+    first.cap = 1024
+    first.append("full", "o", "z" * 2000, "n1", epoch=1, end=2000)
+    first.append("half", "o", "h" * 500, "n1", epoch=1, end=500)
+    first.close_all()
+    full = (tmp_path / "full.jsonl").read_bytes()
+
+    second = OutputStore(tmp_path)
+    second.cap = 1024
+    try:
+        assert second.resume_point("full", 1, "n1") == (2000, 0)  # the cut record's end
+        second.append("full", "o", "after the restart", "n1", epoch=1, end=2017)
+        assert (tmp_path / "full.jsonl").read_bytes() == full
+        second.append("half", "o", "h" * 1000, "n1", epoch=1, end=1500)
+        assert [r["d"][:5] for r in second.read("half")] == ["h" * 5, "h" * 5, "\nmgpu"]
+        assert (tmp_path / "half.jsonl").stat().st_size <= 1024 + 100
+    finally:
+        second.close_all()
+
+
+def test_a_lowered_cap_marks_a_file_already_past_it_once(tmp_path: Path) -> None:
+    first = OutputStore(tmp_path)
+    first.append("j", "o", "w" * 3000, "n1", epoch=1, end=3000)  # no cap
+    first.close_all()
+
+    second = OutputStore(tmp_path)
+    second.cap = 1024
+    try:
+        second.append("j", "o", "more", "n1", epoch=1, end=3004)
+        second.close("j")
+        second.append("j", "o", "and more", "n1", epoch=1, end=3012)
+        assert [r["d"][:5] for r in second.read("j")] == ["w" * 5, "\nmgpu"]
+    finally:
+        second.close_all()

@@ -94,6 +94,7 @@ class Cluster:
         self.store = store
         self.tokens = tokens
         self.outputs = outputs
+        outputs.cap = config.limits.max_output_per_job  # the store's maker need not know it
         self.clock: Clock = clock or SystemClock()
         self.timers: Timers = timers or LoopTimers()
         self.default_user = owner or getpass.getuser()

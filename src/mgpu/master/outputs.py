@@ -14,6 +14,12 @@ end, sees the job ended (no await in between) and knows it has every record, so
 no line is lost or shown twice between the file and the live feed.  A client
 that reconnects passes how many records it has (`since`) and the reader skips
 that many lines.
+
+A job's file is capped (`cap`, `limits.max_output_per_job`): the record that would
+take it past the cap is cut to fit, followed by one marker record on stderr, and
+the job's later output (of every run: the cap bounds the file, which a requeued
+job's runs share) is dropped; the job runs on.  The size is counted in memory per
+open file, read at open; a restarted master finds a file at the cap full again.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 
 CHUNK = 64 * 1024
 """Bytes read from an output file per step: a reader's memory, whatever the file's size."""
+
+MARKER = "mgpu: output truncated at "
+"""How the record that ends a capped job's output begins."""
 
 # The end of a record as `append` writes it: node, run epoch and byte offset, last.
 _RUN_TAIL = re.compile(rb'"n":("(?:[^"\\]|\\.)*"),"ep":(\d+),"at":(\d+)\}$')
@@ -109,6 +118,12 @@ class OutputStore:
         self._root = str(root)
         self._files: dict[str, int] = {}
         """Open files (descriptors, written unbuffered) of jobs that may still append."""
+        self.cap: int | None = None
+        """Bytes a job's file may hold before its output is dropped (None: no cap)."""
+        self._sizes: dict[str, int] = {}
+        """Bytes in each open file: checked against the cap without a syscall."""
+        self._full: set[str] = set()
+        """Open files at the cap: their marker is stored, further records are dropped."""
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._repaired: set[str] = set()
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
@@ -194,30 +209,64 @@ class OutputStore:
             rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
         fd = self._files.get(job_id)
         if fd is None:
-            fd = self._open(job_id)
+            fd = self._open(job_id, node_id)
+        if job_id in self._full:
+            return
         line = (_encode(rec) + "\n").encode()  # ASCII: ensure_ascii escapes the rest
+        size = self._sizes[job_id] + len(line)
+        if self.cap is not None and size > self.cap:
+            kept = self._cut(rec, line, self.cap - self._sizes[job_id])
+            line = kept + self._marker(node_id, not kept or not rec["d"].endswith("\n"))
+            size = self._sizes[job_id] + len(line)
+            self._full.add(job_id)
+        self._sizes[job_id] = size
         while line:  # one write: in the page cache when it returns, as a kill -9 needs
             line = line[os.write(fd, line) :]
         for wake in self._followers.get(job_id, ()):
             wake.set()
 
-    def _open(self, job_id: str) -> int:
+    def _cut(self, rec: Record, line: bytes, room: int) -> bytes:
+        """The record that reaches the cap, its text cut to fit in `room` bytes (b"" if
+        none of it fits)."""
+        data: str = rec["d"]
+        fixed = len(line) - (len(_encode(data)) - 2)  # the line without the text's escapes
+        rec["d"] = _fit(data, room - fixed)
+        return (_encode(rec) + "\n").encode() if rec["d"] else b""
+
+    def _marker(self, node_id: str, own_line: bool) -> bytes:
+        """The last record of a capped file: on stderr, so `srun` shows it as the job's."""
+        assert self.cap is not None
+        text = f"{MARKER}{size_text(self.cap)} (limits.max_output_per_job)\n"
+        rec = {"s": "e", "d": "\n" + text if own_line else text, "n": node_id}
+        return (_encode(rec) + "\n").encode()
+
+    def _open(self, job_id: str, node_id: str) -> int:
         """The job's file for appending: one open that creates it or finds what an earlier
-        run (or master) wrote, repaired then if it was not yet (see `_repair`)."""
+        run (or master) wrote, repaired then if it was not yet (see `_repair`), and its
+        size (a file at the cap is full; if the cap was lowered, the marker is added)."""
         name = f"{job_id}.jsonl"
         path = os.path.join(self._root, name)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
-        if name not in self._repaired and os.fstat(fd).st_size:
-            self._repair(self.path(job_id))
+        size = os.fstat(fd).st_size
+        if name not in self._repaired and size and self._repair(self.path(job_id)):
+            size = os.fstat(fd).st_size
         self._repaired.add(name)
         self._files[job_id] = fd
+        self._sizes[job_id] = size
+        if self.cap is not None and size >= self.cap:
+            self._full.add(job_id)
+            if not _ends_with_marker(self.path(job_id), size):
+                marker = self._marker(node_id, True)
+                while marker:
+                    marker = marker[os.write(fd, marker) :]
         return fd
 
-    def _repair(self, path: Path) -> None:
+    def _repair(self, path: Path) -> bool:
         """Once per file and master run: drop a last line cut short by a crash, so the
-        next record starts on a line of its own (the agent re-sends what it held)."""
+        next record starts on a line of its own (the agent re-sends what it held).
+        True if something was dropped."""
         if path.name in self._repaired:
-            return
+            return False
         self._repaired.add(path.name)
         try:
             with open(path, "rb+") as f:
@@ -233,14 +282,18 @@ class OutputStore:
                         break
                 if pos < end:
                     f.truncate(pos)
+                    return True
         except FileNotFoundError:
             pass
+        return False
 
     def close(self, job_id: str) -> None:
         """The job ended: close its file and wake followers so they can finish."""
         fd = self._files.pop(job_id, None)
         if fd is not None:
             os.close(fd)
+        self._sizes.pop(job_id, None)
+        self._full.discard(job_id)
         self._have.pop(job_id, None)
         for wake in self._followers.get(job_id, ()):
             wake.set()
@@ -279,3 +332,50 @@ class OutputStore:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+        self._sizes.clear()
+        self._full.clear()
+
+
+def _fit(data: str, room: int) -> str:
+    """The longest start of `data` whose JSON escapes take at most `room` bytes: blocks
+    encoded once each, then a binary search in the block that crosses (a text's bytes
+    per character vary from 1 to 12; one crossing record per job pays this)."""
+    data = data[: max(room, 0)]  # every character takes at least one byte
+    used = 0
+    for i in range(0, len(data), 4096):
+        block = data[i : i + 4096]
+        size = len(_encode(block)) - 2
+        if used + size > room:
+            lo, hi = 0, len(block)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if used + len(_encode(block[:mid])) - 2 <= room:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return data[: i + lo]
+        used += size
+    return data
+
+
+def _ends_with_marker(path: Path, size: int) -> bool:
+    """Whether a file's last record is a cap's marker (a master restarted, its file full)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, size - 1024))
+            last = f.read(1024).rstrip(b"\n").rpartition(b"\n")[2]
+    except FileNotFoundError:
+        return False
+    return (
+        last.startswith(b'{"s":"e","d":"')
+        and MARKER.encode() in last
+        and _RUN_TAIL.search(last) is None
+    )
+
+
+def size_text(size: int) -> str:
+    """`1 GiB`, `64 KiB`, `1000 bytes`: a size as a person reads it."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} bytes"
