@@ -18,6 +18,10 @@ from mgpu.agent.spawn import READ_CHUNK
 from mgpu.protocol import Welcome, encode
 
 LINES = 8_000_000  # `seq`: 68 MB, several times what the connection and the queue hold
+FLOOD_LAUNCH = json.dumps(
+    {"type": "launch", "job_id": "flood", "epoch": 1, "gpu_ids": [0]}
+    | {"argv": ["seq", "1", str(LINES)], "env": {"PATH": "/usr/bin:/bin"}}
+)
 
 
 def queued(agent: Agent) -> int:
@@ -49,6 +53,16 @@ async def take_output(ws: Any, got: dict[str, Any]) -> None:
                 return
 
 
+def all_before_the_end(got: dict[str, Any]) -> None:
+    """All of `seq`'s output arrived, in order (checked piece by piece), then its end."""
+    expected = subprocess.run(
+        ["seq", "1", str(LINES)], capture_output=True, check=True, timeout=60
+    ).stdout
+    assert got["bytes"] == len(expected)
+    assert got["sha"].hexdigest() == hashlib.sha256(expected).hexdigest()
+    assert got["exited"]["exit_code"] == 0, got["exited"]
+
+
 async def flood(tmp_path: Path) -> dict[str, Any]:
     import websockets
 
@@ -58,9 +72,7 @@ async def flood(tmp_path: Path) -> dict[str, Any]:
     async def serve(ws: Any) -> None:
         json.loads(await ws.recv())  # hello
         await ws.send(encode(Welcome(heartbeat_interval=30)))
-        launch = {"type": "launch", "job_id": "flood", "epoch": 1, "gpu_ids": [0]}
-        launch |= {"argv": ["seq", "1", str(LINES)], "env": {"PATH": "/usr/bin:/bin"}}
-        await ws.send(json.dumps(launch))
+        await ws.send(FLOOD_LAUNCH)
         await release.wait()  # a master that does not read: the agent's frames back up
         await take_output(ws, got)
         done.set()
@@ -101,18 +113,12 @@ async def flood(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_a_flooding_job_is_read_only_as_fast_as_the_master_takes_it(tmp_path: Path) -> None:
-    expected = subprocess.run(
-        ["seq", "1", str(LINES)], capture_output=True, check=True, timeout=60
-    ).stdout
     got = asyncio.run(flood(tmp_path))
     # One more piece (READ_CHUNK, a newline escaped as two characters) past the limit at most.
     bound = OUTPUT_QUEUED_MAX + 2 * READ_CHUNK + 1024
     assert got["peak_stalled"] <= bound, got["peak_stalled"]
     assert got["queued_stalled"] >= OUTPUT_QUEUED_MAX  # it did fill (and then stopped)
-    # All of it, in order (checked piece by piece), before the end.
-    assert got["bytes"] == len(expected)
-    assert got["sha"].hexdigest() == hashlib.sha256(expected).hexdigest()
-    assert got["exited"]["exit_code"] == 0, got["exited"]
+    all_before_the_end(got)
 
 
 async def flood_then_reconnect(tmp_path: Path) -> dict[str, Any]:
@@ -129,9 +135,7 @@ async def flood_then_reconnect(tmp_path: Path) -> dict[str, Any]:
         hello = json.loads(await ws.recv())
         if not hello["running"]:  # the first connection
             await ws.send(encode(Welcome(heartbeat_interval=30)))
-            launch = {"type": "launch", "job_id": "flood", "epoch": 1, "gpu_ids": [0]}
-            launch |= {"argv": ["seq", "1", str(LINES)], "env": {"PATH": "/usr/bin:/bin"}}
-            await ws.send(json.dumps(launch))
+            await ws.send(FLOOD_LAUNCH)
             await cut.wait()
             ws.transport.abort()
             return
@@ -160,10 +164,5 @@ async def flood_then_reconnect(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_an_end_kept_over_a_reconnect_follows_all_the_output(tmp_path: Path) -> None:
-    expected = subprocess.run(
-        ["seq", "1", str(LINES)], capture_output=True, check=True, timeout=60
-    ).stdout
     got = asyncio.run(flood_then_reconnect(tmp_path))
-    assert got["bytes"] == len(expected)
-    assert got["sha"].hexdigest() == hashlib.sha256(expected).hexdigest()
-    assert got["exited"]["exit_code"] == 0, got["exited"]
+    all_before_the_end(got)

@@ -152,3 +152,48 @@ def test_a_colon_in_the_directory_is_refused(tmp_path: Path, name: str) -> None:
     hooks.runtime = Runtime(name, f"/usr/bin/{name}")
     with pytest.raises(JobError, match="cannot mount a directory with ':' in its name"):
         hooks.wrap(_launch(str(cwd)), {}, None)
+
+
+@root_only
+def test_a_prepared_launch_that_fails_after_the_mount_leaves_no_mount(
+    tree: Path, spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container job's launch comes after its image check (SiteHooks.prepare); when it
+    fails in a way nobody foresaw (an OSError the launcher does not sort, say) after
+    `wrap` mounted the working directory, the mount goes with the failed launch, as on
+    the agent's direct launch path (Agent._handle), not only at the next agent start."""
+    import asyncio
+
+    from mgpu.agent import containers
+
+    async def present(*_: Any) -> bool:
+        return True
+
+    monkeypatch.setattr(containers, "image_present", present)
+    ends: list[Any] = []
+    target = f"{spool}/j1.1{bindmount.SUFFIX}"
+
+    def launch(msg: Launch) -> None:
+        hooks.wrap(msg, {}, NOBODY)
+        assert bindmount.mounted(target)
+        raise OSError(28, "No space left on device")
+
+    host = SimpleNamespace(launch=launch, report_exit=ends.append)
+    launcher: Any = SimpleNamespace(spool=spool, find=lambda *_: None)
+    hooks = SiteHooks(host, launcher, "n1")
+    hooks.runtime = Runtime("podman", "/usr/bin/podman")
+
+    async def scenario() -> None:
+        assert hooks.prepare(_launch(str(tree / "exp")))
+        task = hooks.pending[("j1", 1)].task
+        assert task is not None
+        with pytest.raises(OSError):
+            await task
+        await asyncio.sleep(0)  # its done callback
+
+    asyncio.run(scenario())
+    assert [e.launch_error for e in ends] == [
+        "the agent failed to prepare the job: [Errno 28] No space left on device"
+    ]
+    assert not bindmount.mounted(target) and not os.path.lexists(target)
+    assert list(spool.iterdir()) == []  # nor its env file

@@ -67,3 +67,25 @@ def test_nothing_is_read_while_the_queue_is_full(tmp_path: Path) -> None:
     room[0] = True
     assert launcher.pump_output(run)
     assert joined(sent, "o") == "x" * 1000 and joined(sent, "e") == "y" * 10
+
+
+def test_an_ended_runs_output_is_sent_up_to_a_file_cut_short_meanwhile(tmp_path: Path) -> None:
+    """A process that escaped the job (setsid, no cgroup) still holds its stdout and may
+    truncate it after the run ended: the agent sends what is there and goes on to report
+    the end, rather than waiting on the loop for bytes that will never come."""
+    import asyncio
+
+    from mgpu.agent.agent import Agent
+
+    async def scenario() -> bool:
+        agent = Agent("n1", "127.0.0.1", 1, tmp_path, fake_gpus=1, insecure=True)
+        _, run, _ = setup(tmp_path, b"x" * (READ_MAX + READ_MAX // 2), b"")
+        agent.connected = True
+        task = asyncio.get_running_loop().create_task(agent._send_all_output(run))
+        await asyncio.sleep(0)  # its first look: READ_MAX read, the rest on its next turn
+        assert run.rec.out_sent == READ_MAX
+        with open(run.rec.out_path, "r+b") as f:
+            f.truncate(1000)
+        return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(scenario())

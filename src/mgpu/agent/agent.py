@@ -571,8 +571,10 @@ class Agent:
                 ends.append(0)
         connection = self._connection
         while self.connected and connection == self._connection:
-            self.launcher.pump_output(run)
-            if run.rec.out_sent >= ends[0] and run.rec.err_sent >= ends[1]:
+            # Caught up with the files as they are now also ends it: one cut short since
+            # (by a process that escaped the job) will never reach `ends`.
+            caught_up = self.launcher.pump_output(run)
+            if caught_up or (run.rec.out_sent >= ends[0] and run.rec.err_sent >= ends[1]):
                 return True
             if self.launcher.output_room():
                 await asyncio.sleep(0)  # READ_MAX read: the rest next turn of the loop

@@ -162,7 +162,10 @@ class SiteHooks:
             self._cancelled(pending)
         elif task.exception() is not None:
             log.error("preparing job %s failed: %r", pending.msg.job_id, task.exception())
-            self.pending.pop((pending.msg.job_id, pending.msg.epoch), None)
+            key = (pending.msg.job_id, pending.msg.epoch)
+            self.pending.pop(key, None)
+            if self.launcher.find(*key) is None:  # as Agent._handle: what `wrap` made goes
+                self.discard(*key)
             self._exit(pending.msg, f"the agent failed to prepare the job: {task.exception()}")
 
     def _exit(self, msg: Launch, error: str, fatal: bool = False, free: bool = False) -> None:
