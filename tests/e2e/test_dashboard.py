@@ -85,6 +85,8 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     gpu = cluster.client().show(job_id)["allocation"][0]["gpu_ids"][0]
     cell = page.locator(f"#nodes tr[data-gpu='node001:{gpu}']")
     cell.filter(has_text="%").wait_for()  # its utilisation bar
+    bar = cell.locator(".bar > i")  # sized from a script: the policy refuses style="..."
+    assert bar.get_attribute("style") == f"width: {bar.get_attribute('data-width')}%;"
     assert job_id in cell.inner_text() and "busy" in cell.inner_text()
     assert "simulated" in page.locator("#nodes").inner_text()
     page.locator("#chart svg").wait_for()
