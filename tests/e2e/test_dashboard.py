@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from helpers import LocalCluster, local_cluster, wait_for
-from mgpu.testing import CHROMIUM_ARGS, page_errors
+from mgpu.master.observe import PAGE_HEADERS
+from mgpu.testing import CHROMIUM_ARGS, CSP_VIOLATION, page_errors
 
 CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CONFIG = "networking: {heartbeat_interval: 0.3, timeout: 10}\n"
@@ -73,7 +74,9 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     # Without a token the page asks for one.
     answer = page.goto(f"http://{cluster.address}/")
     assert answer.headers["x-frame-options"] == "DENY"
-    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    policy = answer.headers["content-security-policy"]
+    assert policy == PAGE_HEADERS["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
     page.wait_for_selector("#login:not([hidden])")
     page.fill("#login-token", cluster.admin_token)
     page.click("#login-form button[type=submit]")
@@ -203,3 +206,29 @@ def test_users_text_is_shown_as_text_never_run(cluster: LocalCluster, browser_pa
     assert page.evaluate("window.__pwned") is None
     cluster.client().cancel(job_id)
     assert errors == []
+
+
+def test_a_missed_escape_still_runs_nothing(tmp_path: Path, browser_page: Any) -> None:
+    """Defence in depth behind esc(): were app.js to put another user's text in the page
+    as markup, its Content-Security-Policy still refuses the inline handler (and any
+    style="..."), and the browser reports it."""
+    page = browser_page
+    errors = page_errors(page)
+    with local_cluster(tmp_path, agents=0) as cluster:
+        page.goto(f"http://{cluster.address}/")
+        page.locator("#login:not([hidden])").wait_for()  # app.js ran: 'self' scripts do
+        markup = HOSTILE + '<b id="styled" style="display:block; width:123px">x</b>'
+        # The handler is refused when the image's error fires: that report is the moment
+        # it would otherwise have run.
+        refused = page.expect_console_message(
+            lambda m: CSP_VIOLATION in m.text and "event handler" in m.text
+        )
+        with refused as blocked:
+            page.evaluate(
+                "(html) => { document.getElementById('stats').innerHTML = html; }", markup
+            )
+        assert "script-src 'self'" in blocked.value.text
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("#stats img").count() == 1  # the markup did become elements
+        assert page.locator("#styled").bounding_box()["width"] != 123
+        assert any("inline style" in e and "style-src 'self'" in e for e in errors), errors
