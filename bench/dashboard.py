@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from swarm import SwarmProcess, load  # bench/ is not a package: found through sys.path
 
 from mgpu.client.api import Client
-from mgpu.testing import CHROMIUM_ARGS, LocalCluster, wait_for
+from mgpu.testing import CHROMIUM_ARGS, LocalCluster, page_errors, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 USERS = ("alice", "bob", "carol", "dave")
@@ -151,8 +151,7 @@ def open_page(
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.set_default_timeout(timeout * 1000)
     page.add_init_script(OBSERVE)
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = page_errors(page)  # uncaught errors and Content-Security-Policy violations
     out: dict[str, Any] = {"load_before": load()}
     t0 = time.monotonic()
     try:

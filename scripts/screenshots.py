@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mgpu.testing import CHROMIUM_ARGS, LocalCluster, wait_for
+from mgpu.testing import CHROMIUM_ARGS, LocalCluster, page_errors, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = """
@@ -88,15 +88,14 @@ def main() -> int:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1360, "height": 1100})
+                errors = page_errors(page)  # a page the policy broke is no picture for docs
                 page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")
                 page.wait_for_selector(f"tr[data-job='{job_id}']")
                 page.select_option("#util-hours", "1")
                 time.sleep(1.0)
                 page.screenshot(path=str(out / "dashboard-overview.png"), full_page=True)
                 page.goto(f"http://{cluster.address}/#/job/{job_id}")
-                page.wait_for_function(
-                    "document.getElementById('output').textContent.includes('epoch 8')"
-                )
+                page.locator("#output", has_text="epoch 8").wait_for()
                 page.screenshot(path=str(out / "dashboard-job.png"), full_page=True)
                 page.goto(f"http://{cluster.address}/#/accounting")
                 page.wait_for_selector("#report table")
@@ -106,7 +105,9 @@ def main() -> int:
             cluster.stop()
     for name in ("overview", "job", "accounting"):
         print(out / f"dashboard-{name}.png")
-    return 0
+    for error in errors:
+        print(f"screenshots: the page reported: {error}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

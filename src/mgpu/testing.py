@@ -33,6 +33,24 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 T = TypeVar("T")
+# Chromium reports each thing the page's Content-Security-Policy blocked as a console
+# error containing this.
+CSP_VIOLATION = "Content Security Policy"
+
+
+def page_errors(page: Any) -> list[str]:
+    """A list that fills, from now on, with a Playwright page's uncaught errors and the
+    Content-Security-Policy violations it reports: the dashboard's own work must cause
+    neither (a test asserts the list stays empty)."""
+    errors: list[str] = []
+
+    def on_console(message: Any) -> None:
+        if CSP_VIOLATION in message.text:
+            errors.append(message.text)
+
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", on_console)
+    return errors
 
 
 def free_port() -> int:

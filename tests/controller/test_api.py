@@ -287,3 +287,23 @@ def test_the_dashboard_cannot_be_framed(tmp_path: Path) -> None:
         assert "frame-ancestors 'none'" in policy and "object-src 'none'" in policy
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["referrer-policy"] == "no-referrer"
+
+
+def test_the_dashboard_runs_only_its_own_files(tmp_path: Path) -> None:
+    """Defence in depth behind app.js's escaping: the page and each of its files carry the
+    whole policy: nothing by default, then scripts, the style sheet, images and fetches from
+    the master only (no inline script or handler, no eval, no style="...")."""
+    app = create_app(tmp_path, ClusterConfig())
+    paths = ("/", "/web/app.js", "/web/heatmap.js", "/web/style.css", "/web/favicon.svg")
+
+    async def main() -> list[tuple[int, dict[str, str]]]:
+        async with app.router.lifespan_context(app):
+            return [await _headers(app, p) for p in paths]
+
+    for status, headers in asyncio.run(main()):
+        assert status == 200
+        assert headers["content-security-policy"] == (
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+            "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'; "
+            "form-action 'self'"
+        )

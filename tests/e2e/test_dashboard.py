@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from helpers import LocalCluster, local_cluster, wait_for
-from mgpu.testing import CHROMIUM_ARGS
+from mgpu.master.observe import PAGE_HEADERS
+from mgpu.testing import CHROMIUM_ARGS, CSP_VIOLATION, page_errors
 
 CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CONFIG = "networking: {heartbeat_interval: 0.3, timeout: 10}\n"
@@ -64,11 +65,8 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     cluster: LocalCluster, browser_page: Any
 ) -> None:
     page = browser_page
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    # Its Content-Security-Policy must not stop the page's own work (each violation is
-    # a console error in Chromium).
-    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
+    # Its Content-Security-Policy must not stop the page's own work.
+    errors = page_errors(page)
     job_id = cluster.cli("submit", "--name", "ticker", "--gpus", "1", TICKER, check=True)
     job_id = job_id.stdout.strip()
     wait_for(lambda: cluster.client().show(job_id)["state"] == "running", what="job running")
@@ -76,7 +74,9 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     # Without a token the page asks for one.
     answer = page.goto(f"http://{cluster.address}/")
     assert answer.headers["x-frame-options"] == "DENY"
-    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    policy = answer.headers["content-security-policy"]
+    assert policy == PAGE_HEADERS["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
     page.wait_for_selector("#login:not([hidden])")
     page.fill("#login-token", cluster.admin_token)
     page.click("#login-form button[type=submit]")
@@ -87,13 +87,13 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     assert "ticker" in row.inner_text() and "running" in row.inner_text()
     gpu = cluster.client().show(job_id)["allocation"][0]["gpu_ids"][0]
     cell = page.locator(f"#nodes tr[data-gpu='node001:{gpu}']")
-    page.wait_for_function(
-        f"document.querySelector(\"#nodes tr[data-gpu='node001:{gpu}']\").innerText.includes('%')"
-    )
+    cell.filter(has_text="%").wait_for()  # its utilisation bar
+    bar = cell.locator(".bar > i")  # sized from a script: the policy refuses style="..."
+    assert bar.get_attribute("style") == f"width: {bar.get_attribute('data-width')}%;"
     assert job_id in cell.inner_text() and "busy" in cell.inner_text()
     assert "simulated" in page.locator("#nodes").inner_text()
     page.locator("#chart svg").wait_for()
-    page.wait_for_function("document.getElementById('live').classList.contains('ok')")
+    page.locator("#live.ok").wait_for()
     # A job submitted now appears without a reload.
     late = cluster.cli("submit", "--name", "late", "--gpus", "2", "sleep 30", check=True)
     late_id = late.stdout.strip()
@@ -108,9 +108,9 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     page.click(f"#queue a[href='#/job/{job_id}']")
     page.wait_for_selector("#page-job:not([hidden])")
     # (Its title is filled in once the job's JSON is in: waited for, not read at once.)
-    page.wait_for_function(f"document.getElementById('job-title').textContent.includes('{job_id}')")
-    page.wait_for_function("document.getElementById('output').textContent.includes('tick 3')")
-    page.wait_for_function("document.getElementById('output').textContent.includes('tick 8')")
+    page.locator("#job-title", has_text=job_id).wait_for()
+    page.locator("#output", has_text="tick 3").wait_for()
+    page.locator("#output", has_text="tick 8").wait_for()
     assert page.locator("#output span.e").count() > 0  # stderr, shown apart
     assert "node001" in page.inner_text("#job-attempts")
     shoot(page, "job")
@@ -121,19 +121,17 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     page.click("#job-cancel")
     ended = cluster.client().wait(job_id, timeout=20)
     assert ended["state"] == "cancelled"
-    page.wait_for_function(
-        "document.getElementById('output-status').textContent.includes('ended: cancelled')"
-    )
-    page.wait_for_function("document.getElementById('job-state').textContent === 'cancelled'")
+    page.locator("#output-status", has_text="ended: cancelled").wait_for()
+    page.locator("#job-state", has_text=re.compile(r"^cancelled$")).wait_for()
 
     # A refused cancel shows the master's sentence: another user may not cancel it.
     other = cluster.client().create_token("someone-else")["token"]
     page.evaluate(f"localStorage.setItem('mgpu-token', {other!r})")
     page.goto(f"http://{cluster.address}/#/job/{late_id}")
-    page.wait_for_function("document.getElementById('job-title').textContent.includes('late')")
+    page.locator("#job-title", has_text="late").wait_for()
     page.click("#job-cancel")
     page.click("#job-cancel")
-    page.wait_for_function("document.getElementById('job-cancel-error').textContent !== ''")
+    page.locator("#job-cancel-error:not(:empty)").wait_for()
     assert "not authorised" in page.inner_text("#job-cancel-error")
     assert cluster.client().show(late_id)["state"] in ("queued", "running")  # not cancelled
     cluster.client().cancel(late_id)
@@ -144,8 +142,7 @@ def test_dashboard_shows_shared_gpus_and_estimates(
     cluster: LocalCluster, browser_page: Any
 ) -> None:
     page = browser_page
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    errors = page_errors(page)
     c = cluster.client()
     shares = [
         cluster.cli("submit", "--gpu-share", "0.5", "--time", "10", "sleep 300", check=True)
@@ -160,10 +157,7 @@ def test_dashboard_shows_shared_gpus_and_estimates(
     page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")
     cell = page.locator(f"#nodes tr[data-gpu='node001:{gpu}']")
     cell.wait_for()
-    page.wait_for_function(
-        f"document.querySelector(\"#nodes tr[data-gpu='node001:{gpu}']\")"
-        ".innerText.includes('used by 2 jobs')"
-    )
+    cell.filter(has_text="used by 2 jobs").wait_for()
     text = cell.inner_text()
     assert "shared" in text and all(j in text for j in share_ids) and "(0.5)" in text
     row = page.locator(f"#queue tr[data-job='{wide}']")
@@ -173,7 +167,7 @@ def test_dashboard_shows_shared_gpus_and_estimates(
     shoot(page, "shares")
 
     page.goto(f"http://{cluster.address}/#/job/{wide}")
-    page.wait_for_function("document.getElementById('job-details').textContent.includes('waits')")
+    page.locator("#job-details", has_text="waits").wait_for()
     details = page.inner_text("#job-details")
     assert "expected start" in details and "2 GPUs held by jobs" in details
     assert all(j in details for j in share_ids)
@@ -190,6 +184,7 @@ def test_users_text_is_shown_as_text_never_run(cluster: LocalCluster, browser_pa
     in them is shown as written and never becomes elements (an `onerror` that ran would act
     with the admin's token)."""
     page = browser_page
+    errors = page_errors(page)
     command = f"echo '{HOSTILE}'; sleep 300"
     job_id = cluster.cli("submit", "--name", HOSTILE, "--gpus", "1", command, check=True)
     job_id = job_id.stdout.strip()
@@ -202,13 +197,38 @@ def test_users_text_is_shown_as_text_never_run(cluster: LocalCluster, browser_pa
     assert HOSTILE in row.inner_text()
 
     page.goto(f"http://{cluster.address}/#/job/{job_id}")
-    page.wait_for_function(f"document.getElementById('job-title').textContent.includes('{job_id}')")
-    page.wait_for_function(
-        "document.getElementById('output').textContent.includes('onerror')", timeout=15000
-    )
+    page.locator("#job-title", has_text=job_id).wait_for()
+    page.locator("#output", has_text="onerror").wait_for()
     assert HOSTILE in page.inner_text("#job-title")
     assert HOSTILE in page.inner_text("#job-details")  # the command
     assert HOSTILE in page.inner_text("#output")
     assert page.locator("img").count() == 0  # no element was made of the text
     assert page.evaluate("window.__pwned") is None
     cluster.client().cancel(job_id)
+    assert errors == []
+
+
+def test_a_missed_escape_still_runs_nothing(tmp_path: Path, browser_page: Any) -> None:
+    """Defence in depth behind esc(): were app.js to put another user's text in the page
+    as markup, its Content-Security-Policy still refuses the inline handler (and any
+    style="..."), and the browser reports it."""
+    page = browser_page
+    errors = page_errors(page)
+    with local_cluster(tmp_path, agents=0) as cluster:
+        page.goto(f"http://{cluster.address}/")
+        page.locator("#login:not([hidden])").wait_for()  # app.js ran: 'self' scripts do
+        markup = HOSTILE + '<b id="styled" style="display:block; width:123px">x</b>'
+        # The handler is refused when the image's error fires: that report is the moment
+        # it would otherwise have run.
+        refused = page.expect_console_message(
+            lambda m: CSP_VIOLATION in m.text and "event handler" in m.text
+        )
+        with refused as blocked:
+            page.evaluate(
+                "(html) => { document.getElementById('stats').innerHTML = html; }", markup
+            )
+        assert "script-src 'self'" in blocked.value.text
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("#stats img").count() == 1  # the markup did become elements
+        assert page.locator("#styled").bounding_box()["width"] != 123
+        assert any("inline style" in e and "style-src 'self'" in e for e in errors), errors

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from helpers import LocalCluster, wait_for
-from mgpu.testing import CHROMIUM_ARGS
+from mgpu.testing import CHROMIUM_ARGS, page_errors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from swarm import SwarmProcess  # bench/ is not a package: found through sys.path
@@ -31,7 +31,6 @@ CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/
 NODES, RUNNING, QUEUED = 1000, 400, 5000
 RENDER_BOUND_S = 5.0
 DOM_BOUND = 10000
-RANGE = "document.getElementById('queue-range').textContent"
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="Python Playwright is not installed (pip install playwright)"
@@ -101,10 +100,16 @@ def test_a_thousand_nodes_render_small_and_stay_usable(
     big: tuple[LocalCluster, dict[str, str]], page: Any
 ) -> None:
     cluster, ids = big
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def queue_range(pattern: str) -> None:
+        """Wait for the job list's "1–50 of N" to match."""
+        page.locator("#queue-range", has_text=re.compile(pattern)).wait_for()
+
+    errors = page_errors(page)  # uncaught errors and Content-Security-Policy violations
     page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")
-    page.wait_for_function("performance.getEntriesByName('mgpu-ready').length > 0")
+    # (Functions, not expressions: the page's policy has no 'unsafe-eval', and Playwright
+    # polls a string predicate with eval.)
+    page.wait_for_function("() => performance.getEntriesByName('mgpu-ready').length > 0")
     render = page.evaluate("performance.getEntriesByName('mgpu-ready')[0].startTime") / 1000
     assert render < RENDER_BOUND_S, f"first render took {render:.2f} s"
     dom = page.evaluate("document.getElementsByTagName('*').length")
@@ -125,9 +130,7 @@ def test_a_thousand_nodes_render_small_and_stay_usable(
     # A state filter narrows the map: the nodes with every GPU busy (the jobs fill nodes).
     page.select_option("#node-filter", "full")
     full = RUNNING // 8
-    page.wait_for_function(
-        f"document.querySelector('#heatmap canvas').dataset.dimmed == {NODES - full}"
-    )
+    page.locator(f"#heatmap canvas[data-dimmed='{NODES - full}']").wait_for()
     page.select_option("#node-filter", "")
 
     # The job list: 50 rows a page, filtered and paged by the master.
@@ -136,21 +139,21 @@ def test_a_thousand_nodes_render_small_and_stay_usable(
     first = rows(page)
     assert len(first) == 50
     page.click("#queue-next")
-    page.wait_for_function(f"{RANGE}.startsWith('51–100')")
+    queue_range("^51–100 ")
     second = rows(page)
     assert len(second) == 50 and not {r["id"] for r in first} & {r["id"] for r in second}
     page.click("#queue-prev")
-    page.wait_for_function(f"{RANGE}.startsWith('1–50')")
+    queue_range("^1–50 ")
     assert rows(page) == first
 
     page.select_option("#filter-user", "carol")
-    page.wait_for_function(f"{RANGE}.endsWith('of {QUEUED:,}')")
+    queue_range(f" of {QUEUED:,}$")
     assert {r["user"] for r in rows(page)} == {"carol"}
     page.select_option("#filter-state", "running")
-    page.wait_for_function(f"{RANGE} === '0–0 of 0'")
+    queue_range("^0–0 of 0$")
     assert "No jobs match" in page.inner_text("#queue")
     page.select_option("#filter-user", "")
-    page.wait_for_function(f"{RANGE}.endsWith('of {RUNNING}')")
+    queue_range(f" of {RUNNING}$")
     assert {r["user"] for r in rows(page)} <= {"alice", "bob"}
 
     # A job found by id (a task's id is also the start of longer ones: _77, _770...).
@@ -158,7 +161,7 @@ def test_a_thousand_nodes_render_small_and_stay_usable(
     wanted = f"{ids['carol']}_4321"
     page.fill("#job-search", wanted)
     page.wait_for_function(
-        f"document.querySelector('#queue tr[data-job]')?.dataset.job === '{wanted}'"
+        "(id) => document.querySelector('#queue tr[data-job]')?.dataset.job === id", arg=wanted
     )
     assert re.fullmatch(r"1–1 of 1", page.inner_text("#queue-range"))
     assert page.evaluate("document.getElementsByTagName('*').length") < DOM_BOUND

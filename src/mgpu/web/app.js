@@ -46,11 +46,17 @@ function badge(text, cls) {
   return `<span class="badge ${esc(cls || text)}">${esc(text)}</span>`;
 }
 
+// A bar's width is set by sizeBars once it is in the page: the policy (style-src 'self')
+// refuses style="..." in markup, not styles set from a script.
 function bar(pct) {
   if (pct == null) return '<span class="muted">-</span>';
   const cls = pct >= 60 ? "high" : pct >= 20 ? "mid" : "";
-  const w = Math.max(0, Math.min(100, pct));
-  return `<span class="bar ${cls}"><i style="width:${w}%"></i></span><span class="pct">${Math.round(pct)}%</span>`;
+  const w = Math.max(0, Math.min(100, Number(pct)));
+  return `<span class="bar ${cls}"><i data-width="${w}"></i></span><span class="pct">${Math.round(pct)}%</span>`;
+}
+
+function sizeBars(root) {
+  root.querySelectorAll(".bar > i[data-width]").forEach((i) => { i.style.width = i.dataset.width + "%"; });
 }
 
 function token() { return localStorage.getItem("mgpu-token") || ""; }
@@ -333,6 +339,7 @@ function renderNodes(ov) {
   const closable = onDemand();
   const cards = ov.details.map((n) => nodeCard(n, closable && state.open.has(n.node_id))).join("");
   el.innerHTML = cards || '<div class="empty">Click a node in the map, or find one by name, to see its GPUs.</div>';
+  sizeBars(el);
 }
 
 $("node-search").addEventListener("input", debounce(searchNodes, 150));
