@@ -39,7 +39,7 @@ MAX_PID = 2**31 - 1
 MAX_EXIT_CODE = 2**31 - 1
 
 
-def _hostname(value: str) -> str:
+def check_hostname(value: str) -> str:
     """A host name as a node reports it: it goes into job records, `mgpu rsh` host
     matching and MPI hostfiles (one line each: `HOST slots=N`), so nothing else."""
     if not 0 < len(value) <= MAX_HOSTNAME:
@@ -74,7 +74,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-HostName = Annotated[str, AfterValidator(_hostname)]
+HostName = Annotated[str, AfterValidator(check_hostname)]
 IpAddress = Annotated[str, AfterValidator(_ip)]
 ErrorText = Annotated[str | None, AfterValidator(_error_text)]
 Measured = Annotated[float | None, AfterValidator(_finite)]
@@ -163,7 +163,7 @@ class Hello(BaseModel):
     @field_validator("hostname")
     @classmethod
     def _host(cls, value: str) -> str:
-        return _hostname(value)
+        return check_hostname(value)
 
     @field_validator("ip")
     @classmethod

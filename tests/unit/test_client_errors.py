@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -152,4 +154,26 @@ def test_an_advertise_ip_that_is_not_an_ip_is_one_line_before_the_agent_starts(
     assert (res.returncode, res.stderr) == (
         2,
         "mgpu: error: --advertise-ip 'gpu01.lab' is not an IP address\n",
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+def test_a_hostname_the_master_would_refuse_is_one_line_before_the_agent_starts(
+    tmp_path: Path,
+) -> None:
+    """A hostname goes into MPI hostfiles, so the master refuses one with a space in it: the
+    agent says so at once instead of retrying its hello for ever.  (A UTS namespace of its
+    own gives the agent that hostname; the machine's is untouched.)"""
+    mgpu = str(Path(sys.executable).parent / "mgpu")
+    rename = "import socket, sys; socket.sethostname(sys.argv[1])"  # hostname(1) checks it
+    script = f'"{sys.executable}" -c "{rename}" "gpu01 slots=99" && exec "$@"'
+    argv = ["unshare", "--uts", "sh", "-c", script, "sh", mgpu, "node", "--node-id", "n1"]
+    argv += ["--master-port", "1", "--state-dir", str(tmp_path)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == (
+        "mgpu: error: this machine's hostname cannot join: 'gpu01 slots=99' is not a host name"
+        " (letters, digits, '-', '.', '_')\n"
     )

@@ -108,6 +108,14 @@ def cmd_node(args: argparse.Namespace) -> int:
             ipaddress.ip_address(args.advertise_ip)
         except ValueError:  # the master would refuse the hello for it
             raise UsageError(f"--advertise-ip {args.advertise_ip!r} is not an IP address") from None
+    import socket
+
+    from mgpu.protocol import check_hostname
+
+    try:
+        check_hostname(socket.gethostname())
+    except ValueError as e:  # the master would refuse every hello: say so once, not retry
+        raise UsageError(f"this machine's hostname cannot join: {e}") from None
     setup_logging(args.verbose)
     from mgpu.agent.gpus import GpuCountError
 
