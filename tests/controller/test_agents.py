@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 from harness import FakeAgent, Harness
 
+from mgpu.master.outputs import ALL_SENT
 from mgpu.master.registry import Unsendable
 from mgpu.model import JobState, NodeState, SlotPhase
 from mgpu.protocol import (
@@ -280,8 +281,8 @@ def test_a_node_joining_is_online_or_back_to_its_drain(h: Harness) -> None:
 def test_output_past_the_cap_is_dropped_and_the_job_runs_on(
     make_harness: Callable[..., Harness],
 ) -> None:
-    """`limits.max_output_per_job`: one marker, then nothing; the agent's offsets still
-    move, so a reconnect resumes past what was dropped, and a resend is dropped again."""
+    """`limits.max_output_per_job`: one marker, then nothing; a reconnect is told that
+    nothing more of the run is wanted (ALL_SENT), and a resend is dropped all the same."""
     h = make_harness({"limits": {"max_output_per_job": "1K"}})
     a = h.agent("n1")
     job_id = h.start()
@@ -297,7 +298,9 @@ def test_output_past_the_cap_is_dropped_and_the_job_runs_on(
     out("y" * 1000, 600)
     out("z" * 100, 1600)
     welcome = a.hello([a.running(job_id)])
-    assert [(r.job_id, r.stdout) for r in welcome.resume] == [(job_id, 1700)]
+    assert [(r.job_id, r.stdout, r.stderr) for r in welcome.resume] == [
+        (job_id, ALL_SENT, ALL_SENT)
+    ]
     out("x" * 600, 0)  # an agent that lost its place sends it all again
     a.exited(job_id, code=3)
     job = h.job(job_id)

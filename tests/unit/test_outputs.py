@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu.master.outputs import OutputStore
+from mgpu.master.outputs import ALL_SENT, OutputStore
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -125,7 +125,9 @@ def test_a_restarted_master_counts_the_file_it_finds(tmp_path: Path) -> None:
     second = OutputStore(tmp_path)
     second.cap = 1024
     try:
-        assert second.resume_point("full", 1, "n1") == (2000, 0)  # the cut record's end
+        # Nothing more is wanted of a full file's run: the agent is told it has it all.
+        assert second.resume_point("full", 1, "n1") == (ALL_SENT, ALL_SENT)
+        assert second.resume_point("half", 1, "n1") == (500, 0)
         second.append("full", "o", "after the restart", "n1", epoch=1, end=2017)
         assert (tmp_path / "full.jsonl").read_bytes() == full
         second.append("half", "o", "h" * 1000, "n1", epoch=1, end=1500)

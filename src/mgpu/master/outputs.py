@@ -40,6 +40,9 @@ _encode = json.JSONEncoder(separators=(",", ":")).encode
 CHUNK = 64 * 1024
 """Bytes read from an output file per step: a reader's memory, whatever the file's size."""
 
+ALL_SENT = 1 << 62
+"""A resume offset past any output: the agent sends nothing more of that run."""
+
 MARKER = "mgpu: output truncated at "
 """How the record that ends a capped job's output begins."""
 
@@ -156,11 +159,23 @@ class OutputStore:
         return data
 
     def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
-        """Bytes of stdout and stderr stored for one run (read back after a master restart)."""
+        """Bytes of stdout and stderr stored for one run (read back after a master restart).
+        A file at the cap wants nothing more: ALL_SENT, so that an agent does not send
+        again what would be dropped (gigabytes, maybe, with the run's end waiting behind)."""
+        if self._at_cap(job_id):
+            return ALL_SENT, ALL_SENT
         runs = self._have.get(job_id)
         if runs is None:
             runs = self._have[job_id] = self._scan_run(job_id, epoch)
         return runs.get((epoch, node_id, "o"), 0), runs.get((epoch, node_id, "e"), 0)
+
+    def _at_cap(self, job_id: str) -> bool:
+        if self.cap is None or job_id in self._full:
+            return job_id in self._full
+        try:
+            return os.stat(self.path(job_id)).st_size >= self.cap
+        except FileNotFoundError:
+            return False
 
     def _scan_run(self, job_id: str, epoch: int) -> dict[tuple[int, str, str], int]:
         """Where each node's streams of run `epoch` stand: read backwards from the end of
