@@ -16,7 +16,9 @@ import psutil
 import pytest
 
 from helpers import wait_for
-from mgpu.agent.launcher import Launcher, Running, RunRecord, process_start_time
+from mgpu.agent import spawn
+from mgpu.agent.launcher import Launcher, Running, RunRecord, process_start_time, same_process
+from mgpu.agent.spawn import process_start_ticks, ticks_to_time
 
 
 @pytest.fixture
@@ -85,3 +87,27 @@ def test_a_pid_with_no_process_is_not_reused(tmp_path: Path) -> None:
     proc.wait(timeout=10)
     launcher = Launcher(tmp_path / "spool", lambda *a: None)
     assert not launcher.pid_reused(run_of(proc.pid, 1.0, tmp_path))
+
+
+def test_a_clock_step_between_two_agents_does_not_hide_a_live_run(
+    tmp_path: Path, stranger: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent restarted after the clock was stepped computes every start time anew from
+    a moved boot time: a record's start ticks (since this boot) still match, so its live run
+    is adopted and signalled as its own."""
+    ticks = process_start_ticks(stranger.pid)
+    assert ticks is not None
+    started = ticks_to_time(ticks)  # as the agent that launched it recorded it
+    run = run_of(stranger.pid, started, tmp_path)
+    run.rec.start_ticks, run.rec.boot_id = ticks, spawn.BOOT_ID
+    older = run_of(stranger.pid, started, tmp_path)  # an older agent's record: no ticks
+    launcher = Launcher(tmp_path / "spool", lambda *a: None)
+    assert same_process(run.rec) and same_process(older.rec)
+
+    monkeypatch.setattr(spawn, "_boot_time", started - ticks / os.sysconf("SC_CLK_TCK") + 5.0)
+    assert same_process(run.rec) is True and not launcher.pid_reused(run)
+    assert same_process(older.rec) is False  # what every record was judged by before
+
+    # Another boot's ticks say nothing: its record is judged by its start time.
+    run.rec.boot_id = "another-boot"
+    assert same_process(run.rec) is False

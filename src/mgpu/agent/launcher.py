@@ -50,6 +50,7 @@ import psutil
 
 from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
 from mgpu.agent.spawn import (
+    BOOT_ID,
     PTY_SHIM,
     READ_CHUNK,
     SHIM,
@@ -58,12 +59,14 @@ from mgpu.agent.spawn import (
     OwnShim,
     admit,
     close_all,
+    process_start_ticks,
     process_start_time,
     release_all,
     same_ids,
     spawn_own,
     spawn_shim,
     start_shim,
+    ticks_to_time,
 )
 from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
@@ -110,6 +113,22 @@ class RunRecord:
     pool: str = ""
     """The pool its stdout, stderr and exit files go back to at its end (its user's uid:
     mgpu.agent.recycle); empty: they are removed."""
+    start_ticks: int = 0
+    """The shim's start in clock ticks since boot (0 in records of older agents: then
+    `create_time` identifies it, which a clock step between two agents moves)."""
+    boot_id: str = ""
+    """The boot `start_ticks` counts from."""
+
+
+def same_process(rec: RunRecord) -> bool | None:
+    """Is `rec.pid` still the process the record was made for?  None: no such process.
+    By start ticks within one boot (a clock step between the agent that launched it and
+    this one does not move them); by start time for a record of an older agent."""
+    if rec.start_ticks and rec.boot_id and rec.boot_id == BOOT_ID:
+        ticks = process_start_ticks(rec.pid)
+        return None if ticks is None else ticks == rec.start_ticks
+    started = process_start_time(rec.pid)
+    return None if started is None else abs(started - rec.create_time) < SAME_START
 
 
 @dataclass
@@ -372,12 +391,12 @@ class Launcher:
             raise
         finally:
             close_all([*fds, slave] if slave >= 0 else fds)
-        pidfd = create_time = None
+        pidfd = ticks = None
         if isinstance(popen, Spawned):
             # Not our child: the spawner reaps it once it ends, and its pid could then be
             # reused.  Held by a pidfd (and its start time read) while it waits at its gate.
             pidfd = _pidfd_open(popen.pid)
-            create_time = process_start_time(popen.pid)
+            ticks = process_start_ticks(popen.pid)
         if gate is not None:
             # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
             # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
@@ -394,13 +413,15 @@ class Launcher:
                 recycle.unlink_all(made)
                 raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
         now = time.time()
-        if create_time is None:
-            create_time = process_start_time(popen.pid)
+        if ticks is None:
+            ticks = process_start_ticks(popen.pid)
         rec = RunRecord(
             job_id=job_id,
             epoch=epoch,
             pid=popen.pid,
-            create_time=create_time or 0.0,
+            create_time=ticks_to_time(ticks) if ticks is not None else 0.0,
+            start_ticks=ticks or 0,
+            boot_id=BOOT_ID if ticks is not None else "",
             start_time=now,
             out_path=out_path,
             err_path=err_path,
@@ -454,8 +475,7 @@ class Launcher:
 
     def adopt(self, rec: RunRecord) -> Running:
         """Take over a job started by an earlier agent process, if it is really still ours."""
-        started = process_start_time(rec.pid)
-        alive = started is not None and abs(started - rec.create_time) < SAME_START
+        alive = same_process(rec) is True
         run = Running(rec=rec)
         if alive:
             self._track(run)
@@ -681,8 +701,7 @@ class Launcher:
         group leader) can get it: that group and its children are not the job's.  A pid
         with no process is not reused: a group with that id can only be the job's (the
         kernel keeps a pid in use while a group of that id lives)."""
-        started = process_start_time(run.rec.pid)
-        return started is not None and abs(started - run.rec.create_time) >= SAME_START
+        return same_process(run.rec) is False
 
     def _killpg(self, run: Running, sig: int) -> None:
         """Signal the shim's process group, unless its pid was reused (checked just before:

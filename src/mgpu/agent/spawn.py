@@ -18,12 +18,15 @@ from mgpu.agent import cgroups, privileged
 from mgpu.agent.spawner import Spawned, Spawner, SpawnerGone
 
 __all__ = [
+    "BOOT_ID",
     "PTY_SHIM",
     "READ_CHUNK",
     "SHIM",
     "JobError",
     "LaunchError",
+    "process_start_ticks",
     "process_start_time",
+    "ticks_to_time",
 ]
 
 # $0 is the number of an inherited descriptor open on the exit file.  Writing through
@@ -283,11 +286,11 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _boot_time: float | None = None
 
 
-def process_start_time(pid: int) -> float | None:
-    """When `pid` started (epoch seconds), from /proc — cheaper than psutil.Process(); None if
-    there is no such process.  With the pid it identifies a process: pids are reused, start
-    times are not."""
-    global _boot_time
+def process_start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot, from /proc — cheaper than
+    psutil.Process(); None if there is no such process.  With the pid and the boot
+    (`BOOT_ID`) it identifies a process: pids are reused, start times are not, and unlike
+    a wall-clock time it does not move when the clock is stepped."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # not open(): 4 syscalls
         try:
@@ -299,7 +302,31 @@ def process_start_time(pid: int) -> float | None:
     if not stat:
         return None
     fields = stat.rsplit(b")", 1)[1].split()
-    ticks = int(fields[19])  # field 22, starttime, counting from the state field (3)
+    return int(fields[19])  # field 22, starttime, counting from the state field (3)
+
+
+def ticks_to_time(ticks: int) -> float:
+    """Clock ticks since boot as epoch seconds (by the boot time as this process first
+    read it: a later clock step moves what another process would compute)."""
+    global _boot_time
     if _boot_time is None:
         _boot_time = psutil.boot_time()
     return _boot_time + ticks / _CLK_TCK
+
+
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started (epoch seconds); None if there is no such process."""
+    ticks = process_start_ticks(pid)
+    return None if ticks is None else ticks_to_time(ticks)
+
+
+def _read_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = _read_boot_id()
+"""This boot's id (empty where the kernel does not say): start ticks compare only within it."""
