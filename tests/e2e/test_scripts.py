@@ -195,3 +195,23 @@ def test_a_script_dir_swapped_for_a_link_makes_the_agent_remove_nothing_else(
     assert done["state"] == "completed" and link.is_symlink(), (done, link)
     wait_for(lambda: not os.path.lexists(link), what="the agent's clean-up of the run")
     assert (victim / "swap.sh").read_text() == "root's file\n"
+
+
+def test_a_stopped_agent_leaves_no_job_script_behind(tmp_path: Path) -> None:
+    """Job scripts live in the agent's temp dir and go a moment after each run's end; an
+    agent stopped (SIGTERM) right after its jobs ended removes them before it goes."""
+    from helpers import kill_group, local_cluster
+
+    temp = tmp_path / "agent-tmp"
+    temp.mkdir()
+    (tmp_path / "c").mkdir()
+    with local_cluster(tmp_path / "c", agents=0) as c:
+        c.env["TMPDIR"] = str(temp)  # the agent's tempfile.mkdtemp
+        agent = c.start_agent("node001", gpus=1)
+        (tmp_path / "job.sh").write_text("#!/bin/sh\necho ran\n")
+        ids = [mgpu(c, tmp_path, "submit", "--gpus", "0", "job.sh").stdout.strip() for _ in "ab"]
+        for job_id in ids:
+            assert ended(c, job_id)["state"] == "completed"
+        kill_group(agent)  # SIGTERM, waited for
+        assert agent.returncode == -15  # it still ends as SIGTERM ends it
+        assert list(temp.iterdir()) == []

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import signal
 import socket
 import sys
 import time
@@ -198,6 +199,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._tasks.add(loop.create_task(self._pump_loop()))
         self._tasks.add(loop.create_task(self.launcher.sweep()))
+        loop.add_signal_handler(signal.SIGTERM, self._terminate)
         delay = 0.2
         while True:
             try:
@@ -214,6 +216,14 @@ class Agent:
             # Capped well under the master's node timeout, so a restarted master hears
             # from every agent before it would declare one lost.
             delay = min(delay * 2, 4.0)
+
+    def _terminate(self) -> None:
+        """SIGTERM: ended runs' job scripts are removed first (else they stay in the temp
+        dir), then the agent ends as SIGTERM ends it.  Running jobs run on; the next agent
+        adopts them."""
+        self.launcher.clean_up_now()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @property
     def url(self) -> str:

@@ -657,6 +657,20 @@ class Launcher:
                 batch, self._trash = self.pool.names(self._trash), []
                 self.pool.recycled(await asyncio.to_thread(recycle.recycle, batch))
 
+    def clean_up_now(self) -> None:
+        """The agent is stopping: what ended runs leave outside the spool (job scripts and
+        hostfiles in the temp dir) goes now, in this thread, and the spool files waiting for
+        the sweep with it (the list is in memory).  A run whose end the master has not
+        stored keeps its record and spool files: the next agent sends its end."""
+        for run in self.running.values():
+            if run.exited.is_set():
+                rec = run.rec
+                script = [rec.script, os.path.dirname(rec.script)] if rec.script else []
+                recycle.unlink_all([rec.hosts, *script] if rec.hosts else script)
+        if self._trash:
+            batch, self._trash = self.pool.names(self._trash), []
+            self.pool.recycled(recycle.recycle(batch))
+
     # ---- stopping -----------------------------------------------------------
 
     def _time_limit(self, run: Running) -> None:
