@@ -178,7 +178,7 @@ def test_a_prepared_launch_that_fails_after_the_mount_leaves_no_mount(
         assert bindmount.mounted(target)
         raise OSError(28, "No space left on device")
 
-    host = SimpleNamespace(launch=launch, report_exit=ends.append)
+    host = SimpleNamespace(launch=launch, report_exit=ends.append, run_as=lambda _: NOBODY)
     launcher: Any = SimpleNamespace(spool=spool, find=lambda *_: None)
     hooks = SiteHooks(host, launcher, "n1")
     hooks.runtime = Runtime("podman", "/usr/bin/podman")
@@ -197,3 +197,58 @@ def test_a_prepared_launch_that_fails_after_the_mount_leaves_no_mount(
     ]
     assert not bindmount.mounted(target) and not os.path.lexists(target)
     assert list(spool.iterdir()) == []  # nor its env file
+
+
+@root_only
+def test_a_prepared_launch_enters_the_directory_off_the_event_loop(
+    tree: Path, spool: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entering the directory as its user can hang for seconds (a hung NFS server, a
+    user's own FUSE mount): done while the launch is prepared, in a thread, the agent's
+    loop goes on meanwhile, and the launch gets the mount point it made."""
+    import asyncio
+    import time
+
+    from mgpu.agent import containers
+
+    async def present(*_: Any) -> bool:
+        return True
+
+    real = privileged.enter_dir
+
+    def slow(path: str, ids: tuple[int, int, list[int]]) -> int | None:
+        time.sleep(0.5)  # the slow file system, not a wait for anything
+        return real(path, ids)
+
+    monkeypatch.setattr(containers, "image_present", present)
+    monkeypatch.setattr(privileged, "enter_dir", slow)
+    argvs: list[list[str]] = []
+    host = SimpleNamespace(
+        launch=lambda msg: argvs.append(hooks.wrap(msg, {}, NOBODY)[0]),
+        report_exit=lambda msg: pytest.fail(f"the launch failed: {msg}"),
+        run_as=lambda _: NOBODY,
+    )
+    launcher: Any = SimpleNamespace(spool=spool, find=lambda *_: None)
+    hooks = SiteHooks(host, launcher, "n1")
+    hooks.runtime = Runtime("podman", "/usr/bin/podman")
+    cwd = str(tree / "exp")
+
+    async def scenario() -> int:
+        assert hooks.prepare(_launch(cwd))
+        task = hooks.pending[("j1", 1)].task
+        assert task is not None
+        turns = 0
+        while not task.done():  # the loop's turns while the launch is prepared
+            await asyncio.sleep(0.01)
+            turns += 1
+        await task
+        return turns
+
+    turns = asyncio.run(scenario())
+    assert turns >= 20  # ~50 in 0.5 s; a loop held by the entering gets one or two
+    (argv,) = argvs
+    target = f"{spool}/j1.1{bindmount.SUFFIX}"
+    assert argv[argv.index("-v") + 1] == f"{target}:{cwd}"
+    assert os.listdir(target) == ["mine.txt"]
+    hooks.discard("j1", 1)
+    assert not bindmount.mounted(target)

@@ -484,7 +484,7 @@ class Agent:
                 return  # duplicate
             self.launcher.kill(old, "superseded", 0.0)
         try:
-            ids = self._identity(msg)
+            ids = self.run_as(msg)
             argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
             run = self.launcher.launch(
                 msg.job_id,
@@ -531,7 +531,7 @@ class Agent:
             time=run.rec.start_time,
         )
 
-    def _identity(self, msg: Launch) -> tuple[int, int, list[int]] | None:
+    def run_as(self, msg: Launch) -> tuple[int, int, list[int]] | None:
         """uid, gid and groups to run the job as; None = as this agent's own user."""
         if os.geteuid() != 0 or not msg.user:
             return None

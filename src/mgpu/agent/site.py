@@ -111,6 +111,10 @@ class JobHost(Protocol):
     def launch(self, msg: Launch) -> None:
         """Start the job of a launch that is now prepared."""
 
+    def run_as(self, msg: Launch) -> tuple[int, int, list[int]] | None:
+        """uid, gid and groups the job of `msg` runs as (None: the agent's own); raises
+        (a RuntimeError) when it may not run here."""
+
 
 class SiteHooks:
     def __init__(
@@ -122,6 +126,9 @@ class SiteHooks:
         self.runtime_choice = runtime_choice
         self.runtime: containers.Runtime | None = None
         self.pending: dict[tuple[str, int], Pending] = {}
+        self._pinned: dict[tuple[str, int], str | LaunchError] = {}
+        """Container working directories pinned while their launch was prepared (off the
+        event loop): the mount point, or why it could not be (taken by `wrap`)."""
         self._plain: set[tuple[str, int]] = set()
         """Runs this agent process started with no side files (no epilog, no container):
         their end needs no look at the spool (most runs; adopted ones are not here)."""
@@ -188,6 +195,8 @@ class SiteHooks:
         try:
             if msg.image and not await self._check_image(msg):
                 return
+            if msg.image:
+                await self._pin_ahead(msg)
             if msg.prolog:
                 env = script_env(self.host.job_env(msg), msg.user, "prolog")
                 res = await run_script(msg.prolog, env, msg.prolog_timeout)
@@ -203,6 +212,30 @@ class SiteHooks:
             self._cancelled(pending)
             return
         self.host.launch(msg)
+
+    async def _pin_ahead(self, msg: Launch) -> None:
+        """Pin a container job's working directory now, in a thread: entering it as its user
+        can take up to `enter_dir`'s timeout (a hung NFS server, a user's FUSE mount), which
+        the agent's event loop must not wait for.  `wrap` takes the result."""
+        rt = self.runtime
+        cwd = _container_cwd(msg)
+        if rt is None or cwd is None or ":" in cwd or not containers.runs_as_agent(rt):
+            return
+        try:
+            ids = self.host.run_as(msg)
+        except RuntimeError:
+            return  # the launch finds it again and says why
+        if ids is None:
+            return
+        key = (msg.job_id, msg.epoch)
+        pin = asyncio.ensure_future(asyncio.to_thread(self._pin_cwd, *key, cwd, ids))
+        try:
+            self._pinned[key] = await asyncio.shield(pin)
+        except (JobError, LaunchError) as e:
+            self._pinned[key] = e
+        except asyncio.CancelledError:  # the thread goes on: its mount goes when it is made
+            pin.add_done_callback(lambda _: self.discard(*key))
+            raise
 
     async def _check_image(self, msg: Launch) -> bool:
         assert msg.image is not None
@@ -299,14 +332,18 @@ class SiteHooks:
                 raise LaunchError(f"{self.node_id} has no container runtime for --image")
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
-            cwd = msg.cwd if msg.cwd and os.path.isabs(msg.cwd) and os.path.isdir(msg.cwd) else None
+            cwd = _container_cwd(msg)
             if cwd and ":" in cwd:  # `-v SRC:DST:OPTIONS`, `--bind SRC:DST:OPTIONS`
                 raise JobError(f"a container cannot mount a directory with ':' in its name: {cwd}")
             source = None
             if cwd and ids is not None and containers.runs_as_agent(rt):
                 # A root runtime would mount it for the user whatever its parents allow,
-                # and finds it by name again: it gets the directory the user entered.
-                source = self._pin_cwd(msg.job_id, msg.epoch, cwd, ids)
+                # and finds it by name again: it gets the directory the user entered
+                # (pinned while the launch was prepared, or now).
+                pinned = self._pinned.pop((msg.job_id, msg.epoch), None)
+                if isinstance(pinned, LaunchError):
+                    raise pinned
+                source = pinned or self._pin_cwd(msg.job_id, msg.epoch, cwd, ids)
             env_file = None
             if containers.uses_env_file(rt):
                 # The container's variables go in through a 0600 file in the private spool,
@@ -414,11 +451,18 @@ class SiteHooks:
     def discard(self, job_id: str, epoch: int) -> None:
         """Remove what `wrap` wrote for a run that did not start."""
         plain = (job_id, epoch) in self._plain
+        self._pinned.pop((job_id, epoch), None)
         self.forget(job_id, epoch)
         if not plain:
             with contextlib.suppress(OSError):
                 self._env_path(job_id, epoch).unlink()
             bindmount.release(self._mount_path(job_id, epoch))
+
+
+def _container_cwd(msg: Launch) -> str | None:
+    """The directory a container job is given as its own: the submit directory, if here."""
+    cwd = msg.cwd
+    return cwd if cwd and os.path.isabs(cwd) and os.path.isdir(cwd) else None
 
 
 __all__ = ["JobHost", "SiteHooks", "run_script", "script_env"]
