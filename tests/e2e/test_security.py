@@ -145,6 +145,23 @@ def test_token_cli_and_revocation(secured: LocalCluster) -> None:
         assert (secured.state_dir / name).stat().st_mode & 0o777 == 0o600
 
 
+def test_only_the_owner_revokes_the_owners_and_the_join_token(secured: LocalCluster) -> None:
+    """Another admin who could revoke them would lock the owner (and every new node) out."""
+    other = as_user(secured, secured.client().create_token("erin", admin=True)["token"])
+    tokens = {t["kind"] if not t["owner"] else "owner": t for t in secured.client().tokens()}
+    for kind, what in (("owner", "the owner's admin token"), ("join", "the join token")):
+        with pytest.raises(
+            MgpuError, match=f"not authorised: only the cluster's owner may revoke {what}"
+        ):
+            other.revoke_token(tokens[kind]["id"])
+    assert secured.client().whoami()["admin"]  # still the owner's
+    listing = {t["id"]: t for t in secured.client().tokens()}
+    assert listing[tokens["owner"]["id"]]["revoked"] is None
+    assert listing[tokens["join"]["id"]]["revoked"] is None
+    mine = secured.client().create_token("frank")["id"]
+    other.revoke_token(mine)  # any other token: any admin, as before
+
+
 def test_a_client_cannot_name_its_own_address(secured: LocalCluster) -> None:
     """uvicorn trusts X-Forwarded-For from loopback by default: every local account could
     write any address into the audit log, and dodge the bad-token throttle, which counts

@@ -441,6 +441,10 @@ def create_app(
     @app.delete("/api/tokens/{token_id}")
     async def token_revoke(token_id: str, request: Request) -> dict[str, Any]:
         ident = require_admin(request, "token revoke")
+        guarded = c().tokens.guarded(token_id)
+        if guarded is not None and not ident.owner:
+            why = f"only the cluster's owner may revoke {guarded}"
+            raise deny(request, f"token revoke {token_id}", why)
         if not c().tokens.revoke(token_id):
             raise NotFound(token_id)
         c().store.record_event(

@@ -125,6 +125,19 @@ class TokenStore:
         self._cache.clear()
         return self._new(user, admin, "user", allow_root=allow_root)
 
+    def guarded(self, token_id: str) -> str | None:
+        """What a token is if only the owner may revoke it (the owner's admin token, the
+        join token: another admin who revoked them would lock the owner, or every new node,
+        out), else None."""
+        row = self.db.execute(
+            "SELECT owner, kind FROM tokens WHERE id=? AND revoked IS NULL", (token_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        if row[0]:
+            return "the owner's admin token"
+        return "the join token" if row[1] == JOIN else None
+
     def revoke(self, token_id: str) -> bool:
         cur = self.db.execute(
             "UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), token_id)
