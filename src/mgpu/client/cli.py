@@ -25,9 +25,14 @@ class UsageError(Exception):
     pass
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
-    # One line, whatever the master's sentence quotes (another user's job name, say).
+def print_error(message: str) -> None:
+    """`mgpu: error: ...` on stderr, one line whatever the master's sentence quotes
+    (another user's job name, say)."""
     print(f"mgpu: error: {escape_controls(message)}", file=sys.stderr)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    print_error(message)
     raise SystemExit(code)
 
 
@@ -232,7 +237,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         try:
             res = client.cancel(job_id)
         except RequestError as e:
-            print(f"mgpu: error: {escape_controls(str(e))}", file=sys.stderr)
+            print_error(str(e))
             status = 1
             continue
         for j in res["cancelled"]:

@@ -176,7 +176,7 @@ def _each(args: argparse.Namespace, verb: str, call: Any) -> int:
         try:
             out = call(job_id)
         except RequestError as e:
-            print(f"mgpu: error: {e}", file=sys.stderr)
+            cli.print_error(str(e))
             status = 1
             continue
         if args.json:
