@@ -654,8 +654,13 @@ class Launcher:
         while True:
             await asyncio.sleep(interval)
             if self._trash:
-                batch, self._trash = self.pool.names(self._trash), []
+                batch = self._take_trash()
                 self.pool.recycled(await asyncio.to_thread(recycle.recycle, batch))
+
+    def _take_trash(self) -> list[tuple[str, str | None]]:
+        """The finished runs' files waiting, each with the pool name it goes to (or None)."""
+        batch, self._trash = self.pool.names(self._trash), []
+        return batch
 
     def clean_up_now(self) -> None:
         """The agent is stopping: what ended runs leave outside the spool (job scripts and
@@ -668,8 +673,7 @@ class Launcher:
                 script = [rec.script, os.path.dirname(rec.script)] if rec.script else []
                 recycle.unlink_all([rec.hosts, *script] if rec.hosts else script)
         if self._trash:
-            batch, self._trash = self.pool.names(self._trash), []
-            self.pool.recycled(recycle.recycle(batch))
+            self.pool.recycled(recycle.recycle(self._take_trash()))
 
     # ---- stopping -----------------------------------------------------------
 
