@@ -96,18 +96,17 @@ def kill_leftover_jobs(root: Path) -> None:
     start time, so a reused pid is never hit)."""
     import json
 
-    from mgpu.agent.launcher import process_start_time
+    from mgpu.agent.launcher import RunRecord, same_process
 
     for record in root.glob("**/spool/*.run"):
         try:
-            rec = json.loads(record.read_text())
-        except (OSError, ValueError):
+            rec = RunRecord(**json.loads(record.read_text()))
+        except (OSError, ValueError, TypeError):
             continue
-        started = process_start_time(int(rec["pid"]))
-        if started is not None and abs(started - float(rec["create_time"])) < 0.05:
+        if same_process(rec):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(rec["pid"]), signal.SIGKILL)
-        for path in (rec.get("cgroup"), rec.get("devices")):
+                os.killpg(rec.pid, signal.SIGKILL)
+        for path in (rec.cgroup, rec.devices):
             if not path:
                 continue
             from mgpu.agent import cgroups
