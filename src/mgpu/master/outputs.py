@@ -170,8 +170,10 @@ class OutputStore:
         return runs.get((epoch, node_id, "o"), 0), runs.get((epoch, node_id, "e"), 0)
 
     def _at_cap(self, job_id: str) -> bool:
-        if self.cap is None or job_id in self._full:
-            return job_id in self._full
+        if job_id in self._full:
+            return True
+        if self.cap is None:
+            return False
         try:
             return os.stat(self.path(job_id)).st_size >= self.cap
         except FileNotFoundError:
