@@ -15,7 +15,7 @@ master logged are listed too.
 
 Two figures per row tell queueing from a stall: `/healthz` latency (what a client waits,
 queueing behind other requests included) and the master's own loop monitor
-(master/looplag.py): `loop_hold_max_ms`, the longest time one turn of its event loop
+(master/runtime/looplag.py): `loop_hold_max_ms`, the longest time one turn of its event loop
 held it (from the holds of 100 ms or more it logs, else the histogram bucket of the
 longest: "<= 50" means it stayed under 50 ms), and how many holds of 100 ms or more there
 were.

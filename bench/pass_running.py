@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "contr
 
 from harness import Harness, _run
 
-from mgpu.master import loop as loopmod
+from mgpu.master.control import loop as loopmod
 from mgpu.model import JobState
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pass_running.json"

@@ -56,7 +56,7 @@ def _a_directory_every_account_can_enter() -> Iterator[None]:
         # interpreter's last collections would be logged to the terminal.
         import gc
 
-        from mgpu.master import gcpause
+        from mgpu.master.runtime import gcpause
 
         while gcpause._timer in gc.callbacks:
             gc.callbacks.remove(gcpause._timer)

@@ -60,7 +60,8 @@ class Networking(_Strict):
     timeout: float = Field(default=30.0, gt=0)
     max_heartbeats_per_second: float = Field(default=50.0, ge=0)
     """Past this many nodes x heartbeats a second, the interval (and the timeout with it)
-    stretches to keep the cluster's heartbeats at this rate; 0: never (master/heartbeats.py)."""
+    stretches to keep the cluster's heartbeats at this rate; 0: never
+    (master/control/heartbeats.py)."""
 
 
 class PriorityWeightsConf(_Strict):
@@ -137,7 +138,7 @@ class Security(_Strict):
 
 
 class Admission(_Strict):
-    """Rules a job must meet at submit (see mgpu.master.admission); unset = no limit."""
+    """Rules a job must meet at submit (see mgpu.master.control.admission); unset = no limit."""
 
     max_gpus_per_job: int | None = Field(default=None, ge=0)
     max_nodes_per_job: int | None = Field(default=None, ge=1)
@@ -186,7 +187,7 @@ class Smtp(_Strict):
 
 
 class Notify(_Strict):
-    """Notifications when jobs end (mgpu.master.notify)."""
+    """Notifications when jobs end (mgpu.master.control.notify)."""
 
     webhook: str | None = None
     """Every job without a `--notify` of its own is reported here (http or https)."""

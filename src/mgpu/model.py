@@ -4,7 +4,7 @@ A job's `state` is what the master observed (queued, running, or how it ended); 
 master *wants* of a running job is apart from it (`Job.desired`, Nomad's DesiredStatus
 beside its ClientStatus).  Every state change goes through `Job.transition`, so the allowed
 moves live in one place (`ALLOWED`); why a run ended is an `EndReason`, which decides the
-next state and whether a retry is spent (`mgpu.master.lifecycle` applies it).  Each slot of
+next state and whether a retry is spent (`mgpu.master.control.lifecycle` applies it).  Each slot of
 a run has its own launch phase (`SlotPhase`).  Node states move by `NODE_MOVES`.  The
 master writes a job to the store right after each transition and before acting on it.
 """
@@ -164,7 +164,7 @@ class NodeEvent(StrEnum):
     """What moves a node's state, and who makes it happen."""
 
     JOINED = "joined"
-    """Its agent said hello (master/agents.py)."""
+    """Its agent said hello (master/control/agents.py)."""
     LOST = "lost"
     """Silent past the timeout (master/liveness.py)."""
     DRAIN = "drain"
@@ -172,7 +172,7 @@ class NodeEvent(StrEnum):
     RESUME = "resume"
     """An admin's resume."""
     EMPTIED = "emptied"
-    """The last job left it (the GPU ledger, master/state.py)."""
+    """The last job left it (the GPU ledger, master/state/memory.py)."""
 
 
 NODE_MOVES: dict[tuple[NodeState, NodeEvent], NodeState] = {
@@ -283,7 +283,7 @@ class Job:
     """The reason the job will show when the stop is done (None: the usual text)."""
     timed_out: bool = False
     job_token_hashes: list[str] = field(default_factory=list)
-    """Hashes of this run's credentials (mgpu.master.auth.new_job_token): the plaintext is
+    """Hashes of this run's credentials (mgpu.master.security.auth.new_job_token): the plaintext is
     only in the job's environment and the master's memory.  Empty when not running."""
     allow_root: bool = False
     """Decided at submit from the submitting token's grant: may this job run as uid 0."""
@@ -328,7 +328,7 @@ class Job:
     """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
     kind: str = "job"
     """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
-    the steps its client starts (master/allocations.py)."""
+    the steps its client starts (master/control/allocations.py)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -362,7 +362,7 @@ class Job:
         rec = dict(rec)
         legacy = rec.pop("job_token", None)
         if legacy:  # stored in clear by older versions: keep only its hash
-            from mgpu.master.auth import token_hash
+            from mgpu.tokens import token_hash
 
             rec["job_token_hashes"] = [*rec.get("job_token_hashes", []), token_hash(legacy)]
         _migrate_stop(rec)

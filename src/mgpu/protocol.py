@@ -259,7 +259,7 @@ class Exited(BaseModel):
 
 class PortReserved(BaseModel):
     """Rank 0's MASTER_PORT: the master takes it only from the job's first node, and
-    only while the launch waits for it (master/lifecycle.py, `awaits_port`)."""
+    only while the launch waits for it (master/control/lifecycle.py, `awaits_port`)."""
 
     type: Literal["port_reserved"] = "port_reserved"
     job_id: str

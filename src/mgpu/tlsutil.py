@@ -160,7 +160,7 @@ def fetch_pinned_ca(host: str, port: int, fingerprint: str, timeout: float) -> b
     for every other failure: the socket's own (refused, timed out, reset), or
     CAFetchError when something answered that is not the master's CA.  (The minimal
     client transport, not http.client: that would cost the CLI 40 ms of imports.)"""
-    from mgpu.client.wire import Connection
+    from mgpu.wire import Connection
 
     ctx = ssl.create_default_context()
     ctx.check_hostname = False

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from mgpu.config import ClusterConfig
-from mgpu.master.auth import TokenStore
-from mgpu.master.cluster import Cluster
-from mgpu.master.nodeauth import NodeSecrets
-from mgpu.master.outputs import OutputStore
-from mgpu.master.registry import AgentLink
-from mgpu.master.store import MEMORY, Store
-from mgpu.master.submit import JobSpec
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.control.submit import JobSpec
+from mgpu.master.security.auth import TokenStore
+from mgpu.master.security.nodeauth import NodeSecrets
+from mgpu.master.state.registry import AgentLink
+from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.sqlite import MEMORY, Store
 from mgpu.model import Job
 from mgpu.protocol import (
     Exited,

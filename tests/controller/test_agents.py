@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 from harness import FakeAgent, Harness
 
-from mgpu.master.outputs import ALL_SENT
-from mgpu.master.registry import Unsendable
+from mgpu.master.state.registry import Unsendable
+from mgpu.master.store.outputs import ALL_SENT
 from mgpu.model import JobState, NodeState, SlotPhase
 from mgpu.protocol import (
     Exited,

@@ -12,9 +12,9 @@ import pytest
 from harness import FakeAgent, Harness
 from pydantic import ValidationError
 
-from mgpu.master.allocations import StepRequest
-from mgpu.master.sentences import validation_sentence
-from mgpu.master.submit import SubmitError
+from mgpu.master.control.allocations import StepRequest
+from mgpu.master.control.submit import SubmitError
+from mgpu.master.http.sentences import validation_sentence
 from mgpu.model import JobState, SlotPhase
 from mgpu.protocol import Launch, TerminalInput, TerminalResize
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from mgpu.config import ClusterConfig
-from mgpu.master.app import create_app
-from mgpu.master.cluster import Cluster
-from mgpu.master.guard import MAX_REASONS, FailedLogins
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.http.app import create_app
+from mgpu.master.http.guard import MAX_REASONS, FailedLogins
 from mgpu.protocol import Hello, encode
 
 
@@ -218,7 +218,7 @@ def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
     """Anyone who reaches the port may open an agent connection: one that never says hello
     is refused and closed after HELLO_TIMEOUT, one whose hello is over HELLO_LIMIT is
     refused without being parsed."""
-    from mgpu.master import app as app_module
+    from mgpu.master.http import app as app_module
 
     monkeypatch.setattr(app_module, "HELLO_TIMEOUT", 0.2)
     parsed: list[int] = []

@@ -1,4 +1,4 @@
-"""Arrays kept compactly (master/arrays.py): one stored row for the array, a task row once
+"""Arrays kept compactly (master/store/arrays.py): one stored row for the array, a task row once
 the task changes; a restart rebuilds the rest in their place in the queue."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from harness import Harness
 
-from mgpu.master import arrays
+from mgpu.master.store import arrays
 from mgpu.model import JobState
 
 

@@ -1,4 +1,4 @@
-"""The dashboard's compact views (mgpu.master.dashboard) over the real controller: the heat
+"""The dashboard's compact views (mgpu.master.monitor.dashboard) over the real controller: the heat
 map's letters and counts, details only where asked on a big cluster, the job list's
 filters and pages, finished jobs from the store, and the ETag that spares a redraw."""
 
@@ -13,8 +13,8 @@ import pytest
 from harness import Harness
 from starlette.requests import Request
 
-from mgpu.master import dashboard
-from mgpu.master.dashboard import BadFilter, etagged, job_page, overview
+from mgpu.master.monitor import dashboard
+from mgpu.master.monitor.dashboard import BadFilter, etagged, job_page, overview
 from mgpu.protocol import GpuTelemetry
 
 

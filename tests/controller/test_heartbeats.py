@@ -1,4 +1,4 @@
-"""Heartbeat intervals scaled with the cluster's size (master/heartbeats.py): the interval
+"""Heartbeat intervals scaled with the cluster's size (master/control/heartbeats.py): the interval
 agents are told grows with the connected nodes past `max_heartbeats_per_second`, the
 lost-node timeout with it, and agents already connected are told when it changes."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from harness import Harness
 
-from mgpu.master.heartbeats import scaled_interval
+from mgpu.master.control.heartbeats import scaled_interval
 from mgpu.model import NodeState
 from mgpu.protocol import SetHeartbeat
 

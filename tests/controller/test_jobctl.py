@@ -1,6 +1,6 @@
 """Job control in the controller: hold and release, requeue, update, warning signals before
 the time limit and at preemption, restart counts, job scripts in the launch, and the
-notifications a job's end queues (master/jobctl.py, master/notify.py)."""
+notifications a job's end queues (master/control/jobctl.py, master/control/notify.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from harness import Harness, _run
 from pydantic import ValidationError
 
-from mgpu.master.jobctl import Actor, JobControl, NotAllowed
-from mgpu.master.nodes import Conflict
-from mgpu.master.submit import SubmitError
+from mgpu.master.control.jobctl import Actor, JobControl, NotAllowed
+from mgpu.master.control.nodes import Conflict
+from mgpu.master.control.submit import SubmitError
 from mgpu.model import DesiredState, EndReason, JobState
 from mgpu.protocol import Kill, Launch, SetTimeLimit
 

@@ -1,4 +1,4 @@
-"""The node index (master/nodeindex.py): the scheduler's node views and free pool kept up
+"""The node index (master/state/nodeindex.py): the scheduler's node views and free pool kept up
 to date per node must equal those rebuilt from every node record, after any sequence of
 events."""
 
@@ -11,9 +11,9 @@ from harness import Harness
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mgpu.master.nodes import Conflict
-from mgpu.master.snapshot import node_views
-from mgpu.master.submit import SubmitError
+from mgpu.master.control.nodes import Conflict
+from mgpu.master.control.submit import SubmitError
+from mgpu.master.state.snapshot import node_views
 from mgpu.model import JobState
 from mgpu.protocol import GpuTelemetry
 from mgpu.scheduler import FreePool
@@ -142,7 +142,7 @@ def test_a_freed_gpu_is_seen_by_the_next_pass(h: Harness) -> None:
 
 def test_a_node_added_behind_the_index_is_seen(h: Harness) -> None:
     """A record put in the table without ControllerState.node: the index starts again."""
-    from mgpu.master.registry import NodeRecord
+    from mgpu.master.state.registry import NodeRecord
 
     h.agent("n1", gpus=2)
     assert len(h.cl.state.node_index.views()) == 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from harness import Harness
 
-from mgpu.master.nodes import Conflict
-from mgpu.master.registry import NodeRecord
+from mgpu.master.control.nodes import Conflict
+from mgpu.master.state.registry import NodeRecord
 from mgpu.model import NODE_MOVES, JobState, NodeEvent, NodeState
 
 ON, OFF, DRAINING, DRAINED = (

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from harness import Harness, _run
 
-from mgpu.master.loop import BATCH_FACTOR, FULL_INTERVAL, PASS_BATCH
+from mgpu.master.control.loop import BATCH_FACTOR, FULL_INTERVAL, PASS_BATCH
 from mgpu.model import JobState
 
 DEPTH = 5

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mgpu.master.reconcile import Expected, Reconciliation, expectations, reconcile
-from mgpu.master.steps import Steps
+from mgpu.master.control.reconcile import Expected, Reconciliation, expectations, reconcile
+from mgpu.master.state.steps import Steps
 from mgpu.model import EndReason, Job, JobState, Slot, SlotPhase
 from mgpu.protocol import RunningReport
 

@@ -1,4 +1,4 @@
-"""The running jobs the scheduler sees are kept by the jobs' changes (master/runindex.py):
+"""The running jobs the scheduler sees are kept by the jobs' changes (master/state/runindex.py):
 after any sequence of transitions they are exactly what a walk over every job gives, and a
 pass over the kept set decides as one over a list made afresh."""
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from harness import Harness, _run
 
-from mgpu.master.jobctl import Actor, JobControl
-from mgpu.master.loop import _pure_full
-from mgpu.master.snapshot import collect, dependency_targets, running_job
+from mgpu.master.control.jobctl import Actor, JobControl
+from mgpu.master.control.loop import _pure_full
+from mgpu.master.state.snapshot import collect, dependency_targets, running_job
 from mgpu.model import EndReason, JobState
 from mgpu.scheduler import RunningJob
 from mgpu.scheduler.running import running_usage

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from harness import Harness
 
-from mgpu.master.reservations import ReservationRequestError
-from mgpu.master.shares import job_share_units
+from mgpu.master.control.reservations import ReservationRequestError
+from mgpu.master.state.shares import job_share_units
 from mgpu.model import JobState
 
 

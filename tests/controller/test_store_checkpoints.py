@@ -1,11 +1,11 @@
 """The store's WAL is checkpointed by a thread of its own, never inside a commit made on
-the event loop (master/walcheckpoint.py)."""
+the event loop (master/store/walcheckpoint.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu.master.store import Store
+from mgpu.master.store.sqlite import Store
 from mgpu.testing import wait_for
 
 ROWS = 3000

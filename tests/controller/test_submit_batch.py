@@ -1,4 +1,4 @@
-"""Submits of one event-loop turn share one commit (master/submitbatch.py): each is answered
+"""Submits of one event-loop turn share one commit (master/store/submitbatch.py): each is answered
 once its job is on disk and in memory; a failed write fails every submit of its batch and
 leaves nothing behind, in memory or on disk."""
 
@@ -10,8 +10,8 @@ import sqlite3
 import pytest
 from harness import Harness
 
-from mgpu.master.cluster import Cluster
-from mgpu.master.submit import JobSpec
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.control.submit import JobSpec
 
 
 def _commits(h: Harness) -> list[str]:

@@ -1,5 +1,5 @@
 """The lean submit route reads and checks a body exactly as FastAPI does for a typed
-`spec: JobSpec` parameter (master/routes_submit.py): the same answer for every body and
+`spec: JobSpec` parameter (master/http/jobs.py): the same answer for every body and
 content type, refusals and accepted specs alike, and the same OpenAPI entry."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mgpu.config import ClusterConfig
-from mgpu.master.app import create_app
-from mgpu.master.routes_submit import read_spec
-from mgpu.master.sentences import validation_sentence
-from mgpu.master.submit import JobSpec
+from mgpu.master.control.submit import JobSpec
+from mgpu.master.http.app import create_app
+from mgpu.master.http.jobs import read_spec
+from mgpu.master.http.sentences import validation_sentence
 
 
 def _apps() -> tuple[FastAPI, list[JobSpec], list[JobSpec]]:

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from mgpu.config import ClusterConfig  # noqa: E402
-from mgpu.master.app import create_app  # noqa: E402
-from mgpu.master.store import Store  # noqa: E402
+from mgpu.master.http.app import create_app  # noqa: E402
+from mgpu.master.store.sqlite import Store  # noqa: E402
 
 MAX_EXAMPLES = 25
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from helpers import LocalCluster, local_cluster, wait_for
-from mgpu.master.observe import PAGE_HEADERS
+from mgpu.master.monitor.observe import PAGE_HEADERS
 from mgpu.testing import CHROMIUM_ARGS, CSP_VIOLATION, page_errors
 
 CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

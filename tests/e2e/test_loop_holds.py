@@ -2,7 +2,7 @@
 
 A real master with one agent and 20,000 one-GPU tasks queued: quick passes look at the
 head of the queue, full passes run off the loop.  The master's own monitor
-(master/looplag.py, in /metrics) must see no hold over HOLD seconds, a generous bound for
+(master/runtime/looplag.py, in /metrics) must see no hold over HOLD seconds, a generous bound for
 a loaded 2-core machine (bench/abuse.py has the figures, with 100,000 tasks); every queued
 task is judged by a full pass within seconds, and a task that can start does so promptly.
 """

@@ -24,7 +24,7 @@ import pytest
 from websockets.sync.client import connect
 
 from helpers import BIN, LocalCluster, local_cluster, wait_for
-from mgpu.master.nodeauth import NodeSecrets
+from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.protocol import PROTOCOL_VERSION, HelloError, parse_hello
 
 GATE_WAIT = "while [ ! -e {gate} ]; do sleep 0.05; done; echo done on $MGPU_NODE_ID"
@@ -343,7 +343,7 @@ def test_a_peer_that_never_says_hello_or_says_too_much_is_let_go(tmp_path: Path)
     """The agent port is open to anyone who reaches it: a connection that sends nothing is
     refused and closed after HELLO_TIMEOUT (10 s), a hello over HELLO_LIMIT (4 MiB) is
     refused at once; the master stays healthy."""
-    from mgpu.master.app import HELLO_LIMIT, HELLO_TIMEOUT
+    from mgpu.master.http.app import HELLO_LIMIT, HELLO_TIMEOUT
 
     with local_cluster(tmp_path, agents=0) as c:
         with connect(f"ws://{c.address}/api/agent", open_timeout=10) as silent:

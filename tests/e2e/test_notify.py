@@ -1,6 +1,6 @@
 """Notifications when a job ends: a webhook POST and an e-mail from a real master, retries
 of a receiver that is down or failing, a slow receiver that never holds the event loop, and
-targets the cluster does not allow (master/notify.py)."""
+targets the cluster does not allow (master/control/notify.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from aiosmtpd.controller import Controller
 
 from helpers import free_port, local_cluster, wait_for
 from mgpu.config import Notify
-from mgpu.master import notify
-from mgpu.master.notify import Delivery, Notifier, Target, check_target
+from mgpu.master.control import notify
+from mgpu.master.control.notify import Delivery, Notifier, Target, check_target
 from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca
 
 

@@ -425,7 +425,7 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
 
 
 def test_accounting_arithmetic() -> None:
-    from mgpu.master.observe import BadQuery, parse_since, percentile, utilisation_series
+    from mgpu.master.monitor.observe import BadQuery, parse_since, percentile, utilisation_series
     from mgpu.model import Attempt, Job, JobState
 
     now = 1_000_000.0

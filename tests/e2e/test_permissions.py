@@ -279,7 +279,7 @@ def test_only_the_owner_runs_root_jobs(tmp_path: Path) -> None:
             owner.create_token(BOB, allow_root=True)
         # A token named root from an older version (before the rule) runs nothing.
         db = sqlite3.connect(cluster.state_dir / "mgpu.db", isolation_level=None)
-        from mgpu.master.auth import TokenStore
+        from mgpu.master.security.auth import TokenStore
 
         fingerprint = cluster.admin_token.split(".")[1]
         _, legacy = TokenStore(db, cluster.state_dir, fingerprint).create("root", admin=False)

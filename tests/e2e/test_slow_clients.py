@@ -1,4 +1,4 @@
-"""Slow and idle clients cannot hold the master's connections (master/connections.py).
+"""Slow and idle clients cannot hold the master's connections (master/http/connections.py).
 
 A real master with short bounds (1 s for a request's head, 16 connections per address, 4
 agent hellos awaited at once): a connection that sends nothing, or its head a byte at a

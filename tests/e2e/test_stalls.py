@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.client.api import RequestError
-from mgpu.master.auth import BadTokenThrottle, Identity
-from mgpu.master.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
-from mgpu.master.outputs import CHUNK, OutputReader, OutputStore
+from mgpu.master.http.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
+from mgpu.master.security.auth import BadTokenThrottle, Identity
+from mgpu.master.store.outputs import CHUNK, OutputReader, OutputStore
 from mgpu.testing import LoopProbe
 
 GAP = 1.0

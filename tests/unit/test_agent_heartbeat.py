@@ -1,5 +1,5 @@
 """The agent applies a heartbeat interval the master changes after its welcome (the
-cluster grew or shrank: master/heartbeats.py)."""
+cluster grew or shrank: master/control/heartbeats.py)."""
 
 from __future__ import annotations
 

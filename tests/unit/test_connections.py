@@ -1,4 +1,4 @@
-"""The master's HTTP protocol (master/connections.py) on a fake transport: when a request's
+"""The master's HTTP protocol (master/http/connections.py) on a fake transport: when a request's
 head is awaited (timed), pipelined requests, the deadline's close, the cap per address."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from mgpu.master.connections import ConnectionLimits, protocol_class
+from mgpu.master.http.connections import ConnectionLimits, protocol_class
 
 
 class FakeTransport(asyncio.Transport):

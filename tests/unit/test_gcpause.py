@@ -1,4 +1,4 @@
-"""The master's long-lived state and the cyclic garbage collector (master/gcpause.py)."""
+"""The master's long-lived state and the cyclic garbage collector (master/runtime/gcpause.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from mgpu.master import gcpause
+from mgpu.master.runtime import gcpause
 
 
 def test_a_big_submit_freezes_what_exists_and_a_small_one_does_not() -> None:

@@ -1,10 +1,15 @@
-"""No import cycles between mgpu's modules.
+"""No import cycles between mgpu's modules, and no layer that imports a layer above it.
 
-The graph is read from the source with `ast`: every import at module level, including
-those under `if TYPE_CHECKING:` (a cycle hidden from the interpreter is still a cycle in
-the design).  Imports inside functions are left out: they are how a module defers a heavy
-or optional import, and run only when called.  `from mgpu.x import y` counts as importing
-the module `mgpu.x.y` when that is a module, else `mgpu.x`.
+The graph is read from the source with `ast`: every import, at module level, under `if
+TYPE_CHECKING:` and inside functions (a cycle or an upward arrow hidden from the interpreter
+is still one in the design).  `from mgpu.x import y` counts as importing the module
+`mgpu.x.y` when that is a module, else `mgpu.x`.
+
+The layers, lowest first (docs/ARCHITECTURE.md draws them): the shared base modules
+(`mgpu.model`, `mgpu.protocol`, `mgpu.spec`, ...), the pure scheduler, the simulator, then
+the master and the agent side by side (neither imports the other), then the client, and the
+package's own entry points on top.  Inside the master: runtime < store < state < security <
+monitor < control < http < server.
 """
 
 from __future__ import annotations
@@ -27,20 +32,10 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _module_level(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
-    """Imports run when the module is imported (or type-checked): not those in functions."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-        elif isinstance(node, ast.If):
-            found += _module_level(node.body) + _module_level(node.orelse)
-        elif isinstance(node, ast.Try):
-            found += _module_level(node.body) + _module_level(node.orelse)
-            found += _module_level(node.finalbody)
-            for handler in node.handlers:
-                found += _module_level(handler.body)
-    return found
+def _imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import in the module: at module level, under `if TYPE_CHECKING:`, and inside
+    functions (a deferred import is still a dependency of the design)."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -55,7 +50,7 @@ def import_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str | None] = set()
-        for node in _module_level(ast.parse(path.read_text()).body):
+        for node in _imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 edges.update(owner(a.name) for a in node.names if a.name.startswith("mgpu"))
                 continue
@@ -110,11 +105,11 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 def test_the_graph_sees_imports_of_every_kind() -> None:
     graph = import_graph()
-    assert "mgpu.master.store" in graph["mgpu.master.cluster"]  # from x import Y
-    assert "mgpu.spec" in graph["mgpu.master.submit"]  # from mgpu import spec (a module)
+    assert "mgpu.master.store.sqlite" in graph["mgpu.master.control.cluster"]  # from x import Y
+    assert "mgpu.spec" in graph["mgpu.master.control.submit"]  # from mgpu import spec (a module)
     assert "mgpu.scheduler.types" in graph["mgpu.scheduler.core"]  # from .types import ...
     assert "mgpu.client.api" in graph["mgpu"]  # a package's __init__
-    assert "mgpu.agent.launcher" not in graph["mgpu.testing"]  # imported in a function
+    assert "mgpu.agent.launcher" in graph["mgpu.testing"]  # imported in a function
 
 
 def test_cycles_are_found() -> None:
@@ -127,3 +122,68 @@ def test_no_import_cycles_between_mgpus_modules() -> None:
     if found:
         shown = "; ".join(" <-> ".join(sorted(c)) for c in found)
         pytest.fail(f"import cycles between mgpu's modules: {shown}")
+
+
+BASE, SCHEDULER, SIM, DAEMONS, CLIENT, TOP = range(6)
+TOP_MODULES = {"mgpu", "mgpu.__main__", "mgpu.testing"}
+MASTER_LAYERS = ["runtime", "store", "state", "security", "monitor", "control", "http", "server"]
+
+
+def layer(module: str) -> tuple[int, str]:
+    """The module's rank and the name of its layer (a rank may hold peers, e.g. master and
+    agent, which must not import each other)."""
+    if module in TOP_MODULES:
+        return TOP, "top"
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 1 else ""
+    ranks = {"scheduler": SCHEDULER, "sim": SIM, "master": DAEMONS, "agent": DAEMONS}
+    ranks["client"] = CLIENT
+    if package in ranks:
+        return ranks[package], package
+    return BASE, "base"
+
+
+def master_layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "master":
+        return None
+    return MASTER_LAYERS.index(parts[2])
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for importer, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            (rank_a, name_a), (rank_b, name_b) = layer(importer), layer(target)
+            if rank_b > rank_a or (rank_b == rank_a and name_a != name_b):
+                found.append(f"{importer} -> {target}")
+            low, high = master_layer(importer), master_layer(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{importer} -> {target}")
+    return found
+
+
+def test_every_master_module_is_in_a_named_layer() -> None:
+    master = [m for m in import_graph() if m.startswith("mgpu.master.")]
+    assert master, "no master modules found"
+    assert [m for m in master if m.split(".")[2] not in MASTER_LAYERS] == []
+
+
+def test_upward_imports_are_found() -> None:
+    graph = {
+        "mgpu.model": {"mgpu.master.security.auth"},
+        "mgpu.master.state.registry": {"mgpu.master.control.cluster"},
+        "mgpu.agent.agent": {"mgpu.master.state.registry"},
+        "mgpu.master.http.app": {"mgpu.master.control.cluster", "mgpu.model"},
+    }
+    assert upward(graph) == [
+        "mgpu.agent.agent -> mgpu.master.state.registry",
+        "mgpu.master.state.registry -> mgpu.master.control.cluster",
+        "mgpu.model -> mgpu.master.security.auth",
+    ]
+
+
+def test_no_layer_imports_a_layer_above_it() -> None:
+    found = upward(import_graph())
+    if found:
+        pytest.fail("imports against the layers: " + "; ".join(found))

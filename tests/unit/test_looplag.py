@@ -1,4 +1,4 @@
-"""The event loop's hold monitor (master/looplag.py): holds are measured, and it looks
+"""The event loop's hold monitor (master/runtime/looplag.py): holds are measured, and it looks
 often only while the loop is busy (each wake-up costs CPU on an idle master)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mgpu.master import looplag
-from mgpu.master.looplag import IDLE_INTERVAL, INTERVAL, LoopLag
+from mgpu.master.runtime import looplag
+from mgpu.master.runtime.looplag import IDLE_INTERVAL, INTERVAL, LoopLag
 
 
 def _burn(seconds: float) -> None:

@@ -1,11 +1,12 @@
-"""The master's output store (master/outputs.py): appends, as a reader and a restart see them."""
+"""The master's output store (master/store/outputs.py): appends, as a reader and a restart
+see them."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mgpu.master.outputs import ALL_SENT, OutputStore
+from mgpu.master.store.outputs import ALL_SENT, OutputStore
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

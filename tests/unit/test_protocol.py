@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from mgpu.config import ClusterConfig
-from mgpu.master.cluster import Cluster
-from mgpu.master.registry import AgentLink, Unsendable
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.state.registry import AgentLink, Unsendable
 from mgpu.protocol import (
     Exited,
     Forget,
@@ -120,8 +120,8 @@ def test_acknowledgements_alone_wait_for_the_next_message_to_share_its_frame(
 ) -> None:
     """A Forget waits (at most ACK_WAIT) for the next message to the agent, and both go in
     one frame; a Forget with nothing after it still goes out on its own."""
-    from mgpu.master import registry
-    from mgpu.master.registry import ACK
+    from mgpu.master.state import registry
+    from mgpu.master.state.registry import ACK
 
     monkeypatch.setattr(registry, "ACK_WAIT", 0.5)  # ample on a loaded machine
 
@@ -163,7 +163,7 @@ def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
     """Driven through the master's ASGI app: in one frame, a message whose handling raises,
     an invalid one and a valid one; the first two are logged, the third handled, and the
     connection stays open."""
-    from mgpu.master.app import create_app
+    from mgpu.master.http.app import create_app
 
     original = Cluster.agent_message
 

@@ -1,7 +1,7 @@
 """The master's quick pass: the same core on the head of the queue decides the same.
 
 The master, with a long queue, runs `schedule()` on a prefix of the last full pass's order
-(master/loop.py), the jobs in submit order, every queued user in `Snapshot.users`.  When
+(master/control/loop.py), the jobs in submit order, every queued user in `Snapshot.users`.  When
 the prefix holds the blocked head and the backfill window behind it, its starts and
 preemptions are those of the full pass over the whole queue, under every queue policy:
 backfill inside the prefix cannot delay the head, which is in it.

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mgpu.config import ClusterConfig
-from mgpu.master.registry import AgentLink, NodeRecord
-from mgpu.master.snapshot import prepare, scheduler_config
+from mgpu.master.state.registry import AgentLink, NodeRecord
+from mgpu.master.state.snapshot import prepare, scheduler_config
 from mgpu.model import Job, JobState, NodeState, Slot
 from mgpu.protocol import GpuDesc
 from mgpu.scheduler import FreePool, Snapshot, UsageLedger, running_priorities, schedule

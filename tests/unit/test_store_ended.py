@@ -1,4 +1,4 @@
-"""The store keeps the jobs it last wrote as ended (master/store.py, RECENTLY_ENDED): read
+"""The store keeps the jobs it last wrote as ended (master/store/sqlite.py, RECENTLY_ENDED): read
 back from memory, equal to what is on disk, bounded, and only once the write committed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
-from mgpu.master import store as store_module
-from mgpu.master.store import MEMORY, Store
+from mgpu.master.store import sqlite as store_module
+from mgpu.master.store.sqlite import MEMORY, Store
 from mgpu.model import Job, JobState
 
 

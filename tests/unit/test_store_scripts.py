@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu.master import arrays
-from mgpu.master.store import SCRIPT_OF_ARRAY, Store
+from mgpu.master.store import arrays
+from mgpu.master.store.sqlite import SCRIPT_OF_ARRAY, Store
 from mgpu.model import Job, JobState
 
 SCRIPT = "#!/bin/sh\n" + "# padding\n" * 20_000 + "echo $MGPU_ARRAY_TASK_ID\n"

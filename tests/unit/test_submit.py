@@ -22,9 +22,9 @@ from mgpu.client.api import Client
 from mgpu.config import Admission as AdmissionConfig
 from mgpu.config import Scheduling
 from mgpu.execspec import MAX_ARG_BYTES, MAX_ENV_VARS
-from mgpu.master.admission import Admission, AdmissionContext
-from mgpu.master.app import _validation_sentence
-from mgpu.master.submit import JobSpec, Shape, SubmitDefaults, SubmitError, build_jobs
+from mgpu.master.control.admission import Admission, AdmissionContext
+from mgpu.master.control.submit import JobSpec, Shape, SubmitDefaults, SubmitError, build_jobs
+from mgpu.master.http.app import _validation_sentence
 from mgpu.model import Attempt, Job, JobState, Slot
 from mgpu.scheduler.types import JobRequest, NodeView
 from mgpu.spec import ArraySpec, Dependency

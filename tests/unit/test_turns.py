@@ -1,12 +1,12 @@
 """Sharing the event loop's turns: a burst of requests and concurrent bulk work are spread
-over turns (master/turns.py), so no turn carries them all."""
+over turns (master/runtime/turns.py), so no turn carries them all."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 
-from mgpu.master.turns import RequestTurns, bulk_turn
+from mgpu.master.runtime.turns import RequestTurns, bulk_turn
 
 
 class TurnCounter:

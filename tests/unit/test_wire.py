@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from mgpu.client.wire import Connection, WireError
+from mgpu.wire import Connection, WireError
 
 
 def run_server(replies: list[bytes]) -> tuple[int, list[bytes], threading.Thread]:

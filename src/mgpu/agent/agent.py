@@ -97,7 +97,7 @@ class Agent:
         gpu_device_dir: Path = devices.DEFAULT_DIR,
         gpu_count: int | None = None,
     ) -> None:
-        from mgpu.client.credentials import is_loopback
+        from mgpu.credentials import is_loopback
 
         self.node_id = node_id
         # TLS unless told otherwise; on loopback try plain first and switch if refused.
@@ -249,7 +249,7 @@ class Agent:
         import websockets
 
         if self.token is None:
-            from mgpu.client.credentials import find_join_token
+            from mgpu.credentials import find_join_token
 
             self.token = find_join_token(None, self.state_dir)  # the master may have made it since
 
@@ -697,7 +697,7 @@ def run_agent(
     gpu_device_dir: Path = devices.DEFAULT_DIR,
     gpu_count: int | None = None,
 ) -> None:
-    from mgpu.client.credentials import find_join_token
+    from mgpu.credentials import find_join_token
 
     os.umask(PRIVATE_UMASK)
     sigdefaults.defaults_for_children()  # before the spawner or any job is started

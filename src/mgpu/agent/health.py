@@ -115,7 +115,7 @@ def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
 
 
 def check_master(host: str, port: int, timeout: float = 3.0) -> Check:
-    from mgpu.client.credentials import is_loopback
+    from mgpu.credentials import is_loopback
 
     where = f"{host}:{port}"
     order = (False, True) if is_loopback(host) else (True, False)

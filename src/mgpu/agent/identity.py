@@ -1,6 +1,6 @@
 """The agent's side of node identity: the node secret and its private directory.
 
-The master hands a node its secret at its first join (mgpu.master.nodeauth); the agent
+The master hands a node its secret at its first join (mgpu.master.security.nodeauth); the agent
 keeps it in `STATE_DIR/node-ID/node-secret` (0600, in a 0700 directory) and proves its
 node id with it in every later hello.  A lock on the same directory keeps a second agent
 from running as the same node from the same state dir: two processes holding one secret

@@ -1,6 +1,6 @@
 """`mgpu.Client`: a small typed client for the master's HTTP API.
 
-Built on a minimal HTTP/1.1 transport (`mgpu.client.wire`) so that `import mgpu`
+Built on a minimal HTTP/1.1 transport (`mgpu.wire`) so that `import mgpu`
 and the CLI start fast (no HTTP stack to import for a one-shot `mgpu queue`).
 Keep-alive connections are reused across calls: a small pool, so that threads sharing
 one Client (as the contract allows) each talk on a connection of their own.
@@ -13,7 +13,8 @@ import os
 import time
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
-from mgpu.client.wire import Connection
+from mgpu.errors import MgpuError as MgpuError  # the client's errors derive from it
+from mgpu.wire import Connection
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing and collections.abc cost the CLI's start-up ~2 ms
@@ -25,10 +26,6 @@ WAIT_BATCH = 1000
 """Job ids per /api/wait request: the master's limit."""
 MAX_IDLE_CONNECTIONS = 8
 """Idle keep-alive connections a Client keeps; more threads than this open and close."""
-
-
-class MgpuError(Exception):
-    """Any failure the user should see as one sentence."""
 
 
 class ConnectError(MgpuError):
@@ -104,7 +101,7 @@ class Client:
         self.host, self.port = resolve_address(host, port)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        from mgpu.client.credentials import find_token, is_loopback
+        from mgpu.credentials import find_token, is_loopback
 
         self.token = find_token(token)
         if tls is None and scheme is not None:

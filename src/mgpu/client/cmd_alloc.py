@@ -4,9 +4,9 @@
 granted, then runs ARGV (default `$SHELL`) here, on this machine, with `MGPU_JOB_ID`,
 `MGPU_NODELIST`, `MGPU_NNODES` and `MGPU_GPU_IDS` (or `MGPU_NODE_GPU_IDS` on several
 nodes) set.  `mgpu srun` in ARGV sees `MGPU_JOB_ID` and, that job being an allocation,
-runs a step on its nodes and GPUs (master/allocations.py).  Meanwhile a thread holds the
+runs a step on its nodes and GPUs (master/control/allocations.py).  Meanwhile a thread holds the
 allocation's attach WebSocket, saying it is alive every heartbeat: a client that dies
-lets the master end the allocation after the node timeout (master/sessions.py).  When
+lets the master end the allocation after the node timeout (master/control/sessions.py).  When
 ARGV ends the client tells the master its exit code, and the allocation ends completed
 (or failed) with it; if the allocation ends first (its time limit, a cancel), ARGV is
 told with one line on stderr and keeps running, as with salloc.

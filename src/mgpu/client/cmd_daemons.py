@@ -134,7 +134,7 @@ def cmd_node(args: argparse.Namespace) -> int:
             gpu_count=args.gpu_count,
         )
     except AgentRefused as e:
-        from mgpu.client.credentials import find_join_token
+        from mgpu.credentials import find_join_token
 
         if find_join_token(args.join_token, state_dir) is None:
             _fail(NO_JOIN_TOKEN)

@@ -24,7 +24,7 @@ from mgpu.client.api import Client, RequestError
 __all__ = ["add_jobctl_parsers", "submit_script"]
 
 MAX_SCRIPT_BYTES = 1 << 20
-"""As the master's limit (mgpu.master.submit.MAX_SCRIPT_BYTES)."""
+"""As the master's limit (mgpu.master.control.submit.MAX_SCRIPT_BYTES)."""
 GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids", "gres")
 """However the GPUs are asked for (`gres`: #SBATCH --gres, Slurm's count per node)."""
 COMMAND_LINE = "command line"

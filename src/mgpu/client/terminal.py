@@ -1,6 +1,6 @@
 """`mgpu srun --pty`: the user's terminal joined to a pty on the node, as `ssh -t` does.
 
-One loop (`select`) over the run's attach WebSocket (master/attach.py), the terminal
+One loop (`select`) over the run's attach WebSocket (master/http/attach.py), the terminal
 and a self-pipe for signals.  While the job waits in the queue the terminal stays as it
 is (Ctrl-C cancels the job, as srun's does, and the wait is shown on one status line);
 once its program runs the terminal goes raw: every key travels as bytes (Ctrl-C, Ctrl-Z

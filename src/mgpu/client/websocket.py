@@ -1,4 +1,4 @@
-"""A small WebSocket client (RFC 6455) on the client's own connections (mgpu.client.wire).
+"""A small WebSocket client (RFC 6455) on the client's own connections (mgpu.wire).
 
 What `mgpu srun --pty` and `mgpu alloc` need and no more: the opening handshake on a
 plain or TLS socket, masked frames out (text and binary), whole messages in (fragments

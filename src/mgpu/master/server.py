@@ -38,7 +38,7 @@ def secure_state_dir(state_dir: Path) -> None:
         was_open = state_dir.stat().st_mode & 0o077
         os.chmod(state_dir, 0o700)
     except OSError as e:
-        from mgpu.client.api import MgpuError
+        from mgpu.errors import MgpuError
 
         raise MgpuError(f"cannot use {state_dir} as the state dir: {e.strerror}") from None
     if was_open:
@@ -112,8 +112,8 @@ def run_master(
     """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds."""
     import uvicorn
 
-    from mgpu.master.app import create_app
-    from mgpu.master.connections import ConnectionLimits, protocol_class
+    from mgpu.master.http.app import create_app
+    from mgpu.master.http.connections import ConnectionLimits, protocol_class
 
     setup_logging(verbose)
     config: ClusterConfig = load_config(config_path)
@@ -122,7 +122,7 @@ def run_master(
     secure_state_dir(state_dir)
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
-    from mgpu.client.credentials import is_loopback
+    from mgpu.credentials import is_loopback
 
     if tls is None:
         tls = not is_loopback(host)

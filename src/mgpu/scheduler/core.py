@@ -100,7 +100,7 @@ def schedule(snapshot: Snapshot, pool: FreePool | None = None) -> Decisions:
     """Decide which pending jobs start now, where, and why the others wait.
 
     `pool`: `snapshot.nodes` as a free pool, when the caller keeps one up to date a node at
-    a time (master/nodeindex.py); the pass works on a copy of it rather than index every
+    a time (master/state/nodeindex.py); the pass works on a copy of it rather than index every
     node's view anew.  It must agree with `snapshot.nodes`."""
     with _cyclic_gc_paused():
         return _Pass(snapshot, pool).run()

@@ -5,7 +5,7 @@ limits), the users who take part in fairshare, the preemptible jobs (and whether
 be of lower priority than a blocked head), and the times their GPUs come back (backfill's
 reservation for that head).  Derived from a list, each costs a walk over every running job
 at every pass: at 8,000 running jobs that was most of a pass.  `RunningSet` keeps them as
-jobs are put and dropped (the master does so at every transition: master/runindex.py), so
+jobs are put and dropped (the master does so at every transition: master/state/runindex.py), so
 a pass costs what changed; a plain sequence (the simulator, tests) gets the same answers
 derived on demand (`running_stats`).  Both give identical answers for the same jobs in the
 same order: the order is the set's (first put first), and every answer is the one a walk

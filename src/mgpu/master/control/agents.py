@@ -1,0 +1,324 @@
+"""The agents' side of the controller: hellos, what they report, and job steps.
+
+An agent that may join (`refuse_hello`, `verify_node`) says hello with what it runs; the
+master compares it with what it expects there (`reconcile`, pure) and applies the result
+before anything else is sent on the new connection: kill what it does not expect, requeue
+what was lost, resume the output of the rest.  Then every message of the agent lands in
+`message`: output, started, exited, port reserved (fenced by the epoch: a message of an
+older run is ignored, a stale start killed) and heartbeats, whose GPU telemetry
+`GpuWatch` turns into actions applied here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mgpu.config import ClusterConfig
+from mgpu.master.control.launch import step_launch
+from mgpu.master.control.lifecycle import Lifecycle, awaits_port
+from mgpu.master.control.nodes import NodeAdmin
+from mgpu.master.control.reconcile import expectations, reconcile
+from mgpu.master.control.submit import SubmitError
+from mgpu.master.monitor.gpuwatch import (
+    BlockGpus,
+    CancelIdle,
+    GpuWatch,
+    JobIdle,
+    Notice,
+    WatchAction,
+)
+from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
+from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.registry import AgentLink, NodeRecord
+from mgpu.master.state.steps import Step, is_step_id
+from mgpu.master.state.unitofwork import UnitOfWork
+from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.sqlite import Store
+from mgpu.model import DesiredState, EndReason, Job, JobState, NodeEvent, Slot, SlotPhase
+from mgpu.protocol import (
+    PROTOCOL_VERSION,
+    Exited,
+    Forget,
+    Heartbeat,
+    Hello,
+    Kill,
+    Output,
+    PortReserved,
+    Resume,
+    RunningReport,
+    SetTimeLimit,
+    Started,
+    Welcome,
+)
+
+log = logging.getLogger("mgpu.master")
+
+__all__ = ["Agents"]
+
+
+class Agents:
+    def __init__(
+        self,
+        state: ControllerState,
+        life: Lifecycle,
+        nodes: NodeAdmin,
+        outputs: OutputStore,
+        gpuwatch: GpuWatch,
+        node_secrets: NodeSecrets,
+        store: Store,
+        config: ClusterConfig,
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.uow: UnitOfWork = life.uow
+        self.nodes = nodes
+        self.outputs = outputs
+        self.gpuwatch = gpuwatch
+        self.node_secrets = node_secrets
+        self.store = store
+        self.config = config
+        self.on_joined: Callable[[], None] = lambda: None
+        """Told after a node joined (jobs queued before any node are judged then)."""
+
+    # ---- joining ----------------------------------------------------------
+
+    def refuse_hello(self, hello: Hello) -> str | None:
+        """Why this agent may not join, or None."""
+        if hello.protocol != PROTOCOL_VERSION:
+            return (
+                f"node {hello.node_id} speaks protocol {hello.protocol}, this master "
+                f"{PROTOCOL_VERSION}: run the same mgpu version on both"
+            )
+        if self.config.node(hello.node_id) is None and not self.config.cluster.allow_unlisted_nodes:
+            return (
+                f"node {hello.node_id} is not listed in the cluster config "
+                "and allow_unlisted_nodes is false"
+            )
+        return None
+
+    def verify_node(self, hello: Hello) -> HelloVerdict:
+        """May this agent speak for its node id (mgpu.master.security.nodeauth)?"""
+        node = self.state.nodes.get(hello.node_id)
+        connected = node is not None and node.connected
+        return self.node_secrets.verify(hello.node_id, hello.node_secret, connected)
+
+    def hello(self, hello: Hello, link: AgentLink, node_secret: str | None = None) -> Welcome:
+        """Accept an agent that `verify_node` let in; `node_secret`: issued at this join."""
+        node = self.state.node(hello.node_id)
+        if node.link is not None and node.link is not link:
+            log.warning("node %s proved its secret: its older connection is dropped", node.node_id)
+            node.link.close()
+        node.link = link
+        node.hostname = hello.hostname
+        node.ip = hello.ip
+        node.gpus = list(hello.gpus)
+        node.gpu_source = hello.gpu_source
+        node.features = list(hello.features)
+        node.run_as_user = hello.run_as_user
+        node.containment, node.gpu_isolation = hello.containment, hello.gpu_isolation
+        node.last_seen = self.state.clock.time()
+        entry = self.config.node(hello.node_id)
+        if entry is not None and entry.gpu_type:
+            node.gpu_type = entry.gpu_type
+        node.move(NodeEvent.JOINED)
+        kill, resume = self.reconcile(node, hello.running)
+        self.store.save_node(node.node_id, node.to_record())
+        self.on_joined()
+        log.info(
+            "node %s connected: %s (%s), %d GPU(s) via %s",
+            node.node_id,
+            node.hostname,
+            node.ip,
+            len(node.gpus),
+            node.gpu_source,
+        )
+        self.state.wake()
+        return Welcome(
+            heartbeat_interval=self.nodes.pace.welcome(node.node_id),
+            kill=kill,
+            resume=resume,
+            node_secret=node_secret,
+        )
+
+    def reconcile(
+        self, node: NodeRecord, reports: list[RunningReport]
+    ) -> tuple[list[RunningReport], list[Resume]]:
+        """Compare what the agent runs with what the master expects there and apply it:
+        requeue the lost (one node failure per restart, however many jobs it lost) and the
+        unlaunched (free); returns what the agent must kill, and where each run it keeps
+        resumes its output."""
+        expected = expectations(
+            node.node_id, node.jobs, reports, self.state.jobs, self.state.steps.by_id
+        )
+        result = reconcile(reports, expected)
+        live = {r.job_id for r in reports if not r.exited}
+        resume = []
+        for run_id, epoch in result.resume:
+            job = self.state.jobs.get(run_id)
+            slot = (
+                None
+                if job is None
+                else next((s for s in job.allocation if s.node_id == node.node_id), None)
+            )
+            if slot is not None and run_id in live and slot.phase == SlotPhase.SENT:
+                slot.phase = SlotPhase.STARTED  # its start was not stored yet
+            o, e = self.outputs.resume_point(run_id, epoch, node.node_id)
+            resume.append(Resume(job_id=run_id, epoch=epoch, stdout=o, stderr=e))
+            if job is not None and job.limit_changed and node.link is not None:
+                # Changed while it ran (mgpu update): the agent may not have heard (after
+                # the welcome, on the same ordered link).
+                limit = SetTimeLimit(job_id=run_id, epoch=epoch, time_limit=job.time_limit)
+                self.uow.send(node.link, limit)
+        why = f"{node.node_id} restarted and no longer runs it"
+        if result.lost:
+            self.nodes.charge_failure(node, why)
+        for job_id in result.lost:
+            self.life.slot_lost(self.state.jobs[job_id], EndReason.NODE_LOST, why)
+        for job_id in result.unlaunched:
+            never = f"the launch never reached {node.node_id}"
+            self.life.slot_lost(self.state.jobs[job_id], EndReason.NOT_LAUNCHED, never)
+        return list(result.kill), resume
+
+    def disconnected(self, node_id: str, link: AgentLink) -> None:
+        node = self.state.nodes.get(node_id)
+        if node is not None and node.link is link:
+            node.link = None
+            log.warning("node %s disconnected", node_id)
+
+    # ---- messages ---------------------------------------------------------
+
+    def message(self, node_id: str, msg: Any) -> None:
+        node = self.state.nodes.get(node_id)
+        if node is None:
+            return  # removed (mgpu node remove) while this message was on its way
+        node.last_seen = self.state.clock.time()
+        if isinstance(msg, Hello):
+            log.warning("node %s said hello again on its connection: ignored", node_id)
+            return
+        if isinstance(msg, Heartbeat):
+            pace = self.nodes.pace.heartbeat(node_id)  # the cluster's size changed it
+            if pace is not None and node.link is not None:
+                node.link.send(pace)
+            node.telemetry = {t.index: t for t in msg.telemetry}
+            actions = self.gpuwatch.heartbeat(
+                node, self.state.jobs, self.state.nodes.values(), node.last_seen
+            )
+            self.apply_watch(actions)
+            return
+        if isinstance(msg, Exited) and node.link is not None:
+            # Sent after this message's effect is on disk (see UnitOfWork); until then the
+            # agent keeps the run and re-sends its end after a reconnect.
+            self.uow.send(node.link, Forget(job_id=msg.job_id, epoch=msg.epoch))
+        if is_step_id(msg.job_id):
+            self._step_message(node, msg)
+            return
+        job = self.state.jobs.get(msg.job_id)
+        if job is None or job.epoch != msg.epoch or job.state != JobState.RUNNING:
+            if isinstance(msg, Output):
+                return  # late output of an ended run: already closed
+            if isinstance(msg, Started | PortReserved) and node.link is not None:
+                self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+            return
+        slot = next((s for s in job.allocation if s.node_id == node_id), None)
+        if slot is None:
+            return
+        if isinstance(msg, Output):
+            data = self.outputs.accept(
+                job.id, msg.epoch, node_id, msg.stream, msg.data, msg.offset, msg.end
+            )
+            if data is not None:  # None: already stored (re-sent after a reconnect)
+                self.outputs.append(job.id, msg.stream, data, node_id, msg.epoch, msg.end)
+        elif isinstance(msg, Started):
+            self.life.slot_started(job, slot, msg.pid, msg.hostname, msg.ip, msg.time)
+        elif isinstance(msg, PortReserved):
+            if awaits_port(job, node_id):
+                self.life.launch(job, port=msg.port)
+            else:  # from another rank, or again: MASTER_PORT is rank 0's, given once
+                log.warning("node %s: port_reserved for job %s ignored", node_id, job.id)
+        elif isinstance(msg, Exited) and not slot.done:  # done: a re-sent end
+            self._exited(job, node, slot, msg)
+
+    def _exited(self, job: Job, node: NodeRecord, slot: Slot, msg: Exited) -> None:
+        """A slot's end: a launch error (the job's, or the node's), else its exit code."""
+        if msg.launch_error is not None and msg.fatal:
+            slot.phase = SlotPhase.EXITED
+            self.life.finish(job, EndReason.LAUNCH_FATAL, f"{node.node_id}: {msg.launch_error}")
+            return
+        if msg.launch_error is not None:
+            why = f"{node.node_id} could not launch the job: {msg.launch_error}"
+            if job.desired is not DesiredState.STOP:
+                self.nodes.charge_failure(node, why)
+            # A failed prolog is the site's verdict on the node: tried again, no retry spent.
+            reason = EndReason.PROLOG_FAILED if msg.requeue_free else EndReason.LAUNCH_FAILED
+            self.life.slot_lost(job, reason, why)
+            return
+        node.failures = 0
+        if msg.epilog_error is not None:  # as Slurm: the node drains, the job's result stands
+            self.nodes.drain(node.node_id, msg.epilog_error)
+        self.life.slot_exited(job, slot, msg.exit_code, msg.timed_out)
+
+    def apply_watch(self, actions: list[WatchAction]) -> None:
+        """Apply what GpuWatch made of a heartbeat."""
+        for action in actions:
+            if isinstance(action, BlockGpus):
+                node = self.state.nodes.get(action.node_id)
+                if node is not None:
+                    node.foreign_blocked = action.gpus
+                    if action.freed:
+                        self.state.wake()
+            elif isinstance(action, JobIdle):
+                self.store.record_event("idle", target=action.job_id, detail=action.detail)
+            elif isinstance(action, Notice):
+                self.outputs.append(action.job_id, "e", action.text, action.node_id)
+            elif isinstance(action, CancelIdle):
+                job = self.state.jobs.get(action.job_id)
+                if job is not None and job.state == JobState.RUNNING:
+                    self.life.request_stop(job, EndReason.IDLE, action.reason)
+                    self.uow.flush(event=("cancel", None, None, job.id))
+
+    # ---- job steps (mgpu rsh) ---------------------------------------------
+
+    def start_step(self, job_id: str, host: str, argv: list[str]) -> Step:
+        """Run `argv` (through /bin/sh, as ssh would) on the allocated node `host` names."""
+        job = self.state.jobs.get(job_id)
+        if job is None or job.state != JobState.RUNNING:
+            raise SubmitError(f"job {job_id} is not running")
+        nodes = self.state.nodes
+        ranks = [
+            rank
+            for rank, s in enumerate(job.allocation)
+            if host in (s.node_id, nodes[s.node_id].hostname, nodes[s.node_id].ip)
+        ]
+        if not ranks:
+            names = ", ".join(s.node_id for s in job.allocation)
+            raise SubmitError(f"{host} is not one of job {job_id}'s nodes ({names})")
+        slot = job.allocation[ranks[0]]
+        link = nodes[slot.node_id].link
+        if link is None:
+            raise SubmitError(f"{slot.node_id} is not connected")
+        step = self.state.steps.new(job.id, job.epoch, slot.node_id)
+        credential = self.life.credential(job)
+        launch = step_launch(step.id, job, ranks[0], argv, nodes, credential, self.config)
+        self.uow.send(link, launch)
+        return step
+
+    def _step_message(self, node: NodeRecord, msg: Any) -> None:
+        step = self.state.steps.by_id.get(msg.job_id)
+        if step is None or step.epoch != msg.epoch or not step.runs_on(node.node_id):
+            if isinstance(msg, Started) and node.link is not None:
+                self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+            return
+        if isinstance(msg, Output):
+            data = self.outputs.accept(
+                step.id, msg.epoch, node.node_id, msg.stream, msg.data, msg.offset, msg.end
+            )
+            if data is None:
+                return  # already stored (re-sent after a reconnect)
+            self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
+            self.outputs.append(step.job_id, msg.stream, data, node.node_id)
+        elif isinstance(msg, Exited) and not step.ended_on(node.node_id):
+            code, error = msg.exit_code, msg.launch_error
+            if self.state.steps.node_exited(step, node.node_id, code, error):
+                self.outputs.close(step.id)

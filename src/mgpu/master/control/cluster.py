@@ -1,0 +1,635 @@
+"""The master's controller, as the API sees it: a facade over its parts.
+
+The parts, each in its own module (see docs/ARCHITECTURE.md, "The controller"):
+
+* `state.py` — jobs, nodes, steps and the GPU ledger, in memory;
+* `unitofwork.py` — group commit: changed jobs written once per loop turn, then the
+  messages to agents that wait on them;
+* `submit.py` and `admission.py` — a typed request into admitted jobs;
+* `lifecycle.py` — one method per job transition, with its `EndReason`;
+* `launch.py` — the Launch message, built in one place;
+* `agents.py` — hellos and reconcile, agent messages, job steps;
+* `sessions.py`, `allocations.py` — runs held by a client (terminals, allocations) and
+  the steps an allocation runs;
+* `nodes.py` — drain, resume, remove, failures and liveness (heartbeats);
+* `loop.py` — snapshot → `schedule()` → apply, the plan re-checked as it is applied;
+* `access.py` — tokens, root grants, node access rules.
+
+The store, token store, output store, node secrets and clock are passed in (the master
+makes them, and its CA, at start: master/http/app.py); the controller tests pass an in-memory
+store and a fake clock (tests/controller/harness.py).  All mutation happens on the asyncio
+loop, so there is no locking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgpu import spec as specs
+from mgpu.config import ClusterConfig
+from mgpu.master.control.admission import Admission, AdmissionContext
+from mgpu.master.control.agents import Agents
+from mgpu.master.control.allocations import Allocations
+from mgpu.master.control.jobctl import JobControl
+from mgpu.master.control.lifecycle import Lifecycle
+from mgpu.master.control.loop import SchedulingLoop
+from mgpu.master.control.nodes import Conflict, NodeAdmin, NotFound
+from mgpu.master.control.notify import Notifier, check_target
+from mgpu.master.control.reservations import ReservationBook
+from mgpu.master.control.reservations import public as public_reservation
+from mgpu.master.control.sessions import Sessions, held_by_client
+from mgpu.master.control.submit import JobSpec, SubmitDefaults, SubmitError, build_template
+from mgpu.master.monitor.gpuwatch import GpuWatch
+from mgpu.master.monitor.metrics import JobMetrics
+from mgpu.master.runtime import gcpause
+from mgpu.master.runtime.clock import Clock, LoopTimers, SystemClock, Timers
+from mgpu.master.runtime.looplag import LoopLag
+from mgpu.master.runtime.turns import bulk_turn
+from mgpu.master.security.access import Access, unix_groups
+from mgpu.master.security.auth import Identity, TokenStore
+from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
+from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.registry import AgentLink, NodeRecord
+from mgpu.master.state.snapshot import job_request, running_job, scheduler_config
+from mgpu.master.state.steps import Step
+from mgpu.master.state.unitofwork import UnitOfWork
+from mgpu.master.store import arrays
+from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.sqlite import Store
+from mgpu.master.store.submitbatch import SubmitBatch
+from mgpu.model import EndReason, Job, JobState, NodeState
+from mgpu.protocol import GpuDesc, Hello, Welcome
+from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
+
+log = logging.getLogger("mgpu.master")
+
+__all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
+
+
+@dataclass
+class SubmitResult:
+    job_id: str
+    task_ids: tuple[str, ...] | None = None
+    dropped_env: list[str] = field(default_factory=list)
+    """Reserved names in the submitted environment, not passed to the job."""
+
+
+class Cluster:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        store: Store,
+        tokens: TokenStore,
+        outputs: OutputStore,
+        node_secrets: NodeSecrets,
+        clock: Clock | None = None,
+        timers: Timers | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.tokens = tokens
+        self.outputs = outputs
+        outputs.cap = config.limits.max_output_per_job  # the store's maker need not know it
+        self.clock: Clock = clock or SystemClock()
+        self.timers: Timers = timers or LoopTimers()
+        self.default_user = owner or getpass.getuser()
+        self.state = ControllerState(config, self.clock)
+        self.jobs = self.state.jobs
+        self.nodes = self.state.nodes
+        self.steps = self.state.steps
+        self.counters = self.state.counters
+        half_life = config.scheduling.fairshare_half_life_hours * 3600
+        self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
+        self.uow = UnitOfWork(store, self.timers, self.usage)
+        self.job_metrics = JobMetrics()
+        self.loop_lag = LoopLag()
+        self.gpuwatch = GpuWatch(config)
+        self.life = Lifecycle(
+            self.state, self.uow, outputs, self.usage, config, tokens.fingerprint, self.job_metrics
+        )
+        self.uow.on_unsendable = self.life.unsendable
+        self.life.on_end.append(lambda job: self.gpuwatch.forget(job.id))
+        self.access = Access(config, tokens, self.jobs, self.nodes, self.default_user)
+        self.node_admin = NodeAdmin(self.state, self.life, store, node_secrets, config)
+        self.reservations = ReservationBook(store)
+        self.loop = SchedulingLoop(
+            self.state,
+            self.life,
+            self.node_admin,
+            self.usage,
+            config,
+            self.access.allowed_nodes,
+            self._dependency_targets,
+            self.reservations.active,
+        )
+        self.agents = Agents(
+            self.state,
+            self.life,
+            self.node_admin,
+            outputs,
+            self.gpuwatch,
+            node_secrets,
+            store,
+            config,
+        )
+        self.agents.on_joined = self._judge_unjudged_later
+        self.sessions = Sessions(self.state, self.life, config)
+        self.allocations = Allocations(self.state, self.life, self.sessions, config)
+        self.loop.on_tick += [self.sessions.check, self.allocations.check]
+        self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self.jobctl = JobControl(
+            self.state, self.life, self.loop, self.admission, self.admission_context
+        )
+        self.notifier = Notifier(config.notify, self._active_tasks, store.job_rows_with_prefix)
+        self.life.on_end.append(self.notifier.job_ended)
+        self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
+        self._ids_in_admission: set[str] = set()
+        self.submits = SubmitBatch(store)
+        self._unjudged: set[str] = set()
+        """Jobs queued while no node was known: judged once nodes have joined."""
+        self._rejudge_armed = False
+        self._load()
+        self.sessions.track(self.jobs.values())
+
+    def _load(self) -> None:
+        now = self.clock.time()
+        for node_id, rec in self.store.load_nodes().items():
+            node = self.state.node(node_id)
+            node.hostname = rec.get("hostname", "")
+            node.ip = rec.get("ip", "")
+            # Unchecked: a record from before hellos were bounded must not stop the master;
+            # the agent's next hello replaces it with checked values.
+            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
+            node.gpu_source = rec.get("gpu_source", "unknown")
+            node.drain_requested = bool(rec.get("drain_requested"))
+            node.reason = rec.get("reason")
+            node.failures = int(rec.get("failures", 0))
+            node.features = list(rec.get("features", []))
+            node.last_seen = now  # grace: agents get a full timeout to come back
+            node.state = NodeState.OFFLINE
+        for entry in self.config.nodes:
+            self.state.node(entry.node_id)
+        running = []
+        for job in self.store.load_active_jobs():
+            self.jobs[job.id] = job
+            if job.state == JobState.RUNNING:
+                self.state.hold(job)
+                running.append(job)
+        if running:
+            self.store.save_jobs(running)  # rewritten: drops a credential stored in clear
+        log.info("loaded %d active jobs, %d nodes", len(self.jobs), len(self.nodes))
+
+    # ---- who asks ---------------------------------------------------------
+
+    def identify(self, token: str | None) -> Identity | None:
+        return self.access.identify(token)
+
+    def root_grant(self, ident: Identity) -> bool:
+        return self.access.root_grant(ident)
+
+    def root_name(self, user: str) -> str | None:
+        return self.access.root_name(user)
+
+    # ---- submit -----------------------------------------------------------
+
+    async def submit(
+        self,
+        spec: JobSpec,
+        user: str | None,
+        address: str | None = None,
+        allow_root: bool = False,
+    ) -> SubmitResult:
+        """Build, admit, store: raises SubmitError with one sentence, storing nothing.
+        allow_root: the submitter's grant (root_grant), recorded on every job.
+
+        An array is stored as one row (`mgpu.master.store.arrays`), so a submit of 100,000 tasks
+        is one small transaction; its tasks are built a slice at a time with the loop free
+        in between, and become visible all at once, after the write."""
+        template = build_template(
+            spec,
+            user or self.default_user,
+            self._submit_defaults,
+            self.clock.time(),
+            self._new_job_id,
+        )
+        template.allow_root = allow_root
+        array = spec.array
+        base_id = template.id
+        if spec.notify is not None:
+            try:
+                check_target(spec.notify, self.config.notify)
+            except specs.SpecError as e:
+                raise SubmitError(str(e)) from None
+        ctx = self.admission_context(cached=True)
+        if template.reservation is not None:
+            request = self.loop.request_for(template)
+            self.reservations.admit(template, ctx.nodes, request, self.clock.time())
+        self._ids_in_admission.add(base_id)  # the site validator may take a while
+        try:
+            if array is None:
+                await self.admission.admit([template], spec, ctx)
+                jobs = [template]
+            else:
+                # The checks see the first task, as they always have; the site's mutators
+                # change the template too, so that every task carries them.
+                first = next(arrays.tasks(template, array.indices[:1], array.max_running))
+                await self.admission.admit([first, template], spec, ctx)
+                with gcpause.paused():
+                    jobs = await _tasks_in_slices(
+                        template, array.indices, array.max_running, self.loop.cache_requests
+                    )
+                    gcpause.after_bulk(len(jobs))  # long-lived: full collections skip them
+        finally:
+            self._ids_in_admission.discard(base_id)
+        event = ("submit", template.user, address, base_id)
+
+        def known() -> None:  # right after the write: a job on disk is a job in memory
+            self.jobs.update((job.id, job) for job in jobs)
+            if array is None:
+                self.loop.queued(jobs)
+            if held_by_client(template):
+                self.sessions.track(jobs)
+            if not ctx.nodes:
+                self._unjudged.update(job.id for job in jobs)
+                if self.state.any_node_joined():  # while the site validator ran
+                    self._judge_unjudged_later()
+            self.state.wake()
+
+        if array is None:
+            await self.submits.write(jobs, event, known)  # this turn's submits: one commit
+        else:
+            try:
+                self.store.save_array(template, list(array.indices), array.max_running, event)
+            except BaseException:
+                for job in jobs:
+                    self.loop.forget(job)
+                raise
+            known()
+            for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
+                if i:
+                    await bulk_turn()
+                self.loop.queued(jobs[i : i + QUEUED_SLICE])
+            self.state.wake()
+        task_ids = tuple(j.id for j in jobs) if array is not None else None
+        return SubmitResult(base_id, task_ids, spec.dropped_env)
+
+    def admission_context(self, cached: bool = False) -> AdmissionContext:
+        """What admission judges a job against now.  `cached`: the loop's request cache
+        may be used (a new job); a changed job (mgpu update) is judged as it is now."""
+        joined = self.state.any_node_joined()
+        return AdmissionContext(
+            # What the nodes are (not what is busy): the same list until the cluster's
+            # shape changes, so admission's verdicts per request shape stay cached.
+            nodes=self.state.node_index.shape() if joined else [],
+            request_for=(
+                self.loop.request_for
+                if cached
+                else lambda job: job_request(job, self.access.allowed_nodes(job.user))
+            ),
+            job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
+            groups=unix_groups,
+        )
+
+    def _active_tasks(self, array_id: str) -> int:
+        return sum(1 for j in self.jobs.values() if j.array_job_id == array_id)
+
+    def active_tasks(self, array_id: str) -> list[Job]:
+        """The queued and running tasks of an array (job control acts on these)."""
+        return [j for j in self.jobs.values() if j.array_job_id == array_id]
+
+    def _new_job_id(self) -> str:
+        job_id = specs.new_job_id()
+        while (
+            job_id in self.jobs
+            or job_id in self._ids_in_admission
+            or job_id in self.submits.ids
+            or self.store.has_job(job_id)
+        ):
+            job_id = specs.new_job_id()
+        return job_id
+
+    def _node_views(self) -> list[NodeView]:
+        return self.state.node_index.views()
+
+    def _judge_unjudged_later(self) -> None:
+        """Jobs queued before any node was known could not be judged at submit.  Once a
+        node has joined, give the others one heartbeat interval to join too (agents that
+        start together), then fail those that could never run, with the sentence submit
+        would have given."""
+        if not self._unjudged or self._rejudge_armed:
+            return
+        self._rejudge_armed = True
+        self.timers.call_later(self.config.networking.heartbeat_interval, self._judge_unjudged)
+
+    def _judge_unjudged(self) -> None:
+        self._rejudge_armed = False
+        unjudged, self._unjudged = self._unjudged, set()
+        nodes = self._node_views()
+        verdicts: dict[str, str | None] = {}  # the tasks of an array share one
+        for job_id in sorted(unjudged):
+            job = self.jobs.get(job_id)
+            if job is None or job.state != JobState.QUEUED:
+                continue
+            key = job.array_job_id or job.id
+            if key not in verdicts:
+                verdicts[key] = self.admission.never_fits(job, nodes, self.loop.request_for)
+            why = verdicts[key]
+            if why is not None:
+                self.life.finish(job, EndReason.NEVER_FITS, why)
+
+    def _find_dependency_target(self, job_id: str) -> list[Job] | None:
+        job = self.get_job(job_id)
+        if job is not None:
+            return [job]
+        tasks = self.array_tasks(job_id)
+        return tasks or None
+
+    def _dependency_targets(self, dep_id: str) -> Sequence[DependencyTarget]:
+        """The jobs a dependency on `dep_id` waits for (a job, or an array's tasks)."""
+        return [
+            DependencyTarget(t.id, t.state.value if t.terminal else None)
+            for t in self._find_dependency_target(dep_id) or []
+        ]
+
+    # ---- queries ----------------------------------------------------------
+
+    def get_job(self, job_id: str) -> Job | None:
+        """Active, just changed (not written yet), or from the store."""
+        job = self.jobs.get(job_id) or self.uow.pending(job_id)
+        return job if job is not None else self.store.get_job(job_id)
+
+    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
+        """Many jobs by id: from memory, the rest in one store query (unknown ids left out)."""
+        found: dict[str, Job] = {}
+        missing = []
+        for job_id in job_ids:
+            job = self.jobs.get(job_id) or self.uow.pending(job_id)
+            if job is None:
+                missing.append(job_id)
+            else:
+                found[job_id] = job
+        if missing:
+            found.update(self.store.get_jobs(missing))
+        return found
+
+    def array_tasks(self, array_id: str) -> list[Job]:
+        if len(array_id) != 8:
+            return []
+        found = {j.id: j for j in self.store.jobs_with_prefix(array_id + "_")}
+        for j in [*self.uow.pending_jobs(), *self.jobs.values()]:
+            if j.array_job_id == array_id:
+                found[j.id] = j
+        return sorted(found.values(), key=lambda j: j.array_task_id or 0)
+
+    def array_pages(self, array_id: str, size: int) -> Iterator[list[tuple[str, str, str]]]:
+        """An array's tasks as pages of (id, stored state, user), in index order.  An array
+        stored as one row lists every task from its indices (the state is "" there: an
+        active task is in memory, any other has ended); an older one pages its stored rows."""
+        stored = self.store.get_array(array_id) if len(array_id) == 8 else None
+        if stored is None:
+            after = ""
+            while rows := self.store.job_rows_with_prefix(array_id + "_", after, size):
+                yield rows
+                after = rows[-1][0]
+            return
+        template, indices, _ = stored
+        for i in range(0, len(indices), size):
+            yield [(f"{array_id}_{k}", "", template.user) for k in indices[i : i + size]]
+
+    def public_job(self, job: Job) -> dict[str, Any]:
+        out = job.to_public()
+        if not job.terminal:
+            out.update(self.gpuwatch.job_fields(job))
+        if job.state == JobState.QUEUED:
+            out["priority_value"] = self.loop.priorities.get(job.id)
+            out["priority_factors"] = self.loop.factors.get(job.id)
+            out["expected_start"] = self.loop.expected_start.get(job.id)
+            out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
+        return out
+
+    def active_job(self, job_id: str) -> Job | None:
+        """A queued or running job, or one that has just changed (not written yet)."""
+        return self.jobs.get(job_id) or self.uow.pending(job_id)
+
+    def finished_jobs(self, keep: Callable[[Job], bool]) -> list[Job]:
+        """What `queue --all` adds: the last 1,000 ended jobs in the store, then those that
+        have just ended and are not written yet, oldest first; those `keep` keeps."""
+        ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
+        stored = self.store.finished_jobs(limit=1000)
+        jobs = [j for j in reversed(stored) if j.id not in ended]
+        jobs += sorted(ended.values(), key=_end_time)
+        return [j for j in jobs if keep(j)]
+
+    def queue(self, include_finished: bool = False) -> dict[str, Any]:
+        jobs = [self.public_job(j) for j in self.jobs.values()]
+        if include_finished:
+            # Just ended and not written yet: only here for the moment, and the newest.
+            ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
+            stored = self.store.finished_jobs(limit=1000)
+            jobs += [j.to_public() for j in reversed(stored) if j.id not in ended]
+            jobs += [j.to_public() for j in sorted(ended.values(), key=_end_time)]
+        return {"jobs": jobs, "nodes": self.nodes_public()}
+
+    def nodes_public(self) -> list[dict[str, Any]]:
+        nodes = self.state.sorted_nodes()
+        # The users of the jobs on nodes only: not a map of every queued job per request.
+        on_nodes = (self.jobs.get(job_id) for n in nodes for job_id in n.jobs)
+        users = {j.id: j.user for j in on_nodes if j is not None}
+        return [n.to_public(users) for n in nodes]
+
+    def node_public(self, node: NodeRecord) -> dict[str, Any]:
+        return node.to_public({j.id: j.user for j in self.jobs.values()})
+
+    def job_event(self, job_id: str) -> asyncio.Event:
+        return self.state.job_event(job_id)
+
+    def queue_position(self, job: Job) -> int:
+        pos = 1
+        for j in self.jobs.values():
+            if j.id == job.id:
+                return pos
+            if j.state == JobState.QUEUED:
+                pos += 1
+        return pos
+
+    def stored_counts(self) -> dict[str, int]:
+        """Jobs in the store by state (/metrics)."""
+        return self.store.count_by_state()
+
+    def finished_since(
+        self, since: float, user: str | None = None, states: set[str] | None = None, limit: int = 0
+    ) -> list[Job]:
+        """Jobs that ended at or after `since` (history, reports); safe in a thread."""
+        return self.store.read_finished(since, user, states, limit or None)
+
+    # ---- reservations -----------------------------------------------------
+
+    def create_reservation(
+        self, body: dict[str, Any], actor: str | None, address: str | None
+    ) -> dict[str, Any]:
+        """`mgpu reserve create`: raises ReservationRequestError (one sentence), storing
+        nothing, when it cannot be made."""
+        now = self.clock.time()
+        running = [running_job(j, now) for j in self.jobs.values() if j.state == JobState.RUNNING]
+        config = scheduler_config(self.config.scheduling)
+        r = self.reservations.create(
+            body,
+            now,
+            self._node_views(),
+            running,
+            config.default_time_limit,
+            self.access.known_user,
+            actor,
+            address,
+        )
+        self.state.wake()
+        return public_reservation(r, now)
+
+    def list_reservations(self) -> list[dict[str, Any]]:
+        now = self.clock.time()
+        return [public_reservation(r, now) for r in self.reservations.active(now)]
+
+    def delete_reservation(self, name: str, actor: str | None, address: str | None) -> bool:
+        deleted = self.reservations.delete(name, actor, address)
+        self.state.wake()
+        return deleted
+
+    # ---- cancel -----------------------------------------------------------
+
+    def cancel(self, job: Job, actor: str | None = None, address: str | None = None) -> bool:
+        """Cancel a queued or running job; False if it had already ended."""
+        job = self.jobs.get(job.id, job)
+        if job.terminal:
+            return False
+        self._cancel(job, actor)
+        # On disk, with the audit event in the same transaction, before the user is told.
+        self.uow.flush(event=("cancel", actor, address, job.id))
+        return True
+
+    def cancel_tasks(
+        self, rows: list[tuple[str, str]], actor: str | None
+    ) -> tuple[list[str], list[str]]:
+        """Cancel many jobs (an array's tasks), given as (id, stored state), without writing
+        them yet (`commit`).  Returns the ids cancelled and those that had already ended."""
+        cancelled, ended = [], []
+        for job_id, stored_state in rows:
+            job = self.jobs.get(job_id) or self.uow.pending(job_id)
+            if job is None and stored_state in ("queued", "running"):
+                job = self.store.get_job(job_id)  # not expected: active jobs live in memory
+            if job is None or job.terminal:
+                ended.append(job_id)
+                continue
+            self._cancel(job, actor)
+            cancelled.append(job_id)
+        return cancelled, ended
+
+    def commit(
+        self, event: tuple[str, str | None, str | None, str] | None, detail: str | None = None
+    ) -> None:
+        """Write what changed now, in one transaction with the audit event when given."""
+        self.uow.flush(event=event, detail=detail)
+
+    def _cancel(self, job: Job, actor: str | None) -> None:
+        if job.state == JobState.QUEUED:
+            text = "cancelled" if actor is None else f"cancelled by {actor}"
+            self.life.finish(job, EndReason.CANCELLED, text)
+        else:
+            self.life.request_stop(job, EndReason.CANCELLED)
+
+    # ---- nodes ------------------------------------------------------------
+
+    def drain(
+        self, node_id: str, reason: str | None, actor: str | None = None, address: str | None = None
+    ) -> NodeRecord:
+        return self.node_admin.drain(node_id, reason, actor, address)
+
+    def resume(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> NodeRecord:
+        return self.node_admin.resume(node_id, actor, address)
+
+    def remove_node(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> list[str]:
+        return self.node_admin.remove(node_id, actor, address)
+
+    # ---- agents -----------------------------------------------------------
+
+    def refuse_hello(self, hello: Hello) -> str | None:
+        return self.agents.refuse_hello(hello)
+
+    def verify_node(self, hello: Hello) -> HelloVerdict:
+        return self.agents.verify_node(hello)
+
+    def agent_hello(self, hello: Hello, link: AgentLink, node_secret: str | None = None) -> Welcome:
+        return self.agents.hello(hello, link, node_secret)
+
+    def agent_message(self, node_id: str, msg: Any) -> None:
+        self.agents.message(node_id, msg)
+
+    def agent_disconnected(self, node_id: str, link: AgentLink) -> None:
+        self.agents.disconnected(node_id, link)
+
+    def start_step(self, job_id: str, host: str, argv: list[str]) -> Step:
+        return self.agents.start_step(job_id, host, argv)
+
+    # ---- the loop ---------------------------------------------------------
+
+    async def run(self) -> None:
+        await asyncio.gather(self.loop.run(), self.notifier.run(), self.loop_lag.run())
+
+    def wake(self) -> None:
+        self.state.wake()
+
+    @property
+    def loop_tick(self) -> float:
+        return self.loop.loop_tick
+
+    @property
+    def last_pass_duration(self) -> float:
+        return self.loop.last_pass_duration
+
+    @property
+    def last_full_pass_duration(self) -> float:
+        return self.loop.last_full_seconds
+
+    def flush(self) -> None:
+        self.uow.flush()
+
+    def flush_all(self) -> None:
+        """Everything to disk now (shutdown)."""
+        self.uow.flush_all()
+
+
+QUEUED_SLICE = 5_000
+"""A big array's tasks told to the scheduling loop per turn of the event loop."""
+TASK_SLICE = 500
+"""Array tasks built per turn of the event loop (a few milliseconds)."""
+
+
+async def _tasks_in_slices(
+    template: Job,
+    indices: Sequence[int],
+    cap: int | None,
+    built: Callable[[list[Job]], None],
+) -> list[Job]:
+    """The tasks, a slice at a time with the loop free between; `built` sees each slice
+    (the scheduling loop builds their requests then, not all at once in its next pass)."""
+    out: list[Job] = []
+    common = arrays.common_fields(template)
+    for i in range(0, len(indices), TASK_SLICE):
+        part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
+        built(part)
+        out += part
+        await bulk_turn()
+    return out
+
+
+def _end_time(job: Job) -> float:
+    return job.end_time or 0.0

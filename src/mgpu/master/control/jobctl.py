@@ -1,0 +1,254 @@
+"""Job control after submit: hold, release, requeue, update (Slurm's `scontrol hold`,
+`release`, `requeue`, `update`).
+
+* **hold** — a queued job is kept from starting; its reason says `held`.  A running job
+  cannot be held (requeue it first).
+* **release** — a held job may start again.  A job an admin held for another user only an
+  admin releases (as Slurm's admin hold).
+* **requeue** — a running job is stopped and queued again: `EndReason.REQUEUED`, so no
+  retry is spent; the run ends as an attempt and the next one sees `MGPU_RESTART_COUNT`
+  one higher.  A queued job is left as it is (said in a sentence).
+* **update** — a queued job's time limit, priority, GPU count and name; a running job's
+  time limit and name.  Values are checked by the submit rules (`JobSpec`), and a queued
+  job's new shape by admission (`could_ever_fit`, the site's limits and validator), so an
+  impossible update is refused with the sentence submit would give.  A running job's new
+  limit is sent to its agents (`SetTimeLimit`), which apply it to the run's start.  The
+  owner may lower a running job's limit; only an admin may raise it (as in Slurm, where
+  the limit is what the scheduler planned around).
+
+Each change is written with an audit event in the same transaction, before the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mgpu import spec as specs
+from mgpu.master.control.admission import Admission, AdmissionContext
+from mgpu.master.control.lifecycle import Lifecycle
+from mgpu.master.control.loop import SchedulingLoop
+from mgpu.master.control.nodes import Conflict
+from mgpu.master.control.submit import JobSpec, SubmitError
+from mgpu.master.state.memory import ControllerState
+from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase
+from mgpu.protocol import SetTimeLimit
+
+__all__ = ["Actor", "Change", "JobControl", "NotAllowed"]
+
+
+class NotAllowed(PermissionError):
+    """The asker may not do this to this job (one sentence why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What one action did to one job: `changed` False means it was left as it was."""
+
+    job_id: str
+    changed: bool
+    message: str
+    detail: str = ""
+    """What changed, for the audit log (update)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asks; `audit`: write each change with its own audit event now (False: the
+    caller flushes a slice of an array's tasks with one event)."""
+
+    user: str
+    admin: bool
+    address: str | None = None
+    audit: bool = True
+
+
+def _ended(job: Job, what: str) -> Conflict:
+    return Conflict(f"job {job.id} has ended ({job.state.value}); {what}")
+
+
+def _limit(seconds: float | None) -> str:
+    return specs.format_time_limit(seconds)
+
+
+class JobControl:
+    def __init__(
+        self,
+        state: ControllerState,
+        life: Lifecycle,
+        loop: SchedulingLoop,
+        admission: Admission,
+        context: Callable[[], AdmissionContext],
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.uow = life.uow
+        self.loop = loop
+        self.admission = admission
+        self.context = context
+
+    def _done(self, job: Job, kind: str, actor: Actor, message: str, detail: str = "") -> Change:
+        """Written now, with the audit event, before the asker is told (an array's tasks:
+        by the caller, a slice at a time, with one event for the request)."""
+        self.uow.persist(job)
+        if actor.audit:
+            self.uow.flush(event=(kind, actor.user, actor.address, job.id), detail=detail or None)
+        self.state.notify(job)
+        return Change(job.id, True, message, detail)
+
+    def _requeued_changed(self, job: Job) -> None:
+        """A queued job's request changed: the loop's cached verdicts go, a pass comes."""
+        self.loop.forget(job)
+        self.state.wake()
+
+    # ---- hold / release ---------------------------------------------------
+
+    def hold(self, job: Job, actor: Actor) -> Change:
+        if job.terminal:
+            raise _ended(job, "only a queued job can be held")
+        if job.state == JobState.RUNNING:
+            raise Conflict(
+                f"job {job.id} is running; only a queued job can be held "
+                f"(mgpu requeue {job.id} first)"
+            )
+        if job.held:
+            return Change(job.id, False, f"job {job.id} is held already")
+        job.held, job.held_by, job.reason = True, actor.user, "held"
+        self._requeued_changed(job)
+        return self._done(job, "hold", actor, f"held {job.id}")
+
+    def release(self, job: Job, actor: Actor) -> Change:
+        if not job.held or job.state != JobState.QUEUED:
+            return Change(job.id, False, f"job {job.id} is not held")
+        if job.held_by not in (None, job.user, actor.user) and not actor.admin:
+            raise NotAllowed(f"job {job.id} was held by {job.held_by}; only an admin releases it")
+        job.held, job.held_by, job.reason = False, None, "waiting to be scheduled"
+        self._requeued_changed(job)
+        return self._done(job, "release", actor, f"released {job.id}")
+
+    # ---- requeue ----------------------------------------------------------
+
+    def requeue(self, job: Job, actor: Actor) -> Change:
+        if job.terminal:
+            raise _ended(job, "only a running job can be requeued (submit it again)")
+        if job.state == JobState.QUEUED:
+            return Change(job.id, False, f"job {job.id} is queued already: nothing to requeue")
+        if job.desired is DesiredState.STOP:
+            raise Conflict(f"job {job.id} is being cancelled; it cannot be requeued")
+        if job.desired is not DesiredState.RUN:
+            return Change(job.id, False, f"job {job.id} is being requeued already")
+        self.life.request_stop(job, EndReason.REQUEUED, f"requested by {actor.user}")
+        return self._done(job, "requeue", actor, f"requeueing {job.id}")
+
+    # ---- update -----------------------------------------------------------
+
+    @staticmethod
+    def parse_update(
+        time: str | None, priority: int | None, gpus: int | None, name: str | None
+    ) -> JobSpec:
+        """The new values checked as submit checks them (its sentences, its limits): a
+        SpecError or pydantic ValidationError for a bad one."""
+        if time is None and priority is None and gpus is None and name is None:
+            raise specs.SpecError("nothing to change: give --time, --priority, --gpus or --name")
+        raw: dict[str, object] = {"command": "true"}
+        for key, value in (("time", time), ("priority", priority), ("gpus", gpus)):
+            if value is not None:
+                raw[key] = value
+        if name is not None:
+            raw["name"] = name
+        return JobSpec.model_validate(raw)
+
+    async def update(self, job: Job, new: JobSpec, actor: Actor) -> Change:
+        """Apply the values given in `new` (see `parse_update`) to `job`."""
+        fields = new.model_fields_set - {"command"}
+        was = job.state
+        if job.terminal:
+            raise _ended(job, "only a queued or running job can be updated")
+        if job.state == JobState.RUNNING and fields & {"priority", "gpus"}:
+            raise Conflict(
+                f"job {job.id} is running: only its --time and --name can change now "
+                "(--priority and --gpus only while it is queued)"
+            )
+        limit = job.time_limit
+        if "time" in fields:
+            assert new.time is not None
+            limit = None if math.isinf(new.time) else new.time
+            raising = limit is None or (job.time_limit is not None and limit > job.time_limit)
+            if job.state == JobState.RUNNING and raising and not actor.admin:
+                raise NotAllowed(
+                    f"only an admin may raise the time limit of a running job "
+                    f"({job.id} has {_limit(job.time_limit)}; asked {_limit(limit)})"
+                )
+        updated = Job.from_record(job.to_record())
+        updated.time_limit = limit
+        if "name" in fields:
+            updated.name = new.name
+        if "priority" in fields:
+            updated.priority = new.priority
+        if "gpus" in fields:
+            self._reshape(updated, new)
+        await self._admit(job, updated, new)
+        if job.state != was:  # it started (or ended) while the site's validator ran
+            raise Conflict(f"job {job.id} changed while the update was checked; try again")
+        changes = []
+        for attr, label in (
+            ("time_limit", "time"),
+            ("name", "name"),
+            ("priority", "priority"),
+            ("gpus", "gpus"),
+        ):
+            old, value = getattr(job, attr), getattr(updated, attr)
+            if old != value:
+                shown = _limit if attr == "time_limit" else str
+                changes.append(f"{label} {shown(old)} -> {shown(value)}")
+                setattr(job, attr, value)
+        job.gpus_per_node = updated.gpus_per_node
+        if not changes:
+            return Change(job.id, False, f"job {job.id} has these values already")
+        if job.state == JobState.RUNNING and "time" in fields:
+            self._send_limit(job)
+        if job.state == JobState.QUEUED:
+            self._requeued_changed(job)
+        detail = "; ".join(changes)
+        return self._done(job, "update", actor, f"updated {job.id}: {detail}", detail)
+
+    @staticmethod
+    def _reshape(job: Job, new: JobSpec) -> None:
+        """`--gpus N` on a queued job: its total, spread as it asked (per node for a gang)."""
+        if job.gpu_ids is not None or job.node_gpu_ids is not None:
+            option = "--gpu-ids" if job.gpu_ids is not None else "--node-gpu-ids"
+            raise Conflict(
+                f"job {job.id} asked for exact GPUs ({option}); --gpus cannot change that "
+                "(cancel it and submit again)"
+            )
+        assert new.gpus is not None
+        if job.nodes is not None:  # checked as submit checks --gpus with --nodes
+            spec = JobSpec.model_validate({"command": "true", "gpus": new.gpus, "nodes": job.nodes})
+            job.gpus, job.gpus_per_node = spec.shape.gpus, spec.shape.gpus_per_node
+        else:
+            job.gpus = new.gpus
+
+    async def _admit(self, job: Job, updated: Job, new: JobSpec) -> None:
+        """The site's rules on the updated job, as at submit (SubmitError)."""
+        if job.state == JobState.RUNNING:
+            top = self.admission.max_time
+            if top is not None and (updated.time_limit is None or updated.time_limit > top):
+                raise SubmitError(
+                    f"the job's time limit {_limit(updated.time_limit)} is more than this "
+                    f"cluster allows per job ({_limit(top)})"
+                )
+            return
+        ctx = self.context()
+        groups = self.admission.check(updated, new, ctx)
+        if self.admission.config.validator:
+            await self.admission.run_validator(updated, new, groups or ctx.groups(job.user))
+
+    def _send_limit(self, job: Job) -> None:
+        """The running job's agents apply the new limit (again when they reconnect)."""
+        job.limit_changed = True
+        for slot in job.allocation:
+            node = self.state.nodes.get(slot.node_id)
+            if slot.phase in (SlotPhase.SENT, SlotPhase.STARTED) and node and node.link:
+                message = SetTimeLimit(job_id=job.id, epoch=job.epoch, time_limit=job.time_limit)
+                self.uow.send(node.link, message)

@@ -1,0 +1,174 @@
+"""What an agent is sent to start one part of a job: the `Launch` message, built here only.
+
+Pure: the job, its allocation, the nodes' addresses and the run's credential in, the
+environment (the contract's `CUDA_VISIBLE_DEVICES`, `MGPU_*`, torchrun's variables), the
+MPI hostfile and the message out.  The caller decides when to send it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from mgpu.config import ClusterConfig
+from mgpu.master.state.registry import NodeRecord
+from mgpu.master.state.shares import job_share_units
+from mgpu.model import Job, Slot
+from mgpu.protocol import Launch, TerminalSize
+from mgpu.scheduler.shares import SHARE_UNITS, format_share
+from mgpu.signalspec import SignalSpec, parse_signal
+
+__all__ = [
+    "hostfile",
+    "job_env",
+    "job_launch",
+    "preempt_warning",
+    "share_env",
+    "step_launch",
+    "terminal_size",
+]
+
+
+def job_env(
+    job: Job, rank: int, slot: Slot, nodes: Mapping[str, NodeRecord], credential: str
+) -> dict[str, str]:
+    """The environment of the job's process on one node (rank = index in the allocation)."""
+    alloc = job.allocation
+    gpus = ",".join(map(str, slot.gpu_ids))
+    env = dict(job.env)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": gpus,
+            "MGPU_JOB_ID": job.id,
+            "MGPU_NODE_ID": slot.node_id,
+            "MGPU_GPU_IDS": gpus,
+            "MGPU_JOB_NAME": job.name or "",
+            "MGPU_USER": job.user,
+            "MGPU_NNODES": str(len(alloc)),
+            "MGPU_NODE_RANK": str(rank),
+            "MGPU_NODELIST": ",".join(s.node_id for s in alloc),
+        }
+    )
+    env["MGPU_TOKEN"] = credential
+    env["MGPU_RESTART_COUNT"] = str(job.restarts)  # as SLURM_RESTART_COUNT: 0 on the first run
+    if job.gpu_share:
+        env.update(share_env(job, slot, nodes))
+    if job.array_job_id is not None:
+        env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
+        env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
+    if job.port is not None:
+        dist = {
+            "MASTER_ADDR": nodes[alloc[0].node_id].ip,
+            "MASTER_PORT": str(job.port),
+            "NNODES": str(len(alloc)),
+            "NODE_RANK": str(rank),
+            "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
+            "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
+        }
+        env.update(dist)
+        # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
+        env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
+        env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+    return env
+
+
+def share_env(job: Job, slot: Slot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
+    """What a fractional job (`--gpu-share F`) is told of its share: F, its part of the GPU's
+    memory (rounded down, from the node's hello) and the share of the GPU's threads MPS gives
+    it.  The agent runs it under MPS where the node has a control daemon (agent/mps.py)."""
+    units = job_share_units(job)
+    node = nodes.get(slot.node_id)
+    memory = next(
+        (g.memory_mb for g in (node.gpus if node else []) if g.index in slot.gpu_ids), None
+    )
+    env = {
+        "MGPU_GPU_SHARE": format_share(units),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": format_share(units * 100),
+    }
+    if memory is not None:
+        env["MGPU_GPU_MEMORY_LIMIT_MB"] = str(memory * units // SHARE_UNITS)
+    return env
+
+
+def hostfile(job: Job, nodes: Mapping[str, NodeRecord]) -> str:
+    """One line per node, slots = its GPUs (Open MPI and MPICH both read this form)."""
+    lines = []
+    for s in job.allocation:
+        node = nodes[s.node_id]
+        lines.append(f"{node.hostname or node.ip or s.node_id} slots={len(s.gpu_ids) or 1}")
+    return "\n".join(lines) + "\n"
+
+
+def job_launch(
+    job: Job,
+    rank: int,
+    nodes: Mapping[str, NodeRecord],
+    credential: str,
+    config: ClusterConfig,
+) -> Launch:
+    """The launch of rank `rank` of the job's current run."""
+    slot = job.allocation[rank]
+    site = config.site
+    warning = None if job.signal is None else parse_signal(job.signal)
+    return Launch(
+        job_id=job.id,
+        epoch=job.epoch,
+        argv=job.argv,
+        env=job_env(job, rank, slot, nodes, credential),
+        cwd=job.cwd,
+        gpu_ids=slot.gpu_ids,
+        time_limit=job.time_limit,
+        kill_grace=config.scheduling.kill_grace,
+        user=job.user,
+        allow_root=job.allow_root,  # decided at submit from the token's grant, never a name
+        mpi=job.mpi,
+        hostfile=hostfile(job, nodes) if job.mpi else None,
+        image=job.image,
+        prolog=site.prolog,
+        epilog=site.epilog,
+        prolog_timeout=site.prolog_timeout,
+        epilog_timeout=site.epilog_timeout,
+        signal=None if warning is None else warning.number,
+        signal_lead=0.0 if warning is None else float(warning.seconds),
+        signal_batch=warning is not None and warning.batch_only,
+        script=job.script,
+        script_name=job.script_name,
+        pty=terminal_size(job.pty_size) if job.pty else None,
+    )
+
+
+def preempt_warning(job: Job, config: ClusterConfig) -> SignalSpec | None:
+    """The signal a preempted job gets before it is stopped: its own `--signal`, else the
+    cluster's `scheduling.preempt_signal` (None: just SIGTERM, grace, SIGKILL)."""
+    text = job.signal or config.scheduling.preempt_signal
+    return None if text is None else parse_signal(text)
+
+
+def terminal_size(size: Sequence[int] | None) -> TerminalSize:
+    """A pty's size: the client's terminal as last told, else the classic 24 x 80."""
+    rows, cols = size if size else (24, 80)
+    return TerminalSize(rows=rows, cols=cols)
+
+
+def step_launch(
+    step_id: str,
+    job: Job,
+    rank: int,
+    argv: list[str],
+    nodes: Mapping[str, NodeRecord],
+    credential: str,
+    config: ClusterConfig,
+) -> Launch:
+    """A job step (`mgpu rsh`): `argv` through /bin/sh, as ssh would, with the job's
+    environment and GPUs on that node."""
+    slot = job.allocation[rank]
+    return Launch(
+        job_id=step_id,
+        epoch=job.epoch,
+        argv=["/bin/sh", "-c", " ".join(argv)],
+        env=job_env(job, rank, slot, nodes, credential),
+        cwd=job.cwd,
+        gpu_ids=slot.gpu_ids,
+        kill_grace=config.scheduling.kill_grace,
+        user=job.user,
+        allow_root=job.allow_root,
+    )

@@ -1,0 +1,653 @@
+"""The scheduling loop: snapshot → `schedule()` → apply, whenever something changed.
+
+`plan` reads the controller's state into the scheduler's snapshot (master/state/snapshot.py) and
+calls the pure core; `apply` carries the decisions out, re-checking each against the state
+as it is then, as Nomad's plan applier does: a start whose node is gone or no longer
+schedulable, or whose GPUs are no longer free, is dropped whole (the job stays queued and
+is planned again), never half-applied; a preemption of a job that has meanwhile ended or is
+already being stopped is dropped too.
+
+A long queue (more than `LONG_QUEUE` jobs) splits the work as Slurm does between its main
+scheduler and its backfill plugin.  The *quick pass*, on events, looks only at the head of
+the queue: the first `QUICK_DEPTH` jobs of the last full pass's priority order still queued,
+the jobs that full pass would have started (its backfill deeper in the queue), the jobs
+queued since (`_fresh`, in submit order), and the next tasks of arrays held at their `%N`
+cap; the pure core runs on those alone (`schedule()` with their priorities
+computed now), so its cost does not grow with the queue.  It makes every start and
+preemption.  The *full pass* (priorities, reasons and estimates of every queued job, the
+order the quick passes start from) runs every few seconds: its snapshot is gathered a
+slice at a time, the core runs on it in a worker thread (it is made of immutable values and
+fresh containers), and its verdicts are written a slice at a time, so it never holds the
+event loop.  It starts nothing itself: the quick pass that follows it does, on fresh state.
+A short queue gets a full pass, on the loop, every time (a millisecond or two); with more
+than `ESTIMATE_RUNNING` jobs running or `ESTIMATE_QUEUED` queued, the estimates (the
+planner's timelines cost what the running and waiting jobs do) are left to one such pass at
+most every `FULL_INTERVAL`.  The running jobs themselves are kept by the jobs' changes
+(master/state/runindex.py), not walked at every pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from itertools import islice
+
+from mgpu.config import ClusterConfig
+from mgpu.master.control.lifecycle import Lifecycle
+from mgpu.master.control.nodes import NodeAdmin
+from mgpu.master.runtime import gcpause
+from mgpu.master.runtime.turns import bulk_turn
+from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.runindex import RunningIndex
+from mgpu.master.state.shares import job_share_units
+from mgpu.master.state.snapshot import (
+    assemble,
+    collect,
+    dependency_targets,
+    job_request,
+    scheduler_config,
+)
+from mgpu.model import DesiredState, EndReason, Job, JobState
+from mgpu.scheduler import (
+    ARRAY_LIMIT,
+    Decisions,
+    DependencyTarget,
+    Eligibility,
+    FreePool,
+    JobRequest,
+    NodeView,
+    Reservation,
+    RunningJob,
+    SchedulerConfig,
+    UsageLedger,
+    schedule,
+)
+from mgpu.scheduler.running import RunningSet
+
+log = logging.getLogger("mgpu.master")
+
+__all__ = ["Plan", "SchedulingLoop"]
+
+REPLAN_INTERVAL = 5.0
+"""Seconds between passes when nothing happened (age priority, expected starts)."""
+
+
+PASS_BATCH = 0.01
+"""Seconds the loop waits after a pass before the next: events arriving meanwhile are
+planned together (Slurm: sched_min_interval)."""
+BATCH_FACTOR = 10
+"""A pass that had jobs queued is followed by at most this many times its length."""
+LIVENESS_INTERVAL = 0.5
+"""Seconds between two looks for nodes gone silent (`NodeAdmin.check_heartbeats`)."""
+LONG_QUEUE = 200
+"""Queued jobs beyond which passes split into quick and full ones (module docstring)."""
+QUICK_DEPTH = 100
+"""Jobs of the last full order a quick pass looks at, and as many fresh ones (Slurm:
+default_queue_depth; the core's backfill looks at `backfill_depth` behind the head)."""
+FULL_INTERVAL = 2.0
+"""Least seconds between full passes of a long queue while things happen (at least 10x
+the last one's length): every queued job has its reason and estimate within seconds."""
+SLICE = 5_000
+"""Jobs read or written per turn of the event loop by a full pass (a few milliseconds)."""
+ESTIMATE_RUNNING = 1_000
+"""Running jobs beyond which a short queue's passes at events leave the estimates (which
+cost what the running jobs do) to a pass at most every FULL_INTERVAL."""
+ESTIMATE_QUEUED = 200
+"""Queued jobs beyond which the same holds: each waiting job's estimate is planned against
+the running ones (with a thousand queued, the estimates were ~70 % of a pass; Slurm makes
+them in its backfill cycle, not at every event)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One pass's verdicts, computed from a snapshot and not applied yet."""
+
+    now: float
+    eligibility: Eligibility
+    decisions: Decisions | None
+    """None when no queued job was eligible (no scheduler call was needed)."""
+    seconds: float
+    """CPU time the planning took."""
+    quick: bool = False
+    """A quick pass's: its verdicts cover the head of the queue alone."""
+    capped: Mapping[str, list[str]] = field(default_factory=dict)
+    """A full pass's: each capped array's tasks waiting for its cap, in submit order."""
+    queued: int = 0
+    """A full pass's: how many jobs were queued."""
+    users: frozenset[str] = frozenset()
+    """A full pass's: the users of the jobs it could start (fairshare normalisation)."""
+    estimated: bool = True
+    """A full pass's: it made every waiting job's estimate (else the last ones stand)."""
+
+
+class SchedulingLoop:
+    def __init__(
+        self,
+        state: ControllerState,
+        life: Lifecycle,
+        nodes: NodeAdmin,
+        usage: UsageLedger,
+        config: ClusterConfig,
+        allowed_nodes: Callable[[str], frozenset[str] | None],
+        targets: Callable[[str], Sequence[DependencyTarget]],
+        reservations: Callable[[float], Sequence[Reservation]] = lambda now: (),
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.nodes = nodes
+        self.usage = usage
+        self.config = config
+        self.allowed_nodes = allowed_nodes
+        self.targets = targets
+        self.reservations = reservations
+        """The active and future reservations at a time (master/control/reservations.py)."""
+        self._requests: dict[str, JobRequest] = {}
+        self.priorities: dict[str, float] = {}
+        self.factors: Mapping[str, dict[str, float]] = {}
+        """The last pass's (jobs it did not see, like those waiting for a dependency, have
+        none): read lazily, never copied."""
+        self.expected_start: dict[str, float] = {}
+        self.waiting_on: dict[str, tuple[str, ...]] = {}
+        """The last pass's estimates and what each job waits for: in memory only (they
+        change every pass; `mgpu queue` and `show` read them)."""
+        self._deps_met: set[tuple[str, str]] = set()
+        """Dependencies (kind, job id) known to be satisfied for good."""
+        self._dependents: dict[str, list[str]] = {}
+        """Active job id → the waiting jobs that depend on it (as of the last full pass):
+        its end puts them in the next quick pass of a long queue, not the next full one."""
+        self.last_pass_time = 0.0
+        self.last_pass_duration = 0.0
+        self.loop_tick = state.clock.time()
+        """When the loop last went round (readyz)."""
+        self._last_full = 0.0
+        self._last_estimates = -math.inf
+        self._estimates_owed = False
+        """A short queue's pass left the estimates out (`ESTIMATE_RUNNING`)."""
+        self._last_liveness = -LIVENESS_INTERVAL
+        self._next_backoff = math.inf
+        """When the first retry backoff the last pass saw ends."""
+        self.long_queue = LONG_QUEUE
+        self.quick_depth = QUICK_DEPTH
+        self.estimate_running = ESTIMATE_RUNNING
+        self.estimate_queued = ESTIMATE_QUEUED
+        self._order: list[str] = []
+        """The last full pass's pending jobs in priority order (the quick passes' head)."""
+        self._cursor = 0
+        """Where in `_order` the first job still queued may be."""
+        self._would_start: list[str] = []
+        """Jobs the last full pass would have started (backfill deep in the queue): the
+        quick passes that follow look at them too, so that depth does not hide them."""
+        self._fresh: dict[str, None] = {}
+        """Jobs queued since the last full pass's snapshot, in submit order."""
+        self._fresh_old: dict[str, None] = {}
+        """Jobs queued before the snapshot of the full pass under way (or last)."""
+        self._capped: Mapping[str, list[str]] = {}
+        self._capped_at: dict[str, int] = {}
+        self._users: frozenset[str] = frozenset()
+        """Users of the last full pass's pending jobs (fairshare normalisation)."""
+        self._queued = 0
+        default_limit = scheduler_config(config.scheduling).default_time_limit
+        self.running = RunningIndex(state.jobs, default_limit)
+        """The running jobs as the scheduler sees them, kept by every job's change."""
+        life.uow.on_persist = self.running.touched
+        self.full_due = False
+        """A full pass of a long queue is due (`run` starts it as a task)."""
+        self._full: asyncio.Task[None] | None = None
+        self._changed = False
+        """Something happened since the last full pass started."""
+        self._last_full_start = -math.inf
+        self.last_full_seconds = 0.0
+        """Wall time of the last full pass (its slices and its worker thread)."""
+        life.on_end.append(self.forget)
+        life.on_requeue.append(lambda job: self.queued((job,)))
+        self.on_tick: list[Callable[[], None]] = []
+        """Checks run every round after the nodes' (clients of terminals and allocations)."""
+
+    # ---- the loop ---------------------------------------------------------
+
+    async def run(self) -> None:
+        """Schedule whenever something changed; re-plan unchanged queues every few seconds
+        (priorities age, backoffs expire).  A long pass is followed by a pause of about its
+        own length, so a huge queue cannot starve the API of the event loop; a short one by
+        PASS_BATCH, so that the events of that moment (submits, ends, starts) are planned
+        in one pass rather than one pass each: a pass costs what the cluster's size does."""
+        try:
+            while True:
+                woken = True
+                try:
+                    await asyncio.wait_for(self.state.wakeup.wait(), timeout=1.0)
+                except TimeoutError:
+                    woken = False
+                self.state.wakeup.clear()
+                self.tick(woken)
+                if self.full_due and self._full is None:
+                    self.full_due = False
+                    self._full = asyncio.create_task(self._full_task())
+                await asyncio.sleep(self.pause())
+        finally:  # the master stops: a full pass under way is not waited for
+            if self._full is not None:
+                self._full.cancel()
+
+    def pause(self) -> float:
+        """Seconds to wait after a pass, so that the events meanwhile (a stream of submits,
+        ends, starts) are planned in one pass: about the pass's own length at least; when
+        it had jobs queued, up to PASS_BATCH but no more than BATCH_FACTOR times its length
+        (passes then take at most about a tenth of the loop while events stream, and a
+        cheap pass on a small cluster is followed by a short wait, not PASS_BATCH: the
+        next submit starts within a few ms).  After a pass with nothing queued (a job's
+        end on a quiet cluster) the next event is planned at once."""
+        spent = self.last_pass_duration
+        batch = min(PASS_BATCH, BATCH_FACTOR * spent) if self._queued or self._fresh else 0.0
+        return min(1.0, max(batch, spent))
+
+    def tick(self, woken: bool = True) -> None:
+        """One round: lost nodes first, then a pass if something changed or one is due."""
+        self.loop_tick = self.state.clock.time()
+        try:
+            now = self.state.clock.monotonic()
+            # Liveness is a matter of seconds: twice a second, not at every turn (it looks
+            # at every node).
+            if now - self._last_liveness >= LIVENESS_INTERVAL:
+                self._last_liveness = now
+                self.nodes.check_heartbeats()
+            for check in self.on_tick:  # clients' heartbeats (terminals, allocations): few
+                check()
+            # With nothing new, a pass only ages priorities and moves estimates: at most
+            # every REPLAN_INTERVAL, and for a long queue (a costly pass) rarer still, so
+            # that these passes take at most about 2 % of the master's time.
+            if self.long:
+                self._tick_long(woken, now)
+                return
+            interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
+            due = now - self._last_full >= interval or self.backoff_expired()
+            owed = self._estimates_owed and now - self._last_estimates >= FULL_INTERVAL
+            if woken or due or owed:
+                running = self.running.refresh(self.state.clock.time())
+                cheap = (
+                    len(running) <= self.estimate_running
+                    and self._queued + len(self._fresh) <= self.estimate_queued
+                )
+                estimates = due or owed or cheap
+                self.schedule_pass(estimates)
+                self._last_full = now
+                self._estimates_owed = not estimates
+                if estimates:
+                    self._last_estimates = now
+        except Exception:
+            log.exception("scheduling pass failed")
+
+    @property
+    def long(self) -> bool:
+        """Is the queue long enough for split passes (as of the last full pass)."""
+        return self._queued + len(self._fresh) > self.long_queue
+
+    def _tick_long(self, woken: bool, now: float) -> None:
+        """Quick passes on events; a full pass every few seconds while things happen, every
+        REPLAN_INTERVAL or more when nothing does (priorities age, backoffs expire)."""
+        self._changed = self._changed or woken
+        expired = self.backoff_expired()
+        if woken or expired:
+            self.apply(self.quick_plan())
+        since = now - self._last_full_start
+        busy = max(FULL_INTERVAL, 10 * self.last_full_seconds)
+        idle = max(REPLAN_INTERVAL, 50 * self.last_full_seconds)
+        if (self._changed and since >= busy) or since >= idle or expired:
+            self.full_due = True
+
+    async def _full_task(self) -> None:
+        try:
+            await self.full_pass()
+        except Exception:
+            log.exception("full scheduling pass failed")
+        finally:
+            self._full = None
+            self.full_due = False  # asked for while it ran: the next round judges anew
+
+    def backoff_expired(self) -> bool:
+        """Has a retry backoff the last pass saw ended (not a look at every job: this is
+        asked at every turn of the loop)."""
+        return self.state.clock.time() >= self._next_backoff
+
+    # ---- requests (cached per queued job) ---------------------------------
+
+    def request_for(self, job: Job) -> JobRequest:
+        req = self._requests.get(job.id)
+        if req is None:
+            req = job_request(job, self.allowed_nodes(job.user))
+            if job.state == JobState.QUEUED and job.id in self.state.jobs:
+                self._requests[job.id] = req
+        return req
+
+    def cache_requests(self, jobs: Iterable[Job]) -> None:
+        """Build the requests of jobs about to be queued (a big array's tasks, a slice at a
+        time while it is submitted), so that the first pass after it does not hold the
+        event loop building 100,000 of them."""
+        for job in jobs:
+            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
+
+    def queued(self, jobs: Iterable[Job]) -> None:
+        """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
+        them, in this order, before any full pass has placed them in its order."""
+        self._fresh.update(dict.fromkeys(job.id for job in jobs))
+
+    def forget(self, job: Job) -> None:
+        """The job left the queue for good (or changed): its cached verdicts go."""
+        self._requests.pop(job.id, None)
+        self.priorities.pop(job.id, None)
+        self._fresh_old.pop(job.id, None)
+        if job.state is JobState.QUEUED and job.id in self.state.jobs:
+            self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
+        else:
+            self._fresh.pop(job.id, None)
+        if job.state.terminal:  # its dependents may start now
+            self._fresh.update(dict.fromkeys(self._dependents.pop(job.id, ())))
+
+    def _note_dependents(self, job_id: str) -> None:
+        """A waiting job: indexed by the active jobs it depends on (not arrays: a task's
+        end rarely frees them, and their targets are many to look up)."""
+        req = self._requests.get(job_id)
+        if req is None or not req.dependencies:
+            return
+        for dep in req.dependencies:
+            if dep not in self._deps_met and dep.job_id in self.state.jobs:
+                self._dependents.setdefault(dep.job_id, []).append(job_id)
+
+    def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
+        """Each user's usage: ended work, decayed, plus the running work the set keeps."""
+        usage = self.usage.snapshot(now)
+        for user, used in running.usage(now).items():
+            usage[user] = usage.get(user, 0.0) + used
+        return usage
+
+    # ---- a pass -----------------------------------------------------------
+
+    def schedule_pass(self, estimates: bool = True) -> None:
+        self.apply(self.plan(estimates))
+
+    def config_now(self, quick: bool = False) -> SchedulerConfig:
+        """The scheduler's config now (`quick`: no estimates but the blocked head's)."""
+        config = replace(
+            scheduler_config(self.config.scheduling),
+            # The cluster's size is kept by the index: not summed over every node a pass.
+            cluster_gpus=self.state.node_index.gpu_count(),
+        )
+        return replace(config, plan_jobs=0) if quick else config
+
+    def plan(self, estimates: bool = True) -> Plan:
+        """A full pass's plan, on the loop (a short queue, or a test); without `estimates`
+        the waiting jobs get none but the blocked head's (the last ones stand)."""
+        now = self.state.clock.time()
+        t0 = time.perf_counter()
+        self._fresh_old.update(self._fresh)
+        self._fresh = {}
+        queued, _, _ = collect(
+            now, self.state.jobs.values(), self.request_for, self._requests, None
+        )
+        running = self.running.refresh(now)  # kept: the core runs at once, on the loop
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        usage = self.usage_at(now, running)
+        index = self.state.node_index  # views and free pool kept up to date per node
+        plan = _pure_full(
+            now,
+            queued,
+            running,
+            self.running.arrays,
+            found,
+            usage,
+            self.config_now(quick=not estimates),
+            index.views(),
+            self.reservations(now),
+            index.pool(fork=False),  # the core runs at once, on the loop, on a copy
+        )
+        return replace(plan, seconds=time.perf_counter() - t0, estimated=estimates)
+
+    async def full_pass(self, offload: bool = True) -> None:
+        """A full pass that never holds the event loop: its snapshot read a slice at a time,
+        the core in a worker thread (`offload`; else inline, for tests), its verdicts
+        written a slice at a time.  It starts nothing: the quick pass it wakes does."""
+        t0 = time.perf_counter()
+        self._last_full_start = self.state.clock.monotonic()
+        self._changed = False
+        now = self.state.clock.time()
+        self._fresh_old.update(self._fresh)
+        self._fresh = {}
+        jobs = list(self.state.jobs.values())
+        queued: list[JobRequest] = []
+        for k in range(0, len(jobs), SLICE):
+            queued += collect(now, jobs[k : k + SLICE], self.request_for, self._requests, None)[0]
+            await bulk_turn()
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        running = self.running.refresh(now).copy()  # for the worker thread: its own
+        args = (
+            now, queued, running, dict(self.running.arrays), found, self.usage_at(now, running),
+            self.config_now(), self.state.node_index.views(), self.reservations(now),
+            self.state.node_index.pool(),
+        )  # fmt: skip
+        if offload:
+            with gcpause.paused():  # the core pauses it too: one owner, on this thread
+                plan = await asyncio.to_thread(_pure_full, *args)
+        else:
+            plan = _pure_full(*args)
+        self._would_start = []
+        if plan.decisions is not None:  # decided on a snapshot: the quick pass starts
+            self._would_start = [start.job_id for start in plan.decisions.starts]
+            plan.decisions.starts.clear()
+            plan.decisions.preempt.clear()
+        await self._apply_slices(plan)
+        self.last_full_seconds = time.perf_counter() - t0
+        self.state.wake()
+
+    async def _apply_slices(self, plan: Plan) -> None:
+        """`apply` a full plan, its reasons written a slice at a time (the loop runs
+        between).  Read from the plan's own dicts (nobody else changes them), not copied
+        into lists: 100,000 tuples would each be tracked by the cyclic collector."""
+        decisions = plan.decisions
+        reasons: dict[str, str] = {}
+        if decisions is not None:
+            reasons, decisions.reasons = decisions.reasons, {}
+        waiting, plan.eligibility.waiting = plan.eligibility.waiting, {}
+        self.apply(plan, timed=False)  # its time is its own (`last_full_seconds`)
+        jobs, queued = self.state.jobs, JobState.QUEUED
+        next_backoff = math.inf
+        items = iter(waiting.items())
+        for _ in range(0, len(waiting), SLICE):
+            for job_id, why in islice(items, SLICE):
+                job = jobs.get(job_id)
+                if job is not None:
+                    job.reason = why
+                    if plan.now < job.eligible_time < next_backoff:
+                        next_backoff = job.eligible_time
+                    self._note_dependents(job_id)
+            await bulk_turn()
+        self._next_backoff = min(self._next_backoff, next_backoff)
+        items = iter(reasons.items())
+        for _ in range(0, len(reasons), SLICE):
+            for job_id, why in islice(items, SLICE):
+                job = jobs.get(job_id)
+                if job is not None and job.state is queued and job.reason != why:
+                    job.reason = why
+            await bulk_turn()
+
+    # ---- the quick pass ---------------------------------------------------
+
+    def quick_plan(self) -> Plan:
+        """The head of a long queue only (module docstring)."""
+        now = self.state.clock.time()
+        t0 = time.perf_counter()
+        picked = self._head()
+        running = self.running.refresh(now)
+        queued = [self.request_for(job) for job in picked]
+        found = dependency_targets(queued, self._deps_met, self.targets)
+        prepared = assemble(
+            now,
+            queued,
+            running,
+            self.running.arrays,
+            found,
+            self.usage_at(now, running),
+            self.config_now(quick=True),
+            self.state.node_index.views(),
+            self.reservations(now),
+            self._users,
+        )
+        snapshot = prepared.snapshot
+        pool = None if snapshot is None else self.state.node_index.pool(fork=False)
+        decisions = None if snapshot is None else schedule(snapshot, pool)
+        return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0, quick=True)
+
+    def _head(self) -> list[Job]:
+        """The queued jobs a quick pass looks at: the head of the last full order, the
+        jobs the last full pass would have started, the first fresh ones, the next tasks
+        of each capped array."""
+        jobs, queued, depth = self.state.jobs, JobState.QUEUED, self.quick_depth
+        picked: dict[str, Job] = {}
+        order, k, leading = self._order, self._cursor, True
+        while k < len(order) and len(picked) < depth:
+            job = jobs.get(order[k])
+            if job is not None and job.state is queued:
+                picked[job.id] = job
+                leading = False
+            elif leading:  # started or gone: the next quick pass need not look again
+                self._cursor = k + 1
+            k += 1
+        if self._would_start:
+            still = [job for job in map(jobs.get, self._would_start) if job and job.state is queued]
+            self._would_start = [job.id for job in still]
+            for job in still:
+                picked.setdefault(job.id, job)
+        for fresh in (self._fresh_old, self._fresh):
+            gone, taken = [], 0
+            for job_id in fresh:
+                if taken >= depth:
+                    break
+                job = jobs.get(job_id)
+                if job is None or job.state is not queued:
+                    gone.append(job_id)
+                    continue
+                picked.setdefault(job_id, job)
+                taken += 1
+            for job_id in gone:
+                del fresh[job_id]
+        for array_id, tasks in self._capped.items():
+            k = self._capped_at.get(array_id, 0)
+            leading, taken, cap = True, 0, None
+            while k < len(tasks) and (cap is None or taken < cap):
+                job = jobs.get(tasks[k])
+                if job is not None and job.state is queued:
+                    picked.setdefault(job.id, job)
+                    cap = min(depth, job.array_max_running or 1)
+                    taken += 1
+                    leading = False
+                elif leading:
+                    self._capped_at[array_id] = k + 1
+                k += 1
+        return list(picked.values())
+
+    def apply(self, plan: Plan, timed: bool = True) -> None:
+        """Carry out `plan`, each decision re-checked against the state as it is now."""
+        t0 = time.perf_counter()
+        jobs = self.state.jobs
+        verdict = plan.eligibility
+        for job_id, why in verdict.cancel.items():
+            job = jobs.get(job_id)
+            if job is not None and job.state == JobState.QUEUED:
+                self.life.finish(job, EndReason.DEPENDENCY_NEVER, why)
+        next_backoff = math.inf
+        if not plan.quick:
+            self._dependents = {}  # made anew from this pass's waiting jobs
+        for job_id, why in verdict.waiting.items():
+            job = jobs.get(job_id)
+            if job is not None:
+                job.reason = why  # advisory and changing: in memory, not written each pass
+                if plan.now < job.eligible_time < next_backoff:
+                    next_backoff = job.eligible_time
+                self._note_dependents(job_id)
+        if plan.quick:  # it saw a few jobs: the others' backoffs stand
+            self._next_backoff = min(self._next_backoff, next_backoff)
+        else:
+            self._next_backoff = next_backoff
+            self._fresh_old = {}
+            self._queued = plan.queued
+            self._capped, self._capped_at = plan.capped, {}
+            if plan.decisions is not None:
+                self._order, self._cursor = plan.decisions.order, 0
+            else:
+                self._order, self._cursor = [], 0
+            self._users = plan.users
+        # Ended as required: that never changes, so later passes need not look them up.
+        self._deps_met.update(verdict.satisfied)
+        decisions = plan.decisions
+        if decisions is not None:
+            self.priorities.update(decisions.priorities)
+            if not plan.quick:
+                self.factors = decisions.factors
+            if not plan.quick and plan.estimated:
+                self.expected_start = dict(decisions.expected_start)
+                self.waiting_on = dict(decisions.waiting_on)
+            for start in decisions.starts:
+                job = jobs.get(start.job_id)
+                if job is None or job.state != JobState.QUEUED:
+                    continue
+                placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
+                share = job_share_units(job)
+                if not all(self.state.free(n, g, share) for n, g in placements):
+                    log.info("start of %s dropped: %s changed since the plan", job.id, placements)
+                    continue
+                self.life.start(job, placements)
+                self._requests.pop(job.id, None)
+                self.expected_start.pop(job.id, None)
+                self.waiting_on.pop(job.id, None)
+            for job_id in decisions.preempt:
+                job = jobs.get(job_id)
+                running = job is not None and job.state == JobState.RUNNING
+                if running and job is not None and job.desired is DesiredState.RUN:
+                    self.life.request_stop(job, EndReason.PREEMPTED)
+            queued = JobState.QUEUED
+            for job_id, why in decisions.reasons.items():  # every waiting job: kept lean
+                job = jobs.get(job_id)
+                if job is not None and job.state is queued and job.reason != why:
+                    job.reason = why  # (a job started above is no longer queued)
+        elif not plan.quick:
+            self.expected_start, self.waiting_on = {}, {}
+        self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)
+        if timed:  # the loop paces itself by the passes it runs on the loop
+            self.last_pass_duration = plan.seconds + time.perf_counter() - t0
+
+
+def _pure_full(
+    now: float,
+    queued: list[JobRequest],
+    running: Sequence[RunningJob],
+    arrays: dict[str, int],
+    found: Mapping[str, Sequence[DependencyTarget]],
+    usage: Mapping[str, float],
+    config: SchedulerConfig,
+    views: Sequence[NodeView],
+    reservations: Sequence[Reservation],
+    pool: FreePool | None = None,
+) -> Plan:
+    """A full pass's verdicts from plain values: no controller state is read (so it may run
+    in a worker thread while the loop goes on; `pool` is a fork of the node index's)."""
+    t0 = time.perf_counter()
+    prepared = assemble(now, queued, running, arrays, found, usage, config, views, reservations)
+    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot, pool)
+    capped: dict[str, list[str]] = {}
+    waiting = prepared.eligibility.waiting
+    for req in queued:  # tasks of one array share one verdict: kept for the quick passes
+        if req.array_id is not None and waiting.get(req.job_id, "").startswith(ARRAY_LIMIT):
+            capped.setdefault(req.array_id, []).append(req.job_id)
+    users = frozenset(r.user for r in prepared.eligibility.eligible)
+    seconds = time.perf_counter() - t0
+    return Plan(
+        now,
+        prepared.eligibility,
+        decisions,
+        seconds,
+        capped=capped,
+        queued=len(queued),
+        users=users,
+    )

@@ -1,0 +1,169 @@
+"""Node administration and health: drain, resume, remove, failures, and liveness.
+
+A node's state moves by the table in `mgpu.model.NODE_MOVES`; this module makes the moves
+that admins ask for (`drain`, `resume`, `remove`), the drain the master decides itself
+(too many consecutive failures: `charge_failure`; an epilog error), and the loss of a
+node that has gone silent (`check_heartbeats`, Nomad's heartbeat.go: liveness only).  The
+node's agent joining is master/control/agents.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mgpu.config import ClusterConfig
+from mgpu.master.control.heartbeats import HeartbeatPace
+from mgpu.master.control.lifecycle import Lifecycle
+from mgpu.master.security.nodeauth import NodeSecrets
+from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.registry import NodeRecord
+from mgpu.master.store.sqlite import Store
+from mgpu.model import EndReason, JobState, NodeEvent, NodeState
+
+log = logging.getLogger("mgpu.master")
+
+__all__ = ["Conflict", "NodeAdmin", "NotFound"]
+
+
+class NotFound(KeyError):
+    pass
+
+
+class Conflict(ValueError):
+    """A request that cannot be done in the current state; the message says why."""
+
+
+class NodeAdmin:
+    def __init__(
+        self,
+        state: ControllerState,
+        life: Lifecycle,
+        store: Store,
+        node_secrets: NodeSecrets,
+        config: ClusterConfig,
+    ) -> None:
+        self.state = state
+        self.life = life
+        self.store = store
+        self.node_secrets = node_secrets
+        self.config = config
+        self.pace = HeartbeatPace(config.networking)
+        """The heartbeat interval for the cluster's size, and each node's timeout."""
+
+    def drain(
+        self,
+        node_id: str,
+        reason: str | None,
+        actor: str | None = None,
+        address: str | None = None,
+    ) -> NodeRecord:
+        node = self.state.nodes.get(node_id)
+        if node is None:
+            raise NotFound(node_id)
+        node.drain_requested = True
+        node.reason = reason or "drained by admin"
+        node.move(NodeEvent.DRAIN)
+        self.store.save_node(node_id, node.to_record())
+        self.store.record_event(
+            "drain", actor=actor, address=address, target=node_id, detail=node.reason
+        )
+        return node
+
+    def resume(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> NodeRecord:
+        node = self.state.nodes.get(node_id)
+        if node is None:
+            raise NotFound(node_id)
+        node.drain_requested = False
+        node.reason = None
+        node.failures = 0
+        node.move(NodeEvent.RESUME)
+        self.store.save_node(node_id, node.to_record())
+        self.store.record_event("resume", actor=actor, address=address, target=node_id)
+        self.state.wake()
+        return node
+
+    def charge_failure(self, node: NodeRecord, why: str) -> None:
+        """One more consecutive failure (a launch error, jobs lost in a restart); at
+        `scheduling.node_failure_threshold` the node drains."""
+        node.failures += 1
+        threshold = self.config.scheduling.node_failure_threshold
+        if node.failures >= threshold and not node.drain_requested:
+            node.drain_requested = True
+            node.reason = f"{node.failures} consecutive failures, last: {why}"
+            node.move(NodeEvent.DRAIN)
+            log.warning("draining %s: %s", node.node_id, node.reason)
+        self.store.save_node(node.node_id, node.to_record())
+
+    def remove(
+        self, node_id: str, actor: str | None = None, address: str | None = None
+    ) -> list[str]:
+        """Forget a node, its record and its secret, so that an agent can join under its
+        id afresh (one that lost its state dir, or a new machine).  Refused while its agent
+        is connected and runs jobs; the jobs of a node that is not connected are requeued
+        as for a lost node.  Returns the ids of the requeued jobs."""
+        node = self.state.nodes.get(node_id)
+        if node is None and not self.node_secrets.known(node_id):
+            raise NotFound(node_id)
+        requeued: list[str] = []
+        if node is not None:
+            running = self.state.running_jobs_on(node)
+            if node.connected and running:
+                ids = [j.id for j in running]
+                raise Conflict(
+                    f"node {node_id} is connected and runs {len(ids)} job(s) "
+                    f"({', '.join(ids[:5])}): drain it and let them end, or stop its "
+                    "agent first"
+                )
+            for job in running:
+                self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node_id} removed")
+                if job.state == JobState.QUEUED:
+                    requeued.append(job.id)
+            if node.link is not None:
+                node.link.close()  # an idle agent still running joins again as a new node
+            self.state.remove_node(node_id)
+        # The secret first: should the master die in between, the node is forgotten anyway.
+        self.node_secrets.forget(node_id)
+        self.pace.forget(node_id)
+        self.store.delete_node(node_id)
+        detail = f"requeued {', '.join(requeued)}" if requeued else None
+        self.store.record_event(
+            "node_remove", actor=actor, address=address, target=node_id, detail=detail
+        )
+        if self.config.node(node_id) is not None:
+            self.state.node(node_id)  # listed in the config: shown as at a fresh start
+        self.life.uow.flush()
+        self.state.wake()
+        return requeued
+
+    def check_heartbeats(self) -> None:
+        """Declare nodes silent for longer than their timeout (`networking.timeout`, more
+        in a big cluster: master/control/heartbeats.py) lost: offline, their connection dropped,
+        their jobs requeued (a retry spent) or, if being cancelled, ended.  Counts the
+        connected nodes for the heartbeat interval on the way."""
+        now = self.state.clock.time()
+        pace, connected = self.pace, 0
+        least = pace.timeout  # no node's is shorter: most are judged without a lookup
+        for node in self.state.nodes.values():
+            silent = now - node.last_seen
+            # An offline node may still hold jobs: loaded as running after a master restart.
+            if (
+                silent <= least
+                or (node.state == NodeState.OFFLINE and not node.jobs)
+                or silent <= pace.timeout_of(node.node_id)
+            ):
+                connected += node.connected
+                continue
+            if node.link is not None:
+                node.link.close()
+                node.link = None
+            node.move(NodeEvent.LOST)
+            log.warning("node %s lost: silent for %.0f s", node.node_id, now - node.last_seen)
+            for job in self.state.running_jobs_on(node):
+                self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node.node_id} lost")
+            node.busy.clear()
+            node.shares.clear()
+            node.changed()
+            node.jobs.clear()
+        pace.count(connected)

@@ -1,0 +1,216 @@
+"""Tokens: who may join as an agent, and who a client acts for.
+
+A token is `mgpu_<secret>.<ca fingerprint>`.  Only the SHA-256 of the secret is
+stored (the secret has 256 random bits, so a fast hash is enough).  The master
+writes `join-token` and `admin-token` (mode 0600) in its state dir at first
+start; the admin token acts for the account that started the master and is the
+*owner's* token: the only one whose jobs may run as uid 0, besides tokens given an
+explicit `--allow-root` grant (which only the owner can make).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mgpu.privatefile import write_private
+from mgpu.tokens import JOB_TOKEN_PREFIX, TOKEN_PREFIX, hash_secret, split_token, token_hash
+
+JOIN = "join"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    admin INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    revoked REAL
+);
+"""
+
+# Added after the first release: ALTER TABLE for state dirs made before them.
+_GRANT_COLUMNS = ("owner", "allow_root")
+
+
+@dataclass(frozen=True)
+class Identity:
+    user: str
+    admin: bool
+    token_id: str
+    owner: bool = False
+    """The owner's admin token (the bootstrap `admin-token`)."""
+    allow_root: bool = False
+    """May its jobs run as uid 0: the owner, an `--allow-root` grant (Cluster.identify
+    drops it while `security.allow_root_jobs` is off), a job's credential as its job."""
+
+
+class TokenStore:
+    def __init__(self, db: sqlite3.Connection, state_dir: Path, fingerprint: str) -> None:
+        self.db = db
+        self.state_dir = state_dir
+        self.fingerprint = fingerprint
+        db.executescript(SCHEMA)
+        have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
+        for column in _GRANT_COLUMNS:
+            if column not in have:
+                db.execute(f"ALTER TABLE tokens ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        self._cache: dict[str, Identity | None] = {}
+
+    def _new(
+        self, user: str, admin: bool, kind: str, owner: bool = False, allow_root: bool = False
+    ) -> tuple[str, str]:
+        secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token_id = secrets.token_hex(4)
+        self.db.execute(
+            "INSERT INTO tokens(id, user, admin, kind, hash, created, owner, allow_root) "
+            "VALUES (?,?,?,?,?,?,?,?)",
+            (token_id, user, int(admin), kind, hash_secret(secret), time.time(), owner, allow_root),
+        )
+        return token_id, f"{secret}.{self.fingerprint}"
+
+    def bootstrap(self, owner: str) -> None:
+        """First start: the join token and the owner's admin token, as 0600 files."""
+        for name, kind, admin in (("join-token", JOIN, False), ("admin-token", "user", True)):
+            path = self.state_dir / name
+            if path.exists():
+                continue
+            user = owner if kind != JOIN else "-"
+            _, token = self._new(user, admin, kind, owner=admin, allow_root=admin)
+            write_private(path, (token + "\n").encode())  # never seen empty or half
+        self._mark_owner()
+
+    def _mark_owner(self) -> None:
+        """State dirs made before the owner mark: the token in `admin-token` is the owner's."""
+        if self.db.execute("SELECT 1 FROM tokens WHERE owner=1").fetchone() is not None:
+            return
+        try:
+            token = (self.state_dir / "admin-token").read_text().strip()
+        except OSError:
+            return
+        self.db.execute(
+            "UPDATE tokens SET owner=1, allow_root=1 WHERE hash=? AND kind='user' AND admin=1",
+            (token_hash(token),),
+        )
+
+    def create(self, user: str, admin: bool, allow_root: bool = False) -> tuple[str, str]:
+        self._cache.clear()
+        return self._new(user, admin, "user", allow_root=allow_root)
+
+    def guarded(self, token_id: str) -> str | None:
+        """What a token is if only the owner may revoke it (the owner's admin token, the
+        join token: another admin who revoked them would lock the owner, or every new node,
+        out), else None."""
+        row = self.db.execute(
+            "SELECT owner, kind FROM tokens WHERE id=? AND revoked IS NULL", (token_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        if row[0]:
+            return "the owner's admin token"
+        return "the join token" if row[1] == JOIN else None
+
+    def revoke(self, token_id: str) -> bool:
+        cur = self.db.execute(
+            "UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), token_id)
+        )
+        self._cache.clear()
+        return cur.rowcount > 0
+
+    def list(self) -> list[dict[str, Any]]:
+        cur = self.db.execute(
+            "SELECT id, user, admin, kind, created, revoked, owner, allow_root FROM tokens "
+            "ORDER BY created"
+        )
+        keys = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
+        return [
+            {**dict(zip(keys, r, strict=True)), "owner": bool(r[6]), "allow_root": bool(r[7])}
+            for r in cur
+        ]
+
+    def _lookup(self, secret: str, kind: str) -> Identity | None:
+        key = f"{kind}:{secret}"
+        if key in self._cache:
+            return self._cache[key]
+        digest = hash_secret(secret)
+        row = self.db.execute(
+            "SELECT id, user, admin, hash, owner, allow_root FROM tokens "
+            "WHERE hash=? AND kind=? AND revoked IS NULL",
+            (digest, kind),
+        ).fetchone()
+        ident = None
+        if row is not None and hmac.compare_digest(row[3], digest):
+            ident = Identity(
+                user=row[1],
+                admin=bool(row[2]),
+                token_id=row[0],
+                owner=bool(row[4]),
+                allow_root=bool(row[5]),
+            )
+        if len(self._cache) > 10000:
+            self._cache.clear()
+        self._cache[key] = ident
+        return ident
+
+    def user(self, token: str | None) -> Identity | None:
+        if not token:
+            return None
+        return self._lookup(split_token(token)[0], "user")
+
+    def join(self, token: str | None) -> bool:
+        if not token:
+            return False
+        return self._lookup(split_token(token)[0], JOIN) is not None
+
+
+class BadTokenThrottle:
+    """Slow down an address that keeps presenting bad tokens (exponential, capped)."""
+
+    def __init__(self, free: int = 3, cap: float = 2.0) -> None:
+        self.free = free
+        self.cap = cap
+        self._fails: dict[str, tuple[int, float]] = {}
+
+    def delay(self, address: str) -> float:
+        count, last = self._fails.get(address, (0, 0.0))
+        if time.monotonic() - last > 300:
+            return 0.0
+        over = count - self.free
+        return 0.0 if over < 0 else min(self.cap, 0.05 * 2 ** min(over, 20))  # no overflow
+
+    def failed(self, address: str) -> None:
+        count, last = self._fails.get(address, (0, 0.0))
+        if time.monotonic() - last > 300:
+            count = 0
+        self._fails[address] = (count + 1, time.monotonic())
+        if len(self._fails) > 10000:
+            self._fails.clear()
+
+    def succeeded(self, address: str) -> None:
+        self._fails.pop(address, None)
+
+
+def new_job_token(job_id: str, fingerprint: str) -> str:
+    # Hex, so the last "_" always separates the secret from the job id (array tasks have one).
+    return f"{JOB_TOKEN_PREFIX}{job_id}_{secrets.token_hex(24)}.{fingerprint}"
+
+
+def job_of_token(token: str) -> str | None:
+    """The job id a job token names, or None for any other token."""
+    secret, _ = split_token(token)
+    if not secret.startswith(JOB_TOKEN_PREFIX):
+        return None
+    job_id, sep, _ = secret[len(JOB_TOKEN_PREFIX) :].rpartition("_")
+    return job_id if sep else None
+
+
+def matches_any(token: str, hashes: list[str]) -> bool:
+    """Whether the token's secret hashes to one of `hashes` (a job's credentials)."""
+    digest = token_hash(token)
+    return any(hmac.compare_digest(digest, h) for h in hashes)

@@ -1,0 +1,238 @@
+"""The nodes the master knows: what each has, its state, which GPU runs which job."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from mgpu.model import NODE_MOVES, NodeEvent, NodeState
+from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
+from mgpu.scheduler.types import SHARE_UNITS
+
+log = logging.getLogger("mgpu.master")
+
+
+class Unsendable(ValueError):
+    """A message that cannot be encoded for the wire; the message says why in a phrase."""
+
+
+ACK = '{"type":"forget"'
+"""How an encoded `Forget` begins: an acknowledgement, which need not leave at once."""
+ACK_WAIT = 0.02
+"""Seconds a frame of acknowledgements alone waits for another message to go with."""
+
+
+class AgentLink:
+    """The master's end of one agent's WebSocket: an outbox drained by a writer task."""
+
+    def __init__(self, node_id: str, ws: Any) -> None:
+        self.node_id = node_id
+        self.ws = ws
+        self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
+        self.closed = False
+
+    def send(self, message: BaseModel) -> None:
+        """Queue one message, encoded on its own: one that cannot be (a lone surrogate in
+        a string, say) raises Unsendable here and never reaches the connection's frames."""
+        if self.closed:
+            return
+        try:
+            text = encode(message)
+            text.encode()  # what send_text will do: must not fail later, inside a batch
+        except ValueError as e:  # pydantic's serialisation errors and UnicodeError alike
+            raise Unsendable(_why_unencodable(e)) from None
+        self.outbox.put_nowait(text)
+
+    async def writer(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if item is None:
+                # Given up on (node declared lost, or replaced by a newer connection): end
+                # the connection too, so that an agent cut off by a network partition
+                # learns it when the network heals, and says hello again.
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
+                return
+            items: list[str | None] = [item]
+            while not self.outbox.empty() and items[-1] is not None:
+                items.append(self.outbox.get_nowait())
+            if all(i is not None and i.startswith(ACK) for i in items):
+                # Only acknowledgements: they wait a moment for the next message (a launch,
+                # usually), so that one frame and one wake-up of the agent carry both.
+                with contextlib.suppress(TimeoutError):
+                    items.append(await asyncio.wait_for(self.outbox.get(), ACK_WAIT))
+                    while not self.outbox.empty() and items[-1] is not None:
+                        items.append(self.outbox.get_nowait())
+            closing = items[-1] is None
+            encoded = [i for i in items if i is not None]
+            try:
+                for frame in batch_frames(encoded):
+                    await self.ws.send_text(frame)
+            except Exception:  # the reader side notices and cleans up
+                self.closed = True
+                return
+            if closing:
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
+
+
+def _why_unencodable(error: Exception) -> str:
+    if "surrogate" in str(error):
+        return "a string in it is not valid Unicode (a lone surrogate)"
+    return f"it cannot be encoded ({str(error).splitlines()[0][:200]})"
+
+
+SHAPE_FIELDS = frozenset({"gpus", "gpu_type", "rack", "features"})
+"""What a node is: what decides whether a job could ever run on it."""
+VIEW_FIELDS = SHAPE_FIELDS | {"state", "link", "foreign_blocked", "busy"}
+"""The fields the scheduler's view of a node reads (master/snapshot.node_views)."""
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    hostname: str = ""
+    ip: str = ""
+    gpus: list[GpuDesc] = field(default_factory=list)
+    gpu_source: str = "unknown"
+    state: NodeState = NodeState.OFFLINE
+    reason: str | None = None
+    drain_requested: bool = False
+    gpu_type: str | None = None
+    rack: str | None = None
+    features: list[str] = field(default_factory=list)
+    run_as_user: str | None = None
+    containment: str | None = None
+    gpu_isolation: str | None = None
+    """What the agent said in its hello: how it contains jobs and keeps them to their GPUs."""
+    failures: int = 0
+    """Consecutive node failures (launch errors, lost jobs); reset by a clean job end."""
+    last_seen: float = 0.0
+    telemetry: dict[int, GpuTelemetry] = field(default_factory=dict)
+    foreign_blocked: frozenset[int] = frozenset()
+    """GPUs not offered to the scheduler: used outside mgpu beyond the threshold."""
+    busy: dict[int, str] = field(default_factory=dict)
+    """GPU index -> job id holding it whole."""
+    shares: dict[int, dict[str, int]] = field(default_factory=dict)
+    """Shared GPUs: index -> {job id: share units} of the fractional jobs on it (never a
+    GPU in `busy` too; an entry goes when its last share does)."""
+    jobs: set[str] = field(default_factory=set)
+    """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
+    link: AgentLink | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in VIEW_FIELDS:
+            self.changed(name in SHAPE_FIELDS)
+
+    def watch(self, watcher: Callable[[str, bool], None]) -> None:
+        """Tell `watcher(node_id, shape)` of every change to what the scheduler's view of
+        this node reads (master/state/nodeindex.py)."""
+        object.__setattr__(self, "_watcher", watcher)
+
+    def changed(self, shape: bool = False) -> None:
+        """The scheduler's view of this node is stale: called by itself when a field in
+        `VIEW_FIELDS` is assigned, and by whoever changes `busy` in place (the ledger)."""
+        watcher = self.__dict__.get("_watcher")
+        if watcher is not None:
+            watcher(self.node_id, shape)
+
+    @property
+    def connected(self) -> bool:
+        return self.link is not None and not self.link.closed
+
+    @property
+    def schedulable(self) -> bool:
+        return self.connected and self.state == NodeState.ONLINE
+
+    def free_gpus(self) -> frozenset[int]:
+        return frozenset(
+            g.index for g in self.gpus if g.index not in self.busy and g.index not in self.shares
+        )
+
+    def shared_units(self) -> dict[int, int]:
+        """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
+        return {g: sum(jobs.values()) for g, jobs in self.shares.items()}
+
+    def move(self, event: NodeEvent) -> NodeState:
+        """Apply one event of `NODE_MOVES`; a drain request (kept while the node was away,
+        `drain_requested` is the node's desired state) is applied again as it joins, and a
+        draining node without jobs is drained at once."""
+        self.state = NODE_MOVES.get((self.state, event), self.state)
+        if event == NodeEvent.JOINED and self.drain_requested:
+            self.state = NODE_MOVES[(self.state, NodeEvent.DRAIN)]
+        if self.state == NodeState.DRAINING and not self.jobs:
+            self.state = NODE_MOVES[(self.state, NodeEvent.EMPTIED)]
+        return self.state
+
+    def to_record(self) -> dict[str, Any]:
+        """What survives a master restart."""
+        return {
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "gpus": [g.model_dump() for g in self.gpus],
+            "gpu_source": self.gpu_source,
+            "drain_requested": self.drain_requested,
+            "reason": self.reason,
+            "failures": self.failures,
+            "features": self.features,
+        }
+
+    def to_public(self, job_users: dict[str, str] | None = None) -> dict[str, Any]:
+        gpus = []
+        for g in self.gpus:
+            job = self.busy.get(g.index)
+            tel = self.telemetry.get(g.index)
+            tenants = self.shares.get(g.index, {})
+            gpus.append(
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "memory_mb": g.memory_mb,
+                    "busy_job": job,
+                    "busy_user": (job_users or {}).get(job) if job else None,
+                    "telemetry": tel.model_dump() if tel else None,
+                    "foreign_blocked": g.index in self.foreign_blocked,
+                    "uuid": g.uuid,
+                    "share_used": sum(tenants.values()) / SHARE_UNITS if tenants else None,
+                    "shared_jobs": [
+                        {
+                            "job_id": job_id,
+                            "user": (job_users or {}).get(job_id),
+                            "share": units / SHARE_UNITS,
+                        }
+                        for job_id, units in sorted(tenants.items())
+                    ],
+                }
+            )
+        return {
+            "node_id": self.node_id,
+            "hostname": self.hostname,
+            "ip": self.ip,
+            "state": self.state.value,
+            "reason": self.reason,
+            "connected": self.connected,
+            "gpu_source": self.gpu_source,
+            "gpu_type": self.gpu_type,
+            "rack": self.rack,
+            "features": self.features,
+            "run_as_user": self.run_as_user,
+            "containment": self.containment,
+            "gpu_isolation": self.gpu_isolation,
+            "failures": self.failures,
+            "last_seen": self.last_seen,
+            "jobs": sorted(self.jobs),
+            "gpus": gpus,
+        }
