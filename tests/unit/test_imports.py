@@ -138,6 +138,8 @@ def layer(module: str) -> tuple[int, str]:
     package = parts[1] if len(parts) > 1 else ""
     ranks = {"scheduler": SCHEDULER, "sim": SIM, "master": DAEMONS, "agent": DAEMONS}
     ranks["client"] = CLIENT
+    if package == "slurm":  # the Slurm commands are more of the client's commands
+        return CLIENT, "client"
     if package in ranks:
         return ranks[package], package
     return BASE, "base"
