@@ -8,7 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mgpu.client.cli import UsageError, _fail, make_client
+from mgpu.client.console import fail
+from mgpu.client.options import UsageError, make_client
 
 __all__ = ["NO_JOIN_TOKEN", "add_daemon_parsers"]
 
@@ -35,7 +36,7 @@ def cmd_master(args: argparse.Namespace) -> int:
             tls=True if args.tls else (False if args.insecure else None),
         )
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     return 0
 
 
@@ -67,14 +68,14 @@ def cmd_node(args: argparse.Namespace) -> int:
     try:
         validate_node_id(args.node_id)
     except SpecError as e:
-        _fail(str(e))
+        fail(str(e))
     if args.fake_gpus is not None and args.fake_gpus < 0:
-        _fail("--fake-gpus must not be negative")
+        fail("--fake-gpus must not be negative")
     if args.gpu_count is not None and args.gpu_count < 0:
-        _fail("--gpu-count must not be negative")
+        fail("--gpu-count must not be negative")
     args.master_host = _node_master_host(args)
     if not os.path.isdir(args.gpu_device_dir):
-        _fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
+        fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     if args.print_systemd_unit:
         from mgpu.deploy import node_unit
@@ -99,7 +100,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         try:
             parse_gpu_values(args.fake_foreign, "--fake-foreign")
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
         os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
     if args.advertise_ip:
         import ipaddress
@@ -137,10 +138,10 @@ def cmd_node(args: argparse.Namespace) -> int:
         from mgpu.credentials import find_join_token
 
         if find_join_token(args.join_token, state_dir) is None:
-            _fail(NO_JOIN_TOKEN)
-        _fail(f"the master refused this node: {e}")
+            fail(NO_JOIN_TOKEN)
+        fail(f"the master refused this node: {e}")
     except (NodeIdentityError, GpuCountError) as e:
-        _fail(str(e))
+        fail(str(e))
     return 0
 
 
@@ -155,7 +156,7 @@ NO_JOIN_TOKEN = (
 def _node_master_host(args: argparse.Namespace) -> str:
     """`--master-host`, or the original node agent's `--host` for the same thing."""
     if args.node_host and args.master_host and args.node_host != args.master_host:
-        _fail(
+        fail(
             f"--host {args.node_host} and --master-host {args.master_host} name different "
             "masters; give only --master-host"
         )
