@@ -62,6 +62,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         raise UsageError("the following arguments are required: --node-id")
     from mgpu.agent.agent import AgentRefused, run_agent
     from mgpu.agent.identity import NodeIdentityError
+    from mgpu.agent.options import AgentOptions
     from mgpu.master.server import default_state_dir, setup_logging
     from mgpu.spec import SpecError, validate_node_id
 
@@ -82,18 +83,23 @@ def cmd_node(args: argparse.Namespace) -> int:
 
         print(node_unit(args, state_dir), end="")
         return 0
+    options = AgentOptions(
+        node_id=args.node_id,
+        master_host=args.master_host,
+        master_port=args.master_port,
+        state_dir=state_dir,
+        fake_gpus=args.fake_gpus,
+        advertise_ip=args.advertise_ip,
+        token=args.join_token,
+        insecure=args.insecure,
+        container_runtime=args.container_runtime,
+        gpu_device_dir=Path(args.gpu_device_dir),
+        gpu_count=args.gpu_count,
+    )
     if args.health:
         from mgpu.agent.health import run_health
 
-        return run_health(
-            args.node_id,
-            args.master_host,
-            args.master_port,
-            state_dir,
-            args.fake_gpus,
-            gpu_device_dir=Path(args.gpu_device_dir),
-            gpu_count=args.gpu_count,
-        )
+        return run_health(options)
     if args.fake_foreign:
         from mgpu.agent.telemetry import parse_gpu_values
 
@@ -121,19 +127,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     from mgpu.agent.gpus import GpuCountError
 
     try:
-        run_agent(
-            args.node_id,
-            args.master_host,
-            args.master_port,
-            state_dir,
-            args.fake_gpus,
-            advertise_ip=args.advertise_ip,
-            token=args.join_token,
-            insecure=args.insecure,
-            container_runtime=args.container_runtime,
-            gpu_device_dir=Path(args.gpu_device_dir),
-            gpu_count=args.gpu_count,
-        )
+        run_agent(options)
     except AgentRefused as e:
         from mgpu.credentials import find_join_token
 
