@@ -379,7 +379,8 @@ STEPS: tuple[Step, ...] = (
     spawn,
 )
 """Up to the shim started, waiting at its gate; then the descriptors only it needs are
-closed, and `open_gate` lets it run."""
+closed, and `open_gate` lets it run.  A new step goes before `spawn`: once the shim is
+started nothing may fail but its gate (`admit` kills it there, so it never runs)."""
 
 
 def start(req: LaunchRequest, ctx: LaunchContext, tag: str) -> Launching:
