@@ -14,6 +14,19 @@ from mgpu.agent.launcher import Launcher, LaunchError, LaunchRequest
 
 BEFORE_SPAWN = [s.__name__ for s in launchsteps.STEPS if s is not launchsteps.spawn]
 
+ARGV = ['cat "$MGPU_HOSTFILE"']
+REQUEST = LaunchRequest(
+    "j1",
+    1,
+    ARGV,
+    {},
+    note="a note",
+    hostfile="node1 slots=1\n",
+    script=("job.sh", '#!/bin/sh\necho "script $1"; sh -c "$1"\n'),
+    pty=(24, 80),
+)
+"""Every step has work to do."""
+
 
 def test_the_shim_is_started_last() -> None:
     assert launchsteps.STEPS[-1] is launchsteps.spawn
@@ -36,22 +49,12 @@ def test_a_failed_step_leaves_no_file_or_descriptor(
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where job scripts are written
     spool = tmp_path / "spool"
-    request = LaunchRequest(
-        "j1",
-        1,
-        ["true"],
-        {},
-        note="a note",
-        hostfile="node1 slots=1\n",
-        script=("job.sh", "#!/bin/sh\necho hi\n"),
-        pty=(24, 80),
-    )
 
     async def scenario() -> None:
         launcher = Launcher(spool, lambda *a: None)
         open_before = set(os.listdir("/proc/self/fd"))
         with pytest.raises(LaunchError, match=f"{failing} went wrong"):
-            launcher.launch(request)
+            launcher.launch(REQUEST)
         assert set(os.listdir("/proc/self/fd")) <= open_before
         assert launcher.running == {}
 
@@ -60,24 +63,14 @@ def test_a_failed_step_leaves_no_file_or_descriptor(
     assert list(temp.iterdir()) == []
 
 
-def test_the_steps_start_a_run(tmp_path: Path) -> None:
+def test_the_steps_start_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same request, nothing failing: the script runs with the hostfile, on a terminal."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where job scripts are written
     spool = tmp_path / "spool"
-    argv = ['cat "$MGPU_HOSTFILE"']
-    request = LaunchRequest(
-        "j1",
-        1,
-        argv,
-        {},
-        note="a note",
-        hostfile="node1 slots=1\n",
-        script=("job.sh", '#!/bin/sh\necho "script $1"; sh -c "$1"\n'),
-        pty=(24, 80),
-    )
 
     async def scenario() -> str:
         launcher = Launcher(spool, lambda *a: None)
-        run = launcher.launch(request)
+        run = launcher.launch(REQUEST)
         await asyncio.wait_for(run.exited.wait(), 20)
         await launcher.kill_leftovers(run)
         assert run.terminal is not None
@@ -87,4 +80,4 @@ def test_the_steps_start_a_run(tmp_path: Path) -> None:
         return Path(run.rec.out_path).read_text()
 
     out = asyncio.run(scenario()).replace("\r\n", "\n")
-    assert out == f"mgpu: a note\nscript {argv[0]}\nnode1 slots=1\n"
+    assert out == f"mgpu: a note\nscript {ARGV[0]}\nnode1 slots=1\n"
