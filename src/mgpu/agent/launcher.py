@@ -1,4 +1,5 @@
-"""Starting, watching and stopping job processes on one node.
+"""Starting, watching and stopping job processes on one node (a run is started by the
+steps of mgpu.agent.launchsteps; its record is mgpu.agent.runrecord's).
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
