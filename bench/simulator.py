@@ -28,9 +28,11 @@ import json
 import platform
 import sys
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mgpu.durations import format_duration
 from mgpu.scheduler.types import QueuePolicy
 from mgpu.sim import (
     ClusterShape,
@@ -51,7 +53,7 @@ from mgpu.sim.experiments import (
     sharing_experiment,
     small_jobs_trace,
 )
-from mgpu.sim.report import EstimateMetrics, estimate_metrics, format_duration, format_estimates
+from mgpu.sim.report import EstimateMetrics, estimate_metrics, format_estimates
 from mgpu.sim.simulator import describe_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +206,7 @@ def speed_table(out: dict[str, Any]) -> str:
 
 def estimates_table(rows: list[tuple[float, EstimateMetrics]]) -> str:
     """The estimates at submit against the real starts, one row per arrival compression."""
-    d = format_duration
+    d = partial(format_duration, style="exact")
     lines = [
         "| arrivals | jobs that waited | with an estimate | exact (< 1 s) "
         "| abs. error median | abs. error p90 | median actual − estimate | their median wait |",

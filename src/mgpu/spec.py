@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Final, Literal
 
+from mgpu.durations import format_duration
+
 __all__ = [
     "MAX_ARRAY_INDEX",
     "MAX_ARRAY_TASKS",
@@ -175,14 +177,7 @@ def _check_sexagesimal(raw: str, minutes: int, secs: int) -> None:
 
 def format_time_limit(seconds: float | None) -> str:
     """Format seconds the way Slurm shows limits: ``[D-]HH:MM:SS``, or ``UNLIMITED``."""
-    if seconds is None or math.isinf(seconds):
-        return "UNLIMITED"
-    total = max(0, math.ceil(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
+    return format_duration(seconds, "limit")
 
 
 # --------------------------------------------------------------------------- integers

@@ -16,8 +16,8 @@ import pytest
 
 from helpers import LocalCluster, local_cluster
 from mgpu import Client
-from mgpu.agent.agent import Agent
-from mgpu.agent.launcher import JobError, Launcher
+from mgpu.agent.agent import Agent, AgentOptions
+from mgpu.agent.launcher import JobError, Launcher, LaunchRequest
 from mgpu.protocol import Welcome, encode
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root agent")
@@ -84,7 +84,9 @@ async def _agent_served_until(serve: Any, done: asyncio.Event, tmp_path: Path) -
 
     async with websockets.serve(serve, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
-        agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        agent = Agent(
+            AgentOptions("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        )
         task = asyncio.create_task(agent.run())
         try:
             await asyncio.wait_for(done.wait(), 30)
@@ -171,9 +173,9 @@ def test_failed_launch_leaves_no_spool_files(tmp_path: Path) -> None:
     async def scenario() -> None:
         launcher = _launcher(tmp_path)
         with pytest.raises(JobError, match="too big"):
-            launcher.launch("j1", 1, ["/bin/echo", "x" * 200_000], {}, None, None, 1.0)
+            launcher.launch(LaunchRequest("j1", 1, ["/bin/echo", "x" * 200_000], {}))
         with pytest.raises(JobError, match="null"):
-            launcher.launch("j2", 1, ["/bin/echo"], {"V": "\0"}, None, None, 1.0, hostfile="h\n")
+            launcher.launch(LaunchRequest("j2", 1, ["/bin/echo"], {"V": "\0"}, hostfile="h\n"))
         assert list(launcher.spool.iterdir()) == []
 
     asyncio.run(scenario())
@@ -189,7 +191,7 @@ def test_mpi_hostfile_of_another_user_is_private_and_removed(tmp_path: Path) -> 
         sweeper = asyncio.create_task(launcher.sweep(interval=0.05))
         argv = ["/bin/sh", "-c", 'cat "$MGPU_HOSTFILE"; echo "$MGPU_HOSTFILE"']
         run = launcher.launch(
-            "j1", 1, argv, {}, None, None, 1.0, user_ids=ids, hostfile="node1 slots=2\n"
+            LaunchRequest("j1", 1, argv, {}, user_ids=ids, hostfile="node1 slots=2\n")
         )
         info = os.stat(run.rec.hosts)
         await asyncio.wait_for(run.exited.wait(), 20)
@@ -220,7 +222,8 @@ def test_spool_files_are_used_again_only_by_runs_of_the_same_user(tmp_path: Path
     them = (nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid])
 
     async def run_one(launcher: Launcher, job: str, ids: Any) -> tuple[set[int], str]:
-        run = launcher.launch(job, 1, ["/bin/sh", "-c", f"echo {job}"], {}, "/", None, 1.0, ids)
+        argv = ["/bin/sh", "-c", f"echo {job}"]
+        run = launcher.launch(LaunchRequest(job, 1, argv, {}, "/", user_ids=ids))
         paths = (run.rec.out_path, run.rec.err_path, run.rec.exit_path)
         inodes = {os.stat(p).st_ino for p in paths}
         await asyncio.wait_for(run.exited.wait(), 20)
@@ -261,7 +264,7 @@ def test_a_restarted_agent_reads_exit_codes_from_reused_files_and_keeps_running_
     me = (os.geteuid(), os.getegid(), os.getgroups())
 
     async def ended(launcher: Launcher, job: str, argv: list[str]) -> Any:
-        run = launcher.launch(job, 1, argv, {}, "/", None, 1.0, me)
+        run = launcher.launch(LaunchRequest(job, 1, argv, {}, "/", user_ids=me))
         await asyncio.wait_for(run.exited.wait(), 20)
         await launcher.kill_leftovers(run)
         return run
@@ -277,7 +280,7 @@ def test_a_restarted_agent_reads_exit_codes_from_reused_files_and_keeps_running_
         second = await ended(launcher, "j2", ["/bin/sh", "-c", "exit 4"])
         assert second.rec.exit_path == first.rec.exit_path  # the same file, not emptied
         assert Path(second.rec.exit_path).read_bytes().startswith(b"4\n")
-        going = launcher.launch("j3", 1, ["sleep", "30"], {}, "/", None, 1.0, me)
+        going = launcher.launch(LaunchRequest("j3", 1, ["sleep", "30"], {}, "/", user_ids=me))
         sweeper.cancel()
         # A new agent process: the shims are not its children.
         later = _launcher(tmp_path)
@@ -307,7 +310,7 @@ def test_other_users_runs_start_through_the_spawner_with_their_ids_and_cgroup(
     script = "id -u; id -G; cat /proc/self/cgroup; exit 5"
 
     async def one(launcher: Launcher, job: str, argv: list[str]) -> Any:
-        return launcher.launch(job, 1, argv, {}, "/", None, 1.0, user_ids=ids)
+        return launcher.launch(LaunchRequest(job, 1, argv, {}, "/", user_ids=ids))
 
     async def scenario() -> None:
         launcher = _launcher(tmp_path)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mgpu.agent.agent import OUTPUT_QUEUED_MAX, Agent
+from mgpu.agent.agent import OUTPUT_QUEUED_MAX, Agent, AgentOptions
 from mgpu.agent.spawn import READ_CHUNK
 from mgpu.protocol import Welcome, encode
 
@@ -79,7 +79,9 @@ async def flood(tmp_path: Path) -> dict[str, Any]:
 
     async with websockets.serve(serve, "127.0.0.1", 0, max_size=None) as server:
         port = server.sockets[0].getsockname()[1]
-        agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        agent = Agent(
+            AgentOptions("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        )
         peak = [0]
         send = agent.send
 
@@ -147,7 +149,9 @@ async def flood_then_reconnect(tmp_path: Path) -> dict[str, Any]:
 
     async with websockets.serve(serve, "127.0.0.1", 0, max_size=None) as server:
         port = server.sockets[0].getsockname()[1]
-        agent = Agent("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        agent = Agent(
+            AgentOptions("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
+        )
         task = asyncio.create_task(agent.run())
         try:
             await until(lambda: queued(agent) >= OUTPUT_QUEUED_MAX, 60, "the queue to fill")

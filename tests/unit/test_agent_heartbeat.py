@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu.agent.agent import Agent
+from mgpu.agent.agent import Agent, AgentOptions
 from mgpu.protocol import SetHeartbeat, encode, parse_master_messages
 
 
 def test_the_agent_heartbeats_at_the_interval_the_master_sets(tmp_path: Path) -> None:
-    agent = Agent("n1", "127.0.0.1", 1, tmp_path, fake_gpus=1, insecure=True)
+    agent = Agent(AgentOptions("n1", "127.0.0.1", 1, tmp_path, fake_gpus=1, insecure=True))
     assert agent.heartbeat_interval == 5.0
     (msg,) = parse_master_messages(encode(SetHeartbeat(heartbeat_interval=20.0)))
     agent._handle(msg)

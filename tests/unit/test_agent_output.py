@@ -75,10 +75,10 @@ def test_an_ended_runs_output_is_sent_up_to_a_file_cut_short_meanwhile(tmp_path:
     the end, rather than waiting on the loop for bytes that will never come."""
     import asyncio
 
-    from mgpu.agent.agent import Agent
+    from mgpu.agent.agent import Agent, AgentOptions
 
     async def scenario() -> bool:
-        agent = Agent("n1", "127.0.0.1", 1, tmp_path, fake_gpus=1, insecure=True)
+        agent = Agent(AgentOptions("n1", "127.0.0.1", 1, tmp_path, fake_gpus=1, insecure=True))
         _, run, _ = setup(tmp_path, b"x" * (READ_MAX + READ_MAX // 2), b"")
         agent.connected = True
         task = asyncio.get_running_loop().create_task(agent._send_all_output(run))

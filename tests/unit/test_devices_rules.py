@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mgpu.agent import cgroups, devices
-from mgpu.agent.launcher import Launcher, LaunchError
+from mgpu.agent.launcher import Launcher, LaunchError, LaunchRequest
 
 NVIDIA = {0: (195, 0), 1: (195, 1), 2: (195, 2), 3: (195, 3)}
 
@@ -181,7 +181,7 @@ def test_rules_that_cannot_be_set_up_fail_the_launch(tmp_path: Path, method: str
     launcher.isolation = devices.Isolation(method, NVIDIA, str(not_a_cgroup))
     started = tmp_path / "started"
     with pytest.raises(LaunchError, match="cannot keep the job to its GPUs"):
-        launcher.launch("j1", 1, ["touch", str(started)], {}, None, None, 1.0, gpu_ids=[0])
+        launcher.launch(LaunchRequest("j1", 1, ["touch", str(started)], {}, gpu_ids=[0]))
     assert not started.exists()
     assert list(spool.iterdir()) == []  # no spool files, no run record
     assert not not_a_cgroup.exists() or list(not_a_cgroup.iterdir()) == []

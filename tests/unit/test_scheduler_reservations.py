@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import pytest
@@ -21,7 +20,6 @@ from mgpu.scheduler import (
     pick_reservation_gpus,
     schedule,
 )
-from mgpu.scheduler.reservations import format_delay
 
 NOW = 50_000.0
 HOUR = 3600.0
@@ -284,15 +282,6 @@ def test_could_fit_reservation_checks_the_request_against_its_gpus() -> None:
         "reservation course-a (2 GPUs) cannot run it: no node has 3 GPUs (the largest has 2); "
         "use --nodes/--gpus-per-node or --distributed to span nodes"
     )
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(5, "5s"), (600, "10m"), (3600, "1h"), (4800, "1h 20m"), (86400 * 2 + 7200, "2d 2h"),
-     (math.inf, "never")],
-)  # fmt: skip
-def test_format_delay(seconds: float, text: str) -> None:
-    assert format_delay(seconds) == text
 
 
 def test_preemption_never_takes_a_reservations_gpus_for_the_head() -> None:

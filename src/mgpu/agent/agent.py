@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import getpass
 import json
 import logging
@@ -18,7 +19,6 @@ import os
 import random
 import signal
 import socket
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,11 +27,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import accounts, devices, sigdefaults
+from mgpu.agent import jobenv, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
-from mgpu.agent.mps import mps_env
+from mgpu.agent.launchsteps import UserIds
+from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
@@ -78,45 +79,24 @@ class AgentRefused(RuntimeError):
     pass
 
 
-class UserError(RuntimeError):
-    """The job cannot run here as its user: the job fails, the node is fine."""
-
-
 class Agent:
-    def __init__(
-        self,
-        node_id: str,
-        master_host: str,
-        master_port: int,
-        state_dir: Path,
-        fake_gpus: int | None = None,
-        advertise_ip: str | None = None,
-        token: str | None = None,
-        insecure: bool = False,
-        container_runtime: str = "auto",
-        gpu_device_dir: Path = devices.DEFAULT_DIR,
-        gpu_count: int | None = None,
-    ) -> None:
+    def __init__(self, options: AgentOptions) -> None:
         from mgpu.credentials import is_loopback
 
+        self.options = options
+        node_id, master_host = options.node_id, options.master_host
         self.node_id = node_id
         # TLS unless told otherwise; on loopback try plain first and switch if refused.
-        self.tls = not insecure and not is_loopback(master_host)
-        self._tls_auto = not insecure and is_loopback(master_host)
+        self.tls = not options.insecure and not is_loopback(master_host)
+        self._tls_auto = not options.insecure and is_loopback(master_host)
         self._ssl_context: Any = None
-        self.master = (master_host, master_port)
-        self.state_dir = state_dir
-        self.fake_gpus = fake_gpus
-        self.gpu_count = gpu_count
-        """Manage only the node's first N GPUs (`mgpu node --gpu-count N`); None: all."""
-        self.advertise_ip = advertise_ip
-        self.token = token
-        self.gpu_device_dir = gpu_device_dir
-        """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""
+        self.master = (master_host, options.master_port)
+        self.token = options.token
+        """The join token (found later, if the master makes it after this agent started)."""
         self.hostname = socket.gethostname()
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
-        self.launcher = Launcher(state_dir / f"node-{node_id}" / "spool", self._on_output)
+        self.launcher = Launcher(options.node_dir / "spool", self._on_output)
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -133,9 +113,9 @@ class Agent:
         self.heartbeat_interval = 5.0
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.site = SiteHooks(self, self.launcher, node_id, container_runtime)
+        self.site = SiteHooks(self, self.launcher, node_id, options.container_runtime)
         """Prolog/epilog scripts and container jobs (mgpu.agent.site)."""
-        self.identity = NodeIdentity(state_dir / f"node-{node_id}", node_id)
+        self.identity = NodeIdentity(options.node_dir, node_id)
         """The node secret that proves this agent is `node_id` (mgpu.agent.identity)."""
         # A terminal's output is sent as it comes (else after the reconnect, from the file).
         self.launcher.on_terminal_output = lambda run: (
@@ -172,9 +152,11 @@ class Agent:
     # ---- main loop ----------------------------------------------------------
 
     async def run(self) -> None:
-        _make_private(self.state_dir, self.launcher.spool.parent, self.launcher.spool)
+        _make_private(self.options.state_dir, self.launcher.spool.parent, self.launcher.spool)
         self.identity.open()
-        self.gpus, self.gpu_source = detect_gpus(self.fake_gpus, count=self.gpu_count)
+        self.gpus, self.gpu_source = detect_gpus(
+            self.options.fake_gpus, count=self.options.gpu_count
+        )
         await self.site.probe()
         log.info(
             "node %s on %s: %d GPU(s) via %s",
@@ -187,7 +169,7 @@ class Agent:
         self.site.sweep([(rec.job_id, rec.epoch) for rec in records])  # container cwd mounts
         containment = self.launcher.contain(self.node_id, records)
         log.info("jobs are contained by %s", containment.describe())
-        isolation = self.launcher.isolate(self.node_id, self.gpu_device_dir, records)
+        isolation = self.launcher.isolate(self.node_id, self.options.gpu_device_dir, records)
         log.info("jobs are kept to their GPUs by %s", isolation.describe())
         for rec in records:
             run = self.launcher.adopt(rec)
@@ -251,7 +233,8 @@ class Agent:
         if self.token is None:
             from mgpu.credentials import find_join_token
 
-            self.token = find_join_token(None, self.state_dir)  # the master may have made it since
+            # The master may have made it since this agent started.
+            self.token = find_join_token(None, self.options.state_dir)
 
         try:
             async with websockets.connect(
@@ -269,7 +252,7 @@ class Agent:
             raise
 
     async def _converse(self, ws: Any) -> None:
-        ip = self.advertise_ip or ws.local_address[0]
+        ip = self.options.advertise_ip or ws.local_address[0]
         hello = Hello(
             node_id=self.node_id,
             hostname=self.hostname,
@@ -486,28 +469,11 @@ class Agent:
         try:
             ids = self.run_as(msg)
             argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
-            run = self.launcher.launch(
-                msg.job_id,
-                msg.epoch,
-                argv,
-                env,
-                msg.cwd,
-                msg.time_limit,
-                msg.kill_grace,
-                user_ids=ids,
-                hostfile=msg.hostfile,
-                note=note,
-                warning=None
-                if msg.signal is None
-                else (msg.signal, msg.signal_lead, msg.signal_batch),
-                script=None if msg.script is None else (msg.script_name or "script", msg.script),
-                gpu_ids=self._device_ids(msg.gpu_ids),
-                pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
-            )
-        except (UserError, LaunchError) as e:
+            run = self.launcher.launch(jobenv.launch_request(msg, argv, env, ids, note, self.gpus))
+        except (jobenv.UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
-            # UserError, JobError: the job's problem, not the node's.
-            self._fail_launch(msg.job_id, msg.epoch, str(e), isinstance(e, UserError | JobError))
+            fatal = isinstance(e, jobenv.UserError | JobError)  # the job's problem, not the node's
+            self._fail_launch(msg.job_id, msg.epoch, str(e), fatal)
             return
         loop = asyncio.get_running_loop()
         key = (msg.job_id, msg.epoch)
@@ -527,47 +493,16 @@ class Agent:
             epoch=run.rec.epoch,
             pid=run.rec.pid,
             hostname=self.hostname,
-            ip=self.advertise_ip or _ip_towards(self.master[0]),
+            ip=self.options.advertise_ip or _ip_towards(self.master[0]),
             time=run.rec.start_time,
         )
 
-    def run_as(self, msg: Launch) -> tuple[int, int, list[int]] | None:
+    def run_as(self, msg: Launch) -> UserIds | None:
         """uid, gid and groups to run the job as; None = as this agent's own user."""
-        if os.geteuid() != 0 or not msg.user:
-            return None
-        try:
-            account = accounts.lookup(msg.user)
-        except KeyError:
-            raise UserError(f"user {msg.user} does not exist on {self.hostname}") from None
-        if account.uid == 0 and not msg.allow_root:
-            raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
-        return account.uid, account.gid, list(account.groups)
-
-    def _device_ids(self, gpu_ids: list[int]) -> list[int]:
-        """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""
-        physical = {g.index: g.device_index for g in self.gpus if g.device_index is not None}
-        return sorted({physical.get(i, i) for i in gpu_ids})
+        return jobenv.run_as(msg, self.hostname)
 
     def job_env(self, msg: Launch) -> dict[str, str]:
-        env = dict(msg.env)
-        # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
-        env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
-        env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
-        if any(g.mig for g in self.gpus) and msg.gpu_ids:
-            # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
-            uuids = {g.index: g.uuid for g in self.gpus}
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in msg.gpu_ids)
-        if msg.mpi:
-            launcher = f"{sys.executable} -m mgpu rsh"
-            env.update(
-                {
-                    "OMPI_MCA_plm_rsh_agent": launcher,  # Open MPI 4
-                    "PRTE_MCA_plm_ssh_agent": launcher,  # Open MPI 5 (PRRTE)
-                    "HYDRA_LAUNCHER": "ssh",  # MPICH: ssh-style launcher...
-                    "HYDRA_LAUNCHER_EXEC": launcher,  # ...that is really mgpu rsh
-                }
-            )
-        return env
+        return jobenv.job_env(msg, self.master, self.gpus)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes
@@ -684,37 +619,13 @@ def _ip_towards(host: str) -> str:
     return ip
 
 
-def run_agent(
-    node_id: str,
-    master_host: str,
-    master_port: int,
-    state_dir: Path,
-    fake_gpus: int | None,
-    advertise_ip: str | None = None,
-    token: str | None = None,
-    insecure: bool = False,
-    container_runtime: str = "auto",
-    gpu_device_dir: Path = devices.DEFAULT_DIR,
-    gpu_count: int | None = None,
-) -> None:
+def run_agent(options: AgentOptions) -> None:
     from mgpu.credentials import find_join_token
 
     os.umask(PRIVATE_UMASK)
     sigdefaults.defaults_for_children()  # before the spawner or any job is started
-    token = find_join_token(token, state_dir)
-    agent = Agent(
-        node_id,
-        master_host,
-        master_port,
-        state_dir,
-        fake_gpus,
-        advertise_ip,
-        token=token,
-        insecure=insecure,
-        container_runtime=container_runtime,
-        gpu_device_dir=gpu_device_dir,
-        gpu_count=gpu_count,
-    )
+    token = find_join_token(options.token, options.state_dir)
+    agent = Agent(dataclasses.replace(options, token=token))
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=_loop_factory()) as r:
         r.run(agent.run())
 
@@ -729,4 +640,4 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-__all__ = ["Agent", "AgentRefused", "run_agent"]
+__all__ = ["Agent", "AgentOptions", "AgentRefused", "run_agent"]

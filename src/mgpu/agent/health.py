@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from mgpu.agent.options import AgentOptions
+
 
 @dataclass
 class Check:
@@ -130,30 +132,22 @@ def check_master(host: str, port: int, timeout: float = 3.0) -> Check:
     return Check("master reachable", False, f"{where}: {errors[0]}")
 
 
-def run_health(
-    node_id: str,
-    master_host: str,
-    master_port: int,
-    state_dir: Path,
-    fake_gpus: int | None,
-    out: TextIO | None = None,
-    gpu_device_dir: Path = Path("/dev"),
-    gpu_count: int | None = None,
-) -> int:
+def run_health(options: AgentOptions, out: TextIO | None = None) -> int:
     """Print one line per check; 0 if all pass, else 1."""
     out = out or sys.stdout
+    o = options
     checks = [
-        check_gpus(fake_gpus, gpu_count),
-        check_spool(state_dir, node_id),
-        check_master(master_host, master_port),
-        check_containment(state_dir, node_id),
-        check_gpu_isolation(state_dir, node_id, gpu_device_dir),
+        check_gpus(o.fake_gpus, o.gpu_count),
+        check_spool(o.state_dir, o.node_id),
+        check_master(o.master_host, o.master_port),
+        check_containment(o.state_dir, o.node_id),
+        check_gpu_isolation(o.state_dir, o.node_id, o.gpu_device_dir),
     ]
     for c in checks:
         print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)
     failed = [c for c in checks if not c.ok]
     print(
-        f"node {node_id}: " + ("healthy" if not failed else f"{len(failed)} check(s) failed"),
+        f"node {o.node_id}: " + ("healthy" if not failed else f"{len(failed)} check(s) failed"),
         file=out,
     )
     return 0 if not failed else 1

@@ -1,4 +1,5 @@
-"""Starting, watching and stopping job processes on one node.
+"""Starting, watching and stopping job processes on one node (a run is started by the
+steps of mgpu.agent.launchsteps; its record is mgpu.agent.runrecord's).
 
 Each job runs under a tiny `/bin/sh` shim in its own session (process group):
 
@@ -33,102 +34,37 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import json
 import logging
 import os
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
-from mgpu.agent.spawn import (
-    BOOT_ID,
-    PTY_SHIM,
-    READ_CHUNK,
-    SHIM,
-    JobError,
-    LaunchError,
-    OwnShim,
-    admit,
-    close_all,
-    process_start_ticks,
-    process_start_time,
-    release_all,
-    same_ids,
-    spawn_own,
-    spawn_shim,
-    start_shim,
-    ticks_to_time,
-)
+from mgpu.agent import cgroups, devices, jobsignal, launchsteps, privileged, recycle
+from mgpu.agent.launchsteps import LaunchRequest
+from mgpu.agent.runrecord import RunRecord, RunRecords, same_process
+from mgpu.agent.spawn import READ_CHUNK, JobError, LaunchError, OwnShim, process_start_time
 from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
 
-__all__ = ["JobError", "LaunchError", "Launcher", "RunRecord", "Running", "process_start_time"]
+__all__ = [
+    "JobError",
+    "LaunchError",
+    "LaunchRequest",
+    "Launcher",
+    "RunRecord",
+    "Running",
+    "process_start_time",
+    "same_process",
+]
 
 log = logging.getLogger("mgpu.agent")
-
-
-@dataclass
-class RunRecord:
-    """What survives an agent restart, per running job (in running.json)."""
-
-    job_id: str
-    epoch: int
-    pid: int
-    create_time: float
-    start_time: float
-    out_path: str
-    err_path: str
-    exit_path: str
-    deadline: float | None = None
-    kill_grace: float = 10.0
-    out_sent: int = 0
-    err_sent: int = 0
-    tag: str = ""
-    """$MGPU_RUN_TAG of this run's processes (empty in records of older agents)."""
-    cgroup: str = ""
-    """The run's cgroup (empty: none, the process tree is what is killed)."""
-    hosts: str = ""
-    """The `--mpi` hostfile written for this run, removed with its spool files."""
-    devices: str = ""
-    """The run's v1 devices cgroup, which denies it the GPUs it was not given (empty: none)."""
-    signal: int = 0
-    """`--signal`: sent `signal_lead` seconds before `deadline` (0: none), to the top
-    process only when `signal_batch`; `signal_sent` once it went."""
-    signal_lead: float = 0.0
-    signal_batch: bool = False
-    signal_sent: bool = False
-    script: str = ""
-    """The job script written for this run (mgpu.agent.jobscript), removed with it."""
-    pty: bool = False
-    """Runs on a terminal the agent held (it did not survive an agent restart)."""
-    pool: str = ""
-    """The pool its stdout, stderr and exit files go back to at its end (its user's uid:
-    mgpu.agent.recycle); empty: they are removed."""
-    start_ticks: int = 0
-    """The shim's start in clock ticks since boot (0 in records of older agents: then
-    `create_time` identifies it, which a clock step between two agents moves)."""
-    boot_id: str = ""
-    """The boot `start_ticks` counts from."""
-
-
-def same_process(rec: RunRecord) -> bool | None:
-    """Is `rec.pid` still the process the record was made for?  None: no such process.
-    By start ticks within one boot (a clock step between the agent that launched it and
-    this one does not move them); by start time for a record of an older agent."""
-    if rec.start_ticks and rec.boot_id and rec.boot_id == BOOT_ID:
-        ticks = process_start_ticks(rec.pid)
-        return None if ticks is None else ticks == rec.start_ticks
-    started = process_start_time(rec.pid)
-    return None if started is None else abs(started - rec.create_time) < SAME_START
 
 
 @dataclass
@@ -147,10 +83,6 @@ class Running:
     terminal: Terminal | None = None
 
 
-EXIT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
-SAME_START = 0.05
-"""Seconds two readings of one process's start time may differ by (clock ticks, boot time)."""
-
 READ_MAX = 4 << 20
 """Bytes of one stream read at most per look at a run's spool files."""
 
@@ -168,6 +100,7 @@ class Launcher:
         self._trash: list[tuple[str, str | None]] = []
         """Files of ended runs, with the pool each goes back to (None: removed)."""
         self.pool = recycle.Pool(str(spool))
+        self.records = RunRecords(spool, self.pool)
         self._uid = os.geteuid()
         self._tag = os.urandom(6).hex()
         """This agent process's part of its runs' tags (with a count: unique per run)."""
@@ -203,268 +136,35 @@ class Launcher:
 
     # ---- persistence --------------------------------------------------------
 
-    def _record_path(self, rec: RunRecord) -> str:
-        return f"{self.spool}/{rec.job_id}.{rec.epoch}.run"
-
-    def save(self, rec: RunRecord, new: bool = False) -> None:
-        """One small file per running job: cheaper than rewriting a shared index.  Written
-        in place (a torn record after a crash fails to parse and is skipped; the master
-        then treats that job as lost, which is what it was).  A `new` one is written into
-        a file of the pool (mgpu.agent.recycle) and then renamed: never emptied, so an old
-        record's blocks are not flushed first, and whole once it has its name."""
-        path = self._record_path(rec)
-        spare = self.pool.spare(recycle.RECORDS) if new else None
-        try:
-            data = orjson.dumps(vars(rec))  # flat: vars() = asdict(), no copy
-        except orjson.JSONEncodeError:  # a path that is not UTF-8 (surrogate escapes)
-            data = json.dumps(vars(rec)).encode()
-        fd = os.open(spare or path, os.O_WRONLY | os.O_CREAT | (0 if spare else os.O_TRUNC), 0o600)
-        try:
-            os.write(fd, data)
-            if spare:
-                os.ftruncate(fd, len(data))  # the rest of what it held before
-        finally:
-            os.close(fd)
-        if spare:
-            os.rename(spare, path)
-
     def load_previous(self) -> list[RunRecord]:
-        records = []
-        for path in sorted(self.spool.glob("*.run")):
-            try:
-                records.append(RunRecord(**json.loads(path.read_text())))
-            except (OSError, ValueError, TypeError):
-                continue
-        self.pool.adopt({p for rec in records for p in (rec.out_path, rec.err_path, rec.exit_path)})
-        return records
+        """The runs earlier agent processes left (to `adopt`)."""
+        return self.records.load()
 
     # ---- launch -------------------------------------------------------------
 
-    def launch(
-        self,
-        job_id: str,
-        epoch: int,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str | None,
-        time_limit: float | None,
-        kill_grace: float,
-        user_ids: tuple[int, int, list[int]] | None = None,
-        hostfile: str | None = None,
-        note: str | None = None,
-        gpu_ids: Collection[int] | None = None,
-        warning: tuple[int, float, bool] | None = None,
-        script: tuple[str, str] | None = None,
-        pty: tuple[int, int] | None = None,
-    ) -> Running:
-        """Start a run; `note` is a line written to its stderr first (said by the agent).
-        `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
-        `warning`: (signal, seconds, top process only) before the time limit (--signal).
-        `script`: (name, text) of a job script, run with `argv` as its arguments.
-        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
-        base = f"{self.spool}/{job_id}.{epoch}"  # strings, not Paths: this is a hot path
-        # Files its processes hold are pool files of its user's only (mgpu.agent.recycle).
-        # A root agent's runs without ids are root runtimes' containers: removed, not reused.
-        pool = str(user_ids[0]) if user_ids is not None else str(self._uid) if self._uid else ""
-        if pool:
-            take = self.pool.take
-            out_path, err_path, exit_path = take(pool), take(pool), take(f"{pool}x")
-        else:
-            out_path, err_path, exit_path = f"{base}.out", f"{base}.err", f"{base}.exit"
-        made: list[str] = []  # removed again if the launch fails
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        fds: list[int] = []
-        try:
-            for path in (out_path, err_path, exit_path):
-                # The exit file is not truncated: its first line is blanked (see SHIM).
-                fds.append(os.open(path, EXIT_FLAGS if path == exit_path else flags, 0o600))
-                made.append(path)
-            os.pwrite(fds[2], b"\n", 0)
-        except OSError as e:
-            close_all(fds)
-            recycle.unlink_all(made)
-            raise LaunchError(f"cannot write the spool dir {self.spool}: {e.strerror}") from None
-        out_fd, err_fd, exit_fd = fds
-        cgroup: str | None = None
-        guard: str | None = None  # the cgroup that holds the run's device rules
-        gate: tuple[int, int] | None = None
-        term: Terminal | None = None
-        slave = -1
-        try:
-            if note:
-                os.write(err_fd if pty is None else out_fd, f"mgpu: {note}\n".encode())
-            home = self._home
-            if user_ids is not None:
-                uid, gid, _ = user_ids
-                home = accounts.home_of(uid)
-                os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
-            if not os.path.isdir(home):
-                home = "/"
-            if cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
-                cwd = None  # the submit dir may not exist on this node: run in the user's home
-            full_env = dict(env)
-            if user_ids is not None:
-                full_env["HOME"] = home
-            full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-            # Marks this run's processes, even those that escape the shim's process group.
-            # Unique per run: other runs of the same job (an older epoch being killed here,
-            # or another node's part when agents share a machine) must not match.
-            self._runs += 1
-            tag = f"{job_id}.{epoch}.{self._tag}{self._runs}"
-            full_env["MGPU_RUN_TAG"] = tag
-            hosts = ""
-            if hostfile is not None:
-                try:
-                    hosts = self._write_hostfile(base, hostfile, user_ids)
-                except OSError as e:
-                    raise LaunchError(f"cannot write the job's hostfile: {e.strerror}") from None
-                made.append(hosts)
-                for var in (
-                    "MGPU_HOSTFILE",
-                    "OMPI_MCA_orte_default_hostfile",
-                    "PRTE_MCA_prte_default_hostfile",
-                    "HYDRA_HOST_FILE",
-                ):
-                    full_env[var] = hosts
-            script_path = ""
-            if script is not None:
-                owner = None if user_ids is None else (user_ids[0], user_ids[1])
-                try:
-                    script_path = jobscript.write(job_id, script[0], script[1], owner)
-                except OSError as e:
-                    raise LaunchError(f"cannot write the job script: {e.strerror}") from None
-                made += [script_path, os.path.dirname(script_path)]
-                argv = [*jobscript.interpreter(script[1]), script_path, *argv]
-            kwargs: dict[str, Any] = {}
-            spawner = None
-            if user_ids is not None and not same_ids(*user_ids):
-                if self.spawner is not None:
-                    spawner = self.spawner  # not a fork of the whole agent
-                else:
-                    uid, gid, groups = user_ids
-                    kwargs.update(user=uid, group=gid, extra_groups=groups)
-            cgroup = cgroups.create(self.containment, job_id, epoch)
-            if gpu_ids is not None:
-                try:
-                    guard = devices.apply(self.isolation, job_id, epoch, gpu_ids, cgroup)
-                except devices.IsolationError as e:
-                    raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
-            if cgroup is not None or guard is not None or spawner is not None:
-                gate = os.pipe2(os.O_CLOEXEC)
-            shim, pty_args = SHIM, []
-            if pty is not None:
-                owner = None if user_ids is None else user_ids[:2]
-                try:
-                    term, slave = Terminal.open(pty[0], pty[1], owner, Path(out_path))
-                except OSError as e:
-                    raise LaunchError(f"cannot open a terminal: {e.strerror}") from None
-                shim, pty_args = PTY_SHIM, [term.path]
-
-            def shim_argv(exit_no: int) -> list[str]:  # $0: the exit file's descriptor
-                return ["/bin/sh", "-c", shim, str(exit_no), *pty_args, cwd or home, *argv]
-
-            stdio = (out_fd, err_fd) if term is None else (slave, slave)
-            popen: subprocess.Popen[bytes] | Spawned | OwnShim | None = None
-            if spawner is not None and gate is not None and user_ids is not None:
-                std = [gate[0], *stdio, exit_fd]  # the spawner numbers the exit file 3
-                popen = spawn_shim(spawner, shim_argv(3), full_env, user_ids, std, tag)
-            elif not kwargs:  # the agent's own ids
-                stdin = gate[0] if gate is not None else None
-                popen = spawn_own(shim_argv(3), stdin, *stdio, exit_fd, full_env)
-            if popen is None:
-                popen = start_shim(
-                    shim_argv(exit_fd),
-                    stdin=gate[0] if gate is not None else subprocess.DEVNULL,
-                    stdout=stdio[0],
-                    stderr=stdio[1],
-                    env=full_env,
-                    pass_fds=(exit_fd,),
-                    **kwargs,
-                )
-        except BaseException:
-            if gate is not None:
-                close_all(gate)
-            if term is not None:
-                term.close()
-            release_all([cgroup, guard])
-            recycle.unlink_all(made)
-            raise
-        finally:
-            close_all([*fds, slave] if slave >= 0 else fds)
-        pidfd = ticks = None
-        if isinstance(popen, Spawned):
-            # Not our child: the spawner reaps it once it ends, and its pid could then be
-            # reused.  Held by a pidfd (and its start time read) while it waits at its gate.
-            pidfd = _pidfd_open(popen.pid)
-            ticks = process_start_ticks(popen.pid)
-        if gate is not None:
-            # The shim waits at its gate: put it in the run's cgroups, then let it go on, before
-            # the run is reported started.  (A move into a cgroup v2 waits for an RCU grace
-            # period unless another move came just before: ~0.5 ms, once per burst of
-            # launches.  Done in a thread it would leave a window where a stopped or killed
-            # agent holds the job at its gate, or lets it run outside.)
-            os.close(gate[0])
-            if not admit(cgroup, guard, popen.pid, gate[1]):
-                popen.wait()  # killed at its gate: the job never ran
-                close_all([pidfd] if pidfd is not None else [])
-                if term is not None:
-                    term.close()
-                release_all([cgroup, guard])
-                recycle.unlink_all(made)
-                raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
-        now = time.time()
-        if ticks is None:
-            ticks = process_start_ticks(popen.pid)
-        rec = RunRecord(
-            job_id=job_id,
-            epoch=epoch,
-            pid=popen.pid,
-            create_time=ticks_to_time(ticks) if ticks is not None else 0.0,
-            start_ticks=ticks or 0,
-            boot_id=BOOT_ID if ticks is not None else "",
-            start_time=now,
-            out_path=out_path,
-            err_path=err_path,
-            exit_path=exit_path,
-            deadline=(now + time_limit) if time_limit else None,
-            kill_grace=kill_grace,
-            tag=tag,
-            cgroup=cgroup or "",
-            hosts=hosts,
-            devices=guard if guard is not None and guard != cgroup else "",
-            script=script_path,
-            pty=term is not None,
-            pool=pool,
+    def launch(self, req: LaunchRequest) -> Running:
+        """Start a run (mgpu.agent.launchsteps) and watch it."""
+        self._runs += 1
+        # Unique per run: other runs of the same job (an older epoch being killed here, or
+        # another node's part when agents share a machine) must not match.
+        tag = f"{req.job_id}.{req.epoch}.{self._tag}{self._runs}"
+        context = launchsteps.LaunchContext(
+            spool=str(self.spool),
+            pool=self.pool,
+            uid=self._uid,
+            home=self._home,
+            containment=self.containment,
+            isolation=self.isolation,
+            spawner=self.spawner,
         )
-        if warning is not None:
-            rec.signal, rec.signal_lead, rec.signal_batch = warning
-        self.save(rec, new=True)
-        run = Running(rec=rec, popen=popen, terminal=term)
-        self._track(run, pidfd)
-        if term is not None:
-            term.start(lambda: self.on_terminal_output(run))
+        started = launchsteps.start(req, context, tag)
+        rec = started.record()
+        self.records.save(rec, new=True)
+        run = Running(rec=rec, popen=started.popen, terminal=started.terminal)
+        self._track(run, started.pidfd)
+        if started.terminal is not None:
+            started.terminal.start(lambda: self.on_terminal_output(run))
         return run
-
-    def _write_hostfile(
-        self, base: str, text: str, user_ids: tuple[int, int, list[int]] | None
-    ) -> str:
-        """The `--mpi` hostfile: in the spool, or, when mpirun runs as another user (who
-        cannot reach the private spool), a fresh private temp file owned by that user,
-        written through its descriptor before it changes hands."""
-        if user_ids is None:
-            path = f"{base}.hosts"
-            Path(path).write_text(text)
-            return path
-        fd, path = tempfile.mkstemp(prefix="mgpu-", suffix=".hosts")
-        try:
-            os.write(fd, text.encode())
-            os.fchown(fd, user_ids[0], user_ids[1])
-        except OSError:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        return path
 
     def find(self, job_id: str, epoch: int | None = None) -> Running | None:
         """The run of `job_id` (of that epoch, or the newest)."""
@@ -486,7 +186,7 @@ class Launcher:
 
     def _track(self, run: Running, pidfd: int | None = None) -> None:
         self.running[(run.rec.job_id, run.rec.epoch)] = run
-        run.pidfd = pidfd if pidfd is not None else _pidfd_open(run.rec.pid)
+        run.pidfd = pidfd if pidfd is not None else launchsteps.pidfd_open(run.rec.pid)
         loop = asyncio.get_running_loop()
         if run.pidfd is not None:
             loop.add_reader(run.pidfd, self._on_exit, run)
@@ -511,7 +211,7 @@ class Launcher:
     def set_time_limit(self, run: Running, time_limit: float | None) -> None:
         """The job's limit changed (mgpu update): counted from the run's start, as before."""
         run.rec.deadline = None if time_limit is None else run.rec.start_time + time_limit
-        self.save(run.rec)
+        self.records.save(run.rec)
         self._arm(run)
 
     def _warn_once(self, run: Running) -> None:
@@ -521,7 +221,7 @@ class Launcher:
     def warn(self, run: Running, sig: int, top_only: bool) -> None:
         """Send `sig` to the job, or to its top process only (mgpu.agent.jobsignal)."""
         run.rec.signal_sent = True
-        self.save(run.rec)
+        self.records.save(run.rec)
         tagged = set() if top_only else self._job_processes(run)
         shim = None if self.pid_reused(run) else run.rec.pid
         count = jobsignal.send(shim, run.rec.cgroup, tagged, sig, top_only)
@@ -643,7 +343,7 @@ class Launcher:
         pool = rec.pool or None
         exits = f"{pool}x" if pool else None  # owned by the user: a pool of their own
         self._trash += [(rec.out_path, pool), (rec.err_path, pool), (rec.exit_path, exits)]
-        self._trash.append((self._record_path(rec), recycle.RECORDS))
+        self._trash.append((self.records.path(rec), recycle.RECORDS))
         if rec.hosts:
             self._trash.append((rec.hosts, None))
         if rec.script:
@@ -767,10 +467,3 @@ class Launcher:
                 with contextlib.suppress(psutil.Error):
                     found.add(psutil.Process(pid))
         return found
-
-
-def _pidfd_open(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return None

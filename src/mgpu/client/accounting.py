@@ -7,7 +7,8 @@ import io
 import time
 from typing import Any
 
-from mgpu.client.render import duration, table
+from mgpu.client.render import table
+from mgpu.durations import format_duration
 
 
 def _hours(value: float | None) -> str:
@@ -15,7 +16,9 @@ def _hours(value: float | None) -> str:
 
 
 def _wait(value: float | None) -> str:
-    return "-" if value is None else duration(value) if value >= 60 else f"{value:.1f}s"
+    if value is None or value >= 60:
+        return format_duration(value, "clock")
+    return f"{value:.1f}s"
 
 
 def render_history(data: dict[str, Any]) -> str:
@@ -34,7 +37,7 @@ def render_history(data: dict[str, Any]) -> str:
                 str(j["gpus"]),
                 ",".join(j.get("nodes") or []) or "-",
                 _wait(j.get("wait")),
-                duration(j.get("runtime")),
+                format_duration(j.get("runtime"), "clock"),
                 _hours(j.get("gpu_hours")),
                 "-" if j.get("exit_code") is None else str(j["exit_code"]),
                 end,

@@ -11,8 +11,20 @@ import os
 import sys
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
-from mgpu.client.api import Client, MgpuError, RequestError, SubmittedJob
+from mgpu.client.api import MgpuError, RequestError
+from mgpu.client.console import fail, print_error, warn
+from mgpu.client.options import (
+    JOB_FIELDS,
+    UsageError,
+    add_address_options,
+    add_job_options,
+    job_options,
+    make_client,
+)
+from mgpu.client.submitting import follow_job, submitted
 from mgpu.safetext import escape_controls
+
+__all__ = ["JOB_FIELDS", "UsageError", "add_job_options", "build_parser", "job_options", "main"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,108 +33,7 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 
-class UsageError(Exception):
-    pass
-
-
-def print_error(message: str) -> None:
-    """`mgpu: error: ...` on stderr, one line whatever the master's sentence quotes
-    (another user's job name, say)."""
-    print(f"mgpu: error: {escape_controls(message)}", file=sys.stderr)
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    print_error(message)
-    raise SystemExit(code)
-
-
-def _warn(messages: list[str]) -> None:
-    for message in messages:
-        print(f"mgpu: warning: {message}", file=sys.stderr)
-
-
-# ---- job options ------------------------------------------------------------
-
-
-def add_job_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("job options")
-    g.add_argument("--gpus", type=int, help="GPUs in total (default 1; 0 for a CPU job)")
-    g.add_argument("--gpu-ids", help="these GPU indices on the chosen node, e.g. 0,1")
-    g.add_argument("--node-gpu-ids", help='exactly these GPUs, e.g. "node001:0,1;node002:0"')
-    g.add_argument("--nodes", "-N", type=int, help="gang: this many nodes")
-    g.add_argument("--gpus-per-node", type=int, help="gang: GPUs on each node")
-    g.add_argument("--nodelist", "-w", help="only these nodes (a,b or node[001-004])")
-    g.add_argument("--exclude", "-x", help="never these nodes")
-    g.add_argument("--gpu-type", help="only nodes with this GPU type (e.g. A100)")
-    g.add_argument("--policy", choices=["fill_first", "spread"], help="placement policy")
-    g.add_argument("--distributed", action="store_true", help="torchrun environment per node")
-    g.add_argument("--mpi", action="store_true", help="mpirun on the first node, hostfile set")
-    g.add_argument("--time", "-t", help="time limit: MIN, MM:SS, HH:MM:SS or D-HH:MM:SS")
-    g.add_argument("--name", "-J", help="job name")
-    g.add_argument("--priority", type=int, help="user priority (higher first; default 0)")
-    g.add_argument("--retries", type=int, help="requeues allowed after node failures")
-    g.add_argument("--dependency", "-d", help="afterok:ID[:ID], afterany:ID, afternotok:ID")
-    g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
-    g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
-    g.add_argument("--image", help="run inside this container image (the node's runtime)")
-    g.add_argument("--signal", help="[B:]SIG@SECONDS before the time limit or a preemption")
-    g.add_argument("--hold", "-H", action="store_true", help="queue it held (mgpu release)")
-    g.add_argument("--notify", help="when it ends: POST to this URL, or mailto:ADDRESS")
-    g.add_argument("--mail-user", dest="notify", help="when it ends: mail this address")
-    g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
-    g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
-    g.add_argument("--json", action="store_true", help="machine-readable output")
-    t = p.add_argument_group("client waiting limits (from the original tool)")
-    t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
-    t.add_argument("--connection-timeout", type=float, help="seconds to reach the master")
-    t.add_argument("--max-wait-time", type=float, help="seconds without word from the master")
-    t.add_argument("--max-consecutive-timeouts", type=int, help="silent periods before giving up")
-    t.add_argument(
-        "--verbose", "-v", action="store_true", help="print queue position and reason changes"
-    )
-
-
-JOB_FIELDS = (
-    "gpus",
-    "gpu_ids",
-    "node_gpu_ids",
-    "nodes",
-    "gpus_per_node",
-    "nodelist",
-    "exclude",
-    "gpu_type",
-    "policy",
-    "distributed",
-    "mpi",
-    "time",
-    "name",
-    "priority",
-    "retries",
-    "dependency",
-    "array",
-    "preemptible",
-    "image",
-    "signal",
-    "hold",
-    "notify",
-    "gpu_share",
-    "reservation",
-)
-
-
-def job_options(args: argparse.Namespace) -> dict[str, Any]:
-    # `is`, not `in`: 0 == False, and --gpus 0 / --retries 0 / --priority 0 are real values.
-    values = {k: getattr(args, k, None) for k in JOB_FIELDS}
-    out = {k: v for k, v in values.items() if v is not None and v is not False}
-    return out
-
-
 # ---- commands ---------------------------------------------------------------
-
-
-def make_client(args: argparse.Namespace) -> Client:
-    connect_timeout = getattr(args, "connection_timeout", None) or 10.0
-    return Client(host=args.host, port=args.port, connect_timeout=connect_timeout, token=args.token)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -146,21 +57,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submitted(client, client.submit(command, **opts), args)
 
 
-def submitted(client: Client, job: SubmittedJob, args: argparse.Namespace) -> int:
-    """After a submit: its warnings, then its id (or JSON), or its live output (`-i`)."""
-    _warn(job.warnings)
-    if args.interactive:
-        return follow_job(client, job.id, args)
-    if args.json:
-        out: dict[str, Any] = {"job_id": job.id}
-        if job.task_ids is not None:
-            out["task_ids"] = job.task_ids
-        print(json.dumps(out))
-    else:
-        print(job.id)
-    return 0
-
-
 def cmd_srun(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -176,22 +72,8 @@ def cmd_srun(args: argparse.Namespace) -> int:
     opts = job_options(args)
     opts["interactive"] = True
     job = client.submit(argv, **opts)
-    _warn(job.warnings)
+    warn(job.warnings)
     return follow_job(client, job.id, args)
-
-
-def follow_job(client: Client, job_id: str, args: argparse.Namespace) -> int:
-    """Stream a job's output live; Ctrl-C cancels it, as srun does.  Returns its exit code."""
-    from mgpu.client.stream import follow
-
-    return follow(
-        client,
-        job_id,
-        session_timeout=getattr(args, "session_timeout", None),
-        max_wait_time=getattr(args, "max_wait_time", None) or 60.0,
-        max_consecutive_timeouts=getattr(args, "max_consecutive_timeouts", None) or 3,
-        verbose=bool(getattr(args, "verbose", False)),
-    )
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -373,18 +255,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.file)
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     print(f"{args.file}: OK ({len(cfg.nodes)} nodes, policy {cfg.scheduling.default_policy})")
     return 0
 
 
 # ---- parser -----------------------------------------------------------------
-
-
-def _address_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", help="master host (default $MGPU_MASTER or 127.0.0.1)")
-    p.add_argument("--port", type=int, help="master port (default 8080)")
-    p.add_argument("--token", help="your token (default $MGPU_TOKEN or ~/.config/mgpu/token)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -397,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
             raise UsageError(message)
 
     p = Parser(prog="mgpu", description="mgpu: a multi-node GPU job scheduler")
-    _address_options(p)
+    add_address_options(p)
     p.add_argument("--version", action="version", version="mgpu 0.1.0")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
 
@@ -571,9 +447,9 @@ def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
                 raise SystemExit(2)
         code = args.fn(args)
     except UsageError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     except MgpuError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except BrokenPipeError:

@@ -26,6 +26,7 @@ from typing import Any
 
 from mgpu.client import jsonlite as json
 from mgpu.client.api import Client, ConnectError, MgpuError, RequestError
+from mgpu.client.options import UsageError, add_job_options, job_options, make_client
 
 STEP_IGNORES = (
     "gpus",
@@ -51,8 +52,6 @@ STEP_IGNORES = (
 
 def add_alloc_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the `alloc` subcommand to an argparse subparsers object."""
-    from mgpu.client.cli import add_job_options
-
     text = "allocate GPUs, then run a command here (default $SHELL); mgpu srun in it runs steps"
     p: argparse.ArgumentParser = sub.add_parser("alloc", help=text, description=text)
     p.set_defaults(fn=cmd_alloc)
@@ -196,8 +195,6 @@ def allocation_env(job_id: str, allocation: list[dict[str, Any]]) -> dict[str, s
 
 
 def cmd_alloc(args: argparse.Namespace) -> int:
-    from mgpu.client.cli import UsageError, job_options, make_client
-
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -288,8 +285,6 @@ def _release(client: Client, job_id: str, code: int) -> None:
 def srun_special(client: Client, args: argparse.Namespace, argv: list[str]) -> int | None:
     """`srun --pty`, or `srun` inside an allocation (a step): the exit code; None for a
     plain srun (a new job, its output streamed)."""
-    from mgpu.client.cli import job_options
-
     if args.pty and not sys.stdin.isatty():
         _say("warning: not using a pseudo-terminal, stdin is not a terminal")
         args.pty = False  # as srun: it goes on without one

@@ -8,7 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mgpu.client.cli import UsageError, _fail, make_client
+from mgpu.client.console import fail
+from mgpu.client.options import UsageError, make_client
 
 __all__ = ["NO_JOIN_TOKEN", "add_daemon_parsers"]
 
@@ -35,7 +36,7 @@ def cmd_master(args: argparse.Namespace) -> int:
             tls=True if args.tls else (False if args.insecure else None),
         )
     except ConfigError as e:
-        _fail(str(e))
+        fail(str(e))
     return 0
 
 
@@ -61,45 +62,51 @@ def cmd_node(args: argparse.Namespace) -> int:
         raise UsageError("the following arguments are required: --node-id")
     from mgpu.agent.agent import AgentRefused, run_agent
     from mgpu.agent.identity import NodeIdentityError
+    from mgpu.agent.options import AgentOptions
     from mgpu.master.server import default_state_dir, setup_logging
     from mgpu.spec import SpecError, validate_node_id
 
     try:
         validate_node_id(args.node_id)
     except SpecError as e:
-        _fail(str(e))
+        fail(str(e))
     if args.fake_gpus is not None and args.fake_gpus < 0:
-        _fail("--fake-gpus must not be negative")
+        fail("--fake-gpus must not be negative")
     if args.gpu_count is not None and args.gpu_count < 0:
-        _fail("--gpu-count must not be negative")
+        fail("--gpu-count must not be negative")
     args.master_host = _node_master_host(args)
     if not os.path.isdir(args.gpu_device_dir):
-        _fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
+        fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     if args.print_systemd_unit:
         from mgpu.deploy import node_unit
 
         print(node_unit(args, state_dir), end="")
         return 0
+    options = AgentOptions(
+        node_id=args.node_id,
+        master_host=args.master_host,
+        master_port=args.master_port,
+        state_dir=state_dir,
+        fake_gpus=args.fake_gpus,
+        advertise_ip=args.advertise_ip,
+        token=args.join_token,
+        insecure=args.insecure,
+        container_runtime=args.container_runtime,
+        gpu_device_dir=Path(args.gpu_device_dir),
+        gpu_count=args.gpu_count,
+    )
     if args.health:
         from mgpu.agent.health import run_health
 
-        return run_health(
-            args.node_id,
-            args.master_host,
-            args.master_port,
-            state_dir,
-            args.fake_gpus,
-            gpu_device_dir=Path(args.gpu_device_dir),
-            gpu_count=args.gpu_count,
-        )
+        return run_health(options)
     if args.fake_foreign:
         from mgpu.agent.telemetry import parse_gpu_values
 
         try:
             parse_gpu_values(args.fake_foreign, "--fake-foreign")
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
         os.environ["MGPU_FAKE_FOREIGN"] = args.fake_foreign  # read by the telemetry sampler
     if args.advertise_ip:
         import ipaddress
@@ -120,27 +127,15 @@ def cmd_node(args: argparse.Namespace) -> int:
     from mgpu.agent.gpus import GpuCountError
 
     try:
-        run_agent(
-            args.node_id,
-            args.master_host,
-            args.master_port,
-            state_dir,
-            args.fake_gpus,
-            advertise_ip=args.advertise_ip,
-            token=args.join_token,
-            insecure=args.insecure,
-            container_runtime=args.container_runtime,
-            gpu_device_dir=Path(args.gpu_device_dir),
-            gpu_count=args.gpu_count,
-        )
+        run_agent(options)
     except AgentRefused as e:
         from mgpu.credentials import find_join_token
 
         if find_join_token(args.join_token, state_dir) is None:
-            _fail(NO_JOIN_TOKEN)
-        _fail(f"the master refused this node: {e}")
+            fail(NO_JOIN_TOKEN)
+        fail(f"the master refused this node: {e}")
     except (NodeIdentityError, GpuCountError) as e:
-        _fail(str(e))
+        fail(str(e))
     return 0
 
 
@@ -155,7 +150,7 @@ NO_JOIN_TOKEN = (
 def _node_master_host(args: argparse.Namespace) -> str:
     """`--master-host`, or the original node agent's `--host` for the same thing."""
     if args.node_host and args.master_host and args.node_host != args.master_host:
-        _fail(
+        fail(
             f"--host {args.node_host} and --master-host {args.master_host} name different "
             "masters; give only --master-host"
         )

@@ -18,8 +18,11 @@ import os
 import sys
 from typing import Any
 
-from mgpu.client import cli, directives, jsonlite
+from mgpu.client import directives, jsonlite
 from mgpu.client.api import Client, RequestError
+from mgpu.client.console import print_error, warn
+from mgpu.client.options import JOB_FIELDS, UsageError, add_job_options, job_options, make_client
+from mgpu.client.submitting import submitted
 
 __all__ = ["add_jobctl_parsers", "submit_script"]
 
@@ -42,31 +45,31 @@ def read_script(path: str) -> str | None:
         with open(path, "rb") as f:
             data = f.read(MAX_SCRIPT_BYTES + 1)
     except OSError as e:
-        raise cli.UsageError(f"cannot read the job script {path}: {e.strerror}") from None
+        raise UsageError(f"cannot read the job script {path}: {e.strerror}") from None
     if data.startswith(b"\x7fELF") or b"\0" in data[:8192]:
         return None
     if len(data) > MAX_SCRIPT_BYTES:
-        raise cli.UsageError(
+        raise UsageError(
             f"the job script {path} is over 1 MiB; a script is sent with its job, so keep "
             "data in files the script reads"
         )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise cli.UsageError(
+        raise UsageError(
             f"the job script {path} is not UTF-8 text (byte {e.start + 1}); save it as UTF-8"
         ) from None
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:
-        raise cli.UsageError(message)
+        raise UsageError(message)
 
 
 def _directive_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     """The job options, nothing set unless given; and each spelling → takes a value."""
     p = _Parser(prog="directive", add_help=False, argument_default=argparse.SUPPRESS)
-    cli.add_job_options(p)
+    add_job_options(p)
     known = {opt: a.nargs != 0 for a in p._actions for opt in a.option_strings}
     return p, known
 
@@ -78,7 +81,7 @@ def script_options(
     warnings).  A directive that is not understood is a UsageError naming its line."""
     found = directives.scan(text)
     if found.error is not None:
-        raise cli.UsageError(f"{path} {found.error}")
+        raise UsageError(f"{path} {found.error}")
     parser, known = _directive_parser()
     layers: dict[str, dict[str, Any]] = {directives.SBATCH: {}, directives.MGPU: {}}
     ignored: list[str] = []
@@ -93,9 +96,9 @@ def script_options(
                 extra["gres"] = slurm.gres_per_node
         try:
             values = vars(parser.parse_args(words))
-        except cli.UsageError as e:
-            raise cli.UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
-        values = {k: v for k, v in values.items() if k in cli.JOB_FIELDS}
+        except UsageError as e:
+            raise UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
+        values = {k: v for k, v in values.items() if k in JOB_FIELDS}
         _layer(layers[d.source], {**values, **extra})
     if no_mail and str(layers[directives.SBATCH].get("notify", "")).startswith("mailto:"):
         del layers[directives.SBATCH]["notify"]
@@ -138,11 +141,11 @@ def submit_script(args: argparse.Namespace) -> int | None:
     text = read_script(path)
     if text is None:
         return None
-    opts, sources, warnings = script_options(path, text, cli.job_options(args))
-    cli._warn(warnings)
+    opts, sources, warnings = script_options(path, text, job_options(args))
+    warn(warnings)
     if args.interactive:
         opts["interactive"] = True
-    client = cli.make_client(args)
+    client = make_client(args)
     job = client.submit(
         script_args,
         script=text,
@@ -150,7 +153,7 @@ def submit_script(args: argparse.Namespace) -> int | None:
         option_sources=sources,
         **opts,
     )
-    return cli.submitted(client, job, args)
+    return submitted(client, job, args)
 
 
 # ---- hold, release, requeue, update -----------------------------------------------
@@ -176,7 +179,7 @@ def _each(args: argparse.Namespace, verb: str, call: Any) -> int:
         try:
             out = call(job_id)
         except RequestError as e:
-            cli.print_error(str(e))
+            print_error(str(e))
             status = 1
             continue
         if args.json:
@@ -187,22 +190,22 @@ def _each(args: argparse.Namespace, verb: str, call: Any) -> int:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    return _each(args, "held", cli.make_client(args).hold)
+    return _each(args, "held", make_client(args).hold)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    return _each(args, "released", cli.make_client(args).release)
+    return _each(args, "released", make_client(args).release)
 
 
 def cmd_requeue(args: argparse.Namespace) -> int:
-    return _each(args, "requeueing", cli.make_client(args).requeue)
+    return _each(args, "requeueing", make_client(args).requeue)
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    client: Client = cli.make_client(args)
+    client: Client = make_client(args)
     changes = {k: getattr(args, k) for k in ("time", "priority", "gpus", "name")}
     if all(v is None for v in changes.values()):
-        raise cli.UsageError("nothing to change: give --time, --priority, --gpus or --name")
+        raise UsageError("nothing to change: give --time, --priority, --gpus or --name")
     args.jobs = [args.job]
     return _each(args, "updated", lambda job_id: client.update(job_id, **changes))
 

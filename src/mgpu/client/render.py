@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from mgpu.durations import format_duration
 from mgpu.safetext import escape_controls
 
 TYPE_CHECKING = False
@@ -27,20 +28,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
-        return "-"
-    s = int(seconds)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    if h:
-        return f"{h}:{m:02d}:{s:02d}"
-    return f"{m}:{s:02d}"
-
-
 def where(job: dict[str, Any]) -> str:
     alloc = job.get("allocation") or []
     if job["state"] == "queued" or not alloc:
@@ -59,7 +46,7 @@ def where(job: dict[str, Any]) -> str:
 def _job_row(job: dict[str, Any], now: float) -> list[str]:
     start = job.get("start_time")
     end = job.get("end_time") or now
-    elapsed = duration(end - start) if start else "-"
+    elapsed = format_duration(end - start, "clock") if start else "-"
     prio = job.get("priority_value")
     return [
         job["id"],
@@ -81,14 +68,7 @@ def start_in(expected: float | None, now: float) -> str:
     wait = expected - now
     if wait < 30:
         return "now"
-    m = round(wait / 60)
-    if m < 60:
-        return f"in {m}m"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"in {h}h {m}m" if m else f"in {h}h"
-    d, h = divmod(h, 24)
-    return f"in {d}d {h}h" if h else f"in {d}d"
+    return "in " + format_duration(max(1, round(wait / 60)) * 60)  # to the minute
 
 
 def explain_wait(job: dict[str, Any]) -> str | None:
@@ -255,10 +235,10 @@ def render_job(job: dict[str, Any]) -> str:
         f"  ended:      {_ts(job.get('end_time'))}",
     ]
     if job.get("time_limit"):
-        lines.append(f"  time limit: {duration(job['time_limit'])}")
+        lines.append(f"  time limit: {format_duration(job['time_limit'], 'clock')}")
     if job.get("start_time"):
         end = job.get("end_time") or now
-        lines.append(f"  elapsed:    {duration(end - job['start_time'])}")
+        lines.append(f"  elapsed:    {format_duration(end - job['start_time'], 'clock')}")
     lines.append(f"  retries:    {job['retries']} of {job.get('max_retries', '-')}")
     lines += _job_control_lines(job)
     if job.get("gpu_util_mean") is not None or job.get("gpu_memory_peak_mb") is not None:

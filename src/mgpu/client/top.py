@@ -6,8 +6,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mgpu.client.api import Client, MgpuError
-from mgpu.client.render import duration, start_in
+from mgpu.client.render import start_in
 from mgpu.client.render import where as render_where
+from mgpu.durations import format_duration
 from mgpu.safetext import escape_controls
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def frame(data: dict[str, Any], address: str, error: str | None = None) -> Rende
             plain(j["user"]),
             shown,
             f"{j['gpu_share']:g}" if j.get("gpu_share") else str(j["gpus"]),
-            duration(now - start) if start else "-",
+            format_duration(now - start, "clock") if start else "-",
             start_in(j.get("expected_start"), now) if j["state"] == "queued" else "",
             plain(where),
         )

@@ -24,6 +24,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from mgpu.durations import format_duration
+
 from .backfill import expected_end
 from .placement import FreePool, _place_split, could_ever_fit, place
 from .types import JobRequest, NodeView, Placement, Reservation, RunningJob
@@ -32,7 +34,6 @@ __all__ = [
     "RESERVATION_PREFIX",
     "ReservationError",
     "could_fit_reservation",
-    "format_delay",
     "kept_out_note",
     "member_reason",
     "pick_reservation_gpus",
@@ -46,22 +47,6 @@ RESERVATION_PREFIX = "reservation:"
 
 class ReservationError(ValueError):
     """A reservation that cannot be made; the message is one sentence for the admin."""
-
-
-def format_delay(seconds: float) -> str:
-    """`45s`, `20m`, `1h 20m`, `2d 3h`: how far off a time is, for reasons."""
-    if not math.isfinite(seconds):
-        return "never"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        h, m = divmod(s // 60, 60)
-        return f"{h}h {m}m" if m else f"{h}h"
-    d, h = divmod(s // 3600, 24)
-    return f"{d}d {h}h" if h else f"{d}d"
 
 
 def _plural_gpus(n: int) -> str:
@@ -115,7 +100,7 @@ def member_reason(name: str, reservation: Reservation | None, now: float) -> str
     if reservation is None:
         return f"reservation {name} does not exist or has ended"
     if now < reservation.start:
-        return f"waiting for reservation {name}, which starts in " + format_delay(
+        return f"waiting for reservation {name}, which starts in " + format_duration(
             reservation.start - now
         )
     return None
@@ -127,9 +112,10 @@ def kept_out_note(reservation: Reservation, now: float) -> str:
     if reservation.start <= now:
         return (
             f"reservation {reservation.name} holds {held} "
-            f"for another {format_delay(reservation.end - now)}"
+            f"for another {format_duration(reservation.end - now)}"
         )
-    return f"reservation {reservation.name} takes {held} in {format_delay(reservation.start - now)}"
+    when = format_duration(reservation.start - now)
+    return f"reservation {reservation.name} takes {held} in {when}"
 
 
 def pick_reservation_gpus(

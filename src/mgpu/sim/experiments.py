@@ -17,8 +17,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
-from .report import compute_metrics, format_duration, percentile
+from mgpu.durations import format_duration
+
+from .report import compute_metrics, percentile
 from .simulator import ClusterShape, SimConfig, SimResult, simulate
 from .traces import TraceJob
 
@@ -125,7 +128,7 @@ def format_sharing(rows: Sequence[SharingRow]) -> str:
         "| replay | jobs | wait avg | wait median | wait p99 | makespan | allocated | useful |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    d = format_duration
+    d = partial(format_duration, style="exact")
     for r in rows:
         lines.append(
             f"| {r.label} | {r.jobs} | {d(r.wait_avg)} | {d(r.wait_median)} | {d(r.wait_p99)} "

@@ -21,10 +21,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mgpu.durations import format_duration
+
 from .simulator import SimResult
+
+_span = partial(format_duration, style="exact")
+"""Durations in the reports: two units always, enough to compare policies."""
 
 __all__ = [
     "SLOWDOWN_BOUND",
@@ -32,7 +38,6 @@ __all__ = [
     "Metrics",
     "compute_metrics",
     "estimate_metrics",
-    "format_duration",
     "format_estimates",
     "format_table",
     "format_text",
@@ -172,34 +177,20 @@ def format_estimates(e: EstimateMetrics) -> str:
         return f"{e.queued} jobs waited; none got an estimate at submit"
     return (
         f"{e.estimated} of {e.queued} waiting jobs ({e.share:.0%}) got an estimate at submit; "
-        f"|actual - estimate|: median {format_duration(e.error_median)}, "
-        f"p90 {format_duration(e.error_p90)}; {e.exact / e.estimated:.0%} exact; "
+        f"|actual - estimate|: median {_span(e.error_median)}, "
+        f"p90 {_span(e.error_p90)}; {e.exact / e.estimated:.0%} exact; "
         f"median actual - estimate {_signed(e.signed_median)} "
-        f"(their median wait {format_duration(e.wait_median)})"
+        f"(their median wait {_span(e.wait_median)})"
     )
 
 
 def _signed(seconds: float) -> str:
     if math.isnan(seconds):
         return "-"
-    return ("-" if seconds < 0 else "+") + format_duration(abs(seconds))
+    return ("-" if seconds < 0 else "+") + _span(abs(seconds))
 
 
 # --------------------------------------------------------------------------- text and JSON
-
-
-def format_duration(seconds: float) -> str:
-    """`42s`, `12m 5s`, `3h 20m`, `2d 4h` — enough precision to compare policies."""
-    if math.isnan(seconds):
-        return "-"
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
 def format_text(m: Metrics, source: str, mapping: str) -> str:
@@ -211,13 +202,12 @@ def format_text(m: Metrics, source: str, mapping: str) -> str:
         ("jobs", _jobs_line(m)),
         (
             "wait",
-            f"avg {format_duration(m.wait_avg)}  median {format_duration(m.wait_median)}  "
-            f"p99 {format_duration(m.wait_p99)}",
+            f"avg {_span(m.wait_avg)}  median {_span(m.wait_median)}  p99 {_span(m.wait_p99)}",
         ),
-        ("completion time", f"avg {format_duration(m.completion_avg)}"),
+        ("completion time", f"avg {_span(m.completion_avg)}"),
         ("bounded slowdown", f"avg {m.bounded_slowdown_avg:.2f} (runs < 10s count as 10s)"),
         ("GPU utilisation", f"{m.utilisation:.1%}"),
-        ("makespan", f"{format_duration(m.makespan)} ({m.makespan:.0f}s)"),
+        ("makespan", f"{_span(m.makespan)} ({m.makespan:.0f}s)"),
         (
             "scheduler",
             f"{m.passes} passes, {m.pass_ms_mean:.3f} ms mean, {m.pass_ms_p99:.3f} ms p99 "
@@ -259,9 +249,9 @@ def format_table(rows: Sequence[Metrics]) -> str:
     lines = [head]
     for m in rows:
         lines.append(
-            f"| {m.policy} | {format_duration(m.wait_avg)} | {format_duration(m.wait_median)} "
-            f"| {format_duration(m.wait_p99)} | {m.utilisation:.1%} | {m.bounded_slowdown_avg:.2f} "
-            f"| {format_duration(m.makespan)} | {m.passes} "
+            f"| {m.policy} | {_span(m.wait_avg)} | {_span(m.wait_median)} "
+            f"| {_span(m.wait_p99)} | {m.utilisation:.1%} | {m.bounded_slowdown_avg:.2f} "
+            f"| {_span(m.makespan)} | {m.passes} "
             f"| {m.pass_ms_mean:.2f} / {m.pass_ms_p99:.2f} ms |"
         )
     return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""From the master's Launch to what the launcher starts (a LaunchRequest): whom the job
+runs as, the environment the agent adds, and the device numbers of its GPUs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mgpu.agent import accounts
+from mgpu.agent.gpus import GpuInfo
+from mgpu.agent.launchsteps import LaunchRequest, UserIds
+from mgpu.agent.mps import mps_env
+from mgpu.protocol import Launch
+
+__all__ = ["UserError", "device_ids", "job_env", "launch_request", "run_as"]
+
+
+class UserError(RuntimeError):
+    """The job cannot run here as its user: the job fails, the node is fine."""
+
+
+def run_as(msg: Launch, hostname: str) -> UserIds | None:
+    """uid, gid and groups to run the job as; None = as this agent's own user."""
+    if os.geteuid() != 0 or not msg.user:
+        return None
+    try:
+        account = accounts.lookup(msg.user)
+    except KeyError:
+        raise UserError(f"user {msg.user} does not exist on {hostname}") from None
+    if account.uid == 0 and not msg.allow_root:
+        raise UserError(f"refusing to run a job of {msg.user} as root (uid 0)")
+    return account.uid, account.gid, list(account.groups)
+
+
+def job_env(msg: Launch, master: tuple[str, int], gpus: list[GpuInfo]) -> dict[str, str]:
+    """The job's environment: the master's, and what this node adds."""
+    env = dict(msg.env)
+    # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
+    env["MGPU_MASTER"] = f"{master[0]}:{master[1]}"
+    env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
+    if any(g.mig for g in gpus) and msg.gpu_ids:
+        # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
+        uuids = {g.index: g.uuid for g in gpus}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in msg.gpu_ids)
+    if msg.mpi:
+        launcher = f"{sys.executable} -m mgpu rsh"
+        env.update(
+            {
+                "OMPI_MCA_plm_rsh_agent": launcher,  # Open MPI 4
+                "PRTE_MCA_plm_ssh_agent": launcher,  # Open MPI 5 (PRRTE)
+                "HYDRA_LAUNCHER": "ssh",  # MPICH: ssh-style launcher...
+                "HYDRA_LAUNCHER_EXEC": launcher,  # ...that is really mgpu rsh
+            }
+        )
+    return env
+
+
+def device_ids(gpus: list[GpuInfo], gpu_ids: list[int]) -> list[int]:
+    """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""
+    physical = {g.index: g.device_index for g in gpus if g.device_index is not None}
+    return sorted({physical.get(i, i) for i in gpu_ids})
+
+
+def launch_request(
+    msg: Launch,
+    argv: list[str],
+    env: dict[str, str],
+    ids: UserIds | None,
+    note: str | None,
+    gpus: list[GpuInfo],
+) -> LaunchRequest:
+    """The run of `msg` to start, as `argv` with `env` (the site hooks may have wrapped
+    the job's own: a container), run as `ids`."""
+    return LaunchRequest(
+        job_id=msg.job_id,
+        epoch=msg.epoch,
+        argv=argv,
+        env=env,
+        cwd=msg.cwd,
+        time_limit=msg.time_limit,
+        kill_grace=msg.kill_grace,
+        user_ids=ids,
+        hostfile=msg.hostfile,
+        note=note,
+        gpu_ids=device_ids(gpus, msg.gpu_ids),
+        warning=None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch),
+        script=None if msg.script is None else (msg.script_name or "script", msg.script),
+        pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
+    )

@@ -1,0 +1,37 @@
+"""How an agent was started (`mgpu node`'s options): one value, handed to the agent and
+to its health check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mgpu.agent import devices
+
+__all__ = ["AgentOptions"]
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    node_id: str
+    master_host: str
+    master_port: int
+    state_dir: Path
+    fake_gpus: int | None = None
+    """This many fake GPUs instead of the machine's (tests, demos); None: the real ones."""
+    advertise_ip: str | None = None
+    """The IP the master and other nodes reach this one at; None: the connection's own."""
+    token: str | None = None
+    """The join token; None: found in the state dir or $MGPU_JOIN_TOKEN."""
+    insecure: bool = False
+    """Plain WebSocket, no TLS."""
+    container_runtime: str = "auto"
+    gpu_device_dir: Path = devices.DEFAULT_DIR
+    """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""
+    gpu_count: int | None = None
+    """Manage only the node's first N GPUs (`mgpu node --gpu-count N`); None: all."""
+
+    @property
+    def node_dir(self) -> Path:
+        """The node's own files: its identity, its spool."""
+        return self.state_dir / f"node-{self.node_id}"
