@@ -218,7 +218,7 @@ def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
     """Anyone who reaches the port may open an agent connection: one that never says hello
     is refused and closed after HELLO_TIMEOUT, one whose hello is over HELLO_LIMIT is
     refused without being parsed."""
-    from mgpu.master.http import app as app_module
+    from mgpu.master.http import agents as app_module
 
     monkeypatch.setattr(app_module, "HELLO_TIMEOUT", 0.2)
     parsed: list[int] = []
@@ -307,3 +307,44 @@ def test_the_dashboard_runs_only_its_own_files(tmp_path: Path) -> None:
             "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'; "
             "form-action 'self'"
         )
+
+
+def test_one_error_gets_one_status_on_every_route_and_a_refusal_is_audited(
+    tmp_path: Path,
+) -> None:
+    """errors.py: a request the controller cannot honour (SubmitError) is a 400 whichever
+    route raised it; another user's job is a 403 with a `denied` row naming the action."""
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> dict[str, Any]:
+        async with app.router.lifespan_context(app):
+            admin = (tmp_path / "admin-token").read_text().strip()
+            out: dict[str, Any] = {}
+            status, made = await _call(app, "POST", "/api/jobs", admin, b'{"command": "true"}')
+            assert status == 201
+            job_id = made["job_id"]
+            body = b'{"host": "node001", "argv": ["true"]}'
+            out["rsh"] = await _call(app, "POST", f"/api/jobs/{job_id}/steps", admin, body)
+            body = b'{"argv": ["true"]}'
+            out["srun"] = await _call(app, "POST", f"/api/allocations/{job_id}/steps", admin, body)
+            bad = b'{"command": "true", "reservation": "nosuch"}'
+            out["submit"] = await _call(app, "POST", "/api/jobs", admin, bad)
+            _, bob = await _call(app, "POST", "/api/tokens", admin, b'{"user": "bob"}')
+            out["denied"] = await _call(app, "POST", f"/api/jobs/{job_id}/cancel", bob["token"])
+            out["missing"] = await _call(app, "POST", "/api/steps/nosuch/cancel", admin)
+            _, audit = await _call(app, "GET", "/api/audit", admin)
+            out["audit"] = [
+                (e["actor"], e["target"]) for e in audit["events"] if e["kind"] == "denied"
+            ]
+            out["job_id"] = job_id
+            return out
+
+    out = asyncio.run(main())
+    job_id = out["job_id"]
+    assert out["rsh"] == (400, {"detail": f"job {job_id} is not running"})
+    assert out["srun"] == (400, {"detail": f"job {job_id} is not an allocation (mgpu alloc)"})
+    assert out["submit"][0] == 400 and "nosuch" in out["submit"][1]["detail"]
+    assert out["denied"][0] == 403
+    assert out["denied"][1]["detail"].startswith(f"not authorised: job {job_id} belongs to ")
+    assert out["missing"] == (404, {"detail": "no such step: nosuch"})
+    assert out["audit"] == [("bob", f"cancel {job_id}")]
