@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import Harness
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.http.app import create_app
+from mgpu.master.http.follow import JobNews, follow
 from mgpu.master.http.guard import MAX_REASONS, FailedLogins
 from mgpu.protocol import Hello, encode
 
@@ -348,3 +351,38 @@ def test_one_error_gets_one_status_on_every_route_and_a_refusal_is_audited(
     assert out["denied"][1]["detail"].startswith(f"not authorised: job {job_id} belongs to ")
     assert out["missing"] == (404, {"detail": "no such step: nosuch"})
     assert out["audit"] == [("bob", f"cancel {job_id}")]
+
+
+def test_a_follower_gets_the_output_then_the_state_then_the_end(h: Harness) -> None:
+    """follow.py: the one skeleton of `logs -f` and attach; woken by the output and (attach)
+    by the job's changes, it says the state once per change and ends with the job."""
+    agent = h.agent("n1", gpus=1)
+    job_id = h.start("echo hi")
+
+    async def main() -> list[Any]:
+        lines: list[Any] = []
+        feed = follow(h.cl, job_id, JobNews(h.cl, job_id, attach=True))
+
+        async def read() -> None:
+            async for chunk in feed:
+                lines.extend(json.loads(t) for t in chunk.decode().splitlines())
+
+        async def until(seen: Callable[[dict[str, Any]], bool]) -> None:
+            async with asyncio.timeout(5):
+                while not any(map(seen, lines)):
+                    await asyncio.sleep(0)  # a turn of the loop: the feed runs
+
+        reader = asyncio.create_task(read())
+        await until(lambda line: "started" in line)
+        agent.output(job_id, "hi\n")
+        await until(lambda line: line.get("d") == "hi\n")
+        agent.exited(job_id, 0)
+        await asyncio.wait_for(reader, timeout=5)
+        return lines
+
+    lines = asyncio.run(main())
+    assert lines[0] == {"status": "running", "reason": None}
+    assert lines[1] == {"started": True, "allocation": [{"node_id": "n1", "gpu_ids": [0]}]}
+    assert [line["d"] for line in lines if "d" in line] == ["hi\n"]
+    assert lines[-1] == {"end": True, "state": "completed", "exit_code": 0, "reason": None}
+    assert len(lines) == 4

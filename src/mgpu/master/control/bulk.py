@@ -181,7 +181,8 @@ class Bulk:
         # would walk a list of 100,000 ids in every full collection while this runs.
         cancelled: list[tuple[str, ...]] = []
         ended: list[tuple[str, ...]] = []
-        pacer = Pacer(_Writer(self.jobs, ("cancel", actor.user, actor.address, job_id), str))
+        event = ("cancel", actor.user, actor.address, job_id)
+        pacer = Pacer(_Writer(self.jobs, event, lambda: ""))
         for rows in self.jobs.array_pages(job_id, SLICE):
             for task_id, _, user in rows:
                 actor.check_owner(task_id, user, "cancel")

@@ -13,7 +13,13 @@ The parts, each in its own module (see docs/ARCHITECTURE.md, "The controller"):
   the steps an allocation runs;
 * `nodes.py` — drain, resume, remove, failures and liveness (heartbeats);
 * `loop.py` — snapshot → `schedule()` → apply, the plan re-checked as it is applied;
+* `bulk.py` — an array's tasks built, cancelled, held, released, requeued, updated, a
+  slice at a time (one slicing policy);
+* `reads.py` — jobs, arrays and nodes as the API reads them (mixed into `Cluster`);
 * `access.py` — tokens, root grants, node access rules.
+
+The HTTP edge (master/http/) calls only the named methods here, never the parts, the store
+or the job dicts.
 
 The store, token store, output store, node secrets and clock are passed in (the master
 makes them, and its CA, at start: master/http/app.py); the controller tests pass an in-memory

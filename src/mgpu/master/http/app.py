@@ -33,7 +33,7 @@ from mgpu.master.http import (
     tokens,
 )
 from mgpu.master.http.deps import EdgeState
-from mgpu.master.http.guard import FailedLogins, Guard
+from mgpu.master.http.guard import AuditRow, FailedLogins, Guard
 from mgpu.master.http.submit import install_submit
 from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
@@ -79,7 +79,7 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
 def create_app(
     state_dir: Path, config: ClusterConfig, announce: tuple[str, int, bool] | None = None
 ) -> FastAPI:
-    def write_audit(rows: list[tuple[str, str | None, str | None, str | None, str | None]]) -> None:
+    def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
 
     # Refused logins and hellos: counted, one audit row per address and minute (guard.py).
