@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import Harness
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.http.app import create_app
+from mgpu.master.http.follow import JobNews, follow
 from mgpu.master.http.guard import MAX_REASONS, FailedLogins
 from mgpu.protocol import Hello, encode
 
@@ -218,7 +221,7 @@ def test_a_hello_is_bounded_in_time_and_size_before_it_is_parsed(
     """Anyone who reaches the port may open an agent connection: one that never says hello
     is refused and closed after HELLO_TIMEOUT, one whose hello is over HELLO_LIMIT is
     refused without being parsed."""
-    from mgpu.master.http import app as app_module
+    from mgpu.master.http import agents as app_module
 
     monkeypatch.setattr(app_module, "HELLO_TIMEOUT", 0.2)
     parsed: list[int] = []
@@ -307,3 +310,79 @@ def test_the_dashboard_runs_only_its_own_files(tmp_path: Path) -> None:
             "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'; "
             "form-action 'self'"
         )
+
+
+def test_one_error_gets_one_status_on_every_route_and_a_refusal_is_audited(
+    tmp_path: Path,
+) -> None:
+    """errors.py: a request the controller cannot honour (SubmitError) is a 400 whichever
+    route raised it; another user's job is a 403 with a `denied` row naming the action."""
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> dict[str, Any]:
+        async with app.router.lifespan_context(app):
+            admin = (tmp_path / "admin-token").read_text().strip()
+            out: dict[str, Any] = {}
+            status, made = await _call(app, "POST", "/api/jobs", admin, b'{"command": "true"}')
+            assert status == 201
+            job_id = made["job_id"]
+            body = b'{"host": "node001", "argv": ["true"]}'
+            out["rsh"] = await _call(app, "POST", f"/api/jobs/{job_id}/steps", admin, body)
+            body = b'{"argv": ["true"]}'
+            out["srun"] = await _call(app, "POST", f"/api/allocations/{job_id}/steps", admin, body)
+            bad = b'{"command": "true", "reservation": "nosuch"}'
+            out["submit"] = await _call(app, "POST", "/api/jobs", admin, bad)
+            _, bob = await _call(app, "POST", "/api/tokens", admin, b'{"user": "bob"}')
+            out["denied"] = await _call(app, "POST", f"/api/jobs/{job_id}/cancel", bob["token"])
+            out["missing"] = await _call(app, "POST", "/api/steps/nosuch/cancel", admin)
+            _, audit = await _call(app, "GET", "/api/audit", admin)
+            out["audit"] = [
+                (e["actor"], e["target"]) for e in audit["events"] if e["kind"] == "denied"
+            ]
+            out["job_id"] = job_id
+            return out
+
+    out = asyncio.run(main())
+    job_id = out["job_id"]
+    assert out["rsh"] == (400, {"detail": f"job {job_id} is not running"})
+    assert out["srun"] == (400, {"detail": f"job {job_id} is not an allocation (mgpu alloc)"})
+    assert out["submit"][0] == 400 and "nosuch" in out["submit"][1]["detail"]
+    assert out["denied"][0] == 403
+    assert out["denied"][1]["detail"].startswith(f"not authorised: job {job_id} belongs to ")
+    assert out["missing"] == (404, {"detail": "no such step: nosuch"})
+    assert out["audit"] == [("bob", f"cancel {job_id}")]
+
+
+def test_a_follower_gets_the_output_then_the_state_then_the_end(h: Harness) -> None:
+    """follow.py: the one skeleton of `logs -f` and attach; woken by the output and (attach)
+    by the job's changes, it says the state once per change and ends with the job."""
+    agent = h.agent("n1", gpus=1)
+    job_id = h.start("echo hi")
+
+    async def main() -> list[Any]:
+        lines: list[Any] = []
+        feed = follow(h.cl, job_id, JobNews(h.cl, job_id, attach=True))
+
+        async def read() -> None:
+            async for chunk in feed:
+                lines.extend(json.loads(t) for t in chunk.decode().splitlines())
+
+        async def until(seen: Callable[[dict[str, Any]], bool]) -> None:
+            async with asyncio.timeout(5):
+                while not any(map(seen, lines)):
+                    await asyncio.sleep(0)  # a turn of the loop: the feed runs
+
+        reader = asyncio.create_task(read())
+        await until(lambda line: "started" in line)
+        agent.output(job_id, "hi\n")
+        await until(lambda line: line.get("d") == "hi\n")
+        agent.exited(job_id, 0)
+        await asyncio.wait_for(reader, timeout=5)
+        return lines
+
+    lines = asyncio.run(main())
+    assert lines[0] == {"status": "running", "reason": None}
+    assert lines[1] == {"started": True, "allocation": [{"node_id": "n1", "gpu_ids": [0]}]}
+    assert [line["d"] for line in lines if "d" in line] == ["hi\n"]
+    assert lines[-1] == {"end": True, "state": "completed", "exit_code": 0, "reason": None}
+    assert len(lines) == 4

@@ -400,3 +400,91 @@ def test_allowed_hosts_may_name_a_private_one(make_harness: Callable[..., Harnes
     h.submit(notify="http://127.0.0.1:9000/hook")
     h.submit(notify="https://chat.lab.example/hook")
     assert h.store.count_by_state() == {"queued": 2}
+
+
+# ---- a job or an array's tasks, through the controller's API (control/bulk.py) --------
+
+
+def test_an_arrays_active_tasks_are_held_with_one_audit_event(h: Harness) -> None:
+    array_id = h.submit(array="0-119")
+    alice = Actor("alice", admin=False, address="10.0.0.7")
+    changes = _run(h.cl.control_job(array_id, "hold", alice))
+    assert [c.job_id for c in changes] == [f"{array_id}_{i}" for i in range(120)]
+    assert all(c.changed for c in changes)
+    assert all(h.stored(f"{array_id}_{i}").held for i in (0, 119))  # written, not just changed
+    events = [(e["actor"], e["address"], e["target"]) for e in h.events("hold")]
+    assert events == [("alice", "10.0.0.7", array_id)]  # one for the request, not per task
+    again = _run(h.cl.control_job(array_id, "hold", alice))
+    assert [c.changed for c in again] == [False] * 120  # said per task, nothing changed
+
+
+def test_a_task_that_cannot_be_changed_says_why_and_a_job_alone_is_refused(h: Harness) -> None:
+    h.agent("n1", gpus=1)
+    array_id = h.submit(array="0-1")
+    h.tick()  # task 0 runs, task 1 waits
+    changes = _run(h.cl.control_job(array_id, "hold", ALICE))
+    assert [(c.job_id, c.changed) for c in changes] == [
+        (f"{array_id}_0", False),
+        (f"{array_id}_1", True),
+    ]
+    assert "is running; only a queued job can be held" in changes[0].message
+    with pytest.raises(Conflict, match="is running"):
+        _run(h.cl.control_job(f"{array_id}_0", "hold", ALICE))
+
+
+def test_another_users_array_is_refused_naming_the_task(h: Harness) -> None:
+    array_id = h.submit(array="0-2")
+    with pytest.raises(NotAllowed, match=f"job {array_id}_0 belongs to alice") as refused:
+        _run(h.cl.control_job(array_id, "requeue", BOB))
+    assert refused.value.target == f"requeue {array_id}_0"
+    assert not any(h.job(f"{array_id}_{i}").held for i in range(3))
+    with pytest.raises(NotAllowed) as refused:
+        _run(h.cl.cancel_job(array_id, BOB))
+    assert refused.value.target == f"cancel {array_id}_0"
+    assert {h.job(f"{array_id}_{i}").state for i in range(3)} == {JobState.QUEUED}
+
+
+def test_an_array_is_cancelled_whole_with_one_audit_event(h: Harness) -> None:
+    array_id = h.submit(array="0-199")
+    before = h.submit()
+    h.cl.cancel(h.job(f"{array_id}_7"))
+    done = _run(h.cl.cancel_job(array_id, ALICE))
+    ids = [f"{array_id}_{i}" for i in range(200)]
+    assert done.array and list(done.already_ended) == [ids[7]]
+    assert list(done.cancelled) == ids[:7] + ids[8:]  # in index order
+    assert h.stored(ids[-1]).state == JobState.CANCELLED
+    # One event for the request (the task cancelled before had its own).
+    assert sorted(e["target"] for e in h.events("cancel")) == [array_id, ids[7]]
+    single = _run(h.cl.cancel_job(before, ALICE))
+    assert (single.array, single.cancelled, single.already_ended) == (False, (before,), ())
+
+
+def test_a_missing_job_or_array_is_not_found(h: Harness) -> None:
+    from mgpu.master.control.nodes import NotFound
+
+    for job_id in ("nosuchjob", "a1b2c3d4"):  # neither a job nor an array
+        with pytest.raises(NotFound):
+            _run(h.cl.cancel_job(job_id, ALICE))
+        with pytest.raises(NotFound):
+            _run(h.cl.control_job(job_id, "hold", ALICE))
+
+
+def test_array_work_is_written_a_slice_at_a_time_once_its_budget_is_spent(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one slicing policy (control/bulk.py): with no time to spare, every slice is
+    written as it is done; the request's audit event goes with the first write only."""
+    from mgpu.master.control import bulk
+
+    monkeypatch.setattr(bulk, "BUDGET", 0.0)
+    writes: list[Any] = []
+    commit = h.cl.commit
+    monkeypatch.setattr(
+        h.cl, "commit", lambda event, detail=None: writes.append(event) or commit(event, detail)
+    )
+    array_id = h.submit(array=f"0-{2 * bulk.SLICE + 9}")  # three slices
+    _run(h.cl.control_job(array_id, "hold", ALICE))
+    assert writes == [("hold", "alice", None, array_id), None, None]
+    writes.clear()
+    _run(h.cl.cancel_job(array_id, ALICE))
+    assert writes == [("cancel", "alice", None, array_id), None, None]

@@ -1,5 +1,5 @@
 """The lean submit route reads and checks a body exactly as FastAPI does for a typed
-`spec: JobSpec` parameter (master/http/jobs.py): the same answer for every body and
+`spec: JobSpec` parameter (master/http/submit.py): the same answer for every body and
 content type, refusals and accepted specs alike, and the same OpenAPI entry."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from mgpu.config import ClusterConfig
 from mgpu.master.control.submit import JobSpec
 from mgpu.master.http.app import create_app
-from mgpu.master.http.jobs import read_spec
 from mgpu.master.http.sentences import validation_sentence
+from mgpu.master.http.submit import read_spec
 
 
 def _apps() -> tuple[FastAPI, list[JobSpec], list[JobSpec]]:

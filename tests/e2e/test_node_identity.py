@@ -343,7 +343,7 @@ def test_a_peer_that_never_says_hello_or_says_too_much_is_let_go(tmp_path: Path)
     """The agent port is open to anyone who reaches it: a connection that sends nothing is
     refused and closed after HELLO_TIMEOUT (10 s), a hello over HELLO_LIMIT (4 MiB) is
     refused at once; the master stays healthy."""
-    from mgpu.master.http.app import HELLO_LIMIT, HELLO_TIMEOUT
+    from mgpu.master.http.agents import HELLO_LIMIT, HELLO_TIMEOUT
 
     with local_cluster(tmp_path, agents=0) as c:
         with connect(f"ws://{c.address}/api/agent", open_timeout=10) as silent:

@@ -13,7 +13,13 @@ The parts, each in its own module (see docs/ARCHITECTURE.md, "The controller"):
   the steps an allocation runs;
 * `nodes.py` — drain, resume, remove, failures and liveness (heartbeats);
 * `loop.py` — snapshot → `schedule()` → apply, the plan re-checked as it is applied;
+* `bulk.py` — an array's tasks built, cancelled, held, released, requeued, updated, a
+  slice at a time (one slicing policy);
+* `reads.py` — jobs, arrays and nodes as the API reads them (mixed into `Cluster`);
 * `access.py` — tokens, root grants, node access rules.
+
+The HTTP edge (master/http/) calls only the named methods here, never the parts, the store
+or the job dicts.
 
 The store, token store, output store, node secrets and clock are passed in (the master
 makes them, and its CA, at start: master/http/app.py); the controller tests pass an in-memory
@@ -26,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +41,14 @@ from mgpu import spec as specs
 from mgpu.config import ClusterConfig
 from mgpu.master.control.admission import Admission, AdmissionContext
 from mgpu.master.control.agents import Agents
-from mgpu.master.control.allocations import Allocations
-from mgpu.master.control.jobctl import JobControl
+from mgpu.master.control.allocations import Allocations, StepRequest
+from mgpu.master.control.bulk import Bulk, Cancelled, build_tasks, in_slices
+from mgpu.master.control.jobctl import Actor, Change, JobControl
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.loop import SchedulingLoop
 from mgpu.master.control.nodes import Conflict, NodeAdmin, NotFound
 from mgpu.master.control.notify import Notifier, check_target
+from mgpu.master.control.reads import Reads
 from mgpu.master.control.reservations import ReservationBook
 from mgpu.master.control.reservations import public as public_reservation
 from mgpu.master.control.sessions import Sessions, held_by_client
@@ -49,7 +58,6 @@ from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.clock import Clock, LoopTimers, SystemClock, Timers
 from mgpu.master.runtime.looplag import LoopLag
-from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.security.access import Access, unix_groups
 from mgpu.master.security.auth import Identity, TokenStore
 from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
@@ -59,7 +67,7 @@ from mgpu.master.state.snapshot import job_request, running_job, scheduler_confi
 from mgpu.master.state.steps import Step
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store import arrays
-from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.outputs import OutputReader, OutputStore
 from mgpu.master.store.sqlite import Store
 from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState, NodeState
@@ -79,7 +87,7 @@ class SubmitResult:
     """Reserved names in the submitted environment, not passed to the job."""
 
 
-class Cluster:
+class Cluster(Reads):
     def __init__(
         self,
         config: ClusterConfig,
@@ -154,6 +162,7 @@ class Cluster:
         self._unjudged: set[str] = set()
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
+        self.bulk = Bulk(self)
         self._load()
         self.sessions.track(self.jobs.values())
 
@@ -241,7 +250,7 @@ class Cluster:
                 first = next(arrays.tasks(template, array.indices[:1], array.max_running))
                 await self.admission.admit([first, template], spec, ctx)
                 with gcpause.paused():
-                    jobs = await _tasks_in_slices(
+                    jobs = await build_tasks(
                         template, array.indices, array.max_running, self.loop.cache_requests
                     )
                     gcpause.after_bulk(len(jobs))  # long-lived: full collections skip them
@@ -271,10 +280,8 @@ class Cluster:
                     self.loop.forget(job)
                 raise
             known()
-            for i in range(0, len(jobs), QUEUED_SLICE):  # told to the quick passes, a turn each
-                if i:
-                    await bulk_turn()
-                self.loop.queued(jobs[i : i + QUEUED_SLICE])
+            # Told to the quick passes a few thousand a turn: they look at each one told.
+            await in_slices(jobs, self.loop.queued, most=QUEUED_PER_TURN)
             self.state.wake()
         task_ids = tuple(j.id for j in jobs) if array is not None else None
         return SubmitResult(base_id, task_ids, spec.dropped_env)
@@ -357,117 +364,6 @@ class Cluster:
             for t in self._find_dependency_target(dep_id) or []
         ]
 
-    # ---- queries ----------------------------------------------------------
-
-    def get_job(self, job_id: str) -> Job | None:
-        """Active, just changed (not written yet), or from the store."""
-        job = self.jobs.get(job_id) or self.uow.pending(job_id)
-        return job if job is not None else self.store.get_job(job_id)
-
-    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
-        """Many jobs by id: from memory, the rest in one store query (unknown ids left out)."""
-        found: dict[str, Job] = {}
-        missing = []
-        for job_id in job_ids:
-            job = self.jobs.get(job_id) or self.uow.pending(job_id)
-            if job is None:
-                missing.append(job_id)
-            else:
-                found[job_id] = job
-        if missing:
-            found.update(self.store.get_jobs(missing))
-        return found
-
-    def array_tasks(self, array_id: str) -> list[Job]:
-        if len(array_id) != 8:
-            return []
-        found = {j.id: j for j in self.store.jobs_with_prefix(array_id + "_")}
-        for j in [*self.uow.pending_jobs(), *self.jobs.values()]:
-            if j.array_job_id == array_id:
-                found[j.id] = j
-        return sorted(found.values(), key=lambda j: j.array_task_id or 0)
-
-    def array_pages(self, array_id: str, size: int) -> Iterator[list[tuple[str, str, str]]]:
-        """An array's tasks as pages of (id, stored state, user), in index order.  An array
-        stored as one row lists every task from its indices (the state is "" there: an
-        active task is in memory, any other has ended); an older one pages its stored rows."""
-        stored = self.store.get_array(array_id) if len(array_id) == 8 else None
-        if stored is None:
-            after = ""
-            while rows := self.store.job_rows_with_prefix(array_id + "_", after, size):
-                yield rows
-                after = rows[-1][0]
-            return
-        template, indices, _ = stored
-        for i in range(0, len(indices), size):
-            yield [(f"{array_id}_{k}", "", template.user) for k in indices[i : i + size]]
-
-    def public_job(self, job: Job) -> dict[str, Any]:
-        out = job.to_public()
-        if not job.terminal:
-            out.update(self.gpuwatch.job_fields(job))
-        if job.state == JobState.QUEUED:
-            out["priority_value"] = self.loop.priorities.get(job.id)
-            out["priority_factors"] = self.loop.factors.get(job.id)
-            out["expected_start"] = self.loop.expected_start.get(job.id)
-            out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
-        return out
-
-    def active_job(self, job_id: str) -> Job | None:
-        """A queued or running job, or one that has just changed (not written yet)."""
-        return self.jobs.get(job_id) or self.uow.pending(job_id)
-
-    def finished_jobs(self, keep: Callable[[Job], bool]) -> list[Job]:
-        """What `queue --all` adds: the last 1,000 ended jobs in the store, then those that
-        have just ended and are not written yet, oldest first; those `keep` keeps."""
-        ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
-        stored = self.store.finished_jobs(limit=1000)
-        jobs = [j for j in reversed(stored) if j.id not in ended]
-        jobs += sorted(ended.values(), key=_end_time)
-        return [j for j in jobs if keep(j)]
-
-    def queue(self, include_finished: bool = False) -> dict[str, Any]:
-        jobs = [self.public_job(j) for j in self.jobs.values()]
-        if include_finished:
-            # Just ended and not written yet: only here for the moment, and the newest.
-            ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
-            stored = self.store.finished_jobs(limit=1000)
-            jobs += [j.to_public() for j in reversed(stored) if j.id not in ended]
-            jobs += [j.to_public() for j in sorted(ended.values(), key=_end_time)]
-        return {"jobs": jobs, "nodes": self.nodes_public()}
-
-    def nodes_public(self) -> list[dict[str, Any]]:
-        nodes = self.state.sorted_nodes()
-        # The users of the jobs on nodes only: not a map of every queued job per request.
-        on_nodes = (self.jobs.get(job_id) for n in nodes for job_id in n.jobs)
-        users = {j.id: j.user for j in on_nodes if j is not None}
-        return [n.to_public(users) for n in nodes]
-
-    def node_public(self, node: NodeRecord) -> dict[str, Any]:
-        return node.to_public({j.id: j.user for j in self.jobs.values()})
-
-    def job_event(self, job_id: str) -> asyncio.Event:
-        return self.state.job_event(job_id)
-
-    def queue_position(self, job: Job) -> int:
-        pos = 1
-        for j in self.jobs.values():
-            if j.id == job.id:
-                return pos
-            if j.state == JobState.QUEUED:
-                pos += 1
-        return pos
-
-    def stored_counts(self) -> dict[str, int]:
-        """Jobs in the store by state (/metrics)."""
-        return self.store.count_by_state()
-
-    def finished_since(
-        self, since: float, user: str | None = None, states: set[str] | None = None, limit: int = 0
-    ) -> list[Job]:
-        """Jobs that ended at or after `since` (history, reports); safe in a thread."""
-        return self.store.read_finished(since, user, states, limit or None)
-
     # ---- reservations -----------------------------------------------------
 
     def create_reservation(
@@ -500,7 +396,25 @@ class Cluster:
         self.state.wake()
         return deleted
 
-    # ---- cancel -----------------------------------------------------------
+    # ---- cancel and job control ---------------------------------------------
+
+    async def cancel_job(self, job_id: str, actor: Actor) -> Cancelled:
+        """Cancel a job, or every task of an array (control/bulk.py)."""
+        return await self.bulk.cancel(job_id, actor)
+
+    async def control_job(
+        self, job_id: str, verb: str, actor: Actor, new: JobSpec | None = None
+    ) -> list[Change]:
+        """hold, release, requeue or update (with `new`) a job or an array's tasks."""
+
+        async def one(job: Job, actor: Actor) -> Change:
+            if verb == "update":
+                assert new is not None
+                return await self.jobctl.update(job, new, actor)
+            change: Change = getattr(self.jobctl, verb)(job, actor)
+            return change
+
+        return await self.bulk.control(job_id, verb, actor, one)
 
     def cancel(self, job: Job, actor: str | None = None, address: str | None = None) -> bool:
         """Cancel a queued or running job; False if it had already ended."""
@@ -576,8 +490,122 @@ class Cluster:
     def agent_disconnected(self, node_id: str, link: AgentLink) -> None:
         self.agents.disconnected(node_id, link)
 
+    def join_allowed(self, token: str | None) -> bool:
+        """Whether an agent's hello carries the cluster's join token."""
+        return self.tokens.join(token)
+
+    # ---- steps, terminals, allocations -----------------------------------
+
     def start_step(self, job_id: str, host: str, argv: list[str]) -> Step:
         return self.agents.start_step(job_id, host, argv)
+
+    def step(self, step_id: str) -> Step | None:
+        return self.steps.by_id.get(step_id)
+
+    def start_alloc_step(self, job_id: str, request: StepRequest, actor: Actor) -> Step:
+        """`mgpu srun` in an allocation (SubmitError: one sentence why not), audited."""
+        step = self.allocations.start_step(job_id, request)
+        shown = " ".join(request.argv)[:200]
+        self.audit("step", actor.user, actor.address, step.id, shown)
+        return step
+
+    def cancel_step(self, step: Step, actor: Actor) -> bool:
+        cancelled = self.allocations.cancel_step(step)
+        if cancelled:
+            self.audit("step_cancel", actor.user, actor.address, step.id)
+        return cancelled
+
+    def end_allocation(self, job: Job, exit_code: int, actor: Actor) -> bool:
+        """The allocation's client says its command ended; False if it had ended already."""
+        ended = self.allocations.end(job, exit_code)
+        if ended:
+            event = ("alloc_end", actor.user, actor.address, job.id)
+            self.uow.flush(event=event, detail=f"exit code {exit_code}")
+        return ended
+
+    def client_alive(self, run_id: str) -> None:
+        """The client holding a run (terminal, allocation) is still there."""
+        self.sessions.touch(run_id)
+
+    def terminal_input(self, run_id: str, data: bytes) -> None:
+        self.sessions.terminal_input(run_id, data)
+
+    def resize_terminal(self, run_id: str, rows: int, cols: int) -> None:
+        self.sessions.resize(run_id, rows, cols)
+
+    # ---- output -----------------------------------------------------------
+
+    def watch_output(self, run_id: str) -> asyncio.Event:
+        """An event set whenever output of the job or step is appended (`unwatch_output`)."""
+        return self.outputs.subscribe(run_id)
+
+    def unwatch_output(self, run_id: str, wake: asyncio.Event) -> None:
+        self.outputs.unsubscribe(run_id, wake)
+
+    def output_reader(self, run_id: str, since: int = 0, follow: bool = True) -> OutputReader:
+        return self.outputs.reader(run_id, since, follow=follow)
+
+    # ---- tokens and audit ---------------------------------------------------
+
+    def create_token(
+        self, user: str, admin: bool, allow_root: bool, actor: Actor
+    ) -> tuple[str, str]:
+        """A new token (its id and secret), audited."""
+        token_id, token = self.tokens.create(user, admin, allow_root=allow_root)
+        detail = f"id {token_id}" + (" admin" if admin else "")
+        detail += " allow-root" if allow_root else ""
+        self.audit("token_create", actor.user, actor.address, user, detail)
+        return token_id, token
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return self.tokens.list()
+
+    def token_guarded(self, token_id: str) -> str | None:
+        """What the token is, when only the cluster's owner may revoke it."""
+        return self.tokens.guarded(token_id)
+
+    def revoke_token(self, token_id: str, actor: Actor) -> bool:
+        revoked = self.tokens.revoke(token_id)
+        if revoked:
+            self.audit("token_revoke", actor.user, actor.address, token_id)
+        return revoked
+
+    def audit(
+        self,
+        kind: str,
+        actor: str | None,
+        address: str | None,
+        target: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """One audit event, written now."""
+        self.store.record_event(kind, actor=actor, address=address, target=target, detail=detail)
+
+    def audit_rows(
+        self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
+    ) -> None:
+        """Audit events (kind, actor, address, target, detail) in one transaction."""
+        self.store.record_events(rows)
+
+    def audit_events(self, since: float) -> list[dict[str, Any]]:
+        return self.store.events(since=since)
+
+    def readiness(self) -> dict[str, Any]:
+        """`/readyz`: whether the store takes writes and the loop runs, and nodes online."""
+        online = sum(1 for n in self.nodes.values() if n.schedulable)
+        loop_alive = time.time() - self.loop_tick < 10
+        try:
+            self.store.set_meta("readyz", str(time.time()))
+            writable = True
+        except Exception:
+            writable = False
+        ready = writable and loop_alive
+        return {
+            "ready": ready,
+            "store_writable": writable,
+            "scheduler_alive": loop_alive,
+            "nodes_online": online,
+        }
 
     # ---- the loop ---------------------------------------------------------
 
@@ -606,30 +634,11 @@ class Cluster:
         """Everything to disk now (shutdown)."""
         self.uow.flush_all()
 
-
-QUEUED_SLICE = 5_000
-"""A big array's tasks told to the scheduling loop per turn of the event loop."""
-TASK_SLICE = 500
-"""Array tasks built per turn of the event loop (a few milliseconds)."""
-
-
-async def _tasks_in_slices(
-    template: Job,
-    indices: Sequence[int],
-    cap: int | None,
-    built: Callable[[list[Job]], None],
-) -> list[Job]:
-    """The tasks, a slice at a time with the loop free between; `built` sees each slice
-    (the scheduling loop builds their requests then, not all at once in its next pass)."""
-    out: list[Job] = []
-    common = arrays.common_fields(template)
-    for i in range(0, len(indices), TASK_SLICE):
-        part = [arrays.task(common, template.id, k, cap) for k in indices[i : i + TASK_SLICE]]
-        built(part)
-        out += part
-        await bulk_turn()
-    return out
+    def close(self) -> None:
+        """Shutdown, after `flush_all`: the output files and the store closed."""
+        self.outputs.close_all()
+        self.store.close()
 
 
-def _end_time(job: Job) -> float:
-    return job.end_time or 0.0
+QUEUED_PER_TURN = 5_000
+"""A big array's tasks told to the scheduling loop per turn of the event loop at most."""

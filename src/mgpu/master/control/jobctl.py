@@ -39,7 +39,12 @@ __all__ = ["Actor", "Change", "JobControl", "NotAllowed"]
 
 
 class NotAllowed(PermissionError):
-    """The asker may not do this to this job (one sentence why)."""
+    """The asker may not do this (one sentence why); `target` names what was asked, for
+    the audit log (None: the caller names it)."""
+
+    def __init__(self, why: str, target: str | None = None) -> None:
+        super().__init__(why)
+        self.target = target
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,20 @@ class Actor:
     admin: bool
     address: str | None = None
     audit: bool = True
+
+    def check_owner(self, job_id: str, owner: str, verb: str) -> None:
+        """The one ownership rule: a job is acted on by its owner or an admin."""
+        if not self.admin and owner != self.user:
+            raise NotAllowed(f"job {job_id} belongs to {owner}", f"{verb} {job_id}")
+
+    def owns(self, job: Job, verb: str) -> Job:
+        """`job`, if this asker may `verb` it (else NotAllowed)."""
+        self.check_owner(job.id, job.user, verb)
+        return job
+
+    def check_admin(self, action: str) -> None:
+        if not self.admin:
+            raise NotAllowed(f"{action} needs an admin token ({self.user} is not admin)", action)
 
 
 def _ended(job: Job, what: str) -> Conflict:

@@ -11,7 +11,7 @@ or after its previous answer ended.  Only that phase is timed: a body, a streame
 
 It also refuses at once, with a 503, a connection from an address that already holds
 `per_address` of them.  An upgraded connection (a WebSocket) counts no more: an agent's must
-say hello within 10 s and at most a few wait for that at once (app.py), a client's needs a
+say hello within 10 s and at most a few wait for that at once (agents.py), a client's needs a
 valid token.
 """
 

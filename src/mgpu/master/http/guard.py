@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from fastapi import HTTPException
 from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mgpu.master.runtime.turns import RequestTurns
@@ -40,6 +41,11 @@ connection instead."""
 OPEN_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics", "/api/ca", "/openapi.json"})
 AGENT_PATH = "/api/agent"
 """The agents' WebSocket proves its join token in its hello instead."""
+
+
+def client_address(conn: HTTPConnection) -> str:
+    """The address a request or WebSocket comes from ("?" when the server does not say)."""
+    return conn.client.host if conn.client else "?"
 
 
 def is_open(path: str) -> bool:
@@ -150,8 +156,7 @@ class Guard:
         header = headers.get("authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else None
         ident = self.identify(token)
-        client = scope.get("client")
-        address = client[0] if client else "?"
+        address = client_address(HTTPConnection(scope))
         if ident is None:
             delay = self.throttle.delay(address)
             self.throttle.failed(address)

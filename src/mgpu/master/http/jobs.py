@@ -1,150 +1,185 @@
-"""`POST /api/jobs` without FastAPI's per-request machinery.
+"""The job routes: the queue, one job or array, waiting for jobs, cancel, output.
 
-Submitting is the master's hottest request: FastAPI's dependency solving, its body
-handling and its response wrapping cost about as much as the submit itself.  So the route
-is a plain Starlette one: it reads the body (through `Guard`, which has already checked
-the token and bounds the size), parses and checks it exactly as FastAPI does for a
-`spec: JobSpec` parameter (`read_spec`: the same JSON parser, the same content-type rule,
-the same validation in Python mode, the same errors, so the same one sentence), and
-answers the same JSON.  Its OpenAPI entry is still FastAPI's, built from `documented`
-(`_document`): the API's published shape does not change.
+`POST /api/jobs` (submit) is the lean route of submit.py; hold, release, requeue and
+update are jobctl.py's.
 """
 
 from __future__ import annotations
 
-import email.message
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+import time
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
-from fastapi.routing import APIRoute
-from pydantic import TypeAdapter, ValidationError
-from starlette.responses import JSONResponse, Response
+import orjson
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
 
-from mgpu.master.control.cluster import Cluster
-from mgpu.master.control.submit import JobSpec, SubmitError
-from mgpu.master.http.queries import json_in_slices
-from mgpu.master.security.auth import Identity
+from mgpu.master.control.cluster import Cluster, NotFound
+from mgpu.master.http.deps import Asker, Ctl, OwnedJob
+from mgpu.master.http.follow import JobNews
+from mgpu.master.http.follow import follow as follow_output
+from mgpu.master.http.queries import (
+    ARRAY_TASKS_SHOWN,
+    JobFilter,
+    array_answer,
+    json_in_slices,
+    queue_answer,
+    states_of,
+)
+from mgpu.master.runtime.turns import bulk_turn
+from mgpu.model import Job
+from mgpu.spec import SpecError
 
-__all__ = ["SUBMIT_PATH", "install_submit", "read_spec"]
+__all__ = ["router"]
 
-SUBMIT_PATH = "/api/jobs"
+WAIT_MAX_IDS = 1000
+"""Jobs one /api/wait may name (the client splits a longer list into several requests)."""
+LOOKUP_SLICE = 100
+"""Jobs read or rendered per loop turn by a request that names many."""
 
-SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
-"""Built once: what FastAPI's ModelField for a `JobSpec` body does per request."""
-
-
-def _is_json(content_type: str) -> bool:
-    """FastAPI's rule: application/json or application/*+json, parameters allowed."""
-    if content_type == "application/json":  # what every client sends: no parsing
-        return True
-    message = email.message.Message()
-    message["content-type"] = content_type
-    if message.get_content_maintype() != "application":
-        return False
-    subtype = message.get_content_subtype()
-    return subtype == "json" or subtype.endswith("+json")
+router = APIRouter()
 
 
-async def read_spec(request: Request) -> JobSpec:
-    """The body as a checked `JobSpec`, or RequestValidationError / HTTPException(400) with
-    the errors FastAPI gives for a `spec: JobSpec` body parameter (its strict content
-    type included: a body not declared JSON is validated as bytes, and refused)."""
-    body = await request.body()
-    if not body:
-        missing = {"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}
-        raise RequestValidationError([missing])
-    value: Any = body
-    content_type = request.headers.get("content-type")
-    if content_type and _is_json(content_type):
-        try:
-            value = json.loads(body)
-        except json.JSONDecodeError as e:
-            error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error"}
-            raise RequestValidationError([{**error, "input": {}, "ctx": {"error": e.msg}}]) from e
-        except Exception as e:  # bytes that are not UTF-8 (nor UTF-16/32)
-            raise HTTPException(400, "There was an error parsing the body") from e
+class WaitRequest(BaseModel):
+    ids: list[str]
+    timeout: float = Field(default=30.0, ge=0, le=3600)
+
+
+@router.get("/api/jobs")
+async def queue(
+    cl: Ctl,
+    all: bool = False,
+    limit: int = Query(default=0, ge=0),
+    after: str | None = None,
+    state: str | None = None,
+    user: str | None = None,
+    fold: bool = False,
+) -> Response:
+    """Every active job (`all`: and the last 1,000 ended), in submit order; `limit`
+    jobs a page from just `after` the cursor, only those in `state`(s) of `user`."""
+    flt = JobFilter(states_of(state), user or None)
+    chunks = queue_answer(cl, all, limit, after, flt, fold)
+    return StreamingResponse(chunks, media_type="application/json")
+
+
+@router.get("/api/jobs/{job_id}")
+async def show(
+    job_id: str,
+    cl: Ctl,
+    limit: int = Query(default=ARRAY_TASKS_SHOWN, ge=0),
+    state: str | None = None,
+) -> Response:
+    """One job; an array id gives {"array_job_id", "counts" by state, "tasks": the
+    first `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
+    job = cl.get_job(job_id)
+    if job is None:
+        body = await array_answer(cl, job_id, limit, JobFilter(states_of(state)))
+        if body is None:
+            raise NotFound(job_id)
+        return Response(body, media_type="application/json")
+    return _json_response(cl.public_job(job))
+
+
+@router.get("/api/jobs/{job_id}/wait")
+async def wait(job_id: str, cl: Ctl, timeout: float = Query(default=30.0, ge=0, le=3600)) -> Any:
+    """Answer once the job has ended (or after `timeout` seconds, whatever its state)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = cl.get_job(job_id)
+        if job is None:
+            raise NotFound(job_id)
+        left = deadline - time.monotonic()
+        if job.terminal or left <= 0:
+            return _json_response(cl.public_job(job))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cl.job_event(job_id).wait(), timeout=left)
+
+
+@router.post("/api/wait")
+async def wait_many(body: WaitRequest, cl: Ctl) -> Response:
+    """Answer once every listed job has ended (or after `timeout` seconds)."""
+    if len(body.ids) > WAIT_MAX_IDS:
+        raise SpecError(
+            f"at most {WAIT_MAX_IDS} job ids per wait ({len(body.ids)} given): "
+            "wait for them in several requests"
+        )
+    deadline = time.monotonic() + body.timeout
+    jobs = await _lookup(cl, body.ids)
+    # Ended jobs stay ended: only the others are looked at again, in memory.
+    waited = [j.id for j in jobs.values() if not j.terminal]
+    active = list(waited)
+    while active:
+        job = cl.get_job(active[-1])
+        left = deadline - time.monotonic()
+        if job is not None and not job.terminal:
+            if left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cl.job_event(job.id).wait(), timeout=left)
+            continue
+        active.pop()
+    jobs.update(await _lookup(cl, waited))
+    # Rendered a slice at a time, straight to JSON: FastAPI's own encoder would walk
+    # 1,000 jobs in Python in one go.
+    parts = []
+    for i in range(0, len(body.ids), LOOKUP_SLICE):
+        part = [cl.public_job(jobs[j]) for j in body.ids[i : i + LOOKUP_SLICE]]
+        parts.append(_json_bytes(part)[1:-1])
+        await bulk_turn()
+    body_bytes = b'{"jobs": [' + b",".join(p for p in parts if p) + b"]}"
+    return Response(body_bytes, media_type="application/json")
+
+
+@router.post("/api/jobs/{job_id}/cancel")
+async def cancel(job_id: str, cl: Ctl, actor: Asker) -> Response:
+    # A job, or every task of an array (control/bulk.py).
+    done = await cl.cancel_job(job_id, actor)
+    if not done.array:
+        return JSONResponse(
+            {"cancelled": list(done.cancelled), "already_ended": list(done.already_ended)}
+        )
+    body = {"cancelled": done.cancelled, "already_ended": done.already_ended}
+    return Response(await json_in_slices(body), media_type="application/json")
+
+
+@router.get("/api/jobs/{job_id}/output")
+async def output(
+    job_id: str,
+    cl: Ctl,
+    owned: OwnedJob,
+    follow: bool = False,
+    since: int = Query(default=0, ge=0),
+) -> StreamingResponse:
+    # JSON lines (follow.py): its output; `follow`: then its state as it changes, its end.
+    owned(job_id, "read the output of")
+    news = JobNews(cl, job_id) if follow else None
+    stream = follow_output(cl, job_id, news, since, ping=b'{"ping":1}\n')
+    return StreamingResponse(stream, media_type="application/x-ndjson")
+
+
+def _json_bytes(body: Any) -> bytes:
+    """Jobs as JSON: orjson (ten times quicker than json on them; FastAPI's encoder walks
+    each value in Python first); json for what orjson refuses (a lone surrogate)."""
     try:
-        return SPEC.validate_python(value, from_attributes=True)
-    except ValidationError as e:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
-        raise RequestValidationError(errors) from None
+        return orjson.dumps(body)
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(body).encode()
 
 
-def install_submit(
-    app: FastAPI,
-    get_cluster: Callable[[], Cluster],
-    who: Callable[[Request], Identity],
-    deny: Callable[[Request, str, str], HTTPException],
-) -> None:
-    """Route POST /api/jobs to the lean endpoint; document it as the typed one."""
-
-    async def submit(request: Request) -> Response:
-        """Queue a job: `spec` is checked field by field (`mgpu.master.control.submit`)."""
-        spec = await read_spec(request)
-        cl = get_cluster()
-        ident = who(request)
-        user = ident.user
-        if spec.user and spec.user != ident.user:
-            if not ident.admin:
-                raise deny(request, "submit", f"{ident.user} may not submit as {spec.user}")
-            user = spec.user
-        grant = cl.root_grant(ident)
-        reserved = None if grant else cl.root_name(user)
-        if reserved is not None:
-            why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
-            raise deny(request, "submit", f"{why} may submit as {user}")
-        address = request.client.host if request.client else "?"
-        try:
-            result = await cl.submit(spec, user, address=address, allow_root=grant)
-        except SubmitError as e:
-            cl.store.record_event("submit_refused", actor=user, address=address, detail=str(e))
-            return JSONResponse({"detail": str(e)}, status_code=400)
-        if result.task_ids is None and not result.dropped_env:
-            text = json.dumps({"job_id": result.job_id})
-        else:
-            body: dict[str, Any] = {"job_id": result.job_id}
-            if result.task_ids is not None:
-                body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
-            if result.dropped_env:  # set by the scheduler itself: said once, not passed
-                body["dropped_env"] = result.dropped_env
-            text = await json_in_slices(body)  # 100,000 task ids are not encoded in one go
-        return Response(text, status_code=201, media_type="application/json")
-
-    app.add_route(SUBMIT_PATH, submit, methods=["POST"], include_in_schema=False)
-    _document(app)
+def _json_response(body: Any) -> Response:
+    return Response(_json_bytes(body), media_type="application/json")
 
 
-def _documented(spec: JobSpec, request: Request) -> Response:
-    """Queue a job: `spec` is already checked field by field (`mgpu.master.control.submit`)."""
-    raise NotImplementedError  # never routed: make_submit_route's endpoint answers
-
-
-def _document(app: FastAPI) -> None:
-    """The OpenAPI document as FastAPI would write it with the typed submit route in
-    place of the lean one (built once, at the first request for it)."""
-    documented = APIRoute(SUBMIT_PATH, _documented, methods=["POST"], name="submit")
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            routes = list(app.routes)
-            at = next(
-                (i for i, r in enumerate(routes) if getattr(r, "path", None) == SUBMIT_PATH), 0
-            )
-            routes.insert(at, documented)
-            app.openapi_schema = get_openapi(
-                title=app.title,
-                version=app.version,
-                openapi_version=app.openapi_version,
-                summary=app.summary,
-                description=app.description,
-                routes=routes,
-                servers=app.servers,
-                separate_input_output_schemas=app.separate_input_output_schemas,
-            )
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+async def _lookup(cluster: Cluster, ids: list[str]) -> dict[str, Job]:
+    """Jobs by id, a slice at a time (one store query each) with the loop free between."""
+    found: dict[str, Job] = {}
+    for i in range(0, len(ids), LOOKUP_SLICE):
+        found.update(cluster.get_jobs(ids[i : i + LOOKUP_SLICE]))
+        await bulk_turn()
+    for job_id in ids:
+        if job_id not in found:
+            raise NotFound(job_id)
+    return found

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import HTTPException
 
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.store import arrays
 from mgpu.model import Job, JobState
+from mgpu.spec import SpecError
 
 if TYPE_CHECKING:
     from mgpu.master.control.cluster import Cluster
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = [
     "JobFilter",
     "array_answer",
-    "by_task",
     "json_in_slices",
     "queue_answer",
     "states_of",
@@ -119,7 +118,7 @@ async def queue_answer(
 
     What is kept across the slices is ids, never a list of 100,000 jobs: the cyclic
     collector walks every list it tracks (ids in a tuple, it stops tracking)."""
-    ids = tuple(cl.jobs)
+    ids = cl.active_ids()
     ids = ids[_after(cl, ids, after) :]
     folded = await _folds(cl, ids, flt) if fold else {}
     shown: set[str] = set()  # arrays whose folded entry is out
@@ -192,7 +191,7 @@ async def array_answer(cl: Cluster, array_id: str, limit: int, flt: JobFilter) -
         return None
     if "" in states.values():  # ended tasks of an array stored as one row: their rows say
         after = ""
-        while rows := cl.store.job_rows_with_prefix(array_id + "_", after, 5000):
+        while rows := cl.task_rows(array_id, after, 5000):
             for task_id, stored, _ in rows:
                 if states.get(task_id) == "":
                     states[task_id] = stored
@@ -221,14 +220,8 @@ def states_of(text: str | None) -> frozenset[str]:
     states = frozenset(filter(None, (text or "").split(",")))
     known = {s.value for s in JobState}
     for name in sorted(states - known):
-        raise HTTPException(422, f"state {name!r:.40} is not one of {', '.join(sorted(known))}")
+        raise SpecError(f"state {name!r:.40} is not one of {', '.join(sorted(known))}")
     return states
-
-
-def by_task(pages: list[tuple[str, ...]]) -> tuple[str, ...]:
-    """Array task ids in index order: the store pages them in text order, which within one
-    length is index order, so a stable sort by length is all it takes (and is quick)."""
-    return tuple(sorted((i for page in pages for i in page), key=len))
 
 
 async def json_in_slices(body: dict[str, Any], size: int = 10000) -> str:

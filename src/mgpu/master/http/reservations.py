@@ -1,24 +1,22 @@
 """The reservation routes (`mgpu reserve`): create, list and delete, admins only for changes.
 
-`create_app` includes the router; the cluster does the work (master/control/reservations.py).  A
-request that cannot be honoured gets one sentence and a 400, and nothing is stored; every
-change is audited (in the same transaction as the change).
+The cluster does the work (master/control/reservations.py).  A request that cannot be
+honoured gets one sentence and a 400 (errors.py), and nothing is stored; every change is
+audited (in the same transaction as the change).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from mgpu.master.control.cluster import Cluster
-from mgpu.master.control.reservations import ReservationRequestError
-from mgpu.master.security.auth import Identity
+from mgpu.master.http.deps import Asker, Ctl
+from mgpu.master.http.errors import missing
 
-__all__ = ["ReservationRequest", "make_reserve_router"]
+__all__ = ["ReservationRequest", "router"]
 
 
 class ReservationRequest(BaseModel):
@@ -36,33 +34,24 @@ class ReservationRequest(BaseModel):
     users: list[str] | str | None = None
 
 
-def make_reserve_router(
-    cluster: Callable[[], Cluster],
-    require_admin: Callable[[Request, str], Identity],
-    address: Callable[[Request], str],
-) -> APIRouter:
-    router = APIRouter()
+router = APIRouter()
 
-    @router.get("/api/reservations")
-    async def reservation_list() -> dict[str, Any]:
-        return {"reservations": cluster().list_reservations()}
 
-    @router.post("/api/reservations")
-    async def reservation_create(body: ReservationRequest, request: Request) -> JSONResponse:
-        ident = require_admin(request, "reserve create")
-        try:
-            made = cluster().create_reservation(
-                body.model_dump(), actor=ident.user, address=address(request)
-            )
-        except ReservationRequestError as e:
-            return JSONResponse({"detail": str(e)}, status_code=400)
-        return JSONResponse(made, status_code=201)
+@router.get("/api/reservations")
+async def reservation_list(cl: Ctl) -> dict[str, Any]:
+    return {"reservations": cl.list_reservations()}
 
-    @router.delete("/api/reservations/{name}")
-    async def reservation_delete(name: str, request: Request) -> JSONResponse:
-        ident = require_admin(request, "reserve delete")
-        if not cluster().delete_reservation(name, actor=ident.user, address=address(request)):
-            return JSONResponse({"detail": f"no such reservation: {name}"}, status_code=404)
-        return JSONResponse({"deleted": name})
 
-    return router
+@router.post("/api/reservations")
+async def reservation_create(body: ReservationRequest, cl: Ctl, actor: Asker) -> JSONResponse:
+    actor.check_admin("reserve create")
+    made = cl.create_reservation(body.model_dump(), actor=actor.user, address=actor.address)
+    return JSONResponse(made, status_code=201)
+
+
+@router.delete("/api/reservations/{name}")
+async def reservation_delete(name: str, cl: Ctl, actor: Asker) -> JSONResponse:
+    actor.check_admin("reserve delete")
+    if not cl.delete_reservation(name, actor=actor.user, address=actor.address):
+        raise missing("reservation", name)
+    return JSONResponse({"deleted": name})

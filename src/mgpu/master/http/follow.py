@@ -1,0 +1,156 @@
+"""Following a run's output: one skeleton for `logs` (`/api/jobs/{id}/output`), a step's
+output (`/api/steps/{id}/output`) and a terminal or allocation (`/api/jobs/{id}/attach`).
+
+`follow` yields JSON lines: the output records as the run's output file has them (read a
+chunk at a time as they are written, so memory per reader is one chunk, whatever the
+file's size), and between them what `news` says (the run's state, its end).  It wakes on
+each append to the output, on `news.changed()` when it gives an event, and every second
+(`ping`, when given, is sent then, so a client sees the connection is alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.state.steps import Step
+from mgpu.model import Job, JobState
+
+__all__ = ["JobNews", "News", "StepNews", "follow", "follow_line", "line"]
+
+TICK = 1.0
+"""Seconds a follower waits for news before it looks again (and pings)."""
+
+
+def line(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record) + "\n").encode()
+
+
+class News(Protocol):
+    """What a follower is told besides output."""
+
+    def changed(self) -> asyncio.Event | None:
+        """An event set when there may be news (None: output and the tick only)."""
+
+    def now(self) -> tuple[list[dict[str, Any]], bool]:
+        """The lines to send now, and whether that is the end."""
+
+
+def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
+    """What a follower of `job` is told now: its end once it has ended, else its state and
+    reason (and place in the queue while queued)."""
+    if job.terminal:
+        return {
+            "end": True,
+            "state": job.state.value,
+            "exit_code": job.exit_code,
+            "reason": job.reason,
+        }
+    status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
+    if job.state == JobState.QUEUED:
+        status["position"] = cl.queue_position(job)
+    return status
+
+
+@dataclass
+class JobNews:
+    """A job's state when it changes, its end; `attach`: woken by its changes too, and
+    told `{"started": true, "allocation": ...}` once it runs."""
+
+    cl: Cluster
+    job_id: str
+    attach: bool = False
+    _last: dict[str, Any] | None = None
+    _started: bool = False
+
+    def changed(self) -> asyncio.Event | None:
+        return self.cl.job_event(self.job_id) if self.attach else None
+
+    def now(self) -> tuple[list[dict[str, Any]], bool]:
+        job = self.cl.get_job(self.job_id)
+        if job is None:
+            return [], True
+        status = follow_line(self.cl, job)
+        if "end" in status:  # and its output has been read to the end just now
+            return [status], True
+        lines = []
+        if status != self._last:
+            self._last = status
+            lines.append(status)
+        running = job.state == JobState.RUNNING and job.start_time is not None
+        if self.attach and not self._started and running:
+            self._started = True
+            slots = [{"node_id": s.node_id, "gpu_ids": s.gpu_ids} for s in job.allocation]
+            lines.append({"started": True, "allocation": slots})
+        return lines, False
+
+
+@dataclass
+class StepNews:
+    """A step's end, with its exit code."""
+
+    step: Step
+
+    def changed(self) -> asyncio.Event | None:
+        return None
+
+    def now(self) -> tuple[list[dict[str, Any]], bool]:
+        step = self.step
+        if not step.done:
+            return [], False
+        return [{"end": True, "exit_code": step.exit_code, "error": step.error}], True
+
+
+async def follow(
+    cl: Cluster,
+    run_id: str,
+    news: News | None,
+    since: int = 0,
+    output: bool = True,
+    ping: bytes | None = None,
+) -> AsyncIterator[bytes]:
+    """The run's output from byte `since` (`output` False: none) and its news, until the
+    news says it has ended; `news` None: the output there is now, and no more."""
+    if news is None:
+        once = cl.output_reader(run_id, since, follow=False)
+        try:
+            async for chunk in once.chunks():
+                yield chunk
+        finally:
+            once.close()
+        return
+    wake = cl.watch_output(run_id)
+    reader = cl.output_reader(run_id, since) if output else None
+    try:
+        while True:
+            wake.clear()  # before reading: an append from here on wakes us again
+            changed = news.changed()
+            if reader is not None:
+                async for chunk in reader.chunks():
+                    yield chunk
+            lines, ended = news.now()
+            for record in lines:
+                yield line(record)
+            if ended:
+                return
+            if not await _either(wake, changed, TICK) and ping is not None:
+                yield ping
+    finally:
+        if reader is not None:
+            reader.close()
+        cl.unwatch_output(run_id, wake)
+
+
+async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float) -> bool:
+    """Wait for `a` or `b` to be set, `timeout` seconds at most; whether one was."""
+    waits = [asyncio.ensure_future(e.wait()) for e in (a, b) if e is not None]
+    try:
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    return bool(done)
