@@ -27,9 +27,9 @@ _HEADER = re.compile(
     # `Authorization: Bearer x`, `('cookie', 'a=b')`, `X-Auth-Token=x`: the value to the end
     # of the line or its closing quote.
     r"(?i)(\b(?:proxy-)?authorization|\b(?:set-)?cookie|\bx-[\w-]*token)"
-    r"(['\"]?\s*[:=,]\s*b?['\"]?)([^'\"\r\n]+)"
+    r"(['\"]?\s*[:=,]\s*(?:b?['\"])?)([^'\"\r\n]+)"
 )
-_QUERY = re.compile(r"(?i)(\w*token=)[^&\s'\"]+")
+_QUERY = re.compile(r"(?i)(\w*token=)[^&\s'\"<>]+")  # not a placeholder: TOKEN=<the token>
 
 
 def redact(text: str) -> str:

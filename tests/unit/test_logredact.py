@@ -22,6 +22,7 @@ NODE_SECRET = "mgpunode_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_aBcDe"
     "line",
     [
         f"< Authorization: Bearer {TOKEN}",
+        f"< authorization: Bearer {TOKEN}",
         f"> authorization: Bearer {JOB_TOKEN}",
         f"headers [(b'authorization', b'Bearer {TOKEN}')]",
         f"token {NODE_SECRET} refused",
@@ -39,12 +40,17 @@ def test_a_secret_is_replaced(line: str) -> None:
         assert secret.partition(".")[0] not in out  # nor the secret without its fingerprint
 
 
+def test_a_header_keeps_its_name() -> None:
+    assert redact(f"< authorization: Bearer {TOKEN}") == f"< authorization: {REDACTED}"
+
+
 @pytest.mark.parametrize(
     "line",
     [
         "mgpu_event_loop_hold_seconds 0.12",
         "job 1a2b3c4d completed on node001",
         "mgpu master on http://127.0.0.1:8080",
+        "    MGPU_JOIN_TOKEN=<the join token> mgpu node --node-id <NODE_ID>",
     ],
 )
 def test_other_text_is_left_alone(line: str) -> None:
