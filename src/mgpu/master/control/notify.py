@@ -365,7 +365,10 @@ class _DropLog:
             self._since[scope] = (last, count)
             return
         log.warning(
-            "%d notification(s) dropped in the last %d s: %s", count, DROP_LOG_INTERVAL, why
+            "notification dropped: %s already (%d dropped since the last such line; one a "
+            "minute at most)",
+            why,
+            count,
         )
         # Forget scopes quiet for a while (their unlogged counts are small by then).
         self._since = {k: v for k, v in self._since.items() if now - v[0] < DROP_LOG_INTERVAL}
@@ -485,11 +488,12 @@ class Notifier:
         user, receiver = delivery.user, _receiver(delivery.target)
         queue = self._queues.get((user, receiver)) or _Queue(user, receiver)
         if queue.held >= MAX_PER_RECEIVER:
-            return self._drop(receiver, f"{MAX_PER_RECEIVER} of {user} to {receiver} pending")
+            why = f"{MAX_PER_RECEIVER} of {user}'s to {receiver} are pending"
+            return self._drop(f"{user} {receiver}", why)
         if self._held_by_user[user] >= MAX_PER_USER:
-            return self._drop("user " + user, f"{MAX_PER_USER} of {user} pending")
+            return self._drop("user " + user, f"{MAX_PER_USER} of {user}'s are pending")
         if self.pending >= MAX_PENDING:
-            return self._drop("", f"{MAX_PENDING} pending in all")
+            return self._drop("", f"{MAX_PENDING} are pending")
         self._queues[(user, receiver)] = queue
         queue.waiting.append(delivery)
         self._held_by_user[user] += 1
