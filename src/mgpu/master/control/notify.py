@@ -653,11 +653,11 @@ class Notifier:
         return self._client
 
     async def _post(self, delivery: Delivery) -> None:
+        client = await self._http()  # imports httpx in a thread the first time
         import httpx
 
         target = delivery.target
         addresses = await self._addresses(target, delivery.checked)
-        client = await self._http()
         url = httpx.URL(target.value)
         last: Exception | None = None
         for address in addresses:
