@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from email import message_from_bytes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -196,7 +197,7 @@ class Silent:
             conn.close()
 
 
-FLOOD = 2100
+FLOOD = 2100  # a multiple of 4
 """Job ends one user sends to a receiver that never answers (issue 25 item 5)."""
 
 
@@ -216,7 +217,13 @@ def test_one_users_flood_neither_drops_nor_delays_anothers(
             parent = alice.submit("true", hold=True).id
             # They all end when their dependency is cancelled.
             after = {"dependency": f"afterok:{parent}", "notify": silent.url()}
-            flood = [alice.submit("true", **after).id for _ in range(FLOOD)]
+
+            def submit(n: int) -> list[str]:  # a client per thread: four submitting at once
+                mine = Client(c.address, token=alice.token)
+                return [mine.submit("true", **after).id for _ in range(n)]
+
+            with ThreadPoolExecutor(4) as pool:
+                flood = [i for ids in pool.map(submit, [FLOOD // 4] * 4) for i in ids]
             bobs = bob.submit("true", hold=True, notify=receiver.url()).id
 
             alice.cancel(parent)
