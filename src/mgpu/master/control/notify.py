@@ -311,8 +311,8 @@ class Delivery:
     checked: bool = True
     """Whether the address rules apply (False for the cluster's own webhook)."""
     array_id: str | None = None
-    """Set for an array's one notification: its body is completed by `Notifier.run` with
-    the tasks' end states (read from the store once the last end is written)."""
+    """Set for an array's one notification: its body is completed with the tasks' end
+    states as it is sent (read from the store once the last end is written)."""
     tries: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -347,7 +347,7 @@ def _receiver(target: Target) -> str:
     if target.kind == "mail":
         return "mailto:" + target.value.lower()
     scheme = target.value.split(":", 1)[0].lower()
-    return f"{scheme}://{target.host}:{target.port or ''}"
+    return f"{scheme}://{target.host}:{target.port or (443 if scheme == 'https' else 80)}"
 
 
 class _DropLog:
