@@ -6,7 +6,10 @@ master's event loop could not answer.  Another samples the master's resident
 memory.  Each request below runs alone, then three at once; for each the table
 gives healthz p50 / max while it ran and the master's peak RSS.
 
-Set-up (not measured): a job that writes 50 MB of output.  Then 100,000-task arrays
+Set-up (not measured): a job that writes 50 MB of output.  Notification rows: 300
+held jobs with a webhook to a receiver that answers, cancelled one by one; then 2,100
+jobs that notify a receiver that accepts and never reads (both on 127.0.0.1), all ended
+at once by cancelling the job they depend on.  Then 100,000-task arrays
 (`sleep` tasks capped at 4 running, the rest queued) are submitted, listed, shown and
 cancelled.  The `idle` row is the baseline with 100,000 tasks queued: what the
 scheduling pass alone costs (`last_pass_ms`: the master's last pass, from /metrics);
@@ -26,6 +29,7 @@ Prints the table and writes bench/results/abuse.json.  Not a test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import http.client
 import json
@@ -33,6 +37,7 @@ import math
 import os
 import platform
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +57,12 @@ OUTPUT_BYTES = int(os.environ.get("BENCH_ABUSE_OUTPUT", 50_000_000))
 BODY_BYTES = 100_000_000
 FLOOD = 300
 """Requests with bad tokens sent at once, per flood."""
+NOTIFY_FLOOD = 2100
+"""Job ends at once, each notifying a receiver that never answers (issue 25 item 5)."""
+NOTIFY_ENDS = 300
+"""Jobs with a webhook cancelled one by one (issue 25 item 6)."""
+CONFIG = "notify:\n  allowed_hosts: [127.0.0.1]\n"
+"""Notifications may go to loopback: the bench's receivers are there, and nothing else is."""
 
 
 def summary(probe: LoopProbe, t0: float, t1: float) -> dict[str, float]:
@@ -145,6 +156,85 @@ def _logs(cluster: LocalCluster, job_id: str) -> str:
         check=True,
     )
     return f"{len(res.stdout) >> 20} MiB"
+
+
+class _Receivers:
+    """Two webhook receivers on 127.0.0.1: one that accepts connections and never reads
+    (`silent`), one that answers 200 to every POST and counts them (`answering`)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posts += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.answering = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.silent_sock = socket.create_server(("127.0.0.1", 0), backlog=1024)
+        self.silent = f"http://127.0.0.1:{self.silent_sock.getsockname()[1]}/hook"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.silent_sock.accept()[0])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.silent_sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _notify_flood(client: Client, receivers: _Receivers) -> Callable[[], str]:
+    """Set-up (not measured): NOTIFY_FLOOD jobs that notify the silent receiver, waiting on
+    a held one; the row cancels that one, so all of them end at once, and waits 5 s more
+    while their deliveries are tried."""
+    parent = client.submit("true", hold=True, env={}).id
+    after = {"dependency": f"afterok:{parent}", "notify": receivers.silent, "env": {}}
+    last = [client.submit("true", **after).id for _ in range(NOTIFY_FLOOD)][-1]
+
+    def row() -> str:
+        client.cancel(parent)
+        wait_for(lambda: client.show(last)["state"] == "cancelled", timeout=600)
+        time.sleep(5)
+        return f"{NOTIFY_FLOOD} ended, {len(receivers.held)} connections to the silent receiver"
+
+    return row
+
+
+def _notify_ends(client: Client, receivers: _Receivers) -> Callable[[], str]:
+    """Set-up (not measured): NOTIFY_ENDS held jobs that notify the answering receiver;
+    the row cancels them one by one and waits for every notification."""
+    ids = [
+        client.submit("true", hold=True, notify=receivers.answering, env={}).id
+        for _ in range(NOTIFY_ENDS)
+    ]
+
+    def row() -> str:
+        before = receivers.posts
+        t0 = time.monotonic()
+        for job_id in ids:
+            client.cancel(job_id)
+        cancelled = time.monotonic() - t0
+        wait_for(lambda: receivers.posts - before >= NOTIFY_ENDS, timeout=600)
+        return f"cancelled in {cancelled:.1f} s, {receivers.posts - before} delivered"
+
+    return row
 
 
 def _cli(cluster: LocalCluster, *args: str) -> str:
@@ -289,7 +379,8 @@ class Bench:
 
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mgpu-abuse-") as tmp:
-        cluster = LocalCluster(Path(tmp))
+        cluster = LocalCluster(Path(tmp), CONFIG)
+        receivers = _Receivers()
         try:
             cluster.start_master()
             cluster.start_agent("node001", gpus=4)
@@ -321,6 +412,14 @@ def main() -> None:
             bench.both(
                 f"for scale: {FLOOD} /healthz requests at once",
                 lambda: _flood(address, "/healthz"),
+            )
+            bench.measure(
+                f"{NOTIFY_ENDS} job ends with a webhook (cancelled one by one)",
+                _notify_ends(client, receivers),
+            )
+            bench.measure(
+                f"{NOTIFY_FLOOD} job ends at once notifying a receiver that never answers",
+                _notify_flood(client, receivers),
             )
 
             # TASKS array tasks, 4 running, the rest queued.
@@ -375,6 +474,7 @@ def main() -> None:
             probe.stop()
         finally:
             cluster.stop()
+            receivers.close()
             slow_gc = bench.add_collections(cluster.log("master"))
             holds = bench.add_holds(cluster.log("master"))
             errors = [x for x in cluster.log("master").splitlines() if "Error" in x]

@@ -310,10 +310,7 @@ def test_signal_options_are_checked_at_submit(h: Harness) -> None:
 
 
 def queued(h: Harness) -> list[Any]:
-    out = []
-    while not h.cl.notifier.queue.empty():
-        out.append(h.cl.notifier.queue.get_nowait())
-    return out
+    return list(h.cl.notifier.waiting())
 
 
 def test_a_jobs_end_queues_its_notification(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-import re
 import stat
 from pathlib import Path
+from typing import Any
 
+from mgpu import logredact
 from mgpu.config import ClusterConfig, load_config
 
 
@@ -61,27 +63,27 @@ def _make_private(path: Path, mode: int) -> None:
         pass  # gone meanwhile, or another account's (a job's exit file under `mgpu up`)
 
 
-class _RedactTokens(logging.Filter):
-    """Access-log lines (--verbose) must not carry a token: the dashboard accepts
-    `/?token=...` links, and a log is read by more people than the state dir."""
-
-    _pattern = re.compile(r"(token=)[^&\s]+")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args and isinstance(record.args, tuple):
-            record.args = tuple(
-                self._pattern.sub(r"\1<redacted>", a) if isinstance(a, str) else a
-                for a in record.args
-            )
-        return True
-
-
 def setup_logging(verbose: bool) -> None:
+    """The master's and the agent's logging: to stderr, every handler filtered so that no
+    token or secret header reaches a log (logredact.py)."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
+    logredact.install()
+
+
+def uvicorn_log_config() -> dict[str, Any]:
+    """uvicorn's own logging set-up (its handlers, its formats) with the filter on each
+    handler: uvicorn installs them after `setup_logging`, and the `websockets` library logs
+    every handshake header (a client's `Authorization` included) through them at --verbose."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact"] = {"()": logredact.RedactSecrets}
+    for handler in config["handlers"].values():
+        handler["filters"] = [*handler.get("filters", []), "redact"]
+    return config
 
 
 def raise_fd_limit() -> int:
@@ -158,6 +160,7 @@ def run_master(
         host=host,
         port=port,
         log_level="debug" if verbose else "warning",
+        log_config=uvicorn_log_config(),
         access_log=verbose,
         # Each request's head within header_timeout; at most so many connections per
         # address (connections.py).
