@@ -31,7 +31,7 @@ from mgpu.agent import accounts, devices, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
-from mgpu.agent.mps import mps_env
+from mgpu.agent.mps import MpsControl
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
     Exited,
@@ -117,6 +117,7 @@ class Agent:
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
         self.launcher = Launcher(state_dir / f"node-{node_id}" / "spool", self._on_output)
+        self.mps = MpsControl(state_dir / f"node-{node_id}")  # shared jobs' limits held
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -368,11 +369,14 @@ class Agent:
         from mgpu.agent.telemetry import TelemetrySampler
 
         node_dir = self.launcher.spool.parent
-        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir)
+        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir, self.mps.enforced)
         telemetry: list[Any] = []
         while True:
             pids = [run.rec.pid for run in self.launcher.running.values()]
+            as_of = time.monotonic()
+            jobs = [run.rec.job_id for run in self.launcher.running.values()]
             try:
+                await asyncio.to_thread(self.mps.settle, jobs, as_of)  # stops MPS no job needs
                 telemetry = await asyncio.wait_for(
                     asyncio.to_thread(sampler.sample, pids), timeout=5.0
                 )
@@ -552,7 +556,7 @@ class Agent:
         env = dict(msg.env)
         # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
         env["MGPU_MASTER"] = f"{self.master[0]}:{self.master[1]}"
-        env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
+        env.update(self.mps.job_env(env, msg.job_id))  # a shared GPU: under MPS where it can
         if any(g.mig for g in self.gpus) and msg.gpu_ids:
             # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
             uuids = {g.index: g.uuid for g in self.gpus}

@@ -84,6 +84,14 @@ def check_gpu_isolation(state_dir: Path, node_id: str, gpu_device_dir: Path) -> 
     return Check("GPU isolation", True, detail)
 
 
+def check_gpu_shares(state_dir: Path, node_id: str) -> Check:
+    """Whether `--gpu-share` jobs are held to their limits here (MPS), which the agent
+    says in its telemetry too; not a failure: without MPS the limits are advisory."""
+    from mgpu.agent.mps import MpsControl
+
+    return Check("GPU shares", True, MpsControl(state_dir / f"node-{node_id}").describe())
+
+
 def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
     """None if an mgpu master answers /healthz there, else why not."""
     conn: http.client.HTTPConnection
@@ -148,6 +156,7 @@ def run_health(
         check_master(master_host, master_port),
         check_containment(state_dir, node_id),
         check_gpu_isolation(state_dir, node_id, gpu_device_dir),
+        check_gpu_shares(state_dir, node_id),
     ]
     for c in checks:
         print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)
