@@ -24,6 +24,7 @@ MIB = 1024 * 1024
 H200 = GpuInfo(0, "NVIDIA H200", 143771, "GPU-0e4b6c1a-59d2-4f3b-a8e7-3c91d2f0b6a4")
 MEMORY_V2 = 0x02000028  # pynvml.nvmlMemory_v2
 FUNCTION_NOT_FOUND = 13
+BOB_3G = {"pid": 679, "usedGpuMemory": 3072 * MIB}
 
 
 class FakeNVMLError(Exception):
@@ -204,3 +205,16 @@ def test_owner_is_the_account_name() -> None:
     dead = psutil.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert owner(dead.pid) is None
+
+
+def test_the_mps_server_is_not_use_outside_mgpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, owners: dict[int, str]
+) -> None:
+    """Shared jobs under MPS run their kernels in the MPS server: NVML lists it, not them."""
+    device = recorded("h200_busy.json")
+    device["compute_processes"] = [{"pid": 913, "usedGpuMemory": 600 * MIB}, BOB_3G]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(device))
+    monkeypatch.setattr(telemetry, "mps_server", lambda pid: pid == 913)
+    (tel,) = sampler(tmp_path).sample([])
+    assert tel.foreign_processes == [679] and tel.foreign_memory_mb == 3072
+    assert not telemetry.mps_server(os.getpid())

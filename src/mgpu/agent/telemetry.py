@@ -147,6 +147,9 @@ class TelemetrySampler:
         busy = self._busy_gpus(pids)
         own = self._own_pids(pids) if self.source in ("nvml", "nvidia-smi") else set()
         samples = sample_gpus(self.gpus, self.source, busy=busy, exclude_pids=own, rng=self.rng)
+        for s in samples:
+            if s.foreign:
+                s.foreign = tuple(p for p in s.foreign if not mps_server(p.pid))
         enforced = self.shares_enforced() if self.shares_enforced is not None else None
         return [self._telemetry(s, s.index in busy, enforced) for s in samples]
 
@@ -227,6 +230,18 @@ def foreign_memory(s: GpuSample) -> int | None:
     if procs is not None and all(p.memory_mb is not None for p in procs):
         return sum(p.memory_mb or 0 for p in procs)
     return s.memory_used_mb
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def mps_server(pid: int) -> bool:
+    """The process is an MPS server: it runs the shared jobs' kernels (NVML lists it, not
+    them), and lingers a moment after they end; its memory is theirs, not use outside."""
+    try:
+        return psutil.Process(pid).name() == MPS_SERVER
+    except (psutil.Error, OSError):
+        return False
 
 
 def owner(pid: int) -> str | None:
