@@ -202,3 +202,18 @@ def test_a_failing_start_leaves_the_job_without_mps(
         assert mps.MpsControl(tmp_path, env).job_env(SHARED, "a") == {}
     assert "shared jobs run without MPS" in caplog.text
     assert not (tmp_path / mps.STARTED_MARK).exists()
+
+
+def test_health_says_whether_shares_are_enforced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu.agent.health import check_gpu_shares
+
+    for key, value in fake_control(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    check = check_gpu_shares(tmp_path, "node001")
+    assert (check.name, check.ok) == ("GPU shares", True)
+    assert check.detail.startswith("enforced: ") and mps.CONTROL in check.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    check = check_gpu_shares(tmp_path, "node001")
+    assert check.ok and check.detail.startswith("not enforced: no nvidia-cuda-mps-control")

@@ -218,3 +218,18 @@ def test_the_mps_server_is_not_use_outside_mgpu(
     (tel,) = sampler(tmp_path).sample([])
     assert tel.foreign_processes == [679] and tel.foreign_memory_mb == 3072
     assert not telemetry.mps_server(os.getpid())
+
+
+def test_the_master_takes_a_bounded_list_of_printable_owners() -> None:
+    from pydantic import ValidationError
+
+    from mgpu.protocol import GpuTelemetry
+
+    many = [{"pid": 1, "user": "bob"}] * (MAX_FOREIGN_PROCESSES + 1)
+    with pytest.raises(ValidationError, match="foreign"):
+        GpuTelemetry.model_validate({"index": 0, "foreign": many})
+    with pytest.raises(ValidationError, match="cannot be shown"):
+        GpuTelemetry.model_validate({"index": 0, "foreign": [{"pid": 1, "user": "b\x1bob"}]})
+    # An older agent's telemetry (no owners, no word on shares) is still taken.
+    old = GpuTelemetry.model_validate({"index": 0, "foreign_processes": [5]})
+    assert (old.foreign, old.shares_enforced) == ([], None)
