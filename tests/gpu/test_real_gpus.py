@@ -49,16 +49,27 @@ def torch_cuda() -> str | None:
 
 
 def idle_gpu(c: RealCluster) -> dict[str, Any]:
-    """A GPU no job holds and no process uses (waited for: an earlier test's may linger)."""
+    """A GPU no job holds and no process uses, as a heartbeat sent after that was seen
+    says it (an earlier test's job or process may have just gone)."""
 
     def find() -> dict[str, Any] | None:
         for g in c.node()["gpus"]:
-            free = not g["busy_job"] and not g["shared_jobs"] and not g["foreign_blocked"]
-            if free and g["telemetry"] and not nvml_processes(g["index"]):
+            free = not g["busy_job"] and not g["shared_jobs"]
+            if free and not nvml_processes(g["index"]):
                 return g  # type: ignore[no-any-return]
         return None
 
-    return wait_for(find, timeout=30, what="an idle GPU")
+    index = wait_for(find, timeout=30, what="a GPU without jobs or processes")["index"]
+    since = time.time()
+
+    def sampled() -> dict[str, Any] | None:
+        node = c.node()
+        g = next(g for g in node["gpus"] if g["index"] == index)
+        tel = g["telemetry"] or {}
+        fresh = node["last_seen"] >= since + HEARTBEAT and tel.get("foreign_memory_mb") is not None
+        return g if fresh else None  # type: ignore[no-any-return]
+
+    return wait_for(sampled, timeout=10 * HEARTBEAT + 5, what=f"a fresh sample of GPU {index}")
 
 
 def gpu_of(c: RealCluster, job_id: str) -> int:
@@ -92,7 +103,14 @@ def test_detection_through_nvml_and_nvidia_smi(monkeypatch: pytest.MonkeyPatch) 
     print(f"\nGPUs: {', '.join(f'{g.index}: {g.name} ({g.memory_mb} MiB)' for g in nvml)}")
 
 
+def no_mig(c: RealCluster) -> None:
+    """Skip on MIG instances: they are named by other UUIDs in nvidia-smi and CUDA."""
+    if any((g["uuid"] or "").startswith("MIG-") for g in c.node()["gpus"]):
+        pytest.skip("this machine's GPUs are in MIG mode")
+
+
 def test_the_agent_found_them_through_nvml(gpus: RealCluster) -> None:
+    no_mig(gpus)
     node = gpus.node()
     assert node["gpu_source"] == "nvml"
     res = subprocess.run(
@@ -108,6 +126,7 @@ def test_the_agent_found_them_through_nvml(gpus: RealCluster) -> None:
 
 
 def test_a_job_sees_exactly_its_gpu(gpus: RealCluster) -> None:
+    no_mig(gpus)
     job = gpus.submit("--gpus", "1", python_job("uuids"))
     out = ended(gpus, job)
     uuid = gpus.gpu(gpu_of(gpus, job))["uuid"]
