@@ -217,3 +217,29 @@ def test_health_says_whether_shares_are_enforced(
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     check = check_gpu_shares(tmp_path, "node001")
     assert check.ok and check.detail.startswith("not enforced: no nvidia-cuda-mps-control")
+
+
+def test_an_agent_of_its_own_account_logs_in_its_node_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/var/log/nvidia-mps is root's; a site's daemon keeps its own log directory."""
+    monkeypatch.setattr(mps.os, "geteuid", lambda: 1000)
+    env = fake_control(tmp_path)
+    del env["CUDA_MPS_LOG_DIRECTORY"]
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    logs = str(node_dir / "mps-log")
+    assert mps.MpsControl(node_dir, env).job_env(SHARED, "a")["CUDA_MPS_LOG_DIRECTORY"] == logs
+    assert calls(tmp_path) == [f"start {tmp_path / 'mps'} {logs}"]
+    restarted = mps.MpsControl(node_dir, env)  # its daemon runs on: so do its logs
+    assert restarted.job_env(SHARED, "b")["CUDA_MPS_LOG_DIRECTORY"] == logs
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mps").mkdir(mode=0o755)
+    os.mkfifo(site / "mps" / "control")
+    site_env = {"PATH": env["PATH"], "CUDA_MPS_PIPE_DIRECTORY": str(site / "mps")}
+    (site / "mps-log").mkdir(mode=0o755)
+    monkeypatch.setattr(mps, "DEFAULT_LOG_DIR", str(site / "mps-log"))
+    got = mps.MpsControl(site, site_env).job_env(SHARED, "c")
+    assert got["CUDA_MPS_LOG_DIRECTORY"] == str(site / "mps-log")

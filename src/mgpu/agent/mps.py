@@ -148,14 +148,13 @@ class MpsControl:
         self.mark = node_dir / STARTED_MARK
         self.jobs: dict[str, float] = {}
         """Shared jobs launched (their ids -> when, monotonic), dropped as they end."""
+        self._lock = threading.Lock()
+        self._own_logs = str(node_dir / "mps-log")
         try:  # a predecessor's daemon, and its jobs (re-adopted: they run on)
             self.jobs = dict.fromkeys(self.mark.read_text().split(), 0.0)
+            self.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", self._log_dir())
         except OSError:
             pass
-        self._lock = threading.Lock()
-        if not self.environ.get("CUDA_MPS_LOG_DIRECTORY") and os.geteuid() != 0:
-            # /var/log/nvidia-mps is root's: an agent of its own account logs beside it.
-            self.environ["CUDA_MPS_LOG_DIRECTORY"] = str(node_dir / "mps-log")
 
     def enforced(self) -> bool:
         """Shares are held to their limits here: a daemon runs, or this agent can start one."""
@@ -209,7 +208,7 @@ class MpsControl:
     def _dirs(self) -> tuple[str, str] | None:
         """The pipe and log directories, made where missing; None when one is unsafe."""
         pipes = self.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
-        logs = self.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG_DIR
+        logs = self._log_dir()
         for path in (pipes, logs):
             try:
                 os.makedirs(path, mode=0o755, exist_ok=True)
@@ -249,6 +248,13 @@ class MpsControl:
         while pipe_dir(self.environ) is None and time.monotonic() < deadline:
             time.sleep(0.02)  # the forked daemon opens its control pipe
         log.info("started the MPS control daemon for shared jobs (pipe %s)", pipes)
+
+    def _log_dir(self) -> str:
+        """Where a daemon this agent starts logs: the agent's `$CUDA_MPS_LOG_DIRECTORY`, else
+        MPS's default, which is root's: an agent of its own account logs in its node
+        directory."""
+        default = DEFAULT_LOG_DIR if os.geteuid() == 0 else self._own_logs
+        return self.environ.get("CUDA_MPS_LOG_DIRECTORY") or default
 
     def _write_mark(self) -> None:
         self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(self.jobs)))
