@@ -239,7 +239,7 @@ def test_an_agent_of_its_own_account_logs_in_its_node_directory(
     (site / "mps").mkdir(mode=0o755)
     os.mkfifo(site / "mps" / "control")
     site_env = {"PATH": env["PATH"], "CUDA_MPS_PIPE_DIRECTORY": str(site / "mps")}
-    (site / "mps-log").mkdir(mode=0o755)
-    monkeypatch.setattr(mps, "DEFAULT_LOG_DIR", str(site / "mps-log"))
-    got = mps.MpsControl(site, site_env).job_env(SHARED, "c")
-    assert got["CUDA_MPS_LOG_DIRECTORY"] == str(site / "mps-log")
+    (site / "var-log").mkdir(mode=0o755)
+    monkeypatch.setattr(mps, "DEFAULT_LOG_DIR", str(site / "var-log"))
+    got = mps.MpsControl(site, site_env).job_env(SHARED, "c")  # no daemon of its own
+    assert got["CUDA_MPS_LOG_DIRECTORY"] == str(site / "var-log")
