@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e venv sysdeps bench down clean dist
+.PHONY: demo test lint typecheck unit e2e venv sysdeps bench down clean dist gpu-test
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,13 @@ test: sysdeps venv $(TEST_EXTRAS)
 	$(BIN)/pytest -q tests/unit tests/controller
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
+
+# The GPU tier: a real master and agent on this machine's NVIDIA GPUs (no --fake-gpus).
+# Every test skips where there is no GPU; not part of `make test` (docs/GPU.md says how to
+# run it on a GPU machine without internet).  -rA: the passed tests' lines (the card, the
+# times measured) are printed too.
+gpu-test: venv
+	$(BIN)/pytest -v -rA tests/gpu
 
 demo: venv
 	@bash scripts/demo.sh

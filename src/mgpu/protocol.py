@@ -108,6 +108,21 @@ MAX_FOREIGN_PROCESSES = 1024
 """Processes mgpu did not start one GPU's telemetry may list."""
 
 
+class ForeignProcess(BaseModel):
+    """A process mgpu did not start that uses a GPU, as the node's agent sees it."""
+
+    pid: int = Field(ge=0, le=MAX_PID)
+    user: str | None = None
+    """Its owner's account name (its uid as text where the node has no name for it)."""
+    memory_mb: int | None = Field(default=None, ge=0, le=1 << 30)
+    """GPU memory it holds; None where the driver does not say."""
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _printable(value, 64)
+
+
 class GpuTelemetry(BaseModel):
     index: int = Field(ge=0, lt=1024)
     utilization_pct: Measured = None
@@ -118,7 +133,14 @@ class GpuTelemetry(BaseModel):
     simulated: bool = False
     foreign_processes: list[int] = Field(default_factory=list, max_length=MAX_FOREIGN_PROCESSES)
     foreign_memory_mb: int | None = Field(default=None, ge=0, le=1 << 30)
-    """Memory used on this GPU by processes mgpu did not start."""
+    """Memory used on this GPU by processes mgpu did not start (memory the driver reserves
+    for itself is not use)."""
+    foreign: list[ForeignProcess] = Field(default_factory=list, max_length=MAX_FOREIGN_PROCESSES)
+    """Those processes with their owners, most memory first (`foreign_processes` has their
+    pids alone, for older masters)."""
+    shares_enforced: bool | None = None
+    """A share of this GPU (`--gpu-share`) is held to its limits: an MPS control daemon
+    runs on the node or the agent can start one.  None: the agent does not say."""
 
 
 class RunningReport(BaseModel):

@@ -131,13 +131,21 @@ def test_foreign_use_keeps_the_gpu_free(obs: LocalCluster) -> None:
     assert gpu0["foreign_blocked"] is True
     assert node(obs, "node002")["gpus"][1]["foreign_blocked"] is False
     text = obs.cli("nodes", check=True).stdout
-    assert "GPU 0 used outside mgpu (4096 MB)" in text
+    assert "GPU 0 is used outside mgpu (4.0 GiB)" in text
     line = next(row for row in text.splitlines() if row.startswith("node002"))
     assert line.split()[3] == "1"  # FREE: only GPU 1
     job = submit(obs, "echo ran", "node002:0")
     try:
-        time.sleep(1.0)  # several scheduling passes
+        # Who uses it: the job waiting for it says so in queue and show, as nodes does.
+        bob = {"mb": 3072, "pid": 679, "user": "bob"}
+        fake_file(obs, "node002").write_text(json.dumps({"foreign": {"0": bob}}))
+        said = "node002 GPU 0 is used outside mgpu (3.0 GiB, pid 679, user bob)"
+        wait_for(lambda: said in (obs.client().show(job)["reason"] or ""), what="its reason")
+        assert obs.client().show(job)["reason"] == f"waiting for GPU 0 on node002: {said}"
         assert state(obs, job) == "queued"
+        assert said in obs.cli("show", job, check=True).stdout
+        assert said in obs.cli("queue", check=True).stdout
+        assert said.removeprefix("node002 ") in obs.cli("nodes", check=True).stdout
         # The outside use stops: the GPU is offered again and the job runs.
         fake_file(obs, "node002").write_text(json.dumps({"foreign": {}}))
         assert obs.client().wait(job, timeout=20)["state"] == "completed"

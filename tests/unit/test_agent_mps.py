@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,152 @@ def test_no_daemon_or_no_share_no_mps(tmp_path: Path) -> None:
     assert mps_env(SHARED, {"CUDA_MPS_PIPE_DIRECTORY": str(empty)}) == {}
     (empty / "control").write_text("")  # a plain file is not the daemon's FIFO
     assert pipe_dir({"CUDA_MPS_PIPE_DIRECTORY": str(empty)}) is None
+
+
+# --------------------------------------------------------------------------- the daemon
+
+FAKE_CONTROL = """#!/bin/sh
+# nvidia-cuda-mps-control as the agent uses it: -d forks the daemon (here: opens its
+# control pipe and returns); `quit` on stdin stops it.  Each call is logged.
+log="$(dirname "$0")/calls"
+if [ "$1" = "-d" ]; then
+    echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> "$log"
+    mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"
+    exit 0
+fi
+read -r command
+echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
+[ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+"""
+
+
+def fake_control(tmp_path: Path) -> dict[str, str]:
+    """A fake `nvidia-cuda-mps-control` on PATH; the agent's environment naming it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / mps.CONTROL
+    script.write_text(FAKE_CONTROL)
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", **daemon_env(tmp_path)}
+
+
+def calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "bin" / "calls"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_the_agent_starts_mps_for_shared_jobs_and_stops_it_after(tmp_path: Path) -> None:
+    env = fake_control(tmp_path)
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    control = mps.MpsControl(node_dir, env)
+    assert control.enforced() and "started when shared jobs need it" in control.describe()
+    assert control.job_env({"CUDA_VISIBLE_DEVICES": "0"}, "whole") == {}
+    assert calls(tmp_path) == []  # a whole-GPU job needs no daemon
+
+    first = control.job_env(SHARED, "a")
+    pipes, logs = tmp_path / "mps", tmp_path / "mps-log"
+    assert calls(tmp_path) == [f"start {pipes} {logs}"]
+    assert first["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+    assert first["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert (node_dir / mps.STARTED_MARK).exists()
+    assert control.job_env(SHARED, "b") == first  # it runs: not started again
+    assert len(calls(tmp_path)) == 1
+    assert "an MPS control daemon runs" in control.describe()
+
+    now = time.monotonic()
+    control.settle(["b", "whole"], now)  # one shared job still runs
+    assert len(calls(tmp_path)) == 1
+    control.settle(["whole"], now)
+    assert calls(tmp_path)[1:] == [f"quit {pipes}"]
+    assert pipe_dir(env) is None and not (node_dir / mps.STARTED_MARK).exists()
+    control.settle([], now)  # nothing left to stop
+    assert len(calls(tmp_path)) == 2
+
+
+def test_a_job_launched_after_the_running_list_was_read_is_kept(tmp_path: Path) -> None:
+    control = mps.MpsControl(tmp_path, fake_control(tmp_path))
+    as_of = time.monotonic()
+    control.job_env(SHARED, "late")  # launched while the heartbeat read its list
+    control.settle([], as_of)
+    assert [c.split()[0] for c in calls(tmp_path)] == ["start"]
+
+
+def test_a_daemon_the_agent_did_not_start_is_left_running(tmp_path: Path) -> None:
+    daemon(tmp_path)  # the site's
+    env = fake_control(tmp_path)
+    control = mps.MpsControl(tmp_path, env)
+    assert control.job_env(SHARED, "a")["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps")
+    control.settle([], time.monotonic())
+    assert calls(tmp_path) == [] and pipe_dir(env) is not None
+
+
+def test_the_next_agent_stops_the_daemon_its_predecessor_started(tmp_path: Path) -> None:
+    env = fake_control(tmp_path)
+    mps.MpsControl(tmp_path, env).job_env(SHARED, "a")
+    restarted = mps.MpsControl(tmp_path, env)
+    restarted.settle(["a"], time.monotonic())  # the job was re-adopted: it still runs
+    assert len(calls(tmp_path)) == 1
+    restarted.settle([], time.monotonic())
+    assert calls(tmp_path)[-1].startswith("quit")
+
+
+def test_without_mps_shares_are_not_enforced(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path), **daemon_env(tmp_path)}
+    control = mps.MpsControl(tmp_path, env)
+    assert not control.enforced()
+    assert control.describe().startswith("not enforced: no nvidia-cuda-mps-control")
+    assert control.job_env(SHARED, "a") == {}
+
+
+def test_a_failing_start_leaves_the_job_without_mps(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = fake_control(tmp_path)
+    (tmp_path / "bin" / mps.CONTROL).write_text("#!/bin/sh\necho no GPU >&2\nexit 1\n")
+    mps._refused.clear()
+    with caplog.at_level(logging.WARNING, logger="mgpu.agent"):
+        assert mps.MpsControl(tmp_path, env).job_env(SHARED, "a") == {}
+    assert "shared jobs run without MPS" in caplog.text
+    assert not (tmp_path / mps.STARTED_MARK).exists()
+
+
+def test_health_says_whether_shares_are_enforced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mgpu.agent.health import check_gpu_shares
+
+    for key, value in fake_control(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    check = check_gpu_shares(tmp_path, "node001")
+    assert (check.name, check.ok) == ("GPU shares", True)
+    assert check.detail.startswith("enforced: ") and mps.CONTROL in check.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    check = check_gpu_shares(tmp_path, "node001")
+    assert check.ok and check.detail.startswith("not enforced: no nvidia-cuda-mps-control")
+
+
+def test_an_agent_of_its_own_account_logs_in_its_node_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/var/log/nvidia-mps is root's; a site's daemon keeps its own log directory."""
+    monkeypatch.setattr(mps.os, "geteuid", lambda: 1000)
+    env = fake_control(tmp_path)
+    del env["CUDA_MPS_LOG_DIRECTORY"]
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    logs = str(node_dir / "mps-log")
+    assert mps.MpsControl(node_dir, env).job_env(SHARED, "a")["CUDA_MPS_LOG_DIRECTORY"] == logs
+    assert calls(tmp_path) == [f"start {tmp_path / 'mps'} {logs}"]
+    restarted = mps.MpsControl(node_dir, env)  # its daemon runs on: so do its logs
+    assert restarted.job_env(SHARED, "b")["CUDA_MPS_LOG_DIRECTORY"] == logs
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mps").mkdir(mode=0o755)
+    os.mkfifo(site / "mps" / "control")
+    site_env = {"PATH": env["PATH"], "CUDA_MPS_PIPE_DIRECTORY": str(site / "mps")}
+    (site / "var-log").mkdir(mode=0o755)
+    monkeypatch.setattr(mps, "DEFAULT_LOG_DIR", str(site / "var-log"))
+    got = mps.MpsControl(site, site_env).job_env(SHARED, "c")  # no daemon of its own
+    assert got["CUDA_MPS_LOG_DIRECTORY"] == str(site / "var-log")

@@ -32,6 +32,7 @@ from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
+from mgpu.agent.mps import MpsControl
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
@@ -97,6 +98,7 @@ class Agent:
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
         self.launcher = Launcher(options.node_dir / "spool", self._on_output)
+        self.mps = MpsControl(options.node_dir)  # shared jobs' limits held
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -351,11 +353,14 @@ class Agent:
         from mgpu.agent.telemetry import TelemetrySampler
 
         node_dir = self.launcher.spool.parent
-        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir)
+        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir, self.mps.enforced)
         telemetry: list[Any] = []
         while True:
             pids = [run.rec.pid for run in self.launcher.running.values()]
+            as_of = time.monotonic()
+            jobs = [run.rec.job_id for run in self.launcher.running.values()]
             try:
+                await asyncio.to_thread(self.mps.settle, jobs, as_of)  # stops MPS no job needs
                 telemetry = await asyncio.wait_for(
                     asyncio.to_thread(sampler.sample, pids), timeout=5.0
                 )
@@ -502,7 +507,7 @@ class Agent:
         return jobenv.run_as(msg, self.hostname)
 
     def job_env(self, msg: Launch) -> dict[str, str]:
-        return jobenv.job_env(msg, self.master, self.gpus)
+        return jobenv.job_env(msg, self.master, self.gpus, self.mps)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes

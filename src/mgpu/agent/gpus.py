@@ -16,9 +16,14 @@ Reported facts, checked against nvidia-ml-py 13.x:
   (older bindings and the unofficial ``pynvml`` 11.4 returned ``bytes``; both are handled).
   Under WSL the name can fail to decode (``UnicodeDecodeError``); the GPU is then kept
   under a generic name.
-* ``nvmlDeviceGetMemoryInfo(h)`` has ``total``/``free``/``used`` in **bytes**;
+* ``nvmlDeviceGetMemoryInfo(h)`` has ``total``/``free``/``used`` in **bytes**, its ``used``
+  counting the memory the driver reserves for itself (615 MiB on an idle H200 with driver
+  580); ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)`` (driver >= 510) has that
+  ``reserved`` apart and a ``used`` without it, which is what nvidia-smi shows;
   ``nvmlDeviceGetPowerUsage`` is in **milliwatts**; ``nvmlDeviceGetUtilizationRates(h).gpu``
-  is a percentage; ``nvmlDeviceGetComputeRunningProcesses`` items have ``.pid``.
+  is a percentage; ``nvmlDeviceGetComputeRunningProcesses`` and
+  ``nvmlDeviceGetGraphicsRunningProcesses`` items have ``.pid`` and ``.usedGpuMemory``
+  (bytes; None where the driver cannot say, e.g. under WDDM or without the rights).
 * ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` prints one line per GPU,
   fields separated by ``", "``, memory in MiB, and ``[N/A]``/``[Not Supported]``/
   ``[Unknown Error]`` for values it cannot read.  With no usable driver it exits non-zero
@@ -42,11 +47,13 @@ __all__ = [
     "FAKE_GPU_NAME",
     "GpuCountError",
     "GpuInfo",
+    "GpuProcess",
     "GpuSample",
     "GpuSource",
     "detect_gpus",
     "fake_gpus",
     "first_gpus",
+    "parse_compute_apps",
     "parse_nvidia_smi_csv",
     "sample_gpus",
 ]
@@ -61,6 +68,7 @@ NVIDIA_SMI: Final = "nvidia-smi"
 NVIDIA_SMI_TIMEOUT: Final = 15.0
 _QUERY_FIELDS: Final = "index,name,memory.total,uuid"
 _SAMPLE_FIELDS: Final = "index,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw"
+_APPS_FIELDS: Final = "gpu_uuid,pid,used_memory"
 _MIB: Final = 1024 * 1024
 
 
@@ -81,6 +89,14 @@ class GpuInfo:
         return bool(self.uuid and self.uuid.startswith("MIG-"))
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process using a GPU: its pid and the GPU memory it holds (None: not said)."""
+
+    pid: int
+    memory_mb: int | None = None
+
+
 @dataclass
 class GpuSample:
     """Telemetry of one GPU at one moment; None where the value could not be read."""
@@ -92,8 +108,14 @@ class GpuSample:
     temperature_c: float | None
     power_w: float | None
     simulated: bool
-    foreign_processes: tuple[int, ...] = ()
-    """PIDs of compute processes on the GPU, minus those the caller excluded as its own."""
+    foreign: tuple[GpuProcess, ...] | None = None
+    """Processes on the GPU (compute and graphics), minus those the caller excluded as its
+    own, most memory first; None where the driver's process list could not be read."""
+
+    @property
+    def foreign_processes(self) -> tuple[int, ...]:
+        """The pids of `foreign`, in order."""
+        return tuple(p.pid for p in self.foreign or ())
 
 
 # --------------------------------------------------------------------------- discovery
@@ -376,7 +398,8 @@ def sample_gpus(
     ``"fake"`` GPUs get plausible simulated values (`busy` indices look loaded) with
     ``simulated=True``.  ``"nvml"`` and ``"nvidia-smi"`` read the hardware; values a GPU
     does not support, or a failing read, give None rather than an exception.
-    `foreign_processes` lists compute PIDs on each GPU minus `exclude_pids`.
+    `foreign` lists the processes on each GPU minus `exclude_pids`; `memory_used_mb` is
+    the memory in use without what the driver reserves for itself (as nvidia-smi shows it).
     """
     if source == "fake":
         return _sample_fake(gpus, busy, rng or random.Random())
@@ -451,9 +474,7 @@ def _sample_nvml(gpus: Sequence[GpuInfo], exclude_pids: Collection[int]) -> list
             except errors:
                 pass
             try:
-                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-                s.memory_used_mb = int(mem.used) // _MIB
-                s.memory_total_mb = int(mem.total) // _MIB
+                s.memory_used_mb, s.memory_total_mb = _nvml_memory(nvml, handle, errors)
             except errors:
                 pass
             try:
@@ -466,9 +487,7 @@ def _sample_nvml(gpus: Sequence[GpuInfo], exclude_pids: Collection[int]) -> list
             except errors:
                 pass
             try:
-                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                pids = sorted({int(p.pid) for p in procs} - set(exclude_pids))
-                s.foreign_processes = tuple(pids)
+                s.foreign = _without(_nvml_processes(nvml, handle, errors), exclude_pids)
             except errors:
                 pass
             samples.append(s)
@@ -478,6 +497,55 @@ def _sample_nvml(gpus: Sequence[GpuInfo], exclude_pids: Collection[int]) -> list
             nvml.nvmlShutdown()
         except errors:
             pass
+
+
+def _nvml_memory(
+    nvml: Any, handle: Any, errors: tuple[type[BaseException], ...]
+) -> tuple[int, int]:
+    """(used, total) MiB of a GPU, its used memory without the driver's reserve.
+
+    The v2 query (driver >= 510) has the reserve apart; an older driver (or bindings without
+    `nvmlMemory_v2`) gets the v1 query, whose `used` counts it."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return int(mem.used) // _MIB, int(mem.total) // _MIB
+        except errors:  # FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH: an older driver
+            pass
+    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return int(mem.used) // _MIB, int(mem.total) // _MIB
+
+
+def _nvml_processes(
+    nvml: Any, handle: Any, errors: tuple[type[BaseException], ...]
+) -> list[GpuProcess]:
+    """Compute and graphics processes of a GPU (a process in both lists counted once).
+
+    The compute list must be readable (it raises otherwise); the graphics list is not
+    supported by every GPU or binding and is then left out."""
+    found: dict[int, int | None] = {}
+    lists = [nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    graphics = getattr(nvml, "nvmlDeviceGetGraphicsRunningProcesses", None)
+    if graphics is not None:
+        try:
+            lists.append(graphics(handle))
+        except errors:
+            pass
+    for procs in lists:
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            mb = int(used) // _MIB if used is not None else None
+            pid = int(p.pid)
+            found[pid] = mb if found.get(pid) is None else max(found[pid] or 0, mb or 0)
+    return [GpuProcess(pid, mb) for pid, mb in found.items()]
+
+
+def _without(procs: Sequence[GpuProcess], exclude_pids: Collection[int]) -> tuple[GpuProcess, ...]:
+    """`procs` less the excluded pids, most memory first (then by pid)."""
+    excluded = set(exclude_pids)
+    kept = [p for p in procs if p.pid not in excluded]
+    return tuple(sorted(kept, key=lambda p: (-(p.memory_mb or 0), p.pid)))
 
 
 def _sample_nvidia_smi(
@@ -508,22 +576,33 @@ def _sample_nvidia_smi(
             simulated=False,
         )
 
-    pids_by_uuid: dict[str, set[int]] = {}
     apps = _run_nvidia_smi(
-        [nvidia_smi, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader,nounits"],
+        [nvidia_smi, f"--query-compute-apps={_APPS_FIELDS}", "--format=csv,noheader,nounits"],
         timeout,
     )
-    for line in (apps or "").splitlines():
-        uuid, sep, pid_text = line.rpartition(",")
-        pid = _int_field(pid_text)
-        if sep and pid is not None:
-            pids_by_uuid.setdefault(uuid.strip(), set()).add(pid)
-
+    by_uuid = None if apps is None else parse_compute_apps(apps)
     samples = []
-    excluded = set(exclude_pids)
     for g in gpus:
         s = by_index.get(g.index) or _empty_sample(g)
-        if g.uuid is not None:
-            s.foreign_processes = tuple(sorted(pids_by_uuid.get(g.uuid, set()) - excluded))
+        if g.uuid is not None and by_uuid is not None:
+            s.foreign = _without(by_uuid.get(g.uuid, []), exclude_pids)
         samples.append(s)
     return samples
+
+
+def parse_compute_apps(text: str) -> dict[str, list[GpuProcess]]:
+    """GPU UUID -> its processes, from ``nvidia-smi --query-compute-apps=gpu_uuid,pid,
+    used_memory --format=csv,noheader,nounits`` (MiB; ``[N/A]`` where it cannot say).  A
+    line without the memory column (``gpu_uuid,pid`` alone) gives a process of unknown
+    memory."""
+    found: dict[str, dict[int, int | None]] = {}
+    for line in text.splitlines():
+        parts = line.split(",")
+        if len(parts) < 2:
+            continue
+        pid = _int_field(parts[1])
+        if pid is None:
+            continue
+        memory_mb = _int_field(parts[2]) if len(parts) > 2 else None
+        found.setdefault(parts[0].strip(), {})[pid] = memory_mb
+    return {uuid: [GpuProcess(p, mb) for p, mb in procs.items()] for uuid, procs in found.items()}

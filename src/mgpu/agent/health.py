@@ -86,6 +86,14 @@ def check_gpu_isolation(state_dir: Path, node_id: str, gpu_device_dir: Path) -> 
     return Check("GPU isolation", True, detail)
 
 
+def check_gpu_shares(state_dir: Path, node_id: str) -> Check:
+    """Whether `--gpu-share` jobs are held to their limits here (MPS), which the agent
+    says in its telemetry too; not a failure: without MPS the limits are advisory."""
+    from mgpu.agent.mps import MpsControl
+
+    return Check("GPU shares", True, MpsControl(state_dir / f"node-{node_id}").describe())
+
+
 def _healthz(host: str, port: int, tls: bool, timeout: float) -> str | None:
     """None if an mgpu master answers /healthz there, else why not."""
     conn: http.client.HTTPConnection
@@ -142,6 +150,7 @@ def run_health(options: AgentOptions, out: TextIO | None = None) -> int:
         check_master(o.master_host, o.master_port),
         check_containment(o.state_dir, o.node_id),
         check_gpu_isolation(o.state_dir, o.node_id, o.gpu_device_dir),
+        check_gpu_shares(o.state_dir, o.node_id),
     ]
     for c in checks:
         print(f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}", file=out)

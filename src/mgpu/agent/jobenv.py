@@ -9,7 +9,7 @@ import sys
 from mgpu.agent import accounts
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launchsteps import LaunchRequest, UserIds
-from mgpu.agent.mps import mps_env
+from mgpu.agent.mps import MpsControl
 from mgpu.protocol import Launch
 
 __all__ = ["UserError", "device_ids", "job_env", "launch_request", "run_as"]
@@ -32,12 +32,14 @@ def run_as(msg: Launch, hostname: str) -> UserIds | None:
     return account.uid, account.gid, list(account.groups)
 
 
-def job_env(msg: Launch, master: tuple[str, int], gpus: list[GpuInfo]) -> dict[str, str]:
+def job_env(
+    msg: Launch, master: tuple[str, int], gpus: list[GpuInfo], mps: MpsControl
+) -> dict[str, str]:
     """The job's environment: the master's, and what this node adds."""
     env = dict(msg.env)
     # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
     env["MGPU_MASTER"] = f"{master[0]}:{master[1]}"
-    env.update(mps_env(env))  # a shared GPU: run under MPS where the node has it
+    env.update(mps.job_env(env, msg.job_id))  # a shared GPU: under MPS where it can
     if any(g.mig for g in gpus) and msg.gpu_ids:
         # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
         uuids = {g.index: g.uuid for g in gpus}

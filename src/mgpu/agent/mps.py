@@ -12,6 +12,12 @@ daemon a shared job runs as any other, and the share is advisory (its variables 
 Looked up at every launch (a few stats): the daemon may be started or stopped while the
 agent runs.
 
+Where the node has `nvidia-cuda-mps-control` and no daemon runs, the agent starts one
+(`MpsControl`) when a shared job is launched, and stops it (`quit`) once the shared jobs
+are gone; a daemon it did not start (the site's) is left alone.  The node says whether
+shares are enforced (`MpsControl.enforced`: in its GPU telemetry, `mgpu nodes`,
+`mgpu node --health`); without MPS nothing holds a shared job to its half.
+
 Both directories must be the daemon's: owned by root (or the agent's account), not
 writable by group or others, and not a symbolic link.  The default pipe directory is in
 `/tmp`, where any user could make `/tmp/nvidia-mps` with a `control` FIFO of their own
@@ -24,16 +30,35 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
-from collections.abc import Mapping
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["DEFAULT_LOG_DIR", "DEFAULT_PIPE_DIR", "mps_env", "pipe_dir", "unsafe"]
+__all__ = [
+    "CONTROL",
+    "DEFAULT_LOG_DIR",
+    "DEFAULT_PIPE_DIR",
+    "MpsControl",
+    "mps_env",
+    "pipe_dir",
+    "unsafe",
+]
 
 log = logging.getLogger("mgpu.agent")
 
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
+CONTROL = "nvidia-cuda-mps-control"
+START_TIMEOUT = 10.0
+"""Seconds `nvidia-cuda-mps-control -d` has to fork its daemon and open its pipe."""
+STARTED_MARK = "mps-started"
+"""In the agent's node directory while a daemon it started runs, with the shared jobs it
+started it for, one id a line: kept over the agent's restarts, so that the next agent stops
+it when those jobs (re-adopted) and its own are gone."""
 
 
 def pipe_dir(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -102,3 +127,152 @@ def mps_env(job_env: Mapping[str, str], environ: Mapping[str, str] | None = None
     if limit and limit.isdigit():
         out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
     return out
+
+
+class MpsControl:
+    """The node's MPS control daemon, started while shared jobs need it.
+
+    `job_env` (at a shared job's launch) starts the daemon where none runs and the node has
+    `nvidia-cuda-mps-control`; `settle` (at each heartbeat, with the running jobs) stops the
+    daemon this agent started once no shared job runs.  Both take a lock: a launch never
+    meets a daemon half stopped."""
+
+    def __init__(
+        self,
+        node_dir: Path,
+        environ: Mapping[str, str] | None = None,
+        which: Callable[..., str | None] = shutil.which,
+    ) -> None:
+        self.environ = dict(os.environ if environ is None else environ)
+        self.binary = which(CONTROL, path=self.environ.get("PATH"))
+        self.mark = node_dir / STARTED_MARK
+        self.jobs: dict[str, float] = {}
+        """Shared jobs launched (their ids -> when, monotonic), dropped as they end."""
+        self._lock = threading.Lock()
+        self._own_logs = str(node_dir / "mps-log")
+        try:  # a predecessor's daemon, and its jobs (re-adopted: they run on)
+            self.jobs = dict.fromkeys(self.mark.read_text().split(), 0.0)
+            self.environ.setdefault("CUDA_MPS_LOG_DIRECTORY", self._log_dir())
+        except OSError:
+            pass
+
+    def enforced(self) -> bool:
+        """Shares are held to their limits here: a daemon runs, or this agent can start one."""
+        return self.binary is not None or pipe_dir(self.environ) is not None
+
+    def describe(self) -> str:
+        """One line for `mgpu node --health`."""
+        pipes = pipe_dir(self.environ)
+        if pipes is not None:
+            return f"enforced: an MPS control daemon runs (pipe {pipes})"
+        if self.binary is not None:
+            return f"enforced: {self.binary} is started when shared jobs need it"
+        return (
+            f"not enforced: no {CONTROL} on this node, so --gpu-share jobs' memory and "
+            "compute limits are advisory"
+        )
+
+    def job_env(self, job_env: Mapping[str, str], job_id: str) -> dict[str, str]:
+        """`mps_env` for a job, the daemon started first where it must be."""
+        if "MGPU_GPU_SHARE" not in job_env:
+            return {}
+        with self._lock:
+            self.jobs[job_id] = time.monotonic()
+            if pipe_dir(self.environ) is None and self.binary is not None:
+                self._start()
+            if self.mark.exists():
+                self._write_mark()
+            return mps_env(job_env, self.environ)
+
+    def settle(self, running: Iterable[str], as_of: float) -> None:
+        """Stop the daemon this agent started when none of the shared jobs runs any more.
+
+        `running`: the ids of the agent's running jobs at `as_of` (monotonic); a job
+        launched since may not be among them, and is kept."""
+        with self._lock:
+            live = set(running)
+            kept = {j: t for j, t in self.jobs.items() if j in live or t >= as_of}
+            changed = kept.keys() != self.jobs.keys()
+            self.jobs = kept
+            if not self.mark.exists():  # not this agent's daemon (or none)
+                return
+            if kept:
+                if changed:
+                    self._write_mark()
+                return
+            if pipe_dir(self.environ) is None:  # it is gone already (stopped, or died)
+                self.mark.unlink(missing_ok=True)
+                return
+            self._stop()
+
+    def _dirs(self) -> tuple[str, str] | None:
+        """The pipe and log directories, made where missing; None when one is unsafe."""
+        pipes = self.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR
+        logs = self._log_dir()
+        for path in (pipes, logs):
+            try:
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            except OSError as e:
+                _refuse(f"cannot make {path} ({e.strerror})")
+                return None
+            why = unsafe(path)
+            if why is not None:
+                _refuse(f"MPS directory {why}")
+                return None
+        return pipes, logs
+
+    def _start(self) -> None:
+        dirs = self._dirs()
+        if dirs is None:
+            return
+        pipes, logs = dirs
+        env = dict(self.environ, CUDA_MPS_PIPE_DIRECTORY=pipes, CUDA_MPS_LOG_DIRECTORY=logs)
+        try:
+            # Its output to a file, not a pipe: the daemon it forks could hold a pipe open.
+            with open(os.path.join(logs, "mgpu-start.log"), "w") as out:
+                subprocess.run(
+                    [str(self.binary), "-d"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=START_TIMEOUT,
+                    check=True,
+                )
+        except (OSError, subprocess.SubprocessError) as e:
+            _refuse(f"{self.binary} -d failed ({e})")
+            return
+        self.environ.update(CUDA_MPS_PIPE_DIRECTORY=pipes, CUDA_MPS_LOG_DIRECTORY=logs)
+        self._write_mark()
+        deadline = time.monotonic() + START_TIMEOUT
+        while pipe_dir(self.environ) is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # the forked daemon opens its control pipe
+        log.info("started the MPS control daemon for shared jobs (pipe %s)", pipes)
+
+    def _log_dir(self) -> str:
+        """Where a daemon this agent starts logs: the agent's `$CUDA_MPS_LOG_DIRECTORY`, else
+        MPS's default, which is root's: an agent of its own account logs in its node
+        directory."""
+        default = DEFAULT_LOG_DIR if os.geteuid() == 0 else self._own_logs
+        return self.environ.get("CUDA_MPS_LOG_DIRECTORY") or default
+
+    def _write_mark(self) -> None:
+        self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(self.jobs)))
+
+    def _stop(self) -> None:
+        env = dict(self.environ)
+        try:
+            subprocess.run(
+                [str(self.binary or CONTROL)],
+                env=env,
+                input="quit\n",
+                text=True,
+                capture_output=True,
+                timeout=START_TIMEOUT,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("could not stop the MPS control daemon: %s", e)
+            return
+        self.mark.unlink(missing_ok=True)
+        log.info("stopped the MPS control daemon: no shared job runs")

@@ -1,20 +1,24 @@
 """The GPU telemetry an agent sends with each heartbeat.
 
 Real GPUs are read with `sample_gpus` (NVML or nvidia-smi).  Foreign use, meaning use of
-a GPU by processes mgpu did not start, is reported as `foreign_processes` (their PIDs)
-and `foreign_memory_mb`: for a GPU no job of this agent holds, all the memory in use is
-foreign; for a held GPU the master knows it is busy anyway.
+a GPU by processes mgpu did not start, is reported as `foreign` (each process's pid, owner
+and memory; `foreign_processes` has the pids alone) and `foreign_memory_mb`: for a GPU no
+job of this agent holds, the memory of the processes on it (the memory the driver reserves
+for itself is no process's: an idle H200 shows 615 MiB used and no process).  Where the
+driver does not say a process's memory, or cannot list the processes, all the memory in
+use counts.  For a held GPU the master knows it is busy anyway.
 
 Simulated (`--fake-gpus`) GPUs report plausible values marked `simulated`; a GPU held by
 a job looks loaded.  For demos and tests the simulation takes, in increasing precedence:
 
 * `mgpu node --fake-foreign 0:4096[,1:512]` or `MGPU_FAKE_FOREIGN=0:4096`: GPU 0 has
-  4096 MB in use by a process outside mgpu;
+  4096 MB in use by a process outside mgpu (pid 0, no owner);
 * `MGPU_FAKE_UTIL=0` (or `0:0,1:80` per GPU): the utilisation held GPUs report
   (0 makes their jobs look idle);
 * a JSON file `fake-telemetry.json` in the agent's node directory
   (`STATE_DIR/node-ID/`), re-read at every heartbeat:
-  `{"util": 0, "foreign": {"0": 4096}}` (`util` may also map GPU index to value).
+  `{"util": 0, "foreign": {"0": 4096}}` (`util` may also map GPU index to value; a
+  foreign value may also say who: `{"mb": 3072, "pid": 679, "user": "bob"}`).
   Keys present in the file override the environment; delete it to go back.
 """
 
@@ -24,14 +28,15 @@ import json
 import logging
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from mgpu.agent.gpus import GpuInfo, GpuSample, sample_gpus
-from mgpu.protocol import GpuTelemetry
+from mgpu.agent.gpus import GpuInfo, GpuProcess, GpuSample, sample_gpus
+from mgpu.protocol import MAX_FOREIGN_PROCESSES, ForeignProcess, GpuTelemetry
 
 log = logging.getLogger("mgpu.agent")
 
@@ -60,23 +65,45 @@ def parse_gpu_values(text: str, what: str) -> dict[int, float]:
     return out
 
 
+@dataclass(frozen=True)
+class FakeForeign:
+    """Simulated use of a GPU outside mgpu."""
+
+    memory_mb: int
+    pid: int = FAKE_FOREIGN_PID
+    user: str | None = None
+
+
+def _fake_foreign(value: Any) -> FakeForeign:
+    """A fake file's foreign value: MB, or {"mb": MB, "pid": PID, "user": NAME}."""
+    if isinstance(value, dict):
+        user = value.get("user")
+        return FakeForeign(
+            int(value.get("mb", 0)),
+            int(value.get("pid", FAKE_FOREIGN_PID)),
+            str(user) if user is not None else None,
+        )
+    return FakeForeign(int(float(value)))
+
+
 class FakeOverrides:
     """What simulated GPUs are told to show (see the module's docstring)."""
 
     def __init__(self, node_dir: Path, env: dict[str, str] | None = None) -> None:
         env = dict(os.environ) if env is None else env
         self.file = node_dir / FAKE_FILE
-        self.foreign: dict[int, float] = {}
+        self.foreign: dict[int, FakeForeign] = {}
         self.util: dict[int, float] | float | None = None
         try:
-            self.foreign = parse_gpu_values(env.get("MGPU_FAKE_FOREIGN", ""), "MGPU_FAKE_FOREIGN")
+            values = parse_gpu_values(env.get("MGPU_FAKE_FOREIGN", ""), "MGPU_FAKE_FOREIGN")
+            self.foreign = {gpu: FakeForeign(int(mb)) for gpu, mb in values.items()}
             raw = env.get("MGPU_FAKE_UTIL", "").strip()
             if raw:
                 self.util = parse_gpu_values(raw, "MGPU_FAKE_UTIL") if ":" in raw else float(raw)
         except ValueError as e:
             log.warning("ignoring simulated telemetry settings: %s", e)
 
-    def current(self) -> tuple[dict[int, float], dict[int, float] | float | None]:
+    def current(self) -> tuple[dict[int, FakeForeign], dict[int, float] | float | None]:
         foreign, util = self.foreign, self.util
         try:
             data: Any = json.loads(self.file.read_text())
@@ -88,7 +115,10 @@ class FakeOverrides:
         if not isinstance(data, dict):
             return foreign, util
         if isinstance(data.get("foreign"), dict):
-            foreign = {int(k): float(v) for k, v in data["foreign"].items()}
+            try:
+                foreign = {int(k): _fake_foreign(v) for k, v in data["foreign"].items()}
+            except (TypeError, ValueError) as e:
+                log.warning("ignoring the foreign use in %s: %s", self.file, e)
         if "util" in data:
             u = data["util"]
             util = {int(k): float(v) for k, v in u.items()} if isinstance(u, dict) else u
@@ -96,10 +126,18 @@ class FakeOverrides:
 
 
 class TelemetrySampler:
-    def __init__(self, gpus: list[GpuInfo], source: str, node_dir: Path) -> None:
+    def __init__(
+        self,
+        gpus: list[GpuInfo],
+        source: str,
+        node_dir: Path,
+        shares_enforced: Callable[[], bool] | None = None,
+    ) -> None:
         self.gpus = gpus
         self.source = source
         self.fake = FakeOverrides(node_dir) if source == "fake" else None
+        self.shares_enforced = shares_enforced
+        """Whether shares are held to their limits (MPS: mgpu.agent.mps), asked each sample."""
         self.rng = random.Random()
         self._env_cache: dict[int, set[int]] = {}
 
@@ -109,9 +147,13 @@ class TelemetrySampler:
         busy = self._busy_gpus(pids)
         own = self._own_pids(pids) if self.source in ("nvml", "nvidia-smi") else set()
         samples = sample_gpus(self.gpus, self.source, busy=busy, exclude_pids=own, rng=self.rng)
-        return [self._telemetry(s, s.index in busy) for s in samples]
+        for s in samples:
+            if s.foreign:
+                s.foreign = tuple(p for p in s.foreign if not mps_server(p.pid))
+        enforced = self.shares_enforced() if self.shares_enforced is not None else None
+        return [self._telemetry(s, s.index in busy, enforced) for s in samples]
 
-    def _telemetry(self, s: GpuSample, held: bool) -> GpuTelemetry:
+    def _telemetry(self, s: GpuSample, held: bool, enforced: bool | None) -> GpuTelemetry:
         tel = GpuTelemetry(
             index=s.index,
             utilization_pct=s.utilization_pct,
@@ -120,18 +162,25 @@ class TelemetrySampler:
             temperature_c=s.temperature_c,
             power_w=s.power_w,
             simulated=s.simulated,
-            foreign_processes=list(s.foreign_processes),
+            shares_enforced=enforced,
         )
         if self.fake is None:
-            if not held and s.memory_used_mb is not None:
-                tel.foreign_memory_mb = s.memory_used_mb
+            procs = list(s.foreign or ())[:MAX_FOREIGN_PROCESSES]
+            tel.foreign = [
+                ForeignProcess(pid=p.pid, user=owner(p.pid), memory_mb=p.memory_mb) for p in procs
+            ]
+            tel.foreign_processes = [p.pid for p in procs]
+            if not held:
+                tel.foreign_memory_mb = foreign_memory(s)
             return tel
         foreign, util = self.fake.current()
         tel.foreign_memory_mb = 0
-        if s.index in foreign:
-            mb = int(foreign[s.index])
+        fake = foreign.get(s.index)
+        if fake is not None and fake.memory_mb:
+            mb = fake.memory_mb
             tel.foreign_memory_mb = mb
-            tel.foreign_processes = [FAKE_FOREIGN_PID] if mb else []
+            tel.foreign_processes = [fake.pid]
+            tel.foreign = [ForeignProcess(pid=fake.pid, user=fake.user, memory_mb=mb)]
             total = tel.memory_total_mb or mb
             tel.memory_used_mb = min(total, (tel.memory_used_mb or 0) + mb)
         value = util.get(s.index) if isinstance(util, dict) else util
@@ -171,3 +220,34 @@ class TelemetrySampler:
             except psutil.Error:
                 continue
         return own
+
+
+def foreign_memory(s: GpuSample) -> int | None:
+    """MiB used on a GPU no job holds by processes mgpu did not start: the sum of theirs,
+    or all the memory in use where a process's is not said or the list could not be read
+    (the reserve the driver keeps is left out either way: `memory_used_mb` has none)."""
+    procs: tuple[GpuProcess, ...] | None = s.foreign
+    if procs is not None and all(p.memory_mb is not None for p in procs):
+        return sum(p.memory_mb or 0 for p in procs)
+    return s.memory_used_mb
+
+
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def mps_server(pid: int) -> bool:
+    """The process is an MPS server: it runs the shared jobs' kernels (NVML lists it, not
+    them), and lingers a moment after they end; its memory is theirs, not use outside."""
+    try:
+        return psutil.Process(pid).name() == MPS_SERVER
+    except (psutil.Error, OSError):
+        return False
+
+
+def owner(pid: int) -> str | None:
+    """The account name of the process's owner (its uid where the node has no name for it,
+    as psutil reads /proc/PID/status), or None when it is gone or hidden."""
+    try:
+        return psutil.Process(pid).username()
+    except (psutil.Error, OSError):
+        return None

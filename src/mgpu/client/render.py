@@ -168,8 +168,9 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         foreign = [g for g in gpus if g.get("foreign_blocked") and not g.get("busy_job")]
         state = n["state"] + ("" if n.get("connected", True) else "*")
         util, mem = _gpu_use(gpus)
-        reason = [n.get("reason") or ""] + [_foreign_note(g) for g in foreign]
+        reason = [n.get("reason") or ""] + [_foreign_note(n["node_id"], g) for g in foreign]
         reason += [shared_note(g) for g in gpus if g.get("shared_jobs")]
+        reason.append(_shares_note(gpus))
         if n.get("run_as_user"):  # a non-root agent cannot switch users
             reason.append(f"jobs run as {n['run_as_user']}")
         rows.append(
@@ -215,9 +216,17 @@ def shared_note(gpu: dict[str, Any]) -> str:
     return f"GPU {gpu['index']} shared: {used:g} used by {jobs}"
 
 
-def _foreign_note(gpu: dict[str, Any]) -> str:
-    mb = (gpu.get("telemetry") or {}).get("foreign_memory_mb")
-    return f"GPU {gpu['index']} used outside mgpu ({mb} MB)"
+def _foreign_note(node_id: str, gpu: dict[str, Any]) -> str:
+    """`GPU 0 is used outside mgpu (3.0 GiB, pid 679, user bob)` (the row names the node)."""
+    from mgpu.gpuuse import outside_use
+
+    return outside_use(node_id, gpu["index"], gpu.get("telemetry")).removeprefix(f"{node_id} ")
+
+
+def _shares_note(gpus: list[dict[str, Any]]) -> str:
+    """Said where the node's agent says GPU shares are not held to their limits (no MPS)."""
+    said = [(g.get("telemetry") or {}).get("shares_enforced") for g in gpus]
+    return "GPU shares not enforced (no MPS)" if False in said else ""
 
 
 def render_job(job: dict[str, Any]) -> str:

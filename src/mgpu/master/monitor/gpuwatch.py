@@ -2,7 +2,11 @@
 
 * GPUs used outside mgpu: a GPU whose foreign memory use (reported by the agent) exceeds
   `scheduling.foreign_memory_threshold_mb` is in `NodeRecord.foreign_blocked`, and the
-  cluster leaves it out of the free GPUs it offers the scheduler.
+  cluster leaves it out of the free GPUs it offers the scheduler.  A job waiting for GPUs
+  says so, and who uses them (`job_fields`: `waiting for 1 GPU: gpu01 GPU 0 is used
+  outside mgpu (3.0 GiB, pid 679, user bob)`).
+* Shares not held to their limits: a `--gpu-share` job on a node whose agent says it has
+  no MPS (`GpuTelemetry.shares_enforced` false) is told so once, in its output.
 * Per job: the peak memory used on any one of its GPUs and the mean utilisation over
   every sample of its GPUs, kept on the job (`gpu_memory_peak_mb`, `gpu_util_mean`).
 * Idle jobs: a running job none of whose GPUs reached `IDLE_UTIL_PCT` for
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu.config import ClusterConfig
+from mgpu.gpuuse import outside_use
 from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job, JobState
 
@@ -34,6 +39,13 @@ IDLE_UTIL_PCT = 5.0
 SERIES_STEP = 10.0
 """Seconds between two points of the measured utilisation series."""
 SERIES_POINTS = int(24 * 3600 / SERIES_STEP)
+SHOWN_OUTSIDE = 3
+"""GPUs used outside mgpu a waiting job's reason names (then `and N more`)."""
+UNENFORCED = (
+    "mgpu: {node} does not hold GPU shares to their limits (no NVIDIA MPS there): this "
+    "job's memory and compute limits are advisory, and a neighbour may take more than "
+    "its share\n"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +92,11 @@ class GpuWatch:
         self._last_active: dict[str, float] = {}
         self._idle_since: dict[str, float] = {}
         self._acted: set[str] = set()
+        self._outside: dict[str, tuple[NodeRecord, dict[int, str]]] = {}
+        """Node id -> the node, and its GPUs blocked for use outside mgpu -> who uses them
+        (a sentence; a node that is away is left out)."""
+        self._told_unenforced: set[str] = set()
+        """Share jobs told their node does not enforce shares."""
         self.series: deque[tuple[float, float]] = deque(maxlen=SERIES_POINTS)
         """(time, mean utilisation % of every GPU with telemetry)."""
 
@@ -98,6 +115,7 @@ class GpuWatch:
         block = self._foreign(node)
         if block is not None:
             actions.append(block)
+        actions += self._unenforced_shares(node)
         by_job: dict[str, list[tuple[float | None, int | None]]] = {}
         for index, job_id in node.busy.items():
             tel = node.telemetry.get(index)
@@ -119,16 +137,58 @@ class GpuWatch:
         blocked = frozenset(
             i for i, t in node.telemetry.items() if (t.foreign_memory_mb or 0) > threshold
         )
+        if blocked:  # who uses them changes while they stay blocked
+            self._outside[node.node_id] = (
+                node,
+                {
+                    i: outside_use(node.node_id, i, node.telemetry[i].model_dump())
+                    for i in sorted(blocked)
+                },
+            )
+        else:
+            self._outside.pop(node.node_id, None)
         if blocked == node.foreign_blocked:
             return None
         for i in sorted(blocked - node.foreign_blocked):
-            mb = node.telemetry[i].foreign_memory_mb
-            log.warning(
-                "%s GPU %d is used outside mgpu (%s MB): not allocating it", node.node_id, i, mb
-            )
+            log.warning("%s: not allocating it", self._outside[node.node_id][1][i])
         for i in sorted(node.foreign_blocked - blocked):
             log.info("%s GPU %d is no longer used outside mgpu", node.node_id, i)
         return BlockGpus(node.node_id, blocked, freed=bool(node.foreign_blocked - blocked))
+
+    def _unenforced_shares(self, node: NodeRecord) -> list[WatchAction]:
+        """Tell each share job on `node` once that its share is not enforced there."""
+        if not node.shares or not any(t.shares_enforced is False for t in node.telemetry.values()):
+            return []
+        actions: list[WatchAction] = []
+        for tenants in node.shares.values():
+            for job_id in sorted(tenants):
+                if job_id not in self._told_unenforced:
+                    self._told_unenforced.add(job_id)
+                    text = UNENFORCED.format(node=node.node_id)
+                    actions.append(Notice(job_id, node.node_id, text))
+        return actions
+
+    def waiting_reason(self, job: Job) -> str | None:
+        """A queued job's reason with the GPUs used outside mgpu that it could have had,
+        and who uses them; None when that adds nothing."""
+        reason = job.reason or ""
+        if not self._outside or not reason.startswith("waiting for") or "GPU" not in reason:
+            return None
+        said = [
+            text
+            for node_id, (node, texts) in sorted(self._outside.items())
+            if node.connected
+            and (job.nodelist is None or node_id in job.nodelist)
+            and node_id not in job.exclude
+            for _, text in sorted(texts.items())
+        ]
+        if not said:
+            return None
+        shown = "; ".join(said[:SHOWN_OUTSIDE])
+        more = len(said) - SHOWN_OUTSIDE
+        if more > 0:
+            shown += f"; and {more} more GPU{'' if more == 1 else 's'} used outside mgpu"
+        return f"{reason}: {shown}"
 
     def _observe(
         self, job: Job, samples: list[tuple[float | None, int | None]], now: float
@@ -186,14 +246,21 @@ class GpuWatch:
         return actions
 
     def job_fields(self, job: Job) -> dict[str, Any]:
-        """Fields added to an active job's JSON."""
+        """Fields added to an active job's JSON (a waiting job's reason says which GPUs
+        are used outside mgpu, and by whom)."""
         since = self._idle_since.get(job.id) if job.state == JobState.RUNNING else None
-        return {"idle": since is not None, "idle_since": since}
+        out: dict[str, Any] = {"idle": since is not None, "idle_since": since}
+        if job.state == JobState.QUEUED and job.gpus:
+            reason = self.waiting_reason(job)
+            if reason is not None:
+                out["reason"] = reason
+        return out
 
     def forget(self, job_id: str) -> None:
         self._last_active.pop(job_id, None)
         self._idle_since.pop(job_id, None)
         self._acted.discard(job_id)
+        self._told_unenforced.discard(job_id)
 
     # ---- measured utilisation -----------------------------------------------
 
