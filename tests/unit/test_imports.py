@@ -138,6 +138,8 @@ def layer(module: str) -> tuple[int, str]:
     package = parts[1] if len(parts) > 1 else ""
     ranks = {"scheduler": SCHEDULER, "sim": SIM, "master": DAEMONS, "agent": DAEMONS}
     ranks["client"] = CLIENT
+    if package == "slurm":  # Slurm's commands (mgpu.slurm) are mgpu's client in Slurm's words
+        return CLIENT, "client"
     if package in ranks:
         return ranks[package], package
     return BASE, "base"

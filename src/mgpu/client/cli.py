@@ -559,8 +559,25 @@ def _quick_args(words: list[str]) -> argparse.Namespace | None:
     return None
 
 
+SLURM_COMMANDS = (
+    "sbatch",
+    "salloc",
+    "squeue",
+    "scancel",
+    "scontrol",
+    "sinfo",
+    "sacct",
+    "slurm-bin",
+)
+"""Slurm's commands as `mgpu sbatch ...` (mgpu.slurm); `mgpu srun` stays mgpu's own."""
+
+
 def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
     args_list = [*prefix, *(sys.argv[1:] if argv is None else argv)]
+    if args_list and args_list[0] in SLURM_COMMANDS:  # `mgpu sbatch ...`, `mgpu slurm-bin`
+        from mgpu.slurm.main import main as slurm_main
+
+        slurm_main(args_list[0], args_list[1:])
     try:
         args = _quick_args(args_list)
         if args is None:

@@ -1,0 +1,23 @@
+"""`salloc [OPTIONS] [COMMAND [ARGS...]]`: `mgpu alloc` with Slurm's options (GPUs only
+when asked for, as Slurm)."""
+
+from __future__ import annotations
+
+import os
+
+from mgpu.slurm import common, jobopts, opts
+
+PROG = "salloc"
+
+
+def main(argv: list[str]) -> int:
+    found, command = opts.parse(PROG, argv, jobopts.JOB_OPTIONS, in_order=True)
+    values = dict(found)
+    if "help" in values or "usage" in values:
+        print("Usage: salloc [OPTIONS(0)...] [command(0) [args(0)...]]")
+        return 0
+    fields, _, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd())
+    for warning in warnings:
+        common.warn(PROG, warning)
+    words = ["alloc", *jobopts.mgpu_words(fields)]
+    return jobopts.exec_mgpu([*words, *(["--", *command] if command else [])])
