@@ -48,7 +48,16 @@ from typing import Any
 import orjson
 import psutil
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
+from mgpu.agent import (
+    accounts,
+    cgroups,
+    devices,
+    jobscript,
+    jobsignal,
+    privileged,
+    recycle,
+    slurmbin,
+)
 from mgpu.agent.spawn import (
     BOOT_ID,
     PTY_SHIM,
@@ -306,6 +315,8 @@ class Launcher:
             if user_ids is not None:
                 full_env["HOME"] = home
             full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+            if slurm := slurmbin.job_path(full_env["PATH"]):  # Slurm's commands first
+                full_env["PATH"], full_env["MGPU_SLURM_BIN"] = slurm
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
             # or another node's part when agents share a machine) must not match.
