@@ -48,16 +48,8 @@ from typing import Any
 import orjson
 import psutil
 
-from mgpu.agent import (
-    accounts,
-    cgroups,
-    devices,
-    jobscript,
-    jobsignal,
-    privileged,
-    recycle,
-    slurmbin,
-)
+from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
+from mgpu.agent.slurmbin import job_path as slurm_path
 from mgpu.agent.spawn import (
     BOOT_ID,
     PTY_SHIM,
@@ -315,7 +307,7 @@ class Launcher:
             if user_ids is not None:
                 full_env["HOME"] = home
             full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-            if slurm := slurmbin.job_path(full_env["PATH"]):  # Slurm's commands first
+            if slurm := slurm_path(full_env["PATH"]):  # Slurm's commands first (sbatch, srun..)
                 full_env["PATH"], full_env["MGPU_SLURM_BIN"] = slurm
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
