@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +248,70 @@ def test_jobs_find_the_commands_first_on_their_path(slurm_cluster: LocalCluster,
     assert done["state"] == "completed", out
     bin_dir = out[0].removeprefix("bin=")
     assert bin_dir and out[1:4] == [f"{bin_dir}/squeue", user, f"{job.id} RUNNING {user}"]
+
+
+def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:
+    """Outside any job srun is `mgpu srun` (a new job, no GPU unless asked: Slurm's default),
+    and salloc `mgpu alloc`."""
+    c = slurm_cluster
+    env = {"MGPU_JOB_ID": "", "SLURM_JOB_ID": ""}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mgpu.slurm",
+            "srun",
+            "-J",
+            "hello",
+            "sh",
+            "-c",
+            "echo gpus=$MGPU_GPU_IDS.",
+        ],
+        capture_output=True,
+        text=True,
+        env={**c.env, **env},
+        timeout=120,
+    )
+    assert (res.returncode, res.stdout.splitlines()[-1]) == (0, "gpus=."), res.stderr
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mgpu.slurm",
+            "salloc",
+            "-N",
+            "2",
+            "sh",
+            "-c",
+            "echo nodes=$MGPU_NNODES",
+        ],
+        capture_output=True,
+        text=True,
+        env={**c.env, **env},
+        timeout=120,
+    )
+    assert (res.returncode, res.stdout.splitlines()[-1]) == (0, "nodes=2"), res.stderr
+
+
+def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    job = c.client().submit("true", gpus=0, hold=True, name="before")
+    try:
+        assert (
+            run(
+                c, "scontrol", "update", f"JobId={job.id}", "JobName=after", "TimeLimit=1:00:00"
+            ).returncode
+            == 0
+        )
+        shown = run(c, "scontrol", "show", "job", job.id).stdout
+        assert f"JobId={job.id} JobName=after\n" in shown
+        assert "JobState=PENDING Reason=JobHeldUser" in shown and "TimeLimit=01:00:00" in shown
+        assert run(c, "scontrol", "release", job.id).returncode == 0
+        assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+        res = run(c, "scontrol", "update", f"JobId={job.id}", "Nice=5")
+        assert (res.returncode, res.stderr) == (
+            1,
+            "Update of this parameter is not supported: Nice=5\n",
+        )
+    finally:
+        c.client().cancel(job.id)

@@ -184,3 +184,58 @@ def test_the_commands_import_nothing_heavy(argv: list[str], master: str) -> None
     allowed = ("re", "enum", "collections", "typing") if argv[0] in ("scontrol", "sacct") else ()
     left = {m for m in heavy if m.split(".")[0] not in allowed}
     assert not left, f"{' '.join(argv)} imports {sorted(left)}"
+
+
+def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a job srun hands its options to helper steps' client (mgpu.client.steps)."""
+    import types
+
+    from mgpu.slurm import srun
+
+    calls: list[tuple[list[str], dict[str, Any]]] = []
+
+    class StepOptions:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    def run_step(argv: list[str], options: StepOptions) -> int:
+        calls.append((argv, options.kw))
+        return 7
+
+    fake = types.ModuleType("mgpu.client.steps")
+    fake.StepOptions = StepOptions  # type: ignore[attr-defined]
+    fake.run_step = run_step  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mgpu.client.steps", fake)
+    monkeypatch.setenv("MGPU_JOB_ID", "12")
+    argv = [
+        "-N2",
+        "-n",
+        "4",
+        "-l",
+        "--gpus-per-task=1",
+        "-K",
+        "-D",
+        "/w",
+        "python",
+        "x.py",
+        "-n",
+        "3",
+    ]
+    assert srun.main(argv) == 7
+    assert calls == [
+        (
+            ["python", "x.py", "-n", "3"],
+            {
+                "nodes": 2,
+                "ntasks": 4,
+                "ntasks_per_node": None,
+                "nodelist": None,
+                "gpus_per_task": 1,
+                "label": True,
+                "kill_on_bad_exit": True,
+                "pty": False,
+                "cwd": "/w",
+                "job_id": None,
+            },
+        )
+    ]
