@@ -120,7 +120,7 @@ def test_bad_input_is_one_sentence(slurm_cluster: LocalCluster) -> None:
     res = run(c, "squeue", "-o", "%i %!")
     assert (res.returncode, res.stderr) == (
         1,
-        "squeue: error: Invalid job format specification: %!\n",
+        "squeue: error: Invalid job format specification: !\n",
     )
     res = run(c, "squeue", "-j", "999999")
     assert (res.returncode, res.stderr) == (1, "slurm_load_jobs error: Invalid job id specified\n")

@@ -77,7 +77,7 @@ def test_array_tasks_folded_and_own() -> None:
 def test_unknown_format_letters_are_refused() -> None:
     with pytest.raises(SlurmError) as e:
         fields.parse_percent("squeue", "%i %!", squeue.KNOWN)
-    assert str(e.value) == "squeue: error: Invalid job format specification: %!"
+    assert str(e.value) == "squeue: error: Invalid job format specification: !"
     with pytest.raises(SlurmError):
         fields.parse_long("squeue", "jobid,nosuch", squeue.KNOWN, squeue.LONG_NAMES)
 
@@ -85,7 +85,8 @@ def test_unknown_format_letters_are_refused() -> None:
 def test_squeue_long_format() -> None:
     items = fields.parse_long("squeue", "jobid:8,name:.12,state", squeue.KNOWN, squeue.LONG_NAMES)
     lines = fields.render_percent(items, squeue.KNOWN, [job()], True)
-    assert lines[1].rstrip() == "1234    a-long-job- RUNNING"  # 12 wide: 11, then a space
+    assert lines[0].rstrip() == "JOBID           NAMESTATE"  # as wide as said: no separator
+    assert lines[1].rstrip() == "1234    a-long-job-nRUNNING"
 
 
 def test_filters_and_order() -> None:
@@ -210,3 +211,10 @@ def test_scancel_task_ids() -> None:
     assert scancel.task_ids("12_4") == ["12_4"]
     with pytest.raises(SlurmError):
         scancel.task_ids("12_[a]")
+
+
+def test_squeue_long_format_suffixes() -> None:
+    items = fields.parse_long("squeue", "jobid:6|,state:.8|,name:", squeue.KNOWN, squeue.LONG_NAMES)
+    assert fields.render_percent(items, squeue.KNOWN, [job()], False) == [
+        "1234  | RUNNING|a-long-job-name"
+    ]

@@ -233,11 +233,11 @@ def test_getopt_syntax() -> None:
         (["--mem-"], "sbatch: option '--mem-' is ambiguous"),
         (
             ["--wrap", "x", "s.sh"],
-            "sbatch: error: script argument not permitted with --wrap option",
+            "sbatch: error: Script arguments not permitted with --wrap option",
         ),
-        (["--open-mode=x", "--wrap=x"], "sbatch: error: Invalid --open-mode argument: x"),
+        (["--open-mode=x", "--wrap=x"], "sbatch: error: Invalid --open-mode specification"),
         (["--mem=lots", "--wrap=x"], "sbatch: error: Invalid --mem specification"),
-        (["-N", "zero", "--wrap=x"], "sbatch: error: Invalid node count specification: zero"),
+        (["-N", "zero", "--wrap=x"], 'sbatch: error: "zero" is not a valid node count'),
         (["--gpus=x", "--wrap=x"], "sbatch: error: Invalid --gpus specification: x"),
         (
             ["--gres=gpu:a:b:c", "--wrap=x"],
@@ -265,6 +265,7 @@ def test_bad_input_is_slurms_sentence(argv: list[str], message: str) -> None:
     ("script", "message"),
     [
         ("", "sbatch: error: Batch script is empty!"),
+        ("\n \n", "sbatch: error: Batch script contains only whitespace!"),
         ("echo hi\n", "sbatch: error: This does not look like a batch script.  The first"),
         ("#!/bin/sh\r\necho\r\n", "sbatch: error: Batch script contains DOS line breaks (\\r\\n)"),
         ("#!/bin/sh\n#SBATCH --nope\n", "sbatch: unrecognized option '--nope'"),

@@ -40,7 +40,7 @@ def parse_percent(
             i += 1
         if i == len(fmt) or fmt[i] not in known:
             shown = fmt[i] if i < len(fmt) else ""
-            raise fail(prog, f"Invalid {what} format specification: %{shown}")
+            raise fail(prog, f"Invalid {what} format specification: {shown}")
         if literal:
             items.append("".join(literal))
             literal = []
@@ -54,20 +54,20 @@ def parse_percent(
 def parse_long(
     prog: str, spec: str, known: dict[str, tuple[str, Getter]], names: dict[str, str]
 ) -> list[Any]:
-    """squeue -O / sinfo -O: `jobid,name:30,state:.10` (default 20 wide, then a space)."""
+    """squeue -O: `jobid,name:30,state:.10`, each field exactly its width (default 20: a
+    longer value is cut, and nothing separates the columns, as in Slurm)."""
     items: list[Any] = []
     for raw in spec.split(","):
-        name, _, size = raw.strip().partition(":")
+        name, colon, size = raw.strip().partition(":")
         letter = names.get(name.lower())
         if letter is None or letter not in known:
             raise fail(prog, f"Invalid job format specification: {name}")
         right = size.startswith(".")
-        digits = size.lstrip(".")
-        if digits and not digits.isdigit():
-            raise fail(prog, f"Invalid job format specification: {raw.strip()}")
-        width = int(digits or 20)
-        items.append((letter, width - 1 if width > 1 else width, right))
-        items.append(" ")
+        size = size.lstrip(".")
+        digits = size[: len(size) - len(size.lstrip("0123456789"))]
+        items.append((letter, int(digits) if digits else 0 if colon else 20, right))
+        if size[len(digits) :]:  # `name:10|`: printed after the field, as a separator
+            items.append(size[len(digits) :])
     return items
 
 

@@ -190,7 +190,7 @@ def _int(prog: str, option: str, text: str | None, low: int = 1) -> int | None:
     if text is None:
         return None
     if not text.strip().isdigit() or int(text) < low:
-        raise fail(prog, f"Invalid --{option} specification: {text}")
+        raise fail(prog, f'Invalid numeric value "{text}" for --{option}.')
     return int(text)
 
 
@@ -200,7 +200,7 @@ def _nodes(prog: str, text: str | None) -> int | None:
         return None
     low = text.partition("-")[0].partition(":")[0]
     if not low.isdigit() or int(low) < 1:
-        raise fail(prog, f"Invalid node count specification: {text}")
+        raise fail(prog, f'"{text}" is not a valid node count')
     return int(low)
 
 
@@ -338,7 +338,7 @@ def submit_fields(
     fields["env"] = export_env(prog, values.get("export"), environ)
     mode = values.get("open-mode")
     if mode is not None and mode not in ("append", "truncate"):
-        raise fail(prog, f"Invalid --open-mode argument: {mode}")
+        raise fail(prog, "Invalid --open-mode specification")
     block = {
         "ntasks": _int(prog, "ntasks", values.get("ntasks")),
         "ntasks_per_node": _int(prog, "ntasks-per-node", values.get("ntasks-per-node")),

@@ -48,6 +48,25 @@ def _cpus(job: dict[str, Any]) -> str:
     return str(tasks * (block.get("cpus_per_task") or 1))
 
 
+def _uid(job: dict[str, Any]) -> str:
+    try:
+        import pwd
+
+        return str(pwd.getpwnam(str(job.get("user"))).pw_uid)
+    except (KeyError, ImportError):
+        return ""
+
+
+def _group(job: dict[str, Any]) -> str:
+    try:
+        import grp
+        import pwd
+
+        return grp.getgrgid(pwd.getpwnam(str(job.get("user"))).pw_gid).gr_name
+    except (KeyError, ImportError):
+        return ""
+
+
 def _state(job: dict[str, Any]) -> str:
     return states.state(job)
 
@@ -75,17 +94,19 @@ KNOWN: dict[str, tuple[int, Any]] = {
     "AllocNodes": (10, lambda j: "0" if j.get("state") == "queued" else _nnodes(j)),
     "User": (9, lambda j: str(j.get("user") or "")),
     "Timelimit": (10, lambda j: common.time_limit(j, "sacct")),
-    "WorkDir": (-30, lambda j: str(j.get("cwd") or "")),
-    "Reason": (20, lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
-    "ReqTRES": (-30, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
-    "AllocTRES": (-30, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
+    "WorkDir": (20, lambda j: str(j.get("cwd") or "")),
+    "Reason": (22, lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
+    "ReqTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
+    "AllocTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
     "ArrayJobID": (15, lambda j: str(j.get("array_job_id") or j["id"])),
     "ArrayTaskID": (15, lambda j: str(j.get("array_task_id") if j.get("array_job_id") else "")),
     "Priority": (10, lambda j: str(j.get("priority") or 0)),
+    "UID": (6, lambda j: _uid(j)),
+    "Group": (9, lambda j: _group(j)),
     "QOS": (10, lambda j: "normal"),
     "Restarts": (8, lambda j: str(j.get("restart_count") or 0)),
     "Cluster": (10, lambda j: "mgpu"),
-    "Comment": (15, lambda j: ""),
+    "Comment": (14, lambda j: ""),
 }
 
 

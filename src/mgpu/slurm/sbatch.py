@@ -42,7 +42,7 @@ class Batch:
         wrap = given.get("wrap")
         if wrap is not None:
             if rest:
-                raise fail(PROG, "script argument not permitted with --wrap option")
+                raise fail(PROG, "Script arguments not permitted with --wrap option")
             self.script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
             self.script_name, self.name_default, self.args = "wrap", "wrap", []
         elif rest:
@@ -98,16 +98,21 @@ def read_script(path: str) -> str:
 
 def check_script(text: str) -> None:
     """Slurm's own refusals of a script."""
-    if not text.strip():
+    if not text:
         raise fail(PROG, "Batch script is empty!")
-    if text.strip() and not text.startswith("#!"):
+    if not text.strip():
+        raise fail(PROG, "Batch script contains only whitespace!")
+    if not text.startswith("#!"):
         raise common.SlurmError(
             "sbatch: error: This does not look like a batch script.  The first\n"
             "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
             "sbatch: error: For instance: #!/bin/sh"
         )
     if "\r\n" in text:
-        raise fail(PROG, "Batch script contains DOS line breaks (\\r\\n)")
+        raise common.SlurmError(
+            "sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
+            "sbatch: error: instead of expected UNIX line breaks (\\n)."
+        )
 
 
 def _singleton(client: Client, name: str) -> list[str]:

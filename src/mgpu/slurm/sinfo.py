@@ -116,10 +116,11 @@ def main(argv: list[str]) -> int:
         table = [r for r in table if r.partition in keep]
     fmt = given.get("format")
     if fmt is None:
+        # Slurm's defaults, the partition and node columns as wide as their widest (9 at least)
         width = max([len(KNOWN["P"][1](r)) for r in table] + [9])
         if per_node:
-            nwidth = max([len(_names(r.nodes)) for r in table] + [8])
-            fmt = f"%{nwidth}N %.6D %{width}P %6t"
+            nwidth = max([len(_names(r.nodes)) for r in table] + [9])
+            fmt = f"%{nwidth}N %.6D %.{width}P %6t"
         else:
             fmt = f"%{width}P %.5a %.10l %.6D %.6t %N"
     items = fields.parse_percent(PROG, fmt, KNOWN, what="node")

@@ -280,7 +280,7 @@ def main(argv: list[str]) -> int:
             print(time.strftime("%a %b %d %H:%M:%S %Y"))
         lines = fields.render_percent(items, KNOWN, jobs, header)
         if lines:
-            print("\n".join(line.rstrip() if "Format" in given else line for line in lines))
+            print("\n".join(lines))
         if not iterate:
             return 0
         print(flush=True)
