@@ -137,11 +137,11 @@ def test_bad_input_is_one_sentence(slurm_cluster: LocalCluster) -> None:
 def test_sinfo_and_scontrol(slurm_cluster: LocalCluster) -> None:
     c = slurm_cluster
     res = run(c, "sinfo", "-h", "-o", "%P|%D|%t|%N")
-    assert res.stdout.splitlines() == ["mgpu*|2|idle|node[001-002]"]
+    assert res.stdout.splitlines() == ["main*|2|idle|node[001-002]"]
     res = run(c, "sinfo", "-N", "-h")
     assert [line.split() for line in res.stdout.splitlines()] == [
-        ["node001", "1", "mgpu*", "idle"],
-        ["node002", "1", "mgpu*", "idle"],
+        ["node001", "1", "main*", "idle"],
+        ["node002", "1", "main*", "idle"],
     ]
     res = run(c, "scontrol", "show", "node", "node002")
     assert res.stdout.startswith("NodeName=node002 ") and "State=IDLE" in res.stdout

@@ -55,7 +55,7 @@ def test_squeues_default_columns() -> None:
     assert lines == [
         "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)",
         "              1234       gpu a-long-j    alice  R       1:05      1 node001",
-        "              1235      mgpu a-long-j    alice PD       0:00      2 (Resources)",
+        "              1235      main a-long-j    alice PD       0:00      2 (Resources)",
     ]
 
 
@@ -184,14 +184,24 @@ def test_sinfo_rows() -> None:
         node("node004", 2),
         node("node005", 0, "drained"),
     ]
-    rows = sinfo.rows(nodes, per_node=False, wanted=None)
-    items = fields.parse_percent("sinfo", "%P %a %D %t %N", sinfo.KNOWN, what="node")
+    parts = [
+        sinfo.Partition("gpu", True, "2-00:00:00", ["node001", "node002", "node003", "node004"]),
+        sinfo.Partition("debug", False, "infinite", ["node004", "node005"]),
+    ]
+    rows = sinfo.rows(parts, nodes, per_node=False, wanted=None)
+    items = fields.parse_percent("sinfo", "%P %a %l %D %t %N", sinfo.KNOWN, what="node")
     assert fields.render_percent(items, sinfo.KNOWN, rows, True) == [
-        "PARTITION AVAIL NODES STATE NODELIST",
-        "mgpu* up 2 idle node[001,003]",
-        "mgpu* up 1 mix node002",
-        "mgpu* up 1 alloc node004",
-        "mgpu* up 1 drain node005",
+        "PARTITION AVAIL TIMELIMIT NODES STATE NODELIST",
+        "gpu* up 2-00:00:00 2 idle node[001,003]",
+        "gpu* up 2-00:00:00 1 mix node002",
+        "gpu* up 2-00:00:00 1 alloc node004",
+        "debug up infinite 1 alloc node004",
+        "debug up infinite 1 drain node005",
+    ]
+    per_node = sinfo.rows(parts, nodes, per_node=True, wanted={"idle"})
+    assert [(r.partition, r.nodes[0]["node_id"]) for r in per_node] == [
+        ("gpu", "node001"),
+        ("gpu", "node003"),
     ]
 
 

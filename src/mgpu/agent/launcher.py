@@ -49,7 +49,6 @@ import orjson
 import psutil
 
 from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
-from mgpu.agent.slurmbin import job_path as slurm_path
 from mgpu.agent.spawn import (
     BOOT_ID,
     PTY_SHIM,
@@ -307,14 +306,16 @@ class Launcher:
             if user_ids is not None:
                 full_env["HOME"] = home
             full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-            if slurm := slurm_path(full_env["PATH"]):  # Slurm's commands first (sbatch, srun..)
-                full_env["PATH"], full_env["MGPU_SLURM_BIN"] = slurm
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
             # or another node's part when agents share a machine) must not match.
             self._runs += 1
             tag = f"{job_id}.{epoch}.{self._tag}{self._runs}"
             full_env["MGPU_RUN_TAG"] = tag
+            from mgpu.agent.slurmbin import job_path  # built once; then a dict lookup
+
+            if slurm := job_path(full_env["PATH"]):  # Slurm's commands first (sbatch, srun..)
+                full_env["PATH"], full_env["MGPU_SLURM_BIN"] = slurm
             hosts = ""
             if hostfile is not None:
                 try:

@@ -15,6 +15,7 @@ machine never see half of one.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shlex
 import shutil
@@ -41,6 +42,8 @@ exit 127
 """
 
 _built: dict[Path, Path] = {}
+_failed = False
+log = logging.getLogger("mgpu.agent")
 
 
 def _source() -> Path:
@@ -171,9 +174,14 @@ def _build(
 
 def job_path(path: str) -> tuple[str, str] | None:
     """(PATH with the bin dir first, the bin dir) for a job; None when it cannot be built
-    (the job runs without Slurm's commands rather than not at all)."""
+    (said once in the log: the jobs run without Slurm's commands rather than not at all)."""
+    global _failed
+    if _failed:
+        return None
     try:
         bin_dir = str(ensure())
-    except OSError:
+    except (OSError, subprocess.SubprocessError) as e:
+        _failed = True
+        log.warning("no Slurm commands on jobs' PATH: cannot build their bin dir (%s)", e)
         return None
     return f"{bin_dir}:{path}" if path else bin_dir, bin_dir

@@ -112,9 +112,9 @@ def slurm_block(job: dict[str, Any]) -> dict[str, Any]:
     return block if isinstance(block, dict) else {}
 
 
-DEFAULT_PARTITION = "mgpu"
+DEFAULT_PARTITION = "main"
 """The partition of a job or node the master names none for (a cluster without
-partitions in its config)."""
+partitions in its config: mgpu.config.DEFAULT_PARTITION on the master's side)."""
 
 
 def partition(job: dict[str, Any]) -> str:

@@ -107,7 +107,6 @@ def node_text(node: dict[str, Any]) -> str:
         f"Gres=gpu:{len(gpus)} GresUsed=gpu:{busy}",
         f"NodeAddr={node.get('ip') or node.get('hostname')} NodeHostName={node.get('hostname')}",
         f"State={state.upper()}" + (f" Reason={node['reason']}" if node.get("reason") else ""),
-        f"Partitions={','.join(node.get('partitions') or [common.DEFAULT_PARTITION])}",
         f"AvailableFeatures={','.join(sorted(k for k in kinds if k)) or '(null)'}",
     ]
     return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
@@ -148,10 +147,14 @@ def show(client: Any, words: list[str]) -> int:
     if what in ("partition", "partitions"):
         from mgpu.slurm.sinfo import partitions
 
-        for name, members in partitions(client.nodes()).items():
+        for part in partitions(client, client.nodes()):
+            if rest and part.name != rest[0]:
+                continue
+            limit = "UNLIMITED" if part.limit == "infinite" else part.limit
             print(
-                f"PartitionName={name}\n   Nodes={','.join(n['node_id'] for n in members)}"
-                f"\n   State=UP TotalNodes={len(members)}\n"
+                f"PartitionName={part.name}\n   Default={'YES' if part.default else 'NO'} "
+                f"MaxTime={limit} State=UP\n   Nodes={','.join(part.nodes)}\n"
+                f"   TotalNodes={len(part.nodes)}\n"
             )
         return 0
     raise fail(PROG, f"invalid entity: {what or '(none)'} for keyword: show")

@@ -25,13 +25,39 @@ COMPACT = {
 }
 
 
-def partitions(nodes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Partition name -> its nodes (a node's `partitions`, else the one default)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for node in nodes:
-        for name in node.get("partitions") or [common.DEFAULT_PARTITION]:
-            out.setdefault(str(name), []).append(node)
-    return out
+class Partition:
+    """A partition as sinfo shows it: name, default or not, time limit, node ids."""
+
+    def __init__(self, name: str, default: bool, limit: str, nodes: list[str]) -> None:
+        self.name, self.default, self.limit, self.nodes = name, default, limit, nodes
+
+
+def partitions(client: Any, nodes: list[dict[str, Any]]) -> list[Partition]:
+    """The cluster's partitions (GET /api/partitions); a master without them has one,
+    the default, of every node."""
+    from mgpu.client.api import RequestError
+
+    try:
+        listed = client._request("GET", "/api/partitions")["partitions"]
+    except RequestError as e:
+        if e.status != 404:
+            raise
+        ids = [n["node_id"] for n in nodes]
+        return [Partition(common.DEFAULT_PARTITION, True, "infinite", ids)]
+    return [
+        Partition(
+            str(p["name"]),
+            bool(p.get("default")),
+            _limit(p.get("max_time")),
+            [str(n) for n in p.get("nodes") or []],
+        )
+        for p in listed
+    ]
+
+
+def _limit(text: Any) -> str:
+    """sinfo writes no limit as `infinite`."""
+    return "infinite" if not text or str(text).upper() == "UNLIMITED" else str(text)
 
 
 def _names(nodes: list[dict[str, Any]]) -> str:
@@ -46,8 +72,9 @@ def _names(nodes: list[dict[str, Any]]) -> str:
 class Row:
     """One line: a partition's nodes in one state (or one node, with -N)."""
 
-    def __init__(self, partition: str, default: bool, state: str, nodes: list[Any]) -> None:
-        self.partition, self.default, self.state, self.nodes = partition, default, state, nodes
+    def __init__(self, part: Partition, state: str, nodes: list[Any]) -> None:
+        self.partition, self.default, self.limit = part.name, part.default, part.limit
+        self.state, self.nodes = state, nodes
 
 
 def _gres(row: Row) -> str:
@@ -59,7 +86,7 @@ KNOWN: dict[str, tuple[str, Any]] = {
     "P": ("PARTITION", lambda r: r.partition + ("*" if r.default else "")),
     "R": ("PARTITION", lambda r: r.partition),
     "a": ("AVAIL", lambda r: "up"),
-    "l": ("TIMELIMIT", lambda r: "infinite"),
+    "l": ("TIMELIMIT", lambda r: r.limit),
     "D": ("NODES", lambda r: str(len(r.nodes))),
     "t": ("STATE", lambda r: COMPACT.get(r.state, r.state)),
     "T": ("STATE", lambda r: r.state),
@@ -81,21 +108,22 @@ def _aiot(row: Row) -> str:
     return f"{counts['A']}/{counts['I']}/{counts['O']}/{len(row.nodes)}"
 
 
-def rows(nodes: list[dict[str, Any]], per_node: bool, wanted: set[str] | None) -> list[Row]:
+def rows(
+    parts: list[Partition], nodes: list[dict[str, Any]], per_node: bool, wanted: set[str] | None
+) -> list[Row]:
+    by_id = {n["node_id"]: n for n in nodes}
     out = []
-    parts = partitions(nodes)
-    first = next(iter(parts), None)
-    for name, members in parts.items():
+    for part in parts:
         by_state: dict[str, list[Any]] = {}
-        for node in members:
+        for node in (by_id[i] for i in part.nodes if i in by_id):
             state = states.node_state(node)
             if wanted and state not in wanted and COMPACT[state] not in wanted:
                 continue
             if per_node:
-                out.append(Row(name, name == first, state, [node]))
+                out.append(Row(part, state, [node]))
             else:
                 by_state.setdefault(state, []).append(node)
-        out += [Row(name, name == first, s, ns) for s, ns in by_state.items()]
+        out += [Row(part, s, ns) for s, ns in by_state.items()]
     return out
 
 
@@ -110,7 +138,8 @@ def main(argv: list[str]) -> int:
     client = common.make_client()
     per_node = "Node" in given
     wanted = {s.strip().lower() for s in (given.get("states") or "").split(",") if s.strip()}
-    table = rows(client.nodes(), per_node, wanted or None)
+    nodes = client.nodes()
+    table = rows(partitions(client, nodes), nodes, per_node, wanted or None)
     if given.get("partition"):
         keep = set((given["partition"] or "").split(","))
         table = [r for r in table if r.partition in keep]
