@@ -228,3 +228,11 @@ def test_squeue_long_format_suffixes() -> None:
     assert fields.render_percent(items, squeue.KNOWN, [job()], False) == [
         "1234  | RUNNING|a-long-job-name"
     ]
+
+
+def test_a_job_without_a_name_shows_slurms_default() -> None:
+    unnamed = job(name=None, slurm={"job_name_default": "wrap"})
+    assert render("%j", [unnamed], header=False) == ["wrap"]
+    cols = fields.parse_fields("sacct", "JobName", sacct.KNOWN)
+    assert fields.render_fields(cols, [unnamed], False, "P") == ["wrap"]
+    assert render("%j", [job(name=None, slurm=None)], header=False) == [""]

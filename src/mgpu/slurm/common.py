@@ -43,6 +43,11 @@ def job_id_of(job: dict[str, Any]) -> str:
     return str(job["id"])
 
 
+def job_name(job: dict[str, Any]) -> str:
+    """Its --job-name, else Slurm's default (the script's name; `wrap` for --wrap)."""
+    return str(job.get("name") or slurm_block(job).get("job_name_default") or "")
+
+
 def me() -> str:
     """This account's name, as the master knows users (their login names)."""
     try:

@@ -74,7 +74,7 @@ def _state(job: dict[str, Any]) -> str:
 KNOWN: dict[str, tuple[int, Any]] = {
     "JobID": (-12, common.job_id_of),
     "JobIDRaw": (-12, common.job_id_of),
-    "JobName": (10, lambda j: str(j.get("name") or "")),
+    "JobName": (10, common.job_name),
     "Partition": (10, common.partition),
     "Account": (10, lambda j: ""),
     "AllocCPUS": (10, _cpus),

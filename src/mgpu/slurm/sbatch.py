@@ -123,7 +123,7 @@ def _singleton(client: Client, name: str) -> list[str]:
         str(j["id"])
         for j in jobs
         if j.get("user") == user
-        and j.get("name") == name
+        and common.job_name(j) == name
         and j.get("state") in ("queued", "running")
     ]
 

@@ -91,7 +91,7 @@ def _matching(client: Any, given: dict[str, str], ids: list[str]) -> list[str]:
             continue
         if users and job.get("user") not in users:
             continue
-        if names and job.get("name") not in names:
+        if names and common.job_name(job) not in names:
             continue
         if partitions and common.partition(job) not in partitions:
             continue

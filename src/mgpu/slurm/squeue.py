@@ -104,7 +104,7 @@ KNOWN: dict[str, tuple[str, Any]] = {
     "A": ("JOBID", common.job_id_of),
     "F": ("ARRAY_JOB_ID", lambda j: str(j.get("array_job_id") or j["id"])),
     "K": ("ARRAY_TASK_ID", lambda j: _array_task(j)),
-    "j": ("NAME", lambda j: str(j.get("name") or "")),
+    "j": ("NAME", common.job_name),
     "u": ("USER", lambda j: str(j.get("user") or "")),
     "U": ("UID", _uid),
     "t": ("ST", lambda j: states.letters(states.state(j))),
@@ -223,7 +223,7 @@ def select(
             continue
         if partitions is not None and common.partition(job) not in partitions:
             continue
-        if names is not None and job.get("name") not in names:
+        if names is not None and common.job_name(job) not in names:
             continue
         out.append(job)
     return sorted(out, key=_sort_key)
