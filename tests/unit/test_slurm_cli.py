@@ -53,6 +53,9 @@ class _Master(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/api/jobs":
+            if body.get("dependency") == "afterok:999":
+                self._answer(422, {"detail": "--dependency afterok:999 names no known job"})
+                return
             if self.refuse_mail and str(body.get("notify", "")).startswith("mailto:"):
                 self._answer(422, {"detail": "--notify mailto:x: this cluster sends no e-mail"})
                 return
@@ -134,6 +137,16 @@ def test_parsable_quiet_and_mail(master: str, tmp_path: Path) -> None:
         "sbatch: warning: --mail-user/--mail-type ignored: this cluster sends no e-mail\n"
     )
     assert "notify" not in _Master.posted[-1]
+
+
+def test_the_masters_refusal_in_slurms_words(master: str, tmp_path: Path) -> None:
+    res = slurm(master, tmp_path, "sbatch", "-d", "afterok:999", "--wrap", "true")
+    assert (res.returncode, res.stdout, res.stderr) == (
+        1,
+        "",
+        "sbatch: error: Batch job submission failed: Job dependency problem "
+        "(--dependency afterok:999 names no known job)\n",
+    )
 
 
 def test_a_script_on_stdin(master: str, tmp_path: Path) -> None:

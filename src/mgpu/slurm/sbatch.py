@@ -154,14 +154,26 @@ def submit(client: Client, batch: Batch) -> Any:
         )
 
     try:
-        job = send()
+        try:
+            job = send()
+        except RequestError as e:
+            if "notify" not in fields or NO_MAIL not in str(e):
+                raise
+            del fields["notify"]
+            warnings.append("--mail-user/--mail-type ignored: this cluster sends no e-mail")
+            job = send()
     except RequestError as e:
-        if "notify" not in fields or NO_MAIL not in str(e):
-            raise
-        del fields["notify"]
-        warnings.append("--mail-user/--mail-type ignored: this cluster sends no e-mail")
-        job = send()
+        raise refused(e) from None
     return job, warnings + list(job.warnings)
+
+
+def refused(e: Exception) -> common.SlurmError:
+    """The master's refusal in Slurm's words: `Batch job submission failed: ...` (`Job
+    dependency problem` for a dependency), the master's reason after it."""
+    reason = str(e)
+    if "dependency" in reason.lower():
+        reason = f"Job dependency problem ({reason})"
+    return fail(PROG, f"Batch job submission failed: {reason}")
 
 
 def wait_for(client: Client, job: Any) -> int:
