@@ -75,3 +75,11 @@ def test_a_dir_others_may_write_is_refused(tmp_path: Path) -> None:
     slurmbin._built.clear()
     with pytest.raises(OSError, match="not this account's alone"):
         slurmbin.ensure(shared)
+
+
+def test_mgpu_tries_its_own_python_first(built: Path) -> None:
+    def first(name: str) -> str:
+        return (built / name).read_text().split("for py in ", 1)[1].split()[0]
+
+    assert first("mgpu") == sys.executable
+    assert first("squeue") == slurmbin.pythons()[0]  # the system's python3, where there is one

@@ -84,6 +84,9 @@ def pythons() -> list[str]:
 
 def _shim(name: str, lib: Path, interpreters: list[str]) -> str:
     if name == "mgpu":
+        # mgpu's own Python first where the account may run it: `mgpu master` and the
+        # like need its packages; the Slurm commands need the standard library only.
+        interpreters = [*interpreters[-1:], *interpreters[:-1]]
         call = "from mgpu.client.cli import main; main()"
     else:
         call = f"from mgpu.slurm.main import main; main({name!r})"
