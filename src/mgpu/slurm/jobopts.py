@@ -312,8 +312,10 @@ def submit_fields(
     values: dict[str, str],
     environ: Mapping[str, str],
     cwd: str,
+    block_sent: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(the submit fields mgpu has, the `slurm` block, warnings) of the options."""
+    """(the submit fields mgpu has, the `slurm` block, warnings) of the options;
+    `block_sent`: whether the block goes with the job (sbatch) or not (mgpu srun, alloc)."""
     for name, why in REFUSED.items():
         if name in values:
             raise fail(prog, why)
@@ -361,10 +363,8 @@ def submit_fields(
     if unscheduled or ignored:
         parts = []
         if unscheduled:
-            parts.append(
-                f"{' '.join(unscheduled)} not scheduled by mgpu (only GPUs are), "
-                "passed to the job's SLURM_* variables"
-            )
+            where = ", passed to the job's SLURM_* variables" if block_sent else ""
+            parts.append(f"{' '.join(unscheduled)} not scheduled by mgpu (only GPUs are){where}")
         if ignored:
             parts.append(f"ignored: {' '.join(ignored)}")
         warnings.append("; ".join(parts))

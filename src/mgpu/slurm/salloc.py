@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
     if "help" in values or "usage" in values:
         print("Usage: salloc [OPTIONS(0)...] [command(0) [args(0)...]]")
         return 0
-    fields, _, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd())
+    fields, _, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd(), block_sent=False)
     for warning in warnings:
         common.warn(PROG, warning)
     words = ["alloc", *jobopts.mgpu_words(fields)]

@@ -19,6 +19,10 @@ OPTIONS = opts.table(
 )
 
 
+STEP_ONLY = frozenset(("label", "kill-on-bad-exit", "pty", "unbuffered", "overlap", "exact"))
+"""srun's options for its tasks' output and life, not the job's: no warning for them."""
+
+
 def _int(text: str | None) -> int | None:
     if text is None:
         return None
@@ -59,7 +63,8 @@ def main(argv: list[str]) -> int:
         raise fail(PROG, "No command given to execute.")
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command)
-    fields, _, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd())
+    job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
+    fields, _, warnings = jobopts.submit_fields(PROG, job_values, {}, os.getcwd(), block_sent=False)
     for warning in warnings:
         common.warn(PROG, warning)
     words = ["srun", *jobopts.mgpu_words(fields)]
