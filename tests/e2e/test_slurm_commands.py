@@ -255,42 +255,19 @@ def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:
     and salloc `mgpu alloc`."""
     c = slurm_cluster
     env = {"MGPU_JOB_ID": "", "SLURM_JOB_ID": ""}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mgpu.slurm",
-            "srun",
-            "-J",
-            "hello",
-            "sh",
-            "-c",
-            "echo gpus=$MGPU_GPU_IDS.",
-        ],
-        capture_output=True,
-        text=True,
-        env={**c.env, **env},
-        timeout=120,
-    )
-    assert (res.returncode, res.stdout.splitlines()[-1]) == (0, "gpus=."), res.stderr
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mgpu.slurm",
-            "salloc",
-            "-N",
-            "2",
-            "sh",
-            "-c",
-            "echo nodes=$MGPU_NNODES",
-        ],
-        capture_output=True,
-        text=True,
-        env={**c.env, **env},
-        timeout=120,
-    )
-    assert (res.returncode, res.stdout.splitlines()[-1]) == (0, "nodes=2"), res.stderr
+    for argv, last in (
+        (["srun", "-J", "hello", "sh", "-c", "echo gpus=$MGPU_GPU_IDS."], "gpus=."),
+        (["srun", "--gres=gpu:2", "sh", "-c", "echo gpus=$MGPU_GPU_IDS."], "gpus=0,1."),
+        (["salloc", "-N", "2", "sh", "-c", "echo nodes=$MGPU_NNODES"], "nodes=2"),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "mgpu.slurm", *argv],
+            capture_output=True,
+            text=True,
+            env={**c.env, **env},
+            timeout=120,
+        )
+        assert (res.returncode, res.stdout.splitlines()[-1]) == (0, last), res.stderr
 
 
 def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from test_cli_startup import HEAVY, MGPU, imported
+from test_cli_startup import HEAVY, MGPU, _FakeMaster, imported
 
 JOB = {
     "id": "42",
@@ -34,8 +34,9 @@ JOB = {
 NODE = {"node_id": "node001", "state": "online", "connected": True, "gpus": [{"index": 0}]}
 
 
-class _Master(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Master(_FakeMaster):
+    """test_cli_startup's fake master, with what the Slurm commands ask for."""
+
     posted: ClassVar[list[dict[str, Any]]] = []
     refuse_mail = False
 
@@ -63,17 +64,6 @@ class _Master(BaseHTTPRequestHandler):
             self._answer(200, {"job_id": "43"})
         else:
             self._answer(404, {"detail": "no such job"})
-
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

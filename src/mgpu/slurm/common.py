@@ -59,18 +59,10 @@ def me() -> str:
 
 
 def elapsed(seconds: float | None) -> str:
-    """squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`."""
-    if seconds is None or seconds < 0:
-        seconds = 0
-    s = int(seconds)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    if h:
-        return f"{h}:{m:02d}:{s:02d}"
-    return f"{m}:{s:02d}"
+    """squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS` (as `mgpu queue` writes it)."""
+    from mgpu.client.render import duration
+
+    return duration(max(0.0, seconds or 0.0))
 
 
 def clock(seconds: float | None) -> str:

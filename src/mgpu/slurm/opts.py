@@ -103,3 +103,19 @@ def _long(prog: str, name: str, by_long: dict[str, Option]) -> Option:
     if len(matches) > 1:
         raise SlurmError(f"{prog}: option '--{name}' is ambiguous")
     raise SlurmError(f"{prog}: unrecognized option '--{name}'")
+
+
+def command_line(
+    prog: str, argv: Sequence[str], options: list[Option], usage: str, in_order: bool = False
+) -> tuple[dict[str, str], list[str]]:
+    """The options given (the last of each wins) and the other words; `--help`/`--usage`
+    print the usage and exit, `--version` the version."""
+    found, rest = parse(prog, argv, options, in_order)
+    given = dict(found)
+    if "help" in given or "usage" in given:
+        print(f"Usage: {prog} {usage}")
+        raise SystemExit(0)
+    if "version" in given:
+        print("slurm 22.05 (mgpu)")
+        raise SystemExit(0)
+    return given, rest

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "sacct"
+USAGE = "[-j jobs] [-u users] [-a] [-o fields] [-X] [-n] [-p|-P] [-s states] [-S time] [-E time]"
 OPTIONS = opts.table(
     "jobs=/j user=/u uid= allusers/a format=/o allocations/X noheader/n parsable/p "
     "parsable2/P delimiter= state=/s starttime=/S endtime=/E brief/b long/l name= "
@@ -174,13 +175,7 @@ def gather(client: Any, given: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    found, rest = opts.parse(PROG, argv, OPTIONS)
-    given: dict[str, str] = {}
-    for name, value in found:
-        given[name] = value
-    if "help" in given or "usage" in given:
-        print("Usage: sacct [-j jobs] [-u users] [-a] [-o fields] [-X] [-n] [-p|-P] [-s states]")
-        return 0
+    given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
     if "helpformat" in given:
         print(" ".join(KNOWN))
         return 0

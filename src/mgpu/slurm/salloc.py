@@ -11,11 +11,9 @@ PROG = "salloc"
 
 
 def main(argv: list[str]) -> int:
-    found, command = opts.parse(PROG, argv, jobopts.JOB_OPTIONS, in_order=True)
-    values = dict(found)
-    if "help" in values or "usage" in values:
-        print("Usage: salloc [OPTIONS(0)...] [command(0) [args(0)...]]")
-        return 0
+    values, command = opts.command_line(
+        PROG, argv, jobopts.JOB_OPTIONS, "[OPTIONS(0)...] [command(0) [args(0)...]]", in_order=True
+    )
     fields, _, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd(), block_sent=False)
     for warning in warnings:
         common.warn(PROG, warning)

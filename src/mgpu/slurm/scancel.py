@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "scancel"
+USAGE = "[-u user] [-n name] [-t state] [-p partition] [--me] [--signal SIG] [job_id...]"
 OPTIONS = opts.table(
     "user=/u name=/n state=/t partition=/p signal=/s me batch/b full/f interactive/i "
     "quiet/Q verbose/v account=/A qos=/q reservation=/R nodelist=/w wckey= clusters=/M "
@@ -38,11 +39,7 @@ def task_ids(word: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    found, words = opts.parse(PROG, argv, OPTIONS)
-    given = dict(found)
-    if "help" in given or "usage" in given:
-        print("Usage: scancel [-u user] [-n name] [-t state] [-p partition] [--me] [job_id...]")
-        return 0
+    given, words = opts.command_line(PROG, argv, OPTIONS, USAGE)
     if "signal" in given:
         raise fail(
             PROG,

@@ -128,11 +128,9 @@ def rows(
 
 
 def main(argv: list[str]) -> int:
-    found, rest = opts.parse(PROG, argv, OPTIONS)
-    given = dict(found)
-    if "help" in given or "usage" in given:
-        print("Usage: sinfo [-N] [-h] [-o format] [-p partition] [-t states]")
-        return 0
+    given, rest = opts.command_line(
+        PROG, argv, OPTIONS, "[-N] [-h] [-o format] [-p partition] [-t states]"
+    )
     if rest:
         raise common.fail(PROG, f"Unrecognized option: {rest[0]}")
     client = common.make_client()

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROG = "squeue"
+USAGE = (
+    "[-u user_list] [--me] [-j job_list] [-t state_list] [-h] [-o format] [-O fields] "
+    "[-p partitions] [-n names] [-l] [-r] [-i seconds]"
+)
 DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
 OPTIONS = opts.table(
@@ -230,19 +234,7 @@ def select(
 
 
 def main(argv: list[str]) -> int:
-    found, rest = opts.parse(PROG, argv, OPTIONS)
-    given: dict[str, str] = {}
-    for name, value in found:
-        given[name] = value
-    if "help" in given or "usage" in given:
-        print(
-            f"Usage: {PROG} [-u user_list] [--me] [-j job_list] [-t state_list] [-h] "
-            "[-o format] [-O fields] [-p partitions] [-n names] [-l] [-r] [-i seconds]"
-        )
-        return 0
-    if "version" in given:
-        print("slurm 22.05 (mgpu)")
-        return 0
+    given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
     ids = given.get("jobs")
     if not ids and rest and "jobs" in given:
         ids, rest = rest[0], rest[1:]

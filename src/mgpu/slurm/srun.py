@@ -54,11 +54,9 @@ def in_job(values: dict[str, str], argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    found, command = opts.parse(PROG, argv, OPTIONS, in_order=True)
-    values = dict(found)
-    if "help" in values or "usage" in values:
-        print("Usage: srun [OPTIONS(0)...] executable(0) [args(0)...]")
-        return 0
+    values, command = opts.command_line(
+        PROG, argv, OPTIONS, "[OPTIONS(0)...] executable(0) [args(0)...]", in_order=True
+    )
     if not command:
         raise fail(PROG, "No command given to execute.")
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
