@@ -110,6 +110,7 @@ def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
         }
         assert got[running.id]["State"] == "CANCELLED"
         assert squeue(c, "-j", running.id) == []  # ended: no longer listed
+        assert squeue(c, "-t", "CA", "-j", queued.id, "-o", "%i|%T") == [[queued.id, "CANCELLED"]]
     finally:
         for job_id in (running.id, queued.id):
             c.client().cancel(job_id)

@@ -257,7 +257,8 @@ def main(argv: list[str]) -> int:
     header = "noheader" not in given
     iterate = float(given["iterate"]) if given.get("iterate") else 0.0
     while True:
-        data = client.queue(fold="array" not in given)
+        ended = bool(wanted and wanted - set(states.ACTIVE))  # `-t CD`: the last ended jobs
+        data = client.queue(all=ended, fold="array" not in given)
         jobs = select(
             list(data["jobs"]),
             id_set,
