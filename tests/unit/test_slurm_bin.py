@@ -3,6 +3,7 @@ per mgpu version, shims that fall back to the next Python, and a shared parent r
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
@@ -83,3 +84,11 @@ def test_mgpu_tries_its_own_python_first(built: Path) -> None:
 
     assert first("mgpu") == sys.executable
     assert first("squeue") == slurmbin.pythons()[0]  # the system's python3, where there is one
+
+
+def test_old_versions_are_pruned(tmp_path: Path) -> None:
+    for name, age in (("old", 8 * 86400), ("recent", 86400), (".build-x", 7200)):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        os.utime(tmp_path / name, (0, 1e9 - age))
+    slurmbin._prune(tmp_path, now=1e9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recent"]

@@ -27,6 +27,8 @@ from pathlib import Path
 SLURM_COMMANDS = ("sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sinfo", "sacct")
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 MIN_PYTHON = (3, 11)
+KEEP_OLD_SECONDS = 7 * 86400
+"""How long another version's dir is kept after it was built."""
 RUN_ROOT = Path("/run/mgpu/slurm-bin")
 """Root's dirs: on a tmpfs, so that an upgrade leaves no old copy after a reboot."""
 
@@ -135,6 +137,7 @@ def ensure(root: Path | None = None) -> Path:
     home = root / digest.hexdigest()[:16]
     if not (home / "bin" / "mgpu").exists():
         _make_dirs(root)
+        _prune(root)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
         try:
             _build(tmp, package, files, interpreters, home)
@@ -147,6 +150,21 @@ def ensure(root: Path | None = None) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
     _built[root] = home / "bin"
     return home / "bin"
+
+
+def _prune(root: Path, now: float | None = None) -> None:
+    """Other versions' dirs a week old, and builds cut short: an upgraded machine's jobs
+    have long moved on to the new one."""
+    import time
+
+    now = time.time() if now is None else now
+    for entry in root.iterdir():
+        try:
+            age = now - entry.lstat().st_mtime
+        except OSError:
+            continue
+        if age > (3600 if entry.name.startswith(".build-") else KEEP_OLD_SECONDS):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _build(
