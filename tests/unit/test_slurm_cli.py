@@ -152,18 +152,20 @@ def test_singleton_waits_for_this_users_jobs_of_the_name(master: str, tmp_path: 
     assert _Master.posted[-1]["dependency"] == "afterany:42"
 
 
-def test_mgpu_sbatch_is_the_same_command(master: str, tmp_path: Path) -> None:
+def test_mgpu_squeue_is_the_same_command(master: str) -> None:
     if not MGPU.exists():
         pytest.skip("no mgpu console script next to this Python")
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MGPU_MASTER": master}
-    res = subprocess.run(
-        [str(MGPU), "squeue", "-h", "-o", "%i %T %N"],
-        capture_output=True,
-        text=True,
-        env={**env, "MGPU_TOKEN": "t"},
-        timeout=60,
-    )
-    assert (res.returncode, res.stdout) == (0, "42 RUNNING node001\n")
+    host, port = master.split(":")
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MGPU_TOKEN": "t"}
+    for argv in (
+        ["squeue", "-h", "-o", "%i %T %N"],
+        ["--host", host, "--port", port, "squeue", "-h", "-o", "%i %T %N"],
+    ):
+        given = env if argv[0] == "--host" else {**env, "MGPU_MASTER": master}
+        res = subprocess.run(
+            [str(MGPU), *argv], capture_output=True, text=True, env=given, timeout=60
+        )
+        assert (res.returncode, res.stdout) == (0, "42 RUNNING node001\n"), res.stderr
 
 
 @pytest.mark.parametrize(

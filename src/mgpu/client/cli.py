@@ -574,10 +574,13 @@ SLURM_COMMANDS = (
 
 def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
     args_list = [*prefix, *(sys.argv[1:] if argv is None else argv)]
-    if args_list and args_list[0] in SLURM_COMMANDS:  # `mgpu sbatch ...`, `mgpu slurm-bin`
+    at = 0  # `mgpu [--host H] [--port P] [--token T] sbatch ...`, `mgpu slurm-bin`
+    while at + 1 < len(args_list) and args_list[at] in ("--host", "--port", "--token"):
+        at += 2
+    if at < len(args_list) and args_list[at] in SLURM_COMMANDS:
         from mgpu.slurm.main import main as slurm_main
 
-        slurm_main(args_list[0], args_list[1:])
+        slurm_main(args_list[at], args_list[at + 1 :], args_list[:at])
     try:
         args = _quick_args(args_list)
         if args is None:

@@ -31,12 +31,23 @@ def warn(prog: str, message: str) -> None:
     sys.stderr.flush()
 
 
+ADDRESS: dict[str, str] = {}
+"""`mgpu --host H --port P --token T squeue`'s options ("--host": "H", ...)."""
+
+
 def make_client() -> Client:
-    """The master of $MGPU_MASTER (inside a job: the job's), with $MGPU_TOKEN or the
-    user's token file, as `mgpu` finds them."""
+    """The master of --host/--port or $MGPU_MASTER (inside a job: the job's), with --token,
+    $MGPU_TOKEN or the user's token file, as `mgpu` finds them."""
     from mgpu.client.api import Client
 
-    return Client()
+    port = ADDRESS.get("--port")
+    if port is not None and not port.isdigit():
+        raise SlurmError(f"mgpu: error: --port {port!r} is not a port number", 2)
+    return Client(
+        host=ADDRESS.get("--host"),
+        port=int(port) if port else None,
+        token=ADDRESS.get("--token"),
+    )
 
 
 def job_id_of(job: dict[str, Any]) -> str:

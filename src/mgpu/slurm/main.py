@@ -50,10 +50,16 @@ def slurm_bin() -> int:
     return 0
 
 
-def main(name: str | None = None, argv: Sequence[str] | None = None) -> NoReturn:
-    """Run the command `name` (default: this program's name) and exit with its status."""
+def main(
+    name: str | None = None, argv: Sequence[str] | None = None, address: Sequence[str] = ()
+) -> NoReturn:
+    """Run the command `name` (default: this program's name) and exit with its status;
+    `address`: mgpu's `--host H --port P --token T`, as `mgpu --host H squeue` gives them."""
     from mgpu.errors import MgpuError
     from mgpu.safetext import escape_controls
+    from mgpu.slurm import common
+
+    common.ADDRESS.update(zip(address[::2], address[1::2], strict=True))
 
     words = list(sys.argv[1:] if argv is None else argv)
     if name is None:
