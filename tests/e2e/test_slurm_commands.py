@@ -7,6 +7,7 @@ slurmjob's side of docs/SLURM.md); until it does they skip, saying so."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -293,3 +294,27 @@ def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:
         )
     finally:
         c.client().cancel(job.id)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mgpu.client.steps") is None,
+    reason="helper steps' client (mgpu.client.steps) is not merged yet",
+)
+def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) -> None:
+    """The bin dir's srun inside an allocation: tasks over its nodes (helper steps' side)."""
+    c = slurm_cluster
+    script = (
+        'export PATH="$(mgpu slurm-bin):$PATH"; '
+        'srun -N2 -n4 -l sh -c "echo task=\\$SLURM_PROCID"; echo rc=$?; '
+        'srun -n1 sh -c "exit 5"; echo rc=$?'
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N", "2", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
+        timeout=120,
+    )
+    lines = res.stdout.splitlines()
+    assert sorted(lines[:4]) == [f"{i}: task={i}" for i in range(4)], res.stderr
+    assert lines[4:] == ["rc=0", "rc=5"], res.stderr
