@@ -208,12 +208,30 @@ def test_sinfo_rows() -> None:
 def test_hostnames(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert scontrol.hostnames(["node[01-02],gpu7"]) == 0
     assert capsys.readouterr().out == "node01\nnode02\ngpu7\n"
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
     monkeypatch.setenv("SLURM_JOB_NODELIST", "a[1-2]")
     assert scontrol.hostnames([]) == 0
     assert capsys.readouterr().out == "a1\na2\n"
+    monkeypatch.setenv("SLURM_NODELIST", "b7")  # Slurm's default, before the job's
+    assert scontrol.hostnames([]) == 0
+    assert capsys.readouterr().out == "b7\n"
     monkeypatch.delenv("SLURM_JOB_NODELIST")
-    with pytest.raises(SlurmError):
+    monkeypatch.delenv("SLURM_NODELIST")
+    with pytest.raises(SlurmError) as e:
         scontrol.hostnames([])
+    assert str(e.value) == "scontrol: error: host list is empty"
+    with pytest.raises(SlurmError) as e:
+        scontrol.hostnames(["node[3-1]"])
+    assert str(e.value) == "Invalid hostlist: node[3-1]"
+    assert [scontrol.entity(w) for w in ("hostn", "host", "j", "jobid", "n", "pa", "p")] == [
+        "hostnames",
+        "host",
+        "job",
+        "job",
+        "node",
+        "partition",
+        "p",
+    ]
 
 
 def test_scancel_task_ids() -> None:

@@ -20,13 +20,14 @@ UPDATABLE = {"timelimit": "time", "jobname": "name", "name": "name", "priority":
 def hostnames(words: list[str]) -> int:
     from mgpu.hostlist import HostlistError, expand
 
-    text = ",".join(words) if words else os.environ.get("SLURM_JOB_NODELIST", "")
+    env = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    text = ",".join(words) if words else env or ""
     if not text.strip():
         raise fail(PROG, "host list is empty")
     try:
         hosts = expand(text)
-    except HostlistError as e:
-        raise fail(PROG, str(e)) from None
+    except HostlistError:
+        raise common.SlurmError(f"Invalid hostlist: {text}") from None
     print("\n".join(hosts))
     return 0
 
@@ -112,12 +113,30 @@ def node_text(node: dict[str, Any]) -> str:
     return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
 
 
+ENTITIES = (
+    ("hostnames", 5, "hostnames"),
+    ("jobs", 1, "job"),
+    ("jobid", 4, "job"),
+    ("nodes", 1, "node"),
+    ("partitions", 2, "partition"),
+)
+"""`show`'s entities: a prefix this long or longer names it (Slurm's abbreviations)."""
+
+
+def entity(word: str) -> str:
+    w = word.lower()
+    for full, shortest, name in ENTITIES:
+        if len(w) >= shortest and full.startswith(w):
+            return name
+    return w
+
+
 def show(client: Any, words: list[str]) -> int:
-    what = words[0].lower() if words else ""
+    what = entity(words[0]) if words else ""
     rest = words[1:]
-    if what in ("hostnames", "hostname"):
+    if what == "hostnames":
         return hostnames(rest)
-    if what in ("job", "jobs", "jobid"):
+    if what == "job":
         if rest:
             from mgpu.client.api import RequestError
 
@@ -136,7 +155,7 @@ def show(client: Any, words: list[str]) -> int:
             print("No jobs in the system")
         print("\n".join(job_text(j) for j in jobs), end="")
         return 0
-    if what in ("node", "nodes"):
+    if what == "node":
         nodes = client.nodes()
         if rest:
             nodes = [n for n in nodes if rest[0] in (n["node_id"], n.get("hostname"))]
@@ -144,7 +163,7 @@ def show(client: Any, words: list[str]) -> int:
                 raise common.SlurmError(f"Node {rest[0]} not found")
         print("\n".join(node_text(n) for n in nodes), end="")
         return 0
-    if what in ("partition", "partitions"):
+    if what == "partition":
         from mgpu.slurm.sinfo import partitions
 
         for part in partitions(client, client.nodes()):
@@ -231,7 +250,7 @@ def main(argv: list[str]) -> int:
         )
         return 0 if words or flags else 1
     verb = words[0].lower()
-    if verb == "show" and len(words) > 1 and words[1].lower() in ("hostnames", "hostname"):
+    if verb == "show" and len(words) > 1 and entity(words[1]) == "hostnames":
         return hostnames(words[2:])  # no master needed (launchers run this on every node)
     client = common.make_client()
     if verb == "show":
