@@ -69,20 +69,24 @@ def me() -> str:
         return os.environ.get("USER", "")
 
 
-def elapsed(seconds: float | None) -> str:
-    """squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS` (as `mgpu queue` writes it)."""
-    from mgpu.client.render import duration
-
-    return duration(max(0.0, seconds or 0.0))
-
-
-def clock(seconds: float | None) -> str:
-    """sacct's and scontrol's durations: `HH:MM:SS`, `D-HH:MM:SS`."""
+def clock(seconds: float | None, pad_hours: bool = True) -> str:
+    """sacct's and scontrol's durations: `HH:MM:SS`, `D-HH:MM:SS`; without `pad_hours`
+    squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.  (main's mgpu.durations has them
+    since this was written: format_duration(s, "limit") and (s, "clock").)"""
     s = max(0, int(seconds or 0))
     d, s = divmod(s, 86400)
     h, s = divmod(s, 3600)
     m, s = divmod(s, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    if pad_hours:
+        return f"{h:02d}:{m:02d}:{s:02d}"
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def elapsed(seconds: float | None) -> str:
+    """squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`."""
+    return clock(seconds, pad_hours=False)
 
 
 def time_limit(job: dict[str, Any], style: str = "squeue") -> str:
