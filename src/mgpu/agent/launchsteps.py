@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, recycle
+from mgpu.agent import accounts, cgroups, devices, jobscript, recycle, slurmbin
 from mgpu.agent.runrecord import RunRecord
 from mgpu.agent.spawn import (
     BOOT_ID,
@@ -237,6 +237,8 @@ def prepare_environment(st: Launching) -> None:
         st.env["HOME"] = home
     st.env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     st.env["MGPU_RUN_TAG"] = st.tag
+    if slurm := slurmbin.job_path(st.env["PATH"]):  # Slurm's commands first (sbatch, srun..)
+        st.env["PATH"], st.env["MGPU_SLURM_BIN"] = slurm
 
 
 def write_hostfile(st: Launching) -> None:

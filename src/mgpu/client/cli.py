@@ -435,8 +435,28 @@ def _quick_args(words: list[str]) -> argparse.Namespace | None:
     return None
 
 
+SLURM_COMMANDS = (
+    "sbatch",
+    "salloc",
+    "squeue",
+    "scancel",
+    "scontrol",
+    "sinfo",
+    "sacct",
+    "slurm-bin",
+)
+"""Slurm's commands as `mgpu sbatch ...` (mgpu.slurm); `mgpu srun` stays mgpu's own."""
+
+
 def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
     args_list = [*prefix, *(sys.argv[1:] if argv is None else argv)]
+    at = 0  # `mgpu [--host H] [--port P] [--token T] sbatch ...`, `mgpu slurm-bin`
+    while at + 1 < len(args_list) and args_list[at] in ("--host", "--port", "--token"):
+        at += 2
+    if at < len(args_list) and args_list[at] in SLURM_COMMANDS:
+        from mgpu.slurm.main import main as slurm_main
+
+        slurm_main(args_list[at], args_list[at + 1 :], args_list[:at])
     try:
         args = _quick_args(args_list)
         if args is None:

@@ -1,0 +1,5 @@
+"""`python -m mgpu.slurm COMMAND ARGS...`."""
+
+from mgpu.slurm.main import main
+
+main()

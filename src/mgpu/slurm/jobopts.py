@@ -1,0 +1,413 @@
+"""The job options of sbatch, salloc and srun: Slurm's names, where each comes from
+(`#SBATCH` lines < `SBATCH_*` variables < the command line), and what they ask of mgpu:
+the `submit` fields, the `slurm` block (docs/SLURM.md), and warnings for the rest."""
+
+from __future__ import annotations
+
+import os
+
+from mgpu.slurm import opts
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+JOB_OPTIONS = opts.table(
+    # honoured
+    "array=/a chdir=/D dependency=/d error=/e export= gres= gpus=/G gpus-per-node= "
+    "gpus-per-task= hold/H job-name=/J mail-type= mail-user= nodes=/N ntasks=/n "
+    "ntasks-per-node= cpus-per-task=/c mem= mem-per-cpu= open-mode= output=/o parsable "
+    "partition=/p quiet/Q requeue no-requeue signal= time=/t wait/W wrap= nodelist=/w "
+    "exclude=/x reservation= priority= verbose/v help/h usage version/V "
+    # accepted and ignored with a warning
+    "account=/A acctg-freq= begin=/b comment= constraint=/C contiguous core-spec=/S "
+    "cores-per-socket= cpu-freq= cpus-per-gpu= deadline= delay-boot= distribution=/m "
+    "exclusive? extra-node-info=/B get-user-env? gid= gpu-bind= gpu-freq= hint= ignore-pbs "
+    "input=/i kill-on-invalid-dep= licenses=/L mcs-label= mem-bind= mem-per-gpu= mincpus= "
+    "network= nice? no-kill?/k ntasks-per-core= ntasks-per-gpu= ntasks-per-socket= "
+    "overcommit/O oversubscribe/s power= profile= propagate? qos=/q reboot sockets-per-node= "
+    "spread-job switches= thread-spec= threads-per-core= tmp= use-min-nodes wckey= "
+    "clusters=/M cluster-constraint= container= export-file= nodefile=/F prefer= bb= bbf= "
+    "batch= time-min= uid= x11? test-only"
+)
+NOT_SCHEDULED = ("cpus-per-task", "mem", "mem-per-cpu")
+"""Passed to the job's SLURM_* variables; mgpu schedules GPUs, not CPUs or memory (yet)."""
+BEHAVIOUR = frozenset(("parsable", "quiet", "wait", "wrap", "verbose", "help", "usage", "version"))
+HONOURED = (
+    frozenset(
+        [
+            "array",
+            "chdir",
+            "dependency",
+            "error",
+            "export",
+            "gres",
+            "gpus",
+            "gpus-per-node",
+            "gpus-per-task",
+            "hold",
+            "job-name",
+            "mail-type",
+            "mail-user",
+            "nodes",
+            "ntasks",
+            "ntasks-per-node",
+            "open-mode",
+            "output",
+            "partition",
+            "requeue",
+            "no-requeue",
+            "signal",
+            "time",
+            "nodelist",
+            "exclude",
+            "reservation",
+            "priority",
+        ]
+    )
+    | frozenset(NOT_SCHEDULED)
+    | BEHAVIOUR
+)
+REFUSED = {"test-only": "--test-only is not supported by mgpu", "uid": "--uid is for root only"}
+GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task")
+"""One GPU request, however it is spelt: a layer that names one replaces the one below."""
+ENV_INPUT = {
+    "SBATCH_ACCOUNT": "account",
+    "SBATCH_ARRAY_INX": "array",
+    "SBATCH_CONSTRAINT": "constraint",
+    "SBATCH_EXCLUSIVE": "exclusive",
+    "SBATCH_EXPORT": "export",
+    "SBATCH_GPUS": "gpus",
+    "SBATCH_GPUS_PER_NODE": "gpus-per-node",
+    "SBATCH_GPUS_PER_TASK": "gpus-per-task",
+    "SBATCH_GRES": "gres",
+    "SBATCH_JOB_NAME": "job-name",
+    "SBATCH_MEM_PER_CPU": "mem-per-cpu",
+    "SBATCH_MEM_PER_NODE": "mem",
+    "SBATCH_NO_REQUEUE": "no-requeue",
+    "SBATCH_OPEN_MODE": "open-mode",
+    "SBATCH_PARTITION": "partition",
+    "SBATCH_QOS": "qos",
+    "SBATCH_REQUEUE": "requeue",
+    "SBATCH_RESERVATION": "reservation",
+    "SBATCH_SIGNAL": "signal",
+    "SBATCH_TIMELIMIT": "time",
+    "SBATCH_WAIT": "wait",
+}
+FLAGS = frozenset(o.long for o in JOB_OPTIONS if o.arg == "no")
+
+
+def layer(into: dict[str, str], found: list[tuple[str, str]]) -> None:
+    """Options of one source over those below it (`--requeue` and `--no-requeue` undo each
+    other; a GPU request replaces the one below whole)."""
+    if any(name in GPU_OPTIONS for name, _ in found):
+        for name in GPU_OPTIONS:
+            into.pop(name, None)
+    for name, value in found:
+        if name in ("requeue", "no-requeue"):
+            into.pop("no-requeue" if name == "requeue" else "requeue", None)
+        into[name] = value
+
+
+def directive_options(prog: str, text: str) -> list[tuple[str, str]]:
+    """The options of a script's leading `#SBATCH` lines, in order."""
+    from mgpu.client import directives
+
+    found = directives.scan(text)
+    if found.error is not None:
+        raise fail(prog, f"batch script {found.error}")
+    out: list[tuple[str, str]] = []
+    for d in found.directives:
+        if d.source != directives.SBATCH:
+            continue
+        options, stray = opts.parse(prog, d.words, JOB_OPTIONS)
+        if stray:
+            raise fail(prog, f"Invalid directive found in batch script: {d.text}")
+        out += options
+    return out
+
+
+def env_options(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """sbatch's input variables (`SBATCH_PARTITION=gpu` ...)."""
+    out: list[tuple[str, str]] = []
+    for var, name in ENV_INPUT.items():
+        if var in environ:
+            out.append((name, "" if name in FLAGS else environ[var]))
+    return out
+
+
+def merged(
+    prog: str,
+    script: str | None,
+    command_line: list[tuple[str, str]],
+    environ: Mapping[str, str],
+) -> dict[str, str]:
+    """Every option's value with Slurm's precedence: the command line over the SBATCH_*
+    variables over the script's `#SBATCH` lines, a later line over an earlier one."""
+    values: dict[str, str] = {}
+    if script is not None:
+        for name, value in directive_options(prog, script):
+            layer(values, [(name, value)])
+    layer(values, env_options(environ))
+    layer(values, command_line)
+    return values
+
+
+# ---- what the options ask of mgpu ---------------------------------------------------
+
+
+def _count(prog: str, option: str, text: str) -> tuple[str | None, int]:
+    """`[TYPE:]N` of --gpus and --gpus-per-*: (type, N)."""
+    kind, _, count = text.rpartition(":")
+    if not count.isdigit():
+        raise fail(prog, f"Invalid --{option} specification: {text}")
+    return kind or None, int(count)
+
+
+def _gres(prog: str, text: str, ignored: list[str]) -> tuple[str | None, int | None]:
+    """`--gres=gpu[:TYPE][:N][,other...]`: the GPUs per node; other resources ignored."""
+    kind, count = None, None
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if parts == ["none"] or parts == [""]:
+            continue
+        if parts[0] != "gpu":
+            ignored.append(f"--gres={item}")
+            continue
+        if len(parts) > 3 or (len(parts) == 3 and not parts[2].isdigit()):
+            raise fail(prog, f"Invalid generic resource (gres) specification: {text}")
+        if len(parts) >= 2 and parts[-1].isdigit():
+            count = int(parts[-1])
+            kind = parts[1] if len(parts) == 3 else None
+        else:
+            count, kind = 1, parts[1] if len(parts) == 2 else None
+    return kind, count
+
+
+def _int(prog: str, option: str, text: str | None, low: int = 1) -> int | None:
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < low:
+        raise fail(prog, f'Invalid numeric value "{text}" for --{option}.')
+    return int(text)
+
+
+def _nodes(prog: str, text: str | None) -> int | None:
+    """`-N 2` or Slurm's `-N 2-4` (min-max): mgpu allocates exactly the minimum."""
+    if text is None:
+        return None
+    low = text.partition("-")[0].partition(":")[0]
+    if not low.isdigit() or int(low) < 1:
+        raise fail(prog, f'"{text}" is not a valid node count')
+    return int(low)
+
+
+_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def memory_mb(prog: str, option: str, text: str | None) -> int | None:
+    """Slurm's `16G`, `16000` (megabytes), `500M`, `1T` in megabytes."""
+    if text is None:
+        return None
+    raw = text.strip().upper().removesuffix("B")
+    unit = raw[-1] if raw and raw[-1] in _UNITS else "M"
+    number = raw[:-1] if raw and raw[-1] in _UNITS else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise fail(prog, f"Invalid --{option} specification") from None
+    if value < 0:
+        raise fail(prog, f"Invalid --{option} specification")
+    return int(value * _UNITS[unit] + 0.999)
+
+
+def gpu_request(prog: str, values: dict[str, str], ignored: list[str]) -> dict[str, Any]:
+    """mgpu's GPU fields from --gres/--gpus/--gpus-per-node/--gpus-per-task and -N/-n:
+    `gpus` on one node, `nodes` and `gpus_per_node` on several; no GPU option, no GPU."""
+    nodes = _nodes(prog, values.get("nodes")) or 1
+    ntasks = _int(prog, "ntasks", values.get("ntasks"))
+    per_node_tasks = _int(prog, "ntasks-per-node", values.get("ntasks-per-node"))
+    kind = None
+    per_node: int | None = None
+    total: int | None = None
+    if values.get("gpus-per-task") is not None:
+        kind, per_task = _count(prog, "gpus-per-task", values["gpus-per-task"] or "")
+        tasks = ntasks or nodes * (per_node_tasks or 1)
+        total = per_task * tasks
+        per_node = per_task * (per_node_tasks or -(-tasks // nodes))
+    elif values.get("gpus-per-node") is not None:
+        kind, per_node = _count(prog, "gpus-per-node", values["gpus-per-node"] or "")
+    elif values.get("gres") is not None:
+        kind, per_node = _gres(prog, values["gres"] or "", ignored)
+    elif values.get("gpus") is not None:
+        kind, total = _count(prog, "gpus", values["gpus"] or "")
+        if nodes > 1 and total % nodes:
+            raise fail(
+                prog,
+                f"--gpus={total} cannot be shared evenly by {nodes} nodes: mgpu gives "
+                "every node of a job the same GPUs (use --gpus-per-node)",
+            )
+        per_node = total // nodes
+    out: dict[str, Any] = {"gpu_type": kind}
+    if nodes > 1:
+        out.update(nodes=nodes, gpus_per_node=per_node or 0)
+    else:
+        out["gpus"] = per_node if per_node is not None else (total or 0)
+    return out
+
+
+def export_env(prog: str, text: str | None, environ: Mapping[str, str]) -> dict[str, str] | None:
+    """`--export`: None for ALL (the client sends this environment), else the variables:
+    NONE = none of them, `ALL,X=1` = all and these, `X,Y=2` = only these."""
+    if text is None or text.strip().upper() == "ALL":
+        return None
+    items = [i for i in text.split(",") if i]
+    base: dict[str, str] = {}
+    extra: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if name.upper() == "ALL" and not eq:
+            base = dict(environ)
+        elif name.upper() == "NONE" and not eq:
+            continue
+        elif eq:
+            extra[name] = value
+        elif name in environ:
+            extra[name] = environ[name]
+    env = {**base, **extra}
+    if base:
+        from mgpu.client.api import _portable_environment
+
+        env = _portable_environment(env)[0]
+    return env
+
+
+def dependency(prog: str, text: str | None, singleton: list[str]) -> str | None:
+    """mgpu's dependency from Slurm's: afterok/afterany/afternotok as they are, and
+    `singleton` as afterany on the ids given (this user's active jobs of the same name)."""
+    if text is None or not text.strip():
+        return None
+    if "?" in text:
+        raise fail(
+            prog, "Batch job submission failed: Job dependency problem ('?' is not supported)"
+        )
+    parts: list[str] = []
+    for item in text.split(","):
+        kind, _, ids = item.strip().partition(":")
+        kind = kind.lower()
+        if kind == "singleton":
+            if singleton:
+                parts.append("afterany:" + ":".join(singleton))
+            continue
+        if kind not in ("afterok", "afterany", "afternotok") or not ids or "+" in ids:
+            raise fail(prog, f"Batch job submission failed: Job dependency problem ({item})")
+        parts.append(f"{kind}:{ids}")
+    return ",".join(parts) or None
+
+
+def submit_fields(
+    prog: str,
+    values: dict[str, str],
+    environ: Mapping[str, str],
+    cwd: str,
+    block_sent: bool = True,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(the submit fields mgpu has, the `slurm` block, warnings) of the options;
+    `block_sent`: whether the block goes with the job (sbatch) or not (mgpu srun, alloc)."""
+    for name, why in REFUSED.items():
+        if name in values:
+            raise fail(prog, why)
+    ignored: list[str] = []
+    fields = gpu_request(prog, values, ignored)
+    fields["name"] = values.get("job-name")
+    fields["time"] = values.get("time")
+    fields["array"] = values.get("array")
+    fields["hold"] = True if "hold" in values else None
+    fields["signal"] = values.get("signal")
+    fields["nodelist"] = values.get("nodelist")
+    fields["exclude"] = values.get("exclude")
+    fields["reservation"] = values.get("reservation")
+    if values.get("priority") is not None:
+        fields["priority"] = _int(prog, "priority", values["priority"], low=0)
+    if "no-requeue" in values:
+        fields["retries"] = 0
+    if values.get("chdir"):
+        fields["cwd"] = os.path.normpath(
+            os.path.join(cwd, os.path.expanduser(values["chdir"] or ""))
+        )
+    fields["env"] = export_env(prog, values.get("export"), environ)
+    mode = values.get("open-mode")
+    if mode is not None and mode not in ("append", "truncate"):
+        raise fail(prog, "Invalid --open-mode specification")
+    block = {
+        "ntasks": _int(prog, "ntasks", values.get("ntasks")),
+        "ntasks_per_node": _int(prog, "ntasks-per-node", values.get("ntasks-per-node")),
+        "cpus_per_task": _int(prog, "cpus-per-task", values.get("cpus-per-task")),
+        "mem_per_node_mb": memory_mb(prog, "mem", values.get("mem")),
+        "mem_per_cpu_mb": memory_mb(prog, "mem-per-cpu", values.get("mem-per-cpu")),
+        "gpus_per_task": (
+            _count(prog, "gpus-per-task", values["gpus-per-task"] or "")[1]
+            if values.get("gpus-per-task") is not None
+            else None
+        ),
+        "partition": values.get("partition"),
+        "output": values.get("output"),
+        "error": values.get("error"),
+        "open_mode": mode or "truncate",
+    }
+    warnings = []
+    unscheduled = [f"--{n}={values[n]}" for n in NOT_SCHEDULED if values.get(n) is not None]
+    ignored += [f"--{n}" for n in values if n not in HONOURED and n not in REFUSED]
+    if unscheduled or ignored:
+        parts = []
+        if unscheduled:
+            where = ", passed to the job's SLURM_* variables" if block_sent else ""
+            parts.append(f"{' '.join(unscheduled)} not scheduled by mgpu (only GPUs are){where}")
+        if ignored:
+            parts.append(f"ignored: {' '.join(ignored)}")
+        warnings.append("; ".join(parts))
+    return {k: v for k, v in fields.items() if v is not None}, block, warnings
+
+
+_WORDS = {
+    "gpus": "--gpus",
+    "nodes": "--nodes",
+    "gpus_per_node": "--gpus-per-node",
+    "gpu_type": "--gpu-type",
+    "name": "--name",
+    "time": "--time",
+    "nodelist": "--nodelist",
+    "exclude": "--exclude",
+    "reservation": "--reservation",
+    "priority": "--priority",
+    "dependency": "--dependency",
+    "signal": "--signal",
+    "retries": "--retries",
+}
+
+
+def mgpu_words(fields: dict[str, Any]) -> list[str]:
+    """The submit fields as `mgpu srun`/`mgpu alloc` options (those they have)."""
+    words: list[str] = []
+    for key, flag in _WORDS.items():
+        if fields.get(key) is not None:
+            words += [flag, str(fields[key])]
+    if fields.get("hold"):
+        words.append("--hold")
+    return words
+
+
+def exec_mgpu(words: list[str]) -> int:
+    """Become `mgpu WORDS...` (this Python, this mgpu: also from the bin dir's copy)."""
+    import sys
+
+    lib = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); from mgpu.client.cli import main; main()"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-I", "-c", code, lib, *words])
+    return 127  # not reached

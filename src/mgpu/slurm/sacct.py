@@ -1,0 +1,199 @@
+"""`sacct`: jobs in Slurm's accounting columns (`-j`, `-u`, `-a`, `--format/-o`, `-X`, `-n`,
+`-p`, `-P`, `--delimiter`, `-s`, `-S`, `-E`, `-b`, `-l`).  mgpu accounts for jobs, not
+their steps: `-X` or not, one line per job (array task)."""
+
+from __future__ import annotations
+
+import time
+
+from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "sacct"
+USAGE = "[-j jobs] [-u users] [-a] [-o fields] [-X] [-n] [-p|-P] [-s states] [-S time] [-E time]"
+OPTIONS = opts.table(
+    "jobs=/j user=/u uid= allusers/a format=/o allocations/X noheader/n parsable/p "
+    "parsable2/P delimiter= state=/s starttime=/S endtime=/E brief/b long/l name= "
+    "partition=/r account=/A clusters=/M duplicates/D units= noconvert helpformat/e "
+    "verbose/v help/h usage version/V array"
+)
+DEFAULT = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode"
+BRIEF = "JobID,State,ExitCode"
+LONG = (
+    "JobID,JobIDRaw,JobName,Partition,User,AllocCPUS,State,ExitCode,Submit,Start,End,"
+    "Elapsed,Timelimit,NNodes,NodeList,WorkDir"
+)
+
+
+def _elapsed(job: dict[str, Any]) -> float:
+    start = job.get("start_time")
+    if not start:
+        return 0.0
+    return float((job.get("end_time") or time.time()) - start)
+
+
+def _nnodes(job: dict[str, Any]) -> str:
+    return str(len(job.get("allocation") or []) or job.get("nodes") or 1)
+
+
+def _cpus(job: dict[str, Any]) -> str:
+    if job.get("state") == "queued":
+        return "0"
+    block = common.slurm_block(job)
+    nodes = int(_nnodes(job))
+    tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * nodes
+    return str(tasks * (block.get("cpus_per_task") or 1))
+
+
+def _uid(job: dict[str, Any]) -> str:
+    try:
+        import pwd
+
+        return str(pwd.getpwnam(str(job.get("user"))).pw_uid)
+    except (KeyError, ImportError):
+        return ""
+
+
+def _group(job: dict[str, Any]) -> str:
+    try:
+        import grp
+        import pwd
+
+        return grp.getgrgid(pwd.getpwnam(str(job.get("user"))).pw_gid).gr_name
+    except (KeyError, ImportError):
+        return ""
+
+
+def _state(job: dict[str, Any]) -> str:
+    return states.state(job)
+
+
+KNOWN: dict[str, tuple[int, Any]] = {
+    "JobID": (-12, common.job_id_of),
+    "JobIDRaw": (-12, common.job_id_of),
+    "JobName": (10, common.job_name),
+    "Partition": (10, common.partition),
+    "Account": (10, lambda j: ""),
+    "AllocCPUS": (10, _cpus),
+    "NCPUS": (10, _cpus),
+    "ReqCPUS": (8, lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1)),
+    "State": (10, _state),
+    "ExitCode": (8, states.exit_code),
+    "DerivedExitCode": (15, states.exit_code),
+    "Elapsed": (10, lambda j: common.clock(_elapsed(j))),
+    "ElapsedRaw": (10, lambda j: str(int(_elapsed(j)))),
+    "Submit": (19, lambda j: common.timestamp(j.get("submit_time"))),
+    "Eligible": (19, lambda j: common.timestamp(j.get("submit_time"))),
+    "Start": (19, lambda j: common.timestamp(j.get("start_time"))),
+    "End": (19, lambda j: common.timestamp(j.get("end_time"))),
+    "NodeList": (15, lambda j: common.hostlist(j) or "None assigned"),
+    "NNodes": (8, _nnodes),
+    "AllocNodes": (10, lambda j: "0" if j.get("state") == "queued" else _nnodes(j)),
+    "User": (9, lambda j: str(j.get("user") or "")),
+    "Timelimit": (10, lambda j: common.time_limit(j, "sacct")),
+    "WorkDir": (20, lambda j: str(j.get("cwd") or "")),
+    "Reason": (22, lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
+    "ReqTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
+    "AllocTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
+    "ArrayJobID": (15, lambda j: str(j.get("array_job_id") or j["id"])),
+    "ArrayTaskID": (15, lambda j: str(j.get("array_task_id") if j.get("array_job_id") else "")),
+    "Priority": (10, lambda j: str(j.get("priority") or 0)),
+    "UID": (6, lambda j: _uid(j)),
+    "Group": (9, lambda j: _group(j)),
+    "QOS": (10, lambda j: "normal"),
+    "Restarts": (8, lambda j: str(j.get("restart_count") or 0)),
+    "Cluster": (10, lambda j: "mgpu"),
+    "Comment": (14, lambda j: ""),
+}
+
+
+def _midnight() -> float:
+    now = time.localtime()
+    return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, 0, 0, 0, 0, 0, -1))
+
+
+def _epoch(text: str) -> float:
+    """sacct's -S/-E: `YYYY-MM-DD[THH:MM[:SS]]`, `now`, `now-Ndays|hours|minutes`."""
+    t = text.strip().lower()
+    if t.startswith("now"):
+        rest = t[3:]
+        if not rest:
+            return time.time()
+        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+        for unit, secs in units.items():
+            if rest.endswith(unit) and rest[1 : -len(unit)].isdigit():
+                sign = -1 if rest[0] == "-" else 1
+                return time.time() + sign * int(rest[1 : -len(unit)]) * secs
+    for fmt in ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d", "%m/%d/%y", "%m/%d"):
+        try:
+            parsed = time.strptime(text, fmt)
+        except ValueError:
+            continue
+        if fmt == "%m/%d":
+            parsed = time.strptime(f"{time.localtime().tm_year}/{text}", "%Y/%m/%d")
+        return time.mktime(parsed)
+    raise fail(PROG, f"Invalid time specification: {text}")
+
+
+def gather(client: Any, given: dict[str, str]) -> list[dict[str, Any]]:
+    from mgpu.client.api import RequestError
+
+    jobs: list[dict[str, Any]] = []
+    if given.get("jobs"):
+        for job_id in (given["jobs"] or "").split(","):
+            job_id = job_id.strip().partition(".")[0]  # ID.batch: the job
+            if not job_id:
+                continue
+            try:
+                job = client.show(job_id, all=True)
+            except RequestError as e:
+                if e.status == 404:
+                    continue
+                raise
+            jobs += job.get("tasks") or [job]
+        return jobs
+    users: set[str] | None = None
+    if given.get("user"):
+        users = set((given["user"] or "").split(","))
+    elif "allusers" not in given:
+        who = client.whoami()  # an admin sees everyone's, as root does in Slurm
+        users = None if who.get("admin") else {str(who["user"])}
+    start = _epoch(given["starttime"] or "") if given.get("starttime") else _midnight()
+    end = _epoch(given["endtime"] or "") if given.get("endtime") else None
+    for job in client.queue(all=True)["jobs"]:
+        if users is not None and job.get("user") not in users:
+            continue
+        if job.get("end_time") and job["end_time"] < start:
+            continue
+        if end is not None and (job.get("submit_time") or 0) > end:
+            continue
+        jobs.append(job)
+    return jobs
+
+
+def main(argv: list[str]) -> int:
+    given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
+    if "helpformat" in given:
+        print(" ".join(KNOWN))
+        return 0
+    if rest:
+        raise fail(PROG, f"Unrecognized option: {rest[0]}")
+    spec = given.get("format") or (
+        BRIEF if "brief" in given else LONG if "long" in given else DEFAULT
+    )
+    columns = fields.parse_fields(PROG, spec, KNOWN)
+    wanted = states.parse_states(PROG, given["state"]) if given.get("state") else None
+    client = common.make_client()
+    jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
+    jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
+    parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
+    lines = fields.render_fields(
+        columns, jobs, "noheader" not in given, parsable, given.get("delimiter") or "|"
+    )
+    if lines:
+        print("\n".join(lines))
+    return 0

@@ -1,0 +1,216 @@
+"""`sbatch [OPTIONS] [SCRIPT [ARGS...]]`: queue a batch script (or `--wrap CMD`, or a
+script on stdin) with the `slurm` block, and print `Submitted batch job ID`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mgpu.slurm import common, jobopts, opts
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from mgpu.client.api import Client
+
+PROG = "sbatch"
+MAX_SCRIPT_BYTES = 1 << 20
+USAGE = (
+    "Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]\n"
+    "mgpu's sbatch: Slurm's options (see docs/SLURM.md for what each does here)."
+)
+NO_MAIL = "this cluster sends no e-mail"
+"""The master's refusal of a mailto: notification (master/control/notify.py)."""
+
+
+class Batch:
+    """What `sbatch ARGV` submits: the script and its arguments, the options' values
+    (merged), the submit fields, the `slurm` block and the warnings."""
+
+    def __init__(
+        self, argv: list[str], environ: Mapping[str, str], cwd: str, stdin: Any = None
+    ) -> None:
+        found, rest = opts.parse(PROG, argv, jobopts.JOB_OPTIONS, in_order=True)
+        given = dict(found)
+        self.help = "help" in given or "usage" in given
+        self.version = "version" in given
+        if self.help or self.version:
+            return
+        wrap = given.get("wrap")
+        if wrap is not None:
+            if rest:
+                raise fail(PROG, "Script arguments not permitted with --wrap option")
+            self.script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
+            self.script_name, self.name_default, self.args = "wrap", "wrap", []
+        elif rest:
+            path, self.args = rest[0], rest[1:]
+            self.script = read_script(path)
+            self.script_name = os.path.basename(path) or "script"
+            self.name_default = self.script_name
+        else:
+            self.script = _decode((stdin or sys.stdin.buffer).read(MAX_SCRIPT_BYTES + 1), "stdin")
+            self.script_name, self.name_default, self.args = "sbatch", "sbatch", []
+        check_script(self.script)
+        self.values = jobopts.merged(PROG, self.script, found, environ)
+        self.fields, self.slurm, self.warnings = jobopts.submit_fields(
+            PROG, self.values, environ, cwd
+        )
+        self.slurm.update(
+            batch=True,
+            job_name_default=self.name_default,
+            submit_host=os.uname().nodename,
+            submit_dir=cwd,
+        )
+        self.fields.setdefault("cwd", cwd)
+        self.parsable = "parsable" in self.values
+        self.quiet = "quiet" in self.values
+        self.wait = "wait" in self.values
+        mail_type = (self.values.get("mail-type") or "").upper()
+        self.mail = None
+        if mail_type != "NONE" and ("mail-user" in self.values or mail_type):
+            self.mail = self.values.get("mail-user") or ""
+
+
+def _decode(data: bytes, where: str) -> str:
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise fail(
+            PROG, f"Batch script from {where} is over 1 MiB; mgpu sends a script with its job"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise fail(
+            PROG, f"Batch script from {where} is not UTF-8 text (byte {e.start + 1})"
+        ) from None
+
+
+def read_script(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as e:
+        raise fail(PROG, f"Unable to open file {path}: {e.strerror}") from None
+    return _decode(data, path)
+
+
+def check_script(text: str) -> None:
+    """Slurm's own refusals of a script."""
+    if not text:
+        raise fail(PROG, "Batch script is empty!")
+    if not text.strip():
+        raise fail(PROG, "Batch script contains only whitespace!")
+    if not text.startswith("#!"):
+        raise common.SlurmError(
+            "sbatch: error: This does not look like a batch script.  The first\n"
+            "sbatch: error: line must start with #! followed by the path to an interpreter.\n"
+            "sbatch: error: For instance: #!/bin/sh"
+        )
+    if "\r\n" in text:
+        raise common.SlurmError(
+            "sbatch: error: Batch script contains DOS line breaks (\\r\\n)\n"
+            "sbatch: error: instead of expected UNIX line breaks (\\n)."
+        )
+
+
+def _singleton(client: Client, name: str) -> list[str]:
+    """This user's queued and running jobs called `name`: what `singleton` waits for."""
+    user = client.whoami()["user"]
+    jobs = client.queue()["jobs"]
+    return [
+        str(j["id"])
+        for j in jobs
+        if j.get("user") == user
+        and common.job_name(j) == name
+        and j.get("state") in ("queued", "running")
+    ]
+
+
+def submit(client: Client, batch: Batch) -> Any:
+    """Queue it; a mail request the cluster cannot honour is one warning, as Slurm
+    without a mailer (the job is queued)."""
+    fields = dict(batch.fields)
+    deps = batch.values.get("dependency")
+    singleton = []
+    if deps and "singleton" in deps.lower():
+        singleton = _singleton(client, fields.get("name") or batch.name_default)
+    dependency = jobopts.dependency(PROG, deps, singleton)
+    if dependency:
+        fields["dependency"] = dependency
+    warnings = list(batch.warnings)
+    if batch.mail is not None:
+        fields["notify"] = f"mailto:{batch.mail or common.me()}"
+    from mgpu.client.api import RequestError
+
+    def send() -> Any:
+        return client.submit(
+            list(batch.args),
+            script=batch.script,
+            script_name=batch.script_name,
+            slurm=batch.slurm,
+            **fields,
+        )
+
+    try:
+        try:
+            job = send()
+        except RequestError as e:
+            if "notify" not in fields or NO_MAIL not in str(e):
+                raise
+            del fields["notify"]
+            warnings.append("--mail-user/--mail-type ignored: this cluster sends no e-mail")
+            job = send()
+    except RequestError as e:
+        raise refused(e) from None
+    return job, warnings + list(job.warnings)
+
+
+def refused(e: Exception) -> common.SlurmError:
+    """The master's refusal in Slurm's words: `Batch job submission failed: ...` (`Job
+    dependency problem` for a dependency), the master's reason after it."""
+    reason = str(e)
+    if "dependency" in reason.lower():
+        reason = f"Job dependency problem ({reason})"
+    return fail(PROG, f"Batch job submission failed: {reason}")
+
+
+def wait_for(client: Client, job: Any) -> int:
+    """`--wait`: the job's exit code (an array's highest)."""
+    ids = job.task_ids or [job.id]
+    ended = client.wait_all(list(ids))
+    codes = []
+    for j in ended:
+        code = j.get("exit_code")
+        if j.get("state") == "completed":
+            codes.append(0)
+        else:
+            codes.append(code if isinstance(code, int) and code > 0 else 1)
+    return max(codes or [0])
+
+
+def main(argv: list[str]) -> int:
+    batch = Batch(argv, os.environ, _cwd())
+    if batch.help:
+        print(USAGE)
+        return 0
+    if batch.version:
+        print("slurm 22.05 (mgpu)")
+        return 0
+    client = common.make_client()
+    job, warnings = submit(client, batch)
+    if not batch.quiet:
+        for warning in warnings:
+            common.warn(PROG, warning)
+        print(job.id if batch.parsable else f"Submitted batch job {job.id}", flush=True)
+    if batch.wait:
+        return wait_for(client, job)
+    return 0
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise fail(PROG, "the current directory no longer exists") from None

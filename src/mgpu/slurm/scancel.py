@@ -1,0 +1,98 @@
+"""`scancel [ID...] [-u USER] [-n NAME] [-t STATE] [-p PARTITION] [--me]`: cancel jobs
+(`ID`, an array `ID`, a task `ID_7`, tasks `ID_[1-3,5]`).  `--signal` to a running job
+is refused: mgpu sends a job signals at its time limit (`sbatch --signal`), not on demand."""
+
+from __future__ import annotations
+
+import sys
+
+from mgpu.slurm import common, opts, states
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "scancel"
+USAGE = "[-u user] [-n name] [-t state] [-p partition] [--me] [--signal SIG] [job_id...]"
+OPTIONS = opts.table(
+    "user=/u name=/n state=/t partition=/p signal=/s me batch/b full/f interactive/i "
+    "quiet/Q verbose/v account=/A qos=/q reservation=/R nodelist=/w wckey= clusters=/M "
+    "help/h usage version/V"
+)
+
+
+def task_ids(word: str) -> list[str]:
+    """`1234_[1-3,7]` -> ["1234_1", "1234_2", "1234_3", "1234_7"]; other ids as they are."""
+    base, sep, rest = word.partition("_[")
+    if not sep:
+        return [word]
+    if not rest.endswith("]"):
+        raise fail(PROG, f"Invalid job id {word}")
+    out: list[str] = []
+    for part in rest[:-1].split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise fail(PROG, f"Invalid job id {word}")
+        out += [f"{base}_{i}" for i in range(int(low), int(high if dash else low) + 1)]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    given, words = opts.command_line(PROG, argv, OPTIONS, USAGE)
+    if "signal" in given:
+        raise fail(
+            PROG,
+            "mgpu cannot send a signal to a running job on demand; scancel JOB ends it, "
+            "and sbatch --signal=SIG@SECONDS signals it before its time limit",
+        )
+    ids = [i for word in words for part in word.split(",") if part for i in task_ids(part)]
+    filters = {k for k in ("user", "name", "state", "partition", "me") if k in given}
+    if not ids and not filters:
+        raise fail(PROG, "No job identification provided")
+    client = common.make_client()
+    if filters:
+        ids = _matching(client, given, ids)
+    status = 0
+    from mgpu.client.api import RequestError
+
+    for job_id in ids:
+        try:
+            client.cancel(job_id)
+        except RequestError as e:
+            status = 1
+            if e.status == 404:
+                print(
+                    f"{PROG}: error: Kill job error on job id {job_id}: Invalid job id specified",
+                    file=sys.stderr,
+                )
+            elif "already" not in str(e):
+                print(f"{PROG}: error: Kill job error on job id {job_id}: {e}", file=sys.stderr)
+            else:
+                status = 0
+    return status
+
+
+def _matching(client: Any, given: dict[str, str], ids: list[str]) -> list[str]:
+    """The active jobs the filters name (among `ids`, when some are given)."""
+    users = set((given.get("user") or "").split(",")) - {""}
+    if "me" in given:
+        users = {str(client.whoami()["user"])}
+    names = set((given.get("name") or "").split(",")) - {""}
+    partitions = set((given.get("partition") or "").split(",")) - {""}
+    wanted = states.parse_states(PROG, given["state"]) if given.get("state") else None
+    out = []
+    for job in client.queue()["jobs"]:
+        job_id = str(job["id"])
+        if ids and job_id not in ids and str(job.get("array_job_id")) not in ids:
+            continue
+        if users and job.get("user") not in users:
+            continue
+        if names and common.job_name(job) not in names:
+            continue
+        if partitions and common.partition(job) not in partitions:
+            continue
+        if wanted is not None and states.state(job) not in wanted:
+            continue
+        out.append(job_id)
+    return out

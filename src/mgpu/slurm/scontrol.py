@@ -1,0 +1,262 @@
+"""`scontrol show hostnames|job|node|partition`, `scontrol hold|release|requeue JOBS`,
+`scontrol update JobId=ID TimeLimit=... JobName=...`."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from mgpu.slurm import common, states
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "scontrol"
+UPDATABLE = {"timelimit": "time", "jobname": "name", "name": "name", "priority": "priority"}
+
+
+def hostnames(words: list[str]) -> int:
+    from mgpu.hostlist import HostlistError, expand
+
+    env = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    text = ",".join(words) if words else env or ""
+    if not text.strip():
+        raise fail(PROG, "host list is empty")
+    try:
+        hosts = expand(text)
+    except HostlistError:
+        raise common.SlurmError(f"Invalid hostlist: {text}") from None
+    print("\n".join(hosts))
+    return 0
+
+
+def _uid(user: str) -> str:
+    try:
+        import pwd
+
+        entry = pwd.getpwnam(user)
+        import grp
+
+        return (
+            f"{user}({entry.pw_uid}) GroupId={grp.getgrgid(entry.pw_gid).gr_name}({entry.pw_gid})"
+        )
+    except (KeyError, ImportError):
+        return f"{user}(N/A) GroupId=N/A"
+
+
+def _listed(value: Any) -> str:
+    if not value:
+        return "(null)"
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
+def job_text(job: dict[str, Any]) -> str:
+    """`scontrol show job`'s block."""
+    block = common.slurm_block(job)
+    state = states.state(job)
+    nodes = common.hostlist(job)
+    used = 0.0
+    if job.get("start_time"):
+        import time
+
+        used = (job.get("end_time") or time.time()) - job["start_time"]
+    workdir = str(job.get("cwd") or "")
+    out = block.get("output") or (f"{workdir}/slurm-{job['id']}.out" if block else None)
+    err = block.get("error") or out
+    array = ""
+    if job.get("array_job_id"):
+        array = f" ArrayJobId={job['array_job_id']} ArrayTaskId={job.get('array_task_id')}"
+    deps = ",".join(job.get("dependency") or []) or "(null)"
+    n_nodes = len(job.get("allocation") or []) or job.get("nodes") or 1
+    lines = [
+        f"JobId={job['id']}{array} JobName={common.job_name(job)}",
+        f"UserId={_uid(str(job.get('user')))}",
+        f"Priority={job.get('priority') or 0} Nice=0 Account=(null) QOS=normal",
+        f"JobState={state} Reason={states.reason(job)} Dependency={deps}",
+        f"Requeue={0 if job.get('max_retries') == 0 else 1} "
+        f"Restarts={job.get('restart_count') or 0} "
+        f"BatchFlag={1 if block.get('batch') else 0} Reboot=0 ExitCode={states.exit_code(job)}",
+        f"RunTime={common.clock(used)} TimeLimit={common.time_limit(job, 'sacct')} TimeMin=N/A",
+        f"SubmitTime={common.timestamp(job.get('submit_time'))} "
+        f"EligibleTime={common.timestamp(job.get('submit_time'))}",
+        f"StartTime={common.timestamp(job.get('start_time'))} "
+        f"EndTime={common.timestamp(job.get('end_time'))} Deadline=N/A",
+        f"Partition={common.partition(job)} AllocNode:Sid={block.get('submit_host') or 'N/A'}:0",
+        f"ReqNodeList={_listed(job.get('nodelist'))} ExcNodeList={_listed(job.get('exclude'))}",
+        f"NodeList={nodes or '(null)'}",
+        f"BatchHost={nodes.split(',')[0] if nodes and block.get('batch') else '(null)'}",
+        f"NumNodes={n_nodes} NumCPUs={n_nodes} NumTasks={block.get('ntasks') or n_nodes} "
+        f"CPUs/Task={block.get('cpus_per_task') or 1}",
+        f"TRES=node={n_nodes},gres/gpu={job.get('gpus') or 0}",
+        f"Command={job.get('script_name') or job.get('command') or ''}",
+        f"WorkDir={workdir}",
+    ]
+    if out:
+        lines += [f"StdErr={err}", "StdIn=/dev/null", f"StdOut={out}"]
+    return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
+
+
+def node_text(node: dict[str, Any]) -> str:
+    gpus = node.get("gpus") or []
+    busy = sum(1 for g in gpus if g.get("busy_job"))
+    state = states.node_state(node)
+    kinds = {g.get("name") for g in gpus}
+    lines = [
+        f"NodeName={node['node_id']} Arch=x86_64",
+        f"Gres=gpu:{len(gpus)} GresUsed=gpu:{busy}",
+        f"NodeAddr={node.get('ip') or node.get('hostname')} NodeHostName={node.get('hostname')}",
+        f"State={state.upper()}" + (f" Reason={node['reason']}" if node.get("reason") else ""),
+        f"AvailableFeatures={','.join(sorted(k for k in kinds if k)) or '(null)'}",
+    ]
+    return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
+
+
+ENTITIES = (
+    ("hostnames", 5, "hostnames"),
+    ("jobs", 1, "job"),
+    ("jobid", 4, "job"),
+    ("nodes", 1, "node"),
+    ("partitions", 2, "partition"),
+)
+"""`show`'s entities: a prefix this long or longer names it (Slurm's abbreviations)."""
+
+
+def entity(word: str) -> str:
+    w = word.lower()
+    for full, shortest, name in ENTITIES:
+        if len(w) >= shortest and full.startswith(w):
+            return name
+    return w
+
+
+def show(client: Any, words: list[str]) -> int:
+    what = entity(words[0]) if words else ""
+    rest = words[1:]
+    if what == "hostnames":
+        return hostnames(rest)
+    if what == "job":
+        if rest:
+            from mgpu.client.api import RequestError
+
+            try:
+                job = client.show(rest[0])
+            except RequestError as e:
+                if e.status == 404:
+                    raise common.SlurmError(
+                        "slurm_load_jobs error: Invalid job id specified"
+                    ) from None
+                raise
+            jobs = job.get("tasks") or [job]
+        else:
+            jobs = client.queue()["jobs"]
+        if not jobs:
+            print("No jobs in the system")
+        print("\n".join(job_text(j) for j in jobs), end="")
+        return 0
+    if what == "node":
+        nodes = client.nodes()
+        if rest:
+            nodes = [n for n in nodes if rest[0] in (n["node_id"], n.get("hostname"))]
+            if not nodes:
+                raise common.SlurmError(f"Node {rest[0]} not found")
+        print("\n".join(node_text(n) for n in nodes), end="")
+        return 0
+    if what == "partition":
+        from mgpu.slurm.sinfo import partitions
+
+        for part in partitions(client, client.nodes()):
+            if rest and part.name != rest[0]:
+                continue
+            limit = "UNLIMITED" if part.limit == "infinite" else part.limit
+            print(
+                f"PartitionName={part.name}\n   Default={'YES' if part.default else 'NO'} "
+                f"MaxTime={limit} State=UP\n   Nodes={','.join(part.nodes)}\n"
+                f"   TotalNodes={len(part.nodes)}\n"
+            )
+        return 0
+    raise fail(PROG, f"invalid entity: {what or '(none)'} for keyword: show")
+
+
+def _job_list(words: list[str]) -> list[str]:
+    ids = [i for w in words for i in w.split(",") if i]
+    if not ids:
+        raise fail(PROG, "Invalid job id specified")
+    return ids
+
+
+def job_action(client: Any, verb: str, words: list[str]) -> int:
+    from mgpu.client.api import RequestError
+
+    call = {
+        "hold": client.hold,
+        "uhold": client.hold,
+        "release": client.release,
+        "requeue": client.requeue,
+    }[verb]
+    status = 0
+    for job_id in _job_list(words):
+        try:
+            call(job_id)
+        except RequestError as e:
+            status = 1
+            why = "Invalid job id specified" if e.status == 404 else str(e)
+            print(
+                f"{verb} error on job {job_id}: {why}"
+                if verb != "requeue"
+                else f"Requeue of JobId={job_id} failed: {why}",
+                file=sys.stderr,
+            )
+    return status
+
+
+def update(client: Any, words: list[str]) -> int:
+    """`update JobId=ID TimeLimit=2:00:00 JobName=x` (keys in any case)."""
+    job_id = None
+    changes: dict[str, Any] = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        k = key.lower()
+        if not eq:
+            raise fail(PROG, f"Invalid input: {word}")
+        if k in ("jobid", "job"):
+            job_id = value
+        elif k in UPDATABLE:
+            changes[UPDATABLE[k]] = int(value) if k == "priority" and value.isdigit() else value
+        else:
+            raise common.SlurmError(f"Update of this parameter is not supported: {word}")
+    if job_id is None:
+        raise fail(PROG, "No job identification provided")
+    if not changes:
+        raise fail(PROG, "No changes specified")
+    from mgpu.client.api import RequestError
+
+    try:
+        client.update(job_id, **changes)
+    except RequestError as e:
+        why = "Invalid job id specified" if e.status == 404 else str(e)
+        raise common.SlurmError(f"Job {job_id} update error: {why}") from None
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    words = [w for w in argv if not w.startswith("-") or w in ("-", "--")]
+    flags = [w for w in argv if w.startswith("-") and w not in ("-", "--")]
+    if any(f in ("-h", "--help", "--usage") for f in flags) or not words:
+        print(
+            "Usage: scontrol show hostnames|job|node|partition [ID] | "
+            "hold|release|requeue JOBS | update JobId=ID TimeLimit=T JobName=N"
+        )
+        return 0 if words or flags else 1
+    verb = words[0].lower()
+    if verb == "show" and len(words) > 1 and entity(words[1]) == "hostnames":
+        return hostnames(words[2:])  # no master needed (launchers run this on every node)
+    client = common.make_client()
+    if verb == "show":
+        return show(client, words[1:])
+    if verb in ("hold", "uhold", "release", "requeue"):
+        return job_action(client, verb, words[1:])
+    if verb == "update":
+        return update(client, words[1:])
+    raise fail(PROG, f"Invalid keyword: {words[0]}")

@@ -1,0 +1,157 @@
+"""`sinfo`: partitions and nodes in Slurm's view (default, `-N`, `-o`, `-h`, `-p`,
+`-t`); a node's state is Slurm's (idle, mix, alloc, drain, drng, down) from its GPUs."""
+
+from __future__ import annotations
+
+from mgpu.slurm import common, fields, opts, states
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "sinfo"
+OPTIONS = opts.table(
+    "Node/N noheader/h format=/o partition=/p states=/t long/l summarize/s all/a "
+    "exact/e responding/r dead/d nodes=/n iterate=/i verbose/v help usage version/V "
+    "clusters=/M"
+)
+COMPACT = {
+    "idle": "idle",
+    "mixed": "mix",
+    "allocated": "alloc",
+    "draining": "drng",
+    "drained": "drain",
+    "down": "down",
+}
+
+
+class Partition:
+    """A partition as sinfo shows it: name, default or not, time limit, node ids."""
+
+    def __init__(self, name: str, default: bool, limit: str, nodes: list[str]) -> None:
+        self.name, self.default, self.limit, self.nodes = name, default, limit, nodes
+
+
+def partitions(client: Any, nodes: list[dict[str, Any]]) -> list[Partition]:
+    """The cluster's partitions (GET /api/partitions); a master without them has one,
+    the default, of every node."""
+    from mgpu.client.api import RequestError
+
+    try:
+        listed = client._request("GET", "/api/partitions")["partitions"]
+    except RequestError as e:
+        if e.status != 404:
+            raise
+        ids = [n["node_id"] for n in nodes]
+        return [Partition(common.DEFAULT_PARTITION, True, "infinite", ids)]
+    return [
+        Partition(
+            str(p["name"]),
+            bool(p.get("default")),
+            _limit(p.get("max_time")),
+            [str(n) for n in p.get("nodes") or []],
+        )
+        for p in listed
+    ]
+
+
+def _limit(text: Any) -> str:
+    """sinfo writes no limit as `infinite`."""
+    return "infinite" if not text or str(text).upper() == "UNLIMITED" else str(text)
+
+
+def _names(nodes: list[dict[str, Any]]) -> str:
+    names = [n["node_id"] for n in nodes]
+    if len(names) <= 1:
+        return names[0] if names else ""
+    from mgpu.hostlist import compress
+
+    return compress(names)
+
+
+class Row:
+    """One line: a partition's nodes in one state (or one node, with -N)."""
+
+    def __init__(self, part: Partition, state: str, nodes: list[Any]) -> None:
+        self.partition, self.default, self.limit = part.name, part.default, part.limit
+        self.state, self.nodes = state, nodes
+
+
+def _gres(row: Row) -> str:
+    counts = sorted({len(n.get("gpus") or []) for n in row.nodes})
+    return ",".join(f"gpu:{c}" for c in counts if c) or "(null)"
+
+
+KNOWN: dict[str, tuple[str, Any]] = {
+    "P": ("PARTITION", lambda r: r.partition + ("*" if r.default else "")),
+    "R": ("PARTITION", lambda r: r.partition),
+    "a": ("AVAIL", lambda r: "up"),
+    "l": ("TIMELIMIT", lambda r: r.limit),
+    "D": ("NODES", lambda r: str(len(r.nodes))),
+    "t": ("STATE", lambda r: COMPACT.get(r.state, r.state)),
+    "T": ("STATE", lambda r: r.state),
+    "N": ("NODELIST", lambda r: _names(r.nodes)),
+    "n": ("HOSTNAMES", lambda r: ",".join(n.get("hostname") or n["node_id"] for n in r.nodes)),
+    "G": ("GRES", _gres),
+    "c": ("CPUS", lambda r: "1"),
+    "m": ("MEMORY", lambda r: "1"),
+    "E": ("REASON", lambda r: ",".join(n.get("reason") or "none" for n in r.nodes[:1])),
+    "F": ("NODES(A/I/O/T)", lambda r: _aiot(r)),
+}
+
+
+def _aiot(row: Row) -> str:
+    counts = {"A": 0, "I": 0, "O": 0}
+    for n in row.nodes:
+        s = states.node_state(n)
+        counts["A" if s in ("allocated", "mixed") else "I" if s == "idle" else "O"] += 1
+    return f"{counts['A']}/{counts['I']}/{counts['O']}/{len(row.nodes)}"
+
+
+def rows(
+    parts: list[Partition], nodes: list[dict[str, Any]], per_node: bool, wanted: set[str] | None
+) -> list[Row]:
+    by_id = {n["node_id"]: n for n in nodes}
+    out = []
+    for part in parts:
+        by_state: dict[str, list[Any]] = {}
+        for node in (by_id[i] for i in part.nodes if i in by_id):
+            state = states.node_state(node)
+            if wanted and state not in wanted and COMPACT[state] not in wanted:
+                continue
+            if per_node:
+                out.append(Row(part, state, [node]))
+            else:
+                by_state.setdefault(state, []).append(node)
+        out += [Row(part, s, ns) for s, ns in by_state.items()]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    given, rest = opts.command_line(
+        PROG, argv, OPTIONS, "[-N] [-h] [-o format] [-p partition] [-t states]"
+    )
+    if rest:
+        raise common.fail(PROG, f"Unrecognized option: {rest[0]}")
+    client = common.make_client()
+    per_node = "Node" in given
+    wanted = {s.strip().lower() for s in (given.get("states") or "").split(",") if s.strip()}
+    nodes = client.nodes()
+    table = rows(partitions(client, nodes), nodes, per_node, wanted or None)
+    if given.get("partition"):
+        keep = set((given["partition"] or "").split(","))
+        table = [r for r in table if r.partition in keep]
+    fmt = given.get("format")
+    if fmt is None:
+        # Slurm's defaults, the partition and node columns as wide as their widest (9 at least)
+        width = max([len(KNOWN["P"][1](r)) for r in table] + [9])
+        if per_node:
+            nwidth = max([len(_names(r.nodes)) for r in table] + [9])
+            fmt = f"%{nwidth}N %.6D %.{width}P %6t"
+        else:
+            fmt = f"%{width}P %.5a %.10l %.6D %.6t %N"
+    items = fields.parse_percent(PROG, fmt, KNOWN, what="node")
+    lines = fields.render_percent(items, KNOWN, table, "noheader" not in given)
+    if lines:
+        print("\n".join(lines))
+    return 0

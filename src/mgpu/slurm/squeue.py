@@ -1,0 +1,295 @@
+"""`squeue`: the queue in Slurm's columns (`-o/--format`, `-O/--Format`, `-u`, `--me`, `-j`,
+`-t`, `-p`, `-n`, `-h`, `-l`, `-r`, `-i`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm.common import fail
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+PROG = "squeue"
+USAGE = (
+    "[-u user_list] [--me] [-j job_list] [-t state_list] [-h] [-o format] [-O fields] "
+    "[-p partitions] [-n names] [-l] [-r] [-i seconds]"
+)
+DEFAULT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
+LONG = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+OPTIONS = opts.table(
+    "user=/u me jobs?/j states=/t noheader/h format=/o Format=/O partition=/p name=/n "
+    "long/l array/r iterate=/i sort=/S all/a account=/A verbose/v nodelist=/w clusters=/M "
+    "qos=/q steps?/s start help usage version/V"
+)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _used(job: dict[str, Any]) -> float:
+    start = job.get("start_time")
+    if not start or job.get("state") == "queued":
+        return 0.0
+    return float((job.get("end_time") or _now()) - start)
+
+
+def _shown_id(job: dict[str, Any]) -> str:
+    if job.get("array_tasks") and job.get("array_job_id"):
+        return f"{job['array_job_id']}_[{job['array_tasks']}]"
+    return common.job_id_of(job)
+
+
+def _nodes(job: dict[str, Any]) -> str:
+    alloc = job.get("allocation") or []
+    return str(len(alloc) if alloc and job.get("state") != "queued" else job.get("nodes") or 1)
+
+
+def _time_left(job: dict[str, Any]) -> str:
+    limit = job.get("time_limit")
+    if limit is None or limit == float("inf"):
+        return "UNLIMITED"
+    return common.elapsed(max(0.0, float(limit) - _used(job)))
+
+
+def _gres(job: dict[str, Any]) -> str:
+    gpus = job.get("gpus_per_node") if (job.get("nodes") or 1) > 1 else job.get("gpus")
+    return f"gres:gpu:{gpus}" if gpus else "N/A"
+
+
+def _cpus(job: dict[str, Any]) -> str:
+    block = common.slurm_block(job)
+    tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * int(_nodes(job))
+    return str(tasks * (block.get("cpus_per_task") or 1))
+
+
+def _where(job: dict[str, Any]) -> str:
+    if job.get("state") == "queued":
+        return f"({states.reason(job)})"
+    return common.hostlist(job)
+
+
+def _null(value: Any) -> str:
+    if value is None or value == "" or value == []:
+        return "(null)"
+    return ",".join(value) if isinstance(value, list) else str(value)
+
+
+def _uid(job: dict[str, Any]) -> str:
+    try:
+        import pwd
+
+        return str(pwd.getpwnam(job["user"]).pw_uid)
+    except (KeyError, ImportError):
+        return "N/A"
+
+
+def _priority(job: dict[str, Any]) -> str:
+    value = job.get("priority_value")
+    return str(int(value)) if isinstance(value, int | float) else str(job.get("priority") or 0)
+
+
+def _when(key: str) -> Any:
+    return lambda job: common.timestamp(job.get(key), "N/A")
+
+
+def _memory(job: dict[str, Any]) -> str:
+    block = common.slurm_block(job)
+    mb = block.get("mem_per_node_mb") or block.get("mem_per_cpu_mb")
+    return f"{mb}M" if mb else "0"
+
+
+KNOWN: dict[str, tuple[str, Any]] = {
+    "i": ("JOBID", _shown_id),
+    "A": ("JOBID", common.job_id_of),
+    "F": ("ARRAY_JOB_ID", lambda j: str(j.get("array_job_id") or j["id"])),
+    "K": ("ARRAY_TASK_ID", lambda j: _array_task(j)),
+    "j": ("NAME", common.job_name),
+    "u": ("USER", lambda j: str(j.get("user") or "")),
+    "U": ("UID", _uid),
+    "t": ("ST", lambda j: states.letters(states.state(j))),
+    "T": ("STATE", states.state),
+    "M": ("TIME", lambda j: common.elapsed(_used(j))),
+    "l": ("TIME_LIMIT", common.time_limit),
+    "L": ("TIME_LEFT", _time_left),
+    "D": ("NODES", _nodes),
+    "R": ("NODELIST(REASON)", _where),
+    "r": ("REASON", states.reason),
+    "N": ("NODELIST", common.hostlist),
+    "B": ("EXEC_HOST", lambda j: common.hostlist(j).split(",")[0] or "n/a"),
+    "P": ("PARTITION", common.partition),
+    "C": ("CPUS", _cpus),
+    "c": ("MIN_CPUS", lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1)),
+    "m": ("MIN_MEMORY", _memory),
+    "b": ("TRES_PER_NODE", _gres),
+    "o": ("COMMAND", lambda j: str(j.get("script_name") or j.get("command") or "")),
+    "Z": ("WORK_DIR", lambda j: str(j.get("cwd") or "")),
+    "V": ("SUBMIT_TIME", _when("submit_time")),
+    "S": ("START_TIME", _when("start_time")),
+    "e": ("END_TIME", _when("end_time")),
+    "E": ("DEPENDENCY", lambda j: _null(j.get("dependency"))),
+    "p": ("PRIORITY", _priority),
+    "Q": ("PRIORITY", _priority),
+    "q": ("QOS", lambda j: "normal"),
+    "a": ("ACCOUNT", lambda j: "(null)"),
+    "v": ("RESERVATION", lambda j: _null(j.get("reservation"))),
+    "k": ("COMMENT", lambda j: "(null)"),
+    "n": ("REQ_NODES", lambda j: _null(j.get("nodelist"))),
+    "x": ("EXC_NODES", lambda j: _null(j.get("exclude"))),
+}
+LONG_NAMES = {
+    "jobid": "i",
+    "jobarrayid": "i",
+    "arrayjobid": "F",
+    "arraytaskid": "K",
+    "name": "j",
+    "username": "u",
+    "user": "u",
+    "userid": "U",
+    "statecompact": "t",
+    "state": "T",
+    "timeused": "M",
+    "timelimit": "l",
+    "timeleft": "L",
+    "numnodes": "D",
+    "reasonlist": "R",
+    "reason": "r",
+    "nodelist": "N",
+    "batchhost": "B",
+    "partition": "P",
+    "numcpus": "C",
+    "mincpus": "c",
+    "minmemory": "m",
+    "tres-per-node": "b",
+    "command": "o",
+    "workdir": "Z",
+    "submittime": "V",
+    "starttime": "S",
+    "endtime": "e",
+    "dependency": "E",
+    "priority": "p",
+    "prioritylong": "Q",
+    "qos": "q",
+    "account": "a",
+    "reservation": "v",
+    "comment": "k",
+    "reqnodes": "n",
+    "excnodes": "x",
+}
+
+
+def _array_task(job: dict[str, Any]) -> str:
+    if job.get("array_tasks"):
+        return f"[{job['array_tasks']}]"
+    task = job.get("array_task_id")
+    return "N/A" if task is None else str(task)
+
+
+def _split(text: str) -> set[str]:
+    return {w.strip() for w in text.split(",") if w.strip()}
+
+
+_STATE_ORDER = {"PENDING": 0, "RUNNING": 1}
+
+
+def _sort_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    prio = job.get("priority_value")
+    numeric = str(job["id"]).replace("_", ".")
+    return (
+        common.partition(job),
+        _STATE_ORDER.get(states.state(job), 2),
+        -(prio if isinstance(prio, int | float) else 0),
+        len(numeric),
+        numeric,
+    )
+
+
+def select(
+    jobs: list[dict[str, Any]],
+    ids: set[str] | None,
+    users: set[str] | None,
+    wanted: set[str] | None,
+    partitions: set[str] | None,
+    names: set[str] | None,
+) -> list[dict[str, Any]]:
+    """The jobs the filters keep (an array id names its tasks), in squeue's order."""
+    out = []
+    for job in jobs:
+        if ids is not None and not ({str(job["id"]), str(job.get("array_job_id"))} & ids):
+            continue
+        if users is not None and job.get("user") not in users:
+            continue
+        if wanted is not None and states.state(job) not in wanted:
+            continue
+        if partitions is not None and common.partition(job) not in partitions:
+            continue
+        if names is not None and common.job_name(job) not in names:
+            continue
+        out.append(job)
+    return sorted(out, key=_sort_key)
+
+
+def main(argv: list[str]) -> int:
+    given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
+    ids = given.get("jobs")
+    if not ids and rest and "jobs" in given:
+        ids, rest = rest[0], rest[1:]
+    if rest:
+        raise fail(PROG, f"Unrecognized option: {rest[0]}")
+    fmt = given.get("format") or os.environ.get("SQUEUE_FORMAT")
+    if "Format" in given or (fmt is None and os.environ.get("SQUEUE_FORMAT2")):
+        items = fields.parse_long(
+            PROG, given.get("Format") or os.environ["SQUEUE_FORMAT2"], KNOWN, LONG_NAMES
+        )
+    else:
+        fmt = fmt or (LONG if "long" in given else DEFAULT)
+        items = fields.parse_percent(PROG, fmt, KNOWN)
+    wanted = states.parse_states(PROG, given["states"]) if given.get("states") else None
+    client = common.make_client()
+    users = _split(given["user"]) if given.get("user") else None
+    if "me" in given:
+        users = {str(client.whoami()["user"])}
+    id_set = _split(ids) if ids else None
+    header = "noheader" not in given
+    iterate = float(given["iterate"]) if given.get("iterate") else 0.0
+    while True:
+        ended = bool(wanted and wanted - set(states.ACTIVE))  # `-t CD`: the last ended jobs
+        data = client.queue(all=ended, fold="array" not in given)
+        jobs = select(
+            list(data["jobs"]),
+            id_set,
+            users,
+            wanted,
+            _split(given["partition"]) if given.get("partition") else None,
+            _split(given["name"]) if given.get("name") else None,
+        )
+        if id_set and not jobs:
+            _check_ids(client, id_set)
+        if iterate:
+            print(time.strftime("%a %b %d %H:%M:%S %Y"))
+        lines = fields.render_percent(items, KNOWN, jobs, header)
+        if lines:
+            print("\n".join(lines))
+        if not iterate:
+            return 0
+        print(flush=True)
+        time.sleep(iterate)
+
+
+def _check_ids(client: Any, ids: set[str]) -> None:
+    """`squeue -j ID` of no job at all is Slurm's error; of a job that has ended, an
+    empty list."""
+    from mgpu.client.api import RequestError
+
+    for job_id in ids:
+        try:
+            client.show(job_id)
+            return
+        except RequestError as e:
+            if e.status != 404:
+                raise
+    raise common.SlurmError("slurm_load_jobs error: Invalid job id specified")

@@ -1,0 +1,71 @@
+"""`srun`: inside a job (`$MGPU_JOB_ID`), a step on the job's allocation (helper module
+mgpu.client.steps); outside any job, `mgpu srun` (a new job, its output here)."""
+
+from __future__ import annotations
+
+import os
+
+from mgpu.slurm import common, jobopts, opts
+from mgpu.slurm.common import fail
+
+PROG = "srun"
+OPTIONS = opts.table(
+    "nodes=/N ntasks=/n ntasks-per-node= nodelist=/w exclude=/x gpus-per-task= gpus=/G "
+    "gres= gpus-per-node= label/l kill-on-bad-exit?/K pty chdir=/D job-name=/J time=/t "
+    "partition=/p export= unbuffered/u mpi= cpus-per-task=/c mem= mem-per-cpu= overlap "
+    "exact jobid= quiet/Q verbose/v output=/o error=/e input=/i wait=/W cpu-bind= "
+    "distribution=/m exclusive? account=/A qos=/q ntasks-per-gpu= gpu-bind= hint= "
+    "reservation= dependency=/d hold/H help/h usage version/V"
+)
+
+
+STEP_ONLY = frozenset(("label", "kill-on-bad-exit", "pty", "unbuffered", "overlap", "exact"))
+"""srun's options for its tasks' output and life, not the job's: no warning for them."""
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise fail(PROG, f'Invalid numeric value "{text}"')
+    return int(text)
+
+
+def in_job(values: dict[str, str], argv: list[str]) -> int:
+    """A step of the current job, through helper "steps"' client (mgpu.client.steps)."""
+    try:
+        from mgpu.client import steps  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # not merged yet: the step path `mgpu srun` has (mgpu alloc's)
+        return jobopts.exec_mgpu(["srun", "--", *argv])
+    per_task = values.get("gpus-per-task")
+    options = steps.StepOptions(
+        nodes=_int((values.get("nodes") or "").partition("-")[0] or None),
+        ntasks=_int(values.get("ntasks")),
+        ntasks_per_node=_int(values.get("ntasks-per-node")),
+        nodelist=values.get("nodelist"),
+        gpus_per_task=_int(per_task.rpartition(":")[2]) if per_task else None,
+        label="label" in values,
+        kill_on_bad_exit="kill-on-bad-exit" in values and values["kill-on-bad-exit"] != "0",
+        pty="pty" in values,
+        cwd=values.get("chdir"),
+        job_id=values.get("jobid"),
+    )
+    return int(steps.run_step(argv, options))
+
+
+def main(argv: list[str]) -> int:
+    values, command = opts.command_line(
+        PROG, argv, OPTIONS, "[OPTIONS(0)...] executable(0) [args(0)...]", in_order=True
+    )
+    if not command:
+        raise fail(PROG, "No command given to execute.")
+    if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
+        return in_job(values, command)
+    job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
+    fields, _, warnings = jobopts.submit_fields(PROG, job_values, {}, os.getcwd(), block_sent=False)
+    for warning in warnings:
+        common.warn(PROG, warning)
+    words = ["srun", *jobopts.mgpu_words(fields)]
+    if "pty" in values:
+        words.append("--pty")
+    return jobopts.exec_mgpu([*words, "--", *command])

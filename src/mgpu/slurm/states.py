@@ -1,0 +1,118 @@
+"""mgpu's job states in Slurm's words: squeue's `%t`/`%T`, sacct's State, the pending
+reason codes and `EXIT:SIGNAL` exit codes."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+NAMES = {
+    "queued": "PENDING",
+    "running": "RUNNING",
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "cancelled": "CANCELLED",
+    "timeout": "TIMEOUT",
+}
+LETTERS = {
+    "PENDING": "PD",
+    "RUNNING": "R",
+    "COMPLETED": "CD",
+    "COMPLETING": "CG",
+    "FAILED": "F",
+    "CANCELLED": "CA",
+    "TIMEOUT": "TO",
+    "NODE_FAIL": "NF",
+    "OUT_OF_MEMORY": "OOM",
+    "PREEMPTED": "PR",
+    "REQUEUED": "RQ",
+}
+ACTIVE = ("PENDING", "RUNNING")
+ALL_NAMES = frozenset(LETTERS)
+
+
+def state(job: dict[str, Any]) -> str:
+    """Slurm's state name of an mgpu job."""
+    name = NAMES.get(str(job.get("state")), "PENDING")
+    reason = str(job.get("reason") or "").lower()
+    if name == "FAILED":
+        if "node" in reason and ("lost" in reason or "silent" in reason or "removed" in reason):
+            return "NODE_FAIL"
+        if "out of memory" in reason or "oom" in reason.split():
+            return "OUT_OF_MEMORY"
+    return name
+
+
+def letters(name: str) -> str:
+    return LETTERS.get(name, name[:2])
+
+
+def parse_states(prog: str, text: str) -> set[str]:
+    """`-t/--state` of squeue, scancel and sacct: names or letters, comma-separated, any
+    case (`pd,R`, `running`); `all` is every state."""
+    from mgpu.slurm.common import fail
+
+    wanted: set[str] = set()
+    by_letters = {v: k for k, v in LETTERS.items()}
+    for item in text.split(","):
+        word = item.strip().upper()
+        if word == "ALL":
+            return set(ALL_NAMES)
+        if word in ALL_NAMES:
+            wanted.add(word)
+        elif word in by_letters:
+            wanted.add(by_letters[word])
+        else:
+            raise fail(prog, f"Invalid job state specified: {item.strip()}")
+    return wanted
+
+
+def reason(job: dict[str, Any]) -> str:
+    """squeue's REASON of a pending job (Slurm's codes), `None` for a running one."""
+    if job.get("state") != "queued":
+        return "None"
+    if job.get("held"):
+        return "JobHeldAdmin" if job.get("held_by") == "admin" else "JobHeldUser"
+    text = str(job.get("reason") or "").lower()
+    if "dependency" in text:
+        return "DependencyNeverSatisfied" if "never" in text else "Dependency"
+    if job.get("waiting_on"):
+        return "Dependency"
+    if "reservation" in text:
+        return "Reservation"
+    if "priority" in text:
+        return "Priority"
+    if "never" in text or "no node" in text or "not exist" in text:
+        return "ReqNodeNotAvail"
+    if job.get("restart_count") and not text:
+        return "BeginTime"
+    return "Resources"
+
+
+def exit_code(job: dict[str, Any]) -> str:
+    """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL)."""
+    code = job.get("exit_code")
+    if not isinstance(code, int):
+        return "0:0"
+    if code < 0:
+        return f"0:{-code}"
+    if code > 128 and job.get("state") in ("cancelled", "timeout"):
+        return f"0:{code - 128}"
+    return f"{code}:0"
+
+
+def node_state(node: dict[str, Any]) -> str:
+    """Slurm's long node state: idle, mixed, allocated, draining, drained, down."""
+    state = node.get("state")
+    gpus = node.get("gpus") or []
+    busy = sum(1 for g in gpus if g.get("busy_job"))
+    if state == "offline" or node.get("connected") is False:
+        return "down"
+    if state == "drained":
+        return "drained"
+    if state == "draining":
+        return "draining" if busy else "drained"
+    if gpus and busy == len(gpus):
+        return "allocated"
+    return "mixed" if busy else "idle"

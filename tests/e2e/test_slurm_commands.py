@@ -1,0 +1,320 @@
+"""Slurm's commands against a real master: sbatch -> squeue -> scancel, sacct -P and
+squeue --format parsed as Slurm's, sbatch --wait's exit code, a script on stdin, --wrap,
+and the bin dir every job finds first on its PATH, run by another account.
+
+The sbatch tests need the master to take the submission's `slurm` block (helper
+slurmjob's side of docs/SLURM.md); until it does they skip, saying so."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, LocalCluster, local_cluster
+from mgpu import Client
+from mgpu.agent import slurmbin
+
+NO_SLURM_BLOCK = "the master does not take the `slurm` block of a submission yet (helper slurmjob)"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("slurm"), agents=2, gpus=2) as c:
+        yield c
+
+
+def run(
+    c: LocalCluster, *argv: str, input: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`mgpu COMMAND ...` (the same code as the bin dir's COMMAND)."""
+    return subprocess.run(
+        [str(BIN / "mgpu"), *argv],
+        capture_output=True,
+        text=True,
+        input=input,
+        env={**c.env, **(env or {})},
+        timeout=120,
+    )
+
+
+def sbatch(c: LocalCluster, *argv: str, input: str | None = None) -> str:
+    res = run(c, "sbatch", "--parsable", *argv, input=input)
+    if res.returncode and "slurm" in res.stderr and "not an option" in res.stderr:
+        pytest.skip(NO_SLURM_BLOCK)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def squeue(c: LocalCluster, *argv: str) -> list[list[str]]:
+    res = run(c, "squeue", "-h", *argv)
+    assert res.returncode == 0, res.stderr
+    return [line.split("|") for line in res.stdout.splitlines()]
+
+
+def sacct(c: LocalCluster, *argv: str) -> list[dict[str, str]]:
+    res = run(c, "sacct", "-P", *argv)
+    assert res.returncode == 0, res.stderr
+    header, *rows = res.stdout.splitlines()
+    return [dict(zip(header.split("|"), row.split("|"), strict=True)) for row in rows]
+
+
+def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    running = c.client().submit("sleep 60", gpus=1, name="runner")
+    queued = c.client().submit("true", gpus=1, name="held", hold=True)
+    try:
+        rows = squeue(c, "-o", "%i|%j|%u|%t|%T|%D|%b|%R", "-j", f"{running.id},{queued.id}")
+        by_id = {r[0]: r for r in rows}
+        assert by_id[queued.id][1:] == [
+            "held",
+            "root",
+            "PD",
+            "PENDING",
+            "1",
+            "gres:gpu:1",
+            "(JobHeldUser)",
+        ]
+        assert by_id[running.id][4] in ("PENDING", "RUNNING")
+        default = run(c, "squeue", "-u", "root")
+        assert default.stdout.splitlines()[0].split() == [
+            "JOBID",
+            "PARTITION",
+            "NAME",
+            "USER",
+            "ST",
+            "TIME",
+            "NODES",
+            "NODELIST(REASON)",
+        ]
+        assert run(c, "scancel", running.id, queued.id).returncode == 0
+        for job_id in (running.id, queued.id):
+            c.client().wait(job_id, timeout=30)
+        got = {
+            r["JobID"]: r
+            for r in sacct(
+                c, "-j", f"{running.id},{queued.id}", "--format=JobID,JobName,State,ExitCode"
+            )
+        }
+        assert got[queued.id] == {
+            "JobID": queued.id,
+            "JobName": "held",
+            "State": "CANCELLED",
+            "ExitCode": "0:0",
+        }
+        assert got[running.id]["State"] == "CANCELLED"
+        assert squeue(c, "-j", running.id) == []  # ended: no longer listed
+        assert squeue(c, "-t", "CA", "-j", queued.id, "-o", "%i|%T") == [[queued.id, "CANCELLED"]]
+    finally:
+        for job_id in (running.id, queued.id):
+            c.client().cancel(job_id)
+
+
+def test_bad_input_is_one_sentence(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    res = run(c, "squeue", "-o", "%i %!")
+    assert (res.returncode, res.stderr) == (
+        1,
+        "squeue: error: Invalid job format specification: !\n",
+    )
+    res = run(c, "squeue", "-j", "999999")
+    assert (res.returncode, res.stderr) == (1, "slurm_load_jobs error: Invalid job id specified\n")
+    res = run(c, "sacct", "--format=JobID,Bogus")
+    assert res.stderr == 'sacct: error: Invalid field requested: "Bogus"\n'
+    res = run(c, "sbatch", "--bogus", "x.sh")
+    assert (res.returncode, res.stderr) == (1, "sbatch: unrecognized option '--bogus'\n")
+    res = run(c, "scancel", "--signal=USR1", "1")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1
+    res = run(c, "scontrol", "update", "JobId=999999", "TimeLimit=5")
+    assert res.returncode == 1 and "Invalid job id specified" in res.stderr
+
+
+def test_sinfo_and_scontrol(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    res = run(c, "sinfo", "-h", "-o", "%P|%D|%t|%N")
+    assert res.stdout.splitlines() == ["main*|2|idle|node[001-002]"]
+    res = run(c, "sinfo", "-N", "-h")
+    assert [line.split() for line in res.stdout.splitlines()] == [
+        ["node001", "1", "main*", "idle"],
+        ["node002", "1", "main*", "idle"],
+    ]
+    res = run(c, "scontrol", "show", "node", "node002")
+    assert res.stdout.startswith("NodeName=node002 ") and "State=IDLE" in res.stdout
+    res = run(c, "scontrol", "show", "hostnames", "node[001-002]")
+    assert res.stdout == "node001\nnode002\n"
+
+
+def test_sbatch_squeue_scancel_sacct(slurm_cluster: LocalCluster, tmp_path: Path) -> None:
+    c = slurm_cluster
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --job-name=napper\n#SBATCH --time=10\nsleep 120\n")
+    job_id = sbatch(c, str(script))
+    rows = squeue(c, "-j", job_id, "-o", "%i|%j|%l|%D")
+    assert rows == [[job_id, "napper", "10:00", "1"]]
+    assert run(c, "scancel", job_id).returncode == 0
+    c.client().wait(job_id, timeout=30)
+    assert [(r["JobID"], r["State"]) for r in sacct(c, "-j", job_id, "-X")] == [
+        (job_id, "CANCELLED")
+    ]
+
+
+def test_sbatch_wait_exits_with_the_jobs_code(slurm_cluster: LocalCluster) -> None:
+    res = run(slurm_cluster, "sbatch", "--wait", "--wrap", "exit 3")
+    if res.returncode and "not an option" in res.stderr:
+        pytest.skip(NO_SLURM_BLOCK)
+    assert res.returncode == 3, res.stderr
+    assert res.stdout.startswith("Submitted batch job ")
+
+
+def test_sbatch_from_stdin_and_wrap(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    job_id = sbatch(c, input="#!/bin/sh\n#SBATCH -J from-stdin\necho stdin-ran\n")
+    job = c.client().wait(job_id, timeout=60)
+    assert (job["state"], job["name"]) == ("completed", "from-stdin")
+    job_id = sbatch(c, "--wrap", "echo wrapped-$((1+1))")
+    assert c.client().wait(job_id, timeout=60)["state"] == "completed"
+    assert "wrapped-2" in c.client().logs(job_id)
+
+
+# ---- the bin dir, for every account ---------------------------------------------------
+
+
+def _as_nobody(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root")
+def test_the_bin_dir_works_for_another_account(slurm_cluster: LocalCluster) -> None:
+    """Built by root where mgpu's own Python may be private (here: under /root), the
+    commands run for `nobody` with a Python it may run."""
+    root = Path(tempfile.mkdtemp(prefix="mgpu-slurmbin-"))
+    try:
+        root.chmod(0o755)
+        bin_dir = slurmbin.ensure(root / "bins")
+        env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "MGPU_MASTER": slurm_cluster.address,
+            "MGPU_TOKEN": slurm_cluster.admin_token,
+        }
+        res = _as_nobody(["squeue", "-h", "-o", "%i"], env)
+        assert res.returncode == 0, res.stderr
+        res = _as_nobody(["scontrol", "show", "hostnames", "gpu[1-2]"], env)
+        assert (res.returncode, res.stdout) == (0, "gpu1\ngpu2\n"), res.stderr
+        res = _as_nobody(["sinfo", "-h", "-o", "%D"], env)
+        assert res.stdout == "2\n", res.stderr
+        for path in [bin_dir, *bin_dir.parent.rglob("*")]:
+            st = path.stat()
+            assert st.st_uid == 0 and not st.st_mode & 0o022, path
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_jobs_find_the_commands_first_on_their_path(slurm_cluster: LocalCluster, user: str) -> None:
+    """In a job of any account (nobody cannot read mgpu's venv under /root)."""
+    c = slurm_cluster
+    if user != "root" and os.geteuid() != 0:
+        pytest.skip("jobs of another account need a root agent")
+    token = c.admin_token if user == "root" else c.client().create_token(user)["token"]
+    client = Client(c.address, token=token)
+    job = client.submit(
+        'echo "bin=$MGPU_SLURM_BIN"; command -v squeue; id -un; '
+        'squeue -h -o "%i %T %u" -j $MGPU_JOB_ID',
+        gpus=0,
+        cwd="/",
+    )
+    done = client.wait(job.id, timeout=60)
+    out = client.logs(job.id).splitlines()
+    assert done["state"] == "completed", out
+    bin_dir = out[0].removeprefix("bin=")
+    assert bin_dir and out[1:4] == [f"{bin_dir}/squeue", user, f"{job.id} RUNNING {user}"]
+
+
+def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:
+    """Outside any job srun is `mgpu srun` (a new job, no GPU unless asked: Slurm's default),
+    and salloc `mgpu alloc`."""
+    c = slurm_cluster
+    env = {"MGPU_JOB_ID": "", "SLURM_JOB_ID": ""}
+    for argv, last in (
+        (["srun", "-J", "hello", "sh", "-c", "echo gpus=$MGPU_GPU_IDS."], "gpus=."),
+        (["srun", "--gres=gpu:2", "sh", "-c", "echo gpus=$MGPU_GPU_IDS."], "gpus=0,1."),
+        (["salloc", "-N", "2", "sh", "-c", "echo nodes=$MGPU_NNODES"], "nodes=2"),
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "mgpu.slurm", *argv],
+            capture_output=True,
+            text=True,
+            env={**c.env, **env},
+            timeout=120,
+        )
+        assert (res.returncode, res.stdout.splitlines()[-1]) == (0, last), res.stderr
+
+
+def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    job = c.client().submit("true", gpus=0, hold=True, name="before")
+    try:
+        assert (
+            run(
+                c, "scontrol", "update", f"JobId={job.id}", "JobName=after", "TimeLimit=1:00:00"
+            ).returncode
+            == 0
+        )
+        shown = run(c, "scontrol", "show", "job", job.id).stdout
+        assert f"JobId={job.id} JobName=after\n" in shown
+        assert "JobState=PENDING Reason=JobHeldUser" in shown and "TimeLimit=01:00:00" in shown
+        assert run(c, "scontrol", "release", job.id).returncode == 0
+        assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+        res = run(c, "scontrol", "update", f"JobId={job.id}", "Nice=5")
+        assert (res.returncode, res.stderr) == (
+            1,
+            "Update of this parameter is not supported: Nice=5\n",
+        )
+    finally:
+        c.client().cancel(job.id)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mgpu.client.steps") is None,
+    reason="helper steps' client (mgpu.client.steps) is not merged yet",
+)
+def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) -> None:
+    """The bin dir's srun inside an allocation: tasks over its nodes (helper steps' side)."""
+    c = slurm_cluster
+    script = (
+        'export PATH="$(mgpu slurm-bin):$PATH"; '
+        'srun -N2 -n4 -l sh -c "echo task=\\$SLURM_PROCID"; echo rc=$?; '
+        'srun -n1 sh -c "exit 5"; echo rc=$?'
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N", "2", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
+        timeout=120,
+    )
+    lines = res.stdout.splitlines()
+    assert sorted(lines[:4]) == [f"{i}: task={i}" for i in range(4)], res.stderr
+    assert lines[4:] == ["rc=0", "rc=5"], res.stderr
