@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from harness import Harness, _run
 
+from factories import master_job
 from mgpu.master.http.queries import JobFilter, queue_answer
 from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase
 from mgpu.protocol import Exited
@@ -258,7 +259,7 @@ def test_a_preempted_job_goes_back_to_the_queue_without_spending_a_retry(h: Harn
 
 
 def _old_record(**fields: object) -> dict[str, object]:
-    job = Job(id="old00001", user="u", argv=["x"], command="x", state=JobState.RUNNING)
+    job = master_job("old00001", state=JobState.RUNNING)
     rec = job.to_record()
     for key in ("stop_reason", "stop_text"):
         rec.pop(key)
