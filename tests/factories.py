@@ -1,6 +1,6 @@
-"""Shared test factories: the scheduler's values (`node`, `job`, `running`) and the master's
-job record (`master_job`) with defaults, so that a test names only what it is about (after
-Nomad's `nomad/mock/`).
+"""Shared test factories: the scheduler's values (`node`, `job`, `running`), the master's
+job record (`master_job`) and ASGI scopes (`http_scope`, `websocket_scope`) with defaults,
+so that a test names only what it is about (after Nomad's `nomad/mock/`).
 
 tests/ is on `sys.path` for every test module (tests/conftest.py); a bench script puts it
 there itself (`sys.path.insert(0, ".../tests")`) before `from factories import ...`.
@@ -8,13 +8,24 @@ there itself (`sys.path.insert(0, ".../tests")`) before `from factories import .
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mgpu.model import Job
 from mgpu.scheduler import Dependency, JobRequest, NodeView, Placement, RunningJob
 
-__all__ = ["HOUR", "job", "master_job", "node", "running"]
+__all__ = [
+    "HOUR",
+    "asgi_call",
+    "http_scope",
+    "job",
+    "master_job",
+    "node",
+    "running",
+    "websocket_scope",
+]
 
 HOUR = 3600.0
 
@@ -86,3 +97,55 @@ def master_job(
     """The master's record of a job (queued unless `kw` says otherwise); its argv is
     `command` split on spaces."""
     return Job(id=job_id, user=user, argv=command.split(), command=command, **kw)
+
+
+def http_scope(
+    path: str,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    client: tuple[str, int] = ("127.0.0.1", 50000),
+) -> dict[str, Any]:
+    """An HTTP request's ASGI scope, as the server hands it to the app (`path` may carry a
+    query string)."""
+    path, _, query = path.partition("?")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "scheme": "http",
+        "query_string": query.encode(),
+        "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in (headers or {}).items()],
+        "client": client,
+        "server": ("127.0.0.1", 8080),
+    }
+
+
+def websocket_scope(
+    path: str = "/api/agent", client: tuple[str, int] = ("127.0.0.1", 50000)
+) -> dict[str, Any]:
+    """A WebSocket connection's ASGI scope (an agent's, by default)."""
+    scope = http_scope(path, client=client)
+    del scope["method"]
+    scope.update(type="websocket", scheme="ws", subprotocols=[])
+    return scope
+
+
+async def asgi_call(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, Any]:
+    """(status, JSON body) of one HTTP request `app` answers in process."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(data)

@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from factories import http_scope
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.client.api import RequestError
 from mgpu.master.http.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
@@ -325,13 +326,7 @@ def test_a_line_cut_by_a_crash_is_dropped_and_resume_points_come_from_the_tail(
 
 
 def _http(path: str, headers: dict[str, str], method: str = "POST") -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "client": ("10.0.0.9", 4000),
-    }
+    return http_scope(path, method, headers, client=("10.0.0.9", 4000))
 
 
 def _call(guard: Guard, scope: dict[str, Any], body: list[bytes]) -> tuple[int, str, int]:
