@@ -136,8 +136,12 @@ def test_foreign_use_keeps_the_gpu_free(obs: LocalCluster) -> None:
     assert line.split()[3] == "1"  # FREE: only GPU 1
     job = submit(obs, "echo ran", "node002:0")
     try:
-        time.sleep(1.0)  # several scheduling passes
-        assert state(obs, job) == "queued"
+        # A pass has judged it (its reason is no longer the submit's) and left it queued.
+        verdict = wait_for(
+            lambda: (j := obs.client().show(job))["reason"] != "waiting to be scheduled" and j,
+            what="a pass's verdict",
+        )
+        assert verdict["state"] == "queued", verdict
         # The outside use stops: the GPU is offered again and the job runs.
         fake_file(obs, "node002").write_text(json.dumps({"foreign": {}}))
         assert obs.client().wait(job, timeout=20)["state"] == "completed"

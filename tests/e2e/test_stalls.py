@@ -46,8 +46,11 @@ class Stalls:
 
     def check(self, started: float) -> None:
         """No gap over GAP, no growth over GROWTH since `started` (probe.settle() time)."""
-        time.sleep(0.1)  # the sample in flight lands
-        gaps, rss = self.probe.window(started, time.monotonic())
+        now = time.monotonic()
+        # The probe asks one at a time: once a sample sent after now is in, the one in
+        # flight now (however long it hangs) is in too.
+        wait_for(lambda: any(s > now for s, _, _ in self.probe.samples()), what="a sample")
+        gaps, rss = self.probe.window(started, now)
         before = [r for s, d, r in self.probe.samples() if s + d <= started][-1:]
         assert gaps, "the poller took no sample"
         assert max(gaps) < GAP, f"the master stalled {max(gaps):.2f} s"
