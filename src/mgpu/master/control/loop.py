@@ -163,6 +163,7 @@ class Head:
         self.fresh = {}
 
     def full_applied(self, plan: Plan) -> None:
+        """A full pass's plan is carried out: the quick passes start from it."""
         self.fresh_old = {}
         self.queued = plan.queued
         self.capped, self.capped_at = plan.capped, {}
@@ -269,7 +270,7 @@ class SchedulingLoop:
         self.waiting_on: dict[str, tuple[str, ...]] = {}
         """The last pass's estimates and what each job waits for: in memory only (they
         change every pass; `mgpu queue` and `show` read them)."""
-        self.deps_met: set[tuple[str, str]] = set()
+        self._deps_met: set[tuple[str, str]] = set()
         """Dependencies (kind, job id) known to be satisfied for good."""
         self._dependents: dict[str, list[str]] = {}
         """Active job id → the waiting jobs that depend on it (as of the last full pass):
@@ -446,7 +447,7 @@ class SchedulingLoop:
         if req is None or not req.dependencies:
             return
         for dep in req.dependencies:
-            if dep not in self.deps_met and dep.job_id in self.state.jobs:
+            if dep not in self._deps_met and dep.job_id in self.state.jobs:
                 self._dependents.setdefault(dep.job_id, []).append(job_id)
 
     def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
@@ -492,7 +493,7 @@ class SchedulingLoop:
             queued=queued,
             running=running,
             array_running=arrays,
-            targets=dependency_targets(queued, self.deps_met, self.targets),
+            targets=dependency_targets(queued, self._deps_met, self.targets),
             usage=self.usage_at(now, running),
             config=self.config_now(quick=not estimates),
             nodes=index.views(),
@@ -607,7 +608,7 @@ class SchedulingLoop:
             self.pacing.next_backoff = next_backoff
             self.head.full_applied(plan)
         # Ended as required: that never changes, so later passes need not look them up.
-        self.deps_met.update(verdict.satisfied)
+        self._deps_met.update(verdict.satisfied)
         decisions = plan.decisions
         if decisions is not None:
             self.priorities.update(decisions.priorities)
