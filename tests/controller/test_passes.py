@@ -1,7 +1,7 @@
 """Passes over a long queue: quick passes look at its head, full passes reach every job.
 
-The loop's thresholds are lowered (`long_queue`, `quick_depth`) so that a few dozen jobs
-make a "long" queue: the rules are the same at 100,000.
+The loop's thresholds are lowered (`limits.long_queue`, `limits.quick_depth`) so that a few
+dozen jobs make a "long" queue: the rules are the same at 100,000.
 """
 
 from __future__ import annotations
