@@ -6,7 +6,7 @@ jobs (8,000 one-GPU jobs, or 100 jobs of 10 nodes x 8 GPUs), of a few users with
 time limits, a quarter of them preemptible; then 0, 100, 5,000 or 100,000 jobs queued
 (1-4 GPUs, mixed limits).  It times the pass the loop runs at an event (`tick`: a full
 pass on the loop for a short queue, a quick pass over the head of a long one) and the core
-of a full pass (`_pure_full`: eligibility, priorities, reasons, estimates), as medians of
+of a full pass (`decide`: eligibility, priorities, reasons, estimates), as medians of
 wall (perf_counter) and CPU (process_time) time.  The queued jobs' `--priority` is below the
 running ones' (-1,000 against 1,000), so the blocked head waits; the "preempting" cases
 with 5,000 queued put it above (1,000 against 0), so the head preempts (the pass then
@@ -77,7 +77,7 @@ def build(running: int, queued: int, preempt: bool = False) -> Harness:
     for i in range(NODES):
         h.agent(f"node{i:04d}", gpus=GPUS)
     loop = h.cl.loop
-    loop.long_queue = 10**9  # one full pass starts them all
+    loop.limits.long_queue = 10**9  # one full pass starts them all
     each = NODES * GPUS // running
     shape: dict[str, Any] = (
         {"gpus": each} if each <= GPUS else {"nodes": each // GPUS, "gpus_per_node": GPUS}
@@ -99,7 +99,7 @@ def build(running: int, queued: int, preempt: bool = False) -> Harness:
             if slot.phase.value == "sent":
                 h.agents[slot.node_id].started(job.id)
     assert all(j.start_time is not None for j in jobs)
-    loop.long_queue = loopmod.LONG_QUEUE
+    loop.limits.long_queue = loopmod.LONG_QUEUE
     h.advance(60.0)
     for node in h.cl.state.nodes.values():  # heard from (the fake agents send no heartbeats)
         node.last_seen = h.clock.now
@@ -137,7 +137,7 @@ def event_pass(h: Harness, preempt: bool, estimates: bool | None = None) -> Call
     queue, with estimates when `tick` would make them (few running), or as `estimates` says."""
     loop = h.cl.loop
     if estimates is None:
-        estimates = len(loop.running.refresh(h.clock.now)) <= loop.estimate_running
+        estimates = len(loop.running.refresh(h.clock.now)) <= loop.limits.estimate_running
 
     def run() -> object:
         plan = loop.quick_plan() if loop.long else loop.plan(estimates)
@@ -152,19 +152,12 @@ def event_pass(h: Harness, preempt: bool, estimates: bool | None = None) -> Call
 
 
 def full_core(h: Harness) -> Callable[[], object]:
-    """A full pass's core on a snapshot taken once (what runs in the worker thread)."""
+    """A full pass's core on inputs gathered once (what runs in the worker thread)."""
     loop = h.cl.loop
     now = h.clock.now
-    jobs = list(h.cl.state.jobs.values())
-    queued = loopmod.collect(now, jobs, loop.request_for, loop._requests, None)[0]
-    found = loopmod.dependency_targets(queued, loop._deps_met, loop.targets)
-    running = loop.running.refresh(now).copy()
-    index = h.cl.state.node_index
-    args = (
-        now, queued, running, dict(loop.running.arrays), found, loop.usage_at(now, running),
-        loop.config_now(), index.views(), loop.reservations(now), index.pool(),
-    )  # fmt: skip
-    return lambda: loopmod._pure_full(*args)  # type: ignore[arg-type]
+    queued = loop.queued_requests(now, list(h.cl.state.jobs.values()))
+    inputs = loop.inputs(now, queued, thread=True)
+    return lambda: loopmod.decide(inputs)
 
 
 def profile(fn: Callable[[], object], title: str, runs: int = 20) -> None:

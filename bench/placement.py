@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from factories import job, node
+from factories import running as running_on
 from mgpu.scheduler import (
     FreePool,
-    JobRequest,
-    NodeView,
-    Placement,
-    RunningJob,
     SchedulerConfig,
     Snapshot,
     place,
@@ -56,20 +56,20 @@ def build(seed: int = 7, busy_fraction: float = 0.5) -> Snapshot:
         if rng.random() < busy_fraction:
             busy = set(rng.sample(gpus, rng.randint(1, GPUS)))
             running.append(
-                RunningJob(
+                running_on(
                     f"run{i}",
-                    "other",
-                    (Placement(nid, tuple(sorted(busy))),),
-                    now - 100,
-                    3600.0,
+                    nid,
+                    sorted(busy),
+                    now=now,
+                    started=100,
+                    time_limit=3600.0,
+                    user="other",
                 )
             )
-        nodes.append(NodeView(nid, gpus, frozenset(set(gpus) - busy), rack=f"rack{i // 40:02d}"))
-    gang = JobRequest(
-        "gang", "alice", now - 10, gpus=16 * GPUS, nodes=16, gpus_per_node=GPUS, priority=1000
-    )
+        nodes.append(node(nid, set(gpus) - busy, gpus=GPUS, rack=f"rack{i // 40:02d}"))
+    gang = job("gang", submit=now - 10, gpus=16 * GPUS, nodes=16, gpus_per_node=GPUS, priority=1000)
     queued = [gang] + [
-        JobRequest(f"q{j}", f"user{j % 20}", now - j, gpus=rng.choice([1, 2, 4, 8]))
+        job(f"q{j}", user=f"user{j % 20}", submit=now - j, gpus=rng.choice([1, 2, 4, 8]))
         for j in range(QUEUED - 1)
     ]
     return Snapshot(now=now, nodes=nodes, pending=queued, running=running)

@@ -22,11 +22,15 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from factories import job, node
+from factories import running as running_on
 from mgpu.scheduler import (
     JobRequest,
     NodeView,
-    Placement,
     RunningJob,
     SchedulerConfig,
     Snapshot,
@@ -55,40 +59,42 @@ def build(n_nodes: int, n_pending: int, seed: int = 1, idle: bool = False) -> Sn
             if roll < 0.45
             else set()
         )
-        free = frozenset(set(all_gpus) - busy)
         if busy:
             running.append(
-                RunningJob(
-                    job_id=f"run{i}",
+                running_on(
+                    f"run{i}",
+                    nid,
+                    sorted(busy),
+                    now=now,
                     user=rng.choice(USERS),
-                    placements=(Placement(nid, tuple(sorted(busy))),),
-                    start_time=now - rng.uniform(0, 20_000),
+                    started=rng.uniform(0, 20_000),
                     time_limit=rng.choice([3600.0, 4 * 3600.0, 24 * 3600.0]),
                     priority=rng.randint(-100, 100),  # the user's --priority
                     preemptible=rng.random() < 0.2,
                 )
             )
-        nodes.append(NodeView(nid, all_gpus, free, gpu_type="a100", rack=f"rack{i // 40:02d}"))
+        free = set(all_gpus) - busy
+        nodes.append(
+            node(nid, free, gpus=GPUS_PER_NODE, gpu_type="a100", rack=f"rack{i // 40:02d}")
+        )
     pending: list[JobRequest] = []
     for j in range(n_pending):
         roll = rng.random()
-        common = {
+        common: dict[str, Any] = {
             "job_id": f"job{j:06d}",
             "user": rng.choice(USERS),
-            "submit_time": now - (n_pending - j) * 0.5,
+            "submit": now - (n_pending - j) * 0.5,
             "time_limit": rng.choice([600.0, 3600.0, 4 * 3600.0, None]),
             "priority": rng.choice([0, 0, 0, 10, 100]),
         }
         if roll < 0.02:
-            pending.append(JobRequest(**common, gpus=32, nodes=4, gpus_per_node=8))  # type: ignore[arg-type]
+            pending.append(job(**common, gpus=32, nodes=4, gpus_per_node=8))
         elif roll < 0.03:
             nid = f"node{rng.randrange(n_nodes):04d}"
-            pending.append(
-                JobRequest(**common, gpus=2, node_gpu_ids=((nid, (0, 1)),))  # type: ignore[arg-type]
-            )
+            pending.append(job(**common, gpus=2, node_gpu_ids=((nid, (0, 1)),)))
         else:
             gpus = rng.choice([1, 1, 1, 2, 2, 4, 8])
-            pending.append(JobRequest(**common, gpus=gpus))  # type: ignore[arg-type]
+            pending.append(job(**common, gpus=gpus))
     return Snapshot(now=now, nodes=nodes, pending=pending, running=running)
 
 

@@ -133,7 +133,7 @@ class FakeAgent:
         hello = Hello(
             node_id=self.node_id,
             hostname=f"host-{self.node_id}",
-            ip=f"10.0.0.{len(self.h.agents)}",
+            ip=f"10.0.{len(self.h.agents) // 256}.{len(self.h.agents) % 256}",
             gpus=self.gpus,
             running=running or [],
         )

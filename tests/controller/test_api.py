@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from harness import Harness
 
+from factories import asgi_call, http_scope, websocket_scope
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.http.app import create_app
@@ -20,42 +21,14 @@ from mgpu.master.http.guard import MAX_REASONS, FailedLogins
 from mgpu.protocol import Hello, encode
 
 
-def _http(path: str, method: str, token: str, body: bytes = b"") -> dict[str, Any]:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "scheme": "http",
-        "query_string": b"",
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"authorization", f"Bearer {token}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-    }
-
-
 async def _call(app: Any, method: str, path: str, token: str, body: bytes = b"") -> Any:
     """(status, JSON body) of one request."""
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await asyncio.wait_for(app(_http(path, method, token, body), receive, send), timeout=10)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(data)
+    headers = {
+        "content-type": "application/json",
+        "content-length": str(len(body)),
+        "authorization": f"Bearer {token}",
+    }
+    return await asgi_call(app, http_scope(path, method, headers), body)
 
 
 async def _refused_hello(app: Any, hello: Hello) -> str:
@@ -198,19 +171,7 @@ async def _agent_connection(app: Any, inbox: list[dict[str, Any]], hold: bool) -
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
-        "type": "websocket",
-        "asgi": {"version": "3.0"},
-        "path": "/api/agent",
-        "raw_path": b"/api/agent",
-        "root_path": "",
-        "scheme": "ws",
-        "query_string": b"",
-        "headers": [],
-        "client": ("10.1.2.3", 50000),
-        "server": ("127.0.0.1", 8080),
-        "subprotocols": [],
-    }
+    scope = websocket_scope(client=("10.1.2.3", 50000))
     await asyncio.wait_for(app(scope, receive, send), timeout=10)
     return [m["text"] for m in sent if m["type"] == "websocket.send"]
 
@@ -268,7 +229,7 @@ async def _headers(app: Any, path: str) -> tuple[int, dict[str, str]]:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {**_http(path, "GET", ""), "headers": []}
+    scope = http_scope(path)
     await asyncio.wait_for(app(scope, receive, send), timeout=10)
     start = next(m for m in sent if m["type"] == "http.response.start")
     return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}

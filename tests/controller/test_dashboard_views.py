@@ -13,6 +13,7 @@ import pytest
 from harness import Harness
 from starlette.requests import Request
 
+from factories import http_scope
 from mgpu.master.monitor import dashboard
 from mgpu.master.monitor.dashboard import BadFilter, etagged, job_page, overview
 from mgpu.protocol import GpuTelemetry
@@ -106,8 +107,7 @@ def test_a_bad_state_is_one_sentence(h: Harness) -> None:
 
 
 def _request(tag: str | None) -> Request:
-    headers = [] if tag is None else [(b"if-none-match", tag.encode())]
-    return Request({"type": "http", "method": "GET", "path": "/", "headers": headers})
+    return Request(http_scope("/", headers={} if tag is None else {"if-none-match": tag}))
 
 
 def test_the_etag_spares_an_unchanged_answer() -> None:

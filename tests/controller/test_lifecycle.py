@@ -3,11 +3,15 @@ requeue with backoff, records of older versions, and queries while a change is u
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-from harness import Harness
+from harness import Harness, _run
 
+from factories import master_job
+from mgpu.master.http.queries import JobFilter, queue_answer
 from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase
 from mgpu.protocol import Exited
 
@@ -255,7 +259,7 @@ def test_a_preempted_job_goes_back_to_the_queue_without_spending_a_retry(h: Harn
 
 
 def _old_record(**fields: object) -> dict[str, object]:
-    job = Job(id="old00001", user="u", argv=["x"], command="x", state=JobState.RUNNING)
+    job = master_job("old00001", state=JobState.RUNNING)
     rec = job.to_record()
     for key in ("stop_reason", "stop_text"):
         rec.pop(key)
@@ -306,6 +310,16 @@ def test_slots_of_older_versions_load_with_a_phase(
 # ---- queries see what is not written yet --------------------------------------------------
 
 
+def queue_all(h: Harness) -> list[dict[str, Any]]:
+    """The jobs of `GET /api/jobs?all=true`, as the route streams them."""
+
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in queue_answer(h.cl, True, 0, None, JobFilter())])
+
+    jobs: list[dict[str, Any]] = json.loads(_run(read()))["jobs"]
+    return jobs
+
+
 def test_a_job_that_just_ended_is_in_queue_all_before_it_is_written(h: Harness) -> None:
     h.agent("n1")
     job_id = h.start()
@@ -315,13 +329,13 @@ def test_a_job_that_just_ended_is_in_queue_all_before_it_is_written(h: Harness) 
     h.cl.life.finish(h.job(f"{tasks}_0"), EndReason.CANCELLED, "cancelled")
     assert h.stored(job_id).state == JobState.RUNNING
     assert job_id not in h.cl.jobs
-    listed = {j["id"]: j["state"] for j in h.cl.queue(include_finished=True)["jobs"]}
+    listed = {j["id"]: j["state"] for j in queue_all(h)}
     assert listed[job_id] == "completed" and listed[f"{tasks}_0"] == "cancelled"
     assert h.cl.get_job(job_id).state == JobState.COMPLETED  # type: ignore[union-attr]
     states = [t.state for t in h.cl.array_tasks(tasks)]
     assert states == [JobState.CANCELLED, JobState.QUEUED]
     h.settle()
-    listed_ids = [j["id"] for j in h.cl.queue(include_finished=True)["jobs"]]
+    listed_ids = [j["id"] for j in queue_all(h)]
     assert listed_ids.count(job_id) == 1 and listed_ids.count(f"{tasks}_0") == 1
 
 

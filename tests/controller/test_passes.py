@@ -1,7 +1,7 @@
 """Passes over a long queue: quick passes look at its head, full passes reach every job.
 
-The loop's thresholds are lowered (`long_queue`, `quick_depth`) so that a few dozen jobs
-make a "long" queue: the rules are the same at 100,000.
+The loop's thresholds are lowered (`limits.long_queue`, `limits.quick_depth`) so that a few
+dozen jobs make a "long" queue: the rules are the same at 100,000.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ DEPTH = 5
 
 @pytest.fixture
 def long(h: Harness) -> Harness:
-    h.cl.loop.long_queue = 10
-    h.cl.loop.quick_depth = DEPTH
+    h.cl.loop.limits.long_queue = 10
+    h.cl.loop.limits.quick_depth = DEPTH
     return h
 
 
@@ -35,7 +35,7 @@ def queued(h: Harness) -> list[str]:
 
 
 def test_a_short_queue_gets_a_full_pass_every_time(long: Harness) -> None:
-    long.cl.loop.long_queue = 100
+    long.cl.loop.limits.long_queue = 100
     long.agent("n1", gpus=1)
     long.start("sleep", gpus=1)
     ids = [long.submit() for _ in range(20)]
@@ -85,7 +85,7 @@ def test_the_full_pass_in_a_worker_thread_gives_what_it_gives_inline(
 ) -> None:
     hs = [make_harness(), make_harness()]
     for h in hs:
-        h.cl.loop.long_queue = 10
+        h.cl.loop.limits.long_queue = 10
         h.agent("n1", gpus=2)
         h.start("sleep", gpus=2)
         for i in range(30):
@@ -94,7 +94,7 @@ def test_the_full_pass_in_a_worker_thread_gives_what_it_gives_inline(
     asyncio.run(hs[1].cl.loop.full_pass(offload=True))
     # Job ids differ from one harness to the other: compared by submit position.
     reasons = [[j.reason for j in h.cl.state.jobs.values()] for h in hs]
-    orders = [[list(h.cl.state.jobs).index(i) for i in h.cl.loop._order] for h in hs]
+    orders = [[list(h.cl.state.jobs).index(i) for i in h.cl.loop.head.order] for h in hs]
     assert reasons[0] == reasons[1] and orders[0] == orders[1] and len(orders[0]) == 30
 
 
@@ -170,7 +170,7 @@ def test_with_many_running_a_short_queue_gets_its_estimates_every_few_seconds(
     """Estimates cost what the running jobs do: past `estimate_running` of them, the pass
     at an event leaves them out (the last ones stand) and one comes within FULL_INTERVAL."""
     loop = h.cl.loop
-    loop.estimate_running = 0
+    loop.limits.estimate_running = 0
     h.agent("n1", gpus=1)
     blocker = h.start("sleep", gpus=1, time="10")
     first = h.submit(time="5")
@@ -187,7 +187,7 @@ def test_with_many_running_a_short_queue_gets_its_estimates_every_few_seconds(
     h.advance(FULL_INTERVAL)
     h.cl.loop.tick(woken=False)  # nothing happened: the estimates owed come now
     assert loop.expected_start[second] == loop.expected_start[first] + 300
-    loop.estimate_running = 10  # few running: every pass makes them
+    loop.limits.estimate_running = 10  # few running: every pass makes them
     third = h.submit(time="5")
     h.tick()
     assert loop.expected_start[third] == loop.expected_start[second] + 300
@@ -200,7 +200,7 @@ def test_with_many_queued_a_short_queue_gets_its_estimates_every_few_seconds(
     queue all the same), the pass at an event leaves them out and one comes within
     FULL_INTERVAL; the blocked head's start is still planned (backfill needs it)."""
     loop = h.cl.loop
-    loop.estimate_queued = 1
+    loop.limits.estimate_queued = 1
     h.agent("n1", gpus=1)
     blocker = h.start("sleep", gpus=1, time="10")
     first = h.submit(time="5")
@@ -212,7 +212,7 @@ def test_with_many_queued_a_short_queue_gets_its_estimates_every_few_seconds(
     h.cl.loop.tick(woken=False)  # the estimates owed come now
     assert loop.expected_start[first] == h.job(blocker).start_time + 600
     assert loop.expected_start[second] == loop.expected_start[first] + 300
-    loop.estimate_queued = 10  # few queued: every pass makes them
+    loop.limits.estimate_queued = 10  # few queued: every pass makes them
     third = h.submit(time="5")
     h.tick()
     assert loop.expected_start[third] == loop.expected_start[second] + 300

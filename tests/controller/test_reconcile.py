@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from factories import master_job
 from mgpu.master.control.reconcile import Expected, Reconciliation, expectations, reconcile
 from mgpu.master.state.steps import Steps
 from mgpu.model import EndReason, Job, JobState, Slot, SlotPhase
@@ -144,7 +145,7 @@ def test_a_launch_reported_running_is_resumed_not_unlaunched() -> None:
 
 
 def running(job_id: str, *slots: Slot, epoch: int = 1) -> Job:
-    job = Job(id=job_id, user="u", argv=["x"], command="x", state=JobState.RUNNING, epoch=epoch)
+    job = master_job(job_id, state=JobState.RUNNING, epoch=epoch)
     job.allocation = list(slots)
     for slot in job.allocation:
         if slot.phase == SlotPhase.PENDING:
@@ -159,7 +160,7 @@ def test_expectations_from_the_masters_jobs_and_steps() -> None:
             "multi", Slot("n2", [0]), Slot("n1", [1], phase=SlotPhase.EXITED), epoch=4
         ),
         "elsewhere": running("elsewhere", Slot("n2", [1])),
-        "queued": Job(id="queued", user="u", argv=["x"], command="x"),
+        "queued": master_job("queued"),
         "stopping": running("stopping", Slot("n1", [2])),
         "sent": running("sent", Slot("n1", [3], phase=SlotPhase.SENT)),
     }

@@ -9,8 +9,8 @@ from dataclasses import replace
 from harness import Harness, _run
 
 from mgpu.master.control.jobctl import Actor, JobControl
-from mgpu.master.control.loop import _pure_full
-from mgpu.master.state.snapshot import collect, dependency_targets, running_job
+from mgpu.master.control.loop import decide
+from mgpu.master.state.snapshot import collect, running_job
 from mgpu.model import EndReason, JobState
 from mgpu.scheduler import RunningJob
 from mgpu.scheduler.running import running_usage
@@ -119,19 +119,15 @@ def test_a_pass_over_the_kept_set_decides_as_one_over_a_list_made_afresh(h: Harn
     for k in range(6):
         h.submit("sleep", gpus=2 + k % 3, time=f"{5 + k}:00", user=f"u{k % 2}", priority=k * 300)
     loop, now = h.cl.loop, h.clock.now
-    queued = collect(now, h.cl.state.jobs.values(), loop.request_for, None, None)[0]
-    found = dependency_targets(queued, loop._deps_met, loop.targets)
-    index = h.cl.state.node_index
-    kept = loop.running.refresh(now)
-    fresh = [running_job(h.job(r.job_id), now) for r in kept]  # the same jobs, in its order
+    queued = loop.queued_requests(now, h.cl.state.jobs.values())
+    kept = loop.inputs(now, queued)
+    kept = replace(kept, config=replace(kept.config, plan_seconds=None))
+    fresh = [running_job(h.job(r.job_id), now) for r in kept.running]  # the same, in its order
     usage = loop.usage.snapshot(now)
     for user, used in running_usage(now, fresh).items():
         usage[user] = usage.get(user, 0.0) + used
-    config = replace(loop.config_now(), plan_seconds=None)
-    common = (found, config, index.views(), loop.reservations(now))
-    a = _pure_full(now, queued, kept, loop.running.arrays, common[0], loop.usage_at(now, kept),
-                   *common[1:])  # fmt: skip
-    b = _pure_full(now, queued, fresh, walked(h)[1], common[0], usage, *common[1:])
+    a = decide(kept)
+    b = decide(replace(kept, running=fresh, array_running=walked(h)[1], usage=usage, pool=None))
     assert a.decisions is not None and b.decisions is not None
     assert a.decisions.preempt and a.decisions.expected_start  # the cases looked at
     assert a.decisions == b.decisions

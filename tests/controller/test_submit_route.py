@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from factories import asgi_call, http_scope
 from mgpu.config import ClusterConfig
 from mgpu.master.control.submit import JobSpec
 from mgpu.master.http.app import create_app
@@ -46,36 +47,10 @@ def _apps() -> tuple[FastAPI, list[JobSpec], list[JobSpec]]:
 
 
 async def _post(app: FastAPI, path: str, body: bytes, content_type: str | None) -> Any:
-    headers = [(b"content-length", str(len(body)).encode())]
+    headers = {"content-length": str(len(body))}
     if content_type is not None:
-        headers.append((b"content-type", content_type.encode("latin-1")))
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "scheme": "http",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-    }
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(data)
+        headers["content-type"] = content_type
+    return await asgi_call(app, http_scope(path, "POST", headers), body)
 
 
 def _both(body: bytes, content_type: str | None = "application/json") -> tuple[Any, Any]:

@@ -29,6 +29,9 @@ from mgpu.testing import LoopProbe
 GAP = 0.5
 """Seconds the master may take to answer /healthz while a big array is handled."""
 TASKS = 20_000
+BUILDING = 32 << 20
+"""Bytes the master grows by while it builds 100,000 tasks, well before it is done (it grows
+by ~160 MB in all: bench/results/abuse.json)."""
 
 
 @pytest.fixture
@@ -48,8 +51,11 @@ def probed(tmp_path: Path) -> Iterator[tuple[LocalCluster, LoopProbe]]:
 
 
 def _longest_gap(probe: LoopProbe, t0: float) -> float:
-    time.sleep(0.1)  # the sample in flight lands
-    gaps, _ = probe.window(t0, time.monotonic())
+    t1 = time.monotonic()
+    # The probe asks one at a time: once a sample sent after t1 is in, the one in flight
+    # at t1 (however long it hangs) is in too.
+    wait_for(lambda: any(s > t1 for s, _, _ in probe.samples()), what="the sample after")
+    gaps, _ = probe.window(t0, t1)
     assert gaps, "the poller took no sample"
     return max(gaps)
 
@@ -135,7 +141,7 @@ def test_a_master_killed_during_a_big_submit_keeps_all_of_it_or_nothing(
     """The submit is killed while the master builds the tasks (before the one write) or
     right after; either way the restarted master knows every task of the array or none,
     and a task that ran before the restart keeps its place."""
-    cluster, _ = probed
+    cluster, probe = probed
     client = cluster.client()
     kept = _submit(cluster, 50)  # stored whole: comes back whole after the kill
     wait_for(lambda: client.show(kept["task_ids"][0])["state"] == "running", what="a task")
@@ -147,9 +153,16 @@ def test_a_master_killed_during_a_big_submit_keeps_all_of_it_or_nothing(
         except Exception as e:  # the master died under the request
             answers.append(e)
 
+    before = wait_for(lambda: probe.samples()[-1][2], what="the master's memory")
     thread = threading.Thread(target=submit)
     thread.start()
-    time.sleep(0.3)  # the request is in; 100,000 tasks take the master longer to build
+    # The request is in, and the tasks are being built (or, on a fast machine, just
+    # written), once the master has grown by a fraction of what 100,000 tasks take.
+    wait_for(
+        lambda: any(rss > before + BUILDING for _, _, rss in probe.samples()),
+        timeout=120,
+        what="the master building the tasks",
+    )
     assert cluster.master is not None
     cluster.master.send_signal(signal.SIGKILL)
     cluster.master.wait(timeout=10)

@@ -433,6 +433,7 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
 
 
 def test_accounting_arithmetic() -> None:
+    from factories import master_job
     from mgpu.master.monitor.observe import BadQuery, parse_since, percentile, utilisation_series
     from mgpu.model import Attempt, Job, JobState
 
@@ -447,7 +448,7 @@ def test_accounting_arithmetic() -> None:
     assert percentile([], 90) is None
 
     def job(start: float, end: float | None, gpus: int) -> Job:
-        j = Job(id="j", user="u", argv=["true"], command="true", gpus=gpus)
+        j = master_job("j", gpus=gpus)
         j.state = JobState.COMPLETED if end is not None else JobState.RUNNING
         j.attempts = [Attempt(1, ["n1"], {"n1": list(range(gpus))}, start, end)]
         return j

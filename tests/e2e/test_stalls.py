@@ -24,6 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from factories import http_scope
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.client.api import RequestError
 from mgpu.master.http.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
@@ -45,8 +46,11 @@ class Stalls:
 
     def check(self, started: float) -> None:
         """No gap over GAP, no growth over GROWTH since `started` (probe.settle() time)."""
-        time.sleep(0.1)  # the sample in flight lands
-        gaps, rss = self.probe.window(started, time.monotonic())
+        now = time.monotonic()
+        # The probe asks one at a time: once a sample sent after now is in, the one in
+        # flight now (however long it hangs) is in too.
+        wait_for(lambda: any(s > now for s, _, _ in self.probe.samples()), what="a sample")
+        gaps, rss = self.probe.window(started, now)
         before = [r for s, d, r in self.probe.samples() if s + d <= started][-1:]
         assert gaps, "the poller took no sample"
         assert max(gaps) < GAP, f"the master stalled {max(gaps):.2f} s"
@@ -325,13 +329,7 @@ def test_a_line_cut_by_a_crash_is_dropped_and_resume_points_come_from_the_tail(
 
 
 def _http(path: str, headers: dict[str, str], method: str = "POST") -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-        "client": ("10.0.0.9", 4000),
-    }
+    return http_scope(path, method, headers, client=("10.0.0.9", 4000))
 
 
 def _call(guard: Guard, scope: dict[str, Any], body: list[bytes]) -> tuple[int, str, int]:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from factories import websocket_scope
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.state.registry import AgentLink, Unsendable
@@ -176,19 +177,7 @@ def test_the_agent_channel_survives_a_bad_message_and_a_failing_handler(
     app = create_app(tmp_path, ClusterConfig())
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     sent: list[dict[str, Any]] = []
-    scope = {
-        "type": "websocket",
-        "asgi": {"version": "3.0"},
-        "path": "/api/agent",
-        "raw_path": b"/api/agent",
-        "root_path": "",
-        "scheme": "ws",
-        "query_string": b"",
-        "headers": [],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-        "subprotocols": [],
-    }
+    scope = websocket_scope()
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)

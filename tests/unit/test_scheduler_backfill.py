@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from factories import HOUR, job, node, running
 from mgpu.scheduler import (
     Decisions,
     FreePool,
@@ -18,20 +19,6 @@ from mgpu.scheduler import (
 from mgpu.scheduler.backfill import find_reservation, release_events
 
 NOW = 1000.0
-HOUR = 3600.0
-
-
-def node(nid: str, free: tuple[int, ...], gpus: int = 4) -> NodeView:
-    return NodeView(nid, tuple(range(gpus)), frozenset(free))
-
-
-def job(job_id: str, submit: float, gpus: int = 1, **kw: object) -> JobRequest:
-    return JobRequest(job_id=job_id, user="alice", submit_time=submit, gpus=gpus, **kw)  # type: ignore[arg-type]
-
-
-def running(job_id: str, nid: str, gpus: tuple[int, ...], ends_in: float) -> RunningJob:
-    # Started an hour ago with a limit that ends it `ends_in` seconds from now.
-    return RunningJob(job_id, "bob", (Placement(nid, gpus),), NOW - HOUR, HOUR + ends_in)
 
 
 def run(
@@ -58,11 +45,14 @@ def started(d: Decisions) -> set[str]:
 
 # One 4-GPU node with 2 GPUs free; the other two are busy for another hour.
 NODES = [node("node001", (2, 3))]
-BUSY = [running("r1", "node001", (0, 1), ends_in=HOUR)]
+BUSY = [running("r1", "node001", (0, 1), now=NOW, ends_in=HOUR)]
 
 
 def test_short_job_backfills_without_delaying_the_head() -> None:
-    pending = [job("head", 1.0, gpus=4), job("short", 2.0, gpus=2, time_limit=HOUR / 2)]
+    pending = [
+        job("head", submit=1.0, gpus=4),
+        job("short", submit=2.0, gpus=2, time_limit=HOUR / 2),
+    ]
     d = run(NODES, pending, BUSY)
     assert started(d) == {"short"}
     assert d.expected_start == {"head": NOW + HOUR}
@@ -70,28 +60,37 @@ def test_short_job_backfills_without_delaying_the_head() -> None:
 
 
 def test_long_job_that_would_delay_the_head_is_refused() -> None:
-    pending = [job("head", 1.0, gpus=4), job("long", 2.0, gpus=2, time_limit=2 * HOUR)]
+    pending = [
+        job("head", submit=1.0, gpus=4),
+        job("long", submit=2.0, gpus=2, time_limit=2 * HOUR),
+    ]
     d = run(NODES, pending, BUSY)
     assert started(d) == set()
     assert d.reasons == {"head": "waiting for 4 GPUs", "long": "priority"}
 
 
 def test_job_without_limit_uses_the_default_and_unlimited_never_backfills() -> None:
-    pending = [job("head", 1.0, gpus=4), job("default", 2.0, gpus=2)]
+    pending = [job("head", submit=1.0, gpus=4), job("default", submit=2.0, gpus=2)]
     assert started(run(NODES, pending, BUSY, default_time_limit=HOUR / 4)) == {"default"}
     assert started(run(NODES, pending, BUSY, default_time_limit=2 * HOUR)) == set()
-    pending = [job("head", 1.0, gpus=4), job("forever", 2.0, gpus=2, time_limit=math.inf)]
+    pending = [
+        job("head", submit=1.0, gpus=4),
+        job("forever", submit=2.0, gpus=2, time_limit=math.inf),
+    ]
     assert started(run(NODES, pending, BUSY)) == set()
 
 
 def test_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
     nodes = [node("node001", (2, 3)), node("node002", (0, 1, 2, 3), gpus=4)]
-    busy = [running("r1", "node001", (0, 1), ends_in=HOUR), running("r2", "node002", (), 0)]
+    busy = [
+        running("r1", "node001", (0, 1), now=NOW, ends_in=HOUR),
+        running("r2", "node002", (), now=NOW, ends_in=0),
+    ]
     # The head wants GPUs 0-3 of node001 exactly; node002 is free for anyone.
     pending = [
-        job("head", 1.0, gpus=4, node_gpu_ids=(("node001", (0, 1, 2, 3)),)),
-        job("long", 2.0, gpus=4, time_limit=10 * HOUR),
-        job("long2", 3.0, gpus=2, time_limit=10 * HOUR),
+        job("head", submit=1.0, gpus=4, node_gpu_ids=(("node001", (0, 1, 2, 3)),)),
+        job("long", submit=2.0, gpus=4, time_limit=10 * HOUR),
+        job("long2", submit=3.0, gpus=2, time_limit=10 * HOUR),
     ]
     d = run(nodes, pending, busy)
     assert started(d) == {"long"}
@@ -101,7 +100,7 @@ def test_long_job_may_use_gpus_the_reservation_does_not_need() -> None:
 
 
 def test_jobs_that_do_not_fit_at_all_say_what_they_wait_for() -> None:
-    pending = [job("head", 1.0, gpus=4), job("three", 2.0, gpus=3, time_limit=60.0)]
+    pending = [job("head", submit=1.0, gpus=4), job("three", submit=2.0, gpus=3, time_limit=60.0)]
     d = run(NODES, pending, BUSY)
     assert d.reasons["three"] == "waiting for 3 GPUs"
 
@@ -109,13 +108,13 @@ def test_jobs_that_do_not_fit_at_all_say_what_they_wait_for() -> None:
 def test_gang_head_reservation_uses_the_node_timelines() -> None:
     nodes = [node("node001", ()), node("node002", ()), node("node003", (0, 1, 2, 3))]
     busy = [
-        running("soon", "node001", (0, 1, 2, 3), ends_in=HOUR),
-        running("late", "node002", (0, 1, 2, 3), ends_in=5 * HOUR),
+        running("soon", "node001", (0, 1, 2, 3), now=NOW, ends_in=HOUR),
+        running("late", "node002", (0, 1, 2, 3), now=NOW, ends_in=5 * HOUR),
     ]
     pending = [
-        job("gang", 1.0, gpus=8, nodes=2, gpus_per_node=4),
-        job("too-long", 2.0, gpus=4, time_limit=2 * HOUR),
-        job("fits-before", 3.0, gpus=4, time_limit=HOUR),
+        job("gang", submit=1.0, gpus=8, nodes=2, gpus_per_node=4),
+        job("too-long", submit=2.0, gpus=4, time_limit=2 * HOUR),
+        job("fits-before", submit=3.0, gpus=4, time_limit=HOUR),
     ]
     d = run(nodes, pending, busy)
     # The gang can start when "soon" ends, on node001 + node003: node003 is reserved.
@@ -126,8 +125,8 @@ def test_gang_head_reservation_uses_the_node_timelines() -> None:
 
 
 def test_backfill_depth_caps_the_scan() -> None:
-    pending = [job("head", 1.0, gpus=4)] + [
-        job(f"s{i}", 2.0 + i, gpus=1, time_limit=60.0) for i in range(5)
+    pending = [job("head", submit=1.0, gpus=4)] + [
+        job(f"s{i}", submit=2.0 + i, gpus=1, time_limit=60.0) for i in range(5)
     ]
     d = run(NODES, pending, BUSY, backfill_depth=1)
     assert started(d) == {"s0"}
@@ -136,7 +135,10 @@ def test_backfill_depth_caps_the_scan() -> None:
 
 def test_head_that_never_fits_holds_no_reservation() -> None:
     # GPUs 0,1 are busy outside mgpu: no running job will ever release them.
-    pending = [job("head", 1.0, gpus=4), job("other", 2.0, gpus=2, time_limit=10 * HOUR)]
+    pending = [
+        job("head", submit=1.0, gpus=4),
+        job("other", submit=2.0, gpus=2, time_limit=10 * HOUR),
+    ]
     d = run(NODES, pending, [])
     assert "head" not in d.expected_start
     assert started(d) == {"other"}
@@ -151,10 +153,12 @@ def test_find_reservation_releases_in_time_order() -> None:
     ]
     events = release_events(runs, [], now=10.0, default_limit=100.0)
     assert [e.time for e in events] == [20.0, 50.0, 100.0]
-    res = find_reservation(job("h", 0.0, gpus=4), pool, events, "fill_first")
+    res = find_reservation(job("h", submit=0.0, gpus=4), pool, events, "fill_first")
     assert res is not None and res.time == 20.0
     assert res.placements == (Placement("b", (0, 1, 2, 3)),)
-    res = find_reservation(job("h", 0.0, gpus=8, distributed=True), pool, events, "fill_first")
+    res = find_reservation(
+        job("h", submit=0.0, gpus=8, distributed=True), pool, events, "fill_first"
+    )
     assert res is not None and res.time == 100.0
     overdue = release_events(runs, [], now=70.0, default_limit=100.0)
     assert [e.time for e in overdue] == [70.0, 70.0, 100.0]
@@ -205,7 +209,7 @@ else:
                 target = draw(st.sampled_from(nodes)).node_id
                 ids = tuple(sorted(draw(st.sets(st.integers(0, 3), min_size=1, max_size=4))))
                 kw.update(gpus=len(ids), node_gpu_ids=((target, ids),))
-            pending.append(job(f"j{j}", float(j), **kw))
+            pending.append(job(f"j{j}", submit=float(j), **kw))
         return Snapshot(
             now=NOW,
             nodes=nodes,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import partial
 
 import pytest
 
+from factories import job, node, running
 from mgpu.scheduler import (
     Decisions,
     JobRequest,
@@ -26,22 +28,6 @@ except ImportError:  # the property test needs hypothesis (a dev dependency)
     st = None  # type: ignore[assignment]
 
 NOW = 100_000.0
-
-
-def node(
-    nid: str,
-    free: Iterable[int] | None = None,
-    *,
-    gpus: int = 4,
-    up: bool = True,
-    rack: str | None = None,
-) -> NodeView:
-    indices = tuple(range(gpus))
-    return NodeView(nid, indices, frozenset(indices if free is None else free), up, rack=rack)
-
-
-def job(job_id: str, submit: float = 0.0, user: str = "alice", **kw: object) -> JobRequest:
-    return JobRequest(job_id=job_id, user=user, submit_time=submit, **kw)  # type: ignore[arg-type]
 
 
 def run(
@@ -71,7 +57,7 @@ def started(d: Decisions) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
 
 def test_fifo_blocks_behind_the_first_job_that_cannot_start() -> None:
     nodes = [node("node001", [0, 1])]
-    pending = [job("big", 1.0, gpus=4), job("small", 2.0, gpus=1)]
+    pending = [job("big", submit=1.0, gpus=4), job("small", submit=2.0, gpus=1)]
     d = run(nodes, pending, queue_policy="fifo")
     assert d.starts == []
     assert d.reasons == {"big": "waiting for 4 GPUs", "small": "priority"}
@@ -80,7 +66,7 @@ def test_fifo_blocks_behind_the_first_job_that_cannot_start() -> None:
 
 def test_fifo_ignores_priority_and_priority_policy_uses_it() -> None:
     nodes = [node("node001", [0])]
-    pending = [job("first", 1.0, gpus=1), job("urgent", 2.0, gpus=1, priority=1000)]
+    pending = [job("first", submit=1.0, gpus=1), job("urgent", submit=2.0, gpus=1, priority=1000)]
     assert list(started(run(nodes, pending, queue_policy="fifo"))) == ["first"]
     d = run(nodes, pending, queue_policy="priority")
     assert list(started(d)) == ["urgent"]
@@ -90,14 +76,14 @@ def test_fifo_ignores_priority_and_priority_policy_uses_it() -> None:
 
 def test_priority_policy_also_blocks_at_the_first_waiting_job() -> None:
     nodes = [node("node001", [0, 1])]
-    pending = [job("big", 1.0, gpus=4, priority=500), job("small", 2.0, gpus=1)]
+    pending = [job("big", submit=1.0, gpus=4, priority=500), job("small", submit=2.0, gpus=1)]
     d = run(nodes, pending, queue_policy="priority")
     assert d.starts == [] and d.reasons["small"] == "priority"
 
 
 def test_starts_fill_the_cluster_in_order() -> None:
     nodes = [node("node001"), node("node002", [0, 1])]
-    pending = [job(f"j{i}", float(i), gpus=2) for i in range(4)]
+    pending = [job(f"j{i}", submit=float(i), gpus=2) for i in range(4)]
     d = run(nodes, pending, queue_policy="fifo")
     assert started(d) == {
         "j0": [("node002", (0, 1))],
@@ -110,8 +96,8 @@ def test_starts_fill_the_cluster_in_order() -> None:
 def test_a_job_that_cannot_run_on_the_nodes_up_does_not_block_the_queue() -> None:
     nodes = [node("node001"), node("node002", up=False)]
     pending = [
-        job("pinned", 1.0, gpus=1, node_gpu_ids=(("node002", (0,)),)),
-        job("other", 2.0, gpus=1),
+        job("pinned", submit=1.0, gpus=1, node_gpu_ids=(("node002", (0,)),)),
+        job("other", submit=2.0, gpus=1),
     ]
     for policy in ("fifo", "priority", "backfill"):
         d = run(nodes, pending, queue_policy=policy)
@@ -133,9 +119,9 @@ def test_cpu_job_starts_when_every_gpu_is_busy() -> None:
 def test_two_competing_gangs_never_hold_partial_nodes() -> None:
     nodes = [node("node001"), node("node002"), node("node003")]
     pending = [
-        job("g1", 1.0, gpus=8, nodes=2, gpus_per_node=4),
-        job("g2", 2.0, gpus=8, nodes=2, gpus_per_node=4),
-        job("one", 3.0, gpus=4),
+        job("g1", submit=1.0, gpus=8, nodes=2, gpus_per_node=4),
+        job("g2", submit=2.0, gpus=8, nodes=2, gpus_per_node=4),
+        job("one", submit=3.0, gpus=4),
     ]
     for policy in ("fifo", "priority", "backfill"):
         d = run(nodes, pending, queue_policy=policy)
@@ -149,7 +135,7 @@ def test_two_competing_gangs_never_hold_partial_nodes() -> None:
 
 def test_every_pending_job_gets_a_priority_and_every_waiting_one_a_reason() -> None:
     nodes = [node(f"node{i}", [0]) for i in range(3)]
-    pending = [job(f"j{i}", float(i), gpus=1 + i % 3) for i in range(30)]
+    pending = [job(f"j{i}", submit=float(i), gpus=1 + i % 3) for i in range(30)]
     for policy in ("fifo", "priority", "backfill"):
         d = run(nodes, pending, queue_policy=policy)
         assert set(d.priorities) == set(d.factors) == {j.job_id for j in pending}
@@ -168,10 +154,10 @@ def test_gpu_limit_counts_running_jobs_and_this_pass() -> None:
     running = [RunningJob("r", "alice", (Placement("node001", (0, 1)),), NOW - 10)]
     nodes[0] = node("node001", [2, 3])
     pending = [
-        job("a1", 1.0, gpus=1),
-        job("a2", 2.0, gpus=1),
-        job("a3", 3.0, gpus=1),
-        job("b1", 4.0, user="bob", gpus=1),
+        job("a1", submit=1.0, gpus=1),
+        job("a2", submit=2.0, gpus=1),
+        job("a3", submit=3.0, gpus=1),
+        job("b1", submit=4.0, user="bob", gpus=1),
     ]
     d = run(nodes, pending, running, queue_policy="fifo", max_gpus_per_user=3)
     assert set(started(d)) == {"a1", "b1"}  # the capped job does not block bob
@@ -181,7 +167,11 @@ def test_gpu_limit_counts_running_jobs_and_this_pass() -> None:
 
 def test_gpu_limit_reasons_for_partial_and_oversized_requests() -> None:
     nodes = [node("node001"), node("node002")]
-    pending = [job("a1", 1.0, gpus=2), job("a2", 2.0, gpus=2), job("a3", 3.0, gpus=4)]
+    pending = [
+        job("a1", submit=1.0, gpus=2),
+        job("a2", submit=2.0, gpus=2),
+        job("a3", submit=3.0, gpus=4),
+    ]
     d = run(nodes, pending, max_gpus_per_user=3, queue_policy="fifo")
     assert list(started(d)) == ["a1"]
     assert d.reasons["a2"] == "user alice has 2 of at most 3 GPUs in use and the job needs 2"
@@ -192,7 +182,7 @@ def test_running_job_limit() -> None:
     nodes = [node("node001")]
     running = [RunningJob("r", "alice", (Placement("node001", (0,)),), NOW - 10)]
     nodes = [node("node001", [1, 2, 3])]
-    pending = [job("a1", 1.0), job("a2", 2.0), job("b1", 3.0, user="bob")]
+    pending = [job("a1", submit=1.0), job("a2", submit=2.0), job("b1", submit=3.0, user="bob")]
     d = run(nodes, pending, running, max_running_jobs_per_user=2)
     assert set(started(d)) == {"a1", "b1"}
     assert d.reasons == {"a2": "user alice is at the limit of 2 running jobs"}
@@ -201,31 +191,20 @@ def test_running_job_limit() -> None:
 # --------------------------------------------------------------------------- preemption
 
 
-def running_job(
-    jid: str,
-    nid: str,
-    gpus: tuple[int, ...],
-    *,
-    priority: int,
-    preemptible: bool = True,
-    start: float = NOW - 100,
-    user: str = "bob",
-    submit: float | None = None,
-) -> RunningJob:
-    """`priority` is the user priority: the pass computes the job's priority from it."""
-    placements = (Placement(nid, gpus),)
-    return RunningJob(jid, user, placements, start, None, priority, preemptible, submit)
+# Running for 100 s with no limit of its own; `priority` is its user priority (the pass
+# computes the job's priority from it).
+running_job = partial(running, now=NOW, started=100.0, preemptible=True)
 
 
 def test_preemption_stops_lower_priority_preemptible_jobs_only() -> None:
     nodes = [node("node001", []), node("node002", [])]
     running = [
         # Older, bigger and as urgent as the waiting job: a higher priority.
-        running_job("keep-hi", "node001", (0, 1, 2, 3), priority=1000, submit=0.0),
+        running_job("keep-hi", "node001", (0, 1, 2, 3), priority=1000, submit_time=0.0),
         running_job("keep-np", "node002", (0, 1), priority=0, preemptible=False),
         running_job("victim", "node002", (2, 3), priority=0),
     ]
-    urgent = job("urgent", 1.0, gpus=2, priority=1000)
+    urgent = job("urgent", submit=1.0, gpus=2, priority=1000)
     d = run(nodes, [urgent], running)
     assert d.preempt == ["victim"]
     assert d.starts == []  # it starts next pass, once the GPUs are released
@@ -249,9 +228,9 @@ def test_preemption_picks_the_fewest_and_lowest_priority_victims() -> None:
 
 def test_no_preemption_for_equal_priority_or_when_disabled() -> None:
     nodes = [node("node001", [])]
-    urgent = job("urgent", 1.0, gpus=4, priority=1000)
+    urgent = job("urgent", submit=1.0, gpus=4, priority=1000)
     # The same user, age, size and user priority: the same priority, not a lower one.
-    twin = running_job("r", "node001", (0, 1, 2, 3), priority=1000, user="alice", submit=1.0)
+    twin = running_job("r", "node001", (0, 1, 2, 3), priority=1000, user="alice", submit_time=1.0)
     assert run(nodes, [urgent], [twin]).preempt == []
     running = [running_job("r", "node001", (0, 1, 2, 3), priority=0)]
     assert run(nodes, [urgent], running, preemption=False).preempt == []
@@ -268,7 +247,7 @@ def test_preemption_weighs_victims_by_their_priority_now() -> None:
         running_job("of-heavy", "node001", (0, 1, 2, 3), priority=0, user="heavy"),
         running_job("of-light", "node002", (0, 1, 2, 3), priority=0, user="light"),
     ]
-    urgent = job("urgent", 1.0, gpus=4, priority=1000)
+    urgent = job("urgent", submit=1.0, gpus=4, priority=1000)
     usage = {"heavy": 1e6, "light": 1e3}
     assert run(nodes, [urgent], running, usage).preempt == ["of-heavy"]
     usage = {"heavy": 1e3, "light": 1e6}
@@ -290,7 +269,7 @@ def test_preemption_for_pinned_and_gang_jobs() -> None:
 def test_preempted_gpus_are_not_backfilled() -> None:
     nodes = [node("node001", [0, 1])]
     running = [running_job("low", "node001", (2, 3), priority=0)]
-    pending = [job("urgent", 1.0, gpus=4, priority=1000), job("small", 2.0, gpus=1)]
+    pending = [job("urgent", submit=1.0, gpus=4, priority=1000), job("small", submit=2.0, gpus=1)]
     d = run(nodes, pending, running, default_time_limit=60.0)
     assert d.preempt == ["low"] and d.starts == []
     assert d.reasons["small"] == "priority"

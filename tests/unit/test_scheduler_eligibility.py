@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import re
 
-from mgpu.scheduler import Dependency, DependencyTarget, JobRequest, eligibility
+from factories import job
+from mgpu.scheduler import Dependency, DependencyTarget, eligibility
 from mgpu.scheduler.eligibility import backoff_reason
 
 NOW = 1_000_000.0
-
-
-def job(job_id: str, *deps: str, **kw: object) -> JobRequest:
-    dependencies = tuple(Dependency(*d.split(":")) for d in deps)
-    return JobRequest(job_id, "alice", 0.0, dependencies=dependencies, **kw)  # type: ignore[arg-type]
 
 
 def ended(job_id: str, state: str) -> DependencyTarget:
@@ -39,7 +35,7 @@ def test_retry_backoff() -> None:
 
 def test_backoff_is_checked_before_dependencies() -> None:
     # Not cancelled while it backs off: the verdict on its dependency comes later.
-    queued = [job("a", "afterok:x", eligible_time=NOW + 30)]
+    queued = [job("a", after="afterok:x", eligible_time=NOW + 30)]
     result = eligibility(queued, NOW, {"x": [ended("x", "failed")]})
     assert list(result.waiting) == ["a"] and result.cancel == {}
 
@@ -51,13 +47,13 @@ def test_each_dependency_kind() -> None:
         "run": [live("run")],
     }
     queued = [
-        job("ok-ok", "afterok:ok"),
-        job("ok-bad", "afterok:bad"),
-        job("ok-run", "afterok:run"),
-        job("not-ok", "afternotok:ok"),
-        job("not-bad", "afternotok:bad"),
-        job("any-bad", "afterany:bad"),
-        job("any-run", "afterany:run"),
+        job("ok-ok", after="afterok:ok"),
+        job("ok-bad", after="afterok:bad"),
+        job("ok-run", after="afterok:run"),
+        job("not-ok", after="afternotok:ok"),
+        job("not-bad", after="afternotok:bad"),
+        job("any-bad", after="afterany:bad"),
+        job("any-run", after="afterany:run"),
     ]
     result = eligibility(queued, NOW, targets)
     assert [j.job_id for j in result.eligible] == ["ok-ok", "not-bad", "any-bad"]
@@ -78,33 +74,33 @@ def test_each_dependency_kind() -> None:
 
 def test_a_dependency_on_an_array_needs_every_task() -> None:
     tasks = [ended("arr_0", "completed"), live("arr_1"), ended("arr_2", "timeout")]
-    result = eligibility([job("a", "afterok:arr")], NOW, {"arr": tasks})
+    result = eligibility([job("a", after="afterok:arr")], NOW, {"arr": tasks})
     assert result.waiting == {"a": "waiting for dependency arr"}  # arr_1 still runs
     tasks[1] = ended("arr_1", "completed")
-    result = eligibility([job("a", "afterok:arr")], NOW, {"arr": tasks})
+    result = eligibility([job("a", after="afterok:arr")], NOW, {"arr": tasks})
     assert result.cancel == {
         "a": "dependency afterok:arr can never be satisfied (arr_2 ended timeout)"
     }
 
 
 def test_a_dependency_without_targets_counts_as_met() -> None:
-    result = eligibility([job("a", "afterok:gone", "afterany:x")], NOW, {"x": []})
+    result = eligibility([job("a", after="afterok:gone,afterany:x")], NOW, {"x": []})
     assert [j.job_id for j in result.eligible] == ["a"]
     assert result.satisfied == {Dependency("afterok", "gone"), Dependency("afterany", "x")}
 
 
 def test_only_the_dependencies_before_the_first_unmet_one_are_satisfied() -> None:
     targets = {"x": [ended("x", "completed")], "y": [live("y")], "z": [ended("z", "completed")]}
-    result = eligibility([job("a", "afterok:x", "afterok:y", "afterok:z")], NOW, targets)
+    result = eligibility([job("a", after="afterok:x,afterok:y,afterok:z")], NOW, targets)
     assert result.waiting == {"a": "waiting for dependency y"}
     assert result.satisfied == {Dependency("afterok", "x")}
 
 
 def test_a_job_cancelled_here_has_ended_for_the_jobs_after_it() -> None:
     targets = {"x": [ended("x", "failed")], "a": [live("a")]}
-    before = job("before", "afterok:a")
-    a = job("a", "afterok:x")
-    after, handler = job("after", "afterok:a"), job("handler", "afternotok:a")
+    before = job("before", after="afterok:a")
+    a = job("a", after="afterok:x")
+    after, handler = job("after", after="afterok:a"), job("handler", after="afternotok:a")
     result = eligibility([before, a, after, handler], NOW, targets)
     assert result.waiting == {"before": "waiting for dependency a"}  # judged before a was
     assert result.cancel == {

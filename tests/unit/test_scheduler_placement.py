@@ -2,41 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import pytest
 
+from factories import job, node
 from mgpu.scheduler import FreePool, JobRequest, NodeView, Placement, could_ever_fit, place
 from mgpu.scheduler.placement import wait_reason
-
-
-def node(
-    nid: str,
-    free: Iterable[int] | None = None,
-    *,
-    gpus: int = 4,
-    up: bool = True,
-    rack: str | None = None,
-    gpu_type: str | None = None,
-    features: Iterable[str] = (),
-) -> NodeView:
-    indices = tuple(range(gpus))
-    return NodeView(
-        node_id=nid,
-        gpu_indices=indices,
-        free_gpus=frozenset(indices if free is None else free),
-        schedulable=up,
-        gpu_type=gpu_type,
-        rack=rack,
-        features=frozenset(features),
-    )
-
-
-def job(**kw: object) -> JobRequest:
-    kw.setdefault("job_id", "j1")
-    kw.setdefault("user", "alice")
-    kw.setdefault("submit_time", 0.0)
-    return JobRequest(**kw)  # type: ignore[arg-type]
 
 
 def placed(

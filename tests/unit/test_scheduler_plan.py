@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from factories import HOUR, job, node, running
 from mgpu.scheduler import (
     Decisions,
     JobRequest,
@@ -26,35 +27,6 @@ except ImportError:  # the property test needs hypothesis (a dev dependency)
     st = None  # type: ignore[assignment]
 
 NOW = 20_000.0
-HOUR = 3600.0
-
-
-def node(nid: str, free: Iterable[int] = (), gpus: int = 4) -> NodeView:
-    return NodeView(nid, tuple(range(gpus)), frozenset(free))
-
-
-def job(
-    job_id: str,
-    gpus: int,
-    limit: float | None,
-    priority: int = 0,
-    submit: float = 0.0,
-    **kw: object,
-) -> JobRequest:
-    # Equal submit times and users: the order is the user priority, then the job size.
-    return JobRequest(
-        job_id=job_id,
-        user="alice",
-        submit_time=submit,
-        gpus=gpus,
-        time_limit=limit,
-        priority=priority,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def running(job_id: str, nid: str, gpus: tuple[int, ...], ends_in: float) -> RunningJob:
-    return RunningJob(job_id, "bob", (Placement(nid, gpus),), NOW - HOUR, HOUR + ends_in)
 
 
 def run(
@@ -74,13 +46,16 @@ def offsets(d: Decisions) -> dict[str, float]:
 
 
 # One 4-GPU node, all busy: r1 holds GPUs 0,1 for 1 h, r2 holds 2,3 for 2 h.
-NODES = [node("n1")]
-BUSY = [running("r1", "n1", (0, 1), HOUR), running("r2", "n1", (2, 3), 2 * HOUR)]
+NODES = [node("n1", ())]
+BUSY = [
+    running("r1", "n1", (0, 1), now=NOW, ends_in=HOUR),
+    running("r2", "n1", (2, 3), now=NOW, ends_in=2 * HOUR),
+]
 QUEUE = [
-    job("A", 4, HOUR, priority=40),  # the head
-    job("B", 2, HOUR, priority=30),
-    job("C", 2, 2 * HOUR, priority=20),
-    job("D", 1, HOUR / 2, priority=10),
+    job("A", gpus=4, time_limit=HOUR, priority=40),  # the head
+    job("B", gpus=2, time_limit=HOUR, priority=30),
+    job("C", gpus=2, time_limit=2 * HOUR, priority=20),
+    job("D", gpus=1, time_limit=HOUR / 2, priority=10),
 ]
 
 
@@ -110,9 +85,12 @@ def test_ordered_policies_never_plan_a_job_before_the_one_ahead(policy: str) -> 
 
 
 def test_an_ordered_job_that_could_start_sooner_waits_for_the_job_ahead() -> None:
-    nodes = [node("n1"), node("n2", free=(0,), gpus=1)]
-    busy = [running("r", "n1", (0, 1, 2, 3), HOUR)]
-    pending = [job("head", 4, HOUR, submit=0.0), job("small", 1, HOUR / 2, submit=1.0)]
+    nodes = [node("n1", ()), node("n2", (0,), gpus=1)]
+    busy = [running("r", "n1", (0, 1, 2, 3), now=NOW, ends_in=HOUR)]
+    pending = [
+        job("head", gpus=4, time_limit=HOUR, submit=0.0),
+        job("small", gpus=1, time_limit=HOUR / 2, submit=1.0),
+    ]
     d = run(nodes, pending, busy, queue_policy="fifo")
     # n2's GPU is free now, but small may not pass the head: it starts beside it.
     assert offsets(d) == {"head": HOUR, "small": HOUR}
@@ -135,8 +113,14 @@ def test_the_budget_in_time_cuts_the_estimates() -> None:
 
 
 def test_no_estimate_behind_a_job_that_never_ends_or_for_a_held_job() -> None:
-    forever = [running("r1", "n1", (0, 1), math.inf), running("r2", "n1", (2, 3), HOUR)]
-    pending = [job("two", 2, HOUR, priority=10), job("four", 4, HOUR)]
+    forever = [
+        running("r1", "n1", (0, 1), now=NOW, ends_in=math.inf),
+        running("r2", "n1", (2, 3), now=NOW, ends_in=HOUR),
+    ]
+    pending = [
+        job("two", gpus=2, time_limit=HOUR, priority=10),
+        job("four", gpus=4, time_limit=HOUR),
+    ]
     d = run(NODES, pending, forever)
     assert offsets(d) == {"two": HOUR}
     assert "four" not in d.expected_start
@@ -145,8 +129,8 @@ def test_no_estimate_behind_a_job_that_never_ends_or_for_a_held_job() -> None:
 
 
 def test_jobs_that_started_get_no_estimate_and_those_that_fit_now_get_now() -> None:
-    nodes = [node("n1", free=(0, 1, 2, 3))]
-    pending = [job(f"j{i}", 1, HOUR, priority=10 - i) for i in range(6)]
+    nodes = [node("n1", (0, 1, 2, 3))]
+    pending = [job(f"j{i}", gpus=1, time_limit=HOUR, priority=10 - i) for i in range(6)]
     d = run(nodes, pending, [], backfill_depth=0)
     # j0-j3 start; j4 and j5 wait for them (an hour).
     assert {s.job_id for s in d.starts} == {"j0", "j1", "j2", "j3"}
@@ -157,20 +141,26 @@ def test_jobs_that_started_get_no_estimate_and_those_that_fit_now_get_now() -> N
 def test_a_job_that_fits_now_but_waits_is_estimated_now() -> None:
     # The scan stops at the blocked head (priority policy): the small job fits now, so the
     # plan under that policy puts it after the head; under backfill it could start now.
-    nodes = [node("n1", free=(3,))]
-    busy = [running("r", "n1", (0, 1, 2), HOUR)]
-    pending = [job("head", 4, HOUR, priority=10), job("small", 1, HOUR / 2)]
+    nodes = [node("n1", (3,))]
+    busy = [running("r", "n1", (0, 1, 2), now=NOW, ends_in=HOUR)]
+    pending = [
+        job("head", gpus=4, time_limit=HOUR, priority=10),
+        job("small", gpus=1, time_limit=HOUR / 2),
+    ]
     d = run(nodes, pending, busy, queue_policy="priority")
     assert offsets(d) == {"head": HOUR, "small": 2 * HOUR}
 
 
 def test_a_gang_is_planned_on_the_node_timelines() -> None:
-    nodes = [node("n1"), node("n2"), node("n3", free=(0, 1, 2, 3))]
-    busy = [running("a", "n1", (0, 1, 2, 3), HOUR), running("b", "n2", (0, 1, 2, 3), 3 * HOUR)]
+    nodes = [node("n1", ()), node("n2", ()), node("n3", (0, 1, 2, 3))]
+    busy = [
+        running("a", "n1", (0, 1, 2, 3), now=NOW, ends_in=HOUR),
+        running("b", "n2", (0, 1, 2, 3), now=NOW, ends_in=3 * HOUR),
+    ]
     pending = [
-        job("head", 4, HOUR, priority=100, node_gpu_ids=(("n3", (0, 1, 2, 3)),)),
-        job("gang", 8, HOUR, priority=50, nodes=2, gpus_per_node=4),
-        job("wide", 12, HOUR, priority=-100, distributed=True),
+        job("head", gpus=4, time_limit=HOUR, priority=100, node_gpu_ids=(("n3", (0, 1, 2, 3)),)),
+        job("gang", gpus=8, time_limit=HOUR, priority=50, nodes=2, gpus_per_node=4),
+        job("wide", gpus=12, time_limit=HOUR, priority=-100, distributed=True),
     ]
     d = run(nodes, pending, busy)
     assert "head" in {s.job_id for s in d.starts}
@@ -184,7 +174,10 @@ def test_a_preempting_head_is_expected_now_and_waits_for_its_victims() -> None:
     busy = [
         RunningJob("v", "bob", (Placement("n1", (0, 1, 2, 3)),), NOW - 10, HOUR, preemptible=True)
     ]
-    pending = [job("urgent", 4, HOUR, priority=1000), job("next", 4, HOUR)]
+    pending = [
+        job("urgent", gpus=4, time_limit=HOUR, priority=1000),
+        job("next", gpus=4, time_limit=HOUR),
+    ]
     d = run(NODES, pending, busy, preemption=True)
     assert d.preempt == ["v"]
     assert offsets(d) == {"urgent": 0.0, "next": HOUR}
@@ -224,20 +217,22 @@ else:
             nodes.append(node(f"n{i}", tuple(sorted(set(range(4)) - busy))))
             for g in busy:
                 ends = float(draw(st.integers(1, 10)) * 600)
-                runs.append(running(f"r{i}.{g}", f"n{i}", (g,), ends))
+                runs.append(running(f"r{i}.{g}", f"n{i}", (g,), now=NOW, ends_in=ends))
         pending = []
         for j in range(draw(st.integers(1, 8))):
             shape = draw(st.sampled_from(["plain", "gang", "share"]))
             kw: dict[str, object] = {"priority": draw(st.integers(0, 3))}
             limit = float(draw(st.integers(1, 12)) * 600)
             if shape == "plain":
-                pending.append(job(f"j{j}", draw(st.integers(1, 4)), limit, **kw))
+                pending.append(job(f"j{j}", gpus=draw(st.integers(1, 4)), time_limit=limit, **kw))
             elif shape == "gang":
                 n, m = draw(st.integers(1, 3)), draw(st.integers(1, 4))
-                pending.append(job(f"j{j}", n * m, limit, nodes=n, gpus_per_node=m, **kw))
+                pending.append(
+                    job(f"j{j}", gpus=n * m, time_limit=limit, nodes=n, gpus_per_node=m, **kw)
+                )
             else:
                 units = draw(st.sampled_from([250, 500, 750]))
-                pending.append(job(f"j{j}", 1, limit, gpu_share=units, **kw))
+                pending.append(job(f"j{j}", gpus=1, time_limit=limit, gpu_share=units, **kw))
         policy = draw(st.sampled_from(["backfill", "fifo", "priority"]))
         cfg = SchedulerConfig(queue_policy=policy, preemption=False, plan_seconds=None)  # type: ignore[arg-type]
         return Snapshot(NOW, nodes, pending, runs, config=cfg)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from factories import job, node
 from mgpu.scheduler import (
     JobRequest,
-    NodeView,
     PriorityWeights,
     SchedulerConfig,
     Snapshot,
@@ -16,11 +16,7 @@ from mgpu.scheduler import (
 )
 from mgpu.scheduler.priority import user_priority_factor
 
-NODES = [NodeView(f"node{i}", tuple(range(8)), frozenset(range(8))) for i in range(2)]  # 16 GPUs
-
-
-def job(job_id: str, user: str = "alice", submit: float = 0.0, **kw: object) -> JobRequest:
-    return JobRequest(job_id=job_id, user=user, submit_time=submit, **kw)  # type: ignore[arg-type]
+NODES = [node(f"node{i}", gpus=8) for i in range(2)]  # 16 GPUs
 
 
 def snap(
@@ -98,7 +94,7 @@ def test_gang_and_pinned_jobs_count_all_their_gpus_for_size() -> None:
 
 
 def test_the_light_user_goes_first_under_fairshare() -> None:
-    nodes = [NodeView("node0", (0,), frozenset({0}))]
+    nodes = [node("node0", gpus=1)]
     pending = [job("heavy-1", user="heavy", submit=0.0), job("light-1", user="light", submit=5.0)]
     s = Snapshot(
         now=10.0,

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import pytest
 
+from factories import HOUR, job, node, running
 from mgpu.scheduler import (
     Decisions,
     JobRequest,
@@ -22,20 +23,6 @@ from mgpu.scheduler import (
 )
 
 NOW = 50_000.0
-HOUR = 3600.0
-
-
-def node(nid: str, free: Iterable[int] | None = None, gpus: int = 4) -> NodeView:
-    indices = tuple(range(gpus))
-    return NodeView(nid, indices, frozenset(indices if free is None else free))
-
-
-def job(job_id: str, gpus: int = 1, submit: float = 0.0, **kw: object) -> JobRequest:
-    return JobRequest(job_id=job_id, user="alice", submit_time=submit, gpus=gpus, **kw)  # type: ignore[arg-type]
-
-
-def running(job_id: str, nid: str, gpus: tuple[int, ...], ends_in: float) -> RunningJob:
-    return RunningJob(job_id, "bob", (Placement(nid, gpus),), NOW - HOUR, HOUR + ends_in)
 
 
 def reservation(
@@ -87,7 +74,7 @@ def started(d: Decisions) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
 def test_a_job_may_use_reserved_gpus_only_if_it_ends_before_the_window(
     limit: float | None, starts: bool
 ) -> None:
-    d = run([node("n1")], [job("j", 2, time_limit=limit)], [reservation()])
+    d = run([node("n1")], [job("j", gpus=2, time_limit=limit)], [reservation()])
     assert ("j" in started(d)) is starts
     if not starts:
         assert d.reasons["j"] == "waiting for 2 GPUs (reservation course-a takes 4 GPUs in 1h)"
@@ -97,12 +84,12 @@ def test_a_job_may_use_reserved_gpus_only_if_it_ends_before_the_window(
 
 
 def test_unreserved_gpus_stay_usable_and_the_reason_says_gpus_when_they_are_busy() -> None:
-    nodes = [node("n1", free=(0, 1, 2, 3), gpus=6)]  # GPUs 4, 5 busy for 3 hours
-    busy = [running("r", "n1", (4, 5), ends_in=3 * HOUR)]
-    d = run(nodes, [job("j", 1, time_limit=10 * HOUR)], [reservation(gpus=(0, 1, 2, 3))], busy)
+    nodes = [node("n1", (0, 1, 2, 3), gpus=6)]  # GPUs 4, 5 busy for 3 hours
+    busy = [running("r", "n1", (4, 5), now=NOW, ends_in=3 * HOUR)]
+    d = run(nodes, [job("j", gpus=1, time_limit=10 * HOUR)], [reservation(gpus=(0, 1, 2, 3))], busy)
     assert "j" not in started(d)
     assert d.reasons["j"] == "waiting for 1 GPU (reservation course-a takes 4 GPUs in 1h)"
-    d = run(nodes, [job("j", 1, time_limit=10 * HOUR)], [reservation(gpus=(0, 1, 2))], busy)
+    d = run(nodes, [job("j", gpus=1, time_limit=10 * HOUR)], [reservation(gpus=(0, 1, 2))], busy)
     assert started(d) == {"j": (("n1", (3,)),)}
 
 
@@ -113,10 +100,10 @@ def test_inside_the_window_only_its_own_jobs_run_and_only_on_its_gpus() -> None:
     nodes = [node("n1", gpus=8)]
     active = reservation(gpus=(0, 1, 2, 3), starts_in=-HOUR, lasts=3 * HOUR)
     pending = [
-        job("mine", 2, reservation="course-a"),
-        job("other", 6, submit=1.0, time_limit=HOUR),  # 6 are free, 2 of them reserved
-        job("too-big", 6, submit=2.0, reservation="course-a"),
-        job("small", 4, submit=3.0, time_limit=HOUR),
+        job("mine", gpus=2, reservation="course-a"),
+        job("other", gpus=6, submit=1.0, time_limit=HOUR),  # 6 are free, 2 of them reserved
+        job("too-big", gpus=6, submit=2.0, reservation="course-a"),
+        job("small", gpus=4, submit=3.0, time_limit=HOUR),
     ]
     d = run(nodes, pending, [active])
     assert started(d) == {"mine": (("n1", (0, 1)),), "small": (("n1", (4, 5, 6, 7)),)}
@@ -133,15 +120,15 @@ def test_inside_the_window_only_its_own_jobs_run_and_only_on_its_gpus() -> None:
 def test_a_reservation_job_waits_for_its_window_and_for_its_gpus() -> None:
     nodes = [node("n1")]
     future = reservation(starts_in=HOUR)
-    d = run(nodes, [job("early", 1, reservation="course-a")], [future])
+    d = run(nodes, [job("early", gpus=1, reservation="course-a")], [future])
     assert d.starts == []
     assert d.reasons["early"] == "waiting for reservation course-a, which starts in 1h"
     assert d.expected_start["early"] == NOW + HOUR
     assert d.waiting_on["early"] == ("reservation:course-a",)
 
     active = reservation(gpus=(0, 1), starts_in=0.0)
-    busy = [running("r", "n1", (0,), ends_in=HOUR / 2)]
-    d = run([node("n1", free=(1, 2, 3))], [job("m", 2, reservation="course-a")], [active], busy)
+    busy = [running("r", "n1", (0,), now=NOW, ends_in=HOUR / 2)]
+    d = run([node("n1", (1, 2, 3))], [job("m", gpus=2, reservation="course-a")], [active], busy)
     assert d.reasons["m"] == "waiting for 2 GPUs of reservation course-a"
     assert d.expected_start["m"] == NOW + HOUR / 2
     assert d.waiting_on["m"] == ("r",)
@@ -151,7 +138,10 @@ def test_a_job_of_an_unknown_reservation_never_starts_nor_blocks_the_queue() -> 
     for reservations in ([], [reservation(name="other")]):
         d = run(
             [node("n1")],
-            [job("lost", 1, reservation="gone"), job("next", 1, submit=1.0, time_limit=60.0)],
+            [
+                job("lost", gpus=1, reservation="gone"),
+                job("next", gpus=1, submit=1.0, time_limit=60.0),
+            ],
             reservations,
             queue_policy="fifo",
         )
@@ -161,10 +151,10 @@ def test_a_job_of_an_unknown_reservation_never_starts_nor_blocks_the_queue() -> 
 
 
 def test_reservation_jobs_are_not_held_behind_a_blocked_fifo_head() -> None:
-    nodes = [node("n1", free=(2, 3))]
-    busy = [running("r", "n1", (0, 1), ends_in=HOUR)]
+    nodes = [node("n1", (2, 3))]
+    busy = [running("r", "n1", (0, 1), now=NOW, ends_in=HOUR)]
     active = reservation(gpus=(2, 3), starts_in=0.0)
-    pending = [job("head", 4), job("mine", 2, submit=1.0, reservation="course-a")]
+    pending = [job("head", gpus=4), job("mine", gpus=2, submit=1.0, reservation="course-a")]
     d = run(nodes, pending, [active], busy, queue_policy="fifo")
     assert started(d) == {"mine": (("n1", (2, 3)),)}
 
@@ -195,21 +185,21 @@ def test_shares_of_a_reservation_pack_on_its_gpus() -> None:
     ],
 )
 def test_the_heads_reservation_avoids_the_window(limit: float, expected: float) -> None:
-    nodes = [node("n1", free=(2, 3))]
-    busy = [running("r", "n1", (0, 1), ends_in=HOUR)]
+    nodes = [node("n1", (2, 3))]
+    busy = [running("r", "n1", (0, 1), now=NOW, ends_in=HOUR)]
     window = reservation(gpus=(2, 3), starts_in=2 * HOUR, lasts=2 * HOUR)
-    d = run(nodes, [job("head", 4, time_limit=limit)], [window], busy)
+    d = run(nodes, [job("head", gpus=4, time_limit=limit)], [window], busy)
     assert d.expected_start["head"] == expected
 
 
 def test_backfill_respects_both_the_head_and_the_reservation() -> None:
-    nodes = [node("n1", free=(2, 3)), node("n2")]
-    busy = [running("r", "n1", (0, 1), ends_in=HOUR)]
+    nodes = [node("n1", (2, 3)), node("n2")]
+    busy = [running("r", "n1", (0, 1), now=NOW, ends_in=HOUR)]
     window = reservation(gpus=(0, 1, 2, 3), starts_in=2 * HOUR, nid="n2")
     pending = [
-        job("head", 4, priority=100, time_limit=3 * HOUR),  # not n2 (window): n1 at +1h
-        job("fits-n2", 2, submit=1.0, time_limit=HOUR),  # n2, done before the window
-        job("long", 2, submit=2.0, time_limit=5 * HOUR),  # nowhere: head's n1, window's n2
+        job("head", gpus=4, priority=100, time_limit=3 * HOUR),  # not n2 (window): n1 at +1h
+        job("fits-n2", gpus=2, submit=1.0, time_limit=HOUR),  # n2, done before the window
+        job("long", gpus=2, submit=2.0, time_limit=5 * HOUR),  # nowhere: head's n1, window's n2
     ]
     d = run(nodes, pending, [window], busy)
     assert d.expected_start["head"] == NOW + HOUR
@@ -223,8 +213,8 @@ def test_backfill_respects_both_the_head_and_the_reservation() -> None:
 def pick(
     gpus: int, starts_in: float = HOUR, lasts: float = HOUR, **kw: object
 ) -> tuple[Placement, ...]:
-    kw.setdefault("nodes", [node("n1"), node("n2", free=(0, 1))])
-    kw.setdefault("running", [running("r", "n2", (2, 3), ends_in=3 * HOUR)])
+    kw.setdefault("nodes", [node("n1"), node("n2", (0, 1))])
+    kw.setdefault("running", [running("r", "n2", (2, 3), now=NOW, ends_in=3 * HOUR)])
     kw.setdefault("reservations", [])
     return pick_reservation_gpus(
         kw.pop("name", "new"),  # type: ignore[arg-type]
@@ -277,19 +267,19 @@ def test_pick_refuses_with_one_sentence() -> None:
 
 def test_could_fit_reservation_checks_the_request_against_its_gpus() -> None:
     res = reservation(gpus=(0, 1))
-    assert could_fit_reservation(job("j", 2), res, [node("n1")]) is None
-    assert could_fit_reservation(job("j", 3), res, [node("n1")]) == (
+    assert could_fit_reservation(job("j", gpus=2), res, [node("n1")]) is None
+    assert could_fit_reservation(job("j", gpus=3), res, [node("n1")]) == (
         "reservation course-a (2 GPUs) cannot run it: no node has 3 GPUs (the largest has 2); "
         "use --nodes/--gpus-per-node or --distributed to span nodes"
     )
 
 
 def test_preemption_never_takes_a_reservations_gpus_for_the_head() -> None:
-    nodes = [node("n1", free=())]
+    nodes = [node("n1", ())]
     victims = [
         RunningJob("low", "bob", (Placement("n1", (0, 1, 2, 3)),), NOW - 10, HOUR, preemptible=True)
     ]
-    urgent = job("urgent", 2, priority=1000, time_limit=2 * HOUR)
+    urgent = job("urgent", gpus=2, priority=1000, time_limit=2 * HOUR)
     window = reservation(gpus=(0, 1), starts_in=HOUR)
     d = run(nodes, [urgent], [window], victims, preemption=True)
     assert d.preempt == ["low"]  # GPUs 2, 3 are outside the window: fine
@@ -299,12 +289,12 @@ def test_preemption_never_takes_a_reservations_gpus_for_the_head() -> None:
 
 
 def test_jobs_beyond_the_scan_get_reasons_that_depend_on_their_limits() -> None:
-    nodes = [node("n1"), node("n2", free=())]
-    busy = [running("r", "n2", (0, 1, 2, 3), ends_in=HOUR)]
+    nodes = [node("n1"), node("n2", ())]
+    busy = [running("r", "n2", (0, 1, 2, 3), now=NOW, ends_in=HOUR)]
     pending = [
-        job("head", 8, priority=100, distributed=True),  # n1 is reserved from +1h: waits
-        job("short", 2, submit=1.0, time_limit=HOUR / 2),  # would fit n1 before the window
-        job("long", 2, submit=2.0, time_limit=2 * HOUR),  # would still run in it
+        job("head", gpus=8, priority=100, distributed=True),  # n1 is reserved from +1h: waits
+        job("short", gpus=2, submit=1.0, time_limit=HOUR / 2),  # would fit n1 before the window
+        job("long", gpus=2, submit=2.0, time_limit=2 * HOUR),  # would still run in it
     ]
     d = run(nodes, pending, [reservation()], busy, backfill_depth=0)
     assert d.starts == []

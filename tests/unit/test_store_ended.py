@@ -8,17 +8,15 @@ import sqlite3
 
 import pytest
 
+from factories import master_job
 from mgpu.master.store import sqlite as store_module
 from mgpu.master.store.sqlite import MEMORY, Store
 from mgpu.model import Job, JobState
 
 
 def _job(job_id: str, state: JobState = JobState.COMPLETED) -> Job:
-    job = Job(id=job_id, user="alice", argv=["true"], command="true", submit_time=1.0)
-    job.state = state
-    if state.terminal:
-        job.end_time, job.exit_code = 2.0, 0
-    return job
+    ended = {"end_time": 2.0, "exit_code": 0} if state.terminal else {}
+    return master_job(job_id, state=state, submit_time=1.0, **ended)
 
 
 def _on_disk(store: Store, job_id: str) -> Job:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from factories import master_job
 from mgpu.master.store import arrays
 from mgpu.master.store.sqlite import SCRIPT_OF_ARRAY, Store
-from mgpu.model import Job, JobState
+from mgpu.model import JobState
 
 SCRIPT = "#!/bin/sh\n" + "# padding\n" * 20_000 + "echo $MGPU_ARRAY_TASK_ID\n"
 
@@ -19,7 +20,7 @@ def _raw(store: Store, job_id: str) -> str:
 
 def test_a_tasks_row_refers_to_its_arrays_script_and_reads_give_it_back(tmp_path: Path) -> None:
     store = Store(tmp_path / "mgpu.db")
-    template = Job(id="a1b2c3d4", user="alice", argv=["job.sh"], command="job.sh")
+    template = master_job("a1b2c3d4", command="job.sh")
     template.script, template.script_name, template.submit_time = SCRIPT, "job.sh", 1.0
     store.save_array(template, [0, 1, 2], None)
     done, running, _queued = arrays.tasks(template, [0, 1, 2], None)
@@ -46,7 +47,7 @@ def test_a_tasks_row_refers_to_its_arrays_script_and_reads_give_it_back(tmp_path
 
 def test_a_lone_jobs_script_is_in_its_own_row(tmp_path: Path) -> None:
     store = Store(tmp_path / "mgpu.db")
-    job = Job(id="e5f6a7b8", user="alice", argv=["job.sh"], command="job.sh", submit_time=1.0)
+    job = master_job("e5f6a7b8", command="job.sh", submit_time=1.0)
     job.script = SCRIPT
     store.save_jobs([job])
     assert json.loads(_raw(store, job.id))["script"] == SCRIPT

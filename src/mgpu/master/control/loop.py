@@ -1,17 +1,18 @@
 """The scheduling loop: snapshot → `schedule()` → apply, whenever something changed.
 
-`plan` reads the controller's state into the scheduler's snapshot (master/state/snapshot.py) and
-calls the pure core; `apply` carries the decisions out, re-checking each against the state
-as it is then, as Nomad's plan applier does: a start whose node is gone or no longer
-schedulable, or whose GPUs are no longer free, is dropped whole (the job stays queued and
-is planned again), never half-applied; a preemption of a job that has meanwhile ended or is
-already being stopped is dropped too.
+`inputs` reads the controller's state into the scheduler's inputs (one value,
+master/state/snapshot.py), the same for every kind of pass; `decide` runs the pure core on
+them; `apply` carries the decisions out, re-checking each against the state as it is then,
+as Nomad's plan applier does: a start whose node is gone or no longer schedulable, or whose
+GPUs are no longer free, is dropped whole (the job stays queued and is planned again), never
+half-applied; a preemption of a job that has meanwhile ended or is already being stopped is
+dropped too.
 
 A long queue (more than `LONG_QUEUE` jobs) splits the work as Slurm does between its main
 scheduler and its backfill plugin.  The *quick pass*, on events, looks only at the head of
 the queue: the first `QUICK_DEPTH` jobs of the last full pass's priority order still queued,
 the jobs that full pass would have started (its backfill deeper in the queue), the jobs
-queued since (`_fresh`, in submit order), and the next tasks of arrays held at their `%N`
+queued since (`Head.fresh`, in submit order), and the next tasks of arrays held at their `%N`
 cap; the pure core runs on those alone (`schedule()` with their priorities
 computed now), so its cost does not grow with the queue.  It makes every start and
 preemption.  The *full pass* (priorities, reasons and estimates of every queued job, the
@@ -45,6 +46,7 @@ from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.runindex import RunningIndex
 from mgpu.master.state.shares import job_share_units
 from mgpu.master.state.snapshot import (
+    SchedulerInputs,
     assemble,
     collect,
     dependency_targets,
@@ -57,11 +59,8 @@ from mgpu.scheduler import (
     Decisions,
     DependencyTarget,
     Eligibility,
-    FreePool,
     JobRequest,
-    NodeView,
     Reservation,
-    RunningJob,
     SchedulerConfig,
     UsageLedger,
     schedule,
@@ -70,7 +69,7 @@ from mgpu.scheduler.running import RunningSet
 
 log = logging.getLogger("mgpu.master")
 
-__all__ = ["Plan", "SchedulingLoop"]
+__all__ = ["Head", "Limits", "Pacing", "Plan", "SchedulingLoop", "decide"]
 
 REPLAN_INTERVAL = 5.0
 """Seconds between passes when nothing happened (age priority, expected starts)."""
@@ -124,6 +123,120 @@ class Plan:
     """A full pass's: it made every waiting job's estimate (else the last ones stand)."""
 
 
+@dataclass(slots=True)
+class Limits:
+    """The sizes at which the loop changes its ways (module docstring): tests lower them."""
+
+    long_queue: int = LONG_QUEUE
+    quick_depth: int = QUICK_DEPTH
+    estimate_running: int = ESTIMATE_RUNNING
+    estimate_queued: int = ESTIMATE_QUEUED
+
+
+@dataclass(slots=True)
+class Head:
+    """What the quick passes of a long queue look at, as the last full pass left it, and the
+    jobs queued since."""
+
+    order: list[str] = field(default_factory=list)
+    """The last full pass's pending jobs in priority order."""
+    cursor: int = 0
+    """Where in `order` the first job still queued may be."""
+    would_start: list[str] = field(default_factory=list)
+    """Jobs the last full pass would have started (backfill deep in the queue): the quick
+    passes that follow look at them too, so that depth does not hide them."""
+    fresh: dict[str, None] = field(default_factory=dict)
+    """Jobs queued since the last full pass's snapshot, in submit order."""
+    fresh_old: dict[str, None] = field(default_factory=dict)
+    """Jobs queued before the snapshot of the full pass under way (or last)."""
+    capped: Mapping[str, list[str]] = field(default_factory=dict)
+    """Each capped array's tasks waiting for its cap, in submit order."""
+    capped_at: dict[str, int] = field(default_factory=dict)
+    users: frozenset[str] = frozenset()
+    """Users of the last full pass's pending jobs (fairshare normalisation)."""
+    queued: int = 0
+    """How many jobs the last full pass saw queued."""
+
+    def snapshot_taken(self) -> None:
+        """A full pass reads the queue now: the jobs queued so far are in it."""
+        self.fresh_old.update(self.fresh)
+        self.fresh = {}
+
+    def full_applied(self, plan: Plan) -> None:
+        """A full pass's plan is carried out: the quick passes start from it."""
+        self.fresh_old = {}
+        self.queued = plan.queued
+        self.capped, self.capped_at = plan.capped, {}
+        self.order = plan.decisions.order if plan.decisions is not None else []
+        self.cursor = 0
+        self.users = plan.users
+
+    def pick(self, jobs: Mapping[str, Job], depth: int) -> list[Job]:
+        """The queued jobs a quick pass looks at: the head of the last full order, the
+        jobs the last full pass would have started, the first fresh ones, the next tasks
+        of each capped array."""
+        queued = JobState.QUEUED
+        picked: dict[str, Job] = {}
+        order, k, leading = self.order, self.cursor, True
+        while k < len(order) and len(picked) < depth:
+            job = jobs.get(order[k])
+            if job is not None and job.state is queued:
+                picked[job.id] = job
+                leading = False
+            elif leading:  # started or gone: the next quick pass need not look again
+                self.cursor = k + 1
+            k += 1
+        if self.would_start:
+            still = [job for job in map(jobs.get, self.would_start) if job and job.state is queued]
+            self.would_start = [job.id for job in still]
+            for job in still:
+                picked.setdefault(job.id, job)
+        for fresh in (self.fresh_old, self.fresh):
+            gone, taken = [], 0
+            for job_id in fresh:
+                if taken >= depth:
+                    break
+                job = jobs.get(job_id)
+                if job is None or job.state is not queued:
+                    gone.append(job_id)
+                    continue
+                picked.setdefault(job_id, job)
+                taken += 1
+            for job_id in gone:
+                del fresh[job_id]
+        for array_id, tasks in self.capped.items():
+            k = self.capped_at.get(array_id, 0)
+            leading, taken, cap = True, 0, None
+            while k < len(tasks) and (cap is None or taken < cap):
+                job = jobs.get(tasks[k])
+                if job is not None and job.state is queued:
+                    picked.setdefault(job.id, job)
+                    cap = min(depth, job.array_max_running or 1)
+                    taken += 1
+                    leading = False
+                elif leading:
+                    self.capped_at[array_id] = k + 1
+                k += 1
+        return list(picked.values())
+
+
+@dataclass(slots=True)
+class Pacing:
+    """When the loop last did each thing (monotonic seconds), and what it owes."""
+
+    last_pass: float = 0.0
+    """A short queue's last pass."""
+    last_estimates: float = -math.inf
+    estimates_owed: bool = False
+    """A short queue's pass left the estimates out (`ESTIMATE_RUNNING`)."""
+    last_liveness: float = -LIVENESS_INTERVAL
+    last_full_start: float = -math.inf
+    changed: bool = False
+    """Something happened since the last full pass started."""
+    next_backoff: float = math.inf
+    """When the first retry backoff the last pass saw ends (wall clock)."""
+
+
 class SchedulingLoop:
     def __init__(
         self,
@@ -145,6 +258,9 @@ class SchedulingLoop:
         self.targets = targets
         self.reservations = reservations
         """The active and future reservations at a time (master/control/reservations.py)."""
+        self.limits = Limits()
+        self.head = Head()
+        self.pacing = Pacing()
         self._requests: dict[str, JobRequest] = {}
         self.priorities: dict[str, float] = {}
         self.factors: Mapping[str, dict[str, float]] = {}
@@ -163,33 +279,8 @@ class SchedulingLoop:
         self.last_pass_duration = 0.0
         self.loop_tick = state.clock.time()
         """When the loop last went round (readyz)."""
-        self._last_full = 0.0
-        self._last_estimates = -math.inf
-        self._estimates_owed = False
-        """A short queue's pass left the estimates out (`ESTIMATE_RUNNING`)."""
-        self._last_liveness = -LIVENESS_INTERVAL
-        self._next_backoff = math.inf
-        """When the first retry backoff the last pass saw ends."""
-        self.long_queue = LONG_QUEUE
-        self.quick_depth = QUICK_DEPTH
-        self.estimate_running = ESTIMATE_RUNNING
-        self.estimate_queued = ESTIMATE_QUEUED
-        self._order: list[str] = []
-        """The last full pass's pending jobs in priority order (the quick passes' head)."""
-        self._cursor = 0
-        """Where in `_order` the first job still queued may be."""
-        self._would_start: list[str] = []
-        """Jobs the last full pass would have started (backfill deep in the queue): the
-        quick passes that follow look at them too, so that depth does not hide them."""
-        self._fresh: dict[str, None] = {}
-        """Jobs queued since the last full pass's snapshot, in submit order."""
-        self._fresh_old: dict[str, None] = {}
-        """Jobs queued before the snapshot of the full pass under way (or last)."""
-        self._capped: Mapping[str, list[str]] = {}
-        self._capped_at: dict[str, int] = {}
-        self._users: frozenset[str] = frozenset()
-        """Users of the last full pass's pending jobs (fairshare normalisation)."""
-        self._queued = 0
+        self.last_full_seconds = 0.0
+        """Wall time of the last full pass (its slices and its worker thread)."""
         default_limit = scheduler_config(config.scheduling).default_time_limit
         self.running = RunningIndex(state.jobs, default_limit)
         """The running jobs as the scheduler sees them, kept by every job's change."""
@@ -197,11 +288,6 @@ class SchedulingLoop:
         self.full_due = False
         """A full pass of a long queue is due (`run` starts it as a task)."""
         self._full: asyncio.Task[None] | None = None
-        self._changed = False
-        """Something happened since the last full pass started."""
-        self._last_full_start = -math.inf
-        self.last_full_seconds = 0.0
-        """Wall time of the last full pass (its slices and its worker thread)."""
         life.on_end.append(self.forget)
         life.on_requeue.append(lambda job: self.queued((job,)))
         self.on_tick: list[Callable[[], None]] = []
@@ -241,18 +327,20 @@ class SchedulingLoop:
         next submit starts within a few ms).  After a pass with nothing queued (a job's
         end on a quiet cluster) the next event is planned at once."""
         spent = self.last_pass_duration
-        batch = min(PASS_BATCH, BATCH_FACTOR * spent) if self._queued or self._fresh else 0.0
+        queued = self.head.queued or self.head.fresh
+        batch = min(PASS_BATCH, BATCH_FACTOR * spent) if queued else 0.0
         return min(1.0, max(batch, spent))
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
         self.loop_tick = self.state.clock.time()
+        pacing = self.pacing
         try:
             now = self.state.clock.monotonic()
             # Liveness is a matter of seconds: twice a second, not at every turn (it looks
             # at every node).
-            if now - self._last_liveness >= LIVENESS_INTERVAL:
-                self._last_liveness = now
+            if now - pacing.last_liveness >= LIVENESS_INTERVAL:
+                pacing.last_liveness = now
                 self.nodes.check_heartbeats()
             for check in self.on_tick:  # clients' heartbeats (terminals, allocations): few
                 check()
@@ -263,39 +351,40 @@ class SchedulingLoop:
                 self._tick_long(woken, now)
                 return
             interval = max(REPLAN_INTERVAL, 50 * self.last_pass_duration)
-            due = now - self._last_full >= interval or self.backoff_expired()
-            owed = self._estimates_owed and now - self._last_estimates >= FULL_INTERVAL
+            due = now - pacing.last_pass >= interval or self.backoff_expired()
+            owed = pacing.estimates_owed and now - pacing.last_estimates >= FULL_INTERVAL
             if woken or due or owed:
                 running = self.running.refresh(self.state.clock.time())
                 cheap = (
-                    len(running) <= self.estimate_running
-                    and self._queued + len(self._fresh) <= self.estimate_queued
+                    len(running) <= self.limits.estimate_running
+                    and self.head.queued + len(self.head.fresh) <= self.limits.estimate_queued
                 )
                 estimates = due or owed or cheap
                 self.schedule_pass(estimates)
-                self._last_full = now
-                self._estimates_owed = not estimates
+                pacing.last_pass = now
+                pacing.estimates_owed = not estimates
                 if estimates:
-                    self._last_estimates = now
+                    pacing.last_estimates = now
         except Exception:
             log.exception("scheduling pass failed")
 
     @property
     def long(self) -> bool:
         """Is the queue long enough for split passes (as of the last full pass)."""
-        return self._queued + len(self._fresh) > self.long_queue
+        return self.head.queued + len(self.head.fresh) > self.limits.long_queue
 
     def _tick_long(self, woken: bool, now: float) -> None:
         """Quick passes on events; a full pass every few seconds while things happen, every
         REPLAN_INTERVAL or more when nothing does (priorities age, backoffs expire)."""
-        self._changed = self._changed or woken
+        pacing = self.pacing
+        pacing.changed = pacing.changed or woken
         expired = self.backoff_expired()
         if woken or expired:
             self.apply(self.quick_plan())
-        since = now - self._last_full_start
+        since = now - pacing.last_full_start
         busy = max(FULL_INTERVAL, 10 * self.last_full_seconds)
         idle = max(REPLAN_INTERVAL, 50 * self.last_full_seconds)
-        if (self._changed and since >= busy) or since >= idle or expired:
+        if (pacing.changed and since >= busy) or since >= idle or expired:
             self.full_due = True
 
     async def _full_task(self) -> None:
@@ -310,7 +399,7 @@ class SchedulingLoop:
     def backoff_expired(self) -> bool:
         """Has a retry backoff the last pass saw ended (not a look at every job: this is
         asked at every turn of the loop)."""
-        return self.state.clock.time() >= self._next_backoff
+        return self.state.clock.time() >= self.pacing.next_backoff
 
     # ---- requests (cached per queued job) ---------------------------------
 
@@ -329,22 +418,27 @@ class SchedulingLoop:
         for job in jobs:
             self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
 
+    def queued_requests(self, now: float, jobs: Iterable[Job]) -> list[JobRequest]:
+        """The requests of the queued ones among `jobs` (cached), in their order."""
+        return collect(now, jobs, self.request_for, self._requests, None)[0]
+
     def queued(self, jobs: Iterable[Job]) -> None:
         """Jobs just queued (submitted, requeued, changed): the next quick pass looks at
         them, in this order, before any full pass has placed them in its order."""
-        self._fresh.update(dict.fromkeys(job.id for job in jobs))
+        self.head.fresh.update(dict.fromkeys(job.id for job in jobs))
 
     def forget(self, job: Job) -> None:
         """The job left the queue for good (or changed): its cached verdicts go."""
+        head = self.head
         self._requests.pop(job.id, None)
         self.priorities.pop(job.id, None)
-        self._fresh_old.pop(job.id, None)
+        head.fresh_old.pop(job.id, None)
         if job.state is JobState.QUEUED and job.id in self.state.jobs:
-            self._fresh[job.id] = None  # changed (held, released, updated): a fresh look
+            head.fresh[job.id] = None  # changed (held, released, updated): a fresh look
         else:
-            self._fresh.pop(job.id, None)
+            head.fresh.pop(job.id, None)
         if job.state.terminal:  # its dependents may start now
-            self._fresh.update(dict.fromkeys(self._dependents.pop(job.id, ())))
+            head.fresh.update(dict.fromkeys(self._dependents.pop(job.id, ())))
 
     def _note_dependents(self, job_id: str) -> None:
         """A waiting job: indexed by the active jobs it depends on (not arrays: a task's
@@ -377,32 +471,45 @@ class SchedulingLoop:
         )
         return replace(config, plan_jobs=0) if quick else config
 
+    def inputs(
+        self,
+        now: float,
+        queued: list[JobRequest],
+        estimates: bool = True,
+        users: frozenset[str] = frozenset(),
+        thread: bool = False,
+    ) -> SchedulerInputs:
+        """What a pass over `queued` reads, for every kind of pass.  `estimates` False: none
+        but the blocked head's; `users`: a quick pass's fairshare users (the last full
+        pass's); `thread`: for a pass in a worker thread, which gets its own copies of what
+        the loop changes (else the core runs at once, on the loop, on the kept values)."""
+        running = self.running.refresh(now)
+        arrays = self.running.arrays
+        if thread:
+            running, arrays = running.copy(), dict(arrays)
+        index = self.state.node_index  # views and free pool kept up to date per node
+        return SchedulerInputs(
+            now=now,
+            queued=queued,
+            running=running,
+            array_running=arrays,
+            targets=dependency_targets(queued, self._deps_met, self.targets),
+            usage=self.usage_at(now, running),
+            config=self.config_now(quick=not estimates),
+            nodes=index.views(),
+            reservations=self.reservations(now),
+            users=users,
+            pool=index.pool(fork=thread),
+        )
+
     def plan(self, estimates: bool = True) -> Plan:
         """A full pass's plan, on the loop (a short queue, or a test); without `estimates`
         the waiting jobs get none but the blocked head's (the last ones stand)."""
         now = self.state.clock.time()
         t0 = time.perf_counter()
-        self._fresh_old.update(self._fresh)
-        self._fresh = {}
-        queued, _, _ = collect(
-            now, self.state.jobs.values(), self.request_for, self._requests, None
-        )
-        running = self.running.refresh(now)  # kept: the core runs at once, on the loop
-        found = dependency_targets(queued, self._deps_met, self.targets)
-        usage = self.usage_at(now, running)
-        index = self.state.node_index  # views and free pool kept up to date per node
-        plan = _pure_full(
-            now,
-            queued,
-            running,
-            self.running.arrays,
-            found,
-            usage,
-            self.config_now(quick=not estimates),
-            index.views(),
-            self.reservations(now),
-            index.pool(fork=False),  # the core runs at once, on the loop, on a copy
-        )
+        self.head.snapshot_taken()
+        queued = self.queued_requests(now, self.state.jobs.values())
+        plan = decide(self.inputs(now, queued, estimates))
         return replace(plan, seconds=time.perf_counter() - t0, estimated=estimates)
 
     async def full_pass(self, offload: bool = True) -> None:
@@ -410,31 +517,24 @@ class SchedulingLoop:
         the core in a worker thread (`offload`; else inline, for tests), its verdicts
         written a slice at a time.  It starts nothing: the quick pass it wakes does."""
         t0 = time.perf_counter()
-        self._last_full_start = self.state.clock.monotonic()
-        self._changed = False
+        self.pacing.last_full_start = self.state.clock.monotonic()
+        self.pacing.changed = False
         now = self.state.clock.time()
-        self._fresh_old.update(self._fresh)
-        self._fresh = {}
+        self.head.snapshot_taken()
         jobs = list(self.state.jobs.values())
         queued: list[JobRequest] = []
         for k in range(0, len(jobs), SLICE):
-            queued += collect(now, jobs[k : k + SLICE], self.request_for, self._requests, None)[0]
+            queued += self.queued_requests(now, jobs[k : k + SLICE])
             await bulk_turn()
-        found = dependency_targets(queued, self._deps_met, self.targets)
-        running = self.running.refresh(now).copy()  # for the worker thread: its own
-        args = (
-            now, queued, running, dict(self.running.arrays), found, self.usage_at(now, running),
-            self.config_now(), self.state.node_index.views(), self.reservations(now),
-            self.state.node_index.pool(),
-        )  # fmt: skip
+        inputs = self.inputs(now, queued, thread=True)
         if offload:
             with gcpause.paused():  # the core pauses it too: one owner, on this thread
-                plan = await asyncio.to_thread(_pure_full, *args)
+                plan = await asyncio.to_thread(decide, inputs)
         else:
-            plan = _pure_full(*args)
-        self._would_start = []
+            plan = decide(inputs)
+        self.head.would_start = []
         if plan.decisions is not None:  # decided on a snapshot: the quick pass starts
-            self._would_start = [start.job_id for start in plan.decisions.starts]
+            self.head.would_start = [start.job_id for start in plan.decisions.starts]
             plan.decisions.starts.clear()
             plan.decisions.preempt.clear()
         await self._apply_slices(plan)
@@ -463,7 +563,7 @@ class SchedulingLoop:
                         next_backoff = job.eligible_time
                     self._note_dependents(job_id)
             await bulk_turn()
-        self._next_backoff = min(self._next_backoff, next_backoff)
+        self.pacing.next_backoff = min(self.pacing.next_backoff, next_backoff)
         items = iter(reasons.items())
         for _ in range(0, len(reasons), SLICE):
             for job_id, why in islice(items, SLICE):
@@ -478,74 +578,10 @@ class SchedulingLoop:
         """The head of a long queue only (module docstring)."""
         now = self.state.clock.time()
         t0 = time.perf_counter()
-        picked = self._head()
-        running = self.running.refresh(now)
+        picked = self.head.pick(self.state.jobs, self.limits.quick_depth)
         queued = [self.request_for(job) for job in picked]
-        found = dependency_targets(queued, self._deps_met, self.targets)
-        prepared = assemble(
-            now,
-            queued,
-            running,
-            self.running.arrays,
-            found,
-            self.usage_at(now, running),
-            self.config_now(quick=True),
-            self.state.node_index.views(),
-            self.reservations(now),
-            self._users,
-        )
-        snapshot = prepared.snapshot
-        pool = None if snapshot is None else self.state.node_index.pool(fork=False)
-        decisions = None if snapshot is None else schedule(snapshot, pool)
-        return Plan(now, prepared.eligibility, decisions, time.perf_counter() - t0, quick=True)
-
-    def _head(self) -> list[Job]:
-        """The queued jobs a quick pass looks at: the head of the last full order, the
-        jobs the last full pass would have started, the first fresh ones, the next tasks
-        of each capped array."""
-        jobs, queued, depth = self.state.jobs, JobState.QUEUED, self.quick_depth
-        picked: dict[str, Job] = {}
-        order, k, leading = self._order, self._cursor, True
-        while k < len(order) and len(picked) < depth:
-            job = jobs.get(order[k])
-            if job is not None and job.state is queued:
-                picked[job.id] = job
-                leading = False
-            elif leading:  # started or gone: the next quick pass need not look again
-                self._cursor = k + 1
-            k += 1
-        if self._would_start:
-            still = [job for job in map(jobs.get, self._would_start) if job and job.state is queued]
-            self._would_start = [job.id for job in still]
-            for job in still:
-                picked.setdefault(job.id, job)
-        for fresh in (self._fresh_old, self._fresh):
-            gone, taken = [], 0
-            for job_id in fresh:
-                if taken >= depth:
-                    break
-                job = jobs.get(job_id)
-                if job is None or job.state is not queued:
-                    gone.append(job_id)
-                    continue
-                picked.setdefault(job_id, job)
-                taken += 1
-            for job_id in gone:
-                del fresh[job_id]
-        for array_id, tasks in self._capped.items():
-            k = self._capped_at.get(array_id, 0)
-            leading, taken, cap = True, 0, None
-            while k < len(tasks) and (cap is None or taken < cap):
-                job = jobs.get(tasks[k])
-                if job is not None and job.state is queued:
-                    picked.setdefault(job.id, job)
-                    cap = min(depth, job.array_max_running or 1)
-                    taken += 1
-                    leading = False
-                elif leading:
-                    self._capped_at[array_id] = k + 1
-                k += 1
-        return list(picked.values())
+        plan = decide(self.inputs(now, queued, estimates=False, users=self.head.users), True)
+        return replace(plan, seconds=time.perf_counter() - t0)
 
     def apply(self, plan: Plan, timed: bool = True) -> None:
         """Carry out `plan`, each decision re-checked against the state as it is now."""
@@ -567,17 +603,10 @@ class SchedulingLoop:
                     next_backoff = job.eligible_time
                 self._note_dependents(job_id)
         if plan.quick:  # it saw a few jobs: the others' backoffs stand
-            self._next_backoff = min(self._next_backoff, next_backoff)
+            self.pacing.next_backoff = min(self.pacing.next_backoff, next_backoff)
         else:
-            self._next_backoff = next_backoff
-            self._fresh_old = {}
-            self._queued = plan.queued
-            self._capped, self._capped_at = plan.capped, {}
-            if plan.decisions is not None:
-                self._order, self._cursor = plan.decisions.order, 0
-            else:
-                self._order, self._cursor = [], 0
-            self._users = plan.users
+            self.pacing.next_backoff = next_backoff
+            self.head.full_applied(plan)
         # Ended as required: that never changes, so later passes need not look them up.
         self._deps_met.update(verdict.satisfied)
         decisions = plan.decisions
@@ -618,36 +647,29 @@ class SchedulingLoop:
             self.last_pass_duration = plan.seconds + time.perf_counter() - t0
 
 
-def _pure_full(
-    now: float,
-    queued: list[JobRequest],
-    running: Sequence[RunningJob],
-    arrays: dict[str, int],
-    found: Mapping[str, Sequence[DependencyTarget]],
-    usage: Mapping[str, float],
-    config: SchedulerConfig,
-    views: Sequence[NodeView],
-    reservations: Sequence[Reservation],
-    pool: FreePool | None = None,
-) -> Plan:
-    """A full pass's verdicts from plain values: no controller state is read (so it may run
-    in a worker thread while the loop goes on; `pool` is a fork of the node index's)."""
+def decide(inputs: SchedulerInputs, quick: bool = False) -> Plan:
+    """A pass's verdicts from plain values: no controller state is read (so a full pass may
+    run in a worker thread while the loop goes on, on its own copies).  A full pass's plan
+    also says what the quick passes that follow start from; a `quick` one's, only what to
+    do now."""
     t0 = time.perf_counter()
-    prepared = assemble(now, queued, running, arrays, found, usage, config, views, reservations)
-    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot, pool)
+    prepared = assemble(inputs)
+    decisions = None if prepared.snapshot is None else schedule(prepared.snapshot, inputs.pool)
+    if quick:
+        return Plan(inputs.now, prepared.eligibility, decisions, time.perf_counter() - t0, True)
     capped: dict[str, list[str]] = {}
     waiting = prepared.eligibility.waiting
-    for req in queued:  # tasks of one array share one verdict: kept for the quick passes
+    for req in inputs.queued:  # tasks of one array share one verdict: kept for quick passes
         if req.array_id is not None and waiting.get(req.job_id, "").startswith(ARRAY_LIMIT):
             capped.setdefault(req.array_id, []).append(req.job_id)
     users = frozenset(r.user for r in prepared.eligibility.eligible)
     seconds = time.perf_counter() - t0
     return Plan(
-        now,
+        inputs.now,
         prepared.eligibility,
         decisions,
         seconds,
         capped=capped,
-        queued=len(queued),
+        queued=len(inputs.queued),
         users=users,
     )

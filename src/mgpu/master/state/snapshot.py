@@ -1,8 +1,8 @@
 """The scheduler's view of the master's state: jobs, nodes and usage into a `Snapshot`.
 
 Plain functions over the controller's records, with no store, clock or agent link of their
-own: the scheduling loop calls `prepare` every pass, and a test can build exactly the
-snapshot the master would without a live master (tests/unit/test_sim_equals_master.py).
+own.  The scheduling loop (master/control/loop.py) gathers a pass's `SchedulerInputs` in
+one place, and `assemble` turns them into the eligibility verdicts and the `Snapshot`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mgpu.scheduler import (
     Dependency,
     DependencyTarget,
     Eligibility,
+    FreePool,
     JobRequest,
     NodeView,
     Placement,
@@ -27,18 +28,17 @@ from mgpu.scheduler import (
     RunningJob,
     SchedulerConfig,
     Snapshot,
-    UsageLedger,
     eligibility,
 )
 
 __all__ = [
     "Prepared",
+    "SchedulerInputs",
     "assemble",
     "collect",
     "dependency_targets",
     "job_request",
     "node_views",
-    "prepare",
     "running_job",
     "scheduler_config",
 ]
@@ -141,6 +141,30 @@ def scheduler_config(s: Scheduling) -> SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulerInputs:
+    """Everything one scheduling pass reads, as plain values: made in one place by the loop
+    (`SchedulingLoop.inputs`), so that a pass may run off the event loop."""
+
+    now: float
+    queued: Sequence[JobRequest]
+    """The queued jobs the pass looks at, in submit order (every one, or a quick pass's)."""
+    running: Sequence[RunningJob]
+    array_running: Mapping[str, int]
+    """Each array's running tasks (its `%N` cap)."""
+    targets: Mapping[str, Sequence[DependencyTarget]]
+    """The targets of the queued jobs' dependencies not known to be met."""
+    usage: Mapping[str, float]
+    """Each user's usage: ended work, decayed, plus the running work."""
+    config: SchedulerConfig
+    nodes: Sequence[NodeView]
+    reservations: Sequence[Reservation] = ()
+    users: frozenset[str] = frozenset()
+    """See `Snapshot.users`."""
+    pool: FreePool | None = None
+    """The free pool of `nodes` when the caller keeps one (else made from them)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Prepared:
     eligibility: Eligibility
     """Which queued jobs wait, and which must be cancelled: the caller applies these."""
@@ -148,51 +172,8 @@ class Prepared:
     """The scheduler's input; None when no queued job is eligible (no pass is needed)."""
 
 
-def _no_targets(job_id: str) -> Sequence[DependencyTarget]:
-    return ()
-
-
 def _none(job_id: str) -> None:
     return None
-
-
-def prepare(
-    now: float,
-    jobs: Iterable[Job],
-    nodes: Iterable[NodeRecord],
-    usage: UsageLedger,
-    config: SchedulerConfig,
-    request_for: Callable[[Job], JobRequest] = job_request,
-    targets: Callable[[str], Sequence[DependencyTarget]] = _no_targets,
-    known_met: Set[tuple[str, str]] = frozenset(),
-    reservations: Sequence[Reservation] = (),
-    views: Sequence[NodeView] | None = None,
-    requests: Mapping[str, JobRequest] | None = None,
-    users: frozenset[str] = frozenset(),
-) -> Prepared:
-    """Everything one scheduling pass needs, from the master's jobs (in submit order).
-
-    `request_for` turns a queued job into its request (the master caches them and applies
-    its access rules); `targets(id)` looks a dependency's targets up (the master: in memory
-    or in its store), for dependencies not in `known_met`.  `views`: the nodes' views when
-    the caller keeps them (master/state/nodeindex.py); else made from `nodes`.  `requests`: the
-    caller's cache of `request_for`'s answers (by job id), looked in first.  `users`: see
-    `Snapshot.users`.
-    """
-    queued, running, array_running = collect(now, jobs, request_for, requests)
-    found = dependency_targets(queued, known_met, targets)
-    return assemble(
-        now,
-        queued,
-        running,
-        array_running,
-        found,
-        usage.snapshot(now, running),
-        config,
-        node_views(nodes) if views is None else views,
-        reservations,
-        users,
-    )
 
 
 def collect(
@@ -233,31 +214,20 @@ def dependency_targets(
     return {dep_id: tuple(targets(dep_id)) for dep_id in wanted}
 
 
-def assemble(
-    now: float,
-    queued: Sequence[JobRequest],
-    running: Sequence[RunningJob],
-    array_running: Mapping[str, int],
-    found: Mapping[str, Sequence[DependencyTarget]],
-    usage: Mapping[str, float],
-    config: SchedulerConfig,
-    views: Sequence[NodeView],
-    reservations: Sequence[Reservation] = (),
-    users: frozenset[str] = frozenset(),
-) -> Prepared:
+def assemble(inputs: SchedulerInputs) -> Prepared:
     """Eligibility, then the snapshot of what may start.  Pure (plain values in, new values
     out): the master may run it off its event loop."""
-    verdict = eligibility(queued, now, found, array_running)
+    verdict = eligibility(inputs.queued, inputs.now, inputs.targets, inputs.array_running)
     if not verdict.eligible:
         return Prepared(verdict, None)
     snapshot = Snapshot(
-        now=now,
-        nodes=views,
+        now=inputs.now,
+        nodes=inputs.nodes,
         pending=verdict.eligible,
-        running=running,
-        usage=usage,  # running work counts too, as in Slurm
-        config=config,
-        reservations=reservations,
-        users=users,
+        running=inputs.running,
+        usage=inputs.usage,  # running work counts too, as in Slurm
+        config=inputs.config,
+        reservations=inputs.reservations,
+        users=inputs.users,
     )
     return Prepared(verdict, snapshot)

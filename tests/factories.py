@@ -1,0 +1,151 @@
+"""Shared test factories: the scheduler's values (`node`, `job`, `running`), the master's
+job record (`master_job`) and ASGI scopes (`http_scope`, `websocket_scope`) with defaults,
+so that a test names only what it is about (after Nomad's `nomad/mock/`).
+
+tests/ is on `sys.path` for every test module (tests/conftest.py); a bench script puts it
+there itself (`sys.path.insert(0, ".../tests")`) before `from factories import ...`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mgpu.model import Job
+from mgpu.scheduler import Dependency, JobRequest, NodeView, Placement, RunningJob
+
+__all__ = [
+    "HOUR",
+    "asgi_call",
+    "http_scope",
+    "job",
+    "master_job",
+    "node",
+    "running",
+    "websocket_scope",
+]
+
+HOUR = 3600.0
+
+
+def node(
+    node_id: str = "n1",
+    free: Iterable[int] | None = None,
+    *,
+    gpus: int = 4,
+    up: bool = True,
+    features: Iterable[str] = (),
+    shared: Mapping[int, int] | None = None,
+    **kw: Any,
+) -> NodeView:
+    """A node of `gpus` GPUs numbered from 0, those in `free` free (None: every one);
+    `shared`: GPU → share units held; `kw`: the view's other fields (rack, gpu_type)."""
+    indices = tuple(range(gpus))
+    return NodeView(
+        node_id=node_id,
+        gpu_indices=indices,
+        free_gpus=frozenset(indices if free is None else free),
+        schedulable=up,
+        features=frozenset(features),
+        shared=dict(shared or {}),
+        **kw,
+    )
+
+
+def job(
+    job_id: str = "j1",
+    *,
+    user: str = "alice",
+    submit: float = 0.0,
+    after: str = "",
+    **kw: Any,
+) -> JobRequest:
+    """A queued job's request (one GPU unless `kw` says otherwise); `after`: its
+    dependencies, as `--dependency` writes them ("afterok:A,afterany:B")."""
+    deps = tuple(Dependency(*d.split(":", 1)) for d in after.split(",") if d)
+    return JobRequest(job_id=job_id, user=user, submit_time=submit, dependencies=deps, **kw)
+
+
+def running(
+    job_id: str,
+    node_id: str,
+    gpus: Iterable[int],
+    *,
+    now: float,
+    started: float = HOUR,
+    ends_in: float | None = None,
+    time_limit: float | None = None,
+    share: int = 0,
+    user: str = "bob",
+    **kw: Any,
+) -> RunningJob:
+    """A job running on `gpus` of `node_id` since `started` seconds before `now`, with
+    `time_limit`, or one that ends it `ends_in` seconds after `now` (neither: no limit of
+    its own); `share`: the share units it holds of each (0: whole GPUs); `kw`: priority,
+    preemptible, ..."""
+    if ends_in is not None:
+        time_limit = started + ends_in
+    placement = Placement(node_id, tuple(gpus), share)
+    return RunningJob(job_id, user, (placement,), now - started, time_limit, **kw)
+
+
+def master_job(
+    job_id: str = "a1b2c3d4", *, user: str = "alice", command: str = "true", **kw: Any
+) -> Job:
+    """The master's record of a job (queued unless `kw` says otherwise); its argv is
+    `command` split on spaces."""
+    return Job(id=job_id, user=user, argv=command.split(), command=command, **kw)
+
+
+def http_scope(
+    path: str,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    client: tuple[str, int] = ("127.0.0.1", 50000),
+) -> dict[str, Any]:
+    """An HTTP request's ASGI scope, as the server hands it to the app (`path` may carry a
+    query string)."""
+    path, _, query = path.partition("?")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "scheme": "http",
+        "query_string": query.encode(),
+        "headers": [(k.lower().encode(), v.encode("latin-1")) for k, v in (headers or {}).items()],
+        "client": client,
+        "server": ("127.0.0.1", 8080),
+    }
+
+
+def websocket_scope(
+    path: str = "/api/agent", client: tuple[str, int] = ("127.0.0.1", 50000)
+) -> dict[str, Any]:
+    """A WebSocket connection's ASGI scope (an agent's, by default)."""
+    scope = http_scope(path, client=client)
+    del scope["method"]
+    scope.update(type="websocket", scheme="ws", subprotocols=[])
+    return scope
+
+
+async def asgi_call(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple[int, Any]:
+    """(status, JSON body) of one HTTP request `app` answers in process."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(data)
