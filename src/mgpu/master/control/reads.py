@@ -105,16 +105,6 @@ class Reads:
         jobs += sorted(ended.values(), key=_end_time)
         return [j for j in jobs if keep(j)]
 
-    def queue(self, include_finished: bool = False) -> dict[str, Any]:
-        jobs = [self.public_job(j) for j in self.jobs.values()]
-        if include_finished:
-            # Just ended and not written yet: only here for the moment, and the newest.
-            ended = {j.id: j for j in self.uow.pending_jobs() if j.terminal}
-            stored = self.store.finished_jobs(limit=1000)
-            jobs += [j.to_public() for j in reversed(stored) if j.id not in ended]
-            jobs += [j.to_public() for j in sorted(ended.values(), key=_end_time)]
-        return {"jobs": jobs, "nodes": self.nodes_public()}
-
     def nodes_public(self) -> list[dict[str, Any]]:
         nodes = self.state.sorted_nodes()
         # The users of the jobs on nodes only: not a map of every queued job per request.
