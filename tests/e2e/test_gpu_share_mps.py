@@ -24,8 +24,8 @@ if [ "$1" = "-d" ]; then
     exit 0
 fi
 read -r command
-echo "$command" >> "$log"
 [ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+echo "$command" >> "$log"
 """
 
 
