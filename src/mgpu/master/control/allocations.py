@@ -32,6 +32,7 @@ from mgpu.config import ClusterConfig
 from mgpu.master.control.launch import job_env, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.sessions import Sessions
+from mgpu.master.control.srun import Sruns
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
@@ -70,6 +71,8 @@ class Allocations:
         self.uow = life.uow
         self.sessions = sessions
         self.config = config
+        self.sruns = Sruns(state, life, sessions, config)
+        """`srun` inside any running job (a batch job, an allocation): Slurm's steps."""
 
     def running(self, job_id: str) -> Job:
         """The running allocation `job_id`, or SubmitError saying why there is none."""

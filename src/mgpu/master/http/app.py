@@ -44,6 +44,7 @@ from mgpu.master.http.queries import (
 )
 from mgpu.master.http.reservations import make_reserve_router
 from mgpu.master.http.sentences import validation_sentence as _validation_sentence
+from mgpu.master.http.steps import make_steps_router
 from mgpu.master.monitor.dashboard import make_router as dashboard_router
 from mgpu.master.monitor.observe import PAGE_HEADERS, make_router
 from mgpu.master.runtime import gcpause
@@ -593,6 +594,7 @@ def create_app(
     app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
+    app.include_router(make_steps_router(c, who, deny))  # srun inside a job: Slurm's steps
     return app
 
 
