@@ -171,7 +171,8 @@ class Lifecycle:
             if (job.mpi or is_batch(job)) and rank > 0:
                 # mpirun on rank 0 starts the other ranks through `mgpu rsh` (job steps), a
                 # batch script's srun its tasks; their slots stay allocated until it ends.
-                slot.phase = SlotPhase.HELD
+                node = nodes[slot.node_id]
+                slot.phase, slot.hostname, slot.ip = SlotPhase.HELD, node.hostname, node.ip
                 continue
             link = nodes[slot.node_id].link
             if link is None:
