@@ -1,7 +1,7 @@
 """Slurm's environment variables, as Slurm formats them (pure functions).
 
 `task_env`: what each task of a step (`srun` inside a job) gets on top of its job's
-variables on its node.
+variables on its node (those, SLURM_JOB_ID and SLURMD_NODENAME included, are the job's).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ def tasks_per_node_text(counts: Sequence[int]) -> str:
 
 def task_env(
     *,
-    job_id: str,
     step_id: int,
     procid: int,
     localid: int,
@@ -37,15 +36,12 @@ def task_env(
     step_hosts: Sequence[str],
     tasks_per_node: Sequence[int],
     gpu_ids: Sequence[int],
-    hostname: str,
 ) -> dict[str, str]:
     """One task's variables: `procid` its rank in the step, `localid` on its node, `nodeid`
     its node's index in the step; `step_hosts` the step's nodes' hostnames in order and
     `tasks_per_node` their task counts; `gpu_ids` the GPUs the task sees."""
     nodelist = hostlist.compress(list(step_hosts))
     return {
-        "SLURM_JOB_ID": job_id,
-        "SLURM_JOBID": job_id,
         "SLURM_STEP_ID": str(step_id),
         "SLURM_STEPID": str(step_id),
         "SLURM_PROCID": str(procid),
@@ -57,7 +53,7 @@ def task_env(
         "SLURM_STEP_NUM_NODES": str(len(step_hosts)),
         "SLURM_STEP_NUM_TASKS": str(ntasks),
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(tasks_per_node),
-        "SLURMD_NODENAME": hostname,
+        "SLURM_TASKS_PER_NODE": tasks_per_node_text(tasks_per_node),  # srun's: the step's
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         "SLURM_STEP_GPUS": ",".join(map(str, gpu_ids)),
     }

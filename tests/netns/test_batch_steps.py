@@ -19,6 +19,7 @@ import test_multinode
 from test_multinode import TRAIN, MultiNode
 
 from helpers import BIN
+from mgpu import hostlist
 from mgpu.client.api import RequestError
 
 pytestmark = pytest.mark.netns
@@ -63,14 +64,15 @@ def test_a_batch_script_runs_on_the_first_host_and_srun_on_both(
 ) -> None:
     script = """#!/bin/sh
 echo "script on $(hostname)"
-srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname) $SLURMD_NODENAME"'
+srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname) $SLURM_STEP_NODELIST"'
 """
     end, out = _batch(multinode, tmp_path, script)
     assert end["state"] == "completed", out
     first, second = (s["hostname"] for s in end["allocation"])
     assert re.findall(r"^script on (\S+)$", out, re.M) == [first]
     tasks = sorted(line for line in out.splitlines() if re.match(r"\d: task", line))
-    assert tasks == [f"0: task 0 of 2 on {first} {first}", f"1: task 1 of 2 on {second} {second}"]
+    both = hostlist.compress([first, second])  # SLURM_STEP_NODELIST: gpu[001-002]
+    assert tasks == [f"0: task 0 of 2 on {first} {both}", f"1: task 1 of 2 on {second} {both}"]
 
 
 def test_srun_torchrun_across_two_hosts(multinode: MultiNode, tmp_path: Path) -> None:

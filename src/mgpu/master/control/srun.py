@@ -255,7 +255,6 @@ class Sruns:
         }
         env.update(
             task_env(
-                job_id=job.id,
                 step_id=group.number,
                 procid=step.task,
                 localid=localid,
@@ -264,7 +263,6 @@ class Sruns:
                 step_hosts=hosts,
                 tasks_per_node=[plan.ranks.count(r) for r in step_ranks],
                 gpu_ids=gpu_ids,
-                hostname=hosts[step_ranks.index(rank)],
             )
         )
         return Launch(

@@ -201,7 +201,6 @@ def test_plan_spreads_tasks_in_blocks() -> None:
 def test_task_env_formats_as_slurm() -> None:
     assert tasks_per_node_text([2, 2, 1]) == "2(x2),1"
     env = task_env(
-        job_id="12",
         step_id=3,
         procid=5,
         localid=1,
@@ -210,7 +209,6 @@ def test_task_env_formats_as_slurm() -> None:
         step_hosts=["node01", "node02", "node03"],
         tasks_per_node=[2, 2, 2],
         gpu_ids=[2, 3],
-        hostname="node03",
     )
     assert env["SLURM_STEP_NODELIST"] == "node[01-03]"
     assert env["SLURM_STEP_TASKS_PER_NODE"] == "2(x3)"
