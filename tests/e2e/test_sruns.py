@@ -32,11 +32,13 @@ p.add_argument("-w", "--nodelist")
 p.add_argument("--gpus-per-task", type=int)
 p.add_argument("-l", "--label", action="store_true")
 p.add_argument("-K", "--kill-on-bad-exit", action="store_true")
+p.add_argument("--pty", action="store_true")
 p.add_argument("argv", nargs=argparse.REMAINDER)
 a = p.parse_args()
 options = StepOptions(
     nodes=a.nodes, ntasks=a.ntasks, ntasks_per_node=a.ntasks_per_node, nodelist=a.nodelist,
     gpus_per_task=a.gpus_per_task, label=a.label, kill_on_bad_exit=a.kill_on_bad_exit,
+    pty=a.pty,
 )
 sys.exit(run_step(a.argv, options))
 """
@@ -190,3 +192,18 @@ def test_srun_inside_an_allocation_runs_its_tasks_there(
     sentence = "Requested node configuration is not available"
     assert f"srun: error: Unable to create step for job {job['id']}: {sentence}" in res.stderr
     assert job["kind"] == "allocation" and os.environ.get("MGPU_JOB_ID") is None
+
+
+def test_srun_pty_inside_an_allocation_is_a_terminal(
+    cluster: LocalCluster, env: dict[str, str]
+) -> None:
+    from test_terminals import Term
+
+    script = "test -t 0 && test -t 1 && echo TTY$SLURM_PROCID:$(stty size); exit 3"
+    t = Term(env, "alloc", "--gpus", "1", "--", "srun", "--pty", "sh", "-c", script, rows=33)
+    try:
+        t.expect(r"TTY0:33 80")
+        assert t.wait() == 3  # the terminal's program's code, through srun and the allocation
+        assert t.restored()
+    finally:
+        t.close()
