@@ -18,6 +18,8 @@ import sys
 from typing import Any
 
 from mgpu.client.api import Client, MgpuError, _portable_environment, _quote
+from mgpu.client.render import _ranges
+from mgpu.client.stream import LinePrefixer
 
 __all__ = ["StepOptions", "current_job", "run_step"]
 
@@ -116,25 +118,16 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
     return follow(client, str(started["step_id"]), len(started["tasks"]), options.label)
 
 
-class Labeller:
+class Labeller(LinePrefixer):
     """`-l`: each line after its task's id (`0: `, padded to the widest id, as srun)."""
 
     def __init__(self, ntasks: int, on: bool) -> None:
-        self.width = len(str(max(0, ntasks - 1))) if on else 0
-        self.at_line_start: dict[tuple[int, str], bool] = {}
+        super().__init__()
+        self.multi = on
+        self.width = len(str(max(0, ntasks - 1)))
 
-    def render(self, task: int, stream: str, text: str) -> str:
-        if not self.width:
-            return text
-        key = (task, stream)
-        start = self.at_line_start.get(key, True)
-        prefix = f"{task:>{self.width}}: "
-        out = []
-        for piece in text.splitlines(keepends=True):
-            out.append((prefix if start else "") + piece)
-            start = piece.endswith("\n")
-        self.at_line_start[key] = start
-        return "".join(out)
+    def label(self, node: str) -> str:
+        return f"{node:>{self.width}}: "
 
 
 def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
@@ -151,7 +144,7 @@ def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
         for rec in client._stream_path(path, read_timeout=3600 * 24):
             if "d" in rec:
                 out = sys.stdout if rec.get("s") == "o" else sys.stderr
-                out.write(labeller.render(int(rec.get("t", 0)), rec["s"], rec["d"]))
+                out.write(labeller.render(str(rec.get("t", 0)), rec["s"], rec["d"]))
                 out.flush()
             elif rec.get("end"):
                 for line in failures(rec.get("tasks") or []):
@@ -191,19 +184,5 @@ def failures(tasks: list[dict[str, Any]]) -> list[str]:
     lines = []
     for (host, what), ids in groups.items():
         word = "task" if len(ids) == 1 else "tasks"
-        lines.append(f"{host}: {word} {_ranges(sorted(ids))}: {what}")
+        lines.append(f"{host}: {word} {_ranges(ids)}: {what}")
     return lines
-
-
-def _ranges(ids: list[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5"."""
-    parts = []
-    start = prev = ids[0]
-    for i in [*ids[1:], None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if i is not None:
-            start = prev = i
-    return ",".join(parts)

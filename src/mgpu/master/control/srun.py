@@ -237,45 +237,34 @@ class Sruns:
         plan: TaskPlan,
         request: SrunRequest,
     ) -> Launch:
-        """The task's argv executed directly (srun's way): the environment of the srun that
-        asked, the job's variables on that node, then the task's own."""
         nodes: Mapping[str, NodeRecord] = self.state.nodes
         step_ranks = sorted(set(plan.ranks))
         hosts = [_hostname(nodes, job.allocation[r].node_id) for r in step_ranks]
-        own = {k: v for k, v in request.env.items() if not execspec.is_reserved_env_name(k)}
-        env = {
-            **own,
-            **job_env(
-                dataclasses.replace(job, env={}),
-                rank,
-                job.allocation[rank],
-                nodes,
-                self.life.credential(job),
-            ),
-        }
-        env.update(
-            task_env(
-                step_id=group.number,
-                procid=step.task,
-                localid=localid,
-                nodeid=step_ranks.index(rank),
-                ntasks=len(plan.ranks),
-                step_hosts=hosts,
-                tasks_per_node=[plan.ranks.count(r) for r in step_ranks],
-                gpu_ids=gpu_ids,
-            )
-        )
-        return Launch(
-            job_id=step.id,
-            epoch=job.epoch,
-            argv=request.argv,
-            env=env,
-            cwd=request.cwd or job.cwd,
+        own = task_env(
+            step_id=group.number,
+            procid=step.task,
+            localid=localid,
+            nodeid=step_ranks.index(rank),
+            ntasks=len(plan.ranks),
+            step_hosts=hosts,
+            tasks_per_node=[plan.ranks.count(r) for r in step_ranks],
             gpu_ids=gpu_ids,
-            kill_grace=self.config.scheduling.kill_grace,
-            user=job.user,
-            allow_root=job.allow_root,
-            pty=terminal_size(step.pty_size) if step.pty else None,
+        )
+        credential = self.life.credential(job)
+        request_env, cwd = request.env, request.cwd
+        kill_grace = self.config.scheduling.kill_grace
+        return launch_in_job(
+            step,
+            job,
+            rank,
+            request.argv,
+            request_env,
+            cwd,
+            gpu_ids,
+            nodes,
+            credential,
+            kill_grace,
+            own,
         )
 
     def cancel(self, group: TaskStep) -> bool:
@@ -304,3 +293,37 @@ class Sruns:
 def _hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str:
     node = nodes.get(node_id)
     return node.hostname if node is not None and node.hostname else node_id
+
+
+def launch_in_job(
+    step: Step,
+    job: Job,
+    rank: int,
+    argv: list[str],
+    srun_env: Mapping[str, str],
+    cwd: str | None,
+    gpu_ids: list[int],
+    nodes: Mapping[str, NodeRecord],
+    credential: str,
+    kill_grace: float,
+    task: Mapping[str, str] | None = None,
+) -> Launch:
+    """A step's process on the job's node `rank`, its argv executed directly (srun's way):
+    the environment of the srun that asked, the job's variables on that node, then the
+    task's own (`task`)."""
+    own = {k: v for k, v in srun_env.items() if not execspec.is_reserved_env_name(k)}
+    slot = job.allocation[rank]
+    env = {**own, **job_env(dataclasses.replace(job, env={}), rank, slot, nodes, credential)}
+    env.update(task or {})
+    return Launch(
+        job_id=step.id,
+        epoch=job.epoch,
+        argv=argv,
+        env=env,
+        cwd=cwd or job.cwd,
+        gpu_ids=gpu_ids,
+        kill_grace=kill_grace,
+        user=job.user,
+        allow_root=job.allow_root,
+        pty=terminal_size(step.pty_size) if step.pty else None,
+    )
