@@ -207,3 +207,23 @@ def test_srun_pty_inside_an_allocation_is_a_terminal(
         assert t.restored()
     finally:
         t.close()
+
+
+def test_bad_step_requests_are_refused_with_one_sentence(cluster: LocalCluster) -> None:
+    client = cluster.client()
+    held = client.submit("true", gpus=1, hold=True).id
+
+    def refusal(job_id: str, **body: Any) -> tuple[int, str]:
+        with pytest.raises(RequestError) as e:
+            client._request("POST", f"/api/jobs/{job_id}/srun", {"argv": ["true"], **body})
+        return e.value.status, str(e.value)
+
+    assert refusal("nosuchjob") == (404, "no such job: nosuchjob")
+    assert refusal(held) == (409, f"job {held} has not started: it runs no steps yet")
+    status, sentence = refusal(held, ntasks=0)
+    assert status == 422 and "ntasks" in sentence and "\n" not in sentence
+    status, sentence = refusal(held, argv=[])
+    assert status == 422 and "argv" in sentence and "\n" not in sentence
+    with pytest.raises(RequestError) as e:
+        client._request("GET", "/api/sruns/nosuchstep/output")
+    assert (e.value.status, str(e.value)) == (404, "no such step: nosuchstep")
