@@ -217,3 +217,13 @@ def test_task_env_formats_as_slurm() -> None:
         "5",
         "2,3",
     )
+
+
+def test_an_allocations_steps_output_is_the_allocations_too(h: Harness) -> None:
+    n1 = h.agent("n1")
+    job_id = h.submit("bash", allocation=True, gpus=2)
+    h.tick()
+    group, _ = _srun(h, job_id, ntasks=2)
+    assert [m.env["SLURM_PROCID"] for m in n1.launches()] == ["0", "1"]
+    n1.output(group.tasks[1].id, "hello\n", epoch=group.tasks[1].epoch)
+    assert [r["d"] for r in h.cl.outputs.read(job_id)] == ["hello\n"]  # srun is elsewhere

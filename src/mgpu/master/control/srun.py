@@ -24,8 +24,8 @@ from mgpu.master.control.sessions import Sessions
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
-from mgpu.master.state.steps import Step, TaskStep, is_batch, slurm_value
-from mgpu.model import Job, JobState
+from mgpu.master.state.steps import Step, TaskStep, slurm_value
+from mgpu.model import ALLOCATION, Job, JobState
 from mgpu.protocol import Launch
 from mgpu.slurmenv import task_env
 
@@ -216,8 +216,9 @@ class Sruns:
         ):
             step.pty = request.pty
             step.pty_size = None if request.pty_size is None else list(request.pty_size)
-            # A batch script prints its sruns' output into its own: not twice in the job's.
-            step.to_job_output = not is_batch(job)
+            # srun inside a job's own process (a batch script) prints its output into the
+            # job's: not twice there.  An allocation's srun runs on the client's machine.
+            step.to_job_output = job.kind == ALLOCATION
             launch = self._launch(job, group, step, rank, localid, gpu_ids, plan, request)
             link = nodes[step.node_id].link
             assert link is not None
