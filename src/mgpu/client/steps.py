@@ -160,6 +160,9 @@ def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
         except MgpuError:
             _say(f"error: could not cancel step {step_id}")
         return 130
+    except MgpuError as e:  # the master went away (or forgot the step) mid-step
+        _say(f"error: lost step {step_id}: {e}")
+        return 1
     finally:
         signal.signal(signal.SIGTERM, old)
     _say(f"error: lost step {step_id}: the master ended its stream")
