@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from mgpu import hostlist
 
-__all__ = ["task_env", "tasks_per_node_text"]
+__all__ = ["task_env"]
 
 
-def tasks_per_node_text(counts: Sequence[int]) -> str:
+def _tasks_per_node(counts: Sequence[int]) -> str:
     """Slurm's SLURM_TASKS_PER_NODE form: [2, 2, 1] -> "2(x2),1"."""
     parts: list[str] = []
     i = 0
@@ -52,8 +52,8 @@ def task_env(
         "SLURM_STEP_NODELIST": nodelist,
         "SLURM_STEP_NUM_NODES": str(len(step_hosts)),
         "SLURM_STEP_NUM_TASKS": str(ntasks),
-        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node_text(tasks_per_node),
-        "SLURM_TASKS_PER_NODE": tasks_per_node_text(tasks_per_node),  # srun's: the step's
+        "SLURM_STEP_TASKS_PER_NODE": _tasks_per_node(tasks_per_node),
+        "SLURM_TASKS_PER_NODE": _tasks_per_node(tasks_per_node),  # srun's: the step's
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         "SLURM_STEP_GPUS": ",".join(map(str, gpu_ids)),
     }

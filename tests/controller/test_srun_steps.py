@@ -17,7 +17,7 @@ from mgpu.master.control.srun import SrunRequest, plan_tasks
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.state import steps as steps_module
 from mgpu.model import EndReason, JobState, SlotPhase
-from mgpu.slurmenv import task_env, tasks_per_node_text
+from mgpu.slurmenv import task_env
 
 
 @pytest.fixture
@@ -199,7 +199,6 @@ def test_plan_spreads_tasks_in_blocks() -> None:
 
 
 def test_task_env_formats_as_slurm() -> None:
-    assert tasks_per_node_text([2, 2, 1]) == "2(x2),1"
     env = task_env(
         step_id=3,
         procid=5,
@@ -207,11 +206,11 @@ def test_task_env_formats_as_slurm() -> None:
         nodeid=2,
         ntasks=6,
         step_hosts=["node01", "node02", "node03"],
-        tasks_per_node=[2, 2, 2],
+        tasks_per_node=[2, 2, 1],
         gpu_ids=[2, 3],
     )
     assert env["SLURM_STEP_NODELIST"] == "node[01-03]"
-    assert env["SLURM_STEP_TASKS_PER_NODE"] == "2(x3)"
+    assert env["SLURM_STEP_TASKS_PER_NODE"] == env["SLURM_TASKS_PER_NODE"] == "2(x2),1"
     assert (env["SLURM_STEP_ID"], env["SLURM_PROCID"], env["CUDA_VISIBLE_DEVICES"]) == (
         "3",
         "5",

@@ -104,13 +104,13 @@ class Allocations:
                 step,
                 job,
                 rank,
-                request.argv,
-                request.env,
-                request.cwd,
-                job.allocation[rank].gpu_ids,
-                nodes,
-                credential,
-                self.config.scheduling.kill_grace,
+                argv=request.argv,
+                srun_env=request.env,
+                cwd=request.cwd,
+                gpu_ids=job.allocation[rank].gpu_ids,
+                nodes=nodes,
+                credential=credential,
+                config=self.config,
             )
             link = nodes[job.allocation[rank].node_id].link
             assert link is not None

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from mgpu import execspec
 from mgpu.config import ClusterConfig
+from mgpu.master.control import launch
 from mgpu.master.control.launch import job_env, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.sessions import Sessions
@@ -191,10 +192,11 @@ class Sruns:
         if job.state != JobState.RUNNING:
             raise SubmitError(f"job {job_id} has ended ({job.state.value}): it runs no steps")
         nodes = self.state.nodes
-        names = []
-        for slot in job.allocation:
-            node = nodes.get(slot.node_id)
-            names.append([slot.node_id] + ([node.hostname] if node is not None else []))
+        slurm_names = slurm_node_names(job, nodes)
+        names = []  # what -w may call each node: its id, its hostname, its Slurm name
+        for slot, slurm_name in zip(job.allocation, slurm_names, strict=True):
+            hostname = _hostname(nodes, slot.node_id)
+            names.append([slot.node_id, hostname, slurm_name])
         gpus_per_task = slurm_value(job, "gpus_per_task")
         plan = plan_tasks(
             job.id,
@@ -240,32 +242,29 @@ class Sruns:
     ) -> Launch:
         nodes: Mapping[str, NodeRecord] = self.state.nodes
         step_ranks = sorted(set(plan.ranks))
-        hosts = [_hostname(nodes, job.allocation[r].node_id) for r in step_ranks]
+        names = slurm_node_names(job, nodes)
         own = task_env(
             step_id=group.number,
             procid=step.task,
             localid=localid,
             nodeid=step_ranks.index(rank),
             ntasks=len(plan.ranks),
-            step_hosts=hosts,
+            step_hosts=[names[r] for r in step_ranks],
             tasks_per_node=[plan.ranks.count(r) for r in step_ranks],
             gpu_ids=gpu_ids,
         )
-        credential = self.life.credential(job)
-        request_env, cwd = request.env, request.cwd
-        kill_grace = self.config.scheduling.kill_grace
         return launch_in_job(
             step,
             job,
             rank,
-            request.argv,
-            request_env,
-            cwd,
-            gpu_ids,
-            nodes,
-            credential,
-            kill_grace,
-            own,
+            argv=request.argv,
+            srun_env=request.env,
+            cwd=request.cwd,
+            gpu_ids=gpu_ids,
+            nodes=nodes,
+            credential=self.life.credential(job),
+            config=self.config,
+            task=own,
         )
 
     def cancel(self, group: TaskStep) -> bool:
@@ -291,6 +290,17 @@ class Sruns:
                 self.sessions.kill_step(other, f"task {task.task} failed")
 
 
+def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> list[str]:
+    """The job's nodes as Slurm's node lists name them, in rank order: their short host
+    names, or their node ids where two share one (several agents on a machine) or one is
+    unknown (helper slurmjob's rule for SLURM_JOB_NODELIST, mgpu.slurmenv.node_names)."""
+    known = [nodes.get(s.node_id) for s in job.allocation]
+    short = [(n.hostname or "").split(".")[0] if n is not None else "" for n in known]
+    if all(short) and len(set(short)) == len(short):
+        return short
+    return [s.node_id for s in job.allocation]
+
+
 def _hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str:
     node = nodes.get(node_id)
     return node.hostname if node is not None and node.hostname else node_id
@@ -306,7 +316,7 @@ def launch_in_job(
     gpu_ids: list[int],
     nodes: Mapping[str, NodeRecord],
     credential: str,
-    kill_grace: float,
+    config: ClusterConfig,
     task: Mapping[str, str] | None = None,
 ) -> Launch:
     """A step's process on the job's node `rank`, its argv executed directly (srun's way):
@@ -315,6 +325,11 @@ def launch_in_job(
     own = {k: v for k, v in srun_env.items() if not execspec.is_reserved_env_name(k)}
     slot = job.allocation[rank]
     env = {**own, **job_env(dataclasses.replace(job, env={}), rank, slot, nodes, credential)}
+    # A Slurm job's SLURM_* on that node (helper slurmjob's launch.slurm_env; read by name
+    # so that this works before and after that branch is merged).
+    slurm_env = getattr(launch, "slurm_env", None)
+    if slurm_env is not None and getattr(job, "slurm", None) is not None:
+        env.update(slurm_env(job, rank, nodes, config))
     env.update(task or {})
     return Launch(
         job_id=step.id,
@@ -323,7 +338,7 @@ def launch_in_job(
         env=env,
         cwd=cwd or job.cwd,
         gpu_ids=gpu_ids,
-        kill_grace=kill_grace,
+        kill_grace=config.scheduling.kill_grace,
         user=job.user,
         allow_root=job.allow_root,
         pty=terminal_size(step.pty_size) if step.pty else None,
