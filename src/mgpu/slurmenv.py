@@ -34,12 +34,12 @@ def task_env(
     nodeid: int,
     ntasks: int,
     step_hosts: Sequence[str],
-    tasks_per_node: Sequence[int],
+    node_tasks: Sequence[int],
     gpu_ids: Sequence[int],
 ) -> dict[str, str]:
     """One task's variables: `procid` its rank in the step, `localid` on its node, `nodeid`
     its node's index in the step; `step_hosts` the step's nodes' hostnames in order and
-    `tasks_per_node` their task counts; `gpu_ids` the GPUs the task sees."""
+    `node_tasks` their task counts; `gpu_ids` the GPUs the task sees."""
     nodelist = hostlist.compress(list(step_hosts))
     return {
         "SLURM_STEP_ID": str(step_id),
@@ -52,8 +52,8 @@ def task_env(
         "SLURM_STEP_NODELIST": nodelist,
         "SLURM_STEP_NUM_NODES": str(len(step_hosts)),
         "SLURM_STEP_NUM_TASKS": str(ntasks),
-        "SLURM_STEP_TASKS_PER_NODE": _tasks_per_node(tasks_per_node),
-        "SLURM_TASKS_PER_NODE": _tasks_per_node(tasks_per_node),  # srun's: the step's
+        "SLURM_STEP_TASKS_PER_NODE": _tasks_per_node(node_tasks),
+        "SLURM_TASKS_PER_NODE": _tasks_per_node(node_tasks),  # srun's: the step's
         "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
         "SLURM_STEP_GPUS": ",".join(map(str, gpu_ids)),
     }

@@ -206,7 +206,7 @@ def test_task_env_formats_as_slurm() -> None:
         nodeid=2,
         ntasks=6,
         step_hosts=["node01", "node02", "node03"],
-        tasks_per_node=[2, 2, 1],
+        node_tasks=[2, 2, 1],
         gpu_ids=[2, 3],
     )
     assert env["SLURM_STEP_NODELIST"] == "node[01-03]"

@@ -80,7 +80,7 @@ def test_a_batch_script_runs_once_and_its_sruns_run_tasks_on_every_node(
     script = """#!/bin/sh
 echo "script on $MGPU_NODE_ID"
 srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $MGPU_NODE_ID node $SLURM_NODEID \
-local $SLURM_LOCALID step $SLURM_STEP_ID gpus $CUDA_VISIBLE_DEVICES"'
+local $SLURM_LOCALID step $SLURM_STEP_ID gpus $CUDA_VISIBLE_DEVICES $SLURMD_NODENAME"'
 srun --gpus-per-task 1 sh -c 'echo "own $SLURM_PROCID $CUDA_VISIBLE_DEVICES"'
 """
     _, end, out = _batch(cluster, env, script, ntasks_per_node=2)
@@ -89,12 +89,14 @@ srun --gpus-per-task 1 sh -c 'echo "own $SLURM_PROCID $CUDA_VISIBLE_DEVICES"'
     assert re.findall(r"^script on .*$", out, re.M) == [f"script on {first['node_id']}"]
     tasks = sorted(line for line in out.splitlines() if re.match(r"^\d: task", line))
     gpus = [",".join(map(str, s["gpu_ids"])) for s in (first, second)]
+    a, b = first["node_id"], second["node_id"]
     assert tasks == [
-        f"0: task 0 of 4 on {first['node_id']} node 0 local 0 step 0 gpus {gpus[0]}",
-        f"1: task 1 of 4 on {first['node_id']} node 0 local 1 step 0 gpus {gpus[0]}",
-        f"2: task 2 of 4 on {second['node_id']} node 1 local 0 step 0 gpus {gpus[1]}",
-        f"3: task 3 of 4 on {second['node_id']} node 1 local 1 step 0 gpus {gpus[1]}",
-    ]  # each once: srun's output is the script's, not added to the job's again
+        f"0: task 0 of 4 on {a} node 0 local 0 step 0 gpus {gpus[0]} {a}",
+        f"1: task 1 of 4 on {a} node 0 local 1 step 0 gpus {gpus[0]} {a}",
+        f"2: task 2 of 4 on {b} node 1 local 0 step 0 gpus {gpus[1]} {b}",
+        f"3: task 3 of 4 on {b} node 1 local 1 step 0 gpus {gpus[1]} {b}",
+    ]  # each once: srun's output is the script's, not added to the job's again; each task
+    # has its own node's SLURMD_NODENAME (node ids: the agents here share one host name)
     own = sorted(line for line in out.splitlines() if line.startswith("own"))
     ids = [g for s in (first, second) for g in s["gpu_ids"]]
     assert own == [f"own {t} {ids[t]}" for t in range(4)]  # --gpus-per-task: its own GPU

@@ -64,7 +64,8 @@ def test_a_batch_script_runs_on_the_first_host_and_srun_on_both(
 ) -> None:
     script = """#!/bin/sh
 echo "script on $(hostname)"
-srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname) $SLURM_STEP_NODELIST"'
+srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname) $SLURMD_NODENAME \
+$SLURM_STEP_NODELIST"'
 """
     end, out = _batch(multinode, tmp_path, script)
     assert end["state"] == "completed", out
@@ -72,7 +73,10 @@ srun -l sh -c 'echo "task $SLURM_PROCID of $SLURM_NTASKS on $(hostname) $SLURM_S
     assert re.findall(r"^script on (\S+)$", out, re.M) == [first]
     tasks = sorted(line for line in out.splitlines() if re.match(r"\d: task", line))
     both = hostlist.compress([first, second])  # SLURM_STEP_NODELIST: gpu[001-002]
-    assert tasks == [f"0: task 0 of 2 on {first} {both}", f"1: task 1 of 2 on {second} {both}"]
+    assert tasks == [
+        f"0: task 0 of 2 on {first} {first} {both}",
+        f"1: task 1 of 2 on {second} {second} {both}",  # its own node's SLURMD_NODENAME
+    ]
 
 
 def test_srun_torchrun_across_two_hosts(multinode: MultiNode, tmp_path: Path) -> None:

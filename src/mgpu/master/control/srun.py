@@ -250,7 +250,7 @@ class Sruns:
             nodeid=step_ranks.index(rank),
             ntasks=len(plan.ranks),
             step_hosts=[names[r] for r in step_ranks],
-            tasks_per_node=[plan.ranks.count(r) for r in step_ranks],
+            node_tasks=[plan.ranks.count(r) for r in step_ranks],
             gpu_ids=gpu_ids,
         )
         return launch_in_job(
