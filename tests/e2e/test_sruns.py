@@ -127,7 +127,7 @@ echo done
     lines = out.splitlines()
     assert "highest=4" in lines
     assert "killed=5" in lines  # -K: task 0's sleep stopped, the failed task's code
-    host = end["allocation"][1]["hostname"]
+    host = end["allocation"][1]["node_id"]  # Slurm's name for it: the hosts here share one
     assert f"srun: error: {host}: task 1: Exited with exit code 4" in lines
     assert f"srun: error: {host}: task 1: Exited with exit code 5" in lines
     refused = f"srun: error: Unable to create step for job {job_id}: "

@@ -147,9 +147,10 @@ def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
                 out.write(labeller.render(str(rec.get("t", 0)), rec["s"], rec["d"]))
                 out.flush()
             elif rec.get("end"):
-                for line in failures(rec.get("tasks") or []):
+                lines = failures(rec.get("tasks") or [])
+                for line in lines:
                     _say(f"error: {line}")
-                if rec.get("error"):
+                if rec.get("error") and not lines:
                     _say(f"error: step {step_id}: {rec['error']}")
                 code = rec.get("exit_code")
                 return code if isinstance(code, int) and 0 <= code < 256 else 1
@@ -177,8 +178,8 @@ def failures(tasks: list[dict[str, Any]]) -> list[str]:
         code = t.get("exit_code")
         if code == 0:
             continue
-        if code is None:
-            what = "Unknown exit code"
+        if code is None:  # never ran, or lost: why, as the master knows it
+            what = str(t.get("error") or "Unknown exit code")
         elif code > 128:
             what = signal.strsignal(code - 128) or f"Signal {code - 128}"
         else:

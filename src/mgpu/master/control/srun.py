@@ -216,7 +216,7 @@ class Sruns:
         for step, rank, localid, gpu_ids in zip(
             group.tasks, plan.ranks, plan.localids, plan.gpu_ids, strict=True
         ):
-            step.pty = request.pty
+            step.pty, step.host = request.pty, slurm_names[rank]
             step.pty_size = None if request.pty_size is None else list(request.pty_size)
             # srun inside a job's own process (a batch script) prints its output into the
             # job's: not twice there.  An allocation's srun runs on the client's machine.

@@ -7,7 +7,7 @@ an allocation): 201 `{"step_id", "slurm_step": "ID.N", "tasks": [{"task", "node_
 
 `GET /api/sruns/{step_id}/output` follows it, NDJSON: output records of its tasks as they
 come (`{"s", "d", "t"}`, `t` the task's SLURM_PROCID), then `{"end": true, "exit_code",
-"error", "tasks": [{"task", "host", "exit_code"}]}`.  `POST /api/sruns/{step_id}/cancel`
+"error", "tasks": [{"task", "host", "exit_code", "error"}]}`.  `POST /api/sruns/{step_id}/cancel`
 kills its tasks (srun's Ctrl-C).  The job's owner or an admin.
 """
 
@@ -127,7 +127,7 @@ def make_steps_router(
             {
                 "task": t.task,
                 "node_id": t.node_id,
-                "host": _host(cl, t.node_id),
+                "host": t.host,
                 "run_id": t.id,
             }
             for t in group.tasks
@@ -153,11 +153,6 @@ def make_steps_router(
     return router
 
 
-def _host(cl: Cluster, node_id: str) -> str:
-    node = cl.state.nodes.get(node_id)
-    return node.hostname if node is not None and node.hostname else node_id
-
-
 def _line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":")) + "\n"
 
@@ -177,7 +172,12 @@ async def _feed(cl: Cluster, group: TaskStep) -> AsyncIterator[str]:
                     yield "".join(_marked(line, task.task) for line in chunk.splitlines())
             if group.done:
                 ends = [
-                    {"task": t.task, "host": _host(cl, t.node_id), "exit_code": t.exit_code}
+                    {
+                        "task": t.task,
+                        "host": t.host,
+                        "exit_code": t.exit_code,
+                        "error": t.error,
+                    }
                     for t in tasks
                 ]
                 end = {"end": True, "exit_code": group.exit_code, "error": group.error}

@@ -46,6 +46,8 @@ class Step:
     """The srun step this process is one task of (None: a step of one process per node)."""
     task: int = 0
     """Its SLURM_PROCID in `group`."""
+    host: str = ""
+    """Its node as Slurm's node lists name it (srun's messages about the task)."""
     to_job_output: bool = True
     """Its output is added to the job's too (not where srun prints it into the job's own
     output, as in a batch script: it would be there twice)."""
