@@ -162,7 +162,8 @@ class Steps:
         # srun's: the highest; a task that never ran (no code) counts as a failure.
         group.exit_code = max(known) if len(known) == len(codes) else max([1, *known])
         if group.failed_task is not None:  # the task that failed first, not its victims
-            group.exit_code = group.tasks[group.failed_task].exit_code
+            first = group.tasks[group.failed_task].exit_code
+            group.exit_code = 1 if first is None else first
         group.error = error or next((t.error for t in group.tasks if t.error), None)
         group.done = True
         group.finished.set()
