@@ -196,6 +196,8 @@ def test_plan_spreads_tasks_in_blocks() -> None:
     plan = plan_tasks("7", names, gpus, None, None, SrunRequest(argv=["x"], env={}, ntasks=5))
     assert plan.ranks == [0, 0, 1, 1, 2] and plan.localids == [0, 1, 0, 1, 0]
     assert plan.gpu_ids == [[0, 1]] * 5  # no --gpus-per-task: the node's GPUs
+    both = SrunRequest(argv=["x"], env={}, nodes=2, nodelist=["n3"])
+    assert plan_tasks("7", names, gpus, None, None, both).ranks == [0, 2]  # -w, then up to -N
 
 
 def test_task_env_formats_as_slurm() -> None:

@@ -126,6 +126,9 @@ def plan_tasks(
             raise SubmitError(refused + "Requested node configuration is not available")
         if not request.nodelist:
             ranks = ranks[: request.nodes]
+        else:  # -w's nodes, and others of the job's up to -N, as srun picks them
+            others = [r for r in range(size) if r not in ranks]
+            ranks = sorted(ranks + others[: request.nodes - len(ranks)])
     chosen = request.nodes is not None or bool(request.nodelist)
     if request.ntasks is not None:
         ntasks = request.ntasks
