@@ -83,7 +83,11 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
     if not job_id:
         _say("error: not inside a job ($MGPU_JOB_ID is not set)")
         return 1
-    client = client or Client()
+    try:
+        client = client or Client()
+    except MgpuError as e:  # $MGPU_MASTER unreadable
+        _say(f"error: {e}")
+        return 1
     pty = options.pty and sys.stdin.isatty()
     if options.pty and not pty:
         _say("warning: not using a pseudo-terminal, stdin is not a terminal")
