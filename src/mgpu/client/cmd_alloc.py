@@ -302,8 +302,8 @@ def srun_special(client: Client, args: argparse.Namespace, argv: list[str]) -> i
 
 
 def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]) -> int | None:
-    """`mgpu srun` inside `mgpu alloc` (`$MGPU_JOB_ID` names an allocation): run a step
-    there and return its exit code; None when not inside an allocation (a new job)."""
+    """`mgpu srun` inside `mgpu alloc` (`$MGPU_JOB_ID` names an allocation) or a Slurm batch
+    job: run a step there and return its exit code; None when not inside one (a new job)."""
     job_id = os.environ.get("MGPU_JOB_ID")
     if not job_id:
         return None
@@ -313,7 +313,8 @@ def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]
         if e.status == 404:
             return None
         raise
-    if job.get("kind") != "allocation":
+    batch = bool((job.get("slurm") or {}).get("batch"))  # sbatch's script: srun is a step
+    if job.get("kind") != "allocation" and not batch:
         return None
     if job.get("state") != "running":
         raise MgpuError(
@@ -327,9 +328,13 @@ def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]
             f"warning: a step runs on allocation {job_id}'s GPUs as they are; "
             f"ignored: {', '.join(given)}"
         )
+    pty = bool(getattr(args, "pty", False))
+    if batch:
+        from mgpu.client.steps import StepOptions, run_step
+
+        return run_step(argv, StepOptions(nodelist=args.nodelist, pty=pty, job_id=job_id), client)
     from mgpu.client.terminal import terminal_size
 
-    pty = bool(getattr(args, "pty", False))
     res = client.start_alloc_step(
         job_id,
         argv,

@@ -22,12 +22,15 @@ class LinePrefixer:
         self.at_line_start: dict[tuple[str, str], bool] = {}
         self.multi = False
 
+    def label(self, node: str) -> str:
+        return f"[{node}] "
+
     def render(self, node: str, stream: str, text: str) -> str:
         if not self.multi:
             return text
         key = (node, stream)
         start = self.at_line_start.get(key, True)
-        prefix = f"[{node}] "
+        prefix = self.label(node)
         out = []
         for piece in text.splitlines(keepends=True):
             out.append((prefix if start else "") + piece)

@@ -317,7 +317,8 @@ class Agents:
             if data is None:
                 return  # already stored (re-sent after a reconnect)
             self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
-            self.outputs.append(step.job_id, msg.stream, data, node.node_id)
+            if step.to_job_output:
+                self.outputs.append(step.job_id, msg.stream, data, node.node_id)
         elif isinstance(msg, Exited) and not step.ended_on(node.node_id):
             code, error = msg.exit_code, msg.launch_error
             if self.state.steps.node_exited(step, node.node_id, code, error):

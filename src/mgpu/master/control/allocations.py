@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from mgpu import execspec
 from mgpu.config import ClusterConfig
-from mgpu.master.control.launch import job_env, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.sessions import Sessions
+from mgpu.master.control.srun import Sruns, launch_in_job
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.state.memory import ControllerState
-from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.steps import Step
 from mgpu.model import ALLOCATION, EndReason, Job, JobState
-from mgpu.protocol import Launch
 
 log = logging.getLogger("mgpu.master")
 
@@ -70,6 +67,8 @@ class Allocations:
         self.uow = life.uow
         self.sessions = sessions
         self.config = config
+        self.sruns = Sruns(state, life, sessions, config)
+        """`srun` inside any running job (a batch job, an allocation): Slurm's steps."""
 
     def running(self, job_id: str) -> Job:
         """The running allocation `job_id`, or SubmitError saying why there is none."""
@@ -101,7 +100,18 @@ class Allocations:
         step.pty_size = None if request.pty_size is None else list(request.pty_size)
         credential = self.life.credential(job)
         for rank in ranks:
-            launch = self._launch(step, job, rank, request, nodes, credential)
+            launch = launch_in_job(
+                step,
+                job,
+                rank,
+                argv=request.argv,
+                srun_env=request.env,
+                cwd=request.cwd,
+                gpu_ids=job.allocation[rank].gpu_ids,
+                nodes=nodes,
+                credential=credential,
+                config=self.config,
+            )
             link = nodes[job.allocation[rank].node_id].link
             assert link is not None
             self.uow.send(link, launch)
@@ -125,33 +135,6 @@ class Allocations:
                 raise SubmitError(f"{name} is not one of allocation {job.id}'s nodes ({names})")
             ranks += [r for r in found if r not in ranks]
         return ranks
-
-    def _launch(
-        self,
-        step: Step,
-        job: Job,
-        rank: int,
-        request: StepRequest,
-        nodes: Mapping[str, NodeRecord],
-        credential: str,
-    ) -> Launch:
-        """The step's argv executed directly (srun's way), with the environment of the srun
-        that asked and the allocation's scheduler variables on that node."""
-        slot = job.allocation[rank]
-        own = {k: v for k, v in request.env.items() if not execspec.is_reserved_env_name(k)}
-        env = {**own, **job_env(dataclasses.replace(job, env={}), rank, slot, nodes, credential)}
-        return Launch(
-            job_id=step.id,
-            epoch=job.epoch,
-            argv=request.argv,
-            env=env,
-            cwd=request.cwd or job.cwd,
-            gpu_ids=slot.gpu_ids,
-            kill_grace=self.config.scheduling.kill_grace,
-            user=job.user,
-            allow_root=job.allow_root,
-            pty=terminal_size(step.pty_size) if step.pty else None,
-        )
 
     def cancel_step(self, step: Step) -> bool:
         """Kill a step (`srun`'s Ctrl-C); False if it had already ended."""

@@ -52,6 +52,7 @@ from mgpu.master.control.reads import Reads
 from mgpu.master.control.reservations import ReservationBook
 from mgpu.master.control.reservations import public as public_reservation
 from mgpu.master.control.sessions import Sessions, held_by_client
+from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import JobSpec, SubmitDefaults, SubmitError, build_template
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
@@ -64,7 +65,7 @@ from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import AgentLink, NodeRecord
 from mgpu.master.state.snapshot import job_request, running_job, scheduler_config
-from mgpu.master.state.steps import Step
+from mgpu.master.state.steps import Step, TaskStep
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store import arrays
 from mgpu.master.store.outputs import OutputReader, OutputStore
@@ -508,6 +509,24 @@ class Cluster(Reads):
         shown = " ".join(request.argv)[:200]
         self.audit("step", actor.user, actor.address, step.id, shown)
         return step
+
+    def start_srun(
+        self, job_id: str, request: SrunRequest, actor: Actor
+    ) -> tuple[TaskStep, list[str]]:
+        """`srun` inside a running job: a step of tasks and srun's warnings, audited
+        (SubmitError: a step the job cannot hold; Conflict: the job is not running)."""
+        group, warnings = self.allocations.sruns.start(job_id, request)
+        self.audit("step", actor.user, actor.address, group.id, " ".join(request.argv)[:200])
+        return group, warnings
+
+    def srun_step(self, step_id: str) -> TaskStep | None:
+        return self.steps.groups.get(step_id)
+
+    def cancel_srun(self, group: TaskStep, actor: Actor) -> bool:
+        cancelled = self.allocations.sruns.cancel(group)
+        if cancelled:
+            self.audit("step_cancel", actor.user, actor.address, group.id)
+        return cancelled
 
     def cancel_step(self, step: Step, actor: Actor) -> bool:
         cancelled = self.allocations.cancel_step(step)

@@ -31,6 +31,7 @@ from mgpu.master.control.launch import job_launch, preempt_warning
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.security.auth import new_job_token
 from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.steps import is_batch
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store.outputs import OutputStore
 from mgpu.model import (
@@ -167,10 +168,11 @@ class Lifecycle:
         for rank, slot in enumerate(job.allocation):
             if slot.phase != SlotPhase.PENDING:
                 continue
-            if job.mpi and rank > 0:
-                # mpirun on rank 0 starts the other ranks through `mgpu rsh` (job steps);
-                # their slots stay allocated until the job ends.
-                slot.phase = SlotPhase.HELD
+            if (job.mpi or is_batch(job)) and rank > 0:
+                # mpirun on rank 0 starts the other ranks through `mgpu rsh` (job steps), a
+                # batch script's srun its tasks; their slots stay allocated until it ends.
+                node = nodes[slot.node_id]
+                slot.phase, slot.hostname, slot.ip = SlotPhase.HELD, node.hostname, node.ip
                 continue
             link = nodes[slot.node_id].link
             if link is None:

@@ -30,6 +30,7 @@ from mgpu.master.http import (
     nodes,
     public,
     reservations,
+    steps,
     tokens,
 )
 from mgpu.master.http.deps import EdgeState
@@ -57,6 +58,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     reservations.router,
     public.router,  # health, readiness, metrics, the CA, the page
     agents.router,
+    steps.router,  # srun inside a job: Slurm's steps
 )
 
 

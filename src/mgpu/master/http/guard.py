@@ -56,6 +56,7 @@ def is_open(path: str) -> bool:
 def body_limit(method: str, path: str) -> int:
     # A job, or a step of an allocation: each carries its submitter's environment.
     big = path == "/api/jobs" or (path.startswith("/api/allocations/") and path.endswith("/steps"))
+    big = big or (path.startswith("/api/jobs/") and path.endswith("/srun"))  # srun in a job
     return SUBMIT_BODY_LIMIT if method == "POST" and big else BODY_LIMIT
 
 

@@ -6,12 +6,21 @@ names; `mgpu srun` inside an allocation (`mgpu alloc`) starts one on the
 allocation's nodes (master/control/allocations.py).  A step runs with the job's GPUs on
 its nodes and ends with the job.  Agents know a step as a run whose id is
 `JOBID.sN` (the same id on each of its nodes).
+
+`srun` inside a job (a Slurm batch job, an allocation) starts a `TaskStep`: Slurm's
+step, of several tasks.  Each task is a `Step` of its own on one node (id `JOBID.sN.T`,
+T its SLURM_PROCID), so agents, reconciliation and output know it as any step; the
+`TaskStep` gathers them: its exit code is the highest of its tasks', as srun's.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from mgpu.model import Job
 
 STEP_SEPARATOR = ".s"
 
@@ -33,6 +42,15 @@ class Step:
     pty: bool = False
     """Runs on a pseudo-terminal (`mgpu srun --pty` inside an allocation)."""
     pty_size: list[int] | None = None
+    group: TaskStep | None = None
+    """The srun step this process is one task of (None: a step of one process per node)."""
+    task: int = 0
+    """Its SLURM_PROCID in `group`."""
+    host: str = ""
+    """Its node as Slurm's node lists name it (srun's messages about the task)."""
+    to_job_output: bool = True
+    """Its output is added to the job's too (not where srun prints it into the job's own
+    output, as in a batch script: it would be there twice)."""
 
     @property
     def on_nodes(self) -> list[str]:
@@ -45,14 +63,60 @@ class Step:
         return self.done or node_id in self.exits
 
 
+@dataclass
+class TaskStep:
+    """Slurm's step: `srun` inside a job, its tasks spread over the job's nodes."""
+
+    id: str
+    job_id: str
+    number: int
+    """Slurm's step id (SLURM_STEP_ID): 0 for the job's first."""
+    tasks: list[Step] = field(default_factory=list)
+    """In SLURM_PROCID order."""
+    kill_on_bad_exit: bool = False
+    failed_task: int | None = None
+    """With kill_on_bad_exit: the task whose failure stopped the others."""
+    done: bool = False
+    exit_code: int | None = None
+    error: str | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ended(self) -> bool:
+        return all(t.done for t in self.tasks)
+
+
 def is_step_id(run_id: str) -> bool:
     return STEP_SEPARATOR in run_id
+
+
+def slurm_value(job: Job, name: str) -> Any:
+    """A field of the job's `slurm` block (None without one, or without that field).
+
+    The block is helper slurmjob's (`Job.slurm`); read by name so that either form it
+    takes (a mapping, an object) works here."""
+    slurm = getattr(job, "slurm", None)
+    if slurm is None:
+        return None
+    if isinstance(slurm, Mapping):
+        return slurm.get(name)
+    return getattr(slurm, name, None)
+
+
+def is_batch(job: Job) -> bool:
+    """A Slurm batch job: its script runs once, on its first node; the others wait for
+    its steps (`srun`)."""
+    return bool(slurm_value(job, "batch"))
 
 
 class Steps:
     def __init__(self) -> None:
         self.by_id: dict[str, Step] = {}
+        self.groups: dict[str, TaskStep] = {}
         self._counter: dict[str, int] = {}
+        self._slurm_counter: dict[str, int] = {}
+        self.on_task_end: list[Callable[[Step], None]] = []
+        """Told when a task of a `TaskStep` ends (before the group's end, if it is the last)."""
 
     def new(self, job_id: str, epoch: int, node_id: str) -> Step:
         n = self._counter.get(job_id, 0) + 1
@@ -60,6 +124,21 @@ class Steps:
         step = Step(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, epoch=epoch, node_id=node_id)
         self.by_id[step.id] = step
         return step
+
+    def new_group(self, job_id: str, epoch: int, nodes: list[str]) -> TaskStep:
+        """A srun step of len(nodes) tasks, task T on nodes[T]."""
+        n = self._counter.get(job_id, 0) + 1
+        self._counter[job_id] = n
+        number = self._slurm_counter.get(job_id, 0)
+        self._slurm_counter[job_id] = number + 1
+        group = TaskStep(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, number=number)
+        for task, node_id in enumerate(nodes):
+            step = Step(id=f"{group.id}.{task}", job_id=job_id, epoch=epoch, node_id=node_id)
+            step.group, step.task = group, task
+            group.tasks.append(step)
+            self.by_id[step.id] = step
+        self.groups[group.id] = group
+        return group
 
     def of_job(self, job_id: str) -> list[Step]:
         return [s for s in self.by_id.values() if s.job_id == job_id]
@@ -69,6 +148,25 @@ class Steps:
         step.error = error
         step.done = True
         step.finished.set()
+        group = step.group
+        if group is None or group.done:
+            return
+        for told in self.on_task_end:
+            told(step)
+        if group.ended:
+            self._end_group(group)
+
+    def _end_group(self, group: TaskStep, error: str | None = None) -> None:
+        codes = [t.exit_code for t in group.tasks]
+        known = [c for c in codes if c is not None]
+        # srun's: the highest; a task that never ran (no code) counts as a failure.
+        group.exit_code = max(known) if len(known) == len(codes) else max([1, *known])
+        if group.failed_task is not None:  # the task that failed first, not its victims
+            first = group.tasks[group.failed_task].exit_code
+            group.exit_code = 1 if first is None else first
+        group.error = error or next((t.error for t in group.tasks if t.error), None)
+        group.done = True
+        group.finished.set()
 
     def node_exited(
         self, step: Step, node_id: str, exit_code: int | None, error: str | None = None
@@ -88,10 +186,15 @@ class Steps:
     def forget_job(self, job_id: str) -> list[Step]:
         """The job ended: its live steps are ended too (their processes are killed)."""
         live = []
+        for group in [g for g in self.groups.values() if g.job_id == job_id]:
+            if not group.done:  # first: its tasks' ends below are the job's, not theirs
+                self._end_group(group, "the job ended")
+            del self.groups[group.id]
         for step in self.of_job(job_id):
             if not step.done:
                 live.append(step)
                 self.end(step, None, "the job ended")
             del self.by_id[step.id]
         self._counter.pop(job_id, None)
+        self._slurm_counter.pop(job_id, None)
         return live

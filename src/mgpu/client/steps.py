@@ -1,0 +1,196 @@
+"""`srun` inside a job: a step on the job's allocation, never a new job.
+
+`run_step(argv, options)` is what Slurm's `srun` runs inside a job (a batch job, an
+allocation: `$MGPU_JOB_ID` names it): it asks the master for a step of tasks on the job's
+nodes (master/control/srun.py), prints their output as srun does (stdout and stderr apart,
+`-l`: each line after its task's id, `0: `), says which tasks failed
+(`srun: error: node1: task 1: Exited with exit code 3`) and returns the highest task exit
+code.  Ctrl-C or SIGTERM kill the step.  A step the job cannot hold is refused with srun's
+sentence (`srun: error: Unable to create step for job 12: More processors requested than
+permitted`), exit code 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from mgpu.client.api import Client, MgpuError, _portable_environment, _quote
+from mgpu.client.render import _ranges
+from mgpu.client.stream import LinePrefixer
+
+__all__ = ["StepOptions", "current_job", "run_step"]
+
+
+class StepOptions:
+    """srun's options that shape a step (None: srun's default inside a job).  A plain
+    class: importing dataclasses costs the CLI's start-up."""
+
+    __slots__ = (
+        "cwd",
+        "gpus_per_task",
+        "job_id",
+        "kill_on_bad_exit",
+        "label",
+        "nodelist",
+        "nodes",
+        "ntasks",
+        "ntasks_per_node",
+        "pty",
+    )
+
+    def __init__(
+        self,
+        *,
+        nodes: int | None = None,
+        ntasks: int | None = None,
+        ntasks_per_node: int | None = None,
+        nodelist: str | None = None,
+        gpus_per_task: int | None = None,
+        label: bool = False,
+        kill_on_bad_exit: bool = False,
+        pty: bool = False,
+        cwd: str | None = None,
+        job_id: str | None = None,
+    ) -> None:
+        self.nodes = nodes  # -N/--nodes
+        self.ntasks = ntasks  # -n/--ntasks
+        self.ntasks_per_node = ntasks_per_node
+        self.nodelist = nodelist  # -w/--nodelist: a,b or node[1-2]
+        self.gpus_per_task = gpus_per_task
+        self.label = label  # -l/--label
+        self.kill_on_bad_exit = kill_on_bad_exit  # -K/--kill-on-bad-exit
+        self.pty = pty
+        self.cwd = cwd  # -D/--chdir; None: this directory
+        self.job_id = job_id  # --jobid; None: $MGPU_JOB_ID
+
+
+def current_job() -> str | None:
+    """The job this process runs in (its steps' home), or None outside any job."""
+    return os.environ.get("MGPU_JOB_ID") or None
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"srun: {text}\n")
+    sys.stderr.flush()
+
+
+def run_step(argv: list[str], options: StepOptions, client: Client | None = None) -> int:
+    """Run `argv` as a step of the current job (see the module docstring): its exit code."""
+    job_id = options.job_id or current_job()
+    if not job_id:
+        _say("error: not inside a job ($MGPU_JOB_ID is not set)")
+        return 1
+    try:
+        client = client or Client()
+    except MgpuError as e:  # $MGPU_MASTER unreadable
+        _say(f"error: {e}")
+        return 1
+    pty = options.pty and sys.stdin.isatty()
+    if options.pty and not pty:
+        _say("warning: not using a pseudo-terminal, stdin is not a terminal")
+    body: dict[str, Any] = {
+        "argv": list(argv),
+        "env": _portable_environment(os.environ)[0],
+        "cwd": options.cwd or os.getcwd(),
+        "nodes": options.nodes,
+        "ntasks": options.ntasks,
+        "ntasks_per_node": options.ntasks_per_node,
+        "nodelist": options.nodelist,
+        "gpus_per_task": options.gpus_per_task,
+        "kill_on_bad_exit": options.kill_on_bad_exit or None,
+        "pty": pty or None,
+    }
+    if pty:
+        from mgpu.client.terminal import terminal_size
+
+        body["pty_size"] = terminal_size(sys.stdin.fileno())
+    body = {k: v for k, v in body.items() if v is not None}
+    try:
+        started = client._request("POST", f"/api/jobs/{_quote(job_id)}/srun", body)
+    except MgpuError as e:  # refused (srun's sentence), or no master
+        _say(f"error: {e}")
+        return 1
+    for warning in started.get("warnings") or []:
+        _say(f"Warning: {warning}")
+    if pty:
+        from mgpu.client.terminal import run_terminal
+
+        return run_terminal(client, str(started["tasks"][0]["run_id"]), step=True)
+    return follow(client, str(started["step_id"]), len(started["tasks"]), options.label)
+
+
+class Labeller(LinePrefixer):
+    """`-l`: each line after its task's id (`0: `, padded to the widest id, as srun)."""
+
+    def __init__(self, ntasks: int, on: bool) -> None:
+        super().__init__()
+        self.multi = on
+        self.width = len(str(max(0, ntasks - 1)))
+
+    def label(self, node: str) -> str:
+        return f"{node:>{self.width}}: "
+
+
+def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
+    """Print the step's output until it ends: its exit code (130 if interrupted)."""
+    labeller = Labeller(ntasks, label)
+    path = f"/api/sruns/{_quote(step_id)}/output"
+    old = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        for rec in client._stream_path(path, read_timeout=3600 * 24):
+            if "d" in rec:
+                out = sys.stdout if rec.get("s") == "o" else sys.stderr
+                out.write(labeller.render(str(rec.get("t", 0)), rec["s"], rec["d"]))
+                out.flush()
+            elif rec.get("end"):
+                lines = failures(rec.get("tasks") or [])
+                for line in lines:
+                    _say(f"error: {line}")
+                if rec.get("error") and not lines:
+                    _say(f"error: step {step_id}: {rec['error']}")
+                code = rec.get("exit_code")
+                return code if isinstance(code, int) and 0 <= code < 256 else 1
+    except KeyboardInterrupt:
+        try:
+            client._request("POST", f"/api/sruns/{_quote(step_id)}/cancel")
+            _say("Job step aborted")
+        except MgpuError:
+            _say(f"error: could not cancel step {step_id}")
+        return 130
+    except MgpuError as e:  # the master went away (or forgot the step) mid-step
+        _say(f"error: lost step {step_id}: {e}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    _say(f"error: lost step {step_id}: the master ended its stream")
+    return 1
+
+
+def failures(tasks: list[dict[str, Any]]) -> list[str]:
+    """srun's lines for the tasks that failed, those of one node and outcome together:
+    `node1: tasks 0-1: Exited with exit code 3`, `node2: task 2: Killed`."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for t in tasks:
+        code = t.get("exit_code")
+        if code == 0:
+            continue
+        if code is None:  # never ran, or lost: why, as the master knows it
+            what = str(t.get("error") or "Unknown exit code")
+        elif code > 128:
+            what = signal.strsignal(code - 128) or f"Signal {code - 128}"
+        else:
+            what = f"Exited with exit code {code}"
+        groups.setdefault((str(t.get("host")), what), []).append(int(t["task"]))
+    lines = []
+    for (host, what), ids in groups.items():
+        word = "task" if len(ids) == 1 else "tasks"
+        lines.append(f"{host}: {word} {_ranges(ids)}: {what}")
+    return lines

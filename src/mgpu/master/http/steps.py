@@ -1,0 +1,173 @@
+"""The routes of `srun` inside a job: Slurm's steps (master/control/srun.py).
+
+`POST /api/jobs/{id}/srun` starts a step of tasks in the running job `id` (a batch job,
+an allocation): 201 `{"step_id", "slurm_step": "ID.N", "tasks": [{"task", "node_id",
+"host", "run_id"}], "warnings"}`; a step the job cannot hold is 400 with srun's sentence
+(`Unable to create step for job 12: More processors requested than permitted`), a job
+that is not running 409.
+
+`GET /api/sruns/{step_id}/output` follows it, NDJSON: output records of its tasks as they
+come (`{"s", "d", "t"}`, `t` the task's SLURM_PROCID), then `{"end": true, "exit_code",
+"error", "tasks": [{"task", "host", "exit_code", "error"}]}`.  `POST /api/sruns/{step_id}/cancel`
+kills its tasks (srun's Ctrl-C).  The job's owner or an admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+
+from mgpu import execspec, spec
+from mgpu.master.control.cluster import Cluster
+from mgpu.master.control.srun import SrunRequest
+from mgpu.master.control.submit import PtySize
+from mgpu.master.http.deps import Ctl, JobAccess, OwnedJob
+from mgpu.master.http.errors import missing
+from mgpu.master.state.steps import TaskStep
+
+__all__ = ["router"]
+
+MAX_TASKS = 4096
+"""Tasks in one step: more than any job here holds GPUs or nodes for."""
+
+Count = Annotated[int, Field(ge=1, le=MAX_TASKS)]
+
+router = APIRouter()
+
+
+def _nodelist(value: Any) -> list[str]:
+    """-w: `a,b` or a Slurm host list (`node[001-002]`); none: the step picks."""
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str) or len(value) > 64 * 1024:
+        raise spec.SpecError("--nodelist must be text such as node001,node002")
+    try:
+        return list(spec.parse_node_list(value))
+    except spec.SpecError as e:
+        raise spec.SpecError(f"--nodelist: {e}") from None
+
+
+class SrunBody(BaseModel):
+    """`srun` inside a job: what to run, and its tasks' layout (srun's options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    argv: Annotated[list[str], Field(min_length=1), AfterValidator(execspec.validate_argv)]
+    env: Annotated[dict[str, str], AfterValidator(execspec.validate_env)] = Field(
+        default_factory=dict
+    )
+    cwd: Annotated[str, AfterValidator(execspec.validate_cwd)] | None = None
+    nodes: Count | None = None
+    ntasks: Count | None = None
+    ntasks_per_node: Count | None = None
+    nodelist: Annotated[
+        list[str], PlainValidator(_nodelist), WithJsonSchema({"type": "string"})
+    ] = Field(default_factory=list)
+    gpus_per_task: Annotated[int, Field(ge=1, le=1024)] | None = None
+    kill_on_bad_exit: bool = False
+    pty: bool = False
+    pty_size: PtySize = None
+
+
+@router.post("/api/jobs/{job_id}/srun")
+async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONResponse:
+    """`srun` inside the job: a step of tasks on its nodes and GPUs."""
+    owned(job_id, "start a step in")
+    req = SrunRequest(
+        argv=body.argv,
+        env=body.env,
+        cwd=body.cwd,
+        nodes=body.nodes,
+        ntasks=body.ntasks,
+        ntasks_per_node=body.ntasks_per_node,
+        nodelist=body.nodelist,
+        gpus_per_task=body.gpus_per_task,
+        kill_on_bad_exit=body.kill_on_bad_exit,
+        pty=body.pty,
+        pty_size=body.pty_size,
+    )
+    group, warnings = cl.start_srun(job_id, req, owned.actor)
+    tasks = [
+        {"task": t.task, "node_id": t.node_id, "host": t.host, "run_id": t.id} for t in group.tasks
+    ]
+    answer = {
+        "step_id": group.id,
+        "slurm_step": f"{group.job_id}.{group.number}",
+        "tasks": tasks,
+        "warnings": warnings,
+    }
+    return JSONResponse(answer, status_code=201)
+
+
+def _group(cl: Cluster, owned: JobAccess, step_id: str, verb: str) -> TaskStep:
+    group = cl.srun_step(step_id)
+    if group is None or cl.get_job(group.job_id) is None:
+        raise missing("step", step_id)
+    owned(group.job_id, verb)
+    return group
+
+
+@router.get("/api/sruns/{step_id}/output")
+async def output(step_id: str, cl: Ctl, owned: OwnedJob) -> StreamingResponse:
+    group = _group(cl, owned, step_id, "read the output of")
+    return StreamingResponse(_feed(cl, group), media_type="application/x-ndjson")
+
+
+@router.post("/api/sruns/{step_id}/cancel")
+async def cancel(step_id: str, cl: Ctl, owned: OwnedJob) -> dict[str, Any]:
+    group = _group(cl, owned, step_id, "cancel")
+    return {"cancelled": cl.cancel_srun(group, owned.actor)}
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+async def _feed(cl: Cluster, group: TaskStep) -> AsyncIterator[str]:
+    """Every task's records, each marked with its task, as they come; then the end (once
+    every task's output has been read to its end: it comes before the task's exit)."""
+    tasks = list(group.tasks)
+    wakes = [cl.watch_output(t.id) for t in tasks]
+    readers = [cl.output_reader(t.id, 0) for t in tasks]
+    try:
+        while True:
+            for wake in wakes:
+                wake.clear()  # before reading: an append from here on wakes us again
+            for task, reader in zip(tasks, readers, strict=True):
+                async for chunk in reader.chunks():
+                    yield "".join(_marked(line, task.task) for line in chunk.splitlines())
+            if group.done:
+                ends = [
+                    {
+                        "task": t.task,
+                        "host": t.host,
+                        "exit_code": t.exit_code,
+                        "error": t.error,
+                    }
+                    for t in tasks
+                ]
+                end = {"end": True, "exit_code": group.exit_code, "error": group.error}
+                yield _line({**end, "tasks": ends})
+                return
+            waits = [asyncio.ensure_future(w.wait()) for w in [*wakes, group.finished]]
+            try:
+                await asyncio.wait(waits, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+    finally:
+        for task, reader, wake in zip(tasks, readers, wakes, strict=True):
+            reader.close()
+            cl.unwatch_output(task.id, wake)
+
+
+def _marked(line: bytes, task: int) -> str:
+    """One stored record as the step's: its stream and text, and its task."""
+    rec = json.loads(line)
+    return _line({"s": rec["s"], "d": rec["d"], "t": task})
