@@ -33,6 +33,7 @@ from mgpu.master.http.attach import follow_line, make_attach_router
 from mgpu.master.http.guard import FailedLogins, Guard
 from mgpu.master.http.jobctl import make_jobctl_router
 from mgpu.master.http.jobs import install_submit
+from mgpu.master.http.partitions import make_partitions_router
 from mgpu.master.http.queries import (
     ARRAY_TASKS_SHOWN,
     JobFilter,
@@ -593,6 +594,7 @@ def create_app(
     app.include_router(make_jobctl_router(c, who, deny))  # hold, release, requeue, update
     app.include_router(make_reserve_router(c, require_admin, _address))
     app.include_router(make_attach_router(c))  # terminals, allocations, their steps
+    app.include_router(make_partitions_router(c))  # sinfo's partitions
     return app
 
 

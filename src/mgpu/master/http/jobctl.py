@@ -59,7 +59,7 @@ def make_jobctl_router(
         cl = get_cluster()
         ident = who(request)
         job = cl.get_job(job_id)
-        jobs = [job] if job is not None else cl.active_tasks(job_id) if len(job_id) == 8 else []
+        jobs = [job] if job else cl.active_tasks(job_id) if specs.may_be_array_id(job_id) else []
         if not jobs:
             if job_id and cl.array_tasks(job_id):
                 raise Conflict(f"array {job_id} has no queued or running task to {verb}")

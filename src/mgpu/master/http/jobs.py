@@ -103,7 +103,7 @@ def install_submit(
         except SubmitError as e:
             cl.store.record_event("submit_refused", actor=user, address=address, detail=str(e))
             return JSONResponse({"detail": str(e)}, status_code=400)
-        if result.task_ids is None and not result.dropped_env:
+        if result.task_ids is None and not result.dropped_env and not result.warnings:
             text = json.dumps({"job_id": result.job_id})
         else:
             body: dict[str, Any] = {"job_id": result.job_id}
@@ -111,6 +111,8 @@ def install_submit(
                 body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
             if result.dropped_env:  # set by the scheduler itself: said once, not passed
                 body["dropped_env"] = result.dropped_env
+            if result.warnings:
+                body["warnings"] = result.warnings
             text = await json_in_slices(body)  # 100,000 task ids are not encoded in one go
         return Response(text, status_code=201, media_type="application/json")
 
