@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import accounts, devices, sigdefaults
+from mgpu.agent import accounts, devices, outputfiles, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -503,6 +503,9 @@ class Agent:
                 script=None if msg.script is None else (msg.script_name or "script", msg.script),
                 gpu_ids=self._device_ids(msg.gpu_ids),
                 pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
+                output=None
+                if msg.output_file is None
+                else (msg.output_file, msg.error_file or msg.output_file, msg.open_append),
             )
         except (UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
@@ -619,7 +622,7 @@ class Agent:
         while not await self._send_all_output(run) and self.connected:
             pass
         code = self.launcher.exit_code(run)
-        error = None
+        error = outputfiles.open_failure(code, run.rec.err_path)  # fails the job (fatal)
         if code is None:
             error = "the job's process vanished while the agent was down"
         ended = time.time()
@@ -634,6 +637,7 @@ class Agent:
                 time=min(ended, time.time()),
                 timed_out=run.timed_out,
                 launch_error=error,
+                fatal=error is not None and code is not None,
                 epilog_error=epilog_error,
             )
         )

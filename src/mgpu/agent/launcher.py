@@ -48,7 +48,16 @@ from typing import Any
 import orjson
 import psutil
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, jobsignal, privileged, recycle
+from mgpu.agent import (
+    accounts,
+    cgroups,
+    devices,
+    jobscript,
+    jobsignal,
+    outputfiles,
+    privileged,
+    recycle,
+)
 from mgpu.agent.spawn import (
     BOOT_ID,
     PTY_SHIM,
@@ -256,12 +265,14 @@ class Launcher:
         warning: tuple[int, float, bool] | None = None,
         script: tuple[str, str] | None = None,
         pty: tuple[int, int] | None = None,
+        output: tuple[str, str, bool] | None = None,
     ) -> Running:
         """Start a run; `note` is a line written to its stderr first (said by the agent).
         `gpu_ids`: the GPUs it was given, the only ones it may open (None: no such rules).
         `warning`: (signal, seconds, top process only) before the time limit (--signal).
         `script`: (name, text) of a job script, run with `argv` as its arguments.
-        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout)."""
+        `pty`: (rows, cols) of a terminal to run it on (its one output stream is stdout).
+        `output`: a Slurm batch job's (-o file, -e file, append) (mgpu.agent.outputfiles)."""
         base = f"{self.spool}/{job_id}.{epoch}"  # strings, not Paths: this is a hot path
         # Files its processes hold are pool files of its user's only (mgpu.agent.recycle).
         # A root agent's runs without ids are root runtimes' containers: removed, not reused.
@@ -300,12 +311,15 @@ class Launcher:
                 os.fchown(exit_fd, uid, gid)  # reopened by the shim as the user
             if not os.path.isdir(home):
                 home = "/"
+            workdir, cwd = (cwd, None) if output is not None else (None, cwd)  # its wrapper's
             if cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
                 cwd = None  # the submit dir may not exist on this node: run in the user's home
             full_env = dict(env)
             if user_ids is not None:
                 full_env["HOME"] = home
             full_env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+            if "SLURM_JOB_ID" in full_env:  # the uid is the node's to say (mgpu.slurmenv)
+                full_env["SLURM_JOB_UID"] = str(self._uid if user_ids is None else user_ids[0])
             # Marks this run's processes, even those that escape the shim's process group.
             # Unique per run: other runs of the same job (an older epoch being killed here,
             # or another node's part when agents share a machine) must not match.
@@ -335,6 +349,9 @@ class Launcher:
                     raise LaunchError(f"cannot write the job script: {e.strerror}") from None
                 made += [script_path, os.path.dirname(script_path)]
                 argv = [*jobscript.interpreter(script[1]), script_path, *argv]
+            if output is not None:
+                argv = outputfiles.wrap(argv, workdir or home, *output)
+                outputfiles.share_spool((out_fd, err_fd), user_ids)
             kwargs: dict[str, Any] = {}
             spawner = None
             if user_ids is not None and not same_ids(*user_ids):
