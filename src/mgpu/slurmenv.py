@@ -50,7 +50,7 @@ def node_names(hosts: Sequence[tuple[str, str | None]]) -> tuple[str, ...]:
     lists host names, and `scontrol show hostnames ... | head -n1` must reach the first node
     (MASTER_ADDR): the agents' host names, unless two nodes share one (several agents on
     one machine) or one is unknown: then the node ids, which tell them apart."""
-    hostnames = [h.split(".")[0] if h else "" for _, h in hosts]
+    hostnames = [h or "" for _, h in hosts]  # as the agents say them: names that resolve
     if all(hostnames) and len(set(hostnames)) == len(hostnames):
         return tuple(hostnames)
     return tuple(node_id for node_id, _ in hosts)

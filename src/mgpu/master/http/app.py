@@ -300,7 +300,7 @@ def create_app(
             if c().cancel(job, actor=ident.user, address=address):
                 return JSONResponse({"cancelled": [job.id], "already_ended": []})
             return JSONResponse({"cancelled": [], "already_ended": [job.id]})
-        if len(job_id) != 8:  # not an array id either
+        if not spec.may_be_array_id(job_id):  # not an array id either
             raise NotFound(job_id)
         # An array: its tasks a page at a time; every CANCEL_BUDGET of work is written in one
         # transaction and the loop is free before the next (the request's one audit event
