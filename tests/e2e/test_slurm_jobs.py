@@ -107,6 +107,24 @@ def test_output_file_is_written_on_the_node_while_the_job_runs(
     assert "second line" in one_node.client().logs(job_id)  # the master keeps it too
 
 
+def test_a_cancelled_jobs_last_words_reach_its_file(one_node: LocalCluster, tmp_path: Path) -> None:
+    """The copies outlive SIGTERM: what the job writes in its grace time is in the file."""
+    script = (
+        "#!/bin/sh\ntrap 'echo got TERM; exit 3' TERM\necho started\nwhile :; do sleep 0.05; done\n"
+    )
+    job_id = submit(one_node, script, tmp_path)
+    out = tmp_path / f"slurm-{job_id}.out"
+    wait_for(lambda: out.exists() and "started" in out.read_text(), timeout=30, what="started")
+    one_node.client().cancel(job_id)
+    assert ended(one_node, job_id)["state"] == "cancelled"
+    wait_for(lambda: "got TERM" in out.read_text(), timeout=10, what="the last words")
+    # One file for both streams: one stream, in the order written (dash says "Terminated"
+    # of the script's sleep, killed with it, before the trap runs), as `mgpu logs` has it.
+    text = out.read_text()
+    assert text.startswith("started\n") and text.endswith("got TERM\n")
+    assert one_node.client().logs(job_id) == text
+
+
 def test_separate_error_file_and_open_modes(one_node: LocalCluster, tmp_path: Path) -> None:
     out, err = tmp_path / "o.txt", tmp_path / "e.txt"
     for path in (out, err):

@@ -9,10 +9,12 @@ POSIX sh wrapper put in front of the job's argv (after the shim and before the s
 2. it opens the -o and -e files there (truncated, or appended to with --open-mode=append);
    one it cannot open ends the job with Slurm's sentence on stderr, which `open_failure`
    finds so that the job fails with the path in its reason;
-3. it copies the run's spool files (what the agent streams to the master: `mgpu logs` is
-   unchanged) into those files from the first byte, as they grow: one `tail -f` per
-   stream, each reading its spool file through a descriptor of the wrapper's own stdout or
-   stderr reopened by /proc (so the copy needs no path into the agent's private spool);
+3. it copies the run's spool files (what the agent streams to the master: `mgpu logs`)
+   into those files from the first byte, as they grow: one `tail -f` per stream, each
+   reading its spool file through a descriptor of the wrapper's own stdout or stderr
+   reopened by /proc (so the copy needs no path into the agent's private spool).  One
+   file for both (the default) is one stream, as in Slurm: the job's stderr goes to its
+   stdout, so that the file has the lines in the order they were written;
 4. it runs the job in the foreground (SLURM_TASK_PID is its pid) and, once it ends, lets
    the copies catch up (a `tail --pid` reads to the end when the process it follows goes)
    and exits with the job's status.
@@ -34,31 +36,44 @@ OPEN_FAILED = 53
 """The wrapper's exit status when an output file cannot be opened."""
 _MARK = "slurmstepd: error: Could not open "
 
-WRAPPER = (
-    "trap : TERM INT HUP; dir=$1 out=$2 err=$3 mode=$4; shift 4; "
-    'if ! cd -- "$dir" 2>/dev/null; then '
-    'if [ ! -e "$dir" ]; then why="No such file or directory"; '
-    'elif [ ! -d "$dir" ]; then why="Not a directory"; else why="Permission denied"; fi; '
-    "echo \"slurmstepd: error: couldn't chdir to \\`$dir': $why: going to /tmp instead\" >&2; "
-    'cd /tmp || { echo "slurmstepd: error: couldn\'t chdir to /tmp either. dying." >&2; '
-    "exit 1; }; fi; "
-    "case $out in /*) ;; *) out=$dir/$out ;; esac; "
-    "case $err in /*) ;; *) err=$dir/$err ;; esac; "
-    "opened() { "
-    'if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 ); '
-    'else why=$( { : >"$1"; } 2>&1 ); fi && return 0; '
-    'why=${why##*: }; [ "$why" != "Directory nonexistent" ] || why="No such file or directory"; '
-    f'echo "{_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}; }}; '
-    'opened "$out" stdout; [ "$err" = "$out" ] || opened "$err" stderr; '
-    "exec 5</proc/self/fd/1 6</proc/self/fd/2; "
-    "( trap '' TERM INT HUP; exec sleep 2147483647 ) & keep=$!; "
-    "( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&5 >>\"$out\" ) 2>/dev/null & "
-    "o=$!; "
-    "( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&6 >>\"$err\" ) 2>/dev/null & "
-    "e=$!; exec 5<&- 6<&-; "
-    '/bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"; c=$?; '
-    "kill -9 $keep 2>/dev/null; wait $o $e; exit $c"
-)
+_LINES = [
+    "trap : TERM INT HUP; dir=$1 out=$2 err=$3 mode=$4; shift 4",
+    # 1. the working directory, as slurmstepd enters it
+    'if ! cd -- "$dir" 2>/dev/null; then',
+    '  if [ ! -e "$dir" ]; then why="No such file or directory"',
+    '  elif [ ! -d "$dir" ]; then why="Not a directory"; else why="Permission denied"; fi',
+    "  echo \"slurmstepd: error: couldn't chdir to \\`$dir': $why: going to /tmp instead\" >&2",
+    "  cd /tmp || {",
+    '    echo "slurmstepd: error: couldn\'t chdir to /tmp either. dying." >&2; exit 1; }',
+    "fi",
+    # 2. the files, relative to the working directory asked for (Slurm's fname_create)
+    "case $out in /*) ;; *) out=$dir/$out ;; esac",
+    "case $err in /*) ;; *) err=$dir/$err ;; esac",
+    "opened() {",
+    '  if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 )',
+    '  else why=$( { : >"$1"; } 2>&1 ); fi && return 0',
+    '  why=${why##*: }; [ "$why" != "Directory nonexistent" ] || why="No such file or directory"',
+    f'  echo "{_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}',
+    "}",
+    'opened "$out" stdout; [ "$err" = "$out" ] || opened "$err" stderr',
+    # 3. the copies: one file for both streams is one stream, in the order written (as
+    # Slurm's); what the wrapper said on stderr so far goes first
+    "exec 5</proc/self/fd/1 6</proc/self/fd/2",
+    "( trap '' TERM INT HUP; exec sleep 2147483647 ) & keep=$!",
+    # (the descriptor is named inside: a job in the background reads /dev/null otherwise)
+    "copy() { ( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&$1 >>\"$2\" ) \\",
+    "  2>/dev/null & }",
+    'if [ "$err" = "$out" ]; then',
+    '  cat <&6 >>"$out"; exec 2>&1; copy 5 "$out"; o=$! e=',
+    'else copy 5 "$out"; o=$!; copy 6 "$err"; e=$!; fi',
+    "exec 5<&- 6<&-",
+    # 4. the job, in the foreground
+    '/bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"; c=$?',
+    # Ignored from here: a trapped signal would cut `wait` short (the agent's SIGTERM comes
+    # several times: to the group, the cgroup, each process), and the copies with it.
+    "trap '' TERM INT HUP; kill -9 $keep 2>/dev/null; wait $o $e; exit $c",
+]
+WRAPPER = "\n".join(_LINES)
 """$1 the working directory, $2 the -o file, $3 the -e file (relative to $1 unless
 absolute), $4 truncate or append; then the job's argv."""
 
