@@ -12,6 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mgpu.hostlist import HostlistError, expand
+from mgpu.spec import SpecError, parse_time_limit
+
 
 class ConfigError(ValueError):
     pass
@@ -229,6 +232,44 @@ class Limits(_Strict):
         return parse_size(value) if isinstance(value, str) else value
 
 
+DEFAULT_PARTITION = "main"
+"""The partition of a cluster whose config names none: every node (SLURM_JOB_PARTITION)."""
+
+
+class Partition(_Strict):
+    """A named group of nodes Slurm jobs ask for (`sbatch --partition NAME`)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
+    nodes: list[str] = Field(default_factory=list)
+    """Node ids, or host lists of them (`node[01-04]`); empty: every node."""
+    default: bool = False
+    """The partition of jobs that name none (else the first listed)."""
+    max_time: str | None = None
+    """The longest --time a job may ask for here, Slurm's syntax (`2-00:00:00`); it is
+    also the limit of a job that gives none."""
+
+    @field_validator("nodes")
+    @classmethod
+    def _hostlists(cls, nodes: list[str]) -> list[str]:
+        try:
+            return [n for item in nodes for n in expand(item)]
+        except HostlistError as e:
+            raise ValueError(str(e)) from None
+
+    @field_validator("max_time")
+    @classmethod
+    def _time(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_time_limit(value)
+            except SpecError as e:
+                raise ValueError(str(e)) from None
+        return value
+
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(self.nodes)
+
+
 class ClusterConfig(_Strict):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     nodes: list[NodeEntry] = Field(default_factory=list)
@@ -238,6 +279,35 @@ class ClusterConfig(_Strict):
     site: Site = Field(default_factory=Site)
     notify: Notify = Field(default_factory=Notify)
     limits: Limits = Field(default_factory=Limits)
+    partitions: list[Partition] = Field(default_factory=list)
+    refuse_unknown_partition: bool = False
+    """A Slurm job naming a partition that does not exist: refused (as Slurm does), instead
+    of one warning and the default partition."""
+
+    @field_validator("partitions")
+    @classmethod
+    def _one_default(cls, partitions: list[Partition]) -> list[Partition]:
+        names = [p.name for p in partitions]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"partition {twice[0]!r} is listed twice")
+        if sum(p.default for p in partitions) > 1:
+            raise ValueError("more than one partition says default: true")
+        return partitions
+
+    def default_partition(self) -> Partition:
+        """The partition of jobs that name none: the one marked default, else the first,
+        else (no partitions configured) every node under DEFAULT_PARTITION."""
+        marked = [p for p in self.partitions if p.default]
+        if marked or self.partitions:
+            return (marked or self.partitions)[0]
+        return Partition(name=DEFAULT_PARTITION, default=True)
+
+    def all_partitions(self) -> list[Partition]:
+        return self.partitions or [self.default_partition()]
+
+    def partition(self, name: str) -> Partition | None:
+        return next((p for p in self.all_partitions() if p.name == name), None)
 
     @field_validator("nodes")
     @classmethod

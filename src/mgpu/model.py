@@ -235,6 +235,59 @@ class Attempt:
     end_reason: str | None = None
 
 
+OPEN_MODES = ("truncate", "append")
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmOptions:
+    """A job submitted the Slurm way (`sbatch`, or `#SBATCH` lines): what it asked for that
+    mgpu's own options have no field for.  It gets Slurm's environment (mgpu.slurmenv), and
+    a batch job its -o/-e files on the node."""
+
+    batch: bool = False
+    """sbatch semantics: the script once on the first node, Slurm's output files."""
+    job_name_default: str | None = None
+    """SLURM_JOB_NAME without --job-name: the script's file name (``wrap`` for --wrap)."""
+    ntasks: int | None = None
+    """--ntasks; None: one task per node."""
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_per_node_mb: int | None = None
+    mem_per_cpu_mb: int | None = None
+    gpus_per_task: int | None = None
+    partition: str | None = None
+    """As asked; once stored, the partition the job runs in (the default one when it named
+    none, or one that does not exist)."""
+    partition_nodes: tuple[str, ...] | None = None
+    """The nodes of that partition, kept with the job (None: every node): the only ones it
+    may run on (master/state/snapshot.py)."""
+    output: str | None = None
+    """The -o pattern as given; None: slurm-%j.out (arrays slurm-%A_%a.out)."""
+    error: str | None = None
+    """The -e pattern; None: the same file as the output."""
+    open_mode: str = "truncate"
+    submit_host: str | None = None
+    submit_dir: str | None = None
+    array_count: int | None = None
+    """An array's shape (SLURM_ARRAY_TASK_COUNT, _MIN, _MAX, _STEP), set at submit."""
+    array_min: int | None = None
+    array_max: int | None = None
+    array_step: int | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in _SLURM_FIELDS}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> SlurmOptions:
+        fields = {k: v for k, v in rec.items() if k in _SLURM_FIELDS}
+        if fields.get("partition_nodes") is not None:
+            fields["partition_nodes"] = tuple(fields["partition_nodes"])
+        return cls(**fields)
+
+
+_SLURM_FIELDS = tuple(f.name for f in fields(SlurmOptions))
+
+
 @dataclass(slots=True)
 class Job:
     id: str
@@ -329,6 +382,9 @@ class Job:
     kind: str = "job"
     """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
     the steps its client starts (master/control/allocations.py)."""
+    slurm: SlurmOptions | None = None
+    """Submitted the Slurm way (`sbatch`): Slurm's options mgpu has no field of its own
+    for; None: mgpu's own behaviour (and every job stored before this field)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -355,6 +411,8 @@ class Job:
         rec = dict(zip(_JOB_FIELDS, _job_values(self), strict=True))
         rec["allocation"] = [{f: getattr(s, f) for f in _SLOT_FIELDS} for s in self.allocation]
         rec["attempts"] = [{f: getattr(a, f) for f in _ATTEMPT_FIELDS} for a in self.attempts]
+        if self.slurm is not None:
+            rec["slurm"] = self.slurm.to_record()
         return rec
 
     @classmethod
@@ -372,6 +430,8 @@ class Job:
         if rec.get("node_gpu_ids") is not None:
             rec["node_gpu_ids"] = [(n, list(g)) for n, g in rec["node_gpu_ids"]]
         rec["dependency"] = [tuple(d) for d in rec.get("dependency", [])]
+        if rec.get("slurm") is not None:
+            rec["slurm"] = SlurmOptions.from_record(rec["slurm"])
         return cls(**rec)
 
     def to_public(self) -> dict[str, Any]:
@@ -432,6 +492,7 @@ class Job:
             "option_sources": dict(self.option_sources),
             "gpu_share": self.gpu_share,
             "reservation": self.reservation,
+            "slurm": None if self.slurm is None else self.slurm.to_record(),
         }
 
 

@@ -382,6 +382,14 @@ class Launch(BaseModel):
     pty: TerminalSize | None = None
     """Run on a pseudo-terminal of this size (`mgpu srun --pty`): stdin, stdout and stderr
     are its slave side, the program's controlling terminal; the output is one stream."""
+    output_file: str | None = None
+    """A Slurm batch job's -o file (relative to `cwd` unless absolute), written by the job's
+    own user from the start, besides the output the master gets (mgpu.agent.outputfiles);
+    also enters `cwd` as Slurm does: one it cannot enter is an error line, then /tmp."""
+    error_file: str | None = None
+    """Its -e file (the same as `output_file` for one file)."""
+    open_append: bool = False
+    """--open-mode=append: the files are appended to, not truncated."""
 
 
 class Kill(BaseModel):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -33,6 +32,8 @@ from typing import Final, Literal
 from mgpu.durations import format_duration
 
 __all__ = [
+    "FIRST_JOB_ID",
+    "JOB_ID_HINT",
     "MAX_ARRAY_INDEX",
     "MAX_ARRAY_TASKS",
     "MAX_COMMAND_BYTES",
@@ -45,9 +46,12 @@ __all__ = [
     "SpecError",
     "array_task_id",
     "format_array",
+    "format_job_id",
     "format_time_limit",
     "is_job_id",
-    "new_job_id",
+    "is_task_id",
+    "job_number",
+    "may_be_array_id",
     "parse_array",
     "parse_dependency",
     "parse_gpu_count",
@@ -58,6 +62,7 @@ __all__ = [
     "parse_node_list",
     "parse_time_limit",
     "split_array_task_id",
+    "task_job_number",
     "text_problem",
     "validate_command",
     "validate_job_id",
@@ -473,27 +478,59 @@ def encode_indices(indices: Sequence[int]) -> str:
 
 # --------------------------------------------------------------------------- job ids
 
-_JOB_ID_RE: Final = re.compile(r"[0-9a-f]{8}(?:_(?:0|[1-9][0-9]{0,8}))?")
+# Slurm's ids: an integer that grows per cluster (the store keeps the counter), array
+# tasks ``ID_INDEX``.  Stores written by an older mgpu hold 8 lowercase hex characters
+# (``a1b2c3d4``, ``a1b2c3d4_7``): they stay valid everywhere an id is taken.
+_BASE_ID: Final = r"(?:[1-9][0-9]{0,17}|[0-9a-f]{8})"
+_JOB_ID_RE: Final = re.compile(_BASE_ID + r"(?:_(?:0|[1-9][0-9]{0,8}))?")
+_BASE_ID_RE: Final = re.compile(_BASE_ID)
+JOB_ID_HINT: Final = "job ids are numbers such as 1234, or 1234_7 for an array task"
+FIRST_JOB_ID: Final = 1
+"""A new cluster's first job id (Slurm's FirstJobId default)."""
 
 
-def new_job_id() -> str:
-    """A fresh job id: 8 lowercase hex characters from `secrets`."""
-    return secrets.token_hex(4)
+def format_job_id(number: int) -> str:
+    """The id of the `number`-th job of the cluster (`mgpu.master.store` counts them)."""
+    return str(number)
+
+
+def job_number(job_id: str) -> int | None:
+    """The counter value of a numeric job or array id (``"1234"`` -> 1234); None for a
+    task id or an old hex id that is not all digits."""
+    return int(job_id) if job_id.isdigit() and job_id.isascii() else None
+
+
+def task_job_number(array_id: str, index: int) -> int | None:
+    """Task `index`'s own job number (its SLURM_JOB_ID): as in Slurm, each task of an array
+    has one, and the first (index 0) has the array's.  An array takes the block of ids
+    from its own to its own + its highest index (`mgpu.master.store` reserves it); None
+    for an array with an old hex id."""
+    base = job_number(array_id)
+    return None if base is None else base + index
 
 
 def is_job_id(text: str) -> bool:
-    """True for ``a1b2c3d4`` and array task ids ``a1b2c3d4_7`` (lower case)."""
+    """True for ``1234``, array task ids ``1234_7``, and old ids (``a1b2c3d4``,
+    ``a1b2c3d4_7``)."""
     return _JOB_ID_RE.fullmatch(text) is not None
+
+
+def is_task_id(job_id: str) -> bool:
+    """Is this the id of one task of an array (``ID_INDEX``)?"""
+    return "_" in job_id
+
+
+def may_be_array_id(job_id: str) -> bool:
+    """Could `job_id` name a whole array (a job id without a task index)?  The one rule
+    behind "act on every task of the array" (cancel, hold, show ...)."""
+    return _BASE_ID_RE.fullmatch(job_id) is not None
 
 
 def validate_job_id(text: str) -> str:
     """Check (and lower-case) a job id or array task id given by a user."""
     norm = text.strip().lower()
     if not is_job_id(norm):
-        raise SpecError(
-            f"{_q(text)} is not a job id; job ids are 8 hex digits such as a1b2c3d4, "
-            "or a1b2c3d4_7 for an array task"
-        )
+        raise SpecError(f"{_q(text)} is not a job id; {JOB_ID_HINT}")
     return norm
 
 
@@ -503,14 +540,14 @@ def array_task_id(array_id: str, index: int) -> str:
 
 
 def split_array_task_id(job_id: str) -> tuple[str, int | None]:
-    """``"a1b2c3d4_7"`` → ``("a1b2c3d4", 7)``; a plain id → ``(id, None)``."""
+    """``"1234_7"`` → ``("1234", 7)``; a plain id → ``(id, None)``."""
     base, sep, index = job_id.partition("_")
     return (base, int(index)) if sep else (base, None)
 
 
 # --------------------------------------------------------------------------- dependencies
 
-_DEP_HINT: Final = "write it like afterok:a1b2c3d4[:e5f6a7b8], also afterany: or afternotok:"
+_DEP_HINT: Final = "write it like afterok:1234[:1235], also afterany: or afternotok:"
 
 
 def parse_dependency(text: str) -> tuple[Dependency, ...]:
@@ -550,8 +587,7 @@ def parse_dependency(text: str) -> tuple[Dependency, ...]:
             job_id = job_text.lower()
             if not is_job_id(job_id):
                 raise SpecError(
-                    f"{_q(job_text)} in dependency {_q(item)} is not a job id; job ids are "
-                    "8 hex digits such as a1b2c3d4, or a1b2c3d4_7 for an array task"
+                    f"{_q(job_text)} in dependency {_q(item)} is not a job id; {JOB_ID_HINT}"
                 )
             dep = Dependency(kind=kind, job_id=job_id)
             if dep not in seen:

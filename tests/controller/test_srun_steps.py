@@ -1,10 +1,7 @@
 """Slurm's batch jobs and steps in the controller: a batch script runs on its first node
 only, the others held; `srun` inside a job starts tasks on the job's nodes with Slurm's
 per-task variables, within what the job holds; its exit code is its tasks' highest;
---kill-on-bad-exit stops the others; the job's end stops its steps.
-
-The `slurm` block of a job is helper slurmjob's (`Job.slurm`); until it lands here the
-tests give jobs one through `slurm_blocks` (the controller reads it by name)."""
+--kill-on-bad-exit stops the others; the job's end stops its steps."""
 
 from __future__ import annotations
 
@@ -15,30 +12,13 @@ from harness import Harness
 
 from mgpu.master.control.srun import SrunRequest, plan_tasks
 from mgpu.master.control.submit import SubmitError
-from mgpu.master.state import steps as steps_module
 from mgpu.model import EndReason, JobState, SlotPhase
 from mgpu.slurmenv import task_env
 
 
-@pytest.fixture
-def slurm_blocks(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
-    """Job id -> its `slurm` block, as `Job.slurm` will carry it."""
-    blocks: dict[str, dict[str, Any]] = {}
-
-    def value(job: Any, name: str) -> Any:
-        return blocks.get(job.id, {}).get(name)
-
-    import mgpu.master.control.srun as srun_module
-
-    monkeypatch.setattr(steps_module, "slurm_value", value)
-    monkeypatch.setattr(srun_module, "slurm_value", value)
-    return blocks
-
-
-def _batch(h: Harness, blocks: dict[str, dict[str, Any]], **slurm: Any) -> str:
+def _batch(h: Harness, **slurm: Any) -> str:
     """A batch job on n1 and n2 (2 GPUs each), started."""
-    job_id = h.submit("sleep 100", nodes=2, gpus_per_node=2)
-    blocks[job_id] = {"batch": True, **slurm}
+    job_id = h.submit("sleep 100", nodes=2, gpus_per_node=2, slurm={"batch": True, **slurm})
     h.tick()
     if h.agents["n1"].port_requests():  # MASTER_PORT first, as for any multi-node job
         h.agents["n1"].port(job_id)
@@ -53,11 +33,9 @@ def _srun(h: Harness, job_id: str, argv: list[str] | None = None, **fields: Any)
     return group, warnings
 
 
-def test_a_batch_script_runs_on_the_first_node_only(
-    h: Harness, slurm_blocks: dict[str, dict[str, Any]]
-) -> None:
+def test_a_batch_script_runs_on_the_first_node_only(h: Harness) -> None:
     n1, n2 = h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks)
+    job_id = _batch(h)
     (launch,) = n1.launches()
     assert launch.job_id == job_id
     assert n2.launches() == []  # its node waits for steps, its GPUs held
@@ -70,11 +48,9 @@ def test_a_batch_script_runs_on_the_first_node_only(
     assert h.node("n2").busy == {}
 
 
-def test_srun_runs_one_task_per_node_with_slurms_variables(
-    h: Harness, slurm_blocks: dict[str, dict[str, Any]]
-) -> None:
+def test_srun_runs_one_task_per_node_with_slurms_variables(h: Harness) -> None:
     n1, n2 = h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks)
+    job_id = _batch(h)
     n1.launches()
     group, warnings = _srun(h, job_id, env={"FOO": "bar", "MGPU_JOB_ID": "nope"})
     assert warnings == [] and group.number == 0
@@ -94,11 +70,9 @@ def test_srun_runs_one_task_per_node_with_slurms_variables(
     assert again.number == 1  # Slurm's step ids count from 0
 
 
-def test_the_jobs_task_count_and_srun_options_lay_tasks_out(
-    h: Harness, slurm_blocks: dict[str, dict[str, Any]]
-) -> None:
+def test_the_jobs_task_count_and_srun_options_lay_tasks_out(h: Harness) -> None:
     n1, n2 = h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks, ntasks_per_node=2, gpus_per_task=1)
+    job_id = _batch(h, ntasks_per_node=2, gpus_per_task=1)
     n1.launches()
     _srun(h, job_id)
     on1, on2 = n1.launches(), n2.launches()
@@ -126,12 +100,11 @@ def test_the_jobs_task_count_and_srun_options_lay_tasks_out(
 )
 def test_a_step_gets_no_more_than_the_job_holds(
     h: Harness,
-    slurm_blocks: dict[str, dict[str, Any]],
     fields: dict[str, Any],
     sentence: str | None,
 ) -> None:
     h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks, ntasks=4)
+    job_id = _batch(h, ntasks=4)
     if sentence is None:
         _srun(h, job_id, **fields)
         return
@@ -142,11 +115,9 @@ def test_a_step_gets_no_more_than_the_job_holds(
     assert h.cl.steps.groups == {}  # nothing half-started
 
 
-def test_the_steps_code_is_its_highest_and_kill_on_bad_exit_stops_the_rest(
-    h: Harness, slurm_blocks: dict[str, dict[str, Any]]
-) -> None:
+def test_the_steps_code_is_its_highest_and_kill_on_bad_exit_stops_the_rest(h: Harness) -> None:
     n1, n2 = h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks)
+    job_id = _batch(h)
     n1.launches()
     group, _ = _srun(h, job_id)
     t0, t1 = group.tasks
@@ -163,9 +134,9 @@ def test_the_steps_code_is_its_highest_and_kill_on_bad_exit_stops_the_rest(
     assert killing.done and killing.exit_code == 3  # the failed task's, not its victim's
 
 
-def test_the_jobs_end_stops_its_steps(h: Harness, slurm_blocks: dict[str, dict[str, Any]]) -> None:
+def test_the_jobs_end_stops_its_steps(h: Harness) -> None:
     n1, n2 = h.agent("n1"), h.agent("n2")
-    job_id = _batch(h, slurm_blocks)
+    job_id = _batch(h)
     n1.launches()
     group, _ = _srun(h, job_id, ["sleep", "100"])
     h.cl.life.request_stop(h.job(job_id), EndReason.CANCELLED)
@@ -178,12 +149,10 @@ def test_the_jobs_end_stops_its_steps(h: Harness, slurm_blocks: dict[str, dict[s
     assert h.stored(job_id).state == JobState.CANCELLED
 
 
-def test_a_batch_jobs_steps_output_is_not_added_to_the_job_twice(
-    h: Harness, slurm_blocks: dict[str, dict[str, Any]]
-) -> None:
+def test_a_batch_jobs_steps_output_is_not_added_to_the_job_twice(h: Harness) -> None:
     h.agent("n1")
     n2 = h.agent("n2")
-    job_id = _batch(h, slurm_blocks)
+    job_id = _batch(h)
     group, _ = _srun(h, job_id)
     n2.output(group.tasks[1].id, "hello\n", epoch=group.tasks[1].epoch)
     assert [r["d"] for r in h.cl.outputs.read(group.tasks[1].id)] == ["hello\n"]

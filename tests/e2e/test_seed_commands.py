@@ -56,7 +56,7 @@ case "$*" in
 esac
 """
 
-JOB_ID = r"[0-9a-f]{8}\n"
+JOB_ID = r"[1-9][0-9]*\n"
 MISSING_FILE = r"can't open file .*No such file or directory"
 NO_JOIN_TOKEN = (
     r"mgpu: error: this node has no join token: copy it from the file join-token in the "

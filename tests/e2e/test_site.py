@@ -248,7 +248,7 @@ def test_epilog_output_is_kept_and_its_failure_drains(
 def _admit(adm: Admission, **fields: Any) -> Job:
     """Build the job `fields` describe and run the admission rules on it (no node known)."""
     spec = JobSpec(command="true", **fields)
-    jobs = build_jobs(spec, ME, SubmitDefaults(), 0.0, lambda: "a1b2c3d4")
+    jobs = build_jobs(spec, ME, SubmitDefaults(), 0.0, lambda _block: "a1b2c3d4")
     ctx = AdmissionContext(
         nodes=[], request_for=_no_request, job_exists=lambda _: False, groups=unix_groups
     )

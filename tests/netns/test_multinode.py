@@ -588,3 +588,32 @@ def test_partition_requeues_and_kills_the_stale_copy(mn: MultiNode, tmp_path: Pa
     assert a1["start_time"] < a1["end_time"] <= a2["start_time"] < a2["end_time"]
     runs = [line.split()[:2] for line in log.read_text().splitlines()]
     assert runs == [["start", "node003"], ["start", "node002"], ["done", "node002"]], runs
+
+
+FIRST_HOST = (
+    "first=$(python3 -c 'import sys; from mgpu.hostlist import expand; "
+    'print(expand(sys.argv[1])[0])\' "$SLURM_JOB_NODELIST"); '
+    'echo "$SLURM_NODEID $SLURMD_NODENAME $first $(getent hosts "$first" | cut -d" " -f1)"'
+)
+
+
+def test_slurm_nodelist_names_hosts_every_node_resolves(mn: MultiNode) -> None:
+    """`MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)`: the first
+    name of the list reaches the first node from every node (its hostname, in /etc/hosts)."""
+    python = str(Path(sys.executable).parent)
+    job = mn.client().submit(
+        FIRST_HOST,
+        nodes=2,
+        gpus_per_node=1,
+        env={"PATH": f"{python}:/usr/bin:/bin"},
+        slurm={"job_name_default": "resolve"},
+    )
+    done = mn.wait_job(job.id)
+    assert done["state"] == "completed", done
+    first = done["allocation"][0]
+    lines = sorted(mn.client().logs(job.id).splitlines())
+    by_rank = [line.split() for line in lines]
+    assert [r[0] for r in by_rank] == ["0", "1"]
+    hostnames = [a["hostname"] for a in done["allocation"]]
+    assert [r[1] for r in by_rank] == hostnames  # SLURMD_NODENAME: each its own
+    assert all(r[2] == first["hostname"] and r[3] == first["ip"] for r in by_rank), lines

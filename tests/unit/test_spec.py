@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from mgpu.execspec import (
     validate_image,
 )
 from mgpu.spec import (
+    FIRST_JOB_ID,
     MAX_ARRAY_TASKS,
     MAX_COMMAND_BYTES,
     ArraySpec,
@@ -32,9 +32,12 @@ from mgpu.spec import (
     SpecError,
     array_task_id,
     format_array,
+    format_job_id,
     format_time_limit,
     is_job_id,
-    new_job_id,
+    is_task_id,
+    job_number,
+    may_be_array_id,
     parse_array,
     parse_dependency,
     parse_gpu_count,
@@ -477,7 +480,7 @@ def test_dependency_ok(text: str, expected: list[tuple[str, str]]) -> None:
         ("aftercorr:a1b2c3d4", ("'aftercorr'", "not supported")),
         ("singleton", ("'singleton'", "not supported")),
         ("a1b2c3d4", ("'a1b2c3d4'", "not supported")),
-        ("afterok:xyz", ("'xyz'", "not a job id", "8 hex digits")),
+        ("afterok:xyz", ("'xyz'", "not a job id", "numbers such as 1234")),
         ("afterok:a1b2c3d", ("'a1b2c3d'", "not a job id")),
         ("afterok:a1b2c3d4e", ("not a job id",)),
         ("afterok:g1b2c3d4", ("not a job id",)),
@@ -485,7 +488,7 @@ def test_dependency_ok(text: str, expected: list[tuple[str, str]]) -> None:
         ("afterok:a1b2c3d4_x", ("not a job id",)),
         ("afterok:a1b2c3d4_01", ("not a job id",)),
         ("afterok:a1b2c3d4_-1", ("not a job id",)),
-        ("afterok:12345", ("'12345'", "not a job id")),
+        ("afterok:01234", ("'01234'", "not a job id")),
         ("afterok:a1b2c3d4?afterany:e5f6a7b8", ("'?'", "not supported", "','")),
     ],
 )
@@ -498,19 +501,24 @@ def test_dependency_errors(text: str, fragments: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- job ids
 
 
-def test_new_job_id() -> None:
-    ids = {new_job_id() for _ in range(200)}
-    assert len(ids) == 200
-    assert all(re.fullmatch(r"[0-9a-f]{8}", i) for i in ids)
-    assert all(is_job_id(i) for i in ids)
-
-
 @pytest.mark.parametrize(
     ("text", "ok"),
     [
+        ("1", True),
+        ("1234", True),
+        ("1234_0", True),
+        ("1234_99999", True),
+        ("0", False),
+        ("0123", False),
+        ("12a", False),
+        ("1234_", False),
+        ("1234_01", False),
+        ("1234.s1", False),
+        # ids an older mgpu stored: 8 lowercase hex characters
         ("a1b2c3d4", True),
         ("a1b2c3d4_0", True),
         ("a1b2c3d4_99999", True),
+        ("0a1b2c3d", True),
         ("A1B2C3D4", False),
         ("a1b2c3d4_", False),
         ("a1b2c3d4_01", False),
@@ -522,19 +530,45 @@ def test_is_job_id(text: str, ok: bool) -> None:
     assert is_job_id(text) is ok
 
 
+@pytest.mark.parametrize(
+    ("text", "array", "task"),
+    [
+        ("1234", True, False),
+        ("1234_7", False, True),
+        ("a1b2c3d4", True, False),
+        ("a1b2c3d4_7", False, True),
+        ("12345678", True, False),  # old or new: either way a job or an array
+        ("1234.s2", False, False),  # a step
+    ],
+)
+def test_one_rule_for_array_and_task_ids(text: str, array: bool, task: bool) -> None:
+    assert may_be_array_id(text) is array
+    assert is_task_id(text) is task
+
+
+def test_job_numbers() -> None:
+    assert format_job_id(FIRST_JOB_ID) == "1"
+    assert job_number("1234") == 1234
+    assert job_number("1234_7") is None
+    assert job_number("a1b2c3d4") is None
+    assert job_number("12345678") == 12345678  # an old id made of digits: still a number
+
+
 def test_validate_job_id() -> None:
+    assert validate_job_id(" 1234 ") == "1234"
     assert validate_job_id(" A1B2C3D4 ") == "a1b2c3d4"
     assert validate_job_id("a1b2c3d4_7") == "a1b2c3d4_7"
     with pytest.raises(SpecError) as exc:
         validate_job_id("nope")
-    check_message(exc, "'nope'", "not a job id")
+    check_message(exc, "'nope'", "not a job id", "1234")
 
 
 def test_array_task_ids() -> None:
-    assert array_task_id("a1b2c3d4", 7) == "a1b2c3d4_7"
+    assert array_task_id("1234", 7) == "1234_7"
+    assert split_array_task_id("1234_7") == ("1234", 7)
     assert split_array_task_id("a1b2c3d4_7") == ("a1b2c3d4", 7)
     assert split_array_task_id("a1b2c3d4") == ("a1b2c3d4", None)
-    assert is_job_id(array_task_id(new_job_id(), 12))
+    assert is_job_id(array_task_id("1234", 12))
 
 
 # --------------------------------------------------------------------------- names, commands

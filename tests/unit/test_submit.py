@@ -52,7 +52,7 @@ def refusal(body: Any) -> str:
 
 def jobs_of(s: JobSpec, defaults: SubmitDefaults | None = None) -> list[Job]:
     ids = iter(["a1b2c3d4", "ffffffff"])
-    return build_jobs(s, ME, defaults or SubmitDefaults(), 1000.0, lambda: next(ids))
+    return build_jobs(s, ME, defaults or SubmitDefaults(), 1000.0, lambda _block: next(ids))
 
 
 # ---- JobSpec: what the client sends is accepted as before -----------------------------

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import jobenv, sigdefaults
+from mgpu.agent import jobenv, outputfiles, sigdefaults
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
@@ -559,7 +559,7 @@ class Agent:
         while not await self._send_all_output(run) and self.connected:
             pass
         code = self.launcher.exit_code(run)
-        error = None
+        error = outputfiles.open_failure(code, run.rec.err_path)  # fails the job (fatal)
         if code is None:
             error = "the job's process vanished while the agent was down"
         ended = time.time()
@@ -574,6 +574,7 @@ class Agent:
                 time=min(ended, time.time()),
                 timed_out=run.timed_out,
                 launch_error=error,
+                fatal=error is not None and code is not None,
                 epilog_error=epilog_error,
             )
         )

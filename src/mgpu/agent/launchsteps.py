@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, recycle, slurmbin
+from mgpu.agent import accounts, cgroups, devices, jobscript, outputfiles, recycle, slurmbin
 from mgpu.agent.runrecord import RunRecord
 from mgpu.agent.spawn import (
     BOOT_ID,
@@ -86,6 +86,9 @@ class LaunchRequest:
     """(name, text) of a job script, run with `argv` as its arguments."""
     pty: tuple[int, int] | None = None
     """(rows, cols) of a terminal to run it on (its one output stream is stdout)."""
+    output: tuple[str, str, bool] | None = None
+    """A Slurm batch job's (-o file, -e file, append), written as its user
+    (mgpu.agent.outputfiles)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Launching:
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
+    output_dir: str = "/"
+    """Where a Slurm batch job's wrapper starts it (it enters the directory as the job's
+    user, or says so and uses /tmp, as Slurm does)."""
     pool: str = ""
     out_path: str = ""
     err_path: str = ""
@@ -228,7 +234,9 @@ def prepare_environment(st: Launching) -> None:
     if not os.path.isdir(home):
         home = "/"
     cwd = req.cwd
-    if cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
+    if req.output is not None:  # its wrapper enters the directory, as its user
+        st.output_dir, cwd = cwd or home, None
+    elif cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
         cwd = None  # the submit dir may not exist on this node: run in the user's home
     st.workdir = cwd or home
     st.argv = list(req.argv)
@@ -237,6 +245,8 @@ def prepare_environment(st: Launching) -> None:
         st.env["HOME"] = home
     st.env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     st.env["MGPU_RUN_TAG"] = st.tag
+    if "SLURM_JOB_ID" in st.env:  # the uid is the node's to say (mgpu.slurmenv)
+        st.env["SLURM_JOB_UID"] = str(st.ctx.uid if req.user_ids is None else req.user_ids[0])
     if slurm := slurmbin.job_path(st.env["PATH"]):  # Slurm's commands first (sbatch, srun..)
         st.env["PATH"], st.env["MGPU_SLURM_BIN"] = slurm
 
@@ -282,6 +292,15 @@ def write_script(st: Launching) -> None:
         raise LaunchError(f"cannot write the job script: {e.strerror}") from None
     st.made += [st.script, os.path.dirname(st.script)]
     st.argv = [*jobscript.interpreter(script[1]), st.script, *st.argv]
+
+
+def wrap_output(st: Launching) -> None:
+    """A Slurm batch job's -o/-e files: a wrapper, run as the job's user, opens them and
+    copies the run's output into them as it comes (the root agent opens no user path)."""
+    if st.req.output is None:
+        return
+    st.argv = outputfiles.wrap(st.argv, st.output_dir, *st.req.output)
+    outputfiles.share_spool(st.fds[:2], st.req.user_ids)
 
 
 def make_cgroups(st: Launching) -> None:
@@ -376,6 +395,7 @@ STEPS: tuple[Step, ...] = (
     prepare_environment,
     write_hostfile,
     write_script,
+    wrap_output,
     make_cgroups,
     open_terminal,
     spawn,

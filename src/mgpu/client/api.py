@@ -312,6 +312,7 @@ class Client:
             dropped = [] if in_job else [n for n in dropped if not n.startswith("MGPU_")]
         if dropped:
             warnings.append(f"not passed to the job, mgpu sets them itself: {_names(dropped)}")
+        warnings += [str(w) for w in out.get("warnings") or ()]  # the master's (a partition)
         return SubmittedJob(out["job_id"], out.get("task_ids"), warnings)
 
     def queue(self, all: bool = False, fold: bool = False) -> dict[str, Any]:

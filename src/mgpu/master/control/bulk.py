@@ -22,6 +22,7 @@ from mgpu.master.control.nodes import Conflict, NotFound
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.store import arrays
 from mgpu.model import Job
+from mgpu.spec import may_be_array_id
 
 __all__ = [
     "BUDGET",
@@ -31,7 +32,6 @@ __all__ = [
     "Pacer",
     "build_tasks",
     "in_slices",
-    "is_array_id",
 ]
 
 SLICE = 50
@@ -44,11 +44,6 @@ FIRST_WRITE_COST = 30e-6
 T = TypeVar("T")
 Event = tuple[str, str | None, str | None, str]
 """(kind, actor, address, target): an audit event written with a transaction."""
-
-
-def is_array_id(job_id: str) -> bool:
-    """Whether `job_id` has the shape of an array's id (its tasks are `ID_INDEX`)."""
-    return len(job_id) == 8
 
 
 def slices(items: Sequence[T], size: int = SLICE) -> Iterator[Sequence[T]]:
@@ -175,7 +170,7 @@ class Bulk:
             if self.jobs.cancel(job, actor=actor.user, address=actor.address):
                 return Cancelled((job.id,), ())
             return Cancelled((), (job.id,))
-        if not is_array_id(job_id):
+        if not may_be_array_id(job_id):
             raise NotFound(job_id)
         # Pages of ids as tuples: the collector stops tracking a tuple of strings, where it
         # would walk a list of 100,000 ids in every full collection while this runs.
@@ -199,7 +194,7 @@ class Bulk:
         """`action` on a job, or on every queued or running task of an array: on each a
         Change; a task it cannot change is a Change that says why (a job alone: Conflict)."""
         job = self.jobs.get_job(job_id)
-        tasks = self.jobs.active_tasks(job_id) if job is None and is_array_id(job_id) else []
+        tasks = self.jobs.active_tasks(job_id) if job is None and may_be_array_id(job_id) else []
         if job is None and not tasks:
             if job_id and self.jobs.array_tasks(job_id):
                 raise Conflict(f"array {job_id} has no queued or running task to {verb}")

@@ -53,7 +53,13 @@ from mgpu.master.control.reservations import ReservationBook
 from mgpu.master.control.reservations import public as public_reservation
 from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
-from mgpu.master.control.submit import JobSpec, SubmitDefaults, SubmitError, build_template
+from mgpu.master.control.submit import (
+    JobSpec,
+    SubmitDefaults,
+    SubmitError,
+    build_template,
+    submit_warnings,
+)
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause
@@ -86,6 +92,8 @@ class SubmitResult:
     task_ids: tuple[str, ...] | None = None
     dropped_env: list[str] = field(default_factory=list)
     """Reserved names in the submitted environment, not passed to the job."""
+    warnings: list[str] = field(default_factory=list)
+    """Lines about what was asked for and ignored (an unknown partition)."""
 
 
 class Cluster(Reads):
@@ -157,7 +165,7 @@ class Cluster(Reads):
         )
         self.notifier = Notifier(config.notify, self._active_tasks, store.job_rows_with_prefix)
         self.life.on_end.append(self.notifier.job_ended)
-        self._submit_defaults = SubmitDefaults.from_config(config.scheduling)
+        self._submit_defaults = SubmitDefaults.from_config(config.scheduling, config)
         self._ids_in_admission: set[str] = set()
         self.submits = SubmitBatch(store)
         self._unjudged: set[str] = set()
@@ -285,7 +293,8 @@ class Cluster(Reads):
             await in_slices(jobs, self.loop.queued, most=QUEUED_PER_TURN)
             self.state.wake()
         task_ids = tuple(j.id for j in jobs) if array is not None else None
-        return SubmitResult(base_id, task_ids, spec.dropped_env)
+        warnings = submit_warnings(spec, self._submit_defaults)
+        return SubmitResult(base_id, task_ids, spec.dropped_env, warnings)
 
     def admission_context(self, cached: bool = False) -> AdmissionContext:
         """What admission judges a job against now.  `cached`: the loop's request cache
@@ -311,16 +320,8 @@ class Cluster(Reads):
         """The queued and running tasks of an array (job control acts on these)."""
         return [j for j in self.jobs.values() if j.array_job_id == array_id]
 
-    def _new_job_id(self) -> str:
-        job_id = specs.new_job_id()
-        while (
-            job_id in self.jobs
-            or job_id in self._ids_in_admission
-            or job_id in self.submits.ids
-            or self.store.has_job(job_id)
-        ):
-            job_id = specs.new_job_id()
-        return job_id
+    def _new_job_id(self, block: int = 1) -> str:
+        return self.store.new_job_id(block)  # the cluster's counter (store/sqlite.py)
 
     def _node_views(self) -> list[NodeView]:
         return self.state.node_index.views()

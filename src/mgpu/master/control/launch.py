@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from mgpu import slurmenv
 from mgpu.config import ClusterConfig
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
@@ -23,6 +24,7 @@ __all__ = [
     "job_launch",
     "preempt_warning",
     "share_env",
+    "slurm_env",
     "step_launch",
     "terminal_size",
 ]
@@ -71,6 +73,27 @@ def job_env(
     return env
 
 
+def slurm_env(
+    job: Job, rank: int, nodes: Mapping[str, NodeRecord], config: ClusterConfig
+) -> dict[str, str]:
+    """A Slurm job's SLURM_* variables on node `rank` (mgpu.slurmenv)."""
+    assert job.slurm is not None
+    hosts = [(s.node_id, nodes[s.node_id].hostname) for s in job.allocation]
+    partition = job.slurm.partition or config.default_partition().name
+    where = slurmenv.Where(slurmenv.node_names(hosts), config.cluster.name, partition)
+    return slurmenv.job_env(job, rank, job.allocation[rank].gpu_ids, where)
+
+
+def output_files(
+    job: Job, rank: int, nodes: Mapping[str, NodeRecord]
+) -> tuple[str | None, str | None]:
+    """A batch job's -o/-e files, written on its first node (None: none here)."""
+    if job.slurm is None or not job.slurm.batch or rank != 0:
+        return None, None
+    hosts = [(s.node_id, nodes[s.node_id].hostname) for s in job.allocation]
+    return slurmenv.output_files(job, slurmenv.node_names(hosts)[0])
+
+
 def share_env(job: Job, slot: Slot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
     """What a fractional job (`--gpu-share F`) is told of its share: F, its part of the GPU's
     memory (rounded down, from the node's hello) and the share of the GPU's threads MPS gives
@@ -109,11 +132,15 @@ def job_launch(
     slot = job.allocation[rank]
     site = config.site
     warning = None if job.signal is None else parse_signal(job.signal)
+    env = job_env(job, rank, slot, nodes, credential)
+    if job.slurm is not None:
+        env.update(slurm_env(job, rank, nodes, config))
+    output, error = output_files(job, rank, nodes)
     return Launch(
         job_id=job.id,
         epoch=job.epoch,
         argv=job.argv,
-        env=job_env(job, rank, slot, nodes, credential),
+        env=env,
         cwd=job.cwd,
         gpu_ids=slot.gpu_ids,
         time_limit=job.time_limit,
@@ -133,6 +160,9 @@ def job_launch(
         script=job.script,
         script_name=job.script_name,
         pty=terminal_size(job.pty_size) if job.pty else None,
+        output_file=output,
+        error_file=error,
+        open_append=job.slurm is not None and job.slurm.open_mode == "append",
     )
 
 

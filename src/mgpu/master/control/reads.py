@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mgpu.master.control.bulk import is_array_id
 from mgpu.master.control.loop import SchedulingLoop
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.state.memory import ControllerState
@@ -18,6 +17,7 @@ from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store.sqlite import Store
 from mgpu.model import Job, JobState
+from mgpu.spec import may_be_array_id
 
 __all__ = ["Reads"]
 
@@ -58,7 +58,7 @@ class Reads:
         return self.store.job_rows_with_prefix(array_id + "_", after, size)
 
     def array_tasks(self, array_id: str) -> list[Job]:
-        if not is_array_id(array_id):
+        if not may_be_array_id(array_id):
             return []
         found = {j.id: j for j in self.store.jobs_with_prefix(array_id + "_")}
         for j in [*self.uow.pending_jobs(), *self.jobs.values()]:
@@ -70,7 +70,7 @@ class Reads:
         """An array's tasks as pages of (id, stored state, user), in index order.  An array
         stored as one row lists every task from its indices (the state is "" there: an
         active task is in memory, any other has ended); an older one pages its stored rows."""
-        stored = self.store.get_array(array_id) if is_array_id(array_id) else None
+        stored = self.store.get_array(array_id) if may_be_array_id(array_id) else None
         if stored is None:
             after = ""
             while rows := self.store.job_rows_with_prefix(array_id + "_", after, size):
@@ -104,6 +104,10 @@ class Reads:
         jobs = [j for j in reversed(stored) if j.id not in ended]
         jobs += sorted(ended.values(), key=_end_time)
         return [j for j in jobs if keep(j)]
+
+    def node_ids(self) -> list[str]:
+        """Every node's id, in the order `mgpu nodes` lists them."""
+        return [n.node_id for n in self.state.sorted_nodes()]
 
     def nodes_public(self) -> list[dict[str, Any]]:
         nodes = self.state.sorted_nodes()

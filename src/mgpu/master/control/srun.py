@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
-from mgpu import execspec
+from mgpu import execspec, slurmenv
 from mgpu.config import ClusterConfig
 from mgpu.master.control import launch
 from mgpu.master.control.launch import job_env, terminal_size
@@ -26,7 +26,7 @@ from mgpu.master.control.sessions import Sessions
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
-from mgpu.master.state.steps import Step, TaskStep, slurm_value
+from mgpu.master.state.steps import Step, TaskStep
 from mgpu.model import ALLOCATION, Job, JobState
 from mgpu.protocol import Launch
 from mgpu.slurmenv import task_env
@@ -71,8 +71,9 @@ def job_tasks_per_node(job: Job) -> list[int] | None:
     """What the job asked for (`--ntasks`, `--ntasks-per-node`): its tasks on each node, in
     Slurm's block layout; None when it said nothing (no task count limits its steps)."""
     nnodes = len(job.allocation)
-    per_node = slurm_value(job, "ntasks_per_node")
-    ntasks = slurm_value(job, "ntasks")
+    if job.slurm is None:
+        return None
+    per_node, ntasks = job.slurm.ntasks_per_node, job.slurm.ntasks
     if isinstance(per_node, int) and per_node > 0:
         counts = [per_node] * nnodes
         if isinstance(ntasks, int) and 0 < ntasks < per_node * nnodes:
@@ -201,7 +202,7 @@ class Sruns:
         for slot, slurm_name in zip(job.allocation, slurm_names, strict=True):
             hostname = _hostname(nodes, slot.node_id)
             names.append([slot.node_id, hostname, slurm_name])
-        gpus_per_task = slurm_value(job, "gpus_per_task")
+        gpus_per_task = job.slurm.gpus_per_task if job.slurm is not None else None
         plan = plan_tasks(
             job.id,
             names,
@@ -295,14 +296,14 @@ class Sruns:
 
 
 def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> list[str]:
-    """The job's nodes as Slurm's node lists name them, in rank order: their short host
-    names, or their node ids where two share one (several agents on a machine) or one is
-    unknown (helper slurmjob's rule for SLURM_JOB_NODELIST, mgpu.slurmenv.node_names)."""
-    known = [nodes.get(s.node_id) for s in job.allocation]
-    short = [(n.hostname or "").split(".")[0] if n is not None else "" for n in known]
-    if all(short) and len(set(short)) == len(short):
-        return short
-    return [s.node_id for s in job.allocation]
+    """The job's nodes as SLURM_JOB_NODELIST names them, in rank order (mgpu.slurmenv)."""
+    hosts = [(s.node_id, _hostname_or_none(nodes, s.node_id)) for s in job.allocation]
+    return list(slurmenv.node_names(hosts))
+
+
+def _hostname_or_none(nodes: Mapping[str, NodeRecord], node_id: str) -> str | None:
+    node = nodes.get(node_id)
+    return node.hostname if node is not None else None
 
 
 def _hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str:
@@ -329,11 +330,8 @@ def launch_in_job(
     own = {k: v for k, v in srun_env.items() if not execspec.is_reserved_env_name(k)}
     slot = job.allocation[rank]
     env = {**own, **job_env(dataclasses.replace(job, env={}), rank, slot, nodes, credential)}
-    # A Slurm job's SLURM_* on that node (helper slurmjob's launch.slurm_env; read by name
-    # so that this works before and after that branch is merged).
-    slurm_env = getattr(launch, "slurm_env", None)
-    if slurm_env is not None and getattr(job, "slurm", None) is not None:
-        env.update(slurm_env(job, rank, nodes, config))
+    if job.slurm is not None:  # a Slurm job's SLURM_* on that node
+        env.update(launch.slurm_env(job, rank, nodes, config))
     env.update(task or {})
     return Launch(
         job_id=step.id,

@@ -23,7 +23,7 @@ import math
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -39,12 +39,13 @@ from pydantic import (
     model_validator,
 )
 
-from mgpu import execspec
+from mgpu import execspec, slurmenv
 from mgpu import spec as specs
-from mgpu.config import Scheduling
+from mgpu.config import ClusterConfig, Scheduling
 from mgpu.master.control.notify import parse_target
+from mgpu.master.control.slurmblock import PartitionChoice, choose_partition, parse_slurm_block
 from mgpu.master.store import arrays
-from mgpu.model import ALLOCATION, Job
+from mgpu.model import ALLOCATION, Job, SlurmOptions
 from mgpu.scheduler.shares import share_units
 from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
@@ -57,6 +58,7 @@ __all__ = [
     "SubmitError",
     "build_jobs",
     "build_template",
+    "submit_warnings",
 ]
 
 
@@ -300,6 +302,9 @@ NodeNames = Annotated[
 Dependencies = Annotated[tuple[specs.Dependency, ...], PlainValidator(_dependency), _schema(_STR)]
 Array = Annotated[specs.ArraySpec | None, PlainValidator(_array), _schema(_STR)]
 Signal = Annotated[SignalSpec | None, PlainValidator(_signal), _schema(_STR)]
+Slurm = Annotated[
+    SlurmOptions | None, PlainValidator(parse_slurm_block), _schema({"type": "object"})
+]
 
 
 def _pty_size(value: Any) -> tuple[int, int] | None:
@@ -383,6 +388,9 @@ class JobSpec(BaseModel):
     allocation: bool = False
     """An allocation (`mgpu alloc`): the GPUs are held for the client's steps; the
     command is only shown (it runs on the client's machine)."""
+    slurm: Slurm = None
+    """Submitted the Slurm way (`sbatch`): Slurm's options without a field of their own
+    (mgpu.master.control.slurmblock); such a job that asks for no GPU gets none."""
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
@@ -478,7 +486,9 @@ def _reconcile(spec: JobSpec) -> Shape:
         if gpus is not None and gpus != len(ids):
             raise specs.SpecError(f"--gpus {gpus} does not match the {len(ids)} --gpu-ids")
         return Shape(gpus=len(ids))
-    return Shape(gpus=1 if gpus is None else gpus)
+    if gpus is None:  # Slurm's default is no GPU; mgpu's own, one
+        gpus = 0 if spec.slurm is not None else 1
+    return Shape(gpus=gpus)
 
 
 def _share_shape(spec: JobSpec) -> Shape:
@@ -551,14 +561,66 @@ class SubmitDefaults:
     time_limit: float | None = None
     """Seconds; None = no limit."""
     max_retries: int = 5
+    cluster: ClusterConfig = field(default_factory=ClusterConfig, compare=False)
+    """The partitions of Slurm jobs (`partitions` in the config)."""
 
     @classmethod
-    def from_config(cls, scheduling: Scheduling) -> SubmitDefaults:
+    def from_config(
+        cls, scheduling: Scheduling, cluster: ClusterConfig | None = None
+    ) -> SubmitDefaults:
         limit = scheduling.default_time_limit
         return cls(
             time_limit=specs.parse_time_limit(limit) if limit else None,
             max_retries=scheduling.max_retries,
+            cluster=cluster or ClusterConfig(),
         )
+
+
+def submit_warnings(spec: JobSpec, defaults: SubmitDefaults) -> list[str]:
+    """Lines for the submit's answer about what was asked for and ignored."""
+    if spec.slurm is None:
+        return []
+    warning = choose_partition(spec.slurm.partition, defaults.cluster).warning
+    return [] if warning is None else [warning]
+
+
+def _slurm_placement(
+    spec: JobSpec, slurm: SlurmOptions, defaults: SubmitDefaults
+) -> tuple[SlurmOptions, PartitionChoice]:
+    """The job's SlurmOptions as stored (its partition resolved, its array's shape) and
+    the partition it runs in."""
+    part = choose_partition(slurm.partition, defaults.cluster)
+    slurm = replace(slurm, partition=part.name, partition_nodes=part.nodes)
+    if spec.array is not None:
+        count, low, high, step = slurmenv.array_shape(spec.array.indices)
+        slurm = replace(slurm, array_count=count, array_min=low, array_max=high, array_step=step)
+    return slurm, part
+
+
+def _within_partition(
+    part: PartitionChoice,
+    nodelist: tuple[str, ...] | None,
+    time_limit: float | None,
+    asked: bool,
+) -> float | None:
+    """The time limit of a job in partition `part`: its max_time, for a job that gives
+    none (or the cluster's default, if shorter); a longer --time is refused, in Slurm's
+    words, and so is a --nodelist that names none of its nodes."""
+    outside = nodelist is not None and not set(nodelist) & set(part.nodes or nodelist)
+    if part.nodes is not None and outside:
+        raise specs.SpecError(
+            f"--nodelist names no node of partition {part.name!r} ({', '.join(part.nodes)})"
+        )
+    if part.max_time is not None and not math.isinf(part.max_time):
+        if not asked:  # the cluster's default limit, within the partition's
+            time_limit = min(time_limit or math.inf, part.max_time)
+        elif time_limit is None or time_limit > part.max_time:
+            raise specs.SpecError(
+                "Requested time limit is invalid (missing or exceeds some limit): --time "
+                f"{specs.format_time_limit(time_limit)} is over partition {part.name!r}'s "
+                f"{specs.format_time_limit(part.max_time)}"
+            )
+    return time_limit
 
 
 def build_template(
@@ -566,10 +628,12 @@ def build_template(
     user: str,
     defaults: SubmitDefaults,
     now: float,
-    new_id: Callable[[], str],
+    new_id: Callable[[int], str],
 ) -> Job:
     """The queued job `spec` asks for; for an array, the template its tasks are made of
-    (`mgpu.master.store.arrays`), with the array's id."""
+    (`mgpu.master.store.arrays`), with the array's id.  `new_id(block)` gives the id, and
+    takes `block` ids from it on (an array's tasks each have a number of their own:
+    `specs.task_job_number`)."""
     if spec.script is not None:
         argv = list(spec.argv or ())  # the script's arguments
         command = shlex.join([spec.script_name or "script", *argv])
@@ -586,8 +650,16 @@ def build_template(
         time_limit = None if math.isinf(spec.time) else spec.time
     shape = spec.shape
     env = {k: v for k, v in (spec.env or {}).items() if not execspec.is_reserved_env_name(k)}
+    slurm = spec.slurm
+    if slurm is not None:
+        try:
+            slurm, part = _slurm_placement(spec, slurm, defaults)
+            time_limit = _within_partition(part, spec.nodelist, time_limit, spec.time is not None)
+        except specs.SpecError as e:
+            raise SubmitError(str(e)) from None
+    block = 1 if spec.array is None else max(spec.array.indices) + 1
     base = Job(
-        id=new_id(),
+        id=new_id(block),
         user=user,
         argv=argv,
         command=command,
@@ -626,6 +698,7 @@ def build_template(
         option_sources=dict(spec.option_sources or {}),
         gpu_share=spec.gpu_share,
         reservation=spec.reservation,
+        slurm=slurm,
     )
     if base.held:
         base.reason = "held"
@@ -643,7 +716,7 @@ def build_jobs(
     user: str,
     defaults: SubmitDefaults,
     now: float,
-    new_id: Callable[[], str],
+    new_id: Callable[[int], str],
 ) -> list[Job]:
     """The queued job `spec` asks for, or one per task of an array (ids ``ID_INDEX``)."""
     base = build_template(spec, user, defaults, now, new_id)

@@ -28,6 +28,7 @@ from mgpu.master.http import (
     jobctl,
     jobs,
     nodes,
+    partitions,
     public,
     reservations,
     steps,
@@ -59,6 +60,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     public.router,  # health, readiness, metrics, the CA, the page
     agents.router,
     steps.router,  # srun inside a job: Slurm's steps
+    partitions.router,  # sinfo's partitions
 )
 
 

@@ -97,7 +97,7 @@ def install_submit(app: FastAPI) -> None:
         except SubmitError as e:
             cl.audit("submit_refused", user, address, detail=str(e))
             raise
-        if result.task_ids is None and not result.dropped_env:
+        if result.task_ids is None and not result.dropped_env and not result.warnings:
             text = json.dumps({"job_id": result.job_id})
         else:
             body: dict[str, Any] = {"job_id": result.job_id}
@@ -105,6 +105,8 @@ def install_submit(app: FastAPI) -> None:
                 body["task_ids"] = result.task_ids  # a tuple: the collector leaves it alone
             if result.dropped_env:  # set by the scheduler itself: said once, not passed
                 body["dropped_env"] = result.dropped_env
+            if result.warnings:  # e.g. an unknown partition, ignored
+                body["warnings"] = result.warnings
             text = await json_in_slices(body)  # 100,000 task ids are not encoded in one go
         return Response(text, status_code=201, media_type="application/json")
 

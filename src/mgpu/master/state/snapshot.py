@@ -87,7 +87,7 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         priority=job.priority,
         time_limit=job.time_limit,
         preemptible=job.preemptible,
-        allowed_nodes=allowed_nodes,
+        allowed_nodes=_in_partition(job, allowed_nodes),
         requires=frozenset({"container"}) if job.image else frozenset(),
         dependencies=tuple(Dependency(kind, dep) for kind, dep in job.dependency),
         eligible_time=job.eligible_time,
@@ -97,6 +97,14 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         gpu_share=job_share_units(job),
         reservation=job.reservation,
     )
+
+
+def _in_partition(job: Job, allowed: frozenset[str] | None) -> frozenset[str] | None:
+    """The nodes a job may use: its user's (None: any), within its Slurm partition's."""
+    part = job.slurm.partition_nodes if job.slurm is not None else None
+    if part is None:
+        return allowed
+    return frozenset(part) if allowed is None else frozenset(part) & allowed
 
 
 def running_job(job: Job, now: float) -> RunningJob:

@@ -16,9 +16,8 @@ T its SLURM_PROCID), so agents, reconciliation and output know it as any step; t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from mgpu.model import Job
 
@@ -90,23 +89,10 @@ def is_step_id(run_id: str) -> bool:
     return STEP_SEPARATOR in run_id
 
 
-def slurm_value(job: Job, name: str) -> Any:
-    """A field of the job's `slurm` block (None without one, or without that field).
-
-    The block is helper slurmjob's (`Job.slurm`); read by name so that either form it
-    takes (a mapping, an object) works here."""
-    slurm = getattr(job, "slurm", None)
-    if slurm is None:
-        return None
-    if isinstance(slurm, Mapping):
-        return slurm.get(name)
-    return getattr(slurm, name, None)
-
-
 def is_batch(job: Job) -> bool:
     """A Slurm batch job: its script runs once, on its first node; the others wait for
     its steps (`srun`)."""
-    return bool(slurm_value(job, "batch"))
+    return job.slurm is not None and job.slurm.batch
 
 
 class Steps:

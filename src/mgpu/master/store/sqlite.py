@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from mgpu import spec as specs
 from mgpu.master.store import arrays
 from mgpu.master.store.walcheckpoint import Checkpointer
 from mgpu.model import Job
@@ -101,6 +102,12 @@ whoever waits for a job (`mgpu srun`, `mgpu wait`, a client's wait_all) asks for
 after it ended, and reading one back costs ~0.15 ms (the JSON, Job.from_record).  An ended
 job does not change any more."""
 
+LAST_JOB_ID = "last_job_id"
+"""The meta row of the job id counter: the highest id stored, written in the transaction
+that stores the job, so an id shown to anyone is never handed out again (a restart, a
+crash).  An id handed out for a submit that was refused or never written may be given
+again: nobody saw it."""
+
 MEMORY = ":memory:"
 """A store that lives in memory only (the controller tests)."""
 
@@ -132,6 +139,10 @@ class Store:
         """Scripts of arrays whose tasks were read back lately (SCRIPT_CACHE of them)."""
         self._ended: OrderedDict[str, Job] = OrderedDict()
         """The last RECENTLY_ENDED jobs written as ended, oldest first."""
+        self._stored_id = int(self.get_meta(LAST_JOB_ID) or specs.FIRST_JOB_ID - 1)
+        """The counter as stored (LAST_JOB_ID)."""
+        self._last_id = self._stored_id
+        """The highest id handed out (`new_job_id`), stored or not yet."""
 
     def close(self) -> None:
         if self._checkpointer is not None:
@@ -139,6 +150,31 @@ class Store:
         self.db.close()
 
     # ---- jobs -------------------------------------------------------------
+
+    def new_job_id(self, block: int = 1) -> str:
+        """The next job id of the cluster: one more than the last handed out, skipping an
+        id an older mgpu stored (8 hex characters can all be digits).  `block`: ids taken
+        from it on (an array's tasks each have a job number: `specs.task_job_number`)."""
+        number = self._last_id + 1
+        while self.has_job(specs.format_job_id(number)):
+            number += 1
+        self._last_id = number + max(block, 1) - 1
+        return specs.format_job_id(number)
+
+    def _count_ids(self, jobs: Sequence[Job], top_index: int = 0) -> None:
+        """In a transaction storing `jobs`: move the stored counter past their ids (an
+        array's past its block: `top_index` is its highest task index)."""
+        top = self._stored_id
+        for job in jobs:
+            base = job.array_job_id or job.id
+            index = top_index if job.array_job_id is None else job.array_task_id or 0
+            number = specs.task_job_number(base, index)
+            if number is not None and number > top:
+                top = number
+        if top > self._stored_id:
+            self._set_meta(LAST_JOB_ID, str(top))
+            self._stored_id = top
+            self._last_id = max(self._last_id, top)
 
     def save_jobs(
         self,
@@ -187,6 +223,7 @@ class Store:
                 )
             if meta is not None:
                 self._set_meta(*meta)
+            self._count_ids(jobs)
         self._remember_ended(jobs)
 
     def _remember_ended(self, jobs: list[Job]) -> None:
@@ -221,6 +258,7 @@ class Store:
                     "INSERT INTO events(time, kind, actor, address, target) VALUES (?,?,?,?,?)",
                     (time.time(), *event),
                 )
+            self._count_ids([template], max(indices, default=0))
         self._array_seq[template.id] = self._seq
 
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:

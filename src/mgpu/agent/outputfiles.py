@@ -1,0 +1,109 @@
+"""A Slurm batch job's -o/-e files, written on the node by the job's own user.
+
+The agent never opens a path a user names: a root agent that did could be pointed at
+any file by a symbolic link.  Everything here happens in the job, as its user, in a small
+POSIX sh wrapper put in front of the job's argv (after the shim and before the script):
+
+1. it enters the job's working directory as Slurm does: one it cannot enter is an error
+   line on stderr (Slurm's words), then /tmp, where the shim alone would fail the job;
+2. it opens the -o and -e files there (truncated, or appended to with --open-mode=append);
+   one it cannot open ends the job with Slurm's sentence on stderr, which `open_failure`
+   finds so that the job fails with the path in its reason;
+3. it copies the run's spool files (what the agent streams to the master: `mgpu logs`)
+   into those files from the first byte, as they grow: one `tail -f` per stream, each
+   reading its spool file through a descriptor of the wrapper's own stdout or stderr
+   reopened by /proc (so the copy needs no path into the agent's private spool).  One
+   file for both (the default) is one stream, as in Slurm: the job's stderr goes to its
+   stdout, so that the file has the lines in the order they were written;
+4. it runs the job in the foreground (SLURM_TASK_PID is its pid) and, once it ends, lets
+   the copies catch up (a `tail --pid` reads to the end when the process it follows goes)
+   and exits with the job's status.
+
+Nothing of the job waits on the copies: the job writes to the spool files as every job
+does, and a copy that falls behind costs the job nothing.  The copies and the process they
+follow ignore SIGTERM, so that a cancelled job's last words (written during its grace
+time) still reach its files; SIGKILL at the end of the grace time ends them with the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+__all__ = ["OPEN_FAILED", "WRAPPER", "open_failure", "share_spool", "wrap"]
+
+OPEN_FAILED = 53
+"""The wrapper's exit status when an output file cannot be opened."""
+_MARK = "slurmstepd: error: Could not open "
+
+_LINES = [
+    "trap : TERM INT HUP; dir=$1 out=$2 err=$3 mode=$4; shift 4",
+    # 1. the working directory, as slurmstepd enters it
+    'if ! cd -- "$dir" 2>/dev/null; then',
+    '  if [ ! -e "$dir" ]; then why="No such file or directory"',
+    '  elif [ ! -d "$dir" ]; then why="Not a directory"; else why="Permission denied"; fi',
+    "  echo \"slurmstepd: error: couldn't chdir to \\`$dir': $why: going to /tmp instead\" >&2",
+    "  cd /tmp || {",
+    '    echo "slurmstepd: error: couldn\'t chdir to /tmp either. dying." >&2; exit 1; }',
+    "fi",
+    # 2. the files, relative to the working directory asked for (Slurm's fname_create)
+    "case $out in /*) ;; *) out=$dir/$out ;; esac",
+    "case $err in /*) ;; *) err=$dir/$err ;; esac",
+    "opened() {",
+    '  if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 )',
+    '  else why=$( { : >"$1"; } 2>&1 ); fi && return 0',
+    '  why=${why##*: }; [ "$why" != "Directory nonexistent" ] || why="No such file or directory"',
+    f'  echo "{_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}',
+    "}",
+    'opened "$out" stdout; [ "$err" = "$out" ] || opened "$err" stderr',
+    # 3. the copies: one file for both streams is one stream, in the order written (as
+    # Slurm's); what the wrapper said on stderr so far goes first
+    "exec 5</proc/self/fd/1 6</proc/self/fd/2",
+    "( trap '' TERM INT HUP; exec sleep 2147483647 ) & keep=$!",
+    # (the descriptor is named inside: a job in the background reads /dev/null otherwise)
+    "copy() { ( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&$1 >>\"$2\" ) \\",
+    "  2>/dev/null & }",
+    'if [ "$err" = "$out" ]; then',
+    '  cat <&6 >>"$out"; exec 2>&1; copy 5 "$out"; o=$! e=',
+    'else copy 5 "$out"; o=$!; copy 6 "$err"; e=$!; fi',
+    "exec 5<&- 6<&-",
+    # 4. the job, in the foreground
+    '/bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"; c=$?',
+    # Ignored from here: a trapped signal would cut `wait` short (the agent's SIGTERM comes
+    # several times: to the group, the cgroup, each process), and the copies with it.
+    "trap '' TERM INT HUP; kill -9 $keep 2>/dev/null; wait $o $e; exit $c",
+]
+WRAPPER = "\n".join(_LINES)
+"""$1 the working directory, $2 the -o file, $3 the -e file (relative to $1 unless
+absolute), $4 truncate or append; then the job's argv."""
+
+
+def wrap(argv: Sequence[str], workdir: str, output: str, error: str, append: bool) -> list[str]:
+    """The argv that runs `argv` with its output also written to `output` and `error`."""
+    mode = "append" if append else "truncate"
+    return ["/bin/sh", "-c", WRAPPER, "slurm-batch", workdir, output, error, mode, *argv]
+
+
+def share_spool(fds: Sequence[int], ids: tuple[int, int, list[int]] | None) -> None:
+    """Let the job's user reopen its own spool files (its stdout and stderr) for reading:
+    they are its user's pool files anyway (mgpu.agent.recycle), reached only through the
+    job's own descriptors, never by a path the user could walk."""
+    if ids is not None:
+        for fd in fds:
+            os.fchown(fd, ids[0], ids[1])
+
+
+def open_failure(exit_code: int | None, err_path: str) -> str | None:
+    """Slurm's sentence of a batch job whose -o/-e file could not be opened (the
+    wrapper's first words on stderr, in the agent's own spool file); else None."""
+    if exit_code != OPEN_FAILED:
+        return None
+    try:
+        with open(err_path, "rb") as f:
+            head = f.read(8192).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in head[:4]:
+        if line.startswith(_MARK):
+            return line.removeprefix("slurmstepd: error: ")
+    return None
