@@ -220,7 +220,7 @@ def test_bad_step_requests_are_refused_with_one_sentence(cluster: LocalCluster) 
             client._request("POST", f"/api/jobs/{job_id}/srun", {"argv": ["true"], **body})
         return e.value.status, str(e.value)
 
-    assert refusal("nosuchjob") == (404, "no such job: nosuchjob")
+    assert refusal("nosuchjob") == (404, "no such job or node: nosuchjob")
     assert refusal(held) == (409, f"job {held} has not started: it runs no steps yet")
     status, sentence = refusal(held, ntasks=0)
     assert status == 422 and "ntasks" in sentence and "\n" not in sentence
