@@ -362,7 +362,7 @@ def test_one_client_shared_by_threads(cluster: LocalCluster) -> None:
     job = client.submit("true", gpus=0)
     client.wait(job.id, timeout=30)  # ended and stored: `queue --all` counts it once from now on
     errors: list[BaseException] = []
-    answers: list[str] = []
+    answers: list[tuple[str, str]] = []
     start = threading.Barrier(8)
 
     def work(n: int) -> None:
@@ -370,11 +370,11 @@ def test_one_client_shared_by_threads(cluster: LocalCluster) -> None:
             start.wait(timeout=30)
             for i in range(60):
                 if i % 3 == 0:
-                    answers.append(client.show(job.id)["id"])
+                    answers.append(("show", client.show(job.id)["id"]))
                 elif i % 3 == 1:
-                    answers.append(client.whoami()["user"])
+                    answers.append(("whoami", client.whoami()["user"]))
                 else:
-                    answers.append(str(len(client.queue(all=True)["jobs"])))
+                    answers.append(("queue", str(len(client.queue(all=True)["jobs"]))))
         except BaseException as e:
             errors.append(e)
 
@@ -386,7 +386,7 @@ def test_one_client_shared_by_threads(cluster: LocalCluster) -> None:
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert len(answers) == 8 * 60
-    assert answers.count(job.id) == 8 * 20 and answers.count("1") == 8 * 20
+    assert answers.count(("show", job.id)) == 8 * 20 and answers.count(("queue", "1")) == 8 * 20
     client.close()
     assert client.whoami()["admin"] is True  # usable after close: it reconnects
 
