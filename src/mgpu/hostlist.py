@@ -9,10 +9,11 @@ the order of first appearance is kept (Slurm sorts only when asked to).
 from __future__ import annotations
 
 import re
+from itertools import product
 
 _SUFFIX = re.compile(r"^(.*?)(\d+)$")
-MAX_EXPANDED = 65_536
-"""More hosts than any cluster has: a range past it is refused, not expanded."""
+MAX_HOSTS = 10000
+"""More hosts than any cluster has: a list past it is refused, not expanded."""
 
 
 class HostlistError(ValueError):
@@ -22,10 +23,11 @@ class HostlistError(ValueError):
 def expand(text: str) -> list[str]:
     """`node[01-03,07],gpu1` -> ["node01", "node02", "node03", "node07", "gpu1"]."""
     hosts: list[str] = []
-    for item in _split_top(text.strip()):
-        hosts.extend(_expand_item(item))
-        if len(hosts) > MAX_EXPANDED:
-            raise HostlistError(f"host list {text!r} names more than {MAX_EXPANDED} hosts")
+    for item in split_top_level(text.strip()):
+        if item.strip():
+            hosts.extend(expand_expr(item.strip()))
+        if len(hosts) > MAX_HOSTS:
+            raise HostlistError(f"host list {_q(text)} names too many hosts (most {MAX_HOSTS})")
     return hosts
 
 
@@ -78,46 +80,77 @@ def _ranges(numbers: list[int], width: int) -> str:
     return ",".join(out)
 
 
-def _split_top(text: str) -> list[str]:
-    """Split at commas outside brackets."""
-    items: list[str] = []
+def split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside ``[...]``."""
+    parts: list[str] = []
     depth = 0
     current: list[str] = []
     for ch in text:
         if ch == "[":
             depth += 1
+            if depth > 1:
+                raise HostlistError(f"node list {_q(text)} has nested '[' brackets")
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise HostlistError(f"unbalanced ']' in host list {text!r}")
+                raise HostlistError(f"node list {_q(text)} has a ']' without a matching '['")
         if ch == "," and depth == 0:
-            items.append("".join(current))
+            parts.append("".join(current))
             current = []
         else:
             current.append(ch)
-    if depth:
-        raise HostlistError(f"unbalanced '[' in host list {text!r}")
-    items.append("".join(current))
-    return [i for i in (s.strip() for s in items) if i]
+    if depth != 0:
+        raise HostlistError(f"node list {_q(text)} has a '[' without a matching ']'")
+    parts.append("".join(current))
+    return parts
 
 
-def _expand_item(item: str) -> list[str]:
-    start = item.find("[")
-    if start < 0:
-        return [item]
-    end = item.index("]", start)
-    prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
-    tails = _expand_item(rest) if rest else [""]
+_BRACKET_RE = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _expand_bracket(body: str, expr: str) -> list[str]:
     out: list[str] = []
-    for part in body.split(","):
-        first, sep, last = part.strip().partition("-")
-        if not first.isdigit() or (sep and not last.isdigit()):
-            raise HostlistError(f"bad range {part!r} in host list {item!r}")
-        lo, hi = int(first), int(last) if sep else int(first)
-        if hi < lo:
-            raise HostlistError(f"bad range {part!r} in host list {item!r}")
-        if hi - lo >= MAX_EXPANDED:
-            raise HostlistError(f"host list {item!r} names more than {MAX_EXPANDED} hosts")
-        width = len(first) if first.startswith("0") else 0
-        out.extend(f"{prefix}{n:0{width}d}{tail}" for n in range(lo, hi + 1) for tail in tails)
+    for raw in body.split(","):
+        item = raw.strip()
+        m = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", item)
+        if m is None:
+            raise HostlistError(
+                f"node range {_q(item)} in {_q(expr)} is not understood; "
+                "write it like node[001-003,007]"
+            )
+        low_s, high_s = m.group(1), m.group(2)
+        if high_s is None:
+            out.append(low_s)
+            continue
+        low, high = int(low_s), int(high_s)
+        if high < low:
+            raise HostlistError(f"node range {_q(item)} in {_q(expr)} runs backwards")
+        if high - low + 1 > MAX_HOSTS:
+            raise HostlistError(f"node range {_q(item)} is too long; at most {MAX_HOSTS} nodes")
+        width = len(low_s) if low_s.startswith("0") else 0
+        out.extend(f"{i:0{width}d}" for i in range(low, high + 1))
     return out
+
+
+def expand_expr(expr: str) -> list[str]:
+    pieces = _BRACKET_RE.split(expr)
+    # pieces alternates literal, bracket body, literal, ...
+    literals = pieces[0::2]
+    choices = [_expand_bracket(body, expr) for body in pieces[1::2]]
+    total = 1
+    for c in choices:
+        total *= len(c)
+    if total > MAX_HOSTS:
+        raise HostlistError(f"node list {_q(expr)} expands to too many nodes (most {MAX_HOSTS})")
+    names: list[str] = []
+    for combo in product(*choices):
+        name = literals[0]
+        for number, literal in zip(combo, literals[1:], strict=True):
+            name += number + literal
+        names.append(name)
+    return names
+
+
+def _q(text: str, limit: int = 60) -> str:
+    """Quote a user value for a message, shortened."""
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")

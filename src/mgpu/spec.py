@@ -26,10 +26,11 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import product
 from typing import Final, Literal
 
+from mgpu import hostlist
 from mgpu.durations import format_duration
+from mgpu.hostlist import HostlistError
 
 __all__ = [
     "FIRST_JOB_ID",
@@ -76,7 +77,7 @@ MAX_GPU_INDEX: Final = 1023
 MAX_GPUS: Final = 65536
 """Largest `--gpus` count accepted syntactically."""
 MAX_NODES: Final = 4096
-MAX_NODE_LIST: Final = 10000
+MAX_NODE_LIST: Final = hostlist.MAX_HOSTS
 """Most node names a hostlist expression may expand to."""
 MAX_ARRAY_TASKS: Final = 100000
 MAX_ARRAY_INDEX: Final = 9_999_999
@@ -306,77 +307,6 @@ def parse_node_gpu_ids(text: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple(result)
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside ``[...]``."""
-    parts: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-            if depth > 1:
-                raise SpecError(f"node list {_q(text)} has nested '[' brackets")
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise SpecError(f"node list {_q(text)} has a ']' without a matching '['")
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if depth != 0:
-        raise SpecError(f"node list {_q(text)} has a '[' without a matching ']'")
-    parts.append("".join(current))
-    return parts
-
-
-_BRACKET_RE: Final = re.compile(r"\[([^\[\]]*)\]")
-
-
-def _expand_bracket(body: str, expr: str) -> list[str]:
-    out: list[str] = []
-    for raw in body.split(","):
-        item = raw.strip()
-        m = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", item)
-        if m is None:
-            raise SpecError(
-                f"node range {_q(item)} in {_q(expr)} is not understood; "
-                "write it like node[001-003,007]"
-            )
-        low_s, high_s = m.group(1), m.group(2)
-        if high_s is None:
-            out.append(low_s)
-            continue
-        low, high = int(low_s), int(high_s)
-        if high < low:
-            raise SpecError(f"node range {_q(item)} in {_q(expr)} runs backwards")
-        if high - low + 1 > MAX_NODE_LIST:
-            raise SpecError(f"node range {_q(item)} is too long; at most {MAX_NODE_LIST} nodes")
-        width = len(low_s) if low_s.startswith("0") else 0
-        out.extend(f"{i:0{width}d}" for i in range(low, high + 1))
-    return out
-
-
-def _expand_host_expr(expr: str) -> list[str]:
-    pieces = _BRACKET_RE.split(expr)
-    # pieces alternates literal, bracket body, literal, ...
-    literals = pieces[0::2]
-    choices = [_expand_bracket(body, expr) for body in pieces[1::2]]
-    total = 1
-    for c in choices:
-        total *= len(c)
-    if total > MAX_NODE_LIST:
-        raise SpecError(f"node list {_q(expr)} expands to too many nodes (most {MAX_NODE_LIST})")
-    names: list[str] = []
-    for combo in product(*choices):
-        name = literals[0]
-        for number, literal in zip(combo, literals[1:], strict=True):
-            name += number + literal
-        names.append(name)
-    return names
-
-
 def parse_node_list(text: str) -> tuple[str, ...]:
     """Parse ``a,b`` and Slurm hostlists such as ``node[001-003,007]`` into node names.
 
@@ -387,11 +317,19 @@ def parse_node_list(text: str) -> tuple[str, ...]:
         raise SpecError("the node list is empty; write it like node001,node002 or node[001-002]")
     names: list[str] = []
     seen: set[str] = set()
-    for part in _split_top_level(text):
+    try:
+        parts = hostlist.split_top_level(text)
+    except HostlistError as e:
+        raise SpecError(str(e)) from None
+    for part in parts:
         expr = part.strip()
         if not expr:
             raise SpecError(f"node list {_q(text)} has an empty entry")
-        for name in _expand_host_expr(expr):
+        try:
+            expanded = hostlist.expand_expr(expr)
+        except HostlistError as e:
+            raise SpecError(str(e)) from None
+        for name in expanded:
             validate_node_id(name)
             if name not in seen:
                 seen.add(name)

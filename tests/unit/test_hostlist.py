@@ -47,5 +47,5 @@ def test_compress_then_expand_is_the_same_hosts() -> None:
 
 @pytest.mark.parametrize("text", ["node[1-", "node]1[", "node[a-b]", "node[5-2]", "n[0-999999]"])
 def test_bad_lists_are_refused_in_a_sentence(text: str) -> None:
-    with pytest.raises(HostlistError, match=r"host list|range"):
+    with pytest.raises(HostlistError, match=r"node list|node range|host list"):
         expand(text)
