@@ -20,7 +20,7 @@ from mgpu.master.http.deps import Asker, Ctl, OwnedJob
 from mgpu.master.http.errors import missing
 from mgpu.master.http.follow import StepNews, follow
 
-__all__ = ["router"]
+__all__ = ["NodeList", "node_names", "router"]
 
 router = APIRouter()
 
@@ -37,7 +37,8 @@ class StepRequest(BaseModel):
     argv: Annotated[list[str], Field(min_length=1), AfterValidator(execspec.validate_argv)]
 
 
-def _node_names(value: Any) -> list[str]:
+def node_names(value: Any) -> list[str]:
+    """-w: `a,b` or a Slurm host list (`node[001-002]`); none: every node (or the step picks)."""
     if value is None or value == "":
         return []
     if not isinstance(value, str):
@@ -51,6 +52,10 @@ def _node_names(value: Any) -> list[str]:
         raise spec.SpecError(f"--nodelist: {e}") from None
 
 
+NodeList = Annotated[list[str], PlainValidator(node_names), WithJsonSchema({"type": "string"})]
+"""A `--nodelist` field of a request body, given as text."""
+
+
 class AllocStepBody(BaseModel):
     """`mgpu srun` inside an allocation: what to run, where, and how (checked as a
     submit's fields are)."""
@@ -62,9 +67,7 @@ class AllocStepBody(BaseModel):
         default_factory=dict
     )
     cwd: Annotated[str, AfterValidator(execspec.validate_cwd)] | None = None
-    nodelist: Annotated[
-        list[str], PlainValidator(_node_names), WithJsonSchema({"type": "string"})
-    ] = Field(default_factory=list)
+    nodelist: NodeList = Field(default_factory=list)
     """Only these of the allocation's nodes (`-w`, a,b or node[001-002]); none: all."""
     pty: bool = False
     pty_size: PtySize = None

@@ -21,12 +21,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from mgpu import execspec, spec
+from mgpu import execspec
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import PtySize
+from mgpu.master.http.allocations import NodeList
 from mgpu.master.http.deps import Ctl, JobAccess, OwnedJob
 from mgpu.master.http.errors import missing
 from mgpu.master.state.steps import TaskStep
@@ -39,18 +40,6 @@ MAX_TASKS = 4096
 Count = Annotated[int, Field(ge=1, le=MAX_TASKS)]
 
 router = APIRouter()
-
-
-def _nodelist(value: Any) -> list[str]:
-    """-w: `a,b` or a Slurm host list (`node[001-002]`); none: the step picks."""
-    if value is None or value == "":
-        return []
-    if not isinstance(value, str) or len(value) > 64 * 1024:
-        raise spec.SpecError("--nodelist must be text such as node001,node002")
-    try:
-        return list(spec.parse_node_list(value))
-    except spec.SpecError as e:
-        raise spec.SpecError(f"--nodelist: {e}") from None
 
 
 class SrunBody(BaseModel):
@@ -66,9 +55,7 @@ class SrunBody(BaseModel):
     nodes: Count | None = None
     ntasks: Count | None = None
     ntasks_per_node: Count | None = None
-    nodelist: Annotated[
-        list[str], PlainValidator(_nodelist), WithJsonSchema({"type": "string"})
-    ] = Field(default_factory=list)
+    nodelist: NodeList = Field(default_factory=list)
     gpus_per_task: Annotated[int, Field(ge=1, le=1024)] | None = None
     kill_on_bad_exit: bool = False
     pty: bool = False
