@@ -3,6 +3,8 @@ back to the queue, no retry spent, the reason naming the reservation), its membe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from harness import Harness
 
@@ -26,6 +28,24 @@ def test_a_job_without_a_limit_is_not_placed_on_gpus_reserved_later(h: Harness) 
     assert h.job(unlimited).state == JobState.QUEUED
     assert "reservation course-a takes 2 GPUs" in h.job(unlimited).reason
     assert h.job(hour).state == JobState.RUNNING  # it ends before the window
+
+
+def test_an_unlimited_job_is_not_counted_as_ending_at_the_default_limit(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """The issue's case: with `default_time_limit: 10 s` an UNLIMITED job (which keeps no
+    limit) was counted as ending in 10 s, started on a GPU reserved from 30 s later and
+    held it through the window."""
+    h = make_harness({"scheduling": {"default_time_limit": "00:00:10"}})
+    h.agent("n1", gpus=2)
+    reserve(h, gpus=1, start="now+0.5")
+    first, second = (h.submit(gpus=1, time="UNLIMITED") for _ in range(2))
+    h.tick()
+    (gpu,) = h.cl.list_reservations()[0]["allocation"][0]["gpu_ids"]
+    assert h.job(first).state == JobState.RUNNING
+    assert h.job(first).allocation[0].gpu_ids != [gpu]
+    assert h.job(second).state == JobState.QUEUED
+    assert h.job(second).reason == "waiting for 1 GPU (reservation course-a takes 1 GPU in 30s)"
 
 
 def test_a_reservation_on_a_running_unlimited_job_is_refused_unless_forced(h: Harness) -> None:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from harness import Harness
+from harness import FakeAgent, Harness
 
 from mgpu.master.control import retention
 from mgpu.master.store.outputs import MARKER
@@ -15,18 +15,21 @@ from mgpu.master.store.outputs import MARKER
 DAY = 86400.0
 
 
+def finished(h: Harness, a: FakeAgent, text: str) -> str:
+    """A job that wrote `text` and ended."""
+    job_id = h.start()
+    a.output(job_id, text)
+    a.exited(job_id, 0)
+    h.settle()
+    return job_id
+
+
 def test_old_rows_and_files_go_and_recent_ones_stay(h: Harness) -> None:
     a = h.agent("n1")
-    old = h.start()
-    a.output(old, "old output\n")
-    a.exited(old, 0)
-    h.settle()
+    old = finished(h, a, "old output\n")
     h.advance(100 * DAY)
     a.heartbeat()
-    recent = h.start()
-    a.output(recent, "recent output\n")
-    a.exited(recent, 0)
-    h.settle()
+    recent = finished(h, a, "recent output\n")
     h.store.db.execute("UPDATE events SET time = ?", (h.clock.time() - 400 * DAY,))
     h.store.record_event("recent_event")
     assert h.outputs.path(old).exists() and h.outputs.path(recent).exists()
@@ -46,10 +49,7 @@ def test_old_rows_and_files_go_and_recent_ones_stay(h: Harness) -> None:
 def test_retention_null_keeps(make_harness: Callable[..., Harness]) -> None:
     h = make_harness({"retention": {"output_days": None, "jobs_days": None, "audit_days": None}})
     a = h.agent("n1")
-    job_id = h.start()
-    a.output(job_id, "kept\n")
-    a.exited(job_id, 0)
-    h.settle()
+    job_id = finished(h, a, "kept\n")
     h.advance(1000 * DAY)
     assert h.cl.retention.prune_slice(h.clock.time()) is False
     assert h.outputs.path(job_id).exists() and h.store.get_job(job_id) is not None
@@ -76,10 +76,7 @@ def test_a_users_output_is_capped_over_all_their_jobs(
 def test_a_restart_counts_the_files_on_disk_again(make_harness: Callable[..., Harness]) -> None:
     h = make_harness({"limits": {"max_output_per_user": 10_000}})
     a = h.agent("n1")
-    job_id = h.start()
-    a.output(job_id, "z" * 500 + "\n")
-    a.exited(job_id, 0)
-    h.settle()
+    finished(h, a, "z" * 500 + "\n")
     used = h.outputs.user_bytes["alice"]
     h.cl.flush_all()
     h.crash()
@@ -96,11 +93,7 @@ def test_output_pruning_walks_ties_and_slices_and_resumes_after_a_restart(
     a = h.agent("n1", gpus=1)
     ids = []
     for _ in range(5):
-        job_id = h.start()
-        a.output(job_id, "out\n")
-        a.exited(job_id, 0)
-        h.settle()
-        ids.append(job_id)
+        ids.append(finished(h, a, "out\n"))
     h.store.db.execute("UPDATE jobs SET end_time = ?", (h.clock.time(),))
     h.advance(40 * DAY)
     a.heartbeat()
