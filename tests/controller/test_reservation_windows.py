@@ -94,3 +94,17 @@ def test_a_share_on_reserved_gpus_is_stopped_too(h: Harness) -> None:
     a.heartbeat()
     h.tick()
     assert [k.job_id for k in a.kills()] == [shared]
+
+
+def test_a_terminal_on_reserved_gpus_is_cancelled_it_cannot_be_requeued(h: Harness) -> None:
+    a = h.agent("n1", gpus=1)
+    terminal = h.start("bash", pty=True)
+    reserve(h, gpus=1, ignore_jobs=True, start="now+0.01")
+    a.link.take()
+    h.advance(1)
+    h.tick()
+    assert [k.job_id for k in a.kills()] == [terminal]
+    a.exited(terminal, 129)
+    job = h.stored(terminal)
+    assert job.state == JobState.CANCELLED
+    assert job.reason == "cancelled by reservation course-a, whose window opened on its GPUs"
