@@ -226,10 +226,27 @@ class Limits(_Strict):
     """Bytes of a job's stored output (its file on the master, all its runs together): past
     them one marker line is stored and the rest dropped; the job runs on.  None: no cap."""
 
-    @field_validator("max_output_per_job", mode="before")
+    max_output_per_user: int | None = Field(default=20 << 30, ge=0)
+    """Bytes of stored output over all of a user's job files: past them each of the user's
+    jobs stores one marker line and drops the rest, until retention frees room.  None: no
+    cap."""
+
+    @field_validator("max_output_per_job", "max_output_per_user", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value
+
+
+class Retention(_Strict):
+    """How long the master keeps what finished (days; None: for ever).  Pruned a slice at a
+    time by master/control/retention.py."""
+
+    output_days: float | None = Field(default=30.0, gt=0)
+    """Output files of jobs that ended this long ago."""
+    jobs_days: float | None = Field(default=180.0, gt=0)
+    """Rows of jobs that ended this long ago (their output file goes with them)."""
+    audit_days: float | None = Field(default=365.0, gt=0)
+    """Audit events this old."""
 
 
 DEFAULT_PARTITION = "main"
@@ -279,6 +296,7 @@ class ClusterConfig(_Strict):
     site: Site = Field(default_factory=Site)
     notify: Notify = Field(default_factory=Notify)
     limits: Limits = Field(default_factory=Limits)
+    retention: Retention = Field(default_factory=Retention)
     partitions: list[Partition] = Field(default_factory=list)
     refuse_unknown_partition: bool = False
     """A Slurm job naming a partition that does not exist: refused (as Slurm does), instead

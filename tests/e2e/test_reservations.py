@@ -158,3 +158,40 @@ def test_queue_and_show_give_every_queued_job_an_estimate(tmp_path: Path) -> Non
         until = time.strftime("%H:%M", time.localtime(started + 600))
         assert f"waits for:  2 GPUs held by job {first_id} until ~{until}" in shown
         c.cli("cancel", first_id, second, third, check=True)
+
+
+def test_unlimited_jobs_keep_off_reserved_gpus_and_an_intruder_is_stopped(tmp_path: Path) -> None:
+    with local_cluster(tmp_path, agents=1, gpus=2) as c:
+        client = c.client()
+        me = client.whoami()["user"]
+        c.cli("reserve", "create", "course", "--gpus", "1", "--start", "now+0.5",
+              "--duration", "10", "--users", me, check=True)  # fmt: skip
+        (course,) = reservations(c)
+        # No --time: nothing ends it, so it may not go on GPUs reserved even 30 s later.
+        first = c.cli("submit", "--gpus", "1", "sleep 300", check=True).stdout.strip()
+        wait_for(lambda: client.show(first)["state"] == "running", what="the unlimited job")
+        assert client.show(first)["allocation"][0]["gpu_ids"] != course["allocation"][0]["gpu_ids"]
+        second = c.cli("submit", "--gpus", "1", "--time", "UNLIMITED", "sleep 300", check=True)
+        second_id = second.stdout.strip()
+        wait_for(
+            lambda: "reservation course" in (client.show(second_id)["reason"] or ""),
+            what="the second unlimited job kept off the reserved GPU",
+        )
+        assert client.show(second_id)["state"] == "queued"
+        # A reservation on the GPU the unlimited job holds: refused, naming it...
+        late = ["reserve", "create", "late", "--gpus", "1", "--start", "now+0.1",
+                "--duration", "1"]  # fmt: skip
+        one_line_error(c.cli(*late), f"job {first} may still run then", "--force")
+        # ...unless forced: when its window opens the job is preempted, no retry spent.
+        c.cli(*late, "--force", check=True)
+        wait_for(
+            lambda: client.show(first)["attempts"][0].get("end_reason"),
+            timeout=30,
+            what="the job on the forced reservation's GPU stopped when its window opened",
+        )
+        shown = client.show(first)
+        assert shown["attempts"][0]["end_reason"] == (
+            "preempted by reservation late, whose window opened on its GPUs"
+        )
+        assert shown["state"] == "queued" and shown["retries"] == 0
+        c.cli("cancel", first, second_id, check=True)

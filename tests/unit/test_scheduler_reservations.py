@@ -62,6 +62,35 @@ def started(d: Decisions) -> dict[str, tuple[tuple[str, tuple[int, ...]], ...]]:
 # --------------------------------------------------------------------------- before the window
 
 
+@pytest.mark.parametrize("starts_in", [30.0, HOUR, 25 * HOUR, 400 * 24 * HOUR])
+def test_a_job_without_a_time_limit_never_takes_reserved_gpus(starts_in: float) -> None:
+    # Nothing ends it at the default limit (24 h): however far off the window, it would
+    # still hold the GPUs then.  A 1 h job that ends first may use them meanwhile.
+    res = reservation(starts_in=starts_in)
+    d = run(
+        [node("n1")],
+        [job("unlimited", gpus=4), job("share", gpu_share=500), job("hour", time_limit=HOUR)],
+        [res],
+    )
+    assert "unlimited" not in started(d) and "share" not in started(d)
+    assert d.reasons["unlimited"].startswith("waiting for 4 GPUs (reservation course-a takes")
+    assert ("hour" in started(d)) is (starts_in >= HOUR)
+
+
+def test_an_unlimited_head_is_planned_after_every_window_on_its_gpus() -> None:
+    # Blocked by a running job, the head's planned start must not be one that runs it into
+    # the reservation on the GPUs it would get.
+    busy = running("r", "n2", (0, 1), now=NOW, ends_in=HOUR / 2)
+    d = run(
+        [node("n1", gpus=2), node("n2", (), gpus=2)],
+        [job("big", gpus=2)],
+        [reservation(gpus=(0, 1), starts_in=10 * 24 * HOUR)],
+        [busy],
+    )
+    assert started(d) == {}
+    assert d.expected_start["big"] == NOW + HOUR / 2  # on n2, not on the reserved n1
+
+
 @pytest.mark.parametrize(
     ("limit", "starts"),
     [
@@ -239,6 +268,17 @@ def test_pick_takes_the_busiest_node_that_has_them_free_for_the_window() -> None
     assert pick(2, nodelist=frozenset({"n1"})) == (Placement("n1", (0, 1)),)
 
 
+def test_pick_counts_a_job_without_a_limit_as_holding_its_gpus_forever() -> None:
+    forever = running("u", "n1", (0, 1, 2, 3), now=NOW, started=30 * 24 * HOUR)
+    with pytest.raises(ReservationError, match="job u may still run then"):
+        pick(4, starts_in=400 * 24 * HOUR, nodelist=frozenset({"n1"}), running=[forever])
+    # --force (Slurm's IGNORE_JOBS): its GPUs are taken; the master stops it at the window.
+    forced = pick(
+        4, nodelist=frozenset({"n1"}), running=[forever], ignore_jobs=True, starts_in=HOUR
+    )
+    assert forced == (Placement("n1", (0, 1, 2, 3)),)
+
+
 def test_pick_refuses_with_one_sentence() -> None:
     other = reservation(name="course-b", gpus=(0, 1, 2, 3), starts_in=0.0, lasts=3 * HOUR)
     with pytest.raises(ReservationError) as err:
@@ -257,12 +297,18 @@ def test_pick_refuses_with_one_sentence() -> None:
         "a reservation needs at least 1 GPU": {"gpus": 0},
         "node n9 is not in the cluster": {"nodelist": frozenset({"n9"})},
         "reservation course-b already exists": {"name": "course-b", "reservations": [other]},
-        "only 6 of the 7 GPUs asked for are free for that window": {"gpus": 7},
     }
     for message, kw in cases.items():
         gpus = kw.pop("gpus", 2)
         with pytest.raises(ReservationError, match=f"^{message}$"):
             pick(gpus, **kw)  # type: ignore[arg-type]
+    # Too few because a running job may still hold GPUs then: the sentence names it.
+    with pytest.raises(ReservationError) as err:
+        pick(7)
+    assert str(err.value) == (
+        "only 6 of the 7 GPUs asked for are free for that window: job r may still run then "
+        "(--force reserves their GPUs anyway and stops them when the window opens)"
+    )
 
 
 def test_could_fit_reservation_checks_the_request_against_its_gpus() -> None:

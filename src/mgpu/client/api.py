@@ -489,6 +489,7 @@ class Client:
         end: str | float | None = None,
         users: list[str] | None = None,
         nodelist: str | None = None,
+        ignore_jobs: bool = False,
     ) -> dict[str, Any]:
         """Set GPUs aside for a window (admin): `start` is `now`, `now+MINUTES` or epoch
         seconds; the length is `duration` (`--time` syntax) or `end`.  Returns the
@@ -499,6 +500,7 @@ class Client:
             ("end", end),
             ("users", users),
             ("nodelist", nodelist),
+            ("ignore_jobs", ignore_jobs or None),
         ):
             if value is not None:
                 body[key] = value

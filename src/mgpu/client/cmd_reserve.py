@@ -57,6 +57,9 @@ def add_reserve_parser(sub: Any, make_client: Callable[[argparse.Namespace], Cli
     length.add_argument("--duration", help="length: MIN, HH:MM:SS or D-HH:MM:SS")
     length.add_argument("--end", help="end time: now+MINUTES or YYYY-MM-DDTHH:MM")
     c.add_argument("--users", help="who may run jobs in it, e.g. alice,bob (default: anyone)")
+    c.add_argument(
+        "--force", action="store_true", help="take GPUs of running jobs; stopped at the start"
+    )
     c.add_argument("--json", action="store_true")
 
     ls = actions.add_parser("list", help="reservations not ended yet")
@@ -82,6 +85,7 @@ def _create(client: Client, args: argparse.Namespace) -> int:
         end=None if args.end is None else when(args.end, "--end"),
         users=[u.strip() for u in args.users.split(",") if u.strip()] if args.users else None,
         nodelist=args.nodelist,
+        ignore_jobs=args.force,
     )
     if args.json:
         print(json.dumps(made))

@@ -18,7 +18,8 @@ whole GPU kept from backfill (the simple, safe reading of "cannot delay it").
 
 Admin reservations (`types.Reservation`, `mgpu reserve`) are honoured on the timeline too:
 at a candidate time T, the GPUs of every reservation whose window overlaps the head's run
-[T, T + limit) are withheld, and a reservation's end is a candidate time of its own.
+[T, T + limit) are withheld (a head without a time limit runs into every later window:
+`reach`), and a reservation's end is a candidate time of its own.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "blocked_by",
     "find_reservation",
     "place_around",
+    "reach",
     "release_events",
     "shadow_pool",
 ]
@@ -63,6 +65,14 @@ def expected_end(start: float, time_limit: float | None, default_limit: float, n
     """When a job's GPUs are expected back: start + limit, never earlier than `now`."""
     limit = default_limit if time_limit is None else time_limit
     return max(now, start + limit)
+
+
+def reach(job: JobRequest) -> float:
+    """How long `job` may run once started, as far as reservation windows are concerned: its
+    time limit, or forever without one.  (`default_time_limit` only estimates when such a job's
+    GPUs come back; nothing stops it then, so it must never be let onto GPUs that a window
+    will need.)"""
+    return math.inf if job.time_limit is None else job.time_limit
 
 
 def release_events(

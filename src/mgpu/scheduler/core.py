@@ -22,10 +22,12 @@ as of `Snapshot.now` and by the pending jobs' formula (`running_priorities`), so
 and the simulator weigh the same victims the same way.
 
 Admin reservations (`Snapshot.reservations`): a job that could still run when a window
-opens is kept off its GPUs (its reason names the reservation when that is what keeps it
-waiting), and a reservation's own jobs (`JobRequest.reservation`) run only inside its
-window, only on its GPUs.  They are scanned first, on a pool of those GPUs alone: they
-never block the rest of the queue, nor are blocked by it.
+opens is kept off its GPUs (a job without a time limit always could: nothing ends it at
+`default_time_limit`, which only estimates when its GPUs come back; its reason names the
+reservation when that is what keeps it waiting), and a reservation's own jobs
+(`JobRequest.reservation`) run only inside its window, only on its GPUs.  They are scanned
+first, on a pool of those GPUs alone: they never block the rest of the queue, nor are
+blocked by it.
 
 Every pending job gets a `priorities`/`factors` entry; every one that does not start gets
 a `reasons` entry: a limit, "waiting for 2 GPUs" and the like when it does not fit now,
@@ -53,6 +55,7 @@ from .backfill import (
     expected_end,
     find_reservation,
     place_around,
+    reach,
     shadow_pool,
 )
 from .placement import (
@@ -312,14 +315,8 @@ class _Pass:
         if self.reservations:
             # Which reservations a job must keep off depends on its time limit too.
             starts = [r.start for r in self.reservations]
-            now, default = self.now, self.config.default_time_limit
-            keys = [
-                (
-                    _shape_key(j),
-                    bisect_left(starts, now + (default if j.time_limit is None else j.time_limit)),
-                )
-                for j in pending
-            ]
+            now = self.now
+            keys = [(_shape_key(j), bisect_left(starts, now + reach(j))) for j in pending]
         else:
             # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count
             # alone, which allocates nothing; any other request by its full shape.
@@ -444,7 +441,7 @@ class _Pass:
 
     def _blocks(self, job: JobRequest) -> list[Reservation]:
         """The reservations `job` must keep off if it started now."""
-        return blocked_by(self.reservations, self.now, self._time_limit(job), job.reservation)
+        return blocked_by(self.reservations, self.now, reach(job), job.reservation)
 
     def _place(self, job: JobRequest, pool: FreePool) -> tuple[Placement, ...] | None:
         if not self.reservations:
@@ -491,7 +488,7 @@ class _Pass:
                 return HeadReservation(head.job_id, self.now, plan.placements)
         events = self.stats.releases(self.now, self.config.default_time_limit, self.started)
         reservation = find_reservation(
-            head, self.pool, events, self.policy, self.reservations, self._time_limit(head)
+            head, self.pool, events, self.policy, self.reservations, reach(head)
         )
         if reservation is not None:
             self.decisions.expected_start[head.job_id] = reservation.time

@@ -129,16 +129,19 @@ def pick_reservation_gpus(
     now: float,
     default_time_limit: float,
     nodelist: frozenset[str] | None = None,
+    ignore_jobs: bool = False,
 ) -> tuple[Placement, ...]:
     """The GPUs of a new reservation `name`: `gpus` whole GPUs [on `nodelist`] free for all of
     [start, end).
 
-    A GPU qualifies if its node is up, it is not used outside mgpu, no running job holds it
-    past `start` (by its time limit; `default_time_limit` for a job without one), and no other
-    reservation holds it in an overlapping window.  One node is preferred (the busiest that
-    has them, as fill_first places a job), else the fewest nodes.  Raises `ReservationError`
-    with one sentence otherwise (a window in the past, too few GPUs, an overlapping
-    reservation on the GPUs asked for).
+    A GPU qualifies if its node is up, it is not used outside mgpu, no running job may hold
+    it past `start` (by its time limit; a job without one always may: `default_time_limit`
+    does not end it), and no other reservation holds it in an overlapping window.  With
+    `ignore_jobs` (Slurm's IGNORE_JOBS) running jobs do not count: the master stops those
+    still on the GPUs when the window opens.  One node is preferred (the busiest that has
+    them, as fill_first places a job), else the fewest nodes.  Raises `ReservationError`
+    with one sentence otherwise (a window in the past, too few GPUs, naming the running jobs
+    or the overlapping reservation that hold the GPUs asked for).
     """
     if gpus < 1:
         raise ReservationError("a reservation needs at least 1 GPU")
@@ -156,12 +159,15 @@ def pick_reservation_gpus(
             raise ReservationError(f"node {nid} is not in the cluster")
     wanted = [v for v in nodes if nodelist is None or v.node_id in nodelist]
     held_until: dict[tuple[str, int], float] = {}
+    late: dict[tuple[str, int], set[str]] = {}  # GPUs held past `start`, by which jobs
     for r in running:
-        until = expected_end(r.start_time, r.time_limit, default_time_limit, now)
+        until = expected_end(r.start_time, r.time_limit, math.inf, now)
         for p in r.placements:
             for g in p.gpu_ids:
                 key = (p.node_id, g)
                 held_until[key] = max(held_until.get(key, until), until)
+                if until > start:
+                    late.setdefault(key, set()).add(r.job_id)
     overlapping = [r for r in reservations if r.start < end and r.end > start]
     taken: dict[tuple[str, int], str] = {
         (p.node_id, g): r.name for r in overlapping for p in r.placements for g in p.gpu_ids
@@ -177,7 +183,7 @@ def pick_reservation_gpus(
             and (
                 g in view.free_gpus
                 if (view.node_id, g) not in held_until
-                else held_until[(view.node_id, g)] <= start
+                else ignore_jobs or held_until[(view.node_id, g)] <= start
             )
         )
         usable.append(replace(view, free_gpus=ok, shared={}))
@@ -188,7 +194,7 @@ def pick_reservation_gpus(
         placements = _place_split(request, pool, gpus, pool.eligible(request), "spread")
     if placements is not None:
         return placements
-    raise ReservationError(_too_few(gpus, pool.total_free, wanted, nodelist, taken))
+    raise ReservationError(_too_few(gpus, pool.total_free, wanted, nodelist, taken, late))
 
 
 def _too_few(
@@ -197,14 +203,15 @@ def _too_few(
     wanted: Sequence[NodeView],
     nodelist: frozenset[str] | None,
     taken: Mapping[tuple[str, int], str],
+    late: Mapping[tuple[str, int], set[str]],
 ) -> str:
     where = "" if nodelist is None else f" on {', '.join(sorted(nodelist))}"
     asked = {v.node_id for v in wanted}
+    sentence = f"only {free} of the {gpus} GPUs asked for are free{where} for that window"
     held: dict[str, int] = {}
     for (nid, _), owner in taken.items():
         if nid in asked:
             held[owner] = held.get(owner, 0) + 1
-    sentence = f"only {free} of the {gpus} GPUs asked for are free{where} for that window"
     if len(held) == 1:
         ((owner, n),) = held.items()
         sentence += f" (reservation {owner} already holds {_plural_gpus(n)} there then)"
@@ -212,4 +219,16 @@ def _too_few(
         names = ", ".join(sorted(held))
         n = sum(held.values())
         sentence += f" (reservations {names} already hold {_plural_gpus(n)} there then)"
+    jobs = sorted({j for (nid, _), ids in late.items() if nid in asked for j in ids}, key=_order)
+    if jobs:
+        listed = ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+        sentence += (
+            f": {'job' if len(jobs) == 1 else 'jobs'} {listed} may still run then "
+            "(--force reserves their GPUs anyway and stops them when the window opens)"
+        )
     return sentence
+
+
+def _order(job_id: str) -> tuple[int, str]:
+    head = job_id.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 0, job_id)

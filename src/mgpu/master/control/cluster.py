@@ -51,6 +51,7 @@ from mgpu.master.control.notify import Notifier, check_target
 from mgpu.master.control.reads import Reads
 from mgpu.master.control.reservations import ReservationBook
 from mgpu.master.control.reservations import public as public_reservation
+from mgpu.master.control.retention import Retention
 from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import (
@@ -135,6 +136,7 @@ class Cluster(Reads):
         self.access = Access(config, tokens, self.jobs, self.nodes, self.default_user)
         self.node_admin = NodeAdmin(self.state, self.life, store, node_secrets, config)
         self.reservations = ReservationBook(store)
+        self.retention = Retention(store, outputs, config, self.clock, self.jobs)
         self.loop = SchedulingLoop(
             self.state,
             self.life,
@@ -630,7 +632,9 @@ class Cluster(Reads):
     # ---- the loop ---------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.gather(self.loop.run(), self.notifier.run(), self.loop_lag.run())
+        await asyncio.gather(
+            self.loop.run(), self.notifier.run(), self.loop_lag.run(), self.retention.run()
+        )
 
     def wake(self) -> None:
         self.state.wake()

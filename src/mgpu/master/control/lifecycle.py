@@ -246,7 +246,7 @@ class Lifecycle:
         """Every slot has exited: what the master asked for first, then what happened."""
         if job.stop_reason is not None:
             if job.desired is DesiredState.PREEMPT:
-                return job.stop_reason, "preempted by higher-priority work"
+                return job.stop_reason, job.stop_text or "preempted by higher-priority work"
             if job.desired is DesiredState.REQUEUE:
                 return job.stop_reason, job.stop_text or "requeue requested"
             return job.stop_reason, job.stop_text or "cancelled"

@@ -40,6 +40,7 @@ from itertools import islice
 from mgpu.config import ClusterConfig
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.nodes import NodeAdmin
+from mgpu.master.control.windows import ReservationWindows
 from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.state.memory import ControllerState
@@ -290,6 +291,8 @@ class SchedulingLoop:
         self._full: asyncio.Task[None] | None = None
         life.on_end.append(self.forget)
         life.on_requeue.append(lambda job: self.queued((job,)))
+        self.windows = ReservationWindows(state, life, reservations)
+        """Stops the jobs not a reservation's own still on its GPUs when its window opens."""
         self.on_tick: list[Callable[[], None]] = []
         """Checks run every round after the nodes' (clients of terminals and allocations)."""
 
@@ -342,6 +345,7 @@ class SchedulingLoop:
             if now - pacing.last_liveness >= LIVENESS_INTERVAL:
                 pacing.last_liveness = now
                 self.nodes.check_heartbeats()
+            self.windows.check()
             for check in self.on_tick:  # clients' heartbeats (terminals, allocations): few
                 check()
             # With nothing new, a pass only ages priorities and moves estimates: at most

@@ -161,6 +161,7 @@ class ReservationBook:
                 now,
                 default_time_limit,
                 nodelist=wanted,
+                ignore_jobs=body.get("ignore_jobs") is True,
             )
         except ReservationError as e:
             raise ReservationRequestError(str(e)) from None

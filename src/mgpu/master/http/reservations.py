@@ -32,6 +32,7 @@ class ReservationRequest(BaseModel):
     end: str | float | None = None
     duration: str | None = Field(default=None, max_length=64)
     users: list[str] | str | None = None
+    ignore_jobs: bool = False
 
 
 router = APIRouter()

@@ -20,6 +20,12 @@ take it past the cap is cut to fit, followed by one marker record on stderr, and
 the job's later output (of every run: the cap bounds the file, which a requeued
 job's runs share) is dropped; the job runs on.  The size is counted in memory per
 open file, read at open; a restarted master finds a file at the cap full again.
+
+A user's files together are capped too (`user_cap`, `limits.max_output_per_user`): a
+record that would take the user past it is dropped, its job's file gets the marker and
+drops the rest of its output.  The bytes per user are counted in memory as records are
+appended and files deleted (retention); after a restart the files already on disk are
+added once (`add_usage`, from `file_sizes` read off the loop by the retention task).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,6 +133,14 @@ class OutputStore:
         """Bytes in each open file: checked against the cap without a syscall."""
         self._full: set[str] = set()
         """Open files at the cap: their marker is stored, further records are dropped."""
+        self.user_cap: int | None = None
+        """Bytes all of one user's files may hold (None: no cap)."""
+        self.owner: Callable[[str], str | None] = lambda job_id: None
+        """The user of an active job (set by the controller)."""
+        self._owners: dict[str, str] = {}
+        """The user of each open file."""
+        self.user_bytes: dict[str, int] = {}
+        """Bytes stored per user (see the module docstring)."""
         self._followers: dict[str, set[asyncio.Event]] = {}
         self._repaired: set[str] = set()
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
@@ -236,6 +250,14 @@ class OutputStore:
             line = kept + self._marker(node_id, not kept or not rec["d"].endswith("\n"))
             size = self._sizes[job_id] + len(line)
             self._full.add(job_id)
+        user = self._owners.get(job_id)
+        if user is not None:
+            used = self.user_bytes.get(user, 0)
+            if self.user_cap is not None and used + len(line) > self.user_cap:
+                line = self._marker(node_id, True, "max_output_per_user", self.user_cap)
+                size = self._sizes[job_id] + len(line)
+                self._full.add(job_id)
+            self.user_bytes[user] = used + len(line)
         self._sizes[job_id] = size
         while line:  # one write: in the page cache when it returns, as a kill -9 needs
             line = line[os.write(fd, line) :]
@@ -250,10 +272,12 @@ class OutputStore:
         rec["d"] = _fit(data, room - fixed)
         return (_encode(rec) + "\n").encode() if rec["d"] else b""
 
-    def _marker(self, node_id: str, own_line: bool) -> bytes:
+    def _marker(
+        self, node_id: str, own_line: bool, limit: str = "max_output_per_job", cap: int = 0
+    ) -> bytes:
         """The last record of a capped file: on stderr, so `srun` shows it as the job's."""
-        assert self.cap is not None
-        text = f"{MARKER}{size_text(self.cap)} (limits.max_output_per_job)\n"
+        cap = cap or self.cap or 0
+        text = f"{MARKER}{size_text(cap)} (limits.{limit})\n"
         rec = {"s": "e", "d": "\n" + text if own_line else text, "n": node_id}
         return (_encode(rec) + "\n").encode()
 
@@ -270,6 +294,9 @@ class OutputStore:
         self._repaired.add(name)
         self._files[job_id] = fd
         self._sizes[job_id] = size
+        user = self.owner(job_id)
+        if user is not None:
+            self._owners[job_id] = user
         if self.cap is not None and size >= self.cap:
             self._full.add(job_id)
             if not _ends_with_marker(self.path(job_id), size):
@@ -310,10 +337,45 @@ class OutputStore:
         if fd is not None:
             os.close(fd)
         self._sizes.pop(job_id, None)
+        self._owners.pop(job_id, None)
         self._full.discard(job_id)
         self._have.pop(job_id, None)
         for wake in self._followers.get(job_id, ()):
             wake.set()
+
+    def delete(self, job_id: str, user: str) -> int:
+        """Delete an ended job's file (retention), its bytes taken off `user`'s count."""
+        if job_id in self._files:
+            return 0  # still open: the job is not over
+        try:
+            size = os.stat(self.path(job_id)).st_size
+            os.unlink(self.path(job_id))
+        except FileNotFoundError:
+            return 0
+        left = self.user_bytes.get(user, 0) - size
+        if left > 0:
+            self.user_bytes[user] = left
+        else:
+            self.user_bytes.pop(user, None)
+        self._repaired.discard(f"{job_id}.jsonl")
+        return size
+
+    def file_sizes(self) -> dict[str, int]:
+        """Every job file's size by job id: one directory scan (for a worker thread)."""
+        sizes: dict[str, int] = {}
+        with os.scandir(self._root) as entries:
+            for entry in entries:
+                if entry.name.endswith(".jsonl"):
+                    try:
+                        sizes[entry.name[: -len(".jsonl")]] = entry.stat().st_size
+                    except FileNotFoundError:
+                        continue
+        return sizes
+
+    def add_usage(self, by_user: Mapping[str, int]) -> None:
+        """Add bytes found on disk at start to the users' counts."""
+        for user, size in by_user.items():
+            self.user_bytes[user] = self.user_bytes.get(user, 0) + size
 
     def reader(self, job_id: str, start: int = 0, follow: bool = True) -> OutputReader:
         """A reader from record `start`; not following: up to what is written now."""

@@ -478,6 +478,54 @@ class Store:
         keys = ("time", "kind", "actor", "address", "target", "detail")
         return [dict(zip(keys, r, strict=True)) for r in cur]
 
+    # ---- retention (master/control/retention.py): small slices, oldest first ------------
+
+    def users_of(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The user of each of these jobs that has a row."""
+        marks = ",".join("?" * len(job_ids))
+        cur = self.db.execute(f"SELECT id, user FROM jobs WHERE id IN ({marks})", list(job_ids))
+        return {str(i): str(u) for i, u in cur}
+
+    def ended_between(
+        self, after: tuple[float, str], before: float, limit: int
+    ) -> list[tuple[str, str, float]]:
+        """(id, user, end time) of ended jobs that ended before `before` and after `after`
+        (the end time and id of the previous slice's last row), in that order."""
+        end, job_id = after
+        cur = self.db.execute(
+            "SELECT id, user, end_time FROM jobs WHERE end_time >= ? AND end_time < ? "
+            "AND (end_time > ? OR id > ?) AND state NOT IN (?, ?) "
+            "ORDER BY end_time, id LIMIT ?",
+            (end, before, end, job_id, *ACTIVE_STATES, limit),
+        )
+        return [(str(i), str(u), float(t)) for i, u, t in cur]
+
+    def delete_ended_jobs(self, before: float, limit: int) -> list[tuple[str, str]]:
+        """Delete up to `limit` rows of jobs that ended before `before`: their (id, user)."""
+        with self._tx():
+            rows = [
+                (str(i), str(u))
+                for i, u in self.db.execute(
+                    "SELECT id, user FROM jobs WHERE end_time < ? AND state NOT IN (?, ?) "
+                    "ORDER BY end_time LIMIT ?",
+                    (before, *ACTIVE_STATES, limit),
+                )
+            ]
+            self.db.executemany("DELETE FROM jobs WHERE id=?", [(i,) for i, _ in rows])
+        for job_id, _ in rows:
+            self._ended.pop(job_id, None)
+        return rows
+
+    def delete_events_before(self, before: float, limit: int) -> int:
+        """Delete up to `limit` audit events older than `before`; how many went."""
+        with self._tx():
+            cur = self.db.execute(
+                "DELETE FROM events WHERE id IN "
+                "(SELECT id FROM events WHERE time < ? ORDER BY id LIMIT ?)",
+                (before, limit),
+            )
+        return int(cur.rowcount)
+
     # ---- reservations -----------------------------------------------------
 
     def save_reservation(
