@@ -119,9 +119,9 @@ def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
 
 def test_bad_input_is_one_sentence(slurm_cluster: LocalCluster) -> None:
     c = slurm_cluster
-    res = run(c, "squeue", "-o", "%i %!")
+    res = run(c, "squeue", "-h", "-o", "%i %!")  # Slurm says it and goes on
     assert (res.returncode, res.stderr) == (
-        1,
+        0,
         "squeue: error: Invalid job format specification: !\n",
     )
     res = run(c, "squeue", "-j", "999999")

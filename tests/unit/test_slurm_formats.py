@@ -74,12 +74,20 @@ def test_array_tasks_folded_and_own() -> None:
     assert render("%i %F %K", [folded, task], header=False) == ["50_[3-9] 50 [3-9]", "50_1 50 1"]
 
 
-def test_unknown_format_letters_are_refused() -> None:
-    with pytest.raises(SlurmError) as e:
-        fields.parse_percent("squeue", "%i %!", squeue.KNOWN)
-    assert str(e.value) == "squeue: error: Invalid job format specification: !"
-    with pytest.raises(SlurmError):
-        fields.parse_long("squeue", "jobid,nosuch", squeue.KNOWN, squeue.LONG_NAMES)
+def test_unknown_format_letters_are_said_and_printed_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Slurm's squeue/print.c: `Invalid job format specification: X` on stderr, the spec
+    # printed as it is written, and the other fields as usual (exit status 0).
+    items = fields.parse_percent("squeue", "%i %.5! %u", squeue.KNOWN)
+    assert capsys.readouterr().err == "squeue: error: Invalid job format specification: !\n"
+    assert fields.render_percent(items, squeue.KNOWN, [job(id="7", user="ann")], True) == [
+        "JOBID %.5! USER",
+        "7 %.5! ann",
+    ]
+    items = fields.parse_long("squeue", "jobid:4,nosuch:9|,name:3", squeue.KNOWN, squeue.LONG_NAMES)
+    assert capsys.readouterr().err == "squeue: error: Invalid job format specification: nosuch\n"
+    assert [i[0] if isinstance(i, tuple) else i for i in items] == ["i", "|", "j"]
 
 
 def test_squeue_long_format() -> None:
