@@ -1,4 +1,5 @@
-"""`mgpu submit FILE` (a job script and its directives) and `mgpu hold|release|requeue|update`.
+"""`mgpu submit FILE` (a job script and its directives), `mgpu hold|release|requeue|update`
+and `mgpu cancel --signal`.
 
 Kept apart from `cli.py` (which registers these with `add_jobctl_parsers` and hands a
 submit whose first word is an existing file to `submit_script`).
@@ -199,6 +200,13 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_requeue(args: argparse.Namespace) -> int:
     return _each(args, "requeueing", make_client(args).requeue)
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    """`mgpu cancel --signal SIG JOB...`: SIG to every process of each running job now."""
+    client = make_client(args)
+    args.json = False
+    return _each(args, "signalled", lambda job_id: client.signal(job_id, args.signal, full=True))
 
 
 def cmd_update(args: argparse.Namespace) -> int:
