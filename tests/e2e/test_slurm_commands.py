@@ -318,3 +318,21 @@ def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) ->
     lines = res.stdout.splitlines()
     assert sorted(lines[:4]) == [f"{i}: task={i}" for i in range(4)], res.stderr
     assert lines[4:] == ["rc=0", "rc=5"], res.stderr
+
+
+def test_srun_inside_salloc_takes_the_allocations_task_count(slurm_cluster: LocalCluster) -> None:
+    """`salloc -n4 ...`: its steps run 4 tasks unless srun says otherwise, as sbatch's."""
+    c = slurm_cluster
+    script = (
+        'export PATH="$(mgpu slurm-bin):$PATH"; srun -l sh -c "echo n=\\$SLURM_NTASKS"; echo rc=$?'
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N2", "-n4", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
+        timeout=120,
+    )
+    lines = res.stdout.splitlines()
+    assert sorted(lines[:4]) == [f"{i}: n=4" for i in range(4)], res.stderr
+    assert lines[4:] == ["rc=0"], res.stderr
