@@ -74,7 +74,7 @@ def _state(job: dict[str, Any]) -> str:
 
 KNOWN: dict[str, tuple[int, Any]] = {
     "JobID": (-12, common.job_id_of),
-    "JobIDRaw": (-12, common.job_id_of),
+    "JobIDRaw": (-12, common.own_id),
     "JobName": (10, common.job_name),
     "Partition": (10, common.partition),
     "Account": (10, lambda j: ""),
