@@ -296,6 +296,17 @@ def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:
         c.client().cancel(job.id)
 
 
+def _salloc(c: LocalCluster, options: list[str], script: str) -> subprocess.CompletedProcess[str]:
+    """`salloc OPTIONS bash -c SCRIPT` from outside any job, the bin dir on PATH."""
+    return subprocess.run(
+        [sys.executable, "-m", "mgpu.slurm", "salloc", *options, "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
+        timeout=120,
+    )
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("mgpu.client.steps") is None,
     reason="helper steps' client (mgpu.client.steps) is not merged yet",
@@ -308,13 +319,7 @@ def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) ->
         'srun -N2 -n4 -l sh -c "echo task=\\$SLURM_PROCID"; echo rc=$?; '
         'srun -n1 sh -c "exit 5"; echo rc=$?'
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N", "2", "bash", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
-        timeout=120,
-    )
+    res = _salloc(c, ["-N", "2"], script)
     lines = res.stdout.splitlines()
     assert sorted(lines[:4]) == [f"{i}: task={i}" for i in range(4)], res.stderr
     assert lines[4:] == ["rc=0", "rc=5"], res.stderr
@@ -326,13 +331,7 @@ def test_srun_inside_salloc_takes_the_allocations_task_count(slurm_cluster: Loca
     script = (
         'export PATH="$(mgpu slurm-bin):$PATH"; srun -l sh -c "echo n=\\$SLURM_NTASKS"; echo rc=$?'
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N2", "-n4", "bash", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
-        timeout=120,
-    )
+    res = _salloc(c, ["-N2", "-n4"], script)
     lines = res.stdout.splitlines()
     assert sorted(lines[:4]) == [f"{i}: n=4" for i in range(4)], res.stderr
     assert lines[4:] == ["rc=0"], res.stderr
