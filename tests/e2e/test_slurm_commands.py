@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -391,11 +392,14 @@ def test_an_array_task_answers_to_its_own_number(slurm_cluster: LocalCluster) ->
         wait_for(
             lambda: c.client().show(f"{array_id}_1")["state"] == "running", timeout=60, what="run"
         )
+        assert c.client().wait(number, timeout=0.1)["id"] == f"{array_id}_1"
         shown = run(c, "scontrol", "show", "job", number).stdout
         assert f"JobId={number} ArrayJobId={array_id} ArrayTaskId=1 " in shown
         assert squeue(c, "-j", number, "-o", "%i|%T") == [[f"{array_id}_1", "RUNNING"]]
         assert run(c, "scancel", number).returncode == 0
-        assert c.client().wait(f"{array_id}_1", timeout=60)["state"] == "cancelled"
+        began = time.monotonic()
+        assert c.client().wait(number, timeout=60)["state"] == "cancelled"
+        assert time.monotonic() - began < 20  # woken by the task's end, not the 30 s poll
         rows = sacct(c, "-j", number, "-X", "--format=JobID,JobIDRaw,State")
         assert [(r["JobID"], r["JobIDRaw"], r["State"]) for r in rows] == [
             (f"{array_id}_1", number, "CANCELLED")
