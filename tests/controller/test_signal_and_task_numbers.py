@@ -4,12 +4,19 @@ by its own job number (Slurm's: task 4 of array 1234 is also job 1238)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from typing import Any
+
 import pytest
 from harness import Harness, _run
+from test_api import _call
 
+from mgpu.config import ClusterConfig
 from mgpu.master.control.jobctl import Actor, NotAllowed, SignalAsked, signal_number
 from mgpu.master.control.nodes import Conflict
 from mgpu.master.control.srun import SrunRequest
+from mgpu.master.http.app import create_app
 from mgpu.protocol import SignalRun
 from mgpu.spec import SpecError
 
@@ -105,3 +112,33 @@ def test_an_array_task_is_found_by_its_own_number(h: Harness) -> None:
     h.crash()  # ended and written: found in the store the same way
     assert h.job(str(base + 4)).state.value == "cancelled"
     assert h.cl.task_of_number("99999") is None
+
+
+def test_the_signal_route_answers_each_refusal_with_its_status(tmp_path: Path) -> None:
+    """POST /api/jobs/{id}/signal: a pending job 409 (Slurm's words), a bad signal 422, a
+    stranger 403, an unknown job 404."""
+    app = create_app(tmp_path, ClusterConfig())
+
+    async def main() -> dict[str, Any]:
+        async with app.router.lifespan_context(app):
+            admin = (tmp_path / "admin-token").read_text().strip()
+            status, made = await _call(app, "POST", "/api/jobs", admin, b'{"command": "true"}')
+            assert status == 201
+            path = f"/api/jobs/{made['job_id']}/signal"
+            _, bob = await _call(app, "POST", "/api/tokens", admin, b'{"user": "bob"}')
+            return {
+                "id": made["job_id"],
+                "pending": await _call(app, "POST", path, admin, b'{"signal": "USR1"}'),
+                "bad": await _call(app, "POST", path, admin, b'{"signal": "NOPE"}'),
+                "flag": await _call(app, "POST", path, admin, b'{"signal": 10, "full": 1}'),
+                "bob": await _call(app, "POST", path, bob["token"], b'{"signal": 10}'),
+                "none": await _call(
+                    app, "POST", "/api/jobs/99999/signal", admin, b'{"signal": 10}'
+                ),
+            }
+
+    out = asyncio.run(main())
+    assert out["pending"] == (409, {"detail": f"job {out['id']}: Job is pending execution"})
+    assert out["bad"][0] == 422 and "is not a signal name" in out["bad"][1]["detail"]
+    assert out["flag"][0] == 422  # flags are true or false, nothing else
+    assert out["bob"][0] == 403 and out["none"][0] == 404
