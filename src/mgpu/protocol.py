@@ -416,6 +416,19 @@ class SetTimeLimit(BaseModel):
     time_limit: float | None
 
 
+class SignalRun(BaseModel):
+    """Send `signal` to a run now (`scancel --signal`, `mgpu cancel --signal`): to every
+    process of it, or with `top_only` to its top process only (the batch script's shell,
+    Slurm's `scancel -b`).  Nothing else changes: the run goes on unless the signal ends
+    it."""
+
+    type: Literal["signal"] = "signal"
+    job_id: str
+    epoch: int
+    signal: int = Field(ge=1, le=64)
+    top_only: bool = False
+
+
 class ReservePort(BaseModel):
     type: Literal["reserve_port"] = "reserve_port"
     job_id: str
@@ -453,6 +466,7 @@ MasterMessage = Annotated[
     | ReservePort
     | Forget
     | SetTimeLimit
+    | SignalRun
     | TerminalInput
     | TerminalResize
     | SetHeartbeat,

@@ -87,45 +87,76 @@ def test_commands_stay_commands(cluster: LocalCluster, tmp_path: Path) -> None:
 def test_directives_and_where_each_option_came_from(cluster: LocalCluster, tmp_path: Path) -> None:
     (tmp_path / "job.sh").write_text(
         "#!/bin/bash\n"
-        "#SBATCH --job-name=from-sbatch --gres=gpu:2 -t 0:30\n"
-        "#SBATCH --mem=8G --output=slurm-%j.out\n"
-        "#MGPU --priority 4\n"
+        "#MGPU --gpus 2 --priority 4\n"
         'echo "gpus $CUDA_VISIBLE_DEVICES"\n'
         "#MGPU --priority 9\n"  # after the first command: not a directive
     )
-    res = mgpu(cluster, tmp_path, "submit", "--name", "from-cli", "job.sh")
-    assert res.returncode == 0, res.stderr
-    assert res.stderr == (
-        "mgpu: warning: job.sh: #SBATCH options mgpu does not have, ignored: --mem, --output "
-        "(mgpu keeps the job's output itself: mgpu logs JOB)\n"
-    )
+    res = mgpu(cluster, tmp_path, "submit", "--name", "from-cli", "--time", "30", "job.sh")
+    assert (res.returncode, res.stderr) == (0, "")
     job_id = res.stdout.strip()
     job = ended(cluster, job_id)
-    assert (job["name"], job["gpus"], job["priority"], job["time_limit"]) == ("from-cli", 2, 4, 30)
+    assert (job["name"], job["gpus"], job["priority"], job["time_limit"]) == (
+        "from-cli",
+        2,
+        4,
+        1800,
+    )
+    assert job["slurm"] is None  # only #MGPU lines: mgpu's own job
     assert job["option_sources"] == {
         "name": "command line",
-        "gpus": "#SBATCH",
-        "time": "#SBATCH",
+        "gpus": "#MGPU",
+        "time": "command line",
         "priority": "#MGPU",
     }
     assert cluster.client().logs(job_id).count(",") == 1  # two GPUs
     shown = cluster.cli("show", job_id, check=True).stdout
-    assert (
-        "  options:    #SBATCH: --gpus, --time; #MGPU: --priority; command line: --name;" in shown
-    )
+    assert "  options:    #MGPU: --gpus, --priority; command line: --name, --time;" in shown
     assert "  script:     job.sh (sent with the job)" in shown
+
+
+def test_sbatch_lines_make_it_a_slurm_batch_job(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`mgpu submit FILE` of a script with #SBATCH lines is what `sbatch FILE` submits:
+    Slurm's variables and output file, no GPU unless asked, the script's name as the job's;
+    mgpu's #MGPU lines and command line still win."""
+    (tmp_path / "job.sh").write_text(
+        "#!/bin/bash\n"
+        "#SBATCH -n 3 --mem=1G -t 0:30\n"
+        "#SBATCH --output=out-%x-%j.txt\n"
+        "#MGPU --priority 4\n"
+        'echo "$SLURM_JOB_NAME $SLURM_NTASKS $SLURM_JOB_ID [$CUDA_VISIBLE_DEVICES] $1"\n'
+    )
+    res = mgpu(cluster, tmp_path, "submit", "--time", "20", "job.sh", "arg1")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == (
+        "mgpu: warning: --mem=1G not scheduled by mgpu (only GPUs are), passed to the job's "
+        "SLURM_* variables\n"
+    )
+    job_id = res.stdout.strip()
+    job = ended(cluster, job_id)
+    assert job["state"] == "completed", job
+    assert (job["gpus"], job["priority"], job["time_limit"]) == (0, 4, 1200)
+    assert job["slurm"]["batch"] and job["slurm"]["ntasks"] == 3
+    assert job["option_sources"] == {"time": "command line", "priority": "#MGPU"}
+    line = f"job.sh 3 {job_id} [] arg1\n"
+    assert (tmp_path / f"out-job.sh-{job_id}.txt").read_text() == line
+    assert cluster.client().logs(job_id) == line  # the master keeps it too
 
 
 def test_bad_directives_and_options_are_refused_whole(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    (tmp_path / "bad.sh").write_text("#!/bin/sh\n#SBATCH -N 2-4\ntrue\n")
+    (tmp_path / "bad.sh").write_text("#!/bin/sh\n#MGPU -N 2-4\ntrue\n")
     before = len(cluster.client().queue(all=True)["jobs"])
     res = mgpu(cluster, tmp_path, "submit", "bad.sh")
     assert res.returncode == 2
     assert res.stderr == (
-        "mgpu: error: bad.sh line 2: #SBATCH -N 2-4: argument --nodes/-N: invalid int value: "
-        "'2-4'\n"
+        "mgpu: error: bad.sh line 2: #MGPU -N 2-4: argument --nodes/-N: invalid int value: '2-4'\n"
+    )
+    (tmp_path / "bad.sh").write_text("#!/bin/sh\n#SBATCH --open-mode=sideways\ntrue\n")
+    res = mgpu(cluster, tmp_path, "submit", "bad.sh")
+    assert (res.returncode, res.stderr) == (
+        2,
+        "mgpu: error: bad.sh: Invalid --open-mode specification\n",
     )
     (tmp_path / "huge.sh").write_text("#!/bin/sh\n" + "#" * (1 << 20))
     res = mgpu(cluster, tmp_path, "submit", "huge.sh")

@@ -13,12 +13,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import BIN, LocalCluster, local_cluster
+from helpers import BIN, LocalCluster, local_cluster, wait_for
 from mgpu import Client
 from mgpu.agent import slurmbin
 
@@ -119,9 +120,9 @@ def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
 
 def test_bad_input_is_one_sentence(slurm_cluster: LocalCluster) -> None:
     c = slurm_cluster
-    res = run(c, "squeue", "-o", "%i %!")
+    res = run(c, "squeue", "-h", "-o", "%i %!")  # Slurm says it and goes on
     assert (res.returncode, res.stderr) == (
-        1,
+        0,
         "squeue: error: Invalid job format specification: !\n",
     )
     res = run(c, "squeue", "-j", "999999")
@@ -296,6 +297,17 @@ def test_scontrol_hold_release_update(slurm_cluster: LocalCluster) -> None:
         c.client().cancel(job.id)
 
 
+def _salloc(c: LocalCluster, options: list[str], script: str) -> subprocess.CompletedProcess[str]:
+    """`salloc OPTIONS bash -c SCRIPT` from outside any job, the bin dir on PATH."""
+    return subprocess.run(
+        [sys.executable, "-m", "mgpu.slurm", "salloc", *options, "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
+        timeout=120,
+    )
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("mgpu.client.steps") is None,
     reason="helper steps' client (mgpu.client.steps) is not merged yet",
@@ -308,13 +320,90 @@ def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) ->
         'srun -N2 -n4 -l sh -c "echo task=\\$SLURM_PROCID"; echo rc=$?; '
         'srun -n1 sh -c "exit 5"; echo rc=$?'
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "mgpu.slurm", "salloc", "-N", "2", "bash", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**c.env, "MGPU_JOB_ID": "", "PATH": f"{BIN}:{c.env.get('PATH', '/usr/bin:/bin')}"},
-        timeout=120,
-    )
+    res = _salloc(c, ["-N", "2"], script)
     lines = res.stdout.splitlines()
     assert sorted(lines[:4]) == [f"{i}: task={i}" for i in range(4)], res.stderr
     assert lines[4:] == ["rc=0", "rc=5"], res.stderr
+
+
+def test_srun_inside_salloc_takes_the_allocations_task_count(slurm_cluster: LocalCluster) -> None:
+    """`salloc -n4 ...`: its steps run 4 tasks unless srun says otherwise, as sbatch's."""
+    c = slurm_cluster
+    script = (
+        'export PATH="$(mgpu slurm-bin):$PATH"; srun -l sh -c "echo n=\\$SLURM_NTASKS"; echo rc=$?'
+    )
+    res = _salloc(c, ["-N2", "-n4"], script)
+    lines = res.stdout.splitlines()
+    assert sorted(lines[:4]) == [f"{i}: n=4" for i in range(4)], res.stderr
+    assert lines[4:] == ["rc=0"], res.stderr
+
+
+def _said(c: LocalCluster, job_id: str, text: str) -> bool:
+    return text in c.client().logs(job_id)
+
+
+def test_scancel_signal_reaches_a_trapping_script(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`scancel -b -s USR1` signals a batch script's shell (Slurm's -b); without -b or -f a
+    batch job's script is spared, as in Slurm; `mgpu cancel --signal` signals mgpu's own
+    jobs whole; a pending job is refused in Slurm's words."""
+    c = slurm_cluster
+    trap = "trap 'echo got-usr1; exit 7' USR1\necho ready\nsleep 100 & wait\necho woke\n"
+    job_id = sbatch(c, "-o", str(tmp_path / "%j.out"), input=f"#!/bin/bash\n{trap}")
+    held = sbatch(c, "-H", "--wrap", "true")
+    try:
+        wait_for(lambda: _said(c, job_id, "ready"), timeout=60, what="the trap set")
+        assert run(c, "scancel", "-s", "USR1", job_id).returncode == 0  # no step: spared
+        assert run(c, "scancel", "--batch", "--signal=SIGUSR1", job_id).returncode == 0
+        job = c.client().wait(job_id, timeout=60)
+        assert (job["state"], job["exit_code"]) == ("failed", 7)
+        assert c.client().logs(job_id).split() == ["ready", "got-usr1"]
+        # -f: the script and its children; mgpu's -o/-e copies are spared, the file whole
+        full = sbatch(c, "-o", str(tmp_path / "%j.out"), input=f"#!/bin/bash\n{trap}")
+        wait_for(lambda: _said(c, full, "ready"), timeout=60, what="the trap set")
+        assert run(c, "scancel", "-f", "-s", "USR1", full).returncode == 0
+        assert c.client().wait(full, timeout=60)["exit_code"] == 7
+        for done in (job_id, full):
+            assert (tmp_path / f"{done}.out").read_text().split() == ["ready", "got-usr1"]
+        res = run(c, "scancel", "-s", "USR1", held)
+        assert (res.returncode, res.stderr) == (
+            1,
+            f"scancel: error: Kill job error on job id {held}: Job is pending execution\n",
+        )
+        res = run(c, "scancel", "-s", "NOPE", held)
+        assert (res.returncode, res.stderr) == (1, "scancel: error: Invalid job signal: NOPE\n")
+        own = c.client().submit(["bash", "-c", trap], gpus=0)
+        wait_for(lambda: _said(c, own.id, "ready"), timeout=60, what="the trap set")
+        res = run(c, "cancel", "--signal", "USR1", own.id)
+        assert res.returncode == 0, res.stderr
+        assert c.client().wait(own.id, timeout=60)["exit_code"] == 7
+    finally:
+        for j in (job_id, held):
+            c.client().cancel(j)
+
+
+def test_an_array_task_answers_to_its_own_number(slurm_cluster: LocalCluster) -> None:
+    """Task 1 of array A is also job A+1 (its SLURM_JOB_ID), in every command."""
+    c = slurm_cluster
+    array_id = sbatch(c, "-a", "0-1", "-o", "/dev/null", "--wrap", "sleep 100")
+    number = str(int(array_id) + 1)
+    try:
+        wait_for(
+            lambda: c.client().show(f"{array_id}_1")["state"] == "running", timeout=60, what="run"
+        )
+        assert c.client().wait(number, timeout=0.1)["id"] == f"{array_id}_1"
+        shown = run(c, "scontrol", "show", "job", number).stdout
+        assert f"JobId={number} ArrayJobId={array_id} ArrayTaskId=1 " in shown
+        assert squeue(c, "-j", number, "-o", "%i|%T") == [[f"{array_id}_1", "RUNNING"]]
+        assert run(c, "scancel", number).returncode == 0
+        began = time.monotonic()
+        assert c.client().wait(number, timeout=60)["state"] == "cancelled"
+        assert time.monotonic() - began < 20  # woken by the task's end, not the 30 s poll
+        rows = sacct(c, "-j", number, "-X", "--format=JobID,JobIDRaw,State")
+        assert [(r["JobID"], r["JobIDRaw"], r["State"]) for r in rows] == [
+            (f"{array_id}_1", number, "CANCELLED")
+        ]
+        assert c.client().show(f"{array_id}_0")["state"] == "running"  # the other task
+    finally:
+        c.client().cancel(array_id)

@@ -11,11 +11,11 @@ import pytest
 
 from mgpu.client import directives
 from mgpu.client.cli import UsageError, build_parser, job_options
-from mgpu.client.cmd_jobctl import _directive_parser, read_script, script_options
+from mgpu.client.cmd_jobctl import _directive_parser, read_script, script_options, slurm_batch
 from mgpu.signalspec import format_signal, parse_signal
 from mgpu.spec import SpecError
 
-KNOWN = _directive_parser()[1]
+KNOWN = {opt: a.nargs != 0 for a in _directive_parser()._actions for opt in a.option_strings}
 
 # ---- which lines are directives -----------------------------------------------------
 
@@ -119,7 +119,7 @@ def test_gres_mps_is_a_share_of_one_gpu(gres: str, words: list[str], ignored: li
 
 
 def test_a_script_asking_for_mps_gets_a_gpu_share() -> None:
-    assert options("#SBATCH --gres=mps:50\n")[0] == {"gpu_share": 0.5}
+    assert batch("#SBATCH --gres=mps:50\n")[0]["gpu_share"] == 0.5
 
 
 # ---- the script and the command line -------------------------------------------------
@@ -134,6 +134,31 @@ def options(text: str, *argv: str) -> tuple[dict[str, Any], dict[str, str], list
     return script_options("dir/job.sh", text, given(*argv))
 
 
+def batch(text: str, *argv: str) -> tuple[dict[str, Any], dict[str, str], Any]:
+    """What `mgpu submit [argv] dir/job.sh` of a script with #SBATCH lines sends: (its
+    submit fields, where each came from, sbatch's Batch)."""
+    b, sources = slurm_batch("dir/job.sh", text, ["arg"], given(*argv))
+    return b.fields, sources, b
+
+
+def test_sbatch_lines_make_a_slurm_batch_job() -> None:
+    text = "#!/bin/sh\n#SBATCH -n 4 --output=o-%j.txt --mem=8G\n#SBATCH -t 5\n"
+    fields, sources, b = batch(text)
+    assert (fields["gpus"], fields["time"]) == (0, "5")  # no GPU unless asked, as Slurm
+    assert b.slurm["batch"] and b.slurm["job_name_default"] == "job.sh"
+    assert (b.slurm["ntasks"], b.slurm["output"], b.slurm["mem_per_node_mb"]) == (
+        4,
+        "o-%j.txt",
+        8192,
+    )
+    assert b.args == ["arg"] and b.script == text
+    assert sources == {"time": "#SBATCH"}
+    assert b.warnings == [
+        "--mem=8G not scheduled by mgpu (only GPUs are), passed to the job's SLURM_* variables"
+    ]
+    assert "slurm" not in script_options("dir/job.sh", "#MGPU --gpus 2\n", {})[0]
+
+
 def test_the_command_line_beats_mgpu_lines_which_beat_sbatch_lines() -> None:
     text = (
         "#!/bin/sh\n"
@@ -141,42 +166,38 @@ def test_the_command_line_beats_mgpu_lines_which_beat_sbatch_lines() -> None:
         "#MGPU --name from-mgpu --priority 2\n"
         "#MGPU --priority 3\n"  # a later line of the same kind wins
     )
-    opts, sources, warnings = options(text, "--time", "20")
-    assert opts == {"name": "from-mgpu", "time": "20", "priority": 3}
+    fields, sources, _ = batch(text, "--time", "20")
+    assert (fields["name"], fields["time"], fields["priority"]) == ("from-mgpu", "20", 3)
     assert sources == {"name": "#MGPU", "time": "command line", "priority": "#MGPU"}
-    assert warnings == []
 
 
 def test_the_gpu_request_is_replaced_whole() -> None:
     text = "#!/bin/sh\n#SBATCH --gres=gpu:2\n#MGPU --gpu-ids 0,1\n"
-    assert options(text)[0] == {"gpu_ids": "0,1"}
-    assert options(text, "--gpus", "4")[0] == {"gpus": 4}  # no clash with --gpu-ids
-    opts, sources, _ = options("#SBATCH --gpus-per-node 2\n", "--gpus", "1")
-    assert (opts, sources) == ({"gpus": 1}, {"gpus": "command line"})
+    fields, sources, _ = batch(text)
+    assert (fields["gpu_ids"], "gpus" in fields, sources["gpu_ids"]) == ("0,1", False, "#MGPU")
+    fields, sources, _ = batch(text, "--gpus", "4")
+    assert (fields["gpus"], "gpu_ids" in fields, sources["gpus"]) == (4, False, "command line")
+    fields, sources, _ = batch("#SBATCH -N 2 --gpus-per-node 2\n", "--gpus", "1", "--nodes", "1")
+    assert (fields["gpus"], fields["nodes"], "gpus_per_node" in fields) == (1, 1, False)
 
 
 def test_gres_counts_per_node_when_the_job_spans_nodes() -> None:
-    assert options("#SBATCH --gres=gpu:4\n")[0] == {"gpus": 4}
-    opts, sources, _ = options("#SBATCH -N 2 --gres=gpu:4\n")
-    assert opts == {"nodes": 2, "gpus_per_node": 4}
+    assert batch("#SBATCH --gres=gpu:4\n")[0]["gpus"] == 4
+    fields, sources, _ = batch("#SBATCH -N 2 --gres=gpu:4\n")
+    assert (fields["nodes"], fields["gpus_per_node"]) == (2, 4)
     assert sources == {"nodes": "#SBATCH", "gpus_per_node": "#SBATCH"}
-    assert options("#SBATCH --gres=gpu:4\n", "--nodes", "3")[0] == {"nodes": 3, "gpus_per_node": 4}
-
-
-def test_what_mgpu_lacks_is_named_in_one_warning_line() -> None:
-    text = "#SBATCH --mem=4G -n 4\n#SBATCH --output=o.txt --mem 8G\n#SBATCH -t 5\n"
-    opts, _, warnings = options(text)
-    assert opts == {"time": "5"}
-    assert warnings == [
-        "job.sh: #SBATCH options mgpu does not have, ignored: --mem, -n, --output "
-        "(mgpu keeps the job's output itself: mgpu logs JOB)"
-    ]
 
 
 def test_mail_type_none_keeps_the_mail_user_from_sending() -> None:
-    text = "#SBATCH --mail-user=a@example.org --mail-type=NONE\n"
-    assert options(text)[0] == {}
-    assert options("#SBATCH --mail-user=a@example.org\n")[0] == {"notify": "mailto:a@example.org"}
+    assert batch("#SBATCH --mail-user=a@example.org --mail-type=NONE\n")[2].mail is None
+    assert batch("#SBATCH --mail-user=a@example.org\n")[2].mail == "a@example.org"
+    assert batch("#SBATCH --mail-user=a@b.org\n", "--notify", "mailto:c@d.org")[2].mail is None
+
+
+def test_a_bad_sbatch_line_is_one_sentence_naming_the_script() -> None:
+    with pytest.raises(UsageError) as e:
+        batch("#SBATCH --bogus\n")
+    assert str(e.value) == "dir/job.sh: unrecognized option '--bogus'"
 
 
 @pytest.mark.parametrize(
@@ -184,7 +205,6 @@ def test_mail_type_none_keeps_the_mail_user_from_sending() -> None:
     [
         ("#MGPU --gpus two", "dir/job.sh line 1: #MGPU --gpus two: argument --gpus: invalid int"),
         ("#MGPU --no-such-option", "dir/job.sh line 1: #MGPU --no-such-option: unrecognized"),
-        ("#SBATCH -N 2-4", "dir/job.sh line 1: #SBATCH -N 2-4: argument --nodes/-N: invalid int"),
     ],
 )
 def test_a_directive_that_is_not_understood_names_its_line(line: str, error: str) -> None:

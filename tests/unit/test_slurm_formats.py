@@ -13,6 +13,27 @@ from mgpu.slurm.common import SlurmError, clock, elapsed
 NOW = 1_700_000_000.0
 
 
+def test_sacct_lists_a_batch_jobs_batch_step_after_it() -> None:
+    cols = fields.parse_fields(
+        "sacct", "JobID,JobIDRaw,JobName,Partition,State,Timelimit", sacct.KNOWN
+    )
+    slurm = {"batch": True, "partition": "gpu"}
+    done = job(state="completed", exit_code=0, slurm=slurm)
+    task = job(
+        id="50_2", array_job_id="50", array_task_id=2, state="failed", exit_code=3, slurm=slurm
+    )
+    pending = job(id="60", state="queued", start_time=None, slurm=slurm)
+    rows = [r for j in (done, task, pending, job()) for r in (j, sacct.batch_step(j)) if r]
+    assert fields.render_fields(cols, rows, False, "P") == [
+        "1234|1234|a-long-job-name|gpu|COMPLETED|01:00:00",
+        "1234.batch|1234.batch|batch||COMPLETED|",
+        "50_2|52|a-long-job-name|gpu|FAILED|01:00:00",
+        "50_2.batch|52.batch|batch||FAILED|",
+        "60|60|a-long-job-name|gpu|PENDING|01:00:00",  # not started: no batch step yet
+        "1234|1234|a-long-job-name|gpu|RUNNING|01:00:00",  # mgpu's own job: no batch step
+    ]
+
+
 def job(**over: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "id": "1234",
@@ -74,12 +95,20 @@ def test_array_tasks_folded_and_own() -> None:
     assert render("%i %F %K", [folded, task], header=False) == ["50_[3-9] 50 [3-9]", "50_1 50 1"]
 
 
-def test_unknown_format_letters_are_refused() -> None:
-    with pytest.raises(SlurmError) as e:
-        fields.parse_percent("squeue", "%i %!", squeue.KNOWN)
-    assert str(e.value) == "squeue: error: Invalid job format specification: !"
-    with pytest.raises(SlurmError):
-        fields.parse_long("squeue", "jobid,nosuch", squeue.KNOWN, squeue.LONG_NAMES)
+def test_unknown_format_letters_are_said_and_printed_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Slurm's squeue/print.c: `Invalid job format specification: X` on stderr, the spec
+    # printed as it is written, and the other fields as usual (exit status 0).
+    items = fields.parse_percent("squeue", "%i %.5! %u", squeue.KNOWN)
+    assert capsys.readouterr().err == "squeue: error: Invalid job format specification: !\n"
+    assert fields.render_percent(items, squeue.KNOWN, [job(id="7", user="ann")], True) == [
+        "JOBID %.5! USER",
+        "7 %.5! ann",
+    ]
+    items = fields.parse_long("squeue", "jobid:4,nosuch:9|,name:3", squeue.KNOWN, squeue.LONG_NAMES)
+    assert capsys.readouterr().err == "squeue: error: Invalid job format specification: nosuch\n"
+    assert [i[0] if isinstance(i, tuple) else i for i in items] == ["i", "|", "j"]
 
 
 def test_squeue_long_format() -> None:

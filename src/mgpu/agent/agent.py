@@ -50,6 +50,7 @@ from mgpu.protocol import (
     RunningReport,
     SetHeartbeat,
     SetTimeLimit,
+    SignalRun,
     Started,
     TerminalInput,
     TerminalResize,
@@ -442,6 +443,10 @@ class Agent:
                 self.launcher.kill(run, msg.reason, msg.grace, warning)
             else:
                 self.site.cancel(msg.job_id, msg.epoch, msg.reason)
+        elif isinstance(msg, SignalRun):  # scancel --signal: now, the run goes on
+            run = self.launcher.find(msg.job_id, msg.epoch)
+            if run is not None and not run.exited.is_set():
+                self.launcher.signal(run, msg.signal, msg.top_only)
         elif isinstance(msg, SetTimeLimit):
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None:

@@ -219,9 +219,13 @@ class Launcher:
             self.warn(run, run.rec.signal, run.rec.signal_batch)
 
     def warn(self, run: Running, sig: int, top_only: bool) -> None:
-        """Send `sig` to the job, or to its top process only (mgpu.agent.jobsignal)."""
+        """The job's warning signal (`--signal`), once."""
         run.rec.signal_sent = True
         self.records.save(run.rec)
+        self.signal(run, sig, top_only)
+
+    def signal(self, run: Running, sig: int, top_only: bool) -> None:
+        """Send `sig` to the job, or to its top process only (mgpu.agent.jobsignal)."""
         tagged = set() if top_only else self._job_processes(run)
         shim = None if self.pid_reused(run) else run.rec.pid
         count = jobsignal.send(shim, run.rec.cgroup, tagged, sig, top_only)

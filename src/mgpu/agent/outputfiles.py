@@ -74,6 +74,8 @@ _LINES = [
     "trap '' TERM INT HUP; kill -9 $keep 2>/dev/null; wait $o $e; exit $c",
 ]
 WRAPPER = "\n".join(_LINES)
+MARK = "slurm-batch"
+"""The wrapper's $0: how mgpu.agent.jobsignal knows it (its signals go to the script)."""
 """$1 the working directory, $2 the -o file, $3 the -e file (relative to $1 unless
 absolute), $4 truncate or append; then the job's argv."""
 
@@ -81,7 +83,7 @@ absolute), $4 truncate or append; then the job's argv."""
 def wrap(argv: Sequence[str], workdir: str, output: str, error: str, append: bool) -> list[str]:
     """The argv that runs `argv` with its output also written to `output` and `error`."""
     mode = "append" if append else "truncate"
-    return ["/bin/sh", "-c", WRAPPER, "slurm-batch", workdir, output, error, mode, *argv]
+    return ["/bin/sh", "-c", WRAPPER, MARK, workdir, output, error, mode, *argv]
 
 
 def share_spool(fds: Sequence[int], ids: tuple[int, int, list[int]] | None) -> None:

@@ -341,6 +341,17 @@ class Client:
         lines are read by `mgpu submit FILE`, not here: pass the options."""
         return self.submit(list(args or []), script=script, script_name=name, **options)
 
+    def signal(
+        self, job_id: str, signal: str | int, batch_only: bool = False, full: bool = False
+    ) -> dict[str, Any]:
+        """Send `signal` (`"USR1"`, 10) to a running job now (an array id: its running
+        tasks): to its steps and, unless it is a Slurm batch job, all of its processes;
+        `full`: a batch job's script and its children too; `batch_only`: the batch script's
+        shell only (Slurm's `scancel -f` and `-b`).  `{"jobs": [{"job_id", "changed",
+        "message"}]}`; a queued job is refused (409)."""
+        body = {"signal": signal, "batch_only": batch_only, "full": full}
+        return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/signal", body))
+
     def hold(self, job_id: str) -> dict[str, Any]:
         """Keep a queued job (or an array's queued tasks) from starting:
         `{"jobs": [{"job_id", "changed", "message"}]}`."""

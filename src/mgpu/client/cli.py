@@ -113,6 +113,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    if args.signal is not None:
+        from mgpu.client.cmd_jobctl import cmd_signal
+
+        return cmd_signal(args)
     client = make_client(args)
     status = 0
     for job_id in args.jobs:
@@ -317,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add("cancel", cmd_cancel, "cancel queued or running jobs")
     s.add_argument("jobs", nargs="+", metavar="JOB")
+    s.add_argument(
+        "--signal", "-s", metavar="SIG", help="send SIG (USR1, 10 ...) to running jobs instead"
+    )
 
     s = add("nodes", cmd_nodes, "nodes and their GPUs")
     s.add_argument("--json", action="store_true")

@@ -56,6 +56,8 @@ def add_alloc_parser(sub: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser("alloc", help=text, description=text)
     p.set_defaults(fn=cmd_alloc)
     add_job_options(p)
+    # salloc's `slurm` block (mgpu.slurm.salloc), as JSON: not a user's option.
+    p.add_argument("--slurm-block", help=argparse.SUPPRESS)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="[-- ARGV...] (default $SHELL)")
     return p
 
@@ -203,6 +205,8 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     argv = argv or [os.environ.get("SHELL") or "/bin/sh"]
     client = make_client(args)
     opts = job_options(args)
+    if getattr(args, "slurm_block", None):
+        opts["slurm"] = _slurm_block(args.slurm_block)
     job = client.submit(argv, allocation=True, **opts)
     for warning in job.warnings:
         _say(f"warning: {warning}")
@@ -235,6 +239,16 @@ def cmd_alloc(args: argparse.Namespace) -> int:
     if not ended_first:
         _release(client, job.id, code)
     return code
+
+
+def _slurm_block(text: str) -> dict[str, Any]:
+    try:
+        block = json.loads(text)
+    except ValueError:
+        block = None
+    if not isinstance(block, dict):
+        raise UsageError("--slurm-block must be a JSON object (salloc's options)")
+    return block
 
 
 def _run_here(argv: list[str], env: dict[str, str]) -> int:

@@ -1,12 +1,16 @@
-"""`mgpu submit FILE` (a job script and its directives) and `mgpu hold|release|requeue|update`.
+"""`mgpu submit FILE` (a job script and its directives), `mgpu hold|release|requeue|update`
+and `mgpu cancel --signal`.
 
 Kept apart from `cli.py` (which registers these with `add_jobctl_parsers` and hands a
 submit whose first word is an existing file to `submit_script`).
 
-A job script's options come from, lowest first: the defaults, its `#SBATCH` lines, its
-`#MGPU` lines, the command line; a later line beats an earlier one of the same kind.  The
-GPU request is one thing, however it is spelt (`--gpus`, `--gpus-per-node`, `--gpu-ids`,
-`--node-gpu-ids`, `--gres`): the command line's replaces the script's whole, so
+A script with `#SBATCH` lines is a Slurm batch job, as `sbatch FILE` submits it
+(mgpu.slurm.sbatch: Slurm's options, the `slurm` block, no GPU unless asked, the script's
+name as the job's); a script with only `#MGPU` lines, or none, is mgpu's own.  Either way
+mgpu's options lie over it, lowest first: its `#MGPU` lines, then the command line; a
+later line beats an earlier one of the same kind.  The GPU request is one thing, however
+it is spelt (`--gpus`, `--gpus-per-node`, `--gpu-ids`, `--node-gpu-ids`, sbatch's
+`--gres`/`--gpus*`): a higher layer's replaces the one below whole, so
 `mgpu submit --gpus 4 job.sh` never clashes with the script's `--gres=gpu:2`.  Where each
 option came from is sent with the job (`option_sources`, shown by `mgpu show`).
 """
@@ -19,7 +23,7 @@ import sys
 from typing import Any
 
 from mgpu.client import directives, jsonlite
-from mgpu.client.api import Client, RequestError
+from mgpu.client.api import Client, MgpuError, RequestError
 from mgpu.client.console import print_error, warn
 from mgpu.client.options import JOB_FIELDS, UsageError, add_job_options, job_options, make_client
 from mgpu.client.submitting import submitted
@@ -28,8 +32,8 @@ __all__ = ["add_jobctl_parsers", "submit_script"]
 
 MAX_SCRIPT_BYTES = 1 << 20
 """As the master's limit (mgpu.master.control.submit.MAX_SCRIPT_BYTES)."""
-GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids", "gres")
-"""However the GPUs are asked for (`gres`: #SBATCH --gres, Slurm's count per node)."""
+GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids")
+"""However mgpu's options ask for GPUs."""
 COMMAND_LINE = "command line"
 SUMMARY_OVER = 10
 """An array's tasks are listed one a line up to this many, else summed up."""
@@ -66,64 +70,81 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _directive_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
-    """The job options, nothing set unless given; and each spelling → takes a value."""
+def _directive_parser() -> argparse.ArgumentParser:
+    """The job options, nothing set unless given."""
     p = _Parser(prog="directive", add_help=False, argument_default=argparse.SUPPRESS)
     add_job_options(p)
-    known = {opt: a.nargs != 0 for a in p._actions for opt in a.option_strings}
-    return p, known
+    return p
 
 
 def script_options(
     path: str, text: str, given: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """The job options of `mgpu submit [given] path`: (options, where each came from,
-    warnings).  A directive that is not understood is a UsageError naming its line."""
+    """The job options of `mgpu submit [given] path` from its `#MGPU` lines and the
+    command line: (options, where each came from, warnings).  `#SBATCH` lines are
+    sbatch's (`slurm_batch`).  A directive that is not understood is a UsageError naming
+    its line."""
     found = directives.scan(text)
     if found.error is not None:
         raise UsageError(f"{path} {found.error}")
-    parser, known = _directive_parser()
-    layers: dict[str, dict[str, Any]] = {directives.SBATCH: {}, directives.MGPU: {}}
-    ignored: list[str] = []
-    no_mail = False
+    parser = _directive_parser()
+    layer: dict[str, Any] = {}
     for d in found.directives:
-        words, extra = d.words, {}
-        if d.source == directives.SBATCH:
-            slurm = directives.translate_sbatch(words, known)
-            words, no_mail = slurm.words, no_mail or slurm.no_mail
-            ignored += [o for o in slurm.ignored if o not in ignored]
-            if slurm.gres_per_node is not None:
-                extra["gres"] = slurm.gres_per_node
+        if d.source != directives.MGPU:
+            continue
         try:
-            values = vars(parser.parse_args(words))
+            values = vars(parser.parse_args(d.words))
         except UsageError as e:
             raise UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
-        values = {k: v for k, v in values.items() if k in JOB_FIELDS}
-        _layer(layers[d.source], {**values, **extra})
-    if no_mail and str(layers[directives.SBATCH].get("notify", "")).startswith("mailto:"):
-        del layers[directives.SBATCH]["notify"]
+        _layer(layer, {k: v for k, v in values.items() if k in JOB_FIELDS})
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for source, values in (*layers.items(), (COMMAND_LINE, given)):
+    for source, values in ((directives.MGPU, layer), (COMMAND_LINE, given)):
         _layer(merged, values)
         for key in GPU_REQUEST:
             if key not in merged:
                 sources.pop(key, None)
         sources.update(dict.fromkeys(values, source))
-    if "gres" in merged:  # Slurm's --gres counts GPUs per node
-        per_node = merged.pop("gres")
-        key = "gpus_per_node" if merged.get("nodes") is not None else "gpus"
-        merged[key], sources[key] = per_node, sources.pop("gres")
-    warnings = []
-    if ignored:
-        note = ""
-        if set(ignored) & directives.OUTPUT_OPTIONS:
-            note = " (mgpu keeps the job's output itself: mgpu logs JOB)"
-        warnings.append(
-            f"{os.path.basename(path)}: #SBATCH options mgpu does not have, ignored: "
-            f"{', '.join(ignored)}{note}"
-        )
-    return merged, sources, warnings
+    return merged, sources, []
+
+
+def slurm_batch(
+    path: str, text: str, script_args: list[str], given: dict[str, Any]
+) -> tuple[Any, dict[str, str]]:
+    """`mgpu submit [given] path` of a script with `#SBATCH` lines: sbatch's batch job
+    (mgpu.slurm.sbatch.Batch, imported only here: the CLI starts fast) with mgpu's own
+    options (`#MGPU` lines, the command line) over sbatch's; and where each came from."""
+    from mgpu.slurm import sbatch
+    from mgpu.slurm.common import SlurmError
+    from mgpu.slurm.jobopts import GPU_OPTIONS
+
+    mgpu_opts, sources, _ = script_options(path, text, given)
+    try:
+        batch = sbatch.Batch.of_script(path, text, script_args, os.environ, _cwd())
+    except SlurmError as e:
+        why = str(e).removeprefix("sbatch: ").removeprefix("error: ")
+        raise UsageError(f"{path}: {why}") from None
+    fields = dict(batch.fields)
+    if set(GPU_REQUEST) & mgpu_opts.keys():  # mgpu's GPU request replaces sbatch's whole
+        for key in ("gpus", "gpus_per_node", "gpu_type"):
+            fields.pop(key, None)
+    asked = set(fields) & set(JOB_FIELDS)
+    if not set(GPU_OPTIONS) & batch.values.keys():
+        asked -= set(GPU_REQUEST) | {"gpu_type"}  # no GPU: sbatch's default, not an option
+    fields.update(mgpu_opts)
+    if "dependency" in mgpu_opts:
+        batch.values.pop("dependency", None)
+    if "notify" in mgpu_opts:
+        batch.mail = None
+    batch.fields = fields
+    return batch, {**dict.fromkeys(sorted(asked), directives.SBATCH), **sources}
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise UsageError("the current directory no longer exists") from None
 
 
 def _layer(into: dict[str, Any], values: dict[str, Any]) -> None:
@@ -141,6 +162,8 @@ def submit_script(args: argparse.Namespace) -> int | None:
     text = read_script(path)
     if text is None:
         return None
+    if any(d.source == directives.SBATCH for d in directives.scan(text).directives):
+        return _submit_batch(args, path, text, script_args)
     opts, sources, warnings = script_options(path, text, job_options(args))
     warn(warnings)
     if args.interactive:
@@ -153,6 +176,26 @@ def submit_script(args: argparse.Namespace) -> int | None:
         option_sources=sources,
         **opts,
     )
+    return submitted(client, job, args)
+
+
+def _submit_batch(args: argparse.Namespace, path: str, text: str, script_args: list[str]) -> int:
+    """A script with `#SBATCH` lines, queued as sbatch queues it (its refusals in sbatch's
+    words), then said as `mgpu submit` says it."""
+    from mgpu.slurm import sbatch
+    from mgpu.slurm.common import SlurmError
+
+    given = job_options(args)
+    if args.interactive:
+        given["interactive"] = True
+    batch, sources = slurm_batch(path, text, script_args, given)
+    batch.fields["option_sources"] = sources
+    client = make_client(args)
+    try:
+        job, warnings = sbatch.submit(client, batch)
+    except SlurmError as e:
+        raise MgpuError(str(e).removeprefix("sbatch: error: ")) from None
+    job.warnings = warnings
     return submitted(client, job, args)
 
 
@@ -199,6 +242,13 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_requeue(args: argparse.Namespace) -> int:
     return _each(args, "requeueing", make_client(args).requeue)
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    """`mgpu cancel --signal SIG JOB...`: SIG to every process of each running job now."""
+    client = make_client(args)
+    args.json = False
+    return _each(args, "signalled", lambda job_id: client.signal(job_id, args.signal, full=True))
 
 
 def cmd_update(args: argparse.Namespace) -> int:

@@ -54,6 +54,15 @@ def job_id_of(job: dict[str, Any]) -> str:
     return str(job["id"])
 
 
+def own_id(job: dict[str, Any]) -> str:
+    """Its own job number, as Slurm's: an array task's is its array's plus its index (its
+    SLURM_JOB_ID, `1238` for `1234_4`); any other job's is its id."""
+    base, index = str(job.get("array_job_id") or ""), job.get("array_task_id")
+    if base.isdigit() and isinstance(index, int):
+        return str(int(base) + index)
+    return str(job["id"])
+
+
 def job_name(job: dict[str, Any]) -> str:
     """Its --job-name, else Slurm's default (the script's name; `wrap` for --wrap)."""
     return str(job.get("name") or slurm_block(job).get("job_name_default") or "")

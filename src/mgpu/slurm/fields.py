@@ -6,6 +6,13 @@ from __future__ import annotations
 from mgpu.safetext import escape_controls
 from mgpu.slurm.common import fail
 
+
+def warn_error(prog: str, message: str) -> None:
+    import sys
+
+    sys.stderr.write(f"{prog}: error: {message}\n")
+
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,7 +25,8 @@ def parse_percent(
     prog: str, fmt: str, known: dict[str, tuple[str, Getter]], what: str = "job"
 ) -> list[Any]:
     """`%.18i %9P literal`: literals as strings, fields as (letter, width, right-justified);
-    width 0 = as wide as the value."""
+    width 0 = as wide as the value.  A letter it does not know is Slurm's error line on
+    stderr, then printed as it is written (Slurm goes on, exit status 0)."""
     items: list[Any] = []
     literal: list[str] = []
     i = 0
@@ -39,8 +47,12 @@ def parse_percent(
             digits += fmt[i]
             i += 1
         if i == len(fmt) or fmt[i] not in known:
+            # As Slurm's print.c: one error line, the spec printed as it is, and on.
             shown = fmt[i] if i < len(fmt) else ""
-            raise fail(prog, f"Invalid {what} format specification: {shown}")
+            warn_error(prog, f"Invalid {what} format specification: {shown}")
+            literal.append("%" + ("." if right else "") + digits + shown)
+            i += 1
+            continue
         if literal:
             items.append("".join(literal))
             literal = []
@@ -60,12 +72,13 @@ def parse_long(
     for raw in spec.split(","):
         name, colon, size = raw.strip().partition(":")
         letter = names.get(name.lower())
-        if letter is None or letter not in known:
-            raise fail(prog, f"Invalid job format specification: {name}")
         right = size.startswith(".")
         size = size.lstrip(".")
         digits = size[: len(size) - len(size.lstrip("0123456789"))]
-        items.append((letter, int(digits) if digits else 0 if colon else 20, right))
+        if letter is None or letter not in known:  # Slurm: an error line, and on
+            warn_error(prog, f"Invalid job format specification: {name}")
+        else:
+            items.append((letter, int(digits) if digits else 0 if colon else 20, right))
         if size[len(digits) :]:  # `name:10|`: printed after the field, as a separator
             items.append(size[len(digits) :])
     return items

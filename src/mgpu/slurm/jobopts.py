@@ -166,12 +166,18 @@ def _count(prog: str, option: str, text: str) -> tuple[str | None, int]:
     return kind or None, int(count)
 
 
-def _gres(prog: str, text: str, ignored: list[str]) -> tuple[str | None, int | None]:
-    """`--gres=gpu[:TYPE][:N][,other...]`: the GPUs per node; other resources ignored."""
+def _gres(
+    prog: str, text: str, ignored: list[str], out: dict[str, Any]
+) -> tuple[str | None, int | None]:
+    """`--gres=gpu[:TYPE][:N][,other...]`: the GPUs per node; `mps:N` (N of one GPU's
+    100) mgpu's `gpu_share` N/100, set in `out`; other resources ignored."""
     kind, count = None, None
     for item in text.split(","):
         parts = item.strip().split(":")
         if parts == ["none"] or parts == [""]:
+            continue
+        if parts[0] == "mps" and len(parts) == 2 and parts[1].isdigit() and 0 < int(parts[1]) < 100:
+            out["gpu_share"], count = int(parts[1]) / 100, 1
             continue
         if parts[0] != "gpu":
             ignored.append(f"--gres={item}")
@@ -232,6 +238,7 @@ def gpu_request(prog: str, values: dict[str, str], ignored: list[str]) -> dict[s
     kind = None
     per_node: int | None = None
     total: int | None = None
+    out: dict[str, Any] = {}
     if values.get("gpus-per-task") is not None:
         kind, per_task = _count(prog, "gpus-per-task", values["gpus-per-task"] or "")
         tasks = ntasks or nodes * (per_node_tasks or 1)
@@ -240,7 +247,7 @@ def gpu_request(prog: str, values: dict[str, str], ignored: list[str]) -> dict[s
     elif values.get("gpus-per-node") is not None:
         kind, per_node = _count(prog, "gpus-per-node", values["gpus-per-node"] or "")
     elif values.get("gres") is not None:
-        kind, per_node = _gres(prog, values["gres"] or "", ignored)
+        kind, per_node = _gres(prog, values["gres"] or "", ignored, out)
     elif values.get("gpus") is not None:
         kind, total = _count(prog, "gpus", values["gpus"] or "")
         if nodes > 1 and total % nodes:
@@ -250,7 +257,7 @@ def gpu_request(prog: str, values: dict[str, str], ignored: list[str]) -> dict[s
                 "every node of a job the same GPUs (use --gpus-per-node)",
             )
         per_node = total // nodes
-    out: dict[str, Any] = {"gpu_type": kind}
+    out["gpu_type"] = kind
     if nodes > 1:
         out.update(nodes=nodes, gpus_per_node=per_node or 0)
     else:

@@ -1,6 +1,8 @@
 """`sacct`: jobs in Slurm's accounting columns (`-j`, `-u`, `-a`, `--format/-o`, `-X`, `-n`,
-`-p`, `-P`, `--delimiter`, `-s`, `-S`, `-E`, `-b`, `-l`).  mgpu accounts for jobs, not
-their steps: `-X` or not, one line per job (array task)."""
+`-p`, `-P`, `--delimiter`, `-s`, `-S`, `-E`, `-b`, `-l`).  One line per job (array task);
+without `-X` a batch job that has started has its `ID.batch` line after it, as Slurm's.
+`srun` steps (`ID.0` ...) are not listed: the master keeps their ends only while the job
+runs."""
 
 from __future__ import annotations
 
@@ -72,11 +74,31 @@ def _state(job: dict[str, Any]) -> str:
     return states.state(job)
 
 
+BATCH_STEP = "_batch_step"
+"""Marks the row of a job's `ID.batch` line (its script, as Slurm's batch step)."""
+
+
+def batch_step(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The `ID.batch` row of a batch job that has started, else None."""
+    if not common.slurm_block(job).get("batch") or not job.get("start_time"):
+        return None
+    return {**job, BATCH_STEP: True}
+
+
+def _step_id(getter: Any) -> Any:
+    return lambda j: getter(j) + (".batch" if j.get(BATCH_STEP) else "")
+
+
+def _job_level(getter: Any) -> Any:
+    """A column the batch step's line leaves empty (its job's line has it)."""
+    return lambda j: "" if j.get(BATCH_STEP) else getter(j)
+
+
 KNOWN: dict[str, tuple[int, Any]] = {
-    "JobID": (-12, common.job_id_of),
-    "JobIDRaw": (-12, common.job_id_of),
-    "JobName": (10, common.job_name),
-    "Partition": (10, common.partition),
+    "JobID": (-12, _step_id(common.job_id_of)),
+    "JobIDRaw": (-12, _step_id(common.own_id)),
+    "JobName": (10, lambda j: "batch" if j.get(BATCH_STEP) else common.job_name(j)),
+    "Partition": (10, _job_level(common.partition)),
     "Account": (10, lambda j: ""),
     "AllocCPUS": (10, _cpus),
     "NCPUS": (10, _cpus),
@@ -94,7 +116,7 @@ KNOWN: dict[str, tuple[int, Any]] = {
     "NNodes": (8, _nnodes),
     "AllocNodes": (10, lambda j: "0" if j.get("state") == "queued" else _nnodes(j)),
     "User": (9, lambda j: str(j.get("user") or "")),
-    "Timelimit": (10, lambda j: common.time_limit(j, "sacct")),
+    "Timelimit": (10, _job_level(lambda j: common.time_limit(j, "sacct"))),
     "WorkDir": (20, lambda j: str(j.get("cwd") or "")),
     "Reason": (22, lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
     "ReqTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
@@ -190,6 +212,8 @@ def main(argv: list[str]) -> int:
     client = common.make_client()
     jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
     jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
+    if "allocations" not in given:
+        jobs = [row for j in jobs for row in (j, batch_step(j)) if row is not None]
     parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
     lines = fields.render_fields(
         columns, jobs, "noheader" not in given, parsable, given.get("delimiter") or "|"

@@ -54,6 +54,23 @@ class Batch:
             self.script = _decode((stdin or sys.stdin.buffer).read(MAX_SCRIPT_BYTES + 1), "stdin")
             self.script_name, self.name_default, self.args = "sbatch", "sbatch", []
         check_script(self.script)
+        self._options(found, environ, cwd)
+
+    @classmethod
+    def of_script(
+        cls, path: str, text: str, args: list[str], environ: Mapping[str, str], cwd: str
+    ) -> Batch:
+        """`mgpu submit FILE ARGS` of a script with `#SBATCH` lines: what sbatch would
+        submit for it (its `#SBATCH` lines and the SBATCH_* variables; mgpu's own options
+        are laid over these by the caller).  No `#!` needed: mgpu runs it with /bin/sh."""
+        self = cls.__new__(cls)
+        self.help = self.version = False
+        self.script, self.args = text, list(args)
+        self.script_name = self.name_default = os.path.basename(path) or "script"
+        self._options([], environ, cwd)
+        return self
+
+    def _options(self, found: list[tuple[str, str]], environ: Mapping[str, str], cwd: str) -> None:
         self.values = jobopts.merged(PROG, self.script, found, environ)
         self.fields, self.slurm, self.warnings = jobopts.submit_fields(
             PROG, self.values, environ, cwd

@@ -1,6 +1,7 @@
 """`scancel [ID...] [-u USER] [-n NAME] [-t STATE] [-p PARTITION] [--me]`: cancel jobs
-(`ID`, an array `ID`, a task `ID_7`, tasks `ID_[1-3,5]`).  `--signal` to a running job
-is refused: mgpu sends a job signals at its time limit (`sbatch --signal`), not on demand."""
+(`ID`, an array `ID`, a task `ID_7`, tasks `ID_[1-3,5]`).  `-s/--signal SIG` sends SIG to
+running jobs instead (as Slurm: to their steps, `-b` the batch script's shell only, `-f`
+the batch script and its children too); a pending job: `Job is pending execution`."""
 
 from __future__ import annotations
 
@@ -40,12 +41,7 @@ def task_ids(word: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     given, words = opts.command_line(PROG, argv, OPTIONS, USAGE)
-    if "signal" in given:
-        raise fail(
-            PROG,
-            "mgpu cannot send a signal to a running job on demand; scancel JOB ends it, "
-            "and sbatch --signal=SIG@SECONDS signals it before its time limit",
-        )
+    sig = _signal(given["signal"] or "") if "signal" in given else None
     ids = [i for word in words for part in word.split(",") if part for i in task_ids(part)]
     filters = {k for k in ("user", "name", "state", "partition", "me") if k in given}
     if not ids and not filters:
@@ -58,7 +54,12 @@ def main(argv: list[str]) -> int:
 
     for job_id in ids:
         try:
-            client.cancel(job_id)
+            if sig is None:
+                client.cancel(job_id)
+            else:
+                status |= _signalled(
+                    job_id, client.signal(job_id, sig, "batch" in given, "full" in given)
+                )
         except RequestError as e:
             status = 1
             if e.status == 404:
@@ -66,10 +67,38 @@ def main(argv: list[str]) -> int:
                     f"{PROG}: error: Kill job error on job id {job_id}: Invalid job id specified",
                     file=sys.stderr,
                 )
-            elif "already" not in str(e):
-                print(f"{PROG}: error: Kill job error on job id {job_id}: {e}", file=sys.stderr)
+            elif "already" not in str(e) or sig is not None:
+                _kill_error(job_id, str(e))
             else:
                 status = 0
+    return status
+
+
+def _signal(text: str) -> str:
+    """A signal name (`USR1`, `SIGUSR1`) or number, as scancel takes them."""
+    import signal
+
+    name = text.strip().upper()
+    if name.isdigit() and 0 < int(name) <= signal.SIGRTMAX:
+        return name
+    if (name if name.startswith("SIG") else "SIG" + name) in signal.Signals.__members__:
+        return name
+    raise fail(PROG, f"Invalid job signal: {text}")
+
+
+def _kill_error(job_id: str, reason: str) -> None:
+    """Slurm's line; the master says `job ID: REASON` where the reason is Slurm's."""
+    reason = reason.removeprefix(f"job {job_id}: ")
+    print(f"{PROG}: error: Kill job error on job id {job_id}: {reason}", file=sys.stderr)
+
+
+def _signalled(job_id: str, answer: dict[str, Any]) -> int:
+    """An array's tasks that could not be signalled (pending ones), each said: 1 if any."""
+    status = 0
+    for row in answer.get("jobs") or ():
+        if not row.get("changed"):
+            _kill_error(str(row.get("job_id")), str(row.get("message")))
+            status = 1
     return status
 
 

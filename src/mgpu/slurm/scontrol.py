@@ -71,7 +71,7 @@ def job_text(job: dict[str, Any]) -> str:
     deps = ",".join(job.get("dependency") or []) or "(null)"
     n_nodes = len(job.get("allocation") or []) or job.get("nodes") or 1
     lines = [
-        f"JobId={job['id']}{array} JobName={common.job_name(job)}",
+        f"JobId={common.own_id(job)}{array} JobName={common.job_name(job)}",
         f"UserId={_uid(str(job.get('user')))}",
         f"Priority={job.get('priority') or 0} Nice=0 Account=(null) QOS=normal",
         f"JobState={state} Reason={states.reason(job)} Dependency={deps}",

@@ -219,7 +219,8 @@ def select(
     """The jobs the filters keep (an array id names its tasks), in squeue's order."""
     out = []
     for job in jobs:
-        if ids is not None and not ({str(job["id"]), str(job.get("array_job_id"))} & ids):
+        own = {str(job["id"]), str(job.get("array_job_id")), common.own_id(job)}
+        if ids is not None and not (own & ids):
             continue
         if users is not None and job.get("user") not in users:
             continue

@@ -43,7 +43,7 @@ from mgpu.master.control.admission import Admission, AdmissionContext
 from mgpu.master.control.agents import Agents
 from mgpu.master.control.allocations import Allocations, StepRequest
 from mgpu.master.control.bulk import Bulk, Cancelled, build_tasks, in_slices
-from mgpu.master.control.jobctl import Actor, Change, JobControl
+from mgpu.master.control.jobctl import Actor, Change, JobControl, SignalAsked
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.loop import SchedulingLoop
 from mgpu.master.control.nodes import Conflict, NodeAdmin, NotFound
@@ -419,6 +419,14 @@ class Cluster(Reads):
             return change
 
         return await self.bulk.control(job_id, verb, actor, one)
+
+    async def signal_job(self, job_id: str, asked: SignalAsked, actor: Actor) -> list[Change]:
+        """Send a signal to a running job or to an array's running tasks now."""
+
+        async def one(job: Job, actor: Actor) -> Change:
+            return self.jobctl.signal(job, actor, asked)
+
+        return await self.bulk.control(job_id, "signal", actor, one)
 
     def cancel(self, job: Job, actor: str | None = None, address: str | None = None) -> bool:
         """Cancel a queued or running job; False if it had already ended."""

@@ -8,6 +8,10 @@
 * **requeue** — a running job is stopped and queued again: `EndReason.REQUEUED`, so no
   retry is spent; the run ends as an attempt and the next one sees `MGPU_RESTART_COUNT`
   one higher.  A queued job is left as it is (said in a sentence).
+* **signal** — a signal sent to a running job now (Slurm's `scancel --signal`): to its
+  steps' processes and, unless it is a batch job, its own (`full`: a batch job's script
+  and its children too; `batch_only`: the batch script's shell only, `scancel -b`).  A
+  queued job is refused as Slurm refuses it (`Job is pending execution`).
 * **update** — a queued job's time limit, priority, GPU count and name; a running job's
   time limit and name.  Values are checked by the submit rules (`JobSpec`), and a queued
   job's new shape by admission (`could_ever_fit`, the site's limits and validator), so an
@@ -32,10 +36,11 @@ from mgpu.master.control.loop import SchedulingLoop
 from mgpu.master.control.nodes import Conflict
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.steps import is_batch
 from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase
-from mgpu.protocol import SetTimeLimit
+from mgpu.protocol import SetTimeLimit, SignalRun
 
-__all__ = ["Actor", "Change", "JobControl", "NotAllowed"]
+__all__ = ["Actor", "Change", "JobControl", "NotAllowed", "SignalAsked", "signal_number"]
 
 
 class NotAllowed(PermissionError):
@@ -89,6 +94,33 @@ def _ended(job: Job, what: str) -> Conflict:
 
 def _limit(seconds: float | None) -> str:
     return specs.format_time_limit(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalAsked:
+    """`scancel --signal`'s request: the signal, and where it goes (see `JobControl.signal`)."""
+
+    number: int
+    batch_only: bool = False
+    full: bool = False
+
+
+def signal_number(value: object) -> int:
+    """A signal by name (`USR1`, `SIGUSR1`, any case) or number; SpecError if none."""
+    import signal as signals
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 1 <= value <= signals.SIGRTMAX:
+            return value
+        raise specs.SpecError(f"signal number {value} does not exist; use 1-{signals.SIGRTMAX}")
+    text = str(value).strip()
+    if text.isdigit():
+        return signal_number(int(text))
+    name = text.upper() if text.upper().startswith("SIG") else "SIG" + text.upper()
+    member = signals.Signals.__members__.get(name)
+    if member is None or name in ("SIGRTMIN", "SIGRTMAX"):
+        raise specs.SpecError(f"{text[:40]!r} is not a signal name; use one such as USR1 or TERM")
+    return int(member)
 
 
 class JobControl:
@@ -159,6 +191,43 @@ class JobControl:
             return Change(job.id, False, f"job {job.id} is being requeued already")
         self.life.request_stop(job, EndReason.REQUEUED, f"requested by {actor.user}")
         return self._done(job, "requeue", actor, f"requeueing {job.id}")
+
+    # ---- signal -----------------------------------------------------------
+
+    def signal(self, job: Job, actor: Actor, asked: SignalAsked) -> Change:
+        """Send the signal to the running job's processes (Slurm's `scancel --signal`):
+        its steps' and, unless it is a batch job (whose script Slurm leaves alone without
+        `-f`), its own; `batch_only`: the batch script's shell only (`-b`, no steps)."""
+        if job.terminal:
+            raise Conflict(f"job {job.id}: Job/step already completing or completed")
+        if job.state == JobState.QUEUED:
+            raise Conflict(f"job {job.id}: Job is pending execution")
+        own = asked.batch_only or asked.full or not is_batch(job)
+        sent = 0
+        if own:
+            for slot in job.allocation:  # a batch job's: its first node's only
+                node = self.state.nodes.get(slot.node_id)
+                live = slot.phase in (SlotPhase.SENT, SlotPhase.STARTED)
+                if not live or node is None or node.link is None:
+                    continue
+                message = SignalRun(
+                    job_id=job.id, epoch=job.epoch, signal=asked.number, top_only=asked.batch_only
+                )
+                self.uow.send(node.link, message)
+                sent += 1
+        if not asked.batch_only:
+            for step in self.state.steps.of_job(job.id):
+                for node_id in step.on_nodes:
+                    node = self.state.nodes.get(node_id)
+                    if step.ended_on(node_id) or node is None or node.link is None:
+                        continue
+                    message = SignalRun(job_id=step.id, epoch=step.epoch, signal=asked.number)
+                    self.uow.send(node.link, message)
+                    sent += 1
+        detail = f"signal {asked.number} to {sent} run(s)"
+        if actor.audit:
+            self.uow.flush(event=("signal", actor.user, actor.address, job.id), detail=detail)
+        return Change(job.id, True, f"signal {asked.number} sent to {job.id}", detail)
 
     # ---- update -----------------------------------------------------------
 

@@ -17,7 +17,7 @@ from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store.sqlite import Store
 from mgpu.model import Job, JobState
-from mgpu.spec import may_be_array_id
+from mgpu.spec import job_number, may_be_array_id
 
 __all__ = ["Reads"]
 
@@ -31,9 +31,27 @@ class Reads:
     gpuwatch: GpuWatch
 
     def get_job(self, job_id: str) -> Job | None:
-        """Active, just changed (not written yet), or from the store."""
+        """Active, just changed (not written yet), or from the store; a number no job has
+        may be an array task's own (its SLURM_JOB_ID): that task."""
         job = self.jobs.get(job_id) or self.uow.pending(job_id)
-        return job if job is not None else self.store.get_job(job_id)
+        if job is None:
+            job = self.store.get_job(job_id)
+        if job is None and (task_id := self.task_of_number(job_id)) is not None:
+            job = self.jobs.get(task_id) or self.uow.pending(task_id) or self.store.get_job(task_id)
+        return job
+
+    def task_of_number(self, job_id: str) -> str | None:
+        """`1238` -> `1234_4` when task 4 of array 1234 has that job number, as Slurm's
+        array tasks each have their own id (`specs.task_job_number`); else None."""
+        number = job_number(job_id)
+        if number is None or self.store.has_job(job_id):  # an array's own id: the array
+            return None
+        base = self.store.array_below(number)
+        stored = self.store.get_array(base) if base is not None else None
+        if base is None or stored is None:
+            return None
+        index = number - int(base)
+        return f"{base}_{index}" if index in stored[1] else None
 
     def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
         """Many jobs by id: from memory, the rest in one store query (unknown ids left out)."""

@@ -2,7 +2,9 @@
 or running task of an array (`mgpu hold|release|requeue|update`; master/control/jobctl.py).
 
 `POST /api/jobs/{id}/hold|release|requeue` and `POST /api/jobs/{id}/update` with
-`{"time", "priority", "gpus", "name"}` answer `{"jobs": [{"job_id", "changed",
+`{"time", "priority", "gpus", "name"}`, and `POST /api/jobs/{id}/signal` with `{"signal":
+"USR1" or 10, "batch_only": bool, "full": bool}` (Slurm's `scancel --signal`, `-b`, `-f`)
+answer `{"jobs": [{"job_id", "changed",
 "message"}]}`: `changed` false is a no-op said in `message` (a queued job requeued, a job
 not held released).  A job's owner or an admin; a refusal is 409 (the job's state), 400 (an
 impossible update, as submit says it), 422 (a malformed value) or 403, one sentence each
@@ -15,9 +17,9 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
-from mgpu.master.control.jobctl import Change, JobControl
+from mgpu.master.control.jobctl import Change, JobControl, SignalAsked, signal_number
 from mgpu.master.http.deps import Asker, Ctl
 
 __all__ = ["router"]
@@ -59,3 +61,16 @@ async def requeue(job_id: str, cl: Ctl, actor: Asker) -> JSONResponse:
 async def update(job_id: str, body: UpdateRequest, cl: Ctl, actor: Asker) -> JSONResponse:
     new = JobControl.parse_update(body.time, body.priority, body.gpus, body.name)
     return _answer(await cl.control_job(job_id, "update", actor, new))
+
+
+class SignalRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    signal: str | int
+    batch_only: StrictBool = False
+    full: StrictBool = False
+
+
+@router.post("/api/jobs/{job_id}/signal")
+async def signal(job_id: str, body: SignalRequest, cl: Ctl, actor: Asker) -> JSONResponse:
+    asked = SignalAsked(signal_number(body.signal), body.batch_only, body.full)
+    return _answer(await cl.signal_job(job_id, asked, actor))

@@ -95,7 +95,7 @@ async def wait(job_id: str, cl: Ctl, timeout: float = Query(default=30.0, ge=0, 
         if job.terminal or left <= 0:
             return _json_response(cl.public_job(job))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cl.job_event(job_id).wait(), timeout=left)
+            await asyncio.wait_for(cl.job_event(job.id).wait(), timeout=left)
 
 
 @router.post("/api/wait")
@@ -154,7 +154,7 @@ async def output(
     since: int = Query(default=0, ge=0),
 ) -> StreamingResponse:
     # JSON lines (follow.py): its output; `follow`: then its state as it changes, its end.
-    owned(job_id, "read the output of")
+    job_id = owned(job_id, "read the output of").id  # a task's own number: the task's id
     news = JobNews(cl, job_id) if follow else None
     stream = follow_output(cl, job_id, news, since, ping=b'{"ping":1}\n')
     return StreamingResponse(stream, media_type="application/x-ndjson")

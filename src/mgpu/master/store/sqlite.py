@@ -322,6 +322,17 @@ class Store:
         ).fetchone()
         return row is not None
 
+    def array_below(self, number: int) -> str | None:
+        """The numeric array id nearest below `number`: the only array whose block of task
+        numbers (`specs.task_job_number`) can hold it.  A scan of the arrays' ids, for the
+        rare lookup of a task by its own number."""
+        row = self.db.execute(
+            "SELECT id FROM arrays WHERE id GLOB '[1-9]*' AND id NOT GLOB '*[^0-9]*' "
+            "AND CAST(id AS INTEGER) < ? ORDER BY CAST(id AS INTEGER) DESC LIMIT 1",
+            (number,),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def get_job(self, job_id: str) -> Job | None:
         job = self._ended.get(job_id)
         if job is not None:
