@@ -241,9 +241,9 @@ class Retention(_Strict):
     """How long the master keeps what finished (days; None: for ever).  Pruned a slice at a
     time by master/control/retention.py."""
 
-    output_days: float | None = Field(default=30.0, gt=0)
+    output_days: float | None = Field(default=90.0, gt=0)
     """Output files of jobs that ended this long ago."""
-    jobs_days: float | None = Field(default=180.0, gt=0)
+    jobs_days: float | None = Field(default=365.0, gt=0)
     """Rows of jobs that ended this long ago (their output file goes with them)."""
     audit_days: float | None = Field(default=365.0, gt=0)
     """Audit events this old."""

@@ -24,7 +24,8 @@ def finished(h: Harness, a: FakeAgent, text: str) -> str:
     return job_id
 
 
-def test_old_rows_and_files_go_and_recent_ones_stay(h: Harness) -> None:
+def test_old_rows_and_files_go_and_recent_ones_stay(make_harness: Callable[..., Harness]) -> None:
+    h = make_harness({"retention": {"output_days": 30, "jobs_days": 180, "audit_days": 365}})
     a = h.agent("n1")
     old = finished(h, a, "old output\n")
     h.advance(100 * DAY)
@@ -95,7 +96,7 @@ def test_output_pruning_walks_ties_and_slices_and_resumes_after_a_restart(
     for _ in range(5):
         ids.append(finished(h, a, "out\n"))
     h.store.db.execute("UPDATE jobs SET end_time = ?", (h.clock.time(),))
-    h.advance(40 * DAY)
+    h.advance(100 * DAY)  # past the default 90 days of output
     a.heartbeat()
     monkeypatch.setattr(retention, "SLICE", 2)
     rounds = 1

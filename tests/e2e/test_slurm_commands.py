@@ -1,13 +1,9 @@
 """Slurm's commands against a real master: sbatch -> squeue -> scancel, sacct -P and
 squeue --format parsed as Slurm's, sbatch --wait's exit code, a script on stdin, --wrap,
-and the bin dir every job finds first on its PATH, run by another account.
-
-The sbatch tests need the master to take the submission's `slurm` block (helper
-slurmjob's side of docs/SLURM.md); until it does they skip, saying so."""
+and the bin dir every job finds first on its PATH, run by another account."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,8 +18,6 @@ import pytest
 from helpers import BIN, LocalCluster, local_cluster, wait_for
 from mgpu import Client
 from mgpu.agent import slurmbin
-
-NO_SLURM_BLOCK = "the master does not take the `slurm` block of a submission yet (helper slurmjob)"
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +42,6 @@ def run(
 
 def sbatch(c: LocalCluster, *argv: str, input: str | None = None) -> str:
     res = run(c, "sbatch", "--parsable", *argv, input=input)
-    if res.returncode and "slurm" in res.stderr and "not an option" in res.stderr:
-        pytest.skip(NO_SLURM_BLOCK)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -168,8 +160,6 @@ def test_sbatch_squeue_scancel_sacct(slurm_cluster: LocalCluster, tmp_path: Path
 
 def test_sbatch_wait_exits_with_the_jobs_code(slurm_cluster: LocalCluster) -> None:
     res = run(slurm_cluster, "sbatch", "--wait", "--wrap", "exit 3")
-    if res.returncode and "not an option" in res.stderr:
-        pytest.skip(NO_SLURM_BLOCK)
     assert res.returncode == 3, res.stderr
     assert res.stdout.startswith("Submitted batch job ")
 
@@ -308,12 +298,8 @@ def _salloc(c: LocalCluster, options: list[str], script: str) -> subprocess.Comp
     )
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mgpu.client.steps") is None,
-    reason="helper steps' client (mgpu.client.steps) is not merged yet",
-)
 def test_srun_inside_salloc_runs_a_step_of_tasks(slurm_cluster: LocalCluster) -> None:
-    """The bin dir's srun inside an allocation: tasks over its nodes (helper steps' side)."""
+    """The bin dir's srun inside an allocation: tasks over its nodes ."""
     c = slurm_cluster
     script = (
         'export PATH="$(mgpu slurm-bin):$PATH"; '

@@ -11,6 +11,7 @@ import pwd
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,7 @@ def test_a_store_of_an_older_mgpu_keeps_working(tmp_path: Path) -> None:
     state.mkdir(parents=True)
     store = Store(state / "mgpu.db")
     old = Job(id="a1b2c3d4", user=getpass.getuser(), argv=["true"], command="true")
-    old.state, old.exit_code, old.end_time = JobState.COMPLETED, 0, 1.0
+    old.state, old.exit_code, old.end_time = JobState.COMPLETED, 0, time.time() - 60
     store.save_jobs([old])
     store.close()
     with local_cluster(tmp_path / "c", agents=1, gpus=1) as c:

@@ -1,9 +1,9 @@
 """Slurm's steps end to end: `srun` inside a job (a batch job, an allocation) runs tasks on
 the job's nodes, never a new job (master/control/srun.py, mgpu/client/steps.py).
 
-`srun` here is a small stand-in for helper slurmcli's command (its option parsing), put on
-the job's PATH: it calls `mgpu.client.steps.run_step` as that command does inside a job.
-A batch job is submitted through the API with a `slurm` block (helper slurmjob's field)."""
+`srun` here is a small stand-in for Slurm's command (mgpu.slurm.srun parses its options and
+is tested apart), put on the job's PATH: it calls `mgpu.client.steps.run_step` as that
+command does inside a job. A batch job is submitted through the API with a `slurm` block."""
 
 from __future__ import annotations
 
@@ -56,12 +56,7 @@ def env(cluster: LocalCluster, tmp_path: Path) -> dict[str, str]:
 
 
 def _submit(client: Client, script: str, **options: Any) -> SubmittedJob:
-    try:
-        return client.submit_script(script, name="batch", **options)
-    except RequestError as e:  # until helper slurmjob's branch (Job.slurm) is merged
-        if e.status == 422 and "slurm" in str(e):
-            pytest.skip("the master takes no slurm block yet (helper slurmjob's Job.slurm)")
-        raise
+    return client.submit_script(script, name="batch", **options)
 
 
 def _batch(

@@ -1,5 +1,5 @@
 """Slurm's commands, talking to mgpu: sbatch, squeue, scancel, scontrol, sinfo, sacct,
-salloc and srun (docs/SLURM.md).
+salloc and srun (the README, "Your Slurm scripts, unchanged").
 
 One module per command, plus `opts` (Slurm's option syntax), `fields` (its `%` format
 strings and sacct's field lists), `states` (mgpu's job states in Slurm's words) and

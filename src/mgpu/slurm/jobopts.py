@@ -1,6 +1,7 @@
 """The job options of sbatch, salloc and srun: Slurm's names, where each comes from
 (`#SBATCH` lines < `SBATCH_*` variables < the command line), and what they ask of mgpu:
-the `submit` fields, the `slurm` block (docs/SLURM.md), and warnings for the rest."""
+the `submit` fields, the `slurm` block (the README, "Your Slurm scripts, unchanged"), and
+warnings for the rest."""
 
 from __future__ import annotations
 

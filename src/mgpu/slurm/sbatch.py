@@ -20,7 +20,8 @@ PROG = "sbatch"
 MAX_SCRIPT_BYTES = 1 << 20
 USAGE = (
     "Usage: sbatch [OPTIONS(0)...] [ : [OPTIONS(N)...]] script(0) [args(0)...]\n"
-    "mgpu's sbatch: Slurm's options (see docs/SLURM.md for what each does here)."
+    "mgpu's sbatch: Slurm's options (the README's section 'Your Slurm scripts, unchanged' "
+    "says what each does here)."
 )
 NO_MAIL = "this cluster sends no e-mail"
 """The master's refusal of a mailto: notification (master/control/notify.py)."""
