@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     Style = Literal["clock", "limit", "short", "exact"]
 
-__all__ = ["format_duration"]
+__all__ = ["format_duration", "hms"]
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 
@@ -38,11 +38,11 @@ def format_duration(seconds: float | None, style: Style = "short") -> str:
     if style == "clock":
         if seconds is None or not math.isfinite(seconds) or seconds < 0:
             return "-"
-        return _clock(int(seconds), pad_hours=False)
+        return hms(int(seconds), pad_hours=False)
     if style == "limit":
         if seconds is None or math.isinf(seconds):
             return "UNLIMITED"
-        return _clock(max(0, math.ceil(seconds)), pad_hours=True)
+        return hms(max(0, math.ceil(seconds)), pad_hours=True)
     if seconds is None or math.isnan(seconds):
         return "-"
     if math.isinf(seconds):
@@ -59,7 +59,8 @@ def format_duration(seconds: float | None, style: Style = "short") -> str:
     return f"{s}s"
 
 
-def _clock(total: int, pad_hours: bool) -> str:
+def hms(total: int, pad_hours: bool) -> str:
+    """`D-HH:MM:SS`, `HH:MM:SS` (`pad_hours`) or `H:MM:SS`, `M:SS` of whole seconds."""
     days, rest = divmod(total, DAY)
     hours, rest = divmod(rest, HOUR)
     minutes, secs = divmod(rest, MINUTE)

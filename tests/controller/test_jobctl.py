@@ -330,7 +330,7 @@ def test_a_jobs_end_queues_its_notification(
         "state": "failed",
         "exit_code": 3,
         "reason": "exit code 3",
-        "text": f"Job {job_id} (train) of alice failed with exit code 3 after 1 h 2 min on n1.",
+        "text": f"Job {job_id} (train) of alice failed with exit code 3 after 1h 2m on n1.",
     }
     assert h.job(job_id).to_public()["notify"] == "https://hooks.example.org/..."  # not the path
 

@@ -28,7 +28,8 @@ from helpers import LocalCluster, free_port, local_cluster, wait_for
 from mgpu import Client
 from mgpu.config import Notify
 from mgpu.master.control import notify
-from mgpu.master.control.notify import Delivery, Notifier, Target, check_target
+from mgpu.master.control.notify import Delivery, Notifier
+from mgpu.master.control.notifytargets import Target, check_target
 from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca
 
 

@@ -26,7 +26,8 @@ from mgpu.agent.containers import Runtime
 from mgpu.agent.site import run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
 from mgpu.master.control.admission import Admission, AdmissionContext
-from mgpu.master.control.submit import JobSpec, SubmitDefaults, SubmitError, build_jobs
+from mgpu.master.control.jobbuild import SubmitDefaults, build_jobs
+from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.security.access import unix_groups
 from mgpu.model import Job
 from mgpu.scheduler.types import JobRequest

@@ -12,8 +12,9 @@ import pytest
 
 from mgpu import spec as specs
 from mgpu.config import Notify
-from mgpu.master.control import notify
-from mgpu.master.control.notify import Delivery, Notifier, Target, check_target
+from mgpu.master.control import notify, notifytargets
+from mgpu.master.control.notify import Delivery, Notifier
+from mgpu.master.control.notifytargets import Target, check_target
 
 EMBEDDED_PRIVATE = [
     "::ffff:127.0.0.1",  # IPv4-mapped
@@ -30,7 +31,7 @@ EMBEDDED_PUBLIC = ["::ffff:8.8.8.8", "64:ff9b::8.8.8.8", "2002:808:808::1", "260
 
 @pytest.mark.parametrize("address", EMBEDDED_PRIVATE)
 def test_an_ipv6_form_of_a_private_ipv4_address_is_refused(address: str) -> None:
-    assert not notify._public(address)
+    assert not notifytargets.is_public(address)
     with pytest.raises(specs.SpecError, match="loopback, link-local or private"):
         check_target(f"http://[{address}]/hook", Notify())
     assert check_target(f"http://[{address}]/hook", Notify(allowed_hosts=[address])) is not None
@@ -38,7 +39,7 @@ def test_an_ipv6_form_of_a_private_ipv4_address_is_refused(address: str) -> None
 
 @pytest.mark.parametrize("address", EMBEDDED_PUBLIC)
 def test_an_ipv6_form_of_a_public_ipv4_address_is_public(address: str) -> None:
-    assert notify._public(address)
+    assert notifytargets.is_public(address)
     assert check_target(f"http://[{address}]/hook", Notify()) is not None
 
 

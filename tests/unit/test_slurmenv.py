@@ -9,8 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from mgpu.config import ClusterConfig, ConfigError, Partition
+from mgpu.master.control.jobbuild import SubmitDefaults, build_jobs, submit_warnings
 from mgpu.master.control.slurmblock import choose_partition, parse_slurm_block
-from mgpu.master.control.submit import JobSpec, SubmitDefaults, build_jobs, submit_warnings
+from mgpu.master.control.submit import JobSpec
 from mgpu.master.http.sentences import validation_sentence
 from mgpu.master.state.snapshot import job_request
 from mgpu.model import Job, SlurmOptions

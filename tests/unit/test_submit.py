@@ -23,7 +23,8 @@ from mgpu.config import Admission as AdmissionConfig
 from mgpu.config import Scheduling
 from mgpu.execspec import MAX_ARG_BYTES, MAX_ENV_VARS
 from mgpu.master.control.admission import Admission, AdmissionContext
-from mgpu.master.control.submit import JobSpec, Shape, SubmitDefaults, SubmitError, build_jobs
+from mgpu.master.control.jobbuild import SubmitDefaults, build_jobs
+from mgpu.master.control.submit import JobSpec, Shape, SubmitError
 from mgpu.master.http.sentences import validation_sentence as _validation_sentence
 from mgpu.model import Attempt, Job, JobState, Slot
 from mgpu.scheduler.types import JobRequest, NodeView

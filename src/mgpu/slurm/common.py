@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from mgpu.durations import hms
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -80,17 +82,8 @@ def me() -> str:
 
 def clock(seconds: float | None, pad_hours: bool = True) -> str:
     """sacct's and scontrol's durations: `HH:MM:SS`, `D-HH:MM:SS`; without `pad_hours`
-    squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`.  (main's mgpu.durations has them
-    since this was written: format_duration(s, "limit") and (s, "clock").)"""
-    s = max(0, int(seconds or 0))
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    if d:
-        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
-    if pad_hours:
-        return f"{h:02d}:{m:02d}:{s:02d}"
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+    squeue's TIME: `M:SS`, `H:MM:SS`, `D-HH:MM:SS` (None: no time yet, zero)."""
+    return hms(max(0, int(seconds or 0)), pad_hours)
 
 
 def elapsed(seconds: float | None) -> str:

@@ -43,24 +43,20 @@ from mgpu.master.control.admission import Admission, AdmissionContext
 from mgpu.master.control.agents import Agents
 from mgpu.master.control.allocations import Allocations, StepRequest
 from mgpu.master.control.bulk import Bulk, Cancelled, build_tasks, in_slices
+from mgpu.master.control.jobbuild import SubmitDefaults, build_template, submit_warnings
 from mgpu.master.control.jobctl import Actor, Change, JobControl, SignalAsked
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.loop import SchedulingLoop
 from mgpu.master.control.nodes import Conflict, NodeAdmin, NotFound
-from mgpu.master.control.notify import Notifier, check_target
+from mgpu.master.control.notify import Notifier
+from mgpu.master.control.notifytargets import check_target
 from mgpu.master.control.reads import Reads
 from mgpu.master.control.reservations import ReservationBook
 from mgpu.master.control.reservations import public as public_reservation
 from mgpu.master.control.retention import Retention
 from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
-from mgpu.master.control.submit import (
-    JobSpec,
-    SubmitDefaults,
-    SubmitError,
-    build_template,
-    submit_warnings,
-)
+from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause

@@ -3,7 +3,7 @@
 cluster's `notify.smtp` relay.
 
 The POST carries `{"job_id", "name", "user", "state", "exit_code", "reason", "text"}`;
-`text` is one sentence ("Job 1a2b3c4d (train) of alice completed after 1 h 2 min on
+`text` is one sentence ("Job 42 (train) of alice completed after 1h 2m on
 node001."), so chat incoming-webhooks (Slack, Mattermost, Rocket.Chat) post it as is.  An
 array sends one notification, when its last task ends, counting its tasks' end states.
 
@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import re
 import socket
 import time
 from collections import Counter, deque
@@ -45,10 +43,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 from mgpu import spec as specs
 from mgpu.config import Notify as NotifyConfig
+from mgpu.durations import format_duration
+from mgpu.master.control.notifytargets import (
+    NONE,
+    Target,
+    is_listed,
+    is_public,
+    literal_address,
+    split_target,
+)
 from mgpu.model import Job, JobState
 
 log = logging.getLogger("mgpu.master")
@@ -57,14 +63,10 @@ _T = TypeVar("_T")
 __all__ = [
     "Delivery",
     "Notifier",
-    "Target",
-    "check_target",
     "describe_end",
-    "parse_target",
     "payload",
 ]
 
-MAX_TARGET_CHARS = 2048
 MAX_PENDING = 10_000
 """Deliveries waiting, being sent or retried at once, everyone's; more are dropped."""
 MAX_PER_USER = 1000
@@ -88,154 +90,9 @@ RETRY_DELAYS = (10.0, 30.0, 90.0, 270.0)
 """Seconds before each retry of a failed delivery: 5 tries over about 7 minutes."""
 TIMEOUT = 10.0
 """Seconds one try may take (connect, send, answer)."""
-NONE = "none"
-"""`--notify none`: no notification, not even to the cluster's webhook."""
-
-_EMAIL_RE = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@[A-Za-z0-9.-]{1,253}")
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """Where a notification goes: a webhook URL, or an e-mail address."""
-
-    kind: str
-    """"webhook" or "mail"."""
-    value: str
-    """The URL, or the address."""
-    host: str = ""
-    """The URL's host (lower case, no brackets), for the allowed-hosts and address rules."""
-    port: int | None = None
-
-
-def parse_target(text: str) -> str:
-    """`--notify`'s value checked as text: an http(s) URL, `mailto:ADDRESS` or `none`;
-    a bare e-mail address (as `--mail-user` takes it) becomes `mailto:ADDRESS`."""
-    text = text.strip()
-    if not text:
-        raise specs.SpecError("--notify is empty; give an http(s) URL or mailto:ADDRESS")
-    if len(text) > MAX_TARGET_CHARS:
-        raise specs.SpecError(f"--notify is {len(text)} characters; at most {MAX_TARGET_CHARS}")
-    if not text.isprintable() or any(c.isspace() for c in text):
-        raise specs.SpecError("--notify must not contain spaces or control characters")
-    if text.lower() == NONE:
-        return NONE
-    if "://" not in text and not text.lower().startswith("mailto:") and "@" in text:
-        text = "mailto:" + text
-    _split(text)
-    return text
-
-
-def _split(text: str) -> Target:
-    if text.lower().startswith("mailto:"):
-        address = text[len("mailto:") :]
-        if _EMAIL_RE.fullmatch(address) is None:
-            raise specs.SpecError(
-                f"--notify {specs._q(text)}: {specs._q(address)} is not an address"
-            )
-        return Target("mail", address)
-    try:
-        url = urlsplit(text)
-        port = url.port
-    except ValueError as e:
-        raise specs.SpecError(f"--notify {specs._q(text)} is not a URL ({e})") from None
-    if url.scheme.lower() not in ("http", "https"):
-        raise specs.SpecError(
-            f"--notify {specs._q(text)}: only http://, https:// or mailto: targets are sent"
-        )
-    host = (url.hostname or "").lower()
-    if not host:
-        raise specs.SpecError(f"--notify {specs._q(text)} names no host")
-    return Target("webhook", text, host, port)
-
-
-def _listed(host: str, allowed: Iterable[str]) -> bool:
-    for pattern in allowed:
-        pattern = pattern.lower().strip()
-        if host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:])):
-            return True
-    return False
-
-
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    """The IPv4 addresses an IPv6 address stands for, where a host, the kernel or a
-    translator on the way would reach them: IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible
-    `::a.b.c.d`, SIIT `::ffff:0:a.b.c.d`, NAT64 `64:ff9b::a.b.c.d`, 6to4 `2002::/16` and
-    Teredo's server and client."""
-    found: list[ipaddress.IPv4Address] = []
-    head, tail = ip.packed[:12], ipaddress.IPv4Address(ip.packed[12:])
-    if head in (bytes(10) + b"\xff\xff", bytes(12), bytes(8) + b"\xff\xff\0\0") or ip in _NAT64:
-        found.append(tail)
-    if ip.sixtofour is not None:
-        found.append(ip.sixtofour)
-    if ip.teredo is not None:
-        found.extend(ip.teredo)
-    return found
-
-
-def _public(address: str) -> bool:
-    """Whether notifications may go to `address`: a global unicast address, and so is
-    every IPv4 address it embeds (`::ffff:127.0.0.1` is loopback whatever its form)."""
-    ip = ipaddress.ip_address(address)
-    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else []
-    return all(a.is_global and not a.is_multicast for a in [ip, *inner])
-
-
-def _literal(host: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return None
-
-
-def check_target(text: str, config: NotifyConfig) -> Target | None:
-    """The target of `--notify text` if this cluster sends there (None for `none`), else a
-    SpecError with one sentence.  Names are not resolved here (a delivery checks the
-    addresses it connects to); an address literal or `localhost` is judged now."""
-    text = parse_target(text)
-    if text == NONE:
-        return None
-    target = _split(text)
-    if target.kind == "mail":
-        if config.smtp is None:
-            raise specs.SpecError(
-                f"--notify {text}: this cluster sends no e-mail (no notify.smtp in its config); "
-                "use an http(s) webhook"
-            )
-        return target
-    listed = _listed(target.host, config.allowed_hosts)
-    if config.allowed_hosts and not listed:
-        raise specs.SpecError(
-            f"--notify: {target.host} is not a host this cluster sends notifications to "
-            f"(notify.allowed_hosts: {', '.join(config.allowed_hosts)})"
-        )
-    literal = _literal(target.host)
-    local = target.host == "localhost" or target.host.endswith(".localhost")
-    if not listed and (local or (literal is not None and not _public(literal))):
-        raise specs.SpecError(
-            f"--notify: {target.host} is a loopback, link-local or private address; "
-            "notifications go only to public hosts unless notify.allowed_hosts names it"
-        )
-    return target
 
 
 # ---- what is sent ------------------------------------------------------------------
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes = seconds // 60
-    if minutes < 60:
-        return f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 _VERB = {
@@ -247,7 +104,7 @@ _VERB = {
 
 
 def describe_end(job: Job) -> str:
-    """One sentence: "Job 1a2b3c4d (train) of alice completed after 1 h 2 min on node001."""
+    """One sentence: "Job 42 (train) of alice completed after 1h 2m on node001."""
     name = f" ({job.name})" if job.name else ""
     verb = _VERB.get(job.state, job.state.value)
     if job.state == JobState.FAILED and job.exit_code not in (None, 0):
@@ -259,7 +116,7 @@ def describe_end(job: Job) -> str:
     else:
         ran = (job.end_time or time.time()) - job.start_time
         nodes = ", ".join(dict.fromkeys(s.node_id for s in job.allocation))
-        when = f" after {_duration(ran)}" + (f" on {nodes}" if nodes else "")
+        when = f" after {format_duration(ran)}" + (f" on {nodes}" if nodes else "")
     return f"Job {job.id}{name} of {job.user} {verb}{when}."
 
 
@@ -458,10 +315,10 @@ class Notifier:
             return None
         if job.notify is not None:
             with contextlib.suppress(specs.SpecError):
-                return _split(job.notify), True
+                return split_target(job.notify), True
             return None
         if self.config.webhook:
-            return _split(self.config.webhook), False
+            return split_target(self.config.webhook), False
         return None
 
     def job_ended(self, job: Job) -> None:
@@ -630,7 +487,7 @@ class Notifier:
     async def _addresses(self, target: Target, checked: bool) -> list[str]:
         """The addresses to try, each allowed (see the module docstring)."""
         port = target.port or (443 if target.value.lower().startswith("https") else 80)
-        literal = _literal(target.host)
+        literal = literal_address(target.host)
         if literal is not None:
             found = [literal]
         else:
@@ -638,8 +495,8 @@ class Notifier:
                 socket.getaddrinfo, target.host, port, 0, socket.SOCK_STREAM
             )
             found = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        if checked and not _listed(target.host, self.config.allowed_hosts):
-            bad = [a for a in found if not _public(a)]
+        if checked and not is_listed(target.host, self.config.allowed_hosts):
+            bad = [a for a in found if not is_public(a)]
             if bad:
                 raise RefusedTarget(
                     f"{target.host} resolves to {bad[0]}, not a public address: not sent"
