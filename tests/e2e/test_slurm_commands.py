@@ -393,3 +393,30 @@ def test_an_array_task_answers_to_its_own_number(slurm_cluster: LocalCluster) ->
         assert c.client().show(f"{array_id}_0")["state"] == "running"  # the other task
     finally:
         c.client().cancel(array_id)
+
+
+def test_a_dependency_chain_submitted_from_inside_a_job(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A batch script that queues its successor with `sbatch -d afterok:$SLURM_JOB_ID`, as
+    chained training runs do: the successor is a job of the same user, waits for the
+    first to end well, then runs; both write their -o files where they were asked to."""
+    c = slurm_cluster
+    script = tmp_path / "stage1.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH -J stage1 -o %x-%j.out\n"
+        "set -e\n"
+        'next=$(sbatch --parsable -J stage2 -o "%x-%j.out" -d "afterok:$SLURM_JOB_ID" '
+        '--wrap "echo stage2 after $SLURM_JOB_ID")\n'
+        'echo "queued $next"\n'
+    )
+    first = sbatch(c, "-D", str(tmp_path), str(script))
+    assert c.client().wait(first, timeout=60)["state"] == "completed"
+    out = (tmp_path / f"stage1-{first}.out").read_text()
+    second = out.split("queued ", 1)[1].split()[0]
+    assert int(second) > int(first)  # numeric ids that grow
+    assert c.client().wait(second, timeout=60)["state"] == "completed"
+    later = c.client().show(second)
+    assert later["user"] == c.client().show(first)["user"]
+    assert (tmp_path / f"stage2-{second}.out").read_text() == f"stage2 after {first}\n"
