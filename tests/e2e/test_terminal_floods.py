@@ -4,9 +4,9 @@ A real master and agent, real WebSocket clients (`mgpu.client.websocket`, what `
 speaks): typed input sent as fast as loopback allows is held to a window per terminal
 (the master reads no more from that client until its agent acknowledges), so the master's
 memory stays flat and `/healthz` fast while 128 MiB go through, and every byte reaches the
-program; a message over 64 KiB closes only its connection; WebSockets past the caps per
-job, user and address are refused with one sentence while others still attach; and idle
-attachments cost the master (almost) no CPU.
+program; a message over 64 KiB closes only its connection, at its header; WebSockets past
+the caps per job, user and address are refused with one sentence while others still
+attach; and idle attachments cost the master (almost) no CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import select
 import threading
 import time
@@ -164,6 +165,23 @@ def test_a_message_over_64_kib_closes_its_connection_only(floods: LocalCluster) 
         _expect(ws, "key b'z'")
     finally:
         ws.close()
+
+
+def test_a_message_announced_over_64_kib_is_refused_at_its_header(floods: LocalCluster) -> None:
+    client = floods.client()
+    job_id = client.submit("true", hold=True).id
+    ws = client.attach(job_id, output=False)
+    try:
+        n = 1 << 30  # a 1 GiB binary frame's header, and 100 bytes of it
+        head = bytes([0x82, 0x80 | 127]) + n.to_bytes(8, "big") + os.urandom(4)
+        ws.sock.sendall(head + bytes(100))
+        deadline = time.monotonic() + 5
+        while not ws.closed and time.monotonic() < deadline:
+            _records(ws, 0.2)
+        assert ws.closed, "the master waits for the rest of a message it cannot take"
+    finally:
+        ws.close()
+        client.cancel(job_id)
 
 
 @contextlib.contextmanager
