@@ -19,7 +19,7 @@ import pytest
 from mgpu.agent import terminal as terminal_mod
 from mgpu.agent.terminal import DropLog, Terminal
 from mgpu.config import MasterAddr
-from mgpu.master.http.connections import ClientSockets
+from mgpu.master.http.connections import ClientSockets, _upgraded_path
 from mgpu.protocol import TERMINAL_ACK_EVERY
 
 # ---- the agent's terminal ----------------------------------------------------------
@@ -159,3 +159,17 @@ def test_a_refusal_is_logged_once_until_the_count_goes_below_its_cap(
         sockets.take("10.0.0.1", "alice", "7", CAPS)
         assert sockets.take("10.0.0.1", "alice", "7", CAPS) is not None
     assert len([r for r in caplog.records if "to job 7" in r.getMessage()]) == 2
+
+
+def test_the_path_of_an_upgraded_request_whichever_protocol_has_it() -> None:
+    class Has:
+        def __init__(self, **fields: object) -> None:
+            self.__dict__.update(fields)
+
+    sans_io = Has(scope={"path": "/api/agent"})
+    assert _upgraded_path(sans_io, Has(), ()) == "/api/agent"
+    httptools = Has(url=b"/api/jobs/7/attach?since=0")
+    assert _upgraded_path(Has(), httptools, ()) == "/api/jobs/7/attach"
+    h11_event = Has(target=b"/api/agent")
+    assert _upgraded_path(Has(), Has(), (h11_event,)) == "/api/agent"
+    assert _upgraded_path(Has(), Has(), ()) is None  # unknown: not capped (the route checks)

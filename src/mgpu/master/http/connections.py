@@ -117,6 +117,21 @@ class ClientSockets:
             self._warned.discard(whose)
 
 
+def _upgraded_path(upgraded: Any, http: Any, args: tuple[Any, ...]) -> str | None:
+    """The path of a request just upgraded to a WebSocket (None: not known).  uvicorn's
+    HTTP protocols leave it out of their scope for an upgrade; the WebSocket protocol has
+    it once it has read the handshake, else it is the request's target (httptools' `url`,
+    h11's event)."""
+    scope = getattr(upgraded, "scope", None)
+    path = scope.get("path") if isinstance(scope, dict) else None
+    if isinstance(path, str):
+        return path
+    target = getattr(args[0], "target", None) if args else getattr(http, "url", None)
+    if isinstance(target, bytes):
+        return target.partition(b"?")[0].decode("latin-1")
+    return None
+
+
 def _cap_messages(protocol: Any, limit: int) -> None:
     """Make a client WebSocket's parser refuse (1009) a message over `limit` bytes before
     it holds it: uvicorn's websockets protocols take one size for every connection."""
@@ -177,9 +192,10 @@ class _Guarded(_Protocol):  # type: ignore[misc]
     def handle_websocket_upgrade(self, *args: Any) -> None:
         self._release()  # the WebSocket protocol takes the transport (and its end) over
         super().handle_websocket_upgrade(*args)
-        scope = getattr(self, "scope", None) or {}
-        if scope.get("path") != AGENT_PATH:
-            _cap_messages(self.transport.get_protocol(), CLIENT_MAX_MESSAGE)
+        upgraded = self.transport.get_protocol()
+        path = _upgraded_path(upgraded, self, args)
+        if path is not None and path != AGENT_PATH:
+            _cap_messages(upgraded, CLIENT_MAX_MESSAGE)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
