@@ -6,7 +6,10 @@ master's event loop could not answer.  Another samples the master's resident
 memory.  Each request below runs alone, then three at once; for each the table
 gives healthz p50 / max while it ran and the master's peak RSS.
 
-Set-up (not measured): a job that writes 50 MB of output.  Notification rows: 300
+Set-up (not measured): a job that writes 50 MB of output.  Terminal rows: 200 MiB typed
+into one `srun --pty` program as fast as loopback allows (held to a window per terminal:
+the master's RSS must stay flat); 1,000 attach WebSockets opened at once by one user to
+100 held jobs (the caps per user and job refuse most).  Notification rows: 300
 held jobs with a webhook to a receiver that answers, cancelled one by one; then 2,100
 jobs that notify a receiver that accepts and never reads (both on 127.0.0.1), all ended
 at once by cancelling the job they depend on.  Then 100,000-task arrays
@@ -49,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu import Client
+from mgpu.errors import MgpuError
 from mgpu.testing import BIN, LocalCluster, LoopProbe, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results" / "abuse.json"
@@ -237,6 +241,61 @@ def _notify_ends(client: Client, receivers: _Receivers) -> Callable[[], str]:
     return row
 
 
+TYPED = 200 << 20
+"""Bytes typed into one terminal as fast as loopback allows (issue 25 item 1)."""
+ATTACH_TRIES = 1000
+"""Attach WebSockets one user tries to hold open at once (issue 25 item 2)."""
+READER = (
+    "import os, sys, tty\ntty.setraw(0)\nwant, n = int(sys.argv[1]), 0\n"
+    "print('ready', flush=True)\nwhile n < want:\n    n += len(os.read(0, 1 << 16))\n"
+    "print('got', n, flush=True)\n"
+)
+
+
+def _typed_flood(client: Client) -> Callable[[], str]:
+    """Set-up (not measured): a terminal job whose program reads TYPED bytes; the row
+    types them in 64 KiB messages and waits until the program has read them all."""
+    job_id = client.submit(["python3", "-c", READER, str(TYPED)], pty=True, gpus=1, env={}).id
+    wait_for(lambda: client.show(job_id)["state"] == "running", timeout=60)
+
+    def row() -> str:
+        ws = client.attach(job_id)
+        t0 = time.monotonic()
+        try:
+            frame = b"k" * (64 * 1024)
+            for _ in range(TYPED // len(frame)):  # blocks while the master reads no more
+                ws.send_binary(frame)
+            client.wait(job_id, timeout=600)
+        finally:
+            ws.close()
+        state = client.show(job_id)["state"]
+        return f"{TYPED >> 20} MiB typed in {time.monotonic() - t0:.1f} s, the job {state}"
+
+    return row
+
+
+def _attach_flood(client: Client) -> Callable[[], str]:
+    """Set-up (not measured): 100 held jobs; the row opens ATTACH_TRIES attach WebSockets
+    to them at once (the caps refuse most), holds them 2 s, then closes them."""
+    held = [client.submit("true", hold=True, env={}).id for _ in range(100)]
+
+    def row() -> str:
+        opened, refused = [], 0
+        for i in range(ATTACH_TRIES):
+            try:
+                opened.append(client.attach(held[i % len(held)], output=False))
+            except MgpuError:
+                refused += 1
+        time.sleep(2)  # held open: idle attachments must cost nothing
+        for ws in opened:
+            ws.close()
+        for job_id in held:
+            client.cancel(job_id)
+        return f"{len(opened)} open, {refused} refused"
+
+    return row
+
+
 def _cli(cluster: LocalCluster, *args: str) -> str:
     res = subprocess.run(
         [str(BIN / "mgpu"), *args], capture_output=True, env=cluster.env, timeout=600, check=True
@@ -420,6 +479,11 @@ def main() -> None:
             bench.measure(
                 f"{NOTIFY_FLOOD} job ends at once notifying a receiver that never answers",
                 _notify_flood(client, receivers),
+            )
+
+            bench.measure(f"typed input: {TYPED >> 20} MiB into a terminal", _typed_flood(client))
+            bench.measure(
+                f"{ATTACH_TRIES} attach WebSockets at once (one user)", _attach_flood(client)
             )
 
             # TASKS array tasks, 4 running, the rest queued.

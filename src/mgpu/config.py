@@ -38,6 +38,14 @@ class MasterAddr(_Strict):
     its soft limit to the hard one at start)."""
     pending_hellos: int = Field(default=64, ge=1)
     """Agent connections waiting for their hello at once; more are closed (they retry)."""
+    websockets_per_address: int = Field(default=256, ge=1)
+    """Client WebSockets (`srun --pty`, `alloc`: /api/jobs/ID/attach) one address may hold
+    open; more are refused with a 429.  An upgraded connection no longer counts in
+    `connections_per_address`, so this bounds them apart."""
+    websockets_per_user: int = Field(default=64, ge=1)
+    """Client WebSockets one user may hold open (from all addresses)."""
+    websockets_per_job: int = Field(default=16, ge=1)
+    """Client WebSockets open to one job (its steps included)."""
 
 
 class ClusterSection(_Strict):

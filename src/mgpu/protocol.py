@@ -20,10 +20,11 @@ from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationEr
 from mgpu.safetext import escape_controls
 from mgpu.spec import SpecError, validate_node_id
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets; 5: job
 scripts, warning signals (`--signal`), time limits changed while a job runs, terminals
-(Launch.pty, terminal_input, terminal_resize)."""
+(Launch.pty, terminal_input, terminal_resize); 6: typed input acknowledged
+(terminal_ack), the master's flow control of a terminal's input."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -289,8 +290,27 @@ class PortReserved(BaseModel):
     port: int = Field(ge=1, le=65535)
 
 
+MAX_TERMINAL_INPUT = 64 * 1024
+"""Bytes of typed input one message carries (base64: a third more)."""
+TERMINAL_ACK_EVERY = 16 * 1024
+"""The agent acknowledges typed input once this many bytes have left it (or at once when
+some are dropped): the master keeps far more than this in flight per terminal."""
+
+
+class TerminalAck(BaseModel):
+    """`bytes` of a run's typed input have left the agent: written to its pty, or dropped
+    (the run ended, its program does not read).  The master then lets that much more come
+    from the run's client (master/state/registry.py, `InputWindow`)."""
+
+    type: Literal["terminal_ack"] = "terminal_ack"
+    job_id: str
+    epoch: int
+    bytes: int = Field(ge=0, le=1 << 40)
+
+
 AgentMessage = Annotated[
-    Hello | Heartbeat | Started | Output | Exited | PortReserved, Field(discriminator="type")
+    Hello | Heartbeat | Started | Output | Exited | PortReserved | TerminalAck,
+    Field(discriminator="type"),
 ]
 
 # ---- master -> agent -------------------------------------------------------
@@ -433,10 +453,6 @@ class ReservePort(BaseModel):
     type: Literal["reserve_port"] = "reserve_port"
     job_id: str
     epoch: int
-
-
-MAX_TERMINAL_INPUT = 64 * 1024
-"""Bytes of typed input one message carries (base64: a third more)."""
 
 
 class TerminalInput(BaseModel):

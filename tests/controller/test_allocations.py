@@ -15,8 +15,16 @@ from pydantic import ValidationError
 from mgpu.master.control.allocations import StepRequest
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.http.sentences import validation_sentence
+from mgpu.master.state.registry import INPUT_WINDOW
 from mgpu.model import JobState, SlotPhase
-from mgpu.protocol import Launch, TerminalInput, TerminalResize
+from mgpu.protocol import (
+    MAX_TERMINAL_INPUT,
+    TERMINAL_ACK_EVERY,
+    Launch,
+    TerminalAck,
+    TerminalInput,
+    TerminalResize,
+)
 
 
 def _alloc(h: Harness, **fields: Any) -> str:
@@ -308,3 +316,39 @@ def test_ended_terminal_steps_are_forgotten(h: Harness) -> None:
     n1.exited(step_id, 0, epoch=step.epoch)
     h.tick()
     assert set(h.cl.sessions.last_seen) == {job_id}  # no trace of the step is kept
+
+
+def test_a_terminals_input_is_held_to_its_window_until_the_agent_acknowledges(
+    h: Harness,
+) -> None:
+    n1 = h.agent("n1", gpus=1)
+    job_id = h.start("bash", pty=True)
+    assert h.cl.sessions.input_room(job_id) is None  # nothing in flight: room
+    frame = b"y" * MAX_TERMINAL_INPUT
+    sent = 0
+    while h.cl.sessions.input_room(job_id) is None:
+        assert h.cl.sessions.terminal_input(job_id, frame)
+        sent += len(frame)
+        assert sent <= INPUT_WINDOW + MAX_TERMINAL_INPUT, "the window never filled"
+    room = h.cl.sessions.input_room(job_id)
+    assert room is not None and not room.is_set()
+    h.settle()
+    assert sum(len(base64.b64decode(m.data)) for m in n1.link.take(TerminalInput)) == sent
+    epoch = h.job(job_id).epoch
+    n1.send(TerminalAck(job_id=job_id, epoch=epoch, bytes=TERMINAL_ACK_EVERY))
+    assert room.is_set()  # the agent passed some on: the client may send again
+    assert h.cl.sessions.input_room(job_id) is None
+    n1.send(TerminalAck(job_id=job_id, epoch=epoch, bytes=sent))  # all of it, and more
+    assert not n1.link.input  # nothing in flight: nothing kept
+
+
+def test_a_terminals_window_goes_with_its_agents_connection(h: Harness) -> None:
+    n1 = h.agent("n1", gpus=1)
+    job_id = h.start("bash", pty=True)
+    while h.cl.sessions.input_room(job_id) is None:
+        h.cl.sessions.terminal_input(job_id, b"z" * MAX_TERMINAL_INPUT)
+    room = h.cl.sessions.input_room(job_id)
+    assert room is not None
+    n1.disconnect()
+    assert room.is_set()  # whoever waited wakes, and finds no terminal to type into
+    assert h.cl.sessions.input_room(job_id) is None

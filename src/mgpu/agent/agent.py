@@ -52,6 +52,7 @@ from mgpu.protocol import (
     SetTimeLimit,
     SignalRun,
     Started,
+    TerminalAck,
     TerminalInput,
     TerminalResize,
     Welcome,
@@ -455,13 +456,11 @@ class Agent:
             self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
         elif isinstance(msg, SetHeartbeat):  # the cluster's size changed: from the next one
             self.heartbeat_interval = msg.heartbeat_interval
-        elif isinstance(msg, TerminalInput | TerminalResize):
+        elif isinstance(msg, TerminalInput):
+            self._typed(msg)
+        elif isinstance(msg, TerminalResize):
             run = self.launcher.find(msg.job_id, msg.epoch)
-            if run is None or run.terminal is None:
-                return  # ended, or not a terminal run: nothing to type into
-            if isinstance(msg, TerminalInput):
-                run.terminal.write(base64.b64decode(msg.data))
-            else:
+            if run is not None and run.terminal is not None:
                 run.terminal.resize(msg.size.rows, msg.size.cols)
         elif isinstance(msg, Forget):
             self._exits.pop((msg.job_id, msg.epoch), None)
@@ -469,6 +468,22 @@ class Agent:
             run = self.launcher.find(msg.job_id, msg.epoch)
             if run is not None and run.exited.is_set():
                 self.launcher.finish(run)
+
+    def _typed(self, msg: TerminalInput) -> None:
+        """Typed input for a run's pty; every byte of it is acknowledged to the master as
+        it leaves (written, or dropped: no such run, or not a terminal), which lets the
+        run's client send that much more (master/state/registry.py, InputWindow)."""
+        job_id, epoch = msg.job_id, msg.epoch
+        data = base64.b64decode(msg.data)
+
+        def ack(n: int) -> None:
+            self.send(TerminalAck(job_id=job_id, epoch=epoch, bytes=n))
+
+        run = self.launcher.find(job_id, epoch)
+        if run is None or run.terminal is None:
+            ack(len(data))  # ended, or not a terminal run: nothing to type into
+        else:
+            run.terminal.write(data, ack)
 
     def launch(self, msg: Launch) -> None:
         old = self.launcher.find(msg.job_id)

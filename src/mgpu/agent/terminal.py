@@ -15,7 +15,10 @@ The agent keeps the master side.  What the program writes is read as it comes (a
 loop reader: no polling delay), appended to the run's stdout spool file and sent from
 there at once, on the offsets every output uses: so it reaches `mgpu logs` and survives a
 lost connection to the master.  Typed bytes and size changes from the master are written
-to it; input the program does not read yet waits here (bounded).
+to it; input the program does not read yet waits here (bounded).  What leaves that
+buffer (written to the pty, or dropped) is acknowledged to the master (`TerminalAck`, every
+TERMINAL_ACK_EVERY bytes), which lets that much more come from the user's client: so a
+client that types faster than the program reads is slowed down at its own connection.
 
 A terminal does not outlive its agent: the master side closes with the agent, the kernel
 hangs the terminal up (SIGHUP), and a restarted agent kills what is left of the run, as
@@ -31,8 +34,11 @@ import logging
 import os
 import struct
 import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+from mgpu.protocol import TERMINAL_ACK_EVERY
 
 log = logging.getLogger("mgpu.agent")
 
@@ -42,6 +48,35 @@ MAX_PENDING_INPUT = 1 << 20
 MAX_DRAIN = 16 << 20
 """Bytes read after the run ended (its last output): a runaway writer cannot hold us."""
 TTY_MODE = 0o620
+WARN_EVERY = 30.0
+"""Seconds between two warnings about dropped input (each says how much since)."""
+
+
+class DropLog:
+    """A warning about dropped input at most every WARN_EVERY seconds, with the count
+    since the last one: a flood of input must not flood the node's log too."""
+
+    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.what = what
+        self.clock = clock
+        self.bytes = 0
+        self.times = 0
+        self._last: float | None = None
+
+    def dropped(self, n: int) -> None:
+        self.bytes += n
+        self.times += 1
+        now = self.clock()
+        if self._last is None or now - self._last >= WARN_EVERY:
+            log.warning(
+                "%s: input not read by its program: %d bytes dropped (%d times) since %s",
+                self.what,
+                self.bytes,
+                self.times,
+                "the last warning" if self._last is not None else "it started",
+            )
+            self._last = now
+            self.bytes = self.times = 0
 
 
 def _winsize(rows: int, cols: int) -> bytes:
@@ -60,6 +95,10 @@ class Terminal:
         self._reading = False
         self._writing = False
         self._on_data: Callable[[], object] = lambda: None
+        self._ack: Callable[[int], object] = lambda n: None
+        self._unacked = 0
+        """Bytes of input that left `_pending` (written, or dropped) not yet acknowledged."""
+        self._drops = DropLog(f"terminal {path}")
         self.closed = False
 
     @classmethod
@@ -117,17 +156,27 @@ class Terminal:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self.master)
 
-    def write(self, data: bytes) -> None:
-        """Typed bytes for the program (kept while it does not read them)."""
+    def write(self, data: bytes, ack: Callable[[int], object]) -> None:
+        """Typed bytes for the program (kept while it does not read them); `ack(n)` is
+        called as they leave (written to the pty, or dropped), a few KiB at a time."""
+        self._ack = ack
         if self.closed:
+            self._consumed(len(data), now=True)
             return
         if len(self._pending) + len(data) > MAX_PENDING_INPUT:
-            log.warning(
-                "terminal %s: input not read by its program, %d bytes dropped", self.path, len(data)
-            )
+            # Only a master that ignores its window sends this much ahead.
+            self._drops.dropped(len(data))
+            self._consumed(len(data), now=True)
             return
         self._pending += data
         self._flush()
+
+    def _consumed(self, n: int, now: bool = False) -> None:
+        """`n` bytes of input left us: acknowledged once enough have (or `now`)."""
+        self._unacked += n
+        if self._unacked and (now or self._unacked >= TERMINAL_ACK_EVERY):
+            n, self._unacked = self._unacked, 0
+            self._ack(n)
 
     def _flush(self) -> None:
         while self._pending and not self.closed:
@@ -136,9 +185,12 @@ class Terminal:
             except BlockingIOError:
                 break
             except OSError:  # the pty is gone
+                n = len(self._pending)
                 self._pending.clear()
+                self._consumed(n, now=True)
                 break
             del self._pending[:n]
+            self._consumed(n)
         want = bool(self._pending) and not self.closed
         if want != self._writing:
             loop = asyncio.get_running_loop()
@@ -174,6 +226,8 @@ class Terminal:
                 asyncio.get_running_loop().remove_writer(self.master)
             self._writing = False
         self.closed = True
+        dropped, self._pending = len(self._pending), bytearray()
+        self._consumed(dropped, now=True)  # the master's window must not wait for it
         for fd in (self.master, self.sink):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -50,6 +50,7 @@ from mgpu.protocol import (
     RunningReport,
     SetTimeLimit,
     Started,
+    TerminalAck,
     Welcome,
 )
 
@@ -206,6 +207,10 @@ class Agents:
                 node, self.state.jobs, self.state.nodes.values(), node.last_seen
             )
             self.apply_watch(actions)
+            return
+        if isinstance(msg, TerminalAck):
+            if node.link is not None:  # typed input the agent passed on: room for more
+                node.link.input_acked(msg.job_id, msg.bytes)
             return
         if isinstance(msg, Exited) and node.link is not None:
             # Sent after this message's effect is on disk (see UnitOfWork); until then the

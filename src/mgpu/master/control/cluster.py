@@ -556,6 +556,10 @@ class Cluster(Reads):
     def terminal_input(self, run_id: str, data: bytes) -> None:
         self.sessions.terminal_input(run_id, data)
 
+    def terminal_input_room(self, run_id: str) -> asyncio.Event | None:
+        """None when the run's client may send more input now, else an event to wait for."""
+        return self.sessions.input_room(run_id)
+
     def resize_terminal(self, run_id: str, rows: int, cols: int) -> None:
         self.sessions.resize(run_id, rows, cols)
 

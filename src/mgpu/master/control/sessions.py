@@ -4,6 +4,10 @@ Such a run has a person at the other end, through one client: the client keeps t
 run's attach WebSocket open (master/http/attach.py) and says something at least every
 heartbeat interval.  Typed input and size changes arrive there and go straight on to
 the agent that runs the terminal, on its ordered channel (after the launch they follow).
+Typed input is flow-controlled end to end: at most a window of it per terminal is on its
+way to the agent, unacknowledged (`AgentLink.input_sent`); while the window is full the
+attach reads no more from its client (`input_room`), so TCP slows the client down, and
+the agent acknowledges what its pty took (or dropped).
 
 A client can die without a word (`kill -9`, a closed laptop, a partition).  As for a
 node's agent, silence longer than `networking.timeout` means it is gone, and its run is
@@ -15,6 +19,7 @@ gets a full timeout to come back.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from collections.abc import Iterable
@@ -135,14 +140,22 @@ class Sessions:
         return node.link, epoch
 
     def terminal_input(self, run_id: str, data: bytes) -> bool:
-        """Typed bytes for the run's pty; False when it has none running (dropped)."""
+        """Typed bytes (at most MAX_TERMINAL_INPUT) for the run's pty; False when it has
+        none running (dropped)."""
         target = self._terminal(run_id)
         if target is None:
             return False
         link, epoch = target
         text = base64.b64encode(data).decode("ascii")
+        link.input_sent(run_id, len(data))
         self.uow.send(link, TerminalInput(job_id=run_id, epoch=epoch, data=text))
         return True
+
+    def input_room(self, run_id: str) -> asyncio.Event | None:
+        """None when the run's client may send more input now, else an event set once it
+        may: its agent acknowledged enough of what is in flight, or the link is gone."""
+        target = self._terminal(run_id)
+        return None if target is None else target[0].input_room(run_id)
 
     def resize(self, run_id: str, rows: int, cols: int) -> None:
         """The client's terminal size: kept for the launch, and set on a running pty."""

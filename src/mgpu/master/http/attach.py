@@ -14,6 +14,15 @@ Why a WebSocket and not the NDJSON stream plus a POST per key: one connection th
 carries both ways, no HTTP request (headers, routing, token check) per keystroke, and
 the connection's end is the client's.  The client speaks it with the standard library
 (mgpu.client.websocket).
+
+What one client may cost is bounded.  Its messages are at most 64 KiB
+(connections.CLIENT_MAX_MESSAGE; typed input larger than that closes the connection, 1009).
+Typed input is flow-controlled: while the terminal's window of input in flight to its
+agent is full (master/state/registry.py, `InputWindow`), no more is read from the client,
+so TCP slows the client down and the master holds a window per terminal, whatever the
+client sends.  And a client's WebSockets are counted, per address, user and job
+(connections.ClientSockets, `cluster.master.websockets_per_*`): one more is refused
+before the upgrade, a 429 with one sentence.
 """
 
 from __future__ import annotations
@@ -27,19 +36,30 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from mgpu.master.control.cluster import Cluster, NotFound
 from mgpu.master.control.jobctl import NotAllowed
-from mgpu.master.http.deps import Asker, Ctl
-from mgpu.master.http.errors import answer, missing
+from mgpu.master.http.deps import Asker, Ctl, Edge
+from mgpu.master.http.errors import answer, error, missing
 from mgpu.master.http.follow import JobNews, StepNews, follow, line
+from mgpu.master.state.steps import Step
+from mgpu.model import Job
 from mgpu.protocol import MAX_TERMINAL_INPUT
 
 __all__ = ["router"]
 
 router = APIRouter()
 
+TOO_LARGE = 1009
+"""The WebSocket close code for a message too big to process (RFC 6455)."""
+
 
 @router.websocket("/api/jobs/{run_id}/attach")
 async def attach(
-    ws: WebSocket, run_id: str, cl: Ctl, actor: Asker, since: int = 0, output: int = 1
+    ws: WebSocket,
+    run_id: str,
+    cl: Ctl,
+    actor: Asker,
+    edge: Edge,
+    since: int = 0,
+    output: int = 1,
 ) -> None:
     step = cl.step(run_id)
     job = cl.get_job(step.job_id if step is not None else run_id)
@@ -50,27 +70,48 @@ async def attach(
     except (NotFound, NotAllowed) as e:
         await ws.send_denial_response(answer(ws, e))
         return
+    held = (actor.address or "?", actor.user, job.id)
+    refusal = edge.sockets.take(*held, cl.config.cluster.master)
+    if refusal is not None:
+        await ws.send_denial_response(error(429, refusal))
+        return
+    try:
+        await _attached(ws, cl, run_id, step, job, since, bool(output))
+    finally:
+        edge.sockets.give_back(*held)
+
+
+async def _attached(
+    ws: WebSocket, cl: Cluster, run_id: str, step: Step | None, job: Job, since: int, output: bool
+) -> None:
     await ws.accept()
-    hello = {"attached": run_id, "heartbeat": cl.config.networking.heartbeat_interval}
-    await ws.send_text(line(hello).decode())
+    heartbeat = cl.config.networking.heartbeat_interval
+    await ws.send_text(line({"attached": run_id, "heartbeat": heartbeat}).decode())
     cl.client_alive(run_id)
     if step is not None:
         started = line({"started": True, "nodes": step.on_nodes})
-        feed = follow(cl, step.id, StepNews(step), since)
+        feed = follow(cl, step.id, StepNews(step), since, tick=None)  # its end closes output
     else:
         started = b""
-        feed = follow(cl, job.id, JobNews(cl, job.id, attach=True), since, output=bool(output))
+        news = JobNews(cl, job.id, attach=True)  # woken by the job's changes
+        feed = follow(cl, job.id, news, since, output=output, tick=None)
     sender = asyncio.create_task(_send_all(ws, started, feed))
     try:
         while True:
+            room = cl.terminal_input_room(run_id)
+            if room is not None and not await _wait_room(cl, run_id, room, sender, heartbeat):
+                break  # the run ended while its input waited
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
             cl.client_alive(run_id)
             data = message.get("bytes")
             if data:
-                for i in range(0, len(data), MAX_TERMINAL_INPUT):
-                    cl.terminal_input(run_id, data[i : i + MAX_TERMINAL_INPUT])
+                if len(data) > MAX_TERMINAL_INPUT:
+                    why = f"typed input comes {MAX_TERMINAL_INPUT // 1024} KiB a message at most"
+                    await ws.close(TOO_LARGE, why)
+                    break
+                cl.terminal_input(run_id, data)
             elif message.get("text"):
                 _control(cl, run_id, message["text"])
     except WebSocketDisconnect:
@@ -79,6 +120,27 @@ async def attach(
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sender
+
+
+async def _wait_room(
+    cl: Cluster, run_id: str, room: asyncio.Event, sender: asyncio.Task[None], heartbeat: float
+) -> bool:
+    """Wait until the run's input window has room again (True) or the run has ended
+    (False).  Meanwhile the client is not read, its heartbeats neither: it is there (its
+    connection is open, waiting on us), so it is kept alive here."""
+    waiter = asyncio.ensure_future(room.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait(
+                {waiter, sender}, timeout=heartbeat, return_when=asyncio.FIRST_COMPLETED
+            )
+            if waiter in done:
+                return True
+            if sender in done:
+                return False
+            cl.client_alive(run_id)
+    finally:
+        waiter.cancel()
 
 
 def _control(cl: Cluster, run_id: str, text: str) -> None:

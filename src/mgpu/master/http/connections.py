@@ -10,9 +10,11 @@ or after its previous answer ended.  Only that phase is timed: a body, a streame
 (`logs -f`, `/api/wait`) and a WebSocket (handed over once its headers are in) are not.
 
 It also refuses at once, with a 503, a connection from an address that already holds
-`per_address` of them.  An upgraded connection (a WebSocket) counts no more: an agent's must
-say hello within 10 s and at most a few wait for that at once (agents.py), a client's needs a
-valid token.
+`per_address` of them.  An upgraded connection (a WebSocket) counts no more here: an agent's
+must say hello within 10 s and at most a few wait for that at once (agents.py); a client's
+needs a valid token, is counted by `ClientSockets` (per address, user and job: attach.py),
+and its messages are at most CLIENT_MAX_MESSAGE bytes, refused as they are parsed (1009),
+never held whole.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from mgpu.config import MasterAddr
 
 log = logging.getLogger("mgpu.master")
 
@@ -61,6 +66,81 @@ class ConnectionLimits:
             self.open.pop(address, None)
         if held < self.per_address:
             self.refusing.discard(address)
+
+
+AGENT_PATH = "/api/agent"
+"""The agents' WebSocket (http/agents.py); every other one is a client's."""
+CLIENT_MAX_MESSAGE = 64 * 1024
+"""The largest message a client sends on a WebSocket: a frame of typed input (the client
+reads its terminal 64 KiB at a time; protocol.MAX_TERMINAL_INPUT), a resize, a heartbeat.
+Agents' messages may be far larger (server.py's `ws_max_size`)."""
+
+
+class ClientSockets:
+    """The clients' WebSockets open now, counted per address, per user and per job: one
+    token holder must not hold the master's descriptors (or wake its loop) thousands of
+    times over.  The caps are `cluster.master.websockets_per_*` (config.py)."""
+
+    def __init__(self) -> None:
+        self.by_address: Counter[str] = Counter()
+        self.by_user: Counter[str] = Counter()
+        self.by_job: Counter[str] = Counter()
+        self._warned: set[str] = set()
+        """Caps whose refusal was logged (once until that count goes below it)."""
+
+    def take(self, address: str, user: str, job_id: str, caps: MasterAddr) -> str | None:
+        """Count one more socket, or say in one sentence why not (nothing counted)."""
+        checks = [
+            (self.by_address, address, caps.websockets_per_address, f"from {address}"),
+            (self.by_user, user, caps.websockets_per_user, f"of user {user}"),
+            (self.by_job, job_id, caps.websockets_per_job, f"to job {job_id}"),
+        ]
+        for counts, key, cap, whose in checks:
+            if counts[key] >= cap:
+                if whose not in self._warned:
+                    self._warned.add(whose)
+                    log.warning("%d WebSockets %s: more are refused until some close", cap, whose)
+                return f"too many open attachments {whose} (at most {cap}); close some first"
+        for counts, key, _, _ in checks:
+            counts[key] += 1
+        return None
+
+    def give_back(self, address: str, user: str, job_id: str) -> None:
+        for counts, key, whose in (
+            (self.by_address, address, f"from {address}"),
+            (self.by_user, user, f"of user {user}"),
+            (self.by_job, job_id, f"to job {job_id}"),
+        ):
+            counts[key] -= 1
+            if counts[key] <= 0:
+                del counts[key]
+            self._warned.discard(whose)
+
+
+def _upgraded_path(upgraded: Any, http: Any, args: tuple[Any, ...]) -> str | None:
+    """The path of a request just upgraded to a WebSocket (None: not known).  uvicorn's
+    HTTP protocols leave it out of their scope for an upgrade; the WebSocket protocol has
+    it once it has read the handshake, else it is the request's target (httptools' `url`,
+    h11's event)."""
+    scope = getattr(upgraded, "scope", None)
+    path = scope.get("path") if isinstance(scope, dict) else None
+    if isinstance(path, str):
+        return path
+    target = getattr(args[0], "target", None) if args else getattr(http, "url", None)
+    if isinstance(target, bytes):
+        return target.partition(b"?")[0].decode("latin-1")
+    return None
+
+
+def _cap_messages(protocol: Any, limit: int) -> None:
+    """Make a client WebSocket's parser refuse (1009) a message over `limit` bytes before
+    it holds it: uvicorn's websockets protocols take one size for every connection."""
+    conn = getattr(protocol, "conn", None)  # websockets' sans-I/O protocol (uvicorn's default)
+    if conn is not None and hasattr(conn, "max_message_size"):
+        conn.max_message_size = limit
+    elif hasattr(protocol, "max_size"):  # websockets' legacy protocol
+        protocol.max_size = limit
+    # (wsproto's buffer keeps the server's size: attach.py refuses larger input itself.)
 
 
 def _refusal(address: str, limit: int) -> bytes:
@@ -112,6 +192,10 @@ class _Guarded(_Protocol):  # type: ignore[misc]
     def handle_websocket_upgrade(self, *args: Any) -> None:
         self._release()  # the WebSocket protocol takes the transport (and its end) over
         super().handle_websocket_upgrade(*args)
+        upgraded = self.transport.get_protocol()
+        path = _upgraded_path(upgraded, self, args)
+        if path is not None and path != AGENT_PATH:
+            _cap_messages(upgraded, CLIENT_MAX_MESSAGE)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -14,7 +14,7 @@ is answered 422 before anything is looked up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +23,7 @@ from starlette.requests import HTTPConnection
 
 from mgpu.master.control.cluster import Cluster, NotFound
 from mgpu.master.control.jobctl import Actor
+from mgpu.master.http.connections import ClientSockets
 from mgpu.master.http.guard import FailedLogins, client_address
 from mgpu.master.security.auth import BadTokenThrottle, Identity
 from mgpu.model import Job
@@ -55,6 +56,8 @@ class EdgeState:
     refused_hellos: FailedLogins
     hellos_awaited: int = 0
     """Agent connections waiting for their hello now (agents.py)."""
+    sockets: ClientSockets = field(default_factory=ClientSockets)
+    """Clients' WebSockets open now (attach.py)."""
 
     def flush(self) -> None:
         """The refused logins and hellos counted so far, written now."""

@@ -112,9 +112,11 @@ async def follow(
     since: int = 0,
     output: bool = True,
     ping: bytes | None = None,
+    tick: float | None = TICK,
 ) -> AsyncIterator[bytes]:
     """The run's output from byte `since` (`output` False: none) and its news, until the
-    news says it has ended; `news` None: the output there is now, and no more."""
+    news says it has ended; `news` None: the output there is now, and no more.  `tick`
+    None: no look but on an event (an attach: idle, it costs nothing)."""
     if news is None:
         once = cl.output_reader(run_id, since, follow=False)
         try:
@@ -137,7 +139,7 @@ async def follow(
                 yield line(record)
             if ended:
                 return
-            if not await _either(wake, changed, TICK) and ping is not None:
+            if not await _either(wake, changed, tick) and ping is not None:
                 yield ping
     finally:
         if reader is not None:
@@ -145,7 +147,7 @@ async def follow(
         cl.unwatch_output(run_id, wake)
 
 
-async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float) -> bool:
+async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float | None) -> bool:
     """Wait for `a` or `b` to be set, `timeout` seconds at most; whether one was."""
     waits = [asyncio.ensure_future(e.wait()) for e in (a, b) if e is not None]
     try:

@@ -28,14 +28,48 @@ ACK_WAIT = 0.02
 """Seconds a frame of acknowledgements alone waits for another message to go with."""
 
 
+INPUT_WINDOW = 256 * 1024
+"""Bytes of one terminal's typed input that may be on their way to its agent, not yet
+acknowledged (`TerminalAck`); the client's next frame waits for room.  Far more than a
+person types, and more than the agent's acknowledgement step (TERMINAL_ACK_EVERY) and one
+frame (MAX_TERMINAL_INPUT) together, so input always flows."""
+
+
+class InputWindow:
+    """One terminal's typed input in flight to its agent: taken as it is sent, given back
+    as the agent acknowledges it; `room` is set while there is room for more."""
+
+    def __init__(self, limit: int = INPUT_WINDOW) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self.room = asyncio.Event()
+        self.room.set()
+
+    def take(self, n: int) -> None:
+        self.in_flight += n
+        if self.in_flight >= self.limit:
+            self.room.clear()
+
+    def give_back(self, n: int) -> None:
+        self.in_flight = max(0, self.in_flight - n)
+        if self.in_flight < self.limit:
+            self.room.set()
+
+
 class AgentLink:
-    """The master's end of one agent's WebSocket: an outbox drained by a writer task."""
+    """The master's end of one agent's WebSocket: an outbox drained by a writer task.
+
+    Typed input (terminal_input) is held to an `InputWindow` per run: what the master's
+    queues and the agent hold of one terminal's input is bounded, and the terminal's
+    client waits (master/http/attach.py) rather than the master's memory growing."""
 
     def __init__(self, node_id: str, ws: Any) -> None:
         self.node_id = node_id
         self.ws = ws
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
+        self.input: dict[str, InputWindow] = {}
+        """Run id → its typed input in flight on this link."""
 
     def send(self, message: BaseModel) -> None:
         """Queue one message, encoded on its own: one that cannot be (a lone surrogate in
@@ -48,6 +82,27 @@ class AgentLink:
         except ValueError as e:  # pydantic's serialisation errors and UnicodeError alike
             raise Unsendable(_why_unencodable(e)) from None
         self.outbox.put_nowait(text)
+
+    def input_sent(self, run_id: str, size: int) -> None:
+        """`size` bytes of the run's typed input are on their way (in its window)."""
+        if not self.closed:
+            self.input.setdefault(run_id, InputWindow()).take(size)
+
+    def input_acked(self, run_id: str, size: int) -> None:
+        """The agent has passed `size` bytes of the run's input on (or dropped them)."""
+        window = self.input.get(run_id)
+        if window is not None:
+            window.give_back(size)
+            if not window.in_flight:
+                del self.input[run_id]
+
+    def input_room(self, run_id: str) -> asyncio.Event | None:
+        """None when the run may send more input now, else an event set once it may (or
+        once the link closes: its window goes with it)."""
+        window = self.input.get(run_id)
+        if self.closed or window is None or window.room.is_set():
+            return None
+        return window.room
 
     async def writer(self) -> None:
         while True:
@@ -76,6 +131,7 @@ class AgentLink:
                     await self.ws.send_text(frame)
             except Exception:  # the reader side notices and cleans up
                 self.closed = True
+                self._drop_inputs()
                 return
             if closing:
                 with contextlib.suppress(Exception):
@@ -84,8 +140,14 @@ class AgentLink:
 
     def close(self) -> None:
         self.closed = True
+        self._drop_inputs()
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
+
+    def _drop_inputs(self) -> None:
+        for window in self.input.values():
+            window.room.set()  # whoever waits for room finds the link gone
+        self.input.clear()
 
 
 def _why_unencodable(error: Exception) -> str:
