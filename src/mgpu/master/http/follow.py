@@ -4,8 +4,10 @@ output (`/api/steps/{id}/output`) and a terminal or allocation (`/api/jobs/{id}/
 `follow` yields JSON lines: the output records as the run's output file has them (read a
 chunk at a time as they are written, so memory per reader is one chunk, whatever the
 file's size), and between them what `news` says (the run's state, its end).  It wakes on
-each append to the output, on `news.changed()` when it gives an event, and every second
-(`ping`, when given, is sent then, so a client sees the connection is alive).
+each append to the output, on the events `news.changed()` gives (a job's own changes, a new
+count of queue positions), and every `TICK` seconds (`ping`, when given, is sent then, so a
+client sees the connection is alive).  So a follower of a job that does not change costs
+nothing between ticks, however long the queue it waits in (issue 25 item 7).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from mgpu.model import Job, JobState
 
 __all__ = ["JobNews", "News", "StepNews", "follow", "follow_line", "line"]
 
-TICK = 1.0
+TICK = 5.0
 """Seconds a follower waits for news before it looks again (and pings)."""
 
 
@@ -33,8 +35,8 @@ def line(record: dict[str, Any]) -> bytes:
 class News(Protocol):
     """What a follower is told besides output."""
 
-    def changed(self) -> asyncio.Event | None:
-        """An event set when there may be news (None: output and the tick only)."""
+    def changed(self) -> list[asyncio.Event]:
+        """Events set when there may be news (none: output and the tick only)."""
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         """The lines to send now, and whether that is the end."""
@@ -42,7 +44,7 @@ class News(Protocol):
 
 def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
     """What a follower of `job` is told now: its end once it has ended, else its state and
-    reason (and place in the queue while queued)."""
+    reason (and place in the queue while queued, as last counted: control/positions.py)."""
     if job.terminal:
         return {
             "end": True,
@@ -52,14 +54,17 @@ def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
         }
     status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
     if job.state == JobState.QUEUED:
-        status["position"] = cl.queue_position(job)
+        position = cl.queue_position(job.id)
+        if position is not None:
+            status["position"] = position
     return status
 
 
 @dataclass
 class JobNews:
-    """A job's state when it changes, its end; `attach`: woken by its changes too, and
-    told `{"started": true, "allocation": ...}` once it runs."""
+    """A job's state when it changes (woken by its changes, and while it is queued by a new
+    count of positions), its end; `attach`: told `{"started": true, "allocation": ...}`
+    once it runs."""
 
     cl: Cluster
     job_id: str
@@ -67,8 +72,12 @@ class JobNews:
     _last: dict[str, Any] | None = None
     _started: bool = False
 
-    def changed(self) -> asyncio.Event | None:
-        return self.cl.job_event(self.job_id) if self.attach else None
+    def changed(self) -> list[asyncio.Event]:
+        events = [self.cl.job_event(self.job_id)]
+        job = self.cl.active_job(self.job_id)
+        if job is not None and job.state == JobState.QUEUED:
+            events.append(self.cl.queue_positions.moved)
+        return events
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         job = self.cl.get_job(self.job_id)
@@ -95,8 +104,8 @@ class StepNews:
 
     step: Step
 
-    def changed(self) -> asyncio.Event | None:
-        return None
+    def changed(self) -> list[asyncio.Event]:
+        return []
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         step = self.step
@@ -137,7 +146,7 @@ async def follow(
                 yield line(record)
             if ended:
                 return
-            if not await _either(wake, changed, TICK) and ping is not None:
+            if not await _any([wake, *changed], TICK) and ping is not None:
                 yield ping
     finally:
         if reader is not None:
@@ -145,9 +154,9 @@ async def follow(
         cl.unwatch_output(run_id, wake)
 
 
-async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float) -> bool:
-    """Wait for `a` or `b` to be set, `timeout` seconds at most; whether one was."""
-    waits = [asyncio.ensure_future(e.wait()) for e in (a, b) if e is not None]
+async def _any(events: list[asyncio.Event], timeout: float) -> bool:
+    """Wait for one of `events` to be set, `timeout` seconds at most; whether one was."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
