@@ -416,7 +416,10 @@ class Cluster(Reads):
             change: Change = getattr(self.jobctl, verb)(job, actor)
             return change
 
-        return await self.bulk.control(job_id, verb, actor, one)
+        def check(job: Job, actor: Actor) -> None:
+            self.jobctl.check_allowed(verb, job, actor, new)
+
+        return await self.bulk.control(job_id, verb, actor, one, check)
 
     def cancel(self, job: Job, actor: str | None = None, address: str | None = None) -> bool:
         """Cancel a queued or running job; False if it had already ended."""
