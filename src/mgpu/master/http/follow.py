@@ -5,9 +5,11 @@ output (`/api/steps/{id}/output`) and a terminal or allocation (`/api/jobs/{id}/
 chunk at a time as they are written, so memory per reader is one chunk, whatever the
 file's size), and between them what `news` says (the run's state, its end).  It wakes on
 each append to the output, on the events `news.changed()` gives (a job's own changes, a new
-count of queue positions), and every `TICK` seconds (`ping`, when given, is sent then, so a
-client sees the connection is alive).  So a follower of a job that does not change costs
-nothing between ticks, however long the queue it waits in (issue 25 item 7).
+count of queue positions), and every `news.tick` seconds (`ping`, when given, is sent then,
+so a client sees the connection is alive).  A job's changes all set its event, so its
+followers tick every `TICK` seconds only: one of a job that does not change costs nothing
+between, however long the queue it waits in (issue 25 item 7).  A step's end sets none:
+its followers look every `STEP_TICK`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from mgpu.model import Job, JobState
 __all__ = ["JobNews", "News", "StepNews", "follow", "follow_line", "line"]
 
 TICK = 5.0
-"""Seconds a follower waits for news before it looks again (and pings)."""
+"""Seconds a job's follower waits for news before it looks again (and pings)."""
+STEP_TICK = 1.0
+"""Seconds a step's follower waits before it looks for the step's end again."""
 
 
 def line(record: dict[str, Any]) -> bytes:
@@ -34,6 +38,9 @@ def line(record: dict[str, Any]) -> bytes:
 
 class News(Protocol):
     """What a follower is told besides output."""
+
+    tick: float
+    """Seconds to wait for an event before looking (and pinging) anyway."""
 
     def changed(self) -> list[asyncio.Event]:
         """Events set when there may be news (none: output and the tick only)."""
@@ -69,6 +76,7 @@ class JobNews:
     cl: Cluster
     job_id: str
     attach: bool = False
+    tick: float = TICK
     _last: dict[str, Any] | None = None
     _started: bool = False
 
@@ -103,6 +111,7 @@ class StepNews:
     """A step's end, with its exit code."""
 
     step: Step
+    tick: float = STEP_TICK
 
     def changed(self) -> list[asyncio.Event]:
         return []
@@ -146,7 +155,7 @@ async def follow(
                 yield line(record)
             if ended:
                 return
-            if not await _any([wake, *changed], TICK) and ping is not None:
+            if not await _any([wake, *changed], news.tick) and ping is not None:
                 yield ping
     finally:
         if reader is not None:
