@@ -55,3 +55,10 @@ def test_a_walk_in_slices_wakes_the_followers() -> None:
     assert first is None
     assert counted == 11_999
     assert head
+
+
+def test_a_job_queued_since_the_last_count_is_counted_when_asked(h: Harness) -> None:
+    first = h.submit(gpus=1)
+    assert h.cl.queue_position(first) == 1
+    later = h.submit(gpus=1)  # the table is fresh, but does not hold it
+    assert h.cl.queue_position(later) == 2

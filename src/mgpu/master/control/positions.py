@@ -51,15 +51,19 @@ class QueuePositions:
         self.walks = 0
 
     def of(self, job_id: str, now: float) -> int | None:
-        """`job_id`'s place as last counted (None: not counted yet); a walk is started
-        when the table is older than `MAX_AGE` at `now` (monotonic seconds)."""
-        if now - self._made_at > MAX_AGE and self._walk is None:
+        """Queued `job_id`'s place as last counted (None: not counted yet); a walk is
+        started when the table is older than `MAX_AGE` at `now` (monotonic seconds), or
+        does not hold the job (queued since: one walk at a time, so at most one more)."""
+        place = self._table.get(job_id)
+        stale = now - self._made_at > MAX_AGE or place is None
+        if stale and self._walk is None:
             self._made_at = now
             try:
                 self._walk = asyncio.get_running_loop().create_task(self.walk())
             except RuntimeError:  # no loop (tests/controller): count now
                 self._swap(self._count_now())
-        return self._table.get(job_id)
+            place = self._table.get(job_id)
+        return place
 
     def _count_now(self) -> dict[str, int]:
         table: dict[str, int] = {}
