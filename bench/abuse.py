@@ -16,8 +16,9 @@ at once by cancelling the job they depend on.  Then 100,000-task arrays
 (`sleep` tasks capped at 4 running, the rest queued) are submitted, listed, shown and
 cancelled.  The `idle` row is the baseline with 100,000 tasks queued: what the
 scheduling pass alone costs (`last_pass_ms`: the master's last pass, from /metrics);
-every row that runs while they are queued shares it.  Slow garbage collections the
-master logged are listed too.
+every row that runs while they are queued shares it; beside it, FOLLOWERS real
+`mgpu logs -f` clients of a job queued behind them (started before the row).  Slow
+garbage collections the master logged are listed too.
 
 Two figures per row tell queueing from a stall: `/healthz` latency (what a client waits,
 queueing behind other requests included) and the master's own loop monitor
@@ -65,6 +66,8 @@ NOTIFY_FLOOD = 2100
 """Job ends at once, each notifying a receiver that never answers (issue 25 item 5)."""
 NOTIFY_ENDS = 300
 """Jobs with a webhook cancelled one by one (issue 25 item 6)."""
+FOLLOWERS = 100
+"""`mgpu logs -f` clients of one job queued behind the array (issue 25 item 7)."""
 CONFIG = "notify:\n  allowed_hosts: [127.0.0.1]\n"
 """Notifications may go to loopback: the bench's receivers are there, and nothing else is."""
 
@@ -345,6 +348,30 @@ def _hold_summary(before: dict[float, float], after: dict[float, float]) -> tupl
     return longest, over
 
 
+@contextlib.contextmanager
+def _followers(cluster: LocalCluster, job_id: str, n: int) -> Any:
+    """`n` real `mgpu logs -f JOB` clients, started (and connected) before the row and
+    killed after it (SIGKILL: a follower cancels its job on SIGTERM)."""
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "mgpu"), "logs", "-f", job_id],
+            env=cluster.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(n)
+    ]
+    try:
+        time.sleep(10)  # set-up, not measured: n Python clients start on a small machine
+        yield procs
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+
+
 def patient(cluster: LocalCluster) -> Client:
     """A client that waits as long as a 100,000-task request takes on a busy machine."""
     return Client(cluster.address, timeout=600, token=cluster.admin_token)
@@ -496,6 +523,13 @@ def main() -> None:
             # Two re-planning intervals: at least one full scheduling pass over the queue.
             bench.measure(f"idle, {TASKS:,} tasks queued (12 s)", lambda: time.sleep(12))
             bench.rows[-1]["last_pass_ms"] = _last_pass_ms(address)
+            waiting = client.submit("true", gpus=1, env={}).id
+            with _followers(cluster, waiting, FOLLOWERS):
+                bench.measure(
+                    f"{FOLLOWERS} logs -f of a job queued behind {TASKS:,} tasks (12 s)",
+                    lambda: time.sleep(12),
+                )
+            client.cancel(waiting)
             bench.both(
                 f"queue --json, all {TASKS:,} tasks (GET /api/jobs)",
                 lambda: f"{len(patient(cluster).queue()['jobs']):,} jobs",

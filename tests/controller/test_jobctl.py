@@ -485,3 +485,32 @@ def test_array_work_is_written_a_slice_at_a_time_once_its_budget_is_spent(
     writes.clear()
     _run(h.cl.cancel_job(array_id, ALICE))
     assert writes == [("cancel", "alice", None, array_id), None, None]
+
+
+def test_an_array_release_is_all_or_nothing(h: Harness) -> None:
+    """Issue 25: `mgpu release ARRAY` answered 403 yet released the tasks the user had held;
+    every task is checked first, so a refusal changes nothing."""
+    array_id = h.submit(array="0-119")
+    ids = [f"{array_id}_{i}" for i in range(120)]
+    _run(h.cl.control_job(array_id, "hold", ALICE))
+    h.cl.jobctl.release(h.job(ids[100]), ADMIN)
+    h.cl.jobctl.hold(h.job(ids[100]), ADMIN)  # one task held by an admin, far down the array
+    with pytest.raises(NotAllowed, match=f"job {ids[100]} was held by root") as refused:
+        _run(h.cl.control_job(array_id, "release", ALICE))
+    assert refused.value.target == f"release {array_id}"
+    assert all(h.job(i).held for i in ids)  # none released
+    assert len(h.events("release")) == 1  # the admin's own, nothing for the refused request
+    changes = _run(h.cl.control_job(array_id, "release", ADMIN))
+    assert sum(c.changed for c in changes) == 120
+
+
+def test_an_array_update_is_all_or_nothing(h: Harness) -> None:
+    h.agent("n1", gpus=1)
+    array_id = h.submit(array="0-2", time="10:00")
+    h.cl.jobctl.hold(h.job(f"{array_id}_0"), ALICE)
+    h.tick()  # task 1 runs: queued task 0 comes before it
+    assert h.job(f"{array_id}_1").state == JobState.RUNNING
+    new = JobControl.parse_update(time="1:00:00", priority=None, gpus=None, name=None)
+    with pytest.raises(NotAllowed, match="only an admin may raise the time limit"):
+        _run(h.cl.control_job(array_id, "update", ALICE, new))
+    assert {h.job(f"{array_id}_{i}").time_limit for i in range(3)} == {600.0}

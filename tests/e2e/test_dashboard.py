@@ -232,3 +232,44 @@ def test_a_missed_escape_still_runs_nothing(tmp_path: Path, browser_page: Any) -
         assert page.locator("#stats img").count() == 1  # the markup did become elements
         assert page.locator("#styled").bounding_box()["width"] != 123
         assert any("inline style" in e and "style-src 'self'" in e for e in errors), errors
+
+
+def test_a_token_link_replaces_a_held_token_only_when_the_reader_agrees(
+    cluster: LocalCluster, browser_page: Any
+) -> None:
+    """Issue 25: a `#token=` link silently replaced the token an admin's dashboard held."""
+    page = browser_page
+    errors = page_errors(page)
+    other = cluster.client().create_token("mallory")["token"]
+    held = "localStorage.getItem('mgpu-token')"
+
+    page.goto(f"http://{cluster.address}/#token={cluster.admin_token}")  # none held: taken
+    page.locator("#live.ok").wait_for()
+    assert page.evaluate(held) == cluster.admin_token
+
+    asked: list[str] = []
+
+    def answer(accept: bool) -> Any:
+        def on_dialog(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept() if accept else dialog.dismiss()
+
+        return on_dialog
+
+    page.goto("about:blank")
+    page.once("dialog", answer(False))
+    page.goto(f"http://{cluster.address}/#token={other}")
+    page.locator("#live.ok").wait_for()
+    page.wait_for_function("() => !location.hash.includes('token=')")
+    assert page.evaluate(held) == cluster.admin_token  # declined: kept
+    assert asked == [
+        "This link signs the dashboard in as mallory, in place of "
+        f"{cluster.client().whoami()['user']} (admin). Switch?"
+    ]
+
+    page.goto("about:blank")
+    page.once("dialog", answer(True))
+    page.goto(f"http://{cluster.address}/#token={other}")
+    page.wait_for_function(f"() => localStorage.getItem('mgpu-token') === {other!r}")
+    assert len(asked) == 2
+    assert errors == []

@@ -92,6 +92,29 @@ def test_hold_and_release_every_task_of_an_array(cluster: LocalCluster) -> None:
     ]
 
 
+def test_releasing_an_array_is_all_or_nothing(cluster: LocalCluster) -> None:
+    """Issue 25: a user's `mgpu release ARRAY` with one task held by an admin is refused
+    whole (403, audited once) and releases none of the tasks the user held."""
+    c = cluster
+    admin = c.client()
+    token = admin.create_token(OTHER)["token"]
+    user = Client(c.address, token=token)
+    blocker = user.submit("true", gpus=0, hold=True, cwd="/")  # the tasks wait for it
+    array = user.submit("true", gpus=0, array="0-9", dependency=f"afterok:{blocker.id}", cwd="/")
+    tasks = array.task_ids or []
+    admin.hold(tasks[7])  # held by an admin
+    user.hold(array.id)  # the others by the user
+    refused = c.cli("--token", token, "release", array.id)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"mgpu: error: not authorised: job {tasks[7]} was held by root; only an admin releases it\n"
+    )
+    assert all(admin.show(t)["reason"] == "held" for t in tasks)
+    denied = [e for e in admin.audit() if e["kind"] == "denied" and array.id in e["target"]]
+    assert len(denied) == 1, denied
+    c.cli("cancel", array.id, blocker.id, check=True)
+
+
 # ---- requeue ----------------------------------------------------------------------------
 
 

@@ -622,3 +622,37 @@ def test_chaos_master_and_agent_killed_no_job_lost_or_doubled(patient: Rel) -> N
             assert s2 >= e1, f"{j['id']} ran twice at once: {j['attempts']}"
         pid = j["allocation"][0]["pid"]
         assert rel.logs(j["id"]) == f"out-{j['id']}-{pid}\n", j
+
+
+# ---- 8. a stop survives an agent restart (issue 25 item 8) ------------------------------
+
+
+@pytest.mark.parametrize("how", ["requeue", "cancel"])
+def test_a_stop_interrupted_by_an_agent_restart_stays_that_stop(patient: Rel, how: str) -> None:
+    """`mgpu requeue` (or cancel) of a job that traps TERM, its agent killed with SIGKILL
+    during the kill grace and restarted: requeued without a retry (cancelled), never
+    failed, and the node is charged nothing."""
+    rel = patient
+    rel.start("node001")
+    termed = rel.root / "termed"
+    script = f"trap 'touch {termed}' TERM; echo up; while true; do sleep 0.05; done"
+    job_id = rel.submit(script, retries=0)
+    rel.wait_running(job_id)
+    wait_for(lambda: "up\n" in rel.logs(job_id), what="the job runs")
+    getattr(rel.c.client(), how)(job_id)
+    wait_for(termed.exists, what="the job got TERM")  # the grace (GRACE s) has begun
+    rel.kill_agent("node001")
+    rel.wait_disconnected("node001")
+    rel.start_agent("node001")
+    if how == "cancel":
+        job = rel.wait_end(job_id)
+        assert job["state"] == "cancelled", job
+    else:
+        job = wait_for(
+            lambda: (j := rel.show(job_id))["restart_count"] == 1 and j,
+            what="the job requeued",
+        )
+        assert job["state"] in ("queued", "running"), job
+        assert job["attempts"][0]["end_reason"] == "requested by root"
+    assert job["retries"] == 0, job
+    assert rel.node("node001")["failures"] == 0

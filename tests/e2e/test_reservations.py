@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import LocalCluster, kill_group, local_cluster, wait_for
+from mgpu.client.api import RequestError
 
 
 def reservations(c: LocalCluster) -> list[dict]:  # type: ignore[type-arg]
@@ -71,9 +72,13 @@ def test_bad_reservations_are_refused_and_nothing_stored(cluster: LocalCluster) 
         "node": (["--nodelist", "node999", "--duration", "60"], "node node999 is not in"),
         "length": (["--start", "now"], "one of the arguments --duration --end is required"),
         "when": (["--start", "tomorrow", "--duration", "60"], "is not a time"),
+        "far": (["--end", "now+99999999999"], "--end must be a time within 10 years of now"),
+        "long": (["--duration", "99999-0"], "--duration must end within 10 years of now"),
     }
     for name, (args, words) in bad.items():
         one_line_error(c.cli("reserve", "create", name, "--gpus", "1", *args), words)
+    with pytest.raises(RequestError, match="--end must be a time within 10 years of now"):
+        c.client().reserve("absurd", 1, start="now", end=1e300)  # the API, past the CLI
     token = json.loads(c.cli("token", "create", "bob", "--json", check=True).stdout)["token"]
     as_bob = c.cli("--token", token, "reserve", "create", "b", "--gpus", "1", "--duration", "5")
     one_line_error(as_bob, "not authorised", "admin")

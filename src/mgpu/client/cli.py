@@ -109,7 +109,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from mgpu.client.stream import print_logs
 
     client = make_client(args)
-    return print_logs(client, args.job, follow=args.follow)
+    return print_logs(client, args.job, follow=args.follow, raw=args.raw)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("logs", cmd_logs, "a job's output")
     s.add_argument("job")
     s.add_argument("--follow", "-f", action="store_true", help="follow until the job ends")
+    s.add_argument(
+        "--raw", action="store_true", help="control characters as they are, on a terminal too"
+    )
 
     s = add("cancel", cmd_cancel, "cancel queued or running jobs")
     s.add_argument("jobs", nargs="+", metavar="JOB")

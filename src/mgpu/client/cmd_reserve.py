@@ -31,7 +31,7 @@ def when(text: str, option: str) -> str | float:
         return text.replace(" ", "")
     try:
         return datetime.fromisoformat(text).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         raise MgpuError(
             f"{option} {text!r} is not a time; use now, now+MINUTES or YYYY-MM-DDTHH:MM"
         ) from None
@@ -90,7 +90,7 @@ def _create(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(made))
     else:
-        window = f"{_ts(made['start'])} to {_ts(made['end'])}"
+        window = f"{_ts(made.get('start'))} to {_ts(made.get('end'))}"
         print(f"reservation {made['name']}: {_gpus(made)}, {window}")
     return 0
 
@@ -111,26 +111,48 @@ def _delete(client: Client, args: argparse.Namespace) -> int:
 
 
 def _gpus(r: dict[str, Any]) -> str:
-    return ";".join(f"{a['node_id']}:{','.join(map(str, a['gpu_ids']))}" for a in r["allocation"])
+    slots = r.get("allocation")
+    if not isinstance(slots, list):
+        return "?"
+    return ";".join(
+        f"{a.get('node_id', '?')}:{','.join(map(str, a.get('gpu_ids') or []))}"
+        if isinstance(a, dict)
+        else "?"
+        for a in slots
+    )
 
 
-def _ts(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+def _ts(t: Any) -> str:
+    """A time as local `YYYY-MM-DD HH:MM`; one no calendar holds (an `end` of 1e300 stored
+    by an older master) as `?`, never a traceback."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(float(t)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "?"
+
+
+def _users(r: dict[str, Any]) -> str:
+    users = r.get("users")
+    if not isinstance(users, list):
+        return "?"
+    return ",".join(map(str, users)) or "(anyone)"
 
 
 def render_reservations(found: list[dict[str, Any]]) -> str:
+    """The reservations as a table; whatever a stored value is, a cell, never a traceback."""
     if not found:
         return "  (no reservations)"
     rows = [
         [
-            r["name"],
-            r["state"],
-            _ts(r["start"]),
-            _ts(r["end"]),
-            str(r["gpus"]),
+            str(r.get("name", "?")),
+            str(r.get("state", "?")),
+            _ts(r.get("start")),
+            _ts(r.get("end")),
+            str(r.get("gpus", "?")),
             _gpus(r),
-            ",".join(r["users"]) or "(anyone)",
+            _users(r),
         ]
         for r in found
+        if isinstance(r, dict)
     ]
     return table(["NAME", "STATE", "START", "END", "GPUS", "NODES", "USERS"], rows)

@@ -3,6 +3,13 @@
 Records carry the stream ("o"/"e") and the node.  A job that spans several nodes
 gets a `[node001] ` prefix at the start of each line, per node, so lines from
 different nodes never run together.
+
+`mgpu logs` shows a record of any job, often another user's to an admin: on a terminal its
+control characters are written as escapes (`\x1b`, as the tables do: mgpu.safetext), so an
+OSC 52 clipboard write, a new title or a screen clear in it is seen, not obeyed; newlines
+and tabs are kept.  Piped, or with `--raw`, it is written as it is (as `kubectl logs` and
+`cat` of a Slurm output file do).  `srun` and `submit --interactive` stream the caller's
+own job, just submitted, raw: it is their own program talking to their own terminal.
 """
 
 from __future__ import annotations
@@ -44,14 +51,26 @@ def _write(f: TextIO, text: str) -> None:
     f.flush()
 
 
-def print_logs(client: Client, job_id: str, follow: bool) -> int:
-    """Both streams to stdout, in the order they came."""
+def escape_output(text: str) -> str:
+    """Output made safe for a terminal: each control character escaped but newlines and
+    tabs (mgpu.safetext)."""
+    if text.isprintable():
+        return text
+    from mgpu.safetext import escape_controls
+
+    return "\n".join("\t".join(map(escape_controls, line.split("\t"))) for line in text.split("\n"))
+
+
+def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> int:
+    """Both streams to stdout, in the order they came; escaped on a terminal unless `raw`."""
     job = client.show(job_id)
     prefixer = LinePrefixer()
     prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
+    escape = not raw and sys.stdout.isatty()
     for rec in client.stream(job_id, follow=follow):
         if "d" in rec:
-            _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
+            text = escape_output(rec["d"]) if escape else rec["d"]
+            _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], text))
     return 0
 
 

@@ -114,14 +114,37 @@ function setLive(ok, text) {
 
 // ---- sign in ---------------------------------------------------------------
 
-function takeTokenFromUrl() {
+// Who a token signs in as (null: the master refuses it, or cannot be reached).
+async function whoIs(t) {
+  try {
+    const resp = await fetch("/api/whoami", { headers: { Authorization: "Bearer " + t }, cache: "no-store" });
+    return resp.ok ? await resp.json() : null;
+  } catch (e) {
+    return null;
+  }
+}
+
+function named(who) {
+  return who ? `${who.user}${who.admin ? " (admin)" : ""}` : "a token the master does not accept";
+}
+
+// A `#token=` (or `?token=`) link signs the page in.  Over a token it holds already, only
+// when the reader agrees, asked by name: else anyone's link would silently turn an admin's
+// dashboard into theirs (what it then shows or cancels is theirs).
+async function takeTokenFromUrl() {
   const m = location.hash.match(/[#&]token=([^&]+)/);
   const q = new URLSearchParams(location.search).get("token");
   const t = m ? decodeURIComponent(m[1]) : q;
-  if (t) {
-    localStorage.setItem("mgpu-token", t);
-    history.replaceState(null, "", location.pathname + "#/");
+  if (!t) return;
+  history.replaceState(null, "", location.pathname + "#/");
+  const held = token();
+  if (held && held !== t) {
+    const [now, next] = await Promise.all([whoIs(held), whoIs(t)]);
+    const same = now && next && now.user === next.user && now.admin === next.admin;
+    const ask = `This link signs the dashboard in as ${named(next)}, in place of ${named(now)}. Switch?`;
+    if (!same && !window.confirm(ask)) return;
   }
+  localStorage.setItem("mgpu-token", t);
 }
 
 function showLogin(why) {
@@ -759,5 +782,4 @@ window.addEventListener("resize", debounce(() => {
   refreshChart().catch(() => {});
   drawHeat();
 }, 100));
-takeTokenFromUrl();
-route();
+takeTokenFromUrl().finally(route);

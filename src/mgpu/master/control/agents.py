@@ -36,7 +36,7 @@ from mgpu.master.state.steps import Step, is_step_id
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store.outputs import OutputStore
 from mgpu.master.store.sqlite import Store
-from mgpu.model import DesiredState, EndReason, Job, JobState, NodeEvent, Slot, SlotPhase
+from mgpu.model import EndReason, Job, JobState, NodeEvent, Slot, SlotPhase
 from mgpu.protocol import (
     PROTOCOL_VERSION,
     Exited,
@@ -173,7 +173,9 @@ class Agents:
                 limit = SetTimeLimit(job_id=run_id, epoch=epoch, time_limit=job.time_limit)
                 self.uow.send(node.link, limit)
         why = f"{node.node_id} restarted and no longer runs it"
-        if result.lost:
+        # A run the master was stopping ends as that stop (lifecycle.slot_lost): not the
+        # node's failure.
+        if any(self.state.jobs[job_id].stop_reason is None for job_id in result.lost):
             self.nodes.charge_failure(node, why)
         for job_id in result.lost:
             self.life.slot_lost(self.state.jobs[job_id], EndReason.NODE_LOST, why)
@@ -253,7 +255,7 @@ class Agents:
             return
         if msg.launch_error is not None:
             why = f"{node.node_id} could not launch the job: {msg.launch_error}"
-            if job.desired is not DesiredState.STOP:
+            if job.stop_reason is None:  # else it ends as the stop asked for
                 self.nodes.charge_failure(node, why)
             # A failed prolog is the site's verdict on the node: tried again, no retry spent.
             reason = EndReason.PROLOG_FAILED if msg.requeue_free else EndReason.LAUNCH_FAILED

@@ -143,6 +143,8 @@ class Jobs(Protocol):
 
 Action = Callable[[Job, Actor], Awaitable[Change]]
 """One job-control action on one job (control/jobctl.py)."""
+Check = Callable[[Job, Actor], None]
+"""Whether the asker may do the action on a job: NotAllowed if not, changing nothing."""
 
 
 class _Writer:
@@ -190,9 +192,14 @@ class Bulk:
         pacer.finish()
         return Cancelled(_by_task(cancelled), _by_task(ended), array=True)
 
-    async def control(self, job_id: str, verb: str, actor: Actor, action: Action) -> list[Change]:
+    async def control(
+        self, job_id: str, verb: str, actor: Actor, action: Action, check: Check
+    ) -> list[Change]:
         """`action` on a job, or on every queued or running task of an array: on each a
-        Change; a task it cannot change is a Change that says why (a job alone: Conflict)."""
+        Change; a task it cannot change is a Change that says why (a job alone: Conflict).
+        All or nothing: `check` is passed by every task before any is changed, so a task
+        the asker may not change refuses the whole request (one NotAllowed, audited once
+        by the edge), never after the others changed."""
         job = self.jobs.get_job(job_id)
         tasks = self.jobs.active_tasks(job_id) if job is None and may_be_array_id(job_id) else []
         if job is None and not tasks:
@@ -202,8 +209,10 @@ class Bulk:
         try:
             if job is not None:
                 return [await action(actor.owns(job, verb), actor)]
-            for task in tasks:
-                actor.check_owner(task.id, task.user, verb)
+            for part in slices(tasks):
+                for task in part:
+                    check(task, actor)
+                await bulk_turn()
             return await self._each_task(job_id, tasks, verb, replace(actor, audit=False), action)
         except NotAllowed as e:
             e.target = e.target or f"{verb} {job_id}"

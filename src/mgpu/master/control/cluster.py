@@ -414,7 +414,10 @@ class Cluster(Reads):
             change: Change = getattr(self.jobctl, verb)(job, actor)
             return change
 
-        return await self.bulk.control(job_id, verb, actor, one)
+        def check(job: Job, actor: Actor) -> None:
+            self.jobctl.check_allowed(verb, job, actor, new)
+
+        return await self.bulk.control(job_id, verb, actor, one, check)
 
     async def signal_job(self, job_id: str, asked: SignalAsked, actor: Actor) -> list[Change]:
         """Send a signal to a running job or to an array's running tasks now."""

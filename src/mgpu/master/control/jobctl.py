@@ -92,6 +92,12 @@ def _ended(job: Job, what: str) -> Conflict:
     return Conflict(f"job {job.id} has ended ({job.state.value}); {what}")
 
 
+def _new_limit(new: JobSpec) -> float | None:
+    """An update's time limit (None: unlimited)."""
+    assert new.time is not None
+    return None if math.isinf(new.time) else new.time
+
+
 def _limit(seconds: float | None) -> str:
     return specs.format_time_limit(seconds)
 
@@ -153,6 +159,24 @@ class JobControl:
         self.loop.forget(job)
         self.state.wake()
 
+    def check_allowed(self, verb: str, job: Job, actor: Actor, new: JobSpec | None = None) -> None:
+        """NotAllowed if `actor` may not `verb` `job` (`new`: an update's values), changing
+        nothing: every task of an array is checked before any is changed (all or nothing)."""
+        actor.check_owner(job.id, job.user, verb)
+        if actor.admin:
+            return
+        held_by_another = job.held and job.held_by not in (None, job.user, actor.user)
+        if verb == "release" and held_by_another and job.state == JobState.QUEUED:
+            raise NotAllowed(f"job {job.id} was held by {job.held_by}; only an admin releases it")
+        if verb == "update" and new is not None and "time" in new.model_fields_set:
+            limit = _new_limit(new)
+            raising = limit is None or (job.time_limit is not None and limit > job.time_limit)
+            if job.state == JobState.RUNNING and raising:
+                raise NotAllowed(
+                    f"only an admin may raise the time limit of a running job "
+                    f"({job.id} has {_limit(job.time_limit)}; asked {_limit(limit)})"
+                )
+
     # ---- hold / release ---------------------------------------------------
 
     def hold(self, job: Job, actor: Actor) -> Change:
@@ -172,8 +196,7 @@ class JobControl:
     def release(self, job: Job, actor: Actor) -> Change:
         if not job.held or job.state != JobState.QUEUED:
             return Change(job.id, False, f"job {job.id} is not held")
-        if job.held_by not in (None, job.user, actor.user) and not actor.admin:
-            raise NotAllowed(f"job {job.id} was held by {job.held_by}; only an admin releases it")
+        self.check_allowed("release", job, actor)
         job.held, job.held_by, job.reason = False, None, "waiting to be scheduled"
         self._requeued_changed(job)
         return self._done(job, "release", actor, f"released {job.id}")
@@ -258,16 +281,8 @@ class JobControl:
                 f"job {job.id} is running: only its --time and --name can change now "
                 "(--priority and --gpus only while it is queued)"
             )
-        limit = job.time_limit
-        if "time" in fields:
-            assert new.time is not None
-            limit = None if math.isinf(new.time) else new.time
-            raising = limit is None or (job.time_limit is not None and limit > job.time_limit)
-            if job.state == JobState.RUNNING and raising and not actor.admin:
-                raise NotAllowed(
-                    f"only an admin may raise the time limit of a running job "
-                    f"({job.id} has {_limit(job.time_limit)}; asked {_limit(limit)})"
-                )
+        self.check_allowed("update", job, actor, new)
+        limit = job.time_limit if "time" not in fields else _new_limit(new)
         updated = Job.from_record(job.to_record())
         updated.time_limit = limit
         if "name" in fields:

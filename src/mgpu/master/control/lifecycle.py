@@ -12,11 +12,12 @@
 * `request_stop` — the master wants a running job stopped (`Job.desired`): its processes
   are killed and the job ends (or is requeued) when their exits arrive.
 * `slot_lost` — a slot's process is gone without an exit: requeued for the reason given
-  (ended instead when a stop was requested).
+  (or, when a stop was requested, ended or requeued as that stop).
 * `requeue` — running → queued, a retry spent when the reason counts one (with exponential
   backoff), failed when none is left; `finish` — to the final state the reason names.
 
-The node side of a lost or failed slot (its failure count, a drain) is the caller's.
+The node side of a lost or failed slot (its failure count, a drain) is the caller's: none
+for a run the master was stopping.
 """
 
 from __future__ import annotations
@@ -279,11 +280,17 @@ class Lifecycle:
 
     def slot_lost(self, job: Job, reason: EndReason, why: str) -> None:
         """A slot's process is gone without an exit: requeue for `reason` (`why` is shown),
-        or end the job if it was being stopped anyway."""
-        if job.desired is DesiredState.STOP and job.stop_reason is not None:
-            self.finish(job, job.stop_reason, job.stop_text or "cancelled")
-        else:
+        unless the master was stopping the run: then it ends as that stop (cancelled,
+        requeued, preempted: no retry spent), whatever happened to the node meanwhile
+        (issue 25 item 8: an agent killed during the kill grace)."""
+        if job.stop_reason is None:
             self.requeue(job, reason, why)
+            return
+        end, text = self._how_it_ended(job, failed=False)
+        if end.to_state() == JobState.QUEUED:
+            self.requeue(job, end, text or end.value)
+        else:
+            self.finish(job, end, text)
 
     def requeue(self, job: Job, reason: EndReason, why: str) -> None:
         """running → queued; a retry is spent when `reason` counts one (failed when none

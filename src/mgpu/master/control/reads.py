@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mgpu.master.control.loop import SchedulingLoop
+from mgpu.master.control.positions import QueuePositions
 from mgpu.master.monitor.gpuwatch import GpuWatch
+from mgpu.master.runtime.clock import Clock
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.unitofwork import UnitOfWork
@@ -29,6 +31,7 @@ class Reads:
     store: Store
     loop: SchedulingLoop
     gpuwatch: GpuWatch
+    clock: Clock
 
     def get_job(self, job_id: str) -> Job | None:
         """Active, just changed (not written yet), or from the store; a number no job has
@@ -140,14 +143,17 @@ class Reads:
     def job_event(self, job_id: str) -> asyncio.Event:
         return self.state.job_event(job_id)
 
-    def queue_position(self, job: Job) -> int:
-        pos = 1
-        for j in self.jobs.values():
-            if j.id == job.id:
-                return pos
-            if j.state == JobState.QUEUED:
-                pos += 1
-        return pos
+    def queue_position(self, job_id: str) -> int | None:
+        """`job_id`'s place in the queue as last counted (None: not yet); one walk counts
+        it for every follower (control/positions.py)."""
+        return self.queue_positions.of(job_id, self.clock.monotonic())
+
+    @property
+    def queue_positions(self) -> QueuePositions:
+        positions: QueuePositions | None = getattr(self, "_queue_positions", None)
+        if positions is None:
+            positions = self._queue_positions = QueuePositions(self.jobs)
+        return positions
 
     def stored_counts(self) -> dict[str, int]:
         """Jobs in the store by state (/metrics)."""

@@ -37,6 +37,9 @@ __all__ = ["ReservationBook", "ReservationRequestError", "parse_when"]
 _NOW_PLUS = re.compile(r"now\s*\+\s*(\d+(?:\.\d+)?)\s*([mhd]?)", re.IGNORECASE)
 _UNIT = {"": 60, "m": 60, "h": 3600, "d": 86400}
 MAX_USERS = 1000
+HORIZON = 10 * 365 * 86400.0
+"""Seconds ahead (and back) a reservation's start and end may be: an absurd time (an
+`end: 1e300`) is refused with one sentence, never stored for the renderers to trip on."""
 
 
 class ReservationRequestError(ValueError):
@@ -46,9 +49,14 @@ class ReservationRequestError(ValueError):
 def parse_when(value: str | float, now: float, option: str = "--start") -> float:
     """`now`, `now+MINUTES` (also `now+2h`, `now+1d`), `YYYY-MM-DDTHH:MM` (the master's
     local time; the CLI sends its own local time as epoch seconds) or epoch seconds."""
+    when = _parse_when(value, now, option)
+    if not (math.isfinite(when) and abs(when - now) <= HORIZON):
+        raise ReservationRequestError(f"{option} must be a time within 10 years of now")
+    return when
+
+
+def _parse_when(value: str | float, now: float, option: str) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ReservationRequestError(f"{option} must be a time such as now+30")
         return float(value)
     text = str(value).strip()
     if text.lower() == "now":
@@ -58,7 +66,7 @@ def parse_when(value: str | float, now: float, option: str = "--start") -> float
         return now + float(m.group(1)) * _UNIT[m.group(2).lower()]
     try:
         return datetime.fromisoformat(text).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         raise ReservationRequestError(
             f"{option} {text!r:.40} is not a time; use now, now+MINUTES or YYYY-MM-DDTHH:MM"
         ) from None
@@ -224,4 +232,6 @@ class ReservationBook:
             raise ReservationRequestError(f"--duration: {e}") from None
         if math.isinf(seconds) or seconds <= 0:
             raise ReservationRequestError("--duration must be a length of time such as 2:00:00")
+        if start + seconds - now > HORIZON:
+            raise ReservationRequestError("--duration must end within 10 years of now")
         return start + seconds

@@ -90,11 +90,11 @@ async def _attached(
     cl.client_alive(run_id)
     if step is not None:
         started = line({"started": True, "nodes": step.on_nodes})
-        feed = follow(cl, step.id, StepNews(step), since, tick=None)  # its end closes output
+        feed = follow(cl, step.id, StepNews(step), since, periodic=False)  # its end closes output
     else:
         started = b""
         news = JobNews(cl, job.id, attach=True)  # woken by the job's changes
-        feed = follow(cl, job.id, news, since, output=output, tick=None)
+        feed = follow(cl, job.id, news, since, output=output, periodic=False)
     sender = asyncio.create_task(_send_all(ws, started, feed))
     try:
         while True:

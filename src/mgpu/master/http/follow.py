@@ -4,8 +4,12 @@ output (`/api/steps/{id}/output`) and a terminal or allocation (`/api/jobs/{id}/
 `follow` yields JSON lines: the output records as the run's output file has them (read a
 chunk at a time as they are written, so memory per reader is one chunk, whatever the
 file's size), and between them what `news` says (the run's state, its end).  It wakes on
-each append to the output, on `news.changed()` when it gives an event, and every second
-(`ping`, when given, is sent then, so a client sees the connection is alive).
+each append to the output, on the events `news.changed()` gives (a job's own changes, a new
+count of queue positions), and every `news.tick` seconds (`ping`, when given, is sent then,
+so a client sees the connection is alive).  A job's changes all set its event, so its
+followers tick every `TICK` seconds only: one of a job that does not change costs nothing
+between, however long the queue it waits in (issue 25 item 7).  A step's end sets its
+`finished` event; its followers also look every `STEP_TICK`.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from mgpu.model import Job, JobState
 
 __all__ = ["JobNews", "News", "StepNews", "follow", "follow_line", "line"]
 
-TICK = 1.0
-"""Seconds a follower waits for news before it looks again (and pings)."""
+TICK = 5.0
+"""Seconds a job's follower waits for news before it looks again (and pings)."""
+STEP_TICK = 1.0
+"""Seconds a step's follower waits before it looks for the step's end again."""
 
 
 def line(record: dict[str, Any]) -> bytes:
@@ -33,8 +39,11 @@ def line(record: dict[str, Any]) -> bytes:
 class News(Protocol):
     """What a follower is told besides output."""
 
-    def changed(self) -> asyncio.Event | None:
-        """An event set when there may be news (None: output and the tick only)."""
+    tick: float
+    """Seconds to wait for an event before looking (and pinging) anyway."""
+
+    def changed(self) -> list[asyncio.Event]:
+        """Events set when there may be news (none: output and the tick only)."""
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         """The lines to send now, and whether that is the end."""
@@ -42,7 +51,7 @@ class News(Protocol):
 
 def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
     """What a follower of `job` is told now: its end once it has ended, else its state and
-    reason (and place in the queue while queued)."""
+    reason (and place in the queue while queued, as last counted: control/positions.py)."""
     if job.terminal:
         return {
             "end": True,
@@ -52,23 +61,31 @@ def follow_line(cl: Cluster, job: Job) -> dict[str, Any]:
         }
     status: dict[str, Any] = {"status": job.state.value, "reason": job.reason}
     if job.state == JobState.QUEUED:
-        status["position"] = cl.queue_position(job)
+        position = cl.queue_position(job.id)
+        if position is not None:
+            status["position"] = position
     return status
 
 
 @dataclass
 class JobNews:
-    """A job's state when it changes, its end; `attach`: woken by its changes too, and
-    told `{"started": true, "allocation": ...}` once it runs."""
+    """A job's state when it changes (woken by its changes, and while it is queued by a new
+    count of positions), its end; `attach`: told `{"started": true, "allocation": ...}`
+    once it runs."""
 
     cl: Cluster
     job_id: str
     attach: bool = False
+    tick: float = TICK
     _last: dict[str, Any] | None = None
     _started: bool = False
 
-    def changed(self) -> asyncio.Event | None:
-        return self.cl.job_event(self.job_id) if self.attach else None
+    def changed(self) -> list[asyncio.Event]:
+        events = [self.cl.job_event(self.job_id)]
+        job = self.cl.active_job(self.job_id)
+        if job is not None and job.state == JobState.QUEUED:
+            events.append(self.cl.queue_positions.moved)
+        return events
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         job = self.cl.get_job(self.job_id)
@@ -94,9 +111,10 @@ class StepNews:
     """A step's end, with its exit code."""
 
     step: Step
+    tick: float = STEP_TICK
 
-    def changed(self) -> asyncio.Event | None:
-        return None
+    def changed(self) -> list[asyncio.Event]:
+        return [self.step.finished]
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         step = self.step
@@ -112,11 +130,11 @@ async def follow(
     since: int = 0,
     output: bool = True,
     ping: bytes | None = None,
-    tick: float | None = TICK,
+    periodic: bool = True,
 ) -> AsyncIterator[bytes]:
     """The run's output from byte `since` (`output` False: none) and its news, until the
-    news says it has ended; `news` None: the output there is now, and no more.  `tick`
-    None: no look but on an event (an attach: idle, it costs nothing)."""
+    news says it has ended; `news` None: the output there is now, and no more.  `periodic`
+    False: no look but on an event (an attach: idle, it costs nothing)."""
     if news is None:
         once = cl.output_reader(run_id, since, follow=False)
         try:
@@ -139,7 +157,8 @@ async def follow(
                 yield line(record)
             if ended:
                 return
-            if not await _either(wake, changed, tick) and ping is not None:
+            timeout = news.tick if periodic else None
+            if not await _any([wake, *changed], timeout) and ping is not None:
                 yield ping
     finally:
         if reader is not None:
@@ -147,9 +166,10 @@ async def follow(
         cl.unwatch_output(run_id, wake)
 
 
-async def _either(a: asyncio.Event, b: asyncio.Event | None, timeout: float | None) -> bool:
-    """Wait for `a` or `b` to be set, `timeout` seconds at most; whether one was."""
-    waits = [asyncio.ensure_future(e.wait()) for e in (a, b) if e is not None]
+async def _any(events: list[asyncio.Event], timeout: float | None) -> bool:
+    """Wait for one of `events` to be set, `timeout` seconds at most (None: no limit);
+    whether one was."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
         done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
