@@ -425,7 +425,10 @@ class Cluster(Reads):
         async def one(job: Job, actor: Actor) -> Change:
             return self.jobctl.signal(job, actor, asked)
 
-        return await self.bulk.control(job_id, "signal", actor, one)
+        def check(job: Job, actor: Actor) -> None:
+            self.jobctl.check_allowed("signal", job, actor)
+
+        return await self.bulk.control(job_id, "signal", actor, one, check)
 
     def cancel(self, job: Job, actor: str | None = None, address: str | None = None) -> bool:
         """Cancel a queued or running job; False if it had already ended."""
