@@ -6,6 +6,7 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -129,7 +130,9 @@ def test_image_checks_and_environment_filter() -> None:
     assert containers.image_check_argv(PODMAN, "x:1") == podman_check
     assert containers.image_check_argv(DOCKER, "x:1")[:3] == ["/usr/bin/docker", "image", "inspect"]
     assert containers.image_check_argv(APPTAINER, "/img/x.sif") is None
-    assert containers.container_name("7f3a_12", 3) == "mgpu-7f3a_12-3"
+    name = containers.container_name("7f3a_12", 3)
+    assert re.fullmatch(r"mgpu-7f3a_12-3-[0-9a-f]{8}", name), name
+    assert containers.container_name("7f3a_12", 3) != name  # another run, another name
     env = {"PATH": "/x", "HOME": "/h", "LD_PRELOAD": "e.so", "XDG_RUNTIME_DIR": "/run/u"}
     env |= {"MGPU_JOB_ID": "a", "WANDB_KEY": "k", "CUDA_VISIBLE_DEVICES": "3", "bad-name": "1"}
     assert containers.passed_env(env) == ["MGPU_JOB_ID", "WANDB_KEY"]
@@ -519,7 +522,7 @@ def test_real_podman_job(
     wait_for(lambda: client.show(long.id)["start_time"], timeout=30, what="container started")
     client.cancel(long.id)
     assert client.wait(long.id, timeout=30)["state"] == "cancelled"
-    name = containers.container_name(long.id, 1)
+    name = f"mgpu-{long.id}-1-[0-9a-f]{{8}}"  # containers.container_name's form
 
     def gone() -> bool:
         res = subprocess.run(

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -182,9 +183,11 @@ async def image_present(runtime: Runtime, image: str, timeout: float = 60.0) -> 
 
 
 def container_name(job_id: str, epoch: int) -> str:
-    """A name unique per run, valid for podman and docker."""
+    """A name unique per run, valid for podman and docker: `mgpu-JOB-EPOCH-RANDOM`.  Job
+    ids are small numbers per cluster, so another cluster on this machine (or a container
+    a crashed run left) may hold `mgpu-1-1`: the random part keeps them apart."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", job_id)
-    return f"mgpu-{safe}-{epoch}"
+    return f"mgpu-{safe}-{epoch}-{secrets.token_hex(4)}"
 
 
 def passed_env(env: Mapping[str, str]) -> list[str]:

@@ -88,6 +88,7 @@ def launch_request(
         warning=None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch),
         script=None if msg.script is None else (msg.script_name or "script", msg.script),
         pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
+        slurm_bin=msg.image is None,
         output=None
         if msg.output_file is None
         else (msg.output_file, msg.error_file or msg.output_file, msg.open_append),

@@ -89,6 +89,9 @@ class LaunchRequest:
     output: tuple[str, str, bool] | None = None
     """A Slurm batch job's (-o file, -e file, append), written as its user
     (mgpu.agent.outputfiles)."""
+    slurm_bin: bool = True
+    """Put Slurm's commands first on its PATH (not for a container runtime's own command:
+    the job inside has the image's files)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ def prepare_environment(st: Launching) -> None:
     st.env["MGPU_RUN_TAG"] = st.tag
     if "SLURM_JOB_ID" in st.env:  # the uid is the node's to say (mgpu.slurmenv)
         st.env["SLURM_JOB_UID"] = str(st.ctx.uid if req.user_ids is None else req.user_ids[0])
-    if slurm := slurmbin.job_path(st.env["PATH"]):  # Slurm's commands first (sbatch, srun..)
+    if req.slurm_bin and (slurm := slurmbin.job_path(st.env["PATH"])):  # sbatch, srun...
         st.env["PATH"], st.env["MGPU_SLURM_BIN"] = slurm
 
 
