@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mgpu.model import Job
@@ -149,3 +152,17 @@ async def asgi_call(app: Any, scope: dict[str, Any], body: bytes = b"") -> tuple
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     data = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return status, json.loads(data)
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in HTTP server on loopback, in a thread: its `host:port` while open."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

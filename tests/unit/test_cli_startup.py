@@ -13,9 +13,8 @@ import math
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from factories import http_server
 from mgpu.client import jsonlite
 from mgpu.client.cli import _quick_args, build_parser, cmd_queue, cmd_show
 
@@ -91,15 +91,8 @@ class _FakeMaster(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def master() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeMaster)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with http_server(_FakeMaster) as address:
+        yield address
 
 
 def imported(argv: list[str], address: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from test_cli_startup import HEAVY, MGPU, _FakeMaster, imported
+
+from factories import http_server
 
 JOB = {
     "id": "42",
@@ -68,15 +68,8 @@ class _Master(_FakeMaster):
 
 @pytest.fixture(scope="module")
 def master() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Master)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with http_server(_Master) as address:
+        yield address
 
 
 def slurm(
