@@ -78,10 +78,22 @@ def slurm_env(
 ) -> dict[str, str]:
     """A Slurm job's SLURM_* variables on node `rank` (mgpu.slurmenv)."""
     assert job.slurm is not None
-    hosts = [(s.node_id, nodes[s.node_id].hostname) for s in job.allocation]
     partition = job.slurm.partition or config.default_partition().name
-    where = slurmenv.Where(slurmenv.node_names(hosts), config.cluster.name, partition)
+    where = slurmenv.Where(slurm_node_names(job, nodes), config.cluster.name, partition)
     return slurmenv.job_env(job, rank, job.allocation[rank].gpu_ids, where)
+
+
+def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> tuple[str, ...]:
+    """The job's nodes as SLURM_JOB_NODELIST names them, in rank order (mgpu.slurmenv)."""
+    return slurmenv.node_names(
+        [(s.node_id, known_hostname(nodes, s.node_id)) for s in job.allocation]
+    )
+
+
+def known_hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str | None:
+    """The hostname the node's agent reported; None for a node not known (or not said)."""
+    node = nodes.get(node_id)
+    return node.hostname if node is not None else None
 
 
 def output_files(

@@ -16,10 +16,10 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
-from mgpu import execspec, slurmenv
+from mgpu import execspec
 from mgpu.config import ClusterConfig
 from mgpu.master.control import launch
-from mgpu.master.control.launch import job_env, terminal_size
+from mgpu.master.control.launch import job_env, known_hostname, slurm_node_names, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.nodes import Conflict
 from mgpu.master.control.sessions import Sessions
@@ -197,7 +197,7 @@ class Sruns:
         if job.state != JobState.RUNNING:
             raise Conflict(f"job {job_id} has ended ({job.state.value}): it runs no steps")
         nodes = self.state.nodes
-        slurm_names = slurm_node_names(job, nodes)
+        slurm_names = list(slurm_node_names(job, nodes))
         names = []  # what -w may call each node: its id, its hostname, its Slurm name
         for slot, slurm_name in zip(job.allocation, slurm_names, strict=True):
             hostname = _hostname(nodes, slot.node_id)
@@ -247,7 +247,7 @@ class Sruns:
     ) -> Launch:
         nodes: Mapping[str, NodeRecord] = self.state.nodes
         step_ranks = sorted(set(plan.ranks))
-        names = slurm_node_names(job, nodes)
+        names = list(slurm_node_names(job, nodes))
         own = task_env(
             step_id=group.number,
             procid=step.task,
@@ -295,20 +295,8 @@ class Sruns:
                 self.sessions.kill_step(other, f"task {task.task} failed")
 
 
-def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> list[str]:
-    """The job's nodes as SLURM_JOB_NODELIST names them, in rank order (mgpu.slurmenv)."""
-    hosts = [(s.node_id, _hostname_or_none(nodes, s.node_id)) for s in job.allocation]
-    return list(slurmenv.node_names(hosts))
-
-
-def _hostname_or_none(nodes: Mapping[str, NodeRecord], node_id: str) -> str | None:
-    node = nodes.get(node_id)
-    return node.hostname if node is not None else None
-
-
 def _hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str:
-    node = nodes.get(node_id)
-    return node.hostname if node is not None and node.hostname else node_id
+    return known_hostname(nodes, node_id) or node_id
 
 
 def launch_in_job(
