@@ -8,13 +8,15 @@
 #                                   runc for hybrid-cgroup VMs, a busybox image built locally)
 #   zsh                             the zsh completion script, typed into a real zsh
 #                                   (tests/unit/test_completion.py)
+#   postgresql                      a real PostgreSQL for the store's tests and the HA tests
+#                                   (tests/pgserver.py runs it as the postgres account)
 #
 # Idempotent and fast when everything is present (one dpkg-query, no apt-get).
 # Skips with a message (exit 0) when not root or when apt-get is unavailable, so
 # `make test` still runs elsewhere; the tests needing these packages then skip.
 set -euo pipefail
 
-PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh)
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh postgresql)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 

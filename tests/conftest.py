@@ -12,8 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pgserver
 from helpers import LocalCluster, local_cluster
 from netns_fixtures import virtual_cluster  # noqa: F401
+from pgserver import PgServer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -76,3 +78,26 @@ def refusing_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
     a master and its agents costs ~2.5 s; there are a few dozen such cases)."""
     with local_cluster(tmp_path_factory.mktemp("refusing"), agents=2, gpus=4) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PgServer]:
+    """A PostgreSQL server for the session (tests/pgserver.py); skips where none is installed."""
+    bin_dir = pgserver.bindir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
+    server = PgServer(bin_dir).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(postgres: PgServer) -> Iterator[str]:
+    """The URL of a new, empty database on the session's server, dropped after the test."""
+    url = postgres.create_database()
+    try:
+        yield url
+    finally:
+        postgres.drop_database(url)
