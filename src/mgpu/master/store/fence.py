@@ -1,0 +1,63 @@
+"""Fencing: a master writes to a shared database only while it holds the leader's lease.
+
+Several masters on one PostgreSQL database elect a leader through one row, `mgpu_lease`
+(`store/lease.py` takes and renews it).  Each time a master takes the lease the row's
+`generation` grows by one.  The leader's every write transaction first reads that row with
+`FOR SHARE` and goes on only if the generation is still its own: a standby's takeover
+(an UPDATE of the row) waits for a write in flight to commit, and every write after it
+sees the new generation and is refused.  A deposed leader that wakes up (SIGSTOP, a long
+pause, a network cut healed) therefore cannot change anything, whatever it believes.
+
+SQLite has one master: its store never fences (`Fence.generation` stays None).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+LEASE_TABLE = "mgpu_lease"
+
+LEASE_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation BIGINT NOT NULL,
+    holder TEXT NOT NULL,
+    address TEXT,
+    expires_at TIMESTAMPTZ NOT NULL
+)
+"""
+"""One row (id 1) once any master has led; times are the database's (`now()`), so the
+masters' clocks need not agree."""
+
+
+class Fenced(RuntimeError):
+    """This master's lease is gone: another master leads, this one must not write."""
+
+
+class Executes(Protocol):
+    def execute(self, query: Any, params: Any = ...) -> Any: ...
+
+
+class Fence:
+    """The generation this master leads with (None: not fenced), checked in each write
+    transaction through `check(conn)`."""
+
+    def __init__(self) -> None:
+        self.generation: int | None = None
+        self.lost = False
+        """Set once a check failed: the master steps down (never writes again)."""
+
+    def check(self, conn: Executes) -> None:
+        """Inside a write transaction, before its first write: raise Fenced unless the
+        lease row still carries this master's generation."""
+        if self.generation is None and not self.lost:
+            return
+        row = conn.execute(
+            f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE"
+        ).fetchone()
+        if self.lost or row is None or int(row[0]) != self.generation:
+            self.lost = True
+            raise Fenced(
+                f"another master leads now (generation {None if row is None else row[0]}, "
+                f"this master's {self.generation}): this master stopped writing"
+            )
