@@ -336,6 +336,10 @@ class Welcome(BaseModel):
     node_secret: str | None = None
     """Set at a node's first join only: the agent keeps it (0600) and proves its node id
     with it in every later hello; the master keeps only its hash."""
+    generation: int | None = None
+    """The leader's lease generation (`master/store/fence.py`) when masters share a
+    database: the agent keeps the highest it saw and refuses a master with a lower one
+    (a deposed leader that wakes up sends no work).  None: a single master."""
 
 
 class Forget(BaseModel):
