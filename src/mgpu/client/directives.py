@@ -26,9 +26,6 @@ __all__ = [
 MGPU = "#MGPU"
 SBATCH = "#SBATCH"
 
-OUTPUT_OPTIONS = frozenset({"-o", "--output", "-e", "--error", "-i", "--input", "--open-mode"})
-"""Where Slurm writes a batch job's output: mgpu keeps it on the master instead."""
-
 
 @dataclass(frozen=True, slots=True)
 class Directive:
