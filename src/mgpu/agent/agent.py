@@ -33,6 +33,7 @@ from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
 from mgpu.agent.mps import MpsControl
+from mgpu.agent.mps import device_name as mps_device
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
@@ -528,6 +529,21 @@ class Agent:
 
     def job_env(self, msg: Launch) -> dict[str, str]:
         return jobenv.job_env(msg, self.master, self.gpus, self.mps)
+
+    def share_setup(self, msg: Launch) -> Callable[[], None] | None:
+        """A shared job's MPS server limits, set before its process starts (mgpu.agent.mps):
+        what `site.prepare` runs in a thread; None where there is nothing to set."""
+        if "MGPU_GPU_SHARE" not in msg.env or not self.mps.enforced():
+            return None
+        try:
+            ids = self.run_as(msg)
+        except jobenv.UserError:
+            return None  # the launch says why
+        uid = os.geteuid() if ids is None else ids[0]
+        gpu = next((g for g in self.gpus if g.index in msg.gpu_ids), None)
+        device = mps_device(gpu.uuid, gpu.index) if gpu else str(min(msg.gpu_ids, default=0))
+        env, job_id = dict(msg.env), msg.job_id
+        return lambda: self.mps.prepare(env, job_id, uid, device)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes
