@@ -114,7 +114,7 @@ set -- $command
 case "$1" in
     quit) echo "quit $CUDA_MPS_PIPE_DIRECTORY" >> "$log"
           rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" "$here/servers" ;;
-    get_server_list) echo "$command" >> "$log"; cat "$here/servers" 2>/dev/null ;;
+    get_server_list) echo "$command" >> "$log"; cat "$here/servers" 2>/dev/null || true ;;
     start_server) echo "$command" >> "$log"
           [ -e "$here/refuse-$3" ] || echo $((7000 + $3)) >> "$here/servers" ;;
     shutdown_server) echo "$command" >> "$log"
@@ -152,9 +152,11 @@ def control_of(node_dir: Path, env: dict[str, str]) -> mps.MpsControl:
     return mps.MpsControl(node_dir, env, owner=owner)
 
 
-def started(control: mps.MpsControl, env: dict[str, str], job_id: str) -> dict[str, str]:
+def started(
+    control: mps.MpsControl, env: dict[str, str], job_id: str, uid: int = UID, gpu: str = GPU
+) -> dict[str, str]:
     """What the agent does for a shared job: limits set (prepare), then its environment."""
-    control.prepare(env, job_id, UID, GPU)
+    control.prepare(env, job_id, uid, gpu)
     return control.job_env(env, job_id)
 
 
@@ -245,9 +247,9 @@ def test_a_users_server_holds_the_largest_of_their_grants(tmp_path: Path) -> Non
     """Limits hold per client of a user's server, and a client can only lower them: the
     largest grant of the user's shared jobs (per GPU for memory), updated as they end."""
     control = control_of(tmp_path, fake_control(tmp_path))
-    control.prepare(share("0.25", 10000), "small", UID, GPU)
-    control.prepare(share("0.5", 20000), "big", UID, GPU)
-    control.prepare(share("0.125", 5000), "other-gpu", UID, "3")
+    started(control, share("0.25", 10000), "small", UID, GPU)
+    started(control, share("0.5", 20000), "big", UID, GPU)
+    started(control, share("0.125", 5000), "other-gpu", UID, "3")
     got = calls(tmp_path)[1:]
     assert got == [
         *LIMITED[:3],
@@ -270,8 +272,8 @@ def test_a_users_server_holds_the_largest_of_their_grants(tmp_path: Path) -> Non
 
 def test_each_user_has_their_own_server_and_limits(tmp_path: Path) -> None:
     control = control_of(tmp_path, fake_control(tmp_path))
-    control.prepare(share("0.5", 20000), "a", UID, GPU)
-    control.prepare(share("0.25", 10000), "b", 2000, GPU)
+    started(control, share("0.5", 20000), "a", UID, GPU)
+    started(control, share("0.25", 10000), "b", 2000, GPU)
     assert calls(tmp_path)[6:] == [
         "get_server_list",
         "start_server -uid 2000",
@@ -287,27 +289,71 @@ def test_each_user_has_their_own_server_and_limits(tmp_path: Path) -> None:
 def test_a_server_that_cannot_start_yet_is_limited_when_it_does(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """MPS runs one user's server at a time: a second user's waits for the first one's
-    clients.  Its limits are set at the next heartbeat that finds it."""
+    """MPS runs one user's server at a time: a second user's starts when the first one's
+    clients are gone, with the daemon's defaults.  Those hold it to the waiting user's grant
+    until the agent sees the server (the next heartbeat) and sets its own limits."""
     env = fake_control(tmp_path)
     (tmp_path / "bin" / "refuse-2000").touch()
     control = control_of(tmp_path, env)
     with caplog.at_level(logging.WARNING, logger="mgpu.agent"):
-        control.prepare(share("0.25", 10000), "b", 2000, GPU)
+        started(control, share("0.25", 10000), "b", 2000, GPU)
     assert "no MPS server for uid 2000 yet" in caplog.text
-    assert calls(tmp_path)[1:] == ["get_server_list", "start_server -uid 2000", "get_server_list"]
+    assert calls(tmp_path)[1:] == [
+        "get_server_list",
+        "start_server -uid 2000",
+        "get_server_list",
+        "set_default_active_thread_percentage 25",
+        f"set_default_device_pinned_mem_limit {GPU} 10000M",
+    ]
     control.settle(["b"], time.monotonic())
-    assert calls(tmp_path)[4:] == ["get_server_list"]  # not there yet, and not started again
+    assert calls(tmp_path)[6:] == ["get_server_list"]  # not there yet, and not started again
     with open(tmp_path / "bin" / "servers", "a") as f:
         f.write("9000\n")  # its client started it
     control.settle(["b"], time.monotonic())
-    assert calls(tmp_path)[5:] == [
+    assert calls(tmp_path)[7:] == [
         "get_server_list",
+        "set_default_active_thread_percentage 100",  # no one waits: the memory one stays
         "set_active_thread_percentage 9000 25",
         f"set_device_pinned_mem_limit 9000 {GPU} 10000M",
     ]
     control.settle(["b"], time.monotonic())
-    assert len(calls(tmp_path)) == 8  # nothing more to do
+    assert len(calls(tmp_path)) == 11  # nothing more to do
+
+
+def test_two_waiting_users_get_the_smaller_defaults(tmp_path: Path) -> None:
+    daemon(tmp_path)  # the site's: it stays when the shared jobs are gone
+    env = fake_control(tmp_path)
+    for uid in (2000, 3000):
+        (tmp_path / "bin" / f"refuse-{uid}").touch()
+    control = control_of(tmp_path, env)
+    started(control, share("0.5", 20000), "b", 2000, GPU)
+    started(control, share("0.25", 10000), "c", 3000, GPU)
+    defaults = [c for c in calls(tmp_path) if c.startswith("set_default")]
+    assert defaults == [
+        "set_default_active_thread_percentage 50",
+        f"set_default_device_pinned_mem_limit {GPU} 20000M",
+        "set_default_active_thread_percentage 25",
+        f"set_default_device_pinned_mem_limit {GPU} 10000M",
+    ]
+    n = len(calls(tmp_path))
+    control.settle([], time.monotonic())  # both ended before their servers started
+    assert calls(tmp_path)[n:] == [
+        "set_default_active_thread_percentage 100",  # none waits now
+        "get_server_list",  # (no server of theirs to shut down)
+        "get_server_list",
+    ]
+
+
+def test_a_job_being_prepared_keeps_the_daemon_until_it_launches(tmp_path: Path) -> None:
+    """A heartbeat between `prepare` (in a thread) and the launch must not stop the daemon:
+    the job is not running yet, but it is about to."""
+    control = control_of(tmp_path, fake_control(tmp_path))
+    control.prepare(SHARED, "a", UID, GPU)
+    control.settle([], time.monotonic())
+    assert not any(c.startswith("quit") for c in calls(tmp_path))
+    assert control.job_env(SHARED, "a")["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps")
+    control.settle([], time.monotonic())  # launched, and gone
+    assert calls(tmp_path)[-1].startswith("quit")
 
 
 def test_share_of_rounds_the_percentage_up() -> None:

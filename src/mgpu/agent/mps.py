@@ -73,6 +73,10 @@ DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT = 10.0
 """Seconds `nvidia-cuda-mps-control -d` has to fork its daemon and open its pipe."""
+PREPARING = 600.0
+"""Seconds a shared job prepared (`MpsControl.prepare`) but not launched yet keeps its
+daemon and server limits: a prolog or an image check may come between; a launch that never
+comes (cancelled meanwhile) lets them go after that."""
 STARTED_MARK = "mps-started"
 """In the agent's node directory while a daemon it started runs, with the shared jobs it
 started it for, one id a line: kept over the agent's restarts, so that the next agent stops
@@ -213,6 +217,9 @@ class MpsControl:
         """What was set on each server (pid -> thread percentage, device -> MiB)."""
         self._waiting: set[int] = set()
         """Users whose server could not be had yet (tried again at each `settle`)."""
+        self._default_percent = 100
+        self._default_memory: dict[str, int] = {}
+        """The daemon's defaults as this agent set them (`_defaults`)."""
         self.binary = which(CONTROL, path=self.environ.get("PATH"))
         self.mark = node_dir / STARTED_MARK
         self.jobs: dict[str, float] = {}
@@ -249,7 +256,9 @@ class MpsControl:
         if share is None:
             return
         with self._lock:
-            self.jobs[job_id] = time.monotonic()
+            # Kept by `settle` until it launches (`job_env`), as if launched that much later:
+            # a heartbeat in between must not stop the daemon it is being prepared for.
+            self.jobs[job_id] = time.monotonic() + PREPARING
             self.shares[job_id] = share
             if pipe_dir(self.environ) is None and self.binary is not None:
                 self._start()
@@ -263,7 +272,7 @@ class MpsControl:
         if "MGPU_GPU_SHARE" not in job_env:
             return {}
         with self._lock:
-            self.jobs.setdefault(job_id, time.monotonic())
+            self.jobs[job_id] = time.monotonic()
             if self.mark.exists():
                 self._write_mark()
             return mps_env(job_env, self.environ)
@@ -288,6 +297,7 @@ class MpsControl:
                         self._stop()
                     self._applied.clear()
                     self._waiting.clear()
+                    self._default_percent, self._default_memory = 100, {}
                     return
                 if changed:
                     self._write_mark()
@@ -310,7 +320,7 @@ class MpsControl:
         for s in shares:
             if s.memory_mb is not None:
                 memory[s.device] = max(memory.get(s.device, 0), s.memory_mb)
-        return max(s.percent for s in shares), memory
+        return max((s.percent for s in shares), default=100), memory
 
     def _limit(self, uid: int, start: bool = True) -> None:
         """Start `uid`'s server where none runs and set its limits (`_wanted`)."""
@@ -320,15 +330,20 @@ class MpsControl:
             pid = self._servers().get(uid)
         if pid is None:
             # MPS runs one user's server at a time: another user's may still have clients.
+            # Theirs starts when a client of theirs connects, after that one is gone, with
+            # the daemon's defaults: those are set to hold it until the agent sees it.
             if uid not in self._waiting:
                 log.warning(
-                    "no MPS server for uid %d yet (another user's may still run): its "
-                    "shared jobs' limits are set when it starts",
+                    "no MPS server for uid %d yet (another user's may still run): the "
+                    "daemon's defaults hold its shared jobs until it starts",
                     uid,
                 )
-            self._waiting.add(uid)
+                self._waiting.add(uid)
+                self._defaults()
             return
-        self._waiting.discard(uid)
+        if uid in self._waiting:
+            self._waiting.discard(uid)
+            self._defaults()
         percent, memory = self._wanted(uid)
         done_percent, done_memory = self._applied.get(pid, (0, {}))
         if percent != done_percent:
@@ -344,11 +359,34 @@ class MpsControl:
         if answer and answer.strip():
             log.warning("MPS control %r answered: %s", command, answer.strip()[:200])
 
+    def _defaults(self) -> None:
+        """The daemon's defaults (what a server starts with) while users wait for theirs: the
+        smallest of the waiting users' limits, so that whichever starts first is held to no
+        more than its own grant; back to a whole GPU's threads when none waits.  (A memory
+        default cannot be taken back: it stays, as small as it was, until the daemon quits;
+        every shared job's server is given its own limits anyway.)"""
+        holders = {s.uid for s in self.shares.values()}
+        wanted = [self._wanted(uid) for uid in sorted(self._waiting & holders)]
+        percent = min((p for p, _ in wanted), default=100)
+        memory: dict[str, int] = {}
+        for _, devices in wanted:
+            for device, mb in devices.items():
+                memory[device] = min(memory.get(device, mb), mb)
+        if percent != self._default_percent:
+            self._set(f"set_default_active_thread_percentage {percent}")
+            self._default_percent = percent
+        for device, mb in sorted(memory.items()):
+            if self._default_memory.get(device) != mb:
+                self._set(f"set_default_device_pinned_mem_limit {device} {mb}M")
+                self._default_memory[device] = mb
+
     def _release(self, uid: int) -> None:
         """A user's last shared job ended: their server goes, and its limits with it (the
         next one starts from the daemon's defaults, and is limited again before a shared
         job of theirs starts)."""
-        self._waiting.discard(uid)
+        if uid in self._waiting:
+            self._waiting.discard(uid)
+            self._defaults()
         pid = self._servers().get(uid)
         if pid is not None:
             self._control(f"shutdown_server {pid}")
