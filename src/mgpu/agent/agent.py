@@ -102,6 +102,8 @@ class Agent:
         self.gpu_source = "none"
         self.launcher = Launcher(options.node_dir / "spool", self._on_output)
         self.mps = MpsControl(options.node_dir)  # shared jobs' limits held
+        self._settling: asyncio.Future[None] | None = None
+        """The MPS settle in progress (`_settle_mps`), if any."""
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -363,7 +365,7 @@ class Agent:
             as_of = time.monotonic()
             jobs = [run.rec.job_id for run in self.launcher.running.values()]
             try:
-                await asyncio.to_thread(self.mps.settle, jobs, as_of)  # stops MPS no job needs
+                self._settle_mps(jobs, as_of)
                 telemetry = await asyncio.wait_for(
                     asyncio.to_thread(sampler.sample, pids), timeout=5.0
                 )
@@ -371,6 +373,21 @@ class Agent:
                 log.warning("GPU telemetry failed: %s", e)
             self.send(Heartbeat(telemetry=telemetry))
             await asyncio.sleep(self.heartbeat_interval)
+
+    def _settle_mps(self, jobs: list[str], as_of: float) -> None:
+        """MPS limits and daemon brought in line with the running jobs (stopped when no
+        shared job needs it), in a thread the heartbeat does not wait for: a control command
+        may take seconds.  One at a time; a heartbeat that finds one running skips it."""
+        if self._settling is not None and not self._settling.done():
+            return
+
+        def settle() -> None:
+            try:
+                self.mps.settle(jobs, as_of)
+            except Exception:
+                log.exception("settling the MPS daemon failed")
+
+        self._settling = asyncio.get_running_loop().run_in_executor(None, settle)
 
     async def _pump_loop(self) -> None:
         while True:

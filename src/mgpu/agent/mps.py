@@ -196,10 +196,12 @@ def process_uid(pid: int) -> int | None:
 class MpsControl:
     """The node's MPS control daemon, started while shared jobs need it.
 
-    `job_env` (at a shared job's launch) starts the daemon where none runs and the node has
-    `nvidia-cuda-mps-control`; `settle` (at each heartbeat, with the running jobs) stops the
-    daemon this agent started once no shared job runs.  Both take a lock: a launch never
-    meets a daemon half stopped."""
+    `prepare` (before a shared job's process starts, in a thread) starts the daemon where
+    none runs and the node has `nvidia-cuda-mps-control`, and limits the job user's server;
+    `job_env` (at the launch, on the event loop: it runs no command) gives the job its MPS
+    variables; `settle` (at each heartbeat, in a thread, with the running jobs) updates or
+    releases the servers' limits as shared jobs end and stops the daemon this agent started
+    once no shared job runs.  All take a lock: a launch never meets a daemon half stopped."""
 
     def __init__(
         self,
