@@ -356,6 +356,25 @@ def test_a_job_being_prepared_keeps_the_daemon_until_it_launches(tmp_path: Path)
     assert calls(tmp_path)[-1].startswith("quit")
 
 
+def test_a_whole_gpu_job_is_kept_off_the_agents_daemon_in_the_default_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA finds a daemon in /tmp/nvidia-mps by itself: a whole-GPU job would run under its
+    user's server's limits, or wait for another user's server to go."""
+    monkeypatch.setattr(mps, "DEFAULT_PIPE_DIR", str(tmp_path / "mps"))
+    env = fake_control(tmp_path)
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    control = control_of(node_dir, env)
+    whole = {"CUDA_VISIBLE_DEVICES": "1"}
+    assert control.job_env(whole, "w") == {}  # no daemon yet
+    started(control, SHARED, "a")
+    assert control.job_env(whole, "w") == {"CUDA_MPS_PIPE_DIRECTORY": str(node_dir / "no-mps")}
+    assert not (node_dir / "no-mps").exists()
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(tmp_path / "elsewhere")
+    assert control_of(node_dir, env).job_env(whole, "w") == {}  # not in the default place
+
+
 def test_share_of_rounds_the_percentage_up() -> None:
     assert mps.share_of(share("0.125", 100), 5, "0") == mps.Share(5, "0", 13, 100)
     assert mps.share_of({"MGPU_GPU_SHARE": "1"}, 5, "0") == mps.Share(5, "0", 100, None)

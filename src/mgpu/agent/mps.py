@@ -270,8 +270,16 @@ class MpsControl:
                 self._limit(uid)
 
     def job_env(self, job_env: Mapping[str, str], job_id: str) -> dict[str, str]:
-        """`mps_env` for a job (the daemon was started by `prepare`: nothing blocks here)."""
+        """`mps_env` for a job (the daemon was started by `prepare`: nothing blocks here).
+
+        A job that is not shared is kept off a daemon this agent started in MPS's default
+        pipe directory, where CUDA would find it by itself: under MPS it would run with its
+        user's server's limits, or wait for another user's server to go (MPS runs one user's
+        server at a time).  Its pipe directory is one with no daemon in it, in the agent's
+        own directory (no user can make a `control` pipe there)."""
         if "MGPU_GPU_SHARE" not in job_env:
+            if self.mark.exists() and str(pipe_dir(self.environ)) == DEFAULT_PIPE_DIR:
+                return {"CUDA_MPS_PIPE_DIRECTORY": str(self.mark.parent / "no-mps")}
             return {}
         with self._lock:
             self.jobs[job_id] = time.monotonic()
