@@ -116,7 +116,11 @@ case "$1" in
           rm -f "$CUDA_MPS_PIPE_DIRECTORY/control" "$here/servers" ;;
     get_server_list) echo "$command" >> "$log"; cat "$here/servers" 2>/dev/null || true ;;
     start_server) echo "$command" >> "$log"
-          [ -e "$here/refuse-$3" ] || echo $((7000 + $3)) >> "$here/servers" ;;
+          if [ -e "$here/slow" ]; then
+              (sleep 0.3; echo $((7000 + $3)) >> "$here/servers") >/dev/null 2>&1 &
+          elif [ ! -e "$here/refuse-$3" ]; then
+              echo $((7000 + $3)) >> "$here/servers"
+          fi ;;
     shutdown_server) echo "$command" >> "$log"
           grep -v "^$2\$" "$here/servers" > "$here/kept"; mv "$here/kept" "$here/servers" ;;
     *) echo "$command" >> "$log" ;;
@@ -149,7 +153,9 @@ def calls(tmp_path: Path) -> list[str]:
 
 
 def control_of(node_dir: Path, env: dict[str, str]) -> mps.MpsControl:
-    return mps.MpsControl(node_dir, env, owner=owner)
+    control = mps.MpsControl(node_dir, env, owner=owner)
+    control.server_wait = 0.0  # the fake lists a server at once, or never
+    return control
 
 
 def started(
@@ -318,6 +324,17 @@ def test_a_server_that_cannot_start_yet_is_limited_when_it_does(
     ]
     control.settle(["b"], time.monotonic())
     assert len(calls(tmp_path)) == 11  # nothing more to do
+
+
+def test_a_server_listed_a_moment_after_its_start_is_limited_at_once(tmp_path: Path) -> None:
+    control = control_of(tmp_path, fake_control(tmp_path))
+    control.server_wait = 10.0
+    (tmp_path / "bin" / "slow").touch()
+    started(control, SHARED, "a")
+    got = calls(tmp_path)[1:]
+    assert got[:2] == ["get_server_list", f"start_server -uid {UID}"]
+    assert set(got[2:-2]) == {"get_server_list"}  # until it is listed
+    assert got[-2:] == LIMITED[-2:]
 
 
 def test_two_waiting_users_get_the_smaller_defaults(tmp_path: Path) -> None:

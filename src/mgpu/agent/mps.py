@@ -77,6 +77,9 @@ PREPARING = 600.0
 """Seconds a shared job prepared (`MpsControl.prepare`) but not launched yet keeps its
 daemon and server limits: a prolog or an image check may come between; a launch that never
 comes (cancelled meanwhile) lets them go after that."""
+SERVER_WAIT = 2.0
+"""Seconds `start_server -uid` has to show its server; one that does not (another user's
+server still has clients: MPS runs one at a time) is waited for at the heartbeats."""
 STARTED_MARK = "mps-started"
 """In the agent's node directory while a daemon it started runs, with the shared jobs it
 started it for, one id a line: kept over the agent's restarts, so that the next agent stops
@@ -219,6 +222,8 @@ class MpsControl:
         """What was set on each server (pid -> thread percentage, device -> MiB)."""
         self._waiting: set[int] = set()
         """Users whose server could not be had yet (tried again at each `settle`)."""
+        self.server_wait = SERVER_WAIT
+        """Seconds a server just started has to appear in `get_server_list`."""
         self._default_percent = 100
         self._default_memory: dict[str, int] = {}
         """The daemon's defaults as this agent set them (`_defaults`)."""
@@ -337,7 +342,11 @@ class MpsControl:
         pid = self._servers().get(uid)
         if pid is None and start:
             self._control(f"start_server -uid {uid}")
+            deadline = time.monotonic() + self.server_wait
             pid = self._servers().get(uid)
+            while pid is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # the daemon may list its new server a moment later
+                pid = self._servers().get(uid)
         if pid is None:
             # MPS runs one user's server at a time: another user's may still have clients.
             # Theirs starts when a client of theirs connects, after that one is gone, with
