@@ -392,6 +392,27 @@ def test_a_whole_gpu_job_is_kept_off_the_agents_daemon_in_the_default_directory(
     assert control_of(node_dir, env).job_env(whole, "w") == {}  # not in the default place
 
 
+def test_a_memory_limit_not_taken_by_uuid_is_set_by_index(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = fake_control(tmp_path)
+    script = tmp_path / "bin" / mps.CONTROL
+    script.write_text(
+        script.read_text().replace(
+            '    *) echo "$command" >> "$log" ;;',
+            '    *) echo "$command" >> "$log"; case "$3" in GPU-*) echo "invalid device";; esac ;;',
+        )
+    )
+    control = control_of(tmp_path, env)
+    with caplog.at_level(logging.WARNING, logger="mgpu.agent"):
+        control.prepare(SHARED, "a", UID, GPU, "2")
+    assert calls(tmp_path)[-2:] == [
+        f"set_device_pinned_mem_limit {PID} {GPU} 20480M",
+        f"set_device_pinned_mem_limit {PID} 2 20480M",
+    ]
+    assert "answered: invalid device" in caplog.text
+
+
 def test_share_of_rounds_the_percentage_up() -> None:
     assert mps.share_of(share("0.125", 100), 5, "0") == mps.Share(5, "0", 13, 100)
     assert mps.share_of({"MGPU_GPU_SHARE": "1"}, 5, "0") == mps.Share(5, "0", 100, None)

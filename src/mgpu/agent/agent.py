@@ -558,9 +558,10 @@ class Agent:
             return None  # the launch says why
         uid = os.geteuid() if ids is None else ids[0]
         gpu = next((g for g in self.gpus if g.index in msg.gpu_ids), None)
-        device = mps_device(gpu.uuid, gpu.index) if gpu else str(min(msg.gpu_ids, default=0))
+        ordinal = str(gpu.index if gpu else min(msg.gpu_ids, default=0))
+        device = mps_device(gpu.uuid, gpu.index) if gpu else ordinal
         env, job_id = dict(msg.env), msg.job_id
-        return lambda: self.mps.prepare(env, job_id, uid, device)
+        return lambda: self.mps.prepare(env, job_id, uid, device, ordinal)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes

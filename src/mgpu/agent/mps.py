@@ -222,6 +222,9 @@ class MpsControl:
         """What was set on each server (pid -> thread percentage, device -> MiB)."""
         self._waiting: set[int] = set()
         """Users whose server could not be had yet (tried again at each `settle`)."""
+        self._ordinals: dict[str, str] = {}
+        """GPU UUIDs -> their indices: what a memory limit is set by when the UUID is not
+        taken (the daemon this agent starts numbers GPUs in PCI order, as NVML does)."""
         self.server_wait = SERVER_WAIT
         """Seconds a server just started has to appear in `get_server_list`."""
         self._default_percent = 100
@@ -255,14 +258,24 @@ class MpsControl:
             "compute limits are advisory"
         )
 
-    def prepare(self, job_env: Mapping[str, str], job_id: str, uid: int, device: str) -> None:
+    def prepare(
+        self,
+        job_env: Mapping[str, str],
+        job_id: str,
+        uid: int,
+        device: str,
+        ordinal: str | None = None,
+    ) -> None:
         """Before a shared job's process starts (blocking: run it in a thread): the daemon
         started where it must be, the job's user's MPS server started, and that server's
-        limits set to what the user's shared jobs were granted (`Share`)."""
+        limits set to what the user's shared jobs were granted (`Share`).  `ordinal`: the
+        GPU's index, for a daemon that does not take `device` (a UUID) in its commands."""
         share = share_of(job_env, uid, device)
         if share is None:
             return
         with self._lock:
+            if ordinal is not None and ordinal != device:
+                self._ordinals[device] = ordinal
             # Kept by `settle` until it launches (`job_env`), as if launched that much later:
             # a heartbeat in between must not stop the daemon it is being prepared for.
             self.jobs[job_id] = time.monotonic() + PREPARING
@@ -369,14 +382,23 @@ class MpsControl:
             self._set(f"set_active_thread_percentage {pid} {percent}")
         for device, mb in sorted(memory.items()):
             if done_memory.get(device) != mb:
-                self._set(f"set_device_pinned_mem_limit {pid} {device} {mb}M")
+                self._set_memory(f"set_device_pinned_mem_limit {pid}", device, mb)
         self._applied[pid] = (percent, memory)
 
-    def _set(self, command: str) -> None:
+    def _set(self, command: str) -> bool:
         """A `set_...` command: it answers nothing when it took (what it says is logged)."""
         answer = self._control(command)
-        if answer and answer.strip():
+        if answer is None:
+            return False
+        if answer.strip():
             log.warning("MPS control %r answered: %s", command, answer.strip()[:200])
+            return False
+        return True
+
+    def _set_memory(self, command: str, device: str, mb: int) -> None:
+        """A memory limit by the GPU's UUID, else (not taken: an older daemon) its index."""
+        if not self._set(f"{command} {device} {mb}M") and device in self._ordinals:
+            self._set(f"{command} {self._ordinals[device]} {mb}M")
 
     def _defaults(self) -> None:
         """The daemon's defaults (what a server starts with) while users wait for theirs: the
@@ -396,7 +418,7 @@ class MpsControl:
             self._default_percent = percent
         for device, mb in sorted(memory.items()):
             if self._default_memory.get(device) != mb:
-                self._set(f"set_default_device_pinned_mem_limit {device} {mb}M")
+                self._set_memory("set_default_device_pinned_mem_limit", device, mb)
                 self._default_memory[device] = mb
 
     def _release(self, uid: int) -> None:
@@ -461,6 +483,7 @@ class MpsControl:
             return
         pipes, logs = dirs
         env = dict(self.environ, CUDA_MPS_PIPE_DIRECTORY=pipes, CUDA_MPS_LOG_DIRECTORY=logs)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # its ordinals are NVML's indices
         try:
             # Its output to a file, not a pipe: the daemon it forks could hold a pipe open.
             with open(os.path.join(logs, "mgpu-start.log"), "w") as out:
