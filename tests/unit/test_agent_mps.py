@@ -163,7 +163,9 @@ def started(
 ) -> dict[str, str]:
     """What the agent does for a shared job: limits set (prepare), then its environment."""
     control.prepare(env, job_id, uid, gpu)
-    return control.job_env(env, job_id)
+    got = control.job_env(env, job_id)
+    control.launched(job_id)
+    return got
 
 
 LIMITED = [
@@ -367,8 +369,10 @@ def test_a_job_being_prepared_keeps_the_daemon_until_it_launches(tmp_path: Path)
     control = control_of(tmp_path, fake_control(tmp_path))
     control.prepare(SHARED, "a", UID, GPU)
     control.settle([], time.monotonic())
-    assert not any(c.startswith("quit") for c in calls(tmp_path))
     assert control.job_env(SHARED, "a")["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps")
+    control.settle([], time.monotonic())  # its prolog's environment: still not launched
+    assert not any(c.startswith("quit") for c in calls(tmp_path))
+    control.launched("a")
     control.settle([], time.monotonic())  # launched, and gone
     assert calls(tmp_path)[-1].startswith("quit")
 

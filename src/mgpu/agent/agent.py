@@ -513,6 +513,8 @@ class Agent:
             ids = self.run_as(msg)
             argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
             run = self.launcher.launch(jobenv.launch_request(msg, argv, env, ids, note, self.gpus))
+            if "MGPU_GPU_SHARE" in msg.env:
+                self.mps.launched(msg.job_id)  # its daemon and limits kept while it runs
         except (jobenv.UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
             fatal = isinstance(e, jobenv.UserError | JobError)  # the job's problem, not the node's

@@ -201,10 +201,12 @@ class MpsControl:
 
     `prepare` (before a shared job's process starts, in a thread) starts the daemon where
     none runs and the node has `nvidia-cuda-mps-control`, and limits the job user's server;
-    `job_env` (at the launch, on the event loop: it runs no command) gives the job its MPS
-    variables; `settle` (at each heartbeat, in a thread, with the running jobs) updates or
-    releases the servers' limits as shared jobs end and stops the daemon this agent started
-    once no shared job runs.  All take a lock: a launch never meets a daemon half stopped."""
+    `job_env` and `launched` (at the launch, on the event loop: no command, no lock) give
+    the job its MPS variables and mark it running; `settle` (at each heartbeat, in a thread,
+    with the running jobs) updates or releases the servers' limits as shared jobs end and
+    stops the daemon this agent started once no shared job runs.  `prepare` and `settle`
+    take a lock; a job prepared and not launched yet is kept (`PREPARING`), so a launch
+    never meets a daemon stopped under it."""
 
     def __init__(
         self,
@@ -276,8 +278,8 @@ class MpsControl:
         with self._lock:
             if ordinal is not None and ordinal != device:
                 self._ordinals[device] = ordinal
-            # Kept by `settle` until it launches (`job_env`), as if launched that much later:
-            # a heartbeat in between must not stop the daemon it is being prepared for.
+            # Kept by `settle` until it launches (`launched`), as if launched that much later:
+            # a heartbeat in between (during a prolog, say) must not stop its daemon.
             self.jobs[job_id] = time.monotonic() + PREPARING
             self.shares[job_id] = share
             if pipe_dir(self.environ) is None and self.binary is not None:
@@ -299,11 +301,16 @@ class MpsControl:
             if self.mark.exists() and str(pipe_dir(self.environ)) == DEFAULT_PIPE_DIR:
                 return {"CUDA_MPS_PIPE_DIRECTORY": str(self.mark.parent / "no-mps")}
             return {}
-        with self._lock:
+        # No lock here: `prepare` may hold it for seconds, and this runs on the event loop.
+        self.jobs.setdefault(job_id, time.monotonic())  # prepared: it is there already
+        return mps_env(job_env, self.environ)
+
+    def launched(self, job_id: str) -> None:
+        """A shared job's process started: from now on the running jobs `settle` is given
+        keep it.  On the event loop: no lock, no command (a `settle` that swaps `jobs`
+        meanwhile keeps the preparing deadline instead: the job is kept a while longer)."""
+        if job_id in self.jobs:
             self.jobs[job_id] = time.monotonic()
-            if self.mark.exists():
-                self._write_mark()
-            return mps_env(job_env, self.environ)
 
     def settle(self, running: Iterable[str], as_of: float) -> None:
         """Stop the daemon this agent started when none of the shared jobs runs any more.
@@ -514,7 +521,7 @@ class MpsControl:
         return self.environ.get("CUDA_MPS_LOG_DIRECTORY") or default
 
     def _write_mark(self) -> None:
-        self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(self.jobs)))
+        self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(list(self.jobs))))
 
     def _stop(self) -> None:
         if self._control("quit") is None:
