@@ -27,7 +27,15 @@ held it (from the holds of 100 ms or more it logs, else the histogram bucket of 
 longest: "<= 50" means it stayed under 50 ms), and how many holds of 100 ms or more there
 were.
 
-Prints the table and writes bench/results/abuse.json.  Not a test.
+Each row also gives the master's RSS just before it and once it is over (`rss_before_mb`,
+`rss_after_mb`: the probe's reading before the row began and after the loop settled again).
+
+`python bench/abuse.py [GROUP ...]` runs only the named groups of rows (all by default):
+logs, bodies, floods, notify, typed, attach, array, followers (followers of a job queued
+behind the array: the array is submitted and cancelled around it).  A full run writes
+bench/results/abuse.json, a partial one bench/results/abuse-GROUP-....json.  Prints the
+table; the machine's load average at the start and the end is recorded (the bench shares
+its CPUs with whatever else runs).  Not a test.
 """
 
 from __future__ import annotations
@@ -72,6 +80,9 @@ CONFIG = "notify:\n  allowed_hosts: [127.0.0.1]\n"
 """Notifications may go to loopback: the bench's receivers are there, and nothing else is."""
 
 
+GROUPS = ("logs", "bodies", "floods", "notify", "typed", "attach", "array", "followers")
+
+
 def summary(probe: LoopProbe, t0: float, t1: float) -> dict[str, float]:
     lat, rss = probe.window(t0, t1)
     lat = lat or [0.0]
@@ -81,6 +92,12 @@ def summary(probe: LoopProbe, t0: float, t1: float) -> dict[str, float]:
         "samples": len(lat),
         "rss_peak_mb": round(max(rss or [0]) / 2**20),
     }
+
+
+def rss_at(probe: LoopProbe, before: float | None = None) -> int | None:
+    """The master's RSS in MB: the last reading sent before `before` (None: the latest)."""
+    readings = [r for s, _, r in probe.samples() if before is None or s < before]
+    return round(readings[-1] / 2**20) if readings else None
 
 
 def _raw(address: str, method: str, path: str, body: bytes, token: str | None) -> int:
@@ -446,6 +463,9 @@ class Bench:
         self.walls.append((wall0, time.time()))
         row: dict[str, Any] = {"request": name, "concurrent": times, "seconds": round(t1 - t0, 2)}
         row.update(summary(self.probe, t0, t1))
+        row["rss_before_mb"] = rss_at(self.probe, t0)
+        self.probe.settle()  # what the row left running (deliveries, closes) is over
+        row["rss_after_mb"] = rss_at(self.probe)
         bucket, over = _hold_summary(holds, _hold_buckets(self.cluster.address))
         row["loop_hold_max_ms"] = bucket
         row["loop_holds_over_100ms"] = over
@@ -454,7 +474,8 @@ class Bench:
         print(
             f"{name:<48} ×{times}  healthz p50 {row['healthz_p50_ms']:>7} ms  "
             f"max {row['healthz_max_ms']:>8} ms  loop hold {bucket:>7} ms ({over} over 100)  "
-            f"RSS {row['rss_peak_mb']:>5} MB  {row['seconds']:>6} s  {row['result']}",
+            f"RSS {row['rss_before_mb']}/{row['rss_peak_mb']}/{row['rss_after_mb']} MB  "
+            f"{row['seconds']:>6} s  {row['result']}",
             flush=True,
         )
 
@@ -463,7 +484,17 @@ class Bench:
         self.measure(name, fn, 3)
 
 
-def main() -> None:
+def chosen(argv: list[str]) -> set[str]:
+    """The groups of rows to run: those named (all when none is)."""
+    unknown = [name for name in argv if name not in GROUPS]
+    if unknown:
+        raise SystemExit(f"unknown group(s) {', '.join(unknown)}: choose from {', '.join(GROUPS)}")
+    return set(argv or GROUPS)
+
+
+def main(argv: list[str]) -> None:
+    groups = chosen(argv)
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="mgpu-abuse-") as tmp:
         cluster = LocalCluster(Path(tmp), CONFIG)
         receivers = _Receivers()
@@ -477,98 +508,51 @@ def main() -> None:
             address = cluster.address
             bench = Bench(cluster, probe)
 
-            # Set-up: a job with 50 MB of output.
-            line = "x" * 79
-            big = client.submit(f"yes {line} | head -c {OUTPUT_BYTES}", gpus=0, env={})
-            client.wait(big.id, timeout=600)
-
-            bench.both("logs of a 50 MB job (mgpu logs)", lambda: _logs(cluster, big.id))
-            bench.both(
-                "100 MB body without a token", lambda: _big_body(address, None, chunked=False)
-            )
-            bench.measure(
-                "100 MB body, valid token (Content-Length)",
-                lambda: _big_body(address, token, chunked=False),
-            )
-            bench.measure(
-                "100 MB body, valid token (chunked)",
-                lambda: _big_body(address, token, chunked=True),
-            )
-            bench.both(f"flood: {FLOOD} requests with bad tokens at once", lambda: _flood(address))
-            bench.both(
-                f"for scale: {FLOOD} /healthz requests at once",
-                lambda: _flood(address, "/healthz"),
-            )
-            bench.measure(
-                f"{NOTIFY_ENDS} job ends with a webhook (cancelled one by one)",
-                _notify_ends(client, receivers),
-            )
-            bench.measure(
-                f"{NOTIFY_FLOOD} job ends at once notifying a receiver that never answers",
-                _notify_flood(client, receivers),
-            )
-
-            bench.measure(f"typed input: {TYPED >> 20} MiB into a terminal", _typed_flood(client))
-            bench.measure(
-                f"{ATTACH_TRIES} attach WebSockets at once (one user)", _attach_flood(client)
-            )
-
-            # TASKS array tasks, 4 running, the rest queued.
-            submitted: list[tuple[str, list[str]]] = []
-            bench.measure(
-                f"submit a {TASKS:,}-task array",
-                lambda: submitted.append(_submit_array(client)) or f"{TASKS:,} task ids",
-            )
-            array_id, ids = submitted[0]
-            # Two re-planning intervals: at least one full scheduling pass over the queue.
-            bench.measure(f"idle, {TASKS:,} tasks queued (12 s)", lambda: time.sleep(12))
-            bench.rows[-1]["last_pass_ms"] = _last_pass_ms(address)
-            waiting = client.submit("true", gpus=1, env={}).id
-            with _followers(cluster, waiting, FOLLOWERS):
-                bench.measure(
-                    f"{FOLLOWERS} logs -f of a job queued behind {TASKS:,} tasks (12 s)",
-                    lambda: time.sleep(12),
+            if "logs" in groups:
+                # Set-up: a job with 50 MB of output.
+                line = "x" * 79
+                big = client.submit(f"yes {line} | head -c {OUTPUT_BYTES}", gpus=0, env={})
+                client.wait(big.id, timeout=600)
+                bench.both("logs of a 50 MB job (mgpu logs)", lambda: _logs(cluster, big.id))
+            if "bodies" in groups:
+                bench.both(
+                    "100 MB body without a token", lambda: _big_body(address, None, chunked=False)
                 )
-            client.cancel(waiting)
-            bench.both(
-                f"queue --json, all {TASKS:,} tasks (GET /api/jobs)",
-                lambda: f"{len(patient(cluster).queue()['jobs']):,} jobs",
-            )
-            bench.both(
-                "a page of 100 queued jobs (GET /api/jobs?limit=100&state=queued)",
-                lambda: len(client._request("GET", "/api/jobs?limit=100&state=queued")["jobs"]),
-            )
-            bench.both("mgpu queue (arrays folded by the master)", lambda: _cli(cluster, "queue"))
-            bench.both(
-                f"mgpu show ARRAY_ID ({TASKS:,} tasks: counts, first 1,000)",
-                lambda: _cli(cluster, "show", array_id),
-            )
-            body = json.dumps({"ids": ids, "timeout": 0}).encode()
-            bench.both(
-                f"wait, {TASKS:,} ids in one request",
-                lambda: _raw(address, "POST", "/api/wait", body, token),
-            )
-            bench.measure(
-                f"cancel a {TASKS:,}-task array",
-                lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
-            )
-            wait_for(lambda: not client.queue()["jobs"], timeout=120, what="an empty queue")
-            bench.measure(
-                f"wait_all, {TASKS:,} ended ids (client)",
-                lambda: len(patient(cluster).wait_all(ids, timeout=600)),
-            )
-            some = json.dumps({"ids": ids[:1000], "timeout": 0}).encode()
-            bench.both(
-                "wait, 1,000 ended ids (the most one request takes)",
-                lambda: _raw(address, "POST", "/api/wait", some, token),
-            )
-
-            array_id, ids = _submit_array(client)
-            bench.measure(
-                f"cancel a {TASKS:,}-task array, 3 requests at once",
-                lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
-                times=3,
-            )
+                bench.measure(
+                    "100 MB body, valid token (Content-Length)",
+                    lambda: _big_body(address, token, chunked=False),
+                )
+                bench.measure(
+                    "100 MB body, valid token (chunked)",
+                    lambda: _big_body(address, token, chunked=True),
+                )
+            if "floods" in groups:
+                bench.both(
+                    f"flood: {FLOOD} requests with bad tokens at once", lambda: _flood(address)
+                )
+                bench.both(
+                    f"for scale: {FLOOD} /healthz requests at once",
+                    lambda: _flood(address, "/healthz"),
+                )
+            if "notify" in groups:
+                bench.measure(
+                    f"{NOTIFY_ENDS} job ends with a webhook (cancelled one by one)",
+                    _notify_ends(client, receivers),
+                )
+                bench.measure(
+                    f"{NOTIFY_FLOOD} job ends at once notifying a receiver that never answers",
+                    _notify_flood(client, receivers),
+                )
+            if "typed" in groups:
+                bench.measure(
+                    f"typed input: {TYPED >> 20} MiB into a terminal", _typed_flood(client)
+                )
+            if "attach" in groups:
+                bench.measure(
+                    f"{ATTACH_TRIES} attach WebSockets at once (one user)", _attach_flood(client)
+                )
+            if groups & {"array", "followers"}:
+                _array_rows(bench, cluster, client, groups)
             probe.stop()
         finally:
             cluster.stop()
@@ -579,23 +563,96 @@ def main() -> None:
             if errors:
                 print("the master logged errors:", *errors[-20:], sep="\n  ")
 
-    worst = max(r["healthz_max_ms"] for r in bench.rows if not r["request"].startswith("idle"))
+    measured = [r for r in bench.rows if not r["request"].startswith("idle")]
+    worst = max((r["healthz_max_ms"] for r in measured), default=None)
     out = {
+        "groups": sorted(groups),
         "worst_loop_hold_ms": max(holds, default="< 100"),
         "loop_holds_over_100ms_ms": holds,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        "load_average_at_start": load_at_start,
         "load_average_at_end": os.getloadavg(),
         "target_max_stall_ms": 100,
         "worst_stall_ms": worst,
         "slow_gc_collections_ms": slow_gc,
         "rows": bench.rows,
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    results = RESULTS
+    if groups != set(GROUPS):
+        results = RESULTS.with_name(f"abuse-{'-'.join(sorted(groups))}.json")
+    results.parent.mkdir(exist_ok=True)
+    results.write_text(json.dumps(out, indent=2) + "\n")
     print(f"worst /healthz latency over the requests: {worst} ms")
     print(f"loop holds of 100 ms or more (the master's monitor): {holds or 'none'}")
-    print(f"written to {RESULTS}")
+    print(f"load average at start {load_at_start}, at end {out['load_average_at_end']}")
+    print(f"written to {results}")
+
+
+def _array_rows(bench: Bench, cluster: LocalCluster, client: Client, groups: set[str]) -> None:
+    """TASKS array tasks, 4 running, the rest queued: what requests about them cost
+    ("array"), and followers of a job queued behind them ("followers")."""
+    address, token = cluster.address, cluster.admin_token
+    submitted: list[tuple[str, list[str]]] = []
+
+    def submit() -> str:
+        submitted.append(_submit_array(client))
+        return f"{TASKS:,} task ids"
+
+    bench.measure(f"submit a {TASKS:,}-task array", submit)
+    array_id, ids = submitted[0]
+    # Two re-planning intervals: at least one full scheduling pass over the queue.
+    bench.measure(f"idle, {TASKS:,} tasks queued (12 s)", lambda: time.sleep(12))
+    bench.rows[-1]["last_pass_ms"] = _last_pass_ms(address)
+    if "followers" in groups:
+        waiting = client.submit("true", gpus=1, env={}).id
+        with _followers(cluster, waiting, FOLLOWERS):
+            bench.measure(
+                f"{FOLLOWERS} logs -f of a job queued behind {TASKS:,} tasks (12 s)",
+                lambda: time.sleep(12),
+            )
+        client.cancel(waiting)
+    if "array" not in groups:
+        patient(cluster).cancel(array_id)
+        return
+    bench.both(
+        f"queue --json, all {TASKS:,} tasks (GET /api/jobs)",
+        lambda: f"{len(patient(cluster).queue()['jobs']):,} jobs",
+    )
+    bench.both(
+        "a page of 100 queued jobs (GET /api/jobs?limit=100&state=queued)",
+        lambda: len(client._request("GET", "/api/jobs?limit=100&state=queued")["jobs"]),
+    )
+    bench.both("mgpu queue (arrays folded by the master)", lambda: _cli(cluster, "queue"))
+    bench.both(
+        f"mgpu show ARRAY_ID ({TASKS:,} tasks: counts, first 1,000)",
+        lambda: _cli(cluster, "show", array_id),
+    )
+    body = json.dumps({"ids": ids, "timeout": 0}).encode()
+    bench.both(
+        f"wait, {TASKS:,} ids in one request",
+        lambda: _raw(address, "POST", "/api/wait", body, token),
+    )
+    bench.measure(
+        f"cancel a {TASKS:,}-task array",
+        lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
+    )
+    wait_for(lambda: not client.queue()["jobs"], timeout=120, what="an empty queue")
+    bench.measure(
+        f"wait_all, {TASKS:,} ended ids (client)",
+        lambda: len(patient(cluster).wait_all(ids, timeout=600)),
+    )
+    some = json.dumps({"ids": ids[:1000], "timeout": 0}).encode()
+    bench.both(
+        "wait, 1,000 ended ids (the most one request takes)",
+        lambda: _raw(address, "POST", "/api/wait", some, token),
+    )
+    array_id, ids = _submit_array(client)
+    bench.measure(
+        f"cancel a {TASKS:,}-task array, 3 requests at once",
+        lambda: len(patient(cluster).cancel(array_id)["cancelled"]),
+        times=3,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -5,8 +5,10 @@ are not enforced and the share job is told so in its output."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,15 +18,25 @@ from helpers import LocalCluster, wait_for
 
 CONFIG = "networking: {heartbeat_interval: 0.25, timeout: 10}\n"
 
-FAKE_CONTROL = """#!/bin/sh
-log="$(dirname "$0")/calls"
+FAKE_CONTROL = r"""#!/bin/sh
+# Each call logged one line; an MPS server is a real process (a sleep) of the agent's user,
+# its pid in `servers`: the agent finds a server's user in /proc.
+here="$(dirname "$0")"
+log="$here/calls"
 if [ "$1" = "-d" ]; then
     echo start >> "$log"
     mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"
     exit 0
 fi
 read -r command
-[ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+set -- $command
+case "$1" in
+    start_server) sleep 300 </dev/null >/dev/null 2>&1 & echo $! >> "$here/servers" ;;
+    get_server_list) cat "$here/servers" 2>/dev/null ;;
+    quit) rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+          for pid in $(cat "$here/servers" 2>/dev/null); do kill "$pid"; done
+          : > "$here/servers" ;;
+esac
 echo "$command" >> "$log"
 """
 
@@ -54,6 +66,10 @@ def with_mps(tmp_path: Path) -> Iterator[LocalCluster]:
         yield c
     finally:
         c.stop()
+        servers = bin_dir / "servers"  # the fake's "servers" that a failed test left
+        for pid in servers.read_text().split() if servers.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
 
 
 @pytest.fixture
@@ -82,13 +98,30 @@ def test_the_agent_runs_mps_while_a_shared_job_runs(with_mps: LocalCluster) -> N
     client = c.client()
     wait_for(lambda: shares_enforced(c) is True, what="the node saying shares are enforced")
     assert calls(c) == []  # no shared job yet: no daemon
-    job = c.cli(
-        "submit", "--gpu-share", "0.5", "echo pipe=$CUDA_MPS_PIPE_DIRECTORY", check=True
-    ).stdout.strip()
+    log = c.root / "bin" / "calls"
+    # The job unsets its MPS variables (they are its own to change), and says it ran.
+    script = (
+        "unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; "
+        f"echo job-spawned >> {log}; echo pipe=$CUDA_MPS_PIPE_DIRECTORY"
+    )
+    job = c.cli("submit", "--gpu-share", "0.5", script, check=True).stdout.strip()
     assert client.wait(job, timeout=30)["state"] == "completed"
     assert client.logs(job) == f"pipe={c.root / 'mps'}\n"  # and nothing said about shares
-    assert calls(c)[0] == "start"
-    wait_for(lambda: calls(c) == ["start", "quit"], what="the daemon stopped after the job")
+    wait_for(lambda: "quit" in calls(c), what="the daemon stopped after the job")
+    memory = c.client().nodes()[0]["gpus"][0]["memory_mb"] // 2
+    (pid,) = {line.split()[1] for line in log.read_text().splitlines() if line.startswith("set_")}
+    # Before the job's process: the daemon, the user's server, the server held to the
+    # job's grant (whatever the job does with its variables); the daemon quit after it.
+    assert log.read_text().splitlines() == [
+        "start",
+        "get_server_list",
+        f"start_server -uid {os.geteuid()}",
+        "get_server_list",
+        f"set_active_thread_percentage {pid} 50",
+        f"set_device_pinned_mem_limit {pid} 0 {memory}M",
+        "job-spawned",
+        "quit",
+    ]
     assert not (c.root / "mps" / "control").exists()
     assert "not enforced" not in c.cli("nodes", check=True).stdout
 

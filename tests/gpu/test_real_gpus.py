@@ -329,6 +329,34 @@ def test_two_half_shares_run_side_by_side(gpus: RealCluster) -> None:
         )
 
 
+def test_a_share_that_unsets_its_limits_is_still_held_by_its_mps_server(
+    gpus: RealCluster,
+) -> None:
+    """Issue 25: a share's limits are not only its own variables.  The job unsets
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, then tries to
+    allocate 1 GiB more than its share of the GPU's memory: its user's MPS server, whose
+    limits the agent set before the job started, refuses it."""
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        pytest.skip("no nvidia-cuda-mps-control on this machine: shares are not enforced")
+    unset = "-u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+    command = (
+        'echo "unset=${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-yes}"; '
+        f'env {unset} sh -c \'echo "inside=${{CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:-unset}}"; '
+        f"{python_job('over-limit')}'"
+    )
+    job = gpus.submit("--gpu-share", "0.5", command)
+    out = ended(gpus, job)
+    said = [line for line in gpus.log(NODE).splitlines() if "MPS" in line]  # the agent's
+    assert "inside=unset" in out, out  # the job really ran without its variables
+    assert "over-limit refused" in out, f"{out}\nthe agent on MPS:\n" + "\n".join(said)
+    assert not [line for line in said if "MPS control" in line and "failed" in line], said
+    wait_for(
+        lambda: not (gpus.root / "mps" / "control").exists(),
+        timeout=SAMPLED + 15,
+        what="the MPS daemon stopped after the share",
+    )
+
+
 # ---- idle ------------------------------------------------------------------------------------
 
 

@@ -178,7 +178,9 @@ def test_a_prepared_launch_that_fails_after_the_mount_leaves_no_mount(
         assert bindmount.mounted(target)
         raise OSError(28, "No space left on device")
 
-    host = SimpleNamespace(launch=launch, report_exit=ends.append, run_as=lambda _: NOBODY)
+    host = SimpleNamespace(
+        launch=launch, report_exit=ends.append, run_as=lambda _: NOBODY, share_setup=lambda _: None
+    )
     launcher: Any = SimpleNamespace(spool=spool, find=lambda *_: None)
     hooks = SiteHooks(host, launcher, "n1")
     hooks.runtime = Runtime("podman", "/usr/bin/podman")
@@ -227,6 +229,7 @@ def test_a_prepared_launch_enters_the_directory_off_the_event_loop(
         launch=lambda msg: argvs.append(hooks.wrap(msg, {}, NOBODY)[0]),
         report_exit=lambda msg: pytest.fail(f"the launch failed: {msg}"),
         run_as=lambda _: NOBODY,
+        share_setup=lambda _: None,
     )
     launcher: Any = SimpleNamespace(spool=spool, find=lambda *_: None)
     hooks = SiteHooks(host, launcher, "n1")

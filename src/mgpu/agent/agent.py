@@ -33,6 +33,7 @@ from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
 from mgpu.agent.mps import MpsControl
+from mgpu.agent.mps import device_name as mps_device
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
@@ -101,6 +102,8 @@ class Agent:
         self.gpu_source = "none"
         self.launcher = Launcher(options.node_dir / "spool", self._on_output)
         self.mps = MpsControl(options.node_dir)  # shared jobs' limits held
+        self._settling: asyncio.Future[None] | None = None
+        """The MPS settle in progress (`_settle_mps`), if any."""
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -362,7 +365,7 @@ class Agent:
             as_of = time.monotonic()
             jobs = [run.rec.job_id for run in self.launcher.running.values()]
             try:
-                await asyncio.to_thread(self.mps.settle, jobs, as_of)  # stops MPS no job needs
+                self._settle_mps(jobs, as_of)
                 telemetry = await asyncio.wait_for(
                     asyncio.to_thread(sampler.sample, pids), timeout=5.0
                 )
@@ -370,6 +373,21 @@ class Agent:
                 log.warning("GPU telemetry failed: %s", e)
             self.send(Heartbeat(telemetry=telemetry))
             await asyncio.sleep(self.heartbeat_interval)
+
+    def _settle_mps(self, jobs: list[str], as_of: float) -> None:
+        """MPS limits and daemon brought in line with the running jobs (stopped when no
+        shared job needs it), in a thread the heartbeat does not wait for: a control command
+        may take seconds.  One at a time; a heartbeat that finds one running skips it."""
+        if self._settling is not None and not self._settling.done():
+            return
+
+        def settle() -> None:
+            try:
+                self.mps.settle(jobs, as_of)
+            except Exception:
+                log.exception("settling the MPS daemon failed")
+
+        self._settling = asyncio.get_running_loop().run_in_executor(None, settle)
 
     async def _pump_loop(self) -> None:
         while True:
@@ -495,6 +513,8 @@ class Agent:
             ids = self.run_as(msg)
             argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
             run = self.launcher.launch(jobenv.launch_request(msg, argv, env, ids, note, self.gpus))
+            if "MGPU_GPU_SHARE" in msg.env:
+                self.mps.launched(msg.job_id)  # its daemon and limits kept while it runs
         except (jobenv.UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
             fatal = isinstance(e, jobenv.UserError | JobError)  # the job's problem, not the node's
@@ -528,6 +548,22 @@ class Agent:
 
     def job_env(self, msg: Launch) -> dict[str, str]:
         return jobenv.job_env(msg, self.master, self.gpus, self.mps)
+
+    def share_setup(self, msg: Launch) -> Callable[[], None] | None:
+        """A shared job's MPS server limits, set before its process starts (mgpu.agent.mps):
+        what `site.prepare` runs in a thread; None where there is nothing to set."""
+        if "MGPU_GPU_SHARE" not in msg.env or not self.mps.enforced():
+            return None
+        try:
+            ids = self.run_as(msg)
+        except jobenv.UserError:
+            return None  # the launch says why
+        uid = os.geteuid() if ids is None else ids[0]
+        gpu = next((g for g in self.gpus if g.index in msg.gpu_ids), None)
+        ordinal = str(gpu.index if gpu else min(msg.gpu_ids, default=0))
+        device = mps_device(gpu.uuid, gpu.index) if gpu else ordinal
+        env, job_id = dict(msg.env), msg.job_id
+        return lambda: self.mps.prepare(env, job_id, uid, device, ordinal)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes

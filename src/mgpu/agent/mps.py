@@ -18,6 +18,19 @@ are gone; a daemon it did not start (the site's) is left alone.  The node says w
 shares are enforced (`MpsControl.enforced`: in its GPU telemetry, `mgpu nodes`,
 `mgpu node --health`); without MPS nothing holds a shared job to its half.
 
+Limits held by the MPS server, not by the job (issue 25): the variables above are the job's
+own environment, and a job may unset them.  So before a shared job's process starts
+(`MpsControl.prepare`, in a thread: never on the agent's event loop) the agent makes sure its
+user's MPS server runs (`start_server -uid UID`) and sets that server's limits through the
+control pipe: `set_active_thread_percentage PID P` and `set_device_pinned_mem_limit PID DEV
+NNNM`.  A client's `CUDA_MPS_*` variables can only lower a server's limits, never raise
+them.  MPS runs one server per user (uid), and its limits hold for each of the server's
+clients (each CUDA process) alike, so a user's server gets the largest grant among that
+user's shared jobs (per GPU for memory): the most restrictive limit that still gives every
+one of those jobs what it was granted.  A limit changes only the clients created after it;
+when a user's last shared job ends, the agent shuts that user's server down (or quits the
+daemon it started).  What this does not hold is in docs/SECURITY.md ("GPU shares").
+
 Both directories must be the daemon's: owned by root (or the agent's account), not
 writable by group or others, and not a symbolic link.  The default pipe directory is in
 `/tmp`, where any user could make `/tmp/nvidia-mps` with a `control` FIFO of their own
@@ -36,6 +49,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
@@ -43,8 +57,12 @@ __all__ = [
     "DEFAULT_LOG_DIR",
     "DEFAULT_PIPE_DIR",
     "MpsControl",
+    "Share",
+    "device_name",
     "mps_env",
     "pipe_dir",
+    "process_uid",
+    "share_of",
     "unsafe",
 ]
 
@@ -55,6 +73,13 @@ DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
 CONTROL = "nvidia-cuda-mps-control"
 START_TIMEOUT = 10.0
 """Seconds `nvidia-cuda-mps-control -d` has to fork its daemon and open its pipe."""
+PREPARING = 600.0
+"""Seconds a shared job prepared (`MpsControl.prepare`) but not launched yet keeps its
+daemon and server limits: a prolog or an image check may come between; a launch that never
+comes (cancelled meanwhile) lets them go after that."""
+SERVER_WAIT = 2.0
+"""Seconds `start_server -uid` has to show its server; one that does not (another user's
+server still has clients: MPS runs one at a time) is waited for at the heartbeats."""
 STARTED_MARK = "mps-started"
 """In the agent's node directory while a daemon it started runs, with the shared jobs it
 started it for, one id a line: kept over the agent's restarts, so that the next agent stops
@@ -129,21 +154,84 @@ def mps_env(job_env: Mapping[str, str], environ: Mapping[str, str] | None = None
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What a shared job was granted, as its user's MPS server is to hold it."""
+
+    uid: int
+    device: str
+    """The GPU as MPS names it: its UUID where known (CUDA's device ordinals need not be
+    NVML's), else its index."""
+    percent: int
+    """Its share of the GPU's threads, in whole percent, rounded up (1..100)."""
+    memory_mb: int | None
+
+
+def share_of(job_env: Mapping[str, str], uid: int, device: str) -> Share | None:
+    """The share a job's environment (the master's `share_env`) grants, or None: not shared."""
+    try:
+        share = float(job_env["MGPU_GPU_SHARE"])
+    except (KeyError, ValueError):
+        return None
+    percent = min(100, max(1, -int(-share * 100 // 1)))  # ceil: never below the grant
+    limit = job_env.get("MGPU_GPU_MEMORY_LIMIT_MB", "")
+    return Share(uid, device, percent, int(limit) if limit.isdigit() else None)
+
+
+def device_name(uuid: str | None, index: int) -> str:
+    """How the control daemon's commands name a GPU: its UUID (`GPU-...`, `MIG-...`) where
+    the node knows it, else its index."""
+    return uuid if uuid and uuid.startswith(("GPU-", "MIG-")) else str(index)
+
+
+def process_uid(pid: int) -> int | None:
+    """The real uid of a process (an MPS server's), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class MpsControl:
     """The node's MPS control daemon, started while shared jobs need it.
 
-    `job_env` (at a shared job's launch) starts the daemon where none runs and the node has
-    `nvidia-cuda-mps-control`; `settle` (at each heartbeat, with the running jobs) stops the
-    daemon this agent started once no shared job runs.  Both take a lock: a launch never
-    meets a daemon half stopped."""
+    `prepare` (before a shared job's process starts, in a thread) starts the daemon where
+    none runs and the node has `nvidia-cuda-mps-control`, and limits the job user's server;
+    `job_env` and `launched` (at the launch, on the event loop: no command, no lock) give
+    the job its MPS variables and mark it running; `settle` (at each heartbeat, in a thread,
+    with the running jobs) updates or releases the servers' limits as shared jobs end and
+    stops the daemon this agent started once no shared job runs.  `prepare` and `settle`
+    take a lock; a job prepared and not launched yet is kept (`PREPARING`), so a launch
+    never meets a daemon stopped under it."""
 
     def __init__(
         self,
         node_dir: Path,
         environ: Mapping[str, str] | None = None,
         which: Callable[..., str | None] = shutil.which,
+        owner: Callable[[int], int | None] = process_uid,
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
+        self.owner = owner
+        """A server's uid from its pid (/proc; tests give their own)."""
+        self.shares: dict[str, Share] = {}
+        """The shared jobs this agent set server limits for (job id -> what they hold)."""
+        self._applied: dict[int, tuple[int, dict[str, int]]] = {}
+        """What was set on each server (pid -> thread percentage, device -> MiB)."""
+        self._waiting: set[int] = set()
+        """Users whose server could not be had yet (tried again at each `settle`)."""
+        self._ordinals: dict[str, str] = {}
+        """GPU UUIDs -> their indices: what a memory limit is set by when the UUID is not
+        taken (the daemon this agent starts numbers GPUs in PCI order, as NVML does)."""
+        self.server_wait = SERVER_WAIT
+        """Seconds a server just started has to appear in `get_server_list`."""
+        self._default_percent = 100
+        self._default_memory: dict[str, int] = {}
+        """The daemon's defaults as this agent set them (`_defaults`)."""
         self.binary = which(CONTROL, path=self.environ.get("PATH"))
         self.mark = node_dir / STARTED_MARK
         self.jobs: dict[str, float] = {}
@@ -172,17 +260,57 @@ class MpsControl:
             "compute limits are advisory"
         )
 
-    def job_env(self, job_env: Mapping[str, str], job_id: str) -> dict[str, str]:
-        """`mps_env` for a job, the daemon started first where it must be."""
-        if "MGPU_GPU_SHARE" not in job_env:
-            return {}
+    def prepare(
+        self,
+        job_env: Mapping[str, str],
+        job_id: str,
+        uid: int,
+        device: str,
+        ordinal: str | None = None,
+    ) -> None:
+        """Before a shared job's process starts (blocking: run it in a thread): the daemon
+        started where it must be, the job's user's MPS server started, and that server's
+        limits set to what the user's shared jobs were granted (`Share`).  `ordinal`: the
+        GPU's index, for a daemon that does not take `device` (a UUID) in its commands."""
+        share = share_of(job_env, uid, device)
+        if share is None:
+            return
         with self._lock:
-            self.jobs[job_id] = time.monotonic()
+            if ordinal is not None and ordinal != device:
+                self._ordinals[device] = ordinal
+            # Kept by `settle` until it launches (`launched`), as if launched that much later:
+            # a heartbeat in between (during a prolog, say) must not stop its daemon.
+            self.jobs[job_id] = time.monotonic() + PREPARING
+            self.shares[job_id] = share
             if pipe_dir(self.environ) is None and self.binary is not None:
                 self._start()
             if self.mark.exists():
                 self._write_mark()
-            return mps_env(job_env, self.environ)
+            if self.binary is not None and pipe_dir(self.environ) is not None:
+                self._limit(uid)
+
+    def job_env(self, job_env: Mapping[str, str], job_id: str) -> dict[str, str]:
+        """`mps_env` for a job (the daemon was started by `prepare`: nothing blocks here).
+
+        A job that is not shared is kept off a daemon this agent started in MPS's default
+        pipe directory, where CUDA would find it by itself: under MPS it would run with its
+        user's server's limits, or wait for another user's server to go (MPS runs one user's
+        server at a time).  Its pipe directory is one with no daemon in it, in the agent's
+        own directory (no user can make a `control` pipe there)."""
+        if "MGPU_GPU_SHARE" not in job_env:
+            if self.mark.exists() and str(pipe_dir(self.environ)) == DEFAULT_PIPE_DIR:
+                return {"CUDA_MPS_PIPE_DIRECTORY": str(self.mark.parent / "no-mps")}
+            return {}
+        # No lock here: `prepare` may hold it for seconds, and this runs on the event loop.
+        self.jobs.setdefault(job_id, time.monotonic())  # prepared: it is there already
+        return mps_env(job_env, self.environ)
+
+    def launched(self, job_id: str) -> None:
+        """A shared job's process started: from now on the running jobs `settle` is given
+        keep it.  On the event loop: no lock, no command (a `settle` that swaps `jobs`
+        meanwhile keeps the preparing deadline instead: the job is kept a while longer)."""
+        if job_id in self.jobs:
+            self.jobs[job_id] = time.monotonic()
 
     def settle(self, running: Iterable[str], as_of: float) -> None:
         """Stop the daemon this agent started when none of the shared jobs runs any more.
@@ -194,16 +322,151 @@ class MpsControl:
             kept = {j: t for j, t in self.jobs.items() if j in live or t >= as_of}
             changed = kept.keys() != self.jobs.keys()
             self.jobs = kept
-            if not self.mark.exists():  # not this agent's daemon (or none)
-                return
-            if kept:
+            ended = {s.uid for j, s in self.shares.items() if j not in kept}
+            self.shares = {j: s for j, s in self.shares.items() if j in kept}
+            if self.mark.exists():  # this agent's daemon
+                if not kept:
+                    if pipe_dir(self.environ) is None:  # gone already (stopped, or died)
+                        self.mark.unlink(missing_ok=True)
+                    else:
+                        self._stop()
+                    self._applied.clear()
+                    self._waiting.clear()
+                    self._default_percent, self._default_memory = 100, {}
+                    return
                 if changed:
                     self._write_mark()
+            if self.binary is None or pipe_dir(self.environ) is None:
                 return
-            if pipe_dir(self.environ) is None:  # it is gone already (stopped, or died)
-                self.mark.unlink(missing_ok=True)
-                return
-            self._stop()
+            for uid in sorted(ended | self._waiting):
+                if any(s.uid == uid for s in self.shares.values()):
+                    self._limit(uid, start=False)  # a waiting one starts with its clients
+                else:
+                    self._release(uid)
+
+    # ---- the servers' limits ----------------------------------------------------------
+
+    def _wanted(self, uid: int) -> tuple[int, dict[str, int]]:
+        """A user's server's limits: the largest grant among the user's shared jobs (per
+        GPU for memory).  MPS holds each client of the server to them alike; less would
+        hold a job below its grant, and a client can only lower what the server allows."""
+        shares = [s for s in self.shares.values() if s.uid == uid]
+        memory: dict[str, int] = {}
+        for s in shares:
+            if s.memory_mb is not None:
+                memory[s.device] = max(memory.get(s.device, 0), s.memory_mb)
+        return max((s.percent for s in shares), default=100), memory
+
+    def _limit(self, uid: int, start: bool = True) -> None:
+        """Start `uid`'s server where none runs and set its limits (`_wanted`)."""
+        pid = self._servers().get(uid)
+        if pid is None and start:
+            self._control(f"start_server -uid {uid}")
+            deadline = time.monotonic() + self.server_wait
+            pid = self._servers().get(uid)
+            while pid is None and time.monotonic() < deadline:
+                time.sleep(0.1)  # the daemon may list its new server a moment later
+                pid = self._servers().get(uid)
+        if pid is None:
+            # MPS runs one user's server at a time: another user's may still have clients.
+            # Theirs starts when a client of theirs connects, after that one is gone, with
+            # the daemon's defaults: those are set to hold it until the agent sees it.
+            if uid not in self._waiting:
+                log.warning(
+                    "no MPS server for uid %d yet (another user's may still run): the "
+                    "daemon's defaults hold its shared jobs until it starts",
+                    uid,
+                )
+                self._waiting.add(uid)
+                self._defaults()
+            return
+        if uid in self._waiting:
+            self._waiting.discard(uid)
+            self._defaults()
+        percent, memory = self._wanted(uid)
+        done_percent, done_memory = self._applied.get(pid, (0, {}))
+        if percent != done_percent:
+            self._set(f"set_active_thread_percentage {pid} {percent}")
+        for device, mb in sorted(memory.items()):
+            if done_memory.get(device) != mb:
+                self._set_memory(f"set_device_pinned_mem_limit {pid}", device, mb)
+        self._applied[pid] = (percent, memory)
+
+    def _set(self, command: str) -> bool:
+        """A `set_...` command: it answers nothing when it took (what it says is logged)."""
+        answer = self._control(command)
+        if answer is None:
+            return False
+        if answer.strip():
+            log.warning("MPS control %r answered: %s", command, answer.strip()[:200])
+            return False
+        return True
+
+    def _set_memory(self, command: str, device: str, mb: int) -> None:
+        """A memory limit by the GPU's UUID, else (not taken: an older daemon) its index."""
+        if not self._set(f"{command} {device} {mb}M") and device in self._ordinals:
+            self._set(f"{command} {self._ordinals[device]} {mb}M")
+
+    def _defaults(self) -> None:
+        """The daemon's defaults (what a server starts with) while users wait for theirs: the
+        smallest of the waiting users' limits, so that whichever starts first is held to no
+        more than its own grant; back to a whole GPU's threads when none waits.  (A memory
+        default cannot be taken back: it stays, as small as it was, until the daemon quits;
+        every shared job's server is given its own limits anyway.)"""
+        holders = {s.uid for s in self.shares.values()}
+        wanted = [self._wanted(uid) for uid in sorted(self._waiting & holders)]
+        percent = min((p for p, _ in wanted), default=100)
+        memory: dict[str, int] = {}
+        for _, devices in wanted:
+            for device, mb in devices.items():
+                memory[device] = min(memory.get(device, mb), mb)
+        if percent != self._default_percent:
+            self._set(f"set_default_active_thread_percentage {percent}")
+            self._default_percent = percent
+        for device, mb in sorted(memory.items()):
+            if self._default_memory.get(device) != mb:
+                self._set_memory("set_default_device_pinned_mem_limit", device, mb)
+                self._default_memory[device] = mb
+
+    def _release(self, uid: int) -> None:
+        """A user's last shared job ended: their server goes, and its limits with it (the
+        next one starts from the daemon's defaults, and is limited again before a shared
+        job of theirs starts)."""
+        if uid in self._waiting:
+            self._waiting.discard(uid)
+            self._defaults()
+        pid = self._servers().get(uid)
+        if pid is not None:
+            self._control(f"shutdown_server {pid}")
+            self._applied.pop(pid, None)
+
+    def _servers(self) -> dict[int, int]:
+        """The daemon's MPS servers: uid -> pid."""
+        out = self._control("get_server_list") or ""
+        servers: dict[int, int] = {}
+        for word in out.split():
+            if word.isdigit():
+                uid = self.owner(int(word))
+                if uid is not None:
+                    servers[uid] = int(word)
+        return servers
+
+    def _control(self, command: str, timeout: float = START_TIMEOUT) -> str | None:
+        """One command through the daemon's control pipe; its answer, None when it failed."""
+        try:
+            res = subprocess.run(
+                [str(self.binary or CONTROL)],
+                env=self.environ,
+                input=f"{command}\n",
+                text=True,
+                capture_output=True,
+                timeout=timeout,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("MPS control %r failed: %s", command, e)
+            return None
+        return res.stdout
 
     def _dirs(self) -> tuple[str, str] | None:
         """The pipe and log directories, made where missing; None when one is unsafe."""
@@ -227,6 +490,7 @@ class MpsControl:
             return
         pipes, logs = dirs
         env = dict(self.environ, CUDA_MPS_PIPE_DIRECTORY=pipes, CUDA_MPS_LOG_DIRECTORY=logs)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # its ordinals are NVML's indices
         try:
             # Its output to a file, not a pipe: the daemon it forks could hold a pipe open.
             with open(os.path.join(logs, "mgpu-start.log"), "w") as out:
@@ -257,22 +521,11 @@ class MpsControl:
         return self.environ.get("CUDA_MPS_LOG_DIRECTORY") or default
 
     def _write_mark(self) -> None:
-        self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(self.jobs)))
+        self.mark.write_text("".join(f"{job_id}\n" for job_id in sorted(list(self.jobs))))
 
     def _stop(self) -> None:
-        env = dict(self.environ)
-        try:
-            subprocess.run(
-                [str(self.binary or CONTROL)],
-                env=env,
-                input="quit\n",
-                text=True,
-                capture_output=True,
-                timeout=START_TIMEOUT,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("could not stop the MPS control daemon: %s", e)
+        if self._control("quit") is None:
+            log.warning("could not stop the MPS control daemon")
             return
         self.mark.unlink(missing_ok=True)
         log.info("stopped the MPS control daemon: no shared job runs")

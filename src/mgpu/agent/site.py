@@ -34,7 +34,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,6 +97,9 @@ class Pending:
     msg: Launch
     task: asyncio.Task[None] | None = None
     cancelled: str | None = None
+    setup: Callable[[], None] | None = None
+    """Blocking work before the job's process starts, run in a thread (a shared job's MPS
+    server limits: JobHost.share_setup)."""
 
 
 class JobHost(Protocol):
@@ -114,6 +117,9 @@ class JobHost(Protocol):
     def run_as(self, msg: Launch) -> tuple[int, int, list[int]] | None:
         """uid, gid and groups the job of `msg` runs as (None: the agent's own); raises
         (a RuntimeError) when it may not run here."""
+
+    def share_setup(self, msg: Launch) -> Callable[[], None] | None:
+        """What must be done (blocking) before a shared job's process starts, or None."""
 
 
 class SiteHooks:
@@ -152,12 +158,13 @@ class SiteHooks:
         key = (msg.job_id, msg.epoch)
         if key in self.pending or self.launcher.find(*key) is not None:
             return True  # a duplicate of a launch being prepared or done
-        if not (msg.image or msg.prolog):
+        setup = self.host.share_setup(msg)
+        if not (msg.image or msg.prolog or setup is not None):
             return False
         for job_id, epoch in list(self.pending):
             if job_id == msg.job_id and epoch != msg.epoch:
                 self.cancel(job_id, epoch, "superseded")
-        pending = self.pending[key] = Pending(msg)
+        pending = self.pending[key] = Pending(msg, setup=setup)
         pending.task = asyncio.get_running_loop().create_task(self._prepare(pending))
         pending.task.add_done_callback(lambda task: self._prepared(pending, task))
         return True
@@ -193,6 +200,8 @@ class SiteHooks:
         msg = pending.msg
         key = (msg.job_id, msg.epoch)
         try:
+            if pending.setup is not None:  # off the event loop: MPS control may take seconds
+                await asyncio.to_thread(pending.setup)
             if msg.image and not await self._check_image(msg):
                 return
             if msg.image:
