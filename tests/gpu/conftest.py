@@ -4,6 +4,7 @@ fails or NVML does not start), so that `pytest` anywhere else stays green."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -34,4 +35,18 @@ def gpus() -> Iterator[RealCluster]:
         yield cluster
     finally:
         cluster.stop()
+        keep = os.environ.get("MGPU_GPU_LOGS")  # the master's, agent's and MPS logs, kept
+        if keep:
+            shutil.copytree(root, keep, dirs_exist_ok=True, ignore=_not_logs)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _not_logs(folder: str, names: list[str]) -> list[str]:
+    """For copytree: keep the *.log files and the MPS log directory, nothing else."""
+    return [
+        n
+        for n in names
+        if not n.endswith(".log")
+        and not n.startswith("mps-log")
+        and not os.path.isdir(os.path.join(folder, n))
+    ]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import BIN, LocalCluster, wait_for
+from mgpu.agent.mps import pipe_dir
 
 HERE = Path(__file__).resolve().parent
 CUDA = HERE / "cuda.py"
@@ -82,11 +83,16 @@ class RealCluster(LocalCluster):
         """Stop the cluster, and an MPS daemon its agent left running (a failed test)."""
         super().stop()
         pipes = self.root / "mps"
-        if (pipes / "control").exists() and shutil.which("nvidia-cuda-mps-control"):
+        if self.mps_running() and shutil.which("nvidia-cuda-mps-control"):
             env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipes))
             subprocess.run(
                 ["nvidia-cuda-mps-control"], input="quit\n", text=True, env=env, timeout=30
             )
+
+    def mps_running(self) -> bool:
+        """Whether the MPS daemon the agent starts (in this cluster's pipe directory) runs:
+        driver 580's leaves its control socket on disk when it quits, so ask it."""
+        return pipe_dir({"CUDA_MPS_PIPE_DIRECTORY": str(self.root / "mps")}) is not None
 
     def submit(self, *args: str) -> str:
         return self.cli("submit", *args, check=True).stdout.strip()

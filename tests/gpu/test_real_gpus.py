@@ -313,7 +313,7 @@ def test_two_half_shares_run_side_by_side(gpus: RealCluster) -> None:
         tel = gpus.gpu(gpu[0])["telemetry"]
         assert tel["shares_enforced"] is mps
         if mps:
-            assert (gpus.root / "mps" / "control").exists()  # the agent's daemon
+            assert gpus.mps_running()  # the agent's daemon
             assert all("over-limit refused" in o for o in outs), outs
         else:
             for j in jobs:
@@ -323,7 +323,7 @@ def test_two_half_shares_run_side_by_side(gpus: RealCluster) -> None:
         gpus.cancel(*jobs)
     if mps:
         wait_for(
-            lambda: not (gpus.root / "mps" / "control").exists(),
+            lambda: not gpus.mps_running(),
             timeout=SAMPLED + 15,
             what="the MPS daemon stopped after the shares",
         )
@@ -351,7 +351,7 @@ def test_a_share_that_unsets_its_limits_is_still_held_by_its_mps_server(
     assert "over-limit refused" in out, f"{out}\nthe agent on MPS:\n" + "\n".join(said)
     assert not [line for line in said if "MPS control" in line and "failed" in line], said
     wait_for(
-        lambda: not (gpus.root / "mps" / "control").exists(),
+        lambda: not gpus.mps_running(),
         timeout=SAMPLED + 15,
         what="the MPS daemon stopped after the share",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -86,6 +87,22 @@ def test_a_missing_log_directory_is_refused(tmp_path: Path) -> None:
     assert mps_env(SHARED, daemon_env(tmp_path)) == {}
 
 
+def test_a_daemon_listening_on_a_socket_is_found(tmp_path: Path) -> None:
+    """Driver 580's daemon (seen on an H200) makes `control` a Unix socket, not a FIFO: the
+    agent that looked for a FIFO started a second daemon, which failed, and ran every shared
+    job without MPS."""
+    pipes = tmp_path / "mps"
+    pipes.mkdir(mode=0o755)
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(pipes / "control"))
+        listening.listen(1)
+        assert pipe_dir(env) == pipes
+    # It quit: its socket stays on disk (as driver 580's does), and nothing answers there.
+    assert (pipes / "control").exists()
+    assert pipe_dir(env) is None
+
+
 def test_no_daemon_or_no_share_no_mps(tmp_path: Path) -> None:
     pipes = daemon(tmp_path)
     assert mps_env({"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}) == {}
@@ -123,6 +140,8 @@ case "$1" in
           fi ;;
     shutdown_server) echo "$command" >> "$log"
           grep -v "^$2\$" "$here/servers" > "$here/kept"; mv "$here/kept" "$here/servers" ;;
+    set_active_thread_percentage) echo "$command" >> "$log"
+          echo "$3.0" ;;  # driver 580's daemon echoes the percentage it set
     *) echo "$command" >> "$log" ;;
 esac
 """
@@ -178,7 +197,9 @@ LIMITED = [
 """The commands that start a user's server and hold it to SHARED's grant."""
 
 
-def test_the_agent_starts_mps_for_shared_jobs_and_stops_it_after(tmp_path: Path) -> None:
+def test_the_agent_starts_mps_for_shared_jobs_and_stops_it_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     env = fake_control(tmp_path)
     node_dir = tmp_path / "node"
     node_dir.mkdir()
@@ -206,6 +227,7 @@ def test_the_agent_starts_mps_for_shared_jobs_and_stops_it_after(tmp_path: Path)
     assert pipe_dir(env) is None and not (node_dir / mps.STARTED_MARK).exists()
     control.settle([], now)  # nothing left to stop
     assert len(calls(tmp_path)) == 9
+    assert "answered" not in caplog.text  # the percentage echoed back is not an error
 
 
 def test_a_job_launched_after_the_running_list_was_read_is_kept(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import threading
@@ -95,13 +96,28 @@ def pipe_dir(environ: Mapping[str, str] | None = None) -> Path | None:
         mode = (path / "control").stat().st_mode
     except OSError:
         return None
-    if not stat.S_ISFIFO(mode):
+    # A FIFO in older drivers' daemons; a Unix socket in driver 580's (seen on an H200),
+    # which stays on disk when the daemon quits: a socket counts only if it answers.
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
         return None
     why = unsafe(str(path))
     if why is not None:
         _refuse(f"MPS pipe directory {why}")
         return None
+    if stat.S_ISSOCK(mode) and not _listening(path / "control"):
+        return None
     return path
+
+
+def _listening(socket_path: Path) -> bool:
+    """Whether a daemon accepts connections on this Unix socket (a stale one refuses)."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
 
 
 def unsafe(path: str) -> str | None:
@@ -165,6 +181,14 @@ class Share:
     percent: int
     """Its share of the GPU's threads, in whole percent, rounded up (1..100)."""
     memory_mb: int | None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def share_of(job_env: Mapping[str, str], uid: int, device: str) -> Share | None:
@@ -397,8 +421,9 @@ class MpsControl:
         answer = self._control(command)
         if answer is None:
             return False
-        if answer.strip():
-            log.warning("MPS control %r answered: %s", command, answer.strip()[:200])
+        said = answer.strip()
+        if said and not _is_number(said):  # set_active_thread_percentage echoes its value
+            log.warning("MPS control %r answered: %s", command, said[:200])
             return False
         return True
 
