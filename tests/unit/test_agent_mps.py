@@ -94,13 +94,15 @@ def test_a_daemon_listening_on_a_socket_is_found(tmp_path: Path) -> None:
     pipes = tmp_path / "mps"
     pipes.mkdir(mode=0o755)
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
-    with socket.socket(socket.AF_UNIX) as listening:
-        listening.bind(str(pipes / "control"))
-        listening.listen(1)
-        assert pipe_dir(env) == pipes
-    # It quit: its socket stays on disk (as driver 580's does), and nothing answers there.
-    assert (pipes / "control").exists()
-    assert pipe_dir(env) is None
+    for kind in (socket.SOCK_SEQPACKET, socket.SOCK_STREAM):  # not only a stream socket
+        (pipes / "control").unlink(missing_ok=True)
+        with socket.socket(socket.AF_UNIX, kind) as listening:
+            listening.bind(str(pipes / "control"))
+            listening.listen(1)
+            assert pipe_dir(env) == pipes
+        # It quit: its socket stays on disk (as driver 580's does), and nothing answers.
+        assert (pipes / "control").exists()
+        assert pipe_dir(env) is None
 
 
 def test_no_daemon_or_no_share_no_mps(tmp_path: Path) -> None:

@@ -110,13 +110,17 @@ def pipe_dir(environ: Mapping[str, str] | None = None) -> Path | None:
 
 
 def _listening(socket_path: Path) -> bool:
-    """Whether a daemon accepts connections on this Unix socket (a stale one refuses)."""
+    """Whether a daemon still holds this Unix socket: a stale one (the daemon quit) refuses
+    a connection.  The daemon's socket need not be a stream one: a live socket of another
+    type answers EPROTOTYPE, which says as much."""
     with socket.socket(socket.AF_UNIX) as probe:
         probe.settimeout(1.0)
         try:
             probe.connect(str(socket_path))
-        except OSError:
+        except (ConnectionRefusedError, FileNotFoundError):
             return False
+        except OSError:
+            return True
     return True
 
 
