@@ -306,3 +306,12 @@ def test_open_store_says_what_is_wrong_in_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot reach the database") as gone:
         open_store(url, tmp_path)
     assert "hunter2" not in str(gone.value) and "\n" not in str(gone.value)
+
+
+def test_the_cluster_config_names_the_database(tmp_path: Path) -> None:
+    from mgpu.config import load_config
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text("database: postgresql://mgpu@db.example:5432/mgpu\n")
+    assert load_config(path).database == "postgresql://mgpu@db.example:5432/mgpu"
+    assert load_config(None).database is None

@@ -702,8 +702,15 @@ class PostgresStore(Store):
         return self._one(f"SELECT EXISTS ({union})") == (False,)
 
     def write_in_one(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """`work` in one fenced write transaction (an import; nothing else)."""
+        """`work` in one write transaction on the store's connection, after the fence's
+        check, run again on a new connection while the database is unreachable (so `work`
+        must be safe to run twice): an import, or rows kept beside the store's (output)."""
         return self._write(work)
+
+    def read_in_one(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """`work` (reads only) on the store's connection, run again on a new connection
+        while the database is unreachable."""
+        return self._run(work, write=False)
 
 
 _UPSERT_JOB = (
