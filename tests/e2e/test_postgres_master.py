@@ -9,6 +9,7 @@ from pathlib import Path
 from helpers import BIN, local_cluster
 from mgpu.client.api import Client
 from pgserver import PgServer, free_port
+from stores import durable
 
 
 def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url: str) -> None:
@@ -27,6 +28,19 @@ def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url:
         second = c.client().submit("true", gpus=0)
         assert int(second.id) == int(job.id) + 1  # the id counter went on
         assert c.client().wait(second.id, timeout=60)["state"] == "completed"
+
+
+def test_a_master_waits_out_a_restart_of_postgresql(
+    tmp_path: Path, pg_url: str, postgres: PgServer
+) -> None:
+    with local_cluster(tmp_path, agents=1, gpus=1, database=durable(pg_url)) as c:
+        before = c.client().submit("echo before", gpus=0)
+        assert c.client().wait(before.id, timeout=60)["state"] == "completed"
+        postgres.restart()
+        after = c.client().submit("echo after", gpus=0)  # the master reconnected
+        assert c.client().wait(after.id, timeout=60)["state"] == "completed"
+        assert c.client().logs(before.id) == "before\n" and c.client().logs(after.id) == "after\n"
+        assert c.master is not None and c.master.poll() is None
 
 
 def _master(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:
