@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -178,6 +179,9 @@ class PostgresStore(Store):
         self.where = describe(url)
         self.retry_for = retry_for
         self._conn: psycopg.Connection[Any] | None = None
+        self._reader: psycopg.Connection[Any] | None = None
+        """read_finished's connection, used from threads (under _reader_lock)."""
+        self._reader_lock = threading.Lock()
         try:
             self._conn = self._connect()
         except psycopg.Error as e:
@@ -237,6 +241,10 @@ class PostgresStore(Store):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     # ---- running statements -----------------------------------------------
 
@@ -482,7 +490,8 @@ class PostgresStore(Store):
         states: set[str] | None = None,
         limit: int | None = None,
     ) -> list[Job]:
-        """Through a connection of its own, opened for this read."""
+        """Through a connection of its own (kept for the next such read), one thread at
+        a time."""
         where = ["state NOT IN (%s, %s)", "end_time >= %s"]
         params: list[Any] = [*ACTIVE_STATES, since]
         if user:
@@ -495,13 +504,22 @@ class PostgresStore(Store):
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
-        try:
-            with self._connect() as conn:
-                return [self._job(r[0], conn) for r in conn.execute(sql, params).fetchall()]
-        except psycopg.OperationalError as e:
-            raise StoreUnavailable(
-                f"cannot read from the database {self.where}: {_first_line(e)}"
-            ) from None
+        with self._reader_lock:
+            for attempt in (1, 2):  # a connection the database dropped: once more, afresh
+                try:
+                    if self._reader is None or self._reader.closed or self._reader.broken:
+                        self._reader = self._connect()
+                    conn = self._reader
+                    return [self._job(r[0], conn) for r in conn.execute(sql, params).fetchall()]
+                except psycopg.OperationalError as e:
+                    if self._reader is not None:
+                        self._reader.close()
+                        self._reader = None
+                    if attempt == 2:
+                        raise StoreUnavailable(
+                            f"cannot read from the database {self.where}: {_first_line(e)}"
+                        ) from None
+        raise AssertionError("unreachable")
 
     def jobs_with_prefix(self, prefix: str) -> list[Job]:
         rows = self._all(
