@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 
 from factories import master_job
 from mgpu.master.security.auth import TokenStore
@@ -244,6 +245,25 @@ def test_a_deposed_leader_writes_nothing(pg_url: str, tmp_path: Path) -> None:
                 "(SELECT COUNT(*) FROM tokens), (SELECT COUNT(*) FROM node_secrets)"
             ).fetchone()
             assert rows == (1, 0, 0, 0, 0, 0)
+    finally:
+        store.close()
+
+
+def test_a_leaders_failed_write_leaves_its_connection_usable(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    try:
+        _lease(store.connection(), 1)
+        store.fence.generation = 1
+        with pytest.raises(psycopg.errors.NotNullViolation):  # an event without its kind
+            store.save_jobs([_ended("1")], event=(None, "a", None, "1"))  # type: ignore[arg-type]
+        assert store.connection().info.transaction_status == TransactionStatus.IDLE
+        store.save_jobs([_ended("2")], event=("submit", "a", None, "2"))
+        assert store.get_job("1") is None and store.get_job("2") is not None
+        _lease(store.connection(), 2)
+        with pytest.raises(Fenced):
+            store.record_events([("x", None, None, None, None)])
+        assert store.connection().info.transaction_status == TransactionStatus.IDLE
+        assert store.get_job("2") is not None  # reads go on
     finally:
         store.close()
 

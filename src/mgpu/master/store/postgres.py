@@ -15,6 +15,7 @@ A Fenced error is never retried.  The URL's password is never logged or shown.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -258,20 +259,25 @@ class PostgresStore(Store):
     # ---- running statements -----------------------------------------------
 
     def _run(
-        self, work: Callable[[psycopg.Connection[Any]], T], write: bool, one_query: bool = False
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        write: bool,
+        one_query: bool = False,
+        own_transaction: bool = False,
     ) -> T:
         """`work` on the connection (a write: in a transaction, after the fence's check),
         again on a new connection while the database is unreachable, up to retry_for.
         `one_query`: the write is one query (one statement, or several in one string),
         which PostgreSQL runs as one transaction of its own: while the fence has no
-        generation (one master), it goes without BEGIN and COMMIT, one round trip."""
+        generation (one master), it goes without BEGIN and COMMIT, one round trip.
+        `own_transaction`: `work` checks the fence and makes its transaction itself."""
         deadline: float | None = None
         pause = 0.05
         while True:
             conn: psycopg.Connection[Any] | None = None
             try:
                 conn = self.connection()
-                if not write:
+                if not write or own_transaction:
                     return work(conn)
                 if one_query and self.fence.generation is None and not self.fence.lost:
                     self.fence.check(conn)  # nothing to check: no lease
@@ -328,9 +334,22 @@ class PostgresStore(Store):
 
         def one(c: psycopg.Connection[Any]) -> None:
             with psycopg.ClientCursor(c) as cur:
-                cur.execute(";".join(cur.mogrify(sql, row) for sql, row in statements))
+                text = ";".join(cur.mogrify(sql, row) for sql, row in statements)
+                if self.fence.generation is None and not self.fence.lost:
+                    cur.execute(text)  # its own transaction: one round trip
+                    return
+                # Fenced: BEGIN, the fence's check, then the rows and the COMMIT together.
+                c.execute("BEGIN")
+                try:
+                    self.fence.check(c)
+                    cur.execute(text + ";COMMIT")
+                except BaseException:
+                    if not c.closed and not c.broken:
+                        with contextlib.suppress(psycopg.Error):
+                            c.execute("ROLLBACK")
+                    raise
 
-        self._write_one(one)
+        self._run(one, write=True, one_query=True, own_transaction=True)
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         return self._run(lambda c: c.execute(sql, params).fetchone(), write=False)
