@@ -559,14 +559,7 @@ class PostgresStore(Store):
     # ---- nodes and meta ---------------------------------------------------
 
     def save_node(self, node_id: str, record: dict[str, Any]) -> None:
-        text = json.dumps(record)
-        self._write_one(
-            lambda c: c.execute(
-                "INSERT INTO nodes(node_id, record) VALUES (%s, %s) "
-                "ON CONFLICT(node_id) DO UPDATE SET record=excluded.record",
-                (node_id, text),
-            )
-        )
+        self._write_rows([(_SAVE_NODE, [(node_id, json.dumps(record))])])
 
     def delete_node(self, node_id: str) -> None:
         self._write_one(lambda c: c.execute("DELETE FROM nodes WHERE node_id=%s", (node_id,)))
@@ -579,7 +572,7 @@ class PostgresStore(Store):
         return None if row is None else str(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
-        self._write_one(lambda c: c.execute(_SET_META, (key, value)))
+        self._write_rows([(_SET_META, [(key, value)])])
 
     # ---- audit events -----------------------------------------------------
 
@@ -591,8 +584,7 @@ class PostgresStore(Store):
         target: str | None = None,
         detail: str | None = None,
     ) -> None:
-        row = (time.time(), kind, actor, address, target, detail)
-        self._write_one(lambda c: c.execute(_EVENT, row))
+        self._write_rows([(_EVENT, [(time.time(), kind, actor, address, target, detail)])])
 
     def record_events(
         self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
@@ -800,6 +792,10 @@ _UPSERT_JOB = (
     'INSERT INTO jobs(id, seq, state, "user", submit_time, end_time, record) '
     "VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT(id) DO UPDATE SET "
     "state=excluded.state, end_time=excluded.end_time, record=excluded.record"
+)
+_SAVE_NODE = (
+    "INSERT INTO nodes(node_id, record) VALUES (%s, %s) "
+    "ON CONFLICT(node_id) DO UPDATE SET record=excluded.record"
 )
 _SET_META = (
     "INSERT INTO meta(key, value) VALUES (%s, %s) "
