@@ -15,15 +15,23 @@ def make_harness(
 ) -> Iterator[Callable[..., Harness]]:
     """Harnesses with a given cluster config (closed at the end of the test).
     MGPU_TEST_STORE=postgres: each on a PostgreSQL database of its own (tests/pgserver.py),
-    to run the controller's tests on the other store."""
+    to run the controller's tests on the other store; postgres-fenced: as a leader whose
+    every write checks the lease (store/fence.py)."""
     made: list[Harness] = []
 
     def make(config: dict[str, Any] | None = None) -> Harness:
         store = None
-        if os.environ.get("MGPU_TEST_STORE") == "postgres":
+        kind = os.environ.get("MGPU_TEST_STORE", "sqlite")
+        if kind in ("postgres", "postgres-fenced"):
             from mgpu.master.store.postgres import PostgresStore
 
             store = PostgresStore(request.getfixturevalue("postgres").create_database())
+            if kind == "postgres-fenced":  # as a leader: every write checks the lease
+                store.connection().execute(
+                    "INSERT INTO mgpu_lease(id, generation, holder, expires_at) "
+                    "VALUES (1, 1, 'test', now())"
+                )
+                store.fence.generation = 1
         made.append(Harness(tmp_path / f"h{len(made)}", config, store=store))
         return made[-1]
 

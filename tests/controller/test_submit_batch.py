@@ -15,7 +15,7 @@ from mgpu.master.control.cluster import Cluster
 from mgpu.master.control.submit import JobSpec
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("MGPU_TEST_STORE") == "postgres",
+    os.environ.get("MGPU_TEST_STORE", "sqlite") != "sqlite",
     reason="watches SQLite's own commits and triggers (the store's tests cover PostgreSQL)",
 )
 
