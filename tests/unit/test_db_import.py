@@ -4,6 +4,7 @@ with the hooks that copy the rest."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from mgpu.master.store.dbimport import import_state
 from mgpu.master.store.postgres import PostgresStore
 from mgpu.master.store.sqlite import SqliteStore
 from mgpu.model import JobState
+from stores import OLD_SCHEMA
 
 
 def _sqlite_state(state_dir: Path) -> dict[str, Any]:
@@ -102,6 +104,28 @@ def test_an_import_is_all_or_nothing(tmp_path: Path, pg_url: str) -> None:
     finally:
         store.close()
     assert import_state(tmp_path, pg_url, hooks=[])["jobs"] == 2  # and then it goes in
+
+
+def test_a_state_dir_of_an_older_mgpu_imports(tmp_path: Path, pg_url: str) -> None:
+    old = sqlite3.connect(tmp_path / "mgpu.db", isolation_level=None)
+    old.executescript(OLD_SCHEMA)  # no schema version, tokens without their grant columns
+    old.execute("INSERT INTO tokens VALUES ('t1', 'alice', 1, 'user', 'h1', 1.0, NULL)")
+    old.execute("INSERT INTO meta VALUES ('last_job_id', '41')")
+    old.close()
+    counts = import_state(tmp_path, pg_url, hooks=[])
+    assert counts["tokens"] == 1 and counts["meta"] == 1 and counts["jobs"] == 0
+    store = PostgresStore(pg_url)
+    try:
+        assert store.token_by_hash("h1", "user") == ("t1", "alice", 1, "h1", 0, 0)
+        assert store.new_job_id() == "42"
+    finally:
+        store.close()
+    check = sqlite3.connect(tmp_path / "mgpu.db")
+    try:  # still without a version: the import migrated a copy
+        names = {r[0] for r in check.execute("SELECT name FROM sqlite_master")}
+        assert "schema_version" not in names
+    finally:
+        check.close()
 
 
 def test_a_state_dir_without_a_store_is_one_sentence(tmp_path: Path, pg_url: str) -> None:

@@ -27,66 +27,7 @@ from mgpu.model import JobState
 from mgpu.testing import wait_for
 from mgpu.tokens import hash_secret
 from pgserver import PgServer, free_port
-from stores import Backend, durable
-
-OLD_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    user TEXT NOT NULL,
-    submit_time REAL NOT NULL,
-    end_time REAL,
-    record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
-CREATE TABLE IF NOT EXISTS arrays (
-    id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    active INTEGER NOT NULL,
-    indices TEXT NOT NULL,
-    max_running INTEGER,
-    record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    node_id TEXT PRIMARY KEY,
-    record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    name TEXT PRIMARY KEY,
-    record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL,
-    kind TEXT NOT NULL,
-    actor TEXT,
-    address TEXT,
-    target TEXT,
-    detail TEXT
-);
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    user TEXT NOT NULL,
-    admin INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    hash TEXT NOT NULL UNIQUE,
-    created REAL NOT NULL,
-    revoked REAL
-);
-CREATE TABLE IF NOT EXISTS node_secrets (
-    node_id TEXT PRIMARY KEY,
-    hash TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
-"""The store's and the tokens' and node secrets' SCHEMA strings as mgpu wrote them before
-the schema had a version (the tokens' first release: no grant columns)."""
+from stores import OLD_SCHEMA, Backend, durable
 
 
 def _ended(job_id: str, end: float = 10.0) -> object:
