@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,12 +10,29 @@ from harness import Harness
 
 
 @pytest.fixture
-def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    """Harnesses with a given cluster config (closed at the end of the test)."""
+def make_harness(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Harness]]:
+    """Harnesses with a given cluster config (closed at the end of the test).
+    MGPU_TEST_STORE=postgres: each on a PostgreSQL database of its own (tests/pgserver.py),
+    to run the controller's tests on the other store; postgres-fenced: as a leader whose
+    every write checks the lease (store/fence.py)."""
     made: list[Harness] = []
 
     def make(config: dict[str, Any] | None = None) -> Harness:
-        made.append(Harness(tmp_path / f"h{len(made)}", config))
+        store = None
+        kind = os.environ.get("MGPU_TEST_STORE", "sqlite")
+        if kind in ("postgres", "postgres-fenced"):
+            from mgpu.master.store.postgres import PostgresStore
+
+            store = PostgresStore(request.getfixturevalue("postgres").create_database())
+            if kind == "postgres-fenced":  # as a leader: every write checks the lease
+                store.connection().execute(
+                    "INSERT INTO mgpu_lease(id, generation, holder, expires_at) "
+                    "VALUES (1, 1, 'test', now())"
+                )
+                store.fence.generation = 1
+        made.append(Harness(tmp_path / f"h{len(made)}", config, store=store))
         return made[-1]
 
     yield make

@@ -19,6 +19,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 
     from mgpu.config import ConfigError
     from mgpu.master.server import default_state_dir, run_master
+    from mgpu.master.store.base import StoreError
 
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     if args.print_systemd_unit:
@@ -34,9 +35,34 @@ def cmd_master(args: argparse.Namespace) -> int:
             args.config,
             args.verbose,
             tls=True if args.tls else (False if args.insecure else None),
+            database=args.database,
         )
-    except ConfigError as e:
+    except (ConfigError, StoreError) as e:
         fail(str(e))
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    """`mgpu db import STATE_DIR --database URL`: a SQLite master's state into PostgreSQL."""
+    from pathlib import Path
+
+    from mgpu.master.store.base import StoreError
+
+    if not args.database:
+        raise UsageError("mgpu db import needs --database postgresql://USER@HOST:PORT/DB")
+    if not args.database.startswith(("postgresql://", "postgres://")):
+        from mgpu.master.store.base import hide_password
+
+        fail(f"--database {hide_password(args.database)} is not a PostgreSQL URL")
+    from mgpu.master.store.dbimport import import_state
+    from mgpu.master.store.postgres import describe
+
+    try:
+        counts = import_state(Path(args.state_dir).expanduser(), args.database)
+    except StoreError as e:
+        fail(str(e))
+    shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
+    print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
     return 0
 
 
@@ -176,11 +202,24 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("--port", dest="port", type=int, help="port (default 8080)")
     s.add_argument("--config", help="cluster_config.yaml")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument(
+        "--database",
+        metavar="URL",
+        help="keep the state in PostgreSQL (postgresql://USER@HOST:PORT/DB; default: SQLite "
+        "in the state dir; also `database:` in the config)",
+    )
     s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
     s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
     s.add_argument("--verbose", "-v", action="store_true")
     s.add_argument(
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
+
+    s = add("db", cmd_db, "the master's database: `db import STATE_DIR --database URL`")
+    s.add_argument("action", choices=["import"], help="import: a SQLite state dir into PostgreSQL")
+    s.add_argument("state_dir", metavar="STATE_DIR", help="the state dir of a master on SQLite")
+    s.add_argument(
+        "--database", metavar="URL", help="an empty PostgreSQL database: postgresql://USER@HOST/DB"
     )
 
     s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")
