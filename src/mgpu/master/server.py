@@ -12,6 +12,8 @@ from typing import Any
 from mgpu import logredact
 from mgpu.config import ClusterConfig, load_config
 from mgpu.master.ha.leadership import Leadership, LeaseTiming, advertised_address
+from mgpu.master.store import SCHEMES
+from mgpu.master.store.base import hide_password
 
 
 def default_state_dir() -> Path:
@@ -114,14 +116,9 @@ def _leadership(
 ) -> Leadership:
     """A master of several on one database: the cluster's identity loaded (or stored, by
     the first master), and its part in the election, not started yet."""
-    from mgpu.errors import MgpuError
     from mgpu.master.ha.identity import load_identity, read_secret
     from mgpu.master.store.fence import Fence
 
-    if not database.startswith(("postgresql://", "postgres://")):
-        raise MgpuError(
-            f"--database takes a PostgreSQL URL (postgresql://USER@HOST:PORT/DB), not {database!r}"
-        )
     load_identity(state_dir, database, read_secret(secret_file))
     ha = config.ha
     timing = LeaseTiming(ttl=ha.lease_ttl, renew=ha.renew_interval, retry=ha.retry_interval)
@@ -153,16 +150,19 @@ def run_master(
 
     setup_logging(verbose)
     config: ClusterConfig = load_config(config_path)
+    if database:
+        config.database = database
     host = host or (config.cluster.master.host if config_path else "127.0.0.1")
     port = port or (config.cluster.master.port if config_path else 8080)
     secure_state_dir(state_dir)
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
     first_start = not (state_dir / "join-token").exists()
-    database = database or getattr(config, "database", None)
     leadership = None
-    if database:
-        leadership = _leadership(state_dir, config, database, cluster_secret_file, host, port)
+    if config.database and config.database.startswith(SCHEMES):
+        leadership = _leadership(
+            state_dir, config, config.database, cluster_secret_file, host, port
+        )
         leadership.address = advertised_address(host, port, advertise)
     from mgpu.credentials import is_loopback
 
@@ -190,9 +190,25 @@ def run_master(
             fds,
         )
     limits = ConnectionLimits(master_conf.header_timeout, master_conf.connections_per_address)
-    app = create_app(state_dir, config, announce=(host, port, first_start), leadership=leadership)
+    if leadership is None:
+        from mgpu.master.store import open_store
+
+        store = open_store(config.database, state_dir)
+    else:
+        store = None  # opened when it leads: what it loads is the state then
+    app = create_app(
+        state_dir,
+        config,
+        announce=(host, port, first_start),
+        leadership=leadership,
+        store=store,
+    )
     log.info(
-        "mgpu master on %s://%s:%d, state in %s", "https" if tls else "http", host, port, state_dir
+        "mgpu master on %s://%s:%d, state in %s",
+        "https" if tls else "http",
+        host,
+        port,
+        hide_password(config.database) if config.database else state_dir,
     )
     uvicorn.run(
         app,

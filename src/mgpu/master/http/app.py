@@ -46,9 +46,10 @@ from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
-from mgpu.master.store.fence import Fence, Fenced
+from mgpu.master.store import open_store
+from mgpu.master.store.base import Store
+from mgpu.master.store.fence import Fenced
 from mgpu.master.store.outputs import OutputStore
-from mgpu.master.store.sqlite import Store
 from mgpu.tlsutil import ensure_ca
 
 __all__ = ["create_app", "open_cluster"]
@@ -70,32 +71,22 @@ ROUTERS: tuple[APIRouter, ...] = (
 )
 
 
-def open_cluster(
-    state_dir: Path, config: ClusterConfig, database: str | None = None, fence: Fence | None = None
-) -> Cluster:
-    """The controller over the state dir: its store, tokens (made at first start), output
-    and node secrets; the cluster CA is made here too, at start, if it is not there yet.
-    `database`: the shared PostgreSQL database, every write of which `fence` checks."""
+def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = None) -> Cluster:
+    """The controller over the state dir: its store (`store`, else the one `config.database`
+    names: SQLite in the state dir by default), tokens (made at first start), output and
+    node secrets; the cluster CA is made here too, at start, if it is not there yet."""
     fingerprint = ensure_ca(state_dir)
-    store = _open_store(state_dir, database, fence)
+    if store is None:
+        store = open_store(config.database, state_dir)
     owner = getpass.getuser()
-    tokens = TokenStore(store.db, state_dir, fingerprint)
+    tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
     outputs = OutputStore(state_dir / "output")
-    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
     gcpause.watch()
     gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it
     return cluster
-
-
-def _open_store(state_dir: Path, database: str | None, fence: Fence | None) -> Store:
-    """The state's store: SQLite in the state dir, or the shared database."""
-    # Until the PostgreSQL store is merged (helper `store`: open_store(database, state_dir)
-    # with the fence), a master of a shared database keeps its jobs in its own state dir:
-    # the election, the fence and the standby edge work; the state does not move.
-    del database, fence
-    return Store(state_dir / "mgpu.db")
 
 
 def create_app(
@@ -103,9 +94,12 @@ def create_app(
     config: ClusterConfig,
     announce: tuple[str, int, bool] | None = None,
     leadership: Leadership | None = None,
+    store: Store | None = None,
 ) -> FastAPI:
-    """`leadership`: this master is one of several on a shared database (master/ha): it
-    stands by, and opens the cluster once it takes the lease."""
+    """The master's app; `store`: opened already (`mgpu master` opens it before serving,
+    so that a database it cannot use is one line at start), else opened at startup;
+    `leadership`: this master is one of several on a shared database (master/ha): it
+    stands by, and opens the cluster from the database once it takes the lease."""
 
     def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
@@ -124,7 +118,7 @@ def create_app(
             async with _stand_by(app, state_dir, config, leadership, edge.flush):
                 yield
             return
-        cluster = open_cluster(state_dir, config)
+        cluster = open_cluster(state_dir, config, store)
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])
@@ -203,9 +197,9 @@ async def _stand_by(
     async def lead() -> None:
         await took.wait()
         try:
-            cluster = open_cluster(
-                state_dir, config, database=leadership.database, fence=leadership.fence
-            )
+            store = open_store(leadership.database, state_dir)
+            store.fence = leadership.fence  # every write: only while this lease is its own
+            cluster = open_cluster(state_dir, config, store)
         except Exception as e:
             log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
             logging.shutdown()
