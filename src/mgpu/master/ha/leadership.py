@@ -115,7 +115,12 @@ class Leadership:
     def may_send(self) -> bool:
         """Whether this master may send agents anything now: it leads and its lease, by
         its own monotonic clock, has not run out."""
-        return self.leading and self.lost is None and time.monotonic() < self._deadline
+        return (
+            self.leading
+            and self.lost is None
+            and not self.fence.lost  # a write was refused: another master leads
+            and time.monotonic() < self._deadline
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mgpu-lease", daemon=True)
