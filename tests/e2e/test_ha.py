@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from helpers import BIN, LocalCluster, wait_for
+from mgpu.agent.options import AgentOptions
 from mgpu.master.ha.leadership import EXIT_DEPOSED
 from mgpu.testing import kill_leftover_jobs
 
@@ -233,3 +234,44 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
     token = (a.cluster.state_dir / "admin-token").read_text().strip()
     status, _, body = b.get(f"/api/jobs/{running.id}", token)
     assert status == 200 and body["state"] == "running"  # the new leader keeps it running
+
+
+@pytest.mark.skipif(
+    not hasattr(AgentOptions, "addresses"), reason="the agent dials one master (helper multiaddr)"
+)
+def test_a_running_job_goes_on_through_a_kill_9_of_the_leader(masters: Any) -> None:
+    """The agent dials both masters: when the leader dies, it says hello to the new one,
+    which takes its report within the grace: the job is neither killed, nor failed, nor
+    run twice, and the node is never marked down."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.cluster._load_tokens()
+    b.cluster._load_tokens()
+    a.cluster.start_agent("n1", gpus=2, extra=["--master-host", f"{a.address},{b.address}"])
+    script = "for i in $(seq 1 40); do echo line $i; sleep 0.2; done"
+    job = a.cluster.client().submit(script, gpus=1)
+    wait_for(lambda: a.cluster.client().show(job.id)["state"] == "running", what="running")
+    time.sleep(1.0)  # a few lines out
+
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
+    assert time.monotonic() - killed < 5
+    client = b.cluster.client()
+    wait_for(
+        lambda: any(n["node_id"] == "n1" and n["connected"] for n in client.nodes()),
+        timeout=30,
+        what="the agent to find the new leader",
+    )
+    shown = client.show(job.id)
+    assert shown["state"] == "running", shown
+    done = client.wait(job.id, timeout=60)
+    assert done["state"] == "completed" and done["exit_code"] == 0, done
+    shown = client.show(job.id)
+    assert shown["restart_count"] == 0 and len(shown["attempts"]) == 1, shown  # ran once
+    assert "line 40" in client.logs(job.id)
+    nodes = {n["node_id"]: n for n in client.nodes()}
+    assert nodes["n1"]["state"] == "online"
+    assert "lost" not in b.log()
