@@ -19,10 +19,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from websockets.sync.client import connect
 
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.agent.options import AgentOptions
 from mgpu.master.ha.leadership import EXIT_DEPOSED
+from mgpu.protocol import Hello
 from mgpu.testing import kill_leftover_jobs
 
 SECRET = "correct horse battery staple, forty bytes"
@@ -130,6 +132,14 @@ def test_two_masters_elect_one_leader_and_the_standby_points_at_it(masters: Any)
     assert res.status == 503
     assert json.loads(res.read())["leader"] == a.address
     conn.close()
+
+    # The leader's Welcome carries its lease generation (agents refuse older leaders).
+    join = (a.cluster.state_dir / "join-token").read_text().strip()
+    hello = Hello(node_id="probe", hostname="probe", ip="127.0.0.1", gpus=[], token=join)
+    with connect(f"ws://{a.address}/api/agent", open_timeout=10) as ws:
+        ws.send(hello.model_dump_json())
+        welcome = json.loads(ws.recv(timeout=10))
+    assert welcome["type"] == "welcome" and welcome["generation"] == 1
 
     # One identity: the same CA and tokens in both state dirs.
     for name in ("ca.crt", "ca.key", "join-token", "admin-token"):

@@ -157,6 +157,13 @@ class Leadership:
             connect_timeout=max(1, round(timeout)),
             options=f"-c statement_timeout={int(timeout * 1000)}",
             application_name="mgpu lease",
+            # A network cut must not hang the loop for TCP's minutes: a dead peer is
+            # found within seconds, and a send unacknowledged for `timeout` fails.
+            keepalives=1,
+            keepalives_idle=max(1, round(timeout)),
+            keepalives_interval=1,
+            keepalives_count=2,
+            tcp_user_timeout=int(timeout * 1000),
         )
 
     def _run(self) -> None:
