@@ -169,6 +169,19 @@ def test_the_standby_leads_within_5_s_of_a_kill_9(masters: Any) -> None:
     assert b.get("/api/nodes", token)[0] == 200
 
 
+def test_a_leader_stopped_cleanly_hands_over_at_once(masters: Any) -> None:
+    """SIGTERM: the leader writes its last, then gives the lease up; the standby need not
+    wait for the TTL."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn raises it again
+    assert "lease released" in a.log()
+    wait_for(b.leads, timeout=5, interval=0.05, what="the standby to lead")
+
+
 def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
     a = masters.start("a")
     wait_for(a.leads, timeout=30, what="the first master to lead")
