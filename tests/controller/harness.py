@@ -24,7 +24,7 @@ from mgpu.master.control.submit import JobSpec
 from mgpu.master.security.auth import TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.state.registry import AgentLink
-from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.outputs import FileOutputStore
 from mgpu.master.store.sqlite import MEMORY, Store
 from mgpu.model import Job
 from mgpu.protocol import (
@@ -205,7 +205,7 @@ class Harness:
         self.config = ClusterConfig.model_validate(config or {})
         self.clock = FakeClock()
         self.store = store or Store(MEMORY)
-        self.outputs = OutputStore(root / "output")
+        self.outputs = FileOutputStore(root / "output")
         self.agents: dict[str, FakeAgent] = {}
         self.cl = self._controller()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mgpu.master.store.outputs import ALL_SENT, OutputStore
+from mgpu.master.store.outputs import ALL_SENT, FileOutputStore
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -16,7 +16,7 @@ def _lines(path: Path) -> list[dict[str, object]]:
 def test_an_append_is_in_the_file_when_it_returns(tmp_path: Path) -> None:
     """No buffer in the master: what was appended is there for a reader (and for a master
     killed right after), each record a whole line, in the order appended."""
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     try:
         store.append("j1", "o", "one\n", "n1", epoch=1, end=4)
         assert _lines(tmp_path / "j1.jsonl") == [
@@ -33,7 +33,7 @@ def test_an_append_is_in_the_file_when_it_returns(tmp_path: Path) -> None:
 
 def test_a_file_reopened_after_its_close_keeps_what_it_had(tmp_path: Path) -> None:
     """A requeued job's next run (or a late notice) appends after the earlier records."""
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     try:
         store.append("j", "o", "first run\n", "n1", epoch=1, end=10)
         store.close("j")
@@ -48,7 +48,7 @@ def test_the_first_append_after_a_crash_drops_a_cut_last_line(tmp_path: Path) ->
     append (with no read of the file before it) starts on a line of its own."""
     whole = b'{"s":"o","d":"kept\\n","n":"n1","ep":1,"at":5}\n'
     (tmp_path / "j.jsonl").write_bytes(whole + b'{"s":"o","d":"cut sh')
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     try:
         store.append("j", "o", "resent\n", "n1", epoch=1, end=12)
         assert [r["d"] for r in store.read("j")] == ["kept\n", "resent\n"]
@@ -60,7 +60,7 @@ def test_the_first_append_after_a_crash_drops_a_cut_last_line(tmp_path: Path) ->
 def test_a_job_past_its_cap_stores_a_marker_and_drops_the_rest(tmp_path: Path) -> None:
     """The record that crosses the cap is cut to end within it, one marker follows on
     stderr, and nothing more is stored for the job: notes, later runs, resends."""
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     store.cap = 1024
     path = tmp_path / "j.jsonl"
     try:
@@ -88,7 +88,7 @@ def test_a_job_past_its_cap_stores_a_marker_and_drops_the_rest(tmp_path: Path) -
 
 def test_a_cut_never_splits_an_escape(tmp_path: Path) -> None:
     """Text whose characters take up to 12 bytes each in the file is cut between them."""
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     store.cap = 300
     try:
         text = '\U0001f600\u00e9"\x01' * 100
@@ -103,7 +103,7 @@ def test_a_cut_never_splits_an_escape(tmp_path: Path) -> None:
 
 
 def test_a_record_that_does_not_fit_at_all_leaves_only_the_marker(tmp_path: Path) -> None:
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     store.cap = 60
     try:
         store.append("j", "o", "ab\n", "n1", epoch=1, end=3)  # 44 bytes: 16 left
@@ -116,14 +116,14 @@ def test_a_record_that_does_not_fit_at_all_leaves_only_the_marker(tmp_path: Path
 def test_a_restarted_master_counts_the_file_it_finds(tmp_path: Path) -> None:
     """The count is the file's size, read at the first append after a restart: a full
     file stays full (no second marker), a file below the cap fills up to it."""
-    first = OutputStore(tmp_path)
+    first = FileOutputStore(tmp_path)
     first.cap = 1024
     first.append("full", "o", "z" * 2000, "n1", epoch=1, end=2000)
     first.append("half", "o", "h" * 500, "n1", epoch=1, end=500)
     first.close_all()
     full = (tmp_path / "full.jsonl").read_bytes()
 
-    second = OutputStore(tmp_path)
+    second = FileOutputStore(tmp_path)
     second.cap = 1024
     try:
         # Nothing more is wanted of a full file's run: the agent is told it has it all.
@@ -139,11 +139,11 @@ def test_a_restarted_master_counts_the_file_it_finds(tmp_path: Path) -> None:
 
 
 def test_a_lowered_cap_marks_a_file_already_past_it_once(tmp_path: Path) -> None:
-    first = OutputStore(tmp_path)
+    first = FileOutputStore(tmp_path)
     first.append("j", "o", "w" * 3000, "n1", epoch=1, end=3000)  # no cap
     first.close_all()
 
-    second = OutputStore(tmp_path)
+    second = FileOutputStore(tmp_path)
     second.cap = 1024
     try:
         second.append("j", "o", "more", "n1", epoch=1, end=3004)

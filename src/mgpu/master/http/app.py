@@ -41,7 +41,7 @@ from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
-from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.outputs import FileOutputStore
 from mgpu.master.store.sqlite import Store
 from mgpu.tlsutil import ensure_ca
 
@@ -72,7 +72,7 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
     owner = getpass.getuser()
     tokens = TokenStore(store.db, state_dir, fingerprint)
     tokens.bootstrap(owner)
-    outputs = OutputStore(state_dir / "output")
+    outputs = FileOutputStore(state_dir / "output")
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
     gcpause.watch()
     gcpause.tune()
