@@ -29,6 +29,7 @@ may be written again.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -66,6 +67,8 @@ BATCH_ROWS = 20000
 """Rows one transaction writes at most (a buffer grown during an outage goes in parts)."""
 PAGE = 256
 """Rows a reader fetches per query: its memory, whatever the job's size."""
+LEFT_KEPT = 10000
+"""Departures from memory remembered (older ones: readers of those jobs ask again)."""
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
 
@@ -90,7 +93,11 @@ SCHEMA = (
 )
 """The output tables (created if missing; a line is ASCII: JSON escapes the rest)."""
 
-_INSERT = "INSERT INTO job_output (job_id, n, line) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+_STAGE = (
+    "CREATE TEMPORARY TABLE IF NOT EXISTS job_output_stage "
+    "(LIKE job_output INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_FROM_STAGE = "INSERT INTO job_output SELECT * FROM job_output_stage ON CONFLICT DO NOTHING"
 _SIZE = (
     "INSERT INTO job_output_size (job_id, records, bytes, marked) VALUES (%s, %s, %s, %s) "
     "ON CONFLICT (job_id) DO UPDATE SET records = excluded.records, bytes = excluded.bytes, "
@@ -140,9 +147,15 @@ class _Batch:
 
 
 class PgOutputReader(OutputReader):
-    """Stored rows from record `start` on, a page at a time, then the master's buffer."""
+    """Stored rows from record `start` on, a page at a time, then the master's buffer.
 
-    _DB = b"db"  # a marker step() returns internally: the next records are in the database
+    Rows reach the table only from this master's buffers (one leader writes), and a job
+    leaves memory only once its rows are stored: so a job not in memory, whose rows were
+    read to their end and which has not left memory since, has nothing new.  That end is
+    found without the database, with no await before the return, as the file reader
+    finds it (a follower then looks whether the job ended)."""
+
+    _DB = b"db"  # what _local returns when the next records are in the database
 
     def __init__(self, store: PgOutputStore, job_id: str, start: int, end: int | None) -> None:
         self.store = store
@@ -150,6 +163,8 @@ class PgOutputReader(OutputReader):
         self._pos = start
         self._end = end
         self._rows: deque[str] = deque()
+        self._read_out: tuple[int, int] | None = None
+        """(position, the job's stamp: store._left_at) when the table had nothing more."""
 
     def _local(self, limit: int) -> bytes | None:
         """Records from fetched rows or the buffer; None at the end; _DB: fetch rows."""
@@ -164,6 +179,8 @@ class PgOutputReader(OutputReader):
         else:
             buffered = self.store._buffered(self.job_id, self._pos, limit, self._end)
             if buffered is None:
+                if self._read_out == (self._pos, self.store._left_at(self.job_id)):
+                    return None  # read to the table's end, and nothing stored since
                 return self._DB
             lines = buffered
             if not lines:
@@ -171,35 +188,25 @@ class PgOutputReader(OutputReader):
         self._pos += len(lines)
         return ("\n".join(lines) + "\n").encode()
 
-    def _fetch(self) -> bool:
-        """A page of rows from the database; whether there was any."""
+    def _fetch(self, stamp: int) -> None:
+        """A page of rows from the database (`stamp`: the job's, taken before)."""
         rows = self.store._page(self.job_id, self._pos, self._end)
         self._rows.extend(rows)
-        return bool(rows)
+        if not rows:
+            self._read_out = (self._pos, stamp)
 
     def step(self, limit: int = CHUNK) -> bytes | None:
-        while True:
-            got = self._local(limit)
-            if got is not self._DB:
-                return got
-            removals = self.store._removals
-            if not self._fetch() and removals == self.store._removals:
-                return None
+        while (got := self._local(limit)) is self._DB:
+            self._fetch(self.store._left_at(self.job_id))
+        return got
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """As OutputReader's, the database read in a worker thread; the end is found in
-        memory, with no await between it and the return."""
+        """As OutputReader's, pages of rows read in a worker thread."""
         while True:
             got = self._local(CHUNK)
             if got is self._DB:
-                removals = self.store._removals
-                if await asyncio.to_thread(self._fetch):
-                    continue
-                got = self._local(CHUNK)  # appended meanwhile?
-                if got is self._DB:
-                    if removals != self.store._removals:
-                        continue  # a job's buffer was written and let go meanwhile: ask again
-                    return
+                await asyncio.to_thread(self._fetch, self.store._left_at(self.job_id))
+                continue
             if got is None:
                 return
             yield got
@@ -224,8 +231,12 @@ class PgOutputStore(OutputStore):
         """One writer at a time on the write connection (a flush, a delete)."""
         self._conns: dict[str, psycopg.Connection[Any]] = {}
         self._conn_lock = threading.Lock()
-        self._removals = 0
-        """Jobs let go from memory so far (a reader that raced one asks the database again)."""
+        self._stamp = 0
+        self._left: dict[str, int] = {}
+        """When recent jobs left memory (a stamp counting departures): a reader that
+        found a job's rows at their end reads again only if the job left since."""
+        self._pruned = 0
+        """The last stamp dropped from _left (the stamp of every job not in it)."""
         self._waiting: list[
             tuple[dict[str, int], asyncio.AbstractEventLoop | None, Callable[[], None]]
         ]
@@ -286,13 +297,18 @@ class PgOutputStore(OutputStore):
         if epoch is not None and end is not None:
             rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
             run = (epoch, node_id, stream)
-        job = self._open(job_id, node_id)
+        try:
+            job = self._open(job_id, node_id)
+        except Exception:
+            self._have.pop(job_id, None)  # accept counted this chunk: not stored after all
+            raise
         if job.full:
             return
         lines, full = self._bounded(job.bytes, rec, node_id, job.owner)
         with self._lock:
             for line in lines.rstrip(b"\n").split(b"\n"):  # the record (maybe cut), a marker
                 self._add(job_id, job, line, run, end or 0)
+            job.marked = full  # a full job's last line is its marker
             job.full = job.full or full
         self._wake(job_id)
 
@@ -303,7 +319,6 @@ class PgOutputStore(OutputStore):
         job.buf.append((line.decode("ascii"), run, at))
         job.records += 1
         job.bytes += len(line) + 1
-        job.marked = is_marker(line)
         self._dirty.add(job_id)
         if len(job.buf) == FLUSH_RECORDS:
             self._kick.set()
@@ -331,6 +346,7 @@ class PgOutputStore(OutputStore):
             self._jobs[job_id] = job
             if full and not marked:
                 self._add(job_id, job, self._marker(node_id, True).rstrip(b"\n"), None, 0)
+                job.marked = True
         return job
 
     def close(self, job_id: str) -> None:
@@ -348,7 +364,17 @@ class PgOutputStore(OutputStore):
     def _let_go(self, job_id: str) -> None:
         """A closed job whose records are all stored leaves memory (under the lock)."""
         del self._jobs[job_id]
-        self._removals += 1
+        self._stamp += 1
+        self._left.pop(job_id, None)  # to the end: the oldest departures are dropped first
+        self._left[job_id] = self._stamp
+        if len(self._left) > LEFT_KEPT:
+            for old in list(itertools.islice(self._left, LEFT_KEPT // 2)):
+                self._pruned = max(self._pruned, self._left.pop(old))
+
+    def _left_at(self, job_id: str) -> int:
+        """The job's last departure from memory, or a later stamp (see PgOutputReader)."""
+        with self._lock:
+            return self._left.get(job_id, self._pruned)
 
     def when_stored(self, then: Callable[[], None]) -> None:
         with self._lock:
@@ -462,7 +488,13 @@ class PgOutputStore(OutputStore):
         with conn.transaction():
             self.fence.check(conn)
             with conn.cursor() as cur:
-                cur.executemany(_INSERT, batch.rows)
+                # COPY is several times faster than INSERTs; through a temporary table,
+                # so that rows a lost commit may have stored already are skipped.
+                cur.execute(_STAGE)
+                with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
+                    for row in batch.rows:
+                        copy.write_row(row)
+                cur.execute(_FROM_STAGE)
                 cur.executemany(_SIZE, batch.sizes)
                 if batch.runs:
                     cur.executemany(_RUN, batch.runs)
@@ -582,7 +614,11 @@ class PgOutputStore(OutputStore):
                     conn.execute("DELETE FROM job_output_run WHERE job_id = %s", (job_id,))
                     return 0 if row is None else int(row[0])
 
-            size = self._retry(work, "write")
+            try:
+                size = self._retry(work, "write")
+            except Fenced:
+                self.fenced = True
+                raise
         if job is not None:
             size = job.bytes
         if size:
