@@ -17,7 +17,8 @@ import pytest
 from mgpu.master.store import pgoutputs
 from mgpu.master.store.fence import LEASE_SCHEMA, Fence, Fenced
 from mgpu.master.store.outputs import ALL_SENT, MARKER, FileOutputStore, OutputStore
-from mgpu.master.store.pgoutputs import PgOutputStore, import_output_files, open_output_store
+from mgpu.master.store.outputtables import import_output_files
+from mgpu.master.store.pgoutputs import PgOutputStore, open_output_store
 
 Make = Callable[[], OutputStore]
 """A new store on the test's files or database (a second call: a restarted master)."""

@@ -1,14 +1,8 @@
 """Job output in PostgreSQL: every job's output readable from any master after a failover.
 
 The records, their order, the caps and the runs' resume points are the file store's
-(store/outputs.py); only where they live differs:
-
-- `job_output(job_id, n, line)`: record `n` of a job, the JSON line readers send as is.
-- `job_output_size(job_id, records, bytes, marked)`: a job's count and size (read once
-  when a master first appends to the job; summed per user once at start), and whether its
-  last record is a cap's marker.
-- `job_output_run(job_id, epoch, node, stream, at)`: how far each run's stream is stored:
-  the resume point a new leader gives a reconnecting agent (Welcome.resume).
+(store/outputs.py); the tables are in store/outputtables.py: one row per record, each
+job's size, and each run's stored offsets (the resume point a new leader gives agents).
 
 Appends come on the event loop, thousands a second from a chatty job, so none waits on
 the database: a record takes its number and goes into its job's in-memory buffer, and a
@@ -30,12 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,18 +39,23 @@ from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
     CHUNK,
-    RUN_TAIL,
     FileOutputStore,
     OutputReader,
     OutputStore,
     is_marker,
 )
+from mgpu.master.store.outputtables import (
+    FROM_STAGE,
+    RUN_UPSERT,
+    SIZE_UPSERT,
+    STAGE,
+    Run,
+    create_output_tables,
+)
 
 log = logging.getLogger("mgpu.master")
 
 T = TypeVar("T")
-Run = tuple[int, str, str]
-"""A run's stream: (epoch, node, stream)."""
 
 FLUSH_INTERVAL = 0.05
 """Seconds between flushes: how long a record may wait in memory."""
@@ -71,51 +69,6 @@ LEFT_KEPT = 10000
 """Departures from memory remembered (older ones: readers of those jobs ask again)."""
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS job_output (
-        job_id TEXT COLLATE "C" NOT NULL,
-        n BIGINT NOT NULL,
-        line TEXT NOT NULL,
-        PRIMARY KEY (job_id, n))""",
-    """CREATE TABLE IF NOT EXISTS job_output_size (
-        job_id TEXT COLLATE "C" PRIMARY KEY,
-        records BIGINT NOT NULL,
-        bytes BIGINT NOT NULL,
-        marked BOOLEAN NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS job_output_run (
-        job_id TEXT COLLATE "C" NOT NULL,
-        epoch BIGINT NOT NULL,
-        node TEXT NOT NULL,
-        stream TEXT NOT NULL,
-        at BIGINT NOT NULL,
-        PRIMARY KEY (job_id, epoch, node, stream))""",
-)
-"""The output tables (created if missing; a line is ASCII: JSON escapes the rest)."""
-
-_STAGE = (
-    "CREATE TEMPORARY TABLE IF NOT EXISTS job_output_stage "
-    "(LIKE job_output INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-)
-_FROM_STAGE = "INSERT INTO job_output SELECT * FROM job_output_stage ON CONFLICT DO NOTHING"
-_SIZE = (
-    "INSERT INTO job_output_size (job_id, records, bytes, marked) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (job_id) DO UPDATE SET records = excluded.records, bytes = excluded.bytes, "
-    "marked = excluded.marked"
-)
-_RUN = (
-    "INSERT INTO job_output_run (job_id, epoch, node, stream, at) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT (job_id, epoch, node, stream) "
-    "DO UPDATE SET at = GREATEST(job_output_run.at, excluded.at)"
-)
-
-
-def create_output_tables(conn: psycopg.Connection[Any]) -> None:
-    """The output tables, if missing (two masters starting at once: one waits, both pass)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('mgpu job_output schema'))")
-        for statement in SCHEMA:
-            conn.execute(statement)
 
 
 @dataclass(eq=False)
@@ -490,14 +443,14 @@ class PgOutputStore(OutputStore):
             with conn.cursor() as cur:
                 # COPY is several times faster than INSERTs; through a temporary table,
                 # so that rows a lost commit may have stored already are skipped.
-                cur.execute(_STAGE)
+                cur.execute(STAGE)
                 with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
                     for row in batch.rows:
                         copy.write_row(row)
-                cur.execute(_FROM_STAGE)
-                cur.executemany(_SIZE, batch.sizes)
+                cur.execute(FROM_STAGE)
+                cur.executemany(SIZE_UPSERT, batch.sizes)
                 if batch.runs:
-                    cur.executemany(_RUN, batch.runs)
+                    cur.executemany(RUN_UPSERT, batch.runs)
 
     # ---- reads -------------------------------------------------------------
 
@@ -655,63 +608,3 @@ def open_output_store(database: str | None, state_dir: Path, fence: Fence) -> Ou
     if database and database.startswith(("postgresql://", "postgres://")):
         return PgOutputStore(database, fence)
     return FileOutputStore(state_dir / "output")
-
-
-# ---- mgpu db import ------------------------------------------------------------
-
-
-def import_output_files(
-    output_dir: Path, target: str | psycopg.Connection[Any], fence: Fence | None = None
-) -> int:
-    """Copy a SQLite cluster's output files (STATE_DIR/output/JOB.jsonl) into the output
-    tables, one transaction per job; a job already there is skipped (a second import
-    adds only what is new).  Returns the jobs copied."""
-    conn = psycopg.connect(target, autocommit=True) if isinstance(target, str) else target
-    fence = fence or Fence()
-    copied = 0
-    try:
-        create_output_tables(conn)
-        for path in sorted(output_dir.glob("*.jsonl")) if output_dir.is_dir() else ():
-            with conn.transaction():
-                fence.check(conn)
-                job_id = path.name[: -len(".jsonl")]
-                if conn.execute(
-                    "SELECT 1 FROM job_output_size WHERE job_id = %s", (job_id,)
-                ).fetchone():
-                    continue
-                _copy_file(conn, job_id, path)
-                copied += 1
-    finally:
-        if isinstance(target, str):
-            conn.close()
-    return copied
-
-
-def _copy_file(conn: psycopg.Connection[Any], job_id: str, path: Path) -> None:
-    records = size = 0
-    runs: dict[Run, int] = {}
-    last = b""
-    with conn.cursor() as cur:
-        with cur.copy("COPY job_output (job_id, n, line) FROM STDIN") as copy:
-            for line in _whole_lines(path):
-                copy.write_row((job_id, records, line.decode("ascii", errors="replace")))
-                records += 1
-                size += len(line) + 1
-                last = line
-                m = RUN_TAIL.search(line, max(0, len(line) - 512))
-                if m is not None and line.startswith(b'{"s":"'):
-                    run = (int(m.group(2)), json.loads(m.group(1)), chr(line[6]))
-                    runs[run] = max(runs.get(run, 0), int(m.group(3)))
-        cur.execute(_SIZE, (job_id, records, size, is_marker(last)))
-        if runs:
-            cur.executemany(_RUN, [(job_id, *run, at) for run, at in runs.items()])
-
-
-def _whole_lines(path: Path) -> Iterator[bytes]:
-    """A file's whole lines, a chunk read at a time (a last line cut by a crash is not)."""
-    with open(path, "rb") as f:
-        tail = b""
-        while block := f.read(CHUNK):
-            lines = (tail + block).split(b"\n")
-            tail = lines.pop()
-            yield from (line for line in lines if line)
