@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mgpu.client.console import fail
@@ -63,13 +64,21 @@ def cmd_db(args: argparse.Namespace) -> int:
     try:
         # The cluster's identity (CA, join and admin tokens) goes too, sealed with the
         # secret the masters of the database will be given.
-        hooks = [*HOOKS, import_hook(read_secret(args.cluster_secret_file))]
+        hooks = [*HOOKS, _import_output, import_hook(read_secret(args.cluster_secret_file))]
         counts = import_state(Path(args.state_dir).expanduser(), args.database, hooks)
     except (StoreError, IdentityError) as e:
         fail(str(e))
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
     print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
     return 0
+
+
+def _import_output(state_dir: Path, conn: Any) -> dict[str, int]:
+    """`mgpu db import`'s step for job output: the state dir's output files into the
+    output tables, so `mgpu logs` of an old job works on every master."""
+    from mgpu.master.store.outputtables import import_output_files
+
+    return {"job outputs": import_output_files(state_dir / "output", conn)}
 
 
 def cmd_node_remove(args: argparse.Namespace) -> int:
