@@ -6,15 +6,16 @@ every write checks, `store/fence.py`) and renews it every `renew` seconds for `t
 from the database's clock.  The loop runs on its own connection in its own thread, so an
 event loop busy for a second (a huge submit, a long pass) does not lose the lease.
 
-The leader fences itself by time too: it sends agents nothing once `time.monotonic()` has
-passed the start of its last successful renewal plus the TTL (`may_send`).  The database
-set that lease's end at least that late, so by the time a standby may take it over the old
-leader has stopped sending, whatever happened to it meanwhile: a SIGSTOP, a pause, a
-network cut (the monotonic clock runs on while a process is stopped).  Its writes are
-refused by the fence once a standby took over.  A leader that learns it lost the lease
-(its renewal refused, or a write `Fenced`) steps down at once: `on_lost`, which in the
-master logs one line and, without another write or message, replaces itself (`exec`) with
-a fresh start of the same command: the same pid, back as a standby.
+The leader fences itself by time too: it sends agents nothing once its clock (`clock()`:
+CLOCK_BOOTTIME, else `time.monotonic()`) has passed the start of its last successful
+renewal plus the TTL (`may_send`).  The database set that lease's end at least that late,
+so by the time a standby may take it over the old leader has stopped sending, whatever
+happened to it meanwhile: a SIGSTOP, a pause, a network cut (that clock runs on while a
+process is stopped, and through a suspend).  Its writes are refused by the fence once a
+standby took over.  A leader that learns it lost the lease (its renewal refused, or a
+write `Fenced`) steps down at once: `on_lost`, which in the master logs one line and,
+without another write or message, replaces itself (`exec`) with a fresh start of the same
+command: the same pid, back as a standby.
 
 With the defaults (TTL 2.5 s, renew every 0.5 s, standbys try every 0.5 s) a standby leads
 at most TTL + retry (3 s) after the leader's last renewal; the rest of the 5 s goes to
@@ -46,6 +47,16 @@ EXIT_DEPOSED = 75
 $MGPU_HA_NO_RESTART=1, may not) start itself again (EX_TEMPFAIL: start it again, it comes
 back as a standby)."""
 NO_RESTART_ENV = "MGPU_HA_NO_RESTART"
+
+
+def clock() -> float:
+    """Seconds on a clock that never goes back and runs on while the process is stopped
+    (SIGSTOP) and, on Linux, while the machine is suspended (CLOCK_BOOTTIME): the leader's
+    deadline to stop sending is measured on it."""
+    return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
+
+
+BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,12 @@ class Leadership:
 
     def may_send(self) -> bool:
         """Whether this master may send agents anything now: it leads and its lease, by
-        its own monotonic clock, has not run out."""
+        its own clock (`clock()`), has not run out."""
         return (
             self.leading
             and self.lost is None
             and not self.fence.lost  # a write was refused: another master leads
-            and time.monotonic() < self._deadline
+            and clock() < self._deadline
         )
 
     def start(self) -> None:
@@ -205,7 +216,7 @@ class Leadership:
         """One take or renewal; the seconds to wait before the next."""
         timing = self.timing
         if self.leading:
-            started = time.monotonic()
+            started = clock()
             assert self.generation is not None
             if lease.renew(conn, self.holder, self.generation, self.address, timing.ttl):
                 self._deadline = started + timing.ttl
@@ -218,7 +229,7 @@ class Leadership:
                 f"{self.generation}"
             )
             return 0.0
-        started = time.monotonic()
+        started = clock()
         generation = lease.take(conn, self.holder, self.address, timing.ttl)
         if generation is not None:
             self._deadline = started + timing.ttl
