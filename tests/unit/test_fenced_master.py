@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from mgpu.config import ClusterConfig
 from mgpu.master.ha.identity import ensure_identity
-from mgpu.master.ha.leadership import LeaseTiming, Leadership
+from mgpu.master.ha.leadership import Leadership, LeaseTiming
 from mgpu.master.http.app import create_app
 from mgpu.master.store.fence import Fence
 from mgpu.testing import wait_for
