@@ -25,6 +25,8 @@ from helpers import BIN, LocalCluster, wait_for
 from mgpu.agent.options import AgentOptions
 from mgpu.protocol import Hello
 from mgpu.testing import kill_leftover_jobs
+from pgserver import PgServer
+from stores import durable
 
 SECRET = "correct horse battery staple, forty bytes"
 
@@ -179,6 +181,38 @@ def test_a_leader_stopped_cleanly_hands_over_at_once(masters: Any) -> None:
     assert a.proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn raises it again
     assert "lease released" in a.log()
     wait_for(b.leads, timeout=5, interval=0.05, what="the standby to lead")
+
+
+def test_two_masters_wait_out_a_restart_of_postgresql(
+    tmp_path: Path, pg_url: str, postgres: PgServer
+) -> None:
+    """The database restarts under a leader and a standby: afterwards one of them leads
+    (the old leader renews, or the standby takes over), neither process died, and what
+    was stored is there."""
+    url = durable(pg_url)
+    a, b = Master(tmp_path, "a", url), Master(tmp_path, "b", url)
+    try:
+        wait_for(lambda: a.leads() or b.leads(), timeout=30, what="a leader")
+        wait_for(lambda: {a.role(), b.role()} == {"leader", "standby"}, timeout=30, what="roles")
+        a.cluster._load_tokens()
+        b.cluster._load_tokens()
+        leader = a if a.leads() else b
+        before = leader.cluster.client().submit("true", gpus=0)
+        postgres.restart()
+
+        def one_leads() -> Master | None:
+            leading = [m for m in (a, b) if m.leads()]
+            return leading[0] if len(leading) == 1 else None
+
+        now = wait_for(one_leads, timeout=60, what="one leader after the restart")
+        assert a.proc.poll() is None and b.proc.poll() is None
+        client = now.cluster.client()
+        assert client.show(before.id)["id"] == before.id
+        after = client.submit("true", gpus=0)
+        assert int(after.id) == int(before.id) + 1
+    finally:
+        a.stop()
+        b.stop()
 
 
 def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
