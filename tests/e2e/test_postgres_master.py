@@ -3,6 +3,7 @@ SQLite, keeps them across a restart, and refuses a database it cannot use in one
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def test_a_master_waits_out_a_restart_of_postgresql(
 def _master(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:
     argv = [str(BIN / "mgpu"), "master", "--port", str(free_port())]
     argv += ["--state-dir", str(tmp_path / "state"), "--database", database]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "MGPU_CLUSTER_SECRET": "a test cluster's secret, 40 bytes long"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_a_database_the_master_cannot_use_is_one_line(tmp_path: Path, postgres: PgServer) -> None:
@@ -76,10 +78,12 @@ def test_a_sqlite_cluster_moves_to_postgresql_with_its_jobs_and_tokens(
             assert c.client().wait(job.id, timeout=60)["state"] == "completed"
         admin, state_dir = c.admin_token, c.state_dir
     db_import = [str(BIN / "mgpu"), "db", "import", str(state_dir), "--database", pg_url]
-    res = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "MGPU_CLUSTER_SECRET": "a test cluster's secret, 40 bytes long"}
+    res = subprocess.run(db_import, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     assert "2 jobs" in res.stdout and "2 tokens" in res.stdout and "1 node secrets" in res.stdout
-    again = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    assert "1 identity" in res.stdout  # the CA and tokens, sealed with the secret
+    again = subprocess.run(db_import, capture_output=True, text=True, timeout=60, env=env)
     assert again.returncode != 0 and "already holds a cluster's state" in again.stderr
     assert "Traceback" not in again.stderr
     # The same machine, now on PostgreSQL: the old jobs, the old admin token, the old node.

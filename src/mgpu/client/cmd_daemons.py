@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mgpu.client.console import fail
@@ -36,6 +37,8 @@ def cmd_master(args: argparse.Namespace) -> int:
             args.verbose,
             tls=True if args.tls else (False if args.insecure else None),
             database=args.database,
+            cluster_secret_file=args.cluster_secret_file,
+            advertise=args.advertise,
         )
     except (ConfigError, StoreError) as e:
         fail(str(e))
@@ -54,16 +57,28 @@ def cmd_db(args: argparse.Namespace) -> int:
         from mgpu.master.store.base import hide_password
 
         fail(f"--database {hide_password(args.database)} is not a PostgreSQL URL")
-    from mgpu.master.store.dbimport import import_state
+    from mgpu.master.ha.identity import IdentityError, import_hook, read_secret
+    from mgpu.master.store.dbimport import HOOKS, import_state
     from mgpu.master.store.postgres import describe
 
     try:
-        counts = import_state(Path(args.state_dir).expanduser(), args.database)
-    except StoreError as e:
+        # The cluster's identity (CA, join and admin tokens) goes too, sealed with the
+        # secret the masters of the database will be given.
+        hooks = [*HOOKS, _import_output, import_hook(read_secret(args.cluster_secret_file))]
+        counts = import_state(Path(args.state_dir).expanduser(), args.database, hooks)
+    except (StoreError, IdentityError) as e:
         fail(str(e))
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
     print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
     return 0
+
+
+def _import_output(state_dir: Path, conn: Any) -> dict[str, int]:
+    """`mgpu db import`'s step for job output: the state dir's output files into the
+    output tables, so `mgpu logs` of an old job works on every master."""
+    from mgpu.master.store.outputtables import import_output_files
+
+    return {"job outputs": import_output_files(state_dir / "output", conn)}
 
 
 def cmd_node_remove(args: argparse.Namespace) -> int:
@@ -214,12 +229,27 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument(
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
     )
+    s.add_argument(
+        "--cluster-secret-file",
+        metavar="FILE",
+        help="with --database: the secret every master shares (or $MGPU_CLUSTER_SECRET)",
+    )
+    s.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="with --database: where clients reach this master (default: its bind address)",
+    )
 
     s = add("db", cmd_db, "the master's database: `db import STATE_DIR --database URL`")
     s.add_argument("action", choices=["import"], help="import: a SQLite state dir into PostgreSQL")
     s.add_argument("state_dir", metavar="STATE_DIR", help="the state dir of a master on SQLite")
     s.add_argument(
         "--database", metavar="URL", help="an empty PostgreSQL database: postgresql://USER@HOST/DB"
+    )
+    s.add_argument(
+        "--cluster-secret-file",
+        metavar="FILE",
+        help="the secret the masters will share (or $MGPU_CLUSTER_SECRET): seals the identity",
     )
 
     s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")

@@ -11,6 +11,9 @@ from typing import Any
 
 from mgpu import logredact
 from mgpu.config import ClusterConfig, load_config
+from mgpu.master.ha.leadership import Leadership, LeaseTiming, advertised_address
+from mgpu.master.store import SCHEMES
+from mgpu.master.store.base import hide_password
 
 
 def default_state_dir() -> Path:
@@ -81,9 +84,18 @@ def uvicorn_log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["redact"] = {"()": logredact.RedactSecrets}
+    config["filters"]["refusals"] = {"()": HandshakeRefusals}
     for handler in config["handlers"].values():
-        handler["filters"] = [*handler.get("filters", []), "redact"]
+        handler["filters"] = [*handler.get("filters", []), "redact", "refusals"]
     return config
+
+
+class HandshakeRefusals(logging.Filter):
+    """uvicorn logs an error for every WebSocket refused with an HTTP answer (a standby's
+    503, a bad token's 401), which is how the master means to refuse them: not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing handshake."
 
 
 def raise_fd_limit() -> int:
@@ -103,6 +115,25 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def _leadership(
+    state_dir: Path,
+    config: ClusterConfig,
+    database: str,
+    secret_file: str | None,
+    host: str,
+    port: int,
+) -> Leadership:
+    """A master of several on one database: the cluster's identity loaded (or stored, by
+    the first master), and its part in the election, not started yet."""
+    from mgpu.master.ha.identity import load_identity, read_secret
+    from mgpu.master.store.fence import Fence
+
+    load_identity(state_dir, database, read_secret(secret_file))
+    ha = config.ha
+    timing = LeaseTiming(ttl=ha.lease_ttl, renew=ha.renew_interval, retry=ha.retry_interval)
+    return Leadership(database, advertised_address(host, port), Fence(), timing)
+
+
 def run_master(
     host: str | None,
     port: int | None,
@@ -111,10 +142,16 @@ def run_master(
     verbose: bool = False,
     tls: bool | None = None,
     database: str | None = None,
+    cluster_secret_file: str | None = None,
+    advertise: str | None = None,
 ) -> None:
-    """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds;
-    database: the store's URL (`--database`, over the config's `database:`).  A store it
-    cannot open raises StoreError (one sentence) before it serves."""
+    """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds.
+
+    database: a PostgreSQL URL shared with other masters (else `database:` in the config;
+    none: SQLite in the state dir): this master then needs the cluster secret
+    (`cluster_secret_file` or $MGPU_CLUSTER_SECRET), loads the cluster's identity from the
+    database, and stands by until it takes the leader's lease (master/ha); `advertise`:
+    the HOST:PORT it is reached at, which standbys tell clients while it leads."""
     import uvicorn
 
     from mgpu.master.http.app import create_app
@@ -129,6 +166,13 @@ def run_master(
     secure_state_dir(state_dir)
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
+    first_start = not (state_dir / "join-token").exists()
+    leadership = None
+    if config.database and config.database.startswith(SCHEMES):
+        leadership = _leadership(
+            state_dir, config, config.database, cluster_secret_file, host, port
+        )
+        leadership.address = advertised_address(host, port, advertise)
     from mgpu.credentials import is_loopback
 
     if tls is None:
@@ -155,12 +199,19 @@ def run_master(
             fds,
         )
     limits = ConnectionLimits(master_conf.header_timeout, master_conf.connections_per_address)
-    first_start = not (state_dir / "join-token").exists()
-    from mgpu.master.store import open_store
-    from mgpu.master.store.base import hide_password
+    if leadership is None:
+        from mgpu.master.store import open_store
 
-    store = open_store(config.database, state_dir)
-    app = create_app(state_dir, config, announce=(host, port, first_start), store=store)
+        store = open_store(config.database, state_dir)
+    else:
+        store = None  # opened when it leads: what it loads is the state then
+    app = create_app(
+        state_dir,
+        config,
+        announce=(host, port, first_start),
+        leadership=leadership,
+        store=store,
+    )
     log.info(
         "mgpu master on %s://%s:%d, state in %s",
         "https" if tls else "http",

@@ -1,0 +1,610 @@
+"""Job output in PostgreSQL: every job's output readable from any master after a failover.
+
+The records, their order, the caps and the runs' resume points are the file store's
+(store/outputs.py); the tables are in store/outputtables.py: one row per record, each
+job's size, and each run's stored offsets (the resume point a new leader gives agents).
+
+Appends come on the event loop, thousands a second from a chatty job, so none waits on
+the database: a record takes its number and goes into its job's in-memory buffer, and a
+flusher thread writes every buffer in one transaction every FLUSH_INTERVAL (sooner past
+FLUSH_RECORDS), then drops what it wrote from memory.  A reader takes stored rows below
+the buffer, then the buffer itself: followers on this master see a record when it is
+appended.  A master that dies loses its buffer, but the resume point in job_output_run is
+written in the same transaction as the rows, so it is behind what was lost and the agent
+re-sends that to the next leader; the agent forgets a run only after `when_stored`.
+
+Every write transaction checks the fence first (store/fence.py): a deposed master's flush
+gets Fenced and the store writes nothing more.  A lost connection is reconnected and the
+write retried for RETRY_FOR seconds (then again at the next flush): rows go in with ON
+CONFLICT DO NOTHING and sizes as values, not increments, so a commit whose answer was lost
+may be written again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from mgpu.master.store.fence import Fence, Fenced
+from mgpu.master.store.outputs import (
+    ALL_SENT,
+    CHUNK,
+    FileOutputStore,
+    OutputReader,
+    OutputStore,
+    is_marker,
+)
+from mgpu.master.store.outputtables import (
+    FROM_STAGE,
+    RUN_UPSERT,
+    SIZE_UPSERT,
+    STAGE,
+    Run,
+    create_output_tables,
+)
+
+log = logging.getLogger("mgpu.master")
+
+T = TypeVar("T")
+
+FLUSH_INTERVAL = 0.05
+"""Seconds between flushes: how long a record may wait in memory."""
+FLUSH_RECORDS = 2000
+"""Buffered records that start a flush before the interval is up."""
+BATCH_ROWS = 20000
+"""Rows one transaction writes at most (a buffer grown during an outage goes in parts)."""
+PAGE = 256
+"""Rows a reader fetches per query: its memory, whatever the job's size."""
+LEFT_KEPT = 10000
+"""Departures from memory remembered (older ones: readers of those jobs ask again)."""
+RETRY_FOR = 10.0
+"""Seconds a write retries a lost connection before it gives up (until the next flush)."""
+
+
+@dataclass(eq=False)
+class _Job:
+    """A job this master appended to: the stored part's size and the buffer past it."""
+
+    stored: int
+    """Records in the database (numbers below this)."""
+    stored_bytes: int
+    records: int
+    """Records in all, buffered ones included (the next record's number)."""
+    bytes: int
+    marked: bool
+    full: bool
+    owner: str | None = None
+    open: bool = True
+    """Between an append and close(): the job stays in memory while open or buffered."""
+    buf: list[tuple[str, Run | None, int]] = field(default_factory=list)
+    """Records `stored`.. not yet written: line (no newline), its run's stream and offset."""
+
+
+@dataclass
+class _Batch:
+    rows: list[tuple[str, int, str]]
+    sizes: list[tuple[str, int, int, bool]]
+    runs: list[tuple[str, int, str, str, int]]
+    taken: dict[str, int]
+    """Records written of each job (its buffer's first ones)."""
+
+
+class PgOutputReader(OutputReader):
+    """Stored rows from record `start` on, a page at a time, then the master's buffer.
+
+    Rows reach the table only from this master's buffers (one leader writes), and a job
+    leaves memory only once its rows are stored: so a job not in memory, whose rows were
+    read to their end and which has not left memory since, has nothing new.  That end is
+    found without the database, with no await before the return, as the file reader
+    finds it (a follower then looks whether the job ended)."""
+
+    _DB = b"db"  # what _local returns when the next records are in the database
+
+    def __init__(self, store: PgOutputStore, job_id: str, start: int, end: int | None) -> None:
+        self.store = store
+        self.job_id = job_id
+        self._pos = start
+        self._end = end
+        self._rows: deque[str] = deque()
+        self._read_out: tuple[int, int] | None = None
+        """(position, the job's stamp: store._left_at) when the table had nothing more."""
+
+    def _local(self, limit: int) -> bytes | None:
+        """Records from fetched rows or the buffer; None at the end; _DB: fetch rows."""
+        if self._end is not None and self._pos >= self._end:
+            return None
+        lines: list[str] = []
+        if self._rows:
+            size = 0
+            while self._rows and (not lines or size + len(self._rows[0]) < limit):
+                lines.append(self._rows.popleft())
+                size += len(lines[-1]) + 1
+        else:
+            buffered = self.store._buffered(self.job_id, self._pos, limit, self._end)
+            if buffered is None:
+                if self._read_out == (self._pos, self.store._left_at(self.job_id)):
+                    return None  # read to the table's end, and nothing stored since
+                return self._DB
+            lines = buffered
+            if not lines:
+                return None
+        self._pos += len(lines)
+        return ("\n".join(lines) + "\n").encode()
+
+    def _fetch(self, stamp: int) -> None:
+        """A page of rows from the database (`stamp`: the job's, taken before)."""
+        rows = self.store._page(self.job_id, self._pos, self._end)
+        self._rows.extend(rows)
+        if not rows:
+            self._read_out = (self._pos, stamp)
+
+    def step(self, limit: int = CHUNK) -> bytes | None:
+        while (got := self._local(limit)) is self._DB:
+            self._fetch(self.store._left_at(self.job_id))
+        return got
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """As OutputReader's, pages of rows read in a worker thread."""
+        while True:
+            got = self._local(CHUNK)
+            if got is self._DB:
+                await asyncio.to_thread(self._fetch, self.store._left_at(self.job_id))
+                continue
+            if got is None:
+                return
+            yield got
+
+    def close(self) -> None:
+        self._rows.clear()
+
+
+class PgOutputStore(OutputStore):
+    """Job output in PostgreSQL (see the module docstring)."""
+
+    def __init__(self, url: str, fence: Fence) -> None:
+        super().__init__()
+        self.url = url
+        self.fence = fence
+        self._jobs: dict[str, _Job] = {}
+        self._dirty: set[str] = set()
+        """Jobs with buffered records."""
+        self._lock = threading.Lock()
+        """Guards _jobs and their buffers: the loop appends, the flusher trims."""
+        self._write_lock = threading.Lock()
+        """One writer at a time on the write connection (a flush, a delete)."""
+        self._conns: dict[str, psycopg.Connection[Any]] = {}
+        self._conn_lock = threading.Lock()
+        self._stamp = 0
+        self._left: dict[str, int] = {}
+        """When recent jobs left memory (a stamp counting departures): a reader that
+        found a job's rows at their end reads again only if the job left since."""
+        self._pruned = 0
+        """The last stamp dropped from _left (the stamp of every job not in it)."""
+        self._waiting: list[
+            tuple[dict[str, int], asyncio.AbstractEventLoop | None, Callable[[], None]]
+        ]
+        self._waiting = []
+        """when_stored's callbacks: the records each waits for (job -> count), its loop."""
+        self.fenced = False
+        """Set once a write was fenced: this master no longer leads and stores nothing more."""
+        self._retry(create_output_tables, "write")
+        self._kick = threading.Event()
+        self._stopping = False
+        self._flusher = threading.Thread(target=self._run, name="mgpu-output-flush", daemon=True)
+        self._flusher.start()
+
+    # ---- connections -----------------------------------------------------
+
+    def _conn(self, which: str) -> psycopg.Connection[Any]:
+        with self._conn_lock:
+            conn = self._conns.get(which)
+            if conn is None or conn.closed:
+                conn = self._conns[which] = psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=5
+                )
+            return conn
+
+    def _retry(self, work: Callable[[psycopg.Connection[Any]], T], which: str = "read") -> T:
+        """`work` on a connection, reconnecting after a lost one for RETRY_FOR seconds."""
+        deadline = time.monotonic() + RETRY_FOR
+        delay = 0.05
+        while True:
+            try:
+                return work(self._conn(which))
+            except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+                with self._conn_lock:
+                    conn = self._conns.pop(which, None)
+                if conn is not None:
+                    conn.close()
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("job output: database connection lost (%s); retrying", e)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    # ---- appends -----------------------------------------------------------
+
+    def append(
+        self,
+        job_id: str,
+        stream: str,
+        data: str,
+        node_id: str,
+        epoch: int | None = None,
+        end: int | None = None,
+    ) -> None:
+        if self.fenced:
+            return  # deposed: the next leader has the agents now
+        rec: dict[str, Any] = {"s": stream, "d": data, "n": node_id}
+        run: Run | None = None
+        if epoch is not None and end is not None:
+            rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
+            run = (epoch, node_id, stream)
+        try:
+            job = self._open(job_id, node_id)
+        except Exception:
+            self._have.pop(job_id, None)  # accept counted this chunk: not stored after all
+            raise
+        if job.full:
+            return
+        lines, full = self._bounded(job.bytes, rec, node_id, job.owner)
+        with self._lock:
+            for line in lines.rstrip(b"\n").split(b"\n"):  # the record (maybe cut), a marker
+                self._add(job_id, job, line, run, end or 0)
+            job.marked = full  # a full job's last line is its marker
+            job.full = job.full or full
+        self._wake(job_id)
+
+    def _add(self, job_id: str, job: _Job, line: bytes, run: Run | None, at: int) -> None:
+        """One record into the job's buffer (under the lock)."""
+        if run is not None and not line.endswith(b',"at":%d}' % at):
+            run = None  # a marker, not the record: no run offset
+        job.buf.append((line.decode("ascii"), run, at))
+        job.records += 1
+        job.bytes += len(line) + 1
+        self._dirty.add(job_id)
+        if len(job.buf) == FLUSH_RECORDS:
+            self._kick.set()
+
+    def _open(self, job_id: str, node_id: str) -> _Job:
+        """The job's state, read from the database at its first append on this master (a
+        job at the cap is full; a lowered cap's marker is added)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                if not job.open:
+                    job.open = True
+                    job.owner = self.owner(job_id)
+                return job
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT records, bytes, marked FROM job_output_size WHERE job_id = %s",
+                (job_id,),
+            ).fetchone()
+        )
+        records, size, marked = row or (0, 0, False)
+        full = self.cap is not None and size >= self.cap
+        job = _Job(records, size, records, size, marked, full, self.owner(job_id))
+        with self._lock:
+            self._jobs[job_id] = job
+            if full and not marked:
+                self._add(job_id, job, self._marker(node_id, True).rstrip(b"\n"), None, 0)
+                job.marked = True
+        return job
+
+    def close(self, job_id: str) -> None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.open = False
+                if not job.buf:
+                    self._let_go(job_id)
+                else:
+                    self._kick.set()  # the ended job's last records: soon
+        self._have.pop(job_id, None)
+        self._wake(job_id)
+
+    def _let_go(self, job_id: str) -> None:
+        """A closed job whose records are all stored leaves memory (under the lock)."""
+        del self._jobs[job_id]
+        self._stamp += 1
+        self._left.pop(job_id, None)  # to the end: the oldest departures are dropped first
+        self._left[job_id] = self._stamp
+        if len(self._left) > LEFT_KEPT:
+            for old in list(itertools.islice(self._left, LEFT_KEPT // 2)):
+                self._pruned = max(self._pruned, self._left.pop(old))
+
+    def _left_at(self, job_id: str) -> int:
+        """The job's last departure from memory, or a later stamp (see PgOutputReader)."""
+        with self._lock:
+            return self._left.get(job_id, self._pruned)
+
+    def when_stored(self, then: Callable[[], None]) -> None:
+        with self._lock:
+            need = {job_id: self._jobs[job_id].records for job_id in self._dirty}
+            if need:
+                self._waiting.append((need, _running_loop(), then))
+                self._kick.set()
+        if not need:
+            then()
+
+    def _stored(self) -> list[tuple[asyncio.AbstractEventLoop | None, Callable[[], None]]]:
+        """The when_stored callbacks now due (under the lock): each job they waited for is
+        stored that far, or deleted."""
+        ready = []
+        due, self._waiting = self._waiting, []
+        for need, loop, then in due:
+            if all(
+                (job := self._jobs.get(job_id)) is None or job.stored >= n
+                for job_id, n in need.items()
+            ):
+                ready.append((loop, then))
+            else:
+                self._waiting.append((need, loop, then))
+        return ready
+
+    def _call(
+        self, ready: list[tuple[asyncio.AbstractEventLoop | None, Callable[[], None]]]
+    ) -> None:
+        for loop, then in ready:
+            if loop is None:
+                then()
+            else:
+                loop.call_soon_threadsafe(then)
+
+    # ---- the flusher -----------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._kick.wait(FLUSH_INTERVAL)
+            self._kick.clear()
+            if self._stopping:
+                return  # close_all writes the rest
+            try:
+                self.flush()
+            except Fenced as e:
+                log.error("job output: %s", e)
+                return
+            except Exception:
+                log.exception("job output: writing failed; retrying")
+                time.sleep(1.0)
+
+    def flush(self) -> int:
+        """Write buffered records in one transaction (the flusher calls it every
+        FLUSH_INTERVAL; tests and shutdown too); how many were written."""
+        with self._write_lock:
+            if self.fenced:
+                raise Fenced("this master's output store was fenced: it writes nothing")
+            with self._lock:
+                batch = self._take()
+                ready = self._stored() if batch is None and self._waiting else []
+            if batch is None:
+                self._call(ready)  # waiting on a job deleted since
+                return 0
+            try:
+                self._retry(lambda conn: self._write(conn, batch), "write")
+            except Fenced:
+                self.fenced = True
+                raise
+            with self._lock:
+                for job_id, k in batch.taken.items():
+                    job = self._jobs[job_id]
+                    for line, _, _ in job.buf[:k]:
+                        job.stored_bytes += len(line) + 1
+                    del job.buf[:k]
+                    job.stored += k
+                    if not job.buf:
+                        self._dirty.discard(job_id)
+                        if not job.open:
+                            self._let_go(job_id)
+                ready = self._stored()
+            self._call(ready)
+            return len(batch.rows)
+
+    def _take(self) -> _Batch | None:
+        """What the next transaction writes: each buffered job's first records, BATCH_ROWS
+        at most; sizes and run offsets as of the last record taken (under the lock)."""
+        if not self._dirty:
+            return None
+        batch = _Batch([], [], [], {})
+        for job_id in list(self._dirty):
+            job = self._jobs[job_id]
+            k = min(len(job.buf), BATCH_ROWS - len(batch.rows))
+            if k <= 0:
+                break
+            size = job.stored_bytes
+            runs: dict[Run, int] = {}
+            for i, (line, run, at) in enumerate(job.buf[:k]):
+                batch.rows.append((job_id, job.stored + i, line))
+                size += len(line) + 1
+                if run is not None:
+                    runs[run] = max(runs.get(run, 0), at)
+            marked = is_marker(job.buf[k - 1][0].encode())
+            batch.sizes.append((job_id, job.stored + k, size, marked))
+            batch.runs += [
+                (job_id, ep, node, stream, at) for (ep, node, stream), at in runs.items()
+            ]
+            batch.taken[job_id] = k
+        return batch
+
+    def _write(self, conn: psycopg.Connection[Any], batch: _Batch) -> None:
+        with conn.transaction():
+            self.fence.check(conn)
+            with conn.cursor() as cur:
+                # COPY is several times faster than INSERTs; through a temporary table,
+                # so that rows a lost commit may have stored already are skipped.
+                cur.execute(STAGE)
+                with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
+                    for row in batch.rows:
+                        copy.write_row(row)
+                cur.execute(FROM_STAGE)
+                cur.executemany(SIZE_UPSERT, batch.sizes)
+                if batch.runs:
+                    cur.executemany(RUN_UPSERT, batch.runs)
+
+    # ---- reads -------------------------------------------------------------
+
+    def _buffered(self, job_id: str, pos: int, limit: int, end: int | None) -> list[str] | None:
+        """Buffered records from `pos` (at least one, about `limit` bytes); [] at the end
+        of the job's records; None when they are in the database (or the job is not in
+        this master's memory)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or pos < job.stored:
+                return None
+            stop = job.records if end is None else min(end, job.records)
+            out: list[str] = []
+            size = 0
+            for i in range(pos - job.stored, stop - job.stored):
+                line = job.buf[i][0]
+                if out and size + len(line) >= limit:
+                    break
+                out.append(line)
+                size += len(line) + 1
+            return out
+
+    def _page(self, job_id: str, pos: int, end: int | None) -> list[str]:
+        """Stored records from `pos` on, PAGE at most, consecutive."""
+        query = "SELECT n, line FROM job_output WHERE job_id = %s AND n >= %s"
+        args: list[Any] = [job_id, pos]
+        if end is not None:
+            query += " AND n < %s"
+            args.append(end)
+        query += " ORDER BY n LIMIT %s"
+        args.append(PAGE)
+        rows = self._retry(lambda c: c.execute(query, args).fetchall())
+        out: list[str] = []
+        for n, line in rows:
+            if n != pos + len(out):
+                break  # a gap (deleted meanwhile): stop here
+            out.append(line)
+        return out
+
+    def reader(self, job_id: str, start: int = 0, follow: bool = True) -> OutputReader:
+        end = None
+        if not follow:
+            with self._lock:
+                job = self._jobs.get(job_id)
+                end = None if job is None else job.records
+        return PgOutputReader(self, job_id, start, end)
+
+    def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
+        """As the file store's: from what the database holds (a new leader's view), and
+        this master's buffer."""
+        if self._at_cap(job_id):
+            return ALL_SENT, ALL_SENT
+        runs = self._have.get(job_id)
+        if runs is None:
+            rows = self._retry(
+                lambda c: c.execute(
+                    "SELECT node, stream, at FROM job_output_run WHERE job_id = %s AND epoch = %s",
+                    (job_id, epoch),
+                ).fetchall()
+            )
+            runs = {(epoch, node, stream): at for node, stream, at in rows}
+            with self._lock:
+                job = self._jobs.get(job_id)
+                for _, run, at in job.buf if job is not None else ():
+                    if run is not None and run[0] == epoch:
+                        runs[run] = max(runs.get(run, 0), at)
+            self._have[job_id] = runs
+        return runs.get((epoch, node_id, "o"), 0), runs.get((epoch, node_id, "e"), 0)
+
+    def _at_cap(self, job_id: str) -> bool:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                return job.full
+        if self.cap is None:
+            return False
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT bytes FROM job_output_size WHERE job_id = %s", (job_id,)
+            ).fetchone()
+        )
+        return row is not None and row[0] >= self.cap
+
+    def file_sizes(self) -> dict[str, int]:
+        """The stored sizes, with this master's buffers."""
+        rows = self._retry(
+            lambda c: c.execute("SELECT job_id, bytes FROM job_output_size").fetchall()
+        )
+        sizes = {job_id: size for job_id, size in rows}
+        with self._lock:
+            sizes.update((job_id, job.bytes) for job_id, job in self._jobs.items())
+        return sizes
+
+    # ---- retention and shutdown --------------------------------------------
+
+    def delete(self, job_id: str, user: str) -> int:
+        with self._write_lock:
+            with self._lock:
+                job = self._jobs.get(job_id)
+                if job is not None:
+                    if job.open:
+                        return 0  # the job is not over
+                    self._let_go(job_id)  # its buffer too: deleted with the rest
+                    self._dirty.discard(job_id)
+
+            def work(conn: psycopg.Connection[Any]) -> int:
+                with conn.transaction():
+                    self.fence.check(conn)
+                    row = conn.execute(
+                        "DELETE FROM job_output_size WHERE job_id = %s RETURNING bytes",
+                        (job_id,),
+                    ).fetchone()
+                    conn.execute("DELETE FROM job_output WHERE job_id = %s", (job_id,))
+                    conn.execute("DELETE FROM job_output_run WHERE job_id = %s", (job_id,))
+                    return 0 if row is None else int(row[0])
+
+            try:
+                size = self._retry(work, "write")
+            except Fenced:
+                self.fenced = True
+                raise
+        if job is not None:
+            size = job.bytes
+        if size:
+            self._give_back(user, size)
+        return size
+
+    def close_all(self) -> None:
+        """Stop the flusher and write what is left (shutdown)."""
+        self._stopping = True
+        self._kick.set()
+        self._flusher.join(timeout=RETRY_FOR + 5)
+        try:
+            if not self.fenced:
+                while self.flush():
+                    pass
+        except Exception:
+            log.exception("job output: the last records could not be stored")
+        with self._conn_lock:
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def open_output_store(database: str | None, state_dir: Path, fence: Fence) -> OutputStore:
+    """The output store of a master: in PostgreSQL with a `postgresql://` database,
+    otherwise files under the state dir (the SQLite cluster's)."""
+    if database and database.startswith(("postgresql://", "postgres://")):
+        return PgOutputStore(database, fence)
+    return FileOutputStore(state_dir / "output")
