@@ -410,6 +410,8 @@ def test_appends_and_followers_go_on_while_the_database_is_down(postgres: Any, p
     store = PgOutputStore(pg_url, Fence())
     try:
         store.append("j", "o", "before\n", "n1", epoch=1, end=7)
+        store.append("k", "o", "k's first run\n", "n1", epoch=1, end=14)
+        store.close("k")  # requeued: its next run's first append finds no database
         reader = store.reader("j")
         assert reader.step() is not None
         stored = threading.Event()
@@ -423,12 +425,17 @@ def test_appends_and_followers_go_on_while_the_database_is_down(postgres: Any, p
                 store.append("j", "o", f"{i}\n", "n1", epoch=1, end=8 + i)
             during = reader.step()
             assert during is not None and len(during.splitlines()) == 100
+            store.append("k", "o", "k's second run\n", "n2", epoch=2, end=15)
+            store.append("new", "e", "a new job\n", "n2", epoch=1, end=10)
             stored.clear()
             store.when_stored(stored.set)
         finally:
             postgres.start()
         assert stored.wait(60)
         assert len(_rows(pg_url, "j")) == 101
+        assert [r["d"] for r in store.read("k")] == ["k's first run\n", "k's second run\n"]
+        assert [r["d"] for r in store.read("new")] == ["a new job\n"]
+        assert store.resume_point("k", 2, "n2") == (15, 0)
     finally:
         store.close_all()
 
