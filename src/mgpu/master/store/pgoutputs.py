@@ -335,13 +335,13 @@ class PgOutputStore(OutputStore):
         )
         return (int(row[0]), int(row[1]), bool(row[2])) if row else (0, 0, False)
 
-    def _resolve(self) -> None:
+    def _resolve(self, wait: float) -> None:
         """Add the stored size to the counts of jobs first appended to while the database
         was away (in the flusher, before their records are numbered for good)."""
         with self._lock:
             pending = [(job_id, self._jobs[job_id]) for job_id in self._unresolved]
         for job_id, job in pending:
-            records, size, _ = self._size(job_id)
+            records, size, _ = self._size(job_id, wait)
             with self._lock:
                 if self._jobs.get(job_id) is not job:
                     continue  # deleted meanwhile
@@ -353,14 +353,21 @@ class PgOutputStore(OutputStore):
                 self._unresolved.discard(job_id)
 
     def close(self, job_id: str) -> None:
+        """The job ended: its last records are written now, before its end is (the
+        controller stores the end after this call, in this turn): a master killed then
+        has both, as with files, where the agent that forgot the run would not re-send
+        them and a new leader would drop output of an ended run."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
                 job.open = False
                 if not job.buf:
                     self._let_go(job_id)
-                else:
-                    self._kick.set()  # the ended job's last records: soon
+        if job is not None and job.buf and not self.fenced:
+            try:
+                self.flush(OPEN_WAIT)  # the loop waits little: with the database away
+            except Exception as e:  # the flusher tries again
+                log.warning("job output: job %s's last records not written yet: %s", job_id, e)
         self._have.pop(job_id, None)
         self._wake(job_id)
 
@@ -431,40 +438,48 @@ class PgOutputStore(OutputStore):
                 log.exception("job output: writing failed; retrying")
                 time.sleep(1.0)
 
-    def flush(self) -> int:
+    def flush(self, wait: float = RETRY_FOR) -> int:
         """Write buffered records in one transaction (the flusher calls it every
-        FLUSH_INTERVAL; tests and shutdown too); how many were written."""
-        with self._write_lock:
-            if self.fenced:
-                raise Fenced("this master's output store was fenced: it writes nothing")
-            if self._unresolved:
-                self._resolve()
-            with self._lock:
-                batch = self._take()
-                ready = self._stored() if batch is None and self._waiting else []
-            if batch is None:
-                self._call(ready)  # waiting on a job deleted since
-                return 0
-            try:
-                self._retry(lambda conn: self._write(conn, batch), "write")
-            except Fenced:
-                self.fenced = True
-                raise
-            with self._lock:
-                for job_id, k in batch.taken.items():
-                    job = self._jobs[job_id]
-                    for line, _, _ in job.buf[:k]:
-                        job.stored_bytes += len(line) + 1
-                    del job.buf[:k]
-                    job.stored += k
-                    job.written += k
-                    if not job.buf:
-                        self._dirty.discard(job_id)
-                        if not job.open:
-                            self._let_go(job_id)
-                ready = self._stored()
-            self._call(ready)
-            return len(batch.rows)
+        FLUSH_INTERVAL; close, tests and shutdown too); how many were written.  `wait`:
+        for the writer before (0 if it does not come) and a lost connection."""
+        if not self._write_lock.acquire(timeout=wait):
+            return 0
+        try:
+            return self._flush(wait)
+        finally:
+            self._write_lock.release()
+
+    def _flush(self, wait: float) -> int:
+        if self.fenced:
+            raise Fenced("this master's output store was fenced: it writes nothing")
+        if self._unresolved:
+            self._resolve(wait)
+        with self._lock:
+            batch = self._take()
+            ready = self._stored() if batch is None and self._waiting else []
+        if batch is None:
+            self._call(ready)  # waiting on a job deleted since
+            return 0
+        try:
+            self._retry(lambda conn: self._write(conn, batch), "write", wait)
+        except Fenced:
+            self.fenced = True
+            raise
+        with self._lock:
+            for job_id, k in batch.taken.items():
+                job = self._jobs[job_id]
+                for line, _, _ in job.buf[:k]:
+                    job.stored_bytes += len(line) + 1
+                del job.buf[:k]
+                job.stored += k
+                job.written += k
+                if not job.buf:
+                    self._dirty.discard(job_id)
+                    if not job.open:
+                        self._let_go(job_id)
+            ready = self._stored()
+        self._call(ready)
+        return len(batch.rows)
 
     def _take(self) -> _Batch | None:
         """What the next transaction writes: each buffered job's first records, BATCH_ROWS
