@@ -329,6 +329,18 @@ def test_a_reader_sees_buffered_records_then_stored_ones(pg_url: str, slow_flush
         store.close_all()
 
 
+def test_an_ended_jobs_last_records_are_written_at_its_close(pg_url: str, slow_flush: None) -> None:
+    """Before the controller stores the job's end: a master killed then has both."""
+    store = PgOutputStore(pg_url, Fence())
+    try:
+        store.append("j", "o", "last\n", "n1", epoch=1, end=5)
+        assert _rows(pg_url, "j") == []
+        store.close("j")
+        assert _rows(pg_url, "j") == ['{"s":"o","d":"last\\n","n":"n1","ep":1,"at":5}']
+    finally:
+        store.close_all()
+
+
 def test_a_second_master_reads_what_the_first_stored(pg_url: str) -> None:
     first = PgOutputStore(pg_url, Fence())
     for i in range(1000):
