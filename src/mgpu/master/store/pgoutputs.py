@@ -27,8 +27,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +37,6 @@ import psycopg
 from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
-    CHUNK,
     FileOutputStore,
     OutputReader,
     OutputStore,
@@ -52,6 +50,7 @@ from mgpu.master.store.outputtables import (
     Run,
     create_output_tables,
 )
+from mgpu.master.store.pgreader import PgOutputReader
 
 log = logging.getLogger("mgpu.master")
 
@@ -105,75 +104,6 @@ class _Batch:
     runs: list[tuple[str, int, str, str, int]]
     taken: dict[str, int]
     """Records written of each job (its buffer's first ones)."""
-
-
-class PgOutputReader(OutputReader):
-    """Stored rows from record `start` on, a page at a time, then the master's buffer.
-
-    Rows reach the table only from this master's buffers (one leader writes), and a job
-    leaves memory only once its rows are stored: so a job not in memory, whose rows were
-    read to their end and which has not left memory since, has nothing new.  That end is
-    found without the database, with no await before the return, as the file reader
-    finds it (a follower then looks whether the job ended)."""
-
-    _DB = b"db"  # what _local returns when the next records are in the database
-
-    def __init__(self, store: PgOutputStore, job_id: str, start: int, end: int | None) -> None:
-        self.store = store
-        self.job_id = job_id
-        self._pos = start
-        self._end = end
-        self._rows: deque[str] = deque()
-        self._read_out: tuple[int, int] | None = None
-        """(position, the job's stamp: store._left_at) when the table had nothing more."""
-
-    def _local(self, limit: int) -> bytes | None:
-        """Records from fetched rows or the buffer; None at the end; _DB: fetch rows."""
-        if self._end is not None and self._pos >= self._end:
-            return None
-        lines: list[str] = []
-        if self._rows:
-            size = 0
-            while self._rows and (not lines or size + len(self._rows[0]) < limit):
-                lines.append(self._rows.popleft())
-                size += len(lines[-1]) + 1
-        else:
-            buffered = self.store._buffered(self.job_id, self._pos, limit, self._end)
-            if buffered is None:
-                if self._read_out == (self._pos, self.store._left_at(self.job_id)):
-                    return None  # read to the table's end, and nothing stored since
-                return self._DB
-            lines = buffered
-            if not lines:
-                return None
-        self._pos += len(lines)
-        return ("\n".join(lines) + "\n").encode()
-
-    def _fetch(self, stamp: int) -> None:
-        """A page of rows from the database (`stamp`: the job's, taken before)."""
-        rows = self.store._page(self.job_id, self._pos, self._end)
-        self._rows.extend(rows)
-        if not rows:
-            self._read_out = (self._pos, stamp)
-
-    def step(self, limit: int = CHUNK) -> bytes | None:
-        while (got := self._local(limit)) is self._DB:
-            self._fetch(self.store._left_at(self.job_id))
-        return got
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """As OutputReader's, pages of rows read in a worker thread."""
-        while True:
-            got = self._local(CHUNK)
-            if got is self._DB:
-                await asyncio.to_thread(self._fetch, self.store._left_at(self.job_id))
-                continue
-            if got is None:
-                return
-            yield got
-
-    def close(self) -> None:
-        self._rows.clear()
 
 
 class PgOutputStore(OutputStore):
@@ -381,8 +311,8 @@ class PgOutputStore(OutputStore):
             for old in list(itertools.islice(self._left, LEFT_KEPT // 2)):
                 self._pruned = max(self._pruned, self._left.pop(old))
 
-    def _left_at(self, job_id: str) -> int:
-        """The job's last departure from memory, or a later stamp (see PgOutputReader)."""
+    def left_at(self, job_id: str) -> int:
+        """The job's last departure from memory, or a later stamp (see store/pgreader.py)."""
         with self._lock:
             return self._left.get(job_id, self._pruned)
 
@@ -526,7 +456,7 @@ class PgOutputStore(OutputStore):
 
     # ---- reads -------------------------------------------------------------
 
-    def _buffered(self, job_id: str, pos: int, limit: int, end: int | None) -> list[str] | None:
+    def buffered(self, job_id: str, pos: int, limit: int, end: int | None) -> list[str] | None:
         """Buffered records from `pos` (at least one, about `limit` bytes); [] at the end
         of the job's records; None when they are in the database (or the job is not in
         this master's memory)."""
@@ -545,7 +475,7 @@ class PgOutputStore(OutputStore):
                 size += len(line) + 1
             return out
 
-    def _page(self, job_id: str, pos: int, end: int | None) -> list[str]:
+    def page(self, job_id: str, pos: int, end: int | None) -> list[str]:
         """Stored records from `pos` on, PAGE at most, consecutive."""
         query = "SELECT n, line FROM job_output WHERE job_id = %s AND n >= %s"
         args: list[Any] = [job_id, pos]
