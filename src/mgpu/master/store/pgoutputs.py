@@ -348,7 +348,7 @@ class PgOutputStore(OutputStore):
         for loop, then in ready:
             if loop is None:
                 then()
-            else:
+            elif not loop.is_closed():  # closed: the master is gone, and the agents' links
                 loop.call_soon_threadsafe(then)
 
     # ---- the flusher -----------------------------------------------------
