@@ -27,8 +27,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +37,6 @@ import psycopg
 from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
-    CHUNK,
     FileOutputStore,
     OutputReader,
     OutputStore,
@@ -52,6 +50,7 @@ from mgpu.master.store.outputtables import (
     Run,
     create_output_tables,
 )
+from mgpu.master.store.pgreader import PgOutputReader
 
 log = logging.getLogger("mgpu.master")
 
@@ -69,6 +68,8 @@ LEFT_KEPT = 10000
 """Departures from memory remembered (older ones: readers of those jobs ask again)."""
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
+OPEN_WAIT = 0.5
+"""Seconds a job's first append waits for its stored size (then the flusher finds it)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +89,12 @@ class _Job:
     """Between an append and close(): the job stays in memory while open or buffered."""
     buf: list[tuple[str, Run | None, int]] = field(default_factory=list)
     """Records `stored`.. not yet written: line (no newline), its run's stream and offset."""
+    resolved: bool = True
+    """False while the stored size is unknown (the database was away at the first append):
+    counts are then this master's alone, and readers wait for the flusher to find it."""
+    appended: int = 0
+    written: int = 0
+    """Records appended by this master, and how many of them are written (when_stored)."""
 
 
 @dataclass
@@ -97,75 +104,6 @@ class _Batch:
     runs: list[tuple[str, int, str, str, int]]
     taken: dict[str, int]
     """Records written of each job (its buffer's first ones)."""
-
-
-class PgOutputReader(OutputReader):
-    """Stored rows from record `start` on, a page at a time, then the master's buffer.
-
-    Rows reach the table only from this master's buffers (one leader writes), and a job
-    leaves memory only once its rows are stored: so a job not in memory, whose rows were
-    read to their end and which has not left memory since, has nothing new.  That end is
-    found without the database, with no await before the return, as the file reader
-    finds it (a follower then looks whether the job ended)."""
-
-    _DB = b"db"  # what _local returns when the next records are in the database
-
-    def __init__(self, store: PgOutputStore, job_id: str, start: int, end: int | None) -> None:
-        self.store = store
-        self.job_id = job_id
-        self._pos = start
-        self._end = end
-        self._rows: deque[str] = deque()
-        self._read_out: tuple[int, int] | None = None
-        """(position, the job's stamp: store._left_at) when the table had nothing more."""
-
-    def _local(self, limit: int) -> bytes | None:
-        """Records from fetched rows or the buffer; None at the end; _DB: fetch rows."""
-        if self._end is not None and self._pos >= self._end:
-            return None
-        lines: list[str] = []
-        if self._rows:
-            size = 0
-            while self._rows and (not lines or size + len(self._rows[0]) < limit):
-                lines.append(self._rows.popleft())
-                size += len(lines[-1]) + 1
-        else:
-            buffered = self.store._buffered(self.job_id, self._pos, limit, self._end)
-            if buffered is None:
-                if self._read_out == (self._pos, self.store._left_at(self.job_id)):
-                    return None  # read to the table's end, and nothing stored since
-                return self._DB
-            lines = buffered
-            if not lines:
-                return None
-        self._pos += len(lines)
-        return ("\n".join(lines) + "\n").encode()
-
-    def _fetch(self, stamp: int) -> None:
-        """A page of rows from the database (`stamp`: the job's, taken before)."""
-        rows = self.store._page(self.job_id, self._pos, self._end)
-        self._rows.extend(rows)
-        if not rows:
-            self._read_out = (self._pos, stamp)
-
-    def step(self, limit: int = CHUNK) -> bytes | None:
-        while (got := self._local(limit)) is self._DB:
-            self._fetch(self.store._left_at(self.job_id))
-        return got
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """As OutputReader's, pages of rows read in a worker thread."""
-        while True:
-            got = self._local(CHUNK)
-            if got is self._DB:
-                await asyncio.to_thread(self._fetch, self.store._left_at(self.job_id))
-                continue
-            if got is None:
-                return
-            yield got
-
-    def close(self) -> None:
-        self._rows.clear()
 
 
 class PgOutputStore(OutputStore):
@@ -191,10 +129,12 @@ class PgOutputStore(OutputStore):
         self._pruned = 0
         """The last stamp dropped from _left (the stamp of every job not in it)."""
         self._waiting: list[
-            tuple[dict[str, int], asyncio.AbstractEventLoop | None, Callable[[], None]]
+            tuple[list[tuple[str, _Job, int]], asyncio.AbstractEventLoop | None, Callable[[], None]]
         ]
         self._waiting = []
-        """when_stored's callbacks: the records each waits for (job -> count), its loop."""
+        """when_stored's callbacks: the records each waits for (job, appended), its loop."""
+        self._unresolved: set[str] = set()
+        """Jobs whose stored size is not known yet (see _Job.resolved)."""
         self.fenced = False
         """Set once a write was fenced: this master no longer leads and stores nothing more."""
         self._retry(create_output_tables, "write")
@@ -214,9 +154,14 @@ class PgOutputStore(OutputStore):
                 )
             return conn
 
-    def _retry(self, work: Callable[[psycopg.Connection[Any]], T], which: str = "read") -> T:
-        """`work` on a connection, reconnecting after a lost one for RETRY_FOR seconds."""
-        deadline = time.monotonic() + RETRY_FOR
+    def _retry(
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        which: str = "read",
+        wait: float = RETRY_FOR,
+    ) -> T:
+        """`work` on a connection, reconnecting after a lost one for `wait` seconds."""
+        deadline = time.monotonic() + wait
         delay = 0.05
         while True:
             try:
@@ -272,6 +217,7 @@ class PgOutputStore(OutputStore):
         job.buf.append((line.decode("ascii"), run, at))
         job.records += 1
         job.bytes += len(line) + 1
+        job.appended += 1
         self._dirty.add(job_id)
         if len(job.buf) == FLUSH_RECORDS:
             self._kick.set()
@@ -282,17 +228,23 @@ class PgOutputStore(OutputStore):
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
-                if not job.open:
+                if not job.open:  # a next run: full again only at the job's cap, as files
                     job.open = True
                     job.owner = self.owner(job_id)
+                    job.full = self.cap is not None and job.bytes >= self.cap
                 return job
-        row = self._retry(
-            lambda c: c.execute(
-                "SELECT records, bytes, marked FROM job_output_size WHERE job_id = %s",
-                (job_id,),
-            ).fetchone()
-        )
-        records, size, marked = row or (0, 0, False)
+        try:
+            row = self._size(job_id, OPEN_WAIT)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            # The database is away: the loop does not wait for it; the flusher adds the
+            # stored size before it writes (a requeued job may then pass its cap a little).
+            log.warning("job output: job %s's stored size unknown for now (%s)", job_id, e)
+            job = _Job(0, 0, 0, 0, False, False, self.owner(job_id), resolved=False)
+            with self._lock:
+                self._jobs[job_id] = job
+                self._unresolved.add(job_id)
+            return job
+        records, size, marked = row
         full = self.cap is not None and size >= self.cap
         job = _Job(records, size, records, size, marked, full, self.owner(job_id))
         with self._lock:
@@ -302,15 +254,50 @@ class PgOutputStore(OutputStore):
                 job.marked = True
         return job
 
+    def _size(self, job_id: str, wait: float = RETRY_FOR) -> tuple[int, int, bool]:
+        """A job's stored records, bytes and whether its last one is a marker."""
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT records, bytes, marked FROM job_output_size WHERE job_id = %s",
+                (job_id,),
+            ).fetchone(),
+            wait=wait,
+        )
+        return (int(row[0]), int(row[1]), bool(row[2])) if row else (0, 0, False)
+
+    def _resolve(self, wait: float) -> None:
+        """Add the stored size to the counts of jobs first appended to while the database
+        was away (in the flusher, before their records are numbered for good)."""
+        with self._lock:
+            pending = [(job_id, self._jobs[job_id]) for job_id in self._unresolved]
+        for job_id, job in pending:
+            records, size, _ = self._size(job_id, wait)
+            with self._lock:
+                if self._jobs.get(job_id) is not job:
+                    continue  # deleted meanwhile
+                job.stored, job.stored_bytes = records, size
+                job.records += records
+                job.bytes += size
+                job.full = job.full or (self.cap is not None and job.bytes >= self.cap)
+                job.resolved = True
+                self._unresolved.discard(job_id)
+
     def close(self, job_id: str) -> None:
+        """The job ended: its last records are written now, before its end is (the
+        controller stores the end after this call, in this turn): a master killed then
+        has both, as with files, where the agent that forgot the run would not re-send
+        them and a new leader would drop output of an ended run."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
                 job.open = False
                 if not job.buf:
                     self._let_go(job_id)
-                else:
-                    self._kick.set()  # the ended job's last records: soon
+        if job is not None and job.buf and not self.fenced:
+            try:
+                self.flush(OPEN_WAIT)  # the loop waits little: with the database away
+            except Exception as e:  # the flusher tries again
+                log.warning("job output: job %s's last records not written yet: %s", job_id, e)
         self._have.pop(job_id, None)
         self._wake(job_id)
 
@@ -324,14 +311,16 @@ class PgOutputStore(OutputStore):
             for old in list(itertools.islice(self._left, LEFT_KEPT // 2)):
                 self._pruned = max(self._pruned, self._left.pop(old))
 
-    def _left_at(self, job_id: str) -> int:
-        """The job's last departure from memory, or a later stamp (see PgOutputReader)."""
+    def left_at(self, job_id: str) -> int:
+        """The job's last departure from memory, or a later stamp (see store/pgreader.py)."""
         with self._lock:
             return self._left.get(job_id, self._pruned)
 
     def when_stored(self, then: Callable[[], None]) -> None:
         with self._lock:
-            need = {job_id: self._jobs[job_id].records for job_id in self._dirty}
+            need = [
+                (job_id, job, job.appended) for job_id in self._dirty if (job := self._jobs[job_id])
+            ]
             if need:
                 self._waiting.append((need, _running_loop(), then))
                 self._kick.set()
@@ -344,9 +333,9 @@ class PgOutputStore(OutputStore):
         ready = []
         due, self._waiting = self._waiting, []
         for need, loop, then in due:
+            # A job no longer in memory is all written (or deleted).
             if all(
-                (job := self._jobs.get(job_id)) is None or job.stored >= n
-                for job_id, n in need.items()
+                self._jobs.get(job_id) is not job or job.written >= n for job_id, job, n in need
             ):
                 ready.append((loop, then))
             else:
@@ -359,7 +348,7 @@ class PgOutputStore(OutputStore):
         for loop, then in ready:
             if loop is None:
                 then()
-            else:
+            elif not loop.is_closed():  # closed: the master is gone, and the agents' links
                 loop.call_soon_threadsafe(then)
 
     # ---- the flusher -----------------------------------------------------
@@ -379,37 +368,48 @@ class PgOutputStore(OutputStore):
                 log.exception("job output: writing failed; retrying")
                 time.sleep(1.0)
 
-    def flush(self) -> int:
+    def flush(self, wait: float = RETRY_FOR) -> int:
         """Write buffered records in one transaction (the flusher calls it every
-        FLUSH_INTERVAL; tests and shutdown too); how many were written."""
-        with self._write_lock:
-            if self.fenced:
-                raise Fenced("this master's output store was fenced: it writes nothing")
-            with self._lock:
-                batch = self._take()
-                ready = self._stored() if batch is None and self._waiting else []
-            if batch is None:
-                self._call(ready)  # waiting on a job deleted since
-                return 0
-            try:
-                self._retry(lambda conn: self._write(conn, batch), "write")
-            except Fenced:
-                self.fenced = True
-                raise
-            with self._lock:
-                for job_id, k in batch.taken.items():
-                    job = self._jobs[job_id]
-                    for line, _, _ in job.buf[:k]:
-                        job.stored_bytes += len(line) + 1
-                    del job.buf[:k]
-                    job.stored += k
-                    if not job.buf:
-                        self._dirty.discard(job_id)
-                        if not job.open:
-                            self._let_go(job_id)
-                ready = self._stored()
-            self._call(ready)
-            return len(batch.rows)
+        FLUSH_INTERVAL; close, tests and shutdown too); how many were written.  `wait`:
+        for the writer before (0 if it does not come) and a lost connection."""
+        if not self._write_lock.acquire(timeout=wait):
+            return 0
+        try:
+            return self._flush(wait)
+        finally:
+            self._write_lock.release()
+
+    def _flush(self, wait: float) -> int:
+        if self.fenced:
+            raise Fenced("this master's output store was fenced: it writes nothing")
+        if self._unresolved:
+            self._resolve(wait)
+        with self._lock:
+            batch = self._take()
+            ready = self._stored() if batch is None and self._waiting else []
+        if batch is None:
+            self._call(ready)  # waiting on a job deleted since
+            return 0
+        try:
+            self._retry(lambda conn: self._write(conn, batch), "write", wait)
+        except Fenced:
+            self.fenced = True
+            raise
+        with self._lock:
+            for job_id, k in batch.taken.items():
+                job = self._jobs[job_id]
+                for line, _, _ in job.buf[:k]:
+                    job.stored_bytes += len(line) + 1
+                del job.buf[:k]
+                job.stored += k
+                job.written += k
+                if not job.buf:
+                    self._dirty.discard(job_id)
+                    if not job.open:
+                        self._let_go(job_id)
+            ready = self._stored()
+        self._call(ready)
+        return len(batch.rows)
 
     def _take(self) -> _Batch | None:
         """What the next transaction writes: each buffered job's first records, BATCH_ROWS
@@ -419,6 +419,8 @@ class PgOutputStore(OutputStore):
         batch = _Batch([], [], [], {})
         for job_id in list(self._dirty):
             job = self._jobs[job_id]
+            if not job.resolved:
+                continue  # appended since _resolve: the next flush
             k = min(len(job.buf), BATCH_ROWS - len(batch.rows))
             if k <= 0:
                 break
@@ -454,13 +456,13 @@ class PgOutputStore(OutputStore):
 
     # ---- reads -------------------------------------------------------------
 
-    def _buffered(self, job_id: str, pos: int, limit: int, end: int | None) -> list[str] | None:
+    def buffered(self, job_id: str, pos: int, limit: int, end: int | None) -> list[str] | None:
         """Buffered records from `pos` (at least one, about `limit` bytes); [] at the end
         of the job's records; None when they are in the database (or the job is not in
         this master's memory)."""
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is None or pos < job.stored:
+            if job is None or pos < job.stored or not job.resolved:
                 return None
             stop = job.records if end is None else min(end, job.records)
             out: list[str] = []
@@ -473,7 +475,7 @@ class PgOutputStore(OutputStore):
                 size += len(line) + 1
             return out
 
-    def _page(self, job_id: str, pos: int, end: int | None) -> list[str]:
+    def page(self, job_id: str, pos: int, end: int | None) -> list[str]:
         """Stored records from `pos` on, PAGE at most, consecutive."""
         query = "SELECT n, line FROM job_output WHERE job_id = %s AND n >= %s"
         args: list[Any] = [job_id, pos]
@@ -495,7 +497,7 @@ class PgOutputStore(OutputStore):
         if not follow:
             with self._lock:
                 job = self._jobs.get(job_id)
-                end = None if job is None else job.records
+                end = None if job is None or not job.resolved else job.records
         return PgOutputReader(self, job_id, start, end)
 
     def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
@@ -555,6 +557,7 @@ class PgOutputStore(OutputStore):
                         return 0  # the job is not over
                     self._let_go(job_id)  # its buffer too: deleted with the rest
                     self._dirty.discard(job_id)
+                    self._unresolved.discard(job_id)
 
             def work(conn: psycopg.Connection[Any]) -> int:
                 with conn.transaction():
