@@ -393,32 +393,40 @@ class Client:
 
     def _exchange(self, method: str, path: str, data: bytes | None, timeout: float | None) -> Any:
         """One request to the master at hand (a kept-alive connection the master closed
-        meanwhile: once more on a new one); its decoded answer."""
-        retried = False
+        meanwhile: once more on a new one); its decoded answer.  Once a request went out
+        and its answer was lost, any failure after is a LostConnection: it may be done."""
+        lost: OSError | None = None
+        flipped = False
         while True:
             was_tls = self.tls
             try:
-                conn, fresh = self._checkout(timeout or self.timeout, fresh=retried)
-            except ConnectError as e:
-                if retried:  # the first try may have reached it
-                    raise LostConnection(str(e)) from None
+                conn, fresh = self._checkout(timeout or self.timeout, fresh=lost is not None)
+            except ConnectError:
+                if flipped:
+                    self.tls = False  # nothing there: not a TLS-only master after all
+                if lost is not None:  # the first try may have reached it
+                    raise self._broken(lost, "did not answer in time") from None
                 raise
             try:
                 resp = conn.request(method, path, data, self._headers())
                 raw = resp.read()
             except OSError as e:
                 conn.close()
+                if flipped:
+                    self.tls = False
+                if lost is not None:
+                    raise self._broken(e, "did not answer in time") from None
+                lost = e
                 if fresh and not was_tls and self._tls_auto and isinstance(e, ConnectionError):
                     # Closed or reset at once (a timeout is not that): a loopback master may
                     # speak only TLS (--tls): try it.
-                    self.tls = True
+                    self.tls = flipped = True
                     continue
-                if fresh or retried:
+                if fresh:
                     raise self._broken(e, "did not answer in time") from None
                 # A kept-alive connection the server closed (it restarted, or timed it out):
                 # the other idle ones are likely gone too.  Retry once on a new one.
                 self.close()
-                retried = True
                 continue
             if resp.will_close:
                 conn.close()
