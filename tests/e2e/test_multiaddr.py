@@ -9,15 +9,19 @@ with a deadline; every process started is killed by its process group.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from factories import http_server
 from helpers import BIN, LocalCluster, kill_group, wait_for
 from mgpu import Client
 
@@ -104,3 +108,59 @@ def test_logs_follow_resumes_across_a_master_restart(
         kill_group(follower)
     assert out.read_text() == "".join(f"line {i}\n" for i in range(1, 16))
     assert Client(masters, token=c.admin_token).wait(job.id, timeout=30)["state"] == "completed"
+
+
+def standby_for(leader: str) -> type[BaseHTTPRequestHandler]:
+    """A stand-in standby master: every request (a WebSocket handshake too) answered 503
+    with the contract's JSON and header, naming `leader`."""
+
+    class Standby(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _refuse(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(
+                {
+                    "detail": f"this master is a standby; the leader is {leader}",
+                    "role": "standby",
+                    "leader": leader,
+                }
+            ).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-Mgpu-Leader", leader)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Standby
+
+
+def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, CONFIG)
+    try:
+        c.start_master()
+        with http_server(standby_for(c.address)) as stand:
+            c.start_agent("node001", gpus=1, extra=["--master-host", stand])  # the standby only
+            env = {**c.env, "MGPU_MASTER": stand}
+            res = subprocess.run(
+                [str(BIN / "mgpu"), "submit", "--gpus", "1", "echo hi"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+            assert res.returncode == 0, res.stderr
+            client = Client(stand, token=c.admin_token)
+            jobs = client.queue(all=True)["jobs"]
+            assert len(jobs) == 1  # submitted once
+            done = client.wait(jobs[0]["id"], timeout=30)
+            assert done["state"] == "completed", (done, client.logs(done["id"]))
+            assert client.address == c.address
+    finally:
+        c.stop()
