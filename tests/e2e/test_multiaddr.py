@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from factories import http_server
 from helpers import BIN, LocalCluster, kill_group, wait_for
-from mgpu import Client
+from mgpu import Client, MgpuError
 
 CONFIG = """
 networking:
@@ -162,5 +163,53 @@ def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> Non
             done = client.wait(jobs[0]["id"], timeout=30)
             assert done["state"] == "completed", (done, client.logs(done["id"]))
             assert client.address == c.address
+    finally:
+        c.stop()
+
+
+SRUN = f"""#!{sys.executable}
+import sys
+from mgpu.client.steps import StepOptions, run_step
+sys.exit(run_step(sys.argv[1:], StepOptions()))
+"""
+
+
+def test_a_step_output_resumes_from_each_tasks_count(tmp_path: Path) -> None:
+    """`srun` inside a job reconnects with how many records of each task it has
+    (`/api/sruns/ID/output?since=N,M`): the master sends only those after them."""
+    c = LocalCluster(tmp_path, CONFIG)
+    try:
+        c.start_master()
+        c.start_agent("node001", gpus=1)
+        c.start_agent("node002", gpus=1)
+        shims = tmp_path / "shims"
+        shims.mkdir()
+        (shims / "srun").write_text(SRUN)
+        (shims / "srun").chmod(0o755)
+        gate = tmp_path / "gate"
+        env = {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+        script = "#!/bin/sh\nsrun sh -c 'echo a$SLURM_PROCID; echo b$SLURM_PROCID'\n"
+        script += f"while [ ! -e {gate} ]; do sleep 0.05; done\n"
+        client = c.client()
+        job = client.submit_script(script, nodes=2, gpus_per_node=1, env=env, slurm={"batch": True})
+        path = f"/api/sruns/{job.id}.s1/output"
+
+        def step_output() -> list[dict[str, Any]] | None:
+            try:
+                return list(client._stream_path(path, 30))  # to the step's end
+            except MgpuError:  # not started yet
+                return None
+
+        full = wait_for(step_output, timeout=60, what="the step's output")
+        ours = [r for r in full if r.get("t") == 0]
+        theirs = [r for r in full if r.get("t") == 1]
+        assert ours and theirs and full[-1]["end"], full
+        assert "".join(r["d"] for r in theirs) == "a1\nb1\n"
+        rest = list(client._stream_path(f"{path}?since={len(ours)},0", 30))
+        assert rest == [*theirs, full[-1]]
+        with pytest.raises(MgpuError, match="one count of records per task"):
+            list(client._stream_path(f"{path}?since=1,2,3", 30))
+        gate.touch()
+        assert client.wait(job.id, timeout=30)["state"] == "completed"
     finally:
         c.stop()
