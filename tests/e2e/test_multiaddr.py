@@ -213,3 +213,35 @@ def test_a_step_output_resumes_from_each_tasks_count(tmp_path: Path) -> None:
         assert client.wait(job.id, timeout=30)["state"] == "completed"
     finally:
         c.stop()
+
+
+def test_a_terminal_goes_on_through_a_master_restart(
+    two: tuple[LocalCluster, str], tmp_path: Path
+) -> None:
+    """`mgpu srun --pty` with two addresses: the master is killed and restarted while the
+    program waits for a line; the client attaches again (asking for the output after what
+    it showed), the program goes on, and nothing it printed is shown twice."""
+    from test_terminals import Term
+
+    c, masters = two
+    env = {**c.env, "MGPU_MASTER": masters, "PATH": f"{BIN}:{c.env.get('PATH', '')}"}
+    program = "echo ready; read x; echo got=$x; read y; echo got2=$y"
+    t = Term(env, "srun", "--pty", "--gpus", "1", "--", "sh", "-c", program)
+    try:
+        t.expect(r"ready")
+        t.type(b"one\r")
+        t.expect(r"got=one")
+        assert c.master is not None
+        os.killpg(c.master.pid, signal.SIGKILL)
+        c.master.wait(timeout=10)
+        t.expect(r"lost the connection to the master")
+        c.start_master()
+        c.wait_node("node001", "online")
+        t.expect(r"reconnected")
+        t.type(b"two\r")
+        t.expect(r"got2=two")
+        assert t.wait() == 0
+        assert t.restored()
+    finally:
+        t.close()
+    assert t.seen.count(b"got=one") == 1 and t.seen.count(b"ready") == 1, t.seen
