@@ -130,15 +130,19 @@ class Leader(_Master):
         self._answer(201, {"job_id": "1"})
 
 
-def standby(leader: str | None) -> type[_Master]:
-    class Standby(_Master):
+class _Standby(_Master):
+    asked: ClassVar[int] = 0
+
+
+def standby(leader: str | None) -> type[_Standby]:
+    class Standby(_Standby):
         asked = 0
 
         def _refuse(self) -> None:
             type(self).asked += 1
             where = f"the leader is {leader}" if leader else "no leader yet"
-            body = {"detail": f"this master is a standby; {where}", "role": "standby"}
-            body["leader"] = leader
+            body: dict[str, Any] = {"detail": f"this master is a standby; {where}"}
+            body.update(role="standby", leader=leader)
             self._answer(503, body, {"X-Mgpu-Leader": leader} if leader else {})
 
         def do_GET(self) -> None:
@@ -397,3 +401,20 @@ def test_node_takes_several_master_hosts() -> None:
     res = subprocess.run([*argv[:-1], "--master-host", "x:y"], capture_output=True, text=True)
     assert res.returncode == 2
     assert "--master-host: 'x:y' is not HOST[:PORT]" in res.stderr.splitlines()[-1]
+
+
+def test_slurm_commands_take_several_masters(dead: str) -> None:
+    if not MGPU.exists():
+        pytest.skip("no mgpu console script next to this Python")
+    from test_slurm_cli import _Master as SlurmMaster
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MGPU_TOKEN": "t"}
+    with http_server(SlurmMaster) as live:
+        for argv, given in (
+            (["squeue", "-h", "-o", "%i %T %N"], {**env, "MGPU_MASTER": f"{dead},{live}"}),
+            (["--host", f"{dead},{live}", "squeue", "-h", "-o", "%i %T %N"], env),
+        ):
+            res = subprocess.run(
+                [str(MGPU), *argv], capture_output=True, text=True, env=given, timeout=60
+            )
+            assert (res.returncode, res.stdout) == (0, "42 RUNNING node001\n"), res.stderr
