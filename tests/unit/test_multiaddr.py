@@ -183,14 +183,21 @@ def test_a_standby_names_the_leader(dead: str) -> None:
         assert client.address == leader
 
 
-def test_a_failover_is_waited_for(dead: str) -> None:
+@pytest.mark.parametrize("role", ["standby", "leader"])
+def test_a_failover_is_waited_for(dead: str, role: str) -> None:
+    """A standby that knows no leader yet, or the new leader still opening the cluster
+    (503, `"role": "leader"`, itself as the leader), until it serves."""
     Waiting = standby(None)
 
     class Promoted(Leader):
         def do_GET(self) -> None:
             if Waiting.asked < 3:
                 Waiting.asked += 1
-                self._answer(503, {"detail": "no leader yet", "role": "standby", "leader": None})
+                host, port = self.server.server_address[:2]  # type: ignore[index,str-unpack]
+                me = f"{host!s}:{port}"
+                leader = me if role == "leader" else None
+                body = {"detail": "not yet", "role": role, "leader": leader}
+                self._answer(503, body, {"X-Mgpu-Leader": me} if leader else {})
             else:
                 super().do_GET()
 

@@ -122,6 +122,8 @@ class _Search:
         self.deadline: float | None = None
         self.delay = 0.05
         self.hops = 0
+        self.named: tuple[str, int] | None = None
+        """The leader a standby named last."""
 
     def next(self, error: MgpuError, hint: str | None = None) -> None:
         """Move the client to the next master to try (after a pause once every one was
@@ -131,6 +133,8 @@ class _Search:
         self.tried.append(here)
         self.errors[here] = _reason(error)
         leader = c._parse_hint(hint)
+        if leader is not None:
+            self.named = leader
         if leader is not None and leader not in self.tried and self.hops < 4:
             self.hops += 1
             c._use(leader)
@@ -151,7 +155,7 @@ class _Search:
         time.sleep(self.delay)
         self.delay = min(self.delay * 2, 1.0)
         self.tried, self.hops = [], 0
-        c._use(c.addresses[0])
+        c._use(self.named or c.addresses[0])  # where the leader was last said to be
 
     def _final(self, error: MgpuError, wait: float) -> MgpuError:
         if len(self.errors) == 1:
@@ -452,7 +456,8 @@ class Client:
                 detail = f"the master answered HTTP {status}"
             if status == 503:
                 hint = (headers or {}).get("x-mgpu-leader")
-                if isinstance(payload, dict) and payload.get("role") == "standby":
+                # A standby, or a leader still opening the cluster: not serving yet.
+                if isinstance(payload, dict) and payload.get("role") in ("standby", "leader"):
                     leader = payload.get("leader")
                     raise Standby(detail, leader if isinstance(leader, str) else hint)
                 if hint:
