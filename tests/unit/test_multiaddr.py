@@ -222,6 +222,22 @@ def test_the_wait_is_bounded_and_ends_in_one_line(
     assert f"{dead}: connection refused" in text and f"{stand}: a standby, no leader" in text
 
 
+def test_a_stopped_leader_is_left_for_reads_only() -> None:
+    """A stopped master (SIGSTOP) takes connections and says nothing: a read asks the next
+    master after its timeout; a submit says so and is not sent again."""
+    Leader.posts = []
+    with socket.socket() as stopped, http_server(Leader) as leader:
+        stopped.bind(("127.0.0.1", 0))
+        stopped.listen(8)  # connections complete, nothing ever answers
+        silent = f"127.0.0.1:{stopped.getsockname()[1]}"
+        client = Client(f"http://{silent},{leader}", timeout=0.5)
+        with pytest.raises(api.NoAnswer, match="did not answer in time"):
+            client.submit("true", env={}, cwd="/")
+        assert Leader.posts == []
+        assert client.queue() == {"jobs": [], "nodes": []}
+        assert client.address == leader
+
+
 def test_one_master_that_is_down_fails_at_once(dead: str) -> None:
     began = time.monotonic()
     with pytest.raises(ConnectError, match=f"cannot reach the mgpu master at {dead}"):

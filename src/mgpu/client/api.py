@@ -67,6 +67,9 @@ class SubmittedJob:
 FAILOVER_WAIT = 30.0
 """Seconds a client looks for a leader while a failover runs ($MGPU_FAILOVER_WAIT): with
 several masters, or told by a standby that no master leads yet."""
+FOLLOW_SILENCE = 20.0
+"""Seconds without a word (the master pings a job's followers every 5 s) after which a
+follower of several masters looks for the leader again: a stopped one says nothing."""
 MULTI_CONNECT_TIMEOUT = 3.0
 """Seconds to reach one master of several before trying the next (a machine that is off
 answers nothing); at most the client's own connect timeout."""
@@ -102,6 +105,10 @@ def resolve_address(host: str | None = None, port: int | None = None) -> tuple[s
 
 class LostConnection(ConnectError):
     """The connection broke after the request was sent: the master may have done it."""
+
+
+class NoAnswer(MgpuError):
+    """The master took the request and said nothing in time (slow, or stopped)."""
 
 
 class Standby(RequestError):
@@ -285,6 +292,12 @@ class Client:
                 search = search or _Search(self)
                 search.next(e)
                 continue
+            except NoAnswer as e:  # a stopped leader takes connections and says nothing
+                if not safe or len(self.addresses) < 2:
+                    raise
+                search = search or _Search(self)
+                search.next(e)
+                continue
             if len(self.addresses) > 1:
                 _leaders[tuple(self.addresses)] = (self.host, self.port)
             return result
@@ -441,7 +454,7 @@ class Client:
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
         if isinstance(e, TimeoutError):
-            return MgpuError(f"the mgpu master at {self.address} {timed_out}")
+            return NoAnswer(f"the mgpu master at {self.address} {timed_out}")
         return LostConnection(f"lost the connection to the mgpu master at {self.address}: {e}")
 
     @staticmethod
@@ -772,6 +785,8 @@ class Client:
         """Output records ({"s","d","n"}), and when following, status lines and a last
         {"end": true, "state", "exit_code"} line."""
         path = f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
+        if len(self.addresses) > 1:  # the master pings every 5 s: a silent one has stopped
+            read_timeout = min(read_timeout, FOLLOW_SILENCE)
         return self._stream_path(path, read_timeout)
 
     def _stream_path(self, path: str, read_timeout: float) -> Iterator[dict[str, Any]]:
@@ -793,14 +808,16 @@ class Client:
             conn.close()
 
     def _open_stream(self, path: str, read_timeout: float) -> tuple[Connection, Any]:
-        conn = self._connect(read_timeout)
+        wait = min(read_timeout, self.timeout)  # the head of the answer comes at once
+        conn = self._connect(wait)
         try:
             resp = conn.request("GET", path, None, self._headers())
             if resp.status >= 400:
                 self._decode(resp.status, resp.read(), resp.headers)
+            conn.settimeout(read_timeout)
         except OSError as e:
             conn.close()
-            raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
+            raise self._broken(e, f"sent no word for {wait:g} s") from None
         except BaseException:
             conn.close()
             raise
