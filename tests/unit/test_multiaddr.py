@@ -35,7 +35,8 @@ MGPU = Path(sys.executable).parent / "mgpu"
 
 
 @pytest.fixture(autouse=True)
-def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("MGPU_MASTER", raising=False)
     monkeypatch.delenv("MGPU_FAILOVER_WAIT", raising=False)
     monkeypatch.setenv("MGPU_TOKEN", "mgpu_test")
@@ -174,6 +175,10 @@ def test_the_next_master_is_tried_and_the_leader_remembered(dead: str) -> None:
         assert client.queue() == {"jobs": [], "nodes": []}
         assert client.address == leader
         assert Client(f"{dead},{leader}").address == leader  # for the process
+        api._leaders.clear()  # another process: the leader is in the user's cache
+        assert Client(f"{dead},{leader}").address == leader
+        assert Client(f"{leader},{dead}").address == leader  # another list: its own
+        assert Client(f"{dead},127.0.0.1:1").address == dead
 
 
 def test_a_standby_names_the_leader(dead: str) -> None:

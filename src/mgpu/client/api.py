@@ -211,7 +211,7 @@ class Client:
         client finds the leader among them, remembers it for the process, and while a
         failover runs tries again for $MGPU_FAILOVER_WAIT seconds (default 30)."""
         scheme, self.addresses = resolve_addresses(address or host, port)
-        self.host, self.port = _leaders.get(tuple(self.addresses), self.addresses[0])
+        self.host, self.port = _leaders.get(tuple(self.addresses)) or self._cached_leader()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         wait = os.environ.get("MGPU_FAILOVER_WAIT", "")
@@ -241,6 +241,40 @@ class Client:
     def address(self) -> str:
         """The master this client talks to now (the leader, once found)."""
         return _shown_address((self.host, self.port))
+
+    def _leader_file(self) -> str:
+        """Where the leader of this list of masters was found last, for the next process
+        (so a master that is off costs one search, not one per command)."""
+        key = ",".join(_shown_address(a) for a in self.addresses)
+        name = "".join(c if c.isalnum() or c in ".-" else "_" for c in key)[:200]
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        return os.path.join(cache, "mgpu", f"leader-{name}")
+
+    def _cached_leader(self) -> tuple[str, int]:
+        """The leader found last by any process (one of the listed masters), else the
+        first master; with one master: it, and no file is read."""
+        if len(self.addresses) > 1:
+            try:
+                with open(self._leader_file()) as f:
+                    text = f.read(300).strip()
+            except (OSError, ValueError):
+                text = ""
+            for address in self.addresses:
+                if text == _shown_address(address):
+                    _leaders[tuple(self.addresses)] = address
+                    return address
+        return self.addresses[0]
+
+    def _cache_leader(self) -> None:
+        path = self._leader_file()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fresh = f"{path}.{os.getpid()}"
+            with open(fresh, "w") as f:
+                f.write(_shown_address((self.host, self.port)) + "\n")
+            os.replace(fresh, path)
+        except OSError:
+            pass  # a read-only home: each process searches again
 
     def _choose_tls(self) -> None:
         from mgpu.credentials import is_loopback
@@ -298,8 +332,12 @@ class Client:
                 search = search or _Search(self)
                 search.next(e)
                 continue
-            if len(self.addresses) > 1:
+            if len(self.addresses) > 1 and _leaders.get(tuple(self.addresses)) != (
+                self.host,
+                self.port,
+            ):
                 _leaders[tuple(self.addresses)] = (self.host, self.port)
+                self._cache_leader()
             return result
 
     # ---- transport ----------------------------------------------------------
