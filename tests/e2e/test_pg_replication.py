@@ -5,11 +5,13 @@ database with `pg_ctl promote` (tests/pgserver.py does each step as the recipe s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 import pgserver
+from hacluster import HaCluster
 from helpers import wait_for
 from pgserver import PgServer
 
@@ -87,4 +89,38 @@ def test_a_multi_host_url_reaches_whichever_server_takes_writes(primary: PgServe
             assert conn.info.port == standby.port
         assert rows(url) == [1, 2]
     finally:
+        standby.stop()
+
+
+def test_masters_on_a_multi_host_url_resume_on_the_promoted_standby(
+    primary: PgServer, tmp_path: Path
+) -> None:
+    """The database fails over under two running masters: the primary dies, the standby is
+    promoted (`pg_ctl promote`), and the masters, given both servers in one URL, go on
+    there: every job submitted before and after runs, once."""
+    primary.create_database("mgpu")
+    standby = primary.standby(synchronous=True)
+    cluster = HaCluster(tmp_path, PgServer.multi_host_url([primary, standby], "mgpu"))
+    runs = tmp_path / "runs"
+    try:
+        cluster.supervise()  # a master that lost the lease while the database was away exits
+        cluster.start_master(0)
+        cluster.start_master(1)
+        cluster.start_agent("node001", gpus=4)
+        client = cluster.client()
+        script = f"echo $MGPU_JOB_ID >> {runs}; sleep 0.5"
+        ids = [client.submit(script, gpus=1).id for _ in range(16)]
+        wait_for(lambda: runs.exists() and len(runs.read_text().split()) >= 4, timeout=60)
+
+        primary.kill()
+        standby.promote()
+        ids += [client.submit(script, gpus=1).id for _ in range(8)]  # through the failover
+
+        jobs = client.wait_all(ids, timeout=120)
+        assert [j["state"] for j in jobs] == ["completed"] * len(ids), jobs
+        ran = runs.read_text().split()
+        assert sorted(ran) == sorted(ids), "a job lost or run twice"
+        cluster.leader(timeout=30)
+    finally:
+        cluster.stop()
         standby.stop()
