@@ -4,6 +4,14 @@ It dials the master (so it works behind NAT), says hello with its hostname, IP,
 GPUs and whatever it already runs, then launches and stops jobs as told and
 streams their output back.  When the master goes away, jobs keep running;
 messages wait in an ordered outbox and the agent reconnects with backoff.
+
+Several masters (`--master-host a,b`: one leads, the others stand by) are dialled in turn
+until one leads: a standby refuses the handshake with 503 and names the leader when it
+knows it (`X-Mgpu-Leader`), which is dialled next.  The link to a leader is pinged, so a
+leader that stopped (SIGSTOP, a machine off, a cut network) is left within seconds.  A
+leader's Welcome carries its lease generation: the agent keeps the highest it was welcomed
+with (in its node dir) and leaves a master whose generation is lower, a deposed leader
+that woke up, before acting on anything it says.
 """
 
 from __future__ import annotations
@@ -78,22 +86,61 @@ until the connection has taken some (a job writing as fast as it can, or a slow 
 must not fill the root agent's memory).  The output waits in its spool file meanwhile."""
 
 
+MULTI_BACKOFF_MAX = 1.0
+"""Seconds between rounds over several masters at most: a new leader is found within
+about this long of taking over."""
+SINGLE_BACKOFF_MAX = 4.0
+"""The same for one master: capped well under its node timeout, so a restarted master
+hears from every agent before it would declare one lost."""
+MULTI_OPEN_TIMEOUT = 3.0
+"""Seconds for one master of several to answer the handshake (a stopped one accepts the
+connection and says nothing) before the next is dialled."""
+PING_INTERVAL = 2.0
+PING_TIMEOUT = 4.0
+"""With several masters, the link is pinged: a leader that answers no ping this long is
+left for the others (with one master: no pings, as before)."""
+GENERATION_FILE = "master-generation"
+"""In the node dir: the highest leader generation this agent was welcomed with."""
+
+
 class AgentRefused(RuntimeError):
     pass
 
 
+class StandbyMaster(ConnectionError):
+    """The master dialled is a standby (503 at the handshake); `leader`: its hint."""
+
+    def __init__(self, message: str, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class DeposedMaster(ConnectionError):
+    """A master welcomed us with a lower generation than one already seen."""
+
+
 class Agent:
     def __init__(self, options: AgentOptions) -> None:
-        from mgpu.credentials import is_loopback
 
         self.options = options
-        node_id, master_host = options.node_id, options.master_host
+        node_id = options.node_id
         self.node_id = node_id
-        # TLS unless told otherwise; on loopback try plain first and switch if refused.
-        self.tls = not options.insecure and not is_loopback(master_host)
-        self._tls_auto = not options.insecure and is_loopback(master_host)
+        self.masters = options.addresses
+        """Every master this agent knows (a standby's hint adds the leader it names)."""
+        self.master = self.masters[0]
+        """The master dialled now, or last connected to."""
+        self.tls = self._tls_auto = False
+        self._tls_tried: dict[tuple[str, int], bool] = {}
+        """A loopback master's TLS as last tried (plain first; TLS once it refused that)."""
+        self._choose_tls()
+        self._welcomed = False
+        """Whether the session now (or last) was welcomed: the master dialled leads."""
         self._ssl_context: Any = None
-        self.master = (master_host, options.master_port)
+        """The cluster CA pinned (one CA for every master of the cluster)."""
+        self.generation: int | None = None
+        """The highest leader generation this agent was welcomed with (GENERATION_FILE)."""
+        self._failing: dict[tuple[str, int], str] = {}
+        """Why each master could not be used, as last logged (a reason is logged once)."""
         self.token = options.token
         """The join token (found later, if the master makes it after this agent started)."""
         self.hostname = socket.gethostname()
@@ -126,6 +173,71 @@ class Agent:
             self.launcher.pump_output(run) if self.connected else None
         )
         self.launcher.output_room = lambda: self.output_queued < OUTPUT_QUEUED_MAX
+
+    def _choose_tls(self) -> None:
+        """TLS unless told otherwise; on loopback try plain first and switch if refused."""
+        from mgpu.credentials import is_loopback
+
+        loopback = is_loopback(self.master[0])
+        self.tls = not self.options.insecure and not loopback
+        self._tls_auto = not self.options.insecure and loopback
+        if self._tls_auto:
+            self.tls = self._tls_tried.get(self.master, False)
+
+    def _use(self, address: tuple[str, int]) -> None:
+        if address != self.master:
+            self.master = address
+            self._choose_tls()
+
+    def _load_generation(self) -> None:
+        try:
+            text = (self.options.node_dir / GENERATION_FILE).read_text().strip()
+            self.generation = int(text)
+        except (OSError, ValueError):
+            self.generation = None
+
+    def _keep_generation(self, generation: int) -> None:
+        self.generation = generation
+        path = self.options.node_dir / GENERATION_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = path.with_name(f".{GENERATION_FILE}.new")
+            fresh.write_text(f"{generation}\n")
+            fresh.replace(path)
+        except OSError as e:  # kept in memory still: refused until the agent restarts
+            log.warning("cannot keep the leader's generation in %s: %s", path, e)
+
+    def _check_generation(self, reply: Welcome) -> None:
+        """Refuse a Welcome from a deposed leader (a generation lower than one seen)."""
+        gen = reply.generation
+        if gen is None:  # a single master: nothing to compare
+            return
+        if self.generation is not None and gen < self.generation:
+            raise DeposedMaster(
+                f"the master at {_shown(self.master)} leads with generation {gen}, older "
+                f"than {self.generation} seen: a deposed leader, left"
+            )
+        if self.generation is None or gen > self.generation:
+            self._keep_generation(gen)
+
+    def _hint(self, leader: str | None) -> tuple[str, int] | None:
+        if not leader:
+            return None
+        from mgpu.addresses import AddressError, parse_addresses
+
+        try:
+            address = parse_addresses(leader, self.master[1], "leader")[1][0]
+        except AddressError:
+            return None
+        if address not in self.masters:
+            self.masters.append(address)
+        return address
+
+    def _say_failing(self, reason: str) -> None:
+        """One line per master and reason (not one per round while a failover runs)."""
+        if self._failing.get(self.master) != reason:
+            self._failing[self.master] = reason
+            log.warning("%s", reason)
 
     # ---- outbound -----------------------------------------------------------
 
@@ -186,22 +298,55 @@ class Agent:
         self._tasks.add(loop.create_task(self._pump_loop()))
         self._tasks.add(loop.create_task(self.launcher.sweep()))
         loop.add_signal_handler(signal.SIGTERM, self._terminate)
+        self._load_generation()
+        await self._dial_forever()
+
+    async def _dial_forever(self) -> None:
+        """Connect, converse, and when the link drops dial again: the master last used
+        first, then the others in turn (or the leader a standby names), pausing only once
+        every master was tried."""
+        several = len(self.masters) > 1
+        cap = MULTI_BACKOFF_MAX if several else SINGLE_BACKOFF_MAX
         delay = 0.2
+        tried: list[tuple[str, int]] = []
         while True:
+            self._welcomed = False
+            hint = None
             try:
                 await self._session()
-                delay = 0.2
             except (AgentRefused, NodeIdentityError):
                 raise
+            except StandbyMaster as e:
+                self._say_failing(str(e))
+                hint = self._hint(e.leader)
+            except DeposedMaster as e:
+                self._say_failing(str(e))
             except (TimeoutError, OSError) as e:
-                log.warning("cannot reach the master at %s: %s", self.url, e)
+                if self._welcomed:
+                    log.warning("connection to the master at %s lost: %s", self.url, e)
+                else:
+                    self._say_failing(f"cannot reach the master at {self.url}: {e}")
             except Exception as e:
                 log.warning("connection to the master lost: %s", e)
             self.connected = False
+            if self._welcomed:  # it led: a new round, from it (a blip), then the others
+                self._failing.clear()
+                tried, delay = [], 0.2
+                await asyncio.sleep(0.1 * (0.5 + random.random()))
+                continue
+            tried.append(self.master)
+            if hint is not None and hint not in tried:
+                self._use(hint)
+                continue
+            untried = [a for a in self.masters if a not in tried]
+            if untried:
+                self._use(untried[0])
+                continue
             await asyncio.sleep(delay * (0.5 + random.random()))
-            # Capped well under the master's node timeout, so a restarted master hears
-            # from every agent before it would declare one lost.
-            delay = min(delay * 2, 4.0)
+            delay = min(delay * 2, cap)
+            tried = []
+            if several:
+                self._use(self.masters[0])
 
     def _terminate(self) -> None:
         """SIGTERM: ended runs' job scripts are removed first (else they stay in the temp
@@ -213,7 +358,7 @@ class Agent:
 
     @property
     def url(self) -> str:
-        return f"{'wss' if self.tls else 'ws'}://{self.master[0]}:{self.master[1]}/api/agent"
+        return f"{'wss' if self.tls else 'ws'}://{_shown(self.master)}/api/agent"
 
     async def _tls_context(self) -> Any:
         if self._ssl_context is None:
@@ -240,19 +385,31 @@ class Agent:
             # The master may have made it since this agent started.
             self.token = find_join_token(None, self.options.state_dir)
 
+        several = len(self.masters) > 1
         try:
             async with websockets.connect(
                 self.url,
                 max_size=64 * 1024 * 1024,
-                open_timeout=10,
-                ping_interval=None,
+                open_timeout=MULTI_OPEN_TIMEOUT if several else 10,
+                ping_interval=PING_INTERVAL if several else None,
+                ping_timeout=PING_TIMEOUT if several else None,
                 compression=None,
                 ssl=await self._tls_context() if self.tls else None,
             ) as ws:
                 await self._converse(ws)
+        except websockets.InvalidStatus as e:  # it answered in HTTP: TLS or not was right
+            response = e.response
+            if response.status_code == 503:
+                leader = _standby_leader(response.body, response.headers.get("X-Mgpu-Leader"))
+                where = f"the leader is {leader}" if leader else "no leader yet"
+                raise StandbyMaster(
+                    f"the master at {_shown(self.master)} is a standby; {where}", leader
+                ) from None
+            raise
         except (websockets.InvalidMessage, websockets.InvalidHandshake, EOFError):
             if self._tls_auto:
                 self.tls = not self.tls  # a loopback master may speak only TLS (--tls)
+                self._tls_tried[self.master] = self.tls
             raise
 
     async def _converse(self, ws: Any) -> None:
@@ -277,6 +434,8 @@ class Agent:
             raise AgentRefused(reply.reason)
         if not isinstance(reply, Welcome):
             raise ConnectionError("the master did not welcome us")
+        self._check_generation(reply)  # before anything it says is acted on
+        self._welcomed = True
         if reply.node_secret:  # first join: kept before anything else happens
             self.identity.save(reply.node_secret)
             log.info("joined as node %s; its secret is in %s", self.node_id, self.identity.path)
@@ -308,7 +467,8 @@ class Agent:
                 behind.append((run, exited))
         for run, exited in behind:
             self._spawn(self._send_end_after_output(run, exited, self._connection))
-        log.info("connected to the master at %s:%d as %s", *self.master, self.node_id)
+        self._failing.clear()
+        log.info("connected to the master at %s as %s", _shown(self.master), self.node_id)
         sender = asyncio.create_task(self._sender(ws))
         beater = asyncio.create_task(self._heartbeats())
         try:
@@ -527,7 +687,9 @@ class Agent:
         return jobenv.run_as(msg, self.hostname)
 
     def job_env(self, msg: Launch) -> dict[str, str]:
-        return jobenv.job_env(msg, self.master, self.gpus, self.mps)
+        # Every master, the leader first: `mgpu` in the job finds it after a failover too.
+        masters = [self.master, *(a for a in self.masters if a != self.master)]
+        return jobenv.job_env(msg, masters, self.gpus, self.mps)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes
@@ -626,6 +788,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         return int(s.getsockname()[1])
+
+
+def _shown(address: tuple[str, int]) -> str:
+    from mgpu.addresses import format_address
+
+    return format_address(address)
+
+
+def _standby_leader(body: bytes | bytearray | None, header: str | None) -> str | None:
+    """Where a standby's 503 says the leader is: its JSON `leader`, else the header."""
+    try:
+        leader = json.loads(body or b"{}").get("leader")
+    except (ValueError, AttributeError):
+        leader = None
+    return leader if isinstance(leader, str) and leader else (header or None)
 
 
 _ip_cache: dict[str, str] = {}

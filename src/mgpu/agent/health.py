@@ -140,6 +140,16 @@ def check_master(host: str, port: int, timeout: float = 3.0) -> Check:
     return Check("master reachable", False, f"{where}: {errors[0]}")
 
 
+def check_masters(addresses: list[tuple[str, int]], timeout: float = 3.0) -> Check:
+    """Several masters (one leads, the others stand by): passes when one answers."""
+    if len(addresses) == 1:
+        return check_master(*addresses[0], timeout=timeout)
+    results = [check_master(host, port, timeout) for host, port in addresses]
+    return Check(
+        "master reachable", any(r.ok for r in results), "; ".join(r.detail for r in results)
+    )
+
+
 def run_health(options: AgentOptions, out: TextIO | None = None) -> int:
     """Print one line per check; 0 if all pass, else 1."""
     out = out or sys.stdout
@@ -147,7 +157,7 @@ def run_health(options: AgentOptions, out: TextIO | None = None) -> int:
     checks = [
         check_gpus(o.fake_gpus, o.gpu_count),
         check_spool(o.state_dir, o.node_id),
-        check_master(o.master_host, o.master_port),
+        check_masters(o.addresses),
         check_containment(o.state_dir, o.node_id),
         check_gpu_isolation(o.state_dir, o.node_id, o.gpu_device_dir),
         check_gpu_shares(o.state_dir, o.node_id),

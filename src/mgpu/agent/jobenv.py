@@ -33,12 +33,19 @@ def run_as(msg: Launch, hostname: str) -> UserIds | None:
 
 
 def job_env(
-    msg: Launch, master: tuple[str, int], gpus: list[GpuInfo], mps: MpsControl
+    msg: Launch,
+    master: tuple[str, int] | list[tuple[str, int]],
+    gpus: list[GpuInfo],
+    mps: MpsControl,
 ) -> dict[str, str]:
     """The job's environment: the master's, and what this node adds."""
+    from mgpu.addresses import format_address
+
     env = dict(msg.env)
-    # So that `mgpu` inside a job (rsh, srun of a step, queue) finds this master.
-    env["MGPU_MASTER"] = f"{master[0]}:{master[1]}"
+    # So that `mgpu` inside a job (rsh, srun of a step, queue) finds the master: every
+    # master the agent knows, the leader first (HOST:PORT,HOST:PORT).
+    masters = master if isinstance(master, list) else [master]
+    env["MGPU_MASTER"] = ",".join(format_address(m) for m in masters)
     env.update(mps.job_env(env, msg.job_id))  # a shared GPU: under MPS where it can
     if any(g.mig for g in gpus) and msg.gpu_ids:
         # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.

@@ -30,6 +30,14 @@ class AgentOptions:
     """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""
     gpu_count: int | None = None
     """Manage only the node's first N GPUs (`mgpu node --gpu-count N`); None: all."""
+    masters: tuple[tuple[str, int], ...] = ()
+    """Every master's (host, port) when several were given (`--master-host a,b`: one
+    leads, the others stand by); empty: the one of `master_host` and `master_port`."""
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """The masters to dial, in order (`masters`, else `master_host:master_port`)."""
+        return list(self.masters) or [(self.master_host, self.master_port)]
 
     @property
     def node_dir(self) -> Path:

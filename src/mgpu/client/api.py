@@ -14,12 +14,14 @@ import time
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
 from mgpu.errors import MgpuError as MgpuError  # the client's errors derive from it
-from mgpu.wire import Connection
+from mgpu.wire import Connection, WireError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing and collections.abc cost the CLI's start-up ~2 ms
-    from collections.abc import Iterator
-    from typing import Any
+    from collections.abc import Callable, Iterator
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 DEFAULT_ADDRESS = "127.0.0.1:8080"
 WAIT_BATCH = 1000
@@ -62,18 +64,120 @@ class SubmittedJob:
         )
 
 
-def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
-    """--host/--port, else $MGPU_MASTER (host:port), else 127.0.0.1:8080."""
+FAILOVER_WAIT = 30.0
+"""Seconds a client looks for a leader while a failover runs ($MGPU_FAILOVER_WAIT): with
+several masters, or told by a standby that no master leads yet."""
+MULTI_CONNECT_TIMEOUT = 3.0
+"""Seconds to reach one master of several before trying the next (a machine that is off
+answers nothing); at most the client's own connect timeout."""
+_leaders: dict[tuple[tuple[str, int], ...], tuple[str, int]] = {}
+"""Where the leader of each list of masters was found last, for this process."""
+
+
+def resolve_addresses(
+    address: str | None = None, port: int | None = None
+) -> tuple[str | None, list[tuple[str, int]]]:
+    """The scheme given (or None) and the masters: `address` (--host: `HOST[:PORT],...`),
+    else $MGPU_MASTER, else 127.0.0.1:8080; a host without a port takes `port` (default
+    8080), and a single address takes `port` whatever it says (as --port always did)."""
+    from mgpu.addresses import AddressError, parse_addresses
+
     env = os.environ.get("MGPU_MASTER", "")
-    env = env.split("://", 1)[-1]
-    env_host, _, env_port = env.rpartition(":") if ":" in env else (env, "", "")
-    default_host, _, default_port = DEFAULT_ADDRESS.partition(":")
-    h = host or env_host or default_host
+    text, what = (address, "--host") if address else (env, "$MGPU_MASTER")
+    if not text.strip():
+        text, what = DEFAULT_ADDRESS, "address"
     try:
-        p = port or int(env_port or default_port)
-    except ValueError:
-        raise MgpuError(f"$MGPU_MASTER={env!r} is not host:port") from None
-    return h, p
+        scheme, found = parse_addresses(text, port or 8080, what)
+    except AddressError as e:
+        raise MgpuError(f"{e} (give HOST:PORT, or several as HOST:PORT,HOST:PORT)") from None
+    if port and len(found) == 1:
+        found = [(found[0][0], port)]
+    return scheme, found
+
+
+def resolve_address(host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """The first master of `resolve_addresses`."""
+    return resolve_addresses(host, port)[1][0]
+
+
+class LostConnection(ConnectError):
+    """The connection broke after the request was sent: the master may have done it."""
+
+
+class Standby(RequestError):
+    """A standby master's 503: `leader` is where it says the leader is (None: no leader)."""
+
+    def __init__(self, message: str, leader: str | None) -> None:
+        super().__init__(503, message)
+        self.leader = leader
+
+
+class _Search:
+    """One request's walk through the masters until one leads (Client._through_leader)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.tried: list[tuple[str, int]] = []
+        self.errors: dict[tuple[str, int], str] = {}
+        self.deadline: float | None = None
+        self.delay = 0.05
+        self.hops = 0
+
+    def next(self, error: MgpuError, hint: str | None = None) -> None:
+        """Move the client to the next master to try (after a pause once every one was
+        tried), or raise when the search is over."""
+        c = self.client
+        here = (c.host, c.port)
+        self.tried.append(here)
+        self.errors[here] = _reason(error)
+        leader = c._parse_hint(hint)
+        if leader is not None and leader not in self.tried and self.hops < 4:
+            self.hops += 1
+            c._use(leader)
+            return
+        untried = [a for a in c.addresses if a not in self.tried]
+        if untried:
+            c._use(untried[0])
+            return
+        standby = isinstance(error, Standby)
+        wait = c.failover_wait if (len(c.addresses) > 1 or standby) else 0.0
+        if c.failover_wait_set and not standby:
+            wait = c.failover_wait
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + wait
+        if now + self.delay > self.deadline:
+            raise self._final(error, wait)
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 1.0)
+        self.tried, self.hops = [], 0
+        c._use(c.addresses[0])
+
+    def _final(self, error: MgpuError, wait: float) -> MgpuError:
+        if len(self.errors) == 1:
+            if wait <= 0:
+                return error  # one master, as always: its own sentence
+            return ConnectError(f"{error} (still so after {wait:g} s)")
+        where = "; ".join(f"{_shown_address(a)}: {why}" for a, why in self.errors.items())
+        after = f" after {wait:g} s" if wait > 0 else ""
+        return ConnectError(
+            f"no mgpu master leads{after} ({where}); is a failover stuck? (set --host or "
+            "$MGPU_MASTER to HOST:PORT,HOST:PORT; $MGPU_FAILOVER_WAIT: seconds to wait)"
+        )
+
+
+def _reason(error: MgpuError) -> str:
+    if isinstance(error, Standby):
+        return "a standby, " + ("the leader is " + error.leader if error.leader else "no leader")
+    text = str(error)
+    if "(" in text and ")" in text:  # "cannot reach ... at X (connection refused); ..."
+        return text[text.index("(") + 1 : text.index(")")]
+    return text
+
+
+def _shown_address(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Client:
@@ -90,26 +194,32 @@ class Client:
     ) -> None:
         """`address` is "host:port", optionally "https://host:port" or "http://..." to force
         or refuse TLS; otherwise TLS is used for every host but loopback, and loopback
-        falls back to it when the master speaks only TLS (`mgpu master --tls`)."""
-        scheme = _scheme(address) or _scheme(host) or _scheme(os.environ.get("MGPU_MASTER"))
-        address = address.split("://", 1)[-1] if address else None
-        host = host.split("://", 1)[-1] if host else None
-        if address is not None:
-            a_host, _, a_port = address.rpartition(":")
-            host = host or a_host or address
-            port = port or (int(a_port) if a_port.isdigit() else None)
-        self.host, self.port = resolve_address(host, port)
+        falls back to it when the master speaks only TLS (`mgpu master --tls`).
+
+        Several masters (one leads, the others stand by) are "host:port,host:port": the
+        client finds the leader among them, remembers it for the process, and while a
+        failover runs tries again for $MGPU_FAILOVER_WAIT seconds (default 30)."""
+        scheme, self.addresses = resolve_addresses(address or host, port)
+        self.host, self.port = _leaders.get(tuple(self.addresses), self.addresses[0])
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        from mgpu.credentials import find_token, is_loopback
+        wait = os.environ.get("MGPU_FAILOVER_WAIT", "")
+        self.failover_wait_set = bool(wait.strip())
+        try:
+            self.failover_wait = float(wait) if self.failover_wait_set else FAILOVER_WAIT
+        except ValueError:
+            raise MgpuError(f"$MGPU_FAILOVER_WAIT={wait!r} is not a number of seconds") from None
+        from mgpu.credentials import find_token
 
         self.token = find_token(token)
         if tls is None and scheme is not None:
             tls = scheme == "https"
-        self._tls_auto = tls is None and is_loopback(self.host)
-        self.tls = bool(tls) if tls is not None else not is_loopback(self.host)
         if os.environ.get("MGPU_INSECURE") and tls is None:
-            self.tls = False
+            tls = False
+        self._tls_given = tls
+        self.tls = False
+        self._tls_auto = False
+        self._choose_tls()
         self._ssl_context: Any = None
         self._lock = _thread.allocate_lock()
         """Guards the idle pool; never held while talking to the master."""
@@ -118,9 +228,69 @@ class Client:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """The master this client talks to now (the leader, once found)."""
+        return _shown_address((self.host, self.port))
+
+    def _choose_tls(self) -> None:
+        from mgpu.credentials import is_loopback
+
+        tls = self._tls_given
+        self._tls_auto = tls is None and is_loopback(self.host)
+        self.tls = bool(tls) if tls is not None else not is_loopback(self.host)
+
+    def _use(self, address: tuple[str, int]) -> None:
+        """Talk to this master from now on (its own TLS choice; the CA is the cluster's)."""
+        if address == (self.host, self.port):
+            return
+        self.host, self.port = address
+        self._choose_tls()
+        self.close()
+
+    def _parse_hint(self, hint: str | None) -> tuple[str, int] | None:
+        if not hint:
+            return None
+        from mgpu.addresses import AddressError, parse_addresses
+
+        try:
+            return parse_addresses(hint, self.port, "leader")[1][0]
+        except AddressError:
+            return None
+
+    def _through_leader(self, attempt: Callable[[], _T], safe: bool, what: str) -> _T:
+        """`attempt()` on the leader: on a master that cannot be reached, or a standby, the
+        next one (or the one the standby names) until one leads.  After a lost answer only
+        when `safe` (a read): a request that makes something may have been done."""
+        search: _Search | None = None
+        while True:
+            try:
+                result = attempt()
+            except Standby as e:
+                search = search or _Search(self)
+                search.next(e, e.leader)
+                continue
+            except LostConnection as e:
+                if not safe:
+                    raise LostConnection(
+                        f"{e}; the master may or may not have done {what} (look before "
+                        "trying again)"
+                    ) from None
+                search = search or _Search(self)
+                search.next(e)
+                continue
+            except ConnectError as e:  # never reached it: the request surely was not made
+                search = search or _Search(self)
+                search.next(e)
+                continue
+            if len(self.addresses) > 1:
+                _leaders[tuple(self.addresses)] = (self.host, self.port)
+            return result
 
     # ---- transport ----------------------------------------------------------
+
+    def _connect_wait(self) -> float:
+        if len(self.addresses) > 1:
+            return min(self.connect_timeout, MULTI_CONNECT_TIMEOUT)
+        return self.connect_timeout
 
     def _tls_context(self) -> Any:
         with self._tls_lock:  # one CA fetch, however many threads start at once
@@ -134,7 +304,7 @@ class Client:
                         "(set $MGPU_TOKEN, or use http:// for a master started with --insecure)"
                     )
                 try:
-                    pem = tlsutil.cached_ca(self.host, self.port, fingerprint, self.connect_timeout)
+                    pem = tlsutil.cached_ca(self.host, self.port, fingerprint, self._connect_wait())
                 except tlsutil.CAMismatch as e:
                     raise MgpuError(f"cannot verify the master at {self.address}: {e}") from None
                 except ssl_errors() as e:
@@ -147,7 +317,7 @@ class Client:
     def _connect(self, timeout: float | None) -> Connection:
         context = self._tls_context() if self.tls else None
         try:
-            conn = Connection(self.host, self.port, self.connect_timeout, context)
+            conn = Connection(self.host, self.port, self._connect_wait(), context)
         except OSError as e:  # ssl's errors included; `ssl` imported only if it was used
             if context is not None and isinstance(e, ssl_errors()):
                 raise self._tls_failed(e) from None
@@ -163,7 +333,7 @@ class Client:
 
     def _unreachable(self, e: OSError) -> ConnectError:
         if isinstance(e, TimeoutError):
-            reason = f"no answer within {self.connect_timeout:g} s"
+            reason = f"no answer within {self._connect_wait():g} s"
         elif isinstance(e, ConnectionRefusedError):
             reason = "connection refused"
         elif isinstance(e, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
@@ -179,15 +349,19 @@ class Client:
         )
 
     def _checkout(self, timeout: float, fresh: bool) -> tuple[Connection, bool]:
-        """An idle connection (unless `fresh`), else a new one; and whether it is new."""
-        conn = None
-        if not fresh:
+        """An idle connection to this master (unless `fresh`) that the master has not
+        closed, else a new one; and whether it is new."""
+        while not fresh:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            return self._connect(timeout), True
-        conn.settimeout(timeout)
-        return conn, False
+            if conn is None:
+                break
+            if (conn.host, conn.port) != (self.host, self.port) or _dropped(conn):
+                conn.close()  # another master's, or closed by the master (it went away)
+                continue
+            conn.settimeout(timeout)
+            return conn, False
+        return self._connect(timeout), True
 
     def _checkin(self, conn: Connection) -> None:
         with self._lock:
@@ -210,10 +384,25 @@ class Client:
         timeout: float | None = None,
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
+        safe = method == "GET" or path == "/api/wait"  # reads: asked again, no harm done
+        return self._through_leader(
+            lambda: self._exchange(method, path, data, timeout),
+            safe,
+            f"{method} {path.partition('?')[0]}",
+        )
+
+    def _exchange(self, method: str, path: str, data: bytes | None, timeout: float | None) -> Any:
+        """One request to the master at hand (a kept-alive connection the master closed
+        meanwhile: once more on a new one); its decoded answer."""
         retried = False
         while True:
             was_tls = self.tls
-            conn, fresh = self._checkout(timeout or self.timeout, fresh=retried)
+            try:
+                conn, fresh = self._checkout(timeout or self.timeout, fresh=retried)
+            except ConnectError as e:
+                if retried:  # the first try may have reached it
+                    raise LostConnection(str(e)) from None
+                raise
             try:
                 resp = conn.request(method, path, data, self._headers())
                 raw = resp.read()
@@ -235,16 +424,16 @@ class Client:
                 conn.close()
             else:
                 self._checkin(conn)
-            return self._decode(resp.status, raw)
+            return self._decode(resp.status, raw, resp.headers)
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
         if isinstance(e, TimeoutError):
             return MgpuError(f"the mgpu master at {self.address} {timed_out}")
-        return ConnectError(f"lost the connection to the mgpu master at {self.address}: {e}")
+        return LostConnection(f"lost the connection to the mgpu master at {self.address}: {e}")
 
     @staticmethod
-    def _decode(status: int, raw: bytes) -> Any:
+    def _decode(status: int, raw: bytes, headers: dict[str, str] | None = None) -> Any:
         try:
             payload = json.loads(raw) if raw else None
         except ValueError:
@@ -253,6 +442,13 @@ class Client:
             detail = payload.get("detail") if isinstance(payload, dict) else None
             if not isinstance(detail, str):
                 detail = f"the master answered HTTP {status}"
+            if status == 503:
+                hint = (headers or {}).get("x-mgpu-leader")
+                if isinstance(payload, dict) and payload.get("role") == "standby":
+                    leader = payload.get("leader")
+                    raise Standby(detail, leader if isinstance(leader, str) else hint)
+                if hint:
+                    raise Standby(detail, hint)
             raise RequestError(status, detail)
         return payload
 
@@ -453,10 +649,14 @@ class Client:
 
     def attach(self, run_id: str, since: int = 0, output: bool = True) -> Any:
         """Open the attach WebSocket of a job or step held by this client (a terminal, an
-        allocation): a `mgpu.client.websocket.WebSocket`, blocking, no timeout."""
+        allocation): a `mgpu.client.websocket.WebSocket`, blocking, no timeout.  On the
+        leader (found as for a request); `since`: the output records already had."""
+        path = f"/api/jobs/{_quote(run_id)}/attach?since={since}&output={int(output)}"
+        return self._through_leader(lambda: self._attach_once(path), True, "attach")
+
+    def _attach_once(self, path: str) -> Any:
         from mgpu.client.websocket import HandshakeError, ProtocolError, WebSocket
 
-        path = f"/api/jobs/{_quote(run_id)}/attach?since={since}&output={int(output)}"
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         while True:
             was_tls = self.tls
@@ -465,6 +665,8 @@ class Client:
                 ws = WebSocket.open(conn.sock, f"{self.host}:{self.port}", path, headers)
             except HandshakeError as e:
                 conn.close()
+                if e.status == 503 and (e.standby or e.leader):
+                    raise Standby(e.detail, e.leader) from None
                 raise RequestError(e.status, e.detail) from None
             except OSError as e:
                 conn.close()
@@ -560,18 +762,49 @@ class Client:
         return self._stream_path(path, read_timeout)
 
     def _stream_path(self, path: str, read_timeout: float) -> Iterator[dict[str, Any]]:
-        conn = self._connect(read_timeout)
+        """The NDJSON records of a streamed GET, from the leader.  A connection that breaks
+        midway raises LostConnection (a ConnectError): the caller asks again with what it
+        has (`since`); a record is only ever given whole."""
+        conn, resp = self._through_leader(
+            lambda: self._open_stream(path, read_timeout), True, "GET"
+        )
         try:
             try:
-                resp = conn.request("GET", path, None, self._headers())
-                if resp.status >= 400:
-                    self._decode(resp.status, resp.read())
                 for line in resp.lines():
+                    if not line.endswith(b"\n"):  # cut short: the master went away
+                        raise WireError("the master closed the connection mid-record")
                     yield json.loads(line)
             except OSError as e:  # WireError included
                 raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
         finally:
             conn.close()
+
+    def _open_stream(self, path: str, read_timeout: float) -> tuple[Connection, Any]:
+        conn = self._connect(read_timeout)
+        try:
+            resp = conn.request("GET", path, None, self._headers())
+            if resp.status >= 400:
+                self._decode(resp.status, resp.read(), resp.headers)
+        except OSError as e:
+            conn.close()
+            raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn, resp
+
+
+def _dropped(conn: Connection) -> bool:
+    """Has the master closed this idle connection (or said something unasked)?  Then it is
+    not used: a request written to it could be lost with no way to know whether it was
+    read (a master that went away closed it)."""
+    import select
+
+    try:
+        ready, _, _ = select.select([conn.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
 
 
 # What mgpu.execspec.is_env_name accepts (not imported: the CLI must start fast).

@@ -46,7 +46,7 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
     if args.join_token:
         args.token = args.join_token  # `mgpu node remove ID --token T`: T is the admin's
     if args.node_host or args.master_host:
-        args.host = args.node_host or args.master_host  # `node remove ID --host H`, as for node
+        args.host = _node_master_host(args)  # `node remove ID --host H`, as for node
     res = make_client(args).remove_node(args.target)
     requeued = res.get("requeued") or []
     print(f"removed {res['removed']}" + (f"; requeued {', '.join(requeued)}" if requeued else ""))
@@ -75,6 +75,12 @@ def cmd_node(args: argparse.Namespace) -> int:
     if args.gpu_count is not None and args.gpu_count < 0:
         fail("--gpu-count must not be negative")
     args.master_host = _node_master_host(args)
+    from mgpu.addresses import AddressError, parse_addresses
+
+    try:
+        _, masters = parse_addresses(args.master_host, args.master_port, "--master-host")
+    except AddressError as e:
+        raise UsageError(f"{e} (give HOST[:PORT], or several: HOST[:PORT],HOST[:PORT])") from None
     if not os.path.isdir(args.gpu_device_dir):
         fail(f"--gpu-device-dir {args.gpu_device_dir} is not a directory")
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
@@ -85,8 +91,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         return 0
     options = AgentOptions(
         node_id=args.node_id,
-        master_host=args.master_host,
-        master_port=args.master_port,
+        master_host=masters[0][0],
+        master_port=masters[0][1],
+        masters=tuple(masters) if len(masters) > 1 else (),
         state_dir=state_dir,
         fake_gpus=args.fake_gpus,
         advertise_ip=args.advertise_ip,
@@ -148,13 +155,16 @@ NO_JOIN_TOKEN = (
 
 
 def _node_master_host(args: argparse.Namespace) -> str:
-    """`--master-host`, or the original node agent's `--host` for the same thing."""
-    if args.node_host and args.master_host and args.node_host != args.master_host:
+    """`--master-host` (repeatable, each `HOST[:PORT],...`), or the original node agent's
+    `--host` for the same thing: the masters as one comma-separated list."""
+    given = ",".join(args.master_host or [])
+    seed = ",".join(args.node_host or [])
+    if given and seed and given != seed:
         fail(
-            f"--host {args.node_host} and --master-host {args.master_host} name different "
-            "masters; give only --master-host"
+            f"--host {seed} and --master-host {given} name different masters; give only "
+            "--master-host"
         )
-    return str(args.master_host or args.node_host or "127.0.0.1")
+    return given or seed or "127.0.0.1"
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -187,9 +197,19 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("action", nargs="?", choices=["remove"], help="remove ID (admin)")
     s.add_argument("target", nargs="?", metavar="ID", help="(remove) the node to forget")
     s.add_argument("--node-id")
-    s.add_argument("--master-host", help="the master's address (default 127.0.0.1)")
     s.add_argument(
-        "--host", dest="node_host", metavar="MASTER_HOST", help="the same (the original name)"
+        "--master-host",
+        action="append",
+        metavar="HOST[:PORT][,HOST[:PORT]]",
+        help="the master's address (default 127.0.0.1); several masters (one leads): a "
+        "comma-separated list or the option repeated",
+    )
+    s.add_argument(
+        "--host",
+        dest="node_host",
+        action="append",
+        metavar="MASTER_HOST",
+        help="the same (the original name)",
     )
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")

@@ -99,7 +99,11 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_address_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", help="master host (default $MGPU_MASTER or 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        help="master HOST[:PORT], or several: HOST[:PORT],HOST[:PORT] (the leader is found; "
+        "default $MGPU_MASTER or 127.0.0.1)",
+    )
     p.add_argument("--port", type=int, help="master port (default 8080)")
     p.add_argument("--token", help="your token (default $MGPU_TOKEN or ~/.config/mgpu/token)")
 

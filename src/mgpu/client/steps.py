@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any
 
-from mgpu.client.api import Client, MgpuError, _portable_environment, _quote
+from mgpu.client.api import Client, ConnectError, MgpuError, _portable_environment, _quote
 from mgpu.client.render import _ranges
 from mgpu.client.stream import LinePrefixer
 
@@ -119,7 +119,8 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         from mgpu.client.terminal import run_terminal
 
         return run_terminal(client, str(started["tasks"][0]["run_id"]), step=True)
-    return follow(client, str(started["step_id"]), len(started["tasks"]), options.label)
+    tasks = [int(t["task"]) for t in started["tasks"]]
+    return follow(client, str(started["step_id"]), tasks, options.label)
 
 
 class Labeller(LinePrefixer):
@@ -134,30 +135,53 @@ class Labeller(LinePrefixer):
         return f"{node:>{self.width}}: "
 
 
-def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
-    """Print the step's output until it ends: its exit code (130 if interrupted)."""
-    labeller = Labeller(ntasks, label)
-    path = f"/api/sruns/{_quote(step_id)}/output"
+RESUME_TRIES = 3
+"""Times the step's output is asked for again in a row after its connection broke."""
+
+
+def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) -> int:
+    """Print the step's output until it ends: its exit code (130 if interrupted).  A
+    connection that breaks (the master restarted, another took over) is opened again
+    with the records of each task already printed: none lost, none twice."""
+    numbers = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
+    labeller = Labeller(max(numbers, default=0) + 1, label)
+    seen = dict.fromkeys(numbers, 0)
+    base = f"/api/sruns/{_quote(step_id)}/output"
     old = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    tries = 0
     try:
-        for rec in client._stream_path(path, read_timeout=3600 * 24):
-            if "d" in rec:
-                out = sys.stdout if rec.get("s") == "o" else sys.stderr
-                out.write(labeller.render(str(rec.get("t", 0)), rec["s"], rec["d"]))
-                out.flush()
-            elif rec.get("end"):
-                lines = failures(rec.get("tasks") or [])
-                for line in lines:
-                    _say(f"error: {line}")
-                if rec.get("error") and not lines:
-                    _say(f"error: step {step_id}: {rec['error']}")
-                code = rec.get("exit_code")
-                return code if isinstance(code, int) and 0 <= code < 256 else 1
+        while True:
+            since = ",".join(str(seen.get(t, 0)) for t in numbers)
+            path = base + (f"?since={since}" if any(seen.values()) else "")
+            try:
+                for rec in client._stream_path(path, read_timeout=3600 * 24):
+                    if "d" in rec:
+                        task = int(rec.get("t", 0))
+                        seen[task] = seen.get(task, 0) + 1
+                        tries = 0
+                        out = sys.stdout if rec.get("s") == "o" else sys.stderr
+                        out.write(labeller.render(str(task), rec["s"], rec["d"]))
+                        out.flush()
+                    elif rec.get("end"):
+                        lines = failures(rec.get("tasks") or [])
+                        for line in lines:
+                            _say(f"error: {line}")
+                        if rec.get("error") and not lines:
+                            _say(f"error: step {step_id}: {rec['error']}")
+                        code = rec.get("exit_code")
+                        return code if isinstance(code, int) and 0 <= code < 256 else 1
+                error: MgpuError = ConnectError("the master ended its stream")
+            except ConnectError as e:  # the connection broke: again, from what we have
+                error = e
+            tries += 1
+            if tries > RESUME_TRIES:
+                _say(f"error: lost step {step_id}: {error}")
+                return 1
     except KeyboardInterrupt:
         try:
             client._request("POST", f"/api/sruns/{_quote(step_id)}/cancel")
@@ -165,13 +189,11 @@ def follow(client: Client, step_id: str, ntasks: int, label: bool) -> int:
         except MgpuError:
             _say(f"error: could not cancel step {step_id}")
         return 130
-    except MgpuError as e:  # the master went away (or forgot the step) mid-step
+    except MgpuError as e:  # the master forgot the step (a new one that never knew it)
         _say(f"error: lost step {step_id}: {e}")
         return 1
     finally:
         signal.signal(signal.SIGTERM, old)
-    _say(f"error: lost step {step_id}: the master ended its stream")
-    return 1
 
 
 def failures(tasks: list[dict[str, Any]]) -> list[str]:

@@ -61,17 +61,39 @@ def escape_output(text: str) -> str:
     return "\n".join("\t".join(map(escape_controls, line.split("\t"))) for line in text.split("\n"))
 
 
+RESUME_TRIES = 3
+"""Times a stream is opened again in a row after its connection broke (each open itself
+looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
+
+
 def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> int:
-    """Both streams to stdout, in the order they came; escaped on a terminal unless `raw`."""
+    """Both streams to stdout, in the order they came; escaped on a terminal unless `raw`.
+    A connection that breaks (the master restarted, another took over) is opened again
+    from the records already printed: none lost, none twice."""
     job = client.show(job_id)
     prefixer = LinePrefixer()
     prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
     escape = not raw and sys.stdout.isatty()
-    for rec in client.stream(job_id, follow=follow):
-        if "d" in rec:
-            text = escape_output(rec["d"]) if escape else rec["d"]
-            _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], text))
-    return 0
+    seen = 0  # output records printed: a reconnect asks for those after them
+    tries = 0
+    while True:
+        try:
+            for rec in client.stream(job_id, follow=follow, since=seen):
+                if "d" in rec:
+                    seen += 1
+                    tries = 0
+                    text = escape_output(rec["d"]) if escape else rec["d"]
+                    _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], text))
+                elif rec.get("end"):
+                    return 0
+            if not follow or client.show(job_id).get("state") not in ("queued", "running"):
+                return 0
+            error: MgpuError = ConnectError("the master ended the stream early")
+        except ConnectError as e:  # LostConnection too: the stream broke midway
+            error = e
+        tries += 1
+        if tries > RESUME_TRIES:
+            raise MgpuError(f"{error} (job {job_id} may still be running)") from None
 
 
 def follow(
@@ -124,7 +146,10 @@ def follow(
                     elif "status" in rec:
                         status.update(job_id, rec)
                 status.clear()
-                return _exit_code(client.show(job_id), job_id)
+                job = client.show(job_id)
+                if job.get("state") in ("queued", "running"):  # ended early: the master went
+                    raise ConnectError("the master ended the stream early")
+                return _exit_code(job, job_id)
             except MgpuError as e:
                 silent += 1
                 if silent >= max_consecutive_timeouts:

@@ -137,12 +137,18 @@ class TerminalSession:
                     raise MgpuError(f"{e} (the {self._what()} may still be running)") from None
                 time.sleep(min(2.0, 0.1 * 2**tries))
                 continue
+            if tries and self.started:
+                # Keys in flight when the link broke may not have reached the program.
+                self._say("mgpu: reconnected; keys typed while it was lost: type them again")
+            began = time.monotonic()
             try:
                 code = self._converse(ws, wake)
             finally:
                 ws.close()
             if code is not None:
                 return code
+            if time.monotonic() - began > 10.0:
+                tries = 0  # a session that went on a while: a new failover, a new count
             if tries == 0:
                 self._say("mgpu: lost the connection to the master; trying again")
             tries += 1

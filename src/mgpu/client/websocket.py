@@ -29,10 +29,16 @@ class ProtocolError(ConnectionError):
 class HandshakeError(ProtocolError):
     """The server did not upgrade; `status` and `detail` say what it answered instead."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(
+        self, status: int, detail: str, standby: bool = False, leader: str | None = None
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.standby = standby
+        """A standby master refused it (503, `"role": "standby"`)."""
+        self.leader = leader
+        """Where that standby says the leader is (its `leader`, or `X-Mgpu-Leader`)."""
 
 
 def _mask(payload: bytes, key: bytes) -> bytes:
@@ -81,7 +87,8 @@ class WebSocket:
             name, _, value = line.partition(":")
             fields[name.strip().lower()] = value.strip()
         if status != 101:
-            raise HandshakeError(status, _detail(sock, rest, fields, status))
+            detail, standby, leader = _refusal(sock, rest, fields, status)
+            raise HandshakeError(status, detail, standby, leader)
         expected = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
         if fields.get("sec-websocket-accept") != expected:
             raise ProtocolError("the master's WebSocket handshake is not valid")
@@ -212,8 +219,11 @@ class WebSocket:
         return fin, opcode, _mask(payload, key) if masked else payload
 
 
-def _detail(sock: Any, rest: bytes, fields: dict[str, str], status: int) -> str:
-    """The `detail` of a refusal's JSON body, else a phrase naming the status."""
+def _refusal(
+    sock: Any, rest: bytes, fields: dict[str, str], status: int
+) -> tuple[str, bool, str | None]:
+    """The `detail` of a refusal's JSON body (else a phrase naming the status), whether a
+    standby master said it, and where it says the leader is."""
     length = fields.get("content-length", "")
     body = rest
     if length.isdigit():
@@ -229,7 +239,14 @@ def _detail(sock: Any, rest: bytes, fields: dict[str, str], status: int) -> str:
     from mgpu.client import jsonlite as json
 
     try:
-        detail = json.loads(body).get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    return detail if isinstance(detail, str) else f"the master answered HTTP {status}"
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {}
+    detail = payload.get("detail")
+    leader = payload.get("leader")
+    leader = leader if isinstance(leader, str) and leader else fields.get("x-mgpu-leader")
+    standby = payload.get("role") == "standby"
+    shown = detail if isinstance(detail, str) else f"the master answered HTTP {status}"
+    return shown, standby, leader or None

@@ -9,7 +9,9 @@ that is not running 409.
 `GET /api/sruns/{step_id}/output` follows it, NDJSON: output records of its tasks as they
 come (`{"s", "d", "t"}`, `t` the task's SLURM_PROCID), then `{"end": true, "exit_code",
 "error", "tasks": [{"task", "host", "exit_code", "error"}]}`.  `POST /api/sruns/{step_id}/cancel`
-kills its tasks (srun's Ctrl-C).  The job's owner or an admin.
+kills its tasks (srun's Ctrl-C).  The job's owner or an admin.  `?since=N,M,...`: the
+records of each task (in the order of `tasks`) the client already has, so that one that
+reconnects (the master restarted, another took over) gets none twice.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -101,9 +103,15 @@ def _group(cl: Cluster, owned: JobAccess, step_id: str, verb: str) -> TaskStep:
 
 
 @router.get("/api/sruns/{step_id}/output")
-async def output(step_id: str, cl: Ctl, owned: OwnedJob) -> StreamingResponse:
+async def output(step_id: str, cl: Ctl, owned: OwnedJob, since: str = "") -> StreamingResponse:
     group = _group(cl, owned, step_id, "read the output of")
-    return StreamingResponse(_feed(cl, group), media_type="application/x-ndjson")
+    try:
+        counts = [int(n) for n in since.split(",") if n.strip()] if since else []
+    except ValueError:
+        counts = [-1]
+    if len(counts) > len(group.tasks) or any(n < 0 for n in counts):
+        raise HTTPException(400, "since: one count of records per task, none negative")
+    return StreamingResponse(_feed(cl, group, counts), media_type="application/x-ndjson")
 
 
 @router.post("/api/sruns/{step_id}/cancel")
@@ -116,12 +124,13 @@ def _line(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
-async def _feed(cl: Cluster, group: TaskStep) -> AsyncIterator[str]:
+async def _feed(cl: Cluster, group: TaskStep, since: list[int]) -> AsyncIterator[str]:
     """Every task's records, each marked with its task, as they come; then the end (once
     every task's output has been read to its end: it comes before the task's exit)."""
     tasks = list(group.tasks)
     wakes = [cl.watch_output(t.id) for t in tasks]
-    readers = [cl.output_reader(t.id, 0) for t in tasks]
+    since = since + [0] * (len(tasks) - len(since))
+    readers = [cl.output_reader(t.id, n) for t, n in zip(tasks, since, strict=True)]
     try:
         while True:
             for wake in wakes:
