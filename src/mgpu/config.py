@@ -306,6 +306,9 @@ class ClusterConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)
     retention: Retention = Field(default_factory=Retention)
     partitions: list[Partition] = Field(default_factory=list)
+    database: str | None = None
+    """`postgresql://USER@HOST:PORT/DB`: the master keeps its state there (several masters
+    may share it); None: SQLite in the state dir.  `mgpu master --database` overrides it."""
     refuse_unknown_partition: bool = False
     """A Slurm job naming a partition that does not exist: refused (as Slurm does), instead
     of one warning and the default partition."""

@@ -89,6 +89,8 @@ def master_unit(args: argparse.Namespace, state_dir: Path) -> str:
     if args.config:
         words += ["--config", _abs(args.config)]
     words += ["--state-dir", _abs(state_dir)]
+    if getattr(args, "database", None):
+        words += ["--database", args.database]
     if args.tls:
         words.append("--tls")
     if args.insecure:

@@ -122,8 +122,10 @@ def kill_leftover_jobs(root: Path) -> None:
 class LocalCluster:
     """A master and agents on 127.0.0.1 with fake GPUs."""
 
-    def __init__(self, root: Path, config: str | None = None) -> None:
+    def __init__(self, root: Path, config: str | None = None, database: str | None = None) -> None:
         self.root = root
+        self.database = database
+        """The master's `--database` (None: SQLite in its state dir)."""
         self.port = free_port()
         self.state_dir = root / "master"
         self.config_path: Path | None = None
@@ -158,6 +160,8 @@ class LocalCluster:
         argv += ["--state-dir", str(self.state_dir)]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
+        if self.database is not None:
+            argv += ["--database", self.database]
         self.master = self._spawn(argv, self.root / "master.log")
         if wait:
             wait_for(self._load_tokens, what="the master's tokens")
@@ -249,9 +253,13 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(
-    root: Path, agents: int = 2, gpus: int = 4, config: str | None = None
+    root: Path,
+    agents: int = 2,
+    gpus: int = 4,
+    config: str | None = None,
+    database: str | None = None,
 ) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(root, config)
+    cluster = LocalCluster(root, config, database)
     try:
         cluster.start_master()
         names = [f"node{i:03d}" for i in range(1, agents + 1)]

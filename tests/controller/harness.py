@@ -24,8 +24,9 @@ from mgpu.master.control.submit import JobSpec
 from mgpu.master.security.auth import TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.state.registry import AgentLink
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputStore
-from mgpu.master.store.sqlite import MEMORY, Store
+from mgpu.master.store.sqlite import MEMORY, SqliteStore
 from mgpu.model import Job
 from mgpu.protocol import (
     Exited,
@@ -204,14 +205,14 @@ class Harness:
         self.root = root
         self.config = ClusterConfig.model_validate(config or {})
         self.clock = FakeClock()
-        self.store = store or Store(MEMORY)
+        self.store = store or SqliteStore(MEMORY)
         self.outputs = OutputStore(root / "output")
         self.agents: dict[str, FakeAgent] = {}
         self.cl = self._controller()
 
     def _controller(self) -> Cluster:
-        tokens = TokenStore(self.store.db, self.root, "f" * 16)
-        secrets = NodeSecrets(self.store.db)
+        tokens = TokenStore(self.store, self.root, "f" * 16)
+        secrets = NodeSecrets(self.store)
         return Cluster(
             self.config,
             self.store,

@@ -12,7 +12,7 @@ import pytest
 from harness import Harness, _run
 
 from mgpu.master.control.submit import JobSpec, SubmitError
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.sqlite import SqliteStore
 from mgpu.model import JobState
 
 PARTITIONS = {
@@ -38,7 +38,7 @@ def test_ids_are_numbers_that_grow_and_survive_a_crash(h: Harness) -> None:
 
 
 def test_old_hex_ids_still_answer(tmp_path: Path) -> None:
-    store = Store(tmp_path / "old.db")
+    store = SqliteStore(tmp_path / "old.db")
     h = Harness(tmp_path / "h", store=store)
     try:
         old = h.submit("true")  # then made to look like an older mgpu's

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.sqlite import SqliteStore
 from mgpu.testing import wait_for
 
 ROWS = 3000
@@ -14,7 +14,7 @@ DETAIL = "x" * 2000  # 3,000 rows: some 6 MB, past SQLite's automatic 1,000 page
 
 def test_commits_never_checkpoint_and_the_thread_does(tmp_path: Path) -> None:
     path = tmp_path / "mgpu.db"
-    store = Store(path)
+    store = SqliteStore(path)
     try:
         assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         checkpointer = store._checkpointer
@@ -27,7 +27,7 @@ def test_commits_never_checkpoint_and_the_thread_does(tmp_path: Path) -> None:
         assert path.stat().st_size == before
     finally:
         store.close()
-    store = Store(path)  # its thread running
+    store = SqliteStore(path)  # its thread running
     try:
         grown = path.stat().st_size
         for i in range(ROWS):

@@ -24,14 +24,14 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from mgpu.config import ClusterConfig  # noqa: E402
 from mgpu.master.http.app import create_app  # noqa: E402
-from mgpu.master.store.sqlite import Store  # noqa: E402
+from mgpu.master.store.sqlite import SqliteStore  # noqa: E402
 
 MAX_EXAMPLES = 25
 
 
 def _seed(state_dir: Path) -> None:
     """A master state dir that knows one node (offline: it never runs anything)."""
-    store = Store(state_dir / "mgpu.db")
+    store = SqliteStore(state_dir / "mgpu.db")
     gpus = [{"index": i, "name": "Fake GPU", "memory_mb": 16384} for i in range(2)]
     store.save_node("node001", {"hostname": "fuzzhost", "ip": "127.0.0.1", "gpus": gpus})
     store.close()

@@ -25,6 +25,7 @@ from websockets.sync.client import connect
 
 from helpers import BIN, LocalCluster, local_cluster, wait_for
 from mgpu.master.security.nodeauth import NodeSecrets
+from mgpu.master.store.sqlite import MEMORY, SqliteStore
 from mgpu.protocol import PROTOCOL_VERSION, HelloError, parse_hello
 
 GATE_WAIT = "while [ ! -e {gate} ]; do sleep 0.05; done; echo done on $MGPU_NODE_ID"
@@ -363,12 +364,12 @@ def test_a_peer_that_never_says_hello_or_says_too_much_is_let_go(tmp_path: Path)
 
 
 def test_node_secret_verdicts() -> None:
-    secrets = NodeSecrets(sqlite3.connect(":memory:", isolation_level=None))
+    secrets = NodeSecrets(SqliteStore(MEMORY))
     first = secrets.verify("n1", None, connected=False)
     assert first.refusal is None and first.new_secret and not first.replaces_link
     assert secrets.known("n1")
     # A second agent for a node without a secret that is connected: refused, not issued.
-    other = NodeSecrets(sqlite3.connect(":memory:", isolation_level=None))
+    other = NodeSecrets(SqliteStore(MEMORY))
     assert other.verify("n2", None, connected=True).refusal == "node n2 is already connected"
     assert not other.known("n2")
     proven = secrets.verify("n1", first.new_secret, connected=True)

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -278,8 +277,10 @@ def test_only_the_owner_runs_root_jobs(tmp_path: Path) -> None:
         with pytest.raises(MgpuError, match=r"security\.allow_root_jobs: true"):
             owner.create_token(BOB, allow_root=True)
         # A token named root from an older version (before the rule) runs nothing.
-        db = sqlite3.connect(cluster.state_dir / "mgpu.db", isolation_level=None)
         from mgpu.master.security.auth import TokenStore
+        from mgpu.master.store.sqlite import SqliteStore
+
+        db = SqliteStore(cluster.state_dir / "mgpu.db")
 
         fingerprint = cluster.admin_token.split(".")[1]
         _, legacy = TokenStore(db, cluster.state_dir, fingerprint).create("root", admin=False)

@@ -20,7 +20,7 @@ import pytest
 
 from helpers import LocalCluster, local_cluster, wait_for
 from mgpu import Client
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.sqlite import SqliteStore
 from mgpu.model import Job, JobState
 
 
@@ -180,7 +180,7 @@ def test_partitions_are_listed_and_unknown_ones_warned(one_node: LocalCluster) -
 def test_a_store_of_an_older_mgpu_keeps_working(tmp_path: Path) -> None:
     state = tmp_path / "c" / "master"
     state.mkdir(parents=True)
-    store = Store(state / "mgpu.db")
+    store = SqliteStore(state / "mgpu.db")
     old = Job(id="a1b2c3d4", user=getpass.getuser(), argv=["true"], command="true")
     old.state, old.exit_code, old.end_time = JobState.COMPLETED, 0, time.time() - 60
     store.save_jobs([old])

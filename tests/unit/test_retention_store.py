@@ -6,17 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from factories import master_job
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import MARKER, OutputStore
-from mgpu.master.store.sqlite import MEMORY, Store
 from mgpu.model import JobState
+from stores import Backend
 
 
 def _ended(job_id: str, end: float, user: str = "alice") -> object:
     return master_job(job_id, user=user, state=JobState.COMPLETED, submit_time=0.0, end_time=end)
 
 
-def test_ended_jobs_are_deleted_oldest_first_in_slices_and_active_ones_never() -> None:
-    store = Store(MEMORY)
+def test_ended_jobs_are_deleted_oldest_first_in_slices_and_active_ones_never(
+    store: Store,
+) -> None:
     store.save_jobs(
         [
             _ended("1", 10.0),
@@ -35,8 +37,7 @@ def test_ended_jobs_are_deleted_oldest_first_in_slices_and_active_ones_never() -
     assert store.users_of(["5", "1", "nope"]) == {"5": "alice"}
 
 
-def test_ended_between_walks_from_a_cursor_including_ties() -> None:
-    store = Store(MEMORY)
+def test_ended_between_walks_from_a_cursor_including_ties(store: Store) -> None:
     store.save_jobs([_ended(i, 10.0) for i in ("1", "2", "3")] + [_ended("4", 50.0)])
     first = store.ended_between((0.0, ""), 100.0, 2)
     assert [row[0] for row in first] == ["1", "2"]
@@ -45,10 +46,10 @@ def test_ended_between_walks_from_a_cursor_including_ties() -> None:
     assert [row[0] for row in store.ended_between((0.0, ""), 20.0, 9)] == ["1", "2", "3"]
 
 
-def test_old_audit_events_are_deleted_in_slices() -> None:
-    store = Store(MEMORY)
+def test_old_audit_events_are_deleted_in_slices(backend: Backend) -> None:
+    store = backend.open()
     store.record_events([("kind", None, None, None, None)] * 3)
-    store.db.execute("UPDATE events SET time = 5.0")
+    backend.sql(store, "UPDATE events SET time = 5.0")
     store.record_event("recent")
     assert store.delete_events_before(100.0, 2) == 2
     assert store.delete_events_before(100.0, 2) == 1

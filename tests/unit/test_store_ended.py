@@ -4,14 +4,14 @@ back from memory, equal to what is on disk, bounded, and only once the write com
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 
 from factories import master_job
-from mgpu.master.store import sqlite as store_module
-from mgpu.master.store.sqlite import MEMORY, Store
+from mgpu.master.store import base as store_module
+from mgpu.master.store.base import Store
 from mgpu.model import Job, JobState
+from stores import Backend
 
 
 def _job(job_id: str, state: JobState = JobState.COMPLETED) -> Job:
@@ -19,27 +19,29 @@ def _job(job_id: str, state: JobState = JobState.COMPLETED) -> Job:
     return master_job(job_id, state=state, submit_time=1.0, **ended)
 
 
-def _on_disk(store: Store, job_id: str) -> Job:
-    row = store.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
+def _on_disk(backend: Backend, store: Store, job_id: str) -> Job:
+    (row,) = backend.sql(store, "SELECT record FROM jobs WHERE id=?", (job_id,))
     return Job.from_record(json.loads(row[0]))
 
 
-def test_an_ended_job_is_read_back_from_memory_as_it_is_on_disk() -> None:
-    store = Store(MEMORY)
+def test_an_ended_job_is_read_back_from_memory_as_it_is_on_disk(backend: Backend) -> None:
+    store = backend.open()
     ended, running = _job("e1"), _job("r1", JobState.RUNNING)
     store.save_jobs([ended, running])
     assert store.get_job("e1") is ended  # no query, no Job.from_record
     assert store.get_jobs(["e1", "r1", "nope"])["e1"] is ended
-    assert store.get_job("e1") == _on_disk(store, "e1")
+    assert store.get_job("e1") == _on_disk(backend, store, "e1")
     # A job still running is read from disk: the controller has the live one.
     assert store.get_job("r1") is not running
     assert store.get_job("r1") == running
     assert set(store.get_jobs(["e1", "r1", "nope"])) == {"e1", "r1"}
 
 
-def test_only_the_last_jobs_that_ended_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_the_last_jobs_that_ended_are_kept(
+    monkeypatch: pytest.MonkeyPatch, backend: Backend
+) -> None:
     monkeypatch.setattr(store_module, "RECENTLY_ENDED", 3)
-    store = Store(MEMORY)
+    store = backend.open()
     jobs = [_job(f"j{i}") for i in range(5)]
     for job in jobs:
         store.save_jobs([job])
@@ -49,12 +51,8 @@ def test_only_the_last_jobs_that_ended_are_kept(monkeypatch: pytest.MonkeyPatch)
     assert store.get_job("j0") is jobs[0] and store.get_job("j2") is not jobs[2]
 
 
-def test_a_write_that_failed_is_not_remembered() -> None:
-    store = Store(MEMORY)
+def test_a_write_that_failed_is_not_remembered(store: Store) -> None:
     job = _job("x1")
-    store.db.execute(
-        "CREATE TRIGGER no_x BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'x'); END"
-    )
-    with pytest.raises(sqlite3.IntegrityError):
-        store.save_jobs([job], event=("submit", "alice", None, "x1"))
+    with pytest.raises(Exception, match=r"(?i)not.null"):  # an event without its kind
+        store.save_jobs([job], event=(None, "alice", None, "x1"))  # type: ignore[arg-type]
     assert store.get_job("x1") is None

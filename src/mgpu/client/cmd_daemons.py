@@ -19,6 +19,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 
     from mgpu.config import ConfigError
     from mgpu.master.server import default_state_dir, run_master
+    from mgpu.master.store.base import StoreError
 
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
     if args.print_systemd_unit:
@@ -34,8 +35,9 @@ def cmd_master(args: argparse.Namespace) -> int:
             args.config,
             args.verbose,
             tls=True if args.tls else (False if args.insecure else None),
+            database=args.database,
         )
-    except ConfigError as e:
+    except (ConfigError, StoreError) as e:
         fail(str(e))
     return 0
 
@@ -186,6 +188,12 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("--port", dest="port", type=int, help="port (default 8080)")
     s.add_argument("--config", help="cluster_config.yaml")
     s.add_argument("--state-dir", help="state directory (default $MGPU_STATE_DIR)")
+    s.add_argument(
+        "--database",
+        metavar="URL",
+        help="keep the state in PostgreSQL (postgresql://USER@HOST:PORT/DB; default: SQLite "
+        "in the state dir; also `database:` in the config)",
+    )
     s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
     s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
     s.add_argument("--verbose", "-v", action="store_true")

@@ -110,8 +110,11 @@ def run_master(
     config_path: str | None,
     verbose: bool = False,
     tls: bool | None = None,
+    database: str | None = None,
 ) -> None:
-    """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds."""
+    """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds;
+    database: the store's URL (`--database`, over the config's `database:`).  A store it
+    cannot open raises StoreError (one sentence) before it serves."""
     import uvicorn
 
     from mgpu.master.http.app import create_app
@@ -119,6 +122,8 @@ def run_master(
 
     setup_logging(verbose)
     config: ClusterConfig = load_config(config_path)
+    if database:
+        config.database = database
     host = host or (config.cluster.master.host if config_path else "127.0.0.1")
     port = port or (config.cluster.master.port if config_path else 8080)
     secure_state_dir(state_dir)
@@ -151,9 +156,17 @@ def run_master(
         )
     limits = ConnectionLimits(master_conf.header_timeout, master_conf.connections_per_address)
     first_start = not (state_dir / "join-token").exists()
-    app = create_app(state_dir, config, announce=(host, port, first_start))
+    from mgpu.master.store import open_store
+    from mgpu.master.store.base import hide_password
+
+    store = open_store(config.database, state_dir)
+    app = create_app(state_dir, config, announce=(host, port, first_start), store=store)
     log.info(
-        "mgpu master on %s://%s:%d, state in %s", "https" if tls else "http", host, port, state_dir
+        "mgpu master on %s://%s:%d, state in %s",
+        "https" if tls else "http",
+        host,
+        port,
+        hide_password(config.database) if config.database else state_dir,
     )
     uvicorn.run(
         app,

@@ -34,8 +34,8 @@ from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import AgentLink, NodeRecord
 from mgpu.master.state.steps import Step, is_step_id
 from mgpu.master.state.unitofwork import UnitOfWork
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputStore
-from mgpu.master.store.sqlite import Store
 from mgpu.model import EndReason, Job, JobState, NodeEvent, Slot, SlotPhase
 from mgpu.protocol import (
     PROTOCOL_VERSION,

@@ -71,8 +71,8 @@ from mgpu.master.state.snapshot import job_request, running_job, scheduler_confi
 from mgpu.master.state.steps import Step, TaskStep
 from mgpu.master.state.unitofwork import UnitOfWork
 from mgpu.master.store import arrays
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputReader, OutputStore
-from mgpu.master.store.sqlite import Store
 from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState, NodeState
 from mgpu.protocol import GpuDesc, Hello, Welcome

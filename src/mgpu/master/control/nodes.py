@@ -17,7 +17,7 @@ from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.base import Store
 from mgpu.model import EndReason, JobState, NodeEvent, NodeState
 
 log = logging.getLogger("mgpu.master")

@@ -17,7 +17,7 @@ from mgpu.master.runtime.clock import Clock
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.unitofwork import UnitOfWork
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.base import Store
 from mgpu.model import Job, JobState
 from mgpu.spec import job_number, may_be_array_id
 

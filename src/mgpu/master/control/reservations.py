@@ -19,7 +19,7 @@ from typing import Any
 
 from mgpu import spec as specs
 from mgpu.master.control.submit import SubmitError, reservation_name
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.base import Store
 from mgpu.model import Job
 from mgpu.scheduler import (
     JobRequest,

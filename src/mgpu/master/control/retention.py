@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from mgpu.config import ClusterConfig
 from mgpu.master.runtime.clock import Clock
 from mgpu.master.runtime.turns import bulk_turn
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputStore
-from mgpu.master.store.sqlite import Store
 from mgpu.model import Job
 
 log = logging.getLogger("mgpu.master")

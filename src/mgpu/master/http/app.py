@@ -41,8 +41,9 @@ from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
+from mgpu.master.store import open_store
+from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputStore
-from mgpu.master.store.sqlite import Store
 from mgpu.tlsutil import ensure_ca
 
 __all__ = ["create_app", "open_cluster"]
@@ -64,16 +65,18 @@ ROUTERS: tuple[APIRouter, ...] = (
 )
 
 
-def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
-    """The controller over the state dir: its store, tokens (made at first start), output
-    and node secrets; the cluster CA is made here too, at start, if it is not there yet."""
+def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = None) -> Cluster:
+    """The controller over the state dir: its store (`store`, else the one `config.database`
+    names: SQLite in the state dir by default), tokens (made at first start), output and
+    node secrets; the cluster CA is made here too, at start, if it is not there yet."""
     fingerprint = ensure_ca(state_dir)
-    store = Store(state_dir / "mgpu.db")
+    if store is None:
+        store = open_store(config.database, state_dir)
     owner = getpass.getuser()
-    tokens = TokenStore(store.db, state_dir, fingerprint)
+    tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
     outputs = OutputStore(state_dir / "output")
-    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store.db), owner=owner)
+    cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
     gcpause.watch()
     gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it
@@ -81,8 +84,14 @@ def open_cluster(state_dir: Path, config: ClusterConfig) -> Cluster:
 
 
 def create_app(
-    state_dir: Path, config: ClusterConfig, announce: tuple[str, int, bool] | None = None
+    state_dir: Path,
+    config: ClusterConfig,
+    announce: tuple[str, int, bool] | None = None,
+    store: Store | None = None,
 ) -> FastAPI:
+    """The master's app; `store`: opened already (`mgpu master` opens it before serving,
+    so that a database it cannot use is one line at start), else opened at startup."""
+
     def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
 
@@ -96,7 +105,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        cluster = open_cluster(state_dir, config)
+        cluster = open_cluster(state_dir, config, store)
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])

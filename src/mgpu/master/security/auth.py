@@ -12,31 +12,16 @@ from __future__ import annotations
 
 import hmac
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mgpu.master.store.base import Store
 from mgpu.privatefile import write_private
 from mgpu.tokens import JOB_TOKEN_PREFIX, TOKEN_PREFIX, hash_secret, split_token, token_hash
 
 JOIN = "join"
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY,
-    user TEXT NOT NULL,
-    admin INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    hash TEXT NOT NULL UNIQUE,
-    created REAL NOT NULL,
-    revoked REAL
-);
-"""
-
-# Added after the first release: ALTER TABLE for state dirs made before them.
-_GRANT_COLUMNS = ("owner", "allow_root")
 
 
 @dataclass(frozen=True)
@@ -52,15 +37,10 @@ class Identity:
 
 
 class TokenStore:
-    def __init__(self, db: sqlite3.Connection, state_dir: Path, fingerprint: str) -> None:
-        self.db = db
+    def __init__(self, store: Store, state_dir: Path, fingerprint: str) -> None:
+        self.store = store
         self.state_dir = state_dir
         self.fingerprint = fingerprint
-        db.executescript(SCHEMA)
-        have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
-        for column in _GRANT_COLUMNS:
-            if column not in have:
-                db.execute(f"ALTER TABLE tokens ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
         self._cache: dict[str, Identity | None] = {}
 
     def _new(
@@ -68,10 +48,8 @@ class TokenStore:
     ) -> tuple[str, str]:
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token_id = secrets.token_hex(4)
-        self.db.execute(
-            "INSERT INTO tokens(id, user, admin, kind, hash, created, owner, allow_root) "
-            "VALUES (?,?,?,?,?,?,?,?)",
-            (token_id, user, int(admin), kind, hash_secret(secret), time.time(), owner, allow_root),
+        self.store.insert_token(
+            token_id, user, admin, kind, hash_secret(secret), time.time(), owner, allow_root
         )
         return token_id, f"{secret}.{self.fingerprint}"
 
@@ -88,16 +66,13 @@ class TokenStore:
 
     def _mark_owner(self) -> None:
         """State dirs made before the owner mark: the token in `admin-token` is the owner's."""
-        if self.db.execute("SELECT 1 FROM tokens WHERE owner=1").fetchone() is not None:
+        if self.store.has_owner_token():
             return
         try:
             token = (self.state_dir / "admin-token").read_text().strip()
         except OSError:
             return
-        self.db.execute(
-            "UPDATE tokens SET owner=1, allow_root=1 WHERE hash=? AND kind='user' AND admin=1",
-            (token_hash(token),),
-        )
+        self.store.mark_owner_token(token_hash(token))
 
     def create(self, user: str, admin: bool, allow_root: bool = False) -> tuple[str, str]:
         self._cache.clear()
@@ -107,9 +82,7 @@ class TokenStore:
         """What a token is if only the owner may revoke it (the owner's admin token, the
         join token: another admin who revoked them would lock the owner, or every new node,
         out), else None."""
-        row = self.db.execute(
-            "SELECT owner, kind FROM tokens WHERE id=? AND revoked IS NULL", (token_id,)
-        ).fetchone()
+        row = self.store.token_guard(token_id)
         if row is None:
             return None
         if row[0]:
@@ -117,33 +90,19 @@ class TokenStore:
         return "the join token" if row[1] == JOIN else None
 
     def revoke(self, token_id: str) -> bool:
-        cur = self.db.execute(
-            "UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (time.time(), token_id)
-        )
+        revoked = self.store.revoke_token(token_id, time.time())
         self._cache.clear()
-        return cur.rowcount > 0
+        return revoked
 
     def list(self) -> list[dict[str, Any]]:
-        cur = self.db.execute(
-            "SELECT id, user, admin, kind, created, revoked, owner, allow_root FROM tokens "
-            "ORDER BY created"
-        )
-        keys = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
-        return [
-            {**dict(zip(keys, r, strict=True)), "owner": bool(r[6]), "allow_root": bool(r[7])}
-            for r in cur
-        ]
+        return self.store.list_tokens()
 
     def _lookup(self, secret: str, kind: str) -> Identity | None:
         key = f"{kind}:{secret}"
         if key in self._cache:
             return self._cache[key]
         digest = hash_secret(secret)
-        row = self.db.execute(
-            "SELECT id, user, admin, hash, owner, allow_root FROM tokens "
-            "WHERE hash=? AND kind=? AND revoked IS NULL",
-            (digest, kind),
-        ).fetchone()
+        row = self.store.token_by_hash(digest, kind)
         ident = None
         if row is not None and hmac.compare_digest(row[3], digest):
             ident = Identity(

@@ -14,19 +14,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 
-NODE_SECRET_PREFIX = "mgpunode_"
+from mgpu.master.store.base import Store
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS node_secrets (
-    node_id TEXT PRIMARY KEY,
-    hash TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
+NODE_SECRET_PREFIX = "mgpunode_"
 
 
 def _hash(secret: str) -> str:
@@ -50,14 +43,11 @@ class HelloVerdict:
 class NodeSecrets:
     """The hashes of the node secrets, in the master's database."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        db.executescript(SCHEMA)
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def _stored(self, node_id: str) -> str | None:
-        query = "SELECT hash FROM node_secrets WHERE node_id=?"
-        row = self.db.execute(query, (node_id,)).fetchone()
-        return None if row is None else str(row[0])
+        return self.store.node_secret_hash(node_id)
 
     def known(self, node_id: str) -> bool:
         return self._stored(node_id) is not None
@@ -74,11 +64,7 @@ class NodeSecrets:
             if connected:
                 return HelloVerdict(refusal=f"node {node_id} is already connected")
             secret = NODE_SECRET_PREFIX + secrets.token_urlsafe(32)
-            self.db.execute(
-                "INSERT INTO node_secrets(node_id, hash, created) VALUES (?,?,?) "
-                "ON CONFLICT(node_id) DO UPDATE SET hash=excluded.hash, created=excluded.created",
-                (node_id, _hash(secret), time.time()),
-            )
+            self.store.set_node_secret(node_id, _hash(secret), time.time())
             return HelloVerdict(new_secret=secret)
         if given and hmac.compare_digest(stored, _hash(given)):
             return HelloVerdict(replaces_link=connected)
@@ -93,5 +79,4 @@ class NodeSecrets:
         )
 
     def forget(self, node_id: str) -> bool:
-        cur = self.db.execute("DELETE FROM node_secrets WHERE node_id=?", (node_id,))
-        return cur.rowcount > 0
+        return self.store.forget_node_secret(node_id)

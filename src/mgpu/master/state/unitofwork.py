@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from mgpu.master.runtime.clock import Timers
 from mgpu.master.state.registry import AgentLink, Unsendable
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.base import Store
 from mgpu.model import Job
 from mgpu.scheduler import UsageLedger
 

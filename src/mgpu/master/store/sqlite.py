@@ -1,10 +1,10 @@
-"""The master's durable state: SQLite in WAL mode under the state dir.
+"""The master's durable state in SQLite, WAL mode, under the state dir (the default store).
 
-Each job is one row: a few indexed columns for queries plus the whole record as
-JSON.  The master writes a job here after every state change and before acting
-on it.  `synchronous=NORMAL` in WAL mode survives a crash or kill -9 of the
-master (the WAL is in the OS page cache); only a power loss can drop the last
-transactions, which is the trade-off Slurm's own state save makes too.
+The master writes a job here after every state change and before acting on it.
+`synchronous=NORMAL` in WAL mode survives a crash or kill -9 of the master (the WAL is in
+the OS page cache); only a power loss can drop the last transactions, which is the
+trade-off Slurm's own state save makes too.  One master owns the file: its fence never
+has a generation (store/fence.py).
 """
 
 from __future__ import annotations
@@ -12,20 +12,35 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from mgpu import spec as specs
 from mgpu.master.store import arrays
+from mgpu.master.store.base import (
+    ACTIVE_STATES,
+    LAST_JOB_ID,
+    RECENTLY_ENDED,
+    SCHEMA_VERSION,
+    SCRIPT_OF_ARRAY,
+    TOKEN_KEYS,
+    Event,
+    Store,
+    TokenRow,
+)
 from mgpu.master.store.walcheckpoint import Checkpointer
 from mgpu.model import Job
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
+__all__ = [
+    "LAST_JOB_ID",
+    "MEMORY",
+    "RECENTLY_ENDED",
+    "SCRIPT_OF_ARRAY",
+    "SqliteStore",
+]
+
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
     state TEXT NOT NULL,
@@ -33,30 +48,21 @@ CREATE TABLE IF NOT EXISTS jobs (
     submit_time REAL NOT NULL,
     end_time REAL,
     record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
-CREATE TABLE IF NOT EXISTS arrays (
+)""",
+    "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state)",
+    "CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time)",
+    """CREATE TABLE IF NOT EXISTS arrays (
     id TEXT PRIMARY KEY,
     seq INTEGER NOT NULL,
     active INTEGER NOT NULL,
     indices TEXT NOT NULL,
     max_running INTEGER,
     record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    node_id TEXT PRIMARY KEY,
-    record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    name TEXT PRIMARY KEY,
-    record TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
+)""",
+    "CREATE TABLE IF NOT EXISTS nodes (node_id TEXT PRIMARY KEY, record TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS reservations (name TEXT PRIMARY KEY, record TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL,
     kind TEXT NOT NULL,
@@ -64,56 +70,48 @@ CREATE TABLE IF NOT EXISTS events (
     address TEXT,
     target TEXT,
     detail TEXT
-);
-"""
+)""",
+    """CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    admin INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    revoked REAL
+)""",
+    """CREATE TABLE IF NOT EXISTS node_secrets (
+    node_id TEXT PRIMARY KEY,
+    hash TEXT NOT NULL,
+    created REAL NOT NULL
+)""",
+)
+"""Version 1: the tables as mgpu made them before versions (IF NOT EXISTS: an older state
+dir keeps its rows), with the token grant columns added below."""
 
-ACTIVE_STATES = ("queued", "running")
-
-
-SCRIPT_OF_ARRAY = "script_of_array"
-"""In a task's stored record: its script is its array's (kept once, in the array's row)."""
-SCRIPT_CACHE = 16
-"""Arrays whose scripts are kept in memory for reading tasks back (each ≤ 1 MiB)."""
-
-
-def _task_record(job: Job) -> dict[str, Any]:
-    """A job's record to store: an array task's script (up to 1 MiB) is not copied into
-    each of its up to 100,000 rows: the array's row holds it."""
-    record = job.to_record()
-    if job.array_job_id is not None and record.get("script") is not None:
-        record["script"], record[SCRIPT_OF_ARRAY] = None, True
-    return record
-
-
-def _encode(record: dict[str, Any]) -> str:
-    """A job record as JSON: orjson, ten times quicker than json on these records (cancelling
-    100,000 tasks writes 100,000 of them).  What orjson refuses (a lone surrogate in some
-    string) is written by json as before; orjson writes an infinite float as null, which a
-    record reads back as "no limit", its meaning anyway."""
-    try:
-        return orjson.dumps(record).decode()
-    except (TypeError, orjson.JSONEncodeError):
-        return json.dumps(record, separators=(",", ":"))
-
-
-RECENTLY_ENDED = 4096
-"""Jobs kept in memory as written when they end (a bounded cache in front of `get_job(s)`):
-whoever waits for a job (`mgpu srun`, `mgpu wait`, a client's wait_all) asks for it just
-after it ended, and reading one back costs ~0.15 ms (the JSON, Job.from_record).  An ended
-job does not change any more."""
-
-LAST_JOB_ID = "last_job_id"
-"""The meta row of the job id counter: the highest id stored, written in the transaction
-that stores the job, so an id shown to anyone is never handed out again (a restart, a
-crash).  An id handed out for a submit that was refused or never written may be given
-again: nobody saw it."""
+GRANT_COLUMNS = ("owner", "allow_root")
+"""Token columns added after the first release: ALTER TABLE for state dirs made before."""
 
 MEMORY = ":memory:"
 """A store that lives in memory only (the controller tests)."""
 
 
-class Store:
+def _migrate_to_1(db: sqlite3.Connection) -> None:
+    for statement in TABLES:
+        db.execute(statement)
+    have = {row[1] for row in db.execute("PRAGMA table_info(tokens)")}
+    for column in GRANT_COLUMNS:
+        if column not in have:
+            db.execute(f"ALTER TABLE tokens ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+
+
+MIGRATIONS = (_migrate_to_1,)
+"""MIGRATIONS[i] takes a database from version i to i + 1."""
+
+
+class SqliteStore(Store):
     def __init__(self, path: Path | str) -> None:
+        super().__init__()
         self.path = path
         if path != MEMORY:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -125,82 +123,65 @@ class Store:
             self.db.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = Checkpointer(path)
             self._checkpointer.start()
-        self.db.executescript(SCHEMA)
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+        self.reload()
+
+    def _migrate(self) -> None:
+        """Bring the database to SCHEMA_VERSION, each migration in order, in one transaction."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            version = int(row[0] or 0)
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} has schema version {version}, newer than this mgpu's "
+                    f"({SCHEMA_VERSION}): run a newer mgpu"
+                )
+            for migrate in MIGRATIONS[version:]:
+                migrate(self.db)
+            if version < SCHEMA_VERSION:
+                self.db.execute("DELETE FROM schema_version")
+                self.db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+
+    def _load_seqs(self) -> tuple[int, dict[str, int]]:
         row = self.db.execute(
             "SELECT MAX(COALESCE((SELECT MAX(seq) FROM jobs), 0), "
             "COALESCE((SELECT MAX(seq) FROM arrays), 0))"
         ).fetchone()
-        self._seq = int(row[0])
         cur = self.db.execute("SELECT id, seq FROM arrays WHERE active=1")
-        self._array_seq: dict[str, int] = {str(r[0]): int(r[1]) for r in cur}
-        """Arrays with tasks that have no row yet: a task's first row takes the array's
-        seq, so it keeps its place in the queue."""
-        self._scripts: dict[str, str | None] = {}
-        """Scripts of arrays whose tasks were read back lately (SCRIPT_CACHE of them)."""
-        self._ended: OrderedDict[str, Job] = OrderedDict()
-        """The last RECENTLY_ENDED jobs written as ended, oldest first."""
-        self._stored_id = int(self.get_meta(LAST_JOB_ID) or specs.FIRST_JOB_ID - 1)
-        """The counter as stored (LAST_JOB_ID)."""
-        self._last_id = self._stored_id
-        """The highest id handed out (`new_job_id`), stored or not yet."""
+        return int(row[0]), {str(r[0]): int(r[1]) for r in cur}
 
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
+            self._checkpointer = None
         self.db.close()
 
     # ---- jobs -------------------------------------------------------------
 
-    def new_job_id(self, block: int = 1) -> str:
-        """The next job id of the cluster: one more than the last handed out, skipping an
-        id an older mgpu stored (8 hex characters can all be digits).  `block`: ids taken
-        from it on (an array's tasks each have a job number: `specs.task_job_number`)."""
-        number = self._last_id + 1
-        while self.has_job(specs.format_job_id(number)):
-            number += 1
-        self._last_id = number + max(block, 1) - 1
-        return specs.format_job_id(number)
-
-    def _count_ids(self, jobs: Sequence[Job], top_index: int = 0) -> None:
-        """In a transaction storing `jobs`: move the stored counter past their ids (an
-        array's past its block: `top_index` is its highest task index)."""
-        top = self._stored_id
-        for job in jobs:
-            base = job.array_job_id or job.id
-            index = top_index if job.array_job_id is None else job.array_task_id or 0
-            number = specs.task_job_number(base, index)
-            if number is not None and number > top:
-                top = number
-        if top > self._stored_id:
-            self._set_meta(LAST_JOB_ID, str(top))
-            self._stored_id = top
-            self._last_id = max(self._last_id, top)
-
     def save_jobs(
         self,
         jobs: list[Job],
-        event: tuple[str, str | None, str | None, str] | None = None,
+        event: Event | None = None,
         detail: str | None = None,
         meta: tuple[str, str] | None = None,
-        events: Sequence[tuple[str, str | None, str | None, str]] = (),
+        events: Sequence[Event] = (),
     ) -> None:
-        """Write jobs in one transaction (a whole array is stored or nothing), with an
-        optional audit event (kind, actor, address, target; detail), more `events` without
-        a detail, and a meta value (key, value) in the same one: one commit, not one each."""
-        rows = []
-        for job in jobs:
-            self._seq += 1
-            rows.append(
-                (
-                    job.id,
-                    self._array_seq.get(job.array_job_id or "", self._seq),
-                    job.state.value,
-                    job.user,
-                    job.submit_time,
-                    job.end_time,
-                    _encode(_task_record(job)),
-                )
-            )
+        rows = self._job_rows(jobs)
+        top = self._top_id(jobs)
         with self._tx():
             # seq keeps the first insert's order: it is submit order for the queue.
             self.db.executemany(
@@ -210,11 +191,7 @@ class Store:
                 rows,
             )
             if event is not None:
-                self.db.execute(
-                    "INSERT INTO events(time, kind, actor, address, target, detail) "
-                    "VALUES (?,?,?,?,?,?)",
-                    (time.time(), *event, detail),
-                )
+                self._event(*event, detail)
             if events:
                 now = time.time()
                 self.db.executemany(
@@ -223,48 +200,32 @@ class Store:
                 )
             if meta is not None:
                 self._set_meta(*meta)
-            self._count_ids(jobs)
+            if top is not None:
+                self._set_meta(LAST_JOB_ID, str(top))
+        self._counted(top)
         self._remember_ended(jobs)
 
-    def _remember_ended(self, jobs: list[Job]) -> None:
-        """After the commit: the ended jobs just written, for get_job(s)."""
-        ended = self._ended
-        for job in jobs[-RECENTLY_ENDED:]:  # 100,000 tasks cancelled: the last few
-            if job.state.terminal:
-                ended[job.id] = job
-                ended.move_to_end(job.id)
-        while len(ended) > RECENTLY_ENDED:
-            ended.popitem(last=False)
-
     def save_array(
-        self,
-        template: Job,
-        indices: list[int],
-        max_running: int | None,
-        event: tuple[str, str | None, str | None, str] | None = None,
+        self, template: Job, indices: list[int], max_running: int | None, event: Event | None = None
     ) -> None:
-        """Store an array as one row (`mgpu.master.store.arrays`): its tasks are the template at
-        each index until they change; with the audit event, in one transaction."""
         self._seq += 1
+        seq = self._seq
         record = json.dumps(template.to_record(), separators=(",", ":"))
+        top = self._top_id([template], max(indices, default=0))
         with self._tx():
             self.db.execute(
                 "INSERT INTO arrays(id, seq, active, indices, max_running, record) "
                 "VALUES (?,?,1,?,?,?)",
-                (template.id, self._seq, arrays.encode_indices(indices), max_running, record),
+                (template.id, seq, arrays.encode_indices(indices), max_running, record),
             )
             if event is not None:
-                self.db.execute(
-                    "INSERT INTO events(time, kind, actor, address, target) VALUES (?,?,?,?,?)",
-                    (time.time(), *event),
-                )
-            self._count_ids([template], max(indices, default=0))
-        self._array_seq[template.id] = self._seq
+                self._event(*event, None)
+            if top is not None:
+                self._set_meta(LAST_JOB_ID, str(top))
+        self._counted(top)
+        self._array_seq[template.id] = seq
 
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
-        """An array stored as one row: (template, task indices, running cap).  The indices
-        are a tuple, which the cyclic collector stops tracking (a list of 100,000 ints it
-        would walk in every full collection while a request pages through them)."""
         row = self.db.execute(
             "SELECT record, indices, max_running FROM arrays WHERE id=?", (array_id,)
         ).fetchone()
@@ -273,26 +234,12 @@ class Store:
         template = Job.from_record(json.loads(row[0]))
         return template, tuple(arrays.decode_indices(row[1])), row[2]
 
-    def _job(self, text: str, db: sqlite3.Connection | None = None) -> Job:
-        """A stored job record read back, an array task's script from its array's row."""
-        record = json.loads(text)
-        if record.pop(SCRIPT_OF_ARRAY, False):
-            record["script"] = self._array_script(record["array_job_id"], db or self.db)
-        return Job.from_record(record)
-
-    def _array_script(self, array_id: str, db: sqlite3.Connection) -> str | None:
-        script = self._scripts.get(array_id)
-        if script is None:
-            row = db.execute("SELECT record FROM arrays WHERE id=?", (array_id,)).fetchone()
-            script = None if row is None else json.loads(row[0]).get("script")
-            if len(self._scripts) >= SCRIPT_CACHE:
-                self._scripts.pop(next(iter(self._scripts)), None)
-            self._scripts[array_id] = script
-        return script
+    def _array_record(self, array_id: str, reader: Any) -> str | None:
+        db: sqlite3.Connection = reader or self.db
+        row = db.execute("SELECT record FROM arrays WHERE id=?", (array_id,)).fetchone()
+        return None if row is None else str(row[0])
 
     def load_active_jobs(self) -> list[Job]:
-        """Queued and running jobs in submit order: stored rows, and the tasks of arrays
-        that have no row of their own yet (made from the array's template)."""
         found: list[tuple[int, int, Job]] = []
         cur = self.db.execute("SELECT seq, record FROM jobs WHERE state IN (?, ?)", ACTIVE_STATES)
         for seq, record in list(cur):
@@ -315,7 +262,6 @@ class Store:
         return [f[2] for f in found]
 
     def has_job(self, job_id: str) -> bool:
-        """Whether the id is taken (by a job, or by an array)."""
         row = self.db.execute(
             "SELECT 1 FROM jobs WHERE id=? UNION ALL SELECT 1 FROM arrays WHERE id=?",
             (job_id, job_id),
@@ -323,9 +269,6 @@ class Store:
         return row is not None
 
     def array_below(self, number: int) -> str | None:
-        """The numeric array id nearest below `number`: the only array whose block of task
-        numbers (`specs.task_job_number`) can hold it.  A scan of the arrays' ids, for the
-        rare lookup of a task by its own number."""
         row = self.db.execute(
             "SELECT id FROM arrays WHERE id GLOB '[1-9]*' AND id NOT GLOB '*[^0-9]*' "
             "AND CAST(id AS INTEGER) < ? ORDER BY CAST(id AS INTEGER) DESC LIMIT 1",
@@ -333,37 +276,23 @@ class Store:
         ).fetchone()
         return None if row is None else str(row[0])
 
-    def get_job(self, job_id: str) -> Job | None:
-        job = self._ended.get(job_id)
-        if job is not None:
-            return job
+    def _job_record(self, job_id: str) -> str | None:
         row = self.db.execute("SELECT record FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return None if row is None else self._job(row[0])
+        return None if row is None else str(row[0])
 
-    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
-        """Many jobs by id in a few queries (not one per id); unknown ids are left out."""
-        out: dict[str, Job] = {}
-        ended = self._ended
-        unique = []
-        for job_id in dict.fromkeys(job_ids):
-            job = ended.get(job_id)
-            if job is None:
-                unique.append(job_id)
-            else:
-                out[job_id] = job
-        for i in range(0, len(unique), 500):  # well under SQLite's bound-parameter limit
-            part = unique[i : i + 500]
+    def _job_records(self, job_ids: list[str]) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for i in range(0, len(job_ids), 500):  # well under SQLite's bound-parameter limit
+            part = job_ids[i : i + 500]
             cur = self.db.execute(
                 f"SELECT id, record FROM jobs WHERE id IN ({','.join('?' * len(part))})", part
             )
-            out.update((r[0], self._job(r[1])) for r in list(cur))
+            out += [(str(r[0]), str(r[1])) for r in cur]
         return out
 
     def job_rows_with_prefix(
         self, prefix: str, after: str = "", limit: int = 5000
     ) -> list[tuple[str, str, str]]:
-        """(id, state, user) of jobs whose id starts with `prefix`, in id order from just
-        after `after`: a page at a time, so a 100,000-task array is never read at once."""
         cur = self.db.execute(
             "SELECT id, state, user FROM jobs WHERE id > ? AND id < ? ORDER BY id LIMIT ?",
             (max(prefix, after), prefix + "\U0010ffff", limit),
@@ -389,9 +318,8 @@ class Store:
         states: set[str] | None = None,
         limit: int | None = None,
     ) -> list[Job]:
-        """Jobs that ended at or after `since`, newest first, through a read-only connection
-        of their own (SQLite in WAL mode lets it read while the master writes): safe to call
-        from a thread, so that a long history does not hold up the event loop."""
+        """SQLite in WAL mode lets a read-only connection of its own read while the master
+        writes."""
         where = ["state NOT IN (?, ?)", "end_time >= ?"]
         params: list[Any] = [*ACTIVE_STATES, since]
         if user:
@@ -462,16 +390,11 @@ class Store:
         detail: str | None = None,
     ) -> None:
         with self._tx():
-            self.db.execute(
-                "INSERT INTO events(time, kind, actor, address, target, detail) "
-                "VALUES (?,?,?,?,?,?)",
-                (time.time(), kind, actor, address, target, detail),
-            )
+            self._event(kind, actor, address, target, detail)
 
     def record_events(
         self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
     ) -> None:
-        """Several events (kind, actor, address, target, detail) in one transaction."""
         now = time.time()
         with self._tx():
             self.db.executemany(
@@ -489,19 +412,21 @@ class Store:
         keys = ("time", "kind", "actor", "address", "target", "detail")
         return [dict(zip(keys, r, strict=True)) for r in cur]
 
-    # ---- retention (master/control/retention.py): small slices, oldest first ------------
+    # ---- retention --------------------------------------------------------
 
     def users_of(self, job_ids: Sequence[str]) -> dict[str, str]:
-        """The user of each of these jobs that has a row."""
-        marks = ",".join("?" * len(job_ids))
-        cur = self.db.execute(f"SELECT id, user FROM jobs WHERE id IN ({marks})", list(job_ids))
-        return {str(i): str(u) for i, u in cur}
+        out: dict[str, str] = {}
+        ids = list(job_ids)
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            cur = self.db.execute(f"SELECT id, user FROM jobs WHERE id IN ({marks})", part)
+            out.update((str(i), str(u)) for i, u in cur)
+        return out
 
     def ended_between(
         self, after: tuple[float, str], before: float, limit: int
     ) -> list[tuple[str, str, float]]:
-        """(id, user, end time) of ended jobs that ended before `before` and after `after`
-        (the end time and id of the previous slice's last row), in that order."""
         end, job_id = after
         cur = self.db.execute(
             "SELECT id, user, end_time FROM jobs WHERE end_time >= ? AND end_time < ? "
@@ -512,7 +437,6 @@ class Store:
         return [(str(i), str(u), float(t)) for i, u, t in cur]
 
     def delete_ended_jobs(self, before: float, limit: int) -> list[tuple[str, str]]:
-        """Delete up to `limit` rows of jobs that ended before `before`: their (id, user)."""
         with self._tx():
             rows = [
                 (str(i), str(u))
@@ -528,7 +452,6 @@ class Store:
         return rows
 
     def delete_events_before(self, before: float, limit: int) -> int:
-        """Delete up to `limit` audit events older than `before`; how many went."""
         with self._tx():
             cur = self.db.execute(
                 "DELETE FROM events WHERE id IN "
@@ -542,7 +465,6 @@ class Store:
     def save_reservation(
         self, name: str, record: dict[str, Any], event: tuple[str, str | None, str | None]
     ) -> None:
-        """Store a new reservation with its audit event (kind, actor, address) at once."""
         with self._tx():
             self.db.execute(
                 "INSERT INTO reservations(name, record) VALUES (?, ?)", (name, json.dumps(record))
@@ -552,7 +474,6 @@ class Store:
     def delete_reservations(
         self, names: list[str], event: tuple[str, str | None, str | None] | None = None
     ) -> None:
-        """Forget reservations (deleted, or ended), with one audit event each if given."""
         with self._tx():
             for name in names:
                 self.db.execute("DELETE FROM reservations WHERE name=?", (name,))
@@ -562,6 +483,89 @@ class Store:
     def load_reservations(self) -> list[dict[str, Any]]:
         cur = self.db.execute("SELECT record FROM reservations ORDER BY name")
         return [json.loads(r[0]) for r in cur]
+
+    # ---- tokens -----------------------------------------------------------
+
+    def insert_token(
+        self,
+        token_id: str,
+        user: str,
+        admin: bool,
+        kind: str,
+        digest: str,
+        created: float,
+        owner: bool = False,
+        allow_root: bool = False,
+    ) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO tokens(id, user, admin, kind, hash, created, owner, allow_root) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                (token_id, user, int(admin), kind, digest, created, int(owner), int(allow_root)),
+            )
+
+    def token_by_hash(self, digest: str, kind: str) -> TokenRow | None:
+        row = self.db.execute(
+            "SELECT id, user, admin, hash, owner, allow_root FROM tokens "
+            "WHERE hash=? AND kind=? AND revoked IS NULL",
+            (digest, kind),
+        ).fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), *row[2:])
+
+    def token_guard(self, token_id: str) -> tuple[bool, str] | None:
+        row = self.db.execute(
+            "SELECT owner, kind FROM tokens WHERE id=? AND revoked IS NULL", (token_id,)
+        ).fetchone()
+        return None if row is None else (bool(row[0]), str(row[1]))
+
+    def revoke_token(self, token_id: str, when: float) -> bool:
+        with self._tx():
+            cur = self.db.execute(
+                "UPDATE tokens SET revoked=? WHERE id=? AND revoked IS NULL", (when, token_id)
+            )
+        return cur.rowcount > 0
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        cur = self.db.execute(
+            "SELECT id, user, admin, kind, created, revoked, owner, allow_root FROM tokens "
+            "ORDER BY created"
+        )
+        return [
+            {**dict(zip(TOKEN_KEYS, r, strict=True)), "owner": bool(r[6]), "allow_root": bool(r[7])}
+            for r in cur
+        ]
+
+    def has_owner_token(self) -> bool:
+        return self.db.execute("SELECT 1 FROM tokens WHERE owner=1").fetchone() is not None
+
+    def mark_owner_token(self, digest: str) -> None:
+        with self._tx():
+            self.db.execute(
+                "UPDATE tokens SET owner=1, allow_root=1 WHERE hash=? AND kind='user' AND admin=1",
+                (digest,),
+            )
+
+    # ---- node secrets -----------------------------------------------------
+
+    def node_secret_hash(self, node_id: str) -> str | None:
+        query = "SELECT hash FROM node_secrets WHERE node_id=?"
+        row = self.db.execute(query, (node_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_node_secret(self, node_id: str, digest: str, created: float) -> None:
+        with self._tx():
+            self.db.execute(
+                "INSERT INTO node_secrets(node_id, hash, created) VALUES (?,?,?) "
+                "ON CONFLICT(node_id) DO UPDATE SET hash=excluded.hash, created=excluded.created",
+                (node_id, digest, created),
+            )
+
+    def forget_node_secret(self, node_id: str) -> bool:
+        with self._tx():
+            cur = self.db.execute("DELETE FROM node_secrets WHERE node_id=?", (node_id,))
+        return cur.rowcount > 0
+
+    # ---- helpers ----------------------------------------------------------
 
     def _event(
         self,
@@ -576,17 +580,16 @@ class Store:
             (time.time(), kind, actor, address, target, detail),
         )
 
-    # ---- helpers ----------------------------------------------------------
-
     class _Tx:
-        def __init__(self, db: sqlite3.Connection) -> None:
-            self.db = db
+        def __init__(self, store: SqliteStore) -> None:
+            self.store = store
 
         def __enter__(self) -> None:
-            self.db.execute("BEGIN")
+            self.store.db.execute("BEGIN")
+            self.store.fence.check(self.store.db)  # no generation: nothing to check
 
         def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            self.store.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
-    def _tx(self) -> Store._Tx:
-        return Store._Tx(self.db)
+    def _tx(self) -> SqliteStore._Tx:
+        return SqliteStore._Tx(self)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from mgpu.master.store.sqlite import Store
+from mgpu.master.store.base import Store
 from mgpu.model import Job
 
 __all__ = ["SubmitBatch"]

@@ -1,0 +1,472 @@
+"""The master's store: one interface, two implementations (SQLite, PostgreSQL).
+
+The rest of the master calls only what `Store` declares here; `sqlite.py` (the default,
+a file in the state dir) and `postgres.py` (`--database postgresql://...`, several masters
+on one database) implement it with the same meaning, and the same tests run against both
+(tests/stores.py).  They are the only modules with SQL.
+
+What both keep in memory is here too: the submit order counter (`seq`), the job id
+counter (`LAST_JOB_ID`), the jobs last written as ended (`RECENTLY_ENDED`), the scripts of
+arrays read back lately.  A write updates that memory only once its transaction committed.
+
+Each job is one row: a few indexed columns for queries plus the whole record as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from mgpu import spec as specs
+from mgpu.errors import MgpuError
+from mgpu.master.store.fence import Fence
+from mgpu.model import Job
+
+__all__ = [
+    "ACTIVE_STATES",
+    "LAST_JOB_ID",
+    "RECENTLY_ENDED",
+    "SCHEMA_VERSION",
+    "SCRIPT_OF_ARRAY",
+    "Event",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "TokenRow",
+]
+
+ACTIVE_STATES = ("queued", "running")
+
+SCRIPT_OF_ARRAY = "script_of_array"
+"""In a task's stored record: its script is its array's (kept once, in the array's row)."""
+SCRIPT_CACHE = 16
+"""Arrays whose scripts are kept in memory for reading tasks back (each ≤ 1 MiB)."""
+
+RECENTLY_ENDED = 4096
+"""Jobs kept in memory as written when they end (a bounded cache in front of `get_job(s)`):
+whoever waits for a job (`mgpu srun`, `mgpu wait`, a client's wait_all) asks for it just
+after it ended, and reading one back costs ~0.15 ms (the JSON, Job.from_record).  An ended
+job does not change any more."""
+
+LAST_JOB_ID = "last_job_id"
+"""The meta row of the job id counter: the highest id stored, written in the transaction
+that stores the job, so an id shown to anyone is never handed out again (a restart, a
+crash).  An id handed out for a submit that was refused or never written may be given
+again: nobody saw it."""
+
+SCHEMA_VERSION = 1
+"""The schema this mgpu writes; each backend migrates an older database up to it at open
+(`schema_version` table).  A database from before versions existed counts as version 0."""
+
+Event = tuple[str, str | None, str | None, str]
+"""An audit event written with jobs: (kind, actor, address, target)."""
+
+TokenRow = tuple[str, str, int, str, int, int]
+"""A live token found by its hash: (id, user, admin, hash, owner, allow_root)."""
+
+TOKEN_KEYS = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
+
+
+class StoreError(MgpuError):
+    """The store cannot be opened or used: one sentence for the operator."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached (for longer than the store waits for it)."""
+
+
+def hide_password(url: str) -> str:
+    """A database URL as it may be shown or logged: its password replaced by ***."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def task_record(job: Job) -> dict[str, Any]:
+    """A job's record to store: an array task's script (up to 1 MiB) is not copied into
+    each of its up to 100,000 rows: the array's row holds it."""
+    record = job.to_record()
+    if job.array_job_id is not None and record.get("script") is not None:
+        record["script"], record[SCRIPT_OF_ARRAY] = None, True
+    return record
+
+
+def encode(record: dict[str, Any]) -> str:
+    """A job record as JSON: orjson, ten times quicker than json on these records (cancelling
+    100,000 tasks writes 100,000 of them).  What orjson refuses (a lone surrogate in some
+    string) is written by json as before; orjson writes an infinite float as null, which a
+    record reads back as "no limit", its meaning anyway."""
+    try:
+        return orjson.dumps(record).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(record, separators=(",", ":"))
+
+
+class Store(ABC):
+    """The master's durable state.  Writes are transactions (all of it or nothing); every
+    write first checks `fence` (a shared database: only the leader writes)."""
+
+    fence: Fence
+
+    def __init__(self) -> None:
+        self.fence = Fence()
+        self._scripts: dict[str, str | None] = {}
+        """Scripts of arrays whose tasks were read back lately (SCRIPT_CACHE of them)."""
+        self._ended: OrderedDict[str, Job] = OrderedDict()
+        """The last RECENTLY_ENDED jobs written as ended, oldest first."""
+        self._seq = 0
+        self._array_seq: dict[str, int] = {}
+        """Arrays with tasks that have no row yet: a task's first row takes the array's
+        seq, so it keeps its place in the queue."""
+        self._stored_id = specs.FIRST_JOB_ID - 1
+        """The counter as stored (LAST_JOB_ID)."""
+        self._last_id = self._stored_id
+        """The highest id handed out (`new_job_id`), stored or not yet."""
+
+    def reload(self) -> None:
+        """Read again what the store keeps in memory (counters, active arrays) and forget
+        its caches: at open, and when a standby master becomes the leader."""
+        self._scripts.clear()
+        self._ended.clear()
+        self._seq, self._array_seq = self._load_seqs()
+        self._stored_id = int(self.get_meta(LAST_JOB_ID) or specs.FIRST_JOB_ID - 1)
+        self._last_id = self._stored_id
+
+    @abstractmethod
+    def _load_seqs(self) -> tuple[int, dict[str, int]]:
+        """The highest seq stored, and the seq of each active array."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the database (connections, background threads)."""
+
+    @abstractmethod
+    def schema_version(self) -> int:
+        """The version of the schema the database holds (SCHEMA_VERSION once opened)."""
+
+    # ---- jobs -------------------------------------------------------------
+
+    def new_job_id(self, block: int = 1) -> str:
+        """The next job id of the cluster: one more than the last handed out, skipping an
+        id an older mgpu stored (8 hex characters can all be digits).  `block`: ids taken
+        from it on (an array's tasks each have a job number: `specs.task_job_number`)."""
+        number = self._last_id + 1
+        while self.has_job(specs.format_job_id(number)):
+            number += 1
+        self._last_id = number + max(block, 1) - 1
+        return specs.format_job_id(number)
+
+    def _top_id(self, jobs: Sequence[Job], top_index: int = 0) -> int | None:
+        """The counter to store with `jobs` (an array's: past its block; `top_index` is its
+        highest task index), or None if it does not move."""
+        top = self._stored_id
+        for job in jobs:
+            base = job.array_job_id or job.id
+            index = top_index if job.array_job_id is None else job.array_task_id or 0
+            number = specs.task_job_number(base, index)
+            if number is not None and number > top:
+                top = number
+        return top if top > self._stored_id else None
+
+    def _counted(self, top: int | None) -> None:
+        """After the commit that stored the counter `top`."""
+        if top is not None:
+            self._stored_id = max(self._stored_id, top)
+            self._last_id = max(self._last_id, top)
+
+    def _job_rows(self, jobs: list[Job]) -> list[tuple[Any, ...]]:
+        """(id, seq, state, user, submit_time, end_time, record) of each job to write."""
+        rows = []
+        for job in jobs:
+            self._seq += 1
+            rows.append(
+                (
+                    job.id,
+                    self._array_seq.get(job.array_job_id or "", self._seq),
+                    job.state.value,
+                    job.user,
+                    job.submit_time,
+                    job.end_time,
+                    encode(task_record(job)),
+                )
+            )
+        return rows
+
+    @abstractmethod
+    def save_jobs(
+        self,
+        jobs: list[Job],
+        event: Event | None = None,
+        detail: str | None = None,
+        meta: tuple[str, str] | None = None,
+        events: Sequence[Event] = (),
+    ) -> None:
+        """Write jobs in one transaction (a whole array is stored or nothing), with an
+        optional audit event (kind, actor, address, target; detail), more `events` without
+        a detail, and a meta value (key, value) in the same one: one commit, not one each.
+        A job's first row keeps its place (`seq`): submit order for the queue."""
+
+    def _remember_ended(self, jobs: list[Job]) -> None:
+        """After the commit: the ended jobs just written, for get_job(s)."""
+        ended = self._ended
+        for job in jobs[-RECENTLY_ENDED:]:  # 100,000 tasks cancelled: the last few
+            if job.state.terminal:
+                ended[job.id] = job
+                ended.move_to_end(job.id)
+        while len(ended) > RECENTLY_ENDED:
+            ended.popitem(last=False)
+
+    @abstractmethod
+    def save_array(
+        self, template: Job, indices: list[int], max_running: int | None, event: Event | None = None
+    ) -> None:
+        """Store an array as one row (`mgpu.master.store.arrays`): its tasks are the template at
+        each index until they change; with the audit event, in one transaction."""
+
+    @abstractmethod
+    def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
+        """An array stored as one row: (template, task indices, running cap).  The indices
+        are a tuple, which the cyclic collector stops tracking."""
+
+    def _job(self, text: str, reader: Any = None) -> Job:
+        """A stored job record read back, an array task's script from its array's row
+        (`reader`: the connection to read it through, else the store's own)."""
+        record = json.loads(text)
+        if record.pop(SCRIPT_OF_ARRAY, False):
+            record["script"] = self._array_script(record["array_job_id"], reader)
+        return Job.from_record(record)
+
+    def _array_script(self, array_id: str, reader: Any) -> str | None:
+        script = self._scripts.get(array_id)
+        if script is None:
+            text = self._array_record(array_id, reader)
+            script = None if text is None else json.loads(text).get("script")
+            if len(self._scripts) >= SCRIPT_CACHE:
+                self._scripts.pop(next(iter(self._scripts)), None)
+            self._scripts[array_id] = script
+        return script
+
+    @abstractmethod
+    def _array_record(self, array_id: str, reader: Any) -> str | None:
+        """The stored template record of an array (JSON), or None."""
+
+    @abstractmethod
+    def load_active_jobs(self) -> list[Job]:
+        """Queued and running jobs in submit order: stored rows, and the tasks of arrays
+        that have no row of their own yet (made from the array's template)."""
+
+    @abstractmethod
+    def has_job(self, job_id: str) -> bool:
+        """Whether the id is taken (by a job, or by an array)."""
+
+    @abstractmethod
+    def array_below(self, number: int) -> str | None:
+        """The numeric array id nearest below `number`: the only array whose block of task
+        numbers (`specs.task_job_number`) can hold it."""
+
+    def get_job(self, job_id: str) -> Job | None:
+        """A job by id (a job just ended: from memory), or None."""
+        job = self._ended.get(job_id)
+        if job is not None:
+            return job
+        text = self._job_record(job_id)
+        return None if text is None else self._job(text)
+
+    @abstractmethod
+    def _job_record(self, job_id: str) -> str | None:
+        """A job's stored record (JSON), or None."""
+
+    def get_jobs(self, job_ids: list[str]) -> dict[str, Job]:
+        """Many jobs by id in a few queries (not one per id); unknown ids are left out."""
+        out: dict[str, Job] = {}
+        ended = self._ended
+        unique = []
+        for job_id in dict.fromkeys(job_ids):
+            job = ended.get(job_id)
+            if job is None:
+                unique.append(job_id)
+            else:
+                out[job_id] = job
+        if unique:
+            out.update((i, self._job(text)) for i, text in self._job_records(unique))
+        return out
+
+    @abstractmethod
+    def _job_records(self, job_ids: list[str]) -> list[tuple[str, str]]:
+        """(id, record) of those of these (distinct) ids that are stored."""
+
+    @abstractmethod
+    def job_rows_with_prefix(
+        self, prefix: str, after: str = "", limit: int = 5000
+    ) -> list[tuple[str, str, str]]:
+        """(id, state, user) of jobs whose id starts with `prefix`, in id order (bytes of
+        the text) from just after `after`: a page at a time, so a 100,000-task array is
+        never read at once.  A negative limit: all of them."""
+
+    @abstractmethod
+    def finished_jobs(self, since: float | None = None, limit: int = 1000) -> list[Job]:
+        """Ended jobs that ended at or after `since`, newest first."""
+
+    @abstractmethod
+    def count_by_state(self) -> dict[str, int]:
+        """How many stored rows each job state has."""
+
+    @abstractmethod
+    def read_finished(
+        self,
+        since: float,
+        user: str | None = None,
+        states: set[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """Jobs that ended at or after `since`, newest first, through a connection of their
+        own: safe to call from a thread, so that a long history does not hold up the
+        event loop."""
+
+    @abstractmethod
+    def jobs_with_prefix(self, prefix: str) -> list[Job]:
+        """Jobs whose id starts with `prefix`, in submit order."""
+
+    # ---- nodes and meta ---------------------------------------------------
+
+    @abstractmethod
+    def save_node(self, node_id: str, record: dict[str, Any]) -> None:
+        """Store (or replace) a node's record."""
+
+    @abstractmethod
+    def delete_node(self, node_id: str) -> None:
+        """Forget a node's record."""
+
+    @abstractmethod
+    def load_nodes(self) -> dict[str, dict[str, Any]]:
+        """Every stored node record by node id."""
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None:
+        """A meta value, or None."""
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a meta value."""
+
+    # ---- audit events -----------------------------------------------------
+
+    @abstractmethod
+    def record_event(
+        self,
+        kind: str,
+        actor: str | None = None,
+        address: str | None = None,
+        target: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """One audit event."""
+
+    @abstractmethod
+    def record_events(
+        self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
+    ) -> None:
+        """Several events (kind, actor, address, target, detail) in one transaction."""
+
+    @abstractmethod
+    def events(self, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:
+        """Audit events at or after `since`, newest first."""
+
+    # ---- retention (master/control/retention.py): small slices, oldest first ------------
+
+    @abstractmethod
+    def users_of(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The user of each of these jobs that has a row."""
+
+    @abstractmethod
+    def ended_between(
+        self, after: tuple[float, str], before: float, limit: int
+    ) -> list[tuple[str, str, float]]:
+        """(id, user, end time) of ended jobs that ended before `before` and after `after`
+        (the end time and id of the previous slice's last row), in that order."""
+
+    @abstractmethod
+    def delete_ended_jobs(self, before: float, limit: int) -> list[tuple[str, str]]:
+        """Delete up to `limit` rows of jobs that ended before `before`, oldest first:
+        their (id, user)."""
+
+    @abstractmethod
+    def delete_events_before(self, before: float, limit: int) -> int:
+        """Delete up to `limit` audit events older than `before`; how many went."""
+
+    # ---- reservations -----------------------------------------------------
+
+    @abstractmethod
+    def save_reservation(
+        self, name: str, record: dict[str, Any], event: tuple[str, str | None, str | None]
+    ) -> None:
+        """Store a new reservation with its audit event (kind, actor, address) at once."""
+
+    @abstractmethod
+    def delete_reservations(
+        self, names: list[str], event: tuple[str, str | None, str | None] | None = None
+    ) -> None:
+        """Forget reservations (deleted, or ended), with one audit event each if given."""
+
+    @abstractmethod
+    def load_reservations(self) -> list[dict[str, Any]]:
+        """Every stored reservation, by name."""
+
+    # ---- tokens (master/security/auth.py) ---------------------------------
+
+    @abstractmethod
+    def insert_token(
+        self,
+        token_id: str,
+        user: str,
+        admin: bool,
+        kind: str,
+        digest: str,
+        created: float,
+        owner: bool = False,
+        allow_root: bool = False,
+    ) -> None:
+        """Store a new token (only the hash of its secret)."""
+
+    @abstractmethod
+    def token_by_hash(self, digest: str, kind: str) -> TokenRow | None:
+        """The live (not revoked) token of this kind with this hash."""
+
+    @abstractmethod
+    def token_guard(self, token_id: str) -> tuple[bool, str] | None:
+        """(owner, kind) of a live token, or None."""
+
+    @abstractmethod
+    def revoke_token(self, token_id: str, when: float) -> bool:
+        """Mark a live token revoked; whether one was."""
+
+    @abstractmethod
+    def list_tokens(self) -> list[dict[str, Any]]:
+        """Every token (TOKEN_KEYS; owner and allow_root as bools), oldest first."""
+
+    @abstractmethod
+    def has_owner_token(self) -> bool:
+        """Whether a token is marked as the owner's."""
+
+    @abstractmethod
+    def mark_owner_token(self, digest: str) -> None:
+        """Mark the admin user token with this hash as the owner's (state dirs made before
+        the owner mark)."""
+
+    # ---- node secrets (master/security/nodeauth.py) -----------------------
+
+    @abstractmethod
+    def node_secret_hash(self, node_id: str) -> str | None:
+        """The stored hash of a node's secret, or None."""
+
+    @abstractmethod
+    def set_node_secret(self, node_id: str, digest: str, created: float) -> None:
+        """Store (or replace) the hash of a node's secret."""
+
+    @abstractmethod
+    def forget_node_secret(self, node_id: str) -> bool:
+        """Forget a node's secret; whether there was one."""

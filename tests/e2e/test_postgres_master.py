@@ -1,0 +1,46 @@
+"""A master whose state is in PostgreSQL (`mgpu master --database URL`): it runs jobs as on
+SQLite, keeps them across a restart, and refuses a database it cannot use in one line."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from helpers import BIN, local_cluster
+from pgserver import PgServer, free_port
+
+
+def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url: str) -> None:
+    with local_cluster(tmp_path, agents=1, gpus=1, database=pg_url) as c:
+        job = c.client().submit("echo hello from postgres", gpus=0)
+        assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+        assert c.cli("logs", job.id, check=True).stdout == "hello from postgres\n"
+        queue = c.cli("queue", "--all", check=True).stdout
+        assert job.id in queue
+        assert not (c.state_dir / "mgpu.db").exists()  # nothing in SQLite
+        assert c.master is not None
+        c.master.terminate()
+        c.master.wait(timeout=30)
+        c.start_master()  # the same database: the job and the tokens are there
+        assert c.client().show(job.id)["state"] == "completed"
+        second = c.client().submit("true", gpus=0)
+        assert int(second.id) == int(job.id) + 1  # the id counter went on
+        assert c.client().wait(second.id, timeout=60)["state"] == "completed"
+
+
+def _master(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(BIN / "mgpu"), "master", "--port", str(free_port())]
+    argv += ["--state-dir", str(tmp_path / "state"), "--database", database]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_a_database_the_master_cannot_use_is_one_line(tmp_path: Path, postgres: PgServer) -> None:
+    res = _master(tmp_path, "mysql://root:hunter2@127.0.0.1/mgpu")
+    assert res.returncode != 0
+    assert "not a PostgreSQL URL" in res.stderr and "Traceback" not in res.stderr
+    assert "hunter2" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = _master(tmp_path, f"postgresql://mgpu:hunter2@127.0.0.1:{free_port()}/nowhere")
+    assert res.returncode != 0
+    assert "cannot reach the database postgresql://mgpu@127.0.0.1" in res.stderr
+    assert "Traceback" not in res.stderr and "hunter2" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
