@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mgpu.hostlist import HostlistError, expand
 from mgpu.spec import SpecError, parse_time_limit
@@ -295,6 +295,31 @@ class Partition(_Strict):
         return tuple(self.nodes)
 
 
+class HighAvailability(_Strict):
+    """Several masters on one PostgreSQL database (master/ha/leadership.py): the leader's
+    lease and a new leader's patience.  The defaults give a failover within 5 s."""
+
+    lease_ttl: float = Field(default=2.5, gt=0, le=600)
+    """Seconds a leader's lease lasts past its last renewal (the database's clock)."""
+    renew_interval: float = Field(default=0.5, gt=0)
+    """Seconds between the leader's renewals (well under the TTL)."""
+    retry_interval: float = Field(default=0.5, gt=0)
+    """Seconds between a standby's tries to take the lease."""
+    takeover_grace: float | None = Field(default=None, ge=0)
+    """Seconds after a master took over the lease during which no node it loaded is
+    declared lost and no job requeued for it, while the agents reconnect and report what
+    they run; default `networking.timeout` + 15."""
+
+    @model_validator(mode="after")
+    def _renew_within_ttl(self) -> HighAvailability:
+        if self.renew_interval * 2 > self.lease_ttl:
+            raise ValueError(
+                f"ha.renew_interval ({self.renew_interval:g} s) must be at most half of "
+                f"ha.lease_ttl ({self.lease_ttl:g} s): one late renewal must not lose the lease"
+            )
+        return self
+
+
 class ClusterConfig(_Strict):
     cluster: ClusterSection = Field(default_factory=ClusterSection)
     nodes: list[NodeEntry] = Field(default_factory=list)
@@ -305,6 +330,7 @@ class ClusterConfig(_Strict):
     notify: Notify = Field(default_factory=Notify)
     limits: Limits = Field(default_factory=Limits)
     retention: Retention = Field(default_factory=Retention)
+    ha: HighAvailability = Field(default_factory=HighAvailability)
     partitions: list[Partition] = Field(default_factory=list)
     database: str | None = None
     """`postgresql://USER@HOST:PORT/DB`: the master keeps its state there (several masters

@@ -9,7 +9,7 @@ The layers, lowest first (docs/ARCHITECTURE.md draws them): the shared base modu
 (`mgpu.model`, `mgpu.protocol`, `mgpu.spec`, ...), the pure scheduler, the simulator, then
 the master and the agent side by side (neither imports the other), then the client, and the
 package's own entry points on top.  Inside the master: runtime < store < state < security <
-monitor < control < http < server.
+monitor < control < ha < http < server.
 """
 
 from __future__ import annotations
@@ -126,7 +126,17 @@ def test_no_import_cycles_between_mgpus_modules() -> None:
 
 BASE, SCHEDULER, SIM, DAEMONS, CLIENT, TOP = range(6)
 TOP_MODULES = {"mgpu", "mgpu.__main__", "mgpu.testing"}
-MASTER_LAYERS = ["runtime", "store", "state", "security", "monitor", "control", "http", "server"]
+MASTER_LAYERS = [
+    "runtime",
+    "store",
+    "state",
+    "security",
+    "monitor",
+    "control",
+    "ha",
+    "http",
+    "server",
+]
 
 
 def layer(module: str) -> tuple[int, str]:

@@ -36,6 +36,8 @@ def cmd_master(args: argparse.Namespace) -> int:
             args.verbose,
             tls=True if args.tls else (False if args.insecure else None),
             database=args.database,
+            cluster_secret_file=args.cluster_secret_file,
+            advertise=args.advertise,
         )
     except (ConfigError, StoreError) as e:
         fail(str(e))
@@ -199,6 +201,16 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("--verbose", "-v", action="store_true")
     s.add_argument(
         "--print-systemd-unit", action="store_true", help="print a systemd unit for this command"
+    )
+    s.add_argument(
+        "--cluster-secret-file",
+        metavar="FILE",
+        help="with --database: the secret every master shares (or $MGPU_CLUSTER_SECRET)",
+    )
+    s.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="with --database: where clients reach this master (default: its bind address)",
     )
 
     s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")

@@ -49,6 +49,14 @@ class NodeAdmin:
         self.config = config
         self.pace = HeartbeatPace(config.networking)
         """The heartbeat interval for the cluster's size, and each node's timeout."""
+        self.grace_until = 0.0
+        """No node is declared lost before this time (`grace`)."""
+
+    def grace(self, seconds: float) -> None:
+        """A new leader took over (master/ha): for `seconds` no node is declared lost and
+        no job requeued for it, while the agents find this master and report what they
+        run (their hello's reconcile settles each job)."""
+        self.grace_until = self.state.clock.time() + seconds
 
     def drain(
         self,
@@ -144,6 +152,9 @@ class NodeAdmin:
         connected nodes for the heartbeat interval on the way."""
         now = self.state.clock.time()
         pace, connected = self.pace, 0
+        if now < self.grace_until:
+            pace.count(sum(node.connected for node in self.state.nodes.values()))
+            return
         least = pace.timeout  # no node's is shorter: most are judged without a lookup
         for node in self.state.nodes.values():
             silent = now - node.last_seen

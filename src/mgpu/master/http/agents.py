@@ -15,7 +15,7 @@ import logging
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from mgpu.master.control.cluster import Cluster
-from mgpu.master.http.deps import EdgeState, client_address, cluster, edge
+from mgpu.master.http.deps import EdgeState, client_address, cluster, edge, leadership
 from mgpu.master.state.registry import AgentLink
 from mgpu.protocol import Hello, HelloError, Refused, encode, parse_agent_messages, parse_hello
 
@@ -82,8 +82,18 @@ async def _admit(ws: WebSocket, cl: Cluster, state: EdgeState, first: Hello) -> 
         await ws.send_text(encode(Refused(reason=refusal)))
         await ws.close()
         return None
-    link = AgentLink(first.node_id, ws)
+    election = leadership(ws)
+    if election is not None and not election.may_send():
+        # Its lease has run out by its own clock (the database away, or a standby about
+        # to take over): it takes no agent until it is renewed.
+        with contextlib.suppress(Exception):
+            await ws.close(code=1013, reason="this master's lease is not valid now: try again")
+        return None
+    link = AgentLink(first.node_id, ws, None if election is None else election.may_send)
     welcome = cl.agent_hello(first, link, new_secret)
+    if election is not None:
+        # The agents keep the highest generation they saw and refuse an older leader.
+        welcome.generation = election.generation
     await ws.send_text(encode(welcome))
     return link
 

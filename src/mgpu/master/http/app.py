@@ -12,14 +12,18 @@ import asyncio
 import contextlib
 import getpass
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
+from mgpu.master.ha.leadership import EXIT_DEPOSED, Leadership
 from mgpu.master.http import (
     agents,
     allocations,
@@ -36,6 +40,7 @@ from mgpu.master.http import (
 )
 from mgpu.master.http.deps import EdgeState
 from mgpu.master.http.guard import AuditRow, FailedLogins, Guard
+from mgpu.master.http.standby import StandbyGate
 from mgpu.master.http.submit import install_submit
 from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
@@ -43,6 +48,7 @@ from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
 from mgpu.master.store.base import Store
+from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import OutputStore
 from mgpu.tlsutil import ensure_ca
 
@@ -65,13 +71,22 @@ ROUTERS: tuple[APIRouter, ...] = (
 )
 
 
-def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = None) -> Cluster:
-    """The controller over the state dir: its store (`store`, else the one `config.database`
-    names: SQLite in the state dir by default), tokens (made at first start), output and
-    node secrets; the cluster CA is made here too, at start, if it is not there yet."""
+def open_cluster(
+    state_dir: Path,
+    config: ClusterConfig,
+    store: Store | None = None,
+    database: str | None = None,
+    fence: Fence | None = None,
+) -> Cluster:
+    """The controller over the state dir: its store (`store`, else the one `database` or
+    `config.database` names: SQLite in the state dir by default), tokens (made at first
+    start), output and node secrets; the cluster CA is made here too, at start, if it is not
+    there yet.  `fence`: the leader's, which every write to a shared database checks."""
     fingerprint = ensure_ca(state_dir)
     if store is None:
-        store = open_store(config.database, state_dir)
+        store = open_store(database or config.database, state_dir)
+    if fence is not None:
+        store.fence = fence
     owner = getpass.getuser()
     tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
@@ -88,9 +103,12 @@ def create_app(
     config: ClusterConfig,
     announce: tuple[str, int, bool] | None = None,
     store: Store | None = None,
+    leadership: Leadership | None = None,
 ) -> FastAPI:
     """The master's app; `store`: opened already (`mgpu master` opens it before serving,
-    so that a database it cannot use is one line at start), else opened at startup."""
+    so that a database it cannot use is one line at start), else opened at startup.
+    `leadership`: this master is one of several on a shared database (master/ha): it
+    stands by, and opens the cluster once it takes the lease."""
 
     def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
@@ -105,6 +123,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if leadership is not None:
+            async with _stand_by(app, state_dir, config, leadership, edge.flush):
+                yield
+            return
         cluster = open_cluster(state_dir, config, store)
         app.state.cluster = cluster
         if announce is not None and announce[2]:
@@ -130,6 +152,16 @@ def create_app(
         failures=edge.failures,
     )
     errors.install(app)
+    if leadership is not None:
+        app.state.leadership = leadership
+        # Outermost: a master that does not lead has no controller for the rest to ask.
+        app.add_middleware(StandbyGate, leadership=leadership)
+
+        @app.exception_handler(Fenced)
+        async def fenced(request: object, exc: Exception) -> JSONResponse:
+            leadership.deposed(str(exc))  # exits (unless a test's on_lost returns)
+            return JSONResponse({"detail": str(exc), "role": "standby", "leader": None}, 503)
+
     # The hottest request, answered without FastAPI's per-request machinery.
     install_submit(app)
     for router in ROUTERS:
@@ -137,6 +169,75 @@ def create_app(
     app.include_router(observe.make_router(lambda: app.state.cluster))
     app.include_router(dashboard.make_router(lambda: app.state.cluster))
     return app
+
+
+@asynccontextmanager
+async def _stand_by(
+    app: FastAPI,
+    state_dir: Path,
+    config: ClusterConfig,
+    leadership: Leadership,
+    flush_edge: Callable[[], None],
+) -> AsyncIterator[None]:
+    """A master of several: stand by (the edge answers 503, master/http/standby.py) until
+    the lease is this master's, then open the cluster from the database and schedule; at
+    the end, the last writes, then the lease given up."""
+    loop = asyncio.get_running_loop()
+    took = asyncio.Event()
+
+    def on_lead(generation: int) -> None:
+        loop.call_soon_threadsafe(took.set)
+
+    leadership.on_lead = on_lead
+    default_handler = loop.get_exception_handler()
+
+    def on_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # A write refused by the fence (a group commit's flush, say): another master leads.
+        error = context.get("exception")
+        if isinstance(error, Fenced):
+            leadership.deposed(str(error))
+        if default_handler is not None:
+            default_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(on_error)
+
+    async def lead() -> None:
+        await took.wait()
+        try:
+            cluster = open_cluster(
+                state_dir, config, database=leadership.database, fence=leadership.fence
+            )
+        except Exception as e:
+            log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
+            logging.shutdown()
+            os._exit(EXIT_DEPOSED)  # the lease runs out; another master takes it
+        grace = config.ha.takeover_grace
+        cluster.node_admin.grace(config.networking.timeout + 15 if grace is None else grace)
+        app.state.cluster = cluster
+        leadership.serving = True
+        log.info("scheduling as the leader (generation %s)", leadership.generation)
+        try:
+            await cluster.run()
+        except Fenced as e:
+            leadership.deposed(str(e))
+        finally:
+            if leadership.lost is None:
+                with contextlib.suppress(Fenced):
+                    cluster.flush_all()
+                    flush_edge()
+            cluster.close()
+
+    leadership.start()
+    task = asyncio.create_task(lead())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(leadership.stop, True)  # after the last write
 
 
 def _announce_join(state_dir: Path, host: str, port: int) -> None:

@@ -23,6 +23,7 @@ from starlette.requests import HTTPConnection
 
 from mgpu.master.control.cluster import Cluster, NotFound
 from mgpu.master.control.jobctl import Actor
+from mgpu.master.ha.leadership import Leadership
 from mgpu.master.http.connections import ClientSockets
 from mgpu.master.http.guard import FailedLogins, client_address
 from mgpu.master.security.auth import BadTokenThrottle, Identity
@@ -42,6 +43,7 @@ __all__ = [
     "cluster",
     "edge",
     "identity",
+    "leadership",
 ]
 
 
@@ -110,3 +112,10 @@ Ident = Annotated[Identity, Depends(identity)]
 Address = Annotated[str, Depends(client_address)]
 Asker = Annotated[Actor, Depends(asker)]
 OwnedJob = Annotated[JobAccess, Depends(job_access)]
+
+
+def leadership(conn: HTTPConnection) -> Leadership | None:
+    """The election this master takes part in (several masters on one database), or None
+    (SQLite: the only master, always the leader)."""
+    found: Leadership | None = getattr(conn.app.state, "leadership", None)
+    return found

@@ -36,6 +36,12 @@ class Identity:
     drops it while `security.allow_root_jobs` is off), a job's credential as its job."""
 
 
+def user_of(kind: str, owner: str) -> str:
+    """Whom a bootstrap token acts for: the join token for no one, the admin token for the
+    owner."""
+    return owner if kind != JOIN else "-"
+
+
 class TokenStore:
     def __init__(self, store: Store, state_dir: Path, fingerprint: str) -> None:
         self.store = store
@@ -58,11 +64,29 @@ class TokenStore:
         for name, kind, admin in (("join-token", JOIN, False), ("admin-token", "user", True)):
             path = self.state_dir / name
             if path.exists():
+                self._adopt(path, user_of(kind, owner), admin, kind)
                 continue
-            user = owner if kind != JOIN else "-"
-            _, token = self._new(user, admin, kind, owner=admin, allow_root=admin)
+            _, token = self._new(user_of(kind, owner), admin, kind, owner=admin, allow_root=admin)
             write_private(path, (token + "\n").encode())  # never seen empty or half
         self._mark_owner()
+
+    def _adopt(self, path: Path, user: str, admin: bool, kind: str) -> None:
+        """A token file whose token the database does not know: registered.  Masters on one
+        database share the cluster's identity (master/ha/identity.py): the files come from
+        the database's sealed identity, and the first master to lead registers them."""
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            return
+        secret, _ = split_token(token)
+        if not secret.startswith(TOKEN_PREFIX):
+            return
+        digest = hash_secret(secret)
+        if self.store.token_by_hash(digest, kind) is not None:
+            return
+        self.store.insert_token(
+            secrets.token_hex(4), user, admin, kind, digest, time.time(), admin, admin
+        )
 
     def _mark_owner(self) -> None:
         """State dirs made before the owner mark: the token in `admin-token` is the owner's."""

@@ -63,9 +63,13 @@ class AgentLink:
     queues and the agent hold of one terminal's input is bounded, and the terminal's
     client waits (master/http/attach.py) rather than the master's memory growing."""
 
-    def __init__(self, node_id: str, ws: Any) -> None:
+    def __init__(self, node_id: str, ws: Any, may_send: Callable[[], bool] | None = None) -> None:
         self.node_id = node_id
         self.ws = ws
+        self.may_send = may_send
+        """Several masters (master/ha): whether this one may send anything now (it leads
+        and its lease has not run out).  When not, nothing more is sent on this link and
+        it is closed: the agent says hello again, to whichever master leads."""
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
         self.input: dict[str, InputWindow] = {}
@@ -75,6 +79,9 @@ class AgentLink:
         """Queue one message, encoded on its own: one that cannot be (a lone surrogate in
         a string, say) raises Unsendable here and never reaches the connection's frames."""
         if self.closed:
+            return
+        if self.may_send is not None and not self.may_send():
+            self._fenced()
             return
         try:
             text = encode(message)
@@ -126,6 +133,11 @@ class AgentLink:
                         items.append(self.outbox.get_nowait())
             closing = items[-1] is None
             encoded = [i for i in items if i is not None]
+            if self.may_send is not None and not self.may_send():
+                self._fenced()  # not one of them goes out
+                with contextlib.suppress(Exception):
+                    await self.ws.close(code=1012)
+                return
             try:
                 for frame in batch_frames(encoded):
                     await self.ws.send_text(frame)
@@ -141,6 +153,15 @@ class AgentLink:
     def close(self) -> None:
         self.closed = True
         self._drop_inputs()
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
+
+    def _fenced(self) -> None:
+        """This master may not send (master/ha): nothing more goes out on this link."""
+        self.closed = True
+        self._drop_inputs()
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
 

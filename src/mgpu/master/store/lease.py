@@ -1,0 +1,107 @@
+"""The leader's lease in a shared PostgreSQL database: take it, renew it, read it, let it go.
+
+One row (`fence.LEASE_TABLE`, id 1).  Every time is the database's `clock_timestamp()`,
+never a master's clock: masters on different machines need not agree on the time, only
+the database's clock decides when a lease has run out.  Each statement runs on its own
+(autocommit): taking the lease is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE` that
+bumps the generation by one only when no row exists or the row's lease has expired, so two
+standbys racing for it cannot both win (the row is locked by the first; the second sees its
+new expiry and gets no row back).  The take also waits for every write transaction of the
+old leader in flight (they hold the row `FOR SHARE`: `fence.Fence.check`), so no write of
+an older generation lands after a newer one began.
+
+The election and its timing are the `ha` layer's (master/ha/leadership.py); this module is
+the SQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from mgpu.master.store.fence import LEASE_SCHEMA, LEASE_TABLE
+
+__all__ = ["LeaseRow", "ensure_table", "read", "release", "renew", "take"]
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    generation: int
+    holder: str
+    address: str | None
+    expires_at: datetime.datetime
+    live: bool
+    """Whether the lease is still held by the database's clock (expires_at > now)."""
+
+
+def ensure_table(conn: Any) -> None:
+    """Create the lease table if it is not there (two masters may race: the loser's
+    duplicate is harmless)."""
+    import psycopg
+
+    with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        conn.execute(LEASE_SCHEMA)
+
+
+def take(conn: Any, holder: str, address: str | None, ttl: float) -> int | None:
+    """Take the lease if no one holds it (absent or expired): the new generation, else None."""
+    row = conn.execute(
+        f"""
+        INSERT INTO {LEASE_TABLE} AS l (id, generation, holder, address, expires_at)
+        VALUES (1, 1, %(holder)s, %(address)s,
+                clock_timestamp() + %(ttl)s * interval '1 second')
+        ON CONFLICT (id) DO UPDATE
+            SET generation = l.generation + 1,
+                holder = EXCLUDED.holder,
+                address = EXCLUDED.address,
+                expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+            WHERE l.expires_at <= clock_timestamp()
+        RETURNING generation
+        """,
+        {"holder": holder, "address": address, "ttl": ttl},
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def renew(conn: Any, holder: str, generation: int, address: str | None, ttl: float) -> bool:
+    """Extend the lease by `ttl` from now, only while it is still this holder's
+    generation (an expired lease no one took is renewed too: no other master wrote
+    meanwhile, as none had a newer generation).  False: lost."""
+    row = conn.execute(
+        f"""
+        UPDATE {LEASE_TABLE}
+           SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
+               address = %(address)s
+         WHERE id = 1 AND holder = %(holder)s AND generation = %(generation)s
+        RETURNING generation
+        """,
+        {"holder": holder, "generation": generation, "address": address, "ttl": ttl},
+    ).fetchone()
+    return row is not None
+
+
+def read(conn: Any) -> LeaseRow | None:
+    """The lease as the database has it now (None: no master has led yet)."""
+    row = conn.execute(
+        f"SELECT generation, holder, address, expires_at, expires_at > clock_timestamp() "
+        f"FROM {LEASE_TABLE} WHERE id = 1"
+    ).fetchone()
+    if row is None:
+        return None
+    return LeaseRow(int(row[0]), str(row[1]), row[2], row[3], bool(row[4]))
+
+
+def release(conn: Any, holder: str, generation: int) -> bool:
+    """Give the lease up at once (a leader shutting down cleanly, after its last write):
+    a standby takes it at its next try instead of after the TTL."""
+    row = conn.execute(
+        f"""
+        UPDATE {LEASE_TABLE} SET expires_at = clock_timestamp() - interval '1 second'
+         WHERE id = 1 AND holder = %(holder)s AND generation = %(generation)s
+        RETURNING generation
+        """,
+        {"holder": holder, "generation": generation},
+    ).fetchone()
+    return row is not None

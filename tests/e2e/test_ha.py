@@ -1,0 +1,214 @@
+"""Several masters on one PostgreSQL database: one leads, the others stand by and take over.
+
+Real masters as processes (each its own state dir and port) on the `pg_url` database; every
+process is stopped by process group (LocalCluster.stop)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import BIN, LocalCluster, wait_for
+from mgpu.master.ha.leadership import EXIT_DEPOSED
+
+SECRET = "correct horse battery staple, forty bytes"
+
+
+class Master:
+    """One `mgpu master --database URL` as a process, with its own state dir."""
+
+    def __init__(self, root: Path, name: str, pg_url: str, secret: str = SECRET) -> None:
+        self.cluster = LocalCluster(root / name)
+        self.cluster.root.mkdir(parents=True)
+        self.name = name
+        self.secret_file = self.cluster.root / "secret"
+        self.secret_file.write_text(secret + "\n")
+        argv = [str(BIN / "mgpu"), "master", "--port", str(self.cluster.port)]
+        argv += ["--state-dir", str(self.cluster.state_dir), "--database", pg_url]
+        argv += ["--cluster-secret-file", str(self.secret_file)]
+        self.proc = self.cluster._spawn(argv, self.cluster.root / "master.log")
+        self.address = self.cluster.address
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, dict[str, str], Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.cluster.port, timeout=5)
+        try:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            conn.request("GET", path, headers=headers)
+            res = conn.getresponse()
+            raw = res.read()
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode(errors="replace")
+            return res.status, {k.lower(): v for k, v in res.getheaders()}, body
+        finally:
+            conn.close()
+
+    def role(self) -> str | None:
+        status, _, body = self.get("/healthz")
+        return body.get("role") if status == 200 else None
+
+    def leads(self) -> bool:
+        return self.get("/readyz")[0] == 200
+
+    def log(self) -> str:
+        return self.cluster.log("master")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped one cannot stop
+        self.cluster.stop()
+
+
+@pytest.fixture
+def masters(tmp_path: Path, pg_url: str) -> Iterator[list[Master]]:
+    started: list[Master] = []
+
+    class Start(list[Master]):
+        def start(self, name: str, secret: str = SECRET) -> Master:
+            m = Master(tmp_path, name, pg_url, secret)
+            started.append(m)
+            return m
+
+    try:
+        yield Start()  # type: ignore[misc]
+    finally:
+        for m in started:
+            m.stop()
+
+
+def test_two_masters_elect_one_leader_and_the_standby_points_at_it(masters: Any) -> None:
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    assert a.role() == "leader"
+
+    status, _, body = b.get("/readyz")
+    assert status == 503
+    assert body["role"] == "standby" and body["leader"] == a.address
+
+    # Any other route: 503, where the leader is, in the body and a header.
+    token = (a.cluster.state_dir / "admin-token").read_text().strip()
+    status, headers, body = b.get("/api/jobs", token)
+    assert status == 503
+    assert body == {
+        "detail": f"this master is a standby; the leader is {a.address}",
+        "role": "standby",
+        "leader": a.address,
+    }
+    assert headers["x-mgpu-leader"] == a.address
+
+    # A WebSocket (an agent's link) is refused at its handshake with the same 503.
+    conn = http.client.HTTPConnection("127.0.0.1", b.cluster.port, timeout=5)
+    conn.request(
+        "GET",
+        "/api/agent",
+        headers={
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version": "13",
+        },
+    )
+    res = conn.getresponse()
+    assert res.status == 503
+    assert json.loads(res.read())["leader"] == a.address
+    conn.close()
+
+    # One identity: the same CA and tokens in both state dirs.
+    for name in ("ca.crt", "ca.key", "join-token", "admin-token"):
+        assert (a.cluster.state_dir / name).read_bytes() == (
+            b.cluster.state_dir / name
+        ).read_bytes()
+        assert (b.cluster.state_dir / name).stat().st_mode & 0o777 in (0o600, 0o644)
+    assert (b.cluster.state_dir / "ca.key").stat().st_mode & 0o077 == 0
+    assert a.get("/api/ca")[2] == b.get("/api/ca")[2]
+
+
+def test_the_standby_leads_within_5_s_of_a_kill_9(masters: Any) -> None:
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    token = (a.cluster.state_dir / "admin-token").read_text().strip()
+    assert a.get("/api/nodes", token)[0] == 200
+
+    killed = time.monotonic()
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
+    took = time.monotonic() - killed
+    assert took < 5, f"the standby led {took:.1f} s after the kill"
+    assert b.get("/healthz")[2]["generation"] == 2
+    # The admin token the first master made works on the second.
+    assert b.get("/api/nodes", token)[0] == 200
+
+
+def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    c = masters.start("c", secret="another secret, not the cluster's one")
+    assert c.proc.wait(timeout=60) == 1
+    lines = [line for line in c.log().splitlines() if line.strip()]
+    assert lines[-1] == (
+        "mgpu: error: the cluster secret does not open the cluster identity stored in the "
+        "database: give this master the same --cluster-secret-file as the other masters"
+    )
+    assert "Traceback" not in c.log()
+
+
+def test_a_master_of_a_database_needs_the_secret(tmp_path: Path, pg_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MGPU_CLUSTER_SECRET"}
+    res = subprocess.run(
+        [str(BIN / "mgpu"), "master", "--state-dir", str(tmp_path / "m"), "--database", pg_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "mgpu: error: a master on a PostgreSQL database needs the cluster secret every master of "
+        "the cluster shares: give --cluster-secret-file FILE or set $MGPU_CLUSTER_SECRET"
+    ]
+
+
+def test_a_deposed_leader_sends_nothing_after_sigcont(masters: Any) -> None:
+    """SIGSTOP the leader until the standby leads, give it work meanwhile (a submit waits in
+    its socket's backlog), SIGCONT: it exits deposed, and its agent got no launch."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.cluster._load_tokens()
+    a.cluster.start_agent("n1", gpus=2)
+    spool = a.cluster.root / "agent-n1"
+
+    os.killpg(a.proc.pid, signal.SIGSTOP)
+    answers: list[Any] = []
+
+    def submit() -> None:
+        try:
+            answers.append(a.cluster.client().submit("echo ran-on-the-old-leader", gpus=1))
+        except Exception as e:  # the deposed master never answers
+            answers.append(e)
+
+    sender = threading.Thread(target=submit, daemon=True)
+    sender.start()
+    wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
+    os.killpg(a.proc.pid, signal.SIGCONT)
+    assert a.proc.wait(timeout=20) == EXIT_DEPOSED
+    assert "deposed: another master leads now" in a.log()
+    sender.join(timeout=10)
+    assert not list(spool.glob("**/*.run")), "the deposed leader launched a job"
+    assert "ran-on-the-old-leader" not in a.cluster.log("n1")
