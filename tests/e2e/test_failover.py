@@ -8,6 +8,7 @@ the processes; each test kills them by process group at its end.)"""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,26 +107,33 @@ def test_a_client_pointed_at_the_standby_first_gets_its_answer(ha: HaCluster) ->
     assert res.stdout.strip() == "via-the-standby"
 
 
-def test_logs_follow_through_a_failover_shows_every_line_once(ha: HaCluster) -> None:
+def test_logs_follow_through_a_failover_shows_every_line_once(
+    ha: HaCluster, tmp_path: Path
+) -> None:
     lines = 80
     job = ha.client().submit(f"for i in $(seq 1 {lines}); do echo line-$i; sleep 0.1; done", gpus=1)
-    follow = subprocess.Popen(
-        [str(BIN / "mgpu"), "logs", "-f", job.id],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ha.env,
-        start_new_session=True,
-    )
+    err = tmp_path / "follow.err"
+    with open(err, "wb") as err_file:
+        follow = subprocess.Popen(
+            [str(BIN / "mgpu"), "logs", "-f", job.id],
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            env=ha.env,
+            start_new_session=True,
+        )
+    got: list[str] = []
+    assert follow.stdout is not None
+    reader = threading.Thread(target=lambda: got.extend(follow.stdout or []), daemon=True)
+    reader.start()
     try:
-        assert follow.stdout is not None
-        first = follow.stdout.readline()  # following: the first line arrived
-        assert first.strip() == "line-1", first
+        wait_for(lambda: got, timeout=60, what="the first line followed")
         fail_over(ha)
-        out, err = follow.communicate(timeout=120)
+        follow.wait(timeout=120)
+        reader.join(timeout=10)
     finally:
         kill_group(follow, timeout=5)
-    got = [first.strip(), *out.split()]
-    assert got == [f"line-{i}" for i in range(1, lines + 1)], (got, err)
-    assert follow.returncode == 0, err
+    stderr = err.read_text()
+    assert [line.strip() for line in got] == [f"line-{i}" for i in range(1, lines + 1)], stderr
+    assert follow.returncode == 0, stderr
     assert ha.client().show(job.id)["state"] == "completed"
