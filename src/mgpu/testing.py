@@ -138,6 +138,8 @@ class LocalCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "MGPU_MASTER": self.address}
         self.env.pop("MGPU_STATE_DIR", None)
+        if database is not None:  # a master of a database needs the cluster's secret
+            self.env.setdefault("MGPU_CLUSTER_SECRET", "a test cluster's secret, 40 bytes long")
         self._saved_env: dict[str, str | None] = {}
         self.admin_token = ""
         self.join_token = ""

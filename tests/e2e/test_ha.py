@@ -5,6 +5,7 @@ process is stopped by process group (LocalCluster.stop)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.master.ha.leadership import EXIT_DEPOSED
+from mgpu.testing import kill_leftover_jobs
 
 SECRET = "correct horse battery staple, forty bytes"
 
@@ -68,6 +71,7 @@ class Master:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped one cannot stop
         self.cluster.stop()
+        kill_leftover_jobs(self.cluster.root)
 
 
 @pytest.fixture
@@ -183,32 +187,49 @@ def test_a_master_of_a_database_needs_the_secret(tmp_path: Path, pg_url: str) ->
     ]
 
 
-def test_a_deposed_leader_sends_nothing_after_sigcont(masters: Any) -> None:
-    """SIGSTOP the leader until the standby leads, give it work meanwhile (a submit waits in
-    its socket's backlog), SIGCONT: it exits deposed, and its agent got no launch."""
+def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, pg_url: str) -> None:
+    """SIGSTOP the leader until the standby leads, give it work meanwhile (a submit and a
+    cancel wait in its socket's backlog), SIGCONT: it exits deposed, the database holds
+    nothing it did, and its agent got neither a launch nor a kill."""
     a = masters.start("a")
     wait_for(a.leads, timeout=30, what="the first master to lead")
     b = masters.start("b")
     wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
     a.cluster._load_tokens()
     a.cluster.start_agent("n1", gpus=2)
+    running = a.cluster.client().submit("sleep 600", gpus=1)
+    wait_for(
+        lambda: a.cluster.client().show(running.id)["state"] == "running", what="a running job"
+    )
     spool = a.cluster.root / "agent-n1"
+    wait_for(lambda: list(spool.glob("**/*.run")), what="its run record")
 
     os.killpg(a.proc.pid, signal.SIGSTOP)
-    answers: list[Any] = []
 
     def submit() -> None:
-        try:
-            answers.append(a.cluster.client().submit("echo ran-on-the-old-leader", gpus=1))
-        except Exception as e:  # the deposed master never answers
-            answers.append(e)
+        with contextlib.suppress(Exception):  # the deposed master never answers
+            a.cluster.client().submit("echo ran-on-the-old-leader", gpus=1)
 
-    sender = threading.Thread(target=submit, daemon=True)
-    sender.start()
+    def cancel() -> None:
+        with contextlib.suppress(Exception):
+            a.cluster.client().cancel(running.id)
+
+    for work in (submit, cancel):
+        threading.Thread(target=work, daemon=True).start()
     wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
     os.killpg(a.proc.pid, signal.SIGCONT)
     assert a.proc.wait(timeout=20) == EXIT_DEPOSED
     assert "deposed: another master leads now" in a.log()
-    sender.join(timeout=10)
-    assert not list(spool.glob("**/*.run")), "the deposed leader launched a job"
+
+    with psycopg.connect(pg_url) as db:
+        (submitted,) = db.execute(
+            "SELECT count(*) FROM jobs WHERE record LIKE '%ran-on-the-old-leader%'"
+        ).fetchone()
+        (state,) = db.execute("SELECT state FROM jobs WHERE id = %s", (running.id,)).fetchone()
+        (cancels,) = db.execute("SELECT count(*) FROM events WHERE kind LIKE '%cancel%'").fetchone()
+    assert (submitted, state, cancels) == (0, "running", 0)
+    assert len(list(spool.glob("**/*.run"))) == 1, "the deposed leader launched a job"
     assert "ran-on-the-old-leader" not in a.cluster.log("n1")
+    token = (a.cluster.state_dir / "admin-token").read_text().strip()
+    status, _, body = b.get(f"/api/jobs/{running.id}", token)
+    assert status == 200 and body["state"] == "running"  # the new leader keeps it running

@@ -3,6 +3,7 @@ SQLite, keeps them across a restart, and refuses a database it cannot use in one
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url:
 def _master(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:
     argv = [str(BIN / "mgpu"), "master", "--port", str(free_port())]
     argv += ["--state-dir", str(tmp_path / "state"), "--database", database]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "MGPU_CLUSTER_SECRET": "a test cluster's secret, 40 bytes long"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_a_database_the_master_cannot_use_is_one_line(tmp_path: Path, postgres: PgServer) -> None:

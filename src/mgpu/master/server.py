@@ -12,6 +12,8 @@ from typing import Any
 from mgpu import logredact
 from mgpu.config import ClusterConfig, load_config
 from mgpu.master.ha.leadership import Leadership, LeaseTiming, advertised_address
+from mgpu.master.store import SCHEMES
+from mgpu.master.store.base import hide_password
 
 
 def default_state_dir() -> Path:
@@ -114,14 +116,9 @@ def _leadership(
 ) -> Leadership:
     """A master of several on one database: the cluster's identity loaded (or stored, by
     the first master), and its part in the election, not started yet."""
-    from mgpu.errors import MgpuError
     from mgpu.master.ha.identity import load_identity, read_secret
     from mgpu.master.store.fence import Fence
 
-    if not database.startswith(("postgresql://", "postgres://")):
-        raise MgpuError(
-            f"--database takes a PostgreSQL URL (postgresql://USER@HOST:PORT/DB), not {database!r}"
-        )
     load_identity(state_dir, database, read_secret(secret_file))
     ha = config.ha
     timing = LeaseTiming(ttl=ha.lease_ttl, renew=ha.renew_interval, retry=ha.retry_interval)
@@ -141,12 +138,11 @@ def run_master(
 ) -> None:
     """tls: True forces it, False refuses it (loudly), None = on for non-loopback binds.
 
-    database: a PostgreSQL URL shared with other masters (`--database`, over the config's
-    `database:`; none: SQLite in the state dir): this master then needs the cluster secret
+    database: a PostgreSQL URL shared with other masters (else `database:` in the config;
+    none: SQLite in the state dir): this master then needs the cluster secret
     (`cluster_secret_file` or $MGPU_CLUSTER_SECRET), loads the cluster's identity from the
     database, and stands by until it takes the leader's lease (master/ha); `advertise`:
-    the HOST:PORT it is reached at, which standbys tell clients while it leads.  A SQLite
-    store it cannot open raises StoreError (one sentence) before it serves."""
+    the HOST:PORT it is reached at, which standbys tell clients while it leads."""
     import uvicorn
 
     from mgpu.master.http.app import create_app
@@ -162,10 +158,11 @@ def run_master(
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
     first_start = not (state_dir / "join-token").exists()
-    database = database or getattr(config, "database", None)
     leadership = None
-    if database:
-        leadership = _leadership(state_dir, config, database, cluster_secret_file, host, port)
+    if config.database and config.database.startswith(SCHEMES):
+        leadership = _leadership(
+            state_dir, config, config.database, cluster_secret_file, host, port
+        )
         leadership.address = advertised_address(host, port, advertise)
     from mgpu.credentials import is_loopback
 
@@ -193,13 +190,18 @@ def run_master(
             fds,
         )
     limits = ConnectionLimits(master_conf.header_timeout, master_conf.connections_per_address)
-    from mgpu.master.store import open_store
-    from mgpu.master.store.base import hide_password
+    if leadership is None:
+        from mgpu.master.store import open_store
 
-    # A master of a shared database opens the store once it leads (master/http/app.py).
-    store = open_store(config.database, state_dir) if leadership is None else None
+        store = open_store(config.database, state_dir)
+    else:
+        store = None  # opened when it leads: what it loads is the state then
     app = create_app(
-        state_dir, config, announce=(host, port, first_start), store=store, leadership=leadership
+        state_dir,
+        config,
+        announce=(host, port, first_start),
+        leadership=leadership,
+        store=store,
     )
     log.info(
         "mgpu master on %s://%s:%d, state in %s",

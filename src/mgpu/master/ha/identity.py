@@ -187,9 +187,9 @@ def import_identity(state_dir: Path, conn: Any, secret: bytes) -> bool:
     return False
 
 
-def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 60.0) -> str:
+def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0.0) -> str:
     """`ensure_identity` on a connection of its own, waiting up to `wait` seconds for the
-    database to answer (masters and their database often start together)."""
+    database to answer (0: one try; a supervisor starts the master again)."""
     import logging
     import time
 

@@ -48,7 +48,7 @@ from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
 from mgpu.master.store.base import Store
-from mgpu.master.store.fence import Fence, Fenced
+from mgpu.master.store.fence import Fenced
 from mgpu.master.store.outputs import OutputStore
 from mgpu.tlsutil import ensure_ca
 
@@ -71,22 +71,13 @@ ROUTERS: tuple[APIRouter, ...] = (
 )
 
 
-def open_cluster(
-    state_dir: Path,
-    config: ClusterConfig,
-    store: Store | None = None,
-    database: str | None = None,
-    fence: Fence | None = None,
-) -> Cluster:
-    """The controller over the state dir: its store (`store`, else the one `database` or
-    `config.database` names: SQLite in the state dir by default), tokens (made at first
-    start), output and node secrets; the cluster CA is made here too, at start, if it is not
-    there yet.  `fence`: the leader's, which every write to a shared database checks."""
+def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = None) -> Cluster:
+    """The controller over the state dir: its store (`store`, else the one `config.database`
+    names: SQLite in the state dir by default), tokens (made at first start), output and
+    node secrets; the cluster CA is made here too, at start, if it is not there yet."""
     fingerprint = ensure_ca(state_dir)
     if store is None:
-        store = open_store(database or config.database, state_dir)
-    if fence is not None:
-        store.fence = fence
+        store = open_store(config.database, state_dir)
     owner = getpass.getuser()
     tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
@@ -102,13 +93,13 @@ def create_app(
     state_dir: Path,
     config: ClusterConfig,
     announce: tuple[str, int, bool] | None = None,
-    store: Store | None = None,
     leadership: Leadership | None = None,
+    store: Store | None = None,
 ) -> FastAPI:
     """The master's app; `store`: opened already (`mgpu master` opens it before serving,
-    so that a database it cannot use is one line at start), else opened at startup.
+    so that a database it cannot use is one line at start), else opened at startup;
     `leadership`: this master is one of several on a shared database (master/ha): it
-    stands by, and opens the cluster once it takes the lease."""
+    stands by, and opens the cluster from the database once it takes the lease."""
 
     def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
@@ -206,9 +197,9 @@ async def _stand_by(
     async def lead() -> None:
         await took.wait()
         try:
-            cluster = open_cluster(
-                state_dir, config, database=leadership.database, fence=leadership.fence
-            )
+            store = open_store(leadership.database, state_dir)
+            store.fence = leadership.fence  # every write: only while this lease is its own
+            cluster = open_cluster(state_dir, config, store)
         except Exception as e:
             log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
             logging.shutdown()

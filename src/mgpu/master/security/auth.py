@@ -83,7 +83,13 @@ class TokenStore:
             return
         digest = hash_secret(secret)
         if self.store.token_by_hash(digest, kind) is not None:
-            return
+            return  # known (the usual case)
+        if admin and self.store.has_owner_token():
+            return  # the owner's token is another one
+        if not admin and any(t["kind"] == kind for t in self.store.list_tokens()):
+            return  # a join token was made here, and perhaps revoked: never revived
+        if admin and any(t["kind"] == "user" and t["admin"] for t in self.store.list_tokens()):
+            return  # a state dir from before the owner mark: `_mark_owner` marks it
         self.store.insert_token(
             secrets.token_hex(4), user, admin, kind, digest, time.time(), admin, admin
         )
