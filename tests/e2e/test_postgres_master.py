@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from helpers import BIN, local_cluster
+from mgpu.client.api import Client
 from pgserver import PgServer, free_port
 
 
@@ -46,3 +47,31 @@ def test_a_database_the_master_cannot_use_is_one_line(tmp_path: Path, postgres: 
     assert "cannot reach the database postgresql://mgpu@127.0.0.1" in res.stderr
     assert "Traceback" not in res.stderr and "hunter2" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_sqlite_cluster_moves_to_postgresql_with_its_jobs_and_tokens(
+    tmp_path: Path, pg_url: str
+) -> None:
+    with local_cluster(tmp_path, agents=1, gpus=1) as c:
+        first = c.client().submit("echo before the move", gpus=0)
+        second = c.client().submit("true", gpus=0)
+        for job in (first, second):
+            assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+        admin, state_dir = c.admin_token, c.state_dir
+    db_import = [str(BIN / "mgpu"), "db", "import", str(state_dir), "--database", pg_url]
+    res = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "2 jobs" in res.stdout and "2 tokens" in res.stdout and "1 node secrets" in res.stdout
+    again = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "already holds a cluster's state" in again.stderr
+    assert "Traceback" not in again.stderr
+    # The same machine, now on PostgreSQL: the old jobs, the old admin token, the old node.
+    with local_cluster(tmp_path, agents=1, gpus=1, database=pg_url) as c:
+        assert c.admin_token == admin
+        owner = Client(c.address, token=admin)
+        assert owner.whoami()["admin"] is True
+        assert owner.show(first.id)["state"] == "completed"
+        assert owner.logs(first.id) == "before the move\n"  # output stays on disk for now
+        third = owner.submit("true", gpus=0)
+        assert int(third.id) == int(second.id) + 1
+        assert owner.wait(third.id, timeout=60)["state"] == "completed"

@@ -44,6 +44,30 @@ def cmd_master(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_db(args: argparse.Namespace) -> int:
+    """`mgpu db import STATE_DIR --database URL`: a SQLite master's state into PostgreSQL."""
+    from pathlib import Path
+
+    from mgpu.master.store.base import StoreError
+
+    if not args.database:
+        raise UsageError("mgpu db import needs --database postgresql://USER@HOST:PORT/DB")
+    if not args.database.startswith(("postgresql://", "postgres://")):
+        from mgpu.master.store.base import hide_password
+
+        fail(f"--database {hide_password(args.database)} is not a PostgreSQL URL")
+    from mgpu.master.store.dbimport import import_state
+    from mgpu.master.store.postgres import describe
+
+    try:
+        counts = import_state(Path(args.state_dir).expanduser(), args.database)
+    except StoreError as e:
+        fail(str(e))
+    shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
+    print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
+    return 0
+
+
 def cmd_node_remove(args: argparse.Namespace) -> int:
     if not args.target:
         raise UsageError("mgpu node remove needs the node id: mgpu node remove ID")
@@ -211,6 +235,13 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
         "--advertise",
         metavar="HOST:PORT",
         help="with --database: where clients reach this master (default: its bind address)",
+    )
+
+    s = add("db", cmd_db, "the master's database: `db import STATE_DIR --database URL`")
+    s.add_argument("action", choices=["import"], help="import: a SQLite state dir into PostgreSQL")
+    s.add_argument("state_dir", metavar="STATE_DIR", help="the state dir of a master on SQLite")
+    s.add_argument(
+        "--database", metavar="URL", help="an empty PostgreSQL database: postgresql://USER@HOST/DB"
     )
 
     s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")

@@ -26,6 +26,7 @@ from mgpu.master.store.base import (
     TOKEN_KEYS,
     Event,
     Store,
+    StoreError,
     TokenRow,
 )
 from mgpu.master.store.walcheckpoint import Checkpointer
@@ -109,6 +110,30 @@ MIGRATIONS = (_migrate_to_1,)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 
+def migrate(db: sqlite3.Connection, where: str) -> None:
+    """Bring the database to SCHEMA_VERSION, each migration in order, in one transaction
+    (`db` in autocommit mode; `where`: its name for an error)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        version = int(row[0] or 0)
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{where} has schema version {version}, newer than this mgpu's "
+                f"({SCHEMA_VERSION}): run a newer mgpu"
+            )
+        for step in MIGRATIONS[version:]:
+            step(db)
+        if version < SCHEMA_VERSION:
+            db.execute("DELETE FROM schema_version")
+            db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 class SqliteStore(Store):
     def __init__(self, path: Path | str) -> None:
         super().__init__()
@@ -131,26 +156,7 @@ class SqliteStore(Store):
         self.reload()
 
     def _migrate(self) -> None:
-        """Bring the database to SCHEMA_VERSION, each migration in order, in one transaction."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()
-            version = int(row[0] or 0)
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"{self.path} has schema version {version}, newer than this mgpu's "
-                    f"({SCHEMA_VERSION}): run a newer mgpu"
-                )
-            for migrate in MIGRATIONS[version:]:
-                migrate(self.db)
-            if version < SCHEMA_VERSION:
-                self.db.execute("DELETE FROM schema_version")
-                self.db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        migrate(self.db, str(self.path))
 
     def schema_version(self) -> int:
         row = self.db.execute("SELECT MAX(version) FROM schema_version").fetchone()

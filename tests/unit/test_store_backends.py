@@ -1,0 +1,308 @@
+"""What the store's two backends promise beyond the master's everyday calls: a versioned
+schema migrated at open (an older SQLite state dir keeps every row), tokens and node
+secrets behind the store, fencing of every PostgreSQL write by the lease's generation, a
+PostgreSQL restart waited out, and `open_store`'s choice of backend."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from factories import master_job
+from mgpu.master.security.auth import TokenStore
+from mgpu.master.security.nodeauth import NodeSecrets
+from mgpu.master.store import open_store
+from mgpu.master.store.base import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
+from mgpu.master.store.fence import LEASE_TABLE, Fenced
+from mgpu.master.store.postgres import PostgresStore
+from mgpu.master.store.sqlite import SqliteStore
+from mgpu.model import JobState
+from mgpu.testing import wait_for
+from mgpu.tokens import hash_secret
+from pgserver import PgServer, free_port
+from stores import Backend
+
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    user TEXT NOT NULL,
+    submit_time REAL NOT NULL,
+    end_time REAL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_end ON jobs(end_time);
+CREATE TABLE IF NOT EXISTS arrays (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    active INTEGER NOT NULL,
+    indices TEXT NOT NULL,
+    max_running INTEGER,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    node_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reservations (
+    name TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    actor TEXT,
+    address TEXT,
+    target TEXT,
+    detail TEXT
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    admin INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL,
+    revoked REAL
+);
+CREATE TABLE IF NOT EXISTS node_secrets (
+    node_id TEXT PRIMARY KEY,
+    hash TEXT NOT NULL,
+    created REAL NOT NULL
+);
+"""
+"""The store's and the tokens' and node secrets' SCHEMA strings as mgpu wrote them before
+the schema had a version (the tokens' first release: no grant columns)."""
+
+
+def _ended(job_id: str, end: float = 10.0) -> object:
+    return master_job(job_id, state=JobState.COMPLETED, submit_time=1.0, end_time=end)
+
+
+# ---- the schema --------------------------------------------------------------------------
+
+
+def test_a_state_dir_from_before_schema_versions_is_migrated_without_loss(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mgpu.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(OLD_SCHEMA)
+    job = _ended("7")
+    old.execute(
+        "INSERT INTO jobs VALUES (?,?,?,?,?,?,?)",
+        ("7", 1, "completed", "alice", 1.0, 10.0, json.dumps(job.to_record())),
+    )
+    old.execute("INSERT INTO meta VALUES ('last_job_id', '7')")
+    old.execute(
+        "INSERT INTO tokens VALUES ('t1', 'alice', 1, 'user', ?, 1.0, NULL)",
+        (hash_secret("mgpu_secret"),),
+    )
+    old.execute("INSERT INTO node_secrets VALUES ('n1', 'abc', 2.0)")
+    old.execute("INSERT INTO events(time, kind) VALUES (3.0, 'submit')")
+    old.close()
+
+    store = SqliteStore(path)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert store.get_job("7") == job
+        assert store.new_job_id() == "8"
+        (token,) = store.list_tokens()
+        assert token["id"] == "t1" and token["owner"] is False and token["allow_root"] is False
+        assert store.token_by_hash(hash_secret("mgpu_secret"), "user") is not None
+        assert store.node_secret_hash("n1") == "abc"
+        assert [e["kind"] for e in store.events()] == ["submit"]
+    finally:
+        store.close()
+    again = SqliteStore(path)  # opened again: nothing to migrate, nothing lost
+    try:
+        assert again.schema_version() == SCHEMA_VERSION and again.get_job("7") == job
+    finally:
+        again.close()
+
+
+def test_a_database_of_a_newer_mgpu_is_refused(backend: Backend) -> None:
+    store = backend.open()
+    assert store.schema_version() == SCHEMA_VERSION
+    backend.sql(store, "UPDATE schema_version SET version = 99")
+    store.close()
+    with pytest.raises((StoreError, RuntimeError), match="schema version 99, newer"):
+        backend.open()
+
+
+# ---- tokens and node secrets behind the store -------------------------------------------
+
+
+def test_tokens_are_kept_by_the_store(backend: Backend, tmp_path: Path) -> None:
+    tokens = TokenStore(backend.open(), tmp_path, "f" * 16)
+    tokens.bootstrap("alice")
+    admin = (tmp_path / "admin-token").read_text().strip()
+    join = (tmp_path / "join-token").read_text().strip()
+    ident = tokens.user(admin)
+    assert ident is not None and ident.owner and ident.admin and ident.allow_root
+    assert tokens.join(join) and not tokens.join(admin) and tokens.user(join) is None
+    token_id, bob = tokens.create("bob", admin=False)
+    assert tokens.user(bob) == tokens.user(bob) and tokens.user(bob).user == "bob"  # type: ignore[union-attr]
+    assert [(t["user"], t["kind"], t["owner"]) for t in tokens.list()] == [
+        ("-", "join", False),
+        ("alice", "user", True),
+        ("bob", "user", False),
+    ]
+    assert tokens.guarded(ident.token_id) == "the owner's admin token"
+    assert tokens.guarded(token_id) is None
+    assert tokens.revoke(token_id) and not tokens.revoke(token_id)
+    assert tokens.user(bob) is None
+    # A restart: the same tokens from the store (the files are not written again).
+    again = TokenStore(backend.open(), tmp_path, "f" * 16)
+    again.bootstrap("alice")
+    assert again.user(admin) == ident and len(again.list()) == 3
+
+
+def test_node_secrets_are_kept_by_the_store(store: Store) -> None:
+    secrets = NodeSecrets(store)
+    first = secrets.verify("n1", None, connected=False)
+    assert first.refusal is None and first.new_secret and secrets.known("n1")
+    assert secrets.verify("n1", first.new_secret, connected=True).replaces_link
+    assert secrets.verify("n1", "mgpunode_x", connected=False).bad_secret
+    assert secrets.forget("n1") and not secrets.known("n1") and not secrets.forget("n1")
+
+
+# ---- fencing (PostgreSQL) ---------------------------------------------------------------
+
+
+def _lease(conn: psycopg.Connection[object], generation: int) -> None:
+    conn.execute(
+        f"INSERT INTO {LEASE_TABLE}(id, generation, holder, address, expires_at) "
+        "VALUES (1, %s, 'other', NULL, now()) "
+        "ON CONFLICT (id) DO UPDATE SET generation = excluded.generation",
+        (generation,),
+    )
+
+
+def test_a_deposed_leader_writes_nothing(pg_url: str, tmp_path: Path) -> None:
+    store = PostgresStore(pg_url)
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            _lease(other, 1)
+            store.fence.generation = 1
+            store.save_jobs([_ended("1")])  # its own generation: writes
+            _lease(other, 2)  # another master took the lease
+            writes = [
+                lambda: store.save_jobs([_ended("2")], event=("submit", "a", None, "2")),
+                lambda: store.record_event("x"),
+                lambda: store.set_meta("k", "v"),
+                lambda: store.save_node("n1", {}),
+                lambda: TokenStore(store, tmp_path, "f").create("eve", admin=True),
+                lambda: NodeSecrets(store).verify("n2", None, connected=False),
+            ]
+            for write in writes:
+                with pytest.raises(Fenced):
+                    write()
+            _lease(other, 1)  # even its own generation back: it stepped down for good
+            with pytest.raises(Fenced):
+                store.record_event("y")
+            assert store.fence.lost
+            rows = other.execute(
+                "SELECT (SELECT COUNT(*) FROM jobs), (SELECT COUNT(*) FROM events), "
+                "(SELECT COUNT(*) FROM meta WHERE key='k'), (SELECT COUNT(*) FROM nodes), "
+                "(SELECT COUNT(*) FROM tokens), (SELECT COUNT(*) FROM node_secrets)"
+            ).fetchone()
+            assert rows == (1, 0, 0, 0, 0, 0)
+    finally:
+        store.close()
+
+
+# ---- PostgreSQL going away ----------------------------------------------------------------
+
+
+def _durable(url: str) -> str:
+    """The test server commits asynchronously (tests/pgserver.py, for speed), so that a
+    crash loses the last commits; this database's sessions commit durably, as by default."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        name = url.rsplit("/", 1)[1]
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    return url
+
+
+def test_a_restart_of_postgresql_is_waited_out(
+    pg_url: str, postgres: PgServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = PostgresStore(_durable(pg_url), retry_for=60.0)
+    try:
+        store.save_jobs([_ended("1")])
+        postgres.restart()
+        store.save_jobs([_ended("2")])  # a new connection, the same store
+        assert store.get_job("2") is not None and store.count_by_state() == {"completed": 2}
+        # Down while a write runs: it waits, and goes in once the server is back.
+        caplog.set_level(logging.WARNING, logger="mgpu.master")
+        postgres.kill()
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.save_jobs([_ended("3")], event=("submit", "alice", None, "3"))
+            except BaseException as e:  # pragma: no cover - shown by the assert
+                failed.append(e)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_for(lambda: "is unreachable" in caplog.text, timeout=30, what="the retry")
+        postgres.start()
+        writer.join(timeout=60)
+        assert not writer.is_alive() and failed == []
+        assert store.get_job("3") is not None and store.new_job_id() == "4"
+        assert "mgpu@127.0.0.1" in caplog.text
+    finally:
+        store.close()
+
+
+def test_a_database_gone_for_too_long_is_one_clear_error(pg_url: str, postgres: PgServer) -> None:
+    store = PostgresStore(_durable(pg_url), retry_for=1.0)
+    try:
+        postgres.kill()
+        try:
+            with pytest.raises(StoreUnavailable, match="unreachable for 1 s"):
+                store.record_event("x")
+        finally:
+            postgres.start()
+        store.record_event("x")  # back: the store goes on
+        assert [e["kind"] for e in store.events()] == ["x"]
+    finally:
+        store.close()
+
+
+# ---- open_store -------------------------------------------------------------------------
+
+
+def test_open_store_picks_the_backend(tmp_path: Path, pg_url: str) -> None:
+    for database in (None, ""):
+        store = open_store(database, tmp_path)
+        assert isinstance(store, SqliteStore) and (tmp_path / "mgpu.db").exists()
+        store.close()
+    for url in (pg_url, pg_url.replace("postgresql://", "postgres://")):
+        store = open_store(url, tmp_path)
+        assert isinstance(store, PostgresStore)
+        store.close()
+
+
+def test_open_store_says_what_is_wrong_in_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="not a PostgreSQL URL") as bad:
+        open_store("mysql://root:hunter2@db/mgpu", tmp_path)
+    assert "hunter2" not in str(bad.value) and "root:***@db" in str(bad.value)
+    url = f"postgresql://mgpu:hunter2@127.0.0.1:{free_port()}/mgpu"
+    with pytest.raises(StoreError, match="cannot reach the database") as gone:
+        open_store(url, tmp_path)
+    assert "hunter2" not in str(gone.value) and "\n" not in str(gone.value)
