@@ -25,7 +25,7 @@ from mgpu.master.security.auth import TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.state.registry import AgentLink
 from mgpu.master.store.base import Store
-from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.outputs import FileOutputStore
 from mgpu.master.store.sqlite import MEMORY, SqliteStore
 from mgpu.model import Job
 from mgpu.protocol import (
@@ -206,7 +206,7 @@ class Harness:
         self.config = ClusterConfig.model_validate(config or {})
         self.clock = FakeClock()
         self.store = store or SqliteStore(MEMORY)
-        self.outputs = OutputStore(root / "output")
+        self.outputs = FileOutputStore(root / "output")
         self.agents: dict[str, FakeAgent] = {}
         self.cl = self._controller()
 

@@ -29,7 +29,7 @@ from helpers import BIN, LocalCluster, wait_for
 from mgpu.client.api import RequestError
 from mgpu.master.http.guard import BODY_LIMIT, SUBMIT_BODY_LIMIT, FailedLogins, Guard
 from mgpu.master.security.auth import BadTokenThrottle, Identity
-from mgpu.master.store.outputs import CHUNK, OutputReader, OutputStore
+from mgpu.master.store.outputs import CHUNK, FileOutputReader, FileOutputStore, OutputReader
 from mgpu.testing import LoopProbe
 
 GAP = 1.0
@@ -271,24 +271,24 @@ def test_the_reader_skips_records_across_chunks_and_keeps_long_lines_whole(
     recs = _records(1000) + _records(1, size=3 * CHUNK) + _records(5)
     path = tmp_path / "j.jsonl"
     path.write_bytes(b"".join(recs))
-    assert _read_all(OutputReader(path)) == recs
+    assert _read_all(FileOutputReader(path)) == recs
     for since in (0, 1, 17, 999, 1000, 1001, 1006, 2000):
-        assert _read_all(OutputReader(path, since), limit=100) == recs[since:]
+        assert _read_all(FileOutputReader(path, since), limit=100) == recs[since:]
 
 
 def test_a_one_off_read_stops_where_the_file_ended_when_it_began(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     path.write_bytes(b"".join(_records(3)))
-    reader = OutputReader(path, stop_at_current_end=True)
+    reader = FileOutputReader(path, stop_at_current_end=True)
     with open(path, "ab") as f:
         f.write(b"".join(_records(2)))
     assert len(_read_all(reader)) == 3
-    assert OutputReader(tmp_path / "missing.jsonl").step() is None
+    assert FileOutputReader(tmp_path / "missing.jsonl").step() is None
 
 
 def test_a_follower_reads_what_is_appended_after_it_began(tmp_path: Path) -> None:
     async def main() -> None:
-        store = OutputStore(tmp_path)
+        store = FileOutputStore(tmp_path)
         store.append("j", "o", "one\n", "n1")
         wake = store.subscribe("j")
         reader = store.reader("j", 0)
@@ -316,7 +316,7 @@ def test_a_line_cut_by_a_crash_is_dropped_and_resume_points_come_from_the_tail(
     ]
     body = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in lines)
     (tmp_path / "j.jsonl").write_bytes(body + b'{"s":"o","d":"cut sho')
-    store = OutputStore(tmp_path)
+    store = FileOutputStore(tmp_path)
     assert store.resume_point("j", 2, "n1") == (CHUNK, 40)
     assert store.resume_point("j", 2, "n2") == (7, 0)
     assert (tmp_path / "j.jsonl").read_bytes() == body

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from factories import master_job
 from mgpu.master.store.base import Store
-from mgpu.master.store.outputs import MARKER, OutputStore
+from mgpu.master.store.outputs import MARKER, FileOutputStore
 from mgpu.model import JobState
 from stores import Backend
 
@@ -58,7 +58,7 @@ def test_old_audit_events_are_deleted_in_slices(backend: Backend) -> None:
 
 
 def test_a_users_bytes_are_counted_capped_and_given_back(tmp_path: Path) -> None:
-    outputs = OutputStore(tmp_path)
+    outputs = FileOutputStore(tmp_path)
     owners = {"a1": "alice", "a2": "alice", "b1": "bob"}
     outputs.owner = owners.get
     outputs.user_cap = 200

@@ -215,9 +215,11 @@ class Agents:
                 node.link.input_acked(msg.job_id, msg.bytes)
             return
         if isinstance(msg, Exited) and node.link is not None:
-            # Sent after this message's effect is on disk (see UnitOfWork); until then the
-            # agent keeps the run and re-sends its end after a reconnect.
-            self.uow.send(node.link, Forget(job_id=msg.job_id, epoch=msg.epoch))
+            # Sent after this message's effect is on disk (see UnitOfWork) and the run's
+            # output is stored (PostgreSQL's is written a moment later); until then the
+            # agent keeps the run and re-sends its end and output after a reconnect.
+            link, forget = node.link, Forget(job_id=msg.job_id, epoch=msg.epoch)
+            self.outputs.when_stored(lambda: self.uow.send(link, forget))
         if is_step_id(msg.job_id):
             self._step_message(node, msg)
             return

@@ -49,7 +49,7 @@ from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
 from mgpu.master.store.base import Store
 from mgpu.master.store.fence import Fenced
-from mgpu.master.store.outputs import OutputStore
+from mgpu.master.store.pgoutputs import open_output_store
 from mgpu.tlsutil import ensure_ca
 
 __all__ = ["create_app", "open_cluster"]
@@ -81,7 +81,8 @@ def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = N
     owner = getpass.getuser()
     tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
-    outputs = OutputStore(state_dir / "output")
+    # in PostgreSQL with the store (every job's output readable from any master), fenced
+    outputs = open_output_store(config.database, state_dir, store.fence)
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
     gcpause.watch()
     gcpause.tune()

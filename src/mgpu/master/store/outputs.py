@@ -26,6 +26,11 @@ record that would take the user past it is dropped, its job's file gets the mark
 drops the rest of its output.  The bytes per user are counted in memory as records are
 appended and files deleted (retention); after a restart the files already on disk are
 added once (`add_usage`, from `file_sizes` read off the loop by the retention task).
+
+`OutputStore` and `OutputReader` are what the rest of the master uses; `FileOutputStore`
+(this module, the default and every SQLite cluster's) and `PgOutputStore`
+(store/pgoutputs.py, a cluster on PostgreSQL, whose output any master can read after a
+failover) implement them with the same records, order, caps and resume points.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import asyncio
 import json
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -53,10 +59,35 @@ MARKER = "mgpu: output truncated at "
 """How the record that ends a capped job's output begins."""
 
 # The end of a record as `append` writes it: node, run epoch and byte offset, last.
-_RUN_TAIL = re.compile(rb'"n":("(?:[^"\\]|\\.)*"),"ep":(\d+),"at":(\d+)\}$')
+RUN_TAIL = re.compile(rb'"n":("(?:[^"\\]|\\.)*"),"ep":(\d+),"at":(\d+)\}$')
 
 
-class OutputReader:
+class OutputReader(ABC):
+    """Whole records of one job's output from record `start` on, a chunk at a time."""
+
+    @abstractmethod
+    def step(self, limit: int = CHUNK) -> bytes | None:
+        """Whole records (b"" if none are complete yet), or None at the end of what is
+        stored (or of what was there when a one-off read began)."""
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Every whole record written so far, in chunks; returns right after finding the
+        end, with no await in between (see the module docstring)."""
+        while True:
+            chunk = self.step()
+            if chunk is None:
+                return
+            if chunk:
+                yield chunk
+            else:
+                await asyncio.sleep(0)  # only skipped or a long line: let others in
+
+    @abstractmethod
+    def close(self) -> None:
+        """Let go of what the reader holds (a file, a page of rows)."""
+
+
+class FileOutputReader(OutputReader):
     """Whole records of one output file from record `start` on, a chunk at a time."""
 
     def __init__(self, path: Path, start: int = 0, stop_at_current_end: bool = False) -> None:
@@ -102,52 +133,28 @@ class OutputReader:
         self._partial = data[cut:]
         return data[:cut]
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """Every whole record written so far, in chunks; returns right after finding the
-        end, with no await in between (see the module docstring)."""
-        while True:
-            chunk = self.step()
-            if chunk is None:
-                return
-            if chunk:
-                yield chunk
-            else:
-                await asyncio.sleep(0)  # only skipped or a long line: let others in
-
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
 
 
-class OutputStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self._root = str(root)
-        self._files: dict[str, int] = {}
-        """Open files (descriptors, written unbuffered) of jobs that may still append."""
+class OutputStore(ABC):
+    """What the master uses of a job output store (see the module docstring): appends on
+    the event loop, readers, followers, caps and the runs' resume points."""
+
+    def __init__(self) -> None:
         self.cap: int | None = None
-        """Bytes a job's file may hold before its output is dropped (None: no cap)."""
-        self._sizes: dict[str, int] = {}
-        """Bytes in each open file: checked against the cap without a syscall."""
-        self._full: set[str] = set()
-        """Open files at the cap: their marker is stored, further records are dropped."""
+        """Bytes a job's output may hold before the rest is dropped (None: no cap)."""
         self.user_cap: int | None = None
-        """Bytes all of one user's files may hold (None: no cap)."""
+        """Bytes all of one user's output may hold (None: no cap)."""
         self.owner: Callable[[str], str | None] = lambda job_id: None
         """The user of an active job (set by the controller)."""
-        self._owners: dict[str, str] = {}
-        """The user of each open file."""
         self.user_bytes: dict[str, int] = {}
         """Bytes stored per user (see the module docstring)."""
         self._followers: dict[str, set[asyncio.Event]] = {}
-        self._repaired: set[str] = set()
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
         """job -> (epoch, node, stream) -> bytes of that run's stream stored so far."""
-
-    def path(self, job_id: str) -> Path:
-        return self.root / f"{job_id}.jsonl"
 
     def accept(
         self,
@@ -171,6 +178,149 @@ class OutputStore:
             data = data.encode()[have - start :].decode(errors="replace")
         runs[(epoch, node_id, stream)] = end
         return data
+
+    @abstractmethod
+    def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
+        """Bytes of stdout and stderr stored for one run (Welcome.resume: where the agent
+        goes on sending); ALL_SENT for a job at its cap."""
+
+    @abstractmethod
+    def append(
+        self,
+        job_id: str,
+        stream: str,
+        data: str,
+        node_id: str,
+        epoch: int | None = None,
+        end: int | None = None,
+    ) -> None:
+        """Add one record (on the event loop; readers and followers see it at once)."""
+
+    @abstractmethod
+    def close(self, job_id: str) -> None:
+        """The job ended: let go of what its appends held and wake followers."""
+
+    @abstractmethod
+    def delete(self, job_id: str, user: str) -> int:
+        """Delete an ended job's output (retention), its bytes taken off `user`'s count;
+        the bytes deleted (0 for a job still open)."""
+
+    @abstractmethod
+    def file_sizes(self) -> dict[str, int]:
+        """Every job's stored output size by job id (for a worker thread)."""
+
+    @abstractmethod
+    def reader(self, job_id: str, start: int = 0, follow: bool = True) -> OutputReader:
+        """A reader from record `start`; not following: up to what is written now."""
+
+    @abstractmethod
+    def close_all(self) -> None:
+        """Shutdown: everything appended stored, files and connections closed."""
+
+    def when_stored(self, then: Callable[[], None]) -> None:
+        """Call `then` once every record appended so far is stored for good (before the
+        master lets an agent forget a run: it would not re-send its output)."""
+        then()
+
+    def add_usage(self, by_user: Mapping[str, int]) -> None:
+        """Add bytes found stored at start to the users' counts."""
+        for user, size in by_user.items():
+            self.user_bytes[user] = self.user_bytes.get(user, 0) + size
+
+    def read(self, job_id: str, start: int = 0) -> list[Record]:
+        """Every record from `start`, parsed: for tests and tools, never for a request."""
+        reader = self.reader(job_id, start, follow=False)
+        out: list[Record] = []
+        try:
+            while (chunk := reader.step()) is not None:
+                out += [json.loads(line) for line in chunk.splitlines()]
+        finally:
+            reader.close()
+        return out
+
+    def subscribe(self, job_id: str) -> asyncio.Event:
+        """An event set whenever the job's output grows or ends (the caller clears it)."""
+        wake = asyncio.Event()
+        self._followers.setdefault(job_id, set()).add(wake)
+        return wake
+
+    def unsubscribe(self, job_id: str, wake: asyncio.Event) -> None:
+        subs = self._followers.get(job_id)
+        if subs is not None:
+            subs.discard(wake)
+            if not subs:
+                del self._followers[job_id]
+
+    def _wake(self, job_id: str) -> None:
+        for wake in self._followers.get(job_id, ()):
+            wake.set()
+
+    def _bounded(
+        self, used: int, rec: Record, node_id: str, user: str | None
+    ) -> tuple[bytes, bool]:
+        """The line(s) to store for `rec` in a job holding `used` bytes, and whether the
+        job is full after them: cut and marked at the job's cap, only the marker past the
+        user's; the user's count grows by what is stored."""
+        line = (_encode(rec) + "\n").encode()  # ASCII: ensure_ascii escapes the rest
+        full = False
+        if self.cap is not None and used + len(line) > self.cap:
+            kept = self._cut(rec, line, self.cap - used)
+            line = kept + self._marker(node_id, not kept or not rec["d"].endswith("\n"))
+            full = True
+        if user is not None:
+            have = self.user_bytes.get(user, 0)
+            if self.user_cap is not None and have + len(line) > self.user_cap:
+                line = self._marker(node_id, True, "max_output_per_user", self.user_cap)
+                full = True
+            self.user_bytes[user] = have + len(line)
+        return line, full
+
+    def _cut(self, rec: Record, line: bytes, room: int) -> bytes:
+        """The record that reaches the cap, its text cut to fit in `room` bytes (b"" if
+        none of it fits)."""
+        data: str = rec["d"]
+        fixed = len(line) - (len(_encode(data)) - 2)  # the line without the text's escapes
+        rec["d"] = _fit(data, room - fixed)
+        return (_encode(rec) + "\n").encode() if rec["d"] else b""
+
+    def _marker(
+        self, node_id: str, own_line: bool, limit: str = "max_output_per_job", cap: int = 0
+    ) -> bytes:
+        """The last record of a capped job: on stderr, so `srun` shows it as the job's."""
+        cap = cap or self.cap or 0
+        text = f"{MARKER}{size_text(cap)} (limits.{limit})\n"
+        rec = {"s": "e", "d": "\n" + text if own_line else text, "n": node_id}
+        return (_encode(rec) + "\n").encode()
+
+    def _give_back(self, user: str, size: int) -> None:
+        """Take a deleted job's bytes off its user's count."""
+        left = self.user_bytes.get(user, 0) - size
+        if left > 0:
+            self.user_bytes[user] = left
+        else:
+            self.user_bytes.pop(user, None)
+
+
+class FileOutputStore(OutputStore):
+    """One JSON-lines file per job under `root` (the state dir's `output/`)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._root = str(root)
+        self._files: dict[str, int] = {}
+        """Open files (descriptors, written unbuffered) of jobs that may still append."""
+        self._sizes: dict[str, int] = {}
+        """Bytes in each open file: checked against the cap without a syscall."""
+        self._full: set[str] = set()
+        """Open files at the cap: their marker is stored, further records are dropped."""
+        self._owners: dict[str, str] = {}
+        """The user of each open file."""
+        self._repaired: set[str] = set()
+
+    def path(self, job_id: str) -> Path:
+        return self.root / f"{job_id}.jsonl"
 
     def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
         """Bytes of stdout and stderr stored for one run (read back after a master restart).
@@ -215,7 +365,7 @@ class OutputStore:
                 lines = data.split(b"\n")
                 tail = lines.pop(0) if pos > 0 else b""  # maybe cut: joined with the next read
                 for line in reversed(lines):
-                    m = _RUN_TAIL.search(line, max(0, len(line) - 512))
+                    m = RUN_TAIL.search(line, max(0, len(line) - 512))
                     if m is None or not line.startswith(b'{"s":"'):
                         continue  # a step's or the master's own note: no run offsets
                     ep = int(m.group(2))
@@ -243,43 +393,14 @@ class OutputStore:
             fd = self._open(job_id, node_id)
         if job_id in self._full:
             return
-        line = (_encode(rec) + "\n").encode()  # ASCII: ensure_ascii escapes the rest
-        size = self._sizes[job_id] + len(line)
-        if self.cap is not None and size > self.cap:
-            kept = self._cut(rec, line, self.cap - self._sizes[job_id])
-            line = kept + self._marker(node_id, not kept or not rec["d"].endswith("\n"))
-            size = self._sizes[job_id] + len(line)
+        used = self._sizes[job_id]
+        line, full = self._bounded(used, rec, node_id, self._owners.get(job_id))
+        if full:
             self._full.add(job_id)
-        user = self._owners.get(job_id)
-        if user is not None:
-            used = self.user_bytes.get(user, 0)
-            if self.user_cap is not None and used + len(line) > self.user_cap:
-                line = self._marker(node_id, True, "max_output_per_user", self.user_cap)
-                size = self._sizes[job_id] + len(line)
-                self._full.add(job_id)
-            self.user_bytes[user] = used + len(line)
-        self._sizes[job_id] = size
+        self._sizes[job_id] = used + len(line)
         while line:  # one write: in the page cache when it returns, as a kill -9 needs
             line = line[os.write(fd, line) :]
-        for wake in self._followers.get(job_id, ()):
-            wake.set()
-
-    def _cut(self, rec: Record, line: bytes, room: int) -> bytes:
-        """The record that reaches the cap, its text cut to fit in `room` bytes (b"" if
-        none of it fits)."""
-        data: str = rec["d"]
-        fixed = len(line) - (len(_encode(data)) - 2)  # the line without the text's escapes
-        rec["d"] = _fit(data, room - fixed)
-        return (_encode(rec) + "\n").encode() if rec["d"] else b""
-
-    def _marker(
-        self, node_id: str, own_line: bool, limit: str = "max_output_per_job", cap: int = 0
-    ) -> bytes:
-        """The last record of a capped file: on stderr, so `srun` shows it as the job's."""
-        cap = cap or self.cap or 0
-        text = f"{MARKER}{size_text(cap)} (limits.{limit})\n"
-        rec = {"s": "e", "d": "\n" + text if own_line else text, "n": node_id}
-        return (_encode(rec) + "\n").encode()
+        self._wake(job_id)
 
     def _open(self, job_id: str, node_id: str) -> int:
         """The job's file for appending: one open that creates it or finds what an earlier
@@ -340,11 +461,9 @@ class OutputStore:
         self._owners.pop(job_id, None)
         self._full.discard(job_id)
         self._have.pop(job_id, None)
-        for wake in self._followers.get(job_id, ()):
-            wake.set()
+        self._wake(job_id)
 
     def delete(self, job_id: str, user: str) -> int:
-        """Delete an ended job's file (retention), its bytes taken off `user`'s count."""
         if job_id in self._files:
             return 0  # still open: the job is not over
         try:
@@ -352,16 +471,12 @@ class OutputStore:
             os.unlink(self.path(job_id))
         except FileNotFoundError:
             return 0
-        left = self.user_bytes.get(user, 0) - size
-        if left > 0:
-            self.user_bytes[user] = left
-        else:
-            self.user_bytes.pop(user, None)
+        self._give_back(user, size)
         self._repaired.discard(f"{job_id}.jsonl")
         return size
 
     def file_sizes(self) -> dict[str, int]:
-        """Every job file's size by job id: one directory scan (for a worker thread)."""
+        """One directory scan."""
         sizes: dict[str, int] = {}
         with os.scandir(self._root) as entries:
             for entry in entries:
@@ -372,40 +487,10 @@ class OutputStore:
                         continue
         return sizes
 
-    def add_usage(self, by_user: Mapping[str, int]) -> None:
-        """Add bytes found on disk at start to the users' counts."""
-        for user, size in by_user.items():
-            self.user_bytes[user] = self.user_bytes.get(user, 0) + size
-
     def reader(self, job_id: str, start: int = 0, follow: bool = True) -> OutputReader:
-        """A reader from record `start`; not following: up to what is written now."""
         path = self.path(job_id)
         self._repair(path)
-        return OutputReader(path, start, stop_at_current_end=not follow)
-
-    def read(self, job_id: str, start: int = 0) -> list[Record]:
-        """Every record from `start`, parsed: for tests and tools, never for a request."""
-        reader = self.reader(job_id, start, follow=False)
-        out: list[Record] = []
-        try:
-            while (chunk := reader.step()) is not None:
-                out += [json.loads(line) for line in chunk.splitlines()]
-        finally:
-            reader.close()
-        return out
-
-    def subscribe(self, job_id: str) -> asyncio.Event:
-        """An event set whenever the job's output grows or ends (the caller clears it)."""
-        wake = asyncio.Event()
-        self._followers.setdefault(job_id, set()).add(wake)
-        return wake
-
-    def unsubscribe(self, job_id: str, wake: asyncio.Event) -> None:
-        subs = self._followers.get(job_id)
-        if subs is not None:
-            subs.discard(wake)
-            if not subs:
-                del self._followers[job_id]
+        return FileOutputReader(path, start, stop_at_current_end=not follow)
 
     def close_all(self) -> None:
         for fd in self._files.values():
@@ -445,10 +530,15 @@ def _ends_with_marker(path: Path, size: int) -> bool:
             last = f.read(1024).rstrip(b"\n").rpartition(b"\n")[2]
     except FileNotFoundError:
         return False
+    return is_marker(last)
+
+
+def is_marker(line: bytes) -> bool:
+    """Whether a stored line (no newline) is a cap's marker record."""
     return (
-        last.startswith(b'{"s":"e","d":"')
-        and MARKER.encode() in last
-        and _RUN_TAIL.search(last) is None
+        line.startswith(b'{"s":"e","d":"')
+        and MARKER.encode() in line
+        and RUN_TAIL.search(line) is None
     )
 
 
