@@ -134,6 +134,9 @@ def test_logs_follow_through_a_failover_shows_every_line_once(
     finally:
         kill_group(follow, timeout=5)
     stderr = err.read_text()
-    assert [line.strip() for line in got] == [f"line-{i}" for i in range(1, lines + 1)], stderr
+    want = [f"line-{i}" for i in range(1, lines + 1)]
+    stored = ha.client().logs(job.id).split()
+    assert stored == want, "the stored output lost or repeated lines"
+    assert [line.strip() for line in got] == want, stderr
     assert follow.returncode == 0, stderr
     assert ha.client().show(job.id)["state"] == "completed"
