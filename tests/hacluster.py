@@ -49,8 +49,7 @@ class HaCluster(LocalCluster):
     def __init__(
         self, root: Path, database: str, masters: int = 2, config: str | None = None
     ) -> None:
-        super().__init__(root, config)
-        self.database = database
+        super().__init__(root, config, database)
         self.ports = [self.port] + [free_port() for _ in range(masters - 1)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.address = ",".join(self.addresses)
@@ -74,6 +73,7 @@ class HaCluster(LocalCluster):
         it answers `/healthz` (as leader or standby) and its tokens are in its state dir."""
         argv = [str(BIN / "mgpu"), "master", "--port", str(self.ports[i])]
         argv += ["--state-dir", str(self.state_dir_of(i))]
+        assert self.database is not None
         argv += ["--database", self.database, "--cluster-secret-file", str(self.secret_file)]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
@@ -170,7 +170,9 @@ class HaCluster(LocalCluster):
             self.wait_node(node_id, "online", timeout=60)
         return proc
 
-    def logs_of_masters(self) -> str:
+    def logs_of_masters(self, tail: int | None = 4000) -> str:
+        """Every master's log (the last `tail` characters of each; None: all of it)."""
         return "\n".join(
-            f"--- master{i}.log\n{self.log(f'master{i}')[-4000:]}" for i in range(len(self.masters))
+            f"--- master{i}.log\n{self.log(f'master{i}')[-(tail or 0) :]}"
+            for i in range(len(self.masters))
         )
