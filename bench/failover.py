@@ -350,7 +350,14 @@ class Failover:
             "jobs_never_started": sorted(acked - set(starts)),
             "jobs_run_twice": sorted(i for i, n in starts.items() if n > 1),
             "jobs_failed_by_failover": failed,
-            "jobs_requeued": sorted(j["id"] for j in jobs if len(j.get("attempts") or []) > 1),
+            "jobs_requeued": {
+                j["id"]: [
+                    {k: a.get(k) for k in ("start_time", "end_time", "end_reason")}
+                    for a in j["attempts"]
+                ]
+                for j in jobs
+                if len(j.get("attempts") or []) > 1
+            },
             "jobs_started_unacknowledged": sorted(set(starts) - acked),
             "submit_errors": self.submit_errors,
             "nodes_wrongly_marked_down": sorted(set(lost) | set(long_down)),
