@@ -12,6 +12,17 @@ from mgpu.master.store.postgres import PostgresStore
 from mgpu.master.store.sqlite import SqliteStore
 
 
+def durable(url: str) -> str:
+    """The test server commits asynchronously (tests/pgserver.py, for speed), so a crash of
+    it loses the last commits; this database's sessions commit durably, as by default."""
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    return url
+
+
 class Backend:
     name = ""
 

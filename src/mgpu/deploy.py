@@ -91,6 +91,10 @@ def master_unit(args: argparse.Namespace, state_dir: Path) -> str:
     words += ["--state-dir", _abs(state_dir)]
     if getattr(args, "database", None):
         words += ["--database", args.database]
+    if getattr(args, "cluster_secret_file", None):
+        words += ["--cluster-secret-file", _abs(args.cluster_secret_file)]
+    if getattr(args, "advertise", None):
+        words += ["--advertise", args.advertise]
     if args.tls:
         words.append("--tls")
     if args.insecure:
@@ -113,8 +117,9 @@ Type=simple
 User={user}
 ExecStart={_exec_start(words)}
 # State (jobs, tokens, the CA) is in the --state-dir: a restart loses nothing, and agents
-# reconnect by themselves with their jobs still running.  It holds secrets and every job's
-# environment and output: private to the unit's user.
+# reconnect by themselves with their jobs still running.  (With --database, a master that
+# another took the lead from exits with status 75 and is restarted here, as a standby.)
+# It holds secrets and every job's environment and output: private to the unit's user.
 UMask=0077
 {_state_directory(state_dir)}Restart=on-failure
 RestartSec=2

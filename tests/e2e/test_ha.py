@@ -19,9 +19,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from websockets.sync.client import connect
 
 from helpers import BIN, LocalCluster, wait_for
+from mgpu.agent.options import AgentOptions
 from mgpu.master.ha.leadership import EXIT_DEPOSED
+from mgpu.protocol import Hello
 from mgpu.testing import kill_leftover_jobs
 
 SECRET = "correct horse battery staple, forty bytes"
@@ -130,6 +133,14 @@ def test_two_masters_elect_one_leader_and_the_standby_points_at_it(masters: Any)
     assert json.loads(res.read())["leader"] == a.address
     conn.close()
 
+    # The leader's Welcome carries its lease generation (agents refuse older leaders).
+    join = (a.cluster.state_dir / "join-token").read_text().strip()
+    hello = Hello(node_id="probe", hostname="probe", ip="127.0.0.1", gpus=[], token=join)
+    with connect(f"ws://{a.address}/api/agent", open_timeout=10) as ws:
+        ws.send(hello.model_dump_json())
+        welcome = json.loads(ws.recv(timeout=10))
+    assert welcome["type"] == "welcome" and welcome["generation"] == 1
+
     # One identity: the same CA and tokens in both state dirs.
     for name in ("ca.crt", "ca.key", "join-token", "admin-token"):
         assert (a.cluster.state_dir / name).read_bytes() == (
@@ -156,6 +167,19 @@ def test_the_standby_leads_within_5_s_of_a_kill_9(masters: Any) -> None:
     assert b.get("/healthz")[2]["generation"] == 2
     # The admin token the first master made works on the second.
     assert b.get("/api/nodes", token)[0] == 200
+
+
+def test_a_leader_stopped_cleanly_hands_over_at_once(masters: Any) -> None:
+    """SIGTERM: the leader writes its last, then gives the lease up; the standby need not
+    wait for the TTL."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn raises it again
+    assert "lease released" in a.log()
+    wait_for(b.leads, timeout=5, interval=0.05, what="the standby to lead")
 
 
 def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
@@ -233,3 +257,46 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
     token = (a.cluster.state_dir / "admin-token").read_text().strip()
     status, _, body = b.get(f"/api/jobs/{running.id}", token)
     assert status == 200 and body["state"] == "running"  # the new leader keeps it running
+
+
+@pytest.mark.skipif(
+    not hasattr(AgentOptions, "addresses"), reason="the agent dials one master (helper multiaddr)"
+)
+def test_a_running_job_goes_on_through_a_kill_9_of_the_leader(masters: Any) -> None:
+    """The agent dials both masters: when the leader dies, it says hello to the new one,
+    which takes its report within the grace: the job is neither killed, nor failed, nor
+    run twice, and the node is never marked down."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.cluster._load_tokens()
+    b.cluster._load_tokens()
+    a.cluster.start_agent("n1", gpus=2, extra=["--master-host", f"{a.address},{b.address}"])
+    script = "for i in $(seq 1 40); do echo line $i; sleep 0.2; done"
+    job = a.cluster.client().submit(script, gpus=1)
+    wait_for(lambda: a.cluster.client().show(job.id)["state"] == "running", what="running")
+    time.sleep(1.0)  # a few lines out
+
+    os.killpg(a.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
+    assert time.monotonic() - killed < 5
+    client = b.cluster.client()
+    wait_for(
+        lambda: any(n["node_id"] == "n1" and n["connected"] for n in client.nodes()),
+        timeout=30,
+        what="the agent to find the new leader",
+    )
+    shown = client.show(job.id)
+    assert shown["state"] == "running", shown
+    done = client.wait(job.id, timeout=60)
+    assert done["state"] == "completed" and done["exit_code"] == 0, done
+    shown = client.show(job.id)
+    assert shown["restart_count"] == 0 and len(shown["attempts"]) == 1, shown  # ran once
+    # Every line once, those written before the kill included (output in the database).
+    lines = client.logs(job.id).splitlines()
+    assert lines == [f"line {i}" for i in range(1, 41)], lines
+    nodes = {n["node_id"]: n for n in client.nodes()}
+    assert nodes["n1"]["state"] == "online"
+    assert "lost" not in b.log()

@@ -205,6 +205,7 @@ def test_nodes_from_before_secrets_get_one_at_their_next_join(one: LocalCluster)
     db = sqlite3.connect(c.state_dir / "mgpu.db")
     with db:
         db.execute("DROP TABLE node_secrets")
+        db.execute("DROP TABLE schema_version")  # nor schema versions
     db.close()
     path = secret_file(c.root / "agent-node001", "node001")
     path.unlink(missing_ok=True)  # (if the agent had time to write it)

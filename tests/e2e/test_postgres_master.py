@@ -10,6 +10,7 @@ from pathlib import Path
 from helpers import BIN, local_cluster
 from mgpu.client.api import Client
 from pgserver import PgServer, free_port
+from stores import durable
 
 
 def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url: str) -> None:
@@ -28,6 +29,19 @@ def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url:
         second = c.client().submit("true", gpus=0)
         assert int(second.id) == int(job.id) + 1  # the id counter went on
         assert c.client().wait(second.id, timeout=60)["state"] == "completed"
+
+
+def test_a_master_waits_out_a_restart_of_postgresql(
+    tmp_path: Path, pg_url: str, postgres: PgServer
+) -> None:
+    with local_cluster(tmp_path, agents=1, gpus=1, database=durable(pg_url)) as c:
+        before = c.client().submit("echo before", gpus=0)
+        assert c.client().wait(before.id, timeout=60)["state"] == "completed"
+        postgres.restart()
+        after = c.client().submit("echo after", gpus=0)  # the master reconnected
+        assert c.client().wait(after.id, timeout=60)["state"] == "completed"
+        assert c.client().logs(before.id) == "before\n" and c.client().logs(after.id) == "after\n"
+        assert c.master is not None and c.master.poll() is None
 
 
 def _master(tmp_path: Path, database: str) -> subprocess.CompletedProcess[str]:
@@ -59,10 +73,12 @@ def test_a_sqlite_cluster_moves_to_postgresql_with_its_jobs_and_tokens(
             assert c.client().wait(job.id, timeout=60)["state"] == "completed"
         admin, state_dir = c.admin_token, c.state_dir
     db_import = [str(BIN / "mgpu"), "db", "import", str(state_dir), "--database", pg_url]
-    res = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "MGPU_CLUSTER_SECRET": "a test cluster's secret, 40 bytes long"}
+    res = subprocess.run(db_import, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0, res.stderr
     assert "2 jobs" in res.stdout and "2 tokens" in res.stdout and "1 node secrets" in res.stdout
-    again = subprocess.run(db_import, capture_output=True, text=True, timeout=60)
+    assert "1 identity" in res.stdout  # the CA and tokens, sealed with the secret
+    again = subprocess.run(db_import, capture_output=True, text=True, timeout=60, env=env)
     assert again.returncode != 0 and "already holds a cluster's state" in again.stderr
     assert "Traceback" not in again.stderr
     # The same machine, now on PostgreSQL: the old jobs, the old admin token, the old node.

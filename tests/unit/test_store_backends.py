@@ -26,7 +26,7 @@ from mgpu.model import JobState
 from mgpu.testing import wait_for
 from mgpu.tokens import hash_secret
 from pgserver import PgServer, free_port
-from stores import Backend
+from stores import Backend, durable
 
 OLD_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -228,19 +228,10 @@ def test_a_deposed_leader_writes_nothing(pg_url: str, tmp_path: Path) -> None:
 # ---- PostgreSQL going away ----------------------------------------------------------------
 
 
-def _durable(url: str) -> str:
-    """The test server commits asynchronously (tests/pgserver.py, for speed), so that a
-    crash loses the last commits; this database's sessions commit durably, as by default."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        name = url.rsplit("/", 1)[1]
-        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    return url
-
-
 def test_a_restart_of_postgresql_is_waited_out(
     pg_url: str, postgres: PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = PostgresStore(_durable(pg_url), retry_for=60.0)
+    store = PostgresStore(durable(pg_url), retry_for=60.0)
     try:
         store.save_jobs([_ended("1")])
         postgres.restart()
@@ -270,7 +261,7 @@ def test_a_restart_of_postgresql_is_waited_out(
 
 
 def test_a_database_gone_for_too_long_is_one_clear_error(pg_url: str, postgres: PgServer) -> None:
-    store = PostgresStore(_durable(pg_url), retry_for=1.0)
+    store = PostgresStore(durable(pg_url), retry_for=1.0)
     try:
         postgres.kill()
         try:
@@ -306,3 +297,12 @@ def test_open_store_says_what_is_wrong_in_one_sentence(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot reach the database") as gone:
         open_store(url, tmp_path)
     assert "hunter2" not in str(gone.value) and "\n" not in str(gone.value)
+
+
+def test_the_cluster_config_names_the_database(tmp_path: Path) -> None:
+    from mgpu.config import load_config
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text("database: postgresql://mgpu@db.example:5432/mgpu\n")
+    assert load_config(path).database == "postgresql://mgpu@db.example:5432/mgpu"
+    assert load_config(None).database is None

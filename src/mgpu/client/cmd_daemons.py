@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mgpu.client.console import fail
@@ -56,16 +57,28 @@ def cmd_db(args: argparse.Namespace) -> int:
         from mgpu.master.store.base import hide_password
 
         fail(f"--database {hide_password(args.database)} is not a PostgreSQL URL")
-    from mgpu.master.store.dbimport import import_state
+    from mgpu.master.ha.identity import IdentityError, import_hook, read_secret
+    from mgpu.master.store.dbimport import HOOKS, import_state
     from mgpu.master.store.postgres import describe
 
     try:
-        counts = import_state(Path(args.state_dir).expanduser(), args.database)
-    except StoreError as e:
+        # The cluster's identity (CA, join and admin tokens) goes too, sealed with the
+        # secret the masters of the database will be given.
+        hooks = [*HOOKS, _import_output, import_hook(read_secret(args.cluster_secret_file))]
+        counts = import_state(Path(args.state_dir).expanduser(), args.database, hooks)
+    except (StoreError, IdentityError) as e:
         fail(str(e))
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
     print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
     return 0
+
+
+def _import_output(state_dir: Path, conn: Any) -> dict[str, int]:
+    """`mgpu db import`'s step for job output: the state dir's output files into the
+    output tables, so `mgpu logs` of an old job works on every master."""
+    from mgpu.master.store.outputtables import import_output_files
+
+    return {"job outputs": import_output_files(state_dir / "output", conn)}
 
 
 def cmd_node_remove(args: argparse.Namespace) -> int:
@@ -242,6 +255,11 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("state_dir", metavar="STATE_DIR", help="the state dir of a master on SQLite")
     s.add_argument(
         "--database", metavar="URL", help="an empty PostgreSQL database: postgresql://USER@HOST/DB"
+    )
+    s.add_argument(
+        "--cluster-secret-file",
+        metavar="FILE",
+        help="the secret the masters will share (or $MGPU_CLUSTER_SECRET): seals the identity",
     )
 
     s = add("node", cmd_node, "run a node agent (foreground); `node remove ID` forgets a node")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "FILES",
     "SECRET_ENV",
     "ensure_identity",
+    "import_hook",
     "import_identity",
     "read_secret",
     "seal",
@@ -185,6 +187,17 @@ def import_identity(state_dir: Path, conn: Any, secret: bytes) -> bool:
             "import into an empty database"
         )
     return False
+
+
+def import_hook(secret: bytes) -> Callable[[Path, Any], dict[str, int]]:
+    """`mgpu db import`'s step for the identity (store/dbimport.py's hooks): the state
+    dir's CA and tokens sealed into the database, in the import's transaction."""
+
+    def hook(state_dir: Path, conn: Any) -> dict[str, int]:
+        import_identity(state_dir, conn, secret)
+        return {"identity": 1}
+
+    return hook
 
 
 def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0.0) -> str:

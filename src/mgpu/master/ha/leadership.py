@@ -115,7 +115,12 @@ class Leadership:
     def may_send(self) -> bool:
         """Whether this master may send agents anything now: it leads and its lease, by
         its own monotonic clock, has not run out."""
-        return self.leading and self.lost is None and time.monotonic() < self._deadline
+        return (
+            self.leading
+            and self.lost is None
+            and not self.fence.lost  # a write was refused: another master leads
+            and time.monotonic() < self._deadline
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mgpu-lease", daemon=True)
@@ -152,6 +157,13 @@ class Leadership:
             connect_timeout=max(1, round(timeout)),
             options=f"-c statement_timeout={int(timeout * 1000)}",
             application_name="mgpu lease",
+            # A network cut must not hang the loop for TCP's minutes: a dead peer is
+            # found within seconds, and a send unacknowledged for `timeout` fails.
+            keepalives=1,
+            keepalives_idle=max(1, round(timeout)),
+            keepalives_interval=1,
+            keepalives_count=2,
+            tcp_user_timeout=int(timeout * 1000),
         )
 
     def _run(self) -> None:

@@ -49,7 +49,7 @@ from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
 from mgpu.master.store.base import Store
 from mgpu.master.store.fence import Fenced
-from mgpu.master.store.pgoutputs import open_output_store
+from mgpu.master.store.outputs import FileOutputStore, OutputStore
 from mgpu.tlsutil import ensure_ca
 
 __all__ = ["create_app", "open_cluster"]
@@ -81,13 +81,22 @@ def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = N
     owner = getpass.getuser()
     tokens = TokenStore(store, state_dir, fingerprint)
     tokens.bootstrap(owner)
-    # in PostgreSQL with the store (every job's output readable from any master), fenced
-    outputs = open_output_store(config.database, state_dir, store.fence)
+    outputs = open_outputs(state_dir, config.database, store)
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
     gcpause.watch()
     gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it
     return cluster
+
+
+def open_outputs(state_dir: Path, database: str | None, store: Store) -> OutputStore:
+    """Job output: files in the state dir, or (a shared database) tables in it, every
+    write checked by the store's fence, so every master reads every job's output."""
+    if database:
+        from mgpu.master.store.pgoutputs import PgOutputStore
+
+        return PgOutputStore(database, store.fence)
+    return FileOutputStore(state_dir / "output")
 
 
 def create_app(

@@ -135,10 +135,13 @@ async def _feed(cl: Cluster, group: TaskStep, since: list[int]) -> AsyncIterator
         while True:
             for wake in wakes:
                 wake.clear()  # before reading: an append from here on wakes us again
+            # Looked at before reading: each task's output comes before its end, and a
+            # reader may wait (a yield, a page from the database) while others append.
+            done = group.done
             for task, reader in zip(tasks, readers, strict=True):
                 async for chunk in reader.chunks():
                     yield "".join(_marked(line, task.task) for line in chunk.splitlines())
-            if group.done:
+            if done:
                 ends = [
                     {
                         "task": t.task,

@@ -1,14 +1,8 @@
 """Job output in PostgreSQL: every job's output readable from any master after a failover.
 
 The records, their order, the caps and the runs' resume points are the file store's
-(store/outputs.py); only where they live differs:
-
-- `job_output(job_id, n, line)`: record `n` of a job, the JSON line readers send as is.
-- `job_output_size(job_id, records, bytes, marked)`: a job's count and size (read once
-  when a master first appends to the job; summed per user once at start), and whether its
-  last record is a cap's marker.
-- `job_output_run(job_id, epoch, node, stream, at)`: how far each run's stream is stored:
-  the resume point a new leader gives a reconnecting agent (Welcome.resume).
+(store/outputs.py); the tables are in store/outputtables.py: one row per record, each
+job's size, and each run's stored offsets (the resume point a new leader gives agents).
 
 Appends come on the event loop, thousands a second from a chatty job, so none waits on
 the database: a record takes its number and goes into its job's in-memory buffer, and a
@@ -29,12 +23,12 @@ may be written again.
 from __future__ import annotations
 
 import asyncio
-import json
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,18 +39,23 @@ from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
     CHUNK,
-    RUN_TAIL,
     FileOutputStore,
     OutputReader,
     OutputStore,
     is_marker,
 )
+from mgpu.master.store.outputtables import (
+    FROM_STAGE,
+    RUN_UPSERT,
+    SIZE_UPSERT,
+    STAGE,
+    Run,
+    create_output_tables,
+)
 
 log = logging.getLogger("mgpu.master")
 
 T = TypeVar("T")
-Run = tuple[int, str, str]
-"""A run's stream: (epoch, node, stream)."""
 
 FLUSH_INTERVAL = 0.05
 """Seconds between flushes: how long a record may wait in memory."""
@@ -66,49 +65,10 @@ BATCH_ROWS = 20000
 """Rows one transaction writes at most (a buffer grown during an outage goes in parts)."""
 PAGE = 256
 """Rows a reader fetches per query: its memory, whatever the job's size."""
+LEFT_KEPT = 10000
+"""Departures from memory remembered (older ones: readers of those jobs ask again)."""
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS job_output (
-        job_id TEXT COLLATE "C" NOT NULL,
-        n BIGINT NOT NULL,
-        line TEXT NOT NULL,
-        PRIMARY KEY (job_id, n))""",
-    """CREATE TABLE IF NOT EXISTS job_output_size (
-        job_id TEXT COLLATE "C" PRIMARY KEY,
-        records BIGINT NOT NULL,
-        bytes BIGINT NOT NULL,
-        marked BOOLEAN NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS job_output_run (
-        job_id TEXT COLLATE "C" NOT NULL,
-        epoch BIGINT NOT NULL,
-        node TEXT NOT NULL,
-        stream TEXT NOT NULL,
-        at BIGINT NOT NULL,
-        PRIMARY KEY (job_id, epoch, node, stream))""",
-)
-"""The output tables (created if missing; a line is ASCII: JSON escapes the rest)."""
-
-_INSERT = "INSERT INTO job_output (job_id, n, line) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
-_SIZE = (
-    "INSERT INTO job_output_size (job_id, records, bytes, marked) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (job_id) DO UPDATE SET records = excluded.records, bytes = excluded.bytes, "
-    "marked = excluded.marked"
-)
-_RUN = (
-    "INSERT INTO job_output_run (job_id, epoch, node, stream, at) VALUES (%s, %s, %s, %s, %s) "
-    "ON CONFLICT (job_id, epoch, node, stream) "
-    "DO UPDATE SET at = GREATEST(job_output_run.at, excluded.at)"
-)
-
-
-def create_output_tables(conn: psycopg.Connection[Any]) -> None:
-    """The output tables, if missing (two masters starting at once: one waits, both pass)."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('mgpu job_output schema'))")
-        for statement in SCHEMA:
-            conn.execute(statement)
 
 
 @dataclass(eq=False)
@@ -140,9 +100,15 @@ class _Batch:
 
 
 class PgOutputReader(OutputReader):
-    """Stored rows from record `start` on, a page at a time, then the master's buffer."""
+    """Stored rows from record `start` on, a page at a time, then the master's buffer.
 
-    _DB = b"db"  # a marker step() returns internally: the next records are in the database
+    Rows reach the table only from this master's buffers (one leader writes), and a job
+    leaves memory only once its rows are stored: so a job not in memory, whose rows were
+    read to their end and which has not left memory since, has nothing new.  That end is
+    found without the database, with no await before the return, as the file reader
+    finds it (a follower then looks whether the job ended)."""
+
+    _DB = b"db"  # what _local returns when the next records are in the database
 
     def __init__(self, store: PgOutputStore, job_id: str, start: int, end: int | None) -> None:
         self.store = store
@@ -150,6 +116,8 @@ class PgOutputReader(OutputReader):
         self._pos = start
         self._end = end
         self._rows: deque[str] = deque()
+        self._read_out: tuple[int, int] | None = None
+        """(position, the job's stamp: store._left_at) when the table had nothing more."""
 
     def _local(self, limit: int) -> bytes | None:
         """Records from fetched rows or the buffer; None at the end; _DB: fetch rows."""
@@ -164,6 +132,8 @@ class PgOutputReader(OutputReader):
         else:
             buffered = self.store._buffered(self.job_id, self._pos, limit, self._end)
             if buffered is None:
+                if self._read_out == (self._pos, self.store._left_at(self.job_id)):
+                    return None  # read to the table's end, and nothing stored since
                 return self._DB
             lines = buffered
             if not lines:
@@ -171,35 +141,25 @@ class PgOutputReader(OutputReader):
         self._pos += len(lines)
         return ("\n".join(lines) + "\n").encode()
 
-    def _fetch(self) -> bool:
-        """A page of rows from the database; whether there was any."""
+    def _fetch(self, stamp: int) -> None:
+        """A page of rows from the database (`stamp`: the job's, taken before)."""
         rows = self.store._page(self.job_id, self._pos, self._end)
         self._rows.extend(rows)
-        return bool(rows)
+        if not rows:
+            self._read_out = (self._pos, stamp)
 
     def step(self, limit: int = CHUNK) -> bytes | None:
-        while True:
-            got = self._local(limit)
-            if got is not self._DB:
-                return got
-            removals = self.store._removals
-            if not self._fetch() and removals == self.store._removals:
-                return None
+        while (got := self._local(limit)) is self._DB:
+            self._fetch(self.store._left_at(self.job_id))
+        return got
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """As OutputReader's, the database read in a worker thread; the end is found in
-        memory, with no await between it and the return."""
+        """As OutputReader's, pages of rows read in a worker thread."""
         while True:
             got = self._local(CHUNK)
             if got is self._DB:
-                removals = self.store._removals
-                if await asyncio.to_thread(self._fetch):
-                    continue
-                got = self._local(CHUNK)  # appended meanwhile?
-                if got is self._DB:
-                    if removals != self.store._removals:
-                        continue  # a job's buffer was written and let go meanwhile: ask again
-                    return
+                await asyncio.to_thread(self._fetch, self.store._left_at(self.job_id))
+                continue
             if got is None:
                 return
             yield got
@@ -224,8 +184,12 @@ class PgOutputStore(OutputStore):
         """One writer at a time on the write connection (a flush, a delete)."""
         self._conns: dict[str, psycopg.Connection[Any]] = {}
         self._conn_lock = threading.Lock()
-        self._removals = 0
-        """Jobs let go from memory so far (a reader that raced one asks the database again)."""
+        self._stamp = 0
+        self._left: dict[str, int] = {}
+        """When recent jobs left memory (a stamp counting departures): a reader that
+        found a job's rows at their end reads again only if the job left since."""
+        self._pruned = 0
+        """The last stamp dropped from _left (the stamp of every job not in it)."""
         self._waiting: list[
             tuple[dict[str, int], asyncio.AbstractEventLoop | None, Callable[[], None]]
         ]
@@ -286,13 +250,18 @@ class PgOutputStore(OutputStore):
         if epoch is not None and end is not None:
             rec["ep"], rec["at"] = epoch, end  # where this run's stream stands, for restarts
             run = (epoch, node_id, stream)
-        job = self._open(job_id, node_id)
+        try:
+            job = self._open(job_id, node_id)
+        except Exception:
+            self._have.pop(job_id, None)  # accept counted this chunk: not stored after all
+            raise
         if job.full:
             return
         lines, full = self._bounded(job.bytes, rec, node_id, job.owner)
         with self._lock:
             for line in lines.rstrip(b"\n").split(b"\n"):  # the record (maybe cut), a marker
                 self._add(job_id, job, line, run, end or 0)
+            job.marked = full  # a full job's last line is its marker
             job.full = job.full or full
         self._wake(job_id)
 
@@ -303,7 +272,6 @@ class PgOutputStore(OutputStore):
         job.buf.append((line.decode("ascii"), run, at))
         job.records += 1
         job.bytes += len(line) + 1
-        job.marked = is_marker(line)
         self._dirty.add(job_id)
         if len(job.buf) == FLUSH_RECORDS:
             self._kick.set()
@@ -331,6 +299,7 @@ class PgOutputStore(OutputStore):
             self._jobs[job_id] = job
             if full and not marked:
                 self._add(job_id, job, self._marker(node_id, True).rstrip(b"\n"), None, 0)
+                job.marked = True
         return job
 
     def close(self, job_id: str) -> None:
@@ -348,7 +317,17 @@ class PgOutputStore(OutputStore):
     def _let_go(self, job_id: str) -> None:
         """A closed job whose records are all stored leaves memory (under the lock)."""
         del self._jobs[job_id]
-        self._removals += 1
+        self._stamp += 1
+        self._left.pop(job_id, None)  # to the end: the oldest departures are dropped first
+        self._left[job_id] = self._stamp
+        if len(self._left) > LEFT_KEPT:
+            for old in list(itertools.islice(self._left, LEFT_KEPT // 2)):
+                self._pruned = max(self._pruned, self._left.pop(old))
+
+    def _left_at(self, job_id: str) -> int:
+        """The job's last departure from memory, or a later stamp (see PgOutputReader)."""
+        with self._lock:
+            return self._left.get(job_id, self._pruned)
 
     def when_stored(self, then: Callable[[], None]) -> None:
         with self._lock:
@@ -462,10 +441,16 @@ class PgOutputStore(OutputStore):
         with conn.transaction():
             self.fence.check(conn)
             with conn.cursor() as cur:
-                cur.executemany(_INSERT, batch.rows)
-                cur.executemany(_SIZE, batch.sizes)
+                # COPY is several times faster than INSERTs; through a temporary table,
+                # so that rows a lost commit may have stored already are skipped.
+                cur.execute(STAGE)
+                with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
+                    for row in batch.rows:
+                        copy.write_row(row)
+                cur.execute(FROM_STAGE)
+                cur.executemany(SIZE_UPSERT, batch.sizes)
                 if batch.runs:
-                    cur.executemany(_RUN, batch.runs)
+                    cur.executemany(RUN_UPSERT, batch.runs)
 
     # ---- reads -------------------------------------------------------------
 
@@ -582,7 +567,11 @@ class PgOutputStore(OutputStore):
                     conn.execute("DELETE FROM job_output_run WHERE job_id = %s", (job_id,))
                     return 0 if row is None else int(row[0])
 
-            size = self._retry(work, "write")
+            try:
+                size = self._retry(work, "write")
+            except Fenced:
+                self.fenced = True
+                raise
         if job is not None:
             size = job.bytes
         if size:
@@ -619,63 +608,3 @@ def open_output_store(database: str | None, state_dir: Path, fence: Fence) -> Ou
     if database and database.startswith(("postgresql://", "postgres://")):
         return PgOutputStore(database, fence)
     return FileOutputStore(state_dir / "output")
-
-
-# ---- mgpu db import ------------------------------------------------------------
-
-
-def import_output_files(
-    output_dir: Path, target: str | psycopg.Connection[Any], fence: Fence | None = None
-) -> int:
-    """Copy a SQLite cluster's output files (STATE_DIR/output/JOB.jsonl) into the output
-    tables, one transaction per job; a job already there is skipped (a second import
-    adds only what is new).  Returns the jobs copied."""
-    conn = psycopg.connect(target, autocommit=True) if isinstance(target, str) else target
-    fence = fence or Fence()
-    copied = 0
-    try:
-        create_output_tables(conn)
-        for path in sorted(output_dir.glob("*.jsonl")) if output_dir.is_dir() else ():
-            with conn.transaction():
-                fence.check(conn)
-                job_id = path.name[: -len(".jsonl")]
-                if conn.execute(
-                    "SELECT 1 FROM job_output_size WHERE job_id = %s", (job_id,)
-                ).fetchone():
-                    continue
-                _copy_file(conn, job_id, path)
-                copied += 1
-    finally:
-        if isinstance(target, str):
-            conn.close()
-    return copied
-
-
-def _copy_file(conn: psycopg.Connection[Any], job_id: str, path: Path) -> None:
-    records = size = 0
-    runs: dict[Run, int] = {}
-    last = b""
-    with conn.cursor() as cur:
-        with cur.copy("COPY job_output (job_id, n, line) FROM STDIN") as copy:
-            for line in _whole_lines(path):
-                copy.write_row((job_id, records, line.decode("ascii", errors="replace")))
-                records += 1
-                size += len(line) + 1
-                last = line
-                m = RUN_TAIL.search(line, max(0, len(line) - 512))
-                if m is not None and line.startswith(b'{"s":"'):
-                    run = (int(m.group(2)), json.loads(m.group(1)), chr(line[6]))
-                    runs[run] = max(runs.get(run, 0), int(m.group(3)))
-        cur.execute(_SIZE, (job_id, records, size, is_marker(last)))
-        if runs:
-            cur.executemany(_RUN, [(job_id, *run, at) for run, at in runs.items()])
-
-
-def _whole_lines(path: Path) -> Iterator[bytes]:
-    """A file's whole lines, a chunk read at a time (a last line cut by a crash is not)."""
-    with open(path, "rb") as f:
-        tail = b""
-        while block := f.read(CHUNK):
-            lines = (tail + block).split(b"\n")
-            tail = lines.pop()
-            yield from (line for line in lines if line)

@@ -151,6 +151,15 @@ def _deactivate(array_id: str) -> Callable[[psycopg.Connection[Any]], None]:
     return work
 
 
+def _many(cur: psycopg.Cursor[Any], sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """One statement for these rows: execute for one (one round trip), executemany (its
+    pipeline) for more."""
+    if len(rows) == 1:
+        cur.execute(sql, rows[0])
+    elif rows:
+        cur.executemany(sql, rows)
+
+
 def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
     """Whether the error means the connection to the database is gone (then try again)."""
     if conn is None or conn.closed or conn.broken:
@@ -298,27 +307,15 @@ class PostgresStore(Store):
         now = time.time()
         metas = [m for m in (meta, None if top is None else (LAST_JOB_ID, str(top))) if m]
 
+        all_events: list[tuple[Any, ...]] = [(now, *e, None) for e in events]
+        if event is not None:
+            all_events.insert(0, (now, *event, detail))
+
         def work(c: psycopg.Connection[Any]) -> None:
             with c.cursor() as cur:
-                if rows:
-                    cur.executemany(
-                        'INSERT INTO jobs(id, seq, state, "user", submit_time, end_time, record) '
-                        "VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT(id) DO UPDATE SET "
-                        "state=excluded.state, end_time=excluded.end_time, "
-                        "record=excluded.record",
-                        rows,
-                    )
-                all_events: list[tuple[Any, ...]] = [(now, *e, None) for e in events]
-                if event is not None:
-                    all_events.insert(0, (now, *event, detail))
-                if all_events:
-                    cur.executemany(
-                        "INSERT INTO events(time, kind, actor, address, target, detail) "
-                        "VALUES (%s,%s,%s,%s,%s,%s)",
-                        all_events,
-                    )
-                if metas:
-                    cur.executemany(_SET_META, metas)
+                _many(cur, _UPSERT_JOB, rows)
+                _many(cur, _EVENT, all_events)
+                _many(cur, _SET_META, metas)
 
         self._write(work)
         self._counted(top)
@@ -518,7 +515,7 @@ class PostgresStore(Store):
 
         def work(c: psycopg.Connection[Any]) -> None:
             with c.cursor() as cur:
-                cur.executemany(_EVENT, params)
+                _many(cur, _EVENT, params)
 
         self._write(work)
 
@@ -705,10 +702,22 @@ class PostgresStore(Store):
         return self._one(f"SELECT EXISTS ({union})") == (False,)
 
     def write_in_one(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """`work` in one fenced write transaction (an import; nothing else)."""
+        """`work` in one write transaction on the store's connection, after the fence's
+        check, run again on a new connection while the database is unreachable (so `work`
+        must be safe to run twice): an import, or rows kept beside the store's (output)."""
         return self._write(work)
 
+    def read_in_one(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """`work` (reads only) on the store's connection, run again on a new connection
+        while the database is unreachable."""
+        return self._run(work, write=False)
 
+
+_UPSERT_JOB = (
+    'INSERT INTO jobs(id, seq, state, "user", submit_time, end_time, record) '
+    "VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT(id) DO UPDATE SET "
+    "state=excluded.state, end_time=excluded.end_time, record=excluded.record"
+)
 _SET_META = (
     "INSERT INTO meta(key, value) VALUES (%s, %s) "
     "ON CONFLICT(key) DO UPDATE SET value=excluded.value"

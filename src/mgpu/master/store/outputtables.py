@@ -1,0 +1,127 @@
+"""The PostgreSQL output store's tables (store/pgoutputs.py), and `mgpu db import`'s copy
+of a SQLite cluster's output files into them.
+
+- `job_output(job_id, n, line)`: record `n` of a job, the JSON line readers send as is.
+- `job_output_size(job_id, records, bytes, marked)`: a job's count and size (read once
+  when a master first appends to the job; summed per user once at start), and whether its
+  last record is a cap's marker.
+- `job_output_run(job_id, epoch, node, stream, at)`: how far each run's stream is stored:
+  the resume point a new leader gives a reconnecting agent (Welcome.resume).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from mgpu.master.store.fence import Fence
+from mgpu.master.store.outputs import CHUNK, RUN_TAIL, is_marker
+
+Run = tuple[int, str, str]
+"""A run's stream: (epoch, node, stream)."""
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS job_output (
+        job_id TEXT COLLATE "C" NOT NULL,
+        n BIGINT NOT NULL,
+        line TEXT NOT NULL,
+        PRIMARY KEY (job_id, n))""",
+    """CREATE TABLE IF NOT EXISTS job_output_size (
+        job_id TEXT COLLATE "C" PRIMARY KEY,
+        records BIGINT NOT NULL,
+        bytes BIGINT NOT NULL,
+        marked BOOLEAN NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS job_output_run (
+        job_id TEXT COLLATE "C" NOT NULL,
+        epoch BIGINT NOT NULL,
+        node TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        PRIMARY KEY (job_id, epoch, node, stream))""",
+)
+"""The output tables (created if missing; a line is ASCII: JSON escapes the rest)."""
+
+STAGE = (
+    "CREATE TEMPORARY TABLE IF NOT EXISTS job_output_stage "
+    "(LIKE job_output INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+FROM_STAGE = "INSERT INTO job_output SELECT * FROM job_output_stage ON CONFLICT DO NOTHING"
+SIZE_UPSERT = (
+    "INSERT INTO job_output_size (job_id, records, bytes, marked) VALUES (%s, %s, %s, %s) "
+    "ON CONFLICT (job_id) DO UPDATE SET records = excluded.records, bytes = excluded.bytes, "
+    "marked = excluded.marked"
+)
+RUN_UPSERT = (
+    "INSERT INTO job_output_run (job_id, epoch, node, stream, at) VALUES (%s, %s, %s, %s, %s) "
+    "ON CONFLICT (job_id, epoch, node, stream) "
+    "DO UPDATE SET at = GREATEST(job_output_run.at, excluded.at)"
+)
+
+
+def create_output_tables(conn: psycopg.Connection[Any]) -> None:
+    """The output tables, if missing (two masters starting at once: one waits, both pass)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('mgpu job_output schema'))")
+        for statement in SCHEMA:
+            conn.execute(statement)
+
+
+def import_output_files(
+    output_dir: Path, target: str | psycopg.Connection[Any], fence: Fence | None = None
+) -> int:
+    """Copy a SQLite cluster's output files (STATE_DIR/output/JOB.jsonl) into the output
+    tables, one transaction per job; a job already there is skipped (a second import
+    adds only what is new).  Returns the jobs copied."""
+    conn = psycopg.connect(target, autocommit=True) if isinstance(target, str) else target
+    fence = fence or Fence()
+    copied = 0
+    try:
+        create_output_tables(conn)
+        for path in sorted(output_dir.glob("*.jsonl")) if output_dir.is_dir() else ():
+            with conn.transaction():
+                fence.check(conn)
+                job_id = path.name[: -len(".jsonl")]
+                if conn.execute(
+                    "SELECT 1 FROM job_output_size WHERE job_id = %s", (job_id,)
+                ).fetchone():
+                    continue
+                _copy_file(conn, job_id, path)
+                copied += 1
+    finally:
+        if isinstance(target, str):
+            conn.close()
+    return copied
+
+
+def _copy_file(conn: psycopg.Connection[Any], job_id: str, path: Path) -> None:
+    records = size = 0
+    runs: dict[Run, int] = {}
+    last = b""
+    with conn.cursor() as cur:
+        with cur.copy("COPY job_output (job_id, n, line) FROM STDIN") as copy:
+            for line in _whole_lines(path):
+                copy.write_row((job_id, records, line.decode("ascii", errors="replace")))
+                records += 1
+                size += len(line) + 1
+                last = line
+                m = RUN_TAIL.search(line, max(0, len(line) - 512))
+                if m is not None and line.startswith(b'{"s":"'):
+                    run = (int(m.group(2)), json.loads(m.group(1)), chr(line[6]))
+                    runs[run] = max(runs.get(run, 0), int(m.group(3)))
+        cur.execute(SIZE_UPSERT, (job_id, records, size, is_marker(last)))
+        if runs:
+            cur.executemany(RUN_UPSERT, [(job_id, *run, at) for run, at in runs.items()])
+
+
+def _whole_lines(path: Path) -> Iterator[bytes]:
+    """A file's whole lines, a chunk read at a time (a last line cut by a crash is not)."""
+    with open(path, "rb") as f:
+        tail = b""
+        while block := f.read(CHUNK):
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+            yield from (line for line in lines if line)
