@@ -234,9 +234,11 @@ def test_a_restart_of_postgresql_is_waited_out(
     store = PostgresStore(durable(pg_url), retry_for=60.0)
     try:
         store.save_jobs([_ended("1")])
+        assert [j.id for j in store.read_finished(0.0)] == ["1"]  # its reader connection
         postgres.restart()
         store.save_jobs([_ended("2")])  # a new connection, the same store
         assert store.get_job("2") is not None and store.count_by_state() == {"completed": 2}
+        assert {j.id for j in store.read_finished(0.0)} == {"1", "2"}  # a new reader too
         # Down while a write runs: it waits, and goes in once the server is back.
         caplog.set_level(logging.WARNING, logger="mgpu.master")
         postgres.kill()

@@ -126,6 +126,8 @@ class Store(ABC):
         """The counter as stored (LAST_JOB_ID)."""
         self._last_id = self._stored_id
         """The highest id handed out (`new_job_id`), stored or not yet."""
+        self._legacy_ids: set[str] = set()
+        """`_digit_ids_above` the counter, read at open."""
 
     def reload(self) -> None:
         """Read again what the store keeps in memory (counters, active arrays) and forget
@@ -135,10 +137,17 @@ class Store(ABC):
         self._seq, self._array_seq = self._load_seqs()
         self._stored_id = int(self.get_meta(LAST_JOB_ID) or specs.FIRST_JOB_ID - 1)
         self._last_id = self._stored_id
+        self._legacy_ids = self._digit_ids_above(self._stored_id)
 
     @abstractmethod
     def _load_seqs(self) -> tuple[int, dict[str, int]]:
         """The highest seq stored, and the seq of each active array."""
+
+    @abstractmethod
+    def _digit_ids_above(self, counter: int) -> set[str]:
+        """Ids an older mgpu stored (8 hex characters) that are all digits and above the
+        counter: the only stored ids `new_job_id` could hand out again (every id this mgpu
+        stores moves the counter in the same transaction)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -155,7 +164,7 @@ class Store(ABC):
         id an older mgpu stored (8 hex characters can all be digits).  `block`: ids taken
         from it on (an array's tasks each have a job number: `specs.task_job_number`)."""
         number = self._last_id + 1
-        while self.has_job(specs.format_job_id(number)):
+        while specs.format_job_id(number) in self._legacy_ids:  # no query a submit
             number += 1
         self._last_id = number + max(block, 1) - 1
         return specs.format_job_id(number)

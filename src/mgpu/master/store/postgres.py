@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -48,6 +49,9 @@ T = TypeVar("T")
 
 RETRY_FOR = 60.0
 """Seconds the store waits for a lost database before a write or read fails."""
+
+ONE_QUERY_ROWS = 16
+"""Rows a write sends as one query; more go through executemany."""
 
 CONNECT_TIMEOUT = 10
 """Seconds one connection attempt may take."""
@@ -175,6 +179,9 @@ class PostgresStore(Store):
         self.where = describe(url)
         self.retry_for = retry_for
         self._conn: psycopg.Connection[Any] | None = None
+        self._reader: psycopg.Connection[Any] | None = None
+        """read_finished's connection, used from threads (under _reader_lock)."""
+        self._reader_lock = threading.Lock()
         try:
             self._conn = self._connect()
         except psycopg.Error as e:
@@ -234,12 +241,21 @@ class PostgresStore(Store):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     # ---- running statements -----------------------------------------------
 
-    def _run(self, work: Callable[[psycopg.Connection[Any]], T], write: bool) -> T:
+    def _run(
+        self, work: Callable[[psycopg.Connection[Any]], T], write: bool, one_query: bool = False
+    ) -> T:
         """`work` on the connection (a write: in a transaction, after the fence's check),
-        again on a new connection while the database is unreachable, up to retry_for."""
+        again on a new connection while the database is unreachable, up to retry_for.
+        `one_query`: the write is one query (one statement, or several in one string),
+        which PostgreSQL runs as one transaction of its own: while the fence has no
+        generation (one master), it goes without BEGIN and COMMIT, one round trip."""
         deadline: float | None = None
         pause = 0.05
         while True:
@@ -247,6 +263,9 @@ class PostgresStore(Store):
             try:
                 conn = self.connection()
                 if not write:
+                    return work(conn)
+                if one_query and self.fence.generation is None and not self.fence.lost:
+                    self.fence.check(conn)  # nothing to check: no lease
                     return work(conn)
                 with conn.transaction():
                     self.fence.check(conn)
@@ -278,6 +297,32 @@ class PostgresStore(Store):
     def _write(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         return self._run(work, write=True)
 
+    def _write_one(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """A write of one statement (`_run`'s one_query)."""
+        return self._run(work, write=True, one_query=True)
+
+    def _write_rows(self, parts: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
+        """Each statement of `parts` for each of its rows, in one transaction: a few rows as
+        one query (the values bound here; one round trip), many through executemany."""
+        statements = [(sql, row) for sql, rows in parts for row in rows]
+        if not statements:
+            return
+        if len(statements) > ONE_QUERY_ROWS:
+
+            def many(c: psycopg.Connection[Any]) -> None:
+                with c.cursor() as cur:
+                    for sql, rows in parts:
+                        _many(cur, sql, rows)
+
+            self._write(many)
+            return
+
+        def one(c: psycopg.Connection[Any]) -> None:
+            with psycopg.ClientCursor(c) as cur:
+                cur.execute(";".join(cur.mogrify(sql, row) for sql, row in statements))
+
+        self._write_one(one)
+
     def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         return self._run(lambda c: c.execute(sql, params).fetchone(), write=False)
 
@@ -291,6 +336,18 @@ class PostgresStore(Store):
         )
         rows = self._all("SELECT id, seq FROM arrays WHERE active=1")
         return int(row[0]) if row else 0, {str(r[0]): int(r[1]) for r in rows}
+
+    def _digit_ids_above(self, counter: int) -> set[str]:
+        low = f"{max(counter + 1, 10_000_000):08d}"
+        if len(low) > 8:
+            return set()
+        rows = self._all(
+            "SELECT id FROM jobs WHERE id >= %s AND id <= '99999999' AND id ~ '^[0-9]{8}$' "
+            "UNION SELECT id FROM arrays WHERE id >= %s AND id <= '99999999' "
+            "AND id ~ '^[0-9]{8}$'",
+            (low, low),
+        )
+        return {str(r[0]) for r in rows}
 
     # ---- jobs -------------------------------------------------------------
 
@@ -311,13 +368,7 @@ class PostgresStore(Store):
         if event is not None:
             all_events.insert(0, (now, *event, detail))
 
-        def work(c: psycopg.Connection[Any]) -> None:
-            with c.cursor() as cur:
-                _many(cur, _UPSERT_JOB, rows)
-                _many(cur, _EVENT, all_events)
-                _many(cur, _SET_META, metas)
-
-        self._write(work)
+        self._write_rows([(_UPSERT_JOB, rows), (_EVENT, all_events), (_SET_META, metas)])
         self._counted(top)
         self._remember_ended(jobs)
 
@@ -381,7 +432,7 @@ class PostgresStore(Store):
             template = Job.from_record(json.loads(record))
             left = [i for i in arrays.decode_indices(indices) if f"{array_id}_{i}" not in rowed]
             if not left:  # every task has its row: the array row is history only
-                self._write(_deactivate(array_id))
+                self._write_one(_deactivate(array_id))
                 self._array_seq.pop(array_id, None)
                 continue
             found += [(seq, t.array_task_id or 0, t) for t in arrays.tasks(template, left, cap)]
@@ -439,7 +490,8 @@ class PostgresStore(Store):
         states: set[str] | None = None,
         limit: int | None = None,
     ) -> list[Job]:
-        """Through a connection of its own, opened for this read."""
+        """Through a connection of its own (kept for the next such read), one thread at
+        a time."""
         where = ["state NOT IN (%s, %s)", "end_time >= %s"]
         params: list[Any] = [*ACTIVE_STATES, since]
         if user:
@@ -452,13 +504,22 @@ class PostgresStore(Store):
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
-        try:
-            with self._connect() as conn:
-                return [self._job(r[0], conn) for r in conn.execute(sql, params).fetchall()]
-        except psycopg.OperationalError as e:
-            raise StoreUnavailable(
-                f"cannot read from the database {self.where}: {_first_line(e)}"
-            ) from None
+        with self._reader_lock:
+            for attempt in (1, 2):  # a connection the database dropped: once more, afresh
+                try:
+                    if self._reader is None or self._reader.closed or self._reader.broken:
+                        self._reader = self._connect()
+                    conn = self._reader
+                    return [self._job(r[0], conn) for r in conn.execute(sql, params).fetchall()]
+                except psycopg.OperationalError as e:
+                    if self._reader is not None:
+                        self._reader.close()
+                        self._reader = None
+                    if attempt == 2:
+                        raise StoreUnavailable(
+                            f"cannot read from the database {self.where}: {_first_line(e)}"
+                        ) from None
+        raise AssertionError("unreachable")
 
     def jobs_with_prefix(self, prefix: str) -> list[Job]:
         rows = self._all(
@@ -471,7 +532,7 @@ class PostgresStore(Store):
 
     def save_node(self, node_id: str, record: dict[str, Any]) -> None:
         text = json.dumps(record)
-        self._write(
+        self._write_one(
             lambda c: c.execute(
                 "INSERT INTO nodes(node_id, record) VALUES (%s, %s) "
                 "ON CONFLICT(node_id) DO UPDATE SET record=excluded.record",
@@ -480,7 +541,7 @@ class PostgresStore(Store):
         )
 
     def delete_node(self, node_id: str) -> None:
-        self._write(lambda c: c.execute("DELETE FROM nodes WHERE node_id=%s", (node_id,)))
+        self._write_one(lambda c: c.execute("DELETE FROM nodes WHERE node_id=%s", (node_id,)))
 
     def load_nodes(self) -> dict[str, dict[str, Any]]:
         return {r[0]: json.loads(r[1]) for r in self._all("SELECT node_id, record FROM nodes")}
@@ -490,7 +551,7 @@ class PostgresStore(Store):
         return None if row is None else str(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
-        self._write(lambda c: c.execute(_SET_META, (key, value)))
+        self._write_one(lambda c: c.execute(_SET_META, (key, value)))
 
     # ---- audit events -----------------------------------------------------
 
@@ -503,7 +564,7 @@ class PostgresStore(Store):
         detail: str | None = None,
     ) -> None:
         row = (time.time(), kind, actor, address, target, detail)
-        self._write(lambda c: c.execute(_EVENT, row))
+        self._write_one(lambda c: c.execute(_EVENT, row))
 
     def record_events(
         self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
@@ -511,13 +572,7 @@ class PostgresStore(Store):
         if not rows:
             return
         now = time.time()
-        params = [(now, *row) for row in rows]
-
-        def work(c: psycopg.Connection[Any]) -> None:
-            with c.cursor() as cur:
-                _many(cur, _EVENT, params)
-
-        self._write(work)
+        self._write_rows([(_EVENT, [(now, *row) for row in rows])])
 
     def events(self, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:
         rows = self._all(
@@ -557,13 +612,13 @@ class PostgresStore(Store):
             )
             return [(str(i), str(u)) for i, u in cur.fetchall()]
 
-        rows = self._write(work)
+        rows = self._write_one(work)
         for job_id, _ in rows:
             self._ended.pop(job_id, None)
         return rows
 
     def delete_events_before(self, before: float, limit: int) -> int:
-        return self._write(
+        return self._write_one(
             lambda c: (
                 c.execute(
                     "DELETE FROM events WHERE id IN "
@@ -619,7 +674,7 @@ class PostgresStore(Store):
         allow_root: bool = False,
     ) -> None:
         row = (token_id, user, int(admin), kind, digest, created, int(owner), int(allow_root))
-        self._write(
+        self._write_one(
             lambda c: c.execute(
                 'INSERT INTO tokens(id, "user", admin, kind, hash, created, owner, allow_root) '
                 "VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT(id) DO NOTHING",
@@ -642,7 +697,7 @@ class PostgresStore(Store):
         return None if row is None else (bool(row[0]), str(row[1]))
 
     def revoke_token(self, token_id: str, when: float) -> bool:
-        return self._write(
+        return self._write_one(
             lambda c: (
                 c.execute(
                     "UPDATE tokens SET revoked=%s WHERE id=%s AND revoked IS NULL", (when, token_id)
@@ -665,7 +720,7 @@ class PostgresStore(Store):
         return self._one("SELECT 1 FROM tokens WHERE owner=1 LIMIT 1") is not None
 
     def mark_owner_token(self, digest: str) -> None:
-        self._write(
+        self._write_one(
             lambda c: c.execute(
                 "UPDATE tokens SET owner=1, allow_root=1 WHERE hash=%s AND kind='user' AND admin=1",
                 (digest,),
@@ -679,7 +734,7 @@ class PostgresStore(Store):
         return None if row is None else str(row[0])
 
     def set_node_secret(self, node_id: str, digest: str, created: float) -> None:
-        self._write(
+        self._write_one(
             lambda c: c.execute(
                 "INSERT INTO node_secrets(node_id, hash, created) VALUES (%s,%s,%s) "
                 "ON CONFLICT(node_id) DO UPDATE SET hash=excluded.hash, created=excluded.created",
@@ -688,7 +743,7 @@ class PostgresStore(Store):
         )
 
     def forget_node_secret(self, node_id: str) -> bool:
-        return self._write(
+        return self._write_one(
             lambda c: (
                 c.execute("DELETE FROM node_secrets WHERE node_id=%s", (node_id,)).rowcount > 0
             )

@@ -170,6 +170,20 @@ class SqliteStore(Store):
         cur = self.db.execute("SELECT id, seq FROM arrays WHERE active=1")
         return int(row[0]), {str(r[0]): int(r[1]) for r in cur}
 
+    def _digit_ids_above(self, counter: int) -> set[str]:
+        low = f"{max(counter + 1, 10_000_000):08d}"
+        if len(low) > 8:
+            return set()
+        found: set[str] = set()
+        for table in ("jobs", "arrays"):  # a range of the primary key, then 8 digits
+            cur = self.db.execute(
+                f"SELECT id FROM {table} WHERE id >= ? AND id <= '99999999' AND length(id) = 8 "
+                "AND id NOT GLOB '*[^0-9]*'",
+                (low,),
+            )
+            found.update(str(r[0]) for r in cur)
+        return found
+
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
