@@ -99,6 +99,25 @@ def test_an_exit_is_forgotten_only_after_its_effect_is_written(h: Harness) -> No
     assert a.link.take() == [Forget(job_id=job_id, epoch=1)]
 
 
+def test_an_exit_is_forgotten_only_after_its_output_is_stored(h: Harness) -> None:
+    """An output store that writes later (PostgreSQL's buffer): the agent keeps the run,
+    and would re-send its output, until the store says it has it."""
+    held: list[Callable[[], None]] = []
+    h.outputs.when_stored = held.append  # type: ignore[method-assign]
+    a = h.agent("n1")
+    job_id = h.start()
+    a.link.take()
+    a.send(Output(job_id=job_id, epoch=1, stream="o", data="last\n", offset=0, end=5))
+    h.cl.agent_message("n1", Exited(job_id=job_id, epoch=1, exit_code=0, time=1.0))
+    h.settle()
+    assert h.stored(job_id).state == JobState.COMPLETED
+    assert a.link.take() == []  # the output is not stored yet
+    (stored,) = held
+    stored()
+    h.settle()
+    assert a.link.take() == [Forget(job_id=job_id, epoch=1)]
+
+
 # ---- reconcile at hello ---------------------------------------------------------------
 
 

@@ -282,9 +282,10 @@ class PgOutputStore(OutputStore):
         with self._lock:
             job = self._jobs.get(job_id)
             if job is not None:
-                if not job.open:
+                if not job.open:  # a next run: full again only at the job's cap, as files
                     job.open = True
                     job.owner = self.owner(job_id)
+                    job.full = self.cap is not None and job.bytes >= self.cap
                 return job
         row = self._retry(
             lambda c: c.execute(
