@@ -9,17 +9,22 @@ with a deadline; every process started is killed by its process group.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from factories import http_server
 from helpers import BIN, LocalCluster, kill_group, wait_for
-from mgpu import Client
+from mgpu import Client, MgpuError
 
 CONFIG = """
 networking:
@@ -104,3 +109,139 @@ def test_logs_follow_resumes_across_a_master_restart(
         kill_group(follower)
     assert out.read_text() == "".join(f"line {i}\n" for i in range(1, 16))
     assert Client(masters, token=c.admin_token).wait(job.id, timeout=30)["state"] == "completed"
+
+
+def standby_for(leader: str) -> type[BaseHTTPRequestHandler]:
+    """A stand-in standby master: every request (a WebSocket handshake too) answered 503
+    with the contract's JSON and header, naming `leader`."""
+
+    class Standby(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _refuse(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(
+                {
+                    "detail": f"this master is a standby; the leader is {leader}",
+                    "role": "standby",
+                    "leader": leader,
+                }
+            ).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-Mgpu-Leader", leader)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _refuse
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Standby
+
+
+def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path, CONFIG)
+    try:
+        c.start_master()
+        with http_server(standby_for(c.address)) as stand:
+            c.start_agent("node001", gpus=1, extra=["--master-host", stand])  # the standby only
+            env = {**c.env, "MGPU_MASTER": stand}
+            res = subprocess.run(
+                [str(BIN / "mgpu"), "submit", "--gpus", "1", "echo hi"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+            assert res.returncode == 0, res.stderr
+            client = Client(stand, token=c.admin_token)
+            jobs = client.queue(all=True)["jobs"]
+            assert len(jobs) == 1  # submitted once
+            done = client.wait(jobs[0]["id"], timeout=30)
+            assert done["state"] == "completed", (done, client.logs(done["id"]))
+            assert client.address == c.address
+    finally:
+        c.stop()
+
+
+SRUN = f"""#!{sys.executable}
+import sys
+from mgpu.client.steps import StepOptions, run_step
+sys.exit(run_step(sys.argv[1:], StepOptions()))
+"""
+
+
+def test_a_step_output_resumes_from_each_tasks_count(tmp_path: Path) -> None:
+    """`srun` inside a job reconnects with how many records of each task it has
+    (`/api/sruns/ID/output?since=N,M`): the master sends only those after them."""
+    c = LocalCluster(tmp_path, CONFIG)
+    try:
+        c.start_master()
+        c.start_agent("node001", gpus=1)
+        c.start_agent("node002", gpus=1)
+        shims = tmp_path / "shims"
+        shims.mkdir()
+        (shims / "srun").write_text(SRUN)
+        (shims / "srun").chmod(0o755)
+        gate = tmp_path / "gate"
+        env = {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+        script = "#!/bin/sh\nsrun sh -c 'echo a$SLURM_PROCID; echo b$SLURM_PROCID'\n"
+        script += f"while [ ! -e {gate} ]; do sleep 0.05; done\n"
+        client = c.client()
+        job = client.submit_script(script, nodes=2, gpus_per_node=1, env=env, slurm={"batch": True})
+        path = f"/api/sruns/{job.id}.s1/output"
+
+        def step_output() -> list[dict[str, Any]] | None:
+            try:
+                return list(client._stream_path(path, 30))  # to the step's end
+            except MgpuError:  # not started yet
+                return None
+
+        full = wait_for(step_output, timeout=60, what="the step's output")
+        ours = [r for r in full if r.get("t") == 0]
+        theirs = [r for r in full if r.get("t") == 1]
+        assert ours and theirs and full[-1]["end"], full
+        assert "".join(r["d"] for r in theirs) == "a1\nb1\n"
+        rest = list(client._stream_path(f"{path}?since={len(ours)},0", 30))
+        assert rest == [*theirs, full[-1]]
+        with pytest.raises(MgpuError, match="one count of records per task"):
+            list(client._stream_path(f"{path}?since=1,2,3", 30))
+        gate.touch()
+        assert client.wait(job.id, timeout=30)["state"] == "completed"
+    finally:
+        c.stop()
+
+
+def test_a_terminal_goes_on_through_a_master_restart(
+    two: tuple[LocalCluster, str], tmp_path: Path
+) -> None:
+    """`mgpu srun --pty` with two addresses: the master is killed and restarted while the
+    program waits for a line; the client attaches again (asking for the output after what
+    it showed), the program goes on, and nothing it printed is shown twice."""
+    from test_terminals import Term
+
+    c, masters = two
+    env = {**c.env, "MGPU_MASTER": masters, "PATH": f"{BIN}:{c.env.get('PATH', '')}"}
+    program = "echo ready; read x; echo got=$x; read y; echo got2=$y"
+    t = Term(env, "srun", "--pty", "--gpus", "1", "--", "sh", "-c", program)
+    try:
+        t.expect(r"ready")
+        t.type(b"one\r")
+        t.expect(r"got=one")
+        assert c.master is not None
+        os.killpg(c.master.pid, signal.SIGKILL)
+        c.master.wait(timeout=10)
+        t.expect(r"lost the connection to the master")
+        c.start_master()
+        c.wait_node("node001", "online")
+        t.expect(r"reconnected")
+        t.type(b"two\r")
+        t.expect(r"got2=two")
+        assert t.wait() == 0
+        assert t.restored()
+    finally:
+        t.close()
+    assert t.seen.count(b"got=one") == 1 and t.seen.count(b"ready") == 1, t.seen

@@ -95,8 +95,8 @@ hears from every agent before it would declare one lost."""
 MULTI_OPEN_TIMEOUT = 3.0
 """Seconds for one master of several to answer the handshake (a stopped one accepts the
 connection and says nothing) before the next is dialled."""
-PING_INTERVAL = 2.0
-PING_TIMEOUT = 4.0
+PING_INTERVAL = 1.0
+PING_TIMEOUT = 3.0
 """With several masters, the link is pinged: a leader that answers no ping this long is
 left for the others (with one master: no pings, as before)."""
 GENERATION_FILE = "master-generation"

@@ -67,6 +67,9 @@ class SubmittedJob:
 FAILOVER_WAIT = 30.0
 """Seconds a client looks for a leader while a failover runs ($MGPU_FAILOVER_WAIT): with
 several masters, or told by a standby that no master leads yet."""
+FOLLOW_SILENCE = 20.0
+"""Seconds without a word (the master pings a job's followers every 5 s) after which a
+follower of several masters looks for the leader again: a stopped one says nothing."""
 MULTI_CONNECT_TIMEOUT = 3.0
 """Seconds to reach one master of several before trying the next (a machine that is off
 answers nothing); at most the client's own connect timeout."""
@@ -104,6 +107,10 @@ class LostConnection(ConnectError):
     """The connection broke after the request was sent: the master may have done it."""
 
 
+class NoAnswer(MgpuError):
+    """The master took the request and said nothing in time (slow, or stopped)."""
+
+
 class Standby(RequestError):
     """A standby master's 503: `leader` is where it says the leader is (None: no leader)."""
 
@@ -122,6 +129,8 @@ class _Search:
         self.deadline: float | None = None
         self.delay = 0.05
         self.hops = 0
+        self.named: tuple[str, int] | None = None
+        """The leader a standby named last."""
 
     def next(self, error: MgpuError, hint: str | None = None) -> None:
         """Move the client to the next master to try (after a pause once every one was
@@ -131,6 +140,8 @@ class _Search:
         self.tried.append(here)
         self.errors[here] = _reason(error)
         leader = c._parse_hint(hint)
+        if leader is not None:
+            self.named = leader
         if leader is not None and leader not in self.tried and self.hops < 4:
             self.hops += 1
             c._use(leader)
@@ -151,7 +162,7 @@ class _Search:
         time.sleep(self.delay)
         self.delay = min(self.delay * 2, 1.0)
         self.tried, self.hops = [], 0
-        c._use(c.addresses[0])
+        c._use(self.named or c.addresses[0])  # where the leader was last said to be
 
     def _final(self, error: MgpuError, wait: float) -> MgpuError:
         if len(self.errors) == 1:
@@ -281,6 +292,12 @@ class Client:
                 search = search or _Search(self)
                 search.next(e)
                 continue
+            except NoAnswer as e:  # a stopped leader takes connections and says nothing
+                if not safe or len(self.addresses) < 2:
+                    raise
+                search = search or _Search(self)
+                search.next(e)
+                continue
             if len(self.addresses) > 1:
                 _leaders[tuple(self.addresses)] = (self.host, self.port)
             return result
@@ -393,32 +410,40 @@ class Client:
 
     def _exchange(self, method: str, path: str, data: bytes | None, timeout: float | None) -> Any:
         """One request to the master at hand (a kept-alive connection the master closed
-        meanwhile: once more on a new one); its decoded answer."""
-        retried = False
+        meanwhile: once more on a new one); its decoded answer.  Once a request went out
+        and its answer was lost, any failure after is a LostConnection: it may be done."""
+        lost: OSError | None = None
+        flipped = False
         while True:
             was_tls = self.tls
             try:
-                conn, fresh = self._checkout(timeout or self.timeout, fresh=retried)
-            except ConnectError as e:
-                if retried:  # the first try may have reached it
-                    raise LostConnection(str(e)) from None
+                conn, fresh = self._checkout(timeout or self.timeout, fresh=lost is not None)
+            except ConnectError:
+                if flipped:
+                    self.tls = False  # nothing there: not a TLS-only master after all
+                if lost is not None:  # the first try may have reached it
+                    raise self._broken(lost, "did not answer in time") from None
                 raise
             try:
                 resp = conn.request(method, path, data, self._headers())
                 raw = resp.read()
             except OSError as e:
                 conn.close()
+                if flipped:
+                    self.tls = False
+                if lost is not None:
+                    raise self._broken(e, "did not answer in time") from None
+                lost = e
                 if fresh and not was_tls and self._tls_auto and isinstance(e, ConnectionError):
                     # Closed or reset at once (a timeout is not that): a loopback master may
                     # speak only TLS (--tls): try it.
-                    self.tls = True
+                    self.tls = flipped = True
                     continue
-                if fresh or retried:
+                if fresh:
                     raise self._broken(e, "did not answer in time") from None
                 # A kept-alive connection the server closed (it restarted, or timed it out):
                 # the other idle ones are likely gone too.  Retry once on a new one.
                 self.close()
-                retried = True
                 continue
             if resp.will_close:
                 conn.close()
@@ -429,7 +454,7 @@ class Client:
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
         if isinstance(e, TimeoutError):
-            return MgpuError(f"the mgpu master at {self.address} {timed_out}")
+            return NoAnswer(f"the mgpu master at {self.address} {timed_out}")
         return LostConnection(f"lost the connection to the mgpu master at {self.address}: {e}")
 
     @staticmethod
@@ -444,7 +469,8 @@ class Client:
                 detail = f"the master answered HTTP {status}"
             if status == 503:
                 hint = (headers or {}).get("x-mgpu-leader")
-                if isinstance(payload, dict) and payload.get("role") == "standby":
+                # A standby, or a leader still opening the cluster: not serving yet.
+                if isinstance(payload, dict) and payload.get("role") in ("standby", "leader"):
                     leader = payload.get("leader")
                     raise Standby(detail, leader if isinstance(leader, str) else hint)
                 if hint:
@@ -759,6 +785,8 @@ class Client:
         """Output records ({"s","d","n"}), and when following, status lines and a last
         {"end": true, "state", "exit_code"} line."""
         path = f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
+        if len(self.addresses) > 1:  # the master pings every 5 s: a silent one has stopped
+            read_timeout = min(read_timeout, FOLLOW_SILENCE)
         return self._stream_path(path, read_timeout)
 
     def _stream_path(self, path: str, read_timeout: float) -> Iterator[dict[str, Any]]:
@@ -780,14 +808,16 @@ class Client:
             conn.close()
 
     def _open_stream(self, path: str, read_timeout: float) -> tuple[Connection, Any]:
-        conn = self._connect(read_timeout)
+        wait = min(read_timeout, self.timeout)  # the head of the answer comes at once
+        conn = self._connect(wait)
         try:
             resp = conn.request("GET", path, None, self._headers())
             if resp.status >= 400:
                 self._decode(resp.status, resp.read(), resp.headers)
+            conn.settimeout(read_timeout)
         except OSError as e:
             conn.close()
-            raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
+            raise self._broken(e, f"sent no word for {wait:g} s") from None
         except BaseException:
             conn.close()
             raise

@@ -247,6 +247,6 @@ def _refusal(
     detail = payload.get("detail")
     leader = payload.get("leader")
     leader = leader if isinstance(leader, str) and leader else fields.get("x-mgpu-leader")
-    standby = payload.get("role") == "standby"
+    standby = payload.get("role") in ("standby", "leader")  # a leader still opening too
     shown = detail if isinstance(detail, str) else f"the master answered HTTP {status}"
     return shown, standby, leader or None
