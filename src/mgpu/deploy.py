@@ -118,7 +118,7 @@ User={user}
 ExecStart={_exec_start(words)}
 # State (jobs, tokens, the CA) is in the --state-dir: a restart loses nothing, and agents
 # reconnect by themselves with their jobs still running.  (With --database, a master that
-# another took the lead from exits with status 75 and is restarted here, as a standby.)
+# another took the lead from starts itself again as a standby, or exits with status 75.)
 # It holds secrets and every job's environment and output: private to the unit's user.
 UMask=0077
 {_state_directory(state_dir)}Restart=on-failure

@@ -13,8 +13,8 @@ leader has stopped sending, whatever happened to it meanwhile: a SIGSTOP, a paus
 network cut (the monotonic clock runs on while a process is stopped).  Its writes are
 refused by the fence once a standby took over.  A leader that learns it lost the lease
 (its renewal refused, or a write `Fenced`) steps down at once: `on_lost`, which in the
-master logs one line and exits with `EXIT_DEPOSED` without another write or message (a
-supervisor restarts it, as a standby).
+master logs one line and, without another write or message, replaces itself (`exec`) with
+a fresh start of the same command: the same pid, back as a standby.
 
 With the defaults (TTL 2.5 s, renew every 0.5 s, standbys try every 0.5 s) a standby leads
 at most TTL + retry (3 s) after the leader's last renewal; the rest of the 5 s goes to
@@ -27,6 +27,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,8 +42,10 @@ __all__ = ["EXIT_DEPOSED", "Leadership", "LeaseTiming", "advertised_address"]
 log = logging.getLogger("mgpu.master")
 
 EXIT_DEPOSED = 75
-"""The master's exit status once another master took its lease (EX_TEMPFAIL: start it
-again, it comes back as a standby)."""
+"""The master's exit status once another master took its lease, when it cannot (or, with
+$MGPU_HA_NO_RESTART=1, may not) start itself again (EX_TEMPFAIL: start it again, it comes
+back as a standby)."""
+NO_RESTART_ENV = "MGPU_HA_NO_RESTART"
 
 
 @dataclass(frozen=True)
@@ -248,13 +251,19 @@ class Leadership:
 
 def _exit_deposed(why: str) -> None:
     """Step down the only sure way: no other line of this process runs (no flush, no
-    message to an agent, nothing the event loop had queued)."""
-    log.critical(
-        "deposed: %s; exiting with status %d (restart it: it stands by)", why, EXIT_DEPOSED
-    )
+    message to an agent, nothing the event loop had queued).  The process image is
+    replaced by a fresh start of the same command (`exec`: the same pid, every socket and
+    thread of the old leadership gone), which comes back as a standby; if that cannot be
+    done, it exits with EXIT_DEPOSED for its supervisor to start it again."""
+    log.critical("deposed: %s; starting again as a standby", why)
     for handler in logging.getLogger().handlers:
         try:
             handler.flush()
         except Exception:
             pass
+    if os.environ.get(NO_RESTART_ENV) != "1":
+        try:
+            os.execv(sys.executable, sys.orig_argv)
+        except OSError as e:
+            log.critical("cannot start again (%s): exiting with status %d", e, EXIT_DEPOSED)
     os._exit(EXIT_DEPOSED)
