@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,12 +10,21 @@ from harness import Harness
 
 
 @pytest.fixture
-def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    """Harnesses with a given cluster config (closed at the end of the test)."""
+def make_harness(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Harness]]:
+    """Harnesses with a given cluster config (closed at the end of the test).
+    MGPU_TEST_STORE=postgres: each on a PostgreSQL database of its own (tests/pgserver.py),
+    to run the controller's tests on the other store."""
     made: list[Harness] = []
 
     def make(config: dict[str, Any] | None = None) -> Harness:
-        made.append(Harness(tmp_path / f"h{len(made)}", config))
+        store = None
+        if os.environ.get("MGPU_TEST_STORE") == "postgres":
+            from mgpu.master.store.postgres import PostgresStore
+
+            store = PostgresStore(request.getfixturevalue("postgres").create_database())
+        made.append(Harness(tmp_path / f"h{len(made)}", config, store=store))
         return made[-1]
 
     yield make

@@ -237,6 +237,14 @@ class Harness:
         self.outputs.close_all()
         self.store.close()
 
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One statement on the store's tables, whichever backend (`?` placeholders)."""
+        if isinstance(self.store, SqliteStore):
+            return self.store.db.execute(query, params).fetchall()
+        conn = self.store.connection()  # type: ignore[attr-defined]  # PostgresStore
+        cur = conn.execute(query.replace("?", "%s"), params)
+        return list(cur.fetchall()) if cur.description else []
+
     # ---- driving ----------------------------------------------------------
 
     def settle(self) -> None:

@@ -80,7 +80,7 @@ def test_cancelled_arrays_leave_history_rows_and_a_quiet_array_row(h: Harness) -
     h.crash()
     assert _queue(h) == []
     # Every task has its row now: the array row is not read again at the next start.
-    assert h.store.db.execute("SELECT active FROM arrays").fetchall() == [(0,)]
+    assert h.sql("SELECT active FROM arrays") == [(0,)]
     again = h.cl.cancel_tasks([r[:2] for page in h.cl.array_pages(array_id, 10) for r in page], "a")
     assert again == ([], [f"{array_id}_{i}" for i in range(3)])
 
@@ -97,5 +97,5 @@ def test_a_refused_array_stores_nothing(h: Harness) -> None:
     h.agent("n1", gpus=2)
     with pytest.raises(Exception, match="GPU"):
         h.submit(array="0-9", gpus=3)
-    assert h.store.db.execute("SELECT COUNT(*) FROM arrays").fetchone() == (0,)
+    assert h.sql("SELECT COUNT(*) FROM arrays") == [(0,)]
     assert _queue(h) == []

@@ -31,7 +31,7 @@ def test_old_rows_and_files_go_and_recent_ones_stay(make_harness: Callable[..., 
     h.advance(100 * DAY)
     a.heartbeat()
     recent = finished(h, a, "recent output\n")
-    h.store.db.execute("UPDATE events SET time = ?", (h.clock.time() - 400 * DAY,))
+    h.sql("UPDATE events SET time = ?", (h.clock.time() - 400 * DAY,))
     h.store.record_event("recent_event")
     assert h.outputs.path(old).exists() and h.outputs.path(recent).exists()
     while h.cl.retention.prune_slice(h.clock.time()):
@@ -95,7 +95,7 @@ def test_output_pruning_walks_ties_and_slices_and_resumes_after_a_restart(
     ids = []
     for _ in range(5):
         ids.append(finished(h, a, "out\n"))
-    h.store.db.execute("UPDATE jobs SET end_time = ?", (h.clock.time(),))
+    h.sql("UPDATE jobs SET end_time = ?", (h.clock.time(),))
     h.advance(100 * DAY)  # past the default 90 days of output
     a.heartbeat()
     monkeypatch.setattr(retention, "SLICE", 2)

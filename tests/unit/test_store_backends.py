@@ -308,3 +308,16 @@ def test_the_cluster_config_names_the_database(tmp_path: Path) -> None:
     path.write_text("database: postgresql://mgpu@db.example:5432/mgpu\n")
     assert load_config(path).database == "postgresql://mgpu@db.example:5432/mgpu"
     assert load_config(None).database is None
+
+
+def test_any_text_is_stored_as_given(store: Store) -> None:
+    odd = 'it\'s 100%s \\ "quoted" ; DROP TABLE jobs; -- é 日本 \U0001f600 \x01'
+    job = master_job("1", command=odd, submit_time=1.0, user="alice")
+    job.env = {"X": odd}
+    store.save_jobs([job], event=("submit", odd, odd, "1"), detail=odd, meta=("k", odd))
+    store.save_jobs([master_job(str(i), command=odd, submit_time=1.0) for i in range(2, 40)])
+    assert store.get_job("1") == job and store.get_meta("k") == odd
+    assert store.get_jobs(["5"])["5"].command == odd
+    (event,) = [e for e in store.events() if e["kind"] == "submit"]
+    assert event["actor"] == odd and event["detail"] == odd
+    assert store.count_by_state() == {"queued": 39}

@@ -17,10 +17,11 @@ DB_FILE = "mgpu.db"
 SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_store(database: str | None, state_dir: Path) -> Store:
+def open_store(database: str | None, state_dir: Path, retry_for: float | None = None) -> Store:
     """The store: SQLite at `state_dir/mgpu.db` when `database` is None or empty, else the
     PostgreSQL database at that URL (`postgresql://USER@HOST:PORT/DB`).  Raises StoreError
-    (one sentence, the password left out) for any other URL or a database it cannot use."""
+    (one sentence, the password left out) for any other URL or a database it cannot use.
+    `retry_for`: seconds PostgreSQL may be unreachable before a call fails (default 60)."""
     from mgpu.master.store.base import StoreError, hide_password
 
     if not database:
@@ -32,6 +33,6 @@ def open_store(database: str | None, state_dir: Path) -> Store:
             f"--database {hide_password(database)} is not a PostgreSQL URL: give "
             "postgresql://USER@HOST:PORT/DB, or leave it out to keep the state in SQLite"
         )
-    from mgpu.master.store.postgres import PostgresStore
+    from mgpu.master.store.postgres import RETRY_FOR, PostgresStore
 
-    return PostgresStore(database)
+    return PostgresStore(database, RETRY_FOR if retry_for is None else retry_for)

@@ -56,6 +56,19 @@ ONE_QUERY_ROWS = 16
 CONNECT_TIMEOUT = 10
 """Seconds one connection attempt may take."""
 
+LINK_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT,
+    "application_name": "mgpu-master",
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+"""How the store connects unless its URL says otherwise: a database cut off by the
+network is noticed within some 10 s (TCP keepalives, unacknowledged data), not after the
+kernel's minutes, so the master reconnects or steps down instead of hanging."""
+
 MIGRATION_LOCK = 0x6D677075  # "mgpu": masters starting together migrate one at a time
 
 TABLES = (
@@ -197,12 +210,8 @@ class PostgresStore(Store):
             raise
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(
-            self.url,
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT,
-            application_name="mgpu-master",
-        )
+        params = {**LINK_DEFAULTS, **conninfo.conninfo_to_dict(self.url)}  # the URL's win
+        return psycopg.connect(autocommit=True, **params)
 
     def connection(self) -> psycopg.Connection[Any]:
         """The store's connection, opened again if it was lost."""
