@@ -404,6 +404,42 @@ def test_appends_go_on_through_a_database_restart(postgres: Any, pg_url: str) ->
         store.close_all()
 
 
+def test_appends_and_followers_go_on_while_the_database_is_down(postgres: Any, pg_url: str) -> None:
+    """Appends buffer while the database is away (nothing waits on it), a follower past
+    the stored rows reads them from memory, and they are written once it is back."""
+    store = PgOutputStore(pg_url, Fence())
+    try:
+        store.append("j", "o", "before\n", "n1", epoch=1, end=7)
+        store.append("k", "o", "k's first run\n", "n1", epoch=1, end=14)
+        store.close("k")  # requeued: its next run's first append finds no database
+        reader = store.reader("j")
+        assert reader.step() is not None
+        stored = threading.Event()
+        store.when_stored(stored.set)
+        assert stored.wait(30)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")  # the test server's synchronous_commit=off: on disk now
+        postgres.kill()
+        try:
+            for i in range(100):
+                store.append("j", "o", f"{i}\n", "n1", epoch=1, end=8 + i)
+            during = reader.step()
+            assert during is not None and len(during.splitlines()) == 100
+            store.append("k", "o", "k's second run\n", "n2", epoch=2, end=15)
+            store.append("new", "e", "a new job\n", "n2", epoch=1, end=10)
+            stored.clear()
+            store.when_stored(stored.set)
+        finally:
+            postgres.start()
+        assert stored.wait(60)
+        assert len(_rows(pg_url, "j")) == 101
+        assert [r["d"] for r in store.read("k")] == ["k's first run\n", "k's second run\n"]
+        assert [r["d"] for r in store.read("new")] == ["a new job\n"]
+        assert store.resume_point("k", 2, "n2") == (15, 0)
+    finally:
+        store.close_all()
+
+
 def test_a_sqlite_clusters_files_are_imported(tmp_path: Path, pg_url: str) -> None:
     files = FileOutputStore(tmp_path / "output")
     files.cap = 1024

@@ -69,6 +69,8 @@ LEFT_KEPT = 10000
 """Departures from memory remembered (older ones: readers of those jobs ask again)."""
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
+OPEN_WAIT = 0.5
+"""Seconds a job's first append waits for its stored size (then the flusher finds it)."""
 
 
 @dataclass(eq=False)
@@ -88,6 +90,12 @@ class _Job:
     """Between an append and close(): the job stays in memory while open or buffered."""
     buf: list[tuple[str, Run | None, int]] = field(default_factory=list)
     """Records `stored`.. not yet written: line (no newline), its run's stream and offset."""
+    resolved: bool = True
+    """False while the stored size is unknown (the database was away at the first append):
+    counts are then this master's alone, and readers wait for the flusher to find it."""
+    appended: int = 0
+    written: int = 0
+    """Records appended by this master, and how many of them are written (when_stored)."""
 
 
 @dataclass
@@ -191,10 +199,12 @@ class PgOutputStore(OutputStore):
         self._pruned = 0
         """The last stamp dropped from _left (the stamp of every job not in it)."""
         self._waiting: list[
-            tuple[dict[str, int], asyncio.AbstractEventLoop | None, Callable[[], None]]
+            tuple[list[tuple[str, _Job, int]], asyncio.AbstractEventLoop | None, Callable[[], None]]
         ]
         self._waiting = []
-        """when_stored's callbacks: the records each waits for (job -> count), its loop."""
+        """when_stored's callbacks: the records each waits for (job, appended), its loop."""
+        self._unresolved: set[str] = set()
+        """Jobs whose stored size is not known yet (see _Job.resolved)."""
         self.fenced = False
         """Set once a write was fenced: this master no longer leads and stores nothing more."""
         self._retry(create_output_tables, "write")
@@ -214,9 +224,14 @@ class PgOutputStore(OutputStore):
                 )
             return conn
 
-    def _retry(self, work: Callable[[psycopg.Connection[Any]], T], which: str = "read") -> T:
-        """`work` on a connection, reconnecting after a lost one for RETRY_FOR seconds."""
-        deadline = time.monotonic() + RETRY_FOR
+    def _retry(
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        which: str = "read",
+        wait: float = RETRY_FOR,
+    ) -> T:
+        """`work` on a connection, reconnecting after a lost one for `wait` seconds."""
+        deadline = time.monotonic() + wait
         delay = 0.05
         while True:
             try:
@@ -272,6 +287,7 @@ class PgOutputStore(OutputStore):
         job.buf.append((line.decode("ascii"), run, at))
         job.records += 1
         job.bytes += len(line) + 1
+        job.appended += 1
         self._dirty.add(job_id)
         if len(job.buf) == FLUSH_RECORDS:
             self._kick.set()
@@ -287,13 +303,18 @@ class PgOutputStore(OutputStore):
                     job.owner = self.owner(job_id)
                     job.full = self.cap is not None and job.bytes >= self.cap
                 return job
-        row = self._retry(
-            lambda c: c.execute(
-                "SELECT records, bytes, marked FROM job_output_size WHERE job_id = %s",
-                (job_id,),
-            ).fetchone()
-        )
-        records, size, marked = row or (0, 0, False)
+        try:
+            row = self._size(job_id, OPEN_WAIT)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            # The database is away: the loop does not wait for it; the flusher adds the
+            # stored size before it writes (a requeued job may then pass its cap a little).
+            log.warning("job output: job %s's stored size unknown for now (%s)", job_id, e)
+            job = _Job(0, 0, 0, 0, False, False, self.owner(job_id), resolved=False)
+            with self._lock:
+                self._jobs[job_id] = job
+                self._unresolved.add(job_id)
+            return job
+        records, size, marked = row
         full = self.cap is not None and size >= self.cap
         job = _Job(records, size, records, size, marked, full, self.owner(job_id))
         with self._lock:
@@ -302,6 +323,34 @@ class PgOutputStore(OutputStore):
                 self._add(job_id, job, self._marker(node_id, True).rstrip(b"\n"), None, 0)
                 job.marked = True
         return job
+
+    def _size(self, job_id: str, wait: float = RETRY_FOR) -> tuple[int, int, bool]:
+        """A job's stored records, bytes and whether its last one is a marker."""
+        row = self._retry(
+            lambda c: c.execute(
+                "SELECT records, bytes, marked FROM job_output_size WHERE job_id = %s",
+                (job_id,),
+            ).fetchone(),
+            wait=wait,
+        )
+        return (int(row[0]), int(row[1]), bool(row[2])) if row else (0, 0, False)
+
+    def _resolve(self) -> None:
+        """Add the stored size to the counts of jobs first appended to while the database
+        was away (in the flusher, before their records are numbered for good)."""
+        with self._lock:
+            pending = [(job_id, self._jobs[job_id]) for job_id in self._unresolved]
+        for job_id, job in pending:
+            records, size, _ = self._size(job_id)
+            with self._lock:
+                if self._jobs.get(job_id) is not job:
+                    continue  # deleted meanwhile
+                job.stored, job.stored_bytes = records, size
+                job.records += records
+                job.bytes += size
+                job.full = job.full or (self.cap is not None and job.bytes >= self.cap)
+                job.resolved = True
+                self._unresolved.discard(job_id)
 
     def close(self, job_id: str) -> None:
         with self._lock:
@@ -332,7 +381,9 @@ class PgOutputStore(OutputStore):
 
     def when_stored(self, then: Callable[[], None]) -> None:
         with self._lock:
-            need = {job_id: self._jobs[job_id].records for job_id in self._dirty}
+            need = [
+                (job_id, job, job.appended) for job_id in self._dirty if (job := self._jobs[job_id])
+            ]
             if need:
                 self._waiting.append((need, _running_loop(), then))
                 self._kick.set()
@@ -345,9 +396,9 @@ class PgOutputStore(OutputStore):
         ready = []
         due, self._waiting = self._waiting, []
         for need, loop, then in due:
+            # A job no longer in memory is all written (or deleted).
             if all(
-                (job := self._jobs.get(job_id)) is None or job.stored >= n
-                for job_id, n in need.items()
+                self._jobs.get(job_id) is not job or job.written >= n for job_id, job, n in need
             ):
                 ready.append((loop, then))
             else:
@@ -386,6 +437,8 @@ class PgOutputStore(OutputStore):
         with self._write_lock:
             if self.fenced:
                 raise Fenced("this master's output store was fenced: it writes nothing")
+            if self._unresolved:
+                self._resolve()
             with self._lock:
                 batch = self._take()
                 ready = self._stored() if batch is None and self._waiting else []
@@ -404,6 +457,7 @@ class PgOutputStore(OutputStore):
                         job.stored_bytes += len(line) + 1
                     del job.buf[:k]
                     job.stored += k
+                    job.written += k
                     if not job.buf:
                         self._dirty.discard(job_id)
                         if not job.open:
@@ -420,6 +474,8 @@ class PgOutputStore(OutputStore):
         batch = _Batch([], [], [], {})
         for job_id in list(self._dirty):
             job = self._jobs[job_id]
+            if not job.resolved:
+                continue  # appended since _resolve: the next flush
             k = min(len(job.buf), BATCH_ROWS - len(batch.rows))
             if k <= 0:
                 break
@@ -461,7 +517,7 @@ class PgOutputStore(OutputStore):
         this master's memory)."""
         with self._lock:
             job = self._jobs.get(job_id)
-            if job is None or pos < job.stored:
+            if job is None or pos < job.stored or not job.resolved:
                 return None
             stop = job.records if end is None else min(end, job.records)
             out: list[str] = []
@@ -496,7 +552,7 @@ class PgOutputStore(OutputStore):
         if not follow:
             with self._lock:
                 job = self._jobs.get(job_id)
-                end = None if job is None else job.records
+                end = None if job is None or not job.resolved else job.records
         return PgOutputReader(self, job_id, start, end)
 
     def resume_point(self, job_id: str, epoch: int, node_id: str) -> tuple[int, int]:
@@ -556,6 +612,7 @@ class PgOutputStore(OutputStore):
                         return 0  # the job is not over
                     self._let_go(job_id)  # its buffer too: deleted with the rest
                     self._dirty.discard(job_id)
+                    self._unresolved.discard(job_id)
 
             def work(conn: psycopg.Connection[Any]) -> int:
                 with conn.transaction():
