@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -169,6 +170,7 @@ def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> Non
 
 SRUN = f"""#!{sys.executable}
 import sys
+import time
 from mgpu.client.steps import StepOptions, run_step
 sys.exit(run_step(sys.argv[1:], StepOptions()))
 """
@@ -245,3 +247,25 @@ def test_a_terminal_goes_on_through_a_master_restart(
     finally:
         t.close()
     assert t.seen.count(b"got=one") == 1 and t.seen.count(b"ready") == 1, t.seen
+
+
+def test_the_agent_leaves_a_stopped_master(two: tuple[LocalCluster, str]) -> None:
+    """A stopped master (SIGSTOP) keeps the TCP link open and says nothing: with several
+    masters the agent pings, so it leaves within seconds to look for a leader (and comes
+    back once the master runs again)."""
+    c, _ = two
+    assert c.master is not None
+    os.killpg(c.master.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: "lost" in c.log("node001"), timeout=15, what="the agent to leave")
+        assert time.monotonic() - stopped < 8  # a ping each 1 s, 3 s for its pong, 1 s to close
+    finally:
+        os.killpg(c.master.pid, signal.SIGCONT)
+    before = c.log("node001").count("connected to the master")
+    wait_for(
+        lambda: c.log("node001").count("connected to the master") > before,
+        timeout=30,
+        what="the agent back",
+    )
+    c.wait_node("node001", "online")

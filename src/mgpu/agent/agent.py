@@ -99,6 +99,9 @@ PING_INTERVAL = 1.0
 PING_TIMEOUT = 3.0
 """With several masters, the link is pinged: a leader that answers no ping this long is
 left for the others (with one master: no pings, as before)."""
+CLOSE_TIMEOUT = 1.0
+"""With several masters, seconds to wait for the other side's close frame (a stopped
+leader sends none) before the link is dropped."""
 GENERATION_FILE = "master-generation"
 """In the node dir: the highest leader generation this agent was welcomed with."""
 
@@ -393,6 +396,7 @@ class Agent:
                 open_timeout=MULTI_OPEN_TIMEOUT if several else 10,
                 ping_interval=PING_INTERVAL if several else None,
                 ping_timeout=PING_TIMEOUT if several else None,
+                close_timeout=CLOSE_TIMEOUT if several else 10,
                 compression=None,
                 ssl=await self._tls_context() if self.tls else None,
             ) as ws:

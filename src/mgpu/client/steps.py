@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from mgpu.client.api import Client, ConnectError, MgpuError, _portable_environment, _quote
@@ -182,6 +183,7 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
             if tries > RESUME_TRIES:
                 _say(f"error: lost step {step_id}: {error}")
                 return 1
+            time.sleep(min(2.0, 0.2 * 2**tries))  # one master restarting: a moment
     except KeyboardInterrupt:
         try:
             client._request("POST", f"/api/sruns/{_quote(step_id)}/cancel")

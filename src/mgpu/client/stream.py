@@ -94,6 +94,7 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
         tries += 1
         if tries > RESUME_TRIES:
             raise MgpuError(f"{error} (job {job_id} may still be running)") from None
+        time.sleep(min(2.0, 0.2 * 2**tries))  # one master restarting: a moment
 
 
 def follow(
