@@ -15,8 +15,8 @@ At seeded-random moments (fractions of the jobs started, then 0-0.5 s more):
 - then the standby is killed -9 (and started again);
 - then PostgreSQL itself is restarted (`pg_ctl stop -m immediate`, then start).
 
-A supervisor starts again any master that exits on its own (one deposed while the database
-was away exits with status 75, to come back as a standby), as systemd would.
+A supervisor starts again any master that exits on its own (one started while PostgreSQL
+is down exits with one sentence), as systemd would.
 
 Measured, printed and written to bench/results/failover.json:
 

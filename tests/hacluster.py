@@ -129,9 +129,9 @@ class HaCluster(LocalCluster):
 
     def supervise(self) -> None:
         """Start every master that exits again, as a supervisor (systemd's
-        `Restart=always`) would: a master deposed while the database was away exits
-        (status 75) and comes back as a standby.  `kill_master(i, restart=False)` holds
-        one down."""
+        `Restart=on-failure`) would: a master started while the database is away exits
+        with one sentence (a deposed one restarts itself; exits 75 where it cannot).
+        `kill_master(i, restart=False)` holds one down."""
         self._supervising.set()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
