@@ -84,9 +84,18 @@ def uvicorn_log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["redact"] = {"()": logredact.RedactSecrets}
+    config["filters"]["refusals"] = {"()": HandshakeRefusals}
     for handler in config["handlers"].values():
-        handler["filters"] = [*handler.get("filters", []), "redact"]
+        handler["filters"] = [*handler.get("filters", []), "redact", "refusals"]
     return config
+
+
+class HandshakeRefusals(logging.Filter):
+    """uvicorn logs an error for every WebSocket refused with an HTTP answer (a standby's
+    503, a bad token's 401), which is how the master means to refuse them: not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing handshake."
 
 
 def raise_fd_limit() -> int:

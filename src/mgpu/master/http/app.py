@@ -125,7 +125,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if leadership is not None:
-            async with _stand_by(app, state_dir, config, leadership, edge.flush):
+            async with _stand_by(app, state_dir, config, leadership, edge.flush, announce):
                 yield
             return
         cluster = open_cluster(state_dir, config, store)
@@ -179,6 +179,7 @@ async def _stand_by(
     config: ClusterConfig,
     leadership: Leadership,
     flush_edge: Callable[[], None],
+    announce: tuple[str, int, bool] | None,
 ) -> AsyncIterator[None]:
     """A master of several: stand by (the edge answers 503, master/http/standby.py) until
     the lease is this master's, then open the cluster from the database and schedule; at
@@ -219,6 +220,8 @@ async def _stand_by(
         app.state.cluster = cluster
         leadership.serving = True
         log.info("scheduling as the leader (generation %s)", leadership.generation)
+        if announce is not None and announce[2]:
+            _announce_join(state_dir, announce[0], announce[1])
         try:
             await cluster.run()
         except Fenced as e:
