@@ -24,7 +24,12 @@ def test_a_master_on_postgresql_runs_jobs_and_keeps_them(tmp_path: Path, pg_url:
         assert c.master is not None
         c.master.terminate()
         c.master.wait(timeout=30)
-        c.start_master()  # the same database: the job and the tokens are there
+        # Started again with the database named in the config instead of --database: the
+        # same database, so the job and the tokens are there.
+        c.config_path = tmp_path / "cluster.yaml"
+        c.config_path.write_text(f"database: {pg_url}\n")
+        c.database = None
+        c.start_master()
         assert c.client().show(job.id)["state"] == "completed"
         second = c.client().submit("true", gpus=0)
         assert int(second.id) == int(job.id) + 1  # the id counter went on

@@ -143,6 +143,29 @@ def test_a_database_of_a_newer_mgpu_is_refused(backend: Backend) -> None:
         backend.open()
 
 
+def test_masters_starting_together_migrate_one_at_a_time(pg_url: str) -> None:
+    opened: list[PostgresStore] = []
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            opened.append(PostgresStore(pg_url))
+        except BaseException as e:  # pragma: no cover - shown by the assert
+            failed.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    try:
+        assert failed == [] and len(opened) == 4
+        assert {store.schema_version() for store in opened} == {SCHEMA_VERSION}
+    finally:
+        for store in opened:
+            store.close()
+
+
 # ---- tokens and node secrets behind the store -------------------------------------------
 
 
