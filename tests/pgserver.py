@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -45,11 +47,19 @@ def free_port() -> int:
 
 class PgServer:
     """One PostgreSQL server: `start()`, `url(db)`, `create_database()`, `stop()`, and
-    `kill()`/`restart()` for the tests that take it away under running masters."""
+    `kill()`/`restart()` for the tests that take it away under running masters.
 
-    def __init__(self, bin_dir: Path, port: int | None = None) -> None:
+    Streaming replication (docs/HA.md's recipe): `standby()` makes a hot standby of this
+    server with `pg_basebackup -R` and starts it; `promote()` turns a standby into a primary
+    (`pg_ctl promote`).  `settings` are extra `-c NAME=VALUE` for this server's command line
+    (a synchronous primary: `synchronous_standby_names="*"`, `synchronous_commit="on"`)."""
+
+    def __init__(
+        self, bin_dir: Path, port: int | None = None, settings: dict[str, str] | None = None
+    ) -> None:
         self.bin = bin_dir
         self.port = port or free_port()
+        self.settings = dict(settings or {})
         self.dir = Path(tempfile.mkdtemp(prefix="mgpu-pg-", dir="/tmp"))
         self.data = self.dir / "data"
         self.account: str | None = None
@@ -77,10 +87,82 @@ class PgServer:
         return self
 
     def _options(self) -> str:
+        settings = {"synchronous_commit": "off", **self.settings}
+        # pg_ctl hands -o to a shell
+        extra = "".join(f" -c {k}={shlex.quote(v)}" for k, v in settings.items())
         return (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            "-c full_page_writes=off -c max_connections=200" + extra
         )
+
+    # ---- streaming replication ------------------------------------------------------
+
+    def standby(self, synchronous: bool = False) -> PgServer:
+        """A hot standby of this (running) server, started: a base backup taken over the
+        replication protocol (`pg_basebackup -R -X stream`, which writes `standby.signal`
+        and `primary_conninfo` into the copy's `postgresql.auto.conf`), on its own port.
+
+        `synchronous`: then make this server wait for the standby at each commit
+        (`ALTER SYSTEM SET synchronous_standby_names = '*'`; give this server
+        `synchronous_commit=on` in `settings`), and return once the standby is in sync."""
+        import psycopg
+
+        other = PgServer(self.bin)
+        other._run(
+            str(self.bin / "pg_basebackup"), "-D", str(other.data), "-h", "127.0.0.1",
+            "-p", str(self.port), "-U", USER, "-R", "-X", "stream", "-c", "fast",
+            "--no-sync",
+        )  # fmt: skip
+        other.start()
+        if synchronous:
+            with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                conn.execute("SELECT pg_reload_conf()")
+                deadline = time.monotonic() + 60
+                while not conn.execute(
+                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'"
+                ).fetchone():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the standby did not become synchronous")
+                    time.sleep(0.05)
+        return other
+
+    def promote(self) -> None:
+        """Make this standby a primary (`pg_ctl promote -w`: returns once it takes writes)."""
+        self._pg_ctl("promote", "-w", "-t", "60")
+
+    def in_recovery(self) -> bool:
+        """True while this server is a standby (replaying the primary's WAL)."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
+    def wal_position(self) -> str:
+        """The primary's current WAL position (`pg_current_wal_lsn()`)."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def replayed(self, lsn: str) -> bool:
+        """Whether this standby has replayed the primary's WAL up to `lsn`."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
+        return bool(row and row[0])
+
+    @staticmethod
+    def multi_host_url(servers: list[PgServer], database: str = "postgres") -> str:
+        """One libpq URL naming every server, which connects to whichever takes writes
+        (`target_session_attrs=read-write`): what masters are given when the database
+        itself fails over (docs/HA.md)."""
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        return f"postgresql://{USER}@{hosts}/{database}?target_session_attrs=read-write"
 
     def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), *args, check=check)
