@@ -366,6 +366,34 @@ def test_a_second_master_reads_what_the_first_stored(pg_url: str) -> None:
         first.close_all()
 
 
+def test_a_new_leaders_follower_sees_what_an_agent_resends_after_it_read(pg_url: str) -> None:
+    """A follower on a new leader reads the job's stored rows to their end before the agent
+    reconnects; then the agent re-sends what the old leader never stored, and it is flushed
+    to the table before the follower looks again: the follower gets it all, once (the e2e
+    `logs -f` through a failover lost those lines)."""
+    first = PgOutputStore(pg_url, Fence())
+    first.append("j", "o", "line-1\n", "n1")
+    stored = threading.Event()
+    first.when_stored(stored.set)
+    assert stored.wait(30)
+    leader = PgOutputStore(pg_url, Fence())  # the first is killed: a new leader
+    try:
+        reader = leader.reader("j", 1)  # the follower has line-1
+        assert reader.step() is None  # the table read to its end
+        for i in range(2, 41):  # the agent's re-sent lines, then stored
+            leader.append("j", "o", f"line-{i}\n", "n1")
+        leader.flush()
+        got = b""
+        while (chunk := reader.step()) is not None:
+            got += chunk
+        assert [json.loads(x)["d"] for x in got.splitlines()] == [
+            f"line-{i}\n" for i in range(2, 41)
+        ]
+    finally:
+        leader.close_all()
+        first.close_all()
+
+
 def test_a_deposed_master_stores_nothing(pg_url: str, slow_flush: None) -> None:
     fence = Fence()
     with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -20,6 +20,7 @@ import time
 from typing import Any, TextIO
 
 from mgpu.client.api import Client, ConnectError, MgpuError
+from mgpu.client.resume import Resume, Rewind
 
 
 class LinePrefixer:
@@ -74,23 +75,28 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
     prefixer = LinePrefixer()
     prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
     escape = not raw and sys.stdout.isatty()
-    seen = 0  # output records printed: a reconnect asks for those after them
+    resume = Resume()  # what was printed: a reconnect asks for what comes after it
     tries = 0
     while True:
         try:
-            for rec in client.stream(job_id, follow=follow, since=seen):
+            for rec in client.stream(job_id, follow=follow, since=resume.since()):
                 if "d" in rec:
-                    seen += 1
                     tries = 0
-                    text = escape_output(rec["d"]) if escape else rec["d"]
+                    text = resume.take(rec)
+                    if text is None:
+                        continue
+                    text = escape_output(text) if escape else text
                     _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], text))
                 elif rec.get("end"):
                     return 0
             if not follow or client.show(job_id).get("state") not in ("queued", "running"):
                 return 0
             error: MgpuError = ConnectError("the master ended the stream early")
+        except Rewind:
+            continue
         except ConnectError as e:  # LostConnection too: the stream broke midway
             error = e
+        resume.reopen()
         tries += 1
         if tries > RESUME_TRIES:
             raise MgpuError(f"{error} (job {job_id} may still be running)") from None
@@ -114,7 +120,7 @@ def follow(
     prefixer = LinePrefixer()
     deadline = None if session_timeout is None else time.monotonic() + session_timeout
     silent = 0
-    seen = 0  # output records already printed, so a reconnect does not repeat them
+    resume = Resume()  # what was printed, so a reconnect neither repeats nor loses a line
     old_handler = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -124,7 +130,9 @@ def follow(
     try:
         while True:
             try:
-                records = client.stream(job_id, follow=True, read_timeout=max_wait_time, since=seen)
+                records = client.stream(
+                    job_id, follow=True, read_timeout=max_wait_time, since=resume.since()
+                )
                 for rec in records:
                     silent = 0
                     if deadline is not None and time.monotonic() > deadline:
@@ -135,12 +143,14 @@ def follow(
                         )
                         return 124
                     if "d" in rec:
-                        seen += 1
+                        text = resume.take(rec)
+                        if text is None:
+                            continue
                         status.clear()
                         if not prefixer.multi and rec.get("n"):
                             prefixer.multi = _is_multi_node(client, job_id)
                         out = sys.stdout if rec["s"] == "o" else sys.stderr
-                        _write(out, prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
+                        _write(out, prefixer.render(rec.get("n", ""), rec["s"], text))
                     elif rec.get("end"):
                         status.clear()
                         return _exit_code(rec, job_id)
@@ -151,7 +161,10 @@ def follow(
                 if job.get("state") in ("queued", "running"):  # ended early: the master went
                     raise ConnectError("the master ended the stream early")
                 return _exit_code(job, job_id)
+            except Rewind:
+                continue
             except MgpuError as e:
+                resume.reopen()
                 silent += 1
                 if silent >= max_consecutive_timeouts:
                     raise MgpuError(f"{e} (job {job_id} may still be running)") from None

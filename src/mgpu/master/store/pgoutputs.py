@@ -242,6 +242,7 @@ class PgOutputStore(OutputStore):
             job = _Job(0, 0, 0, 0, False, False, self.owner(job_id), resolved=False)
             with self._lock:
                 self._jobs[job_id] = job
+                self._moved(job_id)
                 self._unresolved.add(job_id)
             return job
         records, size, marked = row
@@ -249,6 +250,7 @@ class PgOutputStore(OutputStore):
         job = _Job(records, size, records, size, marked, full, self.owner(job_id))
         with self._lock:
             self._jobs[job_id] = job
+            self._moved(job_id)
             if full and not marked:
                 self._add(job_id, job, self._marker(node_id, True).rstrip(b"\n"), None, 0)
                 job.marked = True
@@ -304,6 +306,12 @@ class PgOutputStore(OutputStore):
     def _let_go(self, job_id: str) -> None:
         """A closed job whose records are all stored leaves memory (under the lock)."""
         del self._jobs[job_id]
+        self._moved(job_id)
+
+    def _moved(self, job_id: str) -> None:
+        """The job came into memory or left it (under the lock): a new stamp, so a reader
+        that found the table read out before looks again (a new leader's follower may have
+        read a job's rows before its agent re-sent the rest)."""
         self._stamp += 1
         self._left.pop(job_id, None)  # to the end: the oldest departures are dropped first
         self._left[job_id] = self._stamp
@@ -312,7 +320,7 @@ class PgOutputStore(OutputStore):
                 self._pruned = max(self._pruned, self._left.pop(old))
 
     def left_at(self, job_id: str) -> int:
-        """The job's last departure from memory, or a later stamp (see store/pgreader.py)."""
+        """The job's last move into or out of memory, or a later stamp (store/pgreader.py)."""
         with self._lock:
             return self._left.get(job_id, self._pruned)
 

@@ -21,15 +21,15 @@ class Rows(Protocol):
         """Stored records from `pos` on, a page at most."""
 
     def left_at(self, job_id: str) -> int:
-        """A stamp that changes when the job leaves the store's memory."""
+        """A stamp that changes when the job enters or leaves the store's memory."""
 
 
 class PgOutputReader(OutputReader):
     """Stored rows from record `start` on, a page at a time, then the master's buffer.
 
     Rows reach the table only from this master's buffers (one leader writes), and a job
-    leaves memory only once its rows are stored: so a job not in memory, whose rows were
-    read to their end and which has not left memory since, has nothing new.  That end is
+    leaves memory only once its rows are stored: so a job whose rows were read to their end
+    and which has neither entered nor left memory since has nothing new.  That end is
     found without the database, with no await before the return, as the file reader
     finds it (a follower then looks whether the job ended)."""
 
