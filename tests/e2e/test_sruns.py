@@ -134,6 +134,24 @@ echo done
     steps = sorted(x for x in lines if re.fullmatch(r"[AB]\d", x))
     assert len(steps) == 4 and {x[1] for x in steps} == {"2", "3"}  # refused: no step id
     assert lines[-1] == "done"
+    # Every step that ran is kept with the job, and sacct lists them after its batch step.
+    kept = cluster.client().show(job_id)["steps"]
+    shown = [(s["number"], s["name"], s["state"], s["exit_code"], s["ntasks"]) for s in kept]
+    assert shown[:2] == [(0, "sh", "failed", 4, 2), (1, "sh", "failed", 5, 2)]
+    assert sorted(shown[2:]) == [(2, "sh", "completed", 0, 2), (3, "sh", "completed", 0, 2)]
+    res = subprocess.run(
+        [str(BIN / "mgpu"), "sacct", "-j", job_id, "-P", "-n", "--format=JobID,State,ExitCode"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.stdout.splitlines()[:4] == [
+        f"{job_id}|COMPLETED|0:0",
+        f"{job_id}.batch|COMPLETED|0:0",
+        f"{job_id}.0|FAILED|4:0",
+        f"{job_id}.1|FAILED|5:0",
+    ], res.stderr
 
 
 def test_cancelling_a_batch_job_stops_its_steps(

@@ -34,6 +34,27 @@ def test_sacct_lists_a_batch_jobs_batch_step_after_it() -> None:
     ]
 
 
+def test_sacct_lists_the_srun_steps_a_job_ran_after_its_batch_step() -> None:
+    cols = fields.parse_fields(
+        "sacct", "JobID,JobName,Partition,AllocCPUS,State,ExitCode,NodeList", sacct.KNOWN
+    )
+    steps = [
+        {"number": 0, "name": "hostname", "start": NOW, "end": NOW + 1, "exit_code": 0,
+         "state": "completed", "nodes": ["n1", "n2"], "ntasks": 4},
+        {"number": 1, "name": "python", "start": NOW + 2, "end": NOW + 3, "exit_code": 3,
+         "state": "failed", "nodes": ["n1"], "ntasks": 1},
+    ]  # fmt: skip
+    done = job(state="completed", exit_code=0, slurm={"batch": True, "partition": "gpu"})
+    done["steps"] = steps
+    rows = [r for r in (done, sacct.batch_step(done), *sacct.step_rows(done)) if r]
+    assert fields.render_fields(cols, rows, False, "P") == [
+        "1234|a-long-job-name|gpu|1|COMPLETED|0:0|node001",
+        "1234.batch|batch||1|COMPLETED|0:0|node001",
+        "1234.0|hostname||4|COMPLETED|0:0|n[1-2]",
+        "1234.1|python||1|FAILED|3:0|n1",
+    ]
+
+
 def job(**over: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "id": "1234",

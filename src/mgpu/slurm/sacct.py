@@ -1,8 +1,8 @@
 """`sacct`: jobs in Slurm's accounting columns (`-j`, `-u`, `-a`, `--format/-o`, `-X`, `-n`,
 `-p`, `-P`, `--delimiter`, `-s`, `-S`, `-E`, `-b`, `-l`).  One line per job (array task);
-without `-X` a batch job that has started has its `ID.batch` line after it, as Slurm's.
-`srun` steps (`ID.0` ...) are not listed: the master keeps their ends only while the job
-runs."""
+without `-X` a batch job that has started has its `ID.batch` line after it, then a line
+for each `srun` step that ended (`ID.0`, `ID.1`, ...: kept with the job), as Slurm's.  A
+step still running is not listed."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ def _cpus(job: dict[str, Any]) -> str:
     if job.get("state") == "queued":
         return "0"
     block = common.slurm_block(job)
+    if job.get("_ntasks"):  # a step: its own tasks
+        return str(job["_ntasks"] * (block.get("cpus_per_task") or 1))
     nodes = int(_nnodes(job))
     tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * nodes
     return str(tasks * (block.get("cpus_per_task") or 1))
@@ -85,13 +87,43 @@ def batch_step(job: dict[str, Any]) -> dict[str, Any] | None:
     return {**job, BATCH_STEP: True}
 
 
+STEP = "_step"
+"""Marks the row of one of a job's srun steps (`ID.N`): its number."""
+
+
+def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row for each srun step the job ran (`Job.steps`): the job's, with the step's name,
+    state, exit code, times and nodes."""
+    return [
+        {
+            **job,
+            STEP: step.get("number", i),
+            "name": step.get("name") or "",
+            "state": step.get("state"),
+            "reason": None,
+            "exit_code": step.get("exit_code"),
+            "start_time": step.get("start"),
+            "end_time": step.get("end"),
+            "allocation": [{"node_id": node} for node in step.get("nodes") or ()],
+            "_ntasks": step.get("ntasks"),
+        }
+        for i, step in enumerate(job.get("steps") or ())
+    ]
+
+
+def _suffix(row: dict[str, Any]) -> str:
+    if row.get(BATCH_STEP):
+        return ".batch"
+    return f".{row[STEP]}" if row.get(STEP) is not None else ""
+
+
 def _step_id(getter: Any) -> Any:
-    return lambda j: getter(j) + (".batch" if j.get(BATCH_STEP) else "")
+    return lambda j: getter(j) + _suffix(j)
 
 
 def _job_level(getter: Any) -> Any:
-    """A column the batch step's line leaves empty (its job's line has it)."""
-    return lambda j: "" if j.get(BATCH_STEP) else getter(j)
+    """A column the steps' lines leave empty (their job's line has it)."""
+    return lambda j: "" if _suffix(j) else getter(j)
 
 
 KNOWN: dict[str, tuple[int, Any]] = {
@@ -213,7 +245,7 @@ def main(argv: list[str]) -> int:
     jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
     jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
     if "allocations" not in given:
-        jobs = [row for j in jobs for row in (j, batch_step(j)) if row is not None]
+        jobs = [row for j in jobs for row in (j, batch_step(j), *step_rows(j)) if row is not None]
     parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
     lines = fields.render_fields(
         columns, jobs, "noheader" not in given, parsable, given.get("delimiter") or "|"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 
 from mgpu import execspec
@@ -32,6 +33,10 @@ from mgpu.protocol import Launch
 from mgpu.slurmenv import task_env
 
 log = logging.getLogger("mgpu.master")
+
+STEPS_KEPT = 1000
+"""Ended steps kept with a job for sacct (a job that runs srun in a loop keeps its last
+ones: its record is written at every step's end)."""
 
 __all__ = ["SrunRequest", "Sruns", "TaskPlan", "plan_tasks"]
 
@@ -187,6 +192,7 @@ class Sruns:
         self.sessions = sessions
         self.config = config
         state.steps.on_task_end.append(self._task_ended)
+        state.steps.on_group_end.append(self._step_ended)
 
     def start(self, job_id: str, request: SrunRequest) -> tuple[TaskStep, list[str]]:
         """Start `request` in the running job `job_id`: the step and srun's warnings
@@ -216,8 +222,10 @@ class Sruns:
             if node is None or node.link is None:
                 raise Conflict(f"{job.allocation[rank].node_id} is not connected")
         node_ids = [job.allocation[r].node_id for r in plan.ranks]
-        group = self.state.steps.new_group(job.id, job.epoch, node_ids)
+        group = self.state.steps.new_group(job.id, job.epoch, node_ids, len(job.steps))
         group.kill_on_bad_exit = request.kill_on_bad_exit
+        group.name = os.path.basename(request.argv[0]) if request.argv else ""
+        group.start_time = self.state.clock.time()
         for step, rank, localid, gpu_ids in zip(
             group.tasks, plan.ranks, plan.localids, plan.gpu_ids, strict=True
         ):
@@ -280,6 +288,31 @@ class Sruns:
             if not task.done:
                 self.sessions.kill_step(task, "cancelled")
         return True
+
+    def _step_ended(self, group: TaskStep) -> None:
+        """Kept with its job (`Job.steps`), so that `sacct` lists it after the job ends, on
+        any master (Slurm's accounting keeps every step)."""
+        job = self.state.jobs.get(group.job_id) or self.uow.pending(group.job_id)
+        if job is None or job.state != JobState.RUNNING:
+            return
+        code = group.exit_code
+        cancelled = group.error is not None and "cancel" in group.error
+        state = "cancelled" if cancelled else "completed" if code == 0 else "failed"
+        hosts = list(dict.fromkeys(t.host or t.node_id for t in group.tasks))
+        job.steps.append(
+            {
+                "number": group.number,
+                "name": group.name,
+                "start": group.start_time,
+                "end": self.state.clock.time(),
+                "exit_code": code,
+                "state": state,
+                "nodes": hosts,
+                "ntasks": len(group.tasks),
+            }
+        )
+        del job.steps[:-STEPS_KEPT]
+        self.uow.persist(job)
 
     def _task_ended(self, task: Step) -> None:
         """--kill-on-bad-exit: the first task that fails stops the others."""

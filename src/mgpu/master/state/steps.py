@@ -79,6 +79,9 @@ class TaskStep:
     exit_code: int | None = None
     error: str | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    name: str = ""
+    """What it runs (its program's name: sacct's JobName)."""
+    start_time: float = 0.0
 
     @property
     def ended(self) -> bool:
@@ -103,6 +106,8 @@ class Steps:
         self._slurm_counter: dict[str, int] = {}
         self.on_task_end: list[Callable[[Step], None]] = []
         """Told when a task of a `TaskStep` ends (before the group's end, if it is the last)."""
+        self.on_group_end: list[Callable[[TaskStep], None]] = []
+        """Told when a `TaskStep` has ended (its exit code known), not when its job did."""
 
     def new(self, job_id: str, epoch: int, node_id: str) -> Step:
         n = self._counter.get(job_id, 0) + 1
@@ -111,11 +116,14 @@ class Steps:
         self.by_id[step.id] = step
         return step
 
-    def new_group(self, job_id: str, epoch: int, nodes: list[str]) -> TaskStep:
-        """A srun step of len(nodes) tasks, task T on nodes[T]."""
+    def new_group(
+        self, job_id: str, epoch: int, nodes: list[str], ended_before: int = 0
+    ) -> TaskStep:
+        """A srun step of len(nodes) tasks, task T on nodes[T].  `ended_before`: the job's
+        steps already stored as ended (a master that took over numbers on from there)."""
         n = self._counter.get(job_id, 0) + 1
         self._counter[job_id] = n
-        number = self._slurm_counter.get(job_id, 0)
+        number = max(self._slurm_counter.get(job_id, 0), ended_before)
         self._slurm_counter[job_id] = number + 1
         group = TaskStep(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, number=number)
         for task, node_id in enumerate(nodes):
@@ -141,6 +149,8 @@ class Steps:
             told(step)
         if group.ended:
             self._end_group(group)
+            for told_group in self.on_group_end:
+                told_group(group)
 
     def _end_group(self, group: TaskStep, error: str | None = None) -> None:
         codes = [t.exit_code for t in group.tasks]
