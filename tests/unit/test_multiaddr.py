@@ -121,6 +121,8 @@ class _Master(BaseHTTPRequestHandler):
 
 class Leader(_Master):
     posts: ClassVar[list[str]] = []
+    keys: ClassVar[list[str | None]] = []
+    """The Idempotency-Key of each POST."""
 
     def do_GET(self) -> None:
         self._answer(200, {"jobs": [], "nodes": []})
@@ -128,6 +130,7 @@ class Leader(_Master):
     def do_POST(self) -> None:
         self._body()
         type(self).posts.append(self.path)
+        type(self).keys.append(self.headers.get("Idempotency-Key"))
         self._answer(201, {"job_id": "1"})
 
 
@@ -160,11 +163,14 @@ class Dropper(_Master):
     """Reads the request, then closes the connection without an answer (a leader that died
     while it handled it)."""
 
+    keys: ClassVar[list[str | None]] = []
+
     def do_GET(self) -> None:
         self.close_connection = True
 
     def do_POST(self) -> None:
         self._body()
+        type(self).keys.append(self.headers.get("Idempotency-Key"))
         self.close_connection = True
 
 
@@ -227,20 +233,22 @@ def test_the_wait_is_bounded_and_ends_in_one_line(
     assert f"{dead}: connection refused" in text and f"{stand}: a standby, no leader" in text
 
 
-def test_a_stopped_leader_is_left_for_reads_only() -> None:
-    """A stopped master (SIGSTOP) takes connections and says nothing: a read asks the next
-    master after its timeout; a submit says so and is not sent again."""
-    Leader.posts = []
+def test_a_stopped_leader_is_left_for_the_next_master() -> None:
+    """A stopped master (SIGSTOP) takes connections and says nothing: a read, and a submit
+    (its idempotency key makes it safe to send again), ask the next master after the
+    timeout."""
+    Leader.posts, Leader.keys = [], []
     with socket.socket() as stopped, http_server(Leader) as leader:
         stopped.bind(("127.0.0.1", 0))
         stopped.listen(8)  # connections complete, nothing ever answers
         silent = f"127.0.0.1:{stopped.getsockname()[1]}"
         client = Client(f"http://{silent},{leader}", timeout=0.5)
-        with pytest.raises(api.NoAnswer, match="did not answer in time"):
-            client.submit("true", env={}, cwd="/")
-        assert Leader.posts == []
+        assert client.submit("true", env={}, cwd="/").id == "1"
+        assert Leader.posts == ["/api/jobs"] and Leader.keys[0]
         assert client.queue() == {"jobs": [], "nodes": []}
         assert client.address == leader
+        with pytest.raises(api.NoAnswer, match="did not answer in time"):
+            Client(f"http://{silent}", timeout=0.5).submit("true", env={}, cwd="/")
 
 
 def test_one_master_that_is_down_fails_at_once(dead: str) -> None:
@@ -261,17 +269,23 @@ def test_a_lone_standby_with_no_leader_is_waited_for_then_said(
         Client(stand).queue()
 
 
-def test_a_submit_whose_answer_was_lost_is_not_sent_again() -> None:
-    Leader.posts = []
+def test_a_submit_whose_answer_was_lost_is_sent_again_with_its_key() -> None:
+    """The master it reached may have made the job: sent again with the same key, the
+    next master answers with that job if it did (master/control/submitkeys.py)."""
+    Leader.posts, Leader.keys, Dropper.keys = [], [], []
     with http_server(Dropper) as dropper, http_server(Leader) as leader:
         client = Client(f"http://{dropper},{leader}")  # plain: no TLS tried on loopback
-        with pytest.raises(LostConnection, match="may or may not have done POST /api/jobs"):
-            client.submit("true", env={}, cwd="/")
-        assert Leader.posts == []
-        assert client.queue() == {"jobs": [], "nodes": []}  # a read is asked again
-        assert client.address == leader
-        client.submit("true", env={}, cwd="/")  # refused or standby: surely not received
+        assert client.submit("true", env={}, cwd="/").id == "1"
         assert Leader.posts == ["/api/jobs"]
+        assert Dropper.keys[-1] == Leader.keys[0] and len(Leader.keys[0] or "") == 32
+        assert client.address == leader
+        client.submit("true", env={}, cwd="/")
+        assert Leader.keys[1] != Leader.keys[0]  # each submit its own key
+    with (
+        http_server(Dropper) as alone,  # one master, gone: said, not hidden
+        pytest.raises(LostConnection, match="lost the connection"),
+    ):
+        Client(f"http://{alone}").submit("true", env={}, cwd="/")
 
 
 def test_a_submit_to_a_standby_goes_to_the_leader() -> None:

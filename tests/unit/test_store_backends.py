@@ -145,6 +145,21 @@ def test_node_secrets_are_kept_by_the_store(store: Store) -> None:
     assert secrets.forget("n1") and not secrets.known("n1") and not secrets.forget("n1")
 
 
+def test_a_submits_idempotency_key_is_stored_with_its_job(store: Store) -> None:
+    """In the job's own transaction: a master that takes over knows what the key made."""
+    job = master_job("101")
+    store.save_jobs([job], events=[("submit", "alice", None, "101")], keys=[("k" * 32, "101")])
+    template = master_job("102")
+    store.save_array(template, [0, 1], None, ("submit", "alice", None, "102"), key="a" * 32)
+    assert store.job_of_submit_key("k" * 32) == "101"
+    assert store.job_of_submit_key("a" * 32) == "102"
+    assert store.job_of_submit_key("b" * 32) is None
+    assert store.delete_submit_keys_before(0.0, 10) == 0  # both are newer
+    assert store.delete_submit_keys_before(float("inf"), 1) == 1  # a slice at a time
+    assert store.delete_submit_keys_before(float("inf"), 10) == 1
+    assert store.job_of_submit_key("k" * 32) is None and store.get_job("101") is not None
+
+
 # ---- fencing (PostgreSQL) ---------------------------------------------------------------
 
 

@@ -29,6 +29,9 @@ WAIT_BATCH = 1000
 MAX_IDLE_CONNECTIONS = 8
 """Idle keep-alive connections a Client keeps; more threads than this open and close."""
 
+SUBMIT_PATH = "/api/jobs"
+"""Where jobs are submitted (each submit carries its own idempotency key)."""
+
 
 class ConnectError(MgpuError):
     pass
@@ -440,13 +443,25 @@ class Client:
     ) -> Any:
         data = None if body is None else json.dumps(body).encode()
         safe = method == "GET" or path == "/api/wait"  # reads: asked again, no harm done
+        headers = None
+        if method == "POST" and path == SUBMIT_PATH:
+            # Sent again after a lost answer (a failover), the same key makes no second job.
+            headers = {"Idempotency-Key": os.urandom(16).hex()}
+            safe = True
         return self._through_leader(
-            lambda: self._exchange(method, path, data, timeout),
+            lambda: self._exchange(method, path, data, timeout, headers),
             safe,
             f"{method} {path.partition('?')[0]}",
         )
 
-    def _exchange(self, method: str, path: str, data: bytes | None, timeout: float | None) -> Any:
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        timeout: float | None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         """One request to the master at hand (a kept-alive connection the master closed
         meanwhile: once more on a new one); its decoded answer.  Once a request went out
         and its answer was lost, any failure after is a LostConnection: it may be done."""
@@ -463,7 +478,7 @@ class Client:
                     raise self._broken(lost, "did not answer in time") from None
                 raise
             try:
-                resp = conn.request(method, path, data, self._headers())
+                resp = conn.request(method, path, data, {**self._headers(), **(headers or {})})
                 raw = resp.read()
             except OSError as e:
                 conn.close()
@@ -563,7 +578,7 @@ class Client:
                     "not passed to the job (name or value not UTF-8, or not a variable "
                     f"name): {_names(skipped)}"
                 )
-        out = self._request("POST", "/api/jobs", body)
+        out = self._request("POST", SUBMIT_PATH, body)
         dropped = [str(n) for n in out.get("dropped_env") or ()]
         if inherited:
             # Set by mgpu for the client (MGPU_MASTER, MGPU_TOKEN), or, inside a job, by

@@ -34,7 +34,6 @@ import getpass
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from mgpu import spec as specs
@@ -56,7 +55,8 @@ from mgpu.master.control.reservations import public as public_reservation
 from mgpu.master.control.retention import Retention
 from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
-from mgpu.master.control.submit import JobSpec, SubmitError
+from mgpu.master.control.submit import JobSpec, SubmitError, SubmitResult
+from mgpu.master.control.submitkeys import Made, SubmitKeys
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause
@@ -81,16 +81,6 @@ from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
 log = logging.getLogger("mgpu.master")
 
 __all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
-
-
-@dataclass
-class SubmitResult:
-    job_id: str
-    task_ids: tuple[str, ...] | None = None
-    dropped_env: list[str] = field(default_factory=list)
-    """Reserved names in the submitted environment, not passed to the job."""
-    warnings: list[str] = field(default_factory=list)
-    """Lines about what was asked for and ignored (an unknown partition)."""
 
 
 class Cluster(Reads):
@@ -166,6 +156,7 @@ class Cluster(Reads):
         self._submit_defaults = SubmitDefaults.from_config(config.scheduling, config)
         self._ids_in_admission: set[str] = set()
         self.submits = SubmitBatch(store)
+        self.submit_keys = SubmitKeys(store)
         self._unjudged: set[str] = set()
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
@@ -220,6 +211,29 @@ class Cluster(Reads):
         user: str | None,
         address: str | None = None,
         allow_root: bool = False,
+        key: str | None = None,
+    ) -> SubmitResult:
+        """`_submit`; with an idempotency `key` (control/submitkeys.py), once per key: a
+        submit sent again gets the job the first one made."""
+        if key is None:
+            return await self._submit(spec, user, address, allow_root)
+        made: list[SubmitResult] = []
+
+        async def make() -> Made:
+            made.append(await self._submit(spec, user, address, allow_root, key))
+            return made[0].job_id, made[0].task_ids
+
+        earlier = await self.submit_keys.once(key, user or self.default_user, make)
+        warnings = submit_warnings(spec, self._submit_defaults)
+        return made[0] if made else SubmitResult(*earlier, spec.dropped_env, warnings)
+
+    async def _submit(
+        self,
+        spec: JobSpec,
+        user: str | None,
+        address: str | None,
+        allow_root: bool,
+        key: str | None = None,
     ) -> SubmitResult:
         """Build, admit, store: raises SubmitError with one sentence, storing nothing.
         allow_root: the submitter's grant (root_grant), recorded on every job.
@@ -278,10 +292,11 @@ class Cluster(Reads):
             self.state.wake()
 
         if array is None:
-            await self.submits.write(jobs, event, known)  # this turn's submits: one commit
+            await self.submits.write(jobs, event, known, key)  # this turn's: one commit
         else:
             try:
-                self.store.save_array(template, list(array.indices), array.max_running, event)
+                indices = list(array.indices)
+                self.store.save_array(template, indices, array.max_running, event, key)
             except BaseException:
                 for job in jobs:
                     self.loop.forget(job)

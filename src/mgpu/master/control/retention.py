@@ -2,11 +2,12 @@
 
 `retention:` in the cluster config (days; None keeps for ever): the output files of jobs
 that ended `output_days` ago, the rows of jobs that ended `jobs_days` ago (their file goes
-with them) and audit events `audit_days` old.  `run` prunes every PRUNE_INTERVAL; each
-slice (`prune_slice`) deletes at most SLICE rows or files and the task waits for a bulk
-turn between slices (`runtime.turns.bulk_turn`), so no long loop holds the event loop
-however much is due.  Output pruning walks the ended jobs by end time from a cursor kept
-in the store's meta table (OUTPUTS_CURSOR), so a restart does not walk them all again.
+with them) and audit events `audit_days` old; submits' idempotency keys after a day. `run`
+prunes every PRUNE_INTERVAL; each slice (`prune_slice`) deletes at most SLICE rows or files
+and the task waits for a bulk turn between slices (`runtime.turns.bulk_turn`), so no long
+loop holds the event loop however much is due. Output pruning walks the ended jobs by end
+time from a cursor kept in the store's meta table (OUTPUTS_CURSOR), so a restart does not
+walk them all again.
 
 This task also wires the per-user output cap (`limits.max_output_per_user`,
 store/outputs.py): at start, the output files already on disk are sized in one directory
@@ -21,6 +22,7 @@ import logging
 from collections.abc import Mapping
 
 from mgpu.config import ClusterConfig
+from mgpu.master.control import submitkeys
 from mgpu.master.runtime.clock import Clock
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.store.base import Store
@@ -103,4 +105,5 @@ class Retention:
             more |= len(gone) == SLICE
         if p.audit_days is not None:
             more |= self.store.delete_events_before(now - p.audit_days * DAY, SLICE) == SLICE
+        more |= self.store.delete_submit_keys_before(now - submitkeys.KEPT_S, SLICE) == SLICE
         return more

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -55,6 +55,16 @@ __all__ = [
 
 class SubmitError(ValueError):
     """A request that is refused at submit; the message is one sentence for the user."""
+
+
+@dataclass
+class SubmitResult:
+    job_id: str
+    task_ids: tuple[str, ...] | None = None
+    dropped_env: list[str] = field(default_factory=list)
+    """Reserved names in the submitted environment, not passed to the job."""
+    warnings: list[str] = field(default_factory=list)
+    """Lines about what was asked for and ignored (an unknown partition)."""
 
 
 def _named(option: str, parse: Callable[[str], T], text: str) -> T:

@@ -93,7 +93,8 @@ def install_submit(app: FastAPI) -> None:
             raise NotAllowed(f"{why} may submit as {user}", "submit")
         address = client_address(request)
         try:
-            result = await cl.submit(spec, user, address=address, allow_root=grant)
+            key = request.headers.get("idempotency-key")  # the same submit sent again
+            result = await cl.submit(spec, user, address=address, allow_root=grant, key=key)
         except SubmitError as e:
             cl.audit("submit_refused", user, address, detail=str(e))
             raise

@@ -60,9 +60,10 @@ that stores the job, so an id shown to anyone is never handed out again (a resta
 crash).  An id handed out for a submit that was refused or never written may be given
 again: nobody saw it."""
 
-SCHEMA_VERSION = 1
-"""The schema this mgpu writes; each backend migrates an older database up to it at open
-(`schema_version` table).  A database from before versions existed counts as version 0."""
+SCHEMA_VERSION = 2
+"""The schema this mgpu writes (2 added `submit_keys`); each backend migrates an older
+database up to it at open (`schema_version` table).  A database from before versions
+existed counts as version 0."""
 
 Event = tuple[str, str | None, str | None, str]
 """An audit event written with jobs: (kind, actor, address, target)."""
@@ -213,10 +214,12 @@ class Store(ABC):
         detail: str | None = None,
         meta: tuple[str, str] | None = None,
         events: Sequence[Event] = (),
+        keys: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Write jobs in one transaction (a whole array is stored or nothing), with an
         optional audit event (kind, actor, address, target; detail), more `events` without
-        a detail, and a meta value (key, value) in the same one: one commit, not one each.
+        a detail, a meta value (key, value) and submits' idempotency `keys` (key, job id)
+        in the same one: one commit, not one each.
         A job's first row keeps its place (`seq`): submit order for the queue."""
 
     def _remember_ended(self, jobs: list[Job]) -> None:
@@ -231,10 +234,25 @@ class Store(ABC):
 
     @abstractmethod
     def save_array(
-        self, template: Job, indices: list[int], max_running: int | None, event: Event | None = None
+        self,
+        template: Job,
+        indices: list[int],
+        max_running: int | None,
+        event: Event | None = None,
+        key: str | None = None,
     ) -> None:
         """Store an array as one row (`mgpu.master.store.arrays`): its tasks are the template at
-        each index until they change; with the audit event, in one transaction."""
+        each index until they change; with the audit event and the submit's idempotency
+        `key`, in one transaction."""
+
+    @abstractmethod
+    def job_of_submit_key(self, key: str) -> str | None:
+        """The job a submit with this idempotency key stored (None: none did, or it was
+        pruned): a client that lost the answer and asks again gets that job, not a new one."""
+
+    @abstractmethod
+    def delete_submit_keys_before(self, before: float, limit: int) -> int:
+        """Forget up to `limit` idempotency keys stored before `before`; how many went."""
 
     @abstractmethod
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:

@@ -142,7 +142,19 @@ def _migrate_to_1(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: tuple[Callable[[psycopg.Connection[Any]], None], ...] = (_migrate_to_1,)
+SUBMIT_KEYS = (
+    'CREATE TABLE IF NOT EXISTS submit_keys (key TEXT COLLATE "C" PRIMARY KEY, '
+    "job_id TEXT NOT NULL, time DOUBLE PRECISION NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS submit_keys_time ON submit_keys(time)",
+)
+
+
+def _migrate_to_2(conn: psycopg.Connection[Any]) -> None:
+    for statement in SUBMIT_KEYS:
+        conn.execute(statement)
+
+
+MIGRATIONS: tuple[Callable[[psycopg.Connection[Any]], None], ...] = (_migrate_to_1, _migrate_to_2)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 
@@ -386,6 +398,7 @@ class PostgresStore(Store):
         detail: str | None = None,
         meta: tuple[str, str] | None = None,
         events: Sequence[Event] = (),
+        keys: Sequence[tuple[str, str]] = (),
     ) -> None:
         rows = self._job_rows(jobs)
         top = self._top_id(jobs)
@@ -395,13 +408,26 @@ class PostgresStore(Store):
         all_events: list[tuple[Any, ...]] = [(now, *e, None) for e in events]
         if event is not None:
             all_events.insert(0, (now, *event, detail))
+        key_rows = [(key, job_id, now) for key, job_id in keys]
 
-        self._write_rows([(_UPSERT_JOB, rows), (_EVENT, all_events), (_SET_META, metas)])
+        self._write_rows(
+            [
+                (_UPSERT_JOB, rows),
+                (_EVENT, all_events),
+                (_SET_META, metas),
+                (_SUBMIT_KEY, key_rows),
+            ]
+        )
         self._counted(top)
         self._remember_ended(jobs)
 
     def save_array(
-        self, template: Job, indices: list[int], max_running: int | None, event: Event | None = None
+        self,
+        template: Job,
+        indices: list[int],
+        max_running: int | None,
+        event: Event | None = None,
+        key: str | None = None,
     ) -> None:
         self._seq += 1
         seq = self._seq
@@ -426,6 +452,8 @@ class PostgresStore(Store):
                 )
             if top is not None:
                 c.execute(_SET_META, (LAST_JOB_ID, str(top)))
+            if key is not None:
+                c.execute(_SUBMIT_KEY, (key, template.id, now))
 
         self._write(work)
         self._counted(top)
@@ -637,6 +665,21 @@ class PostgresStore(Store):
             self._ended.pop(job_id, None)
         return rows
 
+    def job_of_submit_key(self, key: str) -> str | None:
+        row = self._one("SELECT job_id FROM submit_keys WHERE key=%s", (key,))
+        return None if row is None else str(row[0])
+
+    def delete_submit_keys_before(self, before: float, limit: int) -> int:
+        return self._write_one(
+            lambda c: (
+                c.execute(
+                    "DELETE FROM submit_keys WHERE key IN "
+                    "(SELECT key FROM submit_keys WHERE time < %s ORDER BY time LIMIT %s)",
+                    (before, limit),
+                ).rowcount
+            )
+        )
+
     def delete_events_before(self, before: float, limit: int) -> int:
         return self._write_one(
             lambda c: (
@@ -802,3 +845,4 @@ _SET_META = (
     "ON CONFLICT(key) DO UPDATE SET value=excluded.value"
 )
 _EVENT = "INSERT INTO events(time, kind, actor, address, target, detail) VALUES (%s,%s,%s,%s,%s,%s)"
+_SUBMIT_KEY = "INSERT INTO submit_keys(key, job_id, time) VALUES (%s,%s,%s)"

@@ -106,7 +106,19 @@ def _migrate_to_1(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE tokens ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS = (_migrate_to_1,)
+SUBMIT_KEYS = (
+    "CREATE TABLE IF NOT EXISTS submit_keys "
+    "(key TEXT PRIMARY KEY, job_id TEXT NOT NULL, time REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS submit_keys_time ON submit_keys(time)",
+)
+
+
+def _migrate_to_2(db: sqlite3.Connection) -> None:
+    for statement in SUBMIT_KEYS:
+        db.execute(statement)
+
+
+MIGRATIONS = (_migrate_to_1, _migrate_to_2)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 
@@ -199,10 +211,17 @@ class SqliteStore(Store):
         detail: str | None = None,
         meta: tuple[str, str] | None = None,
         events: Sequence[Event] = (),
+        keys: Sequence[tuple[str, str]] = (),
     ) -> None:
         rows = self._job_rows(jobs)
         top = self._top_id(jobs)
         with self._tx():
+            if keys:
+                now = time.time()
+                self.db.executemany(
+                    "INSERT INTO submit_keys(key, job_id, time) VALUES (?,?,?)",
+                    [(key, job_id, now) for key, job_id in keys],
+                )
             # seq keeps the first insert's order: it is submit order for the queue.
             self.db.executemany(
                 "INSERT INTO jobs(id, seq, state, user, submit_time, end_time, record) "
@@ -226,13 +245,23 @@ class SqliteStore(Store):
         self._remember_ended(jobs)
 
     def save_array(
-        self, template: Job, indices: list[int], max_running: int | None, event: Event | None = None
+        self,
+        template: Job,
+        indices: list[int],
+        max_running: int | None,
+        event: Event | None = None,
+        key: str | None = None,
     ) -> None:
         self._seq += 1
         seq = self._seq
         record = json.dumps(template.to_record(), separators=(",", ":"))
         top = self._top_id([template], max(indices, default=0))
         with self._tx():
+            if key is not None:
+                self.db.execute(
+                    "INSERT INTO submit_keys(key, job_id, time) VALUES (?,?,?)",
+                    (key, template.id, time.time()),
+                )
             self.db.execute(
                 "INSERT INTO arrays(id, seq, active, indices, max_running, record) "
                 "VALUES (?,?,1,?,?,?)",
@@ -470,6 +499,19 @@ class SqliteStore(Store):
         for job_id, _ in rows:
             self._ended.pop(job_id, None)
         return rows
+
+    def job_of_submit_key(self, key: str) -> str | None:
+        row = self.db.execute("SELECT job_id FROM submit_keys WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def delete_submit_keys_before(self, before: float, limit: int) -> int:
+        with self._tx():
+            cur = self.db.execute(
+                "DELETE FROM submit_keys WHERE key IN "
+                "(SELECT key FROM submit_keys WHERE time < ? ORDER BY time LIMIT ?)",
+                (before, limit),
+            )
+        return int(cur.rowcount)
 
     def delete_events_before(self, before: float, limit: int) -> int:
         with self._tx():

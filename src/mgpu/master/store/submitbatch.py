@@ -31,31 +31,41 @@ class SubmitBatch:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._batch: list[tuple[list[Job], Event, Callable[[], None], asyncio.Future[None]]] = []
+        self._keys: list[tuple[str, str]] = []
+        """The batch's submits' idempotency keys (key, job id)."""
         self.ids: set[str] = set()
         """Ids of jobs queued for the next write: taken, though not in the store yet."""
 
-    async def write(self, jobs: list[Job], event: Event, then: Callable[[], None]) -> None:
-        """Store `jobs` with `event` (this turn's batch, one transaction), then `then()`."""
+    async def write(
+        self, jobs: list[Job], event: Event, then: Callable[[], None], key: str | None = None
+    ) -> None:
+        """Store `jobs` with `event` (this turn's batch, one transaction), then `then()`.
+        `key`: the submit's idempotency key, stored with them for its first job."""
+        keys = [] if key is None or not jobs else [(key, jobs[0].id)]
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.store.save_jobs(jobs, event=event)
+            self.store.save_jobs(jobs, event=event, keys=keys)
             then()
             return
         done: asyncio.Future[None] = loop.create_future()
         if not self._batch:
             loop.call_soon(self.flush)
         self._batch.append((jobs, event, then, done))
+        self._keys += keys
         self.ids.update(job.id for job in jobs)
         await done
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []
+        keys, self._keys = self._keys, []
         if not batch:
             return
         try:
             self.store.save_jobs(
-                [job for jobs, *_ in batch for job in jobs], events=[b[1] for b in batch]
+                [job for jobs, *_ in batch for job in jobs],
+                events=[b[1] for b in batch],
+                keys=keys,
             )
         except Exception as e:
             for _, _, _, done in batch:
