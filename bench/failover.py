@@ -50,7 +50,6 @@ import os
 import platform
 import random
 import re
-import statistics
 import sys
 import tempfile
 import threading
@@ -63,6 +62,8 @@ from typing import Any
 
 # tests/pgserver.py (the server the tests start) and tests/hacluster.py (the masters)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from chaos import stats  # bench/: the same figures of a list of times
 
 import pgserver
 from hacluster import HaCluster
@@ -84,17 +85,6 @@ networking:
   timeout: {TIMEOUT}
 """
 PG_SETTINGS = {"synchronous_commit": "on", "fsync": "on", "full_page_writes": "on"}
-
-
-def stats(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "n": len(values),
-        "min": round(min(values), 3),
-        "median": round(statistics.median(values), 3),
-        "max": round(max(values), 3),
-    }
 
 
 def start_agents(cluster: LocalCluster) -> None:
