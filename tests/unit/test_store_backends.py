@@ -160,6 +160,14 @@ def test_a_submits_idempotency_key_is_stored_with_its_job(store: Store) -> None:
     assert store.job_of_submit_key("k" * 32) is None and store.get_job("101") is not None
 
 
+def test_a_task_number_past_any_integer_finds_the_highest_array(store: Store) -> None:
+    """`mgpu show 9223372036854775808` (a number past SQLite's integers): an answer, not a
+    500 (the API fuzz found it)."""
+    assert store.array_below(2**63) is None
+    store.save_array(master_job("100"), [0, 1], None)
+    assert store.array_below(2**63) == store.array_below(2**70) == "100"
+
+
 # ---- fencing (PostgreSQL) ---------------------------------------------------------------
 
 

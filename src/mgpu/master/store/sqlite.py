@@ -93,6 +93,9 @@ dir keeps its rows), with the token grant columns added below."""
 GRANT_COLUMNS = ("owner", "allow_root")
 """Token columns added after the first release: ALTER TABLE for state dirs made before."""
 
+SQLITE_MAX_INT = 2**63 - 1
+"""The largest integer SQLite binds (a larger one raises OverflowError)."""
+
 MEMORY = ":memory:"
 """A store that lives in memory only (the controller tests)."""
 
@@ -318,6 +321,7 @@ class SqliteStore(Store):
         return row is not None
 
     def array_below(self, number: int) -> str | None:
+        number = min(number, SQLITE_MAX_INT)  # a bigger one is below no stored id either
         row = self.db.execute(
             "SELECT id FROM arrays WHERE id GLOB '[1-9]*' AND id NOT GLOB '*[^0-9]*' "
             "AND CAST(id AS INTEGER) < ? ORDER BY CAST(id AS INTEGER) DESC LIMIT 1",
