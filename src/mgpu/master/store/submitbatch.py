@@ -23,16 +23,19 @@ from mgpu.model import Job
 
 __all__ = ["SubmitBatch"]
 
+Keys = list[tuple[str, str]]
+"""A submit's idempotency key with its first job's id (none, or one)."""
 Event = tuple[str, str | None, str | None, str]
 """The submit's audit event: (kind, actor, address, target)."""
+Entry = tuple[list[Job], Event, Keys, Callable[[], None], "asyncio.Future[None]"]
+"""A submit waiting for the turn's write: its jobs, event, key, what makes them known, and
+the future it waits on."""
 
 
 class SubmitBatch:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._batch: list[tuple[list[Job], Event, Callable[[], None], asyncio.Future[None]]] = []
-        self._keys: list[tuple[str, str]] = []
-        """The batch's submits' idempotency keys (key, job id)."""
+        self._batch: list[Entry] = []
         self.ids: set[str] = set()
         """Ids of jobs queued for the next write: taken, though not in the store yet."""
 
@@ -51,30 +54,28 @@ class SubmitBatch:
         done: asyncio.Future[None] = loop.create_future()
         if not self._batch:
             loop.call_soon(self.flush)
-        self._batch.append((jobs, event, then, done))
-        self._keys += keys
+        self._batch.append((jobs, event, keys, then, done))
         self.ids.update(job.id for job in jobs)
         await done
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []
-        keys, self._keys = self._keys, []
         if not batch:
             return
         try:
             self.store.save_jobs(
                 [job for jobs, *_ in batch for job in jobs],
                 events=[b[1] for b in batch],
-                keys=keys,
+                keys=[key for b in batch for key in b[2]],
             )
         except Exception as e:
-            for _, _, _, done in batch:
+            for *_, done in batch:
                 if not done.done():
                     done.set_exception(e)
             return
         finally:
             self.ids.clear()
-        for _, _, then, done in batch:
+        for *_, then, done in batch:
             try:
                 then()
             except Exception as e:  # this submit's bug: the others of the batch go on
