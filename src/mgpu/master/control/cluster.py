@@ -30,6 +30,7 @@ loop, so there is no locking.
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import logging
 import time
@@ -216,16 +217,12 @@ class Cluster(Reads):
         """`_submit`; with an idempotency `key` (control/submitkeys.py), once per key: a
         submit sent again gets the job the first one made."""
         if key is None:
-            return await self._submit(spec, user, address, allow_root)
-        made: list[SubmitResult] = []
-
-        async def make() -> Made:
-            made.append(await self._submit(spec, user, address, allow_root, key))
-            return made[0].job_id, made[0].task_ids
-
-        earlier = await self.submit_keys.once(key, user or self.default_user, make)
+            made = await self._submit(spec, user, address, allow_root)
+        else:
+            make = functools.partial(self._submit, spec, user, address, allow_root, key)
+            made = await self.submit_keys.once(key, user or self.default_user, make)
         warnings = submit_warnings(spec, self._submit_defaults)
-        return made[0] if made else SubmitResult(*earlier, spec.dropped_env, warnings)
+        return SubmitResult(*made, spec.dropped_env, warnings)
 
     async def _submit(
         self,
@@ -234,8 +231,9 @@ class Cluster(Reads):
         address: str | None,
         allow_root: bool,
         key: str | None = None,
-    ) -> SubmitResult:
-        """Build, admit, store: raises SubmitError with one sentence, storing nothing.
+    ) -> Made:
+        """Build, admit, store (the job's id, an array's task ids): raises SubmitError with
+        one sentence, storing nothing.
         allow_root: the submitter's grant (root_grant), recorded on every job.
 
         An array is stored as one row (`mgpu.master.store.arrays`), so a submit of 100,000 tasks
@@ -305,9 +303,7 @@ class Cluster(Reads):
             # Told to the quick passes a few thousand a turn: they look at each one told.
             await in_slices(jobs, self.loop.queued, most=QUEUED_PER_TURN)
             self.state.wake()
-        task_ids = tuple(j.id for j in jobs) if array is not None else None
-        warnings = submit_warnings(spec, self._submit_defaults)
-        return SubmitResult(base_id, task_ids, spec.dropped_env, warnings)
+        return base_id, (tuple(j.id for j in jobs) if array is not None else None)
 
     def admission_context(self, cached: bool = False) -> AdmissionContext:
         """What admission judges a job against now.  `cached`: the loop's request cache
