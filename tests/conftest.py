@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +17,47 @@ import pgserver
 from helpers import LocalCluster, local_cluster
 from netns_fixtures import virtual_cluster  # noqa: F401
 from pgserver import PgServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _untracked() -> set[str] | None:
+    """The files in the checkout git does not know and does not ignore (None: not a git
+    checkout, or no git)."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "ls-files", "--others", "--exclude-standard", "-z"],
+            capture_output=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {name for name in out.decode(errors="replace").split("\0") if name}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller only, under xdist
+        session.config.stash[_UNTRACKED] = _untracked()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Every test writes under its own temp dir: a file a test run left in the checkout (a
+    job's `slurm-N.out` from a submit whose directory was the checkout) fails the run."""
+    before = session.config.stash.get(_UNTRACKED, None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    after = _untracked() or set()
+    stray = sorted(after - before)
+    if stray:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests left files in the checkout: {', '.join(stray[:10])}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_UNTRACKED = pytest.StashKey[set[str] | None]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
