@@ -64,5 +64,7 @@ def test_a_hold_is_measured_even_when_it_begins_in_an_idle_stretch() -> None:
 
     asyncio.run(scenario())
     # The hold, less the part of an idle interval that had passed when it began; never
-    # the idle sleeps around it (slack for a busy machine's scheduling).
-    assert held - IDLE_INTERVAL - 0.01 <= lag.max < held + 0.25
+    # the idle sleeps around it (generous slack: a loaded machine may wake the loop late).
+    assert held - IDLE_INTERVAL - 0.01 <= lag.max < held + 2.0
+    # Its CPU time is the loop thread's own: about the burn, not the wall clock around it.
+    assert 0.2 <= lag.running_max < held + 0.5

@@ -7,6 +7,9 @@ Prometheus histogram (`mgpu_event_loop_hold_seconds`) and the longest one since 
 gauge (`mgpu_event_loop_hold_max_seconds`), both in /metrics; a hold of `SLOW` or more is
 logged with its time and how much of it the loop's thread spent running (its CPU time):
 the rest it waited, for a CPU on a busy machine or for the GIL held by a worker thread.
+The most CPU time of one hold is a gauge too (`mgpu_event_loop_hold_running_max_seconds`):
+what the loop's own work cost, which a loaded machine does not stretch (tests bound it;
+the wall-clock figures are the benchmarks').
 A request that queues behind others (a flood of connections) shows as latency elsewhere;
 a callback that holds the loop shows here.
 
@@ -55,7 +58,14 @@ class LoopLag:
             "The longest the event loop was held since the master started",
             registry=self.registry,
         )
+        self.running_longest = Gauge(
+            "mgpu_event_loop_hold_running_max_seconds",
+            "The most CPU time the loop's thread spent in one hold since the master started "
+            "(a hold's share that was not waiting for a CPU)",
+            registry=self.registry,
+        )
         self.max = 0.0
+        self.running_max = 0.0
 
     def observe(self, held: float, running: float | None = None) -> None:
         self.holds.observe(held)
@@ -65,6 +75,9 @@ class LoopLag:
         if held > self.max:
             self.max = held
             self.longest.set(held)
+        if running is not None and running > self.running_max:
+            self.running_max = running
+            self.running_longest.set(running)
 
     async def run(self) -> None:
         clock, cpu = time.perf_counter, time.thread_time
