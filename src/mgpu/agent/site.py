@@ -39,8 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mgpu.agent import bindmount, containers, privileged
-from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
+from mgpu.agent import bindmount, containers, jobenv, privileged
+from mgpu.agent.gpus import GpuInfo
+from mgpu.agent.launcher import JobError, Launcher, LaunchError, LaunchRequest, Running
+from mgpu.agent.launchsteps import UserIds
 from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
 
@@ -319,6 +321,14 @@ class SiteHooks:
         keep = {os.path.basename(self._mount_path(*key)) for key in runs}
         for name in bindmount.sweep(str(self.launcher.spool), keep):
             log.info("unmounted a leftover working directory %s", name)
+
+    def request(
+        self, msg: Launch, env: dict[str, str], user: UserIds | None, gpus: list[GpuInfo]
+    ) -> LaunchRequest:
+        """The run of `msg` to start, for its user `user` (mgpu.agent.jobenv.run_as): its
+        command line, environment and ids wrapped by `wrap` (a container)."""
+        argv, env, ids, note = self.wrap(msg, env, user)
+        return jobenv.launch_request(msg, argv, env, ids, note, gpus)
 
     def wrap(
         self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
