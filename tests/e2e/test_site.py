@@ -778,3 +778,88 @@ def test_real_podman_job_of_another_user_gets_its_pinned_directory(
     assert admin.wait(long.id, timeout=30)["state"] == "cancelled"
     assert not point.exists() and not bindmount.mounted(str(point))
     assert sorted(os.listdir(exp)) == ["made.txt", "mine.txt"]  # unmounting removed nothing
+
+
+# ---- a root runtime never opens or runs what the user names ---------------------------
+# docker and rootful podman run as the agent (root), keeping the job's uid inside with
+# `--user`.  What a job's user names outside the container (a batch job's -o/-e files, a
+# job script, the submit directory) must never be opened or run with the runtime's ids.
+
+STAND_IN = """#!/bin/sh
+# A stand-in for rootful podman where no runtime runs: every image is present; `run`
+# records the uid and directory it was started with, and runs nothing.
+case $1 in
+  --version) echo "podman version 0.0-stand-in" ;;
+  run) echo "$(id -u) $(pwd)" >> {log} ;;
+esac
+"""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root agent runs the runtime")
+
+
+@pytest.fixture(params=["stand-in", "podman"])
+def rootful(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str], str]:
+    """(runtime executable, what the agent's environment adds, an image it has): the
+    stand-in runtime, and the machine's real rootful podman (skipped where it cannot run)."""
+    if request.param == "podman":
+        conf: Path = request.getfixturevalue("podman_conf")
+        return shutil.which("podman") or "podman", {"CONTAINERS_CONF": str(conf)}, BUSYBOX_IMAGE
+    fakebin = tmp_path / "stand-in"
+    fakebin.mkdir()
+    script(fakebin / "podman", STAND_IN.format(log=tmp_path / "stand-in-runs"))
+    return str(fakebin / "podman"), {}, "localhost/any:1"
+
+
+@pytest.fixture
+def user_tree() -> Iterator[Path]:
+    """/tmp/X (0755): `work`, the job user's (nobody's) submit dir, and `root-only` (0700),
+    where nobody may create a file but root may."""
+    top = Path(tempfile.mkdtemp(prefix="mgpu-test-"))
+    top.chmod(0o755)
+    (top / "work").mkdir()
+    os.chown(top / "work", 65534, 65534)
+    (top / "root-only").mkdir(mode=0o700)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+BATCH_IN_IMAGE = (
+    "a Slurm batch job cannot run in --image yet: its -o/-e files are written on the node, "
+    "outside the container; submit it without the slurm block's batch, or without --image"
+)
+
+
+@needs_root
+def test_a_batch_job_in_an_image_is_refused_at_submit(
+    tmp_path: Path,
+    make_cluster: list[LocalCluster],
+    rootful: tuple[str, dict[str, str], str],
+    user_tree: Path,
+) -> None:
+    """Through the API, as the CLI's batch script + --image is: a root runtime's wrapper
+    would have opened `-o /etc/NAME` (appended to it, with --open-mode append) as root."""
+    exe, env, image = rootful
+    c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
+    c.env.update(env)
+    c.env["PATH"] = f"{os.path.dirname(exe)}:{c.env['PATH']}"
+    c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
+    admin = c.client()
+    user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+    work, target = user_tree / "work", user_tree / "root-only" / "cron"
+    block = {"batch": True, "submit_dir": str(work), "output": str(target), "open_mode": "append"}
+    try:
+        job = user.submit("echo '* * * * * root pwned'", gpus=0, image=image, cwd=str(work),
+                          slurm=block)  # fmt: skip
+    except MgpuError as e:
+        refused: str | None = str(e)
+    else:  # as before: it ran, and its wrapper opened the file as root
+        admin.wait(job.id, timeout=60)
+        refused = None
+    assert not target.exists(), f"made by uid {target.stat().st_uid}: {target.read_text()!r}"
+    assert refused is not None and BATCH_IN_IMAGE in refused, refused
+    assert admin.queue(all=True)["jobs"] == []
+    # The CLI's own way in (a script with #SBATCH lines) is refused as before.
+    (work / "job.sh").write_text(f"#!/bin/sh\n#SBATCH -o {target}\necho hi\n")
+    res = c.cli("submit", "--gpus", "0", "--image", image, str(work / "job.sh"))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res
+    assert "a job script cannot run in --image yet" in res.stderr
