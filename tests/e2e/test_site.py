@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -24,13 +25,15 @@ from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
 from mgpu.agent import bindmount, containers, privileged
 from mgpu.agent.containers import Runtime
-from mgpu.agent.site import run_script, script_env
+from mgpu.agent.launcher import Launcher, LaunchError
+from mgpu.agent.site import SiteHooks, run_script, script_env
 from mgpu.config import Admission as AdmissionConfig
 from mgpu.master.control.admission import Admission, AdmissionContext
 from mgpu.master.control.jobbuild import SubmitDefaults, build_jobs
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.security.access import unix_groups
 from mgpu.model import Job
+from mgpu.protocol import Exited, Launch
 from mgpu.scheduler.types import JobRequest
 
 ME = getpass.getuser()
@@ -778,3 +781,180 @@ def test_real_podman_job_of_another_user_gets_its_pinned_directory(
     assert admin.wait(long.id, timeout=30)["state"] == "cancelled"
     assert not point.exists() and not bindmount.mounted(str(point))
     assert sorted(os.listdir(exp)) == ["made.txt", "mine.txt"]  # unmounting removed nothing
+
+
+# ---- a root runtime never opens or runs what the user names ---------------------------
+# docker and rootful podman run as the agent (root), keeping the job's uid inside with
+# `--user`.  What a job's user names outside the container (a batch job's -o/-e files, a
+# job script, the submit directory) must never be opened or run with the runtime's ids.
+
+STAND_IN = """#!/bin/sh
+# A stand-in for rootful podman where no runtime runs: every image is present; each call
+# but --version records its command, uid and directory, and runs nothing.
+case $1 in
+  --version) echo "podman version 0.0-stand-in" ;;
+  *) echo "$1 $(id -u) $(pwd)" >> {log} ;;
+esac
+"""
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root agent runs the runtime")
+
+
+@pytest.fixture(params=["stand-in", "podman"])
+def rootful(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str], str]:
+    """(runtime executable, what the agent's environment adds, an image it has): the
+    stand-in runtime, and the machine's real rootful podman (skipped where it cannot run)."""
+    if request.param == "podman":
+        conf: Path = request.getfixturevalue("podman_conf")
+        return shutil.which("podman") or "podman", {"CONTAINERS_CONF": str(conf)}, BUSYBOX_IMAGE
+    return _stand_in(tmp_path), {}, "localhost/any:1"
+
+
+def _stand_in(tmp_path: Path) -> str:
+    """The stand-in runtime, logging to `stand-in-runs` (its directory is for PATH)."""
+    fakebin = tmp_path / "stand-in"
+    fakebin.mkdir()
+    return str(script(fakebin / "podman", STAND_IN.format(log=tmp_path / "stand-in-runs")))
+
+
+@pytest.fixture
+def user_tree() -> Iterator[Path]:
+    """/tmp/X (0755): `work`, the job user's (nobody's) submit dir, and `root-only` (0700),
+    where nobody may create a file but root may."""
+    top = Path(tempfile.mkdtemp(prefix="mgpu-test-"))
+    top.chmod(0o755)
+    (top / "work").mkdir()
+    os.chown(top / "work", 65534, 65534)
+    (top / "root-only").mkdir(mode=0o700)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+BATCH_IN_IMAGE = (
+    "a Slurm batch job cannot run in --image yet: its -o/-e files are written on the node, "
+    "outside the container; submit it without the slurm block's batch, or without --image"
+)
+
+
+@needs_root
+def test_a_batch_job_in_an_image_is_refused_at_submit(
+    tmp_path: Path,
+    make_cluster: list[LocalCluster],
+    rootful: tuple[str, dict[str, str], str],
+    user_tree: Path,
+) -> None:
+    """Through the API, as the CLI's batch script + --image is: a root runtime's wrapper
+    would have opened `-o /etc/NAME` (appended to it, with --open-mode append) as root."""
+    exe, env, image = rootful
+    c = start(make_cluster, tmp_path, "scheduling: {kill_grace: 1}\n")
+    c.env.update(env)
+    c.env["PATH"] = f"{os.path.dirname(exe)}:{c.env['PATH']}"
+    c.start_agent("node001", gpus=1, extra=["--container-runtime", "podman"])
+    admin = c.client()
+    user = Client(c.address, token=admin.create_token("nobody")["token"], connect_timeout=2)
+    work, target = user_tree / "work", user_tree / "root-only" / "cron"
+    block = {"batch": True, "submit_dir": str(work), "output": str(target), "open_mode": "append"}
+    try:
+        job = user.submit("echo '* * * * * root pwned'", gpus=0, image=image, cwd=str(work),
+                          slurm=block)  # fmt: skip
+    except MgpuError as e:
+        refused: str | None = str(e)
+    else:  # as before: it ran, and its wrapper opened the file as root
+        admin.wait(job.id, timeout=60)
+        refused = None
+    assert not target.exists(), f"made by uid {target.stat().st_uid}: {target.read_text()!r}"
+    assert refused is not None and BATCH_IN_IMAGE in refused, refused
+    assert admin.queue(all=True)["jobs"] == []
+    # The CLI's own way in (a script with #SBATCH lines) is refused as before.
+    (work / "job.sh").write_text(f"#!/bin/sh\n#SBATCH -o {target}\necho hi\n")
+    res = c.cli("submit", "--gpus", "0", "--image", image, str(work / "job.sh"))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res
+    assert "a job script cannot run in --image yet" in res.stderr
+
+
+NOBODY = (65534, 65534, [65534])
+
+
+def _launch_of_nobody(image: str, work: Path, **fields: Any) -> Launch:
+    fields.setdefault("argv", ["sh", "-c", "echo '* * * * * root pwned'"])
+    return Launch(job_id="7", epoch=1, env={}, gpu_ids=[], image=image, cwd=str(work),
+                  user="nobody", **fields)  # fmt: skip
+
+
+async def _start_as_the_agent_does(spool: Path, exe: str, msg: Launch) -> str | None:
+    """`msg` started for nobody as Agent.launch starts it (SiteHooks.request, then the
+    launcher); why the launch was refused, or None once the run has ended."""
+    launcher = Launcher(spool, lambda *a: None)
+    hooks = SiteHooks(SimpleNamespace(), launcher, "node001")
+    hooks.runtime = Runtime("podman", exe)
+    try:
+        run = launcher.launch(hooks.request(msg, {}, NOBODY, []))
+    except LaunchError as e:
+        hooks.discard(msg.job_id, msg.epoch)  # as Agent.launch does
+        return str(e)
+    await asyncio.wait_for(run.exited.wait(), 60)
+    await launcher.kill_leftovers(run)
+    await hooks.after(run)  # the mount of its working directory goes
+    return None
+
+
+@needs_root
+def test_a_root_runtime_never_opens_a_batch_jobs_files_or_runs_its_script(
+    tmp_path: Path,
+    rootful: tuple[str, dict[str, str], str],
+    user_tree: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What an older master (or a forged launch) still sends: the agent itself refuses to
+    open a batch job's -o/-e files, or to run a job script, with a root runtime's ids."""
+    exe, env, image = rootful
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # the agent's own runtime settings
+    work, root_only = user_tree / "work", user_tree / "root-only"
+    spool = tmp_path / "spool"
+    cron = root_only / "cron"
+    batch = _launch_of_nobody(image, work, output_file=str(cron), open_append=True)
+    refused = asyncio.run(_start_as_the_agent_does(spool, exe, batch))
+    assert not cron.exists(), f"made by uid {cron.stat().st_uid}: {cron.read_text()!r}"
+    assert refused == (
+        "a Slurm batch job cannot run in --image here: its -o/-e files are opened only as "
+        "its user, and this node's container runtime runs as the agent"
+    )
+    mark = root_only / "mark"
+    script_job = _launch_of_nobody(image, work, script=f"#!/bin/sh\nid -u > {mark}\n")
+    refused = asyncio.run(_start_as_the_agent_does(spool, exe, script_job))
+    assert not mark.exists(), f"the script ran as uid {mark.read_text()!r}"
+    assert refused == (
+        "a job script cannot run in --image: it would run outside the container, as the "
+        "agent's user, not as its own"
+    )
+    assert sorted(os.listdir(spool)) == []  # nothing left of either launch
+    assert not bindmount.mounted(str(spool / f"7.1{bindmount.SUFFIX}"))
+
+
+@needs_root
+def test_a_root_runtime_starts_outside_the_users_directory(tmp_path: Path, user_tree: Path) -> None:
+    """The shim in front of a root runtime runs as root: it must not enter the directory
+    the user named (their path, resolved by root); the container gets it pinned, as `-w`
+    (with real podman: test_real_podman_job_of_another_user_gets_its_pinned_directory)."""
+    exe, job = _stand_in(tmp_path), _launch_of_nobody("localhost/any:1", user_tree / "work")
+    assert asyncio.run(_start_as_the_agent_does(tmp_path / "spool", exe, job)) is None
+    assert (tmp_path / "stand-in-runs").read_text() == "run 0 /\n"
+
+
+@needs_root
+def test_an_image_a_root_runtime_would_read_as_its_option_is_refused(
+    tmp_path: Path, user_tree: Path
+) -> None:
+    """The master refuses such a name at submit; the agent does not rely on it: `podman
+    run ... --user=0:0 busybox sh` would run the job as root inside."""
+    exe, log = _stand_in(tmp_path), tmp_path / "stand-in-runs"
+    msg = _launch_of_nobody("--user=0:0", user_tree / "work", argv=["busybox", "sh"])
+    why = "--image '--user=0:0' is not a valid image name or .sif path"
+    assert asyncio.run(_start_as_the_agent_does(tmp_path / "spool", exe, msg)) == why
+    exits: list[Exited] = []
+    hooks = SiteHooks(SimpleNamespace(report_exit=exits.append), Any, "node001")
+    hooks.runtime = Runtime("podman", exe)
+    assert asyncio.run(hooks._check_image(msg)) is False  # before its `image exists`
+    assert [(e.launch_error, e.fatal) for e in exits] == [(why, True)]
+    assert not log.exists()  # the runtime was never run

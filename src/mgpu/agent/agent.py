@@ -674,9 +674,8 @@ class Agent:
                 return  # duplicate
             self.launcher.kill(old, "superseded", 0.0)
         try:
-            ids = self.run_as(msg)
-            argv, env, ids, note = self.site.wrap(msg, self.job_env(msg), ids)  # --image
-            run = self.launcher.launch(jobenv.launch_request(msg, argv, env, ids, note, self.gpus))
+            req = self.site.request(msg, self.job_env(msg), self.run_as(msg), self.gpus)
+            run = self.launcher.launch(req)
             if "MGPU_GPU_SHARE" in msg.env:
                 self.mps.launched(msg.job_id)  # its daemon and limits kept while it runs
         except (jobenv.UserError, LaunchError) as e:

@@ -18,7 +18,9 @@ What every command line does:
   with `:` in its name is refused: the runtimes' mount options follow a `:`.
 * The job keeps its user's uid/gid: `--user uid:gid` for docker and rootful podman (the
   agent runs the runtime as root), `--userns=keep-id` for rootless podman (the agent and
-  its jobs run as one user), and apptainer runs as the user anyway.
+  its jobs run as one user), and apptainer runs as the user anyway.  A root runtime's own
+  process starts in `/`, and nothing the user names outside the container (a batch job's
+  -o/-e files, a job script) is opened or run for it (mgpu.agent.launchsteps.check_owner).
 * The host network and IPC namespace (NCCL and torchrun rendezvous need them).
 * No new privileges (`--security-opt=no-new-privileges`): a setuid or file-capability
   binary in the image (sudo, su, ping) cannot raise the job above its user inside the

@@ -21,8 +21,12 @@ class UserError(RuntimeError):
 
 def run_as(msg: Launch, hostname: str) -> UserIds | None:
     """uid, gid and groups to run the job as; None = as this agent's own user."""
-    if os.geteuid() != 0 or not msg.user:
+    if os.geteuid() != 0:
         return None
+    if not msg.user:  # the master always names one: root only with the owner's grant
+        if msg.allow_root:
+            return None
+        raise UserError("refusing to run a job that names no user as root")
     try:
         account = accounts.lookup(msg.user)
     except KeyError:
@@ -77,9 +81,10 @@ def launch_request(
     ids: UserIds | None,
     note: str | None,
     gpus: list[GpuInfo],
+    owner: UserIds | None,
 ) -> LaunchRequest:
     """The run of `msg` to start, as `argv` with `env` (the site hooks may have wrapped
-    the job's own: a container), run as `ids`."""
+    the job's own: a container), run as `ids`, for its user `owner` (`run_as`)."""
     return LaunchRequest(
         job_id=msg.job_id,
         epoch=msg.epoch,
@@ -96,6 +101,7 @@ def launch_request(
         script=None if msg.script is None else (msg.script_name or "script", msg.script),
         pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
         slurm_bin=msg.image is None,
+        owner=owner,
         output=None
         if msg.output_file is None
         else (msg.output_file, msg.error_file or msg.output_file, msg.open_append),

@@ -28,6 +28,7 @@ from mgpu.agent.spawn import (
     BOOT_ID,
     PTY_SHIM,
     SHIM,
+    JobError,
     LaunchError,
     OwnShim,
     admit,
@@ -92,6 +93,11 @@ class LaunchRequest:
     slurm_bin: bool = True
     """Put Slurm's commands first on its PATH (not for a container runtime's own command:
     the job inside has the image's files)."""
+    owner: UserIds | None = None
+    """The job's own user (None: the agent's).  Not always whom it runs as: a root
+    container runtime runs with the agent's ids and keeps the job's uid inside with
+    `--user`; then nothing the user names is opened, nor anything they chose run, with the
+    run's ids (`check_owner`)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class Launching:
     """$MGPU_RUN_TAG: marks this run's processes, even those that leave its process group."""
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    foreign: bool = False
+    """Started with other ids than its job's user's (a root container runtime's)."""
     workdir: str = "/"
     output_dir: str = "/"
     """Where a Slurm batch job's wrapper starts it (it enters the directory as the job's
@@ -201,6 +209,30 @@ class Launching:
 # ---- the steps ----------------------------------------------------------------------
 
 
+def check_owner(st: Launching) -> None:
+    """A run started with other ids than its job's user's (docker's and rootful podman's
+    runs have the agent's): what the user names would be opened, and what they chose run,
+    with those ids.  A batch job's -o/-e files and a job script are refused (the master
+    refuses both at submit: this holds against an older master, or a forged launch), and
+    the shim does not enter the submit dir (`prepare_environment`): the runtime mounts it
+    as the job's user entered it (mgpu.agent.site)."""
+    req, ctx = st.req, st.ctx
+    run_uid = ctx.uid if req.user_ids is None else req.user_ids[0]
+    st.foreign = req.owner is not None and req.owner[0] != run_uid
+    if not st.foreign:
+        return
+    if req.output is not None:
+        raise JobError(
+            "a Slurm batch job cannot run in --image here: its -o/-e files are opened only "
+            "as its user, and this node's container runtime runs as the agent"
+        )
+    if req.script is not None:
+        raise JobError(
+            "a job script cannot run in --image: it would run outside the container, as "
+            "the agent's user, not as its own"
+        )
+
+
 def open_spool_files(st: Launching) -> None:
     """stdout, stderr and the exit file, and the agent's note first in its stderr.  Files
     its processes hold are pool files of its user's only (mgpu.agent.recycle); a root
@@ -237,7 +269,9 @@ def prepare_environment(st: Launching) -> None:
     if not os.path.isdir(home):
         home = "/"
     cwd = req.cwd
-    if req.output is not None:  # its wrapper enters the directory, as its user
+    if st.foreign:  # a root runtime: the user's directory is the container's (its -w)
+        cwd, home = None, "/"
+    elif req.output is not None:  # its wrapper enters the directory, as its user
         st.output_dir, cwd = cwd or home, None
     elif cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd)):
         cwd = None  # the submit dir may not exist on this node: run in the user's home
@@ -299,7 +333,8 @@ def write_script(st: Launching) -> None:
 
 def wrap_output(st: Launching) -> None:
     """A Slurm batch job's -o/-e files: a wrapper, run as the job's user, opens them and
-    copies the run's output into them as it comes (the root agent opens no user path)."""
+    copies the run's output into them as it comes (the root agent opens no user path, and
+    `check_owner` refused a run with other ids than its user's)."""
     if st.req.output is None:
         return
     st.argv = outputfiles.wrap(st.argv, st.output_dir, *st.req.output)
@@ -394,6 +429,7 @@ def open_gate(st: Launching) -> None:
 Step = Callable[[Launching], None]
 
 STEPS: tuple[Step, ...] = (
+    check_owner,
     open_spool_files,
     prepare_environment,
     write_hostfile,

@@ -39,10 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mgpu.agent import bindmount, containers, privileged
-from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
+from mgpu import execspec
+from mgpu.agent import bindmount, containers, jobenv, privileged
+from mgpu.agent.gpus import GpuInfo
+from mgpu.agent.launcher import JobError, Launcher, LaunchError, LaunchRequest, Running
+from mgpu.agent.launchsteps import UserIds
 from mgpu.agent.privileged import script_env
 from mgpu.protocol import Exited, Launch, RunningReport
+from mgpu.spec import SpecError
 
 log = logging.getLogger("mgpu.agent")
 
@@ -254,6 +258,11 @@ class SiteHooks:
             self._exit(msg, f"{node} has no container runtime for --image")
             return False
         try:
+            _image_of(msg)
+        except JobError as e:
+            self._exit(msg, str(e), fatal=True)
+            return False
+        try:
             present = await containers.image_present(rt, msg.image, IMAGE_CHECK_TIMEOUT)
         except containers.ImageCheckError as e:
             self._exit(msg, str(e))  # the runtime is broken here: a node failure
@@ -320,6 +329,14 @@ class SiteHooks:
         for name in bindmount.sweep(str(self.launcher.spool), keep):
             log.info("unmounted a leftover working directory %s", name)
 
+    def request(
+        self, msg: Launch, env: dict[str, str], user: UserIds | None, gpus: list[GpuInfo]
+    ) -> LaunchRequest:
+        """The run of `msg` to start, for its user `user` (mgpu.agent.jobenv.run_as): its
+        command line, environment and ids wrapped by `wrap` (a container)."""
+        argv, env, ids, note = self.wrap(msg, env, user)
+        return jobenv.launch_request(msg, argv, env, ids, note, gpus, owner=user)
+
     def wrap(
         self, msg: Launch, env: dict[str, str], ids: tuple[int, int, list[int]] | None
     ) -> tuple[list[str], dict[str, str], tuple[int, int, list[int]] | None, str | None]:
@@ -341,6 +358,7 @@ class SiteHooks:
                 raise LaunchError(f"{self.node_id} has no container runtime for --image")
             name = containers.container_name(msg.job_id, msg.epoch)
             uid_gid = (ids[0], ids[1]) if ids is not None else (os.getuid(), os.getgid())
+            image = _image_of(msg)
             cwd = _container_cwd(msg)
             if cwd and ":" in cwd:  # `-v SRC:DST:OPTIONS`, `--bind SRC:DST:OPTIONS`
                 raise JobError(f"a container cannot mount a directory with ':' in its name: {cwd}")
@@ -371,7 +389,7 @@ class SiteHooks:
                 env = privileged.base_env()
             argv = containers.build_argv(
                 rt,
-                msg.image,
+                image,
                 argv,
                 gpu_ids=msg.gpu_ids,
                 cwd=cwd,
@@ -466,6 +484,15 @@ class SiteHooks:
             with contextlib.suppress(OSError):
                 self._env_path(job_id, epoch).unlink()
             bindmount.release(self._mount_path(job_id, epoch))
+
+
+def _image_of(msg: Launch) -> str:
+    """The job's image, checked again (the master checks it at submit): a root runtime
+    would read a name that begins with `-` as one of its own options (`--user=0`)."""
+    try:
+        return execspec.validate_image(msg.image or "")
+    except SpecError as e:
+        raise JobError(str(e)) from None
 
 
 def _container_cwd(msg: Launch) -> str | None:

@@ -415,6 +415,14 @@ class JobSpec(BaseModel):
                 )
         elif self.argv is None and self.command is None:
             raise specs.SpecError("the command is empty; give the command to run")
+        if self.image is not None and self.slurm is not None and self.slurm.batch:
+            # Its -o/-e files are opened on the node as its user, which a root runtime is
+            # not (docs/SECURITY.md): refused here as the CLI's script + --image is.
+            raise specs.SpecError(
+                "a Slurm batch job cannot run in --image yet: its -o/-e files are written "
+                "on the node, outside the container; submit it without the slurm block's "
+                "batch, or without --image"
+            )
         if self.argv is not None and self.command is not None:
             raise specs.SpecError("give the command either as a string or as argv, not both")
         sig, limit = self.signal, self.time
