@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm import common, fields, opts, output, states
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -232,7 +232,7 @@ def gather(client: Any, given: dict[str, str]) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
     if "helpformat" in given:
-        print(" ".join(KNOWN))
+        output.out(" ".join(KNOWN))
         return 0
     if rest:
         raise fail(PROG, f"Unrecognized option: {rest[0]}")
@@ -251,5 +251,5 @@ def main(argv: list[str]) -> int:
         columns, jobs, "noheader" not in given, parsable, given.get("delimiter") or "|"
     )
     if lines:
-        print("\n".join(lines))
+        output.out("\n".join(lines))
     return 0
