@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 import mgpu.slurm
-from mgpu.client import steps
 from mgpu.client.api import RequestError
 from mgpu.slurm import output, scancel, scontrol
 
@@ -109,6 +108,8 @@ def test_error_lines_on_a_terminal_are_escaped(monkeypatch: pytest.MonkeyPatch) 
         assert scontrol.job_action(FakeClient(), "hold", ["7"]) == 1
         monkeypatch.setattr(scancel.common, "make_client", FakeClient)
         assert scancel.main(["7"]) == 1
+        from mgpu.client import steps  # here: test_slurm_cli fakes this module
+
         steps._say(f"error: {HOSTILE}")
         shown = read()
     assert not _obeyable(shown), shown
