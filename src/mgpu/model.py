@@ -385,9 +385,6 @@ class Job:
     slurm: SlurmOptions | None = None
     """Submitted the Slurm way (`sbatch`): Slurm's options mgpu has no field of its own
     for; None: mgpu's own behaviour (and every job stored before this field)."""
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    """Slurm steps (`srun` inside the job) that ended, oldest first, for `sacct`: each
-    `{"number", "name", "start", "end", "exit_code", "state", "nodes", "ntasks"}`."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -421,6 +418,7 @@ class Job:
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Job:
         rec = dict(rec)
+        rec.pop("steps", None)  # its srun steps, kept in the record before their own rows
         legacy = rec.pop("job_token", None)
         if legacy:  # stored in clear by older versions: keep only its hash
             from mgpu.tokens import token_hash
@@ -496,7 +494,6 @@ class Job:
             "gpu_share": self.gpu_share,
             "reservation": self.reservation,
             "slurm": None if self.slurm is None else self.slurm.to_record(),
-            "steps": [dict(step) for step in self.steps],
         }
 
 

@@ -31,6 +31,7 @@ def test_old_rows_and_files_go_and_recent_ones_stay(make_harness: Callable[..., 
     h.advance(100 * DAY)
     a.heartbeat()
     recent = finished(h, a, "recent output\n")
+    h.store.save_steps([(old, {"number": 0}), (recent, {"number": 0})])  # srun steps they ran
     h.sql("UPDATE events SET time = ?", (h.clock.time() - 400 * DAY,))
     h.store.record_event("recent_event")
     assert h.outputs.path(old).exists() and h.outputs.path(recent).exists()
@@ -44,6 +45,7 @@ def test_old_rows_and_files_go_and_recent_ones_stay(make_harness: Callable[..., 
     while h.cl.retention.prune_slice(h.clock.time()):
         pass
     assert h.store.get_job(old) is None and h.store.get_job(recent) is not None
+    assert list(h.store.steps_of([old, recent])) == [recent]  # its steps went with its row
     assert not h.outputs.path(recent).exists()
 
 

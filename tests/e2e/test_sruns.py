@@ -152,6 +152,19 @@ echo done
         f"{job_id}.0|FAILED|4:0",
         f"{job_id}.1|FAILED|5:0",
     ], res.stderr
+    # Listings leave the steps out (store/steps.py); sacct without -j asks for them.
+    (listed,) = [j for j in cluster.client().queue(all=True)["jobs"] if j["id"] == job_id]
+    assert "steps" not in listed
+    res = subprocess.run(
+        [str(BIN / "mgpu"), "sacct", "-P", "-n", "--format=JobID,State"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    rows = [row for row in res.stdout.splitlines() if row.startswith(f"{job_id}.")]
+    assert rows[:3] == [f"{job_id}.batch|COMPLETED", f"{job_id}.0|FAILED", f"{job_id}.1|FAILED"]
+    assert len(rows) == 5, res.stderr
 
 
 def test_cancelling_a_batch_job_stops_its_steps(

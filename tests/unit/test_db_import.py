@@ -34,6 +34,7 @@ def _sqlite_state(state_dir: Path) -> dict[str, Any]:
     store.insert_token("t2", "-", False, "join", "hash2", 2.0)
     store.revoke_token("t2", 3.0)
     store.set_node_secret("node001", "nodehash", 4.0)
+    store.save_steps([(done.id, {"number": n, "name": "srun", "exit_code": n}) for n in (0, 1)])
     seen = {
         "active": [j.id for j in store.load_active_jobs()],
         "job": store.get_job(done.id),
@@ -44,6 +45,7 @@ def _sqlite_state(state_dir: Path) -> dict[str, Any]:
         "tokens": store.list_tokens(),
         "counter": store.get_meta(LAST_JOB_ID),
         "next": store.new_job_id(),
+        "steps": store.steps_of([done.id]),
     }
     store.close()
     return seen
@@ -67,6 +69,7 @@ def test_a_sqlite_state_reads_back_the_same_from_postgresql(tmp_path: Path, pg_u
         "events": 3,
         "tokens": 2,
         "node_secrets": 1,
+        "job_steps": 2,
         "outputs": 7,
     }
     store = PostgresStore(pg_url)
@@ -82,6 +85,7 @@ def test_a_sqlite_state_reads_back_the_same_from_postgresql(tmp_path: Path, pg_u
         assert store.node_secret_hash("node001") == "nodehash"
         assert store.get_meta(LAST_JOB_ID) == seen["counter"] and store.get_meta("hooked")
         assert store.new_job_id() == seen["next"]
+        assert store.steps_of([seen["job"].id]) == seen["steps"] != {}
         store.record_event("after")  # the events' own ids go on past the imported ones
         assert store.events(limit=1)[0]["kind"] == "after"
     finally:

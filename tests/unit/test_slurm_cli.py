@@ -204,6 +204,11 @@ def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
     fake.StepOptions = StepOptions  # type: ignore[attr-defined]
     fake.run_step = run_step  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mgpu.client.steps", fake)
+    import mgpu.client
+
+    # The package's attribute too: `from mgpu.client import steps` finds the real module
+    # there once any other test has imported it.
+    monkeypatch.setattr(mgpu.client, "steps", fake, raising=False)
     monkeypatch.setenv("MGPU_JOB_ID", "12")
     argv = [
         "-N2",

@@ -74,8 +74,11 @@ def current_job() -> str | None:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"srun: {text}\n")
-    sys.stderr.flush()
+    """srun's own line (its words may quote the master's, which quote users'): written
+    as every Slurm command's are (mgpu.slurm.output)."""
+    from mgpu.slurm import output
+
+    output.err(f"srun: {text}")
 
 
 def run_step(argv: list[str], options: StepOptions, client: Client | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 from mgpu.durations import hms
 
@@ -29,8 +28,9 @@ def fail(prog: str, message: str, code: int = 1) -> SlurmError:
 
 
 def warn(prog: str, message: str) -> None:
-    sys.stderr.write(f"{prog}: warning: {message}\n")
-    sys.stderr.flush()
+    from mgpu.slurm import output
+
+    output.err(f"{prog}: warning: {message}")
 
 
 ADDRESS: dict[str, str] = {}

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 from mgpu.safetext import escape_controls
+from mgpu.slurm import output
 from mgpu.slurm.common import fail
 
 
 def warn_error(prog: str, message: str) -> None:
-    import sys
-
-    sys.stderr.write(f"{prog}: error: {message}\n")
+    output.err(f"{prog}: error: {message}")
 
 
 TYPE_CHECKING = False

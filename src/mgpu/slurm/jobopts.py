@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from mgpu.slurm import opts
+from mgpu.slurm import opts, output
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -415,7 +415,6 @@ def exec_mgpu(words: list[str]) -> int:
     code = (
         "import sys; sys.path.insert(0, sys.argv.pop(1)); from mgpu.client.cli import main; main()"
     )
-    sys.stdout.flush()
-    sys.stderr.flush()
+    output.flush()
     os.execv(sys.executable, [sys.executable, "-I", "-c", code, lib, *words])
     return 127  # not reached

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mgpu.slurm import COMMANDS
+from mgpu.slurm import COMMANDS, output
 from mgpu.slurm.common import SlurmError
 
 TYPE_CHECKING = False
@@ -46,7 +46,7 @@ def slurm_bin() -> int:
     from mgpu.agent.slurmbin import ensure
 
     bin_dir = os.environ.get("MGPU_SLURM_BIN") or str(ensure())
-    print(bin_dir)
+    output.out(bin_dir)
     return 0
 
 
@@ -57,7 +57,7 @@ def main(
     `address`: mgpu's `--host H --port P --token T`, as `mgpu --host H squeue` gives them."""
     from mgpu.errors import MgpuError
     from mgpu.safetext import escape_controls
-    from mgpu.slurm import common
+    from mgpu.slurm import common, output
 
     common.ADDRESS.update(zip(address[::2], address[1::2], strict=True))
 
@@ -70,15 +70,15 @@ def main(
         code = run(name, words)
     except SlurmError as e:
         # One line each (Slurm's own words are sometimes several), whatever they quote.
-        sys.stderr.write("".join(escape_controls(line) + "\n" for line in str(e).splitlines()))
+        output.err("".join(escape_controls(line) + "\n" for line in str(e).splitlines()), end="")
         code = e.code
     except MgpuError as e:
-        sys.stderr.write(f"{name}: error: {escape_controls(str(e))}\n")
+        output.err(f"{name}: error: {escape_controls(str(e))}")
         code = 1
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:  # `squeue | head`: the reader left; that is not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        output.stdout_gone()
         code = 0
-    sys.stdout.flush()
+    output.flush()
     raise SystemExit(code)

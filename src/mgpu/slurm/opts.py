@@ -10,6 +10,7 @@ anywhere (squeue, scancel, sacct).  A mistake is Slurm's sentence, as a SlurmErr
 
 from __future__ import annotations
 
+from mgpu.slurm import output
 from mgpu.slurm.common import SlurmError
 
 TYPE_CHECKING = False
@@ -113,9 +114,9 @@ def command_line(
     found, rest = parse(prog, argv, options, in_order)
     given = dict(found)
     if "help" in given or "usage" in given:
-        print(f"Usage: {prog} {usage}")
+        output.out(f"Usage: {prog} {usage}")
         raise SystemExit(0)
     if "version" in given:
-        print("slurm 22.05 (mgpu)")
+        output.out("slurm 22.05 (mgpu)")
         raise SystemExit(0)
     return given, rest

@@ -1,14 +1,14 @@
 """`sacct`: jobs in Slurm's accounting columns (`-j`, `-u`, `-a`, `--format/-o`, `-X`, `-n`,
 `-p`, `-P`, `--delimiter`, `-s`, `-S`, `-E`, `-b`, `-l`).  One line per job (array task);
 without `-X` a batch job that has started has its `ID.batch` line after it, then a line
-for each `srun` step that ended (`ID.0`, `ID.1`, ...: kept with the job), as Slurm's.  A
-step still running is not listed."""
+for each `srun` step that ended (`ID.0`, `ID.1`, ...: stored apart from the job, asked for
+here: `ask_steps`), as Slurm's.  A step still running is not listed."""
 
 from __future__ import annotations
 
 import time
 
-from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm import common, fields, opts, output, states
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -92,7 +92,7 @@ STEP = "_step"
 
 
 def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """A row for each srun step the job ran (`Job.steps`): the job's, with the step's name,
+    """A row for each srun step the job ran (its `steps`): the job's, with the step's name,
     state, exit code, times and nodes."""
     return [
         {
@@ -109,6 +109,31 @@ def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for i, step in enumerate(job.get("steps") or ())
     ]
+
+
+STEPS_ASKED = 500
+"""Jobs whose steps one request asks for (the master takes up to 1,000)."""
+
+
+def ask_steps(client: Any, jobs: list[dict[str, Any]]) -> None:
+    """Fill in the `steps` of the jobs that have started and have none yet (a queue
+    listing leaves them out): `GET /api/sruns`, a slice of jobs at a time."""
+    from urllib.parse import quote
+
+    from mgpu.client.api import RequestError
+
+    wanted = [j for j in jobs if j.get("start_time") and "steps" not in j]
+    for i in range(0, len(wanted), STEPS_ASKED):
+        part = wanted[i : i + STEPS_ASKED]
+        ids = ",".join(quote(str(j["id"]), safe="") for j in part)
+        try:
+            found = client._request("GET", f"/api/sruns?jobs={ids}")["steps"]
+        except RequestError as e:
+            if e.status != 404:
+                raise
+            return  # a master of an older mgpu: its listings carried them, or it has none
+        for job in part:
+            job["steps"] = found.get(str(job["id"])) or []
 
 
 def _suffix(row: dict[str, Any]) -> str:
@@ -232,7 +257,7 @@ def gather(client: Any, given: dict[str, str]) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     given, rest = opts.command_line(PROG, argv, OPTIONS, USAGE)
     if "helpformat" in given:
-        print(" ".join(KNOWN))
+        output.out(" ".join(KNOWN))
         return 0
     if rest:
         raise fail(PROG, f"Unrecognized option: {rest[0]}")
@@ -245,11 +270,12 @@ def main(argv: list[str]) -> int:
     jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
     jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
     if "allocations" not in given:
+        ask_steps(client, jobs)
         jobs = [row for j in jobs for row in (j, batch_step(j), *step_rows(j)) if row is not None]
     parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
     lines = fields.render_fields(
         columns, jobs, "noheader" not in given, parsable, given.get("delimiter") or "|"
     )
     if lines:
-        print("\n".join(lines))
+        output.out("\n".join(lines))
     return 0

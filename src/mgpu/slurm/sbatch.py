@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mgpu.slurm import common, jobopts, opts
+from mgpu.slurm import common, jobopts, opts, output
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -211,17 +211,17 @@ def wait_for(client: Client, job: Any) -> int:
 def main(argv: list[str]) -> int:
     batch = Batch(argv, os.environ, _cwd())
     if batch.help:
-        print(USAGE)
+        output.out(USAGE)
         return 0
     if batch.version:
-        print("slurm 22.05 (mgpu)")
+        output.out("slurm 22.05 (mgpu)")
         return 0
     client = common.make_client()
     job, warnings = submit(client, batch)
     if not batch.quiet:
         for warning in warnings:
             common.warn(PROG, warning)
-        print(job.id if batch.parsable else f"Submitted batch job {job.id}", flush=True)
+        output.out(job.id if batch.parsable else f"Submitted batch job {job.id}", flush=True)
     if batch.wait:
         return wait_for(client, job)
     return 0

@@ -5,9 +5,7 @@ the batch script and its children too); a pending job: `Job is pending execution
 
 from __future__ import annotations
 
-import sys
-
-from mgpu.slurm import common, opts, states
+from mgpu.slurm import common, opts, output, states
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -63,9 +61,8 @@ def main(argv: list[str]) -> int:
         except RequestError as e:
             status = 1
             if e.status == 404:
-                print(
-                    f"{PROG}: error: Kill job error on job id {job_id}: Invalid job id specified",
-                    file=sys.stderr,
+                output.err(
+                    f"{PROG}: error: Kill job error on job id {job_id}: Invalid job id specified"
                 )
             elif "already" not in str(e) or sig is not None:
                 _kill_error(job_id, str(e))
@@ -89,7 +86,7 @@ def _signal(text: str) -> str:
 def _kill_error(job_id: str, reason: str) -> None:
     """Slurm's line; the master says `job ID: REASON` where the reason is Slurm's."""
     reason = reason.removeprefix(f"job {job_id}: ")
-    print(f"{PROG}: error: Kill job error on job id {job_id}: {reason}", file=sys.stderr)
+    output.err(f"{PROG}: error: Kill job error on job id {job_id}: {reason}")
 
 
 def _signalled(job_id: str, answer: dict[str, Any]) -> int:

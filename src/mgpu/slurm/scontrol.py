@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import os
-import sys
 
-from mgpu.slurm import common, states
+from mgpu.safetext import escape_controls
+from mgpu.slurm import common, output, states
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -28,7 +28,7 @@ def hostnames(words: list[str]) -> int:
         hosts = expand(text)
     except HostlistError:
         raise common.SlurmError(f"Invalid hostlist: {text}") from None
-    print("\n".join(hosts))
+    output.out("\n".join(hosts))
     return 0
 
 
@@ -95,7 +95,7 @@ def job_text(job: dict[str, Any]) -> str:
     ]
     if out:
         lines += [f"StdErr={err}", "StdIn=/dev/null", f"StdOut={out}"]
-    return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
+    return _block(lines)
 
 
 def node_text(node: dict[str, Any]) -> str:
@@ -110,7 +110,15 @@ def node_text(node: dict[str, Any]) -> str:
         f"State={state.upper()}" + (f" Reason={node['reason']}" if node.get("reason") else ""),
         f"AvailableFeatures={','.join(sorted(k for k in kinds if k)) or '(null)'}",
     ]
-    return lines[0] + "\n" + "".join(f"   {line}\n" for line in lines[1:])
+    return _block(lines)
+
+
+def _block(lines: list[str]) -> str:
+    """`show`'s block: the first line, then the others indented.  Each line is escaped
+    (mgpu.safetext), on a terminal or not, as squeue's fields are: a job's command, name or
+    directory and a node's reason are their users' text, and each is one line."""
+    first, *rest = (escape_controls(line) for line in lines)
+    return first + "\n" + "".join(f"   {line}\n" for line in rest)
 
 
 ENTITIES = (
@@ -152,8 +160,8 @@ def show(client: Any, words: list[str]) -> int:
         else:
             jobs = client.queue()["jobs"]
         if not jobs:
-            print("No jobs in the system")
-        print("\n".join(job_text(j) for j in jobs), end="")
+            output.out("No jobs in the system")
+        output.out("\n".join(job_text(j) for j in jobs), end="")
         return 0
     if what == "node":
         nodes = client.nodes()
@@ -161,7 +169,7 @@ def show(client: Any, words: list[str]) -> int:
             nodes = [n for n in nodes if rest[0] in (n["node_id"], n.get("hostname"))]
             if not nodes:
                 raise common.SlurmError(f"Node {rest[0]} not found")
-        print("\n".join(node_text(n) for n in nodes), end="")
+        output.out("\n".join(node_text(n) for n in nodes), end="")
         return 0
     if what == "partition":
         from mgpu.slurm.sinfo import partitions
@@ -170,7 +178,7 @@ def show(client: Any, words: list[str]) -> int:
             if rest and part.name != rest[0]:
                 continue
             limit = "UNLIMITED" if part.limit == "infinite" else part.limit
-            print(
+            output.out(
                 f"PartitionName={part.name}\n   Default={'YES' if part.default else 'NO'} "
                 f"MaxTime={limit} State=UP\n   Nodes={','.join(part.nodes)}\n"
                 f"   TotalNodes={len(part.nodes)}\n"
@@ -202,11 +210,10 @@ def job_action(client: Any, verb: str, words: list[str]) -> int:
         except RequestError as e:
             status = 1
             why = "Invalid job id specified" if e.status == 404 else str(e)
-            print(
+            output.err(
                 f"{verb} error on job {job_id}: {why}"
                 if verb != "requeue"
-                else f"Requeue of JobId={job_id} failed: {why}",
-                file=sys.stderr,
+                else f"Requeue of JobId={job_id} failed: {why}"
             )
     return status
 
@@ -244,7 +251,7 @@ def main(argv: list[str]) -> int:
     words = [w for w in argv if not w.startswith("-") or w in ("-", "--")]
     flags = [w for w in argv if w.startswith("-") and w not in ("-", "--")]
     if any(f in ("-h", "--help", "--usage") for f in flags) or not words:
-        print(
+        output.out(
             "Usage: scontrol show hostnames|job|node|partition [ID] | "
             "hold|release|requeue JOBS | update JobId=ID TimeLimit=T JobName=N"
         )

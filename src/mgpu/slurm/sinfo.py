@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm import common, fields, opts, output, states
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -153,5 +153,5 @@ def main(argv: list[str]) -> int:
     items = fields.parse_percent(PROG, fmt, KNOWN, what="node")
     lines = fields.render_percent(items, KNOWN, table, "noheader" not in given)
     if lines:
-        print("\n".join(lines))
+        output.out("\n".join(lines))
     return 0

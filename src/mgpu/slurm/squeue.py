@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from mgpu.slurm import common, fields, opts, states
+from mgpu.slurm import common, fields, opts, output, states
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -271,13 +271,13 @@ def main(argv: list[str]) -> int:
         if id_set and not jobs:
             _check_ids(client, id_set)
         if iterate:
-            print(time.strftime("%a %b %d %H:%M:%S %Y"))
+            output.out(time.strftime("%a %b %d %H:%M:%S %Y"))
         lines = fields.render_percent(items, KNOWN, jobs, header)
         if lines:
-            print("\n".join(lines))
+            output.out("\n".join(lines))
         if not iterate:
             return 0
-        print(flush=True)
+        output.out(flush=True)
         time.sleep(iterate)
 
 

@@ -70,6 +70,16 @@ class Reads:
             found.update(self.store.get_jobs(missing))
         return found
 
+    def job_steps(self, job_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The srun steps these jobs ran (`sacct`, a job's detail), oldest first: stored
+        (store/steps.py: any master's), then those not written yet; jobs with none are
+        left out."""
+        found = self.store.steps_of(job_ids)
+        for job_id in job_ids:
+            if pending := self.uow.pending_steps(job_id):
+                found[job_id] = [*found.get(job_id, []), *pending]
+        return found
+
     def active_ids(self) -> tuple[str, ...]:
         """The queued and running jobs' ids, in submit order."""
         return tuple(self.jobs)

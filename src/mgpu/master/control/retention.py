@@ -100,6 +100,7 @@ class Retention:
             more |= len(ended) == SLICE
         if p.jobs_days is not None:
             gone = self.store.delete_ended_jobs(now - p.jobs_days * DAY, SLICE)
+            self.store.delete_steps([job_id for job_id, _ in gone])  # their srun steps too
             for job_id, user in gone:
                 self.outputs.delete(job_id, user)
             more |= len(gone) == SLICE

@@ -34,10 +34,6 @@ from mgpu.slurmenv import task_env
 
 log = logging.getLogger("mgpu.master")
 
-STEPS_KEPT = 1000
-"""Ended steps kept with a job for sacct (a job that runs srun in a loop keeps its last
-ones: its record is written at every step's end)."""
-
 __all__ = ["SrunRequest", "Sruns", "TaskPlan", "plan_tasks"]
 
 
@@ -222,7 +218,7 @@ class Sruns:
             if node is None or node.link is None:
                 raise Conflict(f"{job.allocation[rank].node_id} is not connected")
         node_ids = [job.allocation[r].node_id for r in plan.ranks]
-        group = self.state.steps.new_group(job.id, job.epoch, node_ids, len(job.steps))
+        group = self.state.steps.new_group(job.id, job.epoch, node_ids, self._stored_next(job))
         group.kill_on_bad_exit = request.kill_on_bad_exit
         group.name = os.path.basename(request.argv[0]) if request.argv else ""
         group.start_time = self.state.clock.time()
@@ -289,9 +285,18 @@ class Sruns:
                 self.sessions.kill_step(task, "cancelled")
         return True
 
+    def _stored_next(self, job: Job) -> int:
+        """The step number after the job's last stored one: a master that took over (or
+        restarted) numbers on from there; one that numbers the job already knows."""
+        if self.state.steps.numbering(job.id):
+            return 0
+        last = self.uow.store.last_step_number(job.id)
+        return 0 if last is None else last + 1
+
     def _step_ended(self, group: TaskStep) -> None:
-        """Kept with its job (`Job.steps`), so that `sacct` lists it after the job ends, on
-        any master (Slurm's accounting keeps every step)."""
+        """Stored as a row of its own (store/steps.py), so that `sacct` lists it after the
+        job ends, on any master (Slurm's accounting keeps every step); the job's own record
+        is not written again."""
         job = self.state.jobs.get(group.job_id) or self.uow.pending(group.job_id)
         if job is None or job.state != JobState.RUNNING:
             return
@@ -299,7 +304,8 @@ class Sruns:
         cancelled = group.error is not None and "cancel" in group.error
         state = "cancelled" if cancelled else "completed" if code == 0 else "failed"
         hosts = list(dict.fromkeys(t.host or t.node_id for t in group.tasks))
-        job.steps.append(
+        self.uow.step_ended(
+            job.id,
             {
                 "number": group.number,
                 "name": group.name,
@@ -309,10 +315,8 @@ class Sruns:
                 "state": state,
                 "nodes": hosts,
                 "ntasks": len(group.tasks),
-            }
+            },
         )
-        del job.steps[:-STEPS_KEPT]
-        self.uow.persist(job)
 
     def _task_ended(self, task: Step) -> None:
         """--kill-on-bad-exit: the first task that fails stops the others."""

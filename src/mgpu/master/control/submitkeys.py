@@ -7,6 +7,10 @@ answers with the job the first one made, if it made one.  The key is stored with
 in the job's transaction (`submit_keys`), so that a master that takes over knows it; a
 second request while the first is still being admitted here waits for the first's answer.
 Keys are forgotten after a day (control/retention.py).
+
+A key is one user's: the owner is checked before any answer is given, the stored one's and
+the one still being made here alike, so another user who sends the same key (guessed, or
+seen) gets a refusal, never the job (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -34,20 +38,23 @@ Made = tuple[str, tuple[str, ...] | None]
 class SubmitKeys:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._in_flight: dict[str, asyncio.Future[Made]] = {}
+        self._in_flight: dict[str, tuple[str, asyncio.Future[Made]]] = {}
+        """Keys being made here: the submitting user, and the answer to come."""
 
     async def once(self, key: str, user: str, make: Callable[[], Awaitable[Made]]) -> Made:
         """What the submit with this key made: before (here or on another master), or now
         by `make()`.  A key of another user's submit is refused: it is not theirs to see."""
         if not KEY_PATTERN.fullmatch(key):
             raise SubmitError("Idempotency-Key: 8 to 128 letters, digits or '_.:-'")
-        running = self._in_flight.get(key)
-        if running is not None:  # the same submit, still being admitted and stored here
-            return await asyncio.shield(running)
+        if (in_flight := self._in_flight.get(key)) is not None:
+            owner, made_by_first = in_flight
+            _check_owner(owner, user)  # before its answer: the first's job is not ours to see
+            return await asyncio.shield(made_by_first)  # the same submit, still being made
         earlier = self._stored(key, user)
         if earlier is not None:
             return earlier
-        running = self._in_flight[key] = asyncio.get_running_loop().create_future()
+        running: asyncio.Future[Made] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = (user, running)
         try:
             made = await make()
         except BaseException as e:
@@ -71,6 +78,11 @@ class SubmitKeys:
         else:
             job = self.store.get_job(job_id)
             owner, tasks = (None if job is None else job.user), None
-        if owner != user:
-            raise SubmitError("this Idempotency-Key belongs to another submit")
+        _check_owner(owner, user)
         return job_id, tasks
+
+
+def _check_owner(owner: str | None, user: str) -> None:
+    """Refuse `user` a key made by another (or by a job since gone)."""
+    if owner != user:
+        raise SubmitError("this Idempotency-Key belongs to another submit")

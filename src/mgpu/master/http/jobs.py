@@ -72,15 +72,18 @@ async def show(
     limit: int = Query(default=ARRAY_TASKS_SHOWN, ge=0),
     state: str | None = None,
 ) -> Response:
-    """One job; an array id gives {"array_job_id", "counts" by state, "tasks": the
-    first `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
+    """One job, with the srun steps it ran (`steps`, from the store: queue listings leave
+    them out); an array id gives {"array_job_id", "counts" by state, "tasks": the first
+    `limit` (0: every one) in `state`(s), "more": how many are not listed}."""
     job = cl.get_job(job_id)
     if job is None:
-        body = await array_answer(cl, job_id, limit, JobFilter(states_of(state)))
-        if body is None:
+        text = await array_answer(cl, job_id, limit, JobFilter(states_of(state)))
+        if text is None:
             raise NotFound(job_id)
-        return Response(body, media_type="application/json")
-    return _json_response(cl.public_job(job))
+        return Response(text, media_type="application/json")
+    body = cl.public_job(job)
+    body["steps"] = cl.job_steps([job.id]).get(job.id, [])
+    return _json_response(body)
 
 
 @router.get("/api/jobs/{job_id}/wait")

@@ -12,6 +12,12 @@ come (`{"s", "d", "t"}`, `t` the task's SLURM_PROCID), then `{"end": true, "exit
 kills its tasks (srun's Ctrl-C).  The job's owner or an admin.  `?since=N,M,...`: the
 records of each task (in the order of `tasks`) the client already has, so that one that
 reconnects (the master restarted, another took over) gets none twice.
+
+`GET /api/sruns?jobs=ID,ID,...` lists the steps those jobs ran that ended (`sacct`'s
+`ID.0`, `ID.1`, ...), read from the store (store/steps.py), so any master lists them:
+`{"steps": {"ID": [{"number", "name", "start", "end", "exit_code", "state", "nodes",
+"ntasks"}, ...]}}`, oldest first; jobs without any are left out.  Queue listings never
+carry them; one job's detail (`GET /api/jobs/{id}`) does.
 """
 
 from __future__ import annotations
@@ -92,6 +98,19 @@ async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONRe
         "warnings": warnings,
     }
     return JSONResponse(answer, status_code=201)
+
+
+MAX_JOBS = 1000
+"""Jobs one `GET /api/sruns` may name (sacct asks a slice at a time)."""
+
+
+@router.get("/api/sruns")
+async def ended(cl: Ctl, jobs: str = "") -> dict[str, Any]:
+    """The ended srun steps of these jobs, oldest first (jobs with none left out)."""
+    ids = [i for i in dict.fromkeys(jobs.split(",")) if i]
+    if len(ids) > MAX_JOBS:
+        raise HTTPException(400, f"jobs: at most {MAX_JOBS} ids per request ({len(ids)} given)")
+    return {"steps": cl.job_steps(ids)}
 
 
 def _group(cl: Cluster, owned: JobAccess, step_id: str, verb: str) -> TaskStep:

@@ -117,13 +117,13 @@ class Steps:
         return step
 
     def new_group(
-        self, job_id: str, epoch: int, nodes: list[str], ended_before: int = 0
+        self, job_id: str, epoch: int, nodes: list[str], stored_next: int = 0
     ) -> TaskStep:
-        """A srun step of len(nodes) tasks, task T on nodes[T].  `ended_before`: the job's
-        steps already stored as ended (a master that took over numbers on from there)."""
+        """A srun step of len(nodes) tasks, task T on nodes[T].  `stored_next`: the number
+        after the job's last stored step (a master that took over numbers on from there)."""
         n = self._counter.get(job_id, 0) + 1
         self._counter[job_id] = n
-        number = max(self._slurm_counter.get(job_id, 0), ended_before)
+        number = max(self._slurm_counter.get(job_id, 0), stored_next)
         self._slurm_counter[job_id] = number + 1
         group = TaskStep(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, number=number)
         for task, node_id in enumerate(nodes):
@@ -133,6 +133,10 @@ class Steps:
             self.by_id[step.id] = step
         self.groups[group.id] = group
         return group
+
+    def numbering(self, job_id: str) -> bool:
+        """Whether this master numbers the job's steps already (it started one)."""
+        return job_id in self._slurm_counter
 
     def of_job(self, job_id: str) -> list[Step]:
         return [s for s in self.by_id.values() if s.job_id == job_id]

@@ -5,19 +5,22 @@ A change marks its job dirty (`persist`); the first one of a turn arms one `flus
 end of the turn.  Messages to agents go to the outbox (`send`) and leave in `flush`, after
 the write: an agent never hears of a state the master could lose in a crash.  Until a
 job's change is written, queries find it here (`pending`): a job that has just ended is in
-no other place for that moment.
+no other place for that moment.  A srun step that ended is a row of its own
+(`step_ended`), written in the same flush without rewriting its job (store/steps.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from pydantic import BaseModel
 
 from mgpu.master.runtime.clock import Timers
 from mgpu.master.state.registry import AgentLink, Unsendable
 from mgpu.master.store.base import Store
+from mgpu.master.store.steps import StepRow
 from mgpu.model import Job
 from mgpu.scheduler import UsageLedger
 
@@ -35,6 +38,7 @@ class UnitOfWork:
         self.timers = timers
         self.usage = usage
         self._dirty: dict[str, Job] = {}
+        self._steps: list[StepRow] = []
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._usage_dirty = False
         self._flush_armed = False
@@ -48,6 +52,15 @@ class UnitOfWork:
         self._dirty[job.id] = job
         self.on_persist(job)
         self._arm_flush()
+
+    def step_ended(self, job_id: str, step: dict[str, Any]) -> None:
+        """Write a srun step that ended (one row: its job's record is not written again)."""
+        self._steps.append((job_id, step))
+        self._arm_flush()
+
+    def pending_steps(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's steps that ended and are not written yet."""
+        return [step for owner, step in self._steps if owner == job_id]
 
     def usage_changed(self) -> None:
         self._usage_dirty = True
@@ -81,6 +94,9 @@ class UnitOfWork:
             self.store.save_jobs(jobs, event=event, detail=detail, meta=usage)
             self._dirty.clear()  # after the write: queries find them here until it is done
             self._usage_dirty = False
+        if self._steps:
+            self.store.save_steps(self._steps)
+            self._steps = []
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
             try:

@@ -9,7 +9,8 @@ What both keep in memory is here too: the submit order counter (`seq`), the job 
 counter (`LAST_JOB_ID`), the jobs last written as ended (`RECENTLY_ENDED`), the scripts of
 arrays read back lately.  A write updates that memory only once its transaction committed.
 
-Each job is one row: a few indexed columns for queries plus the whole record as JSON.
+Each job is one row: a few indexed columns for queries plus the whole record as JSON.  The
+srun steps a job ran are rows of their own (store/steps.py), never in its record.
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ that stores the job, so an id shown to anyone is never handed out again (a resta
 crash).  An id handed out for a submit that was refused or never written may be given
 again: nobody saw it."""
 
-SCHEMA_VERSION = 2
-"""The schema this mgpu writes (2 added `submit_keys`); each backend migrates an older
-database up to it at open (`schema_version` table).  A database from before versions
-existed counts as version 0."""
+SCHEMA_VERSION = 3
+"""The schema this mgpu writes (2 added `submit_keys`, 3 `job_steps`: store/steps.py); each
+backend migrates an older database up to it at open (`schema_version` table).  A database
+from before versions existed counts as version 0."""
 
 Event = tuple[str, str | None, str | None, str]
 """An audit event written with jobs: (kind, actor, address, target)."""
@@ -253,6 +254,25 @@ class Store(ABC):
     @abstractmethod
     def delete_submit_keys_before(self, before: float, limit: int) -> int:
         """Forget up to `limit` idempotency keys stored before `before`; how many went."""
+
+    # ---- srun steps that ended (store/steps.py; each backend mixes in its class) ----------
+
+    @abstractmethod
+    def save_steps(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Store steps that ended (job id, step), one row each, in one transaction; each of
+        their jobs keeps its last `steps.STEPS_KEPT`."""
+
+    @abstractmethod
+    def steps_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+        """The stored steps of these jobs, oldest first (jobs without any are left out)."""
+
+    @abstractmethod
+    def last_step_number(self, job_id: str) -> int | None:
+        """The highest step number stored for the job (None: none)."""
+
+    @abstractmethod
+    def delete_steps(self, job_ids: Sequence[str]) -> None:
+        """Forget the steps of these jobs (their rows were deleted)."""
 
     @abstractmethod
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:

@@ -2,11 +2,12 @@
 
 A lab that started with one master (SQLite in its state dir) moves to a shared database
 without losing its history or its tokens: every table of the store (jobs, arrays, nodes,
-meta with the job id counter, reservations, the audit log, tokens, node secrets) is copied,
-in one transaction, into a database that holds no state yet (one with state is refused:
-two clusters' rows must not mix).  The source is read from a copy taken with SQLite's
-backup API (a master may still run on it; it is never written) and migrated in memory to
-this mgpu's schema first, so a state dir of any older version imports.
+meta with the job id counter, reservations, the audit log, tokens, node secrets, the jobs'
+srun steps) is copied, in one transaction, into a database that holds no state yet (one
+with state is refused: two clusters' rows must not mix).  The source is read from a copy
+taken with SQLite's backup API (a master may still run on it; it is never written) and
+migrated in memory to this mgpu's schema first, so a state dir of any older version
+imports.
 
 Hooks copy what is not in the store's tables (job output files, the cluster's identity):
 each gets the state dir and the PostgreSQL connection inside the import's transaction and
@@ -54,6 +55,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "allow_root",
     ),
     "node_secrets": ("node_id", "hash", "created"),
+    "job_steps": ("job_id", "number", "record"),
 }
 """The tables copied, and their columns (the same names in both backends)."""
 

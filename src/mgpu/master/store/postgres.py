@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import conninfo
 
-from mgpu.master.store import arrays
+from mgpu.master.store import arrays, steps
 from mgpu.master.store.base import (
     ACTIVE_STATES,
     LAST_JOB_ID,
@@ -154,7 +154,7 @@ def _migrate_to_2(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
 
 
-MIGRATIONS: tuple[Callable[[psycopg.Connection[Any]], None], ...] = (_migrate_to_1, _migrate_to_2)
+MIGRATIONS = (_migrate_to_1, _migrate_to_2, steps.migrate_postgres)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 
@@ -198,7 +198,7 @@ def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
     return isinstance(e, psycopg.OperationalError) and state[:2] in ("08", "57")
 
 
-class PostgresStore(Store):
+class PostgresStore(steps.PostgresSteps, Store):
     def __init__(self, url: str, retry_for: float = RETRY_FOR) -> None:
         super().__init__()
         self.url = url

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mgpu.master.store import arrays
+from mgpu.master.store import arrays, steps
 from mgpu.master.store.base import (
     ACTIVE_STATES,
     LAST_JOB_ID,
@@ -121,7 +121,7 @@ def _migrate_to_2(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
-MIGRATIONS = (_migrate_to_1, _migrate_to_2)
+MIGRATIONS = (_migrate_to_1, _migrate_to_2, steps.migrate_sqlite)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 
@@ -149,7 +149,7 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
     db.execute("COMMIT")
 
 
-class SqliteStore(Store):
+class SqliteStore(steps.SqliteSteps, Store):
     def __init__(self, path: Path | str) -> None:
         super().__init__()
         self.path = path
