@@ -40,6 +40,7 @@ class Master:
         self.name = name
         self.secret_file = self.cluster.root / "secret"
         self.secret_file.write_text(secret + "\n")
+        self.secret_file.chmod(0o600)
         argv = [str(BIN / "mgpu"), "master", "--port", str(self.cluster.port)]
         argv += ["--state-dir", str(self.cluster.state_dir), "--database", pg_url]
         argv += ["--cluster-secret-file", str(self.secret_file)]
@@ -226,6 +227,20 @@ def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
         "database: give this master the same --cluster-secret-file as the other masters"
     )
     assert "Traceback" not in c.log()
+
+
+def test_a_secret_file_others_may_read_is_refused(tmp_path: Path, pg_url: str) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    secret.chmod(0o644)
+    argv = [str(BIN / "mgpu"), "master", "--state-dir", str(tmp_path / "m"), "--database"]
+    argv += [pg_url, "--cluster-secret-file", str(secret)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"mgpu: error: permissions 0644 for {secret} are too open: the cluster secret file "
+        f"must be readable by its owner only (chmod 600 {secret})"
+    ]
 
 
 def test_a_master_of_a_database_needs_the_secret(tmp_path: Path, pg_url: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from mgpu.errors import MgpuError
 from mgpu.master.store import identity as rows
 from mgpu.master.store.identity import SealedIdentity
-from mgpu.privatefile import write_private
+from mgpu.privatefile import TooOpen, read_private, write_private
 from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca, fingerprint_pem
 from mgpu.tokens import TOKEN_PREFIX
 
@@ -56,11 +56,14 @@ class IdentityError(MgpuError):
 
 def read_secret(secret_file: str | None, environ: dict[str, str] | None = None) -> bytes:
     """The cluster secret: the file's content (one trailing newline dropped), else
-    `$MGPU_CLUSTER_SECRET`; IdentityError when neither gives one."""
+    `$MGPU_CLUSTER_SECRET`; IdentityError when neither gives one, or when the file is one
+    the group or other accounts may read (as ssh refuses such a key)."""
     env = os.environ if environ is None else environ
     if secret_file:
         try:
-            secret = Path(secret_file).expanduser().read_bytes()
+            secret = read_private(Path(secret_file).expanduser(), "the cluster secret file")
+        except TooOpen as e:
+            raise IdentityError(str(e)) from None
         except OSError as e:
             raise IdentityError(
                 f"cannot read the cluster secret file {secret_file}: {e.strerror}"
