@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mgpu.dbaddress import describe
 from mgpu.errors import MgpuError
 from mgpu.master.store import identity as rows
 from mgpu.master.store.identity import SealedIdentity
@@ -221,21 +222,7 @@ def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0
             if time.monotonic() >= deadline:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else "no answer"
                 raise IdentityError(
-                    f"cannot reach the database {_safe(database)}: {first}"
+                    f"cannot reach the database {describe(database)}: {first}"
                 ) from None
-            log.warning("waiting for the database %s to answer", _safe(database))
+            log.warning("waiting for the database %s to answer", describe(database))
             time.sleep(1.0)
-
-
-def _safe(url: str) -> str:
-    """A database URL without its password, for a message."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(an unreadable URL)"
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}@" if parts.username else ""
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
