@@ -333,8 +333,10 @@ class ClusterConfig(_Strict):
     ha: HighAvailability = Field(default_factory=HighAvailability)
     partitions: list[Partition] = Field(default_factory=list)
     database: str | None = None
-    """`postgresql://USER@HOST:PORT/DB`: the master keeps its state there (several masters
-    may share it); None: SQLite in the state dir.  `mgpu master --database` overrides it."""
+    """`postgresql://USER@HOST:PORT/DB` (or libpq's keyword form): the master keeps its state
+    there (several masters may share it); None: SQLite in the state dir.  `mgpu master
+    --database` overrides it.  A password here only in a file no other account may read
+    (`load_config` checks)."""
     refuse_unknown_partition: bool = False
     """A Slurm job naming a partition that does not exist: refused (as Slurm does), instead
     of one warning and the default partition."""
@@ -408,7 +410,7 @@ def load_config(path: str | Path | None) -> ClusterConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of sections")
     try:
-        return ClusterConfig.model_validate(raw)
+        config = ClusterConfig.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         field = _field_path(tuple(err["loc"]))
@@ -417,3 +419,25 @@ def load_config(path: str | Path | None) -> ClusterConfig:
             msg = "unknown key"
         return_msg = f"{p}: {field}: {msg}"
         raise ConfigError(return_msg) from None
+    if config.database:
+        _check_database(p, config.database)
+    return config
+
+
+def _check_database(p: Path, database: str) -> None:
+    """`database:` is an address libpq reads, and holds a password only in a config file
+    that no other account may read (a world-readable /etc file is the usual place for a
+    config; it is as public as a command line)."""
+    from mgpu.dbaddress import PASSWORD_PLACES, AddressError, parse, secrets
+
+    try:
+        found = secrets(parse(database, f"{p}: database:"))
+    except AddressError as e:
+        raise ConfigError(str(e)) from None
+    mode = p.stat().st_mode & 0o777
+    if found and mode & 0o077:
+        raise ConfigError(
+            f"{p}: database: holds a password, but other accounts may read this file "
+            f"(permissions {mode:04o}): chmod 600 {p}, or leave the password out and put "
+            f"it in {PASSWORD_PLACES}"
+        )

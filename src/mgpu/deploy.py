@@ -3,7 +3,10 @@
 `mgpu master ... --print-systemd-unit` and `mgpu node ... --print-systemd-unit` print a
 unit that runs exactly that command (same executable, same options, paths made absolute),
 ready for `/etc/systemd/system/`.  Tokens never go into the unit (unit files are world-
-readable): the agent reads `MGPU_JOIN_TOKEN` from `/etc/mgpu/node.env` (mode 0600).
+readable): the agent reads `MGPU_JOIN_TOKEN` from `/etc/mgpu/node.env` (mode 0600); nor does
+a database password (`mgpu master` refuses one in `--database` before it writes a unit,
+mgpu/dbaddress.py): the unit names the `--database-file`, or libpq finds the password in
+the `~/.pgpass` of the unit's user.
 State dirs are private (0700): systemd makes one under /var/lib so (`StateDirectory=`,
 `StateDirectoryMode=0700`), and both units set `UMask=0077` for what they write.
 """
@@ -90,7 +93,9 @@ def master_unit(args: argparse.Namespace, state_dir: Path) -> str:
         words += ["--config", _abs(args.config)]
     words += ["--state-dir", _abs(state_dir)]
     if getattr(args, "database", None):
-        words += ["--database", args.database]
+        words += ["--database", args.database]  # without a password (dbaddress.py)
+    if getattr(args, "database_file", None):
+        words += ["--database-file", _abs(args.database_file)]
     if getattr(args, "cluster_secret_file", None):
         words += ["--cluster-secret-file", _abs(args.cluster_secret_file)]
     if getattr(args, "advertise", None):
@@ -120,6 +125,8 @@ ExecStart={_exec_start(words)}
 # reconnect by themselves with their jobs still running.  (With --database, a master that
 # another took the lead from starts itself again as a standby, or exits with status 75.)
 # It holds secrets and every job's environment and output: private to the unit's user.
+# A database password is never written here (this file is world-readable): it is in the
+# --database-file (chmod 600), or in ~/.pgpass of the unit's user.
 UMask=0077
 {_state_directory(state_dir)}Restart=on-failure
 RestartSec=2

@@ -29,6 +29,9 @@ from pgserver import PgServer
 from stores import durable
 
 SECRET = "correct horse battery staple, forty bytes"
+DB_PASSWORD = "the-database-Passw0rd"
+"""In every master's database file (the test server trusts loopback: never asked for), and
+so in none of their logs or command lines."""
 
 
 class Master:
@@ -40,8 +43,12 @@ class Master:
         self.name = name
         self.secret_file = self.cluster.root / "secret"
         self.secret_file.write_text(secret + "\n")
+        self.secret_file.chmod(0o600)
+        database = self.cluster.root / "database"
+        database.write_text(f"{pg_url}?password={DB_PASSWORD}\n")
+        database.chmod(0o600)
         argv = [str(BIN / "mgpu"), "master", "--port", str(self.cluster.port)]
-        argv += ["--state-dir", str(self.cluster.state_dir), "--database", pg_url]
+        argv += ["--state-dir", str(self.cluster.state_dir), "--database-file", str(database)]
         argv += ["--cluster-secret-file", str(self.secret_file)]
         self.proc = self.cluster._spawn(argv, self.cluster.root / "master.log")
         self.address = self.cluster.address
@@ -70,6 +77,11 @@ class Master:
 
     def log(self) -> str:
         return self.cluster.log("master")
+
+    def argv(self) -> list[str]:
+        """The master's command line as `ps` shows it to every account."""
+        raw = Path(f"/proc/{self.proc.pid}/cmdline").read_bytes()
+        return [w.decode() for w in raw.split(b"\0") if w]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -228,6 +240,20 @@ def test_a_master_with_another_secret_refuses_to_start(masters: Any) -> None:
     assert "Traceback" not in c.log()
 
 
+def test_a_secret_file_others_may_read_is_refused(tmp_path: Path, pg_url: str) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    secret.chmod(0o644)
+    argv = [str(BIN / "mgpu"), "master", "--state-dir", str(tmp_path / "m"), "--database"]
+    argv += [pg_url, "--cluster-secret-file", str(secret)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        f"mgpu: error: permissions 0644 for {secret} are too open: the cluster secret file "
+        f"must be readable by its owner only (chmod 600 {secret})"
+    ]
+
+
 def test_a_master_of_a_database_needs_the_secret(tmp_path: Path, pg_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MGPU_CLUSTER_SECRET"}
     res = subprocess.run(
@@ -280,6 +306,9 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
     wait_for(lambda: a.role() == "standby", timeout=30, what="the old leader to stand by")
     assert a.proc.poll() is None
     assert a.get("/readyz")[2]["leader"] == b.address
+    # Started again with the same argv: the database file's name, never the password.
+    assert "--database-file" in a.argv() and DB_PASSWORD not in " ".join(a.argv())
+    assert DB_PASSWORD not in a.log() + b.log()
 
     with psycopg.connect(pg_url) as db:
         (submitted,) = db.execute(

@@ -30,6 +30,7 @@ def test_sealed_files_open_with_the_secret_only() -> None:
 def test_the_secret_comes_from_the_file_or_the_environment(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     path.write_bytes(SECRET + b"\n")
+    path.chmod(0o600)
     assert identity.read_secret(str(path), {}) == SECRET
     assert identity.read_secret(None, {"MGPU_CLUSTER_SECRET": "x" * 20}) == b"x" * 20
     with pytest.raises(IdentityError, match="needs the cluster secret"):
@@ -38,6 +39,23 @@ def test_the_secret_comes_from_the_file_or_the_environment(tmp_path: Path) -> No
         identity.read_secret(None, {"MGPU_CLUSTER_SECRET": "short"})
     with pytest.raises(IdentityError, match="cannot read the cluster secret file"):
         identity.read_secret(str(tmp_path / "missing"), {})
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660], ids=oct)
+def test_a_secret_file_others_may_read_is_refused_as_ssh_refuses_a_key(
+    tmp_path: Path, mode: int
+) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET + b"\n")
+    path.chmod(mode)
+    with pytest.raises(IdentityError) as refused:
+        identity.read_secret(str(path), {"MGPU_CLUSTER_SECRET": "x" * 20})
+    assert str(refused.value) == (
+        f"permissions {mode:04o} for {path} are too open: the cluster secret file must be "
+        f"readable by its owner only (chmod 600 {path})"
+    )
+    path.chmod(0o400)  # read-only for its owner: as good as 0600
+    assert identity.read_secret(str(path), {}) == SECRET
 
 
 def test_every_master_gets_the_first_ones_identity(tmp_path: Path, pg_url: str) -> None:

@@ -299,9 +299,9 @@ def test_open_store_picks_the_backend(tmp_path: Path, pg_url: str) -> None:
 
 
 def test_open_store_says_what_is_wrong_in_one_sentence(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="not a PostgreSQL URL") as bad:
+    with pytest.raises(StoreError, match="is not a PostgreSQL address") as bad:
         open_store("mysql://root:hunter2@db/mgpu", tmp_path)
-    assert "hunter2" not in str(bad.value) and "root:***@db" in str(bad.value)
+    assert "hunter2" not in str(bad.value)
     url = f"postgresql://mgpu:hunter2@127.0.0.1:{free_port()}/mgpu"
     with pytest.raises(StoreError, match="cannot reach the database") as gone:
         open_store(url, tmp_path)

@@ -19,10 +19,15 @@ def cmd_master(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mgpu.config import ConfigError
+    from mgpu.dbaddress import AddressError, from_command_line
     from mgpu.master.server import default_state_dir, run_master
     from mgpu.master.store.base import StoreError
 
     state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
+    try:  # before the unit too: it would write the password into a world-readable file
+        database = from_command_line(args.database, args.database_file)
+    except AddressError as e:
+        fail(str(e))
     if args.print_systemd_unit:
         from mgpu.deploy import master_unit
 
@@ -36,11 +41,11 @@ def cmd_master(args: argparse.Namespace) -> int:
             args.config,
             args.verbose,
             tls=True if args.tls else (False if args.insecure else None),
-            database=args.database,
+            database=database,
             cluster_secret_file=args.cluster_secret_file,
             advertise=args.advertise,
         )
-    except (ConfigError, StoreError) as e:
+    except (ConfigError, StoreError, AddressError) as e:
         fail(str(e))
     return 0
 
@@ -49,27 +54,29 @@ def cmd_db(args: argparse.Namespace) -> int:
     """`mgpu db import STATE_DIR --database URL`: a SQLite master's state into PostgreSQL."""
     from pathlib import Path
 
+    from mgpu.dbaddress import AddressError, describe, from_command_line
     from mgpu.master.store.base import StoreError
 
-    if not args.database:
-        raise UsageError("mgpu db import needs --database postgresql://USER@HOST:PORT/DB")
-    if not args.database.startswith(("postgresql://", "postgres://")):
-        from mgpu.master.store.base import hide_password
-
-        fail(f"--database {hide_password(args.database)} is not a PostgreSQL URL")
+    try:
+        database = from_command_line(args.database, args.database_file)
+    except AddressError as e:
+        fail(str(e))
+    if not database:
+        raise UsageError(
+            "mgpu db import needs --database postgresql://USER@HOST:PORT/DB (or --database-file)"
+        )
     from mgpu.master.ha.identity import IdentityError, import_hook, read_secret
     from mgpu.master.store.dbimport import HOOKS, import_state
-    from mgpu.master.store.postgres import describe
 
     try:
         # The cluster's identity (CA, join and admin tokens) goes too, sealed with the
         # secret the masters of the database will be given.
         hooks = [*HOOKS, _import_output, import_hook(read_secret(args.cluster_secret_file))]
-        counts = import_state(Path(args.state_dir).expanduser(), args.database, hooks)
+        counts = import_state(Path(args.state_dir).expanduser(), database, hooks)
     except (StoreError, IdentityError) as e:
         fail(str(e))
     shown = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items())
-    print(f"imported {args.state_dir} into {describe(args.database)}: {shown}")
+    print(f"imported {args.state_dir} into {describe(database)}: {shown}")
     return 0
 
 
@@ -220,6 +227,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     return cluster_down(args.state_dir)
 
 
+DATABASE_FILE_HELP = (
+    "instead of --database: a file only you may read (chmod 600) holding the address, "
+    "password and all"
+)
+
+
 def add_daemon_parsers(add: Callable[..., Any]) -> None:
     """Register the daemons' commands (`add(name, fn, help)` is build_parser's)."""
     s = add("master", cmd_master, "run the control plane (foreground)")
@@ -230,9 +243,10 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument(
         "--database",
         metavar="URL",
-        help="keep the state in PostgreSQL (postgresql://USER@HOST:PORT/DB; default: SQLite "
-        "in the state dir; also `database:` in the config)",
+        help="keep the state in PostgreSQL (postgresql://USER@HOST:PORT/DB, no password: "
+        "~/.pgpass; default: SQLite in the state dir; also `database:` in the config)",
     )
+    s.add_argument("--database-file", metavar="FILE", help=DATABASE_FILE_HELP)
     s.add_argument("--tls", action="store_true", help="serve TLS on loopback too")
     s.add_argument("--insecure", action="store_true", help="no TLS even on a public address")
     s.add_argument("--verbose", "-v", action="store_true")
@@ -256,6 +270,7 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument(
         "--database", metavar="URL", help="an empty PostgreSQL database: postgresql://USER@HOST/DB"
     )
+    s.add_argument("--database-file", metavar="FILE", help=DATABASE_FILE_HELP)
     s.add_argument(
         "--cluster-secret-file",
         metavar="FILE",

@@ -11,9 +11,8 @@ from typing import Any
 
 from mgpu import logredact
 from mgpu.config import ClusterConfig, load_config
+from mgpu.dbaddress import describe, parse
 from mgpu.master.ha.leadership import Leadership, LeaseTiming, advertised_address
-from mgpu.master.store import SCHEMES
-from mgpu.master.store.base import hide_password
 
 
 def default_state_dir() -> Path:
@@ -168,7 +167,8 @@ def run_master(
     log = logging.getLogger("mgpu.master")
     first_start = not (state_dir / "join-token").exists()
     leadership = None
-    if config.database and config.database.startswith(SCHEMES):
+    if config.database:
+        parse(config.database, "the database")  # one sentence here, not libpq's later
         leadership = _leadership(
             state_dir, config, config.database, cluster_secret_file, host, port
         )
@@ -217,7 +217,7 @@ def run_master(
         "https" if tls else "http",
         host,
         port,
-        hide_password(config.database) if config.database else state_dir,
+        describe(config.database) if config.database else state_dir,
     )
     uvicorn.run(
         app,

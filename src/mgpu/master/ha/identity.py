@@ -21,10 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mgpu.dbaddress import describe
 from mgpu.errors import MgpuError
 from mgpu.master.store import identity as rows
 from mgpu.master.store.identity import SealedIdentity
-from mgpu.privatefile import write_private
+from mgpu.privatefile import TooOpen, read_private, write_private
 from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca, fingerprint_pem
 from mgpu.tokens import TOKEN_PREFIX
 
@@ -56,11 +57,14 @@ class IdentityError(MgpuError):
 
 def read_secret(secret_file: str | None, environ: dict[str, str] | None = None) -> bytes:
     """The cluster secret: the file's content (one trailing newline dropped), else
-    `$MGPU_CLUSTER_SECRET`; IdentityError when neither gives one."""
+    `$MGPU_CLUSTER_SECRET`; IdentityError when neither gives one, or when the file is one
+    the group or other accounts may read (as ssh refuses such a key)."""
     env = os.environ if environ is None else environ
     if secret_file:
         try:
-            secret = Path(secret_file).expanduser().read_bytes()
+            secret = read_private(Path(secret_file).expanduser(), "the cluster secret file")
+        except TooOpen as e:
+            raise IdentityError(str(e)) from None
         except OSError as e:
             raise IdentityError(
                 f"cannot read the cluster secret file {secret_file}: {e.strerror}"
@@ -218,21 +222,7 @@ def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0
             if time.monotonic() >= deadline:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else "no answer"
                 raise IdentityError(
-                    f"cannot reach the database {_safe(database)}: {first}"
+                    f"cannot reach the database {describe(database)}: {first}"
                 ) from None
-            log.warning("waiting for the database %s to answer", _safe(database))
+            log.warning("waiting for the database %s to answer", describe(database))
             time.sleep(1.0)
-
-
-def _safe(url: str) -> str:
-    """A database URL without its password, for a message."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(an unreadable URL)"
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{parts.username}@" if parts.username else ""
-    return f"{parts.scheme}://{user}{host}{port}{parts.path}"

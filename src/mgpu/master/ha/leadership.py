@@ -274,6 +274,8 @@ def _exit_deposed(why: str) -> None:
             pass
     if os.environ.get(NO_RESTART_ENV) != "1":
         try:
+            # The same argv, which holds no database password: `mgpu master` refuses one
+            # there (mgpu/dbaddress.py); a --database-file is read again.
             os.execv(sys.executable, sys.orig_argv)
         except OSError as e:
             log.critical("cannot start again (%s): exiting with status %d", e, EXIT_DEPOSED)

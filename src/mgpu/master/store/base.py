@@ -16,7 +16,6 @@ srun steps a job ran are rows of their own (store/steps.py), never in its record
 from __future__ import annotations
 
 import json
-import re
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -81,11 +80,6 @@ class StoreError(MgpuError):
 
 class StoreUnavailable(StoreError):
     """The database could not be reached (for longer than the store waits for it)."""
-
-
-def hide_password(url: str) -> str:
-    """A database URL as it may be shown or logged: its password replaced by ***."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def task_record(job: Job) -> dict[str, Any]:

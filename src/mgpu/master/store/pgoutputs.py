@@ -614,8 +614,8 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def open_output_store(database: str | None, state_dir: Path, fence: Fence) -> OutputStore:
-    """The output store of a master: in PostgreSQL with a `postgresql://` database,
-    otherwise files under the state dir (the SQLite cluster's)."""
-    if database and database.startswith(("postgresql://", "postgres://")):
+    """The output store of a master: in PostgreSQL with a database (its address, a URL or
+    libpq's keyword form), otherwise files under the state dir (the SQLite cluster's)."""
+    if database:
         return PgOutputStore(database, fence)
     return FileOutputStore(state_dir / "output")

@@ -10,7 +10,8 @@ The database may go away (restarted, failed over): a statement that finds the co
 lost reconnects and runs its whole transaction again, for up to `retry_for` seconds, then
 raises StoreUnavailable.  A transaction is run again only if it could not have committed,
 or if running it twice is harmless (upserts; inserts that ignore a row already there).
-A Fenced error is never retried.  The URL's password is never logged or shown.
+A Fenced error is never retried.  The address is shown only as `mgpu.dbaddress.describe`
+gives it: without its password.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import conninfo
 
+from mgpu.dbaddress import describe
 from mgpu.master.store import arrays, steps
 from mgpu.master.store.base import (
     ACTIVE_STATES,
@@ -37,12 +39,11 @@ from mgpu.master.store.base import (
     StoreError,
     StoreUnavailable,
     TokenRow,
-    hide_password,
 )
 from mgpu.master.store.fence import LEASE_SCHEMA, Fenced
 from mgpu.model import Job
 
-__all__ = ["RETRY_FOR", "PostgresStore", "describe"]
+__all__ = ["RETRY_FOR", "PostgresStore"]
 
 log = logging.getLogger("mgpu.master")
 
@@ -156,18 +157,6 @@ def _migrate_to_2(conn: psycopg.Connection[Any]) -> None:
 
 MIGRATIONS = (_migrate_to_1, _migrate_to_2, steps.migrate_postgres)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
-
-
-def describe(url: str) -> str:
-    """The URL as it may be shown: without its password."""
-    try:
-        info = conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return hide_password(url)
-    user = f"{info['user']}@" if info.get("user") else ""
-    host = str(info.get("host") or "localhost")
-    port = f":{info['port']}" if info.get("port") else ""
-    return f"postgresql://{user}{host}{port}/{info.get('dbname') or ''}"
 
 
 def _first_line(e: BaseException) -> str:
