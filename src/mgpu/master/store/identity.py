@@ -39,7 +39,14 @@ class SealedIdentity:
 def ensure_table(conn: Any) -> None:
     import psycopg
 
-    with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+    # CREATE TABLE IF NOT EXISTS is not atomic: the loser of a race meets the winner's
+    # row type (DuplicateObject) or catalogue row (UniqueViolation), all harmless.
+    duplicate = (
+        psycopg.errors.UniqueViolation,
+        psycopg.errors.DuplicateTable,
+        psycopg.errors.DuplicateObject,
+    )
+    with contextlib.suppress(*duplicate):
         conn.execute(IDENTITY_SCHEMA)
 
 

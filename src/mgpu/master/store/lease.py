@@ -41,7 +41,14 @@ def ensure_table(conn: Any) -> None:
     duplicate is harmless)."""
     import psycopg
 
-    with contextlib.suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+    # CREATE TABLE IF NOT EXISTS is not atomic: the loser of a race meets the winner's
+    # row type (DuplicateObject) or catalogue row (UniqueViolation), all harmless.
+    duplicate = (
+        psycopg.errors.UniqueViolation,
+        psycopg.errors.DuplicateTable,
+        psycopg.errors.DuplicateObject,
+    )
+    with contextlib.suppress(*duplicate):
         conn.execute(LEASE_SCHEMA)
 
 
