@@ -369,10 +369,12 @@ class MpsControl:
         """`mps_env` for a job (the daemon was started by `prepare`: nothing blocks here).
 
         A job that is not shared is kept off a daemon this agent started in MPS's default
-        pipe directory, where CUDA would find it by itself: under MPS it would run with its
-        user's server's limits, or wait for another user's server to go (MPS runs one user's
-        server at a time).  Its pipe directory is one with no daemon in it, in the agent's
-        own directory (no user can make a `control` pipe there)."""
+        pipe directory (where the site named that), and off one another account planted
+        there: CUDA would find either by itself, and under MPS the job would run with its
+        user's server's limits, wait for another user's server to go (MPS runs one user's
+        server at a time), or talk to the planted one.  Its pipe directory is one with no
+        daemon in it, in the agent's own directory (no user can make a `control` there).
+        A shared job without MPS is recorded with why (`share_held`, `note`)."""
         if "MGPU_GPU_SHARE" not in job_env:
             ours = self.mark.exists() and str(self._daemon()) == DEFAULT_PIPE_DIR
             if ours or _daemon_in(Path(DEFAULT_PIPE_DIR))[1] is not None:  # or a planted one
@@ -406,7 +408,8 @@ class MpsControl:
             self.jobs = kept
             ended = {s.uid for j, s in self.shares.items() if j not in kept}
             self.shares = {j: s for j, s in self.shares.items() if j in kept}
-            self.unheld = {j: why for j, why in self.unheld.items() if j in kept}
+            for job_id in [j for j in list(self.unheld) if j not in kept]:
+                self.unheld.pop(job_id, None)  # in place: `job_env` may add one meanwhile
             self.pipes = self._daemon()
             if self.mark.exists():  # this agent's daemon
                 if not kept:
@@ -577,11 +580,12 @@ class MpsControl:
         """The pipe and log directories of a daemon to start, made where missing (the
         agent's own: `mpsdirs.make_own`); None, and `failure` says why, when one of them is
         not the agent's alone."""
+        named = [self.environ["CUDA_MPS_PIPE_DIRECTORY"]] if self.named else []
+        if self.environ.get("CUDA_MPS_LOG_DIRECTORY"):
+            named.append(self.environ["CUDA_MPS_LOG_DIRECTORY"])
         try:
-            pipes, _ = make_own(self.node_dir, os.geteuid() == 0 and not self.named)
-            named = [self.environ["CUDA_MPS_PIPE_DIRECTORY"]] if self.named else []
-            if self.environ.get("CUDA_MPS_LOG_DIRECTORY"):
-                named.append(self.environ["CUDA_MPS_LOG_DIRECTORY"])
+            if len(named) < 2:  # its own pipe (already in `environ`) or log directory is used
+                make_own(self.node_dir, os.geteuid() == 0 and not self.named)
             for path in named:  # the site's: made as MPS would, checked as the agent's own
                 os.makedirs(path, mode=0o755, exist_ok=True)
                 why = chain_unsafe(path)
@@ -590,7 +594,7 @@ class MpsControl:
         except OSError as e:
             self._fail(f"MPS directory {e.strerror or e}")
             return None
-        return (self.environ["CUDA_MPS_PIPE_DIRECTORY"] if self.named else pipes), self._log_dir()
+        return self.environ["CUDA_MPS_PIPE_DIRECTORY"], self._log_dir()
 
     def _reopen(self) -> None:
         """While this agent's daemon runs, its directories stay reachable for the job users
