@@ -200,6 +200,9 @@ class Slot:
     pid: int | None = None
     exit_code: int | None = None
     phase: SlotPhase = SlotPhase.PENDING
+    share_enforced: bool | None = None
+    """A shared job's share is held to its limits on this node (MPS), as its agent said
+    when the slot started; None: not a shared job, not started, or an older agent."""
 
     @property
     def done(self) -> bool:
@@ -402,6 +405,16 @@ class Job:
         return self.gpu_share or 1.0
 
     @property
+    def share_enforced(self) -> bool | None:
+        """A shared job's share is held to its limits: False where one of its nodes said it
+        is not, True where every node that started it said it is; None: not a shared job,
+        or not said yet."""
+        said = [s.share_enforced for s in self.allocation if s.share_enforced is not None]
+        if not self.gpu_share or not said:
+            return None
+        return all(said)
+
+    @property
     def desired(self) -> DesiredState:
         """What the master wants of this job (it is stopped by killing its processes)."""
         return DesiredState.RUN if self.stop_reason is None else self.stop_reason.desired
@@ -453,6 +466,7 @@ class Job:
                     "hostname": s.hostname,
                     "ip": s.ip,
                     "pid": s.pid,
+                    "share_enforced": s.share_enforced,
                 }
                 for s in self.allocation
             ],
@@ -492,6 +506,7 @@ class Job:
             "script_name": self.script_name,
             "option_sources": dict(self.option_sources),
             "gpu_share": self.gpu_share,
+            "share_enforced": self.share_enforced,
             "reservation": self.reservation,
             "slurm": None if self.slurm is None else self.slurm.to_record(),
         }

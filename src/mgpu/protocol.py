@@ -248,6 +248,10 @@ class Started(BaseModel):
     ip: IpAddress
     time: Timestamp
     port: int | None = Field(default=None, ge=1, le=65535)
+    share_enforced: bool | None = None
+    """A shared job's share is held to its limits here (an MPS server limited before its
+    process started); False: it is not (the job was told why); None: not a shared job, or
+    an agent that does not say."""
 
 
 class Output(BaseModel):

@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,9 +133,54 @@ def test_a_node_without_mps_says_shares_are_not_enforced(without_mps: LocalClust
     wait_for(lambda: shares_enforced(c) is False, what="the node saying shares are not")
     assert "GPU shares not enforced (no MPS)" in c.cli("nodes", check=True).stdout
     job = c.cli("submit", "--gpu-share", "0.5", "sleep 30", check=True).stdout.strip()
-    said = "mgpu: node001 does not hold GPU shares to their limits (no NVIDIA MPS there)"
+    said = (
+        "mgpu: node001 does not hold GPU shares to their limits "
+        "(no nvidia-cuda-mps-control on this node)"
+    )
     try:
         wait_for(lambda: said in client.logs(job), what="the share job told")
+        assert_told_once(c, job, said)
     finally:
         c.cli("cancel", job, check=True)
-    assert client.logs(job).count(said) == 1
+
+
+def assert_told_once(c: LocalCluster, job: str, said: str) -> None:
+    """The running share job says, in its output, `mgpu show` and its JSON, that its share
+    is not held (once: its agent told it, the master's watch leaves it alone)."""
+    client = c.client()
+    wait_for(lambda: client.show(job)["share_enforced"] is False, what="the job's JSON")
+    assert client.show(job)["allocation"][0]["share_enforced"] is False
+    assert "share NOT enforced" in c.cli("show", job, check=True).stdout
+    # The node says so too, and its watch (each heartbeat) does not tell the job again.
+    wait_for(lambda: shares_enforced(c) is False, what="the node saying shares are not")
+    deadline = time.monotonic() + 1.5  # six heartbeats (CONFIG)
+    while time.monotonic() < deadline:
+        assert client.logs(job).count(said) == 1, client.logs(job)
+        time.sleep(0.1)
+
+
+def test_a_daemon_that_cannot_start_is_said_by_the_node_and_the_job(tmp_path: Path) -> None:
+    """`nvidia-cuda-mps-control -d` fails: the node said "enforced" (it has the binary) and
+    ran the share without MPS, telling no one.  Now the node says what it achieved, and the
+    job is told why and shows it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-cuda-mps-control"
+    script.write_text("#!/bin/sh\necho 'no GPU for MPS' >&2\nexit 1\n")
+    script.chmod(0o755)
+    c = cluster(tmp_path, f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    try:
+        client = c.client()
+        wait_for(lambda: shares_enforced(c) is True, what="the node: it can start MPS")
+        job = c.cli("submit", "--gpu-share", "0.5", "sleep 30", check=True).stdout.strip()
+        said = "mgpu: node001 does not hold GPU shares to their limits ("
+        try:
+            wait_for(lambda: said in client.logs(job), what="the share job told")
+            assert "-d failed" in client.logs(job)
+            wait_for(lambda: shares_enforced(c) is False, what="the node saying shares are not")
+            assert "GPU shares not enforced (no MPS)" in c.cli("nodes", check=True).stdout
+            assert_told_once(c, job, said)
+        finally:
+            c.cli("cancel", job, check=True)
+    finally:
+        c.stop()

@@ -494,7 +494,7 @@ def test_an_agent_of_its_own_account_logs_in_its_node_directory(
     del env["CUDA_MPS_LOG_DIRECTORY"]
     node_dir = tmp_path / "node"
     node_dir.mkdir()
-    logs = str(node_dir / "mps-log")
+    logs = str(node_dir / "mps" / "log")
     assert started(control_of(node_dir, env), SHARED, "a")["CUDA_MPS_LOG_DIRECTORY"] == logs
     assert calls(tmp_path)[0] == f"start {tmp_path / 'mps'} {logs}"
     restarted = control_of(node_dir, env)  # its daemon runs on: so do its logs

@@ -41,7 +41,6 @@ from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
 from mgpu.agent.mps import MpsControl
-from mgpu.agent.mps import device_name as mps_device
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.protocol import (
@@ -675,9 +674,9 @@ class Agent:
             self.launcher.kill(old, "superseded", 0.0)
         try:
             req = self.site.request(msg, self.job_env(msg), self.run_as(msg), self.gpus)
-            run = self.launcher.launch(req)
-            if "MGPU_GPU_SHARE" in msg.env:
-                self.mps.launched(msg.job_id)  # its daemon and limits kept while it runs
+            note = jobenv.with_note(req.note, self.mps.note(msg.job_id, self.node_id))
+            run = self.launcher.launch(dataclasses.replace(req, note=note))
+            self.mps.launched(msg.job_id)  # a shared job's daemon and limits kept while it runs
         except (jobenv.UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
             fatal = isinstance(e, jobenv.UserError | JobError)  # the job's problem, not the node's
@@ -703,6 +702,7 @@ class Agent:
             hostname=self.hostname,
             ip=self.options.advertise_ip or _ip_towards(self.master[0]),
             time=run.rec.start_time,
+            share_enforced=self.mps.share_held(run.rec.job_id),
         )
 
     def run_as(self, msg: Launch) -> UserIds | None:
@@ -717,18 +717,7 @@ class Agent:
     def share_setup(self, msg: Launch) -> Callable[[], None] | None:
         """A shared job's MPS server limits, set before its process starts (mgpu.agent.mps):
         what `site.prepare` runs in a thread; None where there is nothing to set."""
-        if "MGPU_GPU_SHARE" not in msg.env or not self.mps.enforced():
-            return None
-        try:
-            ids = self.run_as(msg)
-        except jobenv.UserError:
-            return None  # the launch says why
-        uid = os.geteuid() if ids is None else ids[0]
-        gpu = next((g for g in self.gpus if g.index in msg.gpu_ids), None)
-        ordinal = str(gpu.index if gpu else min(msg.gpu_ids, default=0))
-        device = mps_device(gpu.uuid, gpu.index) if gpu else ordinal
-        env, job_id = dict(msg.env), msg.job_id
-        return lambda: self.mps.prepare(env, job_id, uid, device, ordinal)
+        return jobenv.share_setup(msg, self.hostname, self.gpus, self.mps)
 
     async def _send_all_output(self, run: Running) -> bool:
         """Queue an ended run's output up to where its files end now, as the connection takes

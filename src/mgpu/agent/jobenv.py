@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from mgpu.agent import accounts
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launchsteps import LaunchRequest, UserIds
-from mgpu.agent.mps import MpsControl
+from mgpu.agent.mps import MpsControl, device_name
 from mgpu.protocol import Launch
 
-__all__ = ["UserError", "device_ids", "job_env", "launch_request", "run_as"]
+__all__ = [
+    "UserError",
+    "device_ids",
+    "job_env",
+    "launch_request",
+    "run_as",
+    "share_setup",
+    "with_note",
+]
 
 
 class UserError(RuntimeError):
@@ -66,6 +75,32 @@ def job_env(
             }
         )
     return env
+
+
+def share_setup(
+    msg: Launch, hostname: str, gpus: list[GpuInfo], mps: MpsControl
+) -> Callable[[], None] | None:
+    """A shared job's MPS daemon and server limits, set before its process starts (what
+    `site.prepare` runs in a thread); None for a job that is not shared.  Asked of every
+    shared job, MPS or not: `MpsControl.prepare` tries again a daemon whose start failed,
+    and records what it achieved for the job (`share_held`)."""
+    if "MGPU_GPU_SHARE" not in msg.env:
+        return None
+    try:
+        ids = run_as(msg, hostname)
+    except UserError:
+        return None  # the launch says why
+    uid = os.geteuid() if ids is None else ids[0]
+    gpu = next((g for g in gpus if g.index in msg.gpu_ids), None)
+    ordinal = str(gpu.index if gpu else min(msg.gpu_ids, default=0))
+    device = device_name(gpu.uuid, gpu.index) if gpu else ordinal
+    env, job_id = dict(msg.env), msg.job_id
+    return lambda: mps.prepare(env, job_id, uid, device, ordinal)
+
+
+def with_note(*notes: str | None) -> str | None:
+    """Several notes for the job's stderr as one (a line each), or None."""
+    return "\n".join(n for n in notes if n) or None
 
 
 def device_ids(gpus: list[GpuInfo], gpu_ids: list[int]) -> list[int]:

@@ -257,7 +257,8 @@ def open_spool_files(st: Launching) -> None:
         os.fchown(st.fds[2], ids[0], ids[1])  # reopened by the shim as the user
     if st.req.note:
         note_fd = st.fds[1] if st.req.pty is None else st.fds[0]
-        os.write(note_fd, f"mgpu: {st.req.note}\n".encode())
+        lines = st.req.note.splitlines()  # one or more (jobenv.with_note)
+        os.write(note_fd, "".join(f"mgpu: {line}\n" for line in lines).encode())
 
 
 def prepare_environment(st: Launching) -> None:

@@ -274,9 +274,11 @@ def render_job(job: dict[str, Any]) -> str:
             lines.append(f"  waits for:  {waits}")
     for a in job.get("allocation") or []:
         gpus = ",".join(map(str, a["gpu_ids"])) or "none"
+        held = {True: "  share enforced", False: "  share NOT enforced (no MPS limits)"}
         lines.append(
             f"  ran on:     {a['node_id']} GPUs {gpus}  host {a.get('hostname') or '-'}"
             f"  ip {a.get('ip') or '-'}  pid {a.get('pid') or '-'}"
+            + held.get(a.get("share_enforced"), "")
         )
     attempts = job.get("attempts") or []
     if attempts:

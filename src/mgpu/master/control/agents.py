@@ -240,6 +240,7 @@ class Agents:
             if data is not None:  # None: already stored (re-sent after a reconnect)
                 self.outputs.append(job.id, msg.stream, data, node_id, msg.epoch, msg.end)
         elif isinstance(msg, Started):
+            slot.share_enforced = msg.share_enforced  # saved with the start
             self.life.slot_started(job, slot, msg.pid, msg.hostname, msg.ip, msg.time)
         elif isinstance(msg, PortReserved):
             if awaits_port(job, node_id):

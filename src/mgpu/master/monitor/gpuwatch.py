@@ -6,7 +6,9 @@
   says so, and who uses them (`job_fields`: `waiting for 1 GPU: gpu01 GPU 0 is used
   outside mgpu (3.0 GiB, pid 679, user bob)`).
 * Shares not held to their limits: a `--gpu-share` job on a node whose agent says it has
-  no MPS (`GpuTelemetry.shares_enforced` false) is told so once, in its output.
+  no MPS (`GpuTelemetry.shares_enforced` false) is told so once, in its output, unless
+  its agent said for the job itself (`Slot.share_enforced`, from its `Started`: an agent
+  that says so tells the job why, first thing in its stderr).
 * Per job: the peak memory used on any one of its GPUs and the mean utilisation over
   every sample of its GPUs, kept on the job (`gpu_memory_peak_mb`, `gpu_util_mean`).
 * Idle jobs: a running job none of whose GPUs reached `IDLE_UTIL_PCT` for
@@ -115,7 +117,7 @@ class GpuWatch:
         block = self._foreign(node)
         if block is not None:
             actions.append(block)
-        actions += self._unenforced_shares(node)
+        actions += self._unenforced_shares(node, jobs)
         by_job: dict[str, list[tuple[float | None, int | None]]] = {}
         for index, job_id in node.busy.items():
             tel = node.telemetry.get(index)
@@ -155,13 +157,17 @@ class GpuWatch:
             log.info("%s GPU %d is no longer used outside mgpu", node.node_id, i)
         return BlockGpus(node.node_id, blocked, freed=bool(node.foreign_blocked - blocked))
 
-    def _unenforced_shares(self, node: NodeRecord) -> list[WatchAction]:
-        """Tell each share job on `node` once that its share is not enforced there."""
+    def _unenforced_shares(self, node: NodeRecord, jobs: Mapping[str, Job]) -> list[WatchAction]:
+        """Tell each share job on `node` once that its share is not enforced there: one
+        that started there and whose agent did not say for the job whether it is (one
+        whose agent did was told by that agent)."""
         if not node.shares or not any(t.shares_enforced is False for t in node.telemetry.values()):
             return []
         actions: list[WatchAction] = []
         for tenants in node.shares.values():
             for job_id in sorted(tenants):
+                if not _unsaid(jobs.get(job_id), node.node_id):
+                    continue
                 if job_id not in self._told_unenforced:
                     self._told_unenforced.add(job_id)
                     text = UNENFORCED.format(node=node.node_id)
@@ -270,6 +276,16 @@ class GpuWatch:
         utils = measured_utilisation(nodes)
         if utils:
             self.series.append((now, sum(utils) / len(utils)))
+
+
+def _unsaid(job: Job | None, node_id: str) -> bool:
+    """The job started on `node_id`, and its agent did not say whether its share is held
+    there (an older agent's `Started`)."""
+    if job is None:
+        return False
+    return any(
+        s.node_id == node_id and s.started and s.share_enforced is None for s in job.allocation
+    )
 
 
 def measured_utilisation(nodes: Iterable[NodeRecord]) -> list[float]:
