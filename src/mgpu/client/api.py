@@ -368,9 +368,10 @@ class Client:
 
     def _tls_failed(self, e: Exception) -> MgpuError:
         # A ConnectError: the search goes on to the other masters (one may be an impostor).
+        why = str(getattr(e, "reason", None) or e).replace("_", " ").lower()  # no "(_ssl.c:N)"
         return ConnectError(
-            f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
-            "--insecure, use http://"
+            f"TLS with the mgpu master at {self.address} failed ({why}): is something else on "
+            "its port? (if the master runs with --insecure, use http://)"
         )
 
     def _unreachable(self, e: OSError) -> ConnectError:
