@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
-import os
 import socket
 import ssl
 from pathlib import Path
@@ -186,10 +185,16 @@ def fetch_pinned_ca(host: str, port: int, fingerprint: str, timeout: float) -> b
     return pem
 
 
-def cached_ca(host: str, port: int, fingerprint: str, timeout: float) -> bytes:
-    """The pinned CA, from ~/.cache/mgpu (by fingerprint) or fetched and checked once."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "mgpu"
-    path = cache / f"ca-{fingerprint[:32]}.pem"
+def cached_ca(
+    host: str, port: int, fingerprint: str, timeout: float, cache_dir: str | None = None
+) -> bytes:
+    """The pinned CA, from `cache_dir` (default ~/.cache/mgpu; by fingerprint) or fetched
+    and checked once.  Once kept there, the client or agent dials this cluster only in
+    TLS (mgpu.masters.Transport)."""
+    from mgpu.masters import pinned_ca_path
+
+    path = Path(pinned_ca_path(fingerprint, cache_dir))
+    cache = path.parent
     try:
         pem = path.read_bytes()
         if fingerprint_pem(pem) == fingerprint.lower():

@@ -148,8 +148,10 @@ def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> Non
     try:
         c.start_master()
         with http_server(standby_for(c.address)) as stand:
-            c.start_agent("node001", gpus=1, extra=["--master-host", stand])  # the standby only
-            env = {**c.env, "MGPU_MASTER": stand}
+            # The standby first: its hint is followed to a listed master only.
+            masters = f"{stand},{c.address}"
+            c.start_agent("node001", gpus=1, extra=["--master-host", masters])
+            env = {**c.env, "MGPU_MASTER": masters}
             res = subprocess.run(
                 [str(BIN / "mgpu"), "submit", "--gpus", "1", "echo hi"],
                 capture_output=True,
@@ -158,7 +160,7 @@ def test_a_standby_sends_agents_and_clients_to_the_leader(tmp_path: Path) -> Non
                 timeout=60,
             )
             assert res.returncode == 0, res.stderr
-            client = Client(stand, token=c.admin_token)
+            client = Client(masters, token=c.admin_token)
             jobs = client.queue(all=True)["jobs"]
             assert len(jobs) == 1  # submitted once
             done = client.wait(jobs[0]["id"], timeout=30)

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from helpers import BIN, LocalCluster, kill_group, local_cluster, wait_for
+from impostor import Impostor
 from mgpu import Client, MgpuError
+from mgpu.protocol import Launch, Welcome
 from mgpu.tlsutil import ensure_ca
 
 # Real accounts of every Debian system stand in for people: a root agent runs each job
@@ -291,6 +293,70 @@ def test_tls_with_pinned_ca(tmp_path: Path) -> None:
         # Plain HTTP to the TLS master gets nothing.
         with pytest.raises(MgpuError):
             Client(f"http://{cluster.address}", token=cluster.admin_token).queue()
+    finally:
+        cluster.stop()
+
+
+def _tls_master(cluster: LocalCluster, log: Path) -> None:
+    argv = [str(BIN / "mgpu"), "master", "--tls", "--port", str(cluster.port)]
+    argv += ["--state-dir", str(cluster.state_dir)]
+    cluster.master = cluster._spawn(argv, log)
+    wait_for(cluster._load_tokens, what="tokens")
+    wait_for(lambda: cluster.client().nodes() is not None, what="TLS master")
+
+
+def test_an_impostor_on_a_tls_masters_port_gets_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--tls` on loopback, the master down, any account's plain listener on its port: the
+    CLI, a Python Client (the admin's token) and a restarted agent, all of which met the
+    master once, send it no token, no hello and no node secret, and the agent runs none of
+    the Launch it offers.  Back on the real master, the agent and its jobs go on in TLS."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the client's pinned CA
+    cluster = LocalCluster(tmp_path)
+    marker = tmp_path / "ran-as-root"
+    launch = Launch(
+        job_id="j1",
+        epoch=1,
+        argv=["/bin/sh", "-c", f"touch {marker}"],
+        env={},
+        gpu_ids=[],
+        user="root",
+        allow_root=True,
+    )
+    frames = [Welcome(heartbeat_interval=5).model_dump(), launch.model_dump()]
+    try:
+        _tls_master(cluster, tmp_path / "master-tls.log")
+        cluster.start_agent("node001", gpus=1)  # its first TLS link pins the CA
+        assert cluster.cli("queue").returncode == 0
+        job = cluster.client().submit('echo "$MGPU_MASTER"; mgpu queue >/dev/null && echo ok')
+        assert cluster.client().wait(job.id, timeout=30)["state"] == "completed"
+        # The job's own commands are told to use TLS, and do.
+        assert cluster.client().logs(job.id) == f"https://{cluster.address}\nok\n"
+        agent_dir = tmp_path / "agent-node001"
+        secret = (agent_dir / "node-node001" / "node-secret").read_text().strip()
+        for proc in (cluster.agents["node001"], cluster.master):
+            assert proc is not None
+            kill_group(proc)
+
+        with Impostor(cluster.port, frames) as impostor:
+            res = cluster.cli("queue")  # no scheme given: the pinned CA says TLS
+            assert res.returncode != 0
+            assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+            with pytest.raises(MgpuError):
+                Client(cluster.address, token=cluster.admin_token, connect_timeout=2).queue()
+            seen = impostor.connections()
+            cluster.start_agent("node001", gpus=1, wait=False)  # a new process, same dir
+            impostor.wait_connections(seen + 2)  # it dialled, and dialled again
+            assert impostor.tls_hellos == impostor.connections()
+        received = impostor.everything()
+        for text in (cluster.admin_token, cluster.join_token, secret):
+            assert text.split(".")[0].encode() not in received
+        assert b"Authorization" not in received and b"hello" not in received
+        assert not marker.exists()
+
+        _tls_master(cluster, tmp_path / "master-tls-again.log")
+        cluster.wait_node("node001", "online", timeout=30)  # back, in TLS
     finally:
         cluster.stop()
 

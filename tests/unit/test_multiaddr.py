@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import pytest
 
 from factories import http_server
+from impostor import Impostor
 from mgpu.addresses import AddressError, format_address, parse_addresses
 from mgpu.agent.agent import Agent, DeposedMaster, StandbyMaster
 from mgpu.agent.health import check_masters
@@ -29,9 +30,14 @@ from mgpu.agent.options import AgentOptions
 from mgpu.client import api
 from mgpu.client.api import Client, ConnectError, LostConnection, resolve_addresses
 from mgpu.client.stream import print_logs
+from mgpu.errors import MgpuError
+from mgpu.masters import pinned_ca_path
 from mgpu.protocol import Welcome
 
 MGPU = Path(sys.executable).parent / "mgpu"
+FP = "ab" * 32
+"""A CA fingerprint, as tokens end with."""
+SECRET = f"mgpu_secret.{FP}"
 
 
 @pytest.fixture(autouse=True)
@@ -187,11 +193,56 @@ def test_the_next_master_is_tried_and_the_leader_remembered(dead: str) -> None:
         assert Client(f"{dead},127.0.0.1:1").address == dead
 
 
-def test_a_standby_names_the_leader(dead: str) -> None:
-    with http_server(Leader) as leader, http_server(standby(leader)) as stand:
-        client = Client(f"{stand},{dead}")  # the leader is in no list: the hint says it
+def test_a_standby_names_the_leader() -> None:
+    Other = standby(None)
+    with (
+        http_server(Leader) as leader,
+        http_server(standby(leader)) as stand,
+        http_server(Other) as other,
+    ):
+        client = Client(f"{stand},{other},{leader}")  # the hint skips the one between
         assert client.queue() == {"jobs": [], "nodes": []}
         assert client.address == leader
+        assert Other.asked == 0
+
+
+def test_a_hint_outside_the_list_is_not_followed(
+    dead: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby reached in plain HTTP proves nothing: it may not send the client, and its
+    token, to an address the user did not list."""
+    monkeypatch.setenv("MGPU_FAILOVER_WAIT", "0.3")
+    Leader.posts = []
+    with http_server(Leader) as elsewhere, http_server(standby(elsewhere)) as stand:
+        with pytest.raises(ConnectError, match=f"a standby, the leader is {elsewhere}"):
+            Client(f"{stand},{dead}").submit("true", env={}, cwd="/")
+        assert Leader.posts == []  # nothing reached the address the standby named
+
+
+def test_a_hints_scheme_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`https://` in a hint: the named master is dialled in TLS (the CA its token names
+    checked first), never in plain HTTP with the token."""
+    monkeypatch.setenv("MGPU_FAILOVER_WAIT", "0.3")
+    with Impostor() as named, http_server(standby(f"https://{named.address}")) as stand:
+        with pytest.raises(MgpuError):
+            Client(f"{stand},{named.address}", token=SECRET).queue()
+        assert named.tls_hellos >= 1
+    assert b"mgpu_secret" not in named.everything()
+
+
+def test_a_pinned_ca_means_tls_on_loopback_too() -> None:
+    """A client that has pinned the cluster's CA (it served TLS) never tries plain HTTP
+    first, not even on loopback: a plain listener on the port gets no token."""
+    pin = Path(pinned_ca_path(FP))
+    pin.parent.mkdir(parents=True)
+    pin.write_text("kept at the first TLS contact")  # not a CA: fetched again, in TLS
+    with Impostor() as impostor:
+        for call in (lambda c: c.queue(), lambda c: c.attach("7")):
+            with pytest.raises(MgpuError):
+                call(Client(impostor.address, token=SECRET))
+        assert impostor.tls_hellos >= 2
+    assert b"mgpu_secret" not in impostor.everything()
+    assert Client(f"http://{impostor.address}", token=SECRET).tls is False  # told so
 
 
 @pytest.mark.parametrize("role", ["standby", "leader"])
@@ -291,7 +342,7 @@ def test_a_submit_whose_answer_was_lost_is_sent_again_with_its_key() -> None:
 def test_a_submit_to_a_standby_goes_to_the_leader() -> None:
     Leader.posts = []
     with http_server(Leader) as leader, http_server(standby(leader)) as stand:
-        assert Client(stand).submit("true", env={}, cwd="/").id == "1"
+        assert Client(f"{stand},{leader}").submit("true", env={}, cwd="/").id == "1"
         assert Leader.posts == ["/api/jobs"]
 
 
@@ -350,14 +401,17 @@ def test_attach_to_a_standby_is_a_standby(monkeypatch: pytest.MonkeyPatch) -> No
 # ---- the agent -------------------------------------------------------------------------
 
 
-def _agent(tmp_path: Path, masters: list[tuple[str, int]]) -> Agent:
+def _agent(
+    tmp_path: Path, masters: list[tuple[str, int]], insecure: bool = True, token: str = ""
+) -> Agent:
     options = AgentOptions(
         node_id="n1",
         master_host=masters[0][0],
         master_port=masters[0][1],
         state_dir=tmp_path,
-        insecure=True,
+        insecure=insecure,
         masters=tuple(masters) if len(masters) > 1 else (),
+        token=token or None,
     )
     return Agent(options)
 
@@ -392,7 +446,7 @@ class _Stop(BaseException):
 
 
 def test_the_agent_dials_in_turn_and_follows_the_hint(tmp_path: Path) -> None:
-    agent = _agent(tmp_path, [("dead", 1), ("standby", 2)])
+    agent = _agent(tmp_path, [("dead", 1), ("standby", 2), ("leader", 3)])
     dialled: list[tuple[str, int]] = []
     times: list[float] = []
 
@@ -414,9 +468,42 @@ def test_the_agent_dials_in_turn_and_follows_the_hint(tmp_path: Path) -> None:
     with pytest.raises(_Stop):
         asyncio.run(agent._dial_forever())
     assert dialled[:5] == [("dead", 1), ("standby", 2), ("leader", 3), ("leader", 3), ("dead", 1)]
-    assert ("leader", 3) in agent.masters  # every master it knows goes to its jobs
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 1.6  # a small backoff while all refuse: a failover is seen soon
+
+
+def test_the_agent_follows_no_hint_outside_its_list(tmp_path: Path) -> None:
+    """A hint to an address not configured is not dialled, and never added to the list
+    (nor to the jobs' $MGPU_MASTER)."""
+    agent = _agent(tmp_path, [("standby", 2), ("dead", 1)])
+    dialled: list[tuple[str, int]] = []
+
+    async def session() -> None:
+        dialled.append(agent.master)
+        if len(dialled) > 6:
+            raise _Stop
+        if agent.master == ("standby", 2):
+            raise StandbyMaster("a standby", "elsewhere:3")
+        raise ConnectionRefusedError("refused")
+
+    agent._session = session  # type: ignore[method-assign]
+    with pytest.raises(_Stop):
+        asyncio.run(agent._dial_forever())
+    assert set(dialled) == {("standby", 2), ("dead", 1)}
+    assert agent.masters == [("standby", 2), ("dead", 1)]
+
+
+def test_an_agent_that_pinned_the_ca_dials_loopback_in_tls(tmp_path: Path) -> None:
+    """Pinned in its state dir at its first TLS link: from then on TLS only, on loopback
+    too, and no hello goes out on a plain link."""
+    agent = _agent(tmp_path, [("127.0.0.1", 9)], insecure=False, token=SECRET)
+    assert agent.tls is False  # nothing pinned: a loopback master may be plain
+    Path(pinned_ca_path(FP, str(tmp_path))).write_text("the CA")
+    agent._choose_tls()
+    assert agent.tls is True
+    agent.tls = False  # however it came to be plain: refused before the hello
+    with pytest.raises(ConnectionError, match="refusing to send a token"):
+        asyncio.run(agent._converse(None))
 
 
 def test_health_checks_every_master(dead: str) -> None:

@@ -6,8 +6,10 @@ streams their output back.  When the master goes away, jobs keep running;
 messages wait in an ordered outbox and the agent reconnects with backoff.
 
 Several masters (`--master-host a,b`: one leads, the others stand by) are dialled in turn
-until one leads: a standby refuses the handshake with 503 and names the leader when it
-knows it (`X-Mgpu-Leader`), which is dialled next.  The link to a leader is pinged, so a
+until one leads (`mgpu.masters`, shared with the client): a standby refuses the handshake
+with 503 and names the leader when it knows it (`X-Mgpu-Leader`), which is dialled next if
+it may be.  Once the cluster's CA is pinned (in the state dir), every dial is TLS verified
+against it and no hello goes out in clear.  The link to a leader is pinged, so a
 leader that stopped (SIGSTOP, a machine off, a cut network) is left within seconds.  A
 leader's Welcome carries its lease generation: the agent keeps the highest it was welcomed
 with (in its node dir) and leaves a master whose generation is lower, a deposed leader
@@ -40,9 +42,11 @@ from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
+from mgpu.agent.link import StandbyMaster, open_link, standby_refusal
 from mgpu.agent.mps import MpsControl
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
+from mgpu.masters import Search, Transport
 from mgpu.protocol import (
     Exited,
     Forget,
@@ -92,30 +96,12 @@ about this long of taking over."""
 SINGLE_BACKOFF_MAX = 4.0
 """The same for one master: capped well under its node timeout, so a restarted master
 hears from every agent before it would declare one lost."""
-MULTI_OPEN_TIMEOUT = 3.0
-"""Seconds for one master of several to answer the handshake (a stopped one accepts the
-connection and says nothing) before the next is dialled."""
-PING_INTERVAL = 1.0
-PING_TIMEOUT = 3.0
-"""With several masters, the link is pinged: a leader that answers no ping this long is
-left for the others (with one master: no pings, as before)."""
-CLOSE_TIMEOUT = 1.0
-"""With several masters, seconds to wait for the other side's close frame (a stopped
-leader sends none) before the link is dropped."""
 GENERATION_FILE = "master-generation"
 """In the node dir: the highest leader generation this agent was welcomed with."""
 
 
 class AgentRefused(RuntimeError):
     pass
-
-
-class StandbyMaster(ConnectionError):
-    """The master dialled is a standby (503 at the handshake); `leader`: its hint."""
-
-    def __init__(self, message: str, leader: str | None) -> None:
-        super().__init__(message)
-        self.leader = leader
 
 
 class DeposedMaster(ConnectionError):
@@ -129,12 +115,13 @@ class Agent:
         node_id = options.node_id
         self.node_id = node_id
         self.masters = options.addresses
-        """Every master this agent knows (a standby's hint adds the leader it names)."""
+        """The masters configured (a leader a standby names is dialled, never added)."""
         self.master = self.masters[0]
         """The master dialled now, or last connected to."""
+        told = "http" if options.insecure else options.scheme
+        self.transport = Transport(told, _fingerprint(options.token), str(options.state_dir))
+        """TLS or plain for each dial: TLS only once the CA is pinned in the state dir."""
         self.tls = self._tls_auto = False
-        self._tls_tried: dict[tuple[str, int], bool] = {}
-        """A loopback master's TLS as last tried (plain first; TLS once it refused that)."""
         self._choose_tls()
         self._welcomed = False
         """Whether the session now (or last) was welcomed: the master dialled leads."""
@@ -180,14 +167,9 @@ class Agent:
         self.launcher.output_room = lambda: self.output_queued < OUTPUT_QUEUED_MAX
 
     def _choose_tls(self) -> None:
-        """TLS unless told otherwise; on loopback try plain first and switch if refused."""
-        from mgpu.credentials import is_loopback
-
-        loopback = is_loopback(self.master[0])
-        self.tls = not self.options.insecure and not loopback
-        self._tls_auto = not self.options.insecure and loopback
-        if self._tls_auto:
-            self.tls = self._tls_tried.get(self.master, False)
+        """As the transport says for the master dialled now (mgpu.masters.Transport)."""
+        self.tls = self.transport.tls(self.master)
+        self._tls_auto = self.transport.may_switch(self.master)
 
     def _use(self, address: tuple[str, int]) -> None:
         if address != self.master:
@@ -224,19 +206,6 @@ class Agent:
             )
         if self.generation is None or gen > self.generation:
             self._keep_generation(gen)
-
-    def _hint(self, leader: str | None) -> tuple[str, int] | None:
-        if not leader:
-            return None
-        from mgpu.addresses import AddressError, parse_addresses
-
-        try:
-            address = parse_addresses(leader, self.master[1], "leader")[1][0]
-        except AddressError:
-            return None
-        if address not in self.masters:
-            self.masters.append(address)
-        return address
 
     def _say_failing(self, reason: str) -> None:
         """One line per master and reason (not one per round while a failover runs)."""
@@ -310,10 +279,9 @@ class Agent:
         """Connect, converse, and when the link drops dial again: the master last used
         first, then the others in turn (or the leader a standby names), pausing only once
         every master was tried."""
-        several = len(self.masters) > 1
-        cap = MULTI_BACKOFF_MAX if several else SINGLE_BACKOFF_MAX
+        cap = MULTI_BACKOFF_MAX if len(self.masters) > 1 else SINGLE_BACKOFF_MAX
         delay = 0.2
-        tried: list[tuple[str, int]] = []
+        search = Search(self.masters, self.transport)
         while True:
             self._welcomed = False
             hint = None
@@ -323,7 +291,7 @@ class Agent:
                 raise
             except StandbyMaster as e:
                 self._say_failing(str(e))
-                hint = self._hint(e.leader)
+                hint = e.leader
             except DeposedMaster as e:
                 self._say_failing(str(e))
             except (TimeoutError, OSError) as e:
@@ -336,22 +304,18 @@ class Agent:
             self.connected = False
             if self._welcomed:  # it led: a new round, from it (a blip), then the others
                 self._failing.clear()
-                tried, delay = [], 0.2
+                search, delay = Search(self.masters, self.transport), 0.2
+                if self.master not in self.masters:  # a hinted leader: that link only
+                    self._use(self.masters[0])
                 await asyncio.sleep(0.1 * (0.5 + random.random()))
                 continue
-            tried.append(self.master)
-            if hint is not None and hint not in tried:
-                self._use(hint)
-                continue
-            untried = [a for a in self.masters if a not in tried]
-            if untried:
-                self._use(untried[0])
+            after = search.failed(self.master, hint)
+            if after is not None:
+                self._use(after)
                 continue
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, cap)
-            tried = []
-            if several:
-                self._use(self.masters[0])
+            self._use(search.again())
 
     def _terminate(self) -> None:
         """SIGTERM: ended runs' job scripts are removed first (else they stay in the temp
@@ -375,8 +339,9 @@ class Agent:
                     "the master uses TLS but no join token names its CA "
                     "(mgpu node --token, or $MGPU_JOIN_TOKEN)"
                 )
+            # Pinned in the state dir: from then on this agent dials the cluster in TLS only.
             pem = await asyncio.to_thread(
-                tlsutil.cached_ca, self.master[0], self.master[1], fingerprint, 10.0
+                tlsutil.cached_ca, *self.master, fingerprint, 10.0, str(self.options.state_dir)
             )
             self._ssl_context = tlsutil.client_context(pem)
         return self._ssl_context
@@ -389,36 +354,23 @@ class Agent:
 
             # The master may have made it since this agent started.
             self.token = find_join_token(None, self.options.state_dir)
-
-        several = len(self.masters) > 1
+            self.transport.fingerprint = _fingerprint(self.token)
+        self._choose_tls()  # the CA may have been pinned since the last dial
+        ssl = await self._tls_context() if self.tls else None
         try:
-            async with websockets.connect(
-                self.url,
-                max_size=64 * 1024 * 1024,
-                open_timeout=MULTI_OPEN_TIMEOUT if several else 10,
-                ping_interval=PING_INTERVAL if several else None,
-                ping_timeout=PING_TIMEOUT if several else None,
-                close_timeout=CLOSE_TIMEOUT if several else 10,
-                compression=None,
-                ssl=await self._tls_context() if self.tls else None,
-            ) as ws:
+            async with open_link(self.url, ssl, len(self.masters) > 1) as ws:
                 await self._converse(ws)
         except websockets.InvalidStatus as e:  # it answered in HTTP: TLS or not was right
-            response = e.response
-            if response.status_code == 503:
-                leader = _standby_leader(response.body, response.headers.get("X-Mgpu-Leader"))
-                where = f"the leader is {leader}" if leader else "no leader yet"
-                raise StandbyMaster(
-                    f"the master at {_shown(self.master)} is a standby; {where}", leader
-                ) from None
-            raise
+            raise standby_refusal(e, _shown(self.master)) or e from None
         except (websockets.InvalidMessage, websockets.InvalidHandshake, EOFError):
-            if self._tls_auto:
-                self.tls = not self.tls  # a loopback master may speak only TLS (--tls)
-                self._tls_tried[self.master] = self.tls
+            if self._tls_auto:  # a loopback master may speak only TLS (--tls)
+                self.transport.switch(self.master, not self.tls)
             raise
 
     async def _converse(self, ws: Any) -> None:
+        refused = None if self.tls else self.transport.plain_refused(self.master)
+        if refused:  # no hello in clear, and no Welcome or Launch from an unproven peer
+            raise ConnectionError(refused)
         ip = self.options.advertise_ip or ws.local_address[0]
         hello = Hello(
             node_id=self.node_id,
@@ -710,9 +662,12 @@ class Agent:
         return jobenv.run_as(msg, self.hostname)
 
     def job_env(self, msg: Launch) -> dict[str, str]:
-        # Every master, the leader first: `mgpu` in the job finds it after a failover too.
-        masters = [self.master, *(a for a in self.masters if a != self.master)]
-        return jobenv.job_env(msg, masters, self.gpus, self.mps)
+        # Every master, the leader first: `mgpu` in the job finds it after a failover too;
+        # https:// when this link is TLS, so the job's commands never send a token in clear.
+        lead = [self.master] if self.master in self.masters else []
+        masters = [*lead, *(a for a in self.masters if a != self.master)]
+        scheme = "https" if self.tls else ("http" if self.options.insecure else None)
+        return jobenv.job_env(msg, masters, self.gpus, self.mps, scheme)
 
     def share_setup(self, msg: Launch) -> Callable[[], None] | None:
         """A shared job's MPS server limits, set before its process starts (mgpu.agent.mps):
@@ -824,13 +779,9 @@ def _shown(address: tuple[str, int]) -> str:
     return format_address(address)
 
 
-def _standby_leader(body: bytes | bytearray | None, header: str | None) -> str | None:
-    """Where a standby's 503 says the leader is: its JSON `leader`, else the header."""
-    try:
-        leader = json.loads(body or b"{}").get("leader")
-    except (ValueError, AttributeError):
-        leader = None
-    return leader if isinstance(leader, str) and leader else (header or None)
+def _fingerprint(token: str | None) -> str | None:
+    """The CA fingerprint a join token names (after its '.'), if any."""
+    return (token or "").partition(".")[2] or None
 
 
 _ip_cache: dict[str, str] = {}

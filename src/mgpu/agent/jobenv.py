@@ -50,15 +50,18 @@ def job_env(
     master: tuple[str, int] | list[tuple[str, int]],
     gpus: list[GpuInfo],
     mps: MpsControl,
+    scheme: str | None = None,
 ) -> dict[str, str]:
-    """The job's environment: the master's, and what this node adds."""
+    """The job's environment: the master's, and what this node adds.  `scheme`: how the
+    job's own `mgpu` commands dial the masters ("https": as the agent does, TLS only)."""
     from mgpu.addresses import format_address
 
     env = dict(msg.env)
     # So that `mgpu` inside a job (rsh, srun of a step, queue) finds the master: every
-    # master the agent knows, the leader first (HOST:PORT,HOST:PORT).
+    # master the agent knows, the leader first ([SCHEME://]HOST:PORT,HOST:PORT).
     masters = master if isinstance(master, list) else [master]
-    env["MGPU_MASTER"] = ",".join(format_address(m) for m in masters)
+    prefix = f"{scheme}://" if scheme else ""
+    env["MGPU_MASTER"] = prefix + ",".join(format_address(m) for m in masters)
     env.update(mps.job_env(env, msg.job_id))  # a shared GPU: under MPS where it can
     if any(g.mig for g in gpus) and msg.gpu_ids:
         # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.

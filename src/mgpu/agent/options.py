@@ -25,6 +25,9 @@ class AgentOptions:
     """The join token; None: found in the state dir or $MGPU_JOIN_TOKEN."""
     insecure: bool = False
     """Plain WebSocket, no TLS."""
+    scheme: str | None = None
+    """`--master-host https://...` ("https": TLS only, from the first dial) or `http://`
+    (plain, as --insecure); None: as mgpu.masters.Transport decides."""
     container_runtime: str = "auto"
     gpu_device_dir: Path = devices.DEFAULT_DIR
     """Where the GPUs' device files are (nvidia0, ...): jobs may open only their own."""

@@ -14,6 +14,7 @@ import time
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
 from mgpu.errors import MgpuError as MgpuError  # the client's errors derive from it
+from mgpu.masters import Search, Transport
 from mgpu.wire import Connection, WireError
 
 TYPE_CHECKING = False
@@ -123,35 +124,25 @@ class Standby(RequestError):
 
 
 class _Search:
-    """One request's walk through the masters until one leads (Client._through_leader)."""
+    """One request's walk through the masters until one leads (`mgpu.masters.Search` says
+    where to go next), with the wait while a failover runs and one line at the end."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.tried: list[tuple[str, int]] = []
+        self.walk = Search(client.addresses, client.transport)
         self.errors: dict[tuple[str, int], str] = {}
         self.deadline: float | None = None
         self.delay = 0.05
-        self.hops = 0
-        self.named: tuple[str, int] | None = None
-        """The leader a standby named last."""
 
     def next(self, error: MgpuError, hint: str | None = None) -> None:
         """Move the client to the next master to try (after a pause once every one was
         tried), or raise when the search is over."""
         c = self.client
         here = (c.host, c.port)
-        self.tried.append(here)
         self.errors[here] = _reason(error)
-        leader = c._parse_hint(hint)
-        if leader is not None:
-            self.named = leader
-        if leader is not None and leader not in self.tried and self.hops < 4:
-            self.hops += 1
-            c._use(leader)
-            return
-        untried = [a for a in c.addresses if a not in self.tried]
-        if untried:
-            c._use(untried[0])
+        after = self.walk.failed(here, hint)
+        if after is not None:
+            c._use(after)
             return
         standby = isinstance(error, Standby)
         wait = c.failover_wait if (len(c.addresses) > 1 or standby) else 0.0
@@ -164,8 +155,7 @@ class _Search:
             raise self._final(error, wait)
         time.sleep(self.delay)
         self.delay = min(self.delay * 2, 1.0)
-        self.tried, self.hops = [], 0
-        c._use(self.named or c.addresses[0])  # where the leader was last said to be
+        c._use(self.walk.again())  # where the leader was last said to be
 
     def _final(self, error: MgpuError, wait: float) -> MgpuError:
         if len(self.errors) == 1:
@@ -208,7 +198,8 @@ class Client:
     ) -> None:
         """`address` is "host:port", optionally "https://host:port" or "http://..." to force
         or refuse TLS; otherwise TLS is used for every host but loopback, and loopback
-        falls back to it when the master speaks only TLS (`mgpu master --tls`).
+        falls back to it when the master speaks only TLS (`mgpu master --tls`).  Once the
+        CA the token names is pinned (the cluster served TLS), TLS always (mgpu.masters).
 
         Several masters (one leads, the others stand by) are "host:port,host:port": the
         client finds the leader among them, remembers it for the process, and while a
@@ -230,7 +221,9 @@ class Client:
             tls = scheme == "https"
         if os.environ.get("MGPU_INSECURE") and tls is None:
             tls = False
-        self._tls_given = tls
+        told = None if tls is None else ("https" if tls else "http")
+        self.transport = Transport(told, (self.token or "").partition(".")[2] or None)
+        """TLS or plain for each dial: TLS only, once the cluster's CA is pinned."""
         self.tls = False
         self._tls_auto = False
         self._choose_tls()
@@ -280,11 +273,10 @@ class Client:
             pass  # a read-only home: each process searches again
 
     def _choose_tls(self) -> None:
-        from mgpu.credentials import is_loopback
-
-        tls = self._tls_given
-        self._tls_auto = tls is None and is_loopback(self.host)
-        self.tls = bool(tls) if tls is not None else not is_loopback(self.host)
+        address = (self.host, self.port)
+        self.tls = self.transport.tls(address)
+        self._tls_auto = self.transport.may_switch(address)
+        """A plain dial closed at once may be tried in TLS (a loopback `--tls` master)."""
 
     def _use(self, address: tuple[str, int]) -> None:
         """Talk to this master from now on (its own TLS choice; the CA is the cluster's)."""
@@ -293,16 +285,6 @@ class Client:
         self.host, self.port = address
         self._choose_tls()
         self.close()
-
-    def _parse_hint(self, hint: str | None) -> tuple[str, int] | None:
-        if not hint:
-            return None
-        from mgpu.addresses import AddressError, parse_addresses
-
-        try:
-            return parse_addresses(hint, self.port, "leader")[1][0]
-        except AddressError:
-            return None
 
     def _through_leader(self, attempt: Callable[[], _T], safe: bool, what: str) -> _T:
         """`attempt()` on the leader: on a master that cannot be reached, or a standby, the
@@ -335,11 +317,10 @@ class Client:
                 search = search or _Search(self)
                 search.next(e)
                 continue
-            if len(self.addresses) > 1 and _leaders.get(tuple(self.addresses)) != (
-                self.host,
-                self.port,
-            ):
-                _leaders[tuple(self.addresses)] = (self.host, self.port)
+            here = (self.host, self.port)
+            key = tuple(self.addresses)
+            if len(key) > 1 and here in key and _leaders.get(key) != here:
+                _leaders[key] = here  # a listed master only: a hinted one is for this search
                 self._cache_leader()
             return result
 
@@ -373,6 +354,8 @@ class Client:
             return self._ssl_context
 
     def _connect(self, timeout: float | None) -> Connection:
+        if not self.tls and self.transport.plain_refused((self.host, self.port)):
+            self.tls = True  # the CA became known meanwhile: never a token in clear again
         context = self._tls_context() if self.tls else None
         try:
             conn = Connection(self.host, self.port, self._connect_wait(), context)
@@ -384,9 +367,11 @@ class Client:
         return conn
 
     def _tls_failed(self, e: Exception) -> MgpuError:
-        return MgpuError(
-            f"TLS with the mgpu master at {self.address} failed ({e}); if it runs with "
-            "--insecure, use http://"
+        # A ConnectError: the search goes on to the other masters (one may be an impostor).
+        why = str(getattr(e, "reason", None) or e).replace("_", " ").lower()  # no "(_ssl.c:N)"
+        return ConnectError(
+            f"TLS with the mgpu master at {self.address} failed ({why}): is something else on "
+            "its port? (if the master runs with --insecure, use http://)"
         )
 
     def _unreachable(self, e: OSError) -> ConnectError:
@@ -473,7 +458,7 @@ class Client:
                 conn, fresh = self._checkout(timeout or self.timeout, fresh=lost is not None)
             except ConnectError:
                 if flipped:
-                    self.tls = False  # nothing there: not a TLS-only master after all
+                    self._choose_tls()  # nothing there: not a TLS-only master after all
                 if lost is not None:  # the first try may have reached it
                     raise self._broken(lost, "did not answer in time") from None
                 raise
@@ -483,7 +468,7 @@ class Client:
             except OSError as e:
                 conn.close()
                 if flipped:
-                    self.tls = False
+                    self._choose_tls()
                 if lost is not None:
                     raise self._broken(e, "did not answer in time") from None
                 lost = e

@@ -126,7 +126,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     from mgpu.addresses import AddressError, parse_addresses
 
     try:
-        _, masters = parse_addresses(args.master_host, args.master_port, "--master-host")
+        scheme, masters = parse_addresses(args.master_host, args.master_port, "--master-host")
     except AddressError as e:
         raise UsageError(f"{e} (give HOST[:PORT], or several: HOST[:PORT],HOST[:PORT])") from None
     if not os.path.isdir(args.gpu_device_dir):
@@ -147,6 +147,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         advertise_ip=args.advertise_ip,
         token=args.join_token,
         insecure=args.insecure,
+        scheme=scheme,
         container_runtime=args.container_runtime,
         gpu_device_dir=Path(args.gpu_device_dir),
         gpu_count=args.gpu_count,

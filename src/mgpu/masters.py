@@ -1,0 +1,154 @@
+"""Finding the leading master, and how each master is dialled: one module for the client
+(`mgpu.client.api`) and the agent (`mgpu.agent.agent`).
+
+`Transport` decides TLS or plain HTTP for a dial.  Once this client or agent knows the
+cluster's CA (it was told `https://`, or the CA its token names is pinned: the cluster has
+served it TLS before, on any address), every dial is TLS verified against that CA: no
+plain first try on loopback, no plain fallback after a refusal, a restart or a hint.
+Until then a loopback master is tried in plain HTTP first and in TLS when it closes the
+connection at once (a master started with `--tls`), as before; its first TLS answer pins
+the CA for good.  Plain HTTP only when told so (`http://`, `--insecure`).
+
+`Search` walks the masters until one leads: after a master that cannot be reached or
+stands by, the next one, or the one a standby names; a pause once every one was tried.
+A standby's hint (`X-Mgpu-Leader`, its JSON `leader`) is followed only to a listed master,
+or, once the CA is known, to an address whose TLS certificate the cluster's CA must then
+vouch for; its scheme is kept (an `https://` hint is dialled in TLS, an `http://` one never
+makes a dial plain).  A hinted address is for that search only: it is never added to the
+list.
+
+Imports nothing at module level beyond `os`: `mgpu queue` must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    Address = tuple[str, int]
+
+__all__ = ["MAX_HOPS", "Search", "Transport", "pinned_ca_path"]
+
+MAX_HOPS = 4
+"""Hints followed in one round at most (two standbys naming each other end there)."""
+
+
+def pinned_ca_path(fingerprint: str, cache_dir: str | None = None) -> str:
+    """Where the CA named by `fingerprint` is kept once fetched and checked: in `cache_dir`
+    (an agent's state dir), else the user's cache ($XDG_CACHE_HOME/mgpu, ~/.cache/mgpu)."""
+    if cache_dir is None:
+        base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+        cache_dir = os.path.join(os.path.expanduser(base), "mgpu")
+    return os.path.join(cache_dir, f"ca-{fingerprint.lower()[:32]}.pem")
+
+
+class Transport:
+    """TLS or plain HTTP for each dial of one client or agent (see the module's text).
+
+    `told`: "https" (TLS, always), "http" (plain, always: `http://`, `--insecure`), None:
+    decided here.  `fingerprint`: the CA the token names (settable: an agent may find its
+    token later).  `cache_dir`: where the pinned CA is kept (None: the user's cache)."""
+
+    def __init__(
+        self, told: str | None, fingerprint: str | None, cache_dir: str | None = None
+    ) -> None:
+        self.told = told
+        self.fingerprint = fingerprint
+        self.cache_dir = cache_dir
+        self._known = told == "https"
+        self._tls: dict[Address, bool] = {}
+        """Per address: TLS as a hint's scheme or the last dial's switch chose it."""
+
+    def ca_known(self) -> bool:
+        """Whether every dial must be TLS verified against the cluster's CA: told https, or
+        the CA pinned (once true, true for good)."""
+        if not self._known and self.told is None and self.fingerprint:
+            self._known = os.path.exists(pinned_ca_path(self.fingerprint, self.cache_dir))
+        return self._known
+
+    def tls(self, address: Address) -> bool:
+        """Whether to dial `address` in TLS now."""
+        if self.told is not None:
+            return self.told == "https"
+        if self.ca_known():
+            return True
+        if address in self._tls:
+            return self._tls[address]
+        from mgpu.credentials import is_loopback
+
+        return not is_loopback(address[0])
+
+    def may_switch(self, address: Address) -> bool:
+        """Whether a dial to `address` that was closed at once may be tried in the other
+        transport: a loopback master of unknown transport, while the CA is not known."""
+        if self.told is not None or self.ca_known():
+            return False
+        from mgpu.credentials import is_loopback
+
+        return is_loopback(address[0])
+
+    def switch(self, address: Address, tls: bool) -> None:
+        """Dial `address` in TLS (or, while the CA is not known, plain) from now on."""
+        self._tls[address] = tls
+
+    def plain_refused(self, address: Address) -> str | None:
+        """None when a plain dial to `address` is allowed, else the sentence that refuses
+        it (checked just before any secret would be sent)."""
+        if self.told == "http" or not self.ca_known():
+            return None
+        where = f"{address[0]}:{address[1]}"
+        return (
+            f"refusing to send a token to the master at {where} in plain HTTP: this cluster "
+            "is known to serve TLS (its CA is pinned); if it now serves plain HTTP on "
+            f"purpose, use http://{where}"
+        )
+
+    def hinted(self, hint: str | None, masters: list[Address], port: int) -> Address | None:
+        """Where a standby's hint says the leader is, when it may be followed: a listed
+        master, or, once the CA is known, any address (its TLS certificate must then be the
+        cluster's).  Its scheme is kept: `https://` makes that address a TLS one."""
+        if not hint:
+            return None
+        from mgpu.addresses import AddressError, parse_addresses
+
+        try:
+            scheme, found = parse_addresses(hint, port, "leader")
+        except AddressError:
+            return None
+        address = found[0]
+        if address not in masters and not self.ca_known():
+            return None  # an unauthenticated standby may not send us anywhere
+        if scheme == "https":
+            self._tls[address] = True
+        return address
+
+
+class Search:
+    """One walk through `masters` until one leads (the caller dials; this says where)."""
+
+    def __init__(self, masters: list[Address], transport: Transport) -> None:
+        self.masters = masters
+        self.transport = transport
+        self.tried: list[Address] = []
+        self.named: Address | None = None
+        """The listed master a standby named last (a new round starts there)."""
+        self.hops = 0
+
+    def failed(self, address: Address, hint: str | None = None) -> Address | None:
+        """`address` did not lead (`hint`: where it says the leader is): the master to dial
+        next, or None once every one was tried (pause, then `again`)."""
+        self.tried.append(address)
+        leader = self.transport.hinted(hint, self.masters, address[1])
+        if leader is not None and leader in self.masters:
+            self.named = leader
+        if leader is not None and leader not in self.tried and self.hops < MAX_HOPS:
+            self.hops += 1
+            return leader
+        untried = [a for a in self.masters if a not in self.tried]
+        return untried[0] if untried else None
+
+    def again(self) -> Address:
+        """A new round after the pause: from the listed master named last, else the first."""
+        self.tried, self.hops = [], 0
+        return self.named or self.masters[0]
