@@ -203,7 +203,8 @@ def test_output_files_are_opened_as_the_jobs_user_never_by_the_agent(
     one_node: LocalCluster,
 ) -> None:
     """A root agent that opened the -o path itself could be pointed at any file by a
-    symbolic link; the job's user opens it, so a link to root's file fails the job."""
+    symbolic link; the job's user opens it (and follows no final link: see
+    test_output_planted.py), so a link to root's file fails the job."""
     top = Path(tempfile.mkdtemp(prefix="mgpu-slurm-", dir="/tmp"))
     try:
         top.chmod(0o755)
@@ -227,7 +228,7 @@ def test_output_files_are_opened_as_the_jobs_user_never_by_the_agent(
         bad = other.submit_script(script, name="a.sh", cwd=str(work), slurm=evil).id
         job = ended(one_node, bad)
         assert job["state"] == "failed"
-        assert f"Could not open stdout file {work}/evil.out: Permission denied" in job["reason"]
+        assert f"Could not open stdout file {work}/evil.out: is a symbolic link" in job["reason"]
         assert secret.read_text() == "root's\n"
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -8,9 +8,16 @@ POSIX sh wrapper put in front of the job's argv (after the shim and before the s
    line on stderr (Slurm's words), then /tmp, where the shim alone would fail the job;
 2. it opens the -o and -e files there (truncated, or appended to with --open-mode=append);
    one it cannot open ends the job with Slurm's sentence on stderr, which `open_failure`
-   finds so that the job fails with the path in its reason;
+   finds so that the job fails with the path in its reason.  The directory may be one
+   every account can write (a lab's scratch dir) and the job's number known ahead, so
+   a name is opened once, onto a descriptor, and never walked again: nothing is created
+   through a link (an existing name is opened for reading, a new one created with
+   O_EXCL), then the descriptor is checked: the name's own lstat must be that file (a
+   final symbolic link, or a swap, is refused), and it must be a character device
+   (/dev/null) or a regular file the job's user owns.  Only then is it reopened through
+   /proc/self/fd to append (and truncated), and the copies write to that descriptor;
 3. it copies the run's spool files (what the agent streams to the master: `mgpu logs`)
-   into those files from the first byte, as they grow: one `tail -f` per stream, each
+   into those descriptors from the first byte, as they grow: one `tail -f` per stream, each
    reading its spool file through a descriptor of the wrapper's own stdout or stderr
    reopened by /proc (so the copy needs no path into the agent's private spool).  One
    file for both (the default) is one stream, as in Slurm: the job's stderr goes to its
@@ -46,27 +53,58 @@ _LINES = [
     "  cd /tmp || {",
     '    echo "slurmstepd: error: couldn\'t chdir to /tmp either. dying." >&2; exit 1; }',
     "fi",
-    # 2. the files, relative to the working directory asked for (Slurm's fname_create)
+    # 2. the files, relative to the working directory asked for (Slurm's fname_create),
+    # each opened once, checked through its descriptor, and written through it only
     "case $out in /*) ;; *) out=$dir/$out ;; esac",
     "case $err in /*) ;; *) err=$dir/$err ;; esac",
-    "opened() {",
-    '  if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 )',
-    '  else why=$( { : >"$1"; } 2>&1 ); fi && return 0',
-    '  why=${why##*: }; [ "$why" != "Directory nonexistent" ] || why="No such file or directory"',
+    "refuse() {",
+    "  why=${3:-was replaced while it was opened}; why=${why##*: }",
+    '  case $why in "Directory nonexistent"|"No such file")',
+    '    why="No such file or directory" ;; esac',
     f'  echo "{_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}',
     "}",
-    'opened "$out" stdout; [ "$err" = "$out" ] || opened "$err" stderr',
-    # 3. the copies: one file for both streams is one stream, in the order written (as
-    # Slurm's); what the wrapper said on stderr so far goes first
+    # Onto descriptor 9, and nothing is created through a link: an existing name is opened
+    # for reading (which never creates), a new one created exclusively (O_EXCL follows no
+    # link).  The message comes from the same open tried in a subshell first.
+    "opened() {",
+    '  if [ -L "$1" ]; then refuse "$1" $2 "is a symbolic link"',
+    # (a fifo's open would wait for a writer)
+    '  elif [ -p "$1" ] || [ -S "$1" ]; then refuse "$1" $2 "not a regular file"',
+    '  elif [ -e "$1" ]; then why=$( { : <"$1"; } 2>&1 ) &&',
+    '    { command exec 9<"$1"; } 2>/dev/null || refuse "$1" $2 "$why"',
+    '  else set -C; { command exec 9>"$1"; } 2>/dev/null || {',
+    '    why=$( { : >"$1"; } 2>&1 ); refuse "$1" $2 "$why"; }; set +C; fi',
+    # The name must still be that very file, itself (lstat: a link planted or swapped in
+    # is another inode); then a character device (/dev/null: only root makes one) or a
+    # regular file of the job's own user.
+    '  at=$(stat -c %d:%i -- "$1" 2>/dev/null); it=$(stat -L -c %d:%i /proc/self/fd/0 <&9)',
+    '  if [ -z "$it" ] || [ "$at" != "$it" ]; then',
+    '    [ -L "$1" ] && refuse "$1" $2 "is a symbolic link" || refuse "$1" $2',
+    "  elif [ -c /proc/self/fd/9 ]; then :",
+    '  elif [ -d /proc/self/fd/9 ]; then refuse "$1" $2 "Is a directory"',
+    '  elif [ ! -f /proc/self/fd/9 ]; then refuse "$1" $2 "not a regular file"',
+    "  elif [ ! -O /proc/self/fd/9 ]; then",
+    '    refuse "$1" $2 "not owned by $(id -un 2>/dev/null || id -u)"; fi',
+    # Reopened (the same file: /proc follows no name) to append, then truncated unless
+    # --open-mode=append
+    "  why=$( { : >>/proc/self/fd/9; } 2>&1 ) &&",
+    '    { command exec 9>>/proc/self/fd/9; } 2>/dev/null || refuse "$1" $2 "$why"',
+    '  [ "$mode" = append ] || why=$( { : >/proc/self/fd/9; } 2>&1 ) || refuse "$1" $2 "$why"',
+    "}",
+    'opened "$out" stdout; exec 7>&9',
+    '[ "$err" = "$out" ] || { opened "$err" stderr; exec 8>&9; }; exec 9>&-',
+    # 3. the copies, to descriptors 7 and 8 (the files' names are never walked again): one
+    # file for both streams is one stream, in the order written (as Slurm's); what the
+    # wrapper said on stderr so far goes first
     "exec 5</proc/self/fd/1 6</proc/self/fd/2",
     "( trap '' TERM INT HUP; exec sleep 2147483647 ) & keep=$!",
     # (the descriptor is named inside: a job in the background reads /dev/null otherwise)
-    "copy() { ( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&$1 >>\"$2\" ) \\",
+    "copy() { ( trap '' TERM INT HUP; exec tail -c +1 -s 0.2 --pid=$keep -f <&$1 >&$2 ) \\",
     "  2>/dev/null & }",
     'if [ "$err" = "$out" ]; then',
-    '  cat <&6 >>"$out"; exec 2>&1; copy 5 "$out"; o=$! e=',
-    'else copy 5 "$out"; o=$!; copy 6 "$err"; e=$!; fi',
-    "exec 5<&- 6<&-",
+    "  cat <&6 >&7; exec 2>&1; copy 5 7; o=$! e=",
+    "else copy 5 7; o=$!; copy 6 8; e=$!; fi",
+    "exec 5<&- 6<&- 7>&- 8>&-",
     # 4. the job, in the foreground
     '/bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"; c=$?',
     # Ignored from here: a trapped signal would cut `wait` short (the agent's SIGTERM comes
