@@ -219,6 +219,7 @@ async def _stand_by(
             os._exit(EXIT_DEPOSED)  # the lease runs out; another master takes it
         grace = config.ha.takeover_grace
         cluster.node_admin.grace(config.networking.timeout + 15 if grace is None else grace)
+        cluster.node_admin.holds_lease = leadership.may_send  # no lease: no node judged
         app.state.cluster = cluster
         leadership.serving = True
         log.info("scheduling as the leader (generation %s)", leadership.generation)
