@@ -102,7 +102,7 @@ def build(running: int, queued: int, preempt: bool = False) -> Harness:
     loop.limits.long_queue = loopmod.LONG_QUEUE
     h.advance(60.0)
     for node in h.cl.state.nodes.values():  # heard from (the fake agents send no heartbeats)
-        node.last_seen = h.clock.now
+        node.heard_now(h.clock)
     for n in range(0, queued, 4 * ARRAY):
         for gpus in (1, 2, 4, 1):
             left = min(ARRAY, queued - n)

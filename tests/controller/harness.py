@@ -67,6 +67,11 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.mono
 
+    def jump(self, seconds: float) -> None:
+        """The wall clock alone jumps (an NTP step, an operator's `date -s`): intervals,
+        on the monotonic clock, do not move."""
+        self.now += seconds
+
     def call_soon(self, callback: Callable[[], None]) -> None:
         self._soon.append(callback)
 

@@ -221,6 +221,20 @@ def test_an_allocation_whose_client_is_silent_is_cancelled(h: Harness) -> None:
     assert [e["target"] for e in h.events("cancel")] == [job_id]
 
 
+def test_a_jump_of_the_wall_clock_ends_no_allocation(h: Harness) -> None:
+    """A client's silence is measured on the monotonic clock: the master's wall clock
+    stepping 120 s ahead does not make a client that just spoke look gone."""
+    n1 = h.agent("n1")
+    job_id = _alloc(h, gpus=1)
+    _keep_node(h, n1, 2, touch=job_id)
+    h.clock.jump(120.0)
+    h.advance(0.5)  # the next look, before the client's next word
+    n1.heartbeat()
+    h.tick()
+    assert h.job(job_id).state == JobState.RUNNING
+    assert h.events("cancel") == []
+
+
 def test_terminals_whose_client_is_gone_end_queued_running_and_steps(h: Harness) -> None:
     n1 = h.agent("n1", gpus=1)
     running = h.start("bash", pty=True)

@@ -11,7 +11,7 @@ import pytest
 from harness import Harness
 
 from mgpu.master.control.heartbeats import scaled_interval
-from mgpu.model import NodeState
+from mgpu.model import JobState, NodeState
 from mgpu.protocol import SetHeartbeat
 
 # 1 s heartbeats, 3 s timeout, at most 2 heartbeats a second: 2 nodes keep 1 s, 10 nodes
@@ -145,3 +145,31 @@ def test_a_bad_rate_is_refused() -> None:
     bad: dict[str, Any] = {"networking": {"max_heartbeats_per_second": -1}}
     with pytest.raises(ValidationError):
         ClusterConfig.model_validate(bad)
+
+
+def test_a_jump_of_the_wall_clock_declares_no_node_lost(h: Harness) -> None:
+    """Silence is measured on the monotonic clock: the master's wall clock jumping 120 s
+    ahead (an NTP step) on a quiet cluster loses no node and restarts no job; a node that
+    then stays silent for its timeout is lost as before."""
+    a, b = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    jobs = [h.start("sleep 600", agent=agent) for agent in (a, b)]
+    for agent, job in zip((a, b), jobs, strict=True):
+        agent.started(job)
+    h.settle()
+    h.clock.jump(120.0)
+    h.advance(0.5)
+    h.tick()
+    assert [h.node(n).state for n in ("n1", "n2")] == [NodeState.ONLINE] * 2
+    assert [h.job(j).state for j in jobs] == [JobState.RUNNING] * 2
+    assert h.node("n1").last_seen < h.clock.time() - 100  # shown: the wall clock's
+    timeout = h.config.networking.timeout
+    h.advance(timeout - 1)
+    b.heartbeat()
+    h.tick()
+    assert h.node("n1").state == NodeState.ONLINE
+    h.advance(2.0)
+    b.heartbeat()
+    h.tick()
+    assert h.node("n1").state != NodeState.ONLINE  # silent past its timeout: lost
+    assert h.node("n2").state == NodeState.ONLINE
+    assert h.job(jobs[0]).state == JobState.QUEUED and h.job(jobs[1]).state == JobState.RUNNING

@@ -44,3 +44,42 @@ def test_a_node_that_does_not_come_back_is_lost_after_the_grace(h: Harness) -> N
     h.tick()
     assert h.cl.nodes["n1"].state != NodeState.ONLINE
     assert h.job(job).state == JobState.QUEUED  # requeued: its node is lost
+
+
+def test_a_master_without_the_lease_judges_no_node_and_gives_the_grace_again(
+    h: Harness,
+) -> None:
+    """A leader cut off from the database loses its lease and refuses its agents: their
+    silence is not theirs, so no node is lost meanwhile; once it holds the lease again
+    the agents get the grace anew to find it (then silence counts again)."""
+    a, b = h.agent("n1", gpus=2), h.agent("n2", gpus=2)
+    job = h.start("sleep 600", agent=a)
+    a.started(job)
+    h.settle()
+    held = [True]
+    h.cl.node_admin.holds_lease = lambda: held[0]
+    h.cl.node_admin.grace(45.0)
+    h.advance(50.0)  # the takeover grace is over
+    a.heartbeat()
+    b.heartbeat()
+    h.tick()
+    held[0] = False  # the lease ran out: the agents are refused, silent for minutes
+    for _ in range(20):
+        h.advance(10.0)
+        h.tick()
+    assert h.cl.nodes["n1"].state == NodeState.ONLINE
+    assert h.cl.nodes["n2"].state == NodeState.ONLINE
+    assert h.job(job).state == JobState.RUNNING
+    held[0] = True  # the lease is held again (renewed: no other master took it)
+    h.advance(0.5)
+    h.tick()
+    h.advance(40.0)  # within the grace given again
+    h.tick()
+    assert h.cl.nodes["n1"].state == NodeState.ONLINE
+    assert h.job(job).state == JobState.RUNNING
+    a.heartbeat()  # n1's agent found it again; n2's never does
+    h.advance(10.0)
+    h.tick()
+    assert h.cl.nodes["n1"].state == NodeState.ONLINE
+    assert h.job(job).state == JobState.RUNNING
+    assert h.cl.nodes["n2"].state != NodeState.ONLINE  # judged again after the grace

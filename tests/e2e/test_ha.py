@@ -23,6 +23,7 @@ from websockets.sync.client import connect
 
 from helpers import BIN, LocalCluster, wait_for
 from mgpu.agent.options import AgentOptions
+from mgpu.master.store.pglink import backend_tag
 from mgpu.protocol import Hello
 from mgpu.testing import kill_leftover_jobs
 from pgserver import PgServer
@@ -299,7 +300,8 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
 
     for work in (submit, cancel):
         threading.Thread(target=work, daemon=True).start()
-    wait_for(b.leads, timeout=10, interval=0.05, what="the standby to lead")
+    # Generous: a stop inside a write transaction costs the standby a lock wait more.
+    wait_for(b.leads, timeout=30, interval=0.05, what="the standby to lead")
     os.killpg(a.proc.pid, signal.SIGCONT)
     # It replaces itself with a fresh start (the same pid), back as a standby.
     wait_for(lambda: "deposed: another master leads now" in a.log(), what="it to step down")
@@ -322,6 +324,92 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
     token = (a.cluster.state_dir / "admin-token").read_text().strip()
     status, _, body = b.get(f"/api/jobs/{running.id}", token)
     assert status == 200 and body["state"] == "running"  # the new leader keeps it running
+
+
+HOLDING = """
+SELECT a.pid, a.state, a.wait_event FROM pg_stat_activity a
+  JOIN pg_locks l ON l.pid = a.pid JOIN pg_class c ON c.oid = l.relation
+ WHERE c.relname = 'mgpu_lease' AND l.mode = 'RowShareLock' AND l.granted
+   AND starts_with(a.application_name, %s)
+"""
+"""The leader's backends inside a write transaction past its fence's check (the lease row
+held FOR SHARE), with what each is doing."""
+STALLED = (
+    HOLDING
+    + """
+   AND (a.state = 'idle in transaction' OR a.wait_event = 'ClientRead')
+   AND a.state_change < clock_timestamp() - interval '0.3 s'
+"""
+)
+"""Those of them that have waited on the master for a while."""
+
+
+def _waits_on_its_client(rows: list[Any]) -> bool:
+    return any(state == "idle in transaction" or wait == "ClientRead" for _, state, wait in rows)
+
+
+def _stop_holding_the_lease_row(leader: Master, db: Any, tag: str) -> tuple[Any, ...]:
+    """SIGSTOP `leader` at a moment one of its backends holds the lease row in an open
+    transaction and waits for the master (idle in transaction, or in the middle of a COPY
+    or a pipeline), as found in pg_stat_activity; the backend's row, once it stays so
+    while the leader is stopped.  Moments that do not hold are let go (SIGCONT)."""
+    deadline = time.monotonic() + 120
+    tries = 0
+    while time.monotonic() < deadline:
+        if not _waits_on_its_client(db.execute(HOLDING, (tag,)).fetchall()):
+            continue
+        tries += 1
+        os.killpg(leader.proc.pid, signal.SIGSTOP)
+        # Anything the master sent before it stopped is done within a moment: a backend
+        # still waiting on it well after its last change of state is the stall.
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            rows = db.execute(STALLED, (tag,)).fetchall()
+            if rows:
+                return tuple(rows[0])
+            if not db.execute(HOLDING, (tag,)).fetchall():
+                break  # it committed: another moment
+        os.killpg(leader.proc.pid, signal.SIGCONT)
+    raise AssertionError(f"the leader never stopped in a write transaction ({tries} tries)")
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_leader_stopped_holding_the_lease_row_does_not_stop_the_standby(
+    masters: Any, pg_url: str
+) -> None:
+    """The leader is stopped inside a write transaction (its fence holds the lease row
+    FOR SHARE; caught in pg_stat_activity): the standby leads within seconds all the same,
+    while the leader stays stopped, and once continued the old leader leads no more."""
+    a = masters.start("a")
+    wait_for(a.leads, timeout=30, what="the first master to lead")
+    b = masters.start("b")
+    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a.cluster._load_tokens()
+    a.cluster.start_agent("n1", gpus=2)
+    # A chatty job: its output is a write transaction of the leader's every 50 ms.
+    chatty = a.cluster.client().submit("while :; do echo chatty; sleep 0.005; done", gpus=1)
+    wait_for(lambda: a.cluster.client().show(chatty.id)["state"] == "running", what="running")
+
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        (holder,) = db.execute("SELECT holder FROM mgpu_lease").fetchone()
+        tag = backend_tag(holder)
+        pid, state, wait = _stop_holding_the_lease_row(a, db, tag)
+        stopped = time.monotonic()
+        wait_for(b.leads, timeout=15, interval=0.05, what="the standby to lead")
+        took = time.monotonic() - stopped
+        assert _stopped(a.proc.pid), "the leader was continued before the standby led"
+        assert db.execute(HOLDING, (tag,)).fetchall() == []  # its session was ended
+    assert b.get("/healthz")[2]["generation"] == 2
+    print(f"backend {pid} held the row ({state}, {wait}); the standby led {took:.1f} s later")
+
+    os.killpg(a.proc.pid, signal.SIGCONT)
+    wait_for(lambda: "deposed: another master leads now" in a.log(), what="it to step down")
+    wait_for(lambda: a.role() == "standby", timeout=30, what="the old leader to stand by")
+    assert not a.leads() and b.leads()
+    assert a.get("/readyz")[2]["leader"] == b.address
 
 
 @pytest.mark.skipif(

@@ -87,3 +87,50 @@ def test_the_advertised_address() -> None:
     assert advertised_address("0.0.0.0", 8080, "head1:9000") == "head1:9000"
     assert advertised_address("::1", 8080) == "[::1]:8080"
     assert advertised_address("0.0.0.0", 8080).endswith(":8080")
+
+
+def test_a_leader_stopped_inside_a_write_transaction_does_not_stop_the_standby(
+    pg_url: str,
+) -> None:
+    """The leader's write transaction holds the lease row (its fence's FOR SHARE) and then
+    nothing more happens on it, as when the leader is stopped (SIGSTOP) or cut off between
+    two statements: once the lease has expired the standby ends that leader's database
+    sessions and leads; a connection that is not the old leader's is left alone."""
+    import psycopg
+
+    from mgpu.master.store.pglink import params
+
+    a, b = Watched(pg_url, "a:1"), Watched(pg_url, "b:2")
+    # No idle_in_transaction timeout on the blocker: the standby alone must free the row
+    # (a backend waiting in the middle of a pipeline is not "idle in transaction" either).
+    stalled = a.link.named("store", idle_in_transaction_session_timeout=0)
+    try:
+        a.start()
+        assert a.led.wait(10)
+        with (
+            psycopg.connect(**params(pg_url, stalled)) as writer,
+            psycopg.connect(pg_url, autocommit=True, application_name="psql") as other,
+        ):
+            writer.execute("BEGIN")
+            a.fence.check(writer)  # holds the lease row FOR SHARE, then stalls
+            a._stop.set()  # and the leader renews no more
+            assert a._thread is not None
+            a._thread.join(5)
+            b.start()
+            assert b.led.wait(15), "the standby never led behind the stalled transaction"
+            assert b.generation == 2
+            assert writer.broken or _dead(writer), "the old leader's session still lives"
+            assert other.execute("SELECT 1").fetchone() == (1,)  # not the leader's: kept
+    finally:
+        a.stop(release=False)
+        b.stop(release=False)
+
+
+def _dead(conn: object) -> bool:
+    import psycopg
+
+    try:
+        conn.execute("SELECT 1")  # type: ignore[attr-defined]
+    except psycopg.OperationalError:
+        return True
+    return False

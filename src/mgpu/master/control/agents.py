@@ -119,7 +119,7 @@ class Agents:
         node.features = list(hello.features)
         node.run_as_user = hello.run_as_user
         node.containment, node.gpu_isolation = hello.containment, hello.gpu_isolation
-        node.last_seen = self.state.clock.time()
+        node.heard_now(self.state.clock)
         entry = self.config.node(hello.node_id)
         if entry is not None and entry.gpu_type:
             node.gpu_type = entry.gpu_type
@@ -196,7 +196,7 @@ class Agents:
         node = self.state.nodes.get(node_id)
         if node is None:
             return  # removed (mgpu node remove) while this message was on its way
-        node.last_seen = self.state.clock.time()
+        node.heard_now(self.state.clock)
         if isinstance(msg, Hello):
             log.warning("node %s said hello again on its connection: ignored", node_id)
             return

@@ -166,7 +166,6 @@ class Cluster(Reads):
         self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
-        now = self.clock.time()
         for node_id, rec in self.store.load_nodes().items():
             node = self.state.node(node_id)
             node.hostname = rec.get("hostname", "")
@@ -179,7 +178,7 @@ class Cluster(Reads):
             node.reason = rec.get("reason")
             node.failures = int(rec.get("failures", 0))
             node.features = list(rec.get("features", []))
-            node.last_seen = now  # grace: agents get a full timeout to come back
+            node.heard_now(self.clock)  # grace: agents get a full timeout to come back
             node.state = NodeState.OFFLINE
         for entry in self.config.nodes:
             self.state.node(entry.node_id)
@@ -640,7 +639,7 @@ class Cluster(Reads):
     def readiness(self) -> dict[str, Any]:
         """`/readyz`: whether the store takes writes and the loop runs, and nodes online."""
         online = sum(1 for n in self.nodes.values() if n.schedulable)
-        loop_alive = time.time() - self.loop_tick < 10
+        loop_alive = self.clock.monotonic() - self.loop_tick < 10
         try:
             self.store.set_meta("readyz", str(time.time()))
             writable = True

@@ -278,8 +278,8 @@ class SchedulingLoop:
         its end puts them in the next quick pass of a long queue, not the next full one."""
         self.last_pass_time = 0.0
         self.last_pass_duration = 0.0
-        self.loop_tick = state.clock.time()
-        """When the loop last went round (readyz)."""
+        self.loop_tick = state.clock.monotonic()
+        """When the loop last went round, monotonic seconds (readyz)."""
         self.last_full_seconds = 0.0
         """Wall time of the last full pass (its slices and its worker thread)."""
         default_limit = scheduler_config(config.scheduling).default_time_limit
@@ -336,7 +336,7 @@ class SchedulingLoop:
 
     def tick(self, woken: bool = True) -> None:
         """One round: lost nodes first, then a pass if something changed or one is due."""
-        self.loop_tick = self.state.clock.time()
+        self.loop_tick = self.state.clock.monotonic()
         pacing = self.pacing
         try:
             now = self.state.clock.monotonic()

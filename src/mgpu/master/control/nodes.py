@@ -5,11 +5,18 @@ that admins ask for (`drain`, `resume`, `remove`), the drain the master decides 
 (too many consecutive failures: `charge_failure`; an epilog error), and the loss of a
 node that has gone silent (`check_heartbeats`, Nomad's heartbeat.go: liveness only).  The
 node's agent joining is master/control/agents.py's.
+
+Silence is measured on the monotonic clock (`NodeRecord.heard`), never the wall clock: a
+jump of the master's clock says nothing about its agents.  And only while this master
+holds the leader's lease (`holds_lease`, master/ha): a master whose lease ran out refuses
+its agents, so their silence is its own doing; when it holds the lease again the agents
+get the takeover grace anew to find it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.heartbeats import HeartbeatPace
@@ -50,13 +57,20 @@ class NodeAdmin:
         self.pace = HeartbeatPace(config.networking)
         """The heartbeat interval for the cluster's size, and each node's timeout."""
         self.grace_until = 0.0
-        """No node is declared lost before this time (`grace`)."""
+        """No node is declared lost before this time, monotonic seconds (`grace`)."""
+        self.grace_seconds = config.networking.timeout
+        """The last grace given: given again when the lease is held again."""
+        self.holds_lease: Callable[[], bool] = lambda: True
+        """Whether this master holds the leader's lease now (master/ha sets it; one
+        master alone always does)."""
+        self._lease_lapsed = False
 
     def grace(self, seconds: float) -> None:
         """A new leader took over (master/ha): for `seconds` no node is declared lost and
         no job requeued for it, while the agents find this master and report what they
         run (their hello's reconcile settles each job)."""
-        self.grace_until = self.state.clock.time() + seconds
+        self.grace_seconds = seconds
+        self.grace_until = self.state.clock.monotonic() + seconds
 
     def drain(
         self,
@@ -149,15 +163,24 @@ class NodeAdmin:
         """Declare nodes silent for longer than their timeout (`networking.timeout`, more
         in a big cluster: master/control/heartbeats.py) lost: offline, their connection dropped,
         their jobs requeued (a retry spent) or, if being cancelled, ended.  Counts the
-        connected nodes for the heartbeat interval on the way."""
-        now = self.state.clock.time()
+        connected nodes for the heartbeat interval on the way.  None while this master
+        does not hold the lease; the grace starts again once it does."""
         pace, connected = self.pace, 0
-        if now < self.grace_until:
+        if not self.holds_lease():
+            if not self._lease_lapsed:
+                log.warning("the lease is not held: no node is judged until it is again")
+            self._lease_lapsed = True
+        elif self._lease_lapsed:
+            self._lease_lapsed = False
+            self.grace(self.grace_seconds)
+            log.info("the lease is held again: no node is lost for %.0f s", self.grace_seconds)
+        now = self.state.clock.monotonic()
+        if self._lease_lapsed or now < self.grace_until:
             pace.count(sum(node.connected for node in self.state.nodes.values()))
             return
         least = pace.timeout  # no node's is shorter: most are judged without a lookup
         for node in self.state.nodes.values():
-            silent = now - node.last_seen
+            silent = now - node.heard
             # An offline node may still hold jobs: loaded as running after a master restart.
             if (
                 silent <= least
@@ -170,7 +193,7 @@ class NodeAdmin:
                 node.link.close()
                 node.link = None
             node.move(NodeEvent.LOST)
-            log.warning("node %s lost: silent for %.0f s", node.node_id, now - node.last_seen)
+            log.warning("node %s lost: silent for %.0f s", node.node_id, silent)
             for job in self.state.running_jobs_on(node):
                 self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node.node_id} lost")
             node.busy.clear()

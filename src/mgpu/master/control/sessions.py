@@ -51,12 +51,13 @@ class Sessions:
         self.held: set[str] = set()
         """Ids of the active jobs that end when their client goes away."""
         self.last_seen: dict[str, float] = {}
-        """Run (job or step) id → when its client was last heard (memory only)."""
+        """Run (job or step) id → when its client was last heard, monotonic seconds (memory
+        only: a jump of the wall clock ends no run)."""
         life.on_end.append(self._ended)
 
     def track(self, jobs: Iterable[Job]) -> None:
         """Jobs just submitted (or loaded at start): those held by a client are watched."""
-        now = self.state.clock.time()
+        now = self.state.clock.monotonic()
         for job in jobs:
             if held_by_client(job) and not job.terminal:
                 self.held.add(job.id)
@@ -64,7 +65,7 @@ class Sessions:
 
     def touch(self, run_id: str) -> None:
         """The run's client said something (a heartbeat, a key, a resize)."""
-        self.last_seen[run_id] = self.state.clock.time()
+        self.last_seen[run_id] = self.state.clock.monotonic()
 
     def _ended(self, job: Job) -> None:
         self.held.discard(job.id)
@@ -74,7 +75,7 @@ class Sessions:
 
     def check(self) -> None:
         """End the runs whose client has been silent for longer than the timeout."""
-        now = self.state.clock.time()
+        now = self.state.clock.monotonic()
         timeout = self.config.networking.timeout
         why = f"its client went away (silent for {timeout:g} s)"
         for job_id in sorted(self.held):

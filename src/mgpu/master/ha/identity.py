@@ -212,11 +212,14 @@ def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0
 
     import psycopg
 
+    from mgpu.master.store.pglink import params
+
     log = logging.getLogger("mgpu.master")
     deadline = time.monotonic() + wait
     while True:
         try:
-            with psycopg.connect(database, autocommit=True, connect_timeout=5) as conn:
+            link = params(database, connect_timeout=5)  # keepalives: store/pglink.py
+            with psycopg.connect(**link, autocommit=True) as conn:
                 return ensure_identity(state_dir, conn, secret)
         except psycopg.OperationalError as e:
             if time.monotonic() >= deadline:

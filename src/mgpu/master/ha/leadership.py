@@ -20,6 +20,16 @@ command: the same pid, back as a standby.
 With the defaults (TTL 2.5 s, renew every 0.5 s, standbys try every 0.5 s) a standby leads
 at most TTL + retry (3 s) after the leader's last renewal; the rest of the 5 s goes to
 opening the cluster.
+
+A leader stopped, paused or cut off in the middle of a write transaction holds the lease
+row (its fence's `FOR SHARE`) for as long as its database session lives.  A standby reads
+the lease first and tries to take it only once it has expired, waiting `take_wait` for the
+row at most; when that wait runs out it ends the expired holder's database sessions
+(`lease.end_expired`: all of this master's connections carry its holder's tag in their
+`application_name`, `link`) and takes the lease at its next try.  The leader's own sessions
+also end themselves once idle in a transaction for the TTL
+(`idle_in_transaction_session_timeout`), and PostgreSQL's TCP keepalives end those of a
+master cut off from it within seconds (store/pglink.py).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from typing import Any
 
 from mgpu.master.store import lease
 from mgpu.master.store.fence import Fence
+from mgpu.master.store.pglink import Link, backend_tag, params
 
 __all__ = ["EXIT_DEPOSED", "Leadership", "LeaseTiming", "advertised_address"]
 
@@ -69,6 +80,9 @@ class LeaseTiming:
     """Seconds between a standby's tries to take the lease."""
     connect_timeout: float = 2.0
     """Seconds to (re)connect to the database or run one lease statement."""
+    take_wait: float = 0.5
+    """Seconds a standby's take waits for the lease row's lock (held by a write transaction
+    of the leader) before it looks at whether that leader's lease has expired."""
 
 
 def advertised_address(host: str, port: int, advertise: str | None = None) -> str:
@@ -102,6 +116,11 @@ class Leadership:
         self.fence = fence
         self.timing = timing or LeaseTiming()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        idle = max(1000, round(self.timing.ttl * 1000))
+        self.link = Link.of_holder(self.holder, idle_in_transaction_session_timeout=idle)
+        """How this master's connections to the database are opened (store/pglink.py): its
+        holder's tag, and a transaction left idle for the TTL ends its session (the lease
+        row it holds is free for a standby then)."""
         self.leading = False
         """This master holds the lease (it may still be opening the cluster)."""
         self.serving = False
@@ -165,19 +184,20 @@ class Leadership:
         import psycopg
 
         timeout = self.timing.connect_timeout
+        link = self.link.named("lease", statement_timeout=int(timeout * 1000))
         return psycopg.connect(
-            self.database,
+            **params(
+                self.database,
+                link,
+                connect_timeout=max(1, round(timeout)),
+                # A network cut must not hang the loop for TCP's minutes: a dead peer is
+                # found within seconds, and a send unacknowledged for `timeout` fails.
+                keepalives_idle=max(1, round(timeout)),
+                keepalives_interval=1,
+                keepalives_count=2,
+                tcp_user_timeout=int(timeout * 1000),
+            ),
             autocommit=True,
-            connect_timeout=max(1, round(timeout)),
-            options=f"-c statement_timeout={int(timeout * 1000)}",
-            application_name="mgpu lease",
-            # A network cut must not hang the loop for TCP's minutes: a dead peer is
-            # found within seconds, and a send unacknowledged for `timeout` fails.
-            keepalives=1,
-            keepalives_idle=max(1, round(timeout)),
-            keepalives_interval=1,
-            keepalives_count=2,
-            tcp_user_timeout=int(timeout * 1000),
         )
 
     def _run(self) -> None:
@@ -229,23 +249,50 @@ class Leadership:
                 f"{self.generation}"
             )
             return 0.0
-        started = clock()
-        generation = lease.take(conn, self.holder, self.address, timing.ttl)
-        if generation is not None:
-            self._deadline = started + timing.ttl
-            self.generation = generation
-            self.fence.generation = generation
-            self.leader = self.address
-            self.leading = True
-            log.info("leading the cluster (lease generation %d)", generation)
-            self.on_lead(generation)
-            return timing.renew
         row = lease.read(conn)
+        if row is None or not row.live:
+            started = clock()
+            generation = self._take(conn, row)
+            if generation is not None:
+                self._deadline = started + timing.ttl
+                self.generation = generation
+                self.fence.generation = generation
+                self.leader = self.address
+                self.leading = True
+                log.info("leading the cluster (lease generation %d)", generation)
+                self.on_lead(generation)
+                return timing.renew
+            row = lease.read(conn)
         leader = row.address if row is not None and row.live else None
         if leader != self.leader:
             log.info("standing by: %s", f"the leader is {leader}" if leader else "no leader yet")
             self.leader = leader
         return timing.retry
+
+    def _take(self, conn: Any, row: lease.LeaseRow | None) -> int | None:
+        """Take the expired (or absent) lease `row`: the new generation, else None.  A take
+        that waits too long for the row (a write transaction of the expired holder holds
+        it) ends that holder's database sessions and tries once more."""
+        import psycopg
+
+        timing = self.timing
+        for attempt in (1, 2):
+            try:
+                return lease.take(conn, self.holder, self.address, timing.ttl, timing.take_wait)
+            except psycopg.errors.LockNotAvailable:
+                if attempt == 2 or row is None or row.holder == self.holder:
+                    return None
+            ended = lease.end_expired(conn, row, backend_tag(row.holder))
+            if not ended:
+                return None  # renewed meanwhile, or taken by another standby
+            log.warning(
+                "the expired lease (generation %d) was still held by a transaction of its "
+                "leader (stopped, or cut off from the database): ended its %d database "
+                "session(s)",
+                row.generation,
+                len(ended),
+            )
+        return None
 
     def _finish(self, conn: Any) -> None:
         try:

@@ -94,8 +94,10 @@ def open_outputs(state_dir: Path, database: str | None, store: Store) -> OutputS
     write checked by the store's fence, so every master reads every job's output."""
     if database:
         from mgpu.master.store.pgoutputs import PgOutputStore
+        from mgpu.master.store.postgres import PostgresStore
 
-        return PgOutputStore(database, store.fence)
+        link = store.link if isinstance(store, PostgresStore) else None  # its tag too
+        return PgOutputStore(database, store.fence, link)
     return FileOutputStore(state_dir / "output")
 
 
@@ -208,7 +210,7 @@ async def _stand_by(
     async def lead() -> None:
         await took.wait()
         try:
-            store = open_store(leadership.database, state_dir)
+            store = open_store(leadership.database, state_dir, link=leadership.link)
             store.fence = leadership.fence  # every write: only while this lease is its own
             cluster = open_cluster(state_dir, config, store)
         except Exception as e:
@@ -217,6 +219,7 @@ async def _stand_by(
             os._exit(EXIT_DEPOSED)  # the lease runs out; another master takes it
         grace = config.ha.takeover_grace
         cluster.node_admin.grace(config.networking.timeout + 15 if grace is None else grace)
+        cluster.node_admin.holds_lease = leadership.may_send  # no lease: no node judged
         app.state.cluster = cluster
         leadership.serving = True
         log.info("scheduling as the leader (generation %s)", leadership.generation)

@@ -73,7 +73,7 @@ class ControllerState:
                 node.rack = entry.rack or entry.switch
                 node.hostname = entry.hostname or ""
                 node.ip = entry.ip or ""
-                node.last_seen = self.clock.time()
+                node.heard_now(self.clock)
         return node
 
     def remove_node(self, node_id: str) -> None:

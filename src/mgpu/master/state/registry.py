@@ -7,13 +7,16 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from mgpu.model import NODE_MOVES, NodeEvent, NodeState
 from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
 from mgpu.scheduler.types import SHARE_UNITS
+
+if TYPE_CHECKING:
+    from mgpu.master.runtime.clock import Clock
 
 log = logging.getLogger("mgpu.master")
 
@@ -203,6 +206,11 @@ class NodeRecord:
     failures: int = 0
     """Consecutive node failures (launch errors, lost jobs); reset by a clean job end."""
     last_seen: float = 0.0
+    """When the agent was last heard from, wall-clock seconds (shown and compared with
+    other wall times; never a duration's start)."""
+    heard: float = 0.0
+    """The same moment on the monotonic clock (`Clock.monotonic`): how long a node has
+    been silent is measured on it, so a jump of the wall clock declares no node lost."""
     telemetry: dict[int, GpuTelemetry] = field(default_factory=dict)
     foreign_blocked: frozenset[int] = frozenset()
     """GPUs not offered to the scheduler: used outside mgpu beyond the threshold."""
@@ -219,6 +227,10 @@ class NodeRecord:
         object.__setattr__(self, name, value)
         if name in VIEW_FIELDS:
             self.changed(name in SHAPE_FIELDS)
+
+    def heard_now(self, clock: Clock) -> None:
+        """The agent was heard from (a message, a hello), or is given a full timeout."""
+        self.last_seen, self.heard = clock.time(), clock.monotonic()
 
     def watch(self, watcher: Callable[[str, bool], None]) -> None:
         """Tell `watcher(node_id, shape)` of every change to what the scheduler's view of

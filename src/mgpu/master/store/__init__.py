@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mgpu.master.store.base import Store
+    from mgpu.master.store.pglink import Link
 
 __all__ = ["DB_FILE", "open_store"]
 
@@ -15,12 +16,18 @@ DB_FILE = "mgpu.db"
 """The SQLite store's file in the state dir."""
 
 
-def open_store(database: str | None, state_dir: Path, retry_for: float | None = None) -> Store:
+def open_store(
+    database: str | None,
+    state_dir: Path,
+    retry_for: float | None = None,
+    link: Link | None = None,
+) -> Store:
     """The store: SQLite at `state_dir/mgpu.db` when `database` is None or empty, else the
     PostgreSQL database at that address (`postgresql://USER@HOST:PORT/DB`, or libpq's
     keyword form).  Raises StoreError (one sentence, never the password) for an address
     libpq cannot read or a database it cannot use.
-    `retry_for`: seconds PostgreSQL may be unreachable before a call fails (default 60)."""
+    `retry_for`: seconds PostgreSQL may be unreachable before a call fails (default 60);
+    `link`: how PostgreSQL connections are opened (store/pglink.py; a leader's, tagged)."""
     if not database:
         from mgpu.master.store.sqlite import SqliteStore
 
@@ -34,4 +41,4 @@ def open_store(database: str | None, state_dir: Path, retry_for: float | None = 
         raise StoreError(str(e)) from None
     from mgpu.master.store.postgres import RETRY_FOR, PostgresStore
 
-    return PostgresStore(database, RETRY_FOR if retry_for is None else retry_for)
+    return PostgresStore(database, RETRY_FOR if retry_for is None else retry_for, link)

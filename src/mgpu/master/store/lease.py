@@ -10,6 +10,13 @@ new expiry and gets no row back).  The take also waits for every write transacti
 old leader in flight (they hold the row `FOR SHARE`: `fence.Fence.check`), so no write of
 an older generation lands after a newer one began.
 
+That wait is bounded (`lock_timeout`): a leader stopped (SIGSTOP), paused or cut off inside
+a write transaction would otherwise hold the row, and every standby's take behind it, for
+as long as its session lives: for ever while stopped, two hours after a network cut.  A
+take that times out on the lock while the lease has expired by the database's clock ends
+the expired holder's backends (`end_expired`: every connection of a master is tagged with
+its holder, store/pglink.py), which releases the row; the next take gets it.
+
 The election and its timing are the `ha` layer's (master/ha/leadership.py); this module is
 the SQL.
 """
@@ -23,7 +30,7 @@ from typing import Any
 
 from mgpu.master.store.fence import LEASE_SCHEMA, LEASE_TABLE
 
-__all__ = ["LeaseRow", "ensure_table", "read", "release", "renew", "take"]
+__all__ = ["LeaseRow", "end_expired", "ensure_table", "read", "release", "renew", "take"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,20 @@ def ensure_table(conn: Any) -> None:
         conn.execute(LEASE_SCHEMA)
 
 
-def take(conn: Any, holder: str, address: str | None, ttl: float) -> int | None:
-    """Take the lease if no one holds it (absent or expired): the new generation, else None."""
+def take(
+    conn: Any, holder: str, address: str | None, ttl: float, lock_timeout: float | None = None
+) -> int | None:
+    """Take the lease if no one holds it (absent or expired): the new generation, else None.
+    `lock_timeout`: seconds to wait for the row's lock at most (then
+    psycopg.errors.LockNotAvailable; `conn` must be in autocommit)."""
+    if lock_timeout is None:
+        return _take(conn, holder, address, ttl)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_timeout * 1000))}")
+        return _take(conn, holder, address, ttl)
+
+
+def _take(conn: Any, holder: str, address: str | None, ttl: float) -> int | None:
     row = conn.execute(
         f"""
         INSERT INTO {LEASE_TABLE} AS l (id, generation, holder, address, expires_at)
@@ -98,6 +117,29 @@ def read(conn: Any) -> LeaseRow | None:
     if row is None:
         return None
     return LeaseRow(int(row[0]), str(row[1]), row[2], row[3], bool(row[4]))
+
+
+def end_expired(conn: Any, row: LeaseRow, tag: str) -> list[int]:
+    """End every backend whose application_name starts with `tag` (the tag of `row`'s
+    holder, store/pglink.py), if the lease is still `row`'s generation and has expired by
+    the database's clock: the pids ended.  Checked in the same statement, so a lease its
+    holder renewed meanwhile leaves its backends alone; never this connection's own."""
+    rows = conn.execute(
+        f"""
+        WITH expired AS MATERIALIZED (
+            SELECT a.pid FROM pg_stat_activity a
+             WHERE starts_with(a.application_name, %(tag)s)
+               AND a.pid <> pg_backend_pid()
+               AND a.datname = current_database()
+               AND EXISTS (SELECT 1 FROM {LEASE_TABLE} l
+                            WHERE l.id = 1 AND l.generation = %(generation)s
+                              AND l.holder = %(holder)s
+                              AND l.expires_at <= clock_timestamp()))
+        SELECT pid FROM expired WHERE pg_terminate_backend(pid)
+        """,
+        {"tag": tag, "generation": row.generation, "holder": row.holder},
+    ).fetchall()
+    return sorted(int(r[0]) for r in rows)
 
 
 def release(conn: Any, holder: str, generation: int) -> bool:

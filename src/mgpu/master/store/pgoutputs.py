@@ -50,6 +50,7 @@ from mgpu.master.store.outputtables import (
     Run,
     create_output_tables,
 )
+from mgpu.master.store.pglink import Link, params
 from mgpu.master.store.pgreader import PgOutputReader
 
 log = logging.getLogger("mgpu.master")
@@ -109,10 +110,12 @@ class _Batch:
 class PgOutputStore(OutputStore):
     """Job output in PostgreSQL (see the module docstring)."""
 
-    def __init__(self, url: str, fence: Fence) -> None:
+    def __init__(self, url: str, fence: Fence, link: Link | None = None) -> None:
         super().__init__()
         self.url = url
         self.fence = fence
+        self.link = (link or Link()).named("output")
+        """How its connections are opened (the master's tag and keepalives: store/pglink.py)."""
         self._jobs: dict[str, _Job] = {}
         self._dirty: set[str] = set()
         """Jobs with buffered records."""
@@ -150,7 +153,7 @@ class PgOutputStore(OutputStore):
             conn = self._conns.get(which)
             if conn is None or conn.closed:
                 conn = self._conns[which] = psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=5
+                    **params(self.url, self.link, connect_timeout=5), autocommit=True
                 )
             return conn
 
@@ -613,9 +616,11 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def open_output_store(database: str | None, state_dir: Path, fence: Fence) -> OutputStore:
+def open_output_store(
+    database: str | None, state_dir: Path, fence: Fence, link: Link | None = None
+) -> OutputStore:
     """The output store of a master: in PostgreSQL with a database (its address, a URL or
     libpq's keyword form), otherwise files under the state dir (the SQLite cluster's)."""
     if database:
-        return PgOutputStore(database, fence)
+        return PgOutputStore(database, fence, link)
     return FileOutputStore(state_dir / "output")

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import conninfo
 
 from mgpu.dbaddress import describe
 from mgpu.master.store import arrays, steps
@@ -41,6 +40,7 @@ from mgpu.master.store.base import (
     TokenRow,
 )
 from mgpu.master.store.fence import LEASE_SCHEMA, Fenced
+from mgpu.master.store.pglink import Link, params
 from mgpu.model import Job
 
 __all__ = ["RETRY_FOR", "PostgresStore"]
@@ -54,22 +54,6 @@ RETRY_FOR = 60.0
 
 ONE_QUERY_ROWS = 16
 """Rows a write sends as one query; more go through executemany."""
-
-CONNECT_TIMEOUT = 10
-"""Seconds one connection attempt may take."""
-
-LINK_DEFAULTS: dict[str, Any] = {
-    "connect_timeout": CONNECT_TIMEOUT,
-    "application_name": "mgpu-master",
-    "keepalives": 1,
-    "keepalives_idle": 5,
-    "keepalives_interval": 2,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
-}
-"""How the store connects unless its URL says otherwise: a database cut off by the
-network is noticed within some 10 s (TCP keepalives, unacknowledged data), not after the
-kernel's minutes, so the master reconnects or steps down instead of hanging."""
 
 MIGRATION_LOCK = 0x6D677075  # "mgpu": masters starting together migrate one at a time
 
@@ -188,9 +172,9 @@ def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
 
 
 class PostgresStore(steps.PostgresSteps, Store):
-    def __init__(self, url: str, retry_for: float = RETRY_FOR) -> None:
+    def __init__(self, url: str, retry_for: float = RETRY_FOR, link: Link | None = None) -> None:
         super().__init__()
-        self.url = url
+        self.url, self.link = url, link or Link()  # link: how to connect (store/pglink.py)
         self.where = describe(url)
         self.retry_for = retry_for
         self._conn: psycopg.Connection[Any] | None = None
@@ -212,8 +196,7 @@ class PostgresStore(steps.PostgresSteps, Store):
             raise
 
     def _connect(self) -> psycopg.Connection[Any]:
-        params = {**LINK_DEFAULTS, **conninfo.conninfo_to_dict(self.url)}  # the URL's win
-        return psycopg.connect(autocommit=True, **params)
+        return psycopg.connect(autocommit=True, **params(self.url, self.link))
 
     def connection(self) -> psycopg.Connection[Any]:
         """The store's connection, opened again if it was lost."""
