@@ -27,13 +27,13 @@ from mgpu.client.api import Client, MgpuError, RequestError
 from mgpu.client.console import print_error, warn
 from mgpu.client.options import JOB_FIELDS, UsageError, add_job_options, job_options, make_client
 from mgpu.client.submitting import submitted
+from mgpu.gpurequest import MGPU_REQUEST as GPU_REQUEST
+from mgpu.gpurequest import lay_over
 
 __all__ = ["add_jobctl_parsers", "submit_script"]
 
 MAX_SCRIPT_BYTES = 1 << 20
 """As the master's limit (mgpu.master.control.submit.MAX_SCRIPT_BYTES)."""
-GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids")
-"""However mgpu's options ask for GPUs."""
 COMMAND_LINE = "command line"
 SUMMARY_OVER = 10
 """An array's tasks are listed one a line up to this many, else summed up."""
@@ -96,11 +96,11 @@ def script_options(
             values = vars(parser.parse_args(d.words))
         except UsageError as e:
             raise UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
-        _layer(layer, {k: v for k, v in values.items() if k in JOB_FIELDS})
+        lay_over(layer, {k: v for k, v in values.items() if k in JOB_FIELDS}, GPU_REQUEST)
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for source, values in ((directives.MGPU, layer), (COMMAND_LINE, given)):
-        _layer(merged, values)
+        lay_over(merged, values, GPU_REQUEST)
         for key in GPU_REQUEST:
             if key not in merged:
                 sources.pop(key, None)
@@ -145,14 +145,6 @@ def _cwd() -> str:
         return os.getcwd()
     except FileNotFoundError:
         raise UsageError("the current directory no longer exists") from None
-
-
-def _layer(into: dict[str, Any], values: dict[str, Any]) -> None:
-    """`values` over `into`, a GPU request replacing the one before it whole."""
-    if set(GPU_REQUEST) & values.keys():
-        for key in GPU_REQUEST:
-            into.pop(key, None)
-    into.update(values)
 
 
 def submit_script(args: argparse.Namespace) -> int | None:
