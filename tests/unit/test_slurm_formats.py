@@ -304,3 +304,50 @@ def test_a_job_without_a_name_shows_slurms_default() -> None:
     cols = fields.parse_fields("sacct", "JobName", sacct.KNOWN)
     assert fields.render_fields(cols, [unnamed], False, "P") == ["wrap"]
     assert render("%j", [job(name=None, slurm=None)], header=False) == [""]
+
+
+def test_sacct_field_names_are_prefixes_in_slurms_order() -> None:
+    # The line: `time` is Timelimit (the first of sacct's fields it begins).
+    spec = "User%20,JobID,Jobname%40,partition,state,time,start,nodelist"
+    cols = fields.parse_fields("sacct", spec, sacct.KNOWN)
+    assert [(title, width) for title, width, _ in cols] == [
+        ("User", 20),
+        ("JobID", -12),
+        ("JobName", 40),
+        ("Partition", 10),
+        ("State", 10),
+        ("Timelimit", 10),
+        ("Start", 19),
+        ("NodeList", 15),
+    ]
+    # A shorter prefix is the first match in sacct.c's table, as Slurm's loop takes it.
+    short = fields.parse_fields("sacct", "jobn,sta,exit,nn,elapsedr", sacct.KNOWN)
+    assert [t for t, _, _ in short] == ["JobName", "Start", "ExitCode", "NNodes", "ElapsedRaw"]
+    # A field of Slurm's that mgpu gathers nothing for is there, empty.
+    ((title, _, getter),) = fields.parse_fields("sacct", "maxrss", sacct.KNOWN)
+    assert (title, getter(job())) == ("MaxRSS", "")
+    assert len(fields.parse_fields("sacct", "ALL", sacct.KNOWN)) == len(sacct.KNOWN)
+    with pytest.raises(SlurmError) as e:
+        fields.parse_fields("sacct", "JobID,timez", sacct.KNOWN)
+    assert str(e.value) == 'sacct: error: Invalid field requested: "timez"'
+
+
+def test_squeue_and_sinfo_long_names_are_whole_names_in_any_case(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # squeue's and sinfo's opts.c compare -O names whole (xstrcasecmp), not by prefix.
+    items = fields.parse_long("squeue", "JobID:6,NAME:5,stATe:8", squeue.KNOWN, squeue.LONG_NAMES)
+    assert items == [("i", 6, False), ("j", 5, False), ("T", 8, False)]
+    assert fields.parse_long("squeue", "time", squeue.KNOWN, squeue.LONG_NAMES) == []
+    assert "squeue: error: Invalid job format specification: time" in capsys.readouterr().err
+    items = fields.parse_long(
+        "sinfo", "PartitionName:6,statecompact:6,NodeList", sinfo.KNOWN, sinfo.LONG_NAMES, "node"
+    )
+    assert items == [("R", 6, False), ("t", 6, False), ("N", 20, False)]
+    assert fields.parse_long("sinfo", "part", sinfo.KNOWN, sinfo.LONG_NAMES, "node") == []
+    assert "sinfo: error: Invalid node format specification: part" in capsys.readouterr().err
+    # Each field is declared once: one row per letter, no name for two letters.
+    for columns in (squeue.COLUMNS, sinfo.COLUMNS):
+        letters = [c[0] for c in columns]
+        names = [n.lower() for c in columns for n in c[1].split()]
+        assert len(letters) == len(set(letters)) and len(names) == len(set(names))
