@@ -90,6 +90,7 @@ def test_squeues_default_columns() -> None:
         start_time=None,
         end_time=None,
         reason="waiting for 2 GPUs",
+        reason_code="resources",
         nodes=2,
         slurm={},
     )
@@ -179,9 +180,19 @@ def test_states(over: dict[str, Any], name: str, letters: str, code: str) -> Non
     [
         ({"held": True}, "JobHeldUser"),
         ({"held": True, "held_by": "admin"}, "JobHeldAdmin"),
-        ({"reason": "waiting for dependency 12"}, "Dependency"),
-        ({"reason": "priority"}, "Priority"),
-        ({"reason": "waiting for 2 GPUs"}, "Resources"),
+        ({"reason_code": "dependency"}, "Dependency"),
+        ({"reason_code": "priority"}, "Priority"),
+        ({"reason_code": "resources"}, "Resources"),
+        ({"reason_code": "begin_time"}, "BeginTime"),
+        ({"reason_code": "reservation"}, "Reservation"),
+        ({"reason_code": "node_not_available"}, "ReqNodeNotAvail"),
+        ({"reason_code": "user_gpu_limit"}, "QOSMaxGRESPerUser"),
+        ({"reason_code": "user_job_limit"}, "QOSMaxJobsPerUserLimit"),
+        ({"reason_code": "array_limit"}, "JobArrayTaskLimit"),
+        ({"reason_code": None}, "None"),  # no pass has looked at it yet
+        # Never from the English text, nor from what its start estimate waits on.
+        ({"reason": "waiting for dependency 12", "reason_code": "resources"}, "Resources"),
+        ({"waiting_on": ["7"], "reason_code": "resources"}, "Resources"),
     ],
 )
 def test_pending_reasons(over: dict[str, Any], reason: str) -> None:
@@ -351,3 +362,9 @@ def test_squeue_and_sinfo_long_names_are_whole_names_in_any_case(
         letters = [c[0] for c in columns]
         names = [n.lower() for c in columns for n in c[1].split()]
         assert len(letters) == len(set(letters)) and len(names) == len(set(names))
+
+
+def test_every_typed_wait_reason_has_slurms_code() -> None:
+    from mgpu.model import WaitCode
+
+    assert set(states.WAIT_CODES) | {"held"} == {code.value for code in WaitCode}
