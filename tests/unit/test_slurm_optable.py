@@ -127,3 +127,10 @@ def test_input_variables_of_slurms_table(tmp_path: Path) -> None:
     )
     assert optable.variables("salloc")["SALLOC_PARTITION"] == "partition"
     assert "SLURM_NTASKS" in optable.variables("srun")  # declared, not read by mgpu's srun
+
+
+def test_srun_refuses_inside_a_job_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MGPU_JOB_ID", "7")
+    with pytest.raises(SlurmError) as e:
+        srun.main(["--multi-prog", "-n2", "tasks.conf"])
+    assert str(e.value).startswith("srun: error: --multi-prog is not supported by mgpu")

@@ -52,6 +52,8 @@ def main(argv: list[str]) -> int:
     )
     if not command:
         raise fail(PROG, "No command given to execute.")
+    for name in sorted(optable.names(PROG, "refuse") & values.keys()):  # in a job too
+        raise fail(PROG, optable.REFUSED[name])
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command)
     job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
