@@ -110,6 +110,31 @@ class EndReason(StrEnum):
         return _STOP_DESIRED.get(self, DesiredState.STOP)
 
 
+class WaitCode(StrEnum):
+    """Why a queued job waits, typed (the job's `reason_code`, beside its English `reason`):
+    what Slurm's commands map to their reason codes (mgpu.slurm.states), never the text."""
+
+    RESOURCES = "resources"
+    """Its GPUs are in use."""
+    PRIORITY = "priority"
+    """It would fit, but higher-priority work waits ahead of it for the same GPUs."""
+    DEPENDENCY = "dependency"
+    BEGIN_TIME = "begin_time"
+    """Not before a time (a requeued job's backoff)."""
+    HELD = "held"
+    """`mgpu hold` / `scontrol hold` (by whom: the job's `held_by`)."""
+    RESERVATION = "reservation"
+    """Waiting for its reservation (its start, or its GPUs)."""
+    NODE_NOT_AVAILABLE = "node_not_available"
+    """The nodes it asked for are down or drained."""
+    USER_JOB_LIMIT = "user_job_limit"
+    """Its user is at the limit of running jobs."""
+    USER_GPU_LIMIT = "user_gpu_limit"
+    """Its user is at the limit of GPUs in use."""
+    ARRAY_LIMIT = "array_limit"
+    """Its array is at its `%N` limit of running tasks."""
+
+
 _END_STATE: dict[EndReason, JobState] = {
     EndReason.EXIT_OK: JobState.COMPLETED,
     EndReason.EXIT_NONZERO: JobState.FAILED,
@@ -300,6 +325,8 @@ class Job:
     name: str | None = None
     state: JobState = JobState.QUEUED
     reason: str | None = None
+    reason_code: WaitCode | None = None
+    """A queued job's `reason` typed (None: any other, or not yet decided)."""
     exit_code: int | None = None
     gpus: int = 1
     gpu_ids: list[int] | None = None
@@ -393,7 +420,7 @@ class Job:
         if new not in ALLOWED[self.state]:
             raise IllegalTransition(f"job {self.id}: {self.state} -> {new} is not allowed")
         self.state = new
-        self.reason = reason
+        self.reason, self.reason_code = reason, None
 
     @property
     def terminal(self) -> bool:
@@ -439,6 +466,8 @@ class Job:
             rec["job_token_hashes"] = [*rec.get("job_token_hashes", []), token_hash(legacy)]
         _migrate_stop(rec)
         rec["state"] = JobState(rec["state"])
+        if rec.get("reason_code") is not None:
+            rec["reason_code"] = WaitCode(rec["reason_code"])
         rec["allocation"] = [Slot.from_record(s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]
         if rec.get("node_gpu_ids") is not None:
@@ -459,6 +488,7 @@ class Job:
             "gpus": self.gpus,
             "exit_code": self.exit_code,
             "reason": self.reason,
+            "reason_code": self.reason_code,
             "allocation": [
                 {
                     "node_id": s.node_id,

@@ -11,8 +11,9 @@ import pytest
 
 from mgpu.client import directives
 from mgpu.client.cli import UsageError, build_parser, job_options
-from mgpu.client.cmd_jobctl import _directive_parser, read_script, script_options, slurm_batch
+from mgpu.client.cmd_jobctl import _directive_parser, read_script, script_options
 from mgpu.signalspec import format_signal, parse_signal
+from mgpu.slurm.mgpusubmit import slurm_batch
 from mgpu.spec import SpecError
 
 KNOWN = {opt: a.nargs != 0 for a in _directive_parser()._actions for opt in a.option_strings}

@@ -7,8 +7,9 @@ is still one in the design).  `from mgpu.x import y` counts as importing the mod
 
 The layers, lowest first (docs/ARCHITECTURE.md draws them): the shared base modules
 (`mgpu.model`, `mgpu.protocol`, `mgpu.spec`, ...), the pure scheduler, the simulator, then
-the master and the agent side by side (neither imports the other), then the client, and the
-package's own entry points on top.  Inside the master: runtime < store < state < security <
+the master and the agent side by side (neither imports the other), then the client, the
+Slurm commands over it, and the package's own entry points on top (`mgpu.client.cli`, the
+`mgpu` command, among them).  Inside the master: runtime < store < state < security <
 monitor < control < ha < http < server.
 """
 
@@ -124,8 +125,10 @@ def test_no_import_cycles_between_mgpus_modules() -> None:
         pytest.fail(f"import cycles between mgpu's modules: {shown}")
 
 
-BASE, SCHEDULER, SIM, DAEMONS, CLIENT, TOP = range(6)
-TOP_MODULES = {"mgpu", "mgpu.__main__", "mgpu.testing"}
+BASE, SCHEDULER, SIM, DAEMONS, CLIENT, SLURM, TOP = range(7)
+TOP_MODULES = {"mgpu", "mgpu.__main__", "mgpu.testing", "mgpu.client.cli"}
+"""The package's entry points: `mgpu.client.cli` is the `mgpu` command, which runs the
+client's commands, the master, the node agent and the Slurm commands."""
 MASTER_LAYERS = [
     "runtime",
     "store",
@@ -148,8 +151,7 @@ def layer(module: str) -> tuple[int, str]:
     package = parts[1] if len(parts) > 1 else ""
     ranks = {"scheduler": SCHEDULER, "sim": SIM, "master": DAEMONS, "agent": DAEMONS}
     ranks["client"] = CLIENT
-    if package == "slurm":  # the Slurm commands are more of the client's commands
-        return CLIENT, "client"
+    ranks["slurm"] = SLURM  # Slurm's commands, over the client (its API, its steps)
     if package in ranks:
         return ranks[package], package
     return BASE, "base"

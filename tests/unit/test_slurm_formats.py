@@ -90,6 +90,7 @@ def test_squeues_default_columns() -> None:
         start_time=None,
         end_time=None,
         reason="waiting for 2 GPUs",
+        reason_code="resources",
         nodes=2,
         slurm={},
     )
@@ -179,9 +180,19 @@ def test_states(over: dict[str, Any], name: str, letters: str, code: str) -> Non
     [
         ({"held": True}, "JobHeldUser"),
         ({"held": True, "held_by": "admin"}, "JobHeldAdmin"),
-        ({"reason": "waiting for dependency 12"}, "Dependency"),
-        ({"reason": "priority"}, "Priority"),
-        ({"reason": "waiting for 2 GPUs"}, "Resources"),
+        ({"reason_code": "dependency"}, "Dependency"),
+        ({"reason_code": "priority"}, "Priority"),
+        ({"reason_code": "resources"}, "Resources"),
+        ({"reason_code": "begin_time"}, "BeginTime"),
+        ({"reason_code": "reservation"}, "Reservation"),
+        ({"reason_code": "node_not_available"}, "ReqNodeNotAvail"),
+        ({"reason_code": "user_gpu_limit"}, "QOSMaxGRESPerUser"),
+        ({"reason_code": "user_job_limit"}, "QOSMaxJobsPerUserLimit"),
+        ({"reason_code": "array_limit"}, "JobArrayTaskLimit"),
+        ({"reason_code": None}, "None"),  # no pass has looked at it yet
+        # Never from the English text, nor from what its start estimate waits on.
+        ({"reason": "waiting for dependency 12", "reason_code": "resources"}, "Resources"),
+        ({"waiting_on": ["7"], "reason_code": "resources"}, "Resources"),
     ],
 )
 def test_pending_reasons(over: dict[str, Any], reason: str) -> None:
@@ -304,3 +315,56 @@ def test_a_job_without_a_name_shows_slurms_default() -> None:
     cols = fields.parse_fields("sacct", "JobName", sacct.KNOWN)
     assert fields.render_fields(cols, [unnamed], False, "P") == ["wrap"]
     assert render("%j", [job(name=None, slurm=None)], header=False) == [""]
+
+
+def test_sacct_field_names_are_prefixes_in_slurms_order() -> None:
+    # The line: `time` is Timelimit (the first of sacct's fields it begins).
+    spec = "User%20,JobID,Jobname%40,partition,state,time,start,nodelist"
+    cols = fields.parse_fields("sacct", spec, sacct.KNOWN)
+    assert [(title, width) for title, width, _ in cols] == [
+        ("User", 20),
+        ("JobID", -12),
+        ("JobName", 40),
+        ("Partition", 10),
+        ("State", 10),
+        ("Timelimit", 10),
+        ("Start", 19),
+        ("NodeList", 15),
+    ]
+    # A shorter prefix is the first match in sacct.c's table, as Slurm's loop takes it.
+    short = fields.parse_fields("sacct", "jobn,sta,exit,nn,elapsedr", sacct.KNOWN)
+    assert [t for t, _, _ in short] == ["JobName", "Start", "ExitCode", "NNodes", "ElapsedRaw"]
+    # A field of Slurm's that mgpu gathers nothing for is there, empty.
+    ((title, _, getter),) = fields.parse_fields("sacct", "maxrss", sacct.KNOWN)
+    assert (title, getter(job())) == ("MaxRSS", "")
+    assert len(fields.parse_fields("sacct", "ALL", sacct.KNOWN)) == len(sacct.KNOWN)
+    with pytest.raises(SlurmError) as e:
+        fields.parse_fields("sacct", "JobID,timez", sacct.KNOWN)
+    assert str(e.value) == 'sacct: error: Invalid field requested: "timez"'
+
+
+def test_squeue_and_sinfo_long_names_are_whole_names_in_any_case(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # squeue's and sinfo's opts.c compare -O names whole (xstrcasecmp), not by prefix.
+    items = fields.parse_long("squeue", "JobID:6,NAME:5,stATe:8", squeue.KNOWN, squeue.LONG_NAMES)
+    assert items == [("i", 6, False), ("j", 5, False), ("T", 8, False)]
+    assert fields.parse_long("squeue", "time", squeue.KNOWN, squeue.LONG_NAMES) == []
+    assert "squeue: error: Invalid job format specification: time" in capsys.readouterr().err
+    items = fields.parse_long(
+        "sinfo", "PartitionName:6,statecompact:6,NodeList", sinfo.KNOWN, sinfo.LONG_NAMES, "node"
+    )
+    assert items == [("R", 6, False), ("t", 6, False), ("N", 20, False)]
+    assert fields.parse_long("sinfo", "part", sinfo.KNOWN, sinfo.LONG_NAMES, "node") == []
+    assert "sinfo: error: Invalid node format specification: part" in capsys.readouterr().err
+    # Each field is declared once: one row per letter, no name for two letters.
+    for columns in (squeue.COLUMNS, sinfo.COLUMNS):
+        letters = [c[0] for c in columns]
+        names = [n.lower() for c in columns for n in c[1].split()]
+        assert len(letters) == len(set(letters)) and len(names) == len(set(names))
+
+
+def test_every_typed_wait_reason_has_slurms_code() -> None:
+    from mgpu.model import WaitCode
+
+    assert set(states.WAIT_CODES) | {"held"} == {code.value for code in WaitCode}

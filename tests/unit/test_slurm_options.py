@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mgpu.slurm import jobopts, opts
+from mgpu.slurm import jobopts, optable, opts
 from mgpu.slurm.common import SlurmError
 from mgpu.slurm.sbatch import Batch
 
@@ -311,9 +311,9 @@ def test_dependencies_mgpu_lacks_are_refused(text: str) -> None:
     )
 
 
-def test_every_honoured_option_is_in_the_table() -> None:
-    longs = {o.long for o in jobopts.JOB_OPTIONS}
-    assert longs >= jobopts.HONOURED
-    assert set(jobopts.ENV_INPUT.values()) <= longs
-    shorts = [o.short for o in jobopts.JOB_OPTIONS if o.short]
-    assert len(shorts) == len(set(shorts))
+def test_every_input_variable_names_an_option_and_short_letters_are_unique() -> None:
+    for command in optable.COMMANDS:
+        longs = {o.long for o in optable.options(command)}
+        assert set(optable.variables(command).values()) <= longs, command
+        shorts = [o.short for o in optable.options(command) if o.short]
+        assert len(shorts) == len(set(shorts)), command

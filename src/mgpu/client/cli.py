@@ -42,11 +42,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
             "--pty is for srun (mgpu srun --pty -- ARGV): a queued job has no terminal"
         )
     if args.command and os.path.isfile(args.command[0]):  # a job script
-        from mgpu.client.cmd_jobctl import submit_script
+        from mgpu.client.cmd_jobctl import is_slurm_script, read_script, submit_script
 
-        code = submit_script(args)
-        if code is not None:
-            return code
+        path = args.command[0]
+        text = read_script(path)  # None: a program, run as a command
+        if text is not None and is_slurm_script(text):
+            from mgpu.slurm.mgpusubmit import submit_batch
+
+            return submit_batch(args, path, text, list(args.command[1:]))
+        if text is not None:
+            return submit_script(args, text)
     command = " ".join(args.command) if len(args.command) > 1 else "".join(args.command)
     if not command.strip():
         raise UsageError("the command is empty")

@@ -2,15 +2,16 @@
 and `mgpu cancel --signal`.
 
 Kept apart from `cli.py` (which registers these with `add_jobctl_parsers` and hands a
-submit whose first word is an existing file to `submit_script`).
+submit whose first word is an existing script to `submit_script`, or to
+mgpu.slurm.mgpusubmit when it has `#SBATCH` lines).
 
-A script with `#SBATCH` lines is a Slurm batch job, as `sbatch FILE` submits it
-(mgpu.slurm.sbatch: Slurm's options, the `slurm` block, no GPU unless asked, the script's
-name as the job's); a script with only `#MGPU` lines, or none, is mgpu's own.  Either way
-mgpu's options lie over it, lowest first: its `#MGPU` lines, then the command line; a
+A script with `#SBATCH` lines is a Slurm batch job, as `sbatch FILE` submits it (Slurm's
+options, the `slurm` block, no GPU unless asked, the script's name as the job's); a
+script with only `#MGPU` lines, or none, is mgpu's own.  Either way mgpu's options lie
+over it, lowest first: its `#MGPU` lines, then the command line; a
 later line beats an earlier one of the same kind.  The GPU request is one thing, however
 it is spelt (`--gpus`, `--gpus-per-node`, `--gpu-ids`, `--node-gpu-ids`, sbatch's
-`--gres`/`--gpus*`): a higher layer's replaces the one below whole, so
+`--gres`/`--gpus*`): a higher layer's replaces the one below whole (mgpu.gpurequest), so
 `mgpu submit --gpus 4 job.sh` never clashes with the script's `--gres=gpu:2`.  Where each
 option came from is sent with the job (`option_sources`, shown by `mgpu show`).
 """
@@ -23,17 +24,23 @@ import sys
 from typing import Any
 
 from mgpu.client import directives, jsonlite
-from mgpu.client.api import Client, MgpuError, RequestError
+from mgpu.client.api import Client, RequestError
 from mgpu.client.console import print_error, warn
 from mgpu.client.options import JOB_FIELDS, UsageError, add_job_options, job_options, make_client
 from mgpu.client.submitting import submitted
+from mgpu.gpurequest import MGPU_REQUEST as GPU_REQUEST
+from mgpu.gpurequest import lay_over
 
-__all__ = ["add_jobctl_parsers", "submit_script"]
+__all__ = [
+    "add_jobctl_parsers",
+    "is_slurm_script",
+    "read_script",
+    "script_options",
+    "submit_script",
+]
 
 MAX_SCRIPT_BYTES = 1 << 20
 """As the master's limit (mgpu.master.control.submit.MAX_SCRIPT_BYTES)."""
-GPU_REQUEST = ("gpus", "gpus_per_node", "gpu_ids", "node_gpu_ids")
-"""However mgpu's options ask for GPUs."""
 COMMAND_LINE = "command line"
 SUMMARY_OVER = 10
 """An array's tasks are listed one a line up to this many, else summed up."""
@@ -96,11 +103,11 @@ def script_options(
             values = vars(parser.parse_args(d.words))
         except UsageError as e:
             raise UsageError(f"{path} line {d.line}: {d.text}: {e}") from None
-        _layer(layer, {k: v for k, v in values.items() if k in JOB_FIELDS})
+        lay_over(layer, {k: v for k, v in values.items() if k in JOB_FIELDS}, GPU_REQUEST)
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for source, values in ((directives.MGPU, layer), (COMMAND_LINE, given)):
-        _layer(merged, values)
+        lay_over(merged, values, GPU_REQUEST)
         for key in GPU_REQUEST:
             if key not in merged:
                 sources.pop(key, None)
@@ -108,62 +115,22 @@ def script_options(
     return merged, sources, []
 
 
-def slurm_batch(
-    path: str, text: str, script_args: list[str], given: dict[str, Any]
-) -> tuple[Any, dict[str, str]]:
-    """`mgpu submit [given] path` of a script with `#SBATCH` lines: sbatch's batch job
-    (mgpu.slurm.sbatch.Batch, imported only here: the CLI starts fast) with mgpu's own
-    options (`#MGPU` lines, the command line) over sbatch's; and where each came from."""
-    from mgpu.slurm import sbatch
-    from mgpu.slurm.common import SlurmError
-    from mgpu.slurm.jobopts import GPU_OPTIONS
-
-    mgpu_opts, sources, _ = script_options(path, text, given)
-    try:
-        batch = sbatch.Batch.of_script(path, text, script_args, os.environ, _cwd())
-    except SlurmError as e:
-        why = str(e).removeprefix("sbatch: ").removeprefix("error: ")
-        raise UsageError(f"{path}: {why}") from None
-    fields = dict(batch.fields)
-    if set(GPU_REQUEST) & mgpu_opts.keys():  # mgpu's GPU request replaces sbatch's whole
-        for key in ("gpus", "gpus_per_node", "gpu_type"):
-            fields.pop(key, None)
-    asked = set(fields) & set(JOB_FIELDS)
-    if not set(GPU_OPTIONS) & batch.values.keys():
-        asked -= set(GPU_REQUEST) | {"gpu_type"}  # no GPU: sbatch's default, not an option
-    fields.update(mgpu_opts)
-    if "dependency" in mgpu_opts:
-        batch.values.pop("dependency", None)
-    if "notify" in mgpu_opts:
-        batch.mail = None
-    batch.fields = fields
-    return batch, {**dict.fromkeys(sorted(asked), directives.SBATCH), **sources}
-
-
-def _cwd() -> str:
+def working_dir() -> str:
     try:
         return os.getcwd()
     except FileNotFoundError:
         raise UsageError("the current directory no longer exists") from None
 
 
-def _layer(into: dict[str, Any], values: dict[str, Any]) -> None:
-    """`values` over `into`, a GPU request replacing the one before it whole."""
-    if set(GPU_REQUEST) & values.keys():
-        for key in GPU_REQUEST:
-            into.pop(key, None)
-    into.update(values)
+def is_slurm_script(text: str) -> bool:
+    """Whether a script has `#SBATCH` lines: a Slurm batch job (mgpu.slurm.mgpusubmit)."""
+    return any(d.source == directives.SBATCH for d in directives.scan(text).directives)
 
 
-def submit_script(args: argparse.Namespace) -> int | None:
-    """`mgpu submit [options] FILE [ARGS...]` with FILE an existing file: the script is sent
-    with the job.  None when FILE is a program rather than a script (run as a command)."""
+def submit_script(args: argparse.Namespace, text: str) -> int:
+    """`mgpu submit [options] FILE [ARGS...]` of a job script FILE (`text`) without
+    `#SBATCH` lines: the script is sent with the job."""
     path, script_args = args.command[0], list(args.command[1:])
-    text = read_script(path)
-    if text is None:
-        return None
-    if any(d.source == directives.SBATCH for d in directives.scan(text).directives):
-        return _submit_batch(args, path, text, script_args)
     opts, sources, warnings = script_options(path, text, job_options(args))
     warn(warnings)
     if args.interactive:
@@ -176,26 +143,6 @@ def submit_script(args: argparse.Namespace) -> int | None:
         option_sources=sources,
         **opts,
     )
-    return submitted(client, job, args)
-
-
-def _submit_batch(args: argparse.Namespace, path: str, text: str, script_args: list[str]) -> int:
-    """A script with `#SBATCH` lines, queued as sbatch queues it (its refusals in sbatch's
-    words), then said as `mgpu submit` says it."""
-    from mgpu.slurm import sbatch
-    from mgpu.slurm.common import SlurmError
-
-    given = job_options(args)
-    if args.interactive:
-        given["interactive"] = True
-    batch, sources = slurm_batch(path, text, script_args, given)
-    batch.fields["option_sources"] = sources
-    client = make_client(args)
-    try:
-        job, warnings = sbatch.submit(client, batch)
-    except SlurmError as e:
-        raise MgpuError(str(e).removeprefix("sbatch: error: ")) from None
-    job.warnings = warnings
     return submitted(client, job, args)
 
 

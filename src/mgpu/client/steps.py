@@ -75,10 +75,10 @@ def current_job() -> str | None:
 
 def _say(text: str) -> None:
     """srun's own line (its words may quote the master's, which quote users'): written
-    as every Slurm command's are (mgpu.slurm.output)."""
-    from mgpu.slurm import output
+    as every Slurm command's are (mgpu.textout)."""
+    from mgpu import textout
 
-    output.err(f"srun: {text}")
+    textout.err(f"srun: {text}")
 
 
 def run_step(argv: list[str], options: StepOptions, client: Client | None = None) -> int:

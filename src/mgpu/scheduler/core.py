@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from mgpu.model import WaitCode
+
 from .backfill import (
     HeadReservation,
     blocked_by,
@@ -86,11 +88,13 @@ from .types import (
     Reservation,
     Snapshot,
     Start,
+    WaitReason,
+    code_of,
 )
 
 __all__ = ["PRIORITY_REASON", "schedule"]
 
-PRIORITY_REASON = "priority"
+PRIORITY_REASON = WaitReason("priority", WaitCode.PRIORITY)
 """The reason of a job that would fit now but waits behind higher-priority work."""
 
 _ShapeKey = tuple[object, ...]
@@ -143,7 +147,7 @@ class _Pass:
         self.user_gpus, self.user_jobs = self.stats.per_user()
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
-        self._reasons: dict[_ShapeKey | int, tuple[str, bool]] = {}
+        self._reasons: dict[_ShapeKey | int, tuple[WaitReason, bool]] = {}
         self.fairshare: dict[str, float] = {}
         # Reservations still to come or under way, soonest first.
         self.reservations = sorted(
@@ -373,38 +377,46 @@ class _Pass:
     def _time_limit(self, job: JobRequest) -> float:
         return self.config.default_time_limit if job.time_limit is None else job.time_limit
 
-    def _limit_reason(self, job: JobRequest, need: int) -> str | None:
+    def _limit_reason(self, job: JobRequest, need: int) -> WaitReason | None:
         cfg = self.config
         user = job.user
         if cfg.max_running_jobs_per_user is not None:
             cap = cfg.max_running_jobs_per_user
             if self.user_jobs.get(user, 0) >= cap:
-                return f"user {user} is at the limit of {cap} running job{'' if cap == 1 else 's'}"
+                limit = f"user {user} is at the limit of {cap} running job{'' if cap == 1 else 's'}"
+                return WaitReason(limit, WaitCode.USER_JOB_LIMIT)
         units = job.gpu_share or need * SHARE_UNITS
         if cfg.max_gpus_per_user is not None and units > 0:
             cap = cfg.max_gpus_per_user
             used = self.user_gpus.get(user, 0)
             wanted = format_share(units)
+            text: str | None = None
             if units > cap * SHARE_UNITS:
-                return f"the job needs {wanted} GPUs but user {user} may use at most {cap}"
-            if used + units > cap * SHARE_UNITS:
+                text = f"the job needs {wanted} GPUs but user {user} may use at most {cap}"
+            elif used + units > cap * SHARE_UNITS:
                 if used >= cap * SHARE_UNITS:
-                    return f"user {user} is at the limit of {cap} GPUs in use"
-                return (
-                    f"user {user} has {format_share(used)} of at most {cap} GPUs in use "
-                    f"and the job needs {wanted}"
-                )
+                    text = f"user {user} is at the limit of {cap} GPUs in use"
+                else:
+                    text = (
+                        f"user {user} has {format_share(used)} of at most {cap} GPUs in use "
+                        f"and the job needs {wanted}"
+                    )
+            if text is not None:
+                return WaitReason(text, WaitCode.USER_GPU_LIMIT)
         return None
 
-    def _wait_reason(self, job: JobRequest) -> tuple[str, bool]:
+    def _wait_reason(self, job: JobRequest) -> tuple[WaitReason, bool]:
         # A plain "N GPUs anywhere" request's reason depends on N alone.
         key: _ShapeKey | int = job.gpus if job.plain else _shape_key(job)
         found = self._reasons.get(key)
         if found is None:
             if job.reservation is None:
-                found = wait_reason(job, self.pool)
+                text, runnable = wait_reason(job, self.pool)
+                code = WaitCode.RESOURCES if runnable else WaitCode.NODE_NOT_AVAILABLE
+                found = (WaitReason(text, code), runnable)
             else:
-                found = (self._member_reason(job, job.reservation), False)
+                text = self._member_reason(job, job.reservation)
+                found = (WaitReason(text, WaitCode.RESERVATION), False)
             self._reasons[key] = found
         return found
 
@@ -451,7 +463,7 @@ class _Pass:
     def _fits(self, job: JobRequest, need: int) -> bool:
         return need <= self.pool.total_free and self._place(job, self.pool) is not None
 
-    def _note(self, job: JobRequest, reason: str, runnable: bool) -> str:
+    def _note(self, job: JobRequest, reason: WaitReason, runnable: bool) -> WaitReason:
         """`reason`, naming the reservation when one is what keeps `job` off GPUs now free."""
         if not self.reservations or not runnable or job.reservation is not None:
             return reason
@@ -464,7 +476,7 @@ class _Pass:
         used = {(p.node_id, g) for p in placements for g in p.gpu_ids}
         for res in blocks:
             if any((p.node_id, g) in used for p in res.placements for g in p.gpu_ids):
-                return f"{reason} ({kept_out_note(res, self.now)})"
+                return WaitReason(f"{reason} ({kept_out_note(res, self.now)})", reason.code)
         return reason
 
     def _protect(self, head: JobRequest, priority: float) -> HeadReservation | None:
@@ -484,7 +496,10 @@ class _Pass:
                 n = len(plan.victims)
                 reasons = self.decisions.reasons
                 jobs = "1 lower-priority job" if n == 1 else f"{n} lower-priority jobs"
-                reasons[head.job_id] = f"{reasons[head.job_id]}; preempting {jobs}"
+                was = reasons[head.job_id]
+                reasons[head.job_id] = WaitReason(
+                    f"{was}; preempting {jobs}", code_of(was) or WaitCode.RESOURCES
+                )
                 return HeadReservation(head.job_id, self.now, plan.placements)
         events = self.stats.releases(self.now, self.config.default_time_limit, self.started)
         reservation = find_reservation(

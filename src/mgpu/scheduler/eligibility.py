@@ -27,7 +27,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .types import Dependency, JobRequest
+from mgpu.model import WaitCode
+
+from .types import Dependency, JobRequest, WaitReason
 
 __all__ = [
     "ARRAY_LIMIT",
@@ -43,7 +45,7 @@ COMPLETED = "completed"
 """The final state that satisfies `afterok` (any other satisfies `afternotok`)."""
 
 _CANCELLED = "cancelled"
-HELD = "held"
+HELD = WaitReason("held", WaitCode.HELD)
 """The reason a held job shows."""
 ARRAY_LIMIT = "array limit of "
 """How the reason of a task held back by its array's `%N` begins."""
@@ -70,8 +72,9 @@ class Eligibility:
     """Dependencies found satisfied: for good, since a final state never changes."""
 
 
-def backoff_reason(until: float) -> str:
-    return f"retry backoff until {time.strftime('%H:%M:%S', time.localtime(until))}"
+def backoff_reason(until: float) -> WaitReason:
+    text = f"retry backoff until {time.strftime('%H:%M:%S', time.localtime(until))}"
+    return WaitReason(text, WaitCode.BEGIN_TIME)
 
 
 def eligibility(
@@ -99,12 +102,13 @@ def eligibility(
                 if verdict[0]:
                     out.cancel[job.job_id] = verdict[1]
                 else:
-                    out.waiting[job.job_id] = verdict[1]
+                    out.waiting[job.job_id] = WaitReason(verdict[1], WaitCode.DEPENDENCY)
                 continue
         cap, array_id = job.array_max_running, job.array_id
         if cap is not None and array_id is not None:
             if running.get(array_id, 0) >= cap:
-                out.waiting[job.job_id] = f"{ARRAY_LIMIT}{cap} running tasks"
+                text = f"{ARRAY_LIMIT}{cap} running tasks"
+                out.waiting[job.job_id] = WaitReason(text, WaitCode.ARRAY_LIMIT)
                 continue
             running[array_id] = running.get(array_id, 0) + 1  # counts for its siblings
         eligible.append(job)

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from mgpu.model import WaitCode
+
 Policy = Literal["fill_first", "spread"]
 QueuePolicy = Literal["fifo", "priority", "backfill"]
 
@@ -270,3 +272,23 @@ class Decisions:
     order: list[str] = field(default_factory=list)
     """The pending jobs' ids in the order the pass took them (priority order; submit order
     under fifo): the master's quick passes start from its head."""
+
+
+class WaitReason(str):
+    """Why a job waits: its English text (a `str`: what `mgpu show` says, and what every
+    reason comparison sees) with its typed `code`, which Slurm's commands map."""
+
+    code: WaitCode
+
+    def __new__(cls, text: str, code: WaitCode) -> WaitReason:
+        self = super().__new__(cls, text)
+        self.code = code
+        return self
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (WaitReason, (str(self), self.code))
+
+
+def code_of(reason: str | None) -> WaitCode | None:
+    """The typed code of a reason (None for a plain text)."""
+    return reason.code if isinstance(reason, WaitReason) else None

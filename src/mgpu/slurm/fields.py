@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     Getter = Callable[[Any], str]
 
 
+def columns(
+    table: list[tuple[str, str, str, Getter]],
+) -> tuple[dict[str, tuple[str, Getter]], dict[str, str]]:
+    """A table of (letter, names, title, getter) rows as `parse_percent`'s letters and
+    `parse_long`'s names (lower case) of those letters."""
+    known = {letter: (title, getter) for letter, _, title, getter in table}
+    names = {n.lower(): letter for letter, words, _, _ in table for n in words.split()}
+    return known, names
+
+
 def parse_percent(
     prog: str, fmt: str, known: dict[str, tuple[str, Getter]], what: str = "job"
 ) -> list[Any]:
@@ -63,7 +73,11 @@ def parse_percent(
 
 
 def parse_long(
-    prog: str, spec: str, known: dict[str, tuple[str, Getter]], names: dict[str, str]
+    prog: str,
+    spec: str,
+    known: dict[str, tuple[str, Getter]],
+    names: dict[str, str],
+    what: str = "job",
 ) -> list[Any]:
     """squeue -O: `jobid,name:30,state:.10`, each field exactly its width (default 20: a
     longer value is cut, and nothing separates the columns, as in Slurm)."""
@@ -75,7 +89,7 @@ def parse_long(
         size = size.lstrip(".")
         digits = size[: len(size) - len(size.lstrip("0123456789"))]
         if letter is None or letter not in known:  # Slurm: an error line, and on
-            warn_error(prog, f"Invalid job format specification: {name}")
+            warn_error(prog, f"Invalid {what} format specification: {name}")
         else:
             items.append((letter, int(digits) if digits else 0 if colon else 20, right))
         if size[len(digits) :]:  # `name:10|`: printed after the field, as a separator
@@ -114,23 +128,29 @@ def render_percent(
 def parse_fields(
     prog: str, spec: str, known: dict[str, tuple[int, Getter]]
 ) -> list[tuple[str, int, Getter]]:
-    """sacct --format: `JobID,JobName%30,state` (names in any case) as (title, width,
-    getter); a negative width is left-justified."""
-    lower = {name.lower(): name for name in known}
+    """sacct --format: `JobID,JobName%30,state` as (title, width, getter); a name is the
+    first field in `known`'s order it is a prefix of, in any case (`time` is Timelimit),
+    as sacct's options.c matches them (`ALL`, or a prefix of it, is every field); a
+    negative width is left-justified."""
     out = []
     for raw in spec.replace(" ", ",").split(","):
         if not raw:
             continue
         name, _, size = raw.partition("%")
-        title = lower.get(name.lower())
-        if title is None:
+        if size and not size.lstrip("-").isdigit():
+            raise fail(prog, f'Invalid field requested: "{raw}"')
+        low = name.lower()
+        if "all".startswith(low):
+            titles = list(known)
+        else:
+            titles = [t for t in known if t.lower().startswith(low)][:1]
+        if not titles or not low:
             raise fail(prog, f'Invalid field requested: "{name}"')
-        width, getter = known[title]
-        if size:
-            if not size.lstrip("-").isdigit():
-                raise fail(prog, f'Invalid field requested: "{raw}"')
-            width = int(size) if width > 0 else -int(size)
-        out.append((title, width, getter))
+        for title in titles:
+            width, getter = known[title]
+            if size:
+                width = int(size) if width > 0 else -int(size)
+            out.append((title, width, getter))
     return out
 
 

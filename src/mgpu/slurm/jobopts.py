@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 
-from mgpu.slurm import opts, output
+from mgpu.gpurequest import lay_over
+from mgpu.slurm import optable, opts, output
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -15,98 +16,22 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-JOB_OPTIONS = opts.table(
-    # honoured
-    "array=/a chdir=/D dependency=/d error=/e export= gres= gpus=/G gpus-per-node= "
-    "gpus-per-task= hold/H job-name=/J mail-type= mail-user= nodes=/N ntasks=/n "
-    "ntasks-per-node= cpus-per-task=/c mem= mem-per-cpu= open-mode= output=/o parsable "
-    "partition=/p quiet/Q requeue no-requeue signal= time=/t wait/W wrap= nodelist=/w "
-    "exclude=/x reservation= priority= verbose/v help/h usage version/V "
-    # accepted and ignored with a warning
-    "account=/A acctg-freq= begin=/b comment= constraint=/C contiguous core-spec=/S "
-    "cores-per-socket= cpu-freq= cpus-per-gpu= deadline= delay-boot= distribution=/m "
-    "exclusive? extra-node-info=/B get-user-env? gid= gpu-bind= gpu-freq= hint= ignore-pbs "
-    "input=/i kill-on-invalid-dep= licenses=/L mcs-label= mem-bind= mem-per-gpu= mincpus= "
-    "network= nice? no-kill?/k ntasks-per-core= ntasks-per-gpu= ntasks-per-socket= "
-    "overcommit/O oversubscribe/s power= profile= propagate? qos=/q reboot sockets-per-node= "
-    "spread-job switches= thread-spec= threads-per-core= tmp= use-min-nodes wckey= "
-    "clusters=/M cluster-constraint= container= export-file= nodefile=/F prefer= bb= bbf= "
-    "batch= time-min= uid= x11? test-only"
-)
+JOB_OPTIONS = optable.options("sbatch")
+"""sbatch's options (and `#SBATCH` lines'); `optable.options(PROG)` another command's."""
+GPU_OPTIONS = tuple(sorted(optable.names("sbatch", "gpu")))
+"""One GPU request, however it is spelt: a layer that names one replaces the one below
+(mgpu.gpurequest)."""
 NOT_SCHEDULED = ("cpus-per-task", "mem", "mem-per-cpu")
 """Passed to the job's SLURM_* variables; mgpu schedules GPUs, not CPUs or memory (yet)."""
-BEHAVIOUR = frozenset(("parsable", "quiet", "wait", "wrap", "verbose", "help", "usage", "version"))
-HONOURED = (
-    frozenset(
-        [
-            "array",
-            "chdir",
-            "dependency",
-            "error",
-            "export",
-            "gres",
-            "gpus",
-            "gpus-per-node",
-            "gpus-per-task",
-            "hold",
-            "job-name",
-            "mail-type",
-            "mail-user",
-            "nodes",
-            "ntasks",
-            "ntasks-per-node",
-            "open-mode",
-            "output",
-            "partition",
-            "requeue",
-            "no-requeue",
-            "signal",
-            "time",
-            "nodelist",
-            "exclude",
-            "reservation",
-            "priority",
-        ]
-    )
-    | frozenset(NOT_SCHEDULED)
-    | BEHAVIOUR
-)
-REFUSED = {"test-only": "--test-only is not supported by mgpu", "uid": "--uid is for root only"}
-GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-task")
-"""One GPU request, however it is spelt: a layer that names one replaces the one below."""
-ENV_INPUT = {
-    "SBATCH_ACCOUNT": "account",
-    "SBATCH_ARRAY_INX": "array",
-    "SBATCH_CONSTRAINT": "constraint",
-    "SBATCH_EXCLUSIVE": "exclusive",
-    "SBATCH_EXPORT": "export",
-    "SBATCH_GPUS": "gpus",
-    "SBATCH_GPUS_PER_NODE": "gpus-per-node",
-    "SBATCH_GPUS_PER_TASK": "gpus-per-task",
-    "SBATCH_GRES": "gres",
-    "SBATCH_JOB_NAME": "job-name",
-    "SBATCH_MEM_PER_CPU": "mem-per-cpu",
-    "SBATCH_MEM_PER_NODE": "mem",
-    "SBATCH_NO_REQUEUE": "no-requeue",
-    "SBATCH_OPEN_MODE": "open-mode",
-    "SBATCH_PARTITION": "partition",
-    "SBATCH_QOS": "qos",
-    "SBATCH_REQUEUE": "requeue",
-    "SBATCH_RESERVATION": "reservation",
-    "SBATCH_SIGNAL": "signal",
-    "SBATCH_TIMELIMIT": "time",
-    "SBATCH_WAIT": "wait",
-}
-FLAGS = frozenset(o.long for o in JOB_OPTIONS if o.arg == "no")
 
 
 def layer(into: dict[str, str], found: list[tuple[str, str]]) -> None:
     """Options of one source over those below it (`--requeue` and `--no-requeue` undo each
     other; a GPU request replaces the one below whole)."""
-    if any(name in GPU_OPTIONS for name, _ in found):
-        for name in GPU_OPTIONS:
-            into.pop(name, None)
+    lay_over(into, {n: v for n, v in found if n in GPU_OPTIONS}, GPU_OPTIONS)
     for name, value in found:
+        if name in GPU_OPTIONS:
+            continue
         if name in ("requeue", "no-requeue"):
             into.pop("no-requeue" if name == "requeue" else "requeue", None)
         into[name] = value
@@ -130,15 +55,6 @@ def directive_options(prog: str, text: str) -> list[tuple[str, str]]:
     return out
 
 
-def env_options(environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """sbatch's input variables (`SBATCH_PARTITION=gpu` ...)."""
-    out: list[tuple[str, str]] = []
-    for var, name in ENV_INPUT.items():
-        if var in environ:
-            out.append((name, "" if name in FLAGS else environ[var]))
-    return out
-
-
 def merged(
     prog: str,
     script: str | None,
@@ -151,7 +67,7 @@ def merged(
     if script is not None:
         for name, value in directive_options(prog, script):
             layer(values, [(name, value)])
-    layer(values, env_options(environ))
+    layer(values, optable.env_options(prog, environ))
     layer(values, command_line)
     return values
 
@@ -324,19 +240,13 @@ def submit_fields(
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(the submit fields mgpu has, the `slurm` block, warnings) of the options;
     `block_sent`: whether the block goes with the job (sbatch) or not (mgpu srun, alloc)."""
-    for name, why in REFUSED.items():
-        if name in values:
-            raise fail(prog, why)
+    for name in sorted(optable.names(prog, "refuse") & values.keys()):
+        raise fail(prog, optable.REFUSED[name])
     ignored: list[str] = []
     fields = gpu_request(prog, values, ignored)
-    fields["name"] = values.get("job-name")
-    fields["time"] = values.get("time")
-    fields["array"] = values.get("array")
+    for option, field in optable.fields(prog).items():
+        fields[field] = values.get(option)
     fields["hold"] = True if "hold" in values else None
-    fields["signal"] = values.get("signal")
-    fields["nodelist"] = values.get("nodelist")
-    fields["exclude"] = values.get("exclude")
-    fields["reservation"] = values.get("reservation")
     if values.get("priority") is not None:
         fields["priority"] = _int(prog, "priority", values["priority"], low=0)
     if "no-requeue" in values:
@@ -367,7 +277,8 @@ def submit_fields(
     }
     warnings = []
     unscheduled = [f"--{n}={values[n]}" for n in NOT_SCHEDULED if values.get(n) is not None]
-    ignored += [f"--{n}" for n in values if n not in HONOURED and n not in REFUSED]
+    warned = optable.names(prog, "warn")
+    ignored += [f"--{n}" for n in values if n in warned]
     if unscheduled or ignored:
         parts = []
         if unscheduled:

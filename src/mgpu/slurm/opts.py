@@ -19,13 +19,16 @@ if TYPE_CHECKING:
 
 
 class Option:
-    """One option: its long name, its short letter (or ""), whether it takes a value
-    (`"yes"`, `"no"` or `"optional"`: only as `--name=value`)."""
+    """One option: its long name (its value is kept under it), its short letter (or ""),
+    whether it takes a value (`"yes"`, `"no"` or `"optional"`: only as `--name=value`),
+    and the spelling it is given as (another name of the same option: `--cpu_bind` of
+    `--cpu-bind`; by default its long name)."""
 
-    __slots__ = ("arg", "long", "short")
+    __slots__ = ("arg", "long", "short", "spelling")
 
-    def __init__(self, long: str, short: str = "", arg: str = "yes") -> None:
+    def __init__(self, long: str, short: str = "", arg: str = "yes", spelling: str = "") -> None:
         self.long, self.short, self.arg = long, short, arg
+        self.spelling = spelling or long
 
 
 def table(spec: str) -> list[Option]:
@@ -44,7 +47,7 @@ def parse(
     prog: str, argv: Sequence[str], options: list[Option], in_order: bool = False
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """The options given, in order, as (long name, value or ""); and the other words."""
-    by_long = {o.long: o for o in options}
+    by_long = {o.spelling: o for o in options}
     by_short = {o.short: o for o in options if o.short}
     found: list[tuple[str, str]] = []
     rest: list[str] = []
@@ -59,10 +62,10 @@ def parse(
             name, eq, value = word[2:].partition("=")
             opt = _long(prog, name, by_long)
             if opt.arg == "no" and eq:
-                raise SlurmError(f"{prog}: option '--{opt.long}' doesn't allow an argument")
+                raise SlurmError(f"{prog}: option '--{opt.spelling}' doesn't allow an argument")
             if opt.arg == "yes" and not eq:
                 if i == len(argv):
-                    raise SlurmError(f"{prog}: option '--{opt.long}' requires an argument")
+                    raise SlurmError(f"{prog}: option '--{opt.spelling}' requires an argument")
                 value, i = argv[i], i + 1
             found.append((opt.long, value))
             continue
@@ -98,8 +101,9 @@ def parse(
 def _long(prog: str, name: str, by_long: dict[str, Option]) -> Option:
     if name in by_long:
         return by_long[name]
-    matches = [o for long, o in by_long.items() if long.startswith(name)]
-    if len(matches) == 1 and name:
+    matches = [o for spelling, o in by_long.items() if spelling.startswith(name)]
+    # As getopt_long: prefixes of several spellings of one option are not ambiguous.
+    if name and matches and len({(o.long, o.arg) for o in matches}) == 1:
         return matches[0]
     if len(matches) > 1:
         raise SlurmError(f"{prog}: option '--{name}' is ambiguous")

@@ -149,43 +149,81 @@ def _job_level(getter: Any) -> Any:
     return lambda j: "" if _suffix(j) else getter(j)
 
 
-KNOWN: dict[str, tuple[int, Any]] = {
-    "JobID": (-12, _step_id(common.job_id_of)),
-    "JobIDRaw": (-12, _step_id(common.own_id)),
-    "JobName": (10, lambda j: "batch" if j.get(BATCH_STEP) else common.job_name(j)),
-    "Partition": (10, _job_level(common.partition)),
-    "Account": (10, lambda j: ""),
-    "AllocCPUS": (10, _cpus),
-    "NCPUS": (10, _cpus),
-    "ReqCPUS": (8, lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1)),
-    "State": (10, _state),
-    "ExitCode": (8, states.exit_code),
-    "DerivedExitCode": (15, states.exit_code),
-    "Elapsed": (10, lambda j: common.clock(_elapsed(j))),
-    "ElapsedRaw": (10, lambda j: str(int(_elapsed(j)))),
-    "Submit": (19, lambda j: common.timestamp(j.get("submit_time"))),
-    "Eligible": (19, lambda j: common.timestamp(j.get("submit_time"))),
-    "Start": (19, lambda j: common.timestamp(j.get("start_time"))),
-    "End": (19, lambda j: common.timestamp(j.get("end_time"))),
-    "NodeList": (15, lambda j: common.hostlist(j) or "None assigned"),
-    "NNodes": (8, _nnodes),
-    "AllocNodes": (10, lambda j: "0" if j.get("state") == "queued" else _nnodes(j)),
-    "User": (9, lambda j: str(j.get("user") or "")),
-    "Timelimit": (10, _job_level(lambda j: common.time_limit(j, "sacct"))),
-    "WorkDir": (20, lambda j: str(j.get("cwd") or "")),
-    "Reason": (22, lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
-    "ReqTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
-    "AllocTRES": (10, lambda j: f"gres/gpu={j.get('gpus') or 0}"),
-    "ArrayJobID": (15, lambda j: str(j.get("array_job_id") or j["id"])),
-    "ArrayTaskID": (15, lambda j: str(j.get("array_task_id") if j.get("array_job_id") else "")),
-    "Priority": (10, lambda j: str(j.get("priority") or 0)),
-    "UID": (6, lambda j: _uid(j)),
-    "Group": (9, lambda j: _group(j)),
-    "QOS": (10, lambda j: "normal"),
-    "Restarts": (8, lambda j: str(j.get("restart_count") or 0)),
-    "Cluster": (10, lambda j: "mgpu"),
-    "Comment": (14, lambda j: ""),
+GETTERS: dict[str, Any] = {
+    "JobID": _step_id(common.job_id_of),
+    "JobIDRaw": _step_id(common.own_id),
+    "JobName": lambda j: "batch" if j.get(BATCH_STEP) else common.job_name(j),
+    "Partition": _job_level(common.partition),
+    "Account": lambda j: "",
+    "AllocCPUS": _cpus,
+    "NCPUS": _cpus,
+    "ReqCPUS": lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1),
+    "State": _state,
+    "ExitCode": states.exit_code,
+    "DerivedExitCode": states.exit_code,
+    "Elapsed": lambda j: common.clock(_elapsed(j)),
+    "ElapsedRaw": lambda j: str(int(_elapsed(j))),
+    "Submit": lambda j: common.timestamp(j.get("submit_time")),
+    "Eligible": lambda j: common.timestamp(j.get("submit_time")),
+    "Start": lambda j: common.timestamp(j.get("start_time")),
+    "End": lambda j: common.timestamp(j.get("end_time")),
+    "NodeList": lambda j: common.hostlist(j) or "None assigned",
+    "NNodes": _nnodes,
+    "AllocNodes": lambda j: "0" if j.get("state") == "queued" else _nnodes(j),
+    "User": lambda j: str(j.get("user") or ""),
+    "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
+    "WorkDir": lambda j: str(j.get("cwd") or ""),
+    "Reason": lambda j: states.reason(j) if j.get("state") == "queued" else "None",
+    "ReqTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
+    "AllocTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
+    "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
+    "ArrayTaskID": lambda j: str(j.get("array_task_id") if j.get("array_job_id") else ""),
+    "Priority": lambda j: str(j.get("priority") or 0),
+    "UID": lambda j: _uid(j),
+    "Group": lambda j: _group(j),
+    "QOS": lambda j: "normal",
+    "Restarts": lambda j: str(j.get("restart_count") or 0),
+    "Cluster": lambda j: "mgpu",
+    "Comment": lambda j: "",
 }
+"""The values mgpu has; a field of Slurm's it has not is empty, as sacct's are for data
+the cluster does not gather."""
+
+SLURM_FIELDS = """
+Account 10 AdminComment 15 AllocCPUS 10 AllocNodes 10 AllocTRES 10 AssocID 7 AveCPU 10
+AveCPUFreq 10 AveDiskRead 14 AveDiskWrite 14 AvePages 10 AveRSS 10 AveVMSize 10 BlockID 16
+Cluster 10 Comment 14 Constraints 19 ConsumedEnergy 14 ConsumedEnergyRaw 17 Container 19
+CPUTime 10 CPUTimeRAW 10 DBIndex -10 DerivedExitCode 15 Elapsed 10 ElapsedRaw 10
+Eligible 19 End 19 ExitCode 8 Flags 19 GID 6 Group 9 JobID -12 JobIDRaw -12 JobName 10
+Layout 9 MaxDiskRead 12 MaxDiskReadNode 15 MaxDiskReadTask 15 MaxDiskWrite 12
+MaxDiskWriteNode 16 MaxDiskWriteTask 16 MaxPages 8 MaxPagesNode 12 MaxPagesTask 14
+MaxRSS 10 MaxRSSNode 10 MaxRSSTask 10 MaxVMSize 10 MaxVMSizeNode 14 MaxVMSizeTask 14
+McsLabel 12 MinCPU 10 MinCPUNode 10 MinCPUTask 10 NCPUS 10 NNodes 8 NodeList 15 NTasks 8
+Partition 10 Priority 10 QOS 10 QOSRAW 6 Reason 22 ReqCPUFreq 10 ReqCPUFreqGov 13
+ReqCPUFreqMax 13 ReqCPUFreqMin 13 ReqCPUS 8 ReqMem 10 ReqNodes 8 ReqTRES 10
+Reservation 20 ReservationId 8 Reserved 10 ResvCPU 10 ResvCPURAW 10 Start 19 State 10
+Submit 19 SubmitLine 20 Suspended 10 SystemComment 15 SystemCPU 10 Timelimit 10
+TimelimitRaw 10 TotalCPU 10 TRESUsageInAve 14 TRESUsageInMax 14 TRESUsageInMaxNode 18
+TRESUsageInMaxTask 18 TRESUsageInMin 14 TRESUsageInMinNode 18 TRESUsageInMinTask 18
+TRESUsageInTot 14 TRESUsageOutAve 15 TRESUsageOutMax 15 TRESUsageOutMaxNode 19
+TRESUsageOutMaxTask 19 TRESUsageOutMin 15 TRESUsageOutMinNode 19 TRESUsageOutMinTask 19
+TRESUsageOutTot 15 UID 6 User 9 UserCPU 10 WCKey 10 WCKeyID 10 WorkDir 20
+ArrayJobID 15 ArrayTaskID 15 Restarts 8
+"""
+"""sacct's fields (src/sacct/sacct.c `fields[]` of Slurm 22.05, in its order: a name
+given is the first it prefixes) and their widths; mgpu's own last (ArrayJobID ...)."""
+
+
+def _fields() -> dict[str, tuple[int, Any]]:
+    words = SLURM_FIELDS.split()
+    blank = lambda j: ""  # noqa: E731
+    return {
+        name: (int(width), GETTERS.get(name, blank))
+        for name, width in zip(words[::2], words[1::2], strict=True)
+    }
+
+
+KNOWN = _fields()
 
 
 def _midnight() -> float:

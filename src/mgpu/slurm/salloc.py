@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import os
 
-from mgpu.slurm import common, jobopts, opts
+from mgpu.slurm import common, jobopts, optable, opts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 PROG = "salloc"
+OPTIONS = optable.options(PROG)
 
 
 def main(argv: list[str]) -> int:
-    values, command = opts.command_line(
-        PROG, argv, jobopts.JOB_OPTIONS, "[OPTIONS(0)...] [command(0) [args(0)...]]", in_order=True
+    given, command = opts.command_line(
+        PROG, argv, OPTIONS, "[OPTIONS(0)...] [command(0) [args(0)...]]", in_order=True
     )
+    values = jobopts.merged(PROG, None, list(given.items()), os.environ)
     fields, block, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd())
     for warning in warnings:
         common.warn(PROG, warning)

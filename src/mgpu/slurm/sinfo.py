@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 PROG = "sinfo"
 OPTIONS = opts.table(
-    "Node/N noheader/h format=/o partition=/p states=/t long/l summarize/s all/a "
+    "Node/N noheader/h format=/o Format=/O partition=/p states=/t long/l summarize/s all/a "
     "exact/e responding/r dead/d nodes=/n iterate=/i verbose/v help usage version/V "
     "clusters=/M"
 )
@@ -82,22 +82,31 @@ def _gres(row: Row) -> str:
     return ",".join(f"gpu:{c}" for c in counts if c) or "(null)"
 
 
-KNOWN: dict[str, tuple[str, Any]] = {
-    "P": ("PARTITION", lambda r: r.partition + ("*" if r.default else "")),
-    "R": ("PARTITION", lambda r: r.partition),
-    "a": ("AVAIL", lambda r: "up"),
-    "l": ("TIMELIMIT", lambda r: r.limit),
-    "D": ("NODES", lambda r: str(len(r.nodes))),
-    "t": ("STATE", lambda r: COMPACT.get(r.state, r.state)),
-    "T": ("STATE", lambda r: r.state),
-    "N": ("NODELIST", lambda r: _names(r.nodes)),
-    "n": ("HOSTNAMES", lambda r: ",".join(n.get("hostname") or n["node_id"] for n in r.nodes)),
-    "G": ("GRES", _gres),
-    "c": ("CPUS", lambda r: "1"),
-    "m": ("MEMORY", lambda r: "1"),
-    "E": ("REASON", lambda r: ",".join(n.get("reason") or "none" for n in r.nodes[:1])),
-    "F": ("NODES(A/I/O/T)", lambda r: _aiot(r)),
-}
+COLUMNS: list[tuple[str, str, str, Any]] = [
+    # %-letter, its -O name (sinfo's opts.c), title, value
+    ("P", "partition", "PARTITION", lambda r: r.partition + ("*" if r.default else "")),
+    ("R", "partitionname", "PARTITION", lambda r: r.partition),
+    ("a", "available", "AVAIL", lambda r: "up"),
+    ("l", "timelimit", "TIMELIMIT", lambda r: r.limit),
+    ("D", "nodes", "NODES", lambda r: str(len(r.nodes))),
+    ("t", "statecompact", "STATE", lambda r: COMPACT.get(r.state, r.state)),
+    ("T", "statelong", "STATE", lambda r: r.state),
+    ("N", "nodelist", "NODELIST", lambda r: _names(r.nodes)),
+    (
+        "n",
+        "nodehost",
+        "HOSTNAMES",
+        lambda r: ",".join(n.get("hostname") or n["node_id"] for n in r.nodes),
+    ),
+    ("G", "gres", "GRES", _gres),
+    ("c", "cpus", "CPUS", lambda r: "1"),
+    ("m", "memory", "MEMORY", lambda r: "1"),
+    ("E", "reason", "REASON", lambda r: ",".join(n.get("reason") or "none" for n in r.nodes[:1])),
+    ("F", "nodeaiot", "NODES(A/I/O/T)", lambda r: _aiot(r)),
+]
+"""sinfo's fields, each once: `-o %X` by its letter, `-O name` by its name (any case,
+whole, as sinfo's opts.c compares them)."""
+KNOWN, LONG_NAMES = fields.columns(COLUMNS)
 
 
 def _aiot(row: Row) -> str:
@@ -129,7 +138,7 @@ def rows(
 
 def main(argv: list[str]) -> int:
     given, rest = opts.command_line(
-        PROG, argv, OPTIONS, "[-N] [-h] [-o format] [-p partition] [-t states]"
+        PROG, argv, OPTIONS, "[-N] [-h] [-o format] [-O fields] [-p partition] [-t states]"
     )
     if rest:
         raise common.fail(PROG, f"Unrecognized option: {rest[0]}")
@@ -142,7 +151,7 @@ def main(argv: list[str]) -> int:
         keep = set((given["partition"] or "").split(","))
         table = [r for r in table if r.partition in keep]
     fmt = given.get("format")
-    if fmt is None:
+    if fmt is None and not given.get("Format"):
         # Slurm's defaults, the partition and node columns as wide as their widest (9 at least)
         width = max([len(KNOWN["P"][1](r)) for r in table] + [9])
         if per_node:
@@ -150,7 +159,10 @@ def main(argv: list[str]) -> int:
             fmt = f"%{nwidth}N %.6D %.{width}P %6t"
         else:
             fmt = f"%{width}P %.5a %.10l %.6D %.6t %N"
-    items = fields.parse_percent(PROG, fmt, KNOWN, what="node")
+    if given.get("Format"):
+        items = fields.parse_long(PROG, given["Format"], KNOWN, LONG_NAMES, what="node")
+    else:
+        items = fields.parse_percent(PROG, fmt or "", KNOWN, what="node")
     lines = fields.render_percent(items, KNOWN, table, "noheader" not in given)
     if lines:
         output.out("\n".join(lines))

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import os
 
-from mgpu.slurm import common, jobopts, opts
+from mgpu.slurm import common, jobopts, optable, opts
 from mgpu.slurm.common import fail
 
 PROG = "srun"
-OPTIONS = opts.table(
-    "nodes=/N ntasks=/n ntasks-per-node= nodelist=/w exclude=/x gpus-per-task= gpus=/G "
-    "gres= gpus-per-node= label/l kill-on-bad-exit?/K pty chdir=/D job-name=/J time=/t "
-    "partition=/p export= unbuffered/u mpi= cpus-per-task=/c mem= mem-per-cpu= overlap "
-    "exact jobid= quiet/Q verbose/v output=/o error=/e input=/i wait=/W cpu-bind= "
-    "distribution=/m exclusive? account=/A qos=/q ntasks-per-gpu= gpu-bind= hint= "
-    "reservation= dependency=/d hold/H help/h usage version/V"
-)
+OPTIONS = optable.options(PROG)
 
 
-STEP_ONLY = frozenset(("label", "kill-on-bad-exit", "pty", "unbuffered", "overlap", "exact"))
+STEP_ONLY = optable.names(PROG, "step")
 """srun's options for its tasks' output and life, not the job's: no warning for them."""
 
 
@@ -59,6 +52,8 @@ def main(argv: list[str]) -> int:
     )
     if not command:
         raise fail(PROG, "No command given to execute.")
+    for name in sorted(optable.names(PROG, "refuse") & values.keys()):  # in a job too
+        raise fail(PROG, optable.REFUSED[name])
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command)
     job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}

@@ -68,26 +68,30 @@ def parse_states(prog: str, text: str) -> set[str]:
     return wanted
 
 
+WAIT_CODES = {
+    "resources": "Resources",
+    "priority": "Priority",
+    "dependency": "Dependency",
+    "begin_time": "BeginTime",
+    "reservation": "Reservation",
+    "node_not_available": "ReqNodeNotAvail",
+    "user_job_limit": "QOSMaxJobsPerUserLimit",
+    "user_gpu_limit": "QOSMaxGRESPerUser",
+    "array_limit": "JobArrayTaskLimit",
+}
+"""The job's typed `reason_code` (mgpu.model.WaitCode) as Slurm's pending reason; a held
+job's is JobHeldUser or JobHeldAdmin (by its `held_by`)."""
+
+
 def reason(job: dict[str, Any]) -> str:
-    """squeue's REASON of a pending job (Slurm's codes), `None` for a running one."""
+    """squeue's REASON of a pending job (Slurm's codes, from the job's typed
+    `reason_code`, never its English text), `None` for a running one or a job no pass
+    has looked at yet (as Slurm's)."""
     if job.get("state") != "queued":
         return "None"
-    if job.get("held"):
+    if job.get("held") or job.get("reason_code") == "held":
         return "JobHeldAdmin" if job.get("held_by") == "admin" else "JobHeldUser"
-    text = str(job.get("reason") or "").lower()
-    if "dependency" in text:
-        return "DependencyNeverSatisfied" if "never" in text else "Dependency"
-    if job.get("waiting_on"):
-        return "Dependency"
-    if "reservation" in text:
-        return "Reservation"
-    if "priority" in text:
-        return "Priority"
-    if "never" in text or "no node" in text or "not exist" in text:
-        return "ReqNodeNotAvail"
-    if job.get("restart_count") and not text:
-        return "BeginTime"
-    return "Resources"
+    return WAIT_CODES.get(str(job.get("reason_code")), "None")
 
 
 def exit_code(job: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from mgpu.config import ClusterConfig, Scheduling
 from mgpu.master.control.slurmblock import PartitionChoice, choose_partition
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.store import arrays
-from mgpu.model import ALLOCATION, Job, SlurmOptions
+from mgpu.model import ALLOCATION, Job, SlurmOptions, WaitCode
 from mgpu.signalspec import format_signal
 
 __all__ = ["SubmitDefaults", "build_jobs", "build_template", "submit_warnings"]
@@ -168,7 +168,7 @@ def build_template(
         slurm=slurm,
     )
     if base.held:
-        base.reason = "held"
+        base.reason, base.reason_code = "held", WaitCode.HELD
     if spec.pty or spec.allocation:  # a person waits at the other end: idle rules apply
         base.interactive = True
         base.pty = spec.pty

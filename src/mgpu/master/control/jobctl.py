@@ -37,7 +37,7 @@ from mgpu.master.control.nodes import Conflict
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.steps import is_batch
-from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase
+from mgpu.model import DesiredState, EndReason, Job, JobState, SlotPhase, WaitCode
 from mgpu.protocol import SetTimeLimit, SignalRun
 
 __all__ = ["Actor", "Change", "JobControl", "NotAllowed", "SignalAsked", "signal_number"]
@@ -190,6 +190,7 @@ class JobControl:
         if job.held:
             return Change(job.id, False, f"job {job.id} is held already")
         job.held, job.held_by, job.reason = True, actor.user, "held"
+        job.reason_code = WaitCode.HELD
         self._requeued_changed(job)
         return self._done(job, "hold", actor, f"held {job.id}")
 
@@ -198,6 +199,7 @@ class JobControl:
             return Change(job.id, False, f"job {job.id} is not held")
         self.check_allowed("release", job, actor)
         job.held, job.held_by, job.reason = False, None, "waiting to be scheduled"
+        job.reason_code = None
         self._requeued_changed(job)
         return self._done(job, "release", actor, f"released {job.id}")
 

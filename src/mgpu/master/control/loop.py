@@ -67,6 +67,7 @@ from mgpu.scheduler import (
     schedule,
 )
 from mgpu.scheduler.running import RunningSet
+from mgpu.scheduler.types import code_of
 
 log = logging.getLogger("mgpu.master")
 
@@ -562,7 +563,7 @@ class SchedulingLoop:
             for job_id, why in islice(items, SLICE):
                 job = jobs.get(job_id)
                 if job is not None:
-                    job.reason = why
+                    job.reason, job.reason_code = why, code_of(why)
                     if plan.now < job.eligible_time < next_backoff:
                         next_backoff = job.eligible_time
                     self._note_dependents(job_id)
@@ -572,8 +573,8 @@ class SchedulingLoop:
         for _ in range(0, len(reasons), SLICE):
             for job_id, why in islice(items, SLICE):
                 job = jobs.get(job_id)
-                if job is not None and job.state is queued and job.reason != why:
-                    job.reason = why
+                if job is not None and job.state is queued:
+                    job.reason, job.reason_code = why, code_of(why)
             await bulk_turn()
 
     # ---- the quick pass ---------------------------------------------------
@@ -602,7 +603,8 @@ class SchedulingLoop:
         for job_id, why in verdict.waiting.items():
             job = jobs.get(job_id)
             if job is not None:
-                job.reason = why  # advisory and changing: in memory, not written each pass
+                # advisory and changing: in memory, not written each pass
+                job.reason, job.reason_code = why, code_of(why)
                 if plan.now < job.eligible_time < next_backoff:
                     next_backoff = job.eligible_time
                 self._note_dependents(job_id)
@@ -642,8 +644,8 @@ class SchedulingLoop:
             queued = JobState.QUEUED
             for job_id, why in decisions.reasons.items():  # every waiting job: kept lean
                 job = jobs.get(job_id)
-                if job is not None and job.state is queued and job.reason != why:
-                    job.reason = why  # (a job started above is no longer queued)
+                if job is not None and job.state is queued:  # (one started above is not)
+                    job.reason, job.reason_code = why, code_of(why)
         elif not plan.quick:
             self.expected_start, self.waiting_on = {}, {}
         self.last_pass_time = plan.now  # a pass with nothing eligible is still a pass (readyz)

@@ -1,0 +1,50 @@
+"""A queued job's wait reason is typed (`reason_code`, beside its English `reason`), and
+Slurm's commands show Slurm's code from it: a job behind another job's GPUs is
+`(Resources)`, one that would fit but waits behind a higher-priority job `(Priority)`,
+never `(Dependency)` for a job that has none."""
+
+from __future__ import annotations
+
+from harness import Harness
+
+from mgpu.model import WaitCode
+from mgpu.slurm import squeue, states
+
+
+def _squeue_reason(h: Harness, job_id: str) -> str:
+    public = h.job(job_id).to_public()
+    return squeue.KNOWN["R"][1](public)
+
+
+def test_a_job_behind_another_jobs_gpus_is_resources(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    h.start("sleep 100", gpus=2)
+    behind = h.submit(gpus=2)
+    h.tick()
+    assert h.job(behind).reason_code is WaitCode.RESOURCES
+    assert _squeue_reason(h, behind) == "(Resources)"
+
+
+def test_a_job_that_fits_behind_a_higher_priority_waiting_job_is_priority(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    h.start("sleep 100", gpus=1, time="10:00")
+    head = h.submit(gpus=2, priority=10)  # waits for both GPUs, first in line
+    small = h.submit(gpus=1, time="2:00:00")  # would fit now, but would delay the head
+    h.tick()
+    assert (h.job(head).reason_code, h.job(small).reason_code) == (
+        WaitCode.RESOURCES,
+        WaitCode.PRIORITY,
+    )
+    assert (_squeue_reason(h, head), _squeue_reason(h, small)) == ("(Resources)", "(Priority)")
+
+
+def test_held_and_dependent_jobs(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    running = h.start("sleep 100", gpus=1)
+    held = h.submit(gpus=1, hold=True)
+    dependent = h.submit(gpus=1, dependency=f"afterok:{running}")
+    h.tick()
+    assert h.job(dependent).reason_code is WaitCode.DEPENDENCY
+    assert _squeue_reason(h, held) == "(JobHeldUser)"
+    assert _squeue_reason(h, dependent) == "(Dependency)"
+    assert states.reason(h.job(running).to_public()) == "None"  # running: no reason
