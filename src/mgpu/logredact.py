@@ -20,8 +20,9 @@ REDACTED = "<redacted>"
 _TOKEN = re.compile(
     # mgpu_, mgpujob_ and mgpunode_ secrets (tokens.py, master/security/): random text that
     # holds an upper-case letter, a digit or a dash, so a metric name like
-    # mgpu_event_loop_hold_seconds is left alone; then the CA fingerprint, if any.
-    r"\bmgpu(?:job|node)?_(?=[\w-]*[A-Z0-9-])[\w-]{16,}(?:\.[\w:]+)?"
+    # mgpu_event_loop_hold_seconds is left alone; then the CA fingerprint and the TLS mark,
+    # if any.
+    r"\bmgpu(?:job|node)?_(?=[\w-]*[A-Z0-9-])[\w-]{16,}(?:\.[\w:]+){0,2}"
 )
 _HEADER = re.compile(
     # `Authorization: Bearer x`, `('cookie', 'a=b')`, `X-Auth-Token=x`: the value to the end

@@ -2,12 +2,15 @@
 (`mgpu.client.api`) and the agent (`mgpu.agent.agent`).
 
 `Transport` decides TLS or plain HTTP for a dial.  Once this client or agent knows the
-cluster's CA (it was told `https://`, or the CA its token names is pinned: the cluster has
-served it TLS before, on any address), every dial is TLS verified against that CA: no
-plain first try on loopback, no plain fallback after a refusal, a restart or a hint.
-Until then a loopback master is tried in plain HTTP first and in TLS when it closes the
-connection at once (a master started with `--tls`), as before; its first TLS answer pins
-the CA for good.  Plain HTTP only when told so (`http://`, `--insecure`).
+cluster speaks TLS (it was told `https://`; its token is a TLS master's, marked `.tls`,
+mgpu.tokens; or the CA its token names is pinned: the cluster has served it TLS before, on
+any address), every dial is TLS verified against the CA the token names (fetched and
+checked against its fingerprint on the first contact, then pinned): no plain first try on
+loopback, no plain fallback after a refusal, a restart or a hint.  Until then (an unmarked
+token: a plain master's, or one made before the mark) a loopback master is tried in plain
+HTTP first and in TLS when it closes the connection at once, as before; its first TLS
+answer pins the CA for good.  Plain HTTP only when told so (`http://`, `--insecure`,
+$MGPU_INSECURE), whatever the token says.
 
 `Search` walks the masters until one leads: after a master that cannot be reached or
 stands by, the next one, or the one a standby names; a pause once every one was tried.
@@ -47,22 +50,35 @@ class Transport:
     """TLS or plain HTTP for each dial of one client or agent (see the module's text).
 
     `told`: "https" (TLS, always), "http" (plain, always: `http://`, `--insecure`), None:
-    decided here.  `fingerprint`: the CA the token names (settable: an agent may find its
-    token later).  `cache_dir`: where the pinned CA is kept (None: the user's cache)."""
+    decided here.  `token`: the one presented (`use_token`: an agent may find its token
+    later).  `cache_dir`: where the pinned CA is kept (None: the user's cache)."""
 
-    def __init__(
-        self, told: str | None, fingerprint: str | None, cache_dir: str | None = None
-    ) -> None:
+    def __init__(self, told: str | None, token: str | None, cache_dir: str | None = None) -> None:
         self.told = told
-        self.fingerprint = fingerprint
         self.cache_dir = cache_dir
         self._known = told == "https"
         self._tls: dict[Address, bool] = {}
         """Per address: TLS as a hint's scheme or the last dial's switch chose it."""
+        self.fingerprint: str | None = None
+        """The CA the token names: what a TLS master's CA is checked against."""
+        self.marked = False
+        """The token is a TLS master's (mgpu.tokens.TLS_MARK)."""
+        self.use_token(token)
+
+    def use_token(self, token: str | None) -> None:
+        """The token presented from now on: the CA it names, and whether it says that the
+        cluster speaks TLS (then TLS only, for good, unless told `http`)."""
+        from mgpu.tokens import parse_token
+
+        parts = parse_token(token or "")
+        self.fingerprint = parts.fingerprint
+        self.marked = parts.tls
+        if self.marked and self.told is None:
+            self._known = True
 
     def ca_known(self) -> bool:
-        """Whether every dial must be TLS verified against the cluster's CA: told https, or
-        the CA pinned (once true, true for good)."""
+        """Whether every dial must be TLS verified against the cluster's CA: told https, a
+        TLS master's token, or the CA pinned (once true, true for good)."""
         if not self._known and self.told is None and self.fingerprint:
             self._known = os.path.exists(pinned_ca_path(self.fingerprint, self.cache_dir))
         return self._known
@@ -98,10 +114,11 @@ class Transport:
         if self.told == "http" or not self.ca_known():
             return None
         where = f"{address[0]}:{address[1]}"
+        why = "its token is a TLS master's" if self.marked else "its CA is pinned"
         return (
             f"refusing to send a token to the master at {where} in plain HTTP: this cluster "
-            "is known to serve TLS (its CA is pinned); if it now serves plain HTTP on "
-            f"purpose, use http://{where}"
+            f"is known to serve TLS ({why}); if it now serves plain HTTP on purpose, use "
+            f"http://{where}"
         )
 
     def hinted(self, hint: str | None, masters: list[Address], port: int) -> Address | None:

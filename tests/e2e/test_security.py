@@ -20,6 +20,7 @@ from impostor import Impostor
 from mgpu import Client, MgpuError
 from mgpu.protocol import Launch, Welcome
 from mgpu.tlsutil import ensure_ca
+from mgpu.tokens import parse_token, remarked
 
 # Real accounts of every Debian system stand in for people: a root agent runs each job
 # as its owner, so the owner must exist on the node.
@@ -357,6 +358,89 @@ def test_an_impostor_on_a_tls_masters_port_gets_nothing(
 
         _tls_master(cluster, tmp_path / "master-tls-again.log")
         cluster.wait_node("node001", "online", timeout=30)  # back, in TLS
+    finally:
+        cluster.stop()
+
+
+def _restart_master(cluster: LocalCluster, log: Path, tls: bool) -> None:
+    """The master again, with or without --tls; the tokens taken once it marked them."""
+    argv = [str(BIN / "mgpu"), "master", "--port", str(cluster.port)]
+    argv += ["--state-dir", str(cluster.state_dir), *(["--tls"] if tls else [])]
+    cluster.master = cluster._spawn(argv, log)
+
+    def marked_for_it() -> bool:
+        texts = [(cluster.state_dir / n).read_text() for n in ("admin-token", "join-token")]
+        return all(parse_token(t).tls is tls for t in texts)
+
+    wait_for(marked_for_it, what="the token files marked for the master's mode")
+    wait_for(cluster._load_tokens, what="tokens")
+    wait_for(lambda: cluster.client().nodes() is not None, what="the master")
+
+
+def test_a_tls_masters_tokens_keep_fresh_clients_and_agents_in_tls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `--tls` master's tokens (its files, `mgpu token create`'s, a job's $MGPU_TOKEN) end
+    with `.tls`: a client with an empty cache and a new agent that have never reached the
+    cluster send an impostor on its port nothing but TLS handshakes, and the agent runs
+    none of its Launch.  Restarted plain, the master unmarks its files; the secrets stay."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cluster = LocalCluster(tmp_path)
+    marker = tmp_path / "ran-as-root"
+    launch = Launch(
+        job_id="j1",
+        epoch=1,
+        argv=["/bin/sh", "-c", f"touch {marker}"],
+        env={},
+        gpu_ids=[],
+        user="root",
+        allow_root=True,
+    )
+    frames = [Welcome(heartbeat_interval=5).model_dump(), launch.model_dump()]
+    try:
+        cluster.start_master()  # plain on loopback, as by default: unmarked tokens
+        plain = [cluster.admin_token, cluster.join_token]
+        assert not any(parse_token(t).tls for t in plain)
+        assert cluster.master is not None
+        kill_group(cluster.master)
+        _restart_master(cluster, tmp_path / "master-tls.log", tls=True)
+        assert [cluster.admin_token, cluster.join_token] == [remarked(t, True) for t in plain]
+        made = cluster.cli("token", "create", "bob", check=True).stdout.strip()
+        assert parse_token(made).tls
+        cluster.start_agent("node001", gpus=1)
+        job = cluster.client().submit('echo "${MGPU_TOKEN##*.}"')  # the credential's mark
+        assert cluster.client().wait(job.id, timeout=30)["state"] == "completed"
+        assert cluster.client().logs(job.id) == "tls\n"
+        for proc in (cluster.agents["node001"], cluster.master):
+            kill_group(proc)
+
+        fresh = tmp_path / "fresh"  # a home and a cache that never met the cluster
+        for name, value in (("HOME", fresh), ("XDG_CACHE_HOME", fresh / "cache")):
+            monkeypatch.setenv(name, str(value))
+            cluster.env[name] = str(value)
+        with Impostor(cluster.port, frames) as impostor:
+            res = cluster.cli("queue")  # no scheme, nothing pinned: the token says TLS
+            assert res.returncode != 0
+            assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+            with pytest.raises(MgpuError):
+                Client(cluster.address, token=made, connect_timeout=2).queue()
+            seen = impostor.connections()
+            cluster.start_agent("node002", gpus=1, wait=False)  # a new state dir
+            impostor.wait_connections(seen + 2)  # it dialled, and dialled again
+            assert impostor.tls_hellos == impostor.connections()
+        received = impostor.everything()
+        for token in (cluster.admin_token, cluster.join_token, made):
+            assert parse_token(token).secret.encode() not in received
+        assert b"Authorization" not in received and b"hello" not in received
+        assert not marker.exists()
+        assert not list(fresh.rglob("ca-*.pem")) and not list(
+            (tmp_path / "agent-node002").rglob("ca-*.pem")
+        )  # nothing pinned: the tokens alone said TLS
+
+        kill_group(cluster.agents["node002"])
+        _restart_master(cluster, tmp_path / "master-plain.log", tls=False)
+        assert [cluster.admin_token, cluster.join_token] == plain
+        assert cluster.cli("queue").returncode == 0
     finally:
         cluster.stop()
 

@@ -12,6 +12,7 @@ from mgpu.master.ha import identity
 from mgpu.master.ha.identity import FILES, IdentityError
 from mgpu.master.store import identity as rows
 from mgpu.tlsutil import ensure_ca
+from mgpu.tokens import remarked
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -126,3 +127,29 @@ def test_import_needs_a_state_dir_with_an_identity(tmp_path: Path, pg_url: str) 
         pytest.raises(IdentityError, match=missing),
     ):
         identity.import_identity(tmp_path, conn, SECRET)
+
+
+def test_each_master_marks_its_own_token_files_for_its_mode(tmp_path: Path, pg_url: str) -> None:
+    """The database keeps the tokens unmarked; each master's files say how it serves (a
+    `--tls` master's end with `.tls`), the secrets the same everywhere."""
+    tls_master, plain_master = tmp_path / "a", tmp_path / "b"
+    tls_master.mkdir()
+    plain_master.mkdir()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        fingerprint = identity.ensure_identity(tls_master, conn, SECRET, tls=True)
+        identity.ensure_identity(plain_master, conn, SECRET, tls=False)
+        unsealed = identity.unseal(identity.rows.read(conn), SECRET)  # type: ignore[arg-type]
+        for name in ("join-token", "admin-token"):
+            marked = (tls_master / name).read_text()
+            assert marked.endswith(f".{fingerprint}.tls\n")
+            assert (
+                (plain_master / name).read_text()
+                == unsealed[name]
+                == remarked(marked, False) + "\n"
+            )
+        # A master moved from --tls to plain: unmarked at its next start; and back.
+        identity.ensure_identity(tls_master, conn, SECRET, tls=False)
+        assert (tls_master / "admin-token").read_text() == unsealed["admin-token"]
+        identity.ensure_identity(tls_master, conn, SECRET, tls=True)
+        # `mgpu db import` of a marked state dir: the same identity as the database's.
+        assert not identity.import_identity(tls_master, conn, SECRET)

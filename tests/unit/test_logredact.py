@@ -40,6 +40,11 @@ def test_a_secret_is_replaced(line: str) -> None:
         assert secret.partition(".")[0] not in out  # nor the secret without its fingerprint
 
 
+def test_a_tls_masters_token_goes_whole() -> None:
+    """`<secret>.<fingerprint>.tls` (mgpu.tokens): the mark goes with the rest."""
+    assert redact(f"token {TOKEN}.tls refused") == f"token {REDACTED} refused"
+
+
 def test_a_header_keeps_its_name() -> None:
     assert redact(f"< authorization: Bearer {TOKEN}") == f"< authorization: {REDACTED}"
 

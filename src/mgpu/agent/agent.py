@@ -119,8 +119,9 @@ class Agent:
         self.master = self.masters[0]
         """The master dialled now, or last connected to."""
         told = "http" if options.insecure else options.scheme
-        self.transport = Transport(told, _fingerprint(options.token), str(options.state_dir))
-        """TLS or plain for each dial: TLS only once the CA is pinned in the state dir."""
+        self.transport = Transport(told, options.token, str(options.state_dir))
+        """TLS or plain for each dial: TLS only for a TLS master's join token, or once the
+        CA is pinned in the state dir."""
         self.tls = self._tls_auto = False
         self._choose_tls()
         self._welcomed = False
@@ -333,7 +334,7 @@ class Agent:
         if self._ssl_context is None:
             from mgpu import tlsutil
 
-            fingerprint = (self.token or "").partition(".")[2]
+            fingerprint = self.transport.fingerprint
             if not fingerprint:
                 raise AgentRefused(
                     "the master uses TLS but no join token names its CA "
@@ -354,7 +355,7 @@ class Agent:
 
             # The master may have made it since this agent started.
             self.token = find_join_token(None, self.options.state_dir)
-            self.transport.fingerprint = _fingerprint(self.token)
+            self.transport.use_token(self.token)
         self._choose_tls()  # the CA may have been pinned since the last dial
         ssl = await self._tls_context() if self.tls else None
         try:
@@ -777,11 +778,6 @@ def _shown(address: tuple[str, int]) -> str:
     from mgpu.addresses import format_address
 
     return format_address(address)
-
-
-def _fingerprint(token: str | None) -> str | None:
-    """The CA fingerprint a join token names (after its '.'), if any."""
-    return (token or "").partition(".")[2] or None
 
 
 _ip_cache: dict[str, str] = {}

@@ -198,8 +198,8 @@ class Client:
     ) -> None:
         """`address` is "host:port", optionally "https://host:port" or "http://..." to force
         or refuse TLS; otherwise TLS is used for every host but loopback, and loopback
-        falls back to it when the master speaks only TLS (`mgpu master --tls`).  Once the
-        CA the token names is pinned (the cluster served TLS), TLS always (mgpu.masters).
+        falls back to it when the master speaks only TLS.  A TLS master's token, or a pinned
+        CA: TLS always, unless told plain (mgpu.masters.Transport).
 
         Several masters (one leads, the others stand by) are "host:port,host:port": the
         client finds the leader among them, remembers it for the process, and while a
@@ -222,8 +222,8 @@ class Client:
         if os.environ.get("MGPU_INSECURE") and tls is None:
             tls = False
         told = None if tls is None else ("https" if tls else "http")
-        self.transport = Transport(told, (self.token or "").partition(".")[2] or None)
-        """TLS or plain for each dial: TLS only, once the cluster's CA is pinned."""
+        self.transport = Transport(told, self.token)
+        """TLS or plain for each dial: TLS only for a TLS master's token or a pinned CA."""
         self.tls = False
         self._tls_auto = False
         self._choose_tls()
@@ -336,7 +336,7 @@ class Client:
             if self._ssl_context is None:
                 from mgpu import tlsutil
 
-                fingerprint = (self.token or "").partition(".")[2]
+                fingerprint = self.transport.fingerprint
                 if not fingerprint:
                     raise MgpuError(
                         f"the master at {self.address} uses TLS and no token names its CA "

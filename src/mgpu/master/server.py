@@ -121,13 +121,15 @@ def _leadership(
     secret_file: str | None,
     host: str,
     port: int,
+    tls: bool,
 ) -> Leadership:
     """A master of several on one database: the cluster's identity loaded (or stored, by
-    the first master), and its part in the election, not started yet."""
+    the first master; its token files marked for `tls`), and its part in the election, not
+    started yet."""
     from mgpu.master.ha.identity import load_identity, read_secret
     from mgpu.master.store.fence import Fence
 
-    load_identity(state_dir, database, read_secret(secret_file))
+    load_identity(state_dir, database, read_secret(secret_file), tls=tls)
     ha = config.ha
     timing = LeaseTiming(ttl=ha.lease_ttl, renew=ha.renew_interval, retry=ha.retry_interval)
     return Leadership(database, advertised_address(host, port), Fence(), timing)
@@ -166,13 +168,6 @@ def run_master(
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")
     first_start = not (state_dir / "join-token").exists()
-    leadership = None
-    if config.database:
-        parse(config.database, "the database")  # one sentence here, not libpq's later
-        leadership = _leadership(
-            state_dir, config, config.database, cluster_secret_file, host, port
-        )
-        leadership.address = advertised_address(host, port, advertise)
     from mgpu.credentials import is_loopback
 
     if tls is None:
@@ -183,6 +178,13 @@ def run_master(
             "unencrypted. Drop --insecure to serve TLS.",
             host,
         )
+    leadership = None
+    if config.database:
+        parse(config.database, "the database")  # one sentence here, not libpq's later
+        leadership = _leadership(
+            state_dir, config, config.database, cluster_secret_file, host, port, tls
+        )
+        leadership.address = advertised_address(host, port, advertise)
     ssl_args: dict[str, str] = {}
     if tls:
         from mgpu.tlsutil import ensure_server_cert
@@ -211,6 +213,7 @@ def run_master(
         announce=(host, port, first_start),
         leadership=leadership,
         store=store,
+        tls=tls,
     )
     log.info(
         "mgpu master on %s://%s:%d, state in %s",

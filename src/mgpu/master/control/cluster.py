@@ -116,7 +116,7 @@ class Cluster(Reads):
         self.loop_lag = LoopLag()
         self.gpuwatch = GpuWatch(config)
         self.life = Lifecycle(
-            self.state, self.uow, outputs, self.usage, config, tokens.fingerprint, self.job_metrics
+            self.state, self.uow, outputs, self.usage, config, tokens.suffix, self.job_metrics
         )
         self.uow.on_unsendable = self.life.unsendable
         self.life.on_end.append(lambda job: self.gpuwatch.forget(job.id))

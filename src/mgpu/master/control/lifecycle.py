@@ -85,7 +85,7 @@ class Lifecycle:
         outputs: OutputStore,
         usage: UsageLedger,
         config: ClusterConfig,
-        fingerprint: str,
+        token_suffix: str,
         job_metrics: JobMetrics,
     ) -> None:
         self.state = state
@@ -93,7 +93,8 @@ class Lifecycle:
         self.outputs = outputs
         self.usage = usage
         self.config = config
-        self.fingerprint = fingerprint
+        self.token_suffix = token_suffix
+        """What follows a credential's secret: the CA's fingerprint, marked on a TLS master."""
         self.job_metrics = job_metrics
         self._tokens: dict[str, str] = {}
         """Running jobs' credentials in clear: memory only (the store keeps their hashes)."""
@@ -111,7 +112,7 @@ class Lifecycle:
         any agent hears of it)."""
         token = self._tokens.get(job.id)
         if token is None:
-            token = self._tokens[job.id] = new_job_token(job.id, self.fingerprint)
+            token = self._tokens[job.id] = new_job_token(job.id, self.token_suffix)
             job.job_token_hashes.append(token_hash(token))
             self.uow.persist(job)
         return token
@@ -125,7 +126,7 @@ class Lifecycle:
     def start(self, job: Job, placements: Sequence[tuple[str, Sequence[int]]]) -> None:
         """queued → running on `placements` (node, GPUs), which the caller found free."""
         job.epoch += 1
-        token = new_job_token(job.id, self.fingerprint)
+        token = new_job_token(job.id, self.token_suffix)
         self._tokens[job.id] = token
         job.job_token_hashes = [token_hash(token)]
         job.transition(JobState.RUNNING, "launching")

@@ -9,7 +9,8 @@ with AES-256-GCM under a key derived (scrypt) from the cluster secret every mast
 its datastore with its token.  Every other master opens the row and writes the same files
 into its own state dir; each issues its own server certificate from that CA.  A master with
 another secret cannot open it (GCM's tag fails) and refuses to start.  The database alone
-never holds the CA key or a token in clear.
+never holds the CA key or a token in clear.  Its tokens are kept unmarked: each master
+marks its own copies for the mode it serves in (`.tls`, mgpu.tokens).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mgpu.master.store import identity as rows
 from mgpu.master.store.identity import SealedIdentity
 from mgpu.privatefile import TooOpen, read_private, write_private
 from mgpu.tlsutil import CA_CERT, CA_KEY, ensure_ca, fingerprint_pem
-from mgpu.tokens import TOKEN_PREFIX
+from mgpu.tokens import TOKEN_PREFIX, parse_token, remarked
 
 __all__ = [
     "FILES",
@@ -41,7 +42,8 @@ __all__ = [
 ]
 
 SECRET_ENV = "MGPU_CLUSTER_SECRET"
-FILES = (CA_CERT, CA_KEY, "join-token", "admin-token")
+TOKEN_FILES = ("join-token", "admin-token")
+FILES = (CA_CERT, CA_KEY, *TOKEN_FILES)
 """The state dir's files that make a cluster's identity."""
 VERSION = 1
 AAD = b"mgpu cluster identity v1"
@@ -128,21 +130,30 @@ def _local_identity(state_dir: Path) -> dict[str, str]:
     hashes when it opens the cluster, `TokenStore.bootstrap`)."""
     fingerprint = ensure_ca(state_dir)
     files = {CA_CERT: (state_dir / CA_CERT).read_text(), CA_KEY: (state_dir / CA_KEY).read_text()}
-    for name in ("join-token", "admin-token"):
+    for name in TOKEN_FILES:
         path = state_dir / name
         token = path.read_text().strip() if path.exists() else ""
-        if not token or not token.endswith("." + fingerprint):
+        if parse_token(token).fingerprint != fingerprint:
             token = f"{TOKEN_PREFIX}{secrets.token_urlsafe(32)}.{fingerprint}"
         files[name] = token + "\n"
-    return files
+    return _unmarked(files)
 
 
-def _write_files(state_dir: Path, files: dict[str, str]) -> None:
-    """The identity's files in the state dir (0600); a server certificate of another CA
-    is removed, so that one is issued from this CA."""
+def _unmarked(files: dict[str, str]) -> dict[str, str]:
+    """The identity's files as the database keeps them: tokens without the TLS mark."""
+    return {
+        name: remarked(text, False) + "\n" if name in TOKEN_FILES else text
+        for name, text in files.items()
+    }
+
+
+def _write_files(state_dir: Path, files: dict[str, str], tls: bool) -> None:
+    """The identity's files in the state dir (0600), tokens marked for `tls`; a server
+    certificate of another CA is removed, so that one is issued from this CA."""
     for name in FILES:
         path = state_dir / name
-        data = files[name].encode()
+        text = remarked(files[name], tls) + "\n" if name in TOKEN_FILES else files[name]
+        data = text.encode()
         try:
             same = path.read_bytes() == data
         except OSError:
@@ -154,10 +165,11 @@ def _write_files(state_dir: Path, files: dict[str, str]) -> None:
                     (state_dir / stale).unlink(missing_ok=True)
 
 
-def ensure_identity(state_dir: Path, conn: Any, secret: bytes) -> str:
+def ensure_identity(state_dir: Path, conn: Any, secret: bytes, tls: bool = False) -> str:
     """At a master's start, before it serves: the database's identity in the state dir
-    (stored there first from this state dir's if the database has none); the CA's
-    fingerprint.  IdentityError when the secret does not open it."""
+    (stored there first from this state dir's if the database has none), its tokens marked
+    for `tls` (the master serves TLS); the CA's fingerprint.  IdentityError when the
+    secret does not open it."""
     rows.ensure_table(conn)
     stored = rows.read(conn)
     if stored is None:
@@ -165,7 +177,7 @@ def ensure_identity(state_dir: Path, conn: Any, secret: bytes) -> str:
         stored = rows.read(conn)  # this one, or the one a master racing this one stored
         assert stored is not None
     files = unseal(stored, secret)
-    _write_files(state_dir, files)
+    _write_files(state_dir, files, tls)
     return fingerprint_pem(files[CA_CERT].encode())
 
 
@@ -179,13 +191,13 @@ def import_identity(state_dir: Path, conn: Any, secret: bytes) -> bool:
         raise IdentityError(
             f"{state_dir} is not a master's state dir with an identity: no {', '.join(missing)}"
         )
-    files = {name: (state_dir / name).read_text() for name in FILES}
+    files = _unmarked({name: (state_dir / name).read_text() for name in FILES})
     rows.ensure_table(conn)
     if rows.insert_if_absent(conn, seal(files, secret)):
         return True
     stored = rows.read(conn)
     assert stored is not None
-    if unseal(stored, secret) != files:
+    if _unmarked(unseal(stored, secret)) != files:
         raise IdentityError(
             "the database already holds another cluster's identity (CA and tokens): "
             "import into an empty database"
@@ -204,7 +216,9 @@ def import_hook(secret: bytes) -> Callable[[Path, Any], dict[str, int]]:
     return hook
 
 
-def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0.0) -> str:
+def load_identity(
+    state_dir: Path, database: str, secret: bytes, wait: float = 0.0, tls: bool = False
+) -> str:
     """`ensure_identity` on a connection of its own, waiting up to `wait` seconds for the
     database to answer (0: one try; a supervisor starts the master again)."""
     import logging
@@ -220,7 +234,7 @@ def load_identity(state_dir: Path, database: str, secret: bytes, wait: float = 0
         try:
             link = params(database, connect_timeout=5)  # keepalives: store/pglink.py
             with psycopg.connect(**link, autocommit=True) as conn:
-                return ensure_identity(state_dir, conn, secret)
+                return ensure_identity(state_dir, conn, secret, tls)
         except psycopg.OperationalError as e:
             if time.monotonic() >= deadline:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else "no answer"

@@ -71,15 +71,18 @@ ROUTERS: tuple[APIRouter, ...] = (
 )
 
 
-def open_cluster(state_dir: Path, config: ClusterConfig, store: Store | None = None) -> Cluster:
+def open_cluster(
+    state_dir: Path, config: ClusterConfig, store: Store | None = None, tls: bool = False
+) -> Cluster:
     """The controller over the state dir: its store (`store`, else the one `config.database`
-    names: SQLite in the state dir by default), tokens (made at first start), output and
-    node secrets; the cluster CA is made here too, at start, if it is not there yet."""
+    names: SQLite in the state dir by default), tokens (made at first start; `tls`: the
+    master serves TLS, and its tokens say so), output and node secrets; the cluster CA is
+    made here too, at start, if it is not there yet."""
     fingerprint = ensure_ca(state_dir)
     if store is None:
         store = open_store(config.database, state_dir)
     owner = getpass.getuser()
-    tokens = TokenStore(store, state_dir, fingerprint)
+    tokens = TokenStore(store, state_dir, fingerprint, tls)
     tokens.bootstrap(owner)
     outputs = open_outputs(state_dir, config.database, store)
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
@@ -107,11 +110,13 @@ def create_app(
     announce: tuple[str, int, bool] | None = None,
     leadership: Leadership | None = None,
     store: Store | None = None,
+    tls: bool = False,
 ) -> FastAPI:
     """The master's app; `store`: opened already (`mgpu master` opens it before serving,
     so that a database it cannot use is one line at start), else opened at startup;
     `leadership`: this master is one of several on a shared database (master/ha): it
-    stands by, and opens the cluster from the database once it takes the lease."""
+    stands by, and opens the cluster from the database once it takes the lease; `tls`: it
+    serves TLS (its tokens say so, mgpu.tokens.TLS_MARK)."""
 
     def write_audit(rows: list[AuditRow]) -> None:
         app.state.cluster.audit_rows(rows)
@@ -127,10 +132,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if leadership is not None:
-            async with _stand_by(app, state_dir, config, leadership, edge.flush, announce):
+            async with _stand_by(app, state_dir, config, leadership, edge.flush, announce, tls):
                 yield
             return
-        cluster = open_cluster(state_dir, config, store)
+        cluster = open_cluster(state_dir, config, store, tls)
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])
@@ -182,6 +187,7 @@ async def _stand_by(
     leadership: Leadership,
     flush_edge: Callable[[], None],
     announce: tuple[str, int, bool] | None,
+    tls: bool,
 ) -> AsyncIterator[None]:
     """A master of several: stand by (the edge answers 503, master/http/standby.py) until
     the lease is this master's, then open the cluster from the database and schedule; at
@@ -212,7 +218,7 @@ async def _stand_by(
         try:
             store = open_store(leadership.database, state_dir, link=leadership.link)
             store.fence = leadership.fence  # every write: only while this lease is its own
-            cluster = open_cluster(state_dir, config, store)
+            cluster = open_cluster(state_dir, config, store, tls)
         except Exception as e:
             log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
             logging.shutdown()

@@ -1,11 +1,12 @@
 """Tokens: who may join as an agent, and who a client acts for.
 
-A token is `mgpu_<secret>.<ca fingerprint>`.  Only the SHA-256 of the secret is
-stored (the secret has 256 random bits, so a fast hash is enough).  The master
-writes `join-token` and `admin-token` (mode 0600) in its state dir at first
-start; the admin token acts for the account that started the master and is the
-*owner's* token: the only one whose jobs may run as uid 0, besides tokens given an
-explicit `--allow-root` grant (which only the owner can make).
+A token is `mgpu_<secret>.<ca fingerprint>`, and a TLS master's ends with `.tls`
+(mgpu.tokens).  Only the SHA-256 of the secret is stored (the secret has 256 random
+bits, so a fast hash is enough).  The master writes `join-token` and `admin-token`
+(mode 0600) in its state dir at first start, and at each start marks them for the
+mode it serves in; the admin token acts for the account that started the master and
+is the *owner's* token: the only one whose jobs may run as uid 0, besides tokens
+given an explicit `--allow-root` grant (which only the owner can make).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import Any
 
 from mgpu.master.store.base import Store
 from mgpu.privatefile import write_private
-from mgpu.tokens import JOB_TOKEN_PREFIX, TOKEN_PREFIX, hash_secret, split_token, token_hash
+from mgpu.tokens import (
+    JOB_TOKEN_PREFIX,
+    TOKEN_PREFIX,
+    hash_secret,
+    remarked,
+    split_token,
+    token_hash,
+    token_suffix,
+)
 
 JOIN = "join"
 
@@ -43,10 +52,14 @@ def user_of(kind: str, owner: str) -> str:
 
 
 class TokenStore:
-    def __init__(self, store: Store, state_dir: Path, fingerprint: str) -> None:
+    def __init__(self, store: Store, state_dir: Path, fingerprint: str, tls: bool = False) -> None:
         self.store = store
         self.state_dir = state_dir
         self.fingerprint = fingerprint
+        self.tls = tls
+        """The master serves TLS: every token it hands out says so (mgpu.tokens.TLS_MARK)."""
+        self.suffix = token_suffix(fingerprint, tls)
+        """What follows a new token's secret and its '.'."""
         self._cache: dict[str, Identity | None] = {}
 
     def _new(
@@ -57,14 +70,16 @@ class TokenStore:
         self.store.insert_token(
             token_id, user, admin, kind, hash_secret(secret), time.time(), owner, allow_root
         )
-        return token_id, f"{secret}.{self.fingerprint}"
+        return token_id, f"{secret}.{self.suffix}"
 
     def bootstrap(self, owner: str) -> None:
-        """First start: the join token and the owner's admin token, as 0600 files."""
+        """First start: the join token and the owner's admin token, as 0600 files; at each
+        start they are marked for the mode this master serves in (`mark_token_file`)."""
         for name, kind, admin in (("join-token", JOIN, False), ("admin-token", "user", True)):
             path = self.state_dir / name
             if path.exists():
                 self._adopt(path, user_of(kind, owner), admin, kind)
+                mark_token_file(path, self.tls)
                 continue
             _, token = self._new(user_of(kind, owner), admin, kind, owner=admin, allow_root=admin)
             write_private(path, (token + "\n").encode())  # never seen empty or half
@@ -185,9 +200,23 @@ class BadTokenThrottle:
         self._fails.pop(address, None)
 
 
-def new_job_token(job_id: str, fingerprint: str) -> str:
+def new_job_token(job_id: str, suffix: str) -> str:
+    """A job's credential; `suffix`: the CA's fingerprint, marked on a TLS master."""
     # Hex, so the last "_" always separates the secret from the job id (array tasks have one).
-    return f"{JOB_TOKEN_PREFIX}{job_id}_{secrets.token_hex(24)}.{fingerprint}"
+    return f"{JOB_TOKEN_PREFIX}{job_id}_{secrets.token_hex(24)}.{suffix}"
+
+
+def mark_token_file(path: Path, tls: bool) -> None:
+    """A token file (`join-token`, `admin-token`) marked for a TLS master (`tls`) or
+    unmarked for a plain one, so that a master moved to or from `--tls` hands out tokens
+    that say how to dial it (only the secret is hashed: each one keeps working).  Rewritten
+    only if that changes it."""
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return  # not made yet: it is written marked
+    if split_token(token)[0].startswith(TOKEN_PREFIX) and remarked(token, tls) != token:
+        write_private(path, (remarked(token, tls) + "\n").encode())
 
 
 def job_of_token(token: str) -> str | None:
