@@ -54,7 +54,7 @@ async def _fake_master(tmp_path: Path) -> dict[str, Any]:
             launch("eq_name", env={"A=B": "1"}),
             launch("nul_argv", argv=["/bin/echo", "a\0b"]),
             launch("surrogate", env={"V": "\ud800"}),
-            launch("unreadable", gpu_ids="all"),  # does not even validate
+            launch("unreadable", grant={"gpus": "all"}),  # does not even validate
             launch("good2"),
         ]
         await ws.send(json.dumps(frame))
