@@ -20,11 +20,13 @@ from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationEr
 from mgpu.safetext import escape_controls
 from mgpu.spec import SpecError, validate_node_id
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: output offsets, Welcome.resume, Forget; 3: batched frames; 4: node secrets; 5: job
 scripts, warning signals (`--signal`), time limits changed while a job runs, terminals
 (Launch.pty, terminal_input, terminal_resize); 6: typed input acknowledged
-(terminal_ack), the master's flow control of a terminal's input."""
+(terminal_ack), the master's flow control of a terminal's input; 7: Launch.grant (what a
+run was granted, typed) replaces Launch.gpu_ids and the GPU variables in its `env`: an
+agent of 6 would run a job of a 7 master with every GPU visible, hence the new number."""
 
 MAX_GPUS_PER_NODE = 64
 MAX_RUNNING_REPORTS = 10000
@@ -374,14 +376,43 @@ class TerminalSize(BaseModel):
     cols: int = Field(ge=1, le=10000)
 
 
+GpuIndex = Annotated[int, Field(ge=0, lt=1024)]
+
+
+class Grant(BaseModel):
+    """What a run was granted on the node it is sent to.  The master decides it; the agent
+    alone turns it into the process's environment, device rules and container flags
+    (mgpu.agent.grants): the launch's `env` names no GPU."""
+
+    gpus: list[GpuIndex] = Field(max_length=MAX_GPUS_PER_NODE)
+    """The GPUs the run may use: the node's GPU indices as its hello listed them."""
+    job_gpus: list[GpuIndex] | None = Field(default=None, max_length=MAX_GPUS_PER_NODE)
+    """The job's GPUs on this node (`MGPU_GPU_IDS`, `SLURM_JOB_GPUS`): more than `gpus`
+    for an srun task given some of them (`--gpus-per-task`); None: `gpus`."""
+    share_units: int | None = Field(default=None, ge=1, le=1000)
+    """`--gpu-share`: the run's part of each GPU, in thousandths (0.25 = 250); None: whole
+    GPUs."""
+    gpu_memory_mb: int | None = Field(default=None, ge=0)
+    """A share's part of its GPU's memory (MiB, rounded down); None: not said."""
+    slurm: bool = False
+    """A Slurm job: its GPUs are named in Slurm's variables too."""
+    step: bool = False
+    """An srun task: `SLURM_STEP_GPUS` names its GPUs."""
+    cpus: list[int] | None = None
+    """The CPUs the run may use (None: not limited).  Not granted yet."""
+    mem_mb: int | None = Field(default=None, ge=0)
+    """The memory the run may use, MiB (None: not limited).  Not granted yet."""
+
+
 class Launch(BaseModel):
     type: Literal["launch"] = "launch"
     job_id: str
     epoch: int
     argv: list[str]
     env: dict[str, str]
+    """The job's variables, none of which names a GPU (the agent adds those: `grant`)."""
     cwd: str | None = None
-    gpu_ids: list[int]
+    grant: Grant
     time_limit: float | None = None
     kill_grace: float = 10.0
     user: str | None = None

@@ -97,8 +97,9 @@ def tasks_per_node(counts: Sequence[int]) -> str:
     return ",".join(parts)
 
 
-def job_env(job: Job, rank: int, gpu_ids: Sequence[int], where: Where) -> dict[str, str]:
-    """The SLURM_* variables of the job's process on node `rank` of its allocation."""
+def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
+    """The SLURM_* variables of the job's process on node `rank` of its allocation (but
+    its GPUs': the agent's, from the run's grant, mgpu.agent.grants)."""
     slurm = job.slurm
     assert slurm is not None, "only jobs submitted with a slurm block have Slurm's variables"
     names = where.names
@@ -137,9 +138,6 @@ def job_env(job: Job, rank: int, gpu_ids: Sequence[int], where: Where) -> dict[s
         "SLURM_SUBMIT_DIR": slurm.submit_dir or job.cwd,
     }
     env.update({k: str(v) for k, v in optional.items() if v is not None})
-    if gpu_ids:
-        env["SLURM_JOB_GPUS"] = ",".join(map(str, gpu_ids))
-        env["SLURM_GPUS_ON_NODE"] = str(len(gpu_ids))
     if job.array_job_id is not None and job.array_task_id is not None:
         env.update(array_env(job))
     return env
@@ -276,11 +274,10 @@ def task_env(
     ntasks: int,
     step_hosts: Sequence[str],
     node_tasks: Sequence[int],
-    gpu_ids: Sequence[int],
 ) -> dict[str, str]:
     """One task's variables: `procid` its rank in the step, `localid` on its node, `nodeid`
     its node's index in the step; `step_hosts` the step's nodes' hostnames in order and
-    `node_tasks` their task counts; `gpu_ids` the GPUs the task sees."""
+    `node_tasks` their task counts.  The GPUs it sees are its grant's (mgpu.agent.grants)."""
     nodelist = compress(list(step_hosts))
     return {
         "SLURM_STEP_ID": str(step_id),
@@ -295,6 +292,4 @@ def task_env(
         "SLURM_STEP_NUM_TASKS": str(ntasks),
         "SLURM_STEP_TASKS_PER_NODE": tasks_per_node(node_tasks),
         "SLURM_TASKS_PER_NODE": tasks_per_node(node_tasks),  # srun's: the step's
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
-        "SLURM_STEP_GPUS": ",".join(map(str, gpu_ids)),
     }

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from mgpu.agent import grants
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.control.submit import JobSpec
@@ -47,6 +48,13 @@ from mgpu.protocol import (
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+
+def seen_env(launch: Launch) -> dict[str, str]:
+    """What a launch's process sees of the master's variables: its `env` with the GPU
+    variables an agent makes of its grant (mgpu.agent.grants; a node without MIG)."""
+    return grants.apply(launch.env, launch.grant, [])
+
 
 START = 1_700_000_000.0
 

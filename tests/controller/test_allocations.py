@@ -9,7 +9,7 @@ import base64
 from typing import Any
 
 import pytest
-from harness import FakeAgent, Harness
+from harness import FakeAgent, Harness, seen_env
 from pydantic import ValidationError
 
 from mgpu.master.control.allocations import StepRequest
@@ -63,9 +63,11 @@ def test_a_step_runs_on_the_allocation_with_the_environment_of_its_srun(h: Harne
     gpus = h.job(job_id).allocation[0].gpu_ids
     assert (launch.job_id, launch.epoch) == (step_id, h.job(job_id).epoch)
     assert launch.argv == ["python", "a b.py"]  # executed directly, as srun does
-    assert launch.gpu_ids == gpus and launch.cwd == "/data" and launch.pty is None
-    assert launch.env["FOO"] == "bar"
-    assert launch.env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))  # the allocation's
+    assert launch.grant.gpus == gpus and launch.cwd == "/data" and launch.pty is None
+    assert launch.env["FOO"] == "bar" and "CUDA_VISIBLE_DEVICES" not in launch.env
+    seen = seen_env(launch)
+    assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus))  # the allocation's
+    assert "SLURM_STEP_GPUS" not in seen  # a step of an allocation, not an srun task
     assert launch.env["MGPU_JOB_ID"] == job_id
 
 

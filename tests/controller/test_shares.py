@@ -5,7 +5,7 @@ rebuilt from the jobs after a master restart; reservations kept in the store."""
 from __future__ import annotations
 
 import pytest
-from harness import Harness
+from harness import Harness, seen_env
 
 from mgpu.master.control.reservations import ReservationRequestError
 from mgpu.master.state.shares import job_share_units
@@ -26,9 +26,13 @@ def test_shares_stack_up_to_one_gpu_and_go_when_their_jobs_end(h: Harness) -> No
     assert not h.cl.state.free("n1", [0], 500)
 
     launch = next(m for m in a.launches() if m.job_id == quarter[0])
-    assert launch.env["MGPU_GPU_SHARE"] == "0.25"
-    assert launch.env["MGPU_GPU_MEMORY_LIMIT_MB"] == str(h.node("n1").gpus[0].memory_mb // 4)
-    assert launch.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    memory = h.node("n1").gpus[0].memory_mb // 4
+    assert (launch.grant.share_units, launch.grant.gpu_memory_mb) == (250, memory)
+    assert "MGPU_GPU_SHARE" not in launch.env  # the grant's, typed: not env text
+    env = seen_env(launch)
+    assert env["MGPU_GPU_SHARE"] == "0.25"
+    assert env["MGPU_GPU_MEMORY_LIMIT_MB"] == str(memory)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
     a.exited(quarter[0])
     h.tick()  # 0.5 + 0.5 = 1: the half fits now, the whole job still waits

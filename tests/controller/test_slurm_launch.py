@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Harness, _run
+from harness import Harness, _run, seen_env
 
+from mgpu.agent import grants
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.store.sqlite import SqliteStore
 from mgpu.model import JobState
@@ -54,7 +55,7 @@ def test_old_hex_ids_still_answer(tmp_path: Path) -> None:
 
 def launch_envs(h: Harness, agent: str) -> dict[str, dict[str, str]]:
     """The environment of each job the agent was told to launch (taken: told once)."""
-    return {x.job_id: x.env for x in h.agents[agent].launches()}
+    return {x.job_id: seen_env(x) for x in h.agents[agent].launches()}
 
 
 def test_a_slurm_job_gets_slurms_environment_and_output_files(h: Harness) -> None:
@@ -67,12 +68,16 @@ def test_a_slurm_job_gets_slurms_environment_and_output_files(h: Harness) -> Non
     launches = {a: [x for x in h.agents[a].launches() if x.job_id == job_id] for a in h.agents}
     first = launches["node1"][0]
     assert launches["node2"] == []  # a batch script runs on the first node; node2 holds
-    env = first.env
+    assert not grants.OWNED.intersection(first.env)  # the agent's, from the grant
+    env = seen_env(first)
     assert env["SLURM_JOB_ID"] == job_id and env["SLURM_JOB_NAME"] == "train.sh"
     assert env["SLURM_JOB_NODELIST"] == "host-node[1-2]"
     assert env["SLURM_NNODES"] == "2" and env["SLURM_NODEID"] == "0"
     assert env["SLURM_CLUSTER_NAME"] == "mgpu" and env["SLURM_JOB_PARTITION"] == "main"
     assert env["SLURM_GPUS_ON_NODE"] == "1" and env["MGPU_JOB_ID"] == job_id
+    gpu = str(h.job(job_id).allocation[0].gpu_ids[0])
+    assert env["SLURM_JOB_GPUS"] == env["CUDA_VISIBLE_DEVICES"] == env["MGPU_GPU_IDS"] == gpu
+    assert "SLURM_STEP_GPUS" not in env
     # The batch script's files are written on the node that runs it.
     assert (first.output_file, first.error_file) == (f"logs/train.sh-{job_id}.out",) * 2
 

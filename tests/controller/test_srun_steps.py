@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from harness import Harness
+from harness import Harness, seen_env
 
+from mgpu.agent import grants
 from mgpu.master.control.srun import SrunRequest, plan_tasks
 from mgpu.master.control.submit import SubmitError
 from mgpu.model import EndReason, JobState, SlotPhase
@@ -57,15 +58,17 @@ def test_srun_runs_one_task_per_node_with_slurms_variables(h: Harness) -> None:
     (first,), (second,) = n1.launches(), n2.launches()
     assert (first.job_id, second.job_id) == (f"{group.id}.0", f"{group.id}.1")
     gpus = [s.gpu_ids for s in h.job(job_id).allocation]
-    assert (first.gpu_ids, second.gpu_ids) == (gpus[0], gpus[1])
+    assert (first.grant.gpus, second.grant.gpus) == (gpus[0], gpus[1])
     for task, launch in enumerate([first, second]):
-        env = launch.env
+        assert not grants.OWNED.intersection(launch.env)  # the grant says the GPUs
+        env = seen_env(launch)
         assert env["FOO"] == "bar" and env["MGPU_JOB_ID"] == job_id
         assert env["SLURM_PROCID"] == env["SLURM_NODEID"] == str(task)
         assert env["SLURM_LOCALID"] == "0" and env["SLURM_NTASKS"] == "2"
         assert env["SLURM_STEP_ID"] == "0" and env["SLURM_STEP_NUM_NODES"] == "2"
         assert env["SLURM_STEP_NODELIST"] == "host-n[1-2]"
         assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, gpus[task]))
+        assert env["SLURM_STEP_GPUS"] == env["SLURM_JOB_GPUS"] == env["CUDA_VISIBLE_DEVICES"]
     again, _ = _srun(h, job_id)
     assert again.number == 1  # Slurm's step ids count from 0
 
@@ -79,8 +82,12 @@ def test_the_jobs_task_count_and_srun_options_lay_tasks_out(h: Harness) -> None:
     assert [m.env["SLURM_PROCID"] for m in on1 + on2] == ["0", "1", "2", "3"]
     assert [m.env["SLURM_LOCALID"] for m in on1 + on2] == ["0", "1", "0", "1"]
     gpus = h.job(job_id).allocation[0].gpu_ids
-    assert [m.gpu_ids for m in on1] == [[gpus[0]], [gpus[1]]]  # each task its own GPU
-    assert [m.env["CUDA_VISIBLE_DEVICES"] for m in on1] == [str(g) for g in gpus]
+    assert [m.grant.gpus for m in on1] == [[gpus[0]], [gpus[1]]]  # each task its own GPU
+    seen = [seen_env(m) for m in on1]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in seen] == [str(g) for g in gpus]
+    assert [e["SLURM_STEP_GPUS"] for e in seen] == [str(g) for g in gpus]
+    both = ",".join(map(str, gpus))  # the job's on the node, as before
+    assert [(e["SLURM_JOB_GPUS"], e["MGPU_GPU_IDS"]) for e in seen] == [(both, both)] * 2
     _srun(h, job_id, nodelist=["host-n2"], ntasks=1)
     assert n1.launches() == [] and len(n2.launches()) == 1
     _, warnings = _srun(h, job_id, nodes=2, ntasks=1)
@@ -178,15 +185,11 @@ def test_task_env_formats_as_slurm() -> None:
         ntasks=6,
         step_hosts=["node01", "node02", "node03"],
         node_tasks=[2, 2, 1],
-        gpu_ids=[2, 3],
     )
     assert env["SLURM_STEP_NODELIST"] == "node[01-03]"
     assert env["SLURM_STEP_TASKS_PER_NODE"] == env["SLURM_TASKS_PER_NODE"] == "2(x2),1"
-    assert (env["SLURM_STEP_ID"], env["SLURM_PROCID"], env["CUDA_VISIBLE_DEVICES"]) == (
-        "3",
-        "5",
-        "2,3",
-    )
+    assert (env["SLURM_STEP_ID"], env["SLURM_PROCID"]) == ("3", "5")
+    assert not grants.OWNED.intersection(env)  # its GPUs are its grant's
 
 
 def test_an_allocations_steps_output_is_the_allocations_too(h: Harness) -> None:

@@ -25,7 +25,8 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root agent")
 
 def launch(job_id: str, **kw: Any) -> dict[str, Any]:
     # No user: run as the agent's own, which a root agent does only with the owner's grant.
-    msg = {"type": "launch", "job_id": job_id, "epoch": 1, "gpu_ids": [0], "allow_root": True}
+    msg = {"type": "launch", "job_id": job_id, "epoch": 1, "grant": {"gpus": [0]}}
+    msg |= {"allow_root": True}
     msg |= {"argv": ["/bin/sh", "-c", "echo ran"], "env": {"PATH": "/usr/bin:/bin"}}
     return msg | kw
 
@@ -53,7 +54,7 @@ async def _fake_master(tmp_path: Path) -> dict[str, Any]:
             launch("eq_name", env={"A=B": "1"}),
             launch("nul_argv", argv=["/bin/echo", "a\0b"]),
             launch("surrogate", env={"V": "\ud800"}),
-            launch("unreadable", gpu_ids="all"),  # does not even validate
+            launch("unreadable", grant={"gpus": "all"}),  # does not even validate
             launch("good2"),
         ]
         await ws.send(json.dumps(frame))

@@ -19,7 +19,7 @@ from mgpu.protocol import Welcome, encode
 
 LINES = 8_000_000  # `seq`: 68 MB, several times what the connection and the queue hold
 FLOOD_LAUNCH = json.dumps(
-    {"type": "launch", "job_id": "flood", "epoch": 1, "gpu_ids": [0], "allow_root": True}
+    {"type": "launch", "job_id": "flood", "epoch": 1, "grant": {"gpus": [0]}, "allow_root": True}
     | {"argv": ["seq", "1", str(LINES)], "env": {"PATH": "/usr/bin:/bin"}}
 )
 

@@ -69,6 +69,22 @@ def test_cpu_job_sees_no_gpu(cluster: LocalCluster) -> None:
     assert cluster.client().show(job.id)["allocation"][0]["gpu_ids"] == []
 
 
+def test_gpu_variables_a_user_submits_cannot_widen_what_the_job_sees(
+    cluster: LocalCluster,
+) -> None:
+    """The job's GPUs are its grant's (mgpu.agent.grants): the master drops a submitted
+    CUDA_VISIBLE_DEVICES, the agent any variable that names GPUs (NVIDIA_VISIBLE_DEVICES
+    would widen a container's view)."""
+    c = cluster.client()
+    wide = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "NVIDIA_VISIBLE_DEVICES": "all"}
+    dump = "env | grep -E '^(CUDA|NVIDIA)_VISIBLE_DEVICES=' | sort"
+    job = c.submit(dump, gpus=1, env=wide | {"PATH": os.environ["PATH"]})
+    done = c.wait(job.id, timeout=30)
+    assert done["state"] == "completed", done
+    (gpu,) = done["allocation"][0]["gpu_ids"]
+    assert c.logs(job.id) == f"CUDA_VISIBLE_DEVICES={gpu}\n"
+
+
 def test_gpu_ids_and_strict_node_gpu_ids(cluster: LocalCluster) -> None:
     c = cluster.client()
     # Hold node002's GPU 1 with a job that waits for a file.

@@ -33,7 +33,7 @@ from mgpu.master.control.jobbuild import SubmitDefaults, build_jobs
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.security.access import unix_groups
 from mgpu.model import Job
-from mgpu.protocol import Exited, Launch
+from mgpu.protocol import Exited, Grant, Launch
 from mgpu.scheduler.types import JobRequest
 
 ME = getpass.getuser()
@@ -74,7 +74,7 @@ def build(rt: Runtime, gpu_ids: list[int], cwd: str | None = "/home/al/exp") -> 
         rt,
         "pytorch:24.01",
         ["python", "train.py"],
-        gpu_ids=gpu_ids,
+        grant=Grant(gpus=gpu_ids),
         cwd=cwd,
         uid_gid=(1001, 100),
         env_file="/var/lib/mgpu/spool/ab12cd34.1.env",
@@ -877,7 +877,7 @@ NOBODY = (65534, 65534, [65534])
 
 def _launch_of_nobody(image: str, work: Path, **fields: Any) -> Launch:
     fields.setdefault("argv", ["sh", "-c", "echo '* * * * * root pwned'"])
-    return Launch(job_id="7", epoch=1, env={}, gpu_ids=[], image=image, cwd=str(work),
+    return Launch(job_id="7", epoch=1, env={}, grant=Grant(gpus=[]), image=image, cwd=str(work),
                   user="nobody", **fields)  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from mgpu.agent import bindmount, privileged
 from mgpu.agent.containers import Runtime
 from mgpu.agent.launcher import JobError
 from mgpu.agent.site import SiteHooks
-from mgpu.protocol import Launch
+from mgpu.protocol import Grant, Launch
 
 NOBODY = (65534, 65534, [65534])
 
@@ -69,7 +69,8 @@ def _hooks(spool: Path) -> SiteHooks:
 
 
 def _launch(cwd: str, job_id: str = "j1") -> Launch:
-    return Launch(job_id=job_id, epoch=1, argv=["true"], env={}, gpu_ids=[], image="img:1", cwd=cwd)
+    none = Grant(gpus=[])
+    return Launch(job_id=job_id, epoch=1, argv=["true"], env={}, grant=none, image="img:1", cwd=cwd)
 
 
 @root_only

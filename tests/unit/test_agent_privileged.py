@@ -132,7 +132,7 @@ def _launch(**kw: Any) -> Launch:
         "epoch": 1,
         "argv": ["python", "train.py"],
         "env": JOB_ENV,
-        "gpu_ids": [2],
+        "grant": {"gpus": [2]},
         "image": "img:1",
         "epilog": "/etc/mgpu/epilog.sh",
     }

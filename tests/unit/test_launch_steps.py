@@ -12,7 +12,7 @@ import pytest
 
 from mgpu.agent import jobenv, launchsteps
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, LaunchRequest
-from mgpu.protocol import Launch
+from mgpu.protocol import Grant, Launch
 
 BEFORE_SPAWN = [s.__name__ for s in launchsteps.STEPS if s is not launchsteps.spawn]
 
@@ -118,7 +118,7 @@ def test_a_run_with_other_ids_than_its_users_opens_and_runs_nothing_they_name(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root agent switches users")
 def test_a_launch_that_names_no_user_is_not_run_as_root() -> None:
-    msg = Launch(job_id="j1", epoch=1, argv=["true"], env={}, gpu_ids=[])
+    msg = Launch(job_id="j1", epoch=1, argv=["true"], env={}, grant=Grant(gpus=[]))
     with pytest.raises(jobenv.UserError, match="names no user"):
         jobenv.run_as(msg, "node001")
     assert jobenv.run_as(msg.model_copy(update={"allow_root": True}), "node001") is None

@@ -98,7 +98,7 @@ def test_job_env_has_every_variable_in_slurms_format() -> None:
         submit_dir="/home/alice/proj",
     )
     job = slurm_job(slurm=slurm, restarts=2)
-    env = job_env(job, 1, [2, 3], WHERE)
+    env = job_env(job, 1, WHERE)
     assert env == {
         "SLURM_JOB_ID": "1234",
         "SLURM_JOBID": "1234",
@@ -122,8 +122,6 @@ def test_job_env_has_every_variable_in_slurms_format() -> None:
         "SLURM_NODEID": "1",
         "SLURMD_NODENAME": "gpu002",
         "SLURM_RESTART_COUNT": "2",
-        "SLURM_JOB_GPUS": "2,3",
-        "SLURM_GPUS_ON_NODE": "2",
         "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0",
         "SLURM_GTIDS": "0",
@@ -131,10 +129,10 @@ def test_job_env_has_every_variable_in_slurms_format() -> None:
 
 
 def test_job_env_leaves_out_what_was_not_asked_as_slurm_does() -> None:
-    env = job_env(slurm_job(cwd="/work"), 0, [], Where(("node1",), "mgpu", "main"))
+    env = job_env(slurm_job(cwd="/work"), 0, Where(("node1",), "mgpu", "main"))
     for name in ("SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_NODE", "SLURM_NTASKS_PER_NODE"):
         assert name not in env
-    assert "SLURM_JOB_GPUS" not in env and "SLURM_GPUS_ON_NODE" not in env  # no GPU
+    assert "SLURM_JOB_GPUS" not in env and "SLURM_GPUS_ON_NODE" not in env  # the grant's
     assert "SLURM_ARRAY_JOB_ID" not in env
     assert env["SLURM_SUBMIT_DIR"] == "/work"  # no submit dir sent: the working directory
     assert env["SLURM_NTASKS"] == "1" and env["SLURM_TASKS_PER_NODE"] == "1"
@@ -143,7 +141,7 @@ def test_job_env_leaves_out_what_was_not_asked_as_slurm_does() -> None:
 def test_array_task_env_and_its_own_numeric_job_id() -> None:
     slurm = SlurmOptions(batch=True, array_count=3, array_min=0, array_max=8, array_step=4)
     job = slurm_job(id="1234_4", array_job_id="1234", array_task_id=4, slurm=slurm)
-    env = job_env(job, 0, [0], Where(("n1",), "mgpu", "main"))
+    env = job_env(job, 0, Where(("n1",), "mgpu", "main"))
     assert env["SLURM_JOB_ID"] == "1238" == env["SLURM_JOBID"]  # int() works (Lightning)
     assert env["SLURM_ARRAY_JOB_ID"] == "1234"
     assert env["SLURM_ARRAY_TASK_ID"] == "4"

@@ -7,11 +7,9 @@ starts and reported to the master as the node features `container` and its name.
 
 What every command line does:
 
-* GPUs: only the allocated ones are visible. podman uses CDI names
-  (`--device nvidia.com/gpu=<i>`, from `nvidia-ctk cdi generate`), docker the NVIDIA
-  container toolkit (`--gpus '"device=<i,j>"'`); both renumber the GPUs from 0 inside, so
-  `CUDA_VISIBLE_DEVICES` is set to `0..n-1` there.  apptainer's `--nv` shows every GPU
-  and `CUDA_VISIBLE_DEVICES` (the host indices) narrows it.
+* GPUs: only the granted ones are visible, by the flags mgpu.agent.grants makes of the
+  run's grant (podman's CDI names, docker's `--gpus`, apptainer's `--nv` narrowed by
+  `CUDA_VISIBLE_DEVICES`).
 * The submit directory is mounted at the same path and is the working directory.  A root
   runtime gets it as a mount point the agent bound from a descriptor its user opened
   (mgpu.agent.bindmount), never by its name, which the user may change.  A directory
@@ -48,8 +46,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mgpu.agent import privileged
+from mgpu.agent import grants, privileged
 from mgpu.agent.privileged import RUNTIME_ENV
+from mgpu.protocol import Grant
 
 RUNTIMES = ("podman", "docker", "apptainer")
 """In the order `auto` tries them."""
@@ -208,19 +207,20 @@ def build_argv(
     image: str,
     argv: Sequence[str],
     *,
-    gpu_ids: Sequence[int],
+    grant: Grant,
     cwd: str | None,
     uid_gid: tuple[int, int] | None,
     env_file: str | None,
     name: str,
     source: str | None = None,
 ) -> list[str]:
-    """The command line that runs `argv` in `image` with these GPUs, directory and user.
+    """The command line that runs `argv` in `image` with the GPUs of `grant`, directory
+    and user.
 
     The job's variables come from `env_file` (podman, docker); CUDA_VISIBLE_DEVICES is set
     here, as it must be seen inside.  `source`: what podman or docker mounts at `cwd` (the
     pinned mount point of mgpu.agent.bindmount; default `cwd` itself)."""
-    ids = list(gpu_ids)
+    gpus = grants.container_gpus(runtime.name, grant)  # ValueError: an unknown runtime
     if runtime.name in ("podman", "docker"):
         out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
         # A setuid binary in the image must not make the job's user root inside it.
@@ -231,31 +231,21 @@ def build_argv(
                 out.append("--userns=keep-id")
             elif uid_gid is not None:
                 out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
-            for i in ids:
-                out += ["--device", f"nvidia.com/gpu={i}"]
-        else:
-            if uid_gid is not None:
-                out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
-            if ids:
-                # The quotes are docker's: a comma inside --gpus must be quoted.
-                out += ["--gpus", '"device=' + ",".join(map(str, ids)) + '"']
+        elif uid_gid is not None:
+            out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
+        out += gpus.flags
         if cwd:
             out += ["-v", f"{source or cwd}:{cwd}", "-w", cwd]
         if env_file is not None:
             out += ["--env-file", env_file]
-        # Inside, the allocated GPUs are numbered from 0.
-        out += ["-e", "CUDA_VISIBLE_DEVICES=" + ",".join(str(i) for i in range(len(ids)))]
+        out += gpus.env
         return [*out, image, *argv]
-    if runtime.name == "apptainer":
-        out = [runtime.exe, "exec"]
-        if ids:
-            out.append("--nv")
-        if cwd:
-            out += ["--bind", cwd, "--pwd", cwd]
-        # apptainer passes the environment through; --nv shows every GPU, this narrows it.
-        out += ["--env", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, ids))]
-        return [*out, image, *argv]
-    raise ValueError(f"unknown container runtime {runtime.name!r}")
+    out = [runtime.exe, "exec", *gpus.flags]  # apptainer
+    if cwd:
+        out += ["--bind", cwd, "--pwd", cwd]
+    # apptainer passes the environment through; this sets the GPUs' variable over it.
+    out += gpus.env
+    return [*out, image, *argv]
 
 
 def cleanup_argv(runtime: Runtime, name: str) -> list[str] | None:

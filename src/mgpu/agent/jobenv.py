@@ -1,5 +1,6 @@
 """From the master's Launch to what the launcher starts (a LaunchRequest): whom the job
-runs as, the environment the agent adds, and the device numbers of its GPUs."""
+runs as and the environment the agent adds; what its grant makes of it (GPU variables,
+device numbers, a share's MPS limits) is mgpu.agent.grants'."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import os
 import sys
 from collections.abc import Callable
 
-from mgpu.agent import accounts
+from mgpu.agent import accounts, grants
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launchsteps import LaunchRequest, UserIds
-from mgpu.agent.mps import MpsControl, device_name
+from mgpu.agent.mps import MpsControl
 from mgpu.protocol import Launch
 
 __all__ = [
     "UserError",
-    "device_ids",
     "job_env",
     "launch_request",
     "run_as",
@@ -52,21 +52,19 @@ def job_env(
     mps: MpsControl,
     scheme: str | None = None,
 ) -> dict[str, str]:
-    """The job's environment: the master's, and what this node adds.  `scheme`: how the
-    job's own `mgpu` commands dial the masters ("https": as the agent does, TLS only)."""
+    """The job's environment: the master's, its grant's GPUs, and what this node adds.
+    `scheme`: how the job's own `mgpu` commands dial the masters ("https": as the agent
+    does, TLS only)."""
     from mgpu.addresses import format_address
 
-    env = dict(msg.env)
+    env = grants.apply(msg.env, msg.grant, gpus)
     # So that `mgpu` inside a job (rsh, srun of a step, queue) finds the master: every
     # master the agent knows, the leader first ([SCHEME://]HOST:PORT,HOST:PORT).
     masters = master if isinstance(master, list) else [master]
     prefix = f"{scheme}://" if scheme else ""
     env["MGPU_MASTER"] = prefix + ",".join(format_address(m) for m in masters)
-    env.update(mps.job_env(env, msg.job_id))  # a shared GPU: under MPS where it can
-    if any(g.mig for g in gpus) and msg.gpu_ids:
-        # MIG: CUDA numbers instances apart from mgpu's indices; name them by UUID.
-        uuids = {g.index: g.uuid for g in gpus}
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids.get(i) or str(i) for i in msg.gpu_ids)
+    # A shared GPU: under MPS where it can.
+    env.update(mps.job_env(grants.share_variables(msg.grant), msg.job_id))
     if msg.mpi:
         launcher = f"{sys.executable} -m mgpu rsh"
         env.update(
@@ -87,29 +85,22 @@ def share_setup(
     `site.prepare` runs in a thread); None for a job that is not shared.  Asked of every
     shared job, MPS or not: `MpsControl.prepare` tries again a daemon whose start failed,
     and records what it achieved for the job (`share_held`)."""
-    if "MGPU_GPU_SHARE" not in msg.env:
+    share = grants.share_variables(msg.grant)
+    if not share:
         return None
     try:
         ids = run_as(msg, hostname)
     except UserError:
         return None  # the launch says why
     uid = os.geteuid() if ids is None else ids[0]
-    gpu = next((g for g in gpus if g.index in msg.gpu_ids), None)
-    ordinal = str(gpu.index if gpu else min(msg.gpu_ids, default=0))
-    device = device_name(gpu.uuid, gpu.index) if gpu else ordinal
-    env, job_id = dict(msg.env), msg.job_id
-    return lambda: mps.prepare(env, job_id, uid, device, ordinal)
+    device, ordinal = grants.share_device(msg.grant, gpus)
+    job_id = msg.job_id
+    return lambda: mps.prepare(share, job_id, uid, device, ordinal)
 
 
 def with_note(*notes: str | None) -> str | None:
     """Several notes for the job's stderr as one (a line each), or None."""
     return "\n".join(n for n in notes if n) or None
-
-
-def device_ids(gpus: list[GpuInfo], gpu_ids: list[int]) -> list[int]:
-    """The /dev/nvidiaN numbers of the job's GPUs (a MIG instance's: its parent's)."""
-    physical = {g.index: g.device_index for g in gpus if g.device_index is not None}
-    return sorted({physical.get(i, i) for i in gpu_ids})
 
 
 def launch_request(
@@ -134,7 +125,7 @@ def launch_request(
         user_ids=ids,
         hostfile=msg.hostfile,
         note=note,
-        gpu_ids=device_ids(gpus, msg.gpu_ids),
+        gpu_ids=grants.device_numbers(msg.grant, gpus),
         warning=None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch),
         script=None if msg.script is None else (msg.script_name or "script", msg.script),
         pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),

@@ -1,7 +1,7 @@
 """Fractional jobs under NVIDIA MPS, where the node runs its control daemon.
 
-A job with a share of a GPU (`--gpu-share F`: the master sets `MGPU_GPU_SHARE`,
-`MGPU_GPU_MEMORY_LIMIT_MB` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in its environment) is
+A job with a share of a GPU (`--gpu-share F`: its grant gives it `MGPU_GPU_SHARE`,
+`MGPU_GPU_MEMORY_LIMIT_MB` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, mgpu.agent.grants) is
 run as an MPS client when `nvidia-cuda-mps-control -d` runs on the node: its pipe directory
 (the agent's `$CUDA_MPS_PIPE_DIRECTORY` where the site names one, else the agent's own,
 `<node dir>/mps/pipe`: mgpu.agent.mpsdirs) holds the daemon's `control` FIFO or socket.
@@ -184,7 +184,7 @@ def _is_number(text: str) -> bool:
 
 
 def share_of(job_env: Mapping[str, str], uid: int, device: str) -> Share | None:
-    """The share a job's environment (the master's `share_env`) grants, or None: not shared."""
+    """The share a job's variables (grants.share_variables) grant, or None: not shared."""
     try:
         share = float(job_env["MGPU_GPU_SHARE"])
     except (KeyError, ValueError):

@@ -391,7 +391,7 @@ class SiteHooks:
                 rt,
                 image,
                 argv,
-                gpu_ids=msg.gpu_ids,
+                grant=msg.grant,
                 cwd=cwd,
                 uid_gid=uid_gid,
                 env_file=str(env_file) if env_file is not None else None,

@@ -1,8 +1,10 @@
 """What an agent is sent to start one part of a job: the `Launch` message, built here only.
 
 Pure: the job, its allocation, the nodes' addresses and the run's credential in, the
-environment (the contract's `CUDA_VISIBLE_DEVICES`, `MGPU_*`, torchrun's variables), the
-MPI hostfile and the message out.  The caller decides when to send it.
+environment (`MGPU_*`, torchrun's variables), the run's grant (its GPUs and share: the
+agent alone makes them the contract's `CUDA_VISIBLE_DEVICES` and the other GPU variables,
+mgpu.agent.grants), the MPI hostfile and the message out.  The caller decides when to send
+it.
 """
 
 from __future__ import annotations
@@ -14,16 +16,16 @@ from mgpu.config import ClusterConfig
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
 from mgpu.model import Job, Slot
-from mgpu.protocol import Launch, TerminalSize
-from mgpu.scheduler.shares import SHARE_UNITS, format_share
+from mgpu.protocol import Grant, Launch, TerminalSize
+from mgpu.scheduler.shares import SHARE_UNITS
 from mgpu.signalspec import SignalSpec, parse_signal
 
 __all__ = [
+    "grant",
     "hostfile",
     "job_env",
     "job_launch",
     "preempt_warning",
-    "share_env",
     "slurm_env",
     "step_launch",
     "terminal_size",
@@ -35,14 +37,11 @@ def job_env(
 ) -> dict[str, str]:
     """The environment of the job's process on one node (rank = index in the allocation)."""
     alloc = job.allocation
-    gpus = ",".join(map(str, slot.gpu_ids))
     env = dict(job.env)
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": gpus,
             "MGPU_JOB_ID": job.id,
             "MGPU_NODE_ID": slot.node_id,
-            "MGPU_GPU_IDS": gpus,
             "MGPU_JOB_NAME": job.name or "",
             "MGPU_USER": job.user,
             "MGPU_NNODES": str(len(alloc)),
@@ -52,8 +51,6 @@ def job_env(
     )
     env["MGPU_TOKEN"] = credential
     env["MGPU_RESTART_COUNT"] = str(job.restarts)  # as SLURM_RESTART_COUNT: 0 on the first run
-    if job.gpu_share:
-        env.update(share_env(job, slot, nodes))
     if job.array_job_id is not None:
         env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
         env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
@@ -80,7 +77,7 @@ def slurm_env(
     assert job.slurm is not None
     partition = job.slurm.partition or config.default_partition().name
     where = slurmenv.Where(slurm_node_names(job, nodes), config.cluster.name, partition)
-    return slurmenv.job_env(job, rank, job.allocation[rank].gpu_ids, where)
+    return slurmenv.job_env(job, rank, where)
 
 
 def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> tuple[str, ...]:
@@ -106,22 +103,31 @@ def output_files(
     return slurmenv.output_files(job, slurmenv.node_names(hosts)[0])
 
 
-def share_env(job: Job, slot: Slot, nodes: Mapping[str, NodeRecord]) -> dict[str, str]:
-    """What a fractional job (`--gpu-share F`) is told of its share: F, its part of the GPU's
-    memory (rounded down, from the node's hello) and the share of the GPU's threads MPS gives
-    it.  The agent runs it under MPS where the node has a control daemon (agent/mps.py)."""
-    units = job_share_units(job)
-    node = nodes.get(slot.node_id)
-    memory = next(
-        (g.memory_mb for g in (node.gpus if node else []) if g.index in slot.gpu_ids), None
+def grant(
+    job: Job,
+    slot: Slot,
+    nodes: Mapping[str, NodeRecord],
+    gpus: Sequence[int] | None = None,
+    step: bool = False,
+) -> Grant:
+    """What the run on `slot`'s node was granted: the job's GPUs there, or `gpus` of them
+    (an srun task's), and a fractional job's (`--gpu-share F`) share: F and its part of
+    the GPU's memory (rounded down, from the node's hello).  `step`: an srun task."""
+    units = job_share_units(job) or None
+    memory = None
+    if units is not None:
+        node = nodes.get(slot.node_id)
+        memory = next(
+            (g.memory_mb for g in (node.gpus if node else []) if g.index in slot.gpu_ids), None
+        )
+    return Grant(
+        gpus=list(slot.gpu_ids if gpus is None else gpus),
+        job_gpus=list(slot.gpu_ids),
+        share_units=units,
+        gpu_memory_mb=None if units is None or memory is None else memory * units // SHARE_UNITS,
+        slurm=job.slurm is not None,
+        step=step,
     )
-    env = {
-        "MGPU_GPU_SHARE": format_share(units),
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": format_share(units * 100),
-    }
-    if memory is not None:
-        env["MGPU_GPU_MEMORY_LIMIT_MB"] = str(memory * units // SHARE_UNITS)
-    return env
 
 
 def hostfile(job: Job, nodes: Mapping[str, NodeRecord]) -> str:
@@ -154,7 +160,7 @@ def job_launch(
         argv=job.argv,
         env=env,
         cwd=job.cwd,
-        gpu_ids=slot.gpu_ids,
+        grant=grant(job, slot, nodes),
         time_limit=job.time_limit,
         kill_grace=config.scheduling.kill_grace,
         user=job.user,
@@ -209,7 +215,7 @@ def step_launch(
         argv=["/bin/sh", "-c", " ".join(argv)],
         env=job_env(job, rank, slot, nodes, credential),
         cwd=job.cwd,
-        gpu_ids=slot.gpu_ids,
+        grant=grant(job, slot, nodes),
         kill_grace=config.scheduling.kill_grace,
         user=job.user,
         allow_root=job.allow_root,

@@ -260,7 +260,6 @@ class Sruns:
             ntasks=len(plan.ranks),
             step_hosts=[names[r] for r in step_ranks],
             node_tasks=[plan.ranks.count(r) for r in step_ranks],
-            gpu_ids=gpu_ids,
         )
         return launch_in_job(
             step,
@@ -364,7 +363,7 @@ def launch_in_job(
         argv=argv,
         env=env,
         cwd=cwd or job.cwd,
-        gpu_ids=gpu_ids,
+        grant=launch.grant(job, slot, nodes, gpus=gpu_ids, step=task is not None),
         kill_grace=config.scheduling.kill_grace,
         user=job.user,
         allow_root=job.allow_root,
