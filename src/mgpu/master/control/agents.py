@@ -4,9 +4,10 @@ An agent that may join (`refuse_hello`, `verify_node`) says hello with what it r
 master compares it with what it expects there (`reconcile`, pure) and applies the result
 before anything else is sent on the new connection: kill what it does not expect, requeue
 what was lost, resume the output of the rest.  Then every message of the agent lands in
-`message`: output, started, exited, port reserved (fenced by the epoch: a message of an
-older run is ignored, a stale start killed) and heartbeats, whose GPU telemetry
-`GpuWatch` turns into actions applied here.
+`message`, which hands it to its type's handler: output, started, exited, port reserved
+(fenced by the epoch: a message of an older run is ignored, a stale start killed),
+typed input acknowledged, and heartbeats, whose GPU telemetry `GpuWatch` turns into
+actions applied here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from pydantic import BaseModel
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.launch import step_launch
@@ -39,6 +42,7 @@ from mgpu.master.store.outputs import OutputStore
 from mgpu.model import EndReason, Job, JobState, NodeEvent, Slot, SlotPhase
 from mgpu.protocol import (
     PROTOCOL_VERSION,
+    AgentMessage,
     Exited,
     Forget,
     Heartbeat,
@@ -55,6 +59,9 @@ from mgpu.protocol import (
 )
 
 log = logging.getLogger("mgpu.master")
+
+RunMessage = Started | Output | Exited | PortReserved
+"""What an agent says about one run (a job's slot, or a step): fenced by its epoch."""
 
 __all__ = ["Agents"]
 
@@ -82,6 +89,16 @@ class Agents:
         self.config = config
         self.on_joined: Callable[[], None] = lambda: None
         """Told after a node joined (jobs queued before any node are judged then)."""
+        # Each message type's handler, which takes that type (the table cannot say so).
+        self._handlers: dict[type[BaseModel], Callable[[NodeRecord, Any], None]] = {
+            Hello: self._hello_again,
+            Heartbeat: self._heartbeat,
+            TerminalAck: self._terminal_ack,
+            Output: self._output,
+            Started: self._started,
+            PortReserved: self._port_reserved,
+            Exited: self._exited_message,
+        }
 
     # ---- joining ----------------------------------------------------------
 
@@ -192,63 +209,101 @@ class Agents:
 
     # ---- messages ---------------------------------------------------------
 
-    def message(self, node_id: str, msg: Any) -> None:
+    def message(self, node_id: str, msg: AgentMessage) -> None:
         node = self.state.nodes.get(node_id)
         if node is None:
             return  # removed (mgpu node remove) while this message was on its way
         node.heard_now(self.state.clock)
-        if isinstance(msg, Hello):
-            log.warning("node %s said hello again on its connection: ignored", node_id)
+        handle = self._handlers.get(type(msg))
+        if handle is None:  # not one an agent sends (parse_agent_messages lets none in)
+            log.warning("node %s sent a %s message: ignored", node_id, type(msg).__name__)
             return
-        if isinstance(msg, Heartbeat):
-            pace = self.nodes.pace.heartbeat(node_id)  # the cluster's size changed it
-            if pace is not None and node.link is not None:
-                node.link.send(pace)
-            node.telemetry = {t.index: t for t in msg.telemetry}
-            actions = self.gpuwatch.heartbeat(
-                node, self.state.jobs, self.state.nodes.values(), node.last_seen
-            )
-            self.apply_watch(actions)
+        handle(node, msg)
+
+    def _hello_again(self, node: NodeRecord, msg: Hello) -> None:
+        log.warning("node %s said hello again on its connection: ignored", node.node_id)
+
+    def _heartbeat(self, node: NodeRecord, msg: Heartbeat) -> None:
+        pace = self.nodes.pace.heartbeat(node.node_id)  # the cluster's size changed it
+        if pace is not None and node.link is not None:
+            node.link.send(pace)
+        node.telemetry = {t.index: t for t in msg.telemetry}
+        actions = self.gpuwatch.heartbeat(
+            node, self.state.jobs, self.state.nodes.values(), node.last_seen
+        )
+        self.apply_watch(actions)
+
+    def _terminal_ack(self, node: NodeRecord, msg: TerminalAck) -> None:
+        if node.link is not None:  # typed input the agent passed on: room for more
+            node.link.input_acked(msg.job_id, msg.bytes)
+
+    def _output(self, node: NodeRecord, msg: Output) -> None:
+        if is_step_id(msg.job_id):
+            self._step_output(node, msg)
             return
-        if isinstance(msg, TerminalAck):
-            if node.link is not None:  # typed input the agent passed on: room for more
-                node.link.input_acked(msg.job_id, msg.bytes)
+        found = self._running(node, msg)  # None: late output of an ended run, closed
+        if found is None:
             return
-        if isinstance(msg, Exited) and node.link is not None:
+        job, _ = found
+        data = self.outputs.accept(
+            job.id, msg.epoch, node.node_id, msg.stream, msg.data, msg.offset, msg.end
+        )
+        if data is not None:  # None: already stored (re-sent after a reconnect)
+            self.outputs.append(job.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
+
+    def _started(self, node: NodeRecord, msg: Started) -> None:
+        if is_step_id(msg.job_id):
+            self._step(node, msg, kill_stale=True)  # a step's start is news only when stale
+            return
+        found = self._running(node, msg, kill_stale=True)
+        if found is None:
+            return
+        job, slot = found
+        slot.share_enforced = msg.share_enforced  # saved with the start
+        self.life.slot_started(job, slot, msg.pid, msg.hostname, msg.ip, msg.time)
+
+    def _port_reserved(self, node: NodeRecord, msg: PortReserved) -> None:
+        if is_step_id(msg.job_id):
+            return  # a step has no MASTER_PORT
+        found = self._running(node, msg, kill_stale=True)
+        if found is None:
+            return
+        job, _ = found
+        if awaits_port(job, node.node_id):
+            self.life.launch(job, port=msg.port)
+        else:  # from another rank, or again: MASTER_PORT is rank 0's, given once
+            log.warning("node %s: port_reserved for job %s ignored", node.node_id, job.id)
+
+    def _exited_message(self, node: NodeRecord, msg: Exited) -> None:
+        if node.link is not None:
             # Sent after this message's effect is on disk (see UnitOfWork) and the run's
             # output is stored (PostgreSQL's is written a moment later); until then the
             # agent keeps the run and re-sends its end and output after a reconnect.
             link, forget = node.link, Forget(job_id=msg.job_id, epoch=msg.epoch)
             self.outputs.when_stored(lambda: self.uow.send(link, forget))
         if is_step_id(msg.job_id):
-            self._step_message(node, msg)
+            self._step_exited(node, msg)
             return
+        found = self._running(node, msg)
+        if found is None:
+            return
+        job, slot = found
+        if not slot.done:  # done: a re-sent end
+            self._exited(job, node, slot, msg)
+
+    def _running(
+        self, node: NodeRecord, msg: RunMessage, kill_stale: bool = False
+    ) -> tuple[Job, Slot] | None:
+        """The running job `msg` is about and its slot on `node`, or None: a message of an
+        older run (fenced by the epoch), of an ended one, or from a node it does not run on;
+        `kill_stale`: a stale run the agent still has is killed."""
         job = self.state.jobs.get(msg.job_id)
         if job is None or job.epoch != msg.epoch or job.state != JobState.RUNNING:
-            if isinstance(msg, Output):
-                return  # late output of an ended run: already closed
-            if isinstance(msg, Started | PortReserved) and node.link is not None:
+            if kill_stale and node.link is not None:
                 self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
-            return
-        slot = next((s for s in job.allocation if s.node_id == node_id), None)
-        if slot is None:
-            return
-        if isinstance(msg, Output):
-            data = self.outputs.accept(
-                job.id, msg.epoch, node_id, msg.stream, msg.data, msg.offset, msg.end
-            )
-            if data is not None:  # None: already stored (re-sent after a reconnect)
-                self.outputs.append(job.id, msg.stream, data, node_id, msg.epoch, msg.end)
-        elif isinstance(msg, Started):
-            slot.share_enforced = msg.share_enforced  # saved with the start
-            self.life.slot_started(job, slot, msg.pid, msg.hostname, msg.ip, msg.time)
-        elif isinstance(msg, PortReserved):
-            if awaits_port(job, node_id):
-                self.life.launch(job, port=msg.port)
-            else:  # from another rank, or again: MASTER_PORT is rank 0's, given once
-                log.warning("node %s: port_reserved for job %s ignored", node_id, job.id)
-        elif isinstance(msg, Exited) and not slot.done:  # done: a re-sent end
-            self._exited(job, node, slot, msg)
+            return None
+        slot = next((s for s in job.allocation if s.node_id == node.node_id), None)
+        return None if slot is None else (job, slot)
 
     def _exited(self, job: Job, node: NodeRecord, slot: Slot, msg: Exited) -> None:
         """A slot's end: a launch error (the job's, or the node's), else its exit code."""
@@ -314,22 +369,33 @@ class Agents:
         self.uow.send(link, launch)
         return step
 
-    def _step_message(self, node: NodeRecord, msg: Any) -> None:
+    def _step(self, node: NodeRecord, msg: RunMessage, kill_stale: bool = False) -> Step | None:
+        """The step `msg` is about, or None: of an older run, or not on `node`; `kill_stale`:
+        a stale start is killed."""
         step = self.state.steps.by_id.get(msg.job_id)
         if step is None or step.epoch != msg.epoch or not step.runs_on(node.node_id):
-            if isinstance(msg, Started) and node.link is not None:
+            if kill_stale and node.link is not None:
                 self.uow.send(node.link, Kill(job_id=msg.job_id, epoch=msg.epoch, reason="stale"))
+            return None
+        return step
+
+    def _step_output(self, node: NodeRecord, msg: Output) -> None:
+        step = self._step(node, msg)
+        if step is None:
             return
-        if isinstance(msg, Output):
-            data = self.outputs.accept(
-                step.id, msg.epoch, node.node_id, msg.stream, msg.data, msg.offset, msg.end
-            )
-            if data is None:
-                return  # already stored (re-sent after a reconnect)
-            self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
-            if step.to_job_output:
-                self.outputs.append(step.job_id, msg.stream, data, node.node_id)
-        elif isinstance(msg, Exited) and not step.ended_on(node.node_id):
-            code, error = msg.exit_code, msg.launch_error
-            if self.state.steps.node_exited(step, node.node_id, code, error):
-                self.outputs.close(step.id)
+        data = self.outputs.accept(
+            step.id, msg.epoch, node.node_id, msg.stream, msg.data, msg.offset, msg.end
+        )
+        if data is None:
+            return  # already stored (re-sent after a reconnect)
+        self.outputs.append(step.id, msg.stream, data, node.node_id, msg.epoch, msg.end)
+        if step.to_job_output:
+            self.outputs.append(step.job_id, msg.stream, data, node.node_id)
+
+    def _step_exited(self, node: NodeRecord, msg: Exited) -> None:
+        step = self._step(node, msg)
+        if step is None or step.ended_on(node.node_id):
+            return
+        code, error = msg.exit_code, msg.launch_error
+        if self.state.steps.node_exited(step, node.node_id, code, error):
+            self.outputs.close(step.id)

@@ -76,7 +76,7 @@ from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputReader, OutputStore
 from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState, NodeState
-from mgpu.protocol import GpuDesc, Hello, Welcome
+from mgpu.protocol import AgentMessage, GpuDesc, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
 
 log = logging.getLogger("mgpu.master")
@@ -508,7 +508,7 @@ class Cluster(Reads):
     def agent_hello(self, hello: Hello, link: AgentLink, node_secret: str | None = None) -> Welcome:
         return self.agents.hello(hello, link, node_secret)
 
-    def agent_message(self, node_id: str, msg: Any) -> None:
+    def agent_message(self, node_id: str, msg: AgentMessage) -> None:
         self.agents.message(node_id, msg)
 
     def agent_disconnected(self, node_id: str, link: AgentLink) -> None:

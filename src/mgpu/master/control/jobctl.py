@@ -87,6 +87,14 @@ class Actor:
         if not self.admin:
             raise NotAllowed(f"{action} needs an admin token ({self.user} is not admin)", action)
 
+    def acting_as(self, user: str | None, action: str) -> str:
+        """Who this asker `action`s as: itself, or `user` (another user: admins only)."""
+        if not user or user == self.user:
+            return self.user
+        if not self.admin:
+            raise NotAllowed(f"{self.user} may not {action} as {user}", action)
+        return user
+
 
 def _ended(job: Job, what: str) -> Conflict:
     return Conflict(f"job {job.id} has ended ({job.state.value}); {what}")

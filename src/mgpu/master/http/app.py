@@ -1,8 +1,8 @@
 """The master's HTTP edge: the app, its middleware and error map, and its routers.
 
 Each resource has its router module (jobs.py, jobctl.py, allocations.py, attach.py,
-nodes.py, tokens.py, reservations.py, agents.py, public.py; the dashboard's and the
-accounting routes are monitor/'s); a new one is a module and one line in `ROUTERS`.  A route
+nodes.py, tokens.py, reservations.py, agents.py, public.py, dashboard.py, observe.py); a
+new one is a module and one line in `ROUTERS`.  A route
 reads who asks from deps.py and raises the controller's errors, which errors.py answers.
 """
 
@@ -28,10 +28,12 @@ from mgpu.master.http import (
     agents,
     allocations,
     attach,
+    dashboard,
     errors,
     jobctl,
     jobs,
     nodes,
+    observe,
     partitions,
     public,
     reservations,
@@ -42,7 +44,6 @@ from mgpu.master.http.deps import EdgeState
 from mgpu.master.http.guard import AuditRow, FailedLogins, Guard
 from mgpu.master.http.standby import StandbyGate
 from mgpu.master.http.submit import install_submit
-from mgpu.master.monitor import dashboard, observe
 from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
@@ -64,7 +65,9 @@ ROUTERS: tuple[APIRouter, ...] = (
     nodes.router,
     tokens.router,  # and whoami, audit
     reservations.router,
-    public.router,  # health, readiness, metrics, the CA, the page
+    public.router,  # health, readiness, metrics, the CA, the page and its files
+    dashboard.router,  # the page's compact views
+    observe.router,  # history, reports, utilisation
     agents.router,
     steps.router,  # srun inside a job: Slurm's steps
     partitions.router,  # sinfo's partitions
@@ -174,8 +177,6 @@ def create_app(
     install_submit(app)
     for router in ROUTERS:
         app.include_router(router)
-    app.include_router(observe.make_router(lambda: app.state.cluster))
-    app.include_router(dashboard.make_router(lambda: app.state.cluster))
     return app
 
 

@@ -5,7 +5,8 @@ identity, set by `Guard` before the route runs), `Address` (the client's address
 (both, as the controller's `Actor`: it holds the ownership rule), `OwnedJob` (a job looked
 up and checked against that rule), `Edge` (the edge's own state: refused logins, the
 throttle, the state dir).  The plain functions serve the routes that FastAPI does not
-solve (the lean submit route, the agents' WebSocket).
+solve (the lean submit route, the agents' WebSocket); `submitter` is who a submit acts
+for, checked.
 
 The ownership check is a callable the route calls, not a dependency that looks the job up
 itself: FastAPI runs dependencies before it checks a request's body, and a malformed body
@@ -22,7 +23,7 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from mgpu.master.control.cluster import Cluster, NotFound
-from mgpu.master.control.jobctl import Actor
+from mgpu.master.control.jobctl import Actor, NotAllowed
 from mgpu.master.ha.leadership import Leadership
 from mgpu.master.http.connections import ClientSockets
 from mgpu.master.http.guard import FailedLogins, client_address
@@ -38,12 +39,14 @@ __all__ = [
     "Ident",
     "JobAccess",
     "OwnedJob",
+    "Submitter",
     "asker",
     "client_address",
     "cluster",
     "edge",
     "identity",
     "leadership",
+    "submitter",
 ]
 
 
@@ -104,6 +107,30 @@ class JobAccess:
 
 def job_access(conn: HTTPConnection) -> JobAccess:
     return JobAccess(cluster(conn), asker(conn))
+
+
+@dataclass(frozen=True)
+class Submitter:
+    """Who a submit's jobs are for (`submitter`): the user, and whether they may run as
+    uid 0 (the submitter's root grant, recorded on every job)."""
+
+    user: str
+    address: str
+    allow_root: bool
+
+
+def submitter(conn: HTTPConnection, asked: str | None) -> Submitter:
+    """The user a submit acts as: the asker, or `asked` (an admin only: `Actor.acting_as`);
+    the owner's account, or root on the master, only with a root grant (NotAllowed, a 403
+    audited as denied, else)."""
+    ident, actor, cl = identity(conn), asker(conn), cluster(conn)
+    user = actor.acting_as(asked, "submit")
+    grant = cl.root_grant(ident)
+    reserved = None if grant else cl.root_name(user)
+    if reserved is not None:
+        why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
+        raise NotAllowed(f"{why} may submit as {user}", "submit")
+    return Submitter(user, client_address(conn), grant)
 
 
 Ctl = Annotated[Cluster, Depends(cluster)]

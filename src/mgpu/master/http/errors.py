@@ -7,6 +7,7 @@ on every route; the body is always `{"detail": ONE_SENTENCE}`.
 | `NotAllowed` | 403 | not this asker's (audited as `denied`) |
 | `Conflict` | 409 | not in the state the request needs (a job ended, a node busy) |
 | `SubmitError`, `ReservationRequestError` | 400 | a request that cannot be honoured as asked |
+| `BadQuery`, `BadFilter` | 400 | an accounting query or a dashboard filter typed wrong |
 | `SpecError`, a pydantic `ValidationError`, `RequestValidationError` | 422 | a malformed value |
 
 Routes raise; `install` answers.  A WebSocket route, which cannot be answered by an
@@ -27,6 +28,8 @@ from mgpu.master.control.reservations import ReservationRequestError
 from mgpu.master.control.submit import SubmitError
 from mgpu.master.http.deps import client_address, cluster, identity
 from mgpu.master.http.sentences import validation_sentence
+from mgpu.master.monitor.dashboard import BadFilter
+from mgpu.master.monitor.observe import BadQuery
 from mgpu.spec import SpecError
 
 __all__ = ["STATUS", "answer", "error", "install", "missing"]
@@ -37,6 +40,8 @@ STATUS: dict[type[Exception], int] = {
     Conflict: 409,
     SubmitError: 400,
     ReservationRequestError: 400,
+    BadQuery: 400,
+    BadFilter: 400,
     SpecError: 422,
     ValidationError: 422,
     RequestValidationError: 422,

@@ -1,5 +1,6 @@
 """Following a run's output: one skeleton for `logs` (`/api/jobs/{id}/output`), a step's
-output (`/api/steps/{id}/output`) and a terminal or allocation (`/api/jobs/{id}/attach`).
+output (`/api/steps/{id}/output`), an srun step's tasks (`/api/sruns/{id}/output`) and a
+terminal or allocation (`/api/jobs/{id}/attach`).
 
 `follow` yields JSON lines: the output records as the run's output file has them (read a
 chunk at a time as they are written, so memory per reader is one chunk, whatever the
@@ -9,22 +10,34 @@ count of queue positions), and every `news.tick` seconds (`ping`, when given, is
 so a client sees the connection is alive).  A job's changes all set its event, so its
 followers tick every `TICK` seconds only: one of a job that does not change costs nothing
 between, however long the queue it waits in (issue 25 item 7).  A step's end sets its
-`finished` event; its followers also look every `STEP_TICK`.
+`finished` event; its followers also look every `STEP_TICK`.  `follow_tails` is the same
+loop over the outputs of several runs at once (an srun step's tasks: `Tail.mark` marks
+each record with its task).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mgpu.master.control.cluster import Cluster
-from mgpu.master.state.steps import Step
+from mgpu.master.state.steps import Step, TaskStep
 from mgpu.model import Job, JobState
 
-__all__ = ["JobNews", "News", "StepNews", "follow", "follow_line", "line"]
+__all__ = [
+    "JobNews",
+    "News",
+    "SrunNews",
+    "StepNews",
+    "Tail",
+    "follow",
+    "follow_line",
+    "follow_tails",
+    "line",
+]
 
 TICK = 5.0
 """Seconds a job's follower waits for news before it looks again (and pings)."""
@@ -43,7 +56,9 @@ class News(Protocol):
     """Seconds to wait for an event before looking (and pinging) anyway."""
 
     def changed(self) -> list[asyncio.Event]:
-        """Events set when there may be news (none: output and the tick only)."""
+        """Events set when there may be news (none: output and the tick only).  Asked
+        before each read of the output: what it looks at then, `now` may say after that
+        output (an end that must come after the last output)."""
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         """The lines to send now, and whether that is the end."""
@@ -123,7 +138,43 @@ class StepNews:
         return [{"end": True, "exit_code": step.exit_code, "error": step.error}], True
 
 
-async def follow(
+@dataclass
+class SrunNews:
+    """An srun step's end, with each task's, once its tasks' output has been read: the end
+    is looked at before the output is read (each task's output comes before its end, and a
+    reader may wait, a yield or a page from the database, while others append)."""
+
+    group: TaskStep
+    tick: float = TICK
+    _done: bool = False
+
+    def changed(self) -> list[asyncio.Event]:
+        self._done = self.group.done
+        return [self.group.finished]
+
+    def now(self) -> tuple[list[dict[str, Any]], bool]:
+        if not self._done:
+            return [], False
+        group = self.group
+        tasks = [
+            {"task": t.task, "host": t.host, "exit_code": t.exit_code, "error": t.error}
+            for t in group.tasks
+        ]
+        end = {"end": True, "exit_code": group.exit_code, "error": group.error}
+        return [{**end, "tasks": tasks}], True
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The output of one run a follower reads, from byte `since`; `mark`: each chunk of
+    whole records rewritten on its way (an srun task's: marked with its task)."""
+
+    run_id: str
+    since: int = 0
+    mark: Callable[[bytes], bytes] | None = None
+
+
+def follow(
     cl: Cluster,
     run_id: str,
     news: News | None,
@@ -136,34 +187,52 @@ async def follow(
     news says it has ended; `news` None: the output there is now, and no more.  `periodic`
     False: no look but on an event (an attach: idle, it costs nothing)."""
     if news is None:
-        once = cl.output_reader(run_id, since, follow=False)
-        try:
-            async for chunk in once.chunks():
-                yield chunk
-        finally:
-            once.close()
-        return
-    wake = cl.watch_output(run_id)
-    reader = cl.output_reader(run_id, since) if output else None
+        return _once(cl, run_id, since)
+    # Without its output, nothing but news is sent: an append wakes no one.
+    tails = [Tail(run_id, since)] if output else []
+    return follow_tails(cl, tails, news, ping, periodic)
+
+
+async def _once(cl: Cluster, run_id: str, since: int) -> AsyncIterator[bytes]:
+    once = cl.output_reader(run_id, since, follow=False)
+    try:
+        async for chunk in once.chunks():
+            yield chunk
+    finally:
+        once.close()
+
+
+async def follow_tails(
+    cl: Cluster,
+    tails: Sequence[Tail],
+    news: News,
+    ping: bytes | None = None,
+    periodic: bool = True,
+) -> AsyncIterator[bytes]:
+    """The output of each of `tails` (in their order, at each wake) and the news, until
+    the news says the run has ended (see `follow`)."""
+    wakes = [cl.watch_output(t.run_id) for t in tails]
+    readers = [cl.output_reader(t.run_id, t.since) for t in tails]
     try:
         while True:
-            wake.clear()  # before reading: an append from here on wakes us again
+            for wake in wakes:
+                wake.clear()  # before reading: an append from here on wakes us again
             changed = news.changed()
-            if reader is not None:
+            for tail, reader in zip(tails, readers, strict=True):
                 async for chunk in reader.chunks():
-                    yield chunk
+                    yield chunk if tail.mark is None else tail.mark(chunk)
             lines, ended = news.now()
             for record in lines:
                 yield line(record)
             if ended:
                 return
             timeout = news.tick if periodic else None
-            if not await _any([wake, *changed], timeout) and ping is not None:
+            if not await _any([*wakes, *changed], timeout) and ping is not None:
                 yield ping
     finally:
-        if reader is not None:
+        for tail, reader, wake in zip(tails, readers, wakes, strict=True):
             reader.close()
-        cl.unwatch_output(run_id, wake)
+            cl.unwatch_output(tail.run_id, wake)
 
 
 async def _any(events: list[asyncio.Event], timeout: float | None) -> bool:

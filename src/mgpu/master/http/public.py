@@ -1,24 +1,24 @@
 """The routes answered without a token (guard.OPEN_PATHS): health, readiness, metrics, the
-cluster's CA and the dashboard's page."""
+cluster's CA and the dashboard's page and files."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
 
 from mgpu.master.http.deps import Edge, cluster, leadership
+from mgpu.master.http.errors import missing
 from mgpu.master.http.standby import standby_answer
 from mgpu.master.monitor.metrics import render_metrics
-from mgpu.master.monitor.observe import PAGE_HEADERS
+from mgpu.master.monitor.observe import PAGE_HEADERS, STATIC, WEB_DIR
 
 __all__ = ["router"]
 
 router = APIRouter()
 
-PAGE = Path(__file__).resolve().parents[2] / "web" / "index.html"
+PAGE = WEB_DIR / "index.html"
 
 
 @router.get("/healthz")
@@ -79,3 +79,13 @@ async def dashboard() -> HTMLResponse:
     if PAGE.exists():
         return HTMLResponse(PAGE.read_text(encoding="utf-8"), headers=PAGE_HEADERS)
     return HTMLResponse("<h1>mgpu</h1><p>See <code>mgpu queue</code>.</p>", headers=PAGE_HEADERS)
+
+
+@router.get("/web/{name}", include_in_schema=False)
+async def static(name: str) -> FileResponse:
+    media = STATIC.get(name)
+    path = WEB_DIR / name
+    if media is None or not path.is_file():
+        raise missing("file", name)
+    headers = {"Cache-Control": "no-cache", **PAGE_HEADERS}
+    return FileResponse(path, media_type=media, headers=headers)

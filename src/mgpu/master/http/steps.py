@@ -22,9 +22,8 @@ carry them; one job's detail (`GET /api/jobs/{id}`) does.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
@@ -38,6 +37,7 @@ from mgpu.master.control.submit import PtySize
 from mgpu.master.http.allocations import NodeList
 from mgpu.master.http.deps import Ctl, JobAccess, OwnedJob
 from mgpu.master.http.errors import missing
+from mgpu.master.http.follow import SrunNews, Tail, follow_tails
 from mgpu.master.state.steps import TaskStep
 
 __all__ = ["router"]
@@ -130,7 +130,14 @@ async def output(step_id: str, cl: Ctl, owned: OwnedJob, since: str = "") -> Str
         counts = [-1]
     if len(counts) > len(group.tasks) or any(n < 0 for n in counts):
         raise HTTPException(400, "since: one count of records per task, none negative")
-    return StreamingResponse(_feed(cl, group, counts), media_type="application/x-ndjson")
+    counts += [0] * (len(group.tasks) - len(counts))
+    # Every task's records as they come, each marked with its task; then the end.
+    tails = [
+        Tail(t.id, n, functools.partial(_marked, task=t.task))
+        for t, n in zip(group.tasks, counts, strict=True)
+    ]
+    feed = follow_tails(cl, tails, SrunNews(group))
+    return StreamingResponse(feed, media_type="application/x-ndjson")
 
 
 @router.post("/api/sruns/{step_id}/cancel")
@@ -139,53 +146,8 @@ async def cancel(step_id: str, cl: Ctl, owned: OwnedJob) -> dict[str, Any]:
     return {"cancelled": cl.cancel_srun(group, owned.actor)}
 
 
-def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
-
-
-async def _feed(cl: Cluster, group: TaskStep, since: list[int]) -> AsyncIterator[str]:
-    """Every task's records, each marked with its task, as they come; then the end (once
-    every task's output has been read to its end: it comes before the task's exit)."""
-    tasks = list(group.tasks)
-    wakes = [cl.watch_output(t.id) for t in tasks]
-    since = since + [0] * (len(tasks) - len(since))
-    readers = [cl.output_reader(t.id, n) for t, n in zip(tasks, since, strict=True)]
-    try:
-        while True:
-            for wake in wakes:
-                wake.clear()  # before reading: an append from here on wakes us again
-            # Looked at before reading: each task's output comes before its end, and a
-            # reader may wait (a yield, a page from the database) while others append.
-            done = group.done
-            for task, reader in zip(tasks, readers, strict=True):
-                async for chunk in reader.chunks():
-                    yield "".join(_marked(line, task.task) for line in chunk.splitlines())
-            if done:
-                ends = [
-                    {
-                        "task": t.task,
-                        "host": t.host,
-                        "exit_code": t.exit_code,
-                        "error": t.error,
-                    }
-                    for t in tasks
-                ]
-                end = {"end": True, "exit_code": group.exit_code, "error": group.error}
-                yield _line({**end, "tasks": ends})
-                return
-            waits = [asyncio.ensure_future(w.wait()) for w in [*wakes, group.finished]]
-            try:
-                await asyncio.wait(waits, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-    finally:
-        for task, reader, wake in zip(tasks, readers, wakes, strict=True):
-            reader.close()
-            cl.unwatch_output(task.id, wake)
-
-
-def _marked(line: bytes, task: int) -> str:
-    """One stored record as the step's: its stream and text, and its task."""
-    rec = json.loads(line)
-    return _line({"s": rec["s"], "d": rec["d"], "t": task})
+def _marked(chunk: bytes, task: int) -> bytes:
+    """Stored records as the step's: each one's stream and text, and its task."""
+    records = (json.loads(raw) for raw in chunk.splitlines())
+    marked = ({"s": rec["s"], "d": rec["d"], "t": task} for rec in records)
+    return "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in marked).encode()

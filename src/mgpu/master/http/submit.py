@@ -23,9 +23,8 @@ from fastapi.routing import APIRoute
 from pydantic import TypeAdapter, ValidationError
 from starlette.responses import Response
 
-from mgpu.master.control.jobctl import NotAllowed
 from mgpu.master.control.submit import JobSpec, SubmitError
-from mgpu.master.http.deps import client_address, cluster, identity
+from mgpu.master.http.deps import cluster, submitter
 from mgpu.master.http.queries import json_in_slices
 
 __all__ = ["SUBMIT_PATH", "install_submit", "read_spec"]
@@ -80,23 +79,14 @@ def install_submit(app: FastAPI) -> None:
         """Queue a job: `spec` is checked field by field (`mgpu.master.control.submit`)."""
         spec = await read_spec(request)
         cl = cluster(request)
-        ident = identity(request)
-        user = ident.user
-        if spec.user and spec.user != ident.user:
-            if not ident.admin:
-                raise NotAllowed(f"{ident.user} may not submit as {spec.user}", "submit")
-            user = spec.user
-        grant = cl.root_grant(ident)
-        reserved = None if grant else cl.root_name(user)
-        if reserved is not None:
-            why = f"{user} is {reserved}: only the owner's admin-token or an --allow-root token"
-            raise NotAllowed(f"{why} may submit as {user}", "submit")
-        address = client_address(request)
+        who = submitter(request, spec.user)  # NotAllowed: errors.py's 403, audited
         try:
             key = request.headers.get("idempotency-key")  # the same submit sent again
-            result = await cl.submit(spec, user, address=address, allow_root=grant, key=key)
+            result = await cl.submit(
+                spec, who.user, address=who.address, allow_root=who.allow_root, key=key
+            )
         except SubmitError as e:
-            cl.audit("submit_refused", user, address, detail=str(e))
+            cl.audit("submit_refused", who.user, who.address, detail=str(e))
             raise
         if result.task_ids is None and not result.dropped_env and not result.warnings:
             text = json.dumps({"job_id": result.job_id})

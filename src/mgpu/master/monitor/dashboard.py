@@ -1,4 +1,5 @@
-"""The web dashboard's own views: what the page needs, compact at any cluster size.
+"""The web dashboard's own views: what the page needs, compact at any cluster size (the
+routes are the edge's: master/http/dashboard.py).
 
 - GET /api/dashboard/overview: counts, the users with work, and the heat map (one row per
   node: id, state and a letter per GPU); the full details of the nodes named in `open`, and
@@ -25,8 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import Request, Response
 
 from mgpu.master.monitor.observe import Observed
 from mgpu.master.state.registry import NodeRecord
@@ -240,29 +240,3 @@ def etagged(request: Request, body: dict[str, Any]) -> Response:
     if request.headers.get("if-none-match") == tag:
         return Response(status_code=304, headers=headers)
     return Response(raw, media_type="application/json", headers=headers)
-
-
-def make_router(get_cluster: Callable[[], Dashboarded]) -> APIRouter:
-    router = APIRouter()
-
-    @router.get("/api/dashboard/overview")
-    async def dashboard_overview(request: Request, open: str = "") -> Response:
-        ids = [n for n in open.split(",") if n][:MAX_OPEN]
-        return etagged(request, overview(get_cluster(), ids))
-
-    @router.get("/api/dashboard/jobs")
-    async def dashboard_jobs(
-        request: Request,
-        state: str = "active",
-        user: str | None = None,
-        q: str | None = Query(default=None, max_length=200),
-        offset: int = Query(default=0, ge=0, le=10_000_000),
-        limit: int = Query(default=50, ge=1, le=PAGE_MAX),
-    ) -> Response:
-        try:
-            body = await job_page(get_cluster(), state, user or None, q, offset, limit)
-        except BadFilter as e:
-            return JSONResponse({"detail": str(e)}, status_code=400)
-        return etagged(request, body)
-
-    return router

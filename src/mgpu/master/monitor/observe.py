@@ -1,30 +1,24 @@
-"""Observing the cluster: accounting (history, report), the utilisation series and the
-dashboard's static files.
+"""Observing the cluster: accounting (history, report), the utilisation series and what
+the dashboard's page and files are served with.
 
-`make_router(get_cluster)` returns the routes; `create_app` includes them.  They read the
+The routes are the edge's (master/http/observe.py, dashboard.py, public.py); they read the
 controller through the small `Observed` protocol.  The accounting functions are pure (jobs
 in, rows out) so that they are easy to test.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import re
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse, JSONResponse
-
-from mgpu.master.monitor.gpuwatch import GpuWatch, measured_utilisation
+from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job, JobState
-from mgpu.scheduler.types import SHARE_UNITS
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
@@ -54,12 +48,13 @@ PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",  # a `/?token=...` link never leaves in a Referer
 }
 """Headers of the dashboard's page and its files."""
-_STATIC = {
+STATIC = {
     "app.js": "text/javascript",
     "heatmap.js": "text/javascript",
     "style.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
+"""The page's files under WEB_DIR (`/web/NAME`), with their media types."""
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 MAX_ROWS = 100000
@@ -274,92 +269,8 @@ def utilisation_series(
     return {"start": start, "end": end, "step": step, "total_gpus": total_gpus, "points": out}
 
 
-# ---- routes -----------------------------------------------------------------
-
-
-def make_router(get_cluster: Callable[[], Observed]) -> APIRouter:
-    router = APIRouter()
-
-    def bad(e: BadQuery) -> JSONResponse:
-        return JSONResponse({"detail": str(e)}, status_code=400)
-
-    @router.get("/api/history")
-    async def history(
-        user: str | None = None,
-        state: str | None = None,
-        since: str | None = None,
-        limit: int = Query(default=1000, ge=1, le=MAX_ROWS),
-    ) -> Any:
-        cl = get_cluster()
-        try:
-            start = parse_since(since, time.time())
-            states = _states(state)
-        except BadQuery as e:
-            return bad(e)
-        jobs = await asyncio.to_thread(cl.finished_since, start, user, states, limit)
-        return {"since": start, "jobs": [history_row(j) for j in jobs]}
-
-    @router.get("/api/report")
-    async def report(by: str = "user", since: str | None = None) -> Any:
-        cl = get_cluster()
-        if by not in ("user", "node"):
-            return bad(BadQuery(f"--by must be user or node, not {by!r}"))
-        try:
-            start = parse_since(since, time.time())
-        except BadQuery as e:
-            return bad(e)
-
-        def compute() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            return report_rows(cl.finished_since(start, limit=MAX_ROWS), by)
-
-        rows, total = await asyncio.to_thread(compute)
-        return {"by": by, "since": start, "rows": rows, "total": total}
-
-    @router.get("/api/utilisation")
-    async def utilisation(
-        hours: float = Query(default=6.0, ge=0.01, le=24 * 30),  # > 0: buckets of 0 s
-        points: int = Query(default=72, ge=2, le=2000),
-    ) -> dict[str, Any]:
-        cl = get_cluster()
-        now = time.time()
-        start = now - hours * 3600
-        # Running work's spans are taken here, on the loop that changes it (a few tuples a
-        # job: copying the jobs took seconds with thousands running); the store is read in
-        # a thread so that a long history does not hold up scheduling.
-        active = [s for j in cl.jobs.values() if j.attempts for s in attempt_spans(j, now)]
-        measured = list(cl.gpuwatch.series)
-        total = sum(len(n.gpus) for n in cl.nodes.values())
-
-        def compute() -> dict[str, Any]:
-            done = cl.finished_since(start, limit=MAX_ROWS)
-            return utilisation_series(done, start, now, points, total, measured, active)
-
-        series = await asyncio.to_thread(compute)
-        busy = sum(
-            len(n.busy) + sum(sum(t.values()) for t in n.shares.values()) / SHARE_UNITS
-            for n in cl.nodes.values()
-        )  # a shared GPU counts the share in use
-        utils = measured_utilisation(cl.nodes.values())
-        series["now"] = {
-            "allocated": busy,
-            "allocated_pct": round(100 * busy / total, 2) if total else 0.0,
-            "measured_pct": round(sum(utils) / len(utils), 2) if utils else None,
-        }
-        return series
-
-    @router.get("/web/{name}", include_in_schema=False)
-    async def static(name: str) -> Any:
-        media = _STATIC.get(name)
-        path = WEB_DIR / name
-        if media is None or not path.is_file():
-            return JSONResponse({"detail": f"no such file: {name}"}, status_code=404)
-        headers = {"Cache-Control": "no-cache", **PAGE_HEADERS}
-        return FileResponse(path, media_type=media, headers=headers)
-
-    return router
-
-
-def _states(text: str | None) -> set[str]:
+def finished_states(text: str | None) -> set[str]:
+    """`--state`'s ended states (`completed,failed`); none: every one."""
     if not text:
         return set()
     states = {s.strip().lower() for s in text.split(",") if s.strip()}
