@@ -44,7 +44,12 @@ def test_sacct_lists_the_srun_steps_a_job_ran_after_its_batch_step() -> None:
         {"number": 1, "name": "python", "start": NOW + 2, "end": NOW + 3, "exit_code": 3,
          "state": "failed", "nodes": ["n1"], "ntasks": 1},
     ]  # fmt: skip
-    done = job(state="completed", exit_code=0, slurm={"batch": True, "partition": "gpu"})
+    done = job(
+        state="completed",
+        end_code="completed",  # the job's: a step's row shows its own state
+        exit_code=0,
+        slurm={"batch": True, "partition": "gpu"},
+    )
     done["steps"] = steps
     rows = [r for r in (done, sacct.batch_step(done), *sacct.step_rows(done)) if r]
     assert fields.render_fields(cols, rows, False, "P") == [
