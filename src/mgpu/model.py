@@ -109,6 +109,12 @@ class EndReason(StrEnum):
         """The desired state of a running job being stopped for this reason."""
         return _STOP_DESIRED.get(self, DesiredState.STOP)
 
+    @property
+    def end_code(self) -> EndCode:
+        """The job's public `end_code` when it ends for this reason (a requeue reason: when
+        it ends for want of retries, this being its last run's)."""
+        return _END_CODE.get(self, EndCode.FAILED)
+
 
 class WaitCode(StrEnum):
     """Why a queued job waits, typed (the job's `reason_code`, beside its English `reason`):
@@ -134,6 +140,44 @@ class WaitCode(StrEnum):
     ARRAY_LIMIT = "array_limit"
     """Its array is at its `%N` limit of running tasks."""
 
+
+class EndCode(StrEnum):
+    """How an ended job ended, typed (the job's `end_code`, beside its English `reason`):
+    what Slurm's commands map to their states (mgpu.slurm.states), never the text."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    """Its command failed (a non-zero exit, a signal)."""
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    """Out of retries, its last run's node lost (silent, restarted without it, removed)."""
+    BOOT_FAIL = "boot_fail"
+    """Out of retries, its last run's node could not launch it (the node's fault)."""
+    LAUNCH_FAILED = "launch_failed"
+    """It could be launched nowhere (no such user, a launch that cannot be sent)."""
+    IDLE = "idle"
+    """Cancelled for leaving its GPUs idle."""
+    DEPENDENCY_NEVER = "dependency_never"
+    """Cancelled: a dependency that can never be satisfied."""
+    NEVER_FITS = "never_fits"
+    """Failed: it could never run on the cluster's nodes."""
+
+
+_END_CODE: dict[EndReason, EndCode] = {
+    EndReason.EXIT_OK: EndCode.COMPLETED,
+    EndReason.EXIT_NONZERO: EndCode.FAILED,
+    EndReason.TIMEOUT: EndCode.TIMEOUT,
+    EndReason.CANCELLED: EndCode.CANCELLED,
+    EndReason.IDLE: EndCode.IDLE,
+    EndReason.DEPENDENCY_NEVER: EndCode.DEPENDENCY_NEVER,
+    EndReason.NEVER_FITS: EndCode.NEVER_FITS,
+    EndReason.LAUNCH_FATAL: EndCode.LAUNCH_FAILED,
+    EndReason.NODE_LOST: EndCode.NODE_FAIL,
+    EndReason.LAUNCH_FAILED: EndCode.BOOT_FAIL,
+}
+"""The others end no job: RETRIES_EXHAUSTED takes its last requeue reason's code, and the
+requeue reasons that spend no retry never run out of them (FAILED, should one ever)."""
 
 _END_STATE: dict[EndReason, JobState] = {
     EndReason.EXIT_OK: JobState.COMPLETED,
@@ -327,6 +371,8 @@ class Job:
     reason: str | None = None
     reason_code: WaitCode | None = None
     """A queued job's `reason` typed (None: any other, or not yet decided)."""
+    end_code: EndCode | None = None
+    """How an ended job ended, typed (None until it ends)."""
     exit_code: int | None = None
     gpus: int = 1
     gpu_ids: list[int] | None = None
@@ -468,6 +514,7 @@ class Job:
         rec["state"] = JobState(rec["state"])
         if rec.get("reason_code") is not None:
             rec["reason_code"] = WaitCode(rec["reason_code"])
+        _migrate_end_code(rec)
         rec["allocation"] = [Slot.from_record(s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]
         if rec.get("node_gpu_ids") is not None:
@@ -489,6 +536,7 @@ class Job:
             "exit_code": self.exit_code,
             "reason": self.reason,
             "reason_code": self.reason_code,
+            "end_code": self.end_code,
             "allocation": [
                 {
                     "node_id": s.node_id,
@@ -564,6 +612,24 @@ def _migrate_stop(rec: dict[str, Any]) -> None:
         rec["stop_reason"] = EndReason.PREEMPTED
     if rec.get("stop_reason") is not None:
         rec["stop_reason"] = EndReason(rec["stop_reason"])
+
+
+def _migrate_end_code(rec: dict[str, Any]) -> None:
+    """Records of versions before `end_code`: an ended job's code from its state, and a
+    lost node from the reason those versions wrote (`node N lost`, `node N removed`,
+    `... went silent`), once here so that nothing else reads the text."""
+    if rec.get("end_code") is not None:
+        rec["end_code"] = EndCode(rec["end_code"])
+        return
+    state = rec["state"]
+    if not state.terminal:
+        return
+    text = str(rec.get("reason") or "")
+    node_lost = "node" in text and any(w in text for w in ("lost", "silent", "removed"))
+    if state is JobState.FAILED and node_lost:
+        rec["end_code"] = EndCode.NODE_FAIL
+    else:
+        rec["end_code"] = EndCode(state.value)
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))

@@ -44,7 +44,12 @@ def test_sacct_lists_the_srun_steps_a_job_ran_after_its_batch_step() -> None:
         {"number": 1, "name": "python", "start": NOW + 2, "end": NOW + 3, "exit_code": 3,
          "state": "failed", "nodes": ["n1"], "ntasks": 1},
     ]  # fmt: skip
-    done = job(state="completed", exit_code=0, slurm={"batch": True, "partition": "gpu"})
+    done = job(
+        state="completed",
+        end_code="completed",  # the job's: a step's row shows its own state
+        exit_code=0,
+        slurm={"batch": True, "partition": "gpu"},
+    )
     done["steps"] = steps
     rows = [r for r in (done, sacct.batch_step(done), *sacct.step_rows(done)) if r]
     assert fields.render_fields(cols, rows, False, "P") == [
@@ -162,8 +167,18 @@ def test_filters_and_order() -> None:
         ({"state": "failed", "exit_code": -9}, "FAILED", "F", "0:9"),
         ({"state": "cancelled", "exit_code": 143}, "CANCELLED", "CA", "0:15"),
         ({"state": "timeout", "exit_code": 137}, "TIMEOUT", "TO", "0:9"),
-        ({"state": "failed", "reason": "its node was lost"}, "NODE_FAIL", "NF", "0:0"),
-        ({"state": "failed", "reason": "out of memory (cgroup)"}, "OUT_OF_MEMORY", "OOM", "0:0"),
+        ({"state": "failed", "end_code": "node_fail"}, "NODE_FAIL", "NF", "0:0"),
+        ({"state": "failed", "end_code": "boot_fail"}, "BOOT_FAIL", "BF", "0:0"),
+        ({"state": "failed", "end_code": "launch_failed"}, "FAILED", "F", "0:0"),
+        ({"state": "failed", "end_code": "never_fits"}, "FAILED", "F", "0:0"),
+        ({"state": "cancelled", "end_code": "idle"}, "CANCELLED", "CA", "0:0"),
+        ({"state": "cancelled", "end_code": "dependency_never"}, "CANCELLED", "CA", "0:0"),
+        ({"state": "timeout", "end_code": "timeout"}, "TIMEOUT", "TO", "0:0"),
+        # Never from the English text: a code says failed, the text what it likes.
+        ({"state": "failed", "end_code": "failed", "reason": "oom"}, "FAILED", "F", "0:0"),
+        ({"state": "failed", "end_code": "failed", "reason": "node n1 lost"}, "FAILED", "F", "0:0"),
+        ({"state": "failed", "reason": "oom: node n1 lost"}, "FAILED", "F", "0:0"),
+        ({"state": "running", "end_code": "node_fail"}, "RUNNING", "R", "0:0"),
     ],
 )
 def test_states(over: dict[str, Any], name: str, letters: str, code: str) -> None:
@@ -362,6 +377,23 @@ def test_squeue_and_sinfo_long_names_are_whole_names_in_any_case(
         letters = [c[0] for c in columns]
         names = [n.lower() for c in columns for n in c[1].split()]
         assert len(letters) == len(set(letters)) and len(names) == len(set(names))
+
+
+def test_every_typed_end_has_slurms_state() -> None:
+    from mgpu.model import EndCode
+
+    assert set(states.END_CODES) == {code.value for code in EndCode}
+    assert set(states.END_CODES.values()) <= states.ALL_NAMES
+
+
+def test_slurm_states_read_no_english_text() -> None:
+    """The jobs' states and reasons come from their typed codes: states.py never looks
+    at a job's `reason` sentence (it did, to guess NODE_FAIL and OUT_OF_MEMORY)."""
+    import inspect
+
+    source = inspect.getsource(states)
+    assert 'get("reason")' not in source and "['reason']" not in source
+    assert '["reason"]' not in source
 
 
 def test_every_typed_wait_reason_has_slurms_code() -> None:

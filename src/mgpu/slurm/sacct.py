@@ -101,6 +101,7 @@ def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
             "name": step.get("name") or "",
             "state": step.get("state"),
             "reason": None,
+            "end_code": None,  # its own state says how it ended, not its job's code
             "exit_code": step.get("exit_code"),
             "start_time": step.get("start"),
             "end_time": step.get("end"),

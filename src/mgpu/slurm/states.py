@@ -1,5 +1,6 @@
 """mgpu's job states in Slurm's words: squeue's `%t`/`%T`, sacct's State, the pending
-reason codes and `EXIT:SIGNAL` exit codes."""
+reason codes and `EXIT:SIGNAL` exit codes, all from the job's state and typed codes
+(`end_code`, `reason_code`), never from its English `reason`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ LETTERS = {
     "CANCELLED": "CA",
     "TIMEOUT": "TO",
     "NODE_FAIL": "NF",
+    "BOOT_FAIL": "BF",
     "OUT_OF_MEMORY": "OOM",
     "PREEMPTED": "PR",
     "REQUEUED": "RQ",
@@ -32,16 +34,27 @@ ACTIVE = ("PENDING", "RUNNING")
 ALL_NAMES = frozenset(LETTERS)
 
 
+END_CODES = {
+    "completed": "COMPLETED",
+    "failed": "FAILED",
+    "cancelled": "CANCELLED",
+    "timeout": "TIMEOUT",
+    "node_fail": "NODE_FAIL",
+    "boot_fail": "BOOT_FAIL",
+    "launch_failed": "FAILED",
+    "idle": "CANCELLED",
+    "dependency_never": "CANCELLED",
+    "never_fits": "FAILED",
+}
+"""An ended job's typed `end_code` (mgpu.model.EndCode) as Slurm's state."""
+
+
 def state(job: dict[str, Any]) -> str:
-    """Slurm's state name of an mgpu job."""
+    """Slurm's state name of an mgpu job: an ended one's from its `end_code`."""
     name = NAMES.get(str(job.get("state")), "PENDING")
-    reason = str(job.get("reason") or "").lower()
-    if name == "FAILED":
-        if "node" in reason and ("lost" in reason or "silent" in reason or "removed" in reason):
-            return "NODE_FAIL"
-        if "out of memory" in reason or "oom" in reason.split():
-            return "OUT_OF_MEMORY"
-    return name
+    if name in ACTIVE:
+        return name
+    return END_CODES.get(str(job.get("end_code")), name)
 
 
 def letters(name: str) -> str:

@@ -297,7 +297,7 @@ class Lifecycle:
         """running → queued; a retry is spent when `reason` counts one (failed when none
         is left), with exponential backoff before the next start."""
         if reason.counts_retry and job.retries >= job.max_retries:
-            self.finish(job, EndReason.RETRIES_EXHAUSTED, why)
+            self.finish(job, EndReason.RETRIES_EXHAUSTED, why, last=reason)
             return
         for slot in job.allocation:
             self.state.release(job, slot)
@@ -326,8 +326,11 @@ class Lifecycle:
             told(job)
         self.state.wake()
 
-    def finish(self, job: Job, reason: EndReason, text: str | None) -> None:
-        """To the final state `reason` names, `text` shown as the job's reason."""
+    def finish(
+        self, job: Job, reason: EndReason, text: str | None, last: EndReason | None = None
+    ) -> None:
+        """To the final state `reason` names, `text` shown as the job's reason; `last`: the
+        requeue reason of a job out of retries, which decides its `end_code`."""
         final = reason.to_state()
         assert final.terminal, reason
         now = self.state.clock.time()
@@ -335,6 +338,7 @@ class Lifecycle:
             self._charge(job, now)
             self.kill_slots(job, final.value)  # ranks still running elsewhere
         job.transition(final, text)
+        job.end_code = (last or reason).end_code
         self._forget_credential(job)  # the run's credential dies with it
         self.end_steps(job)
         job.end_time = now
