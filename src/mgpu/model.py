@@ -618,8 +618,9 @@ def _migrate_end_code(rec: dict[str, Any]) -> None:
     """Records of versions before `end_code`: an ended job's code from its state, and a
     lost node from the reason those versions wrote (`node N lost`, `node N removed`,
     `... went silent`), once here so that nothing else reads the text."""
-    if rec.get("end_code") is not None:
-        rec["end_code"] = EndCode(rec["end_code"])
+    if "end_code" in rec:  # a record of this version: what it says, None included
+        if rec["end_code"] is not None:
+            rec["end_code"] = EndCode(rec["end_code"])
         return
     state = rec["state"]
     if not state.terminal:
