@@ -37,8 +37,14 @@ typecheck: venv
 # Tests come in tiers: tests/unit (pure code), tests/controller (the master's controller
 # in-process: fake clock, fake agents), tests/e2e (real masters and agents on loopback),
 # tests/netns (multi-node on network namespaces; root).  `make unit` is the fast loop.
+# The controller tier runs twice: on SQLite (the default store) and on PostgreSQL as a
+# leader whose every write checks its lease (tests/pgserver.py runs the server; the run
+# skips where PostgreSQL is not installed).
+CONTROLLER_ON_POSTGRES := MGPU_TEST_STORE=postgres-fenced $(BIN)/pytest -q tests/controller
+
 unit: venv
 	$(BIN)/pytest -q tests/unit tests/controller
+	$(CONTROLLER_ON_POSTGRES)
 
 # The e2e tests spend much of their time waiting for processes: two workers (pytest-xdist),
 # each taking whole modules (module-scoped clusters stay in one), finish them in about two
@@ -60,6 +66,7 @@ test: sysdeps venv $(TEST_EXTRAS)
 	    bash scripts/build-dist.sh >build/dist-test.log 2>&1 & fi; \
 	  $(MAKE) --no-print-directory lint typecheck; status=$$?; wait; exit $$status
 	$(BIN)/pytest -q tests/unit tests/controller
+	$(CONTROLLER_ON_POSTGRES)
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
 
