@@ -100,7 +100,7 @@ class Run:
     def __init__(self, msg: Launch, pid: int) -> None:
         self.job_id = msg.job_id
         self.epoch = msg.epoch
-        self.gpu_ids = list(msg.gpu_ids)
+        self.gpu_ids = list(msg.grant.gpus)
         self.pid = pid
         self.started = time.time()
         self.stdout = b""

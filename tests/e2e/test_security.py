@@ -18,7 +18,7 @@ import pytest
 from helpers import BIN, LocalCluster, kill_group, local_cluster, wait_for
 from impostor import Impostor
 from mgpu import Client, MgpuError
-from mgpu.protocol import Launch, Welcome
+from mgpu.protocol import Grant, Launch, Welcome
 from mgpu.tlsutil import ensure_ca
 from mgpu.tokens import parse_token, remarked
 
@@ -321,7 +321,7 @@ def test_an_impostor_on_a_tls_masters_port_gets_nothing(
         epoch=1,
         argv=["/bin/sh", "-c", f"touch {marker}"],
         env={},
-        gpu_ids=[],
+        grant=Grant(gpus=[]),
         user="root",
         allow_root=True,
     )
@@ -392,7 +392,7 @@ def test_a_tls_masters_tokens_keep_fresh_clients_and_agents_in_tls(
         epoch=1,
         argv=["/bin/sh", "-c", f"touch {marker}"],
         env={},
-        gpu_ids=[],
+        grant=Grant(gpus=[]),
         user="root",
         allow_root=True,
     )
