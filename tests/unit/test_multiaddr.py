@@ -423,7 +423,7 @@ def test_the_agent_keeps_the_highest_generation(tmp_path: Path) -> None:
     assert agent.generation is None
     agent._check_generation(Welcome(heartbeat_interval=1, generation=5))
     again = _agent(tmp_path, [("127.0.0.1", 1)])
-    again._load_generation()
+    again.generations.load()
     assert again.generation == 5  # kept in the node dir
     with pytest.raises(DeposedMaster, match="generation 4, older than 5 seen"):
         again._check_generation(Welcome(heartbeat_interval=1, generation=4))
