@@ -28,6 +28,7 @@ from mgpu.agent.agent import Agent, DeposedMaster, StandbyMaster
 from mgpu.agent.health import check_masters
 from mgpu.agent.options import AgentOptions
 from mgpu.client import api
+from mgpu.client import leader as leader_cache
 from mgpu.client.api import Client, ConnectError, LostConnection, resolve_addresses
 from mgpu.client.stream import print_logs
 from mgpu.errors import MgpuError
@@ -46,7 +47,7 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("MGPU_MASTER", raising=False)
     monkeypatch.delenv("MGPU_FAILOVER_WAIT", raising=False)
     monkeypatch.setenv("MGPU_TOKEN", "mgpu_test")
-    monkeypatch.setattr(api, "_leaders", {})
+    monkeypatch.setattr(leader_cache, "_leaders", {})
 
 
 @pytest.fixture
@@ -187,7 +188,7 @@ def test_the_next_master_is_tried_and_the_leader_remembered(dead: str) -> None:
         assert client.queue() == {"jobs": [], "nodes": []}
         assert client.address == leader
         assert Client(f"{dead},{leader}").address == leader  # for the process
-        api._leaders.clear()  # another process: the leader is in the user's cache
+        leader_cache._leaders.clear()  # another process: the leader is in the user's cache
         assert Client(f"{dead},{leader}").address == leader
         assert Client(f"{leader},{dead}").address == leader  # another list: its own
         assert Client(f"{dead},127.0.0.1:1").address == dead
@@ -422,7 +423,7 @@ def test_the_agent_keeps_the_highest_generation(tmp_path: Path) -> None:
     assert agent.generation is None
     agent._check_generation(Welcome(heartbeat_interval=1, generation=5))
     again = _agent(tmp_path, [("127.0.0.1", 1)])
-    again._load_generation()
+    again.generations.load()
     assert again.generation == 5  # kept in the node dir
     with pytest.raises(DeposedMaster, match="generation 4, older than 5 seen"):
         again._check_generation(Welcome(heartbeat_interval=1, generation=4))

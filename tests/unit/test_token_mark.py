@@ -12,7 +12,7 @@ import pytest
 from impostor import Impostor
 from mgpu.agent.agent import Agent
 from mgpu.agent.options import AgentOptions
-from mgpu.client import api
+from mgpu.client import leader as leader_cache
 from mgpu.client.api import Client
 from mgpu.errors import MgpuError
 from mgpu.master.security.auth import TokenStore, mark_token_file
@@ -31,7 +31,7 @@ def _fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no CA pinned
     for name in ("MGPU_MASTER", "MGPU_INSECURE", "MGPU_FAILOVER_WAIT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(api, "_leaders", {})
+    monkeypatch.setattr(leader_cache, "_leaders", {})
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,9 @@ that woke up, before acting on anything it says.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import getpass
-import json
 import logging
 import os
 import random
@@ -37,41 +35,32 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mgpu.agent import jobenv, outputfiles, sigdefaults
+from mgpu.agent import handlers, jobenv, outputfiles, sigdefaults
+from mgpu.agent.generation import DeposedMaster, LeaderGeneration
 from mgpu.agent.gpus import GpuInfo, detect_gpus
+from mgpu.agent.handlers import first_line
+from mgpu.agent.heartbeats import Heartbeats
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
-from mgpu.agent.link import StandbyMaster, open_link, standby_refusal
+from mgpu.agent.link import StandbyMaster, ip_towards, open_link, standby_refusal
 from mgpu.agent.mps import MpsControl
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.masters import Search, Transport
 from mgpu.protocol import (
     Exited,
-    Forget,
     GpuDesc,
-    Heartbeat,
     Hello,
-    Kill,
     Launch,
     Output,
-    PortReserved,
     Refused,
-    ReservePort,
     RunningReport,
-    SetHeartbeat,
-    SetTimeLimit,
-    SignalRun,
     Started,
-    TerminalAck,
-    TerminalInput,
-    TerminalResize,
     Welcome,
     batch_frames,
     encode,
     parse_master_message,
-    parse_master_messages,
 )
 
 log = logging.getLogger("mgpu.agent")
@@ -96,16 +85,10 @@ about this long of taking over."""
 SINGLE_BACKOFF_MAX = 4.0
 """The same for one master: capped well under its node timeout, so a restarted master
 hears from every agent before it would declare one lost."""
-GENERATION_FILE = "master-generation"
-"""In the node dir: the highest leader generation this agent was welcomed with."""
 
 
 class AgentRefused(RuntimeError):
     pass
-
-
-class DeposedMaster(ConnectionError):
-    """A master welcomed us with a lower generation than one already seen."""
 
 
 class Agent:
@@ -128,8 +111,8 @@ class Agent:
         """Whether the session now (or last) was welcomed: the master dialled leads."""
         self._ssl_context: Any = None
         """The cluster CA pinned (one CA for every master of the cluster)."""
-        self.generation: int | None = None
-        """The highest leader generation this agent was welcomed with (GENERATION_FILE)."""
+        self.generations = LeaderGeneration(options.node_dir)
+        """The highest leader generation this agent was welcomed with (mgpu.agent.generation)."""
         self._failing: dict[tuple[str, int], str] = {}
         """Why each master could not be used, as last logged (a reason is logged once)."""
         self.token = options.token
@@ -139,8 +122,6 @@ class Agent:
         self.gpu_source = "none"
         self.launcher = Launcher(options.node_dir / "spool", self._on_output)
         self.mps = MpsControl(options.node_dir)  # shared jobs' limits held
-        self._settling: asyncio.Future[None] | None = None
-        """The MPS settle in progress (`_settle_mps`), if any."""
         self.outbox: deque[tuple[str, str]] = deque()
         """(message type, encoded message), sent in order over the live connection."""
         self.output_queued = 0
@@ -155,6 +136,9 @@ class Agent:
         self._held: dict[tuple[str, int], tuple[Running, asyncio.TimerHandle]] = {}
         """Starts not told yet (STARTED_HOLD), by run."""
         self.heartbeat_interval = 5.0
+        self.heartbeats = Heartbeats(
+            self.launcher, self.mps, self.send, lambda: self.heartbeat_interval
+        )
         self.connected = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.site = SiteHooks(self, self.launcher, node_id, options.container_runtime)
@@ -177,36 +161,13 @@ class Agent:
             self.master = address
             self._choose_tls()
 
-    def _load_generation(self) -> None:
-        try:
-            text = (self.options.node_dir / GENERATION_FILE).read_text().strip()
-            self.generation = int(text)
-        except (OSError, ValueError):
-            self.generation = None
-
-    def _keep_generation(self, generation: int) -> None:
-        self.generation = generation
-        path = self.options.node_dir / GENERATION_FILE
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = path.with_name(f".{GENERATION_FILE}.new")
-            fresh.write_text(f"{generation}\n")
-            fresh.replace(path)
-        except OSError as e:  # kept in memory still: refused until the agent restarts
-            log.warning("cannot keep the leader's generation in %s: %s", path, e)
+    @property
+    def generation(self) -> int | None:
+        return self.generations.value
 
     def _check_generation(self, reply: Welcome) -> None:
         """Refuse a Welcome from a deposed leader (a generation lower than one seen)."""
-        gen = reply.generation
-        if gen is None:  # a single master: nothing to compare
-            return
-        if self.generation is not None and gen < self.generation:
-            raise DeposedMaster(
-                f"the master at {_shown(self.master)} leads with generation {gen}, older "
-                f"than {self.generation} seen: a deposed leader, left"
-            )
-        if self.generation is None or gen > self.generation:
-            self._keep_generation(gen)
+        self.generations.check(reply.generation, _shown(self.master))
 
     def _say_failing(self, reason: str) -> None:
         """One line per master and reason (not one per round while a failover runs)."""
@@ -273,7 +234,7 @@ class Agent:
         self._tasks.add(loop.create_task(self._pump_loop()))
         self._tasks.add(loop.create_task(self.launcher.sweep()))
         loop.add_signal_handler(signal.SIGTERM, self._terminate)
-        self._load_generation()
+        self.generations.load()
         await self._dial_forever()
 
     async def _dial_forever(self) -> None:
@@ -429,10 +390,10 @@ class Agent:
         self._failing.clear()
         log.info("connected to the master at %s as %s", _shown(self.master), self.node_id)
         sender = asyncio.create_task(self._sender(ws))
-        beater = asyncio.create_task(self._heartbeats())
+        beater = asyncio.create_task(self.heartbeats.beat(self.gpus, self.gpu_source))
         try:
             async for raw in ws:
-                for msg in self._parse(raw):
+                for msg in handlers.parse_frame(self, raw):
                     self._handle(msg)
         finally:
             sender.cancel()
@@ -469,42 +430,6 @@ class Agent:
             self._outbox_ready.clear()
             await self._outbox_ready.wait()
 
-    async def _heartbeats(self) -> None:
-        """A heartbeat at once and then every interval, with a GPU telemetry sample."""
-        from mgpu.agent.telemetry import TelemetrySampler
-
-        node_dir = self.launcher.spool.parent
-        sampler = TelemetrySampler(self.gpus, self.gpu_source, node_dir, self.mps.enforced)
-        telemetry: list[Any] = []
-        while True:
-            pids = [run.rec.pid for run in self.launcher.running.values()]
-            as_of = time.monotonic()
-            jobs = [run.rec.job_id for run in self.launcher.running.values()]
-            try:
-                self._settle_mps(jobs, as_of)
-                telemetry = await asyncio.wait_for(
-                    asyncio.to_thread(sampler.sample, pids), timeout=5.0
-                )
-            except Exception as e:  # a heartbeat must go out even when sampling fails
-                log.warning("GPU telemetry failed: %s", e)
-            self.send(Heartbeat(telemetry=telemetry))
-            await asyncio.sleep(self.heartbeat_interval)
-
-    def _settle_mps(self, jobs: list[str], as_of: float) -> None:
-        """MPS limits and daemon brought in line with the running jobs (stopped when no
-        shared job needs it), in a thread the heartbeat does not wait for: a control command
-        may take seconds.  One at a time; a heartbeat that finds one running skips it."""
-        if self._settling is not None and not self._settling.done():
-            return
-
-        def settle() -> None:
-            try:
-                self.mps.settle(jobs, as_of)
-            except Exception:
-                log.exception("settling the MPS daemon failed")
-
-        self._settling = asyncio.get_running_loop().run_in_executor(None, settle)
-
     async def _pump_loop(self) -> None:
         while True:
             await asyncio.sleep(OUTPUT_POLL)
@@ -513,111 +438,33 @@ class Agent:
 
     # ---- inbound ------------------------------------------------------------
 
-    def _parse(self, raw: str | bytes) -> list[Any]:
-        """A frame's messages.  One that does not validate is dropped alone (a launch of it
-        reported failed), never with the rest of its frame or the connection."""
-        try:
-            return list(parse_master_messages(raw))
-        except ValueError:
-            pass
-        try:
-            items = json.loads(raw)
-        except ValueError as e:
-            log.error("unreadable frame from the master dropped: %s", e)
-            return []
-        messages = []
-        for item in items if isinstance(items, list) else [items]:
-            try:
-                messages.append(parse_master_message(json.dumps(item)))
-            except ValueError as e:
-                log.error("invalid message from the master dropped: %s", _first_line(e))
-                self._fail_unreadable(item, e)
-        return messages
-
-    def _fail_unreadable(self, item: Any, error: Exception) -> None:
-        if not isinstance(item, dict) or item.get("type") != "launch":
-            return
-        job_id, epoch = item.get("job_id"), item.get("epoch")
-        if isinstance(job_id, str) and isinstance(epoch, int):
-            self._fail_launch(job_id, epoch, f"the agent cannot read the launch: {error}")
-
-    def _fail_launch(self, job_id: str, epoch: int, error: str, fatal: bool = True) -> None:
-        log.error("job %s: %s", job_id, _first_line(error))
+    def fail_launch(self, job_id: str, epoch: int, error: str, fatal: bool = True) -> None:
+        log.error("job %s: %s", job_id, first_line(error))
         self.report_exit(
             Exited(
                 job_id=job_id,
                 epoch=epoch,
                 exit_code=None,
                 time=time.time(),
-                launch_error=_first_line(error),
+                launch_error=first_line(error),
                 fatal=fatal,
             )
         )
 
-    def _handle(self, msg: Any) -> None:
-        """One message from the master.  Whatever goes wrong stays with it: logged, and a
-        launch reported as failed; the connection and the other messages carry on."""
+    def forget_exit(self, job_id: str, epoch: int) -> None:
+        self._exits.pop((job_id, epoch), None)
+
+    def _handle(self, msg: BaseModel) -> None:
+        """One message from the master (to its handler: mgpu.agent.handlers).  Whatever goes
+        wrong stays with it: logged, and a launch reported as failed; the connection and
+        the other messages carry on."""
         try:
-            self._dispatch(msg)
+            handlers.dispatch(self, msg)
         except Exception as e:
             log.exception("handling a %s message failed", getattr(msg, "type", "?"))
             if isinstance(msg, Launch) and self.launcher.find(msg.job_id, msg.epoch) is None:
                 self.site.discard(msg.job_id, msg.epoch)
-                self._fail_launch(msg.job_id, msg.epoch, f"the agent failed to launch it: {e}")
-
-    def _dispatch(self, msg: Any) -> None:
-        if isinstance(msg, Launch):
-            if not self.site.prepare(msg):  # image check and prolog first, if any
-                self.launch(msg)
-        elif isinstance(msg, Kill):
-            run = self.launcher.find(msg.job_id, msg.epoch)
-            warning = (
-                None if msg.signal is None else (msg.signal, msg.signal_lead, msg.signal_batch)
-            )
-            if run is not None:
-                self.launcher.kill(run, msg.reason, msg.grace, warning)
-            else:
-                self.site.cancel(msg.job_id, msg.epoch, msg.reason)
-        elif isinstance(msg, SignalRun):  # scancel --signal: now, the run goes on
-            run = self.launcher.find(msg.job_id, msg.epoch)
-            if run is not None and not run.exited.is_set():
-                self.launcher.signal(run, msg.signal, msg.top_only)
-        elif isinstance(msg, SetTimeLimit):
-            run = self.launcher.find(msg.job_id, msg.epoch)
-            if run is not None:
-                self.launcher.set_time_limit(run, msg.time_limit)
-        elif isinstance(msg, ReservePort):
-            self.send(PortReserved(job_id=msg.job_id, epoch=msg.epoch, port=_free_port()))
-        elif isinstance(msg, SetHeartbeat):  # the cluster's size changed: from the next one
-            self.heartbeat_interval = msg.heartbeat_interval
-        elif isinstance(msg, TerminalInput):
-            self._typed(msg)
-        elif isinstance(msg, TerminalResize):
-            run = self.launcher.find(msg.job_id, msg.epoch)
-            if run is not None and run.terminal is not None:
-                run.terminal.resize(msg.size.rows, msg.size.cols)
-        elif isinstance(msg, Forget):
-            self._exits.pop((msg.job_id, msg.epoch), None)
-            self.site.forget(msg.job_id, msg.epoch)
-            run = self.launcher.find(msg.job_id, msg.epoch)
-            if run is not None and run.exited.is_set():
-                self.launcher.finish(run)
-
-    def _typed(self, msg: TerminalInput) -> None:
-        """Typed input for a run's pty; every byte of it is acknowledged to the master as
-        it leaves (written, or dropped: no such run, or not a terminal), which lets the
-        run's client send that much more (master/state/registry.py, InputWindow)."""
-        job_id, epoch = msg.job_id, msg.epoch
-        data = base64.b64decode(msg.data)
-
-        def ack(n: int) -> None:
-            self.send(TerminalAck(job_id=job_id, epoch=epoch, bytes=n))
-
-        run = self.launcher.find(job_id, epoch)
-        if run is None or run.terminal is None:
-            ack(len(data))  # ended, or not a terminal run: nothing to type into
-        else:
-            run.terminal.write(data, ack)
+                self.fail_launch(msg.job_id, msg.epoch, f"the agent failed to launch it: {e}")
 
     def launch(self, msg: Launch) -> None:
         old = self.launcher.find(msg.job_id)
@@ -633,7 +480,7 @@ class Agent:
         except (jobenv.UserError, LaunchError) as e:
             self.site.discard(msg.job_id, msg.epoch)
             fatal = isinstance(e, jobenv.UserError | JobError)  # the job's problem, not the node's
-            self._fail_launch(msg.job_id, msg.epoch, str(e), fatal)
+            self.fail_launch(msg.job_id, msg.epoch, str(e), fatal)
             return
         loop = asyncio.get_running_loop()
         key = (msg.job_id, msg.epoch)
@@ -653,7 +500,7 @@ class Agent:
             epoch=run.rec.epoch,
             pid=run.rec.pid,
             hostname=self.hostname,
-            ip=self.options.advertise_ip or _ip_towards(self.master[0]),
+            ip=self.options.advertise_ip or ip_towards(self.master[0]),
             time=run.rec.start_time,
             share_enforced=self.mps.share_held(run.rec.job_id),
         )
@@ -764,37 +611,10 @@ def _make_private(*dirs: Path) -> None:
             raise NodeIdentityError(f"cannot use the state dir {d}: {e.strerror}") from None
 
 
-def _first_line(error: object) -> str:
-    return (str(error).strip().splitlines() or [""])[0][:500]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
-
-
 def _shown(address: tuple[str, int]) -> str:
     from mgpu.addresses import format_address
 
     return format_address(address)
-
-
-_ip_cache: dict[str, str] = {}
-
-
-def _ip_towards(host: str) -> str:
-    """The local address this machine uses to reach `host` (what others can reach us at)."""
-    ip = _ip_cache.get(host)
-    if ip is None:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((host, 9))
-                ip = str(s.getsockname()[0])
-        except OSError:
-            ip = "127.0.0.1"
-        _ip_cache[host] = ip
-    return ip
 
 
 def run_agent(options: AgentOptions) -> None:
@@ -818,4 +638,4 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-__all__ = ["Agent", "AgentOptions", "AgentRefused", "run_agent"]
+__all__ = ["Agent", "AgentOptions", "AgentRefused", "DeposedMaster", "StandbyMaster", "run_agent"]

@@ -6,6 +6,7 @@ Which master to dial, and whether a hint may be followed, is `mgpu.masters.Searc
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import websockets
@@ -72,3 +73,20 @@ def _standby_leader(body: bytes | bytearray | None, header: str | None) -> str |
     except (ValueError, AttributeError):
         leader = None
     return leader if isinstance(leader, str) and leader else (header or None)
+
+
+_ip_cache: dict[str, str] = {}
+
+
+def ip_towards(host: str) -> str:
+    """The local address this machine uses to reach `host` (what others can reach us at)."""
+    ip = _ip_cache.get(host)
+    if ip is None:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, 9))
+                ip = str(s.getsockname()[0])
+        except OSError:
+            ip = "127.0.0.1"
+        _ip_cache[host] = ip
+    return ip

@@ -18,9 +18,10 @@ import sys
 import time
 from typing import Any
 
-from mgpu.client.api import Client, ConnectError, MgpuError, _portable_environment, _quote
+from mgpu.client.api import Client, ConnectError, MgpuError, _quote
 from mgpu.client.render import _ranges
 from mgpu.client.stream import LinePrefixer
+from mgpu.client.submitenv import portable_environment
 
 __all__ = ["StepOptions", "current_job", "run_step"]
 
@@ -97,7 +98,7 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         _say("warning: not using a pseudo-terminal, stdin is not a terminal")
     body: dict[str, Any] = {
         "argv": list(argv),
-        "env": _portable_environment(os.environ)[0],
+        "env": portable_environment(os.environ)[0],
         "cwd": options.cwd or os.getcwd(),
         "nodes": options.nodes,
         "ntasks": options.ntasks,

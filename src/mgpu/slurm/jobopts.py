@@ -202,9 +202,9 @@ def export_env(prog: str, text: str | None, environ: Mapping[str, str]) -> dict[
             extra[name] = environ[name]
     env = {**base, **extra}
     if base:
-        from mgpu.client.api import _portable_environment
+        from mgpu.client.submitenv import portable_environment
 
-        env = _portable_environment(env)[0]
+        env = portable_environment(env)[0]
     return env
 
 
