@@ -129,7 +129,7 @@ MIGRATIONS: tuple[Callable[[Any, Dialect], None], ...] = (_to_1, _to_2, _to_3)
 
 def migrate(conn: Any, d: Dialect, where: str) -> None:
     """Bring the database to SCHEMA_VERSION, each migration in order, in one transaction
-    (`conn`, sqlite3 or psycopg, in autocommit mode; `where`: its name for an error)."""
+    (`conn`, either driver's, in autocommit mode; `where`: its name for an error)."""
     for statement in d.begin_migration:
         conn.execute(statement)
     try:
