@@ -2,10 +2,10 @@
 
 `SqlStore` holds the queries, in SQLite's spelling with `?` placeholders; its `dialect`
 (dialect.py) turns each into its backend's.  A subclass only connects and runs them
-(`SqliteStore`: sqlite.py; `PostgresStore`: postgres.py) through five primitives:
+(`SqliteStore`: sqlite.py; `PostgresStore`: postgres.py) through four primitives:
 `_read` (a read on the store's connection), `_read_apart` (a read on a connection of its
-own, from a thread), `_write` (work in one write transaction after the fence's check),
-`_write_rows` (statements over rows in one transaction) and `_write_one` (one statement).
+own, from a thread), `_write` (work in one write transaction after the fence's check;
+`one_query`: one statement) and `_write_rows` (statements over rows in one transaction).
 A write may run again after its connection was lost (PostgreSQL), so each is an upsert,
 ignores a row already there, or is harmless twice.
 """
