@@ -1,4 +1,4 @@
-"""What retention needs of the stores: deletes in slices (master/store/sqlite.py) and the
+"""What retention needs of the stores: deletes in slices (master/store/sqlstore.py) and the
 per-user count of stored output (master/store/outputs.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The master's durable state (base.py: the interface; sqlite.py and postgres.py: the two
-implementations), and `open_store`, which picks one from the `--database` address."""
+"""The master's durable state (base.py: the interface; schema.py, sqlstore.py and dialect.py:
+its SQL, written once; sqlite.py and postgres.py: the two backends that run it), and
+`open_store`, which picks one from the `--database` address."""
 
 from __future__ import annotations
 

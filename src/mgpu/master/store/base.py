@@ -61,8 +61,8 @@ crash).  An id handed out for a submit that was refused or never written may be 
 again: nobody saw it."""
 
 SCHEMA_VERSION = 3
-"""The schema this mgpu writes (2 added `submit_keys`, 3 `job_steps`: store/steps.py); each
-backend migrates an older database up to it at open (`schema_version` table).  A database
+"""The schema this mgpu writes (2 added `submit_keys`, 3 `job_steps`: store/steps.py); the
+store migrates an older database up to it at open (schema.py, `schema_version` table).  A database
 from before versions existed counts as version 0."""
 
 Event = tuple[str, str | None, str | None, str]
@@ -249,7 +249,7 @@ class Store(ABC):
     def delete_submit_keys_before(self, before: float, limit: int) -> int:
         """Forget up to `limit` idempotency keys stored before `before`; how many went."""
 
-    # ---- srun steps that ended (store/steps.py; each backend mixes in its class) ----------
+    # ---- srun steps that ended (store/steps.py; the queries: sqlstore.py) ---------------
 
     @abstractmethod
     def save_steps(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
