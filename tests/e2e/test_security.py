@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,6 +307,21 @@ def _tls_master(cluster: LocalCluster, log: Path) -> None:
     wait_for(lambda: cluster.client().nodes() is not None, what="TLS master")
 
 
+def _welcome_and_root_launch(marker: Path) -> list[dict[str, Any]]:
+    """What an impostor answers an agent's hello with: a Welcome, then a Launch that would
+    touch `marker` as root."""
+    launch = Launch(
+        job_id="j1",
+        epoch=1,
+        argv=["/bin/sh", "-c", f"touch {marker}"],
+        env={},
+        grant=Grant(gpus=[]),
+        user="root",
+        allow_root=True,
+    )
+    return [Welcome(heartbeat_interval=5).model_dump(), launch.model_dump()]
+
+
 def test_an_impostor_on_a_tls_masters_port_gets_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -316,16 +332,7 @@ def test_an_impostor_on_a_tls_masters_port_gets_nothing(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the client's pinned CA
     cluster = LocalCluster(tmp_path)
     marker = tmp_path / "ran-as-root"
-    launch = Launch(
-        job_id="j1",
-        epoch=1,
-        argv=["/bin/sh", "-c", f"touch {marker}"],
-        env={},
-        grant=Grant(gpus=[]),
-        user="root",
-        allow_root=True,
-    )
-    frames = [Welcome(heartbeat_interval=5).model_dump(), launch.model_dump()]
+    frames = _welcome_and_root_launch(marker)
     try:
         _tls_master(cluster, tmp_path / "master-tls.log")
         cluster.start_agent("node001", gpus=1)  # its first TLS link pins the CA
@@ -387,16 +394,7 @@ def test_a_tls_masters_tokens_keep_fresh_clients_and_agents_in_tls(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cluster = LocalCluster(tmp_path)
     marker = tmp_path / "ran-as-root"
-    launch = Launch(
-        job_id="j1",
-        epoch=1,
-        argv=["/bin/sh", "-c", f"touch {marker}"],
-        env={},
-        grant=Grant(gpus=[]),
-        user="root",
-        allow_root=True,
-    )
-    frames = [Welcome(heartbeat_interval=5).model_dump(), launch.model_dump()]
+    frames = _welcome_and_root_launch(marker)
     try:
         cluster.start_master()  # plain on loopback, as by default: unmarked tokens
         plain = [cluster.admin_token, cluster.join_token]

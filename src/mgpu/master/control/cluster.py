@@ -329,7 +329,7 @@ class Cluster(Reads):
         return [j for j in self.jobs.values() if j.array_job_id == array_id]
 
     def _new_job_id(self, block: int = 1) -> str:
-        return self.store.new_job_id(block)  # the cluster's counter (store/sqlite.py)
+        return self.store.new_job_id(block)  # the cluster's counter (store/base.py)
 
     def _node_views(self) -> list[NodeView]:
         return self.state.node_index.views()
