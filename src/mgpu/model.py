@@ -126,7 +126,7 @@ class WaitCode(StrEnum):
     """It would fit, but higher-priority work waits ahead of it for the same GPUs."""
     DEPENDENCY = "dependency"
     BEGIN_TIME = "begin_time"
-    """Not before a time (a requeued job's backoff)."""
+    """Not before a time (`--begin`, or a requeued job's backoff)."""
     HELD = "held"
     """`mgpu hold` / `scontrol hold` (by whom: the job's `held_by`)."""
     RESERVATION = "reservation"
@@ -401,6 +401,8 @@ class Job:
     end_time: float | None = None
     eligible_time: float = 0.0
     """Not before this time (backoff after a requeue)."""
+    begin_time: float | None = None
+    """`--begin` (`scontrol update StartTime=`): not before this time (None: no such wish)."""
     retries: int = 0
     epoch: int = 0
     """Allocation epoch: bumped at every start, so stale messages from an old run are ignored."""
@@ -488,6 +490,11 @@ class Job:
         return all(said)
 
     @property
+    def not_before(self) -> float:
+        """The job may not start before this time (`--begin`, retry backoff)."""
+        return max(self.eligible_time, self.begin_time or 0.0)
+
+    @property
     def desired(self) -> DesiredState:
         """What the master wants of this job (it is stopped by killing its processes)."""
         return DesiredState.RUN if self.stop_reason is None else self.stop_reason.desired
@@ -549,6 +556,7 @@ class Job:
                 for s in self.allocation
             ],
             "submit_time": self.submit_time,
+            "begin_time": self.begin_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
             "retries": self.retries,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness import Harness
 
-from mgpu.model import WaitCode
+from mgpu.model import JobState, WaitCode
 from mgpu.slurm import squeue, states
 
 
@@ -48,3 +48,35 @@ def test_held_and_dependent_jobs(h: Harness) -> None:
     assert _squeue_reason(h, held) == "(JobHeldUser)"
     assert _squeue_reason(h, dependent) == "(Dependency)"
     assert states.reason(h.job(running).to_public()) == "None"  # running: no reason
+
+
+def test_a_job_with_a_future_begin_waits_as_begintime_then_starts(h: Harness) -> None:
+    """`--begin` is honoured (it was accepted and ignored: a job that re-submitted itself
+    with `--begin=now+24hour` ran at once, looping): the job waits `(BeginTime)`, shows
+    its begin as its expected start, and starts once the clock passes it, by itself."""
+    a = h.agent("n1", gpus=2)
+    begin = h.clock.now + 3600
+    later = h.submit(gpus=1, begin=begin)
+    h.tick()
+    job = h.job(later)
+    assert (job.state, job.reason_code) == (JobState.QUEUED, WaitCode.BEGIN_TIME)
+    assert _squeue_reason(h, later) == "(BeginTime)"
+    assert h.cl.public_job(job)["expected_start"] == begin
+    assert not a.launches()
+    h.advance(3590)
+    a.heartbeat()
+    h.tick()
+    assert h.job(later).state is JobState.QUEUED and not a.launches()
+    assert not h.cl.loop.backoff_expired()
+    h.advance(11)
+    assert h.cl.loop.backoff_expired()  # the loop wakes for it, with nothing else new
+    a.heartbeat()
+    h.tick()
+    assert [launch.job_id for launch in a.launches()] == [later]
+
+
+def test_a_begin_already_past_runs_at_once(h: Harness) -> None:
+    a = h.agent("n1", gpus=2)
+    now_job = h.submit(gpus=1, begin=h.clock.now - 5)
+    h.tick()
+    assert [launch.job_id for launch in a.launches()] == [now_job]

@@ -420,3 +420,25 @@ def test_a_dependency_chain_submitted_from_inside_a_job(
     later = c.client().show(second)
     assert later["user"] == c.client().show(first)["user"]
     assert (tmp_path / f"stage2-{second}.out").read_text() == f"stage2 after {first}\n"
+
+
+def test_sbatch_begin_waits_as_begintime_and_now_runs(slurm_cluster: LocalCluster) -> None:
+    """`--begin` is honoured, not ignored (a job re-submitting itself with
+    `--begin=now+24hour` used to run at once, looping)."""
+    c = slurm_cluster
+    later = sbatch(c, "--begin=now+1hour", "--gres=gpu:0", "--wrap", "true")
+    try:
+        at_once = sbatch(c, "--begin=now", "--gres=gpu:0", "--wrap", "true")
+        assert c.client().wait(at_once, timeout=60)["state"] == "completed"
+        # The other job was submitted first and needs nothing: only its begin holds it.
+        assert squeue(c, "-j", later, "-o", "%i|%T|%r") == [[later, "PENDING", "BeginTime"]]
+        shown = run(c, "scontrol", "show", "job", later).stdout
+        begin = c.client().show(later)["begin_time"]
+        assert f"EligibleTime={time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(begin))}" in (
+            shown
+        )
+        res = run(c, "sbatch", "--begin=sometime", "--wrap", "true")
+        assert res.returncode == 1 and "Invalid time specification" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        c.client().cancel(later)

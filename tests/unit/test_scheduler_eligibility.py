@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 from factories import job
+from mgpu.model import WaitCode
 from mgpu.scheduler import Dependency, DependencyTarget, eligibility
-from mgpu.scheduler.eligibility import backoff_reason
+from mgpu.scheduler.eligibility import backoff_reason, begin_reason
 
 NOW = 1_000_000.0
 
@@ -31,6 +32,16 @@ def test_retry_backoff() -> None:
     assert result.eligible == []
     assert result.waiting == {"a": backoff_reason(NOW + 30)}
     assert re.fullmatch(r"retry backoff until \d\d:\d\d:\d\d", result.waiting["a"])
+
+
+def test_begin_time_waits_until_the_clock_passes_it() -> None:
+    queued = [job("a", begin_time=NOW + 3600), job("b", begin_time=NOW)]
+    result = eligibility(queued, NOW)
+    assert [j.job_id for j in result.eligible] == ["b"]  # a begin reached: eligible
+    assert result.waiting == {"a": begin_reason(NOW + 3600)}
+    assert result.waiting["a"].code is WaitCode.BEGIN_TIME
+    assert re.fullmatch(r"begin time \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", result.waiting["a"])
+    assert [j.job_id for j in eligibility(queued, NOW + 3600).eligible] == ["a", "b"]
 
 
 def test_backoff_is_checked_before_dependencies() -> None:

@@ -1,11 +1,13 @@
-"""Which queued jobs may be scheduled now: retry backoff, dependencies, array caps.
+"""Which queued jobs may be scheduled now: begin times, retry backoff, dependencies, array caps.
 
 `eligibility(queued, now, targets, array_running)` runs before `schedule()`, in the master
 and in the simulator alike; what it lets through is `Snapshot.pending`.  Each queued job,
 in the order given (submit order), is checked in this order:
 
 0. **held** (`--hold`, `mgpu hold`) — it waits ("held") until released.
-1. **retry backoff** — `eligible_time` still ahead: it waits ("retry backoff until 12:00:05").
+1. **begin time** (`--begin`) — `begin_time` still ahead: it waits ("begin time
+   2026-12-07T00:00:00"); then **retry backoff** — `eligible_time` still ahead: it waits
+   ("retry backoff until 12:00:05").
 2. **dependencies** (`--dependency KIND:ID`) — the targets of ID (that job, or every task of
    that array) must all have ended: `afterok` needs each to have completed, `afternotok`
    each to have ended otherwise, `afterany` either.  A target not ended yet: it waits
@@ -38,6 +40,7 @@ __all__ = [
     "DependencyTarget",
     "Eligibility",
     "backoff_reason",
+    "begin_reason",
     "eligibility",
 ]
 
@@ -77,6 +80,11 @@ def backoff_reason(until: float) -> WaitReason:
     return WaitReason(text, WaitCode.BEGIN_TIME)
 
 
+def begin_reason(begin: float) -> WaitReason:
+    text = f"begin time {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(begin))}"
+    return WaitReason(text, WaitCode.BEGIN_TIME)
+
+
 def eligibility(
     queued: Sequence[JobRequest],
     now: float,
@@ -92,6 +100,9 @@ def eligibility(
         # Most jobs wait for nothing but GPUs: one test each, so a long queue costs little.
         if job.held:
             out.waiting[job.job_id] = HELD
+            continue
+        if job.begin_time > now:
+            out.waiting[job.job_id] = begin_reason(job.begin_time)
             continue
         if job.eligible_time > now:
             out.waiting[job.job_id] = backoff_reason(job.eligible_time)

@@ -84,6 +84,8 @@ class JobRequest:
     dependencies: tuple[Dependency, ...] = ()
     eligible_time: float = 0.0
     """Not before this time (retry backoff after a requeue)."""
+    begin_time: float = 0.0
+    """Not before this time (`--begin`)."""
     array_id: str | None = None
     """The array the job is a task of."""
     array_max_running: int | None = None

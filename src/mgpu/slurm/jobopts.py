@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from mgpu.gpurequest import lay_over
-from mgpu.slurm import optable, opts, output
+from mgpu.slurm import begintime, optable, opts, output
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -231,6 +231,19 @@ def dependency(prog: str, text: str | None, singleton: list[str]) -> str | None:
     return ",".join(parts) or None
 
 
+def begin(prog: str, text: str | None) -> float | None:
+    """`--begin`'s epoch time (sbatch only: mgpu's srun and alloc start at once, and a
+    begin time they dropped would change when the job runs)."""
+    if text is None:
+        return None
+    if prog != "sbatch":
+        raise fail(prog, f"--begin is not supported by mgpu's {prog}; use sbatch --begin")
+    try:
+        return begintime.parse_begin(text, begintime.now())
+    except ValueError as e:
+        raise fail(prog, f"Invalid time specification (--begin={text}): {e}") from None
+
+
 def submit_fields(
     prog: str,
     values: dict[str, str],
@@ -247,6 +260,7 @@ def submit_fields(
     for option, field in optable.fields(prog).items():
         fields[field] = values.get(option)
     fields["hold"] = True if "hold" in values else None
+    fields["begin"] = begin(prog, values.get("begin"))
     if values.get("priority") is not None:
         fields["priority"] = _int(prog, "priority", values["priority"], low=0)
     if "no-requeue" in values:

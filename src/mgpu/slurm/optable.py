@@ -43,7 +43,7 @@ array               a = b   job:array
 batch               - = b   warn
 bcast               - ? r   warn
 bcast-exclude       - = r   warn
-begin               b = bra warn
+begin               b = bra job
 bell                - - a   warn
 bb                  - = bra warn
 bbf                 - = bra warn

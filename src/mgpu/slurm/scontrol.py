@@ -80,8 +80,8 @@ def job_text(job: dict[str, Any]) -> str:
         f"BatchFlag={1 if block.get('batch') else 0} Reboot=0 ExitCode={states.exit_code(job)}",
         f"RunTime={common.clock(used)} TimeLimit={common.time_limit(job, 'sacct')} TimeMin=N/A",
         f"SubmitTime={common.timestamp(job.get('submit_time'))} "
-        f"EligibleTime={common.timestamp(job.get('submit_time'))}",
-        f"StartTime={common.timestamp(job.get('start_time'))} "
+        f"EligibleTime={common.timestamp(job.get('begin_time') or job.get('submit_time'))}",
+        f"StartTime={common.timestamp(job.get('start_time') or job.get('expected_start'))} "
         f"EndTime={common.timestamp(job.get('end_time'))} Deadline=N/A",
         f"Partition={common.partition(job)} AllocNode:Sid={block.get('submit_host') or 'N/A'}:0",
         f"ReqNodeList={_listed(job.get('nodelist'))} ExcNodeList={_listed(job.get('exclude'))}",

@@ -155,6 +155,7 @@ def build_template(
         interactive=spec.interactive,
         submit_time=now,
         eligible_time=now,
+        begin_time=spec.begin,
         image=spec.image,
         held=spec.hold,
         held_by=user if spec.hold else None,

@@ -564,8 +564,8 @@ class SchedulingLoop:
                 job = jobs.get(job_id)
                 if job is not None:
                     job.reason, job.reason_code = why, code_of(why)
-                    if plan.now < job.eligible_time < next_backoff:
-                        next_backoff = job.eligible_time
+                    if plan.now < job.not_before < next_backoff:
+                        next_backoff = job.not_before
                     self._note_dependents(job_id)
             await bulk_turn()
         self.pacing.next_backoff = min(self.pacing.next_backoff, next_backoff)
@@ -605,8 +605,8 @@ class SchedulingLoop:
             if job is not None:
                 # advisory and changing: in memory, not written each pass
                 job.reason, job.reason_code = why, code_of(why)
-                if plan.now < job.eligible_time < next_backoff:
-                    next_backoff = job.eligible_time
+                if plan.now < job.not_before < next_backoff:
+                    next_backoff = job.not_before
                 self._note_dependents(job_id)
         if plan.quick:  # it saw a few jobs: the others' backoffs stand
             self.pacing.next_backoff = min(self.pacing.next_backoff, next_backoff)

@@ -119,7 +119,10 @@ class Reads:
         if job.state == JobState.QUEUED:
             out["priority_value"] = self.loop.priorities.get(job.id)
             out["priority_factors"] = self.loop.factors.get(job.id)
-            out["expected_start"] = self.loop.expected_start.get(job.id)
+            expected = self.loop.expected_start.get(job.id)
+            if job.begin_time is not None:  # not before its --begin, whatever the GPUs say
+                expected = max(expected or 0.0, job.begin_time)
+            out["expected_start"] = expected
             out["waiting_on"] = list(self.loop.waiting_on.get(job.id, ()))
         return out
 

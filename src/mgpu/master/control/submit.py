@@ -372,6 +372,8 @@ class JobSpec(BaseModel):
     """`--signal [B:]SIG@SECONDS`: a warning before the time limit (and at preemption)."""
     hold: bool = False
     """`--hold`: queued held, until `mgpu release`."""
+    begin: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """`--begin`: not started before this epoch time (the client reads Slurm's forms)."""
     notify: Annotated[str, AfterValidator(_notify)] | None = None
     """`--notify URL|mailto:ADDRESS|none` (where the cluster allows: Cluster.submit)."""
     script: Annotated[str, AfterValidator(_script)] | None = None

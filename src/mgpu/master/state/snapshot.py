@@ -91,6 +91,7 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         requires=frozenset({"container"}) if job.image else frozenset(),
         dependencies=tuple(Dependency(kind, dep) for kind, dep in job.dependency),
         eligible_time=job.eligible_time,
+        begin_time=job.begin_time or 0.0,
         array_id=job.array_job_id,
         array_max_running=job.array_max_running,
         held=job.held,
