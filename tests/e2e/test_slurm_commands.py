@@ -174,6 +174,25 @@ def test_sbatch_from_stdin_and_wrap(slurm_cluster: LocalCluster) -> None:
     assert "wrapped-2" in c.client().logs(job_id)
 
 
+@pytest.mark.parametrize("address", ["your-email", "<YourNetID>@princeton.edu"])
+def test_a_placeholder_mail_address_still_queues_the_job(
+    slurm_cluster: LocalCluster, tmp_path: Path, address: str
+) -> None:
+    """A shared template's `--mail-user` placeholder: Slurm queues the job, so do we (one
+    warning); mail never refuses a job."""
+    c = slurm_cluster
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/sh\n#SBATCH --mail-user={address}\n#SBATCH --mail-type=END\necho mailed-ran\n"
+    )
+    res = run(c, "sbatch", "--parsable", str(script))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith("sbatch: warning: --mail-user/--mail-type ignored: ")
+    job_id = res.stdout.strip()
+    assert c.client().wait(job_id, timeout=60)["state"] == "completed"
+    assert "mailed-ran" in c.client().logs(job_id)
+
+
 # ---- the bin dir, for every account ---------------------------------------------------
 
 
