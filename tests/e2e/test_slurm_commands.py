@@ -193,6 +193,22 @@ def test_a_placeholder_mail_address_still_queues_the_job(
     assert "mailed-ran" in c.client().logs(job_id)
 
 
+def test_srun_finds_a_program_in_the_working_directory(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`srun launch.sh` with launch.sh only in the submit directory, not on PATH: Slurm's
+    srun looks in the working directory after PATH."""
+    c = slurm_cluster
+    launcher = tmp_path / "launch-here.sh"
+    launcher.write_text('#!/bin/sh\necho "launched task=$SLURM_PROCID"\n')
+    launcher.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsrun -n1 launch-here.sh\necho rc=$?\n")
+    job_id = sbatch(c, f"--chdir={tmp_path}", str(script))
+    assert c.client().wait(job_id, timeout=90)["state"] == "completed"
+    assert c.client().logs(job_id).splitlines()[-2:] == ["launched task=0", "rc=0"]
+
+
 # ---- the bin dir, for every account ---------------------------------------------------
 
 
