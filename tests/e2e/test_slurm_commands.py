@@ -22,8 +22,12 @@ from mgpu.agent import loginbin, slurmbin
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    before = {n for n in slurmbin.SLURM_COMMANDS if (loginbin.LOGIN_BIN / n).exists()}
     with local_cluster(tmp_path_factory.mktemp("slurm"), agents=2, gpus=2) as c:
         yield c
+    for name in set(slurmbin.SLURM_COMMANDS) - before:  # the agents' login wrappers: the
+        if loginbin.is_ours(loginbin.LOGIN_BIN / name):  # test machine left as it was
+            (loginbin.LOGIN_BIN / name).unlink()
 
 
 def run(

@@ -138,7 +138,10 @@ def test_wrappers_run_the_jobs_bin_dir_else_the_agents(
 
 
 def test_a_real_slurm_is_never_shadowed(login_target: Path, built: Path) -> None:
+    assert loginbin.install(str(built), login_target)
+    loginbin._decided.clear()  # an agent's next start, after Slurm was installed
     real = login_target / "sbatch"
+    real.unlink()
     real.write_text("#!/bin/sh\necho real slurm\n")
     real.chmod(0o755)
     assert loginbin.real_slurm() == str(real)

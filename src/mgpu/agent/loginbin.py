@@ -82,6 +82,9 @@ def _install(bin_dir: str, target: Path) -> bool:
         return False
     if found := real_slurm():
         log.info("no Slurm wrappers in %s: this machine has its own Slurm (%s)", target, found)
+        for name in SLURM_COMMANDS:  # a Slurm installed since: ours must not shadow it
+            if is_ours(target / name):
+                (target / name).unlink(missing_ok=True)
         return False
     for name in SLURM_COMMANDS:
         text = WRAPPER.format(mark=MARK, name=name, default=shlex.quote(bin_dir))
