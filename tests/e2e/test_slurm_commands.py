@@ -4,6 +4,7 @@ and the bin dir every job finds first on its PATH, run by another account."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -23,7 +24,14 @@ from mgpu.agent import loginbin, slurmbin
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     before = {n for n in slurmbin.SLURM_COMMANDS if (loginbin.LOGIN_BIN / n).exists()}
-    with local_cluster(tmp_path_factory.mktemp("slurm"), agents=2, gpus=2) as c:
+    # These agents write the login-shell wrappers where a login shell looks (the suite's
+    # other agents write none: tests/conftest.py).
+    with contextlib.ExitStack() as stack:
+        os.environ[loginbin.LOGIN_BIN_VAR] = str(loginbin.LOGIN_BIN)
+        try:  # the cluster's processes take the environment as they start
+            c = stack.enter_context(local_cluster(tmp_path_factory.mktemp("slurm"), 2, 2))
+        finally:
+            os.environ[loginbin.LOGIN_BIN_VAR] = ""
         yield c
     for name in set(slurmbin.SLURM_COMMANDS) - before:  # the agents' login wrappers: the
         if loginbin.is_ours(loginbin.LOGIN_BIN / name):  # test machine left as it was

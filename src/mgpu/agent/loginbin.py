@@ -23,6 +23,19 @@ from mgpu.agent.slurmbin import SLURM_COMMANDS
 
 LOGIN_BIN = Path("/usr/local/bin")
 """On every login shell's PATH, also after `env -i` (bash's built-in default has it)."""
+LOGIN_BIN_VAR = "MGPU_LOGIN_BIN"
+"""The agent's environment may name another directory, or none (empty: no wrappers; the
+test suite's agents write none into the machine's /usr/local/bin but where a test asks)."""
+
+
+def login_bin() -> Path | None:
+    """Where this agent puts its wrappers (None: nowhere)."""
+    named = os.environ.get(LOGIN_BIN_VAR)
+    if named is None:
+        return LOGIN_BIN
+    return Path(named) if named else None
+
+
 SEARCHED = (
     "/usr/local/sbin",
     "/usr/local/bin",
@@ -69,9 +82,13 @@ def real_slurm(path: str | None = None) -> str | None:
     return None
 
 
-def install(bin_dir: str, target: Path = LOGIN_BIN) -> bool:
-    """Wrappers for bin_dir's commands in target (once per bin dir and process); False
-    where the machine has a Slurm of its own or this process cannot write there."""
+def install(bin_dir: str, target: Path | None = None) -> bool:
+    """Wrappers for bin_dir's commands in target (`login_bin()` by default; once per bin
+    dir and process); False where the machine has a Slurm of its own, no directory is
+    named, or this process cannot write there."""
+    target = target or login_bin()
+    if target is None:
+        return False
     if bin_dir not in _decided:
         _decided[bin_dir] = _install(bin_dir, target)
     return _decided[bin_dir]
