@@ -83,6 +83,15 @@ def _signals_as_at_a_terminal() -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _no_login_wrappers_in_the_machines_bin() -> None:
+    """A root agent writes Slurm's login-shell wrappers into /usr/local/bin
+    (mgpu.agent.loginbin): the suite's agents do so only where a test asks for it."""
+    from mgpu.agent import loginbin
+
+    os.environ[loginbin.LOGIN_BIN_VAR] = ""
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _a_directory_every_account_can_enter() -> Iterator[None]:
     """Jobs run in the submitting directory, as their owner; a clone in a private directory
     (`mktemp -d` under /root) would make every other account's job fail to enter it.  The

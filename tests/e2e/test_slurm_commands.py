@@ -4,6 +4,7 @@ and the bin dir every job finds first on its PATH, run by another account."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -17,13 +18,24 @@ import pytest
 
 from helpers import BIN, LocalCluster, local_cluster, wait_for
 from mgpu import Client
-from mgpu.agent import slurmbin
+from mgpu.agent import loginbin, slurmbin
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory.mktemp("slurm"), agents=2, gpus=2) as c:
+    before = {n for n in slurmbin.SLURM_COMMANDS if (loginbin.LOGIN_BIN / n).exists()}
+    # These agents write the login-shell wrappers where a login shell looks (the suite's
+    # other agents write none: tests/conftest.py).
+    with contextlib.ExitStack() as stack:
+        os.environ[loginbin.LOGIN_BIN_VAR] = str(loginbin.LOGIN_BIN)
+        try:  # the cluster's processes take the environment as they start
+            c = stack.enter_context(local_cluster(tmp_path_factory.mktemp("slurm"), 2, 2))
+        finally:
+            os.environ[loginbin.LOGIN_BIN_VAR] = ""
         yield c
+    for name in set(slurmbin.SLURM_COMMANDS) - before:  # the agents' login wrappers: the
+        if loginbin.is_ours(loginbin.LOGIN_BIN / name):  # test machine left as it was
+            (loginbin.LOGIN_BIN / name).unlink()
 
 
 def run(
@@ -174,6 +186,41 @@ def test_sbatch_from_stdin_and_wrap(slurm_cluster: LocalCluster) -> None:
     assert "wrapped-2" in c.client().logs(job_id)
 
 
+@pytest.mark.parametrize("address", ["your-email", "<YourNetID>@princeton.edu"])
+def test_a_placeholder_mail_address_still_queues_the_job(
+    slurm_cluster: LocalCluster, tmp_path: Path, address: str
+) -> None:
+    """A shared template's `--mail-user` placeholder: Slurm queues the job, so do we (one
+    warning); mail never refuses a job."""
+    c = slurm_cluster
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/sh\n#SBATCH --mail-user={address}\n#SBATCH --mail-type=END\necho mailed-ran\n"
+    )
+    res = run(c, "sbatch", "--parsable", str(script))
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.startswith("sbatch: warning: --mail-user/--mail-type ignored: ")
+    job_id = res.stdout.strip()
+    assert c.client().wait(job_id, timeout=60)["state"] == "completed"
+    assert "mailed-ran" in c.client().logs(job_id)
+
+
+def test_srun_finds_a_program_in_the_working_directory(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`srun launch.sh` with launch.sh only in the submit directory, not on PATH: Slurm's
+    srun looks in the working directory after PATH."""
+    c = slurm_cluster
+    launcher = tmp_path / "launch-here.sh"
+    launcher.write_text('#!/bin/sh\necho "launched task=$SLURM_PROCID"\n')
+    launcher.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsrun -n1 launch-here.sh\necho rc=$?\n")
+    job_id = sbatch(c, f"--chdir={tmp_path}", str(script))
+    assert c.client().wait(job_id, timeout=90)["state"] == "completed"
+    assert c.client().logs(job_id).splitlines()[-2:] == ["launched task=0", "rc=0"]
+
+
 # ---- the bin dir, for every account ---------------------------------------------------
 
 
@@ -241,6 +288,36 @@ def test_jobs_find_the_commands_first_on_their_path(slurm_cluster: LocalCluster,
     assert done["state"] == "completed", out
     bin_dir = out[0].removeprefix("bin=")
     assert bin_dir and out[1:4] == [f"{bin_dir}/squeue", user, f"{job.id} RUNNING {user}"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the wrappers are a root agent's")
+@pytest.mark.skipif(loginbin.real_slurm() is not None, reason="this machine has a real Slurm")
+def test_a_login_shell_script_keeps_the_commands(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`#!/bin/bash -l` re-reads /etc/profile (PATH reset), and `env -i bash -lc` strips
+    every variable: Slurm's commands are still found, as /usr/bin's are on a cluster."""
+    c = slurm_cluster
+    script = tmp_path / "login.sh"
+    script.write_text(
+        "#!/bin/bash -l\n"
+        'echo "path=$PATH"\n'
+        "echo \"hosts=$(scontrol show hostnames 'gpu[1-2]' | tr '\\n' ' ')\"\n"
+        'echo "step=$(srun -n1 echo ran)"\n'
+        "bare=$(env -i bash -lc 'command -v srun scontrol sbatch' 2>/dev/null)\n"
+        'echo "bare=$(echo $bare)"\n'
+    )
+    job_id = sbatch(c, f"--chdir={tmp_path}", str(script))
+    assert c.client().wait(job_id, timeout=90)["state"] == "completed"
+    said = dict(
+        line.split("=", 1)
+        for line in c.client().logs(job_id).splitlines()  # a profile may say more
+        if line.partition("=")[0] in ("path", "hosts", "step", "bare")
+    )
+    assert "slurm-bin" not in said["path"]  # the login shell did reset PATH
+    assert (said["hosts"], said["step"]) == ("gpu1 gpu2 ", "ran"), said
+    found = said["bare"].split()
+    assert [p.rpartition("/")[2] for p in found] == ["srun", "scontrol", "sbatch"], said
 
 
 def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:

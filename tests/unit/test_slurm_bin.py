@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu.agent import slurmbin
+from mgpu.agent import loginbin, slurmbin
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,59 @@ def test_old_versions_are_pruned(tmp_path: Path) -> None:
         os.utime(tmp_path / name, (0, 1e9 - age))
     slurmbin._prune(tmp_path, now=1e9)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recent"]
+
+
+# ---- the login-shell wrappers (mgpu.agent.loginbin) -----------------------------------
+
+
+@pytest.fixture
+def login_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in for /usr/local/bin; no machine Slurm on the searched paths."""
+    target = tmp_path / "usr-local-bin"
+    target.mkdir()
+    monkeypatch.setattr(loginbin, "SEARCHED", (str(target),))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    loginbin._decided.clear()
+    if os.geteuid() != 0:
+        pytest.skip("the wrappers are a root agent's")
+    return target
+
+
+def test_wrappers_run_the_jobs_bin_dir_else_the_agents(
+    login_target: Path, tmp_path: Path, built: Path
+) -> None:
+    assert loginbin.install(str(built), login_target)
+    assert sorted(p.name for p in login_target.iterdir()) == sorted(slurmbin.SLURM_COMMANDS)
+    bare = subprocess.run(
+        [str(login_target / "scontrol"), "show", "hostnames", "n[1-2]"],
+        capture_output=True,
+        text=True,
+        env={},
+        timeout=60,
+    )
+    assert (bare.returncode, bare.stdout) == (0, "n1\nn2\n"), bare.stderr
+    other = tmp_path / "jobs-bin"
+    other.mkdir()
+    (other / "scontrol").write_text("#!/bin/sh\necho the-jobs-own\n")
+    (other / "scontrol").chmod(0o755)
+    res = subprocess.run(
+        [str(login_target / "scontrol")],
+        capture_output=True,
+        text=True,
+        env={"MGPU_SLURM_BIN": str(other)},
+        timeout=60,
+    )
+    assert res.stdout == "the-jobs-own\n"
+
+
+def test_a_real_slurm_is_never_shadowed(login_target: Path, built: Path) -> None:
+    assert loginbin.install(str(built), login_target)
+    loginbin._decided.clear()  # an agent's next start, after Slurm was installed
+    real = login_target / "sbatch"
+    real.unlink()
+    real.write_text("#!/bin/sh\necho real slurm\n")
+    real.chmod(0o755)
+    assert loginbin.real_slurm() == str(real)
+    assert not loginbin.install(str(built), login_target)
+    assert [p.name for p in login_target.iterdir()] == ["sbatch"]
+    assert real.read_text() == "#!/bin/sh\necho real slurm\n"

@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgpu.agent import accounts, cgroups, devices, jobscript, outputfiles, recycle, slurmbin
+from mgpu.agent import (
+    accounts,
+    cgroups,
+    devices,
+    jobscript,
+    loginbin,
+    outputfiles,
+    recycle,
+    slurmbin,
+)
 from mgpu.agent.runrecord import RunRecord
 from mgpu.agent.spawn import (
     BOOT_ID,
@@ -287,6 +296,7 @@ def prepare_environment(st: Launching) -> None:
         st.env["SLURM_JOB_UID"] = str(st.ctx.uid if req.user_ids is None else req.user_ids[0])
     if req.slurm_bin and (slurm := slurmbin.job_path(st.env["PATH"])):  # sbatch, srun...
         st.env["PATH"], st.env["MGPU_SLURM_BIN"] = slurm
+        loginbin.install(slurm[1])  # for `#!/bin/bash -l` and `env -i`, which reset PATH
 
 
 def write_hostfile(st: Launching) -> None:

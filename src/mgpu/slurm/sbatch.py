@@ -24,7 +24,9 @@ USAGE = (
     "says what each does here)."
 )
 NO_MAIL = "this cluster sends no e-mail"
-"""The master's refusal of a mailto: notification (master/control/notify.py)."""
+"""The master's refusal of a mailto: notification (master/control/notifytargets.py)."""
+NOTIFY_REFUSED = "--notify"
+"""How each of the master's refusals of a notification target begins."""
 
 
 class Batch:
@@ -175,14 +177,23 @@ def submit(client: Client, batch: Batch) -> Any:
         try:
             job = send()
         except RequestError as e:
-            if "notify" not in fields or NO_MAIL not in str(e):
+            if "notify" not in fields or NOTIFY_REFUSED not in str(e):
                 raise
+            # Mail never refuses a job (Slurm queues it whatever --mail-user says): a
+            # cluster without SMTP, or a template's placeholder address, is one warning.
             del fields["notify"]
-            warnings.append("--mail-user/--mail-type ignored: this cluster sends no e-mail")
+            warnings.append(mail_ignored(str(e)))
             job = send()
     except RequestError as e:
         raise refused(e) from None
     return job, warnings + list(job.warnings)
+
+
+def mail_ignored(reason: str) -> str:
+    """The warning for a mail request the master refused (the job is queued without it)."""
+    if NO_MAIL in reason:
+        return "--mail-user/--mail-type ignored: this cluster sends no e-mail"
+    return f"--mail-user/--mail-type ignored: {reason}"
 
 
 def refused(e: Exception) -> common.SlurmError:

@@ -4,6 +4,7 @@ mgpu.client.steps); outside any job, `mgpu srun` (a new job, its output here).""
 from __future__ import annotations
 
 import os
+import shutil
 
 from mgpu.slurm import common, jobopts, optable, opts
 from mgpu.slurm.common import fail
@@ -46,6 +47,18 @@ def in_job(values: dict[str, str], argv: list[str]) -> int:
     return int(steps.run_step(argv, options))
 
 
+def resolve(program: str, chdir: str | None) -> str:
+    """Slurm's srun finds a bare program name on PATH, then in the working directory
+    (`search_path`, cwd last): `srun launch.sh` runs the submit directory's launch.sh.
+    A name found on PATH, or nowhere, stays as given for the node's own PATH."""
+    if "/" in program or not program or shutil.which(program):
+        return program
+    here = os.path.join(os.getcwd(), chdir or "", program)
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return os.path.abspath(here)
+    return program
+
+
 def main(argv: list[str]) -> int:
     values, command = opts.command_line(
         PROG, argv, OPTIONS, "[OPTIONS(0)...] executable(0) [args(0)...]", in_order=True
@@ -54,6 +67,7 @@ def main(argv: list[str]) -> int:
         raise fail(PROG, "No command given to execute.")
     for name in sorted(optable.names(PROG, "refuse") & values.keys()):  # in a job too
         raise fail(PROG, optable.REFUSED[name])
+    command = [resolve(command[0], values.get("chdir")), *command[1:]]
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command)
     job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
