@@ -36,16 +36,31 @@ def _untracked() -> set[str] | None:
     return {name for name in out.decode(errors="replace").split("\0") if name}
 
 
+def _login_wrappers() -> set[Path]:
+    """mgpu's Slurm login wrappers in the machine's /usr/local/bin (mgpu.agent.loginbin)."""
+    from mgpu.agent import loginbin
+
+    where = loginbin.LOGIN_BIN
+    return {where / name for name in loginbin.SLURM_COMMANDS if loginbin.is_ours(where / name)}
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller only, under xdist
         session.config.stash[_UNTRACKED] = _untracked()
+        session.config.stash[_WRAPPERS] = _login_wrappers()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Every test writes under its own temp dir: a file a test run left in the checkout (a
     job's `slurm-N.out` from a submit whose directory was the checkout) fails the run."""
+    if hasattr(session.config, "workerinput"):
+        return
+    # A test whose agent ran with an environment of its own (MGPU_* stripped) may have
+    # written login wrappers: the machine is left as the run found it.
+    for path in _login_wrappers() - session.config.stash.get(_WRAPPERS, set()):
+        path.unlink(missing_ok=True)
     before = session.config.stash.get(_UNTRACKED, None)
-    if before is None or hasattr(session.config, "workerinput"):
+    if before is None:
         return
     after = _untracked() or set()
     stray = sorted(after - before)
@@ -58,6 +73,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _UNTRACKED = pytest.StashKey[set[str] | None]()
+_WRAPPERS = pytest.StashKey[set[Path]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
