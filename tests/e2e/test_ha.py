@@ -101,6 +101,14 @@ def masters(tmp_path: Path, pg_url: str) -> Iterator[list[Master]]:
             started.append(m)
             return m
 
+        def leader_and_standby(self) -> tuple[Master, Master]:
+            """Master a, once it leads, and master b, once it stands by."""
+            a = self.start("a")
+            wait_for(a.leads, timeout=30, what="the first master to lead")
+            b = self.start("b")
+            wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+            return a, b
+
     try:
         yield Start()  # type: ignore[misc]
     finally:
@@ -109,10 +117,7 @@ def masters(tmp_path: Path, pg_url: str) -> Iterator[list[Master]]:
 
 
 def test_two_masters_elect_one_leader_and_the_standby_points_at_it(masters: Any) -> None:
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     assert a.role() == "leader"
 
     status, _, body = b.get("/readyz")
@@ -166,10 +171,7 @@ def test_two_masters_elect_one_leader_and_the_standby_points_at_it(masters: Any)
 
 
 def test_the_standby_leads_within_5_s_of_a_kill_9(masters: Any) -> None:
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     token = (a.cluster.state_dir / "admin-token").read_text().strip()
     assert a.get("/api/nodes", token)[0] == 200
 
@@ -186,10 +188,7 @@ def test_the_standby_leads_within_5_s_of_a_kill_9(masters: Any) -> None:
 def test_a_leader_stopped_cleanly_hands_over_at_once(masters: Any) -> None:
     """SIGTERM: the leader writes its last, then gives the lease up; the standby need not
     wait for the TTL."""
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     a.proc.send_signal(signal.SIGTERM)
     assert a.proc.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn raises it again
     assert "lease released" in a.log()
@@ -275,10 +274,7 @@ def test_a_deposed_leader_writes_and_sends_nothing_after_sigcont(masters: Any, p
     """SIGSTOP the leader until the standby leads, give it work meanwhile (a submit and a
     cancel wait in its socket's backlog), SIGCONT: it exits deposed, the database holds
     nothing it did, and its agent got neither a launch nor a kill."""
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     a.cluster._load_tokens()
     a.cluster.start_agent("n1", gpus=2)
     running = a.cluster.client().submit("sleep 600", gpus=1)
@@ -383,10 +379,7 @@ def test_a_leader_stopped_holding_the_lease_row_does_not_stop_the_standby(
     """The leader is stopped inside a write transaction (its fence holds the lease row
     FOR SHARE; caught in pg_stat_activity): the standby leads within seconds all the same,
     while the leader stays stopped, and once continued the old leader leads no more."""
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     a.cluster._load_tokens()
     a.cluster.start_agent("n1", gpus=2)
     # A chatty job: its output is a write transaction of the leader's every 50 ms.
@@ -419,10 +412,7 @@ def test_a_running_job_goes_on_through_a_kill_9_of_the_leader(masters: Any) -> N
     """The agent dials both masters: when the leader dies, it says hello to the new one,
     which takes its report within the grace: the job is neither killed, nor failed, nor
     run twice, and the node is never marked down."""
-    a = masters.start("a")
-    wait_for(a.leads, timeout=30, what="the first master to lead")
-    b = masters.start("b")
-    wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+    a, b = masters.leader_and_standby()
     a.cluster._load_tokens()
     b.cluster._load_tokens()
     a.cluster.start_agent("n1", gpus=2, extra=["--master-host", f"{a.address},{b.address}"])
