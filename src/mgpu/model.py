@@ -16,6 +16,10 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from mgpu.resources import NO_ASK, ResourceAsk
+from mgpu.slurmoptions import OPEN_MODES as OPEN_MODES
+from mgpu.slurmoptions import SlurmOptions as SlurmOptions
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -272,6 +276,12 @@ class Slot:
     share_enforced: bool | None = None
     """A shared job's share is held to its limits on this node (MPS), as its agent said
     when the slot started; None: not a shared job, not started, or an older agent."""
+    cpus: int | None = None
+    """CPUs the slot holds on its node (None: placed before CPUs were counted, or not yet)."""
+    cpu_ids: list[int] | None = None
+    """Which CPUs (its cpuset), picked by the master near its GPUs; None: not pinned."""
+    mem_mb: int | None = None
+    """Memory (MiB) the slot holds, its limit on the node; None: not limited."""
 
     @property
     def done(self) -> bool:
@@ -305,59 +315,6 @@ class Attempt:
     start_time: float | None = None
     end_time: float | None = None
     end_reason: str | None = None
-
-
-OPEN_MODES = ("truncate", "append")
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmOptions:
-    """A job submitted the Slurm way (`sbatch`, or `#SBATCH` lines): what it asked for that
-    mgpu's own options have no field for.  It gets Slurm's environment (mgpu.slurmenv), and
-    a batch job its -o/-e files on the node."""
-
-    batch: bool = False
-    """sbatch semantics: the script once on the first node, Slurm's output files."""
-    job_name_default: str | None = None
-    """SLURM_JOB_NAME without --job-name: the script's file name (``wrap`` for --wrap)."""
-    ntasks: int | None = None
-    """--ntasks; None: one task per node."""
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem_per_node_mb: int | None = None
-    mem_per_cpu_mb: int | None = None
-    gpus_per_task: int | None = None
-    partition: str | None = None
-    """As asked; once stored, the partition the job runs in (the default one when it named
-    none, or one that does not exist)."""
-    partition_nodes: tuple[str, ...] | None = None
-    """The nodes of that partition, kept with the job (None: every node): the only ones it
-    may run on (master/state/snapshot.py)."""
-    output: str | None = None
-    """The -o pattern as given; None: slurm-%j.out (arrays slurm-%A_%a.out)."""
-    error: str | None = None
-    """The -e pattern; None: the same file as the output."""
-    open_mode: str = "truncate"
-    submit_host: str | None = None
-    submit_dir: str | None = None
-    array_count: int | None = None
-    """An array's shape (SLURM_ARRAY_TASK_COUNT, _MIN, _MAX, _STEP), set at submit."""
-    array_min: int | None = None
-    array_max: int | None = None
-    array_step: int | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _SLURM_FIELDS}
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> SlurmOptions:
-        fields = {k: v for k, v in rec.items() if k in _SLURM_FIELDS}
-        if fields.get("partition_nodes") is not None:
-            fields["partition_nodes"] = tuple(fields["partition_nodes"])
-        return cls(**fields)
-
-
-_SLURM_FIELDS = tuple(f.name for f in fields(SlurmOptions))
 
 
 @dataclass(slots=True)
@@ -457,6 +414,11 @@ class Job:
     """Runs on a pseudo-terminal (`mgpu srun --pty`); its client holds it (allocations.py)."""
     pty_size: list[int] | None = None
     """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
+    ask: ResourceAsk = NO_ASK
+    """CPUs and memory it asks of each node (`--cpus`, `--mem`, Slurm's `-c`, `--mem*`,
+    `--exclusive`), as given; what each node holds is in its slots."""
+    max_rss_mb: int | None = None
+    """The job's peak memory (MiB) over its nodes' cgroups, as its agents last said."""
     kind: str = "job"
     """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
     the steps its client starts (master/control/allocations.py)."""
@@ -506,6 +468,7 @@ class Job:
         rec["attempts"] = [{f: getattr(a, f) for f in _ATTEMPT_FIELDS} for a in self.attempts]
         if self.slurm is not None:
             rec["slurm"] = self.slurm.to_record()
+        rec["ask"] = self.ask.to_record()
         return rec
 
     @classmethod
@@ -529,6 +492,7 @@ class Job:
         rec["dependency"] = [tuple(d) for d in rec.get("dependency", [])]
         if rec.get("slurm") is not None:
             rec["slurm"] = SlurmOptions.from_record(rec["slurm"])
+        rec["ask"] = ResourceAsk.from_record(rec.get("ask"))
         return cls(**rec)
 
     def to_public(self) -> dict[str, Any]:
@@ -552,6 +516,9 @@ class Job:
                     "ip": s.ip,
                     "pid": s.pid,
                     "share_enforced": s.share_enforced,
+                    "cpus": s.cpus,
+                    "cpu_ids": s.cpu_ids,
+                    "mem_mb": s.mem_mb,
                 }
                 for s in self.allocation
             ],
@@ -594,6 +561,10 @@ class Job:
             "gpu_share": self.gpu_share,
             "share_enforced": self.share_enforced,
             "reservation": self.reservation,
+            "cpus": self.allocation[0].cpus if self.allocation else None,
+            "mem_mb": self.allocation[0].mem_mb if self.allocation else None,
+            "max_rss_mb": self.max_rss_mb,
+            "resources": None if self.ask.empty else self.ask.to_record(),
             "slurm": None if self.slurm is None else self.slurm.to_record(),
         }
 
