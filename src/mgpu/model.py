@@ -125,6 +125,9 @@ class WaitCode(StrEnum):
     PRIORITY = "priority"
     """It would fit, but higher-priority work waits ahead of it for the same GPUs."""
     DEPENDENCY = "dependency"
+    DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"
+    """A Slurm job whose dependency can never be met (`afterok` on a job that failed): it
+    stays queued, as in Slurm, unless it asked `--kill-on-invalid-dep=yes`."""
     BEGIN_TIME = "begin_time"
     """Not before a time (`--begin`, or a requeued job's backoff)."""
     HELD = "held"
@@ -139,6 +142,9 @@ class WaitCode(StrEnum):
     """Its user is at the limit of GPUs in use."""
     ARRAY_LIMIT = "array_limit"
     """Its array is at its `%N` limit of running tasks."""
+    PARTITION_TIME_LIMIT = "partition_time_limit"
+    """A Slurm job whose time limit is over its partition's `max_time`: it waits until one
+    of them changes (`scontrol update TimeLimit=`)."""
 
 
 class EndCode(StrEnum):
@@ -333,6 +339,16 @@ class SlurmOptions:
     partition_nodes: tuple[str, ...] | None = None
     """The nodes of that partition, kept with the job (None: every node): the only ones it
     may run on (master/state/snapshot.py)."""
+    partition_max_time: float | None = None
+    """That partition's `max_time` in seconds (None: none), kept with the job: a longer
+    time limit waits as PartitionTimeLimit (master/state/snapshot.py)."""
+    kill_invalid_dep: bool = False
+    """`--kill-on-invalid-dep=yes`: a dependency that can never be met cancels the job;
+    otherwise it waits as DependencyNeverSatisfied (Slurm's default)."""
+    gpu_bind: str | None = None
+    """`--gpu-bind` as given (mgpu.gpubind): its steps' default, as SLURM_GPU_BIND."""
+    export_env: str | None = None
+    """sbatch's `--export` other than ALL, as SLURM_EXPORT_ENV: its sruns' default."""
     output: str | None = None
     """The -o pattern as given; None: slurm-%j.out (arrays slurm-%A_%a.out)."""
     error: str | None = None
