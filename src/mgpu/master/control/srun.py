@@ -383,7 +383,12 @@ def launch_in_job(
     the environment of the srun that asked (as its `--export` made it) as it is, as
     Slurm's, with the job's variables on that node (`MGPU_*`, `SLURM_*`) and the task's own
     (`task`) over it; torchrun's (a `--distributed` run's) only where it set none."""
-    own = {k: v for k, v in srun_env.items() if not k.startswith("MGPU_")}  # the job's own
+    # MGPU_* are the job's own; CUDA_VISIBLE_DEVICES the grant's (the agent's, too).
+    own = {
+        k: v
+        for k, v in srun_env.items()
+        if not k.startswith("MGPU_") and k != "CUDA_VISIBLE_DEVICES"
+    }
     slot = job.allocation[rank]
     mgpu = job_env(dataclasses.replace(job, env={}, port=None), rank, slot, nodes, credential)
     env = {**own, **mgpu}
