@@ -129,6 +129,9 @@ class WaitCode(StrEnum):
     PRIORITY = "priority"
     """It would fit, but higher-priority work waits ahead of it for the same GPUs."""
     DEPENDENCY = "dependency"
+    DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"
+    """A Slurm job whose dependency can never be met (`afterok` on a job that failed): it
+    stays queued, as in Slurm, unless it asked `--kill-on-invalid-dep=yes`."""
     BEGIN_TIME = "begin_time"
     """Not before a time (`--begin`, or a requeued job's backoff)."""
     HELD = "held"
@@ -143,6 +146,9 @@ class WaitCode(StrEnum):
     """Its user is at the limit of GPUs in use."""
     ARRAY_LIMIT = "array_limit"
     """Its array is at its `%N` limit of running tasks."""
+    PARTITION_TIME_LIMIT = "partition_time_limit"
+    """A Slurm job whose time limit is over its partition's `max_time`: it waits until one
+    of them changes (`scontrol update TimeLimit=`)."""
 
 
 class EndCode(StrEnum):

@@ -34,6 +34,16 @@ class SlurmOptions:
     partition_nodes: tuple[str, ...] | None = None
     """The nodes of that partition, kept with the job (None: every node): the only ones it
     may run on (master/state/snapshot.py)."""
+    partition_max_time: float | None = None
+    """That partition's `max_time` in seconds (None: none), kept with the job: a longer
+    time limit waits as PartitionTimeLimit (master/state/snapshot.py)."""
+    kill_invalid_dep: bool = False
+    """`--kill-on-invalid-dep=yes`: a dependency that can never be met cancels the job;
+    otherwise it waits as DependencyNeverSatisfied (Slurm's default)."""
+    gpu_bind: str | None = None
+    """`--gpu-bind` as given (mgpu.gpubind): its steps' default, as SLURM_GPU_BIND."""
+    export_env: str | None = None
+    """sbatch's `--export` other than ALL, as SLURM_EXPORT_ENV: its sruns' default."""
     output: str | None = None
     """The -o pattern as given; None: slurm-%j.out (arrays slurm-%A_%a.out)."""
     error: str | None = None

@@ -110,6 +110,11 @@ class JobRequest:
     ask: ResourceAsk = NO_ASK
     """CPUs and memory it needs on each node, beside its GPUs (`ResourceAsk.cpus_on` and
     `mem_on` for a given node); the cluster's per-GPU defaults already applied."""
+    kill_invalid_dep: bool = True
+    """A dependency that can never be satisfied cancels it; False (a Slurm job's default):
+    it waits, as DependencyNeverSatisfied."""
+    over_partition_time: bool = False
+    """Its time limit is over its Slurm partition's `max_time`: it waits (PartitionTimeLimit)."""
     # Derived once here rather than in every pass: a pass tests them over the whole queue.
     counted: bool = field(init=False, repr=False, compare=False)
     """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,

@@ -80,7 +80,7 @@ export-file         - = b   warn
 extra-node-info     B = bra warn
 get-user-env        - ? ba  warn
 gid                 - = bra warn
-gpu-bind            - = bra warn
+gpu-bind            - = bra job
 gpu-freq            - = bra warn
 gpus                G = bra gpu
 gpus-per-node       - = bra gpu
@@ -100,7 +100,7 @@ jobid               - = r   step
 job-name            J = bra job:name
 kill-command        K ? a   warn
 kill-on-bad-exit    K ? r   step
-kill-on-invalid-dep - = b   warn
+kill-on-invalid-dep - = b   job
 label               l - r   step
 licenses            L = bra warn
 mail-type           - = bra job

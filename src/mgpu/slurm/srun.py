@@ -32,6 +32,18 @@ def in_job(values: dict[str, str], argv: list[str]) -> int:
     except ImportError:  # not merged yet: the step path `mgpu srun` has (mgpu alloc's)
         return jobopts.exec_mgpu(["srun", "--", *argv])
     per_task = values.get("gpus-per-task")
+    # Read from the environment as Slurm's srun reads them: the job's sbatch sets both.
+    bind = values.get("gpu-bind") or os.environ.get("SLURM_GPU_BIND") or None
+    if bind is not None:
+        from mgpu import gpubind
+
+        try:
+            gpubind.parse(bind)
+        except ValueError as e:
+            raise fail(PROG, str(e)) from None
+    export = values.get("export")
+    if export is None:
+        export = os.environ.get("SRUN_EXPORT_ENV") or os.environ.get("SLURM_EXPORT_ENV")
     options = steps.StepOptions(
         nodes=_int((values.get("nodes") or "").partition("-")[0] or None),
         ntasks=_int(values.get("ntasks")),
@@ -43,6 +55,8 @@ def in_job(values: dict[str, str], argv: list[str]) -> int:
         pty="pty" in values,
         cwd=values.get("chdir"),
         job_id=values.get("jobid"),
+        gpu_bind=bind,
+        export=export,
     )
     return int(steps.run_step(argv, options))
 

@@ -85,6 +85,8 @@ WAIT_CODES = {
     "resources": "Resources",
     "priority": "Priority",
     "dependency": "Dependency",
+    "dependency_never_satisfied": "DependencyNeverSatisfied",
+    "partition_time_limit": "PartitionTimeLimit",
     "begin_time": "BeginTime",
     "reservation": "Reservation",
     "node_not_available": "ReqNodeNotAvail",

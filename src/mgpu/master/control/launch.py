@@ -26,6 +26,7 @@ __all__ = [
     "job_env",
     "job_launch",
     "preempt_warning",
+    "rendezvous_env",
     "slurm_env",
     "step_launch",
     "terminal_size",
@@ -54,20 +55,30 @@ def job_env(
     if job.array_job_id is not None:
         env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
         env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
-    if job.port is not None:
-        dist = {
-            "MASTER_ADDR": nodes[alloc[0].node_id].ip,
-            "MASTER_PORT": str(job.port),
-            "NNODES": str(len(alloc)),
-            "NODE_RANK": str(rank),
-            "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
-            "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
-        }
-        env.update(dist)
-        # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
-        env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
-        env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+    for name, value in rendezvous_env(job, rank, slot, nodes).items():
+        env.setdefault(name, value)  # a Slurm job's own (it exported them) stand
     return env
+
+
+def rendezvous_env(
+    job: Job, rank: int, slot: Slot, nodes: Mapping[str, NodeRecord]
+) -> dict[str, str]:
+    """torchrun's variables of a distributed run on node `rank`: none for a Slurm job that
+    did not ask (`--distributed`), whose script sets its own as in Slurm."""
+    alloc = job.allocation
+    if job.port is None or (job.slurm is not None and not job.distributed):
+        return {}
+    dist = {
+        "MASTER_ADDR": nodes[alloc[0].node_id].ip,
+        "MASTER_PORT": str(job.port),
+        "NNODES": str(len(alloc)),
+        "NODE_RANK": str(rank),
+        "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
+        "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
+    }
+    # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
+    pet = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT")
+    return {**dist, **{f"PET_{k}": dist[k] for k in pet}}
 
 
 def slurm_env(

@@ -449,7 +449,8 @@ class JobSpec(BaseModel):
     @property
     def dropped_env(self) -> list[str]:
         """Names in `env` the scheduler sets itself: valid, but not passed to the job."""
-        return sorted(n for n in self.env or () if execspec.is_reserved_env_name(n))
+        slurm = self.slurm is not None
+        return sorted(n for n in self.env or () if execspec.is_reserved_env_name(n, slurm))
 
 
 def _reconcile(spec: JobSpec) -> Shape:

@@ -2,7 +2,8 @@
 
 `POST /api/jobs/{id}/srun` starts a step of tasks in the running job `id` (a batch job,
 an allocation): 201 `{"step_id", "slurm_step": "ID.N", "tasks": [{"task", "node_id",
-"host", "run_id"}], "warnings"}`; a step the job cannot hold is 400 with srun's sentence
+"host", "run_id"}], "warnings"}` (a task's `gpu_bind`: its `--gpu-bind=verbose,`
+line); a step the job cannot hold is 400 with srun's sentence
 (`Unable to create step for job 12: More processors requested than permitted`), a job
 that is not running 409.
 
@@ -65,6 +66,7 @@ class SrunBody(BaseModel):
     ntasks_per_node: Count | None = None
     nodelist: NodeList = Field(default_factory=list)
     gpus_per_task: Annotated[int, Field(ge=1, le=1024)] | None = None
+    gpu_bind: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     kill_on_bad_exit: bool = False
     pty: bool = False
     pty_size: PtySize = None
@@ -83,13 +85,16 @@ async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONRe
         ntasks_per_node=body.ntasks_per_node,
         nodelist=body.nodelist,
         gpus_per_task=body.gpus_per_task,
+        gpu_bind=body.gpu_bind,
         kill_on_bad_exit=body.kill_on_bad_exit,
         pty=body.pty,
         pty_size=body.pty_size,
     )
     group, warnings = cl.start_srun(job_id, req, owned.actor)
     tasks = [
-        {"task": t.task, "node_id": t.node_id, "host": t.host, "run_id": t.id} for t in group.tasks
+        {"task": t.task, "node_id": t.node_id, "host": t.host, "run_id": t.id}
+        | ({"gpu_bind": t.bind_note} if t.bind_note else {})
+        for t in group.tasks
     ]
     answer = {
         "step_id": group.id,

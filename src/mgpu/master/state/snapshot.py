@@ -97,7 +97,15 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         held=job.held,
         gpu_share=job_share_units(job),
         reservation=job.reservation,
+        kill_invalid_dep=job.slurm is None or job.slurm.kill_invalid_dep,
+        over_partition_time=_over_partition_time(job),
     )
+
+
+def _over_partition_time(job: Job) -> bool:
+    """A Slurm job's time limit (None: unlimited) is over its partition's `max_time`."""
+    top = job.slurm.partition_max_time if job.slurm is not None else None
+    return top is not None and (job.time_limit is None or job.time_limit > top)
 
 
 def _in_partition(job: Job, allowed: frozenset[str] | None) -> frozenset[str] | None:
