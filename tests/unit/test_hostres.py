@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +82,26 @@ def test_fake_cpus_and_memory_replace_the_machines() -> None:
     assert (host.mem_mb, host.gpu_numa) == (8192, {0: 0, 1: 0})
     with pytest.raises(ValueError, match="--fake-cpus"):
         fake_cpus(0)
+
+
+MGPU = Path(sys.executable).with_name("mgpu")
+
+
+def test_mgpu_node_takes_fake_cpus_and_memory() -> None:
+    if not MGPU.exists():
+        pytest.skip("no mgpu console script next to this Python")
+    argv = [str(MGPU), "node", "--node-id", "n1", "--fake-gpus", "2", "--print-systemd-unit"]
+    res = subprocess.run([*argv, "--fake-cpus", "4", "--fake-mem", "8G"], **_RUN)
+    assert res.returncode == 0, res.stderr
+    assert "--fake-gpus 2 --fake-cpus 4 --fake-mem 8G" in res.stdout
+    for bad, said in (
+        (["--fake-mem", "lots"], "--fake-mem: 'lots' is not a memory size"),
+        (["--fake-mem", "0"], "--fake-mem must be more than 0"),
+        (["--fake-cpus", "0"], "--fake-cpus must be from 1 to 4096"),
+    ):
+        res = subprocess.run([*argv, *bad], **_RUN)
+        assert res.returncode != 0 and said in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+_RUN: dict[str, Any] = {"capture_output": True, "text": True, "timeout": 60}
