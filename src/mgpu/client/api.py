@@ -78,7 +78,8 @@ class Client(MasterSession):
         Options are those of `mgpu submit`: gpus, gpu_ids, node_gpu_ids, nodes,
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
-        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation.
+        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation, cpus
+        (per node), mem ("8G" or MiB, per node).
 
         Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
         the job would run elsewhere).  Without `env` it gets this process's environment,

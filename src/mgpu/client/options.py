@@ -49,6 +49,10 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mail-user", dest="notify", help="when it ends: mail this address")
     g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
     g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
+    g.add_argument("--cpus", type=int, metavar="N", help="CPUs held on each of its nodes")
+    g.add_argument(
+        "--mem", metavar="SIZE", help="memory held on each of its nodes (8G, 512M; 0: all)"
+    )
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -85,6 +89,8 @@ JOB_FIELDS = (
     "notify",
     "gpu_share",
     "reservation",
+    "cpus",
+    "mem",
 )
 
 

@@ -33,6 +33,7 @@ from mgpu.master.monitor.gpuwatch import (
     WatchAction,
 )
 from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
+from mgpu.master.state.cpus import offered_cpus
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import AgentLink, NodeRecord
 from mgpu.master.state.steps import Step, is_step_id
@@ -133,6 +134,9 @@ class Agents:
         node.ip = hello.ip
         node.gpus = list(hello.gpus)
         node.gpu_source = hello.gpu_source
+        reserve = self.config.reserve(hello.node_id)
+        node.cpus = offered_cpus(hello.cpus or [], reserve.cpus)
+        node.mem_mb = max(0, hello.mem_mb - reserve.mem) if hello.mem_mb else 0
         node.features = list(hello.features)
         node.run_as_user = hello.run_as_user
         node.containment, node.gpu_isolation = hello.containment, hello.gpu_isolation

@@ -76,7 +76,7 @@ from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputReader, OutputStore
 from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState, NodeState
-from mgpu.protocol import AgentMessage, GpuDesc, Hello, Welcome
+from mgpu.protocol import AgentMessage, CpuDesc, GpuDesc, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
 
 log = logging.getLogger("mgpu.master")
@@ -149,6 +149,7 @@ class Cluster(Reads):
         self.allocations = Allocations(self.state, self.life, self.sessions, config)
         self.loop.on_tick += [self.sessions.check, self.allocations.check]
         self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self.admission.asks = self.loop.asks
         self.jobctl = JobControl(
             self.state, self.life, self.loop, self.admission, self.admission_context
         )
@@ -178,6 +179,8 @@ class Cluster(Reads):
             node.reason = rec.get("reason")
             node.failures = int(rec.get("failures", 0))
             node.features = list(rec.get("features", []))
+            node.cpus = [CpuDesc.model_construct(**c) for c in rec.get("cpus", [])]
+            node.mem_mb = int(rec.get("mem_mb", 0))
             node.heard_now(self.clock)  # grace: agents get a full timeout to come back
             node.state = NodeState.OFFLINE
         for entry in self.config.nodes:
@@ -315,7 +318,9 @@ class Cluster(Reads):
             request_for=(
                 self.loop.request_for
                 if cached
-                else lambda job: job_request(job, self.access.allowed_nodes(job.user))
+                else lambda job: job_request(
+                    job, self.access.allowed_nodes(job.user), self.loop.asks
+                )
             ),
             job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
             groups=unix_groups,

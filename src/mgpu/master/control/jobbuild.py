@@ -169,6 +169,7 @@ def build_template(
         gpu_share=spec.gpu_share,
         reservation=spec.reservation,
         slurm=slurm,
+        ask=spec.ask,
     )
     if base.held:
         base.reason, base.reason_code = "held", WaitCode.HELD

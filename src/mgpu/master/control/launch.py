@@ -123,7 +123,9 @@ def grant(
 ) -> Grant:
     """What the run on `slot`'s node was granted: the job's GPUs there, or `gpus` of them
     (an srun task's), and a fractional job's (`--gpu-share F`) share: F and its part of
-    the GPU's memory (rounded down, from the node's hello).  `step`: an srun task."""
+    the GPU's memory (rounded down, from the node's hello); the CPUs and memory the job
+    holds there (None: it holds none, and shares the node's).  `step`: an srun task, which
+    runs within its job's CPUs and memory (it holds none of its own)."""
     units = job_share_units(job) or None
     memory = None
     if units is not None:
@@ -138,6 +140,8 @@ def grant(
         gpu_memory_mb=None if units is None or memory is None else memory * units // SHARE_UNITS,
         slurm=job.slurm is not None,
         step=step,
+        cpus=None if slot.cpu_ids is None else list(slot.cpu_ids),
+        mem_mb=slot.mem_mb,
     )
 
 

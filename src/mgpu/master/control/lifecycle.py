@@ -123,14 +123,24 @@ class Lifecycle:
 
     # ---- starting ---------------------------------------------------------
 
-    def start(self, job: Job, placements: Sequence[tuple[str, Sequence[int]]]) -> None:
-        """queued → running on `placements` (node, GPUs), which the caller found free."""
+    def start(
+        self,
+        job: Job,
+        placements: Sequence[tuple[str, Sequence[int]]],
+        held: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """queued → running on `placements` (node, GPUs), which the caller found free;
+        `held`: the CPUs and MiB it holds on each (a count: which CPUs is picked here),
+        which the caller found free too (None: none, the node's are shared)."""
         job.epoch += 1
         token = new_job_token(job.id, self.token_suffix)
         self._tokens[job.id] = token
         job.job_token_hashes = [token_hash(token)]
         job.transition(JobState.RUNNING, "launching")
-        job.allocation = [Slot(node_id=n, gpu_ids=list(g)) for n, g in placements]
+        job.allocation = [
+            self._new_slot(job, n, g, held[i] if held else (0, 0))
+            for i, (n, g) in enumerate(placements)
+        ]
         job.attempts.append(
             Attempt(
                 epoch=job.epoch,
@@ -141,8 +151,8 @@ class Lifecycle:
         job.start_time = job.exit_code = job.failed_node = job.port = None
         job.timed_out = job.limit_changed = False
         job.stop_reason = job.stop_text = None
-        for node_id, gpu_ids in placements:
-            self.state.allocate(job, node_id, gpu_ids)
+        for slot in job.allocation:
+            self.state.allocate(job, slot.node_id, slot.gpu_ids, slot.cpu_ids or (), slot.mem_mb)
         self.uow.persist(job)  # written before any agent hears of it (see UnitOfWork)
         self.state.counters["started"] += 1
         if job.kind == ALLOCATION:
@@ -154,6 +164,22 @@ class Lifecycle:
             self.uow.send(first.link, ReservePort(job_id=job.id, epoch=job.epoch))
         else:
             self.launch(job, port=None)
+
+    def _new_slot(
+        self, job: Job, node_id: str, gpu_ids: Sequence[int], held: tuple[int, int]
+    ) -> Slot:
+        """The job's slot on a node, with the CPU ids it gets there (see `start`)."""
+        cpus, mem_mb = held
+        cpu_ids = self.state.pick_cpus(node_id, cpus, gpu_ids) if cpus else None
+        if cpus and cpu_ids is None:  # the caller checked: a bug, not a user's error
+            raise RuntimeError(f"{cpus} CPUs of node {node_id} for job {job.id} are not free")
+        return Slot(
+            node_id=node_id,
+            gpu_ids=list(gpu_ids),
+            cpus=cpus or None,
+            cpu_ids=cpu_ids,
+            mem_mb=mem_mb or None,
+        )
 
     def launch(self, job: Job, port: int | None) -> None:
         """Send every rank its launch (pending → sent); `port`: the rank-0 node's reserved
