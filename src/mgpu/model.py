@@ -99,6 +99,9 @@ class EndReason(StrEnum):
     """Its launch never reached the agent (a master crash before it was sent): free."""
     PREEMPTED = "preempted"
     REQUEUED = "requeued"
+    OUT_OF_MEMORY = "out_of_memory"
+    """Killed by its node for going past its memory limit: its own failure, no retry spent,
+    the node not blamed."""
 
     def to_state(self) -> JobState:
         return _END_STATE[self]
@@ -118,6 +121,12 @@ class EndReason(StrEnum):
         """The job's public `end_code` when it ends for this reason (a requeue reason: when
         it ends for want of retries, this being its last run's)."""
         return _END_CODE.get(self, EndCode.FAILED)
+
+    @property
+    def run_end(self) -> str | None:
+        """How a run that ended for this reason ended, the job JSON's `end_reason` code
+        (None: the reason ends no run, as a queued job's)."""
+        return _RUN_END.get(self, self.value)
 
 
 class WaitCode(StrEnum):
@@ -172,6 +181,8 @@ class EndCode(StrEnum):
     """Cancelled: a dependency that can never be satisfied."""
     NEVER_FITS = "never_fits"
     """Failed: it could never run on the cluster's nodes."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """Failed: killed by its node for going past its memory limit."""
 
 
 _END_CODE: dict[EndReason, EndCode] = {
@@ -185,6 +196,7 @@ _END_CODE: dict[EndReason, EndCode] = {
     EndReason.LAUNCH_FATAL: EndCode.LAUNCH_FAILED,
     EndReason.NODE_LOST: EndCode.NODE_FAIL,
     EndReason.LAUNCH_FAILED: EndCode.BOOT_FAIL,
+    EndReason.OUT_OF_MEMORY: EndCode.OUT_OF_MEMORY,
 }
 """The others end no job: RETRIES_EXHAUSTED takes its last requeue reason's code, and the
 requeue reasons that spend no retry never run out of them (FAILED, should one ever)."""
@@ -205,7 +217,19 @@ _END_STATE: dict[EndReason, JobState] = {
     EndReason.NOT_LAUNCHED: JobState.QUEUED,
     EndReason.PREEMPTED: JobState.QUEUED,
     EndReason.REQUEUED: JobState.QUEUED,
+    EndReason.OUT_OF_MEMORY: JobState.FAILED,
 }
+_RUN_END: dict[EndReason, str | None] = {
+    EndReason.EXIT_OK: "exit",
+    EndReason.EXIT_NONZERO: "exit",
+    EndReason.IDLE: "cancelled",
+    EndReason.LAUNCH_FATAL: "launch_failed",
+    EndReason.NOT_LAUNCHED: "launch_failed",
+    EndReason.DEPENDENCY_NEVER: None,
+    EndReason.NEVER_FITS: None,
+    EndReason.RETRIES_EXHAUSTED: None,
+}
+"""`EndReason.run_end` where it is not the reason's own value."""
 _STOP_DESIRED = {
     EndReason.PREEMPTED: DesiredState.PREEMPT,
     EndReason.REQUEUED: DesiredState.REQUEUE,
@@ -376,6 +400,10 @@ class Job:
     stop_text: str | None = None
     """The reason the job will show when the stop is done (None: the usual text)."""
     timed_out: bool = False
+    out_of_memory: bool = False
+    """Its current run was killed on a node for going past its memory limit."""
+    last_end: EndReason | None = None
+    """How its last run ended (the job JSON's `end_reason`); None while none has ended."""
     job_token_hashes: list[str] = field(default_factory=list)
     """Hashes of this run's credentials (mgpu.master.security.auth.new_job_token): the plaintext is
     only in the job's environment and the master's memory.  Empty when not running."""
@@ -491,6 +519,8 @@ class Job:
         if rec.get("reason_code") is not None:
             rec["reason_code"] = WaitCode(rec["reason_code"])
         _migrate_end_code(rec)
+        if rec.get("last_end") is not None:
+            rec["last_end"] = EndReason(rec["last_end"])
         rec["allocation"] = [Slot.from_record(s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]
         if rec.get("node_gpu_ids") is not None:
@@ -514,6 +544,7 @@ class Job:
             "reason": self.reason,
             "reason_code": self.reason_code,
             "end_code": self.end_code,
+            "end_reason": None if self.last_end is None else self.last_end.run_end,
             "allocation": [
                 {
                     "node_id": s.node_id,

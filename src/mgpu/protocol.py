@@ -307,6 +307,11 @@ class Exited(BaseModel):
     """The node's prolog failed: a node failure, and the requeue costs the job no retry."""
     epilog_error: ErrorText = None
     """The epilog failed after the job ended: the node is drained, the job's result stands."""
+    out_of_memory: bool = False
+    """The kernel killed the job for its memory limit (the agent then killed all of it):
+    the job's own failure, not the node's."""
+    max_rss_mb: int | None = Field(default=None, ge=0)
+    """The run's peak memory on this node, MiB (None: not counted)."""
 
 
 class PortReserved(BaseModel):
@@ -400,6 +405,7 @@ class TerminalSize(BaseModel):
 
 
 GpuIndex = Annotated[int, Field(ge=0, lt=1024)]
+CpuIndex = Annotated[int, Field(ge=0, lt=1 << 16)]
 
 
 class Grant(BaseModel):
@@ -421,10 +427,11 @@ class Grant(BaseModel):
     """A Slurm job: its GPUs are named in Slurm's variables too."""
     step: bool = False
     """An srun task: `SLURM_STEP_GPUS` names its GPUs."""
-    cpus: list[int] | None = None
-    """The CPUs the run may use, picked by the master (None: not limited)."""
+    cpus: list[CpuIndex] | None = Field(default=None, max_length=1 << 16)
+    """The CPUs the run may use, node CPU ids the master picked (None: not limited): the
+    agent holds it to them (a cpuset, or a quota of as many CPUs: mgpu.agent.runlimits)."""
     mem_mb: int | None = Field(default=None, ge=0)
-    """The memory the run may use, MiB (None: not limited)."""
+    """The memory the run may use, MiB, swap included (None: not limited)."""
 
 
 class Launch(BaseModel):

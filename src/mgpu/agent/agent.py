@@ -232,6 +232,8 @@ class Agent:
         log.info("jobs are contained by %s", containment.describe())
         isolation = self.launcher.isolate(self.node_id, self.options.gpu_device_dir, records)
         log.info("jobs are kept to their GPUs by %s", isolation.describe())
+        limits = self.launcher.limit(self.node_id, records)
+        log.info("jobs are held to their CPUs and memory by %s", limits.describe())
         for rec in records:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
@@ -242,6 +244,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._tasks.add(loop.create_task(self._pump_loop()))
         self._tasks.add(loop.create_task(self.launcher.sweep()))
+        self._tasks.add(loop.create_task(self.launcher.watch_memory()))
         loop.add_signal_handler(signal.SIGTERM, self._terminate)
         self.generations.load()
         await self._dial_forever()
@@ -600,6 +603,8 @@ class Agent:
                 launch_error=error,
                 fatal=error is not None and code is not None,
                 epilog_error=epilog_error,
+                out_of_memory=run.out_of_memory,
+                max_rss_mb=run.max_rss_mb,
             )
         )
         task = asyncio.current_task()

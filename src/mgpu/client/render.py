@@ -321,6 +321,11 @@ def render_job(job: dict[str, Any]) -> str:
             f"  gpu use:    mean {'-' if util is None else f'{util:.0f}%'} utilisation, "
             f"peak {'-' if peak is None else f'{peak} MB'} memory"
         )
+    oom = job.get("end_reason") == "out_of_memory"
+    if job.get("max_rss_mb") is not None or oom:
+        peak = job.get("max_rss_mb")
+        oom_text = ", out of memory: killed at its limit" if oom else ""
+        lines.append(f"  memory:     peak {'-' if peak is None else f'{peak} MB'}{oom_text}")
     if job.get("idle"):
         lines.append(f"  idle:       yes, GPUs near 0% since {_ts(job.get('idle_since'))}")
     factors = job.get("priority_factors")

@@ -45,6 +45,7 @@ END_CODES = {
     "idle": "CANCELLED",
     "dependency_never": "CANCELLED",
     "never_fits": "FAILED",
+    "out_of_memory": "OUT_OF_MEMORY",
 }
 """An ended job's typed `end_code` (mgpu.model.EndCode) as Slurm's state."""
 
@@ -110,7 +111,10 @@ def reason(job: dict[str, Any]) -> str:
 
 
 def exit_code(job: dict[str, Any]) -> str:
-    """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL)."""
+    """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL), `0:125`
+    (killed for its memory, as Slurm says it)."""
+    if job.get("end_code") == "out_of_memory":
+        return "0:125"
     code = job.get("exit_code")
     if not isinstance(code, int):
         return "0:0"

@@ -323,10 +323,12 @@ class Agents:
             reason = EndReason.PROLOG_FAILED if msg.requeue_free else EndReason.LAUNCH_FAILED
             self.life.slot_lost(job, reason, why)
             return
-        node.failures = 0
+        node.failures = 0  # out of memory too: the job's own failure, not the node's
         if msg.epilog_error is not None:  # as Slurm: the node drains, the job's result stands
             self.nodes.drain(node.node_id, msg.epilog_error)
-        self.life.slot_exited(job, slot, msg.exit_code, msg.timed_out)
+        if msg.max_rss_mb is not None:
+            job.max_rss_mb = max(job.max_rss_mb or 0, msg.max_rss_mb)
+        self.life.slot_exited(job, slot, msg.exit_code, msg.timed_out, msg.out_of_memory)
 
     def apply_watch(self, actions: list[WatchAction]) -> None:
         """Apply what GpuWatch made of a heartbeat."""

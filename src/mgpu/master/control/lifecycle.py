@@ -149,7 +149,8 @@ class Lifecycle:
             )
         )
         job.start_time = job.exit_code = job.failed_node = job.port = None
-        job.timed_out = job.limit_changed = False
+        job.timed_out = job.limit_changed = job.out_of_memory = False
+        job.max_rss_mb = None  # this run's, as its agents tell it
         job.stop_reason = job.stop_text = None
         for slot in job.allocation:
             self.state.allocate(job, slot.node_id, slot.gpu_ids, slot.cpu_ids or (), slot.mem_mb)
@@ -243,12 +244,22 @@ class Lifecycle:
 
     # ---- ending -----------------------------------------------------------
 
-    def slot_exited(self, job: Job, slot: Slot, exit_code: int | None, timed_out: bool) -> None:
+    def slot_exited(
+        self,
+        job: Job,
+        slot: Slot,
+        exit_code: int | None,
+        timed_out: bool,
+        out_of_memory: bool = False,
+    ) -> None:
         """One slot's process ended with `exit_code`; the last one ends the run."""
         slot.phase = SlotPhase.EXITED
         slot.exit_code = exit_code
         if timed_out:
             job.timed_out = True
+        if out_of_memory:
+            job.out_of_memory = True
+            job.failed_node = job.failed_node or slot.node_id
         live = [s for s in job.allocation if not s.done]
         if exit_code != 0 and live and job.desired is not DesiredState.STOP:
             # As srun --kill-on-bad-exit: one rank failing ends the others.
@@ -278,11 +289,13 @@ class Lifecycle:
             if job.desired is DesiredState.REQUEUE:
                 return job.stop_reason, job.stop_text or "requeue requested"
             return job.stop_reason, job.stop_text or "cancelled"
+        where = f" on {job.failed_node}" if job.failed_node and len(job.allocation) > 1 else ""
+        if job.out_of_memory:  # before the time limit: the kill was the limit's
+            return EndReason.OUT_OF_MEMORY, f"out of memory{where}: killed at its memory limit"
         if job.timed_out:
             return EndReason.TIMEOUT, "time limit reached"
         if not failed:
             return EndReason.EXIT_OK, None
-        where = f" on {job.failed_node}" if job.failed_node and len(job.allocation) > 1 else ""
         return EndReason.EXIT_NONZERO, f"exit code {job.exit_code}{where}"
 
     def request_stop(self, job: Job, reason: EndReason, text: str | None = None) -> None:
@@ -340,6 +353,7 @@ class Lifecycle:
         now = self.state.clock.time()
         self._charge(job, now)
         self._end_attempt(job, now, why)
+        job.last_end = reason
         job.restarts += 1  # MGPU_RESTART_COUNT of the next run, whatever the cause
         job.transition(JobState.QUEUED, text)
         job.stop_reason = job.stop_text = None
@@ -363,6 +377,7 @@ class Lifecycle:
         if job.state == JobState.RUNNING:
             self._charge(job, now)
             self.kill_slots(job, final.value)  # ranks still running elsewhere
+            job.last_end = last or reason  # a run ended (a queued job's last one stands)
         job.transition(final, text)
         job.end_code = (last or reason).end_code
         self._forget_credential(job)  # the run's credential dies with it
