@@ -239,6 +239,8 @@ def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
                 "pty": False,
                 "cwd": "/w",
                 "job_id": None,
+                "image": None,
+                "container": None,
             },
         )
     ]

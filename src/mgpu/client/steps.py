@@ -31,8 +31,10 @@ class StepOptions:
     class: importing dataclasses costs the CLI's start-up."""
 
     __slots__ = (
+        "container",
         "cwd",
         "gpus_per_task",
+        "image",
         "job_id",
         "kill_on_bad_exit",
         "label",
@@ -56,6 +58,8 @@ class StepOptions:
         pty: bool = False,
         cwd: str | None = None,
         job_id: str | None = None,
+        image: str | None = None,
+        container: dict[str, Any] | None = None,
     ) -> None:
         self.nodes = nodes  # -N/--nodes
         self.ntasks = ntasks  # -n/--ntasks
@@ -67,6 +71,8 @@ class StepOptions:
         self.pty = pty
         self.cwd = cwd  # -D/--chdir; None: this directory
         self.job_id = job_id  # --jobid; None: $MGPU_JOB_ID
+        self.image = image  # pyxis's --container-image, as the runtime names it
+        self.container = container  # its other options (mgpu.containeropts)
 
 
 def current_job() -> str | None:
@@ -107,6 +113,8 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         "gpus_per_task": options.gpus_per_task,
         "kill_on_bad_exit": options.kill_on_bad_exit or None,
         "pty": pty or None,
+        "image": options.image,
+        "container": options.container,
     }
     if pty:
         from mgpu.client.terminal import terminal_size
