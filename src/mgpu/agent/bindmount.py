@@ -1,5 +1,6 @@
-"""A container job's working directory, pinned: bind-mounted from a descriptor onto a
-mount point in the agent's private spool, which is what a root runtime is given.
+"""A container job's working directory (and each path it mounts: mgpu.agent.usermounts),
+pinned: bind-mounted from a descriptor onto a mount point in the agent's private spool,
+which is what a root runtime is given.
 
 A root runtime (`podman run -v SRC:DST`, `docker run`) resolves SRC itself, as root.
 Given the job's directory by name it would follow whatever the name means *then*: the
