@@ -161,6 +161,32 @@ def test_srun_runs_its_command_in_the_image_with_the_mount_and_workdir(
     assert argv[argv.index("localhost/present:1") + 1 :][:2] == ["sh", "-c"]
 
 
+def test_srun_outside_a_job_runs_a_new_job_in_the_image(
+    cluster: LocalCluster, runtime: dict[str, Any], shared_dir: Path
+) -> None:
+    """Outside any job srun is a new job (`mgpu srun`): in the image, with its options."""
+    data = shared_dir / "data"
+    data.mkdir()
+    (data / "hello.txt").write_text("hello\n")
+    res = subprocess.run(
+        [*SLURM, "srun", f"--container-image={runtime['image']}",
+         f"--container-mounts={data}:/data:ro", "--container-workdir=/data",
+         "sh", "-c", "cat hello.txt; echo x > y 2>/dev/null || echo read-only"],
+        cwd=shared_dir, env={**cluster.env, "MGPU_JOB_ID": ""}, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (job,) = cluster.client().queue(all=True)["jobs"]
+    assert job["image"] == runtime["image"].replace("#", "/")
+    if runtime["real"]:
+        assert res.stdout.splitlines()[-2:] == ["hello", "read-only"], res.stdout
+        return
+    (argv,) = runs(runtime)
+    assert argv[argv.index("-w") + 1] == "/data" and "--entrypoint=" in argv
+    assert any(m.endswith(":/data:ro") for m in argv), argv
+    assert "hello" in res.stdout.splitlines()
+
+
 def test_sbatch_container_image_runs_the_batch_script_in_the_image(
     cluster: LocalCluster, runtime: dict[str, Any], shared_dir: Path
 ) -> None:
