@@ -420,6 +420,8 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    container: dict[str, Any] | None = None
+    """Its options beyond the image (mgpu.containeropts.ContainerOptions, as a dict)."""
     held: bool = False
     """Kept from starting (`--hold`, `mgpu hold`) until `mgpu release`."""
     held_by: str | None = None
@@ -584,6 +586,7 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
             "image": self.image,
+            "container": self.container,
             "kind": self.kind,
             "pty": self.pty,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
+from mgpu.containeropts import ContainerOptions
 from mgpu.safetext import escape_controls
 from mgpu.spec import SpecError, validate_node_id
 
@@ -454,6 +455,9 @@ class Launch(BaseModel):
     hostfile: str | None = None
     image: str | None = None
     """Run inside this container image with the node's container runtime."""
+    container: ContainerOptions | None = None
+    """The container's options beyond its image (pyxis's: mounts, working directory ...);
+    None: an `--image` job's defaults."""
     prolog: str | None = None
     """Site scripts (the cluster config's `site:`): run by the agent before / after."""
     epilog: str | None = None

@@ -243,6 +243,8 @@ def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
                 "job_id": None,
                 "gpu_bind": "single:1",
                 "export": "NONE",
+                "image": None,
+                "container": None,
             },
         )
     ]

@@ -43,6 +43,8 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
     g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
     g.add_argument("--image", help="run inside this container image (the node's runtime)")
+    # pyxis's container options as Slurm's srun gives them (mgpu.slurm.pyxis), as JSON.
+    g.add_argument("--container-options", dest="container", type=_json, help="==SUPPRESS==")
     g.add_argument("--signal", help="[B:]SIG@SECONDS before the time limit or a preemption")
     g.add_argument("--hold", "-H", action="store_true", help="queue it held (mgpu release)")
     g.add_argument("--notify", help="when it ends: POST to this URL, or mailto:ADDRESS")
@@ -84,6 +86,7 @@ JOB_FIELDS = (
     "array",
     "preemptible",
     "image",
+    "container",
     "signal",
     "hold",
     "notify",
@@ -92,6 +95,13 @@ JOB_FIELDS = (
     "cpus",
     "mem",
 )
+
+
+def _json(text: str) -> Any:
+    """A JSON value (argparse says "invalid _json value" for one that is not)."""
+    import json
+
+    return json.loads(text)
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -31,10 +31,12 @@ class StepOptions:
     class: importing dataclasses costs the CLI's start-up."""
 
     __slots__ = (
+        "container",
         "cwd",
         "export",
         "gpu_bind",
         "gpus_per_task",
+        "image",
         "job_id",
         "kill_on_bad_exit",
         "label",
@@ -60,6 +62,8 @@ class StepOptions:
         job_id: str | None = None,
         gpu_bind: str | None = None,
         export: str | None = None,
+        image: str | None = None,
+        container: dict[str, Any] | None = None,
     ) -> None:
         self.nodes = nodes  # -N/--nodes
         self.ntasks = ntasks  # -n/--ntasks
@@ -73,6 +77,8 @@ class StepOptions:
         self.job_id = job_id  # --jobid; None: $MGPU_JOB_ID
         self.gpu_bind = gpu_bind  # --gpu-bind; None: the job's (mgpu.gpubind)
         self.export = export  # --export; None: ALL (`submitenv.step_environment`)
+        self.image = image  # pyxis's --container-image, as the runtime names it
+        self.container = container  # its other options (mgpu.containeropts)
 
 
 def current_job() -> str | None:
@@ -114,6 +120,8 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         "gpu_bind": options.gpu_bind,
         "kill_on_bad_exit": options.kill_on_bad_exit or None,
         "pty": pty or None,
+        "image": options.image,
+        "container": options.container,
     }
     if pty:
         from mgpu.client.terminal import terminal_size

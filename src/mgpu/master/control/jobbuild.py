@@ -159,6 +159,7 @@ def build_template(
         eligible_time=now,
         begin_time=spec.begin,
         image=spec.image,
+        container=None if spec.container is None else spec.container.model_dump(),
         held=spec.hold,
         held_by=user if spec.hold else None,
         signal=None if spec.signal is None else format_signal(spec.signal),

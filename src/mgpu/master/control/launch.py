@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from mgpu import slurmenv
 from mgpu.config import ClusterConfig
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
 from mgpu.model import Job, Slot
@@ -183,6 +184,7 @@ def job_launch(
         mpi=job.mpi,
         hostfile=hostfile(job, nodes) if job.mpi else None,
         image=job.image,
+        container=None if job.container is None else ContainerOptions(**job.container),
         prolog=site.prolog,
         epilog=site.epilog,
         prolog_timeout=site.prolog_timeout,

@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 
 from mgpu import gpubind
 from mgpu.config import ClusterConfig
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control import launch
+from mgpu.master.control.admission import CONTAINER_FEATURE
 from mgpu.master.control.launch import job_env, known_hostname, slurm_node_names, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.nodes import Conflict
@@ -58,6 +60,9 @@ class SrunRequest:
     kill_on_bad_exit: bool = False
     pty: bool = False
     pty_size: Sequence[int] | None = None
+    image: str | None = None
+    """Run each task in this image (pyxis's `--container-image`)."""
+    container: ContainerOptions | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -241,6 +246,12 @@ class Sruns:
             node = nodes.get(job.allocation[rank].node_id)
             if node is None or node.link is None:
                 raise Conflict(f"{job.allocation[rank].node_id} is not connected")
+            if request.image is not None and CONTAINER_FEATURE not in node.features:
+                raise SubmitError(
+                    f"Unable to create step for job {job.id}: {node.node_id} has no container "
+                    f"runtime (podman, docker or apptainer) to run --container-image "
+                    f"{request.image}"
+                )
         node_ids = [job.allocation[r].node_id for r in plan.ranks]
         group = self.state.steps.new_group(job.id, job.epoch, node_ids, self._stored_next(job))
         group.kill_on_bad_exit = request.kill_on_bad_exit
@@ -297,6 +308,8 @@ class Sruns:
             credential=self.life.credential(job),
             config=self.config,
             task=own,
+            image=request.image,
+            container=request.container,
         )
 
     def cancel(self, group: TaskStep) -> bool:
@@ -378,6 +391,8 @@ def launch_in_job(
     credential: str,
     config: ClusterConfig,
     task: Mapping[str, str] | None = None,
+    image: str | None = None,
+    container: ContainerOptions | None = None,
 ) -> Launch:
     """A step's process on the job's node `rank`, its argv executed directly (srun's way):
     the environment of the srun that asked (as its `--export` made it) as it is, as
@@ -408,4 +423,6 @@ def launch_in_job(
         user=job.user,
         allow_root=job.allow_root,
         pty=terminal_size(step.pty_size) if step.pty else None,
+        image=image,
+        container=container,
     )

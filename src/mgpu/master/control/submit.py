@@ -38,6 +38,7 @@ from pydantic import (
 
 from mgpu import execspec
 from mgpu import spec as specs
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control.notifytargets import parse_target
 from mgpu.master.control.slurmblock import parse_slurm_block
 from mgpu.model import SlurmOptions
@@ -395,6 +396,8 @@ class JobSpec(BaseModel):
     cwd: Annotated[str, AfterValidator(_cwd)] | None = None
     env: Annotated[dict[str, str] | None, AfterValidator(_env)] = None
     image: Annotated[str, AfterValidator(_image)] | None = None
+    container: ContainerOptions | None = None
+    """pyxis's container options (`srun --container-mounts ...`): with `image` only."""
     signal: Signal = None
     """`--signal [B:]SIG@SECONDS`: a warning before the time limit (and at preemption)."""
     hold: bool = False
@@ -448,6 +451,8 @@ class JobSpec(BaseModel):
                 )
         elif self.argv is None and self.command is None:
             raise specs.SpecError("the command is empty; give the command to run")
+        if self.container is not None and self.image is None:
+            raise specs.SpecError("container options need an image (--container-image)")
         if self.image is not None and self.slurm is not None and self.slurm.batch:
             # Its -o/-e files are opened on the node as its user, which a root runtime is
             # not (docs/SECURITY.md): refused here as the CLI's script + --image is.

@@ -29,9 +29,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mgpu import execspec
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import PtySize
@@ -70,6 +71,17 @@ class SrunBody(BaseModel):
     kill_on_bad_exit: bool = False
     pty: bool = False
     pty_size: PtySize = None
+    image: Annotated[str, AfterValidator(execspec.validate_image)] | None = None
+    """The tasks run in this image (pyxis's `--container-image`), with `container`'s options."""
+    container: ContainerOptions | None = None
+
+    @model_validator(mode="after")
+    def _container_needs_image(self) -> SrunBody:
+        if self.container is not None and self.image is None:
+            raise ValueError("container options need an image (--container-image)")
+        if self.image is not None and self.pty:
+            raise ValueError("--pty does not work with an image: container steps get no terminal")
+        return self
 
 
 @router.post("/api/jobs/{job_id}/srun")
@@ -89,6 +101,8 @@ async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONRe
         kill_on_bad_exit=body.kill_on_bad_exit,
         pty=body.pty,
         pty_size=body.pty_size,
+        image=body.image,
+        container=body.container,
     )
     group, warnings = cl.start_srun(job_id, req, owned.actor)
     tasks = [
