@@ -6,6 +6,9 @@ runs beside others as before."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import LocalCluster, wait_for
+from helpers import BIN, LocalCluster, wait_for
 
 
 @pytest.fixture
@@ -101,3 +104,72 @@ def test_a_job_that_asks_nothing_shares_the_node_as_before(node: LocalCluster) -
     assert "CPUS" not in c.cli("queue", check=True).stdout.split("Nodes:")[0]
     gate.touch()
     wait_for(lambda: all(client.show(j)["state"] == "completed" for j in jobs), what="both done")
+
+
+HOG = """import sys, time
+chunks = []
+for _ in range(400):  # 400 MiB, far past the job's 64M
+    chunks.append(bytearray(1 << 20))
+    time.sleep(0.002)
+print("survived")
+"""
+
+
+def test_the_master_grants_what_the_agent_enforces(tmp_path: Path) -> None:
+    """The whole chain: `--cpus`/`--mem` at submit, the master's grant, the agent's cgroup:
+    a job past its memory ends failed as out_of_memory (Slurm's OUT_OF_MEMORY, 0:125) and is
+    not retried, while its neighbour on the same node runs on the one CPU it was given."""
+    from mgpu.agent import runlimits
+
+    status = Path("/proc/self/status").read_text()
+    mine = sorted(runlimits.cpu_list(status.split("Cpus_allowed_list:")[1].split()[0]))
+    if len(mine) < 2 or os.geteuid() != 0:
+        pytest.skip("needs two CPUs and root (cgroups)")
+    c = LocalCluster(tmp_path)
+    try:
+        c.start_master()
+        c.start_agent("node001", gpus=2, extra=["--fake-cpus", "2", "--fake-mem", "1G"])
+        client = c.client()
+        hog_py = c.root / "hog.py"
+        hog_py.write_text(HOG)
+        hog = _submit(c, "--gpus", "1", "--cpus", "1", "--mem", "64M", sys.executable, str(hog_py))
+        neighbour = _submit(
+            c,
+            "--gpus",
+            "1",
+            "--cpus",
+            "1",
+            "--mem",
+            "256M",
+            "grep Cpus_allowed_list /proc/self/status",
+        )
+        done = ("completed", "failed", "cancelled", "timeout")
+        wait_for(
+            lambda: all(client.show(j)["state"] in done for j in (hog, neighbour)),
+            timeout=120,
+            what="both jobs ended",
+        )
+        h, n = client.show(hog), client.show(neighbour)
+        assert (h["state"], h["end_code"], h["end_reason"]) == (
+            "failed",
+            "out_of_memory",
+            "out_of_memory",
+        ), h
+        assert h["retries"] == 0 and len(h["attempts"]) == 1
+        assert h["max_rss_mb"] is not None and h["max_rss_mb"] <= 80
+        assert n["state"] == "completed", n
+        granted = n["allocation"][0]["cpu_ids"]
+        assert len(granted) == 1 and granted != h["allocation"][0]["cpu_ids"]
+        out = c.cli("logs", neighbour, check=True).stdout
+        assert out.split()[-1] == str(granted[0]), out
+        assert _node(c)["state"] == "online"  # the node is not blamed
+        rows = subprocess.run(
+            [str(BIN / "mgpu"), "sacct", "-P", "-j", hog, "--format=JobID,State,ExitCode"],
+            capture_output=True,
+            text=True,
+            env=c.env,
+            timeout=60,
+        ).stdout.splitlines()
+        assert f"{hog}|OUT_OF_MEMORY|0:125" in rows, rows
+    finally:
+        c.stop()
