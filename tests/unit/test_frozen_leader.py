@@ -64,11 +64,14 @@ class Taking(_Master):
 
     lead = threading.Event()
     readyz: ClassVar[int] = 0
+    asked_with: ClassVar[set[str | None]] = set()
+    """The Authorization headers /readyz was asked with."""
     posts: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         if self.path == "/readyz":
             type(self).readyz += 1
+            type(self).asked_with.add(self.headers.get("Authorization"))
             self._answer(200 if self.lead.is_set() else 503, {"role": "?"})
         elif self.lead.is_set():
             self._answer(200, {"jobs": [], "nodes": []})
@@ -84,7 +87,7 @@ class Taking(_Master):
 @pytest.fixture
 def taking() -> Iterator[str]:
     Taking.lead.clear()
-    Taking.readyz, Taking.posts = 0, []
+    Taking.readyz, Taking.posts, Taking.asked_with = 0, [], set()
     with http_server(Taking) as address:
         yield address
 
@@ -101,6 +104,7 @@ def test_a_read_leaves_a_stopped_leader_once_another_leads(stopped: str, taking:
     assert took < 15, f"{took:.1f} s"
     assert client.address == taking
     assert Taking.readyz >= 2  # asked while it stood by, and once it led
+    assert Taking.asked_with == {None}  # asking carries no token
 
 
 def test_a_slow_answer_is_waited_for_while_no_other_master_leads(taking: str) -> None:
