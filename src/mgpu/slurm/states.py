@@ -126,12 +126,19 @@ def exit_code(job: dict[str, Any]) -> str:
 
 
 def node_state(node: dict[str, Any]) -> str:
-    """Slurm's long node state: idle, mixed, allocated, draining, drained, down."""
+    """Slurm's long node state: idle, mixed, allocated, draining, drained, down; with
+    Slurm's `*` (not responding) while the node's agent is not connected: it lost its link,
+    or a new leader has not heard from it yet (down once silent for its timeout)."""
+    state = node.get("state")
+    if state == "offline":
+        return "down"
+    return _up_state(node) + ("*" if node.get("connected") is False else "")
+
+
+def _up_state(node: dict[str, Any]) -> str:
     state = node.get("state")
     gpus = node.get("gpus") or []
     busy = sum(1 for g in gpus if g.get("busy_job"))
-    if state == "offline" or node.get("connected") is False:
-        return "down"
     if state == "drained":
         return "drained"
     if state == "draining":

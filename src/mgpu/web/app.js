@@ -240,6 +240,7 @@ const NODE_FILTERS = {
   free: (r) => r[1] === "online" && r[2].includes("f"),
   full: (r) => r[2].length > 0 && !/[fn]/.test(r[2]),
   draining: (r) => r[1] === "draining" || r[1] === "drained",
+  reconnecting: (r) => r[1] === "reconnecting",
   offline: (r) => r[1] === "offline",
 };
 
@@ -353,7 +354,7 @@ function nodeCard(n, closable) {
   const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);
   const where = [n.hostname, n.ip].filter(Boolean).join(" · ");
   return `<div class="node" data-node="${esc(n.node_id)}">
-    <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "offline" : n.state)}
+    <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "reconnecting" : n.state)}
       <span class="muted">${esc(where)}</span>${sim ? badge("simulated", "sim") : ""}
       ${n.reason ? `<span class="muted">${esc(n.reason)}</span>` : ""}
       ${closable ? `<span class="spacer"></span><button type="button" class="small" data-close="${esc(n.node_id)}" title="close">×</button>` : ""}</div>

@@ -167,6 +167,7 @@ class Cluster(Reads):
         self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
+        up = []
         for node_id, rec in self.store.load_nodes().items():
             node = self.state.node(node_id)
             node.hostname = rec.get("hostname", "")
@@ -183,6 +184,8 @@ class Cluster(Reads):
             node.mem_mb = int(rec.get("mem_mb", 0))
             node.heard_now(self.clock)  # grace: agents get a full timeout to come back
             node.state = NodeState.OFFLINE
+            if rec.get("up"):
+                up.append(node)
         for entry in self.config.nodes:
             self.state.node(entry.node_id)
         running = []
@@ -193,6 +196,8 @@ class Cluster(Reads):
                 running.append(job)
         if running:
             self.store.save_jobs(running)  # rewritten: drops a credential stored in clear
+        for node in up:  # after its jobs: a draining node that holds one is not drained
+            node.as_it_was()
         log.info("loaded %d active jobs, %d nodes", len(self.jobs), len(self.nodes))
 
     # ---- who asks ---------------------------------------------------------

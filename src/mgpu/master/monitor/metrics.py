@@ -111,6 +111,14 @@ def render_metrics(cluster: MetricsSource) -> str:
         ncount[node.state] += 1
     for ns, n in ncount.items():
         nodes.labels(ns.value).set(n)
+    Gauge(
+        "mgpu_nodes_reconnecting",
+        "Nodes up but their agent not connected (a new leader not yet heard from it): "
+        "offered no work, offline once silent for their timeout",
+        registry=reg,
+    ).set(
+        sum(1 for n in cluster.nodes.values() if n.state != NodeState.OFFLINE and not n.connected)
+    )
     gpus = Gauge("mgpu_gpus", "GPUs by use", ["state"], registry=reg)
     total = sum(len(n.gpus) for n in cluster.nodes.values())
     busy = sum(len(n.busy) + len(n.shares) for n in cluster.nodes.values())  # shared: busy

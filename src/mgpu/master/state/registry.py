@@ -301,7 +301,17 @@ class NodeRecord:
             "features": self.features,
             "cpus": [c.model_dump() for c in self.cpus],
             "mem_mb": self.mem_mb,
+            "up": self.state != NodeState.OFFLINE,
         }
+
+    def as_it_was(self) -> None:
+        """Loaded by a master that has not heard from its agent yet (a new leader, a master
+        restarted), a node that was up is shown as it was: online, or draining/drained as
+        its drain request says; not connected until its agent says hello here, and
+        declared lost only once silent for its timeout (master/control/nodes.py)."""
+        self.state = NodeState.ONLINE
+        if self.drain_requested:
+            self.move(NodeEvent.DRAIN)
 
     def to_public(self, job_users: dict[str, str] | None = None) -> dict[str, Any]:
         gpus = []
