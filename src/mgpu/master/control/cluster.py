@@ -58,6 +58,7 @@ from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import JobSpec, SubmitError, SubmitResult
 from mgpu.master.control.submitkeys import Made, SubmitKeys
+from mgpu.master.control.tokenadmin import TokensAndAudit
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause
@@ -84,7 +85,7 @@ log = logging.getLogger("mgpu.master")
 __all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
 
 
-class Cluster(Reads):
+class Cluster(Reads, TokensAndAudit):
     def __init__(
         self,
         config: ClusterConfig,
@@ -600,51 +601,6 @@ class Cluster(Reads):
 
     def output_reader(self, run_id: str, since: int = 0, follow: bool = True) -> OutputReader:
         return self.outputs.reader(run_id, since, follow=follow)
-
-    # ---- tokens and audit ---------------------------------------------------
-
-    def create_token(
-        self, user: str, admin: bool, allow_root: bool, actor: Actor
-    ) -> tuple[str, str]:
-        """A new token (its id and secret), audited."""
-        token_id, token = self.tokens.create(user, admin, allow_root=allow_root)
-        detail = f"id {token_id}" + (" admin" if admin else "")
-        detail += " allow-root" if allow_root else ""
-        self.audit("token_create", actor.user, actor.address, user, detail)
-        return token_id, token
-
-    def list_tokens(self) -> list[dict[str, Any]]:
-        return self.tokens.list()
-
-    def token_guarded(self, token_id: str) -> str | None:
-        """What the token is, when only the cluster's owner may revoke it."""
-        return self.tokens.guarded(token_id)
-
-    def revoke_token(self, token_id: str, actor: Actor) -> bool:
-        revoked = self.tokens.revoke(token_id)
-        if revoked:
-            self.audit("token_revoke", actor.user, actor.address, token_id)
-        return revoked
-
-    def audit(
-        self,
-        kind: str,
-        actor: str | None,
-        address: str | None,
-        target: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        """One audit event, written now."""
-        self.store.record_event(kind, actor=actor, address=address, target=target, detail=detail)
-
-    def audit_rows(
-        self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
-    ) -> None:
-        """Audit events (kind, actor, address, target, detail) in one transaction."""
-        self.store.record_events(rows)
-
-    def audit_events(self, since: float) -> list[dict[str, Any]]:
-        return self.store.events(since=since)
 
     def readiness(self) -> dict[str, Any]:
         """`/readyz`: whether the store takes writes and the loop runs, and nodes online."""
