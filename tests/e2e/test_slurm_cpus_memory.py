@@ -7,6 +7,7 @@ other; a request no node could hold is refused in Slurm's words, nothing queued.
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,28 @@ def test_what_no_node_could_hold_is_refused_and_nothing_queued(
     for word in words:
         assert word in res.stderr
     assert len(c.client().queue(all=True)["jobs"]) == before
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        ("srun", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"]),  # mgpu srun's own job
+        ("salloc", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"]),  # the block goes along
+    ],
+)
+def test_srun_and_salloc_outside_a_job_hold_what_they_ask(
+    node: LocalCluster, tmp_path: Path, command: str, words: list[str]
+) -> None:
+    c = node
+    before = {j["id"] for j in c.client().queue(all=True)["jobs"]}
+    res = subprocess.run(  # Slurm's srun (`mgpu srun` is mgpu's own)
+        [sys.executable, "-m", "mgpu.slurm", command, *words],
+        capture_output=True,
+        text=True,
+        env=c.env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    (job,) = [j for j in c.client().queue(all=True)["jobs"] if j["id"] not in before]
+    assert (job["cpus"], job["mem_mb"]) == (2, 512)
