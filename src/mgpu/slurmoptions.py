@@ -25,8 +25,14 @@ class SlurmOptions:
     """--ntasks; None: one task per node."""
     ntasks_per_node: int | None = None
     cpus_per_task: int | None = None
+    cpus_per_gpu: int | None = None
+    """--cpus-per-gpu (never with --cpus-per-task, as Slurm)."""
     mem_per_node_mb: int | None = None
+    """--mem: 0 is all of the node's memory.  At most one of the three memory forms."""
     mem_per_cpu_mb: int | None = None
+    mem_per_gpu_mb: int | None = None
+    exclusive: bool = False
+    """--exclusive: whole nodes.  What these ask of a node: mgpu.slurm.resources.slurm_ask."""
     gpus_per_task: int | None = None
     partition: str | None = None
     """As asked; once stored, the partition the job runs in (the default one when it named

@@ -112,6 +112,7 @@ def test_job_env_has_every_variable_in_slurms_format() -> None:
         "SLURM_NTASKS_PER_NODE": "4",
         "SLURM_TASKS_PER_NODE": "4(x4)",
         "SLURM_JOB_CPUS_PER_NODE": "8(x4)",
+        "SLURM_CPUS_ON_NODE": "8",
         "SLURM_CPUS_PER_TASK": "2",
         "SLURM_MEM_PER_NODE": "16000",
         "SLURM_SUBMIT_DIR": "/home/alice/proj",

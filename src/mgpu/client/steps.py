@@ -32,6 +32,7 @@ class StepOptions:
 
     __slots__ = (
         "container",
+        "cpus_per_task",
         "cwd",
         "export",
         "gpu_bind",
@@ -55,6 +56,7 @@ class StepOptions:
         ntasks_per_node: int | None = None,
         nodelist: str | None = None,
         gpus_per_task: int | None = None,
+        cpus_per_task: int | None = None,
         label: bool = False,
         kill_on_bad_exit: bool = False,
         pty: bool = False,
@@ -70,6 +72,7 @@ class StepOptions:
         self.ntasks_per_node = ntasks_per_node
         self.nodelist = nodelist  # -w/--nodelist: a,b or node[1-2]
         self.gpus_per_task = gpus_per_task
+        self.cpus_per_task = cpus_per_task  # -c/--cpus-per-task
         self.label = label  # -l/--label
         self.kill_on_bad_exit = kill_on_bad_exit  # -K/--kill-on-bad-exit
         self.pty = pty
@@ -117,6 +120,7 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         "ntasks_per_node": options.ntasks_per_node,
         "nodelist": options.nodelist,
         "gpus_per_task": options.gpus_per_task,
+        "cpus_per_task": options.cpus_per_task,
         "gpu_bind": options.gpu_bind,
         "kill_on_bad_exit": options.kill_on_bad_exit or None,
         "pty": pty or None,

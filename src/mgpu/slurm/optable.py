@@ -7,9 +7,9 @@ none), the argument (`=` required, `?` optional: only as `--name=value` or `-xVA
 none), the commands that take it (`b` sbatch, `r` srun, `a` salloc), and its use in mgpu:
 
 - `job:FIELD`: the submit field FIELD, the value as it is;
-- `job`: honoured by `jobopts.submit_fields` (a field or the `slurm` block, with checks);
+- `job`: honoured by `jobopts.submit_fields` (a field or the `slurm` block, with checks;
+  CPUs and memory: mgpu.slurm.resources);
 - `gpu`: one spelling of the GPU request (`jobopts.GPU_OPTIONS`: one rule for all);
-- `cpu`: not scheduled (mgpu schedules GPUs), passed to the job's SLURM_* variables;
 - `cli`: the command's own behaviour (`--parsable`, `--wait`, `--help` ...);
 - `step`: srun's, for its tasks' output and life, not the job's;
 - `warn`: accepted, and ignored with a warning (nothing about what runs, or when, changes
@@ -65,8 +65,8 @@ cores-per-socket    - = bra warn
 cpu-bind            - = r   warn
 cpu_bind            - = r   =cpu-bind
 cpu-freq            - = bra warn
-cpus-per-gpu        - = bra warn
-cpus-per-task       c = bra cpu
+cpus-per-gpu        - = bra job
+cpus-per-task       c = bra job
 deadline            - = bra warn
 debugger-test       - - r   warn
 delay-boot          - = bra warn
@@ -77,7 +77,7 @@ epilog              - = r   refuse
 error               e = br  job
 exact               - - r   step
 exclude             x = bra job:exclude
-exclusive           - ? bra warn
+exclusive           - ? bra job
 export              - = br  job
 export-file         - = b   warn
 extra-node-info     B = bra warn
@@ -110,10 +110,10 @@ mail-type           - = bra job
 mail-user           - = bra job
 threads             T = r   warn
 mcs-label           - = bra warn
-mem                 - = bra cpu
+mem                 - = bra job
 mem-bind            - = bra warn
-mem-per-cpu         - = bra cpu
-mem-per-gpu         - = bra warn
+mem-per-cpu         - = bra job
+mem-per-gpu         - = bra job
 mincpus             - = bra warn
 mpi                 - = r   warn
 msg-timeout         - = r   warn

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from mgpu.slurm import common, fields, opts, output, states
+from mgpu.slurm import common, fields, opts, output, states, tres
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -48,9 +48,20 @@ def _cpus(job: dict[str, Any]) -> str:
     block = common.slurm_block(job)
     if job.get("_ntasks"):  # a step: its own tasks
         return str(job["_ntasks"] * (block.get("cpus_per_task") or 1))
-    nodes = int(_nnodes(job))
-    tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * nodes
-    return str(tasks * (block.get("cpus_per_task") or 1))
+    return str(tres.alloc_cpus(job))
+
+
+def _req_mem(job: dict[str, Any]) -> str:
+    mb = tres.req_mem(job)
+    return "" if mb is None else tres.memory(mb)
+
+
+def _alloc_tres(job: dict[str, Any]) -> str:
+    """The job's; a step's without billing (Slurm bills jobs, not steps)."""
+    text = tres.tres(job, alloc=True, by_name=True)
+    if not _suffix(job):
+        return text
+    return ",".join(i for i in text.split(",") if not i.startswith("billing="))
 
 
 def _uid(job: dict[str, Any]) -> str:
@@ -169,7 +180,8 @@ GETTERS: dict[str, Any] = {
     "Account": lambda j: "",
     "AllocCPUS": _cpus,
     "NCPUS": _cpus,
-    "ReqCPUS": lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1),
+    "ReqCPUS": _job_level(lambda j: str(tres.req_cpus(j))),
+    "ReqMem": _job_level(_req_mem),
     "State": _state,
     "ExitCode": states.exit_code,
     "DerivedExitCode": states.exit_code,
@@ -186,8 +198,8 @@ GETTERS: dict[str, Any] = {
     "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
     "WorkDir": lambda j: str(j.get("cwd") or ""),
     "Reason": lambda j: states.reason(j) if j.get("state") == "queued" else "None",
-    "ReqTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
-    "AllocTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
+    "ReqTRES": _job_level(lambda j: tres.tres(j, alloc=False, by_name=True)),
+    "AllocTRES": _alloc_tres,
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
     "ArrayTaskID": lambda j: str(j.get("array_task_id") if j.get("array_job_id") else ""),
     "Priority": lambda j: str(j.get("priority") or 0),

@@ -9,6 +9,7 @@ import shutil
 from typing import Any
 
 from mgpu.slurm import common, jobopts, optable, opts, pyxis
+from mgpu.slurm import resources as slurm_resources
 from mgpu.slurm.common import fail
 
 PROG = "srun"
@@ -24,6 +25,15 @@ def _int(text: str | None) -> int | None:
         return None
     if not text.isdigit():
         raise fail(PROG, f'Invalid numeric value "{text}"')
+    return int(text)
+
+
+def _cpus_per_task(text: str | None) -> int | None:
+    """`srun -c N` in a job: the step's CPUs per task (Slurm's parse_int sentence)."""
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise fail(PROG, f'Invalid numeric value "{text}" for --cpus-per-task.')
     return int(text)
 
 
@@ -57,6 +67,7 @@ def in_job(
         ntasks_per_node=_int(values.get("ntasks-per-node")),
         nodelist=values.get("nodelist"),
         gpus_per_task=_int(per_task.rpartition(":")[2]) if per_task else None,
+        cpus_per_task=_cpus_per_task(values.get("cpus-per-task")),
         label="label" in values,
         kill_on_bad_exit="kill-on-bad-exit" in values and values["kill-on-bad-exit"] != "0",
         pty="pty" in values,
@@ -116,10 +127,15 @@ def main(argv: list[str]) -> int:
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command, image, container)
     job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
-    fields, _, warnings = jobopts.submit_fields(PROG, job_values, {}, os.getcwd(), block_sent=False)
+    fields, block, warnings = jobopts.submit_fields(
+        PROG, job_values, {}, os.getcwd(), block_sent=False
+    )
     for warning in warnings:
         common.warn(PROG, warning)
+    nodes = fields.get("nodes") or 1
+    per_node = fields.get("gpus_per_node") if nodes > 1 else fields.get("gpus")
     words = ["srun", *jobopts.mgpu_words(fields)]
+    words += slurm_resources.own_words(block, per_node or 0, nodes)
     if "pty" in values:
         words.append("--pty")
     if image is not None:

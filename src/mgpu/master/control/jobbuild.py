@@ -17,6 +17,7 @@ from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.store import arrays
 from mgpu.model import ALLOCATION, Job, SlurmOptions, WaitCode
 from mgpu.signalspec import format_signal
+from mgpu.slurm.resources import slurm_ask
 
 __all__ = ["SubmitDefaults", "build_jobs", "build_template", "submit_warnings"]
 
@@ -170,7 +171,8 @@ def build_template(
         gpu_share=spec.gpu_share,
         reservation=spec.reservation,
         slurm=slurm,
-        ask=spec.ask,
+        # A Slurm job's -c, --mem... (mgpu's own --cpus/--mem over them, each kind alone).
+        ask=spec.ask if slurm is None else slurm_ask(slurm, shape.nodes or 1, own=spec.ask),
     )
     if base.held:
         base.reason, base.reason_code = "held", WaitCode.HELD

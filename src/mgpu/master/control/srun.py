@@ -55,6 +55,8 @@ class SrunRequest:
     """-w: these of the job's nodes (ids or hostnames)."""
     gpus_per_task: int | None = None
     """Each task its own GPUs of its node; None: the job's, else all of the node's."""
+    cpus_per_task: int | None = None
+    """-c: each task's CPUs, within the job's on its node (None: the job's -c)."""
     gpu_bind: str | None = None
     """`--gpu-bind` (or srun's SLURM_GPU_BIND); None: the job's (mgpu.gpubind)."""
     kill_on_bad_exit: bool = False
@@ -117,9 +119,11 @@ def plan_tasks(
     request: SrunRequest,
     job_gpu_bind: str | None = None,
     node_sizes: Sequence[int] | None = None,
+    node_cpus: Sequence[int | None] | None = None,
 ) -> TaskPlan:
     """Place `request`'s tasks on the job's nodes (rank r: `names[r]` its id and hostname,
-    `gpus[r]` its GPUs, `node_sizes[r]` its node's GPU count; `job_counts`: the job's tasks
+    `gpus[r]` its GPUs, `node_sizes[r]` its node's GPU count, `node_cpus[r]` the CPUs the
+    job holds there (None or 0: it holds none of its own); `job_counts`: the job's tasks
     per node, or None), or SubmitError with srun's sentence.  Each task sees the GPUs its
     `--gpu-bind` gives it (the request's, else the job's; without one, `--gpus-per-task`'s
     own slice, else every GPU of the step on its node)."""
@@ -173,6 +177,11 @@ def plan_tasks(
     pairs = list(zip(ranks, counts, strict=True))
     if job_counts is not None and any(c > job_counts[r] for r, c in pairs):
         raise SubmitError(refused + "More processors requested than permitted")
+    if request.cpus_per_task is not None and node_cpus is not None:
+        for rank, count in pairs:
+            held = node_cpus[rank]
+            if held and count * request.cpus_per_task > held:
+                raise SubmitError(refused + "More processors requested than permitted")
     per_task = request.gpus_per_task if request.gpus_per_task is not None else job_gpus_per_task
     bind = _binding(request.gpu_bind or job_gpu_bind, per_task)
     plan = TaskPlan([], [], [], warnings)
@@ -241,6 +250,7 @@ class Sruns:
             request,
             job_gpu_bind=job.slurm.gpu_bind if job.slurm is not None else None,
             node_sizes=[_node_size(nodes, s.node_id, s.gpu_ids) for s in job.allocation],
+            node_cpus=[s.cpus for s in job.allocation],
         )
         for rank in sorted(set(plan.ranks)):
             node = nodes.get(job.allocation[rank].node_id)
@@ -296,6 +306,8 @@ class Sruns:
             step_hosts=[names[r] for r in step_ranks],
             node_tasks=[plan.ranks.count(r) for r in step_ranks],
         )
+        if request.cpus_per_task is not None:  # srun -c: the step's own
+            own["SLURM_CPUS_PER_TASK"] = str(request.cpus_per_task)
         return launch_in_job(
             step,
             job,

@@ -67,6 +67,8 @@ class SrunBody(BaseModel):
     ntasks_per_node: Count | None = None
     nodelist: NodeList = Field(default_factory=list)
     gpus_per_task: Annotated[int, Field(ge=1, le=1024)] | None = None
+    cpus_per_task: Annotated[int, Field(ge=1, le=MAX_TASKS)] | None = None
+    """`srun -c N`: each task's CPUs, within what the job holds on its node."""
     gpu_bind: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     kill_on_bad_exit: bool = False
     pty: bool = False
@@ -97,6 +99,7 @@ async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONRe
         ntasks_per_node=body.ntasks_per_node,
         nodelist=body.nodelist,
         gpus_per_task=body.gpus_per_task,
+        cpus_per_task=body.cpus_per_task,
         gpu_bind=body.gpu_bind,
         kill_on_bad_exit=body.kill_on_bad_exit,
         pty=body.pty,
