@@ -17,7 +17,7 @@ from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.store import arrays
 from mgpu.model import ALLOCATION, Job, SlurmOptions, WaitCode
 from mgpu.signalspec import format_signal
-from mgpu.slurm.resources import slurm_ask
+from mgpu.slurmasks import slurm_ask
 
 __all__ = ["SubmitDefaults", "build_jobs", "build_template", "submit_warnings"]
 

@@ -18,7 +18,7 @@ from mgpu import gpubind
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig, Partition
 from mgpu.model import OPEN_MODES, SlurmOptions
-from mgpu.slurm.resources import CPUS_EXCLUSIVE, MEMORY_EXCLUSIVE
+from mgpu.slurmasks import CPUS_EXCLUSIVE, MEMORY_EXCLUSIVE
 from mgpu.slurmenv import check_pattern
 
 __all__ = ["PartitionChoice", "choose_partition", "parse_slurm_block"]
