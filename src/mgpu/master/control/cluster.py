@@ -165,6 +165,7 @@ class Cluster(Reads, TokensAndAudit):
         self._rejudge_armed = False
         self.bulk = Bulk(self)
         self._load()
+        self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
