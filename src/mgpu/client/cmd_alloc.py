@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from mgpu.client import jsonlite as json
-from mgpu.client.api import Client, ConnectError, MgpuError, RequestError
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, RequestError
 from mgpu.client.options import UsageError, add_job_options, job_options, make_client
 
 STEP_IGNORES = (
@@ -367,9 +367,9 @@ def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]
 def follow_step(client: Client, step_id: str, multi: bool) -> int:
     """A step's output as srun's (stdout and stderr apart, `[node] ` when on several
     nodes); Ctrl-C kills the step.  Its exit code.  A connection that breaks (the master
-    restarted, another took over) is opened again from the records already shown, checked
-    as `logs -f`'s (mgpu.client.resume): none lost, none twice."""
-    from mgpu.client.resume import Resume, Rewind
+    restarted, another took over) is opened again from the start, what was shown dropped
+    by its offsets (`Resume.from_start`): none lost, none twice."""
+    from mgpu.client.resume import Resume
     from mgpu.client.stream import LinePrefixer
 
     prefixer = LinePrefixer()
@@ -394,11 +394,9 @@ def follow_step(client: Client, step_id: str, multi: bool) -> int:
                         code = rec.get("exit_code")
                         return code if isinstance(code, int) and 0 <= code < 256 else 255
                 error: MgpuError = ConnectError("the master ended the step's stream")
-            except Rewind:
-                continue
-            except ConnectError as e:  # the stream broke: again, from what was shown
+            except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
                 error = e
-            resume.reopen()
+            resume.from_start()
             tries += 1
             if tries > FOLLOW_TRIES:
                 _say(f"lost step {step_id}: {error}")

@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Any
 
-from mgpu.client.api import Client, ConnectError, MgpuError, _quote
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, _quote
 from mgpu.client.render import _ranges
-from mgpu.client.resume import Resume, Rewind
+from mgpu.client.resume import Resume
 from mgpu.client.stream import LinePrefixer
 from mgpu.client.submitenv import portable_environment, step_environment
 
@@ -173,8 +173,8 @@ open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_
 def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) -> int:
     """Print the step's output until it ends: its exit code (130 if interrupted).  A
     connection that breaks (the master restarted, another took over) is opened again
-    with the records of each task already printed, each task's checked as `logs -f`'s
-    (mgpu.client.resume): none lost, none twice, however the new master cut them."""
+    from the start, what each task already printed dropped by its offsets
+    (`Resume.from_start`): none lost, none twice, however the new master cut them."""
     numbers = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
     labeller = Labeller(max(numbers, default=0) + 1, label)
     shown = {t: Resume() for t in numbers}
@@ -204,12 +204,10 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
                     elif rec.get("end"):
                         return _ended(step_id, rec)
                 error: MgpuError = ConnectError("the master ended its stream")
-            except Rewind:  # a new master cut a task's records otherwise: from its start
-                continue
-            except ConnectError as e:  # the connection broke: again, from what we have
+            except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
                 error = e
             for resume in shown.values():
-                resume.reopen()
+                resume.from_start()
             tries += 1
             if tries > RESUME_TRIES:
                 _say(f"error: lost step {step_id}: {error}")
