@@ -133,24 +133,37 @@ def test_a_submit_to_a_stopped_leader_is_made_once_by_the_new_one(
     assert Taking.posts == ["/api/jobs"]  # its idempotency key made it safe to send there
 
 
-def test_a_cancel_left_unanswered_says_so_and_the_next_request_goes_to_the_leader(
+def test_a_request_left_unanswered_says_so_and_the_next_request_goes_to_the_leader(
     stopped: str, taking: str
 ) -> None:
-    """A request that is not safe to send twice is not sent again: one sentence, soon,
-    naming the master that leads now, where the next request goes."""
+    """A request that is not safe to send twice (a node's drain: no idempotency key) is not
+    sent again: one sentence, soon, naming the master that leads now, where the next
+    request goes."""
     Taking.lead.set()
     client = Client(f"http://{stopped},{taking}")
     began = time.monotonic()
     with pytest.raises(NoAnswer) as caught:
-        client.cancel("5")
+        client.drain("n1")
     assert time.monotonic() - began < 15
     assert str(caught.value) == (
         f"the mgpu master at {stopped} said nothing for 1 s and {taking} leads now: it may "
-        "or may not have done POST /api/jobs/5/cancel (look before trying again)"
+        "or may not have done POST /api/nodes/n1/drain (look before trying again)"
     )
     assert Taking.posts == []
     assert client.queue() == {"jobs": [], "nodes": []}
     assert client.address == taking
+
+
+def test_a_cancel_left_unanswered_is_sent_to_the_new_leader_with_its_key(
+    stopped: str, taking: str
+) -> None:
+    """A cancel carries an idempotency key (mgpu.idempotent): safe to send again, it is."""
+    Taking.lead.set()
+    client = Client(f"http://{stopped},{taking}")
+    began = time.monotonic()
+    client.cancel("5")
+    assert time.monotonic() - began < 15
+    assert Taking.posts == ["/api/jobs/5/cancel"]
 
 
 class KeptAlive(_Master):

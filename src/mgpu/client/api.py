@@ -231,8 +231,10 @@ class Client(MasterSession):
         )
         return str(out["step_id"])
 
-    def step_stream(self, step_id: str) -> Iterator[dict[str, Any]]:
-        return self._stream_path(f"/api/steps/{_quote(step_id)}/output", read_timeout=3600 * 24)
+    def step_stream(self, step_id: str, since: int = 0) -> Iterator[dict[str, Any]]:
+        """A step's output records, then its end; `since`: the records already had."""
+        path = f"/api/steps/{_quote(step_id)}/output" + (f"?since={since}" if since else "")
+        return self._stream_path(path, read_timeout=3600 * 24)
 
     def start_alloc_step(self, job_id: str, argv: list[str], **options: Any) -> dict[str, Any]:
         """Run `argv` as a step of the running allocation `job_id` (`mgpu srun` inside

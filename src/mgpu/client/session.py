@@ -29,6 +29,7 @@ from mgpu.client.leader import (
 )
 from mgpu.client.leaderwatch import LeaderWatch, NewLeader, leads
 from mgpu.errors import MgpuError
+from mgpu.idempotent import keyed
 from mgpu.masters import Search, Transport
 from mgpu.wire import Connection
 
@@ -277,8 +278,9 @@ class MasterSession:
         data = None if body is None else json.dumps(body).encode()
         safe = method == "GET" or path == "/api/wait"  # reads: asked again, no harm done
         headers = None
-        if method == "POST" and path == SUBMIT_PATH:
-            # Sent again after a lost answer (a failover), the same key makes no second job.
+        if method == "POST" and (path == SUBMIT_PATH or keyed(method, path)):
+            # Sent again after a lost answer (a failover), the same key makes no second job
+            # (nor a second step, nor another answer to a cancel: mgpu.idempotent).
             headers = {"Idempotency-Key": os.urandom(16).hex()}
             safe = True
         return self._through_leader(

@@ -18,8 +18,9 @@ import sys
 import time
 from typing import Any
 
-from mgpu.client.api import Client, ConnectError, MgpuError, _quote
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, _quote
 from mgpu.client.render import _ranges
+from mgpu.client.resume import Resume
 from mgpu.client.stream import LinePrefixer
 from mgpu.client.submitenv import portable_environment, step_environment
 
@@ -165,16 +166,18 @@ class Labeller(LinePrefixer):
 
 
 RESUME_TRIES = 3
-"""Times the step's output is asked for again in a row after its connection broke."""
+"""Times the step's output is asked for again in a row after its connection broke (each
+open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
 
 
 def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) -> int:
     """Print the step's output until it ends: its exit code (130 if interrupted).  A
     connection that breaks (the master restarted, another took over) is opened again
-    with the records of each task already printed: none lost, none twice."""
+    from the start, what each task already printed dropped by its offsets
+    (`Resume.from_start`): none lost, none twice, however the new master cut them."""
     numbers = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
     labeller = Labeller(max(numbers, default=0) + 1, label)
-    seen = dict.fromkeys(numbers, 0)
+    shown = {t: Resume() for t in numbers}
     base = f"/api/sruns/{_quote(step_id)}/output"
     old = signal.getsignal(signal.SIGTERM)
 
@@ -185,28 +188,26 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
     tries = 0
     try:
         while True:
-            since = ",".join(str(seen.get(t, 0)) for t in numbers)
-            path = base + (f"?since={since}" if any(seen.values()) else "")
+            counts = [shown[t].since() if t in shown else 0 for t in numbers]
+            path = base + (f"?since={','.join(map(str, counts))}" if any(counts) else "")
             try:
                 for rec in client._stream_path(path, read_timeout=3600 * 24):
                     if "d" in rec:
                         task = int(rec.get("t", 0))
-                        seen[task] = seen.get(task, 0) + 1
+                        text = shown.setdefault(task, Resume()).take(rec)
                         tries = 0
+                        if text is None:
+                            continue
                         out = sys.stdout if rec.get("s") == "o" else sys.stderr
-                        out.write(labeller.render(str(task), rec["s"], rec["d"]))
+                        out.write(labeller.render(str(task), rec["s"], text))
                         out.flush()
                     elif rec.get("end"):
-                        lines = failures(rec.get("tasks") or [])
-                        for line in lines:
-                            _say(f"error: {line}")
-                        if rec.get("error") and not lines:
-                            _say(f"error: step {step_id}: {rec['error']}")
-                        code = rec.get("exit_code")
-                        return code if isinstance(code, int) and 0 <= code < 256 else 1
+                        return _ended(step_id, rec)
                 error: MgpuError = ConnectError("the master ended its stream")
-            except ConnectError as e:  # the connection broke: again, from what we have
+            except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
                 error = e
+            for resume in shown.values():
+                resume.from_start()
             tries += 1
             if tries > RESUME_TRIES:
                 _say(f"error: lost step {step_id}: {error}")
@@ -224,6 +225,17 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
         return 1
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _ended(step_id: str, rec: dict[str, Any]) -> int:
+    """srun's lines about the step's end: its exit code."""
+    lines = failures(rec.get("tasks") or [])
+    for line in lines:
+        _say(f"error: {line}")
+    if rec.get("error") and not lines:
+        _say(f"error: step {step_id}: {rec['error']}")
+    code = rec.get("exit_code")
+    return code if isinstance(code, int) and 0 <= code < 256 else 1
 
 
 def failures(tasks: list[dict[str, Any]]) -> list[str]:

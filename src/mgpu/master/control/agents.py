@@ -203,6 +203,10 @@ class Agents:
         for job_id in result.unlaunched:
             never = f"the launch never reached {node.node_id}"
             self.life.slot_lost(self.state.jobs[job_id], EndReason.NOT_LAUNCHED, never)
+        for step_id in result.lost_steps:  # not there: never launched, or the agent restarted
+            step = self.state.steps.by_id[step_id]
+            if self.state.steps.node_exited(step, node.node_id, None, f"{node.node_id} lost it"):
+                self.outputs.close(step.id)
         return list(result.kill), resume
 
     def disconnected(self, node_id: str, link: AgentLink) -> None:

@@ -76,8 +76,8 @@ from mgpu.master.store import arrays
 from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputReader, OutputStore
 from mgpu.master.store.submitbatch import SubmitBatch
-from mgpu.model import EndReason, Job, JobState, NodeState
-from mgpu.protocol import AgentMessage, CpuDesc, GpuDesc, Hello, Welcome
+from mgpu.model import EndReason, Job, JobState
+from mgpu.protocol import AgentMessage, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
 
 log = logging.getLogger("mgpu.master")
@@ -165,26 +165,15 @@ class Cluster(Reads, TokensAndAudit):
         self._rejudge_armed = False
         self.bulk = Bulk(self)
         self._load()
+        self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
         up = []
         for node_id, rec in self.store.load_nodes().items():
             node = self.state.node(node_id)
-            node.hostname = rec.get("hostname", "")
-            node.ip = rec.get("ip", "")
-            # Unchecked: a record from before hellos were bounded must not stop the master;
-            # the agent's next hello replaces it with checked values.
-            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
-            node.gpu_source = rec.get("gpu_source", "unknown")
-            node.drain_requested = bool(rec.get("drain_requested"))
-            node.reason = rec.get("reason")
-            node.failures = int(rec.get("failures", 0))
-            node.features = list(rec.get("features", []))
-            node.cpus = [CpuDesc.model_construct(**c) for c in rec.get("cpus", [])]
-            node.mem_mb = int(rec.get("mem_mb", 0))
+            node.from_record(rec)
             node.heard_now(self.clock)  # grace: agents get a full timeout to come back
-            node.state = NodeState.OFFLINE
             if rec.get("up"):
                 up.append(node)
         for entry in self.config.nodes:

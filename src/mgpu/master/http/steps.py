@@ -169,7 +169,13 @@ async def cancel(step_id: str, cl: Ctl, owned: OwnedJob) -> dict[str, Any]:
 
 
 def _marked(chunk: bytes, task: int) -> bytes:
-    """Stored records as the step's: each one's stream and text, and its task."""
+    """Stored records as the step's: each one's stream and text, and its task; with where
+    its run's stream stands (`ep`, `n`, `at`, as the store has them), so that a client
+    that reconnects to another master shows none of it twice (mgpu.client.resume)."""
     records = (json.loads(raw) for raw in chunk.splitlines())
-    marked = ({"s": rec["s"], "d": rec["d"], "t": task} for rec in records)
+    marked = (
+        {"s": rec["s"], "d": rec["d"], "t": task}
+        | {k: rec[k] for k in ("ep", "n", "at") if k in rec}
+        for rec in records
+    )
     return "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in marked).encode()

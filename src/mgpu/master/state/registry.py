@@ -304,6 +304,22 @@ class NodeRecord:
             "up": self.state != NodeState.OFFLINE,
         }
 
+    def from_record(self, rec: dict[str, Any]) -> None:
+        """Take a stored record back (`to_record`'s), the node offline until it is heard.
+        Unchecked: a record from before hellos were bounded must not stop the master; the
+        agent's next hello replaces it with checked values."""
+        self.hostname = rec.get("hostname", "")
+        self.ip = rec.get("ip", "")
+        self.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
+        self.gpu_source = rec.get("gpu_source", "unknown")
+        self.drain_requested = bool(rec.get("drain_requested"))
+        self.reason = rec.get("reason")
+        self.failures = int(rec.get("failures", 0))
+        self.features = list(rec.get("features", []))
+        self.cpus = [CpuDesc.model_construct(**c) for c in rec.get("cpus", [])]
+        self.mem_mb = int(rec.get("mem_mb", 0))
+        self.state = NodeState.OFFLINE
+
     def as_it_was(self) -> None:
         """Loaded by a master that has not heard from its agent yet (a new leader, a master
         restarted), a node that was up is shown as it was: online, or draining/drained as
