@@ -68,7 +68,8 @@ from .placement import (
     shape_key,
     wait_reason,
 )
-from .plan import Planned, Planner, plan_queue
+from .plan import Planned, Planner
+from .planqueue import plan_queue
 from .preemption import plan_preemption
 from .priority import (
     FactorMap,
@@ -367,6 +368,8 @@ class _Pass:
             pool.take(placements)
         self.decisions.starts.append(Start(job.job_id, placements))
         user = job.user
+        if job.asks and job.ask.exclusive:  # it holds every GPU of its nodes
+            need = sum(len(p.gpu_ids) for p in placements)
         units = job.gpu_share or need * SHARE_UNITS
         self.user_gpus[user] = self.user_gpus.get(user, 0) + units
         self.user_jobs[user] = self.user_jobs.get(user, 0) + 1
@@ -444,6 +447,8 @@ class _Pass:
                     view,
                     free_gpus=frozenset(g for g in view.gpu_indices if g in main.free(nid)),
                     shared={g: u for g, u in main.shared(nid).items() if g in view.gpu_indices},
+                    free_cpus=main.free_cpus(nid),
+                    free_mem_mb=main.free_mem(nid),
                 )
                 for view in reservation_views(res, main.views)
                 if main.is_up(nid := view.node_id)

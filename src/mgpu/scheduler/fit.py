@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from .askfit import ask_never_fits, ask_wait_reason
 from .pool import FreePool, _statically_eligible, _why_not_eligible
 from .shape import gpus_per_node
 from .shares import format_share
@@ -49,11 +50,27 @@ def could_ever_fit(
     """None if `request` could run on `nodes` once they are idle and up, else why not.
 
     Busy GPUs and down or draining nodes are ignored (they come back); what is checked is
-    the cluster's shape: node names, GPU indices, GPU counts, GPU types, features, and the
-    job's own node filters.  The reason is one sentence a user can act on.
+    the cluster's shape: node names, GPU indices, GPU counts, GPU types, features, the
+    job's own node filters, and the CPUs and memory it asks of each node (refused with
+    Slurm's `Requested node configuration is not available` and the numbers).  The reason
+    is one sentence a user can act on.
     """
     views = nodes if isinstance(nodes, Mapping) else {n.node_id: n for n in nodes}
-    req = request
+    why = _gpus_never_fit(request, views)
+    if why is not None or not request.asks:
+        return why
+    if request.gpu_share and request.ask.exclusive:
+        return "--gpu-share asks for part of one GPU; it cannot be combined with --exclusive"
+    if request.node_gpu_ids is not None:
+        named = {nid for nid, _ in request.node_gpu_ids}
+        eligible = [views[nid] for nid in sorted(named)]
+    else:
+        eligible = [v for v in _named_or_all(request, views) if _statically_eligible(request, v)]
+    return ask_never_fits(request, eligible, len(eligible) < len(views))
+
+
+def _gpus_never_fit(req: JobRequest, views: Mapping[str, NodeView]) -> str | None:
+    """`could_ever_fit` for the job's GPUs and node filters alone."""
     if req.gpus < 0:
         return "a job cannot ask for a negative number of GPUs"
     if req.gpu_share:
@@ -209,12 +226,16 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
     `runnable_when_idle` is False when even an idle cluster of the nodes that are up now
     could not run the job (a pinned node is down, every allowed node is draining, ...):
     such a job must not hold up the queue.  The reason depends only on the request and on
-    which nodes are up, so callers may cache it per request shape for a pass.
+    which nodes are up, so callers may cache it per request shape for a pass (for a job
+    that asks for CPUs or memory it names the most free on one node as the pool is when
+    asked: a pass may keep that too).
     """
     if req.node_gpu_ids is not None:
         down = [nid for nid, _ in req.node_gpu_ids if not pool.is_up(nid)]
         if down:
             return _down_sentence(down), False
+        if req.asks:
+            return ask_wait_reason(req, pool), True
         parts = [f"{_gpu_list(ids)} on {nid}" for nid, ids in req.node_gpu_ids]
         return "waiting for " + " and ".join(parts), True
     if could_ever_fit(req, pool.up_views()) is not None:
@@ -226,6 +247,8 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
         if down:
             return _down_sentence(down), False
         return "no node that is up can run it", False
+    if req.asks:
+        return ask_wait_reason(req, pool), True
     if req.nodes is not None:
         per = gpus_per_node(req) or 0
         return (
