@@ -58,9 +58,12 @@ def ask_never_fits(req: JobRequest, eligible: Sequence[NodeView], restricted: bo
         return None
     if req.nodes is not None:
         per = gpus_per_node(req) or 0
-        fit = [v for v in eligible if len(v.gpu_indices) >= per and _holds(v, req, per)]
-        if len(fit) >= req.nodes:
-            return None
+        fit: list[NodeView] = []
+        for v in eligible:  # stops once it has enough
+            if len(v.gpu_indices) >= per and _holds(v, req, per):
+                fit.append(v)
+                if len(fit) >= req.nodes:
+                    return None
         if fit:
             have = "has" if len(fit) == 1 else "have"
             cpus, mem = need_on(req.ask, per, fit[0])
@@ -75,11 +78,12 @@ def ask_never_fits(req: JobRequest, eligible: Sequence[NodeView], restricted: bo
         gpus = len(asked)
     else:
         gpus = 1 if req.gpu_share else req.gpus
-        most = max((len(v.gpu_indices) for v in eligible), default=0)
-        if req.distributed and gpus > most:
+        if req.distributed and gpus > max((len(v.gpu_indices) for v in eligible), default=0):
             if sum(_most_gpus(v, req) for v in eligible) >= gpus:
                 return None
             return _sentence(req, 1, eligible, restricted)
+        if any(len(v.gpu_indices) >= gpus and _holds(v, req, gpus) for v in eligible):
+            return None  # (usually the first node: a walk, not a list)
         sized = [v for v in eligible if len(v.gpu_indices) >= gpus]
     if any(_holds(v, req, gpus) for v in sized):
         return None
@@ -140,8 +144,10 @@ def ask_wait_reason(req: JobRequest, pool: FreePool) -> str:
         gpus = req.gpus
     cpus = ask.cpus_on(gpus, 0)
     mem = ask.mem_on(gpus, cpus, 0)
-    eligible = pool.eligible(req)
-    most_cpus, most_mem = pool.most_room(eligible.nodes)
+    if req.node_gpu_ids is not None:
+        most_cpus, most_mem = pool.most_room({nid for nid, _ in req.node_gpu_ids})
+    else:
+        most_cpus, most_mem = pool.most_room(pool.eligible(req).nodes)
     if cpus > most_cpus:
         return f"waiting for {_plural(cpus, 'CPU')}: the most free on one node is {most_cpus}"
     if not ask.whole_memory and mem > most_mem:

@@ -148,7 +148,7 @@ class _Pass:
         self.user_gpus, self.user_jobs = self.stats.per_user()
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
-        self._reasons: dict[_ShapeKey | int, tuple[WaitReason, bool]] = {}
+        self._reasons: dict[object, tuple[WaitReason, bool]] = {}
         self.fairshare: dict[str, float] = {}
         # Reservations still to come or under way, soonest first.
         self.reservations = sorted(
@@ -316,7 +316,7 @@ class _Pass:
         answers over the top.
         """
         pending = self.snapshot.pending
-        keys: list[_ShapeKey | int] | list[tuple[_ShapeKey, int]]
+        keys: list[object]
         if self.reservations:
             # Which reservations a job must keep off depends on its time limit too.
             starts = [r.start for r in self.reservations]
@@ -324,8 +324,9 @@ class _Pass:
             keys = [(_shape_key(j), bisect_left(starts, now + reach(j))) for j in pending]
         else:
             # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count
-            # alone, which allocates nothing; any other request by its full shape.
-            keys = [j.gpus if j.plain else _shape_key(j) for j in pending]
+            # alone, which allocates nothing (with its ask's numbers when it asks for CPUs or
+            # memory: made with the request); any other request by its full shape.
+            keys = [_shape_key(j) if (k := j.fit_key) is None else k for j in pending]
         verdicts: dict[object, str] = {}
         for key, job in dict(zip(keys, pending, strict=True)).items():
             reason, runnable = self._wait_reason(job)
@@ -409,8 +410,10 @@ class _Pass:
         return None
 
     def _wait_reason(self, job: JobRequest) -> tuple[WaitReason, bool]:
-        # A plain "N GPUs anywhere" request's reason depends on N alone.
-        key: _ShapeKey | int = job.gpus if job.plain else _shape_key(job)
+        # A plain "N GPUs anywhere" request's reason depends on N (and its ask) alone.
+        key = job.fit_key
+        if key is None:
+            key = _shape_key(job)
         found = self._reasons.get(key)
         if found is None:
             if job.reservation is None:

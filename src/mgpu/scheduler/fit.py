@@ -65,8 +65,21 @@ def could_ever_fit(
         named = {nid for nid, _ in request.node_gpu_ids}
         eligible = [views[nid] for nid in sorted(named)]
     else:
-        eligible = [v for v in _named_or_all(request, views) if _statically_eligible(request, v)]
+        eligible = _eligible(request, views)
     return ask_never_fits(request, eligible, len(eligible) < len(views))
+
+
+def _eligible(req: JobRequest, views: Mapping[str, NodeView]) -> list[NodeView]:
+    """The nodes the request's filters accept (all of them, unlooked at, when it has none)."""
+    if (
+        req.nodelist is None
+        and req.allowed_nodes is None
+        and req.gpu_type is None
+        and not req.exclude
+        and not req.requires
+    ):
+        return list(views.values())
+    return [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
 
 
 def _gpus_never_fit(req: JobRequest, views: Mapping[str, NodeView]) -> str | None:
@@ -82,7 +95,7 @@ def _gpus_never_fit(req: JobRequest, views: Mapping[str, NodeView]) -> str | Non
             return f"node {nid} is not in the cluster"
     if req.node_gpu_ids is not None:
         return _pinned_never_fits(req, views)
-    eligible = [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
+    eligible = _eligible(req, views)
     if not eligible:
         return _why_none_eligible(req, list(views.values()))
     if req.nodes is not None:

@@ -59,46 +59,59 @@ class NodeRoom:
     then), so a pool's copy costs nothing more for it.
     """
 
-    __slots__ = ("cpus", "mem", "top_cpus", "top_mem")
+    __slots__ = ("_most", "cpus", "mem", "top_cpus", "top_mem")
 
     def __init__(self) -> None:
         self.cpus: dict[str, int] = {}
         self.mem: dict[str, int] = {}
         self.top_cpus = 0
         self.top_mem = 0
+        self._most: tuple[int, int] | None = None
+        """`most()` over every node, until something changes."""
 
     def copy(self) -> NodeRoom:
         other = NodeRoom.__new__(NodeRoom)
         other.cpus, other.mem = dict(self.cpus), dict(self.mem)
         other.top_cpus, other.top_mem = self.top_cpus, self.top_mem
+        other._most = self._most
         return other
 
     def put(self, node: NodeView) -> None:
         """The node's free CPUs and memory as its view says (never more than it has)."""
         nid = node.node_id
-        cpus = max(0, min(node.free_cpus, node.cpus))
-        mem = max(0, min(node.free_mem_mb, node.mem_mb))
+        cpus = node.free_cpus if node.free_cpus < node.cpus else node.cpus
+        mem = node.free_mem_mb if node.free_mem_mb < node.mem_mb else node.mem_mb
+        cpus, mem = (cpus if cpus > 0 else 0), (mem if mem > 0 else 0)
         self.cpus[nid], self.mem[nid] = cpus, mem
-        self.top_cpus = max(self.top_cpus, cpus)
-        self.top_mem = max(self.top_mem, mem)
+        self._most = None
+        if cpus > self.top_cpus:
+            self.top_cpus = cpus
+        if mem > self.top_mem:
+            self.top_mem = mem
 
     def drop(self, node_id: str) -> None:
         self.cpus.pop(node_id, None)
         self.mem.pop(node_id, None)
+        self._most = None
 
     def take(self, node_id: str, cpus: int, mem_mb: int) -> None:
         """Hold `cpus` and `mem_mb` on the node (never below 0: a reserved head's hold on
         a node whose room is only now coming back leaves nothing to others)."""
-        if node_id in self.cpus:
+        left = self.cpus.get(node_id)
+        if left is not None:
+            self._most = None
             if cpus:
-                self.cpus[node_id] = max(0, self.cpus[node_id] - cpus)
+                left -= cpus
+                self.cpus[node_id] = left if left > 0 else 0
             if mem_mb:
-                self.mem[node_id] = max(0, self.mem[node_id] - mem_mb)
+                mem = self.mem[node_id] - mem_mb
+                self.mem[node_id] = mem if mem > 0 else 0
 
     def give(self, node: NodeView, cpus: int, mem_mb: int) -> None:
         """`cpus` and `mem_mb` come back on the node (at most what it has)."""
         nid = node.node_id
         if nid in self.cpus:
+            self._most = None
             if cpus:
                 c = self.cpus[nid] = min(node.cpus, self.cpus[nid] + cpus)
                 self.top_cpus = max(self.top_cpus, c)
@@ -110,7 +123,9 @@ class NodeRoom:
         """The most free CPUs, and the most free memory, on one of `nodes` (None: any);
         exact, O(nodes): for reasons, not for fits."""
         if nodes is None:
-            return max(self.cpus.values(), default=0), max(self.mem.values(), default=0)
+            if self._most is None:
+                self._most = max(self.cpus.values(), default=0), max(self.mem.values(), default=0)
+            return self._most
         cpus, mem = self.cpus, self.mem
         ids = [nid for nid in nodes if nid in cpus]
         return max(map(cpus.__getitem__, ids), default=0), max(map(mem.__getitem__, ids), default=0)

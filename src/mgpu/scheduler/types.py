@@ -119,9 +119,15 @@ class JobRequest:
     anywhere"."""
     asks: bool = field(init=False, repr=False, compare=False)
     """Asks for CPUs, memory or whole nodes (`ask` is not empty): every fit counts them."""
+    fit_key: object = field(init=False, repr=False, compare=False)
+    """A cheap key of everything that decides where the job fits, for a "N GPUs anywhere"
+    job: `gpus` when `plain`, `gpus` and the ask's numbers (as text) when it is plain but
+    for its ask; None otherwise (then `shape.shape_key`).  A pass keys its per-shape answers
+    by it."""
 
     def __post_init__(self) -> None:
-        asks = self.ask is not NO_ASK and not self.ask.empty
+        ask = self.ask
+        asks = ask is not NO_ASK and not ask.empty
         object.__setattr__(self, "asks", asks)
         counted = (
             self.node_gpu_ids is None
@@ -142,6 +148,27 @@ class JobRequest:
             and not self.distributed
             and self.reservation is None
             and not asks,
+        )
+        key: object = None
+        if self.plain:
+            key = self.gpus
+        elif asks and counted and self._unfiltered():
+            # A string: it keeps its hash, which a pass over a long queue asks for twice.
+            key = (
+                f"{self.gpus} {ask.cpus_per_node} {ask.cpus_per_gpu} {ask.mem_per_node_mb} "
+                f"{ask.mem_per_gpu_mb} {ask.mem_per_cpu_mb} {ask.exclusive:d}"
+            )
+        object.__setattr__(self, "fit_key", key)
+
+    def _unfiltered(self) -> bool:
+        return (
+            self.nodelist is None
+            and self.gpu_type is None
+            and self.allowed_nodes is None
+            and not self.exclude
+            and not self.requires
+            and not self.distributed
+            and self.reservation is None
         )
 
 
