@@ -149,6 +149,7 @@ class _Pass:
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
         self._reasons: dict[object, tuple[WaitReason, bool]] = {}
+        self._failed: dict[FreePool, set[object]] = {}  # shapes that fit no more (`_place`)
         self.fairshare: dict[str, float] = {}
         # Reservations still to come or under way, soonest first.
         self.reservations = sorted(
@@ -464,9 +465,20 @@ class _Pass:
         return blocked_by(self.reservations, self.now, reach(job), job.reservation)
 
     def _place(self, job: JobRequest, pool: FreePool) -> tuple[Placement, ...] | None:
-        if not self.reservations:
+        if self.reservations:
+            return place_around(job, pool, self.policy, self._blocks(job))
+        key = job.fit_key if job.asks else None
+        if key is None:
             return place(job, pool, self.policy)
-        return place_around(job, pool, self.policy, self._blocks(job))
+        # A pass only takes from its pools: a shape that did not fit one never will in this
+        # pass, and one whose CPUs are short on most nodes would walk them all every time.
+        failed = self._failed.setdefault(pool, set())
+        if key in failed:
+            return None
+        placements = place(job, pool, self.policy)
+        if placements is None:
+            failed.add(key)
+        return placements
 
     def _fits(self, job: JobRequest, need: int) -> bool:
         return need <= self.pool.total_free and self._place(job, self.pool) is not None

@@ -85,9 +85,12 @@ def _held(
 
 def _room_check(pool: FreePool, req: JobRequest, gpus: int) -> Callable[[str], bool]:
     """Whether a node has the job's CPUs and memory for `gpus` GPUs there (or is idle)."""
-    if req.ask.exclusive:
-        return pool.idle
     ask = req.ask
+    if ask.exclusive:
+        return pool.idle
+    if not ask.whole_memory:  # the same counts on every node: two lookups a node
+        cpus = ask.cpus_on(gpus, 0)
+        return pool.has_free(cpus, ask.mem_on(gpus, cpus, 0))
 
     def has_room(nid: str) -> bool:
         return pool.room_for(nid, gpus, ask) is not None

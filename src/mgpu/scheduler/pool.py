@@ -334,6 +334,21 @@ class FreePool:
             return None
         return cpus, mem
 
+    def has_free(self, cpus: int, mem_mb: int) -> Callable[[str], bool]:
+        """Whether a node has `cpus` and `mem_mb` free: a test for one placement's walk
+        over many nodes (valid until the pool next changes)."""
+        room = self._room
+        if room is None:
+            return _ALWAYS if not (cpus or mem_mb) else _NEVER
+        free_cpus, free_mem = room.cpus.get, room.mem.get
+
+        def has(node_id: str) -> bool:
+            return (not cpus or free_cpus(node_id, 0) >= cpus) and (
+                not mem_mb or free_mem(node_id, 0) >= mem_mb
+            )
+
+        return has
+
     def idle(self, node_id: str) -> bool:
         """Nothing holds anything on the node: all its GPUs, CPUs and memory are free."""
         view = self.views[node_id]
@@ -634,6 +649,14 @@ class FreePool:
         del old[bisect.bisect_left(old, node_id)]
         bisect.insort(self._buckets[after], node_id)
         self.total_free += after - before
+
+
+def _ALWAYS(node_id: str) -> bool:
+    return True
+
+
+def _NEVER(node_id: str) -> bool:
+    return False
 
 
 _EMPTY: frozenset[int] = frozenset()
