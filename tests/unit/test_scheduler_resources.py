@@ -312,3 +312,17 @@ def test_a_job_no_node_that_is_up_could_hold_does_not_block_the_queue() -> None:
     d = run(nodes, [big, job("small", submit=2.0)], policy="fifo")
     assert set(started(d)) == {"small"}
     assert d.reasons["big"] == "n2 is down or draining"
+
+
+def test_a_gangs_reason_names_what_each_node_must_have_free() -> None:
+    nodes = [cpu_node("n1", free_cpus=2), cpu_node("n2")]
+    gang = job("g", gpus=4, nodes=2, gpus_per_node=2, ask=asks(cpus_per_node=4, mem_per_gpu_mb=G))
+    d = run(nodes, [gang])
+    assert (
+        d.reasons["g"]
+        == "waiting for 2 nodes with 2 free GPUs and 4 CPUs and 2G of memory free each"
+    )
+    whole = job("w", gpus=2, nodes=2, gpus_per_node=1, ask=asks(exclusive=True))
+    assert run([cpu_node("n1", free=(1, 2, 3)), cpu_node("n2")], [whole]).reasons["w"] == (
+        "waiting for 2 whole nodes"
+    )

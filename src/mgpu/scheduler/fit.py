@@ -251,7 +251,7 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
             return ask_wait_reason(req, pool), True
         parts = [f"{_gpu_list(ids)} on {nid}" for nid, ids in req.node_gpu_ids]
         return "waiting for " + " and ".join(parts), True
-    if could_ever_fit(req, pool.up_views()) is not None:
+    if _never_on_up(req, pool):
         down = sorted(
             view.node_id
             for view in _named_or_all(req, pool.views)
@@ -280,6 +280,17 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
     if req.gpus == 0:
         return "waiting for a node", True
     return f"waiting for {req.gpus} {kind}GPU{'' if req.gpus == 1 else 's'}", True
+
+
+def _never_on_up(req: JobRequest, pool: FreePool) -> bool:
+    """`could_ever_fit(req, pool.up_views())` refuses it: for an "N GPUs anywhere" request
+    (`JobRequest.fit_key`), from the pool's largest node that is up, without a walk over
+    every node."""
+    if req.fit_key is None:
+        return could_ever_fit(req, pool.up_views()) is not None
+    if not pool.up_count or not 0 <= req.gpus <= pool.eligible(req).max_total:
+        return True
+    return req.asks and ask_never_fits(req, list(pool.up_views().values()), False) is not None
 
 
 def _down_sentence(down: Sequence[str]) -> str:
