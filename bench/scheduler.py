@@ -52,7 +52,7 @@ USERS = [f"user{i:02d}" for i in range(40)]
 ASKS = [
     ResourceAsk(cpus_per_gpu=8, mem_per_gpu_mb=64 * 1024),
     ResourceAsk(cpus_per_gpu=4, mem_per_gpu_mb=32 * 1024),
-    ResourceAsk(cpus_per_gpu=12),
+    ResourceAsk(cpus_per_gpu=6),
     ResourceAsk(cpus_per_node=16, mem_per_node_mb=128 * 1024),
     ResourceAsk(cpus_per_node=32, mem_per_cpu_mb=4096),
     ResourceAsk(mem_per_node_mb=0),
@@ -60,7 +60,8 @@ ASKS = [
 
 
 def _ask(rng: random.Random) -> ResourceAsk:
-    """Half the queue asks nothing; of the rest, one in fifty asks for whole nodes."""
+    """Half the queue asks nothing; of the rest, one in fifty asks for whole nodes.  Every
+    ask fits a node (the master refuses one that never could at submit)."""
     roll = rng.random()
     if roll < 0.5:
         return NO_ASK

@@ -162,7 +162,14 @@ def _place_asking(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Plac
     eligible = pool.eligible(req)
     if req.distributed and need > eligible.max_total:
         return _place_split(req, pool, need, eligible, policy)
-    if _hopeless(pool, req, need):
+    ask = req.ask
+    if not (ask.exclusive or ask.whole_memory):  # the same counts on every node
+        cpus = ask.cpus_on(need, 0)
+        mem = ask.mem_on(need, cpus, 0)
+        if not pool.could_hold(cpus, mem):
+            return None
+        for nid in _candidates(pool, need, eligible, policy, pool.has_free(cpus, mem)):
+            return (Placement(nid, _lowest(pool.free(nid), need), 0, cpus, mem),)
         return None
     for nid in _candidates(pool, need, eligible, policy, _room_check(pool, req, need)):
         return (_held_now(pool, req, nid, need),)

@@ -129,7 +129,7 @@ class FreePool:
         self._up = None
         self._shared = {}
         self._rooms = {}
-        room: NodeRoom | None = None
+        reporting: list[NodeView] = []  # nodes that say what CPUs or memory they have
         max_gpus = 0
         sets: dict[tuple[int, ...], frozenset[int]] = {}  # most nodes have the same GPUs
         for node in nodes:
@@ -145,10 +145,8 @@ class FreePool:
                 all_of[nid] = every
                 free_of[nid] = self._free_of(nid, node, every)
                 if node.cpus or node.mem_mb:
-                    if room is None:
-                        room = NodeRoom()
-                    room.put(node)
-        self._room, self._room_own = room, True
+                    reporting.append(node)
+        self._room, self._room_own = NodeRoom.of(reporting) if reporting else None, True
         self.max_gpus = max_gpus
         buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
         for nid, free in free_of.items():

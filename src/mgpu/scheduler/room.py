@@ -12,7 +12,7 @@ Also the words: memory as a person reads it (`format_mb`), and what a job asks o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from mgpu.resources import ResourceAsk
 
@@ -68,6 +68,16 @@ class NodeRoom:
         self.top_mem = 0
         self._most: tuple[int, int] | None = None
         """`most()` over every node, until something changes."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeView]) -> NodeRoom:
+        """The free CPUs and memory of `nodes` (each as `put` would take it), in bulk."""
+        room = cls()
+        cpus = room.cpus = {n.node_id: max(0, min(n.free_cpus, n.cpus)) for n in nodes}
+        mem = room.mem = {n.node_id: max(0, min(n.free_mem_mb, n.mem_mb)) for n in nodes}
+        room.top_cpus = max(cpus.values(), default=0)
+        room.top_mem = max(mem.values(), default=0)
+        return room
 
     def copy(self) -> NodeRoom:
         other = NodeRoom.__new__(NodeRoom)
