@@ -133,6 +133,14 @@ class PriorityWeightsConf(_Strict):
     max_age_hours: float = 168.0
 
 
+class BillingConf(_Strict):
+    """What fairshare charges per second a job holds each (Slurm's TRESBillingWeights)."""
+
+    gpu: float = Field(default=1.0, ge=0)
+    cpu: float = Field(default=0.0, ge=0)
+    mem_gb: float = Field(default=0.0, ge=0)
+
+
 class Scheduling(_Strict):
     default_policy: Literal["fill_first", "spread"] = "fill_first"
     policy: Literal["fifo", "priority", "backfill"] = "backfill"
@@ -144,6 +152,8 @@ class Scheduling(_Strict):
     kill_grace: float = Field(default=10.0, ge=0)
     fairshare_half_life_hours: float = Field(default=168.0, gt=0)
     weights: PriorityWeightsConf = Field(default_factory=PriorityWeightsConf)
+    billing: BillingConf = Field(default_factory=BillingConf)
+    """Fairshare's charge per GPU, CPU and GiB of memory held (default: GPU-hours)."""
     shares: dict[str, float] = Field(default_factory=dict)
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     max_running_jobs_per_user: int | None = Field(default=None, ge=0)

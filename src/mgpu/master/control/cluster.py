@@ -112,6 +112,7 @@ class Cluster(Reads, TokensAndAudit):
         self.counters = self.state.counters
         half_life = config.scheduling.fairshare_half_life_hours * 3600
         self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
+        self.usage.billing = scheduler_config(config.scheduling).billing  # what a second costs
         self.uow = UnitOfWork(store, self.timers, self.usage)
         self.job_metrics = JobMetrics()
         self.loop_lag = LoopLag()

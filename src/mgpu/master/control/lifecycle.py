@@ -449,10 +449,14 @@ class Lifecycle:
             self.outputs.close(step.id)
 
     def _charge(self, job: Job, now: float) -> None:
-        """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
-        if job.start_time is not None and job.gpus > 0:
+        """Add what the ending attempt cost (GPU-seconds by default; `scheduling.billing`)
+        to its user's fairshare usage."""
+        cpus = sum(s.cpus or 0 for s in job.allocation)
+        mem = sum(s.mem_mb or 0 for s in job.allocation)
+        if job.start_time is not None and (job.gpus > 0 or cpus or mem):
             amount = job.gpus * job.gpu_fraction  # a share is charged F of its GPU's time
-            self.usage.add(job.user, amount * max(0.0, now - job.start_time), now)
+            seconds = max(0.0, now - job.start_time)
+            self.usage.charge(job.user, amount, cpus, mem, seconds, now)
             self.uow.usage_changed()
 
     @staticmethod

@@ -461,7 +461,7 @@ class SchedulingLoop:
     def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
         """Each user's usage: ended work, decayed, plus the running work the set keeps."""
         usage = self.usage.snapshot(now)
-        for user, used in running.usage(now).items():
+        for user, used in running.usage(now, self.usage.billing).items():
             usage[user] = usage.get(user, 0.0) + used
         return usage
 

@@ -17,6 +17,7 @@ from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
 from mgpu.model import Job, JobState
 from mgpu.scheduler import (
+    BillingWeights,
     Dependency,
     DependencyTarget,
     Eligibility,
@@ -161,6 +162,7 @@ def scheduler_config(s: Scheduling) -> SchedulerConfig:
             max_age=w.max_age_hours * 3600,
         ),
         shares=s.shares,
+        billing=BillingWeights(s.billing.gpu, s.billing.cpu, s.billing.mem_gb),
         max_gpus_per_user=s.max_gpus_per_user,
         max_running_jobs_per_user=s.max_running_jobs_per_user,
         preemption=s.preemption,
