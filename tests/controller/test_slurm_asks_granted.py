@@ -85,13 +85,13 @@ def test_mgpus_own_cpus_stand_over_slurms(h: Harness) -> None:
     [
         (
             {"ntasks": 4, "cpus_per_task": 4},
-            "Requested node configuration is not available: the job asks for 16 CPUs per "
-            "node; the most a node offers is 8 CPUs and 8.0 GiB",
+            "Requested node configuration is not available: 16 CPUs asked per node, the "
+            "most any node offers is 8",
         ),
         (
             {"mem_per_node_mb": 16384},
-            "Requested node configuration is not available: the job asks for 16.0 GiB per "
-            "node; the most a node offers is 8 CPUs and 8.0 GiB",
+            "Requested node configuration is not available: 16G of memory asked per node, "
+            "the most any node offers is 8G",
         ),
     ],
 )

@@ -159,11 +159,10 @@ def test_two_jobs_whose_gpus_fit_but_cpus_do_not_run_one_after_the_other(
             ["-c", "8"],
             [
                 "sbatch: error: Batch job submission failed: Requested node configuration is "
-                "not available: the job asks for 8 CPUs per node; the most a node offers is "
-                "4 CPUs and 8.0 GiB"
+                "not available: 8 CPUs asked per node, the most any node offers is 4"
             ],
         ),
-        (["--mem=9G"], ["Requested node configuration is not available", "9.0 GiB"]),
+        (["--mem=9G"], ["Requested node configuration is not available", "9G of memory"]),
         (
             ["--mem=1G", "--mem-per-cpu=1G"],
             ["sbatch: error: --mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive."],

@@ -45,7 +45,7 @@ from typing import Any
 
 from mgpu import spec as specs
 from mgpu.config import Admission as AdmissionConfig
-from mgpu.master.control.resourcefit import over_max_mem_per_cpu, resources_never_fit
+from mgpu.master.control.resourcefit import over_max_mem_per_cpu
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.state.asks import AskRules
 from mgpu.model import Job
@@ -183,9 +183,7 @@ class Admission:
         user = request.user if request.allowed_nodes is not None else None
         key = (*shape_key(request), user, request.ask)
         if key not in self._verdicts:
-            self._verdicts[key] = could_ever_fit(request, nodes) or resources_never_fit(
-                request, nodes
-            )
+            self._verdicts[key] = could_ever_fit(request, nodes)
         return self._verdicts[key]
 
     # ---- the site's external validator ----------------------------------------------
