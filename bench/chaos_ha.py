@@ -124,12 +124,12 @@ def matrix(quick: bool, repeat: int, worst: int) -> list[Fault]:
 
 
 class ChaosHa:
-    def __init__(self, root: Path, server: PgServer, seed: int) -> None:
+    def __init__(self, root: Path, server: PgServer, seed: int, plain: bool) -> None:
         self.root = root
         self.server = server
         self.rng = random.Random(seed)
         server.create_database("mgpu")
-        self.cluster = ChaosCluster(root, server, "mgpu", masters=2, config=CONFIG)
+        self.cluster = ChaosCluster(root, server, "mgpu", 2, CONFIG, plain)
         self.rows = LeaseRowWatch(server, "mgpu")
         self.runs = root / "runs"
         self.ids: list[str] = []
@@ -370,6 +370,12 @@ def main() -> int:
     ap.add_argument("--worst", type=int, default=2, help="worst-moment runs of each fault")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--only", help="comma-separated fault kinds (e.g. stop,cut)")
+    ap.add_argument(
+        "--told-http",
+        action="store_true",
+        help="agents and users given http:// addresses (else they guess each loopback "
+        "master's transport, as by default)",
+    )
     ap.add_argument("--keep-logs", help="copy the masters' and agents' logs to this dir")
     ap.add_argument("--out", help="the JSON file (default bench/results/chaos_ha[-quick].json)")
     args = ap.parse_args()
@@ -385,7 +391,8 @@ def main() -> int:
     if args.only:
         kinds = set(args.only.split(","))
         faults = [f for f in faults if f.kind in kinds]
-    out = Path(args.out) if args.out else RESULTS / f"chaos_ha{'-quick' if args.quick else ''}.json"
+    name = "chaos_ha" + ("-quick" if args.quick else "") + ("-http" if args.told_http else "")
+    out = Path(args.out) if args.out else RESULTS / f"{name}.json"
     result: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -395,6 +402,7 @@ def main() -> int:
         "cluster": f"2 masters, {len(NODES)} agents x 4 fake GPUs, loopback",
         "postgresql": {"bin": str(bin_dir), "settings": PG_SETTINGS},
         "mode": "quick" if args.quick else f"full (repeat {args.repeat}, worst {args.worst})",
+        "addresses": "told http://" if args.told_http else "bare (transport guessed)",
         "seed": args.seed,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
@@ -404,7 +412,7 @@ def main() -> int:
         server = PgServer(bin_dir, settings=settings).start()
         bench = None
         try:
-            bench = ChaosHa(Path(tmp), server, args.seed)
+            bench = ChaosHa(Path(tmp), server, args.seed, args.told_http)
             bench.start()
             bench.run(faults, quiet=3.0 if args.quick else 5.0)
             result.update(bench.results())

@@ -39,9 +39,17 @@ class ChaosCluster(HaCluster):
     """HaCluster with one database URL per master (its own address of the server) and its
     own clock file (the test hook)."""
 
-    def __init__(self, root: Path, server: PgServer, dbname: str, masters: int, config: str):
+    def __init__(
+        self, root: Path, server: PgServer, dbname: str, masters: int, config: str, plain: bool
+    ) -> None:
         self.urls = [server.url(dbname).replace("127.0.0.1", master_ip(i)) for i in range(masters)]
         super().__init__(root, self.urls[0], masters=masters, config=config)
+        self.plain = plain
+        """Agents and users told `http://` (a site serving plain HTTP on purpose), not left
+        to guess a loopback master's transport (mgpu.masters.Transport)."""
+        if plain:
+            self.address = ",".join(f"http://{a}" for a in self.addresses)
+            self.env["MGPU_MASTER"] = self.address
         self.clock_files = [root / f"clock-offset-{i}" for i in range(masters)]
         for f in self.clock_files:
             f.write_text("0\n")
@@ -52,6 +60,15 @@ class ChaosCluster(HaCluster):
             self.database = self.urls[i]
             self.env[CLOCK_ENV] = str(self.clock_files[i])
             return super().start_master(i, wait)
+
+    def start_agent(self, node_id: str, gpus: int = 4, wait: bool = True) -> Any:  # type: ignore[override]
+        saved = self.addresses
+        if self.plain:
+            self.addresses = [f"http://{a}" for a in saved]
+        try:
+            return super().start_agent(node_id, gpus=gpus, wait=wait)
+        finally:
+            self.addresses = saved
 
     def signal_master(self, i: int, sig: int) -> None:
         proc = self.masters[i]
@@ -251,6 +268,7 @@ class Users:
         """A tick line ("tick N T") -> when a follower first printed it."""
         self.follow_exits: list[tuple[float, int, str]] = []
         self.follow_job = ""
+        self.follower: subprocess.Popen[str] | None = None
 
     def start(self, follow_job: str) -> None:
         self.follow_job = follow_job
@@ -304,6 +322,7 @@ class Users:
                 [str(BIN / "mgpu"), "logs", "-f", self.follow_job], stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, env=self.cluster.env, start_new_session=True,
             )  # fmt: skip
+            self.follower = proc
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("tick "):
@@ -318,6 +337,9 @@ class Users:
 
     def finish(self) -> None:
         self.stop.set()
+        if self.follower is not None:  # it follows a job that never ends by itself
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.follower.pid, signal.SIGTERM)
         for t in self.threads:
             t.join(timeout=SLOW_S * 2 + 10)
 

@@ -111,7 +111,7 @@ def per_fault(
     for line in ticks_all:
         printed = float(line.split()[2])
         k = w.of(printed)
-        if k is None:
+        if k is None or printed > end:  # the follower is stopped at the end
             continue
         f = records[k]["figures"]
         seen = ticks_seen.get(line)
