@@ -159,6 +159,9 @@ def run_master(
     from mgpu.master.http.connections import ConnectionLimits, protocol_class
 
     setup_logging(verbose)
+    from mgpu.master.runtime.testclock import install_from_env
+
+    install_from_env()  # a test hook, off unless $MGPU_TEST_CLOCK_OFFSET_FILE is set
     config: ClusterConfig = load_config(config_path)
     if database:
         config.database = database
