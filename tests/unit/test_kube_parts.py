@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -65,7 +66,13 @@ def test_an_invalid_status_keeps_one_sentence_per_cause() -> None:
 
 
 def test_no_answer_is_one_sentence() -> None:
-    err = unreachable("https://10.0.0.1:6443", "list nodes", ConnectionRefusedError(111, "x"))
+    # As httpx raises it: the refusal is a few causes down.
+    refused = ConnectionRefusedError(111, "Connect call failed ('10.0.0.1', 6443)")
+    middle = OSError("All connection attempts failed")
+    middle.__cause__ = refused
+    top = httpx.ConnectError("All connection attempts failed")
+    top.__cause__ = middle
+    err = unreachable("https://10.0.0.1:6443", "list nodes", top)
     assert str(err) == (
         "Cannot list nodes: the Kubernetes API server at https://10.0.0.1:6443 gave no answer"
         " (connection refused)."

@@ -101,11 +101,21 @@ def from_status(code: int, status: Any, doing: str) -> KubeError:
     return error
 
 
+def _refused(exc: BaseException | None) -> bool:
+    """Whether a connection was refused somewhere in `exc`'s chain of causes."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, ConnectionRefusedError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def unreachable(server: str, doing: str, exc: BaseException) -> KubeUnreachable:
     """The exception for a call that got no answer from `server`."""
     what = str(exc).strip() or type(exc).__name__
     lowered = what.lower()
-    if "connection refused" in lowered or "errno 111" in lowered:
+    if _refused(exc) or "connection refused" in lowered:
         what = "connection refused"
     elif "timed out" in lowered or "timeout" in type(exc).__name__.lower():
         what = "no answer in time"
