@@ -487,6 +487,13 @@ class KubeCluster:
         node = self.nodes[name]
         if node.kubelet is not None:
             self.vc.stop(node.kubelet, grace=0.5)
+            node.kubelet = None
+
+    def start_kubelet(self, name: str) -> None:
+        """Start a stopped kubelet again (the device plugin registers with it again)."""
+        node = self.nodes[name]
+        if node.kubelet is None:
+            self._start_kubelet(node)
 
     # -- the API, for fixtures and smoke tests (mgpu's own client is mgpu.kube)
 

@@ -80,7 +80,10 @@ if ((${#missing[@]})); then
 fi
 
 # --- the source: Debian's `kubernetes` source package (deb-src may need enabling).
-srcdir=$(find "$ROOT/src" -maxdepth 1 -type d -name "kubernetes-*$K8S_VERSION" 2>/dev/null | head -n1)
+find_source() {
+    find "$ROOT/src" -maxdepth 1 -type d -name "kubernetes-*$K8S_VERSION" 2>/dev/null | head -n1 || true
+}
+srcdir=$(find_source)
 if [[ -z $srcdir ]]; then
     if ! apt-cache showsrc kubernetes 2>/dev/null | grep -q "^Version: .*$K8S_VERSION"; then
         log "enabling Debian's source archive (deb-src bookworm main)"
@@ -96,7 +99,7 @@ EOF
     log "fetching the kubernetes source package"
     mkdir -p "$ROOT/src"
     (cd "$ROOT/src" && run apt-get source -qq kubernetes)
-    srcdir=$(find "$ROOT/src" -maxdepth 1 -type d -name "kubernetes-*$K8S_VERSION" | head -n1)
+    srcdir=$(find_source)
     [[ -n $srcdir ]] || die "apt-get source kubernetes gave no kubernetes-*$K8S_VERSION"
 fi
 
