@@ -134,6 +134,8 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_MEM_PER_NODE": slurm.mem_per_node_mb,
         "SLURM_MEM_PER_CPU": slurm.mem_per_cpu_mb,
         "SLURM_GPUS_PER_TASK": slurm.gpus_per_task,
+        "SLURM_GPU_BIND": slurm.gpu_bind,  # srun reads these two, as Slurm's
+        "SLURM_EXPORT_ENV": slurm.export_env,
         "SLURM_SUBMIT_HOST": slurm.submit_host,
         "SLURM_SUBMIT_DIR": slurm.submit_dir or job.cwd,
     }

@@ -21,7 +21,7 @@ from typing import Any
 from mgpu.client.api import Client, ConnectError, MgpuError, _quote
 from mgpu.client.render import _ranges
 from mgpu.client.stream import LinePrefixer
-from mgpu.client.submitenv import portable_environment
+from mgpu.client.submitenv import portable_environment, step_environment
 
 __all__ = ["StepOptions", "current_job", "run_step"]
 
@@ -31,8 +31,12 @@ class StepOptions:
     class: importing dataclasses costs the CLI's start-up."""
 
     __slots__ = (
+        "container",
         "cwd",
+        "export",
+        "gpu_bind",
         "gpus_per_task",
+        "image",
         "job_id",
         "kill_on_bad_exit",
         "label",
@@ -56,6 +60,10 @@ class StepOptions:
         pty: bool = False,
         cwd: str | None = None,
         job_id: str | None = None,
+        gpu_bind: str | None = None,
+        export: str | None = None,
+        image: str | None = None,
+        container: dict[str, Any] | None = None,
     ) -> None:
         self.nodes = nodes  # -N/--nodes
         self.ntasks = ntasks  # -n/--ntasks
@@ -67,6 +75,10 @@ class StepOptions:
         self.pty = pty
         self.cwd = cwd  # -D/--chdir; None: this directory
         self.job_id = job_id  # --jobid; None: $MGPU_JOB_ID
+        self.gpu_bind = gpu_bind  # --gpu-bind; None: the job's (mgpu.gpubind)
+        self.export = export  # --export; None: ALL (`submitenv.step_environment`)
+        self.image = image  # pyxis's --container-image, as the runtime names it
+        self.container = container  # its other options (mgpu.containeropts)
 
 
 def current_job() -> str | None:
@@ -98,15 +110,18 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         _say("warning: not using a pseudo-terminal, stdin is not a terminal")
     body: dict[str, Any] = {
         "argv": list(argv),
-        "env": portable_environment(os.environ)[0],
+        "env": portable_environment(step_environment(os.environ, options.export))[0],
         "cwd": options.cwd or os.getcwd(),
         "nodes": options.nodes,
         "ntasks": options.ntasks,
         "ntasks_per_node": options.ntasks_per_node,
         "nodelist": options.nodelist,
         "gpus_per_task": options.gpus_per_task,
+        "gpu_bind": options.gpu_bind,
         "kill_on_bad_exit": options.kill_on_bad_exit or None,
         "pty": pty or None,
+        "image": options.image,
+        "container": options.container,
     }
     if pty:
         from mgpu.client.terminal import terminal_size
@@ -120,6 +135,11 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         return 1
     for warning in started.get("warnings") or []:
         _say(f"Warning: {warning}")
+    for task in started.get("tasks") or []:  # --gpu-bind=verbose,: each task's binding
+        if task.get("gpu_bind"):
+            prefix = f"{task['task']}: " if options.label else ""
+            sys.stderr.write(f"{prefix}{task['gpu_bind']}\n")
+    sys.stderr.flush()
     if pty:
         from mgpu.client.terminal import run_terminal
 

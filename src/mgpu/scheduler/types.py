@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from mgpu.model import WaitCode
+from mgpu.resources import NO_ASK, ResourceAsk
 
 Policy = Literal["fill_first", "spread"]
 QueuePolicy = Literal["fifo", "priority", "backfill"]
@@ -47,6 +48,14 @@ class NodeView:
     shared: Mapping[int, int] = field(default_factory=dict)
     """GPUs holding fractional jobs: index -> share units in use (1..`SHARE_UNITS`).
     Such a GPU is not in `free_gpus`: no whole-GPU job may use it until its shares are gone."""
+    cpus: int = 0
+    """CPUs the node offers to jobs; 0: it does not say (an older agent), and then it holds
+    no job that asks for CPUs."""
+    free_cpus: int = 0
+    """Of those, not held by a running job."""
+    mem_mb: int = 0
+    """Memory (MiB) the node offers to jobs; 0: it does not say, as for `cpus`."""
+    free_mem_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,14 @@ class JobRequest:
     master has checked the user may use it)."""
     held: bool = False
     """Held (`--hold`, `mgpu hold`): never eligible until released."""
+    ask: ResourceAsk = NO_ASK
+    """CPUs and memory it needs on each node, beside its GPUs (`ResourceAsk.cpus_on` and
+    `mem_on` for a given node); the cluster's per-GPU defaults already applied."""
+    kill_invalid_dep: bool = True
+    """A dependency that can never be satisfied cancels it; False (a Slurm job's default):
+    it waits, as DependencyNeverSatisfied."""
+    over_partition_time: bool = False
+    """Its time limit is over its Slurm partition's `max_time`: it waits (PartitionTimeLimit)."""
     # Derived once here rather than in every pass: a pass tests them over the whole queue.
     counted: bool = field(init=False, repr=False, compare=False)
     """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,
@@ -135,6 +152,10 @@ class Placement:
     gpu_ids: tuple[int, ...]
     share: int = 0
     """Share units of each GPU listed that the job holds (a fractional job); 0 = whole GPUs."""
+    cpus: int = 0
+    """CPUs the job holds on the node (a count: the master picks which)."""
+    mem_mb: int = 0
+    """Memory (MiB) the job holds on the node."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -270,6 +270,20 @@ def submit_fields(
             os.path.join(cwd, os.path.expanduser(values["chdir"] or ""))
         )
     fields["env"] = export_env(prog, values.get("export"), environ)
+    exported = values.get("export")
+    if exported is not None and exported.strip().upper() == "ALL":
+        exported = None  # srun's default: not passed on (as sbatch's SLURM_EXPORT_ENV)
+    bind = values.get("gpu-bind")
+    if bind is not None:
+        from mgpu import gpubind  # (only when given: the CLI starts fast)
+
+        try:
+            gpubind.parse(bind)
+        except ValueError as e:
+            raise fail(prog, str(e)) from None
+    kill = values.get("kill-on-invalid-dep")
+    if kill is not None and kill.lower() not in ("yes", "no"):
+        raise fail(prog, "Invalid --kill-on-invalid-dep specification")
     mode = values.get("open-mode")
     if mode is not None and mode not in ("append", "truncate"):
         raise fail(prog, "Invalid --open-mode specification")
@@ -289,6 +303,13 @@ def submit_fields(
         "error": values.get("error"),
         "open_mode": mode or "truncate",
     }
+    # Only when given: a master of an older mgpu refuses keys it does not know.
+    if bind is not None:
+        block["gpu_bind"] = bind
+    if kill is not None and kill.lower() == "yes":
+        block["kill_invalid_dep"] = True
+    if exported:
+        block["export_env"] = environ.get("SLURM_EXPORT_ENV", exported)
     warnings = []
     unscheduled = [f"--{n}={values[n]}" for n in NOT_SCHEDULED if values.get(n) is not None]
     warned = optable.names(prog, "warn")

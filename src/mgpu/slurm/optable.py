@@ -15,6 +15,8 @@ none), the commands that take it (`b` sbatch, `r` srun, `a` salloc), and its use
 - `warn`: accepted, and ignored with a warning (nothing about what runs, or when, changes
   beyond what the warning says);
 - `refuse`: refused in one sentence (REFUSED): ignoring it would change what runs;
+- `pyxis`: NVIDIA pyxis's container options, a SPANK plugin's rows after Slurm's own
+  (mgpu.slurm.pyxis: the image and options honoured, or refused in one sentence);
 - `=NAME`: another spelling of NAME (Slurm's deprecated and hidden forms: `--cpu_bind`,
   `--tasks-per-node`, `--pack-group`, `--cluster`).
 
@@ -28,6 +30,7 @@ shape from the job (mgpu.client.steps), as today.
 from __future__ import annotations
 
 from mgpu.slurm.opts import Option
+from mgpu.slurm.pyxis import ROWS as PYXIS_ROWS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,7 +83,7 @@ export-file         - = b   warn
 extra-node-info     B = bra warn
 get-user-env        - ? ba  warn
 gid                 - = bra warn
-gpu-bind            - = bra warn
+gpu-bind            - = bra job
 gpu-freq            - = bra warn
 gpus                G = bra gpu
 gpus-per-node       - = bra gpu
@@ -100,7 +103,7 @@ jobid               - = r   step
 job-name            J = bra job:name
 kill-command        K ? a   warn
 kill-on-bad-exit    K ? r   step
-kill-on-invalid-dep - = b   warn
+kill-on-invalid-dep - = b   job
 label               l - r   step
 licenses            L = bra warn
 mail-type           - = bra job
@@ -404,7 +407,7 @@ class Row:
         return self.use[1:] if self.use.startswith("=") else self.name
 
 
-ROWS = [Row(*line.split()) for line in OPTIONS.strip().splitlines()]
+ROWS = [Row(*line.split()) for line in f"{OPTIONS.strip()}\n{PYXIS_ROWS.strip()}".splitlines()]
 
 
 def rows(command: str) -> list[Row]:

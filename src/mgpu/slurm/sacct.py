@@ -72,6 +72,17 @@ def _group(job: dict[str, Any]) -> str:
         return ""
 
 
+def _max_rss(job: dict[str, Any]) -> str:
+    """The job's peak memory as sacct writes it: KiB, in a larger unit where exact."""
+    mb = job.get("max_rss_mb")
+    if not isinstance(mb, int):
+        return ""
+    value, units = mb * 1024, "KMGTP"
+    while value and value % 1024 == 0 and units[1:]:
+        value, units = value // 1024, units[1:]
+    return f"{value}{units[0]}"
+
+
 def _state(job: dict[str, Any]) -> str:
     return states.state(job)
 
@@ -186,6 +197,7 @@ GETTERS: dict[str, Any] = {
     "Restarts": lambda j: str(j.get("restart_count") or 0),
     "Cluster": lambda j: "mgpu",
     "Comment": lambda j: "",
+    "MaxRSS": _max_rss,
 }
 """The values mgpu has; a field of Slurm's it has not is empty, as sacct's are for data
 the cluster does not gather."""

@@ -25,6 +25,12 @@ COMPACT = {
 }
 
 
+def compact(state: str) -> str:
+    """sinfo's short state, its `*` (not responding) kept: `idle*`, `mix*`."""
+    base = state.rstrip("*")
+    return COMPACT.get(base, base) + state[len(base) :]
+
+
 class Partition:
     """A partition as sinfo shows it: name, default or not, time limit, node ids."""
 
@@ -89,7 +95,7 @@ COLUMNS: list[tuple[str, str, str, Any]] = [
     ("a", "available", "AVAIL", lambda r: "up"),
     ("l", "timelimit", "TIMELIMIT", lambda r: r.limit),
     ("D", "nodes", "NODES", lambda r: str(len(r.nodes))),
-    ("t", "statecompact", "STATE", lambda r: COMPACT.get(r.state, r.state)),
+    ("t", "statecompact", "STATE", lambda r: compact(r.state)),
     ("T", "statelong", "STATE", lambda r: r.state),
     ("N", "nodelist", "NODELIST", lambda r: _names(r.nodes)),
     (
@@ -126,7 +132,8 @@ def rows(
         by_state: dict[str, list[Any]] = {}
         for node in (by_id[i] for i in part.nodes if i in by_id):
             state = states.node_state(node)
-            if wanted and state not in wanted and COMPACT[state] not in wanted:
+            base = state.rstrip("*")  # `-t idle` lists the idle nodes that do not respond too
+            if wanted and not {state, base, compact(state), compact(base)} & wanted:
                 continue
             if per_node:
                 out.append(Row(part, state, [node]))

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from mgpu import gpubind
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig, Partition
 from mgpu.model import OPEN_MODES, SlurmOptions
@@ -40,8 +41,10 @@ _TEXTS = {
     "error": "--error",
     "submit_host": "the submit host",
     "submit_dir": "the submit directory",
+    "gpu_bind": "--gpu-bind",
+    "export_env": "--export",
 }
-_KNOWN = frozenset({"batch", "open_mode", *_COUNTS, *_TEXTS})
+_KNOWN = frozenset({"batch", "open_mode", "kill_invalid_dep", *_COUNTS, *_TEXTS})
 _PARTITION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 MAX_PATTERN_CHARS = 4096
 
@@ -60,6 +63,10 @@ def parse_slurm_block(value: Any) -> SlurmOptions | None:
     if not isinstance(batch, bool):
         raise specs.SpecError("the slurm block's batch must be true or false")
     out["batch"] = batch
+    kill = value.get("kill_invalid_dep", False)
+    if not isinstance(kill, bool):
+        raise specs.SpecError("the slurm block's kill_invalid_dep must be true or false")
+    out["kill_invalid_dep"] = kill
     for key, (option, least) in _COUNTS.items():
         out[key] = _count(value.get(key), option, least)
     for key, what in _TEXTS.items():
@@ -76,6 +83,11 @@ def parse_slurm_block(value: Any) -> SlurmOptions | None:
     for key in ("output", "error"):
         if out[key] is not None:
             check_pattern(out[key], _TEXTS[key])
+    if out["gpu_bind"] is not None:
+        try:
+            gpubind.parse(out["gpu_bind"])
+        except ValueError as e:
+            raise specs.SpecError(str(e)) from None
     if out["submit_dir"] is not None and not os.path.isabs(out["submit_dir"]):
         raise specs.SpecError(f"the submit directory {out['submit_dir']!r:.60} is not absolute")
     return SlurmOptions(**out)

@@ -50,6 +50,8 @@ class Step:
     to_job_output: bool = True
     """Its output is added to the job's too (not where srun prints it into the job's own
     output, as in a batch script: it would be there twice)."""
+    bind_note: str | None = None
+    """`--gpu-bind=verbose,...`: the line about its GPUs srun prints on its stderr."""
 
     @property
     def on_nodes(self) -> list[str]:
