@@ -224,7 +224,7 @@ def test_a_pod_kubernetes_cannot_place_goes_back_to_the_queue(
         assert job["end_reason"] == "no_room" and job["retries"] == 0
         why = job["attempts"][0]["end_reason"]  # the waiting reason is the backoff's now
         assert why.startswith("Kubernetes has no room: 0/2 nodes are available"), why
-        assert "node(s) didn't match node selector" in why
+        assert "2 node(s) didn't match" in why  # the template's nodeSelector
         assert not _pods(kube, f"mgpu.io/job={job_id}")  # nothing held meanwhile
         assert all(n["state"] == "online" for n in nobody.nodes())  # no node blamed
     finally:

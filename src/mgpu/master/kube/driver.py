@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from mgpu.config import Partition
 from mgpu.kube import KubeClient, KubeError, NodeView, PodView, Watch, WatchEvent
 from mgpu.kubesection import KubernetesSection
+from mgpu.master.control.admission import CONTAINER_FEATURE
 from mgpu.master.kube.capacity import (
     OTHERS,
     blocked_cpus,
@@ -189,6 +190,7 @@ class KubePartition:
             running=self._reports(name),
             cpus=fresh.cpus,
             mem_mb=fresh.mem_mb,
+            features=[CONTAINER_FEATURE],  # every Pod is a container: `--image` is its image
         )
         welcome = self.cl.agent_hello(hello, link)
         node = self.cl.nodes[name]

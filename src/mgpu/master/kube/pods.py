@@ -44,6 +44,7 @@ from mgpu.master.kube.runs import (
     container_state,
     waiting_message,
 )
+from mgpu.master.state.steps import is_step_id
 from mgpu.model import EndReason, Job, JobState, SlotPhase
 from mgpu.protocol import (
     Exited,
@@ -68,6 +69,7 @@ RENDEZVOUS_PORT = 29500
 """MASTER_PORT of a job on several Pods: each Pod has its own address, so no port is
 reserved (torchrun's default)."""
 MAX_BACKOFF = 300.0
+NO_STEPS = "job steps (srun, mgpu rsh) do not run on a Kubernetes partition yet"
 
 
 class PodRuns:
@@ -120,7 +122,10 @@ class PodRuns:
         """A message of the master to a Node's agent (called as the unit of work sends
         it: what it causes happens after, on the loop)."""
         loop = asyncio.get_running_loop()
-        if isinstance(message, Launch):
+        if isinstance(message, Launch) and is_step_id(message.job_id):
+            refused = _exited(message.job_id, message.epoch, launch_error=NO_STEPS)
+            loop.call_soon(self.tell, node_id, refused)
+        elif isinstance(message, Launch):
             self.spawn(self.launch(node_id, message))
         elif isinstance(message, Kill):
             self.kill(node_id, message.job_id, message.epoch, message.grace)
