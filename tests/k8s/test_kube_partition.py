@@ -17,6 +17,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,6 +112,25 @@ def _running(client: Client, job_id: str, timeout: float = 120) -> dict[str, Any
     return wait_for(f"job {job_id} running", started, timeout)
 
 
+def test_a_template_the_api_server_refuses_stops_the_master(
+    kube: KubeCluster, tmp_path: Path
+) -> None:
+    workdir = "              workingDir: /tmp\n"
+    mount = "              volumeMounts: [{name: nas, mountPath: /n}]\n"
+    bad = _config(kube).replace(workdir, workdir + mount)
+    (tmp_path / "c.yaml").write_text(bad)
+    argv = [str(BIN / "mgpu"), "master", "--config", str(tmp_path / "c.yaml")]
+    argv += ["--state-dir", str(tmp_path / "state"), "--port", "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert (
+        "partition k8s: the pod template is refused: spec.containers[0].volumeMounts[0].name:"
+        ' Not found: "nas".'
+    ) in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "state").exists()  # stopped before anything was made
+
+
 def test_the_nodes_are_the_partitions_nodes(master: LocalCluster, kube: KubeCluster) -> None:
     nodes = {n["node_id"]: n for n in master.client().nodes()}
     assert set(nodes) == set(kube.nodes)
@@ -123,7 +143,7 @@ def test_the_nodes_are_the_partitions_nodes(master: LocalCluster, kube: KubeClus
 
 
 def test_a_job_runs_as_a_pod_as_its_user_with_its_environment(
-    master: LocalCluster, kube: KubeCluster, nobody: Client
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
 ) -> None:
     command = 'id -u; id -g; echo "job=$MGPU_JOB_ID gpus=$NVIDIA_VISIBLE_DEVICES"; pwd; exit 3'
     job_id = nobody.submit(command, gpus=1, env=ENV).id
@@ -138,6 +158,14 @@ def test_a_job_runs_as_a_pod_as_its_user_with_its_environment(
     assert line.startswith(f"job={job_id} gpus=GPU-{node}-"), line
     assert cwd == "/tmp"  # the template's working directory
     assert job["pods"][0]["name"] == f"mgpu-lab-{job_id}-1-0"
+    shown = subprocess.run(
+        [str(BIN / "mgpu"), "show", job_id],
+        env={**master.env, "MGPU_TOKEN": nobody_token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert f"pod:        mgpu-lab-{job_id}-1-0  node {node}  " in shown, shown
     # Its Pod is deleted once its end and output are stored.
     wait_for("the job's pod gone", lambda: not _pods(kube, f"mgpu.io/job={job_id}"), 60)
 
