@@ -401,6 +401,10 @@ class PodRuns:
         being deleted."""
         section = self.section
         for run in list(self.runs.values()):
+            if not run.killing and self._job(run.job_id, run.epoch) is None:
+                # The master gave the run up without a kill (its node was lost, say): its
+                # Pod must not stay behind, holding what it holds.
+                self.kill(run.slot_node, run.job_id, run.epoch, run.kill_grace)
             if run.ended:
                 if run.killing and run.force_at is not None and now > run.force_at:
                     self._force(run)
