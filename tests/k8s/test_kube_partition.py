@@ -262,6 +262,30 @@ def test_a_pod_kubernetes_cannot_place_goes_back_to_the_queue(
     assert done["state"] == "completed" and nobody.logs(job_id) == "placed\n"
 
 
+def test_a_job_on_two_nodes_is_all_its_pods_or_none(
+    master: LocalCluster, kube: KubeCluster, nobody: Client
+) -> None:
+    _label(kube, "k8s-node2", "no")  # room for one of its two Pods only
+    try:
+        command = "sleep 12; echo rank $MGPU_NODE_RANK"  # the placed one still runs when sent back
+        job_id = nobody.submit(command, nodes=2, gpus_per_node=1, env=ENV).id
+
+        def requeued() -> dict[str, Any] | None:
+            job = nobody.show(job_id)
+            return job if job["state"] == "queued" and job["restart_count"] >= 1 else None
+
+        job = wait_for("the job back in the queue", requeued, 120)
+        assert job["end_reason"] == "no_room", job
+        # Its Pod that was placed is not left holding a GPU.
+        wait_for("no pod of the job", lambda: not _pods(kube, f"mgpu.io/job={job_id}"), 60)
+    finally:
+        _label(kube, "k8s-node2", "yes")
+    done = nobody.wait(job_id, timeout=150)
+    assert done["state"] == "completed", done
+    assert sorted(p["node"] for p in done["pods"]) == ["k8s-node1", "k8s-node2"]
+    assert sorted(nobody.logs(job_id).splitlines()) == ["rank 0", "rank 1"]
+
+
 def test_cancel_deletes_the_pod(master: LocalCluster, kube: KubeCluster, nobody: Client) -> None:
     job_id = nobody.submit("echo up; sleep 300", env=ENV).id
     _running(nobody, job_id)

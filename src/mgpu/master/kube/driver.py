@@ -70,6 +70,8 @@ class KubePartition:
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[str, PodView] = {}
         """Every Pod of the cluster, by uid."""
+        self.on_node: dict[str, dict[str, PodView]] = {}
+        """The same, by Node and uid (bound Pods only)."""
         self.mine: dict[str, dict[str, Any]] = {}
         """mgpu's Pods (of this cluster and namespace), by name."""
         self.links: dict[str, KubeLink] = {}
@@ -240,8 +242,7 @@ class KubePartition:
 
     def _pod_event(self, event: WatchEvent) -> None:
         if event.type == "SYNC":
-            gone = {uid: v for uid, v in self.pods.items()}
-            self.pods = {}
+            gone = dict(self.pods)
             for obj in event.items:
                 view = PodView.of(obj)
                 gone.pop(view.uid, None)
@@ -253,10 +254,13 @@ class KubePartition:
         self._pod(event.object, view, deleted=event.type == "DELETED")
 
     def _pod(self, obj: dict[str, Any], view: PodView, deleted: bool) -> None:
-        if deleted:
-            self.pods.pop(view.uid, None)
-        else:
+        before = self.pods.pop(view.uid, None)
+        if before is not None and before.node:
+            self.on_node.get(before.node, {}).pop(view.uid, None)
+        if not deleted:
             self.pods[view.uid] = view
+            if view.node:
+                self.on_node.setdefault(view.node, {})[view.uid] = view
         if view.node in self.nodes and self.started:
             self._recount(view.node)
         if not self._ours(view):
@@ -338,7 +342,7 @@ class KubePartition:
         node = self.cl.nodes.get(name)
         if node is None or node.partition != self.name:
             return
-        on = (p for p in self.pods.values() if p.node == name)
+        on = self.on_node.get(name, {}).values()
         others = others_on(on, self.section.gpu_resource, self._in_ledger)
         blocked = blocked_gpus((g.index for g in node.gpus), node.busy, others.gpus)
         freed = len(blocked) < len(node.foreign_blocked)
