@@ -34,7 +34,7 @@ import functools
 import getpass
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mgpu import spec as specs
@@ -165,6 +165,8 @@ class Cluster(Reads, TokensAndAudit):
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
         self.bulk = Bulk(self)
+        self.services: list[Callable[[], Awaitable[None]]] = []
+        """More tasks to run beside the loop (a Kubernetes partition's: mgpu.master.kube)."""
         self._load()
         self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())
@@ -613,7 +615,11 @@ class Cluster(Reads, TokensAndAudit):
 
     async def run(self) -> None:
         await asyncio.gather(
-            self.loop.run(), self.notifier.run(), self.loop_lag.run(), self.retention.run()
+            self.loop.run(),
+            self.notifier.run(),
+            self.loop_lag.run(),
+            self.retention.run(),
+            *(service() for service in self.services),
         )
 
     def wake(self) -> None:

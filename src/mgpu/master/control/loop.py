@@ -45,6 +45,7 @@ from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.state.asks import AskRules, held_on_nodes
 from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.partscope import partition_scope, scoped
 from mgpu.master.state.runindex import RunningIndex
 from mgpu.master.state.shares import job_share_units
 from mgpu.master.state.snapshot import (
@@ -267,6 +268,7 @@ class SchedulingLoop:
         self.head = Head()
         self.pacing = Pacing()
         self._requests: dict[str, JobRequest] = {}
+        self.kube = partition_scope(config)  # None: no Kubernetes partition
         self.priorities: dict[str, float] = {}
         self.factors: Mapping[str, dict[str, float]] = {}
         """The last pass's (jobs it did not see, like those waiting for a dependency, have
@@ -411,10 +413,19 @@ class SchedulingLoop:
 
     # ---- requests (cached per queued job) ---------------------------------
 
+    def _request(self, job: Job) -> JobRequest:
+        req = job_request(job, self.allowed_nodes(job.user), self.asks)
+        return scoped(req, job, self.state.kube_nodes, self.kube) if self.kube else req
+
+    def rescope(self) -> None:
+        """A Kubernetes partition's Nodes changed: every request is built again."""
+        self._requests.clear()
+        self.state.wake()
+
     def request_for(self, job: Job) -> JobRequest:
         req = self._requests.get(job.id)
         if req is None:
-            req = job_request(job, self.allowed_nodes(job.user), self.asks)
+            req = self._request(job)
             if job.state == JobState.QUEUED and job.id in self.state.jobs:
                 self._requests[job.id] = req
         return req
@@ -424,7 +435,7 @@ class SchedulingLoop:
         time while it is submitted), so that the first pass after it does not hold the
         event loop building 100,000 of them."""
         for job in jobs:
-            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user), self.asks)
+            self._requests[job.id] = self._request(job)
 
     def queued_requests(self, now: float, jobs: Iterable[Job]) -> list[JobRequest]:
         """The requests of the queued ones among `jobs` (cached), in their order."""

@@ -90,6 +90,10 @@ def open_cluster(
     tokens.bootstrap(owner)
     outputs = open_outputs(state_dir, config.database, store)
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
+    if config.kube_partitions():  # else nothing of Kubernetes is imported
+        from mgpu.master.kube.driver import services
+
+        cluster.services += services(cluster)
     gcpause.watch()
     gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it

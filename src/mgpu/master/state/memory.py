@@ -47,6 +47,9 @@ class ControllerState:
         """Set when something happened that the scheduling loop should look at."""
         self._waiters: dict[str, asyncio.Event] = {}
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
+        self.kube_nodes: dict[str, str] = {}
+        """Node id → the Kubernetes-backed partition it is a Node of (mgpu.master.kube):
+        only that partition's jobs run there, and its jobs nowhere else."""
 
     def wake(self) -> None:
         self.wakeup.set()

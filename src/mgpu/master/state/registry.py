@@ -231,6 +231,12 @@ class NodeRecord:
     mem_jobs: dict[str, int] = field(default_factory=dict)
     """Job id -> the memory (MiB) it holds here."""
     link: AgentLink | None = None
+    partition: str | None = None
+    """The Kubernetes-backed partition whose Node this is (mgpu.master.kube); None: a
+    node of mgpu's own agent."""
+    others: list[dict[str, Any]] = field(default_factory=list)
+    """A Kubernetes Node's Pods that are not mgpu's running jobs (other workloads, Pods
+    still terminating): what each holds, shown with the node."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -379,4 +385,10 @@ class NodeRecord:
             "cpus_free": self.free_cpu_count() if self.cpus else None,
             "mem_mb": self.mem_mb or None,
             "mem_free_mb": self.free_mem_mb() if self.mem_mb else None,
+            **self._kube_public(),
         }
+
+    def _kube_public(self) -> dict[str, Any]:
+        if self.partition is None:
+            return {}
+        return {"partition": self.partition, "kubernetes": True, "pods": list(self.others)}
