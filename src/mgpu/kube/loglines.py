@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mgpu.kube.errors import KubeError, KubeNotFound, KubeUnreachable
 
 if TYPE_CHECKING:
-    from mgpu.kube.client import KubeClient
+    from mgpu.kube.api import KubeApi
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class LogFollower:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeApi,
         name: str,
         namespace: str,
         container: str | None,

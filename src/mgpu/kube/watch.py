@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mgpu.kube.errors import KubeError, KubeGone, KubeUnreachable, from_status
 
 if TYPE_CHECKING:
-    from mgpu.kube.client import KubeClient
+    from mgpu.kube.api import KubeApi
 
 WATCH_SECONDS = 240  # the server ends each watch after this; we then watch again
 
@@ -35,7 +35,7 @@ class Watch:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: KubeApi,
         path: str,
         doing: str,
         params: Mapping[str, str],
