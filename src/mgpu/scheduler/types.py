@@ -56,6 +56,12 @@ class NodeView:
     mem_mb: int = 0
     """Memory (MiB) the node offers to jobs; 0: it does not say, as for `cpus`."""
     free_mem_mb: int = 0
+    bare_jobs: int = 0
+    """Running jobs that hold none of its GPUs, CPUs or memory (a `--gpus 0` job that asks
+    nothing): the node is not idle while one runs, so no `--exclusive` job starts here."""
+    whole: bool = False
+    """An `--exclusive` job holds it: nothing else starts here while that job runs, not
+    even a job that would hold nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,8 @@ class Placement:
     """CPUs the job holds on the node (a count: the master picks which)."""
     mem_mb: int = 0
     """Memory (MiB) the job holds on the node."""
+    whole: bool = False
+    """The job holds the node whole (`--exclusive`): nothing else may start there."""
 
 
 @dataclass(frozen=True, slots=True)
