@@ -419,5 +419,7 @@ class Agents:
         if step is None or step.ended_on(node.node_id):
             return
         code, error = msg.exit_code, msg.launch_error
+        if msg.out_of_memory:
+            step.out_of_memory = True
         if self.state.steps.node_exited(step, node.node_id, code, error):
             self.outputs.close(step.id)
