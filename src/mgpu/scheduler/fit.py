@@ -291,7 +291,7 @@ def _never_on_up(req: JobRequest, pool: FreePool) -> bool:
         return could_ever_fit(req, pool.up_views()) is not None
     if not pool.up_count or not 0 <= req.gpus <= pool.eligible(req).max_total:
         return True
-    return req.asks and ask_never_fits(req, list(pool.up_views().values()), False) is not None
+    return req.asks and ask_never_fits(req, pool.up_views().values(), False) is not None
 
 
 def _down_sentence(down: Sequence[str]) -> str:

@@ -8,6 +8,7 @@ estimating when `SchedulerConfig.plan_seconds` is spent).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -164,8 +165,10 @@ class JobRequest:
         if self.plain:
             key = self.gpus
         elif asks and counted and self._unfiltered():
-            # A string: it keeps its hash, which a pass over a long queue asks for twice.
-            key = (
+            # A string: it keeps its hash, which a pass over a long queue asks for twice;
+            # interned, so that the queue's jobs of one shape share one object (a pass keys
+            # dicts by it 50,000 times: one object stays in the CPU's cache, a copy each not).
+            key = sys.intern(
                 f"{self.gpus} {ask.cpus_per_node} {ask.cpus_per_gpu} {ask.mem_per_node_mb} "
                 f"{ask.mem_per_gpu_mb} {ask.mem_per_cpu_mb} {ask.exclusive:d}"
             )
