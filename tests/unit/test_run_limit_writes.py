@@ -149,7 +149,7 @@ def test_v1_limits_go_in_cgroups_the_shim_joins(tmp_path: Path) -> None:
 
 def test_v1_without_a_cpuset_takes_a_quota(tmp_path: Path) -> None:
     limits, runs = _v1(tmp_path, cpuset=False)
-    made = runlimits.apply(limits, "7", 1, [0, 1], None, None)
+    made = runlimits.apply(limits, "7", 1, [0, 1], None, "/freezer/run")
     assert _read(runs[CPU], "cpu.cfs_quota_us") == "100000"  # 2 CPUs of a 50 ms period
     # Its memory is counted (not limited) in a v1 cgroup of its own.
     assert made.join == [str(runs[MEMORY]), str(runs[CPU])] and made.memory == str(runs[MEMORY])
@@ -157,11 +157,15 @@ def test_v1_without_a_cpuset_takes_a_quota(tmp_path: Path) -> None:
 
 def test_a_grant_of_none_limits_nothing_and_counts_its_memory(tmp_path: Path) -> None:
     limits, runs = _v1(tmp_path)
-    made = runlimits.apply(limits, "7", 1, None, None, None)
+    made = runlimits.apply(limits, "7", 1, None, None, "/freezer/run")
     # v1: a memory cgroup of no limit, joined so that its peak is the run's own.
     assert made.join == [str(runs[MEMORY])] and made.memory == str(runs[MEMORY])
     assert _read(runs[MEMORY], "memory.limit_in_bytes") == ""
     assert _read(runs[MEMORY], "memory.memsw.limit_in_bytes") == ""
+    # A node that contains runs by their process tree (no cgroup of the run's): nothing
+    # made, so that nothing escaping the tree is caught by a cgroup either.
+    made = runlimits.apply(limits, "8", 1, None, None, None)
+    assert made.join == [] and made.memory == ""
     assert _read(runs[CPUSET], "cpuset.cpus") == "" and _read(runs[CPU], "cpu.cfs_quota_us") == ""
 
 
@@ -236,7 +240,7 @@ def test_a_count_that_cannot_be_made_does_not_refuse_the_run(tmp_path: Path) -> 
     base.chmod(0o500)  # (root ignores modes: a file where the directory would go instead)
     (base / "7.1").write_text("")
     try:
-        made = runlimits.apply(limits, "7", 1, None, None, None)
+        made = runlimits.apply(limits, "7", 1, None, None, "/freezer/run")
     finally:
         base.chmod(0o755)
     assert made.join == [] and made.memory == "" and made.note() is None

@@ -16,9 +16,10 @@ down), else from its v1 hierarchy, where each run gets a cgroup
   one process, and the agent (`Launcher.watch_memory`) kills the rest once it sees the
   kill counted.  Its peak is the kernel's (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`,
   else the highest `memory.current` sampled), sent while the run goes on and at its end:
-  of every run, limited or not, where the node has a memory controller (a run without a
-  grant is counted, not limited: its own v2 cgroup, or a v1 cgroup with no limit, which
-  charges its parent as before; one that cannot be made costs the run its count only).
+  of every run, limited or not, where the node has a memory controller and contains runs
+  in cgroups (a run without a grant is counted, not limited: its own v2 cgroup, or a v1
+  cgroup with no limit, which charges its parent as before; one that cannot be made costs
+  the run its count only).
 
 The files are root's and not writable by others: a job (its user's processes) can neither
 raise its limits nor leave its cgroups.  A grant of None is no limit; a limit the node has
@@ -276,9 +277,12 @@ def _count_memory(
     limits: Limits, job_id: str, epoch: int, run: str | None, made: RunLimits
 ) -> None:
     """A run granted no memory: counted, not limited (its peak is reported as any run's),
-    in its own v2 cgroup or a v1 cgroup of no limit; never refused for it."""
+    in its own v2 cgroup or a v1 cgroup of no limit; never refused for it.  Only a run
+    contained in a cgroup of its own (`run`) is: on a node that contains runs by their
+    process tree, a cgroup would also catch what escapes the tree, which it must not
+    change."""
     where = limits.where.get(MEMORY)
-    if where is None or (where.version == 2 and run is None):
+    if where is None or run is None:
         return
     try:
         path = _run_dir(limits, MEMORY, job_id, epoch, run, made)
