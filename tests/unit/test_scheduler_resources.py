@@ -149,7 +149,7 @@ def test_a_share_job_holds_its_cpus_on_its_gpus_node() -> None:
 def test_exclusive_takes_an_idle_node_whole() -> None:
     nodes = [cpu_node("n1", free=(1, 2, 3), free_cpus=7), cpu_node("n2")]
     got = place(job(gpus=1, ask=asks(exclusive=True)), FreePool(nodes), "fill_first")
-    assert got == (Placement("n2", (0, 1, 2, 3), 0, 8, 64 * G),)
+    assert got == (Placement("n2", (0, 1, 2, 3), 0, 8, 64 * G, True),)
 
 
 def test_exclusive_keeps_a_node_to_one_job() -> None:

@@ -643,10 +643,11 @@ class SchedulingLoop:
                     continue
                 placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
                 share = job_share_units(job)
-                held = held_on_nodes(self.request_for(job).ask, start.placements, self.state.nodes)
+                ask = self.request_for(job).ask
+                held = held_on_nodes(ask, start.placements, self.state.nodes)
                 free, room = self.state.free, self.state.room
                 if not all(
-                    free(n, g, share) and room(n, *h)
+                    free(n, g, share) and room(n, *h, ask.exclusive)
                     for (n, g), h in zip(placements, held, strict=True)
                 ):
                     log.info("start of %s dropped: %s changed since the plan", job.id, placements)

@@ -230,6 +230,8 @@ class NodeRecord:
     """CPU id -> the job holding it (the ledger, as `busy` for GPUs)."""
     mem_jobs: dict[str, int] = field(default_factory=dict)
     """Job id -> the memory (MiB) it holds here."""
+    whole_job: str | None = None
+    """The `--exclusive` job holding it whole: no other job starts here while it runs."""
     link: AgentLink | None = None
     partition: str | None = None
     """The Kubernetes-backed partition whose Node this is (mgpu.master.kube); None: a
@@ -278,6 +280,15 @@ class NodeRecord:
 
     def free_mem_mb(self) -> int:
         return max(0, self.mem_mb - sum(self.mem_jobs.values()))
+
+    def bare_job_count(self) -> int:
+        """Jobs running here that hold none of its GPUs, CPUs or memory (`--gpus 0`, no
+        ask): no GPU or CPU shows them, yet the node is not idle for `--exclusive`."""
+        if not self.jobs:
+            return 0
+        holding = {*self.busy.values(), *self.cpu_jobs.values(), *self.mem_jobs}
+        holding.update(job_id for tenants in self.shares.values() for job_id in tenants)
+        return len(self.jobs - holding)
 
     def shared_units(self) -> dict[int, int]:
         """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
