@@ -37,7 +37,7 @@ from mgpu.kube import (
 )
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.gang import first_pod_ip, holder_launch
-from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod
+from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, pod_name
 from mgpu.master.kube.runs import (
     IMAGE_FAILURES,
     NO_ROOM_REASONS,
@@ -427,13 +427,18 @@ class PodRuns:
         log.info("job %s back to the queue for %.0f s: %s", job_id, backoff, why)
 
     def _show(self, job_id: str, epoch: int) -> None:
-        """The job's `pods` as its Pods now are."""
+        """The job's `pods` as its Pods now are; a Pod of this run already deleted (its
+        rank ended and was forgotten first) stays listed as it last was."""
         job = self._job(job_id, epoch)
         if job is None:
             return
-        pods = [
-            {"name": r.name, "node": r.node, "phase": r.phase} for r in self.of_job(job_id, epoch)
-        ]
+        runs = self.of_job(job_id, epoch)
+        pods = [{"name": r.name, "node": r.node, "phase": r.phase} for r in runs]
+        names = {r.name for r in runs}
+        cluster = self.cl.config.cluster.name
+        ranks = {pod_name(cluster, job_id, epoch, r): r for r in range(len(job.allocation))}
+        pods += [p for p in job.pods if p.get("name") in ranks and p.get("name") not in names]
+        pods.sort(key=lambda p: ranks.get(str(p.get("name")), 0))
         if pods and pods != job.pods:
             job.pods = pods
             self.cl.uow.persist(job)
