@@ -15,9 +15,10 @@ from mgpu.kube.objects import Taint
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.http.partitions import partitions_public
 from mgpu.master.kube.capacity import blocked_cpus, blocked_gpus, offer, others_on, tolerated
+from mgpu.master.kube.gang import HOLD_COMMAND, holder_launch
 from mgpu.master.kube.podspec import PodShape, build_pod, pod_name
 from mgpu.master.state.partscope import partition_scope, scoped
-from mgpu.model import Job
+from mgpu.model import Job, Slot
 from mgpu.protocol import Grant, Launch
 from mgpu.scheduler import JobRequest
 from mgpu.slurmoptions import SlurmOptions
@@ -225,3 +226,51 @@ def test_the_config_words(tmp_path: Any) -> None:
     section = KubernetesSection(node_selector={"pool": "lab", "mgpu.io/gpu": "a100"})
     assert section.label_selector() == "mgpu.io/gpu=a100,pool=lab"
     assert section.gpu_resource == "nvidia.com/gpu" and Decimal(section.unschedulable_timeout)
+
+
+def test_a_gang_meets_at_its_rank_0_pods_address() -> None:
+    rendezvous = {"MASTER_ADDR": "10.0.0.1", "PET_MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1"}
+    launch = _launch(env={"MGPU_JOB_ID": "42", **rendezvous})
+    section = KubernetesSection(image="b:1")
+
+    def env_of(pod: dict[str, Any]) -> list[dict[str, Any]]:
+        return list(pod["spec"]["containers"][0]["env"])
+
+    first = env_of(build_pod(launch, section, _shape(gang=2, node_addr="10.0.0.1")))
+    # Its own address from the downward API, first: the others may name it.
+    assert first[0] == {
+        "name": "MGPU_POD_IP",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    }
+    values = {e["name"]: e.get("value") for e in first}
+    assert values["MASTER_ADDR"] == values["PET_MASTER_ADDR"] == "$(MGPU_POD_IP)"
+    assert values["MASTER_PORT"] == "1"
+    other = build_pod(
+        launch, section, _shape(gang=2, rank=1, master_addr="10.232.1.5", node_addr="10.0.0.1")
+    )
+    values = {e["name"]: e.get("value") for e in env_of(other)}
+    assert values["MASTER_ADDR"] == values["PET_MASTER_ADDR"] == "10.232.1.5"
+    # A Slurm job's own MASTER_ADDR (not the Node's address mgpu set) stands.
+    own = _launch(env={"MASTER_ADDR": "head.lab"})
+    pod = build_pod(own, section, _shape(gang=2, rank=1, master_addr="10.232.1.5"))
+    assert {e["name"]: e.get("value") for e in env_of(pod)}["MASTER_ADDR"] == "head.lab"
+    # One Pod alone is unchanged: no rendezvous, no downward API.
+    alone = env_of(build_pod(launch, section, _shape(node_addr="10.0.0.1")))
+    assert {e["name"]: e["value"] for e in alone}["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_a_held_slot_gets_a_pod_that_runs_nothing_of_the_job() -> None:
+
+    job = Job(id="42", user="ann", argv=[], command="")
+    job.allocation = [
+        Slot(node_id="n1", gpu_ids=[0]),
+        Slot(node_id="n2", gpu_ids=[1], cpu_ids=[4, 5], mem_mb=512),
+    ]
+    first = _launch(script="#!/bin/sh\nsrun hostname\n", env={"MGPU_TOKEN": "secret"})
+    held = holder_launch(first, job, 1, {})
+    assert held.argv == HOLD_COMMAND and held.script is None and held.time_limit is None
+    assert "MGPU_TOKEN" not in held.env  # no credential in a Pod that runs nothing
+    assert (held.grant.gpus, held.grant.cpus, held.grant.mem_mb) == ([1], [4, 5], 512)
+    pod = build_pod(held, KubernetesSection(image="b:1"), _shape(gang=2, rank=1, holds=True))
+    assert pod["metadata"]["annotations"]["mgpu.io/holds"] == "true"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"

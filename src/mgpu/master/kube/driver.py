@@ -38,9 +38,16 @@ from mgpu.master.kube.capacity import (
 )
 from mgpu.master.kube.link import KubeLink
 from mgpu.master.kube.pods import PodRuns
-from mgpu.master.kube.podspec import ANN_JOB, ANN_NODE, LABEL_CLUSTER, label_value, template_parts
+from mgpu.master.kube.podspec import (
+    ANN_HOLDS,
+    ANN_JOB,
+    ANN_NODE,
+    LABEL_CLUSTER,
+    label_value,
+    template_parts,
+)
 from mgpu.master.kube.runs import PodRun, container_state, run_of
-from mgpu.model import JobState
+from mgpu.model import JobState, Slot, SlotPhase
 from mgpu.protocol import Hello, RunningReport
 
 if TYPE_CHECKING:
@@ -216,8 +223,8 @@ class KubePartition:
         assert self.runs is not None
         reports = []
         for run in self.runs.runs.values():
-            if run.slot_node != name or run.ended:
-                continue
+            if run.slot_node != name or run.ended or run.holds:
+                continue  # a held slot's Pod: an agent would report nothing there
             state, details = container_state(self.mine.get(run.name) or {})
             code = details.get("exitCode") if state == "terminated" else None
             reports.append(
@@ -291,7 +298,7 @@ class KubePartition:
             or job is None
             or job.state != JobState.RUNNING
             or job.epoch != run.epoch
-            or not any(s.node_id == run.slot_node and not s.done for s in job.allocation)
+            or not any(_live(s, run.holds) and s.node_id == run.slot_node for s in job.allocation)
         ):
             log.info("deleting pod %s: of no job this master runs", view.name)
             stray = PodRun(view.name, "", 0, 0, view.annotations.get(ANN_NODE, ""), 0.0)
@@ -336,7 +343,8 @@ class KubePartition:
             return False
         if str(job.epoch) != view.labels.get("mgpu.io/epoch"):
             return False
-        return any(s.node_id == view.node and not s.done for s in job.allocation)
+        holds = view.annotations.get(ANN_HOLDS) == "true"
+        return any(_live(s, holds) and s.node_id == view.node for s in job.allocation)
 
     def _recount(self, name: str) -> None:
         node = self.cl.nodes.get(name)
@@ -361,6 +369,11 @@ class KubePartition:
         node.others = others.pods
         if freed:
             self.cl.state.wake()
+
+
+def _live(slot: Slot, holds: bool) -> bool:
+    """The slot has a live process (a run's Pod), or is held (a holder's Pod)."""
+    return slot.phase == SlotPhase.HELD if holds else not slot.done
 
 
 def services(cluster: Cluster) -> list[Callable[[], Awaitable[None]]]:

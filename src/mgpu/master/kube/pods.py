@@ -36,7 +36,8 @@ from mgpu.kube import (
     unschedulable_message,
 )
 from mgpu.kubesection import KubernetesSection
-from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod
+from mgpu.master.kube.gang import first_pod_ip, holder_launch
+from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, pod_name
 from mgpu.master.kube.runs import (
     IMAGE_FAILURES,
     NO_ROOM_REASONS,
@@ -157,21 +158,54 @@ class PodRuns:
         except LookupError as e:
             self.tell(node_id, _exited(launch.job_id, launch.epoch, launch_error=str(e)))
             return
+        if rank == 0:  # the held slots' Pods (mgpu.master.kube.gang), made with rank 0's
+            nodes = self.cl.nodes
+            for held, slot in enumerate(job.allocation):
+                if held and slot.phase == SlotPhase.HELD:
+                    holder = holder_launch(launch, job, held, nodes)
+                    self.spawn(self._create(job, slot.node_id, holder, held, (uid, gid), True))
+        await self._create(job, node_id, launch, rank, (uid, gid), False)
+
+    async def _create(
+        self,
+        job: Job,
+        node_id: str,
+        launch: Launch,
+        rank: int,
+        ids: tuple[int, int],
+        holds: bool,
+    ) -> None:
+        """Make the Pod of rank `rank`: the other ranks of a gang once rank 0's Pod has
+        its address (their rendezvous)."""
+        gang = len(job.allocation)
+        master_addr = None
+        if gang > 1 and rank > 0 and not holds:
+            master_addr = await first_pod_ip(
+                lambda: next((r for r in self.of_job(job.id, launch.epoch) if r.rank == 0), None),
+                lambda: self._job(job.id, launch.epoch) is not None,
+            )
+            if master_addr is None:
+                return  # the run is over before its rank 0 had an address
+        first = self.cl.nodes.get(job.allocation[0].node_id)
         shape = PodShape(
             cluster=self.cl.config.cluster.name,
             rank=rank,
             slot_node=node_id,
             pinned=job.nodelist is not None,
-            gang=sum(1 for s in job.allocation if s.phase != SlotPhase.HELD),
+            gang=gang,
             gpus=len(launch.grant.gpus),
-            uid=uid,
-            gid=gid,
+            uid=ids[0],
+            gid=ids[1],
+            master_addr=master_addr,
+            node_addr=first.ip if first is not None else "",
+            holds=holds,
         )
         pod = build_pod(launch, self.section, shape)
         name = pod["metadata"]["name"]
         run = PodRun(name, launch.job_id, launch.epoch, rank, node_id, time.monotonic())
         run.time_limit, run.kill_grace = launch.time_limit, launch.kill_grace
         run.image = str(pod["spec"]["containers"][0].get("image") or "")
+        run.holds = holds
         self.runs[name] = run
         try:
             made = await self.client.create_pod(pod, self.namespace)
@@ -185,7 +219,8 @@ class PodRuns:
         except KubeError as e:
             self.runs.pop(name, None)
             error = " ".join([str(e), *e.causes])
-            self.tell(node_id, _exited(launch.job_id, launch.epoch, launch_error=error))
+            teller = job.allocation[0].node_id  # a held slot has no exit of its own
+            self.tell(teller, _exited(launch.job_id, launch.epoch, launch_error=error))
             return
         if run.killing:  # killed while it was being made
             await self.delete(run, grace=run.kill_grace)
@@ -230,6 +265,7 @@ class PodRuns:
         """A change of one of mgpu's Pods (or its deletion)."""
         view = PodView.of(pod)
         run.uid, run.node, run.phase = view.uid, view.node, view.phase
+        run.ip = str((pod.get("status") or {}).get("podIP") or "") or run.ip
         if view.deleting and run.phase not in ("Succeeded", "Failed"):
             run.phase = "Terminating"
         self._show(run.job_id, run.epoch)
@@ -240,8 +276,15 @@ class PodRuns:
             return
         state, details = container_state(pod)
         now = time.monotonic()
-        if state in ("running", "terminated") and run.log_task is None:
+        if run.holds and state:
+            run.started_at = run.started_at or now
+        elif state in ("running", "terminated") and run.log_task is None:
             self._started(run, view, pod)
+        if state == "terminated" and run.holds:
+            if not run.killing:  # nobody ended it: what it held is no longer held
+                self.lost(run, f"pod {run.name} holding the job's slot ended")
+            run.ended = True
+            return
         if state == "terminated":
             if not run.finishing:
                 run.finishing = True
@@ -343,7 +386,8 @@ class PodRuns:
         """Deleted before its container's end was seen."""
         if run.killing:
             run.ended = True
-            self.tell(run.slot_node, _exited(run.job_id, run.epoch, timed_out=run.timed_out))
+            if not run.holds:
+                self.tell(run.slot_node, _exited(run.job_id, run.epoch, timed_out=run.timed_out))
         elif run.started_at is None:
             job = self._job(run.job_id, run.epoch)
             run.ended = True
@@ -383,13 +427,18 @@ class PodRuns:
         log.info("job %s back to the queue for %.0f s: %s", job_id, backoff, why)
 
     def _show(self, job_id: str, epoch: int) -> None:
-        """The job's `pods` as its Pods now are."""
+        """The job's `pods` as its Pods now are; a Pod of this run already deleted (its
+        rank ended and was forgotten first) stays listed as it last was."""
         job = self._job(job_id, epoch)
         if job is None:
             return
-        pods = [
-            {"name": r.name, "node": r.node, "phase": r.phase} for r in self.of_job(job_id, epoch)
-        ]
+        runs = self.of_job(job_id, epoch)
+        pods = [{"name": r.name, "node": r.node, "phase": r.phase} for r in runs]
+        names = {r.name for r in runs}
+        cluster = self.cl.config.cluster.name
+        ranks = {pod_name(cluster, job_id, epoch, r): r for r in range(len(job.allocation))}
+        pods += [p for p in job.pods if p.get("name") in ranks and p.get("name") not in names]
+        pods.sort(key=lambda p: ranks.get(str(p.get("name")), 0))
         if pods and pods != job.pods:
             job.pods = pods
             self.cl.uow.persist(job)
@@ -416,7 +465,7 @@ class PodRuns:
             if run.pull_since is not None and now - run.pull_since > section.image_pull_timeout:
                 self._image_failed(run)
                 continue
-            if _past_limit(run, now):
+            if _past_limit(run, now) and not run.holds:
                 run.timed_out = True
                 self.kill(run.slot_node, run.job_id, run.epoch, run.kill_grace)
             if run.killing and run.force_at is not None and now > run.force_at:
@@ -433,7 +482,9 @@ class PodRuns:
             other.ended = True
             self.spawn(self.delete(other, grace=None, force=True))
         error = f"the image {run.image} cannot be pulled ({run.pull_why})"
-        self.tell(run.slot_node, _exited(run.job_id, run.epoch, launch_error=error))
+        job = self._job(run.job_id, run.epoch)
+        teller = job.allocation[0].node_id if job is not None else run.slot_node
+        self.tell(teller, _exited(run.job_id, run.epoch, launch_error=error))
 
 
 def _past_limit(run: PodRun, now: float) -> bool:

@@ -18,7 +18,11 @@ nothing in the template overrides it:
   when the user pinned nodes.  A job's Pods are spread one per Node (anti-affinity), as
   its slots are;
 * labels (the job, its run's epoch and rank, the cluster) and annotations (the exact job
-  id, the slot's node, the master's generation), by which a restarted master finds them.
+  id, the slot's node, the master's generation), by which a restarted master finds them;
+* a job on several Pods: each knows its own address (`MGPU_POD_IP`, the downward API), and
+  the rendezvous (`MASTER_ADDR`, `PET_MASTER_ADDR`) names the rank-0 Pod's address, not its
+  Node's: rank 0's is its own (`$(MGPU_POD_IP)`), the others' is given by the driver once
+  rank 0's Pod has one (mgpu.master.kube.gang).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from mgpu.protocol import Launch
 
 __all__ = [
     "ANN_GENERATION",
+    "ANN_HOLDS",
     "ANN_JOB",
     "ANN_NODE",
     "CONTAINER",
@@ -55,6 +60,10 @@ LABEL_RANK = "mgpu.io/rank"
 ANN_JOB = "mgpu.io/job-id"
 ANN_NODE = "mgpu.io/node"
 ANN_GENERATION = "mgpu.io/generation"
+ANN_HOLDS = "mgpu.io/holds"
+"""On a Pod that only holds a batch job's slot (mgpu.master.kube.gang)."""
+POD_IP = "MGPU_POD_IP"
+RENDEZVOUS_ADDRESS = ("MASTER_ADDR", "PET_MASTER_ADDR")
 CONTAINER = "job"
 SCRIPT_VARIABLE = "MGPU_BATCH_SCRIPT"
 # The batch script travels in the Pod's environment (no ConfigMap: no more RBAC), is
@@ -100,6 +109,12 @@ class PodShape:
     uid: int
     gid: int
     generation: int | None = None
+    master_addr: str | None = None
+    """The rank-0 Pod's address, for the rendezvous of rank > 0 of a gang."""
+    node_addr: str = ""
+    """The rank-0 Node's address, which mgpu's rendezvous variables name."""
+    holds: bool = False
+    """The Pod holds a batch job's slot and runs nothing of the job's."""
 
 
 def _working_dir(cwd: str | None, container: dict[str, Any]) -> str | None:
@@ -177,7 +192,11 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
     command, extra_env = _command(launch)
     env_t = [e for e in container.get("env") or [] if isinstance(e, dict)]
     job_env = {**launch.env, **_gpu_env(launch, shape.gpus), **extra_env}
-    env = [e for e in env_t if e.get("name") not in job_env]
+    env: list[dict[str, Any]] = []
+    if shape.gang > 1:
+        job_env.update(_rendezvous(job_env, shape))
+        env.append({"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env += [e for e in env_t if e.get("name") not in job_env and e.get("name") != POD_IP]
     env += [{"name": k, "value": v} for k, v in job_env.items()]
     container.update(
         {
@@ -230,6 +249,8 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
     }
     if shape.generation is not None:
         annotations[ANN_GENERATION] = str(shape.generation)
+    if shape.holds:
+        annotations[ANN_HOLDS] = "true"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -240,6 +261,16 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
         },
         "spec": spec,
     }
+
+
+def _rendezvous(env: dict[str, str], shape: PodShape) -> dict[str, str]:
+    """The rendezvous of a gang at the rank-0 Pod: a Node's address would not reach a
+    process in a Pod.  Only the variables mgpu set are changed (a Slurm job's own stand:
+    they are absent unless it asked, `--distributed`, or name another address)."""
+    where = f"$({POD_IP})" if shape.rank == 0 else shape.master_addr
+    if where is None:
+        return {}
+    return {k: where for k in RENDEZVOUS_ADDRESS if k in env and env[k] == shape.node_addr}
 
 
 def _job_label(launch: Launch) -> str:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu.kube import PodView
-from mgpu.master.kube.podspec import ANN_JOB, ANN_NODE, CONTAINER, LABEL_EPOCH, LABEL_RANK
+from mgpu.master.kube.podspec import (
+    ANN_HOLDS,
+    ANN_JOB,
+    ANN_NODE,
+    CONTAINER,
+    LABEL_EPOCH,
+    LABEL_RANK,
+)
 
 __all__ = [
     "IMAGE_FAILURES",
@@ -61,6 +68,11 @@ class PodRun:
     gone: bool = False
     log_task: asyncio.Task[None] | None = None
     finishing: bool = False
+    holds: bool = False
+    """It only holds a batch job's slot (mgpu.master.kube.gang): no start, output or exit
+    of it is the job's."""
+    ip: str = ""
+    """Its Pod's address, once it has one."""
 
 
 def run_of(view: PodView, now: float) -> PodRun | None:
@@ -70,7 +82,9 @@ def run_of(view: PodView, now: float) -> PodRun | None:
         job_id, slot_node = view.annotations[ANN_JOB], view.annotations[ANN_NODE]
     except (KeyError, ValueError):
         return None
-    return PodRun(view.name, job_id, epoch, rank, slot_node, created=now, uid=view.uid)
+    run = PodRun(view.name, job_id, epoch, rank, slot_node, created=now, uid=view.uid)
+    run.holds = view.annotations.get(ANN_HOLDS) == "true"
+    return run
 
 
 def container_state(pod: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
