@@ -2,10 +2,16 @@
 
 The schema, migrations and queries are the SQLite store's too (schema.py, sqlstore.py;
 dialect.py spells them for PostgreSQL); here only how they run, on psycopg 3: one
-connection in autocommit mode, each write an explicit transaction whose first statement
-is the fence's check (store/fence.py), so a master that no longer holds the lease writes
-nothing.  Text keys are `COLLATE "C"`: ids sort by their bytes, as SQLite's do, whatever
-the database's locale.
+connection in autocommit mode, each write a transaction whose first statement is the
+fence's check (store/fence.py), so a master that no longer holds the lease writes
+nothing.  A write of a few rows goes as one query, check and rows (one round trip, one
+implicit transaction); more rows go in a pipeline.  Text keys are `COLLATE "C"`: ids sort
+by their bytes, as SQLite's do, whatever the database's locale.
+
+The connection is one thread's (store/dbthread.py): every statement runs there, in the
+order given, never on the event loop; a caller on the loop waits `answer_within` seconds
+at most (StoreStalled), and the group commits do not wait at all (`_later`).  Each
+statement is bounded on the server too (`statement_timeout`).
 
 The database may go away (restarted, failed over): a statement that finds the connection
 lost reconnects and runs its whole transaction again, for up to `retry_for` seconds, then
@@ -17,7 +23,6 @@ gives it: without its password.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -27,7 +32,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from mgpu.dbaddress import describe
-from mgpu.master.store.base import StoreError, StoreUnavailable
+from mgpu.master.store.base import StoreError, StoreStalled, StoreUnavailable
+from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.dialect import POSTGRES
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.pglink import Link, params
@@ -43,8 +49,10 @@ T = TypeVar("T")
 RETRY_FOR = 60.0
 """Seconds the store waits for a lost database before a write or read fails."""
 
-ONE_QUERY_ROWS = 16
-"""Rows a write sends as one query; more go through executemany."""
+ONE_QUERY_ROWS = 64
+"""Rows a write sends as one query; more go through executemany, in a pipeline."""
+STATEMENT_TIMEOUT_MS = 60_000
+"""A statement of the store's that runs longer is ended by the server."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -68,21 +76,35 @@ def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
     return isinstance(e, psycopg.OperationalError) and state[:2] in ("08", "57")
 
 
+def _log_failure(future: Any) -> None:
+    """A write nobody waits for any more (StoreStalled) that failed after all."""
+    error = future.exception()
+    if error is not None:
+        log.error("a write given while the database did not answer failed: %s", error)
+
+
 class PostgresStore(SqlStore):
     dialect = POSTGRES
 
     def __init__(self, url: str, retry_for: float = RETRY_FOR, link: Link | None = None) -> None:
         super().__init__()
-        self.url, self.link = url, link or Link()  # link: how to connect (store/pglink.py)
+        link = link or Link()  # how to connect (store/pglink.py)
+        self.url, self.link = url, link
+        self._store_link = Link(
+            link.application_name, {"statement_timeout": STATEMENT_TIMEOUT_MS, **link.settings}
+        )
         self.where = describe(url)
         self.retry_for = retry_for
+        self._thread = DbThread("mgpu-store")
+        """Where every statement on `_conn` runs (store/dbthread.py)."""
         self._conn: psycopg.Connection[Any] | None = None
         self._reader: psycopg.Connection[Any] | None = None
         """read_finished's connection, used from threads (under _reader_lock)."""
         self._reader_lock = threading.Lock()
         try:
-            self._conn = self._connect()
+            self._conn = self._thread.give(self._connect).result()
         except psycopg.Error as e:
+            self._thread.stop(0)
             raise StoreError(f"cannot reach the database {self.where}: {_first_line(e)}") from None
         try:
             self._migrate()
@@ -95,7 +117,7 @@ class PostgresStore(SqlStore):
             raise
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(autocommit=True, **params(self.url, self.link))
+        return psycopg.connect(autocommit=True, **params(self.url, self._store_link))
 
     def connection(self) -> psycopg.Connection[Any]:
         """The store's connection, opened again if it was lost."""
@@ -111,8 +133,11 @@ class PostgresStore(SqlStore):
         starting together do it one at a time)."""
         migrate(self.connection(), POSTGRES, f"the database {self.where}")
 
-    def close(self) -> None:
-        if self._conn is not None:
+    def close(self, wait: float = 5.0) -> None:
+        """Close the connections, once what was given to the store's thread is done (for
+        `wait` seconds at most: a database that does not answer keeps its writes)."""
+        self._thread.stop(wait)
+        if self._conn is not None and not self._thread.alive():
             self._conn.close()
             self._conn = None
         with self._reader_lock:
@@ -122,7 +147,40 @@ class PostgresStore(SqlStore):
 
     # ---- running statements -----------------------------------------------
 
+    def answering(self) -> bool:
+        within = self.answer_within
+        return within is None or self._thread.busy_for() <= within
+
+    def _later(self, work: Callable[[], T], after: Callable[[], None] | None = None) -> Later[T]:
+        if self._thread.here():
+            return Later.now(work, after)
+        return Later(self._thread.give(work), after)
+
     def _run(
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        write: bool,
+        one_query: bool = False,
+        own_transaction: bool = False,
+    ) -> T:
+        """`_run_here` in the store's thread; a caller on the event loop waits
+        `answer_within` at most (StoreStalled), and a read is refused at once while the
+        database does not answer.  A write not answered in time is still made, in order."""
+        if self._thread.here():
+            return self._run_here(work, write, one_query, own_transaction)
+        bound = self._bound()
+        answering = bound is None or self.answering()
+        if not answering and not write:
+            raise StoreStalled()
+        later = self._later(lambda: self._run_here(work, write, one_query, own_transaction))
+        try:
+            return later.wait(bound if answering else 0.0)
+        except StoreStalled:
+            if write:
+                later.future.add_done_callback(_log_failure)
+            raise
+
+    def _run_here(
         self,
         work: Callable[[psycopg.Connection[Any]], T],
         write: bool,
@@ -180,39 +238,37 @@ class PostgresStore(SqlStore):
         return self._run(work, write=True, one_query=one_query)
 
     def _write_rows(self, parts: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
-        """Each statement of `parts` for each of its rows, in one transaction: a few rows as
-        one query (the values bound here; one round trip), many through executemany."""
+        """Each statement of `parts` for each of its rows, in one transaction, the fence's
+        check first: a few rows as one query (the values bound here; one round trip, one
+        implicit transaction), many through executemany in a pipeline."""
         statements = [(sql, row) for sql, rows in parts for row in rows]
         if not statements:
             return
-        if len(statements) > ONE_QUERY_ROWS:
+        fence = self.fence
 
-            def many(c: psycopg.Connection[Any]) -> None:
-                with c.cursor() as cur:
-                    for sql, rows in parts:
-                        _many(cur, sql, rows)
-
-            self._write(many)
-            return
+        def many(c: psycopg.Connection[Any]) -> None:
+            check = fence.statement()
+            with c.pipeline(), c.transaction(), c.cursor() as cur:
+                if check is not None:
+                    cur.execute(check)
+                for sql, rows in parts:
+                    _many(cur, sql, rows)
 
         def one(c: psycopg.Connection[Any]) -> None:
+            check = fence.statement()
             with psycopg.ClientCursor(c) as cur:
                 text = ";".join(cur.mogrify(sql, row) for sql, row in statements)
-                if self.fence.generation is None and not self.fence.lost:
-                    cur.execute(text)  # its own transaction: one round trip
-                    return
-                # Fenced: BEGIN, the fence's check, then the rows and the COMMIT together.
-                c.execute("BEGIN")
-                try:
-                    self.fence.check(c)
-                    cur.execute(text + ";COMMIT")
-                except BaseException:
-                    if not c.closed and not c.broken:
-                        with contextlib.suppress(psycopg.Error):
-                            c.execute("ROLLBACK")
-                    raise
+                cur.execute(text if check is None else f"{check};{text}")
 
-        self._run(one, write=True, one_query=True, own_transaction=True)
+        def fenced(c: psycopg.Connection[Any]) -> None:
+            try:
+                (many if len(statements) > ONE_QUERY_ROWS else one)(c)
+            except psycopg.errors.InvalidTextRepresentation as e:
+                if fence.refused(e):
+                    fence.deny(c)
+                raise
+
+        self._run(fenced, write=True, own_transaction=True)
 
     def _read_apart(self, work: Callable[[Any], T]) -> T:
         """Through a connection of its own (kept for the next such read), one thread at
