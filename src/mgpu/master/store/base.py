@@ -269,10 +269,13 @@ class Store(ABC):
         events: Sequence[Event] = (),
         keys: Sequence[tuple[str, str]] = (),
         ended_steps: Sequence[tuple[str, dict[str, Any]]] = (),
+        new_jobs: bool = False,
     ) -> Later[None]:
         """`save_jobs` (and `save_steps`' rows, `ended_steps`, in one transaction) handed to the
         store's thread: the group commits go on meanwhile and follow up once it is done
-        (store/dbthread.py).  SQLite writes at once."""
+        (store/dbthread.py).  `new_jobs`: only jobs never written before, which nothing
+        else writes until this is done (a submit's): PostgreSQL writes them beside the
+        other writes.  SQLite writes at once."""
 
     def _remember_ended(self, jobs: list[Job]) -> None:
         """After the commit: the ended jobs just written, for get_job(s)."""

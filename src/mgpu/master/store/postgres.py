@@ -11,7 +11,11 @@ by their bytes, as SQLite's do, whatever the database's locale.
 The connection is one thread's (store/dbthread.py): every statement runs there, in the
 order given, never on the event loop; a caller on the loop waits `answer_within` seconds
 at most (StoreStalled), and the group commits do not wait at all (`_later`).  Each
-statement is bounded on the server too (`statement_timeout`).
+statement is bounded on the server too (`statement_timeout`).  Submits' new jobs have a
+second thread and connection of their own (`new_jobs`): a submit's commit then does not
+wait behind the running jobs' (each waits for its WAL flush, which PostgreSQL makes for
+both at once when they meet).  Order holds all the same: the other writes of a job come
+only once its submit committed (the controller knows the job from then on).
 
 The database may go away (restarted, failed over): a statement that finds the connection
 lost reconnects and runs its whole transaction again, for up to `retry_for` seconds, then
@@ -95,16 +99,17 @@ class PostgresStore(SqlStore):
         )
         self.where = describe(url)
         self.retry_for = retry_for
-        self._thread = DbThread("mgpu-store")
-        """Where every statement on `_conn` runs (store/dbthread.py)."""
-        self._conn: psycopg.Connection[Any] | None = None
+        self._threads = (DbThread("mgpu-store"), DbThread("mgpu-store-submits"))
+        """Where every statement runs (store/dbthread.py): the first for all but the new
+        jobs of submits; each its own connection in `_conns`."""
+        self._conns: list[psycopg.Connection[Any] | None] = [None, None]
         self._reader: psycopg.Connection[Any] | None = None
         """read_finished's connection, used from threads (under _reader_lock)."""
         self._reader_lock = threading.Lock()
         try:
-            self._conn = self._thread.give(self._connect).result()
+            self._threads[0].give(self.connection).result()
         except psycopg.Error as e:
-            self._thread.stop(0)
+            self._stop_threads(0)
             raise StoreError(f"cannot reach the database {self.where}: {_first_line(e)}") from None
         try:
             self._migrate()
@@ -119,14 +124,21 @@ class PostgresStore(SqlStore):
     def _connect(self) -> psycopg.Connection[Any]:
         return psycopg.connect(autocommit=True, **params(self.url, self._store_link))
 
+    def _lane(self) -> int | None:
+        """Which of the store's threads the caller is (None: none of them)."""
+        return next((i for i, thread in enumerate(self._threads) if thread.here()), None)
+
     def connection(self) -> psycopg.Connection[Any]:
-        """The store's connection, opened again if it was lost."""
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            self._conn = self._connect()
-        return self._conn
+        """The connection of the store's thread that calls (the first's, from elsewhere),
+        opened again if it was lost."""
+        lane = self._lane() or 0
+        conn = self._conns[lane]
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+                self._conns[lane] = None
+            conn = self._conns[lane] = self._connect()
+        return conn
 
     def _migrate(self) -> None:
         """Bring the database to SCHEMA_VERSION (schema.py; an advisory lock: masters
@@ -136,25 +148,34 @@ class PostgresStore(SqlStore):
     def close(self, wait: float = 5.0) -> None:
         """Close the connections, once what was given to the store's thread is done (for
         `wait` seconds at most: a database that does not answer keeps its writes)."""
-        self._thread.stop(wait)
-        if self._conn is not None and not self._thread.alive():
-            self._conn.close()
-            self._conn = None
+        self._stop_threads(wait)
+        for lane, thread in enumerate(self._threads):
+            conn = self._conns[lane]
+            if conn is not None and not thread.alive():
+                conn.close()
+                self._conns[lane] = None
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
 
+    def _stop_threads(self, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        for thread in self._threads:
+            thread.stop(max(deadline - time.monotonic(), 0.0))
+
     # ---- running statements -----------------------------------------------
 
     def answering(self) -> bool:
         within = self.answer_within
-        return within is None or self._thread.busy_for() <= within
+        return within is None or all(t.busy_for() <= within for t in self._threads)
 
-    def _later(self, work: Callable[[], T], after: Callable[[], None] | None = None) -> Later[T]:
-        if self._thread.here():
+    def _later(
+        self, work: Callable[[], T], after: Callable[[], None] | None = None, new_jobs: bool = False
+    ) -> Later[T]:
+        if self._lane() is not None:
             return Later.now(work, after)
-        return Later(self._thread.give(work), after)
+        return Later(self._threads[1 if new_jobs else 0].give(work), after)
 
     def _run(
         self,
@@ -166,7 +187,7 @@ class PostgresStore(SqlStore):
         """`_run_here` in the store's thread; a caller on the event loop waits
         `answer_within` at most (StoreStalled), and a read is refused at once while the
         database does not answer.  A write not answered in time is still made, in order."""
-        if self._thread.here():
+        if self._lane() is not None:
             return self._run_here(work, write, one_query, own_transaction)
         bound = self._bound()
         answering = bound is None or self.answering()

@@ -79,9 +79,12 @@ class SqlStore(Store):
         """Each statement of `parts` (in the dialect) for each of its rows, in one write
         transaction."""
 
-    def _later(self, work: Callable[[], T], after: Callable[[], None] | None = None) -> Later[T]:
+    def _later(
+        self, work: Callable[[], T], after: Callable[[], None] | None = None, new_jobs: bool = False
+    ) -> Later[T]:
         """`work` (which calls the primitives above) in the store's thread, `after` on the
-        caller's once it is done (store/dbthread.py); here: at once."""
+        caller's once it is done (store/dbthread.py); here: at once.  `new_jobs`: it writes
+        only jobs never written before (a submit's), which may go beside the other writes."""
         return Later.now(work, after)
 
     # ---- running queries written once ---------------------------------------
@@ -162,6 +165,7 @@ class SqlStore(Store):
         events: Sequence[Event] = (),
         keys: Sequence[tuple[str, str]] = (),
         ended_steps: Sequence[steps.StepRow] = (),
+        new_jobs: bool = False,
     ) -> Later[None]:
         rows = self._job_rows(jobs)  # here: the seq counter is the caller's thread's
         top = self._top_id(jobs)
@@ -184,7 +188,7 @@ class SqlStore(Store):
             self._counted(top)
             self._remember_ended(jobs)
 
-        return self._later(lambda: self._rows(parts), after)
+        return self._later(lambda: self._rows(parts), after, new_jobs)
 
     def save_array(
         self,
@@ -233,7 +237,7 @@ class SqlStore(Store):
             self._counted(top)
             self._array_seq[template.id] = seq
 
-        return self._later(lambda: self._write(work), after)
+        return self._later(lambda: self._write(work), after, new_jobs=True)
 
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
         row = self._one("SELECT record, indices, max_running FROM arrays WHERE id=?", (array_id,))

@@ -103,6 +103,7 @@ class SubmitBatch:
                 [job for jobs, *_ in batch for job in jobs],
                 events=[b[1] for b in batch],
                 keys=[key for b in batch for key in b[2]],
+                new_jobs=True,  # nothing else writes them before: beside the other writes
             )
         except Exception as e:
             self._written(batch, ids, e)
