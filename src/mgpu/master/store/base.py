@@ -37,9 +37,11 @@ __all__ = [
     "ANSWER_WITHIN",
     "LAST_JOB_ID",
     "RECENTLY_ENDED",
+    "RETRY_AFTER_S",
     "SCHEMA_VERSION",
     "SCRIPT_OF_ARRAY",
     "Event",
+    "KeyTaken",
     "Store",
     "StoreError",
     "StoreStalled",
@@ -88,7 +90,15 @@ class StoreUnavailable(StoreError):
     """The database could not be reached (for longer than the store waits for it)."""
 
 
+class KeyTaken(StoreError):
+    """A submit's idempotency key is stored already (with an earlier submit's job): the
+    transaction that carried it was rolled back whole (control/submitkeys.py)."""
+
+
 STALLED = "the database does not answer (paused or cut): try again"
+
+RETRY_AFTER_S = 2
+"""What a 503 for a database that does not answer says to wait (`Retry-After`)."""
 
 ANSWER_WITHIN = 2.0
 """Seconds the master, once it serves, waits for its database on the event loop at most

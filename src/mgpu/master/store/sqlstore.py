@@ -27,6 +27,7 @@ from mgpu.master.store.base import (
     LAST_JOB_ID,
     TOKEN_KEYS,
     Event,
+    KeyTaken,
     Store,
     StoreStalled,
     TokenRow,
@@ -188,7 +189,7 @@ class SqlStore(Store):
             self._counted(top)
             self._remember_ended(jobs)
 
-        return self._later(lambda: self._rows(parts), after, new_jobs)
+        return self._later(lambda: _keyed(lambda: self._rows(parts)), after, new_jobs)
 
     def save_array(
         self,
@@ -237,7 +238,7 @@ class SqlStore(Store):
             self._counted(top)
             self._array_seq[template.id] = seq
 
-        return self._later(lambda: self._write(work), after, new_jobs=True)
+        return self._later(lambda: _keyed(lambda: self._write(work)), after, new_jobs=True)
 
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
         row = self._one("SELECT record, indices, max_running FROM arrays WHERE id=?", (array_id,))
@@ -599,3 +600,14 @@ class SqlStore(Store):
 
     def forget_node_secret(self, node_id: str) -> bool:
         return self._change("DELETE FROM node_secrets WHERE node_id=?", (node_id,)) > 0
+
+
+def _keyed(write: Callable[[], T]) -> T:
+    """`write()`, a submit's transaction: a key stored already (its row's unique
+    constraint; the backends' own errors) raises KeyTaken, nothing of it written."""
+    try:
+        return write()
+    except Exception as e:
+        if "submit_keys" in str(e) and type(e).__name__ in ("IntegrityError", "UniqueViolation"):
+            raise KeyTaken(str(e).splitlines()[0]) from None
+        raise

@@ -18,6 +18,12 @@ answered StoreStalled (a 503: try again), and its jobs, if the write commits lat
 known then all the same (`then` runs at the commit, whoever waits).  The client's retry
 with the same Idempotency-Key finds that job.  While the database does not answer, a new
 submit is refused at once.
+
+A batch whose write fails because one of its submits' keys is stored already (KeyTaken:
+a submit sent again, control/submitkeys.py) is sorted out: each such submit gets
+KeyTaken (its caller answers with the stored job), the others are written again.  If a
+key is found stored with its own job, the batch's write had committed (a retry after a
+lost answer): every submit of it is done.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from mgpu.master.store.base import Store, StoreStalled
+from mgpu.master.store.base import KeyTaken, Store, StoreStalled
 from mgpu.model import Job
 
 __all__ = ["SubmitBatch"]
@@ -112,6 +118,13 @@ class SubmitBatch:
 
     def _written(self, batch: list[Entry], ids: set[str], error: BaseException | None) -> None:
         self.ids -= ids
+        if isinstance(error, KeyTaken):
+            try:
+                if not self._sort_out(batch):
+                    return  # each submit answered, or in the next batch
+                error = None
+            except Exception as e:  # the lookups failed too: every submit of it fails
+                error = e
         if error is not None:
             for *_, done in batch:
                 if not done.done():
@@ -128,6 +141,29 @@ class SubmitBatch:
                 continue
             if not done.done():
                 done.set_result(None)
+
+    def _sort_out(self, batch: list[Entry]) -> bool:
+        """After KeyTaken: True if the batch had committed after all; else each submit
+        whose key is taken fails with KeyTaken, the others go in the next batch."""
+        keyed = [(entry, entry[2][0]) for entry in batch if entry[2]]
+        stored = {key: self.store.job_of_submit_key(key) for _, (key, _) in keyed}
+        if any(stored[key] == own for _, (key, own) in keyed):
+            return True  # its own job: the transaction committed, its answer was lost
+        again: list[Entry] = []
+        for entry in batch:
+            done, keys = entry[4], entry[2]
+            if keys and stored[keys[0][0]] is not None:
+                if not done.done():
+                    done.set_exception(KeyTaken(keys[0][0]))
+                    done.exception()
+            else:
+                again.append(entry)
+        if again:
+            if not self._batch:
+                asyncio.get_running_loop().call_soon(self.flush)
+            self._batch += again
+            self.ids.update(job.id for jobs, *_ in again for job in jobs)
+        return False
 
 
 async def _undone(undo: Callable[[], Any]) -> None:
