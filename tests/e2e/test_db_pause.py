@@ -10,6 +10,7 @@ one that goes on after (with two, a standby may take the lease at the resume).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 import pgserver
 from hacluster import HaCluster, get_json
 from helpers import wait_for
+from mgpu.client.api import Client, RequestError
 from pgserver import PgServer
 
 PAUSE_S = 10.0
@@ -127,6 +129,8 @@ def test_a_paused_database_leaves_the_leader_answering_and_losing_nothing(
     leader: HaCluster, server: PgServer, tmp_path: Path
 ) -> None:
     client = leader.client()
+    # A token never used yet: the master must look it up in the database.
+    fresh = Client(leader.addresses[0], token=client.create_token("bob")["token"])
     long = client.submit("sleep 300", gpus=1).id
     wait_for(lambda: client.show(long)["state"] == "running", timeout=60, what="the long job")
     # Jobs that end during the pause: their ends are written then (the master must not
@@ -140,6 +144,10 @@ def test_a_paused_database_leaves_the_leader_answering_and_losing_nothing(
     submitted_during: list[str] = []
     with Watch(leader) as watch, server.paused():
         time.sleep(PAUSE_S / 2)  # the thread polls meanwhile; then a submit, mid-pause
+        t = time.monotonic()
+        with pytest.raises(RequestError, match=re.escape(STALLED)):
+            fresh.queue()
+        assert time.monotonic() - t <= ANSWER_S, "an unknown token's request waited"
         t = time.monotonic()
         res = leader.cli("submit", "--gpus", "1", "true", timeout=60)
         took = time.monotonic() - t

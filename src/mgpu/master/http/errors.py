@@ -31,13 +31,10 @@ from mgpu.master.http.deps import client_address, cluster, identity
 from mgpu.master.http.sentences import validation_sentence
 from mgpu.master.monitor.dashboard import BadFilter
 from mgpu.master.monitor.observe import BadQuery
-from mgpu.master.store.base import StoreUnavailable
+from mgpu.master.store.base import RETRY_AFTER_S, StoreUnavailable
 from mgpu.spec import SpecError
 
-__all__ = ["RETRY_AFTER_S", "STATUS", "answer", "error", "install", "missing"]
-
-RETRY_AFTER_S = 2
-"""What a 503 for a database that does not answer says to wait before trying again."""
+__all__ = ["STATUS", "answer", "error", "install", "missing"]
 
 STATUS: dict[type[Exception], int] = {
     NotFound: 404,
