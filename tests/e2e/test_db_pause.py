@@ -133,9 +133,9 @@ def test_a_paused_database_leaves_the_leader_answering_and_losing_nothing(
     fresh = Client(leader.addresses[0], token=client.create_token("bob")["token"])
     long = client.submit("sleep 300", gpus=1).id
     wait_for(lambda: client.show(long)["state"] == "running", timeout=60, what="the long job")
-    # Jobs that end during the pause: their ends are written then (the master must not
-    # wait for that write on its event loop).
-    flowing = [client.submit(f"sleep {1 + i % 3}", gpus=1).id for i in range(6)]
+    # Jobs that end during the pause: their ends are written then, and their only line of
+    # output is appended then (the master must wait for neither on its event loop).
+    flowing = [client.submit(f"sleep {1 + i % 3}; echo done", gpus=1).id for i in range(6)]
     wait_for(
         lambda: sum(client.show(j)["state"] == "running" for j in flowing) >= 2,
         timeout=60,
@@ -176,6 +176,7 @@ def test_a_paused_database_leaves_the_leader_answering_and_losing_nothing(
     # lease ran out before it was written): that job is queued again, never run twice.
     again = {j["id"]: j["attempts"] for j in ended if len(_started(j)) != 1}
     assert not again, f"{again}\n{leader.logs_of_masters()}"
+    assert [client.logs(j).strip() for j in flowing] == ["done"] * len(flowing)
     running = client.show(long)
     assert running["state"] == "running" and len(_started(running)) <= 1, running
     assert "lost: silent" not in leader.logs_of_masters(tail=None)
