@@ -49,7 +49,7 @@ from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
-from mgpu.master.store.base import Store
+from mgpu.master.store.base import ANSWER_WITHIN, Store
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.outputs import FileOutputStore, OutputStore
 from mgpu.tlsutil import ensure_ca
@@ -144,6 +144,7 @@ def create_app(
                 yield
             return
         cluster = open_cluster(state_dir, config, store, tls)
+        cluster.store.answer_within = ANSWER_WITHIN  # loaded: from now on no long wait
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])
@@ -231,6 +232,7 @@ async def _stand_by(
             log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
             logging.shutdown()
             os._exit(EXIT_DEPOSED)  # the lease runs out; another master takes it
+        store.answer_within = ANSWER_WITHIN  # loaded: from now on no long wait
         grace = config.ha.takeover_grace
         cluster.node_admin.grace(config.networking.timeout + 15 if grace is None else grace)
         cluster.node_admin.holds_lease = leadership.may_send  # no lease: no node judged
