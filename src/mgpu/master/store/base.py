@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from mgpu import spec as specs
-from mgpu.errors import MgpuError
+from mgpu.master.store.errors import (  # re-exported: the store's callers catch them here
+    ANSWER_WITHIN,
+    RETRY_AFTER_S,
+    KeyTaken,
+    StoreError,
+    StoreStalled,
+    StoreUnavailable,
+)
 from mgpu.master.store.fence import Fence
 from mgpu.model import Job
 
@@ -81,38 +88,6 @@ TokenRow = tuple[str, str, int, str, int, int]
 """A live token found by its hash: (id, user, admin, hash, owner, allow_root)."""
 
 TOKEN_KEYS = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
-
-
-class StoreError(MgpuError):
-    """The store cannot be opened or used: one sentence for the operator."""
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached (for longer than the store waits for it)."""
-
-
-class KeyTaken(StoreError):
-    """A submit's idempotency key is stored already (with an earlier submit's job): the
-    transaction that carried it was rolled back whole (control/submitkeys.py)."""
-
-
-STALLED = "the database does not answer (paused or cut): try again"
-
-RETRY_AFTER_S = 2
-"""What a 503 for a database that does not answer says to wait (`Retry-After`)."""
-
-ANSWER_WITHIN = 2.0
-"""Seconds the master, once it serves, waits for its database on the event loop at most
-(`Store.answer_within`): a paused or cut database costs users a quick 503, not a hang."""
-
-
-class StoreStalled(StoreUnavailable):
-    """The database has not answered within the store's `answer_within` (paused, cut, or
-    far behind): a read is refused at once, a write waits its turn in the store's thread
-    (store/dbthread.py).  HTTP answers it 503 with Retry-After."""
-
-    def __init__(self, detail: str = STALLED) -> None:
-        super().__init__(detail)
 
 
 def task_record(job: Job) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from mgpu.master.store.base import StoreStalled
+from mgpu.master.store.errors import StoreStalled
 
 __all__ = ["QUEUE_LIMIT", "DbThread", "Later"]
 
