@@ -8,34 +8,20 @@ counts every GPU an exclusive job would hold, not the ones it asked for.
 
 from __future__ import annotations
 
-from factories import HOUR, job, node
+from factories import HOUR, MIB_PER_GIB, PASS_NOW, cpu_node, job, schedule_pass, started
 from mgpu.resources import ResourceAsk
 from mgpu.scheduler import (
-    Decisions,
     FreePool,
     JobRequest,
     NodeView,
     Placement,
     RunningJob,
-    SchedulerConfig,
-    Snapshot,
     place,
-    schedule,
 )
-from mgpu.scheduler.types import QueuePolicy
 
-NOW = 1000.0
-G = 1024
+NOW = PASS_NOW
+G = MIB_PER_GIB
 WHOLE = ResourceAsk(exclusive=True)
-
-
-def cpu_node(nid: str = "n1", **kw: object) -> NodeView:
-    """4 GPUs, 8 CPUs and 64G, all free unless `kw` says otherwise."""
-    kw.setdefault("cpus", 8)
-    kw.setdefault("free_cpus", kw["cpus"])
-    kw.setdefault("mem_mb", 64 * G)
-    kw.setdefault("free_mem_mb", kw["mem_mb"])
-    return node(nid, **kw)
 
 
 def held_whole(nid: str = "n1") -> NodeView:
@@ -46,29 +32,6 @@ def held_whole(nid: str = "n1") -> NodeView:
 def bare(job_id: str, nid: str = "n1", ends_in: float = HOUR, **kw: object) -> RunningJob:
     """A running job holding nothing of `nid` (a `--gpus 0` job that asks nothing)."""
     return RunningJob(job_id, "bob", (Placement(nid, ()),), NOW - 60, 60 + ends_in, **kw)  # type: ignore[arg-type]
-
-
-def run(
-    nodes: list[NodeView],
-    pending: list[JobRequest],
-    running: list[RunningJob] | None = None,
-    policy: QueuePolicy = "backfill",
-    **config: object,
-) -> Decisions:
-    config.setdefault("preemption", False)
-    return schedule(
-        Snapshot(
-            now=NOW,
-            nodes=nodes,
-            pending=pending,
-            running=running or [],
-            config=SchedulerConfig(queue_policy=policy, **config),  # type: ignore[arg-type]
-        )
-    )
-
-
-def started(d: Decisions) -> dict[str, tuple[Placement, ...]]:
-    return {s.job_id: s.placements for s in d.starts}
 
 
 # --------------------------------------------------------------------------- the pool
@@ -107,12 +70,12 @@ def test_nothing_lands_on_a_node_held_whole_not_even_a_job_holding_nothing() -> 
 
 
 def test_a_cpu_only_job_does_not_start_beside_a_running_exclusive_one() -> None:
-    d = run([held_whole()], [job("c", gpus=0)])
+    d = schedule_pass([held_whole()], [job("c", gpus=0)])
     assert d.starts == []
 
 
 def test_an_exclusive_job_waits_for_a_job_that_holds_nothing() -> None:
-    d = run([cpu_node(bare_jobs=1)], [job("x", ask=WHOLE)], [bare("cpu")])
+    d = schedule_pass([cpu_node(bare_jobs=1)], [job("x", ask=WHOLE)], [bare("cpu")])
     assert d.starts == []
     assert d.reasons["x"] == "waiting for a whole node"
 
@@ -122,7 +85,7 @@ def test_in_one_pass_an_exclusive_job_and_a_cpu_only_one_do_not_share() -> None:
         (job("x", ask=WHOLE), job("c", gpus=0)),
         (job("c", gpus=0), job("x", ask=WHOLE)),
     ):
-        d = run([cpu_node()], [first, replace_submit(second, 1.0)], policy="fifo")
+        d = schedule_pass([cpu_node()], [first, replace_submit(second, 1.0)], policy="fifo")
         assert set(started(d)) == {first.job_id}
 
 
@@ -138,19 +101,19 @@ def test_backfill_reserves_the_node_for_an_exclusive_head_once_the_cpu_only_job_
     long = job("long", submit=2.0, gpus=1, time_limit=3 * HOUR)
     # ...nor may another CPU-only job, though it holds nothing the head needs but the node.
     cpu = job("cpu2", submit=3.0, gpus=0, time_limit=3 * HOUR)
-    d = run([cpu_node(bare_jobs=1)], [head, long, cpu], [bare("cpu", ends_in=HOUR)])
+    d = schedule_pass([cpu_node(bare_jobs=1)], [head, long, cpu], [bare("cpu", ends_in=HOUR)])
     assert d.starts == []
     assert d.reasons["x"] == "waiting for a whole node"
     # One that ends before the head's start may go first.
     short = job("short", submit=2.0, gpus=1, time_limit=HOUR / 2)
-    d = run([cpu_node(bare_jobs=1)], [head, short], [bare("cpu", ends_in=HOUR)])
+    d = schedule_pass([cpu_node(bare_jobs=1)], [head, short], [bare("cpu", ends_in=HOUR)])
     assert set(started(d)) == {"short"}
 
 
 def test_an_exclusive_head_preempts_a_job_that_holds_nothing() -> None:
     victim = bare("cpu", ends_in=10 * HOUR, preemptible=True, priority=0)
     head = job("x", priority=1000, ask=WHOLE)
-    d = run([cpu_node(bare_jobs=1)], [head], [victim], preemption=True)
+    d = schedule_pass([cpu_node(bare_jobs=1)], [head], [victim], preemption=True)
     assert d.preempt == ["cpu"]
 
 
@@ -158,15 +121,17 @@ def test_an_exclusive_head_preempts_a_job_that_holds_nothing() -> None:
 
 
 def test_the_user_gpu_limit_counts_every_gpu_an_exclusive_job_holds() -> None:
-    d = run([cpu_node()], [job("x", gpus=1, ask=WHOLE)], max_gpus_per_user=2)
+    d = schedule_pass([cpu_node()], [job("x", gpus=1, ask=WHOLE)], max_gpus_per_user=2)
     assert d.starts == []
     assert d.reasons["x"] == "the job needs 4 GPUs but user alice may use at most 2"
-    d = run([cpu_node()], [job("x", gpus=1, ask=WHOLE)], max_gpus_per_user=4)
+    d = schedule_pass([cpu_node()], [job("x", gpus=1, ask=WHOLE)], max_gpus_per_user=4)
     assert set(started(d)) == {"x"}
 
 
 def test_the_limit_of_an_exclusive_job_does_not_hold_up_the_queue() -> None:
     nodes = [cpu_node("n1"), cpu_node("n2")]
-    d = run(nodes, [job("x", ask=WHOLE), job("y", submit=1.0)], policy="fifo", max_gpus_per_user=2)
+    d = schedule_pass(
+        nodes, [job("x", ask=WHOLE), job("y", submit=1.0)], policy="fifo", max_gpus_per_user=2
+    )
     assert set(started(d)) == {"y"}
     assert "may use at most 2" in d.reasons["x"]
