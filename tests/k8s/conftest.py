@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import LocalCluster
 from kubecluster import KubeCluster, build
+from mgpu import Client
 
 _BUILT: tuple[Path | None, str] | None = None
 
@@ -41,3 +43,14 @@ def kube() -> Iterator[KubeCluster]:
     """A running 2-node Kubernetes with 2 fake nvidia.com/gpu per node, for one module."""
     with KubeCluster(kubernetes_cache(), nodes=2, gpus_per_node=2) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def nobody_token(master: LocalCluster) -> str:
+    """A token of the account `nobody`, made by the module's `master`."""
+    return str(master.client().create_token("nobody")["token"])
+
+
+@pytest.fixture(scope="module")
+def nobody(master: LocalCluster, nobody_token: str) -> Client:
+    return Client(master.address, token=nobody_token)

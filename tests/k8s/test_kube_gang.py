@@ -19,6 +19,7 @@ import pytest
 
 from helpers import BIN, LocalCluster
 from kubecluster import IMAGE_BUSYBOX, KubeCluster, wait_for
+from kubemaster import job_pods, kube_master
 from mgpu import Client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
@@ -89,35 +90,12 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def master(
     kube: KubeCluster, code: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("kmaster"), _config(kube, code))
-    try:
-        cluster.start_master()
-        wait_for(
-            "both Nodes as mgpu nodes",
-            lambda: (
-                len([n for n in cluster.client().nodes() if n.get("kubernetes")]) == 2
-                and all(n["state"] == "online" for n in cluster.client().nodes())
-            ),
-            120,
-        )
+    with kube_master(tmp_path_factory.mktemp("kmaster"), _config(kube, code)) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def nobody_token(master: LocalCluster) -> str:
-    return str(master.client().create_token("nobody")["token"])
-
-
-@pytest.fixture(scope="module")
-def nobody(master: LocalCluster, nobody_token: str) -> Client:
-    return Client(master.address, token=nobody_token)
 
 
 def _pods(kube: KubeCluster, job_id: str) -> list[dict[str, Any]]:
-    path = "/api/v1/namespaces/default/pods"
-    return list(kube.get(path, labelSelector=f"mgpu.io/job={job_id}")["items"])
+    return job_pods(kube, f"mgpu.io/job={job_id}")
 
 
 def test_torchrun_all_reduces_across_two_pods(

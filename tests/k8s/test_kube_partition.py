@@ -24,6 +24,8 @@ import pytest
 
 from helpers import BIN, LocalCluster
 from kubecluster import GPU_RESOURCE, IMAGE_BUSYBOX, KubeCluster, wait_for
+from kubemaster import job_pods as _pods
+from kubemaster import kube_master
 from mgpu import Client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
@@ -71,36 +73,8 @@ def _label(kube: KubeCluster, node: str, value: str | None) -> None:
 def master(kube: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     for node in kube.nodes:
         _label(kube, node, "yes")
-    root = tmp_path_factory.mktemp("kmaster")
-    cluster = LocalCluster(root, _config(kube))
-    try:
-        cluster.start_master()
-        wait_for(
-            "both Nodes as mgpu nodes",
-            lambda: (
-                len([n for n in cluster.client().nodes() if n.get("kubernetes")]) == 2
-                and all(n["state"] == "online" for n in cluster.client().nodes())
-            ),
-            120,
-        )
+    with kube_master(tmp_path_factory.mktemp("kmaster"), _config(kube)) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def nobody_token(master: LocalCluster) -> str:
-    return str(master.client().create_token("nobody")["token"])
-
-
-@pytest.fixture(scope="module")
-def nobody(master: LocalCluster, nobody_token: str) -> Client:
-    return Client(master.address, token=nobody_token)
-
-
-def _pods(kube: KubeCluster, selector: str) -> list[dict[str, Any]]:
-    items = kube.get("/api/v1/namespaces/default/pods", labelSelector=selector)["items"]
-    return list(items)
 
 
 def _running(client: Client, job_id: str, timeout: float = 120) -> dict[str, Any]:
