@@ -519,3 +519,39 @@ def test_sbatch_begin_waits_as_begintime_and_now_runs(slurm_cluster: LocalCluste
         assert "Traceback" not in res.stderr
     finally:
         c.client().cancel(later)
+
+
+def test_scontrol_update_starttime_moves_a_pending_jobs_begin(slurm_cluster: LocalCluster) -> None:
+    """`scontrol update JobId=N StartTime=...` (issue 31, item 3): a job held back by its
+    begin time runs once it is moved to now; a job moved later waits as BeginTime; a running
+    job's start time cannot change; a time Slurm cannot read is refused."""
+    c = slurm_cluster
+    later = sbatch(c, "--begin=now+1hour", "--gres=gpu:0", "--wrap", "true")
+    waiting = sbatch(c, "--gres=gpu:0", "--hold", "--wrap", "true")
+    try:
+        res = run(c, "scontrol", "update", f"JobId={waiting}", "StartTime=now+2hours")
+        assert res.returncode == 0, res.stderr
+        c.client().release(waiting)
+        assert squeue(c, "-j", waiting, "-o", "%i|%T|%r") == [[waiting, "PENDING", "BeginTime"]]
+        res = run(c, "scontrol", "update", f"JobId={later}", "StartTime=now")
+        assert res.returncode == 0, res.stderr
+        assert c.client().wait(later, timeout=60)["state"] == "completed"
+        res = run(c, "scontrol", "update", f"JobId={waiting}", "StartTime=someday")
+        assert res.returncode == 1 and "Invalid time specification" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    finally:
+        for job_id in (later, waiting):
+            c.client().cancel(job_id)
+
+
+def test_a_running_jobs_start_time_cannot_change(slurm_cluster: LocalCluster) -> None:
+    c = slurm_cluster
+    gate = c.root / "starttime-gate"
+    job_id = sbatch(c, "--gres=gpu:0", "--wrap", f"while [ ! -e {gate} ]; do sleep 0.1; done")
+    try:
+        wait_for(lambda: c.client().show(job_id)["state"] == "running", what="the job running")
+        res = run(c, "scontrol", "update", f"JobId={job_id}", "StartTime=now+1hour")
+        assert res.returncode == 1 and "only while it is queued" in res.stderr, res.stderr
+    finally:
+        gate.touch()
+        c.client().cancel(job_id)

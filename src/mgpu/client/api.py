@@ -174,9 +174,11 @@ class Client(MasterSession):
         priority: int | None = None,
         gpus: int | None = None,
         name: str | None = None,
+        begin: float | None = None,
     ) -> dict[str, Any]:
-        """Change a queued job (time, priority, GPUs, name) or a running one (time, name)."""
-        body = {"time": time, "priority": priority, "gpus": gpus, "name": name}
+        """Change a queued job (time, priority, GPUs, name, `begin`: not started before this
+        epoch time) or a running one (time, name)."""
+        body = {"time": time, "priority": priority, "gpus": gpus, "name": name, "begin": begin}
         body = {k: v for k, v in body.items() if v is not None}
         return dict(self._request("POST", f"/api/jobs/{_quote(job_id)}/update", body))
 

@@ -239,7 +239,8 @@ def job_action(client: Any, verb: str, words: list[str]) -> int:
 
 
 def update(client: Any, words: list[str]) -> int:
-    """`update JobId=ID TimeLimit=2:00:00 JobName=x` (keys in any case)."""
+    """`update JobId=ID TimeLimit=2:00:00 JobName=x StartTime=now+1hour` (keys in any
+    case)."""
     job_id = None
     changes: dict[str, Any] = {}
     for word in words:
@@ -249,6 +250,13 @@ def update(client: Any, words: list[str]) -> int:
             raise fail(PROG, f"Invalid input: {word}")
         if k in ("jobid", "job"):
             job_id = value
+        elif k in ("starttime", "begintime"):  # as sbatch --begin reads it
+            from mgpu.slurm import begintime
+
+            try:
+                changes["begin"] = begintime.parse_begin(value, begintime.now())
+            except ValueError as e:
+                raise fail(PROG, f"Invalid time specification: {value}: {e}") from None
         elif k in UPDATABLE:
             changes[UPDATABLE[k]] = int(value) if k == "priority" and value.isdigit() else value
         else:

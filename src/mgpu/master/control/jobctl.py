@@ -106,6 +106,14 @@ def _new_limit(new: JobSpec) -> float | None:
     return None if math.isinf(new.time) else new.time
 
 
+def _moment(epoch: float | None) -> str:
+    if epoch is None:
+        return "none"
+    from datetime import datetime
+
+    return datetime.fromtimestamp(epoch).isoformat(timespec="seconds")
+
+
 def _limit(seconds: float | None) -> str:
     return specs.format_time_limit(seconds)
 
@@ -266,14 +274,23 @@ class JobControl:
 
     @staticmethod
     def parse_update(
-        time: str | None, priority: int | None, gpus: int | None, name: str | None
+        time: str | None,
+        priority: int | None,
+        gpus: int | None,
+        name: str | None,
+        begin: float | None = None,
     ) -> JobSpec:
         """The new values checked as submit checks them (its sentences, its limits): a
         SpecError or pydantic ValidationError for a bad one."""
-        if time is None and priority is None and gpus is None and name is None:
+        if time is None and priority is None and gpus is None and name is None and begin is None:
             raise specs.SpecError("nothing to change: give --time, --priority, --gpus or --name")
         raw: dict[str, object] = {"command": "true"}
-        for key, value in (("time", time), ("priority", priority), ("gpus", gpus)):
+        for key, value in (
+            ("time", time),
+            ("priority", priority),
+            ("gpus", gpus),
+            ("begin", begin),
+        ):
             if value is not None:
                 raw[key] = value
         if name is not None:
@@ -286,10 +303,10 @@ class JobControl:
         was = job.state
         if job.terminal:
             raise _ended(job, "only a queued or running job can be updated")
-        if job.state == JobState.RUNNING and fields & {"priority", "gpus"}:
+        if job.state == JobState.RUNNING and fields & {"priority", "gpus", "begin"}:
             raise Conflict(
                 f"job {job.id} is running: only its --time and --name can change now "
-                "(--priority and --gpus only while it is queued)"
+                "(--priority, --gpus and its start time only while it is queued)"
             )
         self.check_allowed("update", job, actor, new)
         limit = job.time_limit if "time" not in fields else _new_limit(new)
@@ -301,6 +318,8 @@ class JobControl:
             updated.priority = new.priority
         if "gpus" in fields:
             self._reshape(updated, new)
+        if "begin" in fields:
+            updated.begin_time = new.begin
         await self._admit(job, updated, new)
         if job.state != was:  # it started (or ended) while the site's validator ran
             raise Conflict(f"job {job.id} changed while the update was checked; try again")
@@ -310,10 +329,11 @@ class JobControl:
             ("name", "name"),
             ("priority", "priority"),
             ("gpus", "gpus"),
+            ("begin_time", "begin"),
         ):
             old, value = getattr(job, attr), getattr(updated, attr)
             if old != value:
-                shown = _limit if attr == "time_limit" else str
+                shown = _limit if attr == "time_limit" else _moment if attr == "begin_time" else str
                 changes.append(f"{label} {shown(old)} -> {shown(value)}")
                 setattr(job, attr, value)
         job.gpus_per_node = updated.gpus_per_node

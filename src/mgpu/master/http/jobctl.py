@@ -35,6 +35,9 @@ class UpdateRequest(BaseModel):
     priority: Any = None
     gpus: Any = None
     name: Any = None
+    begin: Any = None
+    """Not started before this epoch time (`scontrol update StartTime=`; the client reads
+    Slurm's time forms)."""
 
 
 def _answer(done: list[Change]) -> JSONResponse:
@@ -59,7 +62,7 @@ async def requeue(job_id: str, cl: Ctl, actor: Asker) -> JSONResponse:
 
 @router.post("/api/jobs/{job_id}/update")
 async def update(job_id: str, body: UpdateRequest, cl: Ctl, actor: Asker) -> JSONResponse:
-    new = JobControl.parse_update(body.time, body.priority, body.gpus, body.name)
+    new = JobControl.parse_update(body.time, body.priority, body.gpus, body.name, body.begin)
     return _answer(await cl.control_job(job_id, "update", actor, new))
 
 
