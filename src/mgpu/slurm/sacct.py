@@ -84,7 +84,8 @@ def batch_step(job: dict[str, Any]) -> dict[str, Any] | None:
     """The `ID.batch` row of a batch job that has started, else None."""
     if not common.slurm_block(job).get("batch") or not job.get("start_time"):
         return None
-    return {**job, BATCH_STEP: True}
+    # The script ran on the allocation's first node, as one task.
+    return {**job, BATCH_STEP: True, "allocation": (job.get("allocation") or [])[:1]}
 
 
 STEP = "_step"
@@ -141,6 +142,13 @@ def _suffix(row: dict[str, Any]) -> str:
     return f".{row[STEP]}" if row.get(STEP) is not None else ""
 
 
+def _ntasks(row: dict[str, Any]) -> str:
+    """A step's tasks (the batch step's: its one script); empty on a job's own line."""
+    if row.get(BATCH_STEP):
+        return "1"
+    return str(row.get("_ntasks") or "") if row.get(STEP) is not None else ""
+
+
 def _step_id(getter: Any) -> Any:
     return lambda j: getter(j) + _suffix(j)
 
@@ -161,7 +169,7 @@ GETTERS: dict[str, Any] = {
     "ReqCPUS": lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1),
     "State": _state,
     "ExitCode": states.exit_code,
-    "DerivedExitCode": states.exit_code,
+    "DerivedExitCode": _job_level(states.exit_code),
     "Elapsed": lambda j: common.clock(_elapsed(j)),
     "ElapsedRaw": lambda j: str(int(_elapsed(j))),
     "Submit": lambda j: common.timestamp(j.get("submit_time")),
@@ -171,20 +179,21 @@ GETTERS: dict[str, Any] = {
     "NodeList": lambda j: common.hostlist(j) or "None assigned",
     "NNodes": _nnodes,
     "AllocNodes": lambda j: "0" if j.get("state") == "queued" else _nnodes(j),
-    "User": lambda j: str(j.get("user") or ""),
+    "User": _job_level(lambda j: str(j.get("user") or "")),
     "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
-    "WorkDir": lambda j: str(j.get("cwd") or ""),
-    "Reason": lambda j: states.reason(j) if j.get("state") == "queued" else "None",
-    "ReqTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
+    "WorkDir": _job_level(lambda j: str(j.get("cwd") or "")),
+    "Reason": _job_level(lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
+    "ReqTRES": _job_level(lambda j: f"gres/gpu={j.get('gpus') or 0}"),
     "AllocTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
     "ArrayTaskID": lambda j: str(j.get("array_task_id") if j.get("array_job_id") else ""),
-    "Priority": lambda j: str(j.get("priority") or 0),
-    "UID": lambda j: _uid(j),
-    "Group": lambda j: _group(j),
+    "Priority": _job_level(lambda j: str(j.get("priority") or 0)),
+    "UID": _job_level(lambda j: _uid(j)),
+    "Group": _job_level(lambda j: _group(j)),
     "QOS": lambda j: "normal",
     "Restarts": lambda j: str(j.get("restart_count") or 0),
     "Cluster": lambda j: "mgpu",
+    "NTasks": _ntasks,
     "Comment": lambda j: "",
 }
 """The values mgpu has; a field of Slurm's it has not is empty, as sacct's are for data

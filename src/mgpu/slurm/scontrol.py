@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 
 from mgpu.safetext import escape_controls
 from mgpu.slurm import common, output, states
@@ -68,8 +69,15 @@ def job_text(job: dict[str, Any]) -> str:
     array = ""
     if job.get("array_job_id"):
         array = f" ArrayJobId={job['array_job_id']} ArrayTaskId={job.get('array_task_id')}"
-    deps = ",".join(job.get("dependency") or []) or "(null)"
+    # As Slurm's: a waiting job's conditions, each `(unfulfilled)`; met, they are gone.
+    waiting = state == "PENDING"
+    deps = ",".join(f"{d}(unfulfilled)" for d in job.get("dependency") or [] if waiting) or "(null)"
     n_nodes = len(job.get("allocation") or []) or job.get("nodes") or 1
+    # A held job, or one waiting on another, has no eligible time yet.
+    eligible = common.timestamp(job.get("begin_time") or job.get("submit_time"))
+    if waiting and states.reason(job) in ("JobHeldUser", "JobHeldAdmin", "Dependency"):
+        eligible = "Unknown"
+    first_node = next((a["node_id"] for a in job.get("allocation") or ()), None)
     lines = [
         f"JobId={common.own_id(job)}{array} JobName={common.job_name(job)}",
         f"UserId={_uid(str(job.get('user')))}",
@@ -79,23 +87,38 @@ def job_text(job: dict[str, Any]) -> str:
         f"Restarts={job.get('restart_count') or 0} "
         f"BatchFlag={1 if block.get('batch') else 0} Reboot=0 ExitCode={states.exit_code(job)}",
         f"RunTime={common.clock(used)} TimeLimit={common.time_limit(job, 'sacct')} TimeMin=N/A",
-        f"SubmitTime={common.timestamp(job.get('submit_time'))} "
-        f"EligibleTime={common.timestamp(job.get('begin_time') or job.get('submit_time'))}",
+        f"SubmitTime={common.timestamp(job.get('submit_time'))} EligibleTime={eligible}",
         f"StartTime={common.timestamp(job.get('start_time') or job.get('expected_start'))} "
         f"EndTime={common.timestamp(job.get('end_time'))} Deadline=N/A",
         f"Partition={common.partition(job)} AllocNode:Sid={block.get('submit_host') or 'N/A'}:0",
         f"ReqNodeList={_listed(job.get('nodelist'))} ExcNodeList={_listed(job.get('exclude'))}",
-        f"NodeList={nodes or '(null)'}",
-        f"BatchHost={nodes.split(',')[0] if nodes and block.get('batch') else '(null)'}",
+        f"NodeList={nodes}",  # empty until it runs; then its first node runs the script
+        *([f"BatchHost={first_node if block.get('batch') else '(null)'}"] if first_node else []),
         f"NumNodes={n_nodes} NumCPUs={n_nodes} NumTasks={block.get('ntasks') or n_nodes} "
         f"CPUs/Task={block.get('cpus_per_task') or 1}",
         f"TRES=node={n_nodes},gres/gpu={job.get('gpus') or 0}",
-        f"Command={job.get('script_name') or job.get('command') or ''}",
+        f"Command={_command(job, block, workdir)}",
         f"WorkDir={workdir}",
     ]
     if out:
         lines += [f"StdErr={err}", "StdIn=/dev/null", f"StdOut={out}"]
     return _block(lines)
+
+
+def _command(job: dict[str, Any], block: dict[str, Any], workdir: str) -> str:
+    """A batch job's script as Slurm names it: its path in the submit directory and its
+    arguments; `(null)` for `--wrap`.  Another job's: its command."""
+    name = job.get("script_name")
+    if not block.get("batch") or not name:
+        return str(name or job.get("command") or "")
+    if name == "wrap":
+        return "(null)"
+    base = block.get("submit_dir") or workdir
+    try:  # a script job's command is its arguments, quoted; Slurm prints them unquoted
+        args = shlex.split(str(job.get("command") or ""))
+    except ValueError:
+        args = [str(job.get("command"))]
+    return " ".join([f"{base.rstrip('/')}/{name}", *args])
 
 
 def node_text(node: dict[str, Any]) -> str:

@@ -260,6 +260,7 @@ class Sruns:
             ntasks=len(plan.ranks),
             step_hosts=[names[r] for r in step_ranks],
             node_tasks=[plan.ranks.count(r) for r in step_ranks],
+            node_procids=[i for i, r in enumerate(plan.ranks) if r == rank],
         )
         return launch_in_job(
             step,
