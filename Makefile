@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e venv sysdeps bench down clean dist gpu-test
+.PHONY: demo test lint typecheck unit e2e slurmdiff venv sysdeps bench down clean dist gpu-test
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,15 @@ e2e: venv $(TEST_EXTRAS)
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
 
+# The differential tier: the same job scripts on a real Slurm 22.05 (Debian's slurm-wlm,
+# started from a config of its own) and on mgpu, compared field by field; one Slurm and one
+# mgpu for the whole run, so it runs apart from xdist.  -rxs: the known differences (xfail)
+# and, where Slurm cannot start, the reason it skipped.
+SLURMDIFF := $(BIN)/pytest -q -rxs tests/slurmdiff
+
+slurmdiff: venv sysdeps
+	$(SLURMDIFF)
+
 # The executables the `make dist` test runs are built while lint and typecheck run
 # (PyInstaller takes a minute or more; the test then finds them up to date).
 test: sysdeps venv $(TEST_EXTRAS)
@@ -69,6 +78,7 @@ test: sysdeps venv $(TEST_EXTRAS)
 	$(CONTROLLER_ON_POSTGRES)
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
+	$(SLURMDIFF)
 
 # The GPU tier: a real master and agent on this machine's NVIDIA GPUs (no --fake-gpus).
 # Every test skips where there is no GPU; not part of `make test` (docs/GPU.md says how to
