@@ -320,6 +320,30 @@ def test_a_login_shell_script_keeps_the_commands(
     assert [p.rpartition("/")[2] for p in found] == ["srun", "scontrol", "sbatch"], said
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the wrappers are a root agent's")
+@pytest.mark.skipif(loginbin.real_slurm() is None, reason="this machine has no Slurm of its own")
+def test_a_machines_own_slurm_is_not_shadowed(slurm_cluster: LocalCluster) -> None:
+    """A machine with its own Slurm (scripts/install-system-deps.sh installs one for the
+    differential tier): the agents, which would write login wrappers, write none, and a
+    login shell in a job finds the machine's commands; the job's own PATH still has
+    mgpu's first."""
+    c = slurm_cluster
+    job = c.client().submit(
+        'echo "$MGPU_SLURM_BIN"; command -v srun; bash -lc "command -v srun sbatch"',
+        gpus=0,
+        cwd="/",
+    )
+    assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+    bin_dir, first, *login = c.client().logs(job.id).splitlines()[-4:]
+    assert first == f"{bin_dir}/srun"  # the job's PATH: mgpu's commands first
+    real = loginbin.real_slurm()
+    assert real is not None and not loginbin.is_ours(Path(real))
+    # A login shell resets PATH: the machine's own Slurm, not a wrapper of mgpu's.
+    assert len(login) == 2 and not any(loginbin.is_ours(Path(p)) for p in login), login
+    for name in slurmbin.SLURM_COMMANDS:
+        assert not loginbin.is_ours(loginbin.LOGIN_BIN / name)
+
+
 def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:
     """Outside any job srun is `mgpu srun` (a new job, no GPU unless asked: Slurm's default),
     and salloc `mgpu alloc`."""
