@@ -82,15 +82,17 @@ def running(
     time_limit: float | None = None,
     share: int = 0,
     user: str = "bob",
+    cpus: int = 0,
+    mem_mb: int = 0,
     **kw: Any,
 ) -> RunningJob:
     """A job running on `gpus` of `node_id` since `started` seconds before `now`, with
     `time_limit`, or one that ends it `ends_in` seconds after `now` (neither: no limit of
-    its own); `share`: the share units it holds of each (0: whole GPUs); `kw`: priority,
-    preemptible, ..."""
+    its own); `share`: the share units it holds of each (0: whole GPUs); `cpus`, `mem_mb`:
+    what it holds of the node besides; `kw`: priority, preemptible, ..."""
     if ends_in is not None:
         time_limit = started + ends_in
-    placement = Placement(node_id, tuple(gpus), share)
+    placement = Placement(node_id, tuple(gpus), share, cpus, mem_mb)
     return RunningJob(job_id, user, (placement,), now - started, time_limit, **kw)
 
 

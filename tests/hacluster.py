@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,24 @@ class HaCluster(LocalCluster):
             f"--- master{i}.log\n{self.log(f'master{i}')[-(tail or 0) :]}"
             for i in range(len(self.masters))
         )
+
+
+@contextlib.contextmanager
+def leader_standby_and_agents(
+    root: Path, database: str, nodes: tuple[str, ...] = ("node001", "node002")
+) -> Iterator[HaCluster]:
+    """Master 0 leads, master 1 stands by, an agent with 2 fake GPUs on each of `nodes`;
+    every process stopped at the end."""
+    cluster = HaCluster(root, database, masters=2)
+    try:
+        cluster.start_master(0)
+        assert cluster.leader(timeout=30) == 0
+        cluster.start_master(1)
+        assert cluster.role(1) == "standby"
+        for node in nodes:
+            cluster.start_agent(node, gpus=2, wait=False)
+        for node in nodes:
+            cluster.wait_node(node, "online", timeout=60)
+        yield cluster
+    finally:
+        cluster.stop()

@@ -22,6 +22,8 @@ def observed(pool: FreePool) -> dict[str, Any]:
         "free": {nid: sorted(pool.free(nid)) for nid in ids},
         "usable": {nid: sorted(pool.usable(nid)) for nid in ids},
         "shared": {nid: dict(pool.shared(nid)) for nid in ids},
+        "room": {nid: (pool.free_cpus(nid), pool.free_mem(nid)) for nid in ids},
+        "most_room": pool.most_room(),
         "at_least": [pool.nodes_with_at_least(k) for k in range(top + 2)],
         "order": {
             policy: [list(pool.iter_nodes(k, policy)) for k in range(top + 2)]

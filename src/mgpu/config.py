@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mgpu.hostlist import HostlistError, expand
+from mgpu.resources import SizeError, parse_size_mb
 from mgpu.spec import SpecError, parse_time_limit
 
 
@@ -48,6 +57,45 @@ class MasterAddr(_Strict):
     """Client WebSockets open to one job (its steps included)."""
 
 
+def _size_mb(value: object) -> object:
+    """A memory size in MiB: a number (MiB) or Slurm's text (`4G`, `512M`)."""
+    if isinstance(value, str):
+        try:
+            return parse_size_mb(value)
+        except SizeError as e:
+            raise ValueError(str(e)) from None
+    return value
+
+
+MiB = Annotated[int, BeforeValidator(_size_mb), Field(ge=0, le=1 << 40)]
+"""Memory in the config: MiB, given as a number or with Slurm's units (`4G`)."""
+
+
+class Reserve(_Strict):
+    """What a node holds back for its system, never given to jobs (Slurm's CoreSpecCount
+    and MemSpecLimit): its highest-numbered CPUs, whole cores first, and memory."""
+
+    cpus: int = Field(default=0, ge=0, le=4096)
+    mem: MiB = 0
+
+
+class JobResourceDefaults(_Strict):
+    """What a job gets when it asks for no CPUs or no memory (Slurm's DefCpuPerGPU,
+    DefMemPerGPU), and the most it may ask (MaxMemPerCPU).  None: no default (such a job
+    shares its node's CPUs or memory), no maximum."""
+
+    def_cpus_per_gpu: int | None = Field(default=None, ge=1, le=4096)
+    def_mem_per_gpu: MiB | None = None
+    max_mem_per_cpu: MiB | None = None
+
+
+class Resources(JobResourceDefaults):
+    """CPUs and memory, cluster-wide: the reserve on every node (a node's own `reserve`
+    replaces it), and the defaults and maxima of jobs (a partition's replace them)."""
+
+    reserve: Reserve = Field(default_factory=Reserve)
+
+
 class ClusterSection(_Strict):
     name: str = "mgpu"
     master: MasterAddr = Field(default_factory=MasterAddr)
@@ -64,6 +112,8 @@ class NodeEntry(_Strict):
     gpu_type: str | None = None
     rack: str | None = None
     switch: str | None = None
+    reserve: Reserve | None = None
+    """Held back on this node for its system; None: `resources.reserve`."""
 
 
 class Networking(_Strict):
@@ -83,6 +133,14 @@ class PriorityWeightsConf(_Strict):
     max_age_hours: float = 168.0
 
 
+class BillingConf(_Strict):
+    """What fairshare charges per second a job holds each (Slurm's TRESBillingWeights)."""
+
+    gpu: float = Field(default=1.0, ge=0)
+    cpu: float = Field(default=0.0, ge=0)
+    mem_gb: float = Field(default=0.0, ge=0)
+
+
 class Scheduling(_Strict):
     default_policy: Literal["fill_first", "spread"] = "fill_first"
     policy: Literal["fifo", "priority", "backfill"] = "backfill"
@@ -94,6 +152,8 @@ class Scheduling(_Strict):
     kill_grace: float = Field(default=10.0, ge=0)
     fairshare_half_life_hours: float = Field(default=168.0, gt=0)
     weights: PriorityWeightsConf = Field(default_factory=PriorityWeightsConf)
+    billing: BillingConf = Field(default_factory=BillingConf)
+    """Fairshare's charge per GPU, CPU and GiB of memory held (default: GPU-hours)."""
     shares: dict[str, float] = Field(default_factory=dict)
     max_gpus_per_user: int | None = Field(default=None, ge=0)
     max_running_jobs_per_user: int | None = Field(default=None, ge=0)
@@ -261,8 +321,10 @@ DEFAULT_PARTITION = "main"
 """The partition of a cluster whose config names none: every node (SLURM_JOB_PARTITION)."""
 
 
-class Partition(_Strict):
-    """A named group of nodes Slurm jobs ask for (`sbatch --partition NAME`)."""
+class Partition(JobResourceDefaults):
+    """A named group of nodes Slurm jobs ask for (`sbatch --partition NAME`); its
+    `def_cpus_per_gpu`, `def_mem_per_gpu` and `max_mem_per_cpu`, where set, replace the
+    cluster's (`resources`) for its jobs."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
     nodes: list[str] = Field(default_factory=list)
@@ -332,6 +394,7 @@ class ClusterConfig(_Strict):
     retention: Retention = Field(default_factory=Retention)
     ha: HighAvailability = Field(default_factory=HighAvailability)
     partitions: list[Partition] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
     database: str | None = None
     """`postgresql://USER@HOST:PORT/DB` (or libpq's keyword form): the master keeps its state
     there (several masters may share it); None: SQLite in the state dir.  `mgpu master
@@ -375,6 +438,13 @@ class ClusterConfig(_Strict):
                 raise ValueError(f"duplicate node_id {n.node_id!r}")
             seen.add(n.node_id)
         return nodes
+
+    def reserve(self, node_id: str) -> Reserve:
+        """What node `node_id` holds back for its system."""
+        entry = self.node(node_id)
+        if entry is not None and entry.reserve is not None:
+            return entry.reserve
+        return self.resources.reserve
 
     def node(self, node_id: str) -> NodeEntry | None:
         for n in self.nodes:

@@ -147,6 +147,10 @@ def node_unit(args: argparse.Namespace, state_dir: Path) -> str:
         words += ["--fake-gpus", str(args.fake_gpus)]
     if getattr(args, "gpu_count", None) is not None:
         words += ["--gpu-count", str(args.gpu_count)]
+    if getattr(args, "fake_cpus", None) is not None:
+        words += ["--fake-cpus", str(args.fake_cpus)]
+    if getattr(args, "fake_mem", None) is not None:
+        words += ["--fake-mem", str(args.fake_mem)]
     runtime = getattr(args, "container_runtime", "auto")
     if runtime and runtime != "auto":
         words += ["--container-runtime", runtime]

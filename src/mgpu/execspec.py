@@ -28,9 +28,11 @@ __all__ = [
     "MAX_ENV_ENTRY_BYTES",
     "MAX_ENV_VARS",
     "MAX_PATH_BYTES",
+    "RENDEZVOUS_ENV_NAMES",
     "RESERVED_ENV_NAMES",
     "RESERVED_ENV_PREFIXES",
     "is_env_name",
+    "is_rendezvous_env_name",
     "is_reserved_env_name",
     "validate_argv",
     "validate_cwd",
@@ -98,6 +100,11 @@ RESERVED_ENV_NAMES: Final = frozenset(
 )
 """Variables the scheduler sets in every job (or every distributed one)."""
 RESERVED_ENV_PREFIXES: Final = ("MGPU_", "PET_", "SLURM_")
+RENDEZVOUS_ENV_NAMES: Final = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NNODES", "NODE_RANK", "NPROC_PER_NODE"}
+    | {"RANK", "LOCAL_RANK"}
+)
+"""torchrun's rendezvous (with `PET_*`): a Slurm job's own to set, as in Slurm."""
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|BASH_FUNC_[A-Za-z_][A-Za-z0-9_.:+-]*%%")
 
 
@@ -106,8 +113,17 @@ def is_env_name(name: str) -> bool:
     return _ENV_NAME_RE.fullmatch(name) is not None
 
 
-def is_reserved_env_name(name: str) -> bool:
-    """Set by the scheduler: a value the user gives for it is not passed to the job."""
+def is_rendezvous_env_name(name: str) -> bool:
+    """torchrun's variables (`MASTER_ADDR`, `PET_NNODES` ...)."""
+    return name in RENDEZVOUS_ENV_NAMES or name.startswith("PET_")
+
+
+def is_reserved_env_name(name: str, slurm: bool = False) -> bool:
+    """Set by the scheduler: a value the user gives for it is not passed to the job.  A
+    Slurm job's (`slurm`) rendezvous variables are the user's: Slurm passes them on, and
+    mgpu sets them only where the job has none and asked (`--distributed`)."""
+    if slurm and is_rendezvous_env_name(name):
+        return False
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from mgpu.resources import NO_ASK, ResourceAsk
+from mgpu.slurmoptions import OPEN_MODES as OPEN_MODES
+from mgpu.slurmoptions import SlurmOptions as SlurmOptions
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -95,6 +99,9 @@ class EndReason(StrEnum):
     """Its launch never reached the agent (a master crash before it was sent): free."""
     PREEMPTED = "preempted"
     REQUEUED = "requeued"
+    OUT_OF_MEMORY = "out_of_memory"
+    """Killed by its node for going past its memory limit: its own failure, no retry spent,
+    the node not blamed."""
 
     def to_state(self) -> JobState:
         return _END_STATE[self]
@@ -115,6 +122,12 @@ class EndReason(StrEnum):
         it ends for want of retries, this being its last run's)."""
         return _END_CODE.get(self, EndCode.FAILED)
 
+    @property
+    def run_end(self) -> str | None:
+        """How a run that ended for this reason ended, the job JSON's `end_reason` code
+        (None: the reason ends no run, as a queued job's)."""
+        return _RUN_END.get(self, self.value)
+
 
 class WaitCode(StrEnum):
     """Why a queued job waits, typed (the job's `reason_code`, beside its English `reason`):
@@ -125,6 +138,9 @@ class WaitCode(StrEnum):
     PRIORITY = "priority"
     """It would fit, but higher-priority work waits ahead of it for the same GPUs."""
     DEPENDENCY = "dependency"
+    DEPENDENCY_NEVER_SATISFIED = "dependency_never_satisfied"
+    """A Slurm job whose dependency can never be met (`afterok` on a job that failed): it
+    stays queued, as in Slurm, unless it asked `--kill-on-invalid-dep=yes`."""
     BEGIN_TIME = "begin_time"
     """Not before a time (`--begin`, or a requeued job's backoff)."""
     HELD = "held"
@@ -139,6 +155,9 @@ class WaitCode(StrEnum):
     """Its user is at the limit of GPUs in use."""
     ARRAY_LIMIT = "array_limit"
     """Its array is at its `%N` limit of running tasks."""
+    PARTITION_TIME_LIMIT = "partition_time_limit"
+    """A Slurm job whose time limit is over its partition's `max_time`: it waits until one
+    of them changes (`scontrol update TimeLimit=`)."""
 
 
 class EndCode(StrEnum):
@@ -162,6 +181,8 @@ class EndCode(StrEnum):
     """Cancelled: a dependency that can never be satisfied."""
     NEVER_FITS = "never_fits"
     """Failed: it could never run on the cluster's nodes."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """Failed: killed by its node for going past its memory limit."""
 
 
 _END_CODE: dict[EndReason, EndCode] = {
@@ -175,6 +196,7 @@ _END_CODE: dict[EndReason, EndCode] = {
     EndReason.LAUNCH_FATAL: EndCode.LAUNCH_FAILED,
     EndReason.NODE_LOST: EndCode.NODE_FAIL,
     EndReason.LAUNCH_FAILED: EndCode.BOOT_FAIL,
+    EndReason.OUT_OF_MEMORY: EndCode.OUT_OF_MEMORY,
 }
 """The others end no job: RETRIES_EXHAUSTED takes its last requeue reason's code, and the
 requeue reasons that spend no retry never run out of them (FAILED, should one ever)."""
@@ -195,7 +217,19 @@ _END_STATE: dict[EndReason, JobState] = {
     EndReason.NOT_LAUNCHED: JobState.QUEUED,
     EndReason.PREEMPTED: JobState.QUEUED,
     EndReason.REQUEUED: JobState.QUEUED,
+    EndReason.OUT_OF_MEMORY: JobState.FAILED,
 }
+_RUN_END: dict[EndReason, str | None] = {
+    EndReason.EXIT_OK: "exit",
+    EndReason.EXIT_NONZERO: "exit",
+    EndReason.IDLE: "cancelled",
+    EndReason.LAUNCH_FATAL: "launch_failed",
+    EndReason.NOT_LAUNCHED: "launch_failed",
+    EndReason.DEPENDENCY_NEVER: None,
+    EndReason.NEVER_FITS: None,
+    EndReason.RETRIES_EXHAUSTED: None,
+}
+"""`EndReason.run_end` where it is not the reason's own value."""
 _STOP_DESIRED = {
     EndReason.PREEMPTED: DesiredState.PREEMPT,
     EndReason.REQUEUED: DesiredState.REQUEUE,
@@ -272,6 +306,12 @@ class Slot:
     share_enforced: bool | None = None
     """A shared job's share is held to its limits on this node (MPS), as its agent said
     when the slot started; None: not a shared job, not started, or an older agent."""
+    cpus: int | None = None
+    """CPUs the slot holds on its node (None: placed before CPUs were counted, or not yet)."""
+    cpu_ids: list[int] | None = None
+    """Which CPUs (its cpuset), picked by the master near its GPUs; None: not pinned."""
+    mem_mb: int | None = None
+    """Memory (MiB) the slot holds, its limit on the node; None: not limited."""
 
     @property
     def done(self) -> bool:
@@ -305,59 +345,6 @@ class Attempt:
     start_time: float | None = None
     end_time: float | None = None
     end_reason: str | None = None
-
-
-OPEN_MODES = ("truncate", "append")
-
-
-@dataclass(frozen=True, slots=True)
-class SlurmOptions:
-    """A job submitted the Slurm way (`sbatch`, or `#SBATCH` lines): what it asked for that
-    mgpu's own options have no field for.  It gets Slurm's environment (mgpu.slurmenv), and
-    a batch job its -o/-e files on the node."""
-
-    batch: bool = False
-    """sbatch semantics: the script once on the first node, Slurm's output files."""
-    job_name_default: str | None = None
-    """SLURM_JOB_NAME without --job-name: the script's file name (``wrap`` for --wrap)."""
-    ntasks: int | None = None
-    """--ntasks; None: one task per node."""
-    ntasks_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem_per_node_mb: int | None = None
-    mem_per_cpu_mb: int | None = None
-    gpus_per_task: int | None = None
-    partition: str | None = None
-    """As asked; once stored, the partition the job runs in (the default one when it named
-    none, or one that does not exist)."""
-    partition_nodes: tuple[str, ...] | None = None
-    """The nodes of that partition, kept with the job (None: every node): the only ones it
-    may run on (master/state/snapshot.py)."""
-    output: str | None = None
-    """The -o pattern as given; None: slurm-%j.out (arrays slurm-%A_%a.out)."""
-    error: str | None = None
-    """The -e pattern; None: the same file as the output."""
-    open_mode: str = "truncate"
-    submit_host: str | None = None
-    submit_dir: str | None = None
-    array_count: int | None = None
-    """An array's shape (SLURM_ARRAY_TASK_COUNT, _MIN, _MAX, _STEP), set at submit."""
-    array_min: int | None = None
-    array_max: int | None = None
-    array_step: int | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _SLURM_FIELDS}
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> SlurmOptions:
-        fields = {k: v for k, v in rec.items() if k in _SLURM_FIELDS}
-        if fields.get("partition_nodes") is not None:
-            fields["partition_nodes"] = tuple(fields["partition_nodes"])
-        return cls(**fields)
-
-
-_SLURM_FIELDS = tuple(f.name for f in fields(SlurmOptions))
 
 
 @dataclass(slots=True)
@@ -413,6 +400,10 @@ class Job:
     stop_text: str | None = None
     """The reason the job will show when the stop is done (None: the usual text)."""
     timed_out: bool = False
+    out_of_memory: bool = False
+    """Its current run was killed on a node for going past its memory limit."""
+    last_end: EndReason | None = None
+    """How its last run ended (the job JSON's `end_reason`); None while none has ended."""
     job_token_hashes: list[str] = field(default_factory=list)
     """Hashes of this run's credentials (mgpu.master.security.auth.new_job_token): the plaintext is
     only in the job's environment and the master's memory.  Empty when not running."""
@@ -429,6 +420,8 @@ class Job:
     gpu_util_samples: int = 0
     image: str | None = None
     """Container image to run the job in (`--image`), with the node's container runtime."""
+    container: dict[str, Any] | None = None
+    """Its options beyond the image (mgpu.containeropts.ContainerOptions, as a dict)."""
     held: bool = False
     """Kept from starting (`--hold`, `mgpu hold`) until `mgpu release`."""
     held_by: str | None = None
@@ -457,6 +450,11 @@ class Job:
     """Runs on a pseudo-terminal (`mgpu srun --pty`); its client holds it (allocations.py)."""
     pty_size: list[int] | None = None
     """[rows, cols] of the client's terminal, as last told (the pty's size at launch)."""
+    ask: ResourceAsk = NO_ASK
+    """CPUs and memory it asks of each node (`--cpus`, `--mem`, Slurm's `-c`, `--mem*`,
+    `--exclusive`), as given; what each node holds is in its slots."""
+    max_rss_mb: int | None = None
+    """The job's peak memory (MiB) over its nodes' cgroups, as its agents last said."""
     kind: str = "job"
     """`job`, or `allocation` (`mgpu alloc`): its GPUs are held and nothing runs on them but
     the steps its client starts (master/control/allocations.py)."""
@@ -506,6 +504,7 @@ class Job:
         rec["attempts"] = [{f: getattr(a, f) for f in _ATTEMPT_FIELDS} for a in self.attempts]
         if self.slurm is not None:
             rec["slurm"] = self.slurm.to_record()
+        rec["ask"] = self.ask.to_record()
         return rec
 
     @classmethod
@@ -522,6 +521,8 @@ class Job:
         if rec.get("reason_code") is not None:
             rec["reason_code"] = WaitCode(rec["reason_code"])
         _migrate_end_code(rec)
+        if rec.get("last_end") is not None:
+            rec["last_end"] = EndReason(rec["last_end"])
         rec["allocation"] = [Slot.from_record(s) for s in rec.get("allocation", [])]
         rec["attempts"] = [Attempt(**a) for a in rec.get("attempts", [])]
         if rec.get("node_gpu_ids") is not None:
@@ -529,6 +530,7 @@ class Job:
         rec["dependency"] = [tuple(d) for d in rec.get("dependency", [])]
         if rec.get("slurm") is not None:
             rec["slurm"] = SlurmOptions.from_record(rec["slurm"])
+        rec["ask"] = ResourceAsk.from_record(rec.get("ask"))
         return cls(**rec)
 
     def to_public(self) -> dict[str, Any]:
@@ -544,6 +546,7 @@ class Job:
             "reason": self.reason,
             "reason_code": self.reason_code,
             "end_code": self.end_code,
+            "end_reason": None if self.last_end is None else self.last_end.run_end,
             "allocation": [
                 {
                     "node_id": s.node_id,
@@ -552,6 +555,9 @@ class Job:
                     "ip": s.ip,
                     "pid": s.pid,
                     "share_enforced": s.share_enforced,
+                    "cpus": s.cpus,
+                    "cpu_ids": s.cpu_ids,
+                    "mem_mb": s.mem_mb,
                 }
                 for s in self.allocation
             ],
@@ -580,6 +586,7 @@ class Job:
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,
             "image": self.image,
+            "container": self.container,
             "kind": self.kind,
             "pty": self.pty,
             "gpu_memory_peak_mb": self.gpu_memory_peak_mb,
@@ -594,6 +601,10 @@ class Job:
             "gpu_share": self.gpu_share,
             "share_enforced": self.share_enforced,
             "reservation": self.reservation,
+            "cpus": self.allocation[0].cpus if self.allocation else None,
+            "mem_mb": self.allocation[0].mem_mb if self.allocation else None,
+            "max_rss_mb": self.max_rss_mb,
+            "resources": None if self.ask.empty else self.ask.to_record(),
             "slurm": None if self.slurm is None else self.slurm.to_record(),
         }
 

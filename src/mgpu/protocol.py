@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError, field_validator
 
+from mgpu.containeropts import ContainerOptions
 from mgpu.safetext import escape_controls
 from mgpu.spec import SpecError, validate_node_id
 
@@ -29,6 +30,7 @@ run was granted, typed) replaces Launch.gpu_ids and the GPU variables in its `en
 agent of 6 would run a job of a 7 master with every GPU visible, hence the new number."""
 
 MAX_GPUS_PER_NODE = 64
+MAX_CPUS_PER_NODE = 4096
 MAX_RUNNING_REPORTS = 10000
 """Runs (jobs and steps) one hello may list: far more than a node runs at once."""
 
@@ -100,6 +102,8 @@ class GpuDesc(BaseModel):
     name: str
     memory_mb: int = Field(ge=0, le=1 << 30)
     uuid: str | None = None
+    numa_node: int | None = Field(default=None, ge=0, lt=4096)
+    """The NUMA node of its PCI device, where the machine says (None: not said)."""
 
     @field_validator("name", "uuid")
     @classmethod
@@ -146,6 +150,15 @@ class GpuTelemetry(BaseModel):
     runs on the node or the agent can start one.  None: the agent does not say."""
 
 
+class CpuDesc(BaseModel):
+    """One CPU a node offers (mgpu.agent.hostres): its id, its core (the lowest id of its
+    hyper-thread siblings) and its NUMA node (None: not said)."""
+
+    id: int = Field(ge=0, lt=1 << 20)
+    core: int = Field(ge=0, lt=1 << 20)
+    numa: int | None = Field(default=None, ge=0, lt=4096)
+
+
 class RunningReport(BaseModel):
     job_id: str
     epoch: int
@@ -176,6 +189,10 @@ class Hello(BaseModel):
     """How the agent contains jobs (mgpu.agent.cgroups: `cgroup-v2`, ...); None: not said."""
     gpu_isolation: str | None = None
     """How it keeps jobs off GPUs they were not given (mgpu.agent.devices: `none`, ...)."""
+    cpus: list[CpuDesc] | None = Field(default=None, max_length=MAX_CPUS_PER_NODE)
+    """The CPUs it may give jobs (None: an agent from before CPUs were scheduled)."""
+    mem_mb: int | None = Field(default=None, ge=0, le=1 << 40)
+    """Its memory, MiB (MemTotal, or `--fake-mem`); None: not said."""
 
     @field_validator("node_id")
     @classmethod
@@ -215,6 +232,13 @@ class Hello(BaseModel):
             if gpu.index in seen:
                 raise ValueError(f"lists GPU index {gpu.index} twice")
             seen.add(gpu.index)
+        return value
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: list[CpuDesc] | None) -> list[CpuDesc] | None:
+        if value is not None and len({c.id for c in value}) != len(value):
+            raise ValueError("lists a CPU id twice")
         return value
 
     @field_validator("running")
@@ -284,6 +308,11 @@ class Exited(BaseModel):
     """The node's prolog failed: a node failure, and the requeue costs the job no retry."""
     epilog_error: ErrorText = None
     """The epilog failed after the job ended: the node is drained, the job's result stands."""
+    out_of_memory: bool = False
+    """The kernel killed the job for its memory limit (the agent then killed all of it):
+    the job's own failure, not the node's."""
+    max_rss_mb: int | None = Field(default=None, ge=0)
+    """The run's peak memory on this node, MiB (None: not counted)."""
 
 
 class PortReserved(BaseModel):
@@ -377,6 +406,7 @@ class TerminalSize(BaseModel):
 
 
 GpuIndex = Annotated[int, Field(ge=0, lt=1024)]
+CpuIndex = Annotated[int, Field(ge=0, lt=1 << 16)]
 
 
 class Grant(BaseModel):
@@ -398,10 +428,11 @@ class Grant(BaseModel):
     """A Slurm job: its GPUs are named in Slurm's variables too."""
     step: bool = False
     """An srun task: `SLURM_STEP_GPUS` names its GPUs."""
-    cpus: list[int] | None = None
-    """The CPUs the run may use (None: not limited).  Not granted yet."""
+    cpus: list[CpuIndex] | None = Field(default=None, max_length=1 << 16)
+    """The CPUs the run may use, node CPU ids the master picked (None: not limited): the
+    agent holds it to them (a cpuset, or a quota of as many CPUs: mgpu.agent.runlimits)."""
     mem_mb: int | None = Field(default=None, ge=0)
-    """The memory the run may use, MiB (None: not limited).  Not granted yet."""
+    """The memory the run may use, MiB, swap included (None: not limited)."""
 
 
 class Launch(BaseModel):
@@ -424,6 +455,9 @@ class Launch(BaseModel):
     hostfile: str | None = None
     image: str | None = None
     """Run inside this container image with the node's container runtime."""
+    container: ContainerOptions | None = None
+    """The container's options beyond its image (pyxis's: mounts, working directory ...);
+    None: an `--image` job's defaults."""
     prolog: str | None = None
     """Site scripts (the cluster config's `site:`): run by the agent before / after."""
     epilog: str | None = None

@@ -22,9 +22,11 @@ __all__ = [
     "NO_VAL",
     "Where",
     "check_pattern",
+    "cpus_per_node",
     "expand_pattern",
     "job_env",
     "job_number",
+    "memory_env",
     "node_names",
     "output_files",
     "task_counts",
@@ -104,6 +106,7 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
     assert slurm is not None, "only jobs submitted with a slurm block have Slurm's variables"
     names = where.names
     counts = task_counts(len(names), slurm.ntasks, slurm.ntasks_per_node)
+    cpus = cpus_per_node(job, counts)
     job_id = job_number(job)
     nodelist = compress(list(names))
     env = {
@@ -115,7 +118,8 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_NNODES": str(len(names)),
         "SLURM_JOB_NUM_NODES": str(len(names)),
         "SLURM_TASKS_PER_NODE": tasks_per_node(counts),
-        "SLURM_JOB_CPUS_PER_NODE": tasks_per_node([c * (slurm.cpus_per_task or 1) for c in counts]),
+        "SLURM_JOB_CPUS_PER_NODE": tasks_per_node(cpus),
+        "SLURM_CPUS_ON_NODE": str(cpus[rank]),
         "SLURM_CLUSTER_NAME": where.cluster,
         "SLURM_JOB_PARTITION": where.partition,
         "SLURM_JOB_USER": job.user,
@@ -129,18 +133,49 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
     optional = {
         "SLURM_NTASKS_PER_NODE": slurm.ntasks_per_node,
         "SLURM_CPUS_PER_TASK": slurm.cpus_per_task,
-        "SLURM_MEM_PER_NODE": slurm.mem_per_node_mb,
-        "SLURM_MEM_PER_CPU": slurm.mem_per_cpu_mb,
+        "SLURM_CPUS_PER_GPU": slurm.cpus_per_gpu,
         "SLURM_GPUS_PER_TASK": slurm.gpus_per_task,
+        "SLURM_GPU_BIND": slurm.gpu_bind,  # srun reads these two, as Slurm's
+        "SLURM_EXPORT_ENV": slurm.export_env,
         "SLURM_SUBMIT_HOST": slurm.submit_host,
         "SLURM_SUBMIT_DIR": slurm.submit_dir or job.cwd,
     }
     env.update({k: str(v) for k, v in optional.items() if v is not None})
     if slurm.ntasks is not None or slurm.ntasks_per_node is not None:  # Slurm's: only then
         env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(sum(counts))
+    env.update(memory_env(job, rank))
     if job.array_job_id is not None and job.array_task_id is not None:
         env.update(array_env(job))
     return env
+
+
+def cpus_per_node(job: Job, counts: Sequence[int]) -> list[int]:
+    """CPUs on each node of the job: those it was granted there; for a job that holds none
+    of its own (it asked for none, and the cluster sets no default), its tasks there times
+    its -c, as Slurm's default of one CPU per task."""
+    granted = [s.cpus for s in job.allocation]
+    if len(granted) == len(counts) and all(isinstance(c, int) and c > 0 for c in granted):
+        return [int(c or 0) for c in granted]
+    per_task = job.slurm.cpus_per_task if job.slurm is not None else None
+    return [c * (per_task or 1) for c in counts]
+
+
+def memory_env(job: Job, rank: int) -> dict[str, str]:
+    """SLURM_MEM_PER_NODE (what the job holds on the node: `--mem=0`'s is the node's
+    memory), SLURM_MEM_PER_CPU or SLURM_MEM_PER_GPU, of the one memory option the job gave
+    (mgpu's `--mem` is a `--mem`); none without one, as Slurm's."""
+    asked = job.ask if not job.ask.empty else job.slurm
+    if asked is None:
+        return {}
+    if asked.mem_per_cpu_mb is not None:
+        return {"SLURM_MEM_PER_CPU": str(asked.mem_per_cpu_mb)}
+    if asked.mem_per_gpu_mb is not None:
+        return {"SLURM_MEM_PER_GPU": str(asked.mem_per_gpu_mb)}
+    if asked.mem_per_node_mb is None:
+        return {}
+    slot = job.allocation[rank] if rank < len(job.allocation) else None
+    held = slot.mem_mb if slot is not None and slot.mem_mb else asked.mem_per_node_mb
+    return {"SLURM_MEM_PER_NODE": str(held)} if held else {}
 
 
 def job_name(job: Job) -> str:

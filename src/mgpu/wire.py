@@ -9,6 +9,11 @@ error, not a guess.
 
 Plain connections use `_socket` and `io` directly: the `socket` module imports `enum` and
 `selectors` (about 2 ms of start-up).  TLS imports `ssl`, and `socket` with it, anyway.
+
+A connection may be `watch`ed: each wait for the server's next bytes is then cut in slices,
+and between two the watch is asked whether to go on waiting (it raises to give up: the
+client of several masters looks whether another one leads meanwhile).  A slow answer that
+comes is read as ever: nothing is cut but by the watch's raise or the socket's timeout.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ import io
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from typing import Any
+
+    Watch = Callable[[float], float]
+    """Called with the seconds waited so far for the server's next bytes (0: the wait
+    begins): how long to wait before it is called again; raises to give the wait up."""
 
 MAX_HEADER_LINE = 65536
 
@@ -114,7 +123,9 @@ class Connection:
                 sock.close()
                 raise
         self.sock = sock
-        self.file = io.BufferedReader(_SocketReader(sock))
+        self.watch: Watch | None = None
+        """Asked between slices of each wait for the server's bytes (see the module's text)."""
+        self.file = io.BufferedReader(_SocketReader(sock, self))
 
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
@@ -163,14 +174,39 @@ class _SocketReader(io.RawIOBase):
     """A socket as a raw stream, so that io.BufferedReader gives it readline and read: what
     `socket.makefile("rb")` does, for a `_socket.socket` as for an `ssl.SSLSocket`."""
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: Any, conn: Connection) -> None:
         self._sock = sock
+        self._conn = conn
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self._conn.watch is not None:
+            self._wait(self._conn.watch)
         return int(self._sock.recv_into(buffer))
+
+    def _wait(self, watch: Watch) -> None:
+        """Until the socket has bytes to read: in slices as long as `watch` says, asking it
+        between two (it raises to give up), within the socket's own timeout."""
+        pending = getattr(self._sock, "pending", None)  # TLS: bytes already decrypted
+        if pending is not None and pending():
+            return
+        import select
+        import time
+
+        limit = self._sock.gettimeout()
+        began = time.monotonic()
+        waited = 0.0
+        while True:
+            step = watch(waited)
+            if limit is not None:
+                step = min(step, limit - waited)
+                if step <= 0:
+                    raise TimeoutError("timed out")
+            if select.select([self._sock], [], [], step)[0]:
+                return
+            waited = time.monotonic() - began
 
 
 def _connect(host: str, port: int, timeout: float) -> Any:

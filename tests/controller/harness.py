@@ -30,6 +30,7 @@ from mgpu.master.store.outputs import FileOutputStore
 from mgpu.master.store.sqlite import MEMORY, SqliteStore
 from mgpu.model import Job
 from mgpu.protocol import (
+    CpuDesc,
     Exited,
     GpuDesc,
     GpuTelemetry,
@@ -132,10 +133,22 @@ class FakeLink(AgentLink):
 class FakeAgent:
     """One node's agent as the master sees it: its messages go to the controller."""
 
-    def __init__(self, h: Harness, node_id: str, gpus: int) -> None:
+    def __init__(
+        self,
+        h: Harness,
+        node_id: str,
+        gpus: int,
+        cpus: int | list[CpuDesc] | None = None,
+        mem_mb: int | None = None,
+    ) -> None:
         self.h = h
         self.node_id = node_id
         self.gpus = [GpuDesc(index=i, name="Fake GPU", memory_mb=16000) for i in range(gpus)]
+        if isinstance(cpus, int):  # as `mgpu node --fake-cpus N`: each its own core
+            cpus = [CpuDesc(id=i, core=i, numa=0) for i in range(cpus)]
+        self.cpus = cpus
+        """What its hello says of its CPUs and memory (None: nothing, an older agent)."""
+        self.mem_mb = mem_mb
         self.link = FakeLink(node_id)
         self.welcome: Welcome | None = None
 
@@ -150,6 +163,8 @@ class FakeAgent:
             ip=f"10.0.{len(self.h.agents) // 256}.{len(self.h.agents) % 256}",
             gpus=self.gpus,
             running=running or [],
+            cpus=self.cpus,
+            mem_mb=self.mem_mb,
         )
         self.welcome = self.h.cl.agent_hello(hello, self.link)
         self.h.settle()
@@ -272,8 +287,9 @@ class Harness:
         self.cl.loop.tick(woken=True)
         self.settle()
 
-    def agent(self, node_id: str, gpus: int = 4, hello: bool = True) -> FakeAgent:
-        agent = self.agents[node_id] = FakeAgent(self, node_id, gpus)
+    def agent(self, node_id: str, gpus: int = 4, hello: bool = True, **host: Any) -> FakeAgent:
+        """A node's agent; `host`: its `cpus` (a count or CpuDescs) and `mem_mb`."""
+        agent = self.agents[node_id] = FakeAgent(self, node_id, gpus, **host)
         if hello:
             agent.hello()
         return agent

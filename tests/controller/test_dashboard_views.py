@@ -41,7 +41,7 @@ def test_heat_map_letters_and_counts(h: Harness) -> None:
     assert ov["heat"] == [
         ["n1", "online", "bbff"],
         ["n2", "drained", "nn"],
-        ["n3", "offline", "dd"],
+        ["n3", "reconnecting", "dd"],  # its agent's link dropped: not lost yet
     ]
     assert ov["gpus"] == {
         "total": 8,

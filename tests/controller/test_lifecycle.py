@@ -34,6 +34,7 @@ END_REASONS = [
     (EndReason.NOT_LAUNCHED, JobState.QUEUED, False, DesiredState.STOP),
     (EndReason.PREEMPTED, JobState.QUEUED, False, DesiredState.PREEMPT),
     (EndReason.REQUEUED, JobState.QUEUED, False, DesiredState.REQUEUE),
+    (EndReason.OUT_OF_MEMORY, JobState.FAILED, False, DesiredState.STOP),
 ]
 
 

@@ -4,6 +4,8 @@ rebuilt from the jobs after a master restart; reservations kept in the store."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from harness import Harness, seen_env
 
@@ -93,3 +95,15 @@ def test_reservations_are_kept_in_the_store(h: Harness) -> None:
     h.crash()
     assert h.cl.list_reservations() == []
     assert [e["kind"] for e in h.events("reservation_ended")] == ["reservation_ended"]
+
+
+def test_billing_weights_charge_the_cpus_a_job_held(make_harness: Any) -> None:
+    h = make_harness({"scheduling": {"billing": {"gpu": 1.0, "cpu": 0.5}}})
+    a = h.agent("n1", gpus=1)
+    job_id = h.start(gpus=1, user="dave")
+    h.job(job_id).allocation[0].cpus = 4  # what the launch held on the node
+    h.advance(400)
+    a.exited(job_id)
+    h.settle()
+    usage = h.cl.usage.snapshot(h.clock.now)
+    assert usage["dave"] == pytest.approx((1.0 + 0.5 * 4) * 400, rel=1e-6)

@@ -92,6 +92,7 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     assert bar.get_attribute("style") == f"width: {bar.get_attribute('data-width')}%;"
     assert job_id in cell.inner_text() and "busy" in cell.inner_text()
     assert "simulated" in page.locator("#nodes").inner_text()
+    assert re.search(r"CPUs \d+ free of \d+ · memory", page.locator("#nodes").inner_text())
     page.locator("#chart svg").wait_for()
     page.locator("#live.ok").wait_for()
     # A job submitted now appears without a reload.

@@ -127,15 +127,13 @@ def test_sbatch_lines_make_it_a_slurm_batch_job(cluster: LocalCluster, tmp_path:
     )
     res = mgpu(cluster, tmp_path, "submit", "--time", "20", "job.sh", "arg1")
     assert res.returncode == 0, res.stderr
-    assert res.stderr == (
-        "mgpu: warning: --mem=1G not scheduled by mgpu (only GPUs are), passed to the job's "
-        "SLURM_* variables\n"
-    )
+    assert res.stderr == ""  # --mem is scheduled: no warning
     job_id = res.stdout.strip()
     job = ended(cluster, job_id)
     assert job["state"] == "completed", job
     assert (job["gpus"], job["priority"], job["time_limit"]) == (0, 4, 1200)
     assert job["slurm"]["batch"] and job["slurm"]["ntasks"] == 3
+    assert job["mem_mb"] == 1024  # held on its node
     assert job["option_sources"] == {"time": "command line", "priority": "#MGPU"}
     line = f"job.sh 3 {job_id} [] arg1\n"
     assert (tmp_path / f"out-job.sh-{job_id}.txt").read_text() == line

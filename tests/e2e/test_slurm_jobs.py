@@ -26,7 +26,8 @@ from mgpu.model import Job, JobState
 
 @pytest.fixture
 def one_node(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A master and one agent with 2 fake GPUs, two partitions configured."""
+    """A master and one agent with 2 fake GPUs and 8 fake CPUs (a job of 4 tasks of 2 CPUs
+    holds 8), two partitions configured."""
     config = (
         "cluster: {name: lab}\n"
         "partitions:\n"
@@ -34,8 +35,13 @@ def one_node(tmp_path: Path) -> Iterator[LocalCluster]:
         "  - {name: other, nodes: [node009]}\n"
     )
     (tmp_path / "c").mkdir()
-    with local_cluster(tmp_path / "c", agents=1, gpus=2, config=config) as c:
+    c = LocalCluster(tmp_path / "c", config)
+    try:
+        c.start_master()
+        c.start_agent("node001", gpus=2, extra=["--fake-cpus", "8"])
         yield c
+    finally:
+        c.stop()
 
 
 def submit(c: LocalCluster, script: str, cwd: Path, **slurm: Any) -> str:
@@ -64,6 +70,7 @@ def test_a_slurm_job_sees_slurms_variables(one_node: LocalCluster, tmp_path: Pat
     assert env["SLURM_JOB_NODELIST"] == env["SLURMD_NODENAME"] == hostname
     assert env["SLURM_NNODES"] == "1" and env["SLURM_NTASKS"] == "4"
     assert env["SLURM_TASKS_PER_NODE"] == "4" and env["SLURM_CPUS_PER_TASK"] == "2"
+    assert env["SLURM_CPUS_ON_NODE"] == env["SLURM_JOB_CPUS_PER_NODE"] == "8"  # held
     assert env["SLURM_CLUSTER_NAME"] == "lab" and env["SLURM_JOB_PARTITION"] == "gpu"
     assert env["SLURM_JOB_UID"] == str(os.getuid())
     assert env["SLURM_SUBMIT_DIR"] == str(tmp_path)

@@ -84,7 +84,10 @@ def test_srun_torchrun_across_two_hosts(multinode: MultiNode, tmp_path: Path) ->
     if importlib.util.find_spec("torch") is None or not torchrun.exists():
         pytest.skip("torch (with torchrun) is not installed next to this Python")
     (tmp_path / "train.py").write_text(TRAIN)
+    # As on Slurm: the script sets the rendezvous (mgpu sets none for a Slurm job).
     script = f"""#!/bin/sh
+export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)
+export MASTER_PORT=29517
 srun bash -c '{torchrun} --nnodes 2 --nproc_per_node 2 --node_rank $SLURM_PROCID \
 --master_addr $MASTER_ADDR --master_port $MASTER_PORT {tmp_path}/train.py'
 """

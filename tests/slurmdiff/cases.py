@@ -171,7 +171,12 @@ CASES: tuple[Case, ...] = (
         (
             Submit(("--wrap", "echo first > first.txt", "-J", "first")),
             Submit(("-d", "afterok:{J0}", "--wrap", "cat first.txt; echo second", "-J", "second")),
-            Submit(("-d", "afternotok:{J0}", "--wrap", "echo never", "-J", "third")),
+            Submit(
+                (
+                    *("-d", "afternotok:{J0}", "--kill-on-invalid-dep=yes"),
+                    *("--wrap", "echo never", "-J", "third"),
+                )
+            ),
         ),
     ),
     Case(

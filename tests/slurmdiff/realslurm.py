@@ -155,8 +155,6 @@ class RealSlurm:
                     # A job's end reaches the accounting store within a second.
                     "MinJobAge=300",
                     "MailProg=/bin/true",
-                    # mgpu ends a job whose dependency can never be satisfied at once.
-                    "DependencyParameters=kill_invalid_depend",
                     *accounting,
                     *node_lines,
                     f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",

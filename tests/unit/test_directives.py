@@ -86,9 +86,7 @@ def test_sbatch_lines_make_a_slurm_batch_job() -> None:
     )
     assert b.args == ["arg"] and b.script == text
     assert sources == {"time": "#SBATCH"}
-    assert b.warnings == [
-        "--mem=8G not scheduled by mgpu (only GPUs are), passed to the job's SLURM_* variables"
-    ]
+    assert b.warnings == []  # --mem is scheduled: no warning
     assert "slurm" not in script_options("dir/job.sh", "#MGPU --gpus 2\n", {})[0]
 
 

@@ -15,15 +15,18 @@ from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.state.registry import AgentLink, Unsendable
 from mgpu.protocol import (
+    PROTOCOL_VERSION,
     Exited,
     Forget,
     Heartbeat,
     Hello,
+    HelloError,
     Kill,
     Started,
     batch_frames,
     encode,
     parse_agent_messages,
+    parse_hello,
     parse_master_messages,
 )
 
@@ -316,3 +319,24 @@ def test_telemetry_is_bounded_and_not_a_number_is_no_measurement() -> None:
     pids = {"type": "heartbeat", "telemetry": [{"index": 0, "foreign_processes": [1] * 1025}]}
     assert "foreign_processes" in _refusal(pids)
     assert "index" in _refusal({"type": "heartbeat", "telemetry": [{"index": -1}]})
+
+
+def test_a_hello_says_its_cpus_and_memory_and_an_older_one_need_not() -> None:
+    base = {"type": "hello", "node_id": "n1", "hostname": "h", "ip": "10.0.0.1", "gpus": []}
+    old = parse_hello(json.dumps(base))
+    assert (old.cpus, old.mem_mb, old.protocol) == (None, None, PROTOCOL_VERSION)
+    new = parse_hello(
+        json.dumps(
+            {
+                **base,
+                "cpus": [{"id": 0, "core": 0, "numa": 0}, {"id": 8, "core": 0}],
+                "mem_mb": 16384,
+                "gpus": [{"index": 0, "name": "A100", "memory_mb": 1, "numa_node": 1}],
+            }
+        )
+    )
+    assert [(c.id, c.core, c.numa) for c in new.cpus or ()] == [(0, 0, 0), (8, 0, None)]
+    assert new.gpus[0].numa_node == 1 and new.mem_mb == 16384
+    twice = {**base, "cpus": [{"id": 1, "core": 1}, {"id": 1, "core": 1}]}
+    with pytest.raises(HelloError, match="cpus lists a CPU id twice"):
+        parse_hello(json.dumps(twice))

@@ -4,9 +4,12 @@ one (`schedule(snapshot, pool)`) must decide exactly as a pass that builds its o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mgpu.resources import NO_ASK, ResourceAsk
 from mgpu.scheduler import (
     FreePool,
     JobRequest,
@@ -24,7 +27,7 @@ NODES = ["n1", "n2", "n3", "n4"]
 
 
 views = st.builds(
-    lambda nid, gpus, free, shared, up, typed, podman: NodeView(
+    lambda nid, gpus, free, shared, up, typed, podman, cpus, mem: NodeView(
         nid,
         tuple(range(gpus)),
         frozenset(g for g in free if g < gpus),
@@ -32,6 +35,10 @@ views = st.builds(
         gpu_type="a100" if typed else None,
         features=frozenset({"podman"}) if podman else frozenset(),
         shared={g: u for g, u in shared.items() if g < gpus and g not in free},
+        cpus=cpus[0],
+        free_cpus=cpus[1],
+        mem_mb=mem[0],
+        free_mem_mb=mem[1],
     ),
     st.sampled_from(NODES),
     st.integers(0, 8),
@@ -40,6 +47,8 @@ views = st.builds(
     st.booleans(),
     st.booleans(),
     st.booleans(),
+    st.tuples(st.sampled_from([0, 4, 16]), st.integers(0, 16)),  # CPUs, free
+    st.tuples(st.sampled_from([0, 8192]), st.sampled_from([0, 1024, 8192])),  # MiB, free
 )
 ops = st.lists(st.one_of(views, st.sampled_from(NODES)), max_size=30)
 
@@ -75,6 +84,21 @@ def test_a_fork_changed_by_a_pass_leaves_the_kept_pool_alone() -> None:
     assert observed(kept) == before
 
 
+def test_a_fork_holding_cpus_and_memory_leaves_the_kept_pool_alone() -> None:
+    view = NodeView("n1", (0, 1), frozenset({0, 1}), cpus=8, free_cpus=8, mem_mb=64, free_mem_mb=64)
+    kept = FreePool([view])
+    forked = kept.fork()
+    forked.take([Placement("n1", (0,), 0, 6, 60)])
+    assert (forked.free_cpus("n1"), forked.free_mem("n1")) == (2, 4)
+    copied = forked.copy()
+    copied.release("n1", (0,), 0, 6, 60)
+    assert (copied.free_cpus("n1"), copied.free_mem("n1")) == (8, 64)
+    assert (forked.free_cpus("n1"), forked.free_mem("n1")) == (2, 4)
+    assert (kept.free_cpus("n1"), kept.free_mem("n1")) == (8, 64)
+    kept.put(replace(view, free_cpus=3))
+    assert kept.free_cpus("n1") == 3 and forked.free_cpus("n1") == 2
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(views, min_size=1, max_size=4), st.lists(st.integers(1, 9), max_size=6))
 def test_a_pass_on_a_kept_pool_decides_as_one_that_builds_its_own(
@@ -86,7 +110,13 @@ def test_a_pass_on_a_kept_pool_decides_as_one_that_builds_its_own(
     for view in nodes:  # the same node more than once: replaced
         kept.put(view)
     pending = [
-        JobRequest(job_id=f"j{k}", user="u" if k % 2 else "v", submit_time=float(k), gpus=n)
+        JobRequest(
+            job_id=f"j{k}",
+            user="u" if k % 2 else "v",
+            submit_time=float(k),
+            gpus=n,
+            ask=ResourceAsk(cpus_per_gpu=1) if k % 3 == 1 else NO_ASK,
+        )
         for k, n in enumerate(sizes)
     ]
     running = [RunningJob("r", "u", (Placement(views_[0].node_id, (0,)),), NOW - 60, 3600.0)]

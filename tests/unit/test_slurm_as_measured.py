@@ -28,7 +28,7 @@ def job(**over: Any) -> dict[str, Any]:
         "end_time": NOW,
         "cwd": "/work/run",
         "script_name": "job.sh",
-        "command": "a 'b c'",
+        "command": "job.sh a 'b c'",
         "slurm": {"batch": True, "submit_dir": "/work/run"},
     }
     base.update(over)

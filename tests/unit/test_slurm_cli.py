@@ -216,9 +216,12 @@ def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
         "4",
         "-l",
         "--gpus-per-task=1",
+        "-c3",
         "-K",
         "-D",
         "/w",
+        "--gpu-bind=single:1",
+        "--export=NONE",
         "python",
         "x.py",
         "-n",
@@ -234,11 +237,39 @@ def test_srun_inside_a_job_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
                 "ntasks_per_node": None,
                 "nodelist": None,
                 "gpus_per_task": 1,
+                "cpus_per_task": 3,
                 "label": True,
                 "kill_on_bad_exit": True,
                 "pty": False,
                 "cwd": "/w",
                 "job_id": None,
+                "gpu_bind": "single:1",
+                "export": "NONE",
+                "image": None,
+                "container": None,
             },
         )
     ]
+    # Without the options, what the job's sbatch set (SLURM_GPU_BIND, SLURM_EXPORT_ENV),
+    # SRUN_EXPORT_ENV over SLURM_EXPORT_ENV, as Slurm's srun reads them.
+    calls.clear()
+    monkeypatch.setenv("SLURM_GPU_BIND", "none")
+    monkeypatch.setenv("SLURM_EXPORT_ENV", "NONE")
+    monkeypatch.setenv("SRUN_EXPORT_ENV", "ALL")
+    assert srun.main(["true"]) == 7
+    assert (calls[0][1]["gpu_bind"], calls[0][1]["export"]) == ("none", "ALL")
+
+
+def test_a_bad_gpu_bind_is_slurms_sentence_in_each_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mgpu.slurm import sbatch, srun
+    from mgpu.slurm.common import SlurmError
+
+    monkeypatch.setenv("MGPU_JOB_ID", "12")
+    with pytest.raises(SlurmError) as e:
+        srun.main(["--gpu-bind=sideways", "true"])
+    assert str(e.value) == "srun: error: Invalid --gpu-bind argument: gpu:sideways"
+    assert e.value.code != 0
+    with pytest.raises(SlurmError, match=r"^sbatch: error: Invalid --gpu-bind argument: gpu:x$"):
+        sbatch.main(["--gpu-bind=x", "--wrap", "true"])

@@ -61,11 +61,8 @@ def test_the_scripts_directives(tmp_path: Path) -> None:
         "open_mode": "truncate",
         "submit_dir": str(tmp_path),
     }
-    # CPUs and memory said once, with the ignored options, in one line.
-    assert b.warnings == [
-        "--cpus-per-task=4 --mem=16G not scheduled by mgpu (only GPUs are), passed to the "
-        "job's SLURM_* variables; ignored: --account"
-    ]
+    # CPUs and memory are scheduled: only the ignored options are warned of.
+    assert b.warnings == ["ignored: --account"]
 
 
 def test_the_command_line_beats_the_environment_beats_the_script(tmp_path: Path) -> None:

@@ -112,6 +112,7 @@ def test_job_env_has_every_variable_in_slurms_format() -> None:
         "SLURM_NTASKS_PER_NODE": "4",
         "SLURM_TASKS_PER_NODE": "4(x4)",
         "SLURM_JOB_CPUS_PER_NODE": "8(x4)",
+        "SLURM_CPUS_ON_NODE": "8",
         "SLURM_CPUS_PER_TASK": "2",
         "SLURM_MEM_PER_NODE": "16000",
         "SLURM_SUBMIT_DIR": "/home/alice/proj",
@@ -353,8 +354,12 @@ def test_a_partition_restricts_where_the_job_runs_and_its_time() -> None:
     assert job_request(job).allowed_nodes == {"node03", "node04"}
     assert job.time_limit == 3600.0  # the default partition's max_time
     assert built({"slurm": {}, "time": "10"}).time_limit == 600.0
-    with pytest.raises(ValueError, match="Requested time limit is invalid"):
-        built({"slurm": {}, "time": "2:00:00"})
+    # Over its partition's max_time: kept, and waiting (PartitionTimeLimit), as Slurm's.
+    over = built({"slurm": {}, "time": "2:00:00"})
+    assert over.time_limit == 7200.0 and job_request(over).over_partition_time
+    assert not job_request(built({"slurm": {}, "time": "1:00:00"})).over_partition_time
+    assert job_request(built({"slurm": {}, "time": "UNLIMITED"})).over_partition_time
+    assert not job_request(built({"time": "2:00:00"})).over_partition_time  # mgpu's own
     with pytest.raises(ValueError, match="names no node of partition 'gpu'"):
         built({"slurm": {}, "nodelist": "node01"})
     plain = built({})

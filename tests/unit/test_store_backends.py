@@ -151,13 +151,14 @@ def test_a_submits_idempotency_key_is_stored_with_its_job(store: Store) -> None:
     store.save_jobs([job], events=[("submit", "alice", None, "101")], keys=[("k" * 32, "101")])
     template = master_job("102")
     store.save_array(template, [0, 1], None, ("submit", "alice", None, "102"), key="a" * 32)
-    assert store.job_of_submit_key("k" * 32) == "101"
-    assert store.job_of_submit_key("a" * 32) == "102"
-    assert store.job_of_submit_key("b" * 32) is None
+    assert store.job_of_submit_key("k" * 32, "alice") == "101"
+    assert store.job_of_submit_key("a" * 32, "alice") == "102"
+    assert store.job_of_submit_key("k" * 32, "bob") is None  # a key is its user's
+    assert store.job_of_submit_key("b" * 32, "alice") is None
     assert store.delete_submit_keys_before(0.0, 10) == 0  # both are newer
     assert store.delete_submit_keys_before(float("inf"), 1) == 1  # a slice at a time
     assert store.delete_submit_keys_before(float("inf"), 10) == 1
-    assert store.job_of_submit_key("k" * 32) is None and store.get_job("101") is not None
+    assert store.job_of_submit_key("k" * 32, "alice") is None and store.get_job("101") is not None
 
 
 def test_a_task_number_past_any_integer_finds_the_highest_array(store: Store) -> None:

@@ -50,7 +50,7 @@ def test_a_version_2_database_has_its_steps_moved_out_of_the_job_records(
     store.close()
 
     store = backend.open()
-    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.schema_version() == SCHEMA_VERSION == 4
     assert store.steps_of(["7", "8"]) == {"7": [_step(n) for n in range(3)]}
     assert store.last_step_number("7") == 2
     ((text,),) = backend.sql(store, "SELECT record FROM jobs WHERE id='7'")
@@ -66,3 +66,44 @@ def test_a_record_that_still_holds_steps_reads_back() -> None:
     job = master_job("7")
     record = {**job.to_record(), "steps": [_step(0)]}
     assert type(job).from_record(record) == job
+
+
+def test_running_jobs_steps_are_stored_as_they_change_and_go_with_their_job(
+    store: Store,
+) -> None:
+    """`live_steps` (schema version 4): what a master that takes over knows of the steps
+    running jobs run, written with the ended ones in one transaction."""
+    store.save_steps([], live=[("7.s1", "7", {"n": 1}), ("8.s1", "8", {"n": 1})])
+    store.save_steps([("7", _step(0))], live=[("7.s1", "7", {"n": 2}), ("7.s2", "7", {})])
+    want = [("7.s1", "7", {"n": 2}), ("7.s2", "7", {}), ("8.s1", "8", {"n": 1})]
+    assert sorted(store.live_steps()) == want
+    store.save_steps([], gone=["7"])
+    assert store.live_steps() == [("8.s1", "8", {"n": 1})]
+    assert store.steps_of(["7"]) == {"7": [_step(0)]}  # the ended ones stay (sacct)
+
+
+def test_a_version_3_databases_submit_keys_become_their_users(backend: Backend) -> None:
+    store = backend.open()
+    store.save_jobs([master_job("7", user="alice")])
+    store.save_array(master_job("9", user="carol"), [0, 1], None)
+    backend.sql(store, "DROP TABLE submit_keys")
+    backend.sql(store, "DROP TABLE live_steps")
+    backend.sql(store, "DROP TABLE request_keys")
+    backend.sql(store, "CREATE TABLE submit_keys (key TEXT PRIMARY KEY, job_id TEXT, time REAL)")
+    for key, job_id in (("k" * 32, "7"), ("a" * 32, "9"), ("g" * 32, "gone")):
+        backend.sql(store, "INSERT INTO submit_keys VALUES (?, ?, 1.0)", (key, job_id))
+    backend.sql(store, "UPDATE schema_version SET version = 3")
+    store.close()
+
+    store = backend.open()
+    assert store.schema_version() == 4
+    assert store.job_of_submit_key("k" * 32, "alice") == "7"
+    assert store.job_of_submit_key("a" * 32, "carol") == "9"  # an array's user, from its row
+    assert store.job_of_submit_key("k" * 32, "bob") is None
+    assert store.live_steps() == []
+    store.save_request_answer("alice", "r" * 32, '{"a":1}')
+    store.save_request_answer("alice", "r" * 32, '{"a":2}')  # sent again: the first stays
+    assert store.request_answer("alice", "r" * 32) == '{"a":1}'
+    assert store.request_answer("bob", "r" * 32) is None
+    assert store.delete_request_keys_before(float("inf"), 10) == 1
+    assert store.request_answer("alice", "r" * 32) is None

@@ -40,6 +40,7 @@ from mgpu.agent.generation import DeposedMaster, LeaderGeneration
 from mgpu.agent.gpus import GpuInfo, detect_gpus
 from mgpu.agent.handlers import first_line
 from mgpu.agent.heartbeats import Heartbeats
+from mgpu.agent.hostres import HostResources, detect_host
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
@@ -49,6 +50,7 @@ from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
 from mgpu.masters import Search, Transport
 from mgpu.protocol import (
+    CpuDesc,
     Exited,
     GpuDesc,
     Hello,
@@ -120,6 +122,8 @@ class Agent:
         self.hostname = socket.gethostname()
         self.gpus: list[GpuInfo] = []
         self.gpu_source = "none"
+        self.host = HostResources(cpus=[], mem_mb=0)
+        """Its CPUs and memory (mgpu.agent.hostres), found with its GPUs."""
         self.launcher = Launcher(options.node_dir / "spool", self._on_output)
         self.mps = MpsControl(options.node_dir)  # shared jobs' limits held
         self.outbox: deque[tuple[str, str]] = deque()
@@ -209,13 +213,18 @@ class Agent:
         self.gpus, self.gpu_source = detect_gpus(
             self.options.fake_gpus, count=self.options.gpu_count
         )
+        self.host = detect_host(
+            self.gpus, self.gpu_source, self.options.fake_cpus, self.options.fake_mem_mb
+        )
         await self.site.probe()
         log.info(
-            "node %s on %s: %d GPU(s) via %s",
+            "node %s on %s: %d GPU(s) via %s, %d CPU(s), %d MiB",
             self.node_id,
             self.hostname,
             len(self.gpus),
             self.gpu_source,
+            len(self.host.cpus),
+            self.host.mem_mb,
         )
         records = self.launcher.load_previous()
         self.site.sweep([(rec.job_id, rec.epoch) for rec in records])  # container cwd mounts
@@ -223,6 +232,8 @@ class Agent:
         log.info("jobs are contained by %s", containment.describe())
         isolation = self.launcher.isolate(self.node_id, self.options.gpu_device_dir, records)
         log.info("jobs are kept to their GPUs by %s", isolation.describe())
+        limits = self.launcher.limit(self.node_id, records)
+        log.info("jobs are held to their CPUs and memory by %s", limits.describe())
         for rec in records:
             run = self.launcher.adopt(rec)
             alive = not run.exited.is_set()
@@ -233,6 +244,7 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._tasks.add(loop.create_task(self._pump_loop()))
         self._tasks.add(loop.create_task(self.launcher.sweep()))
+        self._tasks.add(loop.create_task(self.launcher.watch_memory()))
         loop.add_signal_handler(signal.SIGTERM, self._terminate)
         self.generations.load()
         await self._dial_forever()
@@ -338,7 +350,9 @@ class Agent:
             node_id=self.node_id,
             hostname=self.hostname,
             ip=ip,
-            gpus=[GpuDesc(**vars(g)) for g in self.gpus],
+            gpus=[GpuDesc(**vars(g), numa_node=self.host.gpu_numa.get(g.index)) for g in self.gpus],
+            cpus=[CpuDesc(id=c.id, core=c.core, numa=c.numa) for c in self.host.cpus],
+            mem_mb=self.host.mem_mb or None,
             gpu_source=self.gpu_source,
             running=self._running_reports(),
             token=self.token,
@@ -589,6 +603,8 @@ class Agent:
                 launch_error=error,
                 fatal=error is not None and code is not None,
                 epilog_error=epilog_error,
+                out_of_memory=run.out_of_memory,
+                max_rss_mb=run.max_rss_mb,
             )
         )
         task = asyncio.current_task()

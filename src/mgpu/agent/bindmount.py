@@ -1,5 +1,6 @@
-"""A container job's working directory, pinned: bind-mounted from a descriptor onto a
-mount point in the agent's private spool, which is what a root runtime is given.
+"""A container job's working directory (and each path it mounts: mgpu.agent.usermounts),
+pinned: bind-mounted from a descriptor onto a mount point in the agent's private spool,
+which is what a root runtime is given.
 
 A root runtime (`podman run -v SRC:DST`, `docker run`) resolves SRC itself, as root.
 Given the job's directory by name it would follow whatever the name means *then*: the
@@ -18,9 +19,10 @@ import errno
 import logging
 import os
 import re
+import stat
 from collections.abc import Collection
 
-__all__ = ["SUFFIX", "bind", "mounted", "release", "sweep"]
+__all__ = ["SUFFIX", "bind", "mounted", "release", "run_of", "sweep"]
 
 log = logging.getLogger("mgpu.agent")
 
@@ -40,15 +42,28 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def bind(fd: int, target: str) -> None:
-    """Mount the directory open as `fd` (an `O_PATH` descriptor is enough) at `target`,
-    a directory made here, after anything left there by an earlier agent is removed."""
+    """Mount the directory (or file) open as `fd` (an `O_PATH` descriptor is enough) at
+    `target`, a directory (or empty file) made here, after anything left there by an
+    earlier agent is removed."""
     release(target)
-    os.mkdir(target, 0o700)  # covered by the mount: what shows is the directory's own mode
+    directory = stat.S_ISDIR(os.fstat(fd).st_mode)
+    # Covered by the mount: what shows is the source's own mode.
+    if directory:
+        os.mkdir(target, 0o700)
+    else:
+        os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
     source = f"/proc/self/fd/{fd}".encode()
     if _libc.mount(source, os.fsencode(target), None, MS_BIND | MS_REC, None) != 0:
         err = ctypes.get_errno()
-        os.rmdir(target)
+        _remove(target)
         raise OSError(err, os.strerror(err), target)
+
+
+def _remove(target: str) -> None:
+    if os.path.isdir(target) and not os.path.islink(target):
+        os.rmdir(target)
+    else:
+        os.unlink(target)
 
 
 def release(target: str) -> bool:
@@ -64,22 +79,29 @@ def release(target: str) -> bool:
                 log.warning("cannot unmount %s: %s", target, os.strerror(err))
             break
     try:
-        os.rmdir(target)
+        _remove(target)
     except OSError as e:
         log.warning("cannot remove the mount point %s: %s", target, e.strerror)
     return True
 
 
+def run_of(name: str) -> str:
+    """The run (`JOB.EPOCH`) a mount point's name is of: `JOB.EPOCH.cwd`, `JOB.EPOCH.mN.cwd`."""
+    base = name.removesuffix(SUFFIX)
+    head, dot, last = base.rpartition(".")
+    return head if dot and re.fullmatch(r"m[0-9]+", last) else base
+
+
 def sweep(spool: str, keep: Collection[str]) -> list[str]:
-    """At agent start: release the mount points in `spool` whose names are not in `keep`
-    (those of runs with a record, released at their end); the names released."""
+    """At agent start: release the mount points in `spool` whose runs (`run_of`) are not in
+    `keep` (runs with a record, released at their end); the names released."""
     gone: list[str] = []
     try:
         entries = list(os.scandir(spool))
     except OSError:
         return gone
     for entry in entries:
-        if entry.name.endswith(SUFFIX) and entry.name not in keep:
+        if entry.name.endswith(SUFFIX) and run_of(entry.name) not in keep:
             release(entry.path)
             gone.append(entry.name)
     return gone

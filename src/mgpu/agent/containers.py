@@ -43,11 +43,12 @@ import re
 import secrets
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from mgpu.agent import grants, privileged
 from mgpu.agent.privileged import RUNTIME_ENV
+from mgpu.containeropts import GPU_VARIABLES, ContainerOptions
 from mgpu.protocol import Grant
 
 RUNTIMES = ("podman", "docker", "apptainer")
@@ -135,6 +136,17 @@ def features(runtime: Runtime | None) -> list[str]:
 # ---- images ---------------------------------------------------------------------------
 
 
+def is_image_file(image: str) -> bool:
+    """A path (a SIF or squashfs file), not a name a registry or the runtime's store has."""
+    return image.startswith("/")
+
+
+def runs_files(runtime: Runtime) -> bool:
+    """Can the runtime run an image file (SIF, squashfs)?  apptainer can; podman and
+    docker run the images in their store."""
+    return runtime.name == "apptainer"
+
+
 def is_image_uri(image: str) -> bool:
     """apptainer `docker://...`, `library://...`: pulled on use, cannot be checked cheaply."""
     return "://" in image
@@ -191,13 +203,14 @@ def container_name(job_id: str, epoch: int) -> str:
     return f"mgpu-{safe}-{epoch}-{secrets.token_hex(4)}"
 
 
-def passed_env(env: Mapping[str, str]) -> list[str]:
-    """Names of the job's variables to pass into the container (sorted)."""
+def passed_env(env: Mapping[str, str], also: Collection[str] = ()) -> list[str]:
+    """Names of the job's variables to pass into the container (sorted); `also`: names
+    passed even where they describe the host (pyxis's `--container-env`)."""
     return sorted(
         k
         for k in env
-        if k not in _HOST_ONLY
-        and not k.startswith(_HOST_ONLY_PREFIXES)
+        if (k in also or (k not in _HOST_ONLY and not k.startswith(_HOST_ONLY_PREFIXES)))
+        and k not in GPU_VARIABLES
         and privileged.ENV_NAME.match(k) is not None
     )
 
@@ -213,14 +226,19 @@ def build_argv(
     env_file: str | None,
     name: str,
     source: str | None = None,
+    options: ContainerOptions | None = None,
+    binds: Sequence[tuple[str, str, bool]] = (),
 ) -> list[str]:
     """The command line that runs `argv` in `image` with the GPUs of `grant`, directory
     and user.
 
     The job's variables come from `env_file` (podman, docker); CUDA_VISIBLE_DEVICES is set
     here, as it must be seen inside.  `source`: what podman or docker mounts at `cwd` (the
-    pinned mount point of mgpu.agent.bindmount; default `cwd` itself)."""
+    pinned mount point of mgpu.agent.bindmount; default `cwd` itself).  `options`: pyxis's
+    (mgpu.containeropts), `binds` the host paths they mount as the runtime gets them
+    (mgpu.agent.usermounts: (source, target, read-only))."""
     gpus = grants.container_gpus(runtime.name, grant)  # ValueError: an unknown runtime
+    workdir = (options.workdir if options is not None else None) or cwd
     if runtime.name in ("podman", "docker"):
         out = [runtime.exe, "run", "--rm", "--name", name, "--network=host", "--ipc=host"]
         # A setuid binary in the image must not make the job's user root inside it.
@@ -235,17 +253,49 @@ def build_argv(
             out += ["--user", f"{uid_gid[0]}:{uid_gid[1]}"]
         out += gpus.flags
         if cwd:
-            out += ["-v", f"{source or cwd}:{cwd}", "-w", cwd]
+            out += ["-v", f"{source or cwd}:{cwd}"]
+        out += _box_flags(options, binds, "-v")
+        if workdir:
+            out += ["-w", workdir]
         if env_file is not None:
             out += ["--env-file", env_file]
         out += gpus.env
         return [*out, image, *argv]
-    out = [runtime.exe, "exec", *gpus.flags]  # apptainer
+    # apptainer: `run` runs the image's runscript (its entrypoint) with the arguments.
+    verb = "run" if options is not None and options.entrypoint else "exec"
+    out = [runtime.exe, verb, *gpus.flags]
     if cwd:
-        out += ["--bind", cwd, "--pwd", cwd]
+        out += ["--bind", cwd]
+    out += _box_flags(options, binds, "--bind")
+    if options is not None and options.writable:
+        out.append("--writable-tmpfs")  # its image is read-only; this lets the job write
+    if options is not None and not options.mount_home:
+        out.append("--no-home")  # pyxis's default (its home comes as a bind, if asked)
+    if workdir:
+        out += ["--pwd", workdir]
     # apptainer passes the environment through; this sets the GPUs' variable over it.
     out += gpus.env
     return [*out, image, *argv]
+
+
+def _box_flags(
+    options: ContainerOptions | None, binds: Sequence[tuple[str, str, bool]], flag: str
+) -> list[str]:
+    """The mounts and filesystem flags of pyxis's options (`flag`: the runtime's bind)."""
+    out: list[str] = []
+    for source, target, readonly in binds:
+        out += [flag, f"{source}:{target}" + (":ro" if readonly else "")]
+    if options is None:
+        return out
+    for mount in options.mounts:
+        if mount.tmpfs:  # apptainer's scratch directory is its tmpfs
+            out += ["--scratch" if flag == "--bind" else "--tmpfs", mount.target]
+    if flag == "-v":
+        if options.readonly:
+            out.append("--read-only")
+        if not options.entrypoint:
+            out.append("--entrypoint=")  # pyxis runs the command itself, not the image's
+    return out
 
 
 def cleanup_argv(runtime: Runtime, name: str) -> list[str] | None:
@@ -279,9 +329,11 @@ __all__ = [
     "features",
     "image_check_argv",
     "image_present",
+    "is_image_file",
     "is_image_uri",
     "passed_env",
     "probe",
     "runs_as_agent",
+    "runs_files",
     "uses_env_file",
 ]

@@ -131,6 +131,8 @@ def launch_request(
         pty=None if msg.pty is None else (msg.pty.rows, msg.pty.cols),
         slurm_bin=msg.image is None,
         owner=owner,
+        cpus=msg.grant.cpus,
+        mem_mb=msg.grant.mem_mb,
         output=None
         if msg.output_file is None
         else (msg.output_file, msg.error_file or msg.output_file, msg.open_append),

@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from mgpu.agent import cgroups, devices, jobsignal, launchsteps, privileged, recycle
+from mgpu.agent import cgroups, devices, jobsignal, launchsteps, privileged, recycle, runlimits
 from mgpu.agent.launchsteps import LaunchRequest
 from mgpu.agent.runrecord import RunRecord, RunRecords, same_process
 from mgpu.agent.spawn import READ_CHUNK, JobError, LaunchError, OwnShim, process_start_time
@@ -81,7 +81,16 @@ class Running:
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     """The time limit's and the warning signal's (re-armed when the limit changes)."""
     terminal: Terminal | None = None
+    out_of_memory: bool = False
+    """The kernel killed a process of it for its memory limit (mgpu.agent.runlimits)."""
+    peak_bytes: int = 0
+    """The highest memory use seen (where the kernel keeps no peak of its own)."""
+    max_rss_mb: int | None = None
+    """Its peak memory, MiB, once it has ended (None: not counted here)."""
 
+
+MEMORY_POLL = 0.5
+"""Seconds between looks at the runs' memory counters (`watch_memory`)."""
 
 READ_MAX = 4 << 20
 """Bytes of one stream read at most per look at a run's spool files."""
@@ -109,6 +118,8 @@ class Launcher:
         """How runs are contained (`contain` picks the best the machine allows)."""
         self.isolation = devices.Isolation(devices.NONE)
         """How runs are kept off GPUs they were not given (`isolate` picks it)."""
+        self.limits = runlimits.Limits()
+        """Where runs' CPU and memory limits go (`limit` picks it)."""
         self.output_room: Callable[[], bool] = lambda: True
         """May more output be read and queued for the master now (mgpu.agent.agent)?"""
         self._pump_turn = 0
@@ -134,6 +145,14 @@ class Launcher:
         devices.sweep(self.isolation, {rec.devices for rec in known if rec.devices})
         return self.isolation
 
+    def limit(self, node_id: str, known: list[RunRecord]) -> runlimits.Limits:
+        """Pick where runs' CPU and memory limits go at agent start (after `contain`), and
+        remove the v1 limit cgroups of runs that no run record names any more."""
+        key = cgroups.agent_key(node_id, self.spool)
+        self.limits = runlimits.choose(key, self.containment)
+        runlimits.sweep(self.limits, {path for rec in known for path in rec.limits})
+        return self.limits
+
     # ---- persistence --------------------------------------------------------
 
     def load_previous(self) -> list[RunRecord]:
@@ -156,6 +175,7 @@ class Launcher:
             containment=self.containment,
             isolation=self.isolation,
             spawner=self.spawner,
+            limits=self.limits,
         )
         started = launchsteps.start(req, context, tag)
         rec = started.record()
@@ -321,12 +341,13 @@ class Launcher:
 
     async def kill_leftovers(self, run: Running, timeout: float = 5.0) -> None:
         """Leftovers die with the job, as in Slurm: its process group, and everything in its
-        cgroup (then removed, once empty)."""
+        cgroups (then removed, once empty; its memory counters read first)."""
         if run.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.popen.wait(timeout=1)
         self._killpg(run, signal.SIGKILL)
-        for path in (run.rec.cgroup, run.rec.devices):
+        self._memory_at_end(run)
+        for path in dict.fromkeys((run.rec.cgroup, run.rec.devices, *run.rec.limits)):
             if not path or cgroups.release(path):  # the usual end: nothing left, one rmdir
                 continue
             cgroups.kill(path)
@@ -335,6 +356,39 @@ class Launcher:
                 await asyncio.sleep(0.005)  # SIGKILLed processes take a moment to go
             if not cgroups.release(path):
                 log.warning("job %s: cgroup %s still busy, left for now", run.rec.job_id, path)
+
+    # ---- memory -------------------------------------------------------------
+
+    async def watch_memory(self, interval: float = MEMORY_POLL) -> None:
+        """Look at the running jobs' memory: the peak where the kernel keeps none, and an
+        out-of-memory kill, after which the whole job is killed (cgroup v1 kills one
+        process; v2's `memory.oom.group` has the kernel kill all of it already)."""
+        while True:
+            await asyncio.sleep(interval)
+            for run in list(self.running.values()):
+                if run.rec.memory and not run.exited.is_set():
+                    self._look_at_memory(run)
+
+    def _look_at_memory(self, run: Running) -> runlimits.MemoryUse:
+        use = runlimits.memory_use(run.rec.memory)
+        run.peak_bytes = max(run.peak_bytes, use.current_bytes or 0)
+        if use.oom_kills and not run.out_of_memory:
+            run.out_of_memory = True
+            log.warning("job %s: out of memory: killed whole", run.rec.job_id)
+            cgroups.kill(run.rec.memory)  # v1: no fork can outrun the containment's kill
+            self.kill(run, "out of memory", 0.0)
+        return use
+
+    def _memory_at_end(self, run: Running) -> None:
+        """How much memory the ended run used, and whether it ran out (the kernel's count;
+        where it keeps none, a limit hit and the job killed by SIGKILL)."""
+        if not run.rec.memory or not os.path.isdir(run.rec.memory):
+            return
+        use = self._look_at_memory(run)
+        if use.oom_kills is None and use.failcnt and self.exit_code(run) == 128 + signal.SIGKILL:
+            run.out_of_memory = True
+        peak = max(use.peak_bytes or 0, run.peak_bytes)
+        run.max_rss_mb = -(-peak // runlimits.MB) if peak else None
 
     def finish(self, run: Running) -> None:
         """Forget a job that has ended (leftovers killed) and whose end the master stored."""

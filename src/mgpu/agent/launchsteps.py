@@ -30,6 +30,7 @@ from mgpu.agent import (
     loginbin,
     outputfiles,
     recycle,
+    runlimits,
     slurmbin,
 )
 from mgpu.agent.runrecord import RunRecord
@@ -107,6 +108,10 @@ class LaunchRequest:
     container runtime runs with the agent's ids and keeps the job's uid inside with
     `--user`; then nothing the user names is opened, nor anything they chose run, with the
     run's ids (`check_owner`)."""
+    cpus: list[int] | None = None
+    """The CPUs it may run on (None: not limited; mgpu.agent.runlimits)."""
+    mem_mb: int | None = None
+    """The memory it may use, MiB, swap included (None: not limited)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class LaunchContext:
     isolation: devices.Isolation
     spawner: Spawner | None
     """Starts the shims of runs as other users: a root agent's."""
+    limits: runlimits.Limits = field(default_factory=runlimits.Limits)
+    """Where the runs' CPU and memory limits go."""
 
 
 @dataclass
@@ -154,6 +161,8 @@ class Launching:
     cgroup: str | None = None
     guard: str | None = None
     """The cgroup that holds the run's device rules."""
+    limited: runlimits.RunLimits = field(default_factory=runlimits.RunLimits)
+    """The run's CPU and memory limits: v1 cgroups it joins, where its memory is counted."""
     terminal: Terminal | None = None
     slave: int = -1
     gate: tuple[int, int] | None = None
@@ -180,7 +189,7 @@ class Launching:
             self.pidfd = None
         if self.terminal is not None:
             self.terminal.close()
-        release_all([self.cgroup, self.guard])
+        release_all([self.cgroup, self.guard, *self.limited.join])
         recycle.unlink_all(self.made)
 
     def record(self) -> RunRecord:
@@ -206,6 +215,8 @@ class Launching:
             cgroup=self.cgroup or "",
             hosts=self.hosts,
             devices=self.guard if self.guard is not None and self.guard != self.cgroup else "",
+            limits=list(self.limited.join),
+            memory=self.limited.memory,
             script=self.script,
             pty=self.terminal is not None,
             pool=self.pool,
@@ -354,8 +365,9 @@ def wrap_output(st: Launching) -> None:
 
 
 def make_cgroups(st: Launching) -> None:
-    """The run's cgroup (mgpu.agent.cgroups), and the device rules that deny it the GPUs
-    it was not given (mgpu.agent.devices)."""
+    """The run's cgroup (mgpu.agent.cgroups), the device rules that deny it the GPUs it
+    was not given (mgpu.agent.devices), and its CPU and memory limits
+    (mgpu.agent.runlimits; one the node has no controller for is told on its stderr)."""
     req, ctx = st.req, st.ctx
     st.cgroup = cgroups.create(ctx.containment, req.job_id, req.epoch)
     if req.gpu_ids is not None:
@@ -363,6 +375,15 @@ def make_cgroups(st: Launching) -> None:
             st.guard = devices.apply(ctx.isolation, req.job_id, req.epoch, req.gpu_ids, st.cgroup)
         except devices.IsolationError as e:
             raise LaunchError(f"cannot keep the job to its GPUs: {e}") from None
+    try:
+        limited = runlimits.apply(
+            ctx.limits, req.job_id, req.epoch, req.cpus, req.mem_mb, st.cgroup
+        )
+    except runlimits.LimitError as e:
+        raise LaunchError(str(e)) from None
+    st.limited = limited
+    if (note := limited.note()) is not None:
+        os.write(st.fds[1] if req.pty is None else st.fds[0], f"mgpu: {note}\n".encode())
 
 
 def open_terminal(st: Launching) -> None:
@@ -389,7 +410,7 @@ def spawn(st: Launching) -> None:
             spawner = ctx.spawner  # not a fork of the whole agent
         else:
             switch.update(user=ids[0], group=ids[1], extra_groups=ids[2])
-    if st.cgroup is not None or st.guard is not None or spawner is not None:
+    if st.cgroup is not None or st.guard is not None or st.limited.join or spawner is not None:
         st.gate = os.pipe2(os.O_CLOEXEC)
     shim, pty_args = (SHIM, []) if st.terminal is None else (PTY_SHIM, [st.terminal.path])
 
@@ -433,9 +454,10 @@ def open_gate(st: Launching) -> None:
     read_end, write_end = st.gate
     st.gate = None
     os.close(read_end)
-    if not admit(st.cgroup, st.guard, st.popen.pid, write_end):  # closes write_end
+    required = [st.guard] if st.guard is not None else []
+    if not admit(st.cgroup, [*required, *st.limited.join], st.popen.pid, write_end):
         st.popen.wait()  # killed at its gate: the job never ran
-        raise LaunchError("cannot put the job in the cgroup of its GPU device rules")
+        raise LaunchError("cannot put the job in the cgroups of its GPU, CPU or memory limits")
 
 
 Step = Callable[[Launching], None]

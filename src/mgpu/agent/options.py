@@ -19,6 +19,10 @@ class AgentOptions:
     state_dir: Path
     fake_gpus: int | None = None
     """This many fake GPUs instead of the machine's (tests, demos); None: the real ones."""
+    fake_cpus: int | None = None
+    """This many fake CPUs (ids 0..N-1) instead of the machine's; None: the real ones."""
+    fake_mem_mb: int | None = None
+    """This much memory (MiB) instead of the machine's MemTotal; None: the real one."""
     advertise_ip: str | None = None
     """The IP the master and other nodes reach this one at; None: the connection's own."""
     token: str | None = None

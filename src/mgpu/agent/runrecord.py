@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -61,6 +61,10 @@ class RunRecord:
     `create_time` identifies it, which a clock step between two agents moves)."""
     boot_id: str = ""
     """The boot `start_ticks` counts from."""
+    limits: list[str] = field(default_factory=list)
+    """The run's v1 cgroups of its CPU and memory limits (mgpu.agent.runlimits)."""
+    memory: str = ""
+    """The cgroup whose memory counters are the run's (empty: none)."""
 
 
 def same_process(rec: RunRecord) -> bool | None:

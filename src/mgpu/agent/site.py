@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mgpu import execspec
-from mgpu.agent import bindmount, containers, jobenv, privileged
+from mgpu.agent import bindmount, containers, jobenv, privileged, usermounts
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, LaunchRequest, Running
 from mgpu.agent.launchsteps import UserIds
@@ -136,9 +136,11 @@ class SiteHooks:
         self.runtime_choice = runtime_choice
         self.runtime: containers.Runtime | None = None
         self.pending: dict[tuple[str, int], Pending] = {}
-        self._pinned: dict[tuple[str, int], str | LaunchError] = {}
-        """Container working directories pinned while their launch was prepared (off the
-        event loop): the mount point, or why it could not be (taken by `wrap`)."""
+        self._pinned: dict[
+            tuple[str, int], tuple[str | None, list[usermounts.Bind]] | JobError | LaunchError
+        ] = {}
+        """Container working directories and mounts pinned while their launch was prepared
+        (off the event loop): the mount points, or why they could not be (taken by `wrap`)."""
         self._plain: set[tuple[str, int]] = set()
         """Runs this agent process started with no side files (no epilog, no container):
         their end needs no look at the spool (most runs; adopted ones are not here)."""
@@ -227,28 +229,44 @@ class SiteHooks:
         self.host.launch(msg)
 
     async def _pin_ahead(self, msg: Launch) -> None:
-        """Pin a container job's working directory now, in a thread: entering it as its user
-        can take up to `enter_dir`'s timeout (a hung NFS server, a user's FUSE mount), which
-        the agent's event loop must not wait for.  `wrap` takes the result."""
+        """Pin a container job's working directory and the paths it mounts now, in a
+        thread: entering them as its user can take up to `enter_dir`'s timeout (a hung NFS
+        server, a user's FUSE mount), which the agent's event loop must not wait for.
+        `wrap` takes the result."""
         rt = self.runtime
         cwd = _container_cwd(msg)
-        if rt is None or cwd is None or ":" in cwd or not containers.runs_as_agent(rt):
+        if cwd is not None and ":" in cwd:
+            cwd = None  # refused by `wrap`
+        if rt is None or not containers.runs_as_agent(rt):
             return
         try:
             ids = self.host.run_as(msg)
         except RuntimeError:
             return  # the launch finds it again and says why
-        if ids is None:
+        if ids is None or (cwd is None and msg.container is None):
             return
         key = (msg.job_id, msg.epoch)
-        pin = asyncio.ensure_future(asyncio.to_thread(self._pin_cwd, *key, cwd, ids))
+        pin = asyncio.ensure_future(asyncio.to_thread(self._pin_all, msg, cwd, ids))
         try:
             self._pinned[key] = await asyncio.shield(pin)
         except (JobError, LaunchError) as e:
             self._pinned[key] = e
-        except asyncio.CancelledError:  # the thread goes on: its mount goes when it is made
+        except asyncio.CancelledError:  # the thread goes on: its mounts go when made
             pin.add_done_callback(lambda _: self.discard(*key))
             raise
+
+    def _pin_all(
+        self, msg: Launch, cwd: str | None, ids: tuple[int, int, list[int]]
+    ) -> tuple[str | None, list[usermounts.Bind]]:
+        """The working directory's mount point and the pinned binds (usermounts)."""
+        source = self._pin_cwd(msg.job_id, msg.epoch, cwd, ids) if cwd else None
+        binds = usermounts.binds_of(msg.container, ids[0])
+        try:
+            pinned = usermounts.pin_all(str(self.launcher.spool), msg.job_id, msg.epoch, binds, ids)
+        except (JobError, LaunchError):
+            bindmount.release(self._mount_path(msg.job_id, msg.epoch))
+            raise
+        return source, pinned
 
     async def _check_image(self, msg: Launch) -> bool:
         assert msg.image is not None
@@ -261,6 +279,14 @@ class SiteHooks:
             _image_of(msg)
         except JobError as e:
             self._exit(msg, str(e), fatal=True)
+            return False
+        if containers.is_image_file(msg.image) and not containers.runs_files(rt):
+            self._exit(
+                msg,
+                f"{node}'s container runtime ({rt.name}) cannot run the image file "
+                f"{msg.image}: only apptainer runs SIF or squashfs files; give an image name",
+                fatal=True,
+            )
             return False
         try:
             present = await containers.image_present(rt, msg.image, IMAGE_CHECK_TIMEOUT)
@@ -325,7 +351,7 @@ class SiteHooks:
         """At agent start: unmount the working directories of runs without a record (an
         agent that died between mounting and saving the record); the others go at their
         end, as usual."""
-        keep = {os.path.basename(self._mount_path(*key)) for key in runs}
+        keep = {f"{job_id}.{epoch}" for job_id, epoch in runs}
         for name in bindmount.sweep(str(self.launcher.spool), keep):
             log.info("unmounted a leftover working directory %s", name)
 
@@ -363,20 +389,25 @@ class SiteHooks:
             if cwd and ":" in cwd:  # `-v SRC:DST:OPTIONS`, `--bind SRC:DST:OPTIONS`
                 raise JobError(f"a container cannot mount a directory with ':' in its name: {cwd}")
             source = None
-            if cwd and ids is not None and containers.runs_as_agent(rt):
-                # A root runtime would mount it for the user whatever its parents allow,
-                # and finds it by name again: it gets the directory the user entered
+            uid = ids[0] if ids is not None else os.getuid()
+            binds = usermounts.binds_of(msg.container, uid)
+            if ids is not None and containers.runs_as_agent(rt):
+                # A root runtime would mount them for the user whatever their parents
+                # allow, and finds them by name again: it gets what the user reached
                 # (pinned while the launch was prepared, or now).
                 pinned = self._pinned.pop((msg.job_id, msg.epoch), None)
-                if isinstance(pinned, LaunchError):
+                if isinstance(pinned, (JobError, LaunchError)):
                     raise pinned
-                source = pinned or self._pin_cwd(msg.job_id, msg.epoch, cwd, ids)
+                if pinned is None:
+                    pinned = self._pin_all(msg, cwd, ids)
+                source, binds = pinned
             env_file = None
             if containers.uses_env_file(rt):
                 # The container's variables go in through a 0600 file in the private spool,
                 # not through the environment of the runtime (root: see privileged).
                 env_file = self._env_path(msg.job_id, msg.epoch)
-                passed = {k: env[k] for k in containers.passed_env(env)}
+                also = msg.container.env if msg.container is not None else ()
+                passed = {k: env[k] for k in containers.passed_env(env, also)}
                 try:
                     dropped = privileged.write_env_file(env_file, passed, inherit=["MGPU_RUN_TAG"])
                 except OSError as e:
@@ -397,6 +428,8 @@ class SiteHooks:
                 env_file=str(env_file) if env_file is not None else None,
                 name=name,
                 source=source,
+                options=msg.container,
+                binds=binds,
             )
             if containers.runs_as_agent(rt):
                 ids = None  # the runtime runs as the agent; --user keeps the job's uid
@@ -420,6 +453,7 @@ class SiteHooks:
         with contextlib.suppress(OSError):
             self._env_path(run.rec.job_id, run.rec.epoch).unlink()  # read when the run began
         bindmount.release(self._mount_path(run.rec.job_id, run.rec.epoch))
+        usermounts.release_all(str(self.launcher.spool), run.rec.job_id, run.rec.epoch)
         path = self._side_path(run.rec.job_id, run.rec.epoch)
         try:
             side = json.loads(path.read_text())
@@ -484,6 +518,7 @@ class SiteHooks:
             with contextlib.suppress(OSError):
                 self._env_path(job_id, epoch).unlink()
             bindmount.release(self._mount_path(job_id, epoch))
+            usermounts.release_all(str(self.launcher.spool), job_id, epoch)
 
 
 def _image_of(msg: Launch) -> str:

@@ -251,16 +251,17 @@ def _own_ids() -> tuple[tuple[int, int, int], tuple[int, int, int], set[int]]:
     return _ids
 
 
-def admit(cgroup: str | None, guard: str | None, pid: int, gate: int) -> bool:
+def admit(cgroup: str | None, required: list[str], pid: int, gate: int) -> bool:
     """Move the shim into its cgroups and open its gate (always: it never hangs there).
 
     A failed move into the containment cgroup leaves the run to the process-tree fallback;
-    one into `guard`, the cgroup holding its device rules, kills the shim before the gate
-    opens (False): a job never runs with GPUs it was not given."""
+    one into a `required` cgroup (its device rules', its v1 CPU and memory limits') kills
+    the shim before the gate opens (False): a job never runs with GPUs it was not given,
+    nor outside its limits."""
     try:
         joined = True
-        for path in dict.fromkeys(p for p in (guard, cgroup) if p is not None):
-            if not cgroups.enter(path, pid) and path == guard:
+        for path in dict.fromkeys([*required, *([cgroup] if cgroup is not None else [])]):
+            if not cgroups.enter(path, pid) and path != cgroup:
                 joined = False
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)

@@ -21,6 +21,7 @@ from mgpu.client.errors import Standby as Standby
 from mgpu.client.leader import FOLLOW_SILENCE
 from mgpu.client.leader import resolve_address as resolve_address
 from mgpu.client.leader import resolve_addresses as resolve_addresses
+from mgpu.client.leaderwatch import STREAM_QUIET, LeaderWatch
 from mgpu.client.session import SUBMIT_PATH, MasterSession
 from mgpu.client.submitenv import portable_environment as _portable_environment
 from mgpu.client.submitenv import shown_names as _names
@@ -78,7 +79,8 @@ class Client(MasterSession):
         Options are those of `mgpu submit`: gpus, gpu_ids, node_gpu_ids, nodes,
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
-        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation.
+        preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation, cpus
+        (per node), mem ("8G" or MiB, per node).
 
         Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
         the job would run elsewhere).  Without `env` it gets this process's environment,
@@ -229,8 +231,10 @@ class Client(MasterSession):
         )
         return str(out["step_id"])
 
-    def step_stream(self, step_id: str) -> Iterator[dict[str, Any]]:
-        return self._stream_path(f"/api/steps/{_quote(step_id)}/output", read_timeout=3600 * 24)
+    def step_stream(self, step_id: str, since: int = 0) -> Iterator[dict[str, Any]]:
+        """A step's output records, then its end; `since`: the records already had."""
+        path = f"/api/steps/{_quote(step_id)}/output" + (f"?since={since}" if since else "")
+        return self._stream_path(path, read_timeout=3600 * 24)
 
     def start_alloc_step(self, job_id: str, argv: list[str], **options: Any) -> dict[str, Any]:
         """Run `argv` as a step of the running allocation `job_id` (`mgpu srun` inside
@@ -375,6 +379,8 @@ class Client(MasterSession):
         conn, resp = self._through_leader(
             lambda: self._open_stream(path, read_timeout), True, "GET"
         )
+        if conn.watch is not None:  # several masters: a quiet stream is one that pings
+            conn.watch = LeaderWatch((conn.host, conn.port), self.leader_elsewhere, STREAM_QUIET)
         try:
             try:
                 for line in resp.lines():
@@ -382,7 +388,10 @@ class Client(MasterSession):
                         raise WireError("the master closed the connection mid-record")
                     yield json.loads(line)
             except OSError as e:  # WireError included
-                raise self._broken(e, f"sent no word for {read_timeout:g} s") from None
+                error = self._broken(e, f"sent no word for {read_timeout:g} s")
+                if isinstance(error, NoAnswer) and error.leader is not None:
+                    self._use(error.leader)  # opened again there
+                raise error from None
         finally:
             conn.close()
 

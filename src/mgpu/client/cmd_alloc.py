@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from mgpu.client import jsonlite as json
-from mgpu.client.api import Client, ConnectError, MgpuError, RequestError
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, RequestError
 from mgpu.client.options import UsageError, add_job_options, job_options, make_client
 
 STEP_IGNORES = (
@@ -366,22 +366,42 @@ def srun_in_allocation(client: Client, args: argparse.Namespace, argv: list[str]
 
 def follow_step(client: Client, step_id: str, multi: bool) -> int:
     """A step's output as srun's (stdout and stderr apart, `[node] ` when on several
-    nodes); Ctrl-C kills the step.  Its exit code."""
+    nodes); Ctrl-C kills the step.  Its exit code.  A connection that breaks (the master
+    restarted, another took over) is opened again from the start, what was shown dropped
+    by its offsets (`Resume.from_start`): none lost, none twice."""
+    from mgpu.client.resume import Resume
     from mgpu.client.stream import LinePrefixer
 
     prefixer = LinePrefixer()
     prefixer.multi = multi
+    resume = Resume()
+    tries = 0
     try:
-        for rec in client.step_stream(step_id):
-            if "d" in rec:
-                out = sys.stdout if rec.get("s") == "o" else sys.stderr
-                out.write(prefixer.render(rec.get("n", ""), rec["s"], rec["d"]))
-                out.flush()
-            elif rec.get("end"):
-                if rec.get("error"):
-                    _say(f"step {step_id}: {rec['error']}")
-                code = rec.get("exit_code")
-                return code if isinstance(code, int) and 0 <= code < 256 else 255
+        while True:
+            try:
+                for rec in client.step_stream(step_id, since=resume.since()):
+                    if "d" in rec:
+                        tries = 0
+                        text = resume.take(rec)
+                        if text is None:
+                            continue
+                        out = sys.stdout if rec.get("s") == "o" else sys.stderr
+                        out.write(prefixer.render(rec.get("n", ""), rec["s"], text))
+                        out.flush()
+                    elif rec.get("end"):
+                        if rec.get("error"):
+                            _say(f"step {step_id}: {rec['error']}")
+                        code = rec.get("exit_code")
+                        return code if isinstance(code, int) and 0 <= code < 256 else 255
+                error: MgpuError = ConnectError("the master ended the step's stream")
+            except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
+                error = e
+            resume.from_start()
+            tries += 1
+            if tries > FOLLOW_TRIES:
+                _say(f"lost step {step_id}: {error}")
+                return 255
+            time.sleep(min(2.0, 0.2 * 2**tries))
     except KeyboardInterrupt:
         try:
             client.cancel_step(step_id)
@@ -389,4 +409,8 @@ def follow_step(client: Client, step_id: str, multi: bool) -> int:
         except MgpuError:
             _say(f"could not cancel step {step_id}")
         return 130
-    return 255
+
+
+FOLLOW_TRIES = 3
+"""Times a step's output is asked for again in a row after its stream broke (each open
+itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""

@@ -101,6 +101,21 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fake_mem(text: str | None) -> int | None:
+    """`--fake-mem SIZE` in MiB (Slurm's units), or None."""
+    if text is None:
+        return None
+    from mgpu.resources import SizeError, parse_size_mb
+
+    try:
+        mb = parse_size_mb(text)
+    except SizeError as e:
+        fail(f"--fake-mem: {e}")
+    if mb <= 0:
+        fail("--fake-mem must be more than 0")
+    return mb
+
+
 def cmd_node(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -122,6 +137,9 @@ def cmd_node(args: argparse.Namespace) -> int:
         fail("--fake-gpus must not be negative")
     if args.gpu_count is not None and args.gpu_count < 0:
         fail("--gpu-count must not be negative")
+    fake_mem_mb = _fake_mem(args.fake_mem)
+    if args.fake_cpus is not None and not 1 <= args.fake_cpus <= 4096:
+        fail("--fake-cpus must be from 1 to 4096")
     args.master_host = _node_master_host(args)
     from mgpu.addresses import AddressError, parse_addresses
 
@@ -144,6 +162,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         masters=tuple(masters) if len(masters) > 1 else (),
         state_dir=state_dir,
         fake_gpus=args.fake_gpus,
+        fake_cpus=args.fake_cpus,
+        fake_mem_mb=fake_mem_mb,
         advertise_ip=args.advertise_ip,
         token=args.join_token,
         insecure=args.insecure,
@@ -299,6 +319,8 @@ def add_daemon_parsers(add: Callable[..., Any]) -> None:
     s.add_argument("--master-port", type=int, default=8080)
     s.add_argument("--fake-gpus", type=int, help="simulate N GPUs")
     s.add_argument("--gpu-count", type=int, help="manage only the node's first N GPUs")
+    s.add_argument("--fake-cpus", type=int, metavar="N", help="offer N CPUs (ids 0..N-1)")
+    s.add_argument("--fake-mem", metavar="SIZE", help="offer this much memory (8G, 512M)")
     s.add_argument(
         "--fake-foreign",
         metavar="GPU:MB[,GPU:MB]",

@@ -37,6 +37,17 @@ def add_simulate_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--gpus-per-node", type=int, metavar="M", help="GPUs per node (default 8)")
     p.add_argument(
+        "--cpus-per-node",
+        type=int,
+        metavar="N",
+        help="CPUs per node (default: not counted; jobs then ask none)",
+    )
+    p.add_argument(
+        "--mem-per-node",
+        metavar="SIZE",
+        help="memory per node, such as 512G (default: not counted)",
+    )
+    p.add_argument(
         "--policy", choices=POLICIES, default="backfill", help="queue policy (default backfill)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -72,11 +83,21 @@ def _check(args: argparse.Namespace) -> None:
     positive = {
         "--nodes": args.nodes,
         "--gpus-per-node": args.gpus_per_node,
+        "--cpus-per-node": args.cpus_per_node,
         "--limit": args.limit,
     }
     for name, value in positive.items():
         if value is not None and value < 1:
             raise MgpuError(f"{name} must be at least 1")
+    if args.mem_per_node is not None:
+        from mgpu.resources import SizeError, parse_size_mb
+
+        try:
+            args.mem_per_node = parse_size_mb(args.mem_per_node)
+        except SizeError as e:
+            raise MgpuError(f"--mem-per-node: {e}") from None
+        if args.mem_per_node < 1:
+            raise MgpuError("--mem-per-node must be more than 0")
     factor = args.time_limit_factor
     if not math.isfinite(factor) or factor < 0:
         raise MgpuError("--time-limit-factor must be a number of at least 0")
@@ -122,8 +143,14 @@ def _replay(args: argparse.Namespace) -> tuple[Trace, SimResult]:
     if not jobs:
         raise MgpuError(f"{args.trace} has no jobs to replay")
     fitted = default_cluster(trace, args.gpus_per_node)
+    shape = ClusterShape(
+        args.nodes or fitted.nodes,
+        fitted.gpus_per_node,
+        args.cpus_per_node or 0,
+        args.mem_per_node or 0,
+    )
     config = SimConfig(
-        cluster=ClusterShape(args.nodes or fitted.nodes, fitted.gpus_per_node),
+        cluster=shape,
         policy=args.policy,
         time_limit_factor=args.time_limit_factor,
         half_life=args.half_life * 3600.0,
@@ -132,6 +159,8 @@ def _replay(args: argparse.Namespace) -> tuple[Trace, SimResult]:
         return trace, simulate(compress(jobs, args.load_factor), config)
     except SimulationError as e:
         raise MgpuError(f"the scheduler made an impossible decision: {e}") from None
+    except ValueError as e:  # what the trace asks that the cluster cannot offer
+        raise MgpuError(str(e)) from None
 
 
 def _print_json(args: argparse.Namespace, metrics: Metrics, trace: Trace, mapping: str) -> None:

@@ -21,7 +21,12 @@ class LostConnection(ConnectError):
 
 
 class NoAnswer(MgpuError):
-    """The master took the request and said nothing in time (slow, or stopped)."""
+    """The master took the request and said nothing in time (slow, or stopped); `leader`:
+    the other master that leads now, when one was found to (the silent one was deposed)."""
+
+    def __init__(self, message: str, leader: tuple[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
 
 
 class Standby(RequestError):

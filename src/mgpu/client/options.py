@@ -43,12 +43,18 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--array", "-a", help="job array, e.g. 0-99%%8")
     g.add_argument("--preemptible", action="store_true", help="may be requeued for others")
     g.add_argument("--image", help="run inside this container image (the node's runtime)")
+    # pyxis's container options as Slurm's srun gives them (mgpu.slurm.pyxis), as JSON.
+    g.add_argument("--container-options", dest="container", type=_json, help="==SUPPRESS==")
     g.add_argument("--signal", help="[B:]SIG@SECONDS before the time limit or a preemption")
     g.add_argument("--hold", "-H", action="store_true", help="queue it held (mgpu release)")
     g.add_argument("--notify", help="when it ends: POST to this URL, or mailto:ADDRESS")
     g.add_argument("--mail-user", dest="notify", help="when it ends: mail this address")
     g.add_argument("--gpu-share", type=float, metavar="F", help="a fraction of one GPU (0<F<1)")
     g.add_argument("--reservation", help="run inside this reservation (mgpu reserve)")
+    g.add_argument("--cpus", type=int, metavar="N", help="CPUs held on each of its nodes")
+    g.add_argument(
+        "--mem", metavar="SIZE", help="memory held on each of its nodes (8G, 512M; 0: all)"
+    )
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -80,12 +86,22 @@ JOB_FIELDS = (
     "array",
     "preemptible",
     "image",
+    "container",
     "signal",
     "hold",
     "notify",
     "gpu_share",
     "reservation",
+    "cpus",
+    "mem",
 )
+
+
+def _json(text: str) -> Any:
+    """A JSON value (argparse says "invalid _json value" for one that is not)."""
+    import json
+
+    return json.loads(text)
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:

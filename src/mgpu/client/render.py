@@ -124,7 +124,58 @@ def render_jobs(jobs: list[dict[str, Any]]) -> str:
         rows.append(row)
     headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "PRIO", "TIME", "START"]
     headers.append("NODES (REASON)")
+    if any(job.get("cpus") or job.get("mem_mb") or job.get("resources") for job in jobs):
+        # CPUs and memory per node, where some job holds or asks for them (hidden for a
+        # lab whose jobs ask nothing: its queue looks as it always has)
+        headers[5:5] = ["CPUS", "MEM"]
+        for job, row in zip(_listed(jobs), rows, strict=True):
+            row[5:5] = [job_cpus(job), job_mem(job)]
     return table(headers, rows) if rows else "  (no jobs)"
+
+
+def _listed(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The jobs in the order `render_jobs` makes its rows (a folded array: its first)."""
+    out: list[dict[str, Any]] = []
+    folded: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        if not job.get("array_tasks") and job["state"] == "queued" and job.get("array_job_id"):
+            folded.setdefault(job["array_job_id"], job)
+        else:
+            out.append(job)
+    return out + list(folded.values())
+
+
+def mem_text(mb: int) -> str:
+    """Slurm's way: `8G`, `1500M`."""
+    return f"{mb // 1024}G" if mb and mb % 1024 == 0 else f"{mb}M"
+
+
+def job_cpus(job: dict[str, Any]) -> str:
+    """CPUs per node: what it holds, else what it asks (`-`: none, it shares its node's)."""
+    if job.get("cpus"):
+        return str(job["cpus"])
+    ask = job.get("resources") or {}
+    if ask.get("exclusive"):
+        return "all"
+    gpus = job.get("gpus_per_node") or job.get("gpus") or 0
+    cpus = (ask.get("cpus_per_node") or 0) + (ask.get("cpus_per_gpu") or 0) * gpus
+    return str(cpus) if cpus else "-"
+
+
+def job_mem(job: dict[str, Any]) -> str:
+    """Memory per node, as `job_cpus`."""
+    if job.get("mem_mb"):
+        return mem_text(job["mem_mb"])
+    ask = job.get("resources") or {}
+    if ask.get("exclusive") or ask.get("mem_per_node_mb") == 0:
+        return "all"
+    if ask.get("mem_per_node_mb"):
+        return mem_text(ask["mem_per_node_mb"])
+    if ask.get("mem_per_gpu_mb"):
+        return f"{mem_text(ask['mem_per_gpu_mb'])}/GPU"
+    if ask.get("mem_per_cpu_mb"):
+        return f"{mem_text(ask['mem_per_cpu_mb'])}/CPU"
+    return "-"
 
 
 def render_array(array: dict[str, Any]) -> str:
@@ -190,11 +241,25 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         )
     headers = ["NODE", "STATE", "GPUS", "FREE", "BUSY", "UTIL", "MEM", "GPU TYPE", "HOSTNAME"]
     headers += ["IP", "REASON"]
+    if any(n.get("cpus") is not None or n.get("mem_mb") is not None for n in nodes):
+        headers[7:7] = ["CPUS", "RAM"]  # free/offered, as the node says them
+        for n, row in zip(nodes, rows, strict=True):
+            row[7:7] = _node_cpus_mem(n)
     if any(n.get("features") for n in nodes):  # container runtimes (for --image jobs)
         headers.insert(-1, "FEATURES")
         for n, row in zip(nodes, rows, strict=True):
             row.insert(-1, ",".join(n.get("features") or []) or "-")
     return table(headers, rows)
+
+
+def _node_cpus_mem(node: dict[str, Any]) -> list[str]:
+    """`free/offered` CPUs and memory (`-` where the node does not say)."""
+    cpus = node.get("cpus")
+    cpu = f"{node.get('cpus_free', 0)}/{cpus}" if cpus is not None else "-"
+    mem = node.get("mem_mb")
+    free = node.get("mem_free_mb") or 0
+    ram = f"{free / 1024:.0f}/{mem / 1024:.0f}G" if mem is not None else "-"
+    return [cpu, ram]
 
 
 def _gpu_use(gpus: list[dict[str, Any]]) -> tuple[str, str]:
@@ -256,6 +321,11 @@ def render_job(job: dict[str, Any]) -> str:
             f"  gpu use:    mean {'-' if util is None else f'{util:.0f}%'} utilisation, "
             f"peak {'-' if peak is None else f'{peak} MB'} memory"
         )
+    oom = job.get("end_reason") == "out_of_memory"
+    if job.get("max_rss_mb") is not None or oom:
+        peak = job.get("max_rss_mb")
+        oom_text = ", out of memory: killed at its limit" if oom else ""
+        lines.append(f"  memory:     peak {'-' if peak is None else f'{peak} MB'}{oom_text}")
     if job.get("idle"):
         lines.append(f"  idle:       yes, GPUs near 0% since {_ts(job.get('idle_since'))}")
     factors = job.get("priority_factors")
@@ -266,6 +336,7 @@ def render_job(job: dict[str, Any]) -> str:
         lines.append(f"  priority:   {job['priority_value']:.0f}{detail}")
     if job.get("reservation"):
         lines.append(f"  reservation: {job['reservation']}")
+    lines += _cpu_mem_lines(job)
     if job.get("expected_start"):
         when = start_in(job["expected_start"], now)
         lines.append(f"  expected start: {_ts(job['expected_start'])} ({when})")
@@ -278,6 +349,8 @@ def render_job(job: dict[str, Any]) -> str:
         lines.append(
             f"  ran on:     {a['node_id']} GPUs {gpus}  host {a.get('hostname') or '-'}"
             f"  ip {a.get('ip') or '-'}  pid {a.get('pid') or '-'}"
+            + (f"  cpus {_ranges(a['cpu_ids'])}" if a.get("cpu_ids") else "")
+            + (f"  mem {mem_text(a['mem_mb'])}" if a.get("mem_mb") else "")
             + held.get(a.get("share_enforced"), "")
         )
     attempts = job.get("attempts") or []
@@ -289,6 +362,20 @@ def render_job(job: dict[str, Any]) -> str:
             lines.append(f"    {i}. {nodes}  {span}  {at.get('end_reason') or ''}".rstrip())
     # Each line is one line: a name, command or reason cannot add lines or escapes.
     return "\n".join(escape_controls(line) for line in lines)
+
+
+def _cpu_mem_lines(job: dict[str, Any]) -> list[str]:
+    """CPUs and memory per node (held, else asked) and the peak memory, where any."""
+    lines = []
+    cpus, mem = job_cpus(job), job_mem(job)
+    if cpus != "-" or mem != "-":
+        held = "" if job.get("cpus") or job.get("mem_mb") else " (asked)"
+        cpu_text = "CPUs shared" if cpus == "-" else f"{cpus} CPUs"
+        mem_shown = "memory shared" if mem == "-" else f"{mem} memory"
+        lines.append(f"  per node:   {cpu_text}, {mem_shown}{held}")
+    if job.get("max_rss_mb") is not None:
+        lines.append(f"  max rss:    {mem_text(job['max_rss_mb'])}")
+    return lines
 
 
 def _job_control_lines(job: dict[str, Any]) -> list[str]:

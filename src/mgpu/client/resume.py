@@ -40,6 +40,14 @@ class Resume:
         """The stream broke and is opened again from `since()`."""
         self._check = set(self._shown)
 
+    def from_start(self) -> None:
+        """The stream broke and is opened again from its first record (`since()` is 0):
+        what was shown is dropped by its offsets, a record without one by its count.  For a
+        run whose end may follow its last record at once (a step): a new master may hold
+        the unshown rest in fewer records than the count, and no later one shows the gap."""
+        self._check = set(self._shown)
+        self._rewound, self._before, self.seen = True, self.seen, 0
+
     def take(self, rec: dict[str, Any]) -> str | None:
         """The text of an output record to show (maybe its end only), or None when it was
         shown already.  Raises Rewind when records were skipped."""

@@ -3,10 +3,12 @@ small pool of keep-alive connections (`mgpu.wire`), in TLS where the cluster's C
 
 Every request goes through `_through_leader`: a master that cannot be reached, or a
 standby, sends it on to the next one (or the one the standby names) while a failover
-runs; a request whose answer was lost is asked again only when that does no harm.  The
-pool lets threads sharing one Client (as the contract allows) each talk on a connection
-of their own.  Nothing here imports ssl or urllib until a dial needs them (the CLI's
-start-up budget).
+runs; a request whose answer was lost is asked again only when that does no harm.  With
+several masters, a wait for an answer is watched (`mgpu.client.leaderwatch`): a leader
+that says nothing (stopped, frozen) is left as soon as another master leads, never waited
+on for the whole timeout nor asked again.  The pool lets threads sharing one Client (as
+the contract allows) each talk on a connection of their own.  Nothing here imports ssl or
+urllib until a dial needs them (the CLI's start-up budget).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from mgpu.client.leader import (
     resolve_addresses,
     shown_address,
 )
+from mgpu.client.leaderwatch import LeaderWatch, NewLeader, leads
 from mgpu.errors import MgpuError
+from mgpu.idempotent import keyed
 from mgpu.masters import Search, Transport
 from mgpu.wire import Connection
 
@@ -139,10 +143,16 @@ class MasterSession:
                 search.next(e)
                 continue
             except NoAnswer as e:  # a stopped leader takes connections and says nothing
+                if e.leader is not None and not safe:
+                    self._use(e.leader)  # the next request goes there
+                    raise NoAnswer(
+                        f"{e}: it may or may not have done {what} (look before trying again)",
+                        e.leader,
+                    ) from None
                 if not safe or len(self.addresses) < 2:
                     raise
                 search = search or _Search(self)
-                search.next(e)
+                search.next(e, shown_address(e.leader) if e.leader else None)
                 continue
             found_leader(self.addresses, (self.host, self.port))
             return result
@@ -187,7 +197,23 @@ class MasterSession:
                 raise self._tls_failed(e) from None
             raise self._unreachable(e) from None
         conn.settimeout(timeout)
+        if len(self.addresses) > 1:
+            conn.watch = LeaderWatch((self.host, self.port), self.leader_elsewhere)
         return conn
+
+    def leader_elsewhere(self, here: tuple[str, int]) -> tuple[str, int] | None:
+        """The listed master other than `here` that leads now (its `/readyz`), if any."""
+        for address in self.addresses:
+            if address == here:
+                continue
+            context = None
+            if self.transport.tls(address):
+                context = self._ssl_context  # the cluster's CA, once one master showed it
+                if context is None:
+                    continue
+            if leads(address, context):
+                return address
+        return None
 
     def _tls_failed(self, e: Exception) -> MgpuError:
         # A ConnectError: the search goes on to the other masters (one may be an impostor).
@@ -252,8 +278,9 @@ class MasterSession:
         data = None if body is None else json.dumps(body).encode()
         safe = method == "GET" or path == "/api/wait"  # reads: asked again, no harm done
         headers = None
-        if method == "POST" and path == SUBMIT_PATH:
-            # Sent again after a lost answer (a failover), the same key makes no second job.
+        if method == "POST" and (path == SUBMIT_PATH or keyed(method, path)):
+            # Sent again after a lost answer (a failover), the same key makes no second job
+            # (nor a second step, nor another answer to a cancel: mgpu.idempotent).
             headers = {"Idempotency-Key": os.urandom(16).hex()}
             safe = True
         return self._through_leader(
@@ -300,7 +327,9 @@ class MasterSession:
                     # speak only TLS (--tls): try it.
                     self.tls = flipped = True
                     continue
-                if fresh:
+                if fresh or isinstance(e, TimeoutError):
+                    # A timeout is no connection the master closed: asked again here, it
+                    # would wait as long again (a stopped leader).
                     raise self._broken(e, "did not answer in time") from None
                 # A kept-alive connection the server closed (it restarted, or timed it out):
                 # the other idle ones are likely gone too.  Retry once on a new one.
@@ -314,6 +343,12 @@ class MasterSession:
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
+        if isinstance(e, NewLeader):
+            return NoAnswer(
+                f"the mgpu master at {self.address} said nothing for {e.waited:.0f} s and "
+                f"{shown_address(e.leader)} leads now",
+                e.leader,
+            )
         if isinstance(e, TimeoutError):
             return NoAnswer(f"the mgpu master at {self.address} {timed_out}")
         return LostConnection(f"lost the connection to the mgpu master at {self.address}: {e}")

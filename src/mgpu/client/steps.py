@@ -18,10 +18,11 @@ import sys
 import time
 from typing import Any
 
-from mgpu.client.api import Client, ConnectError, MgpuError, _quote
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, _quote
 from mgpu.client.render import _ranges
+from mgpu.client.resume import Resume
 from mgpu.client.stream import LinePrefixer
-from mgpu.client.submitenv import portable_environment
+from mgpu.client.submitenv import portable_environment, step_environment
 
 __all__ = ["StepOptions", "current_job", "run_step"]
 
@@ -31,8 +32,13 @@ class StepOptions:
     class: importing dataclasses costs the CLI's start-up."""
 
     __slots__ = (
+        "container",
+        "cpus_per_task",
         "cwd",
+        "export",
+        "gpu_bind",
         "gpus_per_task",
+        "image",
         "job_id",
         "kill_on_bad_exit",
         "label",
@@ -51,22 +57,32 @@ class StepOptions:
         ntasks_per_node: int | None = None,
         nodelist: str | None = None,
         gpus_per_task: int | None = None,
+        cpus_per_task: int | None = None,
         label: bool = False,
         kill_on_bad_exit: bool = False,
         pty: bool = False,
         cwd: str | None = None,
         job_id: str | None = None,
+        gpu_bind: str | None = None,
+        export: str | None = None,
+        image: str | None = None,
+        container: dict[str, Any] | None = None,
     ) -> None:
         self.nodes = nodes  # -N/--nodes
         self.ntasks = ntasks  # -n/--ntasks
         self.ntasks_per_node = ntasks_per_node
         self.nodelist = nodelist  # -w/--nodelist: a,b or node[1-2]
         self.gpus_per_task = gpus_per_task
+        self.cpus_per_task = cpus_per_task  # -c/--cpus-per-task
         self.label = label  # -l/--label
         self.kill_on_bad_exit = kill_on_bad_exit  # -K/--kill-on-bad-exit
         self.pty = pty
         self.cwd = cwd  # -D/--chdir; None: this directory
         self.job_id = job_id  # --jobid; None: $MGPU_JOB_ID
+        self.gpu_bind = gpu_bind  # --gpu-bind; None: the job's (mgpu.gpubind)
+        self.export = export  # --export; None: ALL (`submitenv.step_environment`)
+        self.image = image  # pyxis's --container-image, as the runtime names it
+        self.container = container  # its other options (mgpu.containeropts)
 
 
 def current_job() -> str | None:
@@ -98,15 +114,19 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         _say("warning: not using a pseudo-terminal, stdin is not a terminal")
     body: dict[str, Any] = {
         "argv": list(argv),
-        "env": portable_environment(os.environ)[0],
+        "env": portable_environment(step_environment(os.environ, options.export))[0],
         "cwd": options.cwd or os.getcwd(),
         "nodes": options.nodes,
         "ntasks": options.ntasks,
         "ntasks_per_node": options.ntasks_per_node,
         "nodelist": options.nodelist,
         "gpus_per_task": options.gpus_per_task,
+        "cpus_per_task": options.cpus_per_task,
+        "gpu_bind": options.gpu_bind,
         "kill_on_bad_exit": options.kill_on_bad_exit or None,
         "pty": pty or None,
+        "image": options.image,
+        "container": options.container,
     }
     if pty:
         from mgpu.client.terminal import terminal_size
@@ -120,6 +140,11 @@ def run_step(argv: list[str], options: StepOptions, client: Client | None = None
         return 1
     for warning in started.get("warnings") or []:
         _say(f"Warning: {warning}")
+    for task in started.get("tasks") or []:  # --gpu-bind=verbose,: each task's binding
+        if task.get("gpu_bind"):
+            prefix = f"{task['task']}: " if options.label else ""
+            sys.stderr.write(f"{prefix}{task['gpu_bind']}\n")
+    sys.stderr.flush()
     if pty:
         from mgpu.client.terminal import run_terminal
 
@@ -141,16 +166,18 @@ class Labeller(LinePrefixer):
 
 
 RESUME_TRIES = 3
-"""Times the step's output is asked for again in a row after its connection broke."""
+"""Times the step's output is asked for again in a row after its connection broke (each
+open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
 
 
 def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) -> int:
     """Print the step's output until it ends: its exit code (130 if interrupted).  A
     connection that breaks (the master restarted, another took over) is opened again
-    with the records of each task already printed: none lost, none twice."""
+    from the start, what each task already printed dropped by its offsets
+    (`Resume.from_start`): none lost, none twice, however the new master cut them."""
     numbers = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
     labeller = Labeller(max(numbers, default=0) + 1, label)
-    seen = dict.fromkeys(numbers, 0)
+    shown = {t: Resume() for t in numbers}
     base = f"/api/sruns/{_quote(step_id)}/output"
     old = signal.getsignal(signal.SIGTERM)
 
@@ -161,28 +188,26 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
     tries = 0
     try:
         while True:
-            since = ",".join(str(seen.get(t, 0)) for t in numbers)
-            path = base + (f"?since={since}" if any(seen.values()) else "")
+            counts = [shown[t].since() if t in shown else 0 for t in numbers]
+            path = base + (f"?since={','.join(map(str, counts))}" if any(counts) else "")
             try:
                 for rec in client._stream_path(path, read_timeout=3600 * 24):
                     if "d" in rec:
                         task = int(rec.get("t", 0))
-                        seen[task] = seen.get(task, 0) + 1
+                        text = shown.setdefault(task, Resume()).take(rec)
                         tries = 0
+                        if text is None:
+                            continue
                         out = sys.stdout if rec.get("s") == "o" else sys.stderr
-                        out.write(labeller.render(str(task), rec["s"], rec["d"]))
+                        out.write(labeller.render(str(task), rec["s"], text))
                         out.flush()
                     elif rec.get("end"):
-                        lines = failures(rec.get("tasks") or [])
-                        for line in lines:
-                            _say(f"error: {line}")
-                        if rec.get("error") and not lines:
-                            _say(f"error: step {step_id}: {rec['error']}")
-                        code = rec.get("exit_code")
-                        return code if isinstance(code, int) and 0 <= code < 256 else 1
+                        return _ended(step_id, rec)
                 error: MgpuError = ConnectError("the master ended its stream")
-            except ConnectError as e:  # the connection broke: again, from what we have
+            except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
                 error = e
+            for resume in shown.values():
+                resume.from_start()
             tries += 1
             if tries > RESUME_TRIES:
                 _say(f"error: lost step {step_id}: {error}")
@@ -200,6 +225,17 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
         return 1
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _ended(step_id: str, rec: dict[str, Any]) -> int:
+    """srun's lines about the step's end: its exit code."""
+    lines = failures(rec.get("tasks") or [])
+    for line in lines:
+        _say(f"error: {line}")
+    if rec.get("error") and not lines:
+        _say(f"error: step {step_id}: {rec['error']}")
+    code = rec.get("exit_code")
+    return code if isinstance(code, int) and 0 <= code < 256 else 1
 
 
 def failures(tasks: list[dict[str, Any]]) -> list[str]:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from mgpu.client.api import Client, ConnectError, MgpuError
+from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer
 from mgpu.client.resume import Resume, Rewind
 
 
@@ -63,14 +63,14 @@ def escape_output(text: str) -> str:
 
 
 RESUME_TRIES = 3
-"""Times a stream is opened again in a row after its connection broke (each open itself
-looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
+"""Times a stream is opened again in a row after its connection broke or went quiet (each
+open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
 
 
 def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> int:
     """Both streams to stdout, in the order they came; escaped on a terminal unless `raw`.
-    A connection that breaks (the master restarted, another took over) is opened again
-    from the records already printed: none lost, none twice."""
+    A connection that breaks or goes quiet (the master restarted or stopped, another took
+    over) is opened again from the records already printed: none lost, none twice."""
     job = client.show(job_id)
     prefixer = LinePrefixer()
     prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
@@ -94,7 +94,7 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
             error: MgpuError = ConnectError("the master ended the stream early")
         except Rewind:
             continue
-        except ConnectError as e:  # LostConnection too: the stream broke midway
+        except (ConnectError, NoAnswer) as e:  # broke midway, or went quiet (a stopped master)
             error = e
         resume.reopen()
         tries += 1

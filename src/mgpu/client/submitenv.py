@@ -33,6 +33,51 @@ def portable_environment(environ: Any) -> tuple[dict[str, str], list[str]]:
     return env, sorted(skipped)
 
 
+def step_environment(environ: Any, export: str | None) -> dict[str, str]:
+    """What an srun step's tasks get of `environ`, srun's `--export` as Slurm 22.05 reads
+    it (launch_slurm.c `_build_user_env`): unset, all of it; else the list's `NAME=value`
+    and `NAME` (this value, if set), up to a `NONE`; then every variable with `ALL` in the
+    list (over those), else only the `SLURM*` ones.  (`NIL`, like any name not set, adds
+    nothing.)"""
+    if export is None:
+        return dict(environ)
+    out: dict[str, str] = {}
+    everything = False
+    for token in _quote_tokens(export):
+        if token.upper() == "ALL":
+            everything = True
+        if token.upper() == "NONE":
+            break
+        name, eq, value = token.partition("=")
+        if eq:
+            out[name] = value
+        elif token in environ:
+            out[token] = environ[token]
+    for name, value in environ.items():
+        if everything or name.startswith("SLURM"):
+            out[name] = value
+    return out
+
+
+def _quote_tokens(text: str) -> list[str]:
+    """Slurm's `find_quote_token` over ",": commas inside quotes do not split, and a token
+    quoted whole loses its quotes."""
+    tokens: list[str] = []
+    current, quote = "", ""
+    for char in text + ",":
+        if char in "'\"" and (not quote or quote == char):
+            quote = "" if quote else char
+        if char == "," and not quote:
+            if len(current) >= 2 and current[0] == current[-1] and current[0] in "'\"":
+                current = current[1:-1]
+            if current:
+                tokens.append(current)
+            current = ""
+        else:
+            current += char
+    return tokens
+
+
 def submit_dir() -> str:
     try:
         cwd = os.getcwd()

@@ -32,8 +32,10 @@ def _mem(tel: dict[str, Any] | None) -> str:
 
 
 def gpu_state(node: dict[str, Any], gpu: dict[str, Any]) -> str:
-    if node["state"] == "offline" or not node.get("connected", True):
+    if node["state"] == "offline":
         return "offline"
+    if not node.get("connected", True):  # up, but its agent not connected (yet)
+        return "reconnecting"
     if gpu.get("busy_job"):
         return "busy"
     if gpu.get("shared_jobs"):

@@ -24,6 +24,7 @@ from .reservations import (
 from .shares import format_share, share_units
 from .types import (
     SHARE_UNITS,
+    BillingWeights,
     Decisions,
     Dependency,
     JobRequest,
@@ -44,6 +45,7 @@ __all__ = [
     "ARRAY_LIMIT",
     "RESERVATION_PREFIX",
     "SHARE_UNITS",
+    "BillingWeights",
     "Decisions",
     "Dependency",
     "DependencyTarget",

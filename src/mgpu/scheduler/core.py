@@ -68,7 +68,8 @@ from .placement import (
     shape_key,
     wait_reason,
 )
-from .plan import Planned, Planner, plan_queue
+from .plan import Planned, Planner
+from .planqueue import plan_queue
 from .preemption import plan_preemption
 from .priority import (
     FactorMap,
@@ -147,7 +148,8 @@ class _Pass:
         self.user_gpus, self.user_jobs = self.stats.per_user()
         self.started: list[tuple[float, tuple[Placement, ...]]] = []
         self.started_ids: list[str] = []
-        self._reasons: dict[_ShapeKey | int, tuple[WaitReason, bool]] = {}
+        self._reasons: dict[object, tuple[WaitReason, bool]] = {}
+        self._failed: dict[FreePool, set[object]] = {}  # shapes that fit no more (`_place`)
         self.fairshare: dict[str, float] = {}
         # Reservations still to come or under way, soonest first.
         self.reservations = sorted(
@@ -315,7 +317,7 @@ class _Pass:
         answers over the top.
         """
         pending = self.snapshot.pending
-        keys: list[_ShapeKey | int] | list[tuple[_ShapeKey, int]]
+        keys: list[object]
         if self.reservations:
             # Which reservations a job must keep off depends on its time limit too.
             starts = [r.start for r in self.reservations]
@@ -323,8 +325,9 @@ class _Pass:
             keys = [(_shape_key(j), bisect_left(starts, now + reach(j))) for j in pending]
         else:
             # A plain "N GPUs anywhere" job (most of a long queue) is keyed by its count
-            # alone, which allocates nothing; any other request by its full shape.
-            keys = [j.gpus if j.plain else _shape_key(j) for j in pending]
+            # alone, which allocates nothing (with its ask's numbers when it asks for CPUs or
+            # memory: made with the request); any other request by its full shape.
+            keys = [_shape_key(j) if (k := j.fit_key) is None else k for j in pending]
         verdicts: dict[object, str] = {}
         for key, job in dict(zip(keys, pending, strict=True)).items():
             reason, runnable = self._wait_reason(job)
@@ -367,6 +370,8 @@ class _Pass:
             pool.take(placements)
         self.decisions.starts.append(Start(job.job_id, placements))
         user = job.user
+        if job.asks and job.ask.exclusive:  # it holds every GPU of its nodes
+            need = sum(len(p.gpu_ids) for p in placements)
         units = job.gpu_share or need * SHARE_UNITS
         self.user_gpus[user] = self.user_gpus.get(user, 0) + units
         self.user_jobs[user] = self.user_jobs.get(user, 0) + 1
@@ -406,8 +411,10 @@ class _Pass:
         return None
 
     def _wait_reason(self, job: JobRequest) -> tuple[WaitReason, bool]:
-        # A plain "N GPUs anywhere" request's reason depends on N alone.
-        key: _ShapeKey | int = job.gpus if job.plain else _shape_key(job)
+        # A plain "N GPUs anywhere" request's reason depends on N (and its ask) alone.
+        key = job.fit_key
+        if key is None:
+            key = _shape_key(job)
         found = self._reasons.get(key)
         if found is None:
             if job.reservation is None:
@@ -444,6 +451,8 @@ class _Pass:
                     view,
                     free_gpus=frozenset(g for g in view.gpu_indices if g in main.free(nid)),
                     shared={g: u for g, u in main.shared(nid).items() if g in view.gpu_indices},
+                    free_cpus=main.free_cpus(nid),
+                    free_mem_mb=main.free_mem(nid),
                 )
                 for view in reservation_views(res, main.views)
                 if main.is_up(nid := view.node_id)
@@ -456,9 +465,20 @@ class _Pass:
         return blocked_by(self.reservations, self.now, reach(job), job.reservation)
 
     def _place(self, job: JobRequest, pool: FreePool) -> tuple[Placement, ...] | None:
-        if not self.reservations:
+        if self.reservations:
+            return place_around(job, pool, self.policy, self._blocks(job))
+        key = job.fit_key if job.asks else None
+        if key is None:
             return place(job, pool, self.policy)
-        return place_around(job, pool, self.policy, self._blocks(job))
+        # A pass only takes from its pools: a shape that did not fit one never will in this
+        # pass, and one whose CPUs are short on most nodes would walk them all every time.
+        failed = self._failed.setdefault(pool, set())
+        if key in failed:
+            return None
+        placements = place(job, pool, self.policy)
+        if placements is None:
+            failed.add(key)
+        return placements
 
     def _fits(self, job: JobRequest, need: int) -> bool:
         return need <= self.pool.total_free and self._place(job, self.pool) is not None

@@ -13,9 +13,11 @@ in the order given (submit order), is checked in this order:
    each to have ended otherwise, `afterany` either.  A target not ended yet: it waits
    ("waiting for dependency ID").  A target that ended the wrong way can never satisfy it:
    the job is to be cancelled ("dependency afterok:ID can never be satisfied (ID ended
-   failed)"), and a job cancelled so counts as ended "cancelled" for the jobs after it.  A
-   dependency whose ID has no entry in `targets` counts as satisfied (the caller knows it is,
-   or knows no such job).
+   failed)"), and a job cancelled so counts as ended "cancelled" for the jobs after it; a
+   job that is not to be killed for it (`kill_invalid_dep` false: a Slurm job's default)
+   waits instead, with that reason (DependencyNeverSatisfied).  A dependency whose ID has no
+   entry in `targets` counts as satisfied (the caller knows it is, or knows no such job).
+   Then a job whose time limit is over its Slurm partition's waits (PartitionTimeLimit).
 3. **array cap** (`--array A-B%N`) — N of the array's tasks running (`array_running`) or let
    through earlier in this call: it waits ("array limit of N running tasks").
 
@@ -37,6 +39,7 @@ __all__ = [
     "ARRAY_LIMIT",
     "COMPLETED",
     "HELD",
+    "PARTITION_TIME_LIMIT",
     "DependencyTarget",
     "Eligibility",
     "backoff_reason",
@@ -50,6 +53,9 @@ COMPLETED = "completed"
 _CANCELLED = "cancelled"
 HELD = WaitReason("held", WaitCode.HELD)
 """The reason a held job shows."""
+PARTITION_TIME_LIMIT = WaitReason(
+    "its time limit is over its partition's max_time", WaitCode.PARTITION_TIME_LIMIT
+)
 ARRAY_LIMIT = "array limit of "
 """How the reason of a task held back by its array's `%N` begins."""
 
@@ -110,11 +116,16 @@ def eligibility(
         if job.dependencies:
             verdict = _dependencies(job, known, out)
             if verdict is not None:
-                if verdict[0]:
-                    out.cancel[job.job_id] = verdict[1]
+                never, text = verdict
+                if never and job.kill_invalid_dep:
+                    out.cancel[job.job_id] = text
                 else:
-                    out.waiting[job.job_id] = WaitReason(verdict[1], WaitCode.DEPENDENCY)
+                    code = WaitCode.DEPENDENCY_NEVER_SATISFIED if never else WaitCode.DEPENDENCY
+                    out.waiting[job.job_id] = WaitReason(text, code)
                 continue
+        if job.over_partition_time:
+            out.waiting[job.job_id] = PARTITION_TIME_LIMIT
+            continue
         cap, array_id = job.array_max_running, job.array_id
         if cap is not None and array_id is not None:
             if running.get(array_id, 0) >= cap:

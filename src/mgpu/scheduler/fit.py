@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from .askfit import ask_never_fits, ask_wait_reason
 from .pool import FreePool, _statically_eligible, _why_not_eligible
 from .shape import gpus_per_node
 from .shares import format_share
@@ -49,11 +50,40 @@ def could_ever_fit(
     """None if `request` could run on `nodes` once they are idle and up, else why not.
 
     Busy GPUs and down or draining nodes are ignored (they come back); what is checked is
-    the cluster's shape: node names, GPU indices, GPU counts, GPU types, features, and the
-    job's own node filters.  The reason is one sentence a user can act on.
+    the cluster's shape: node names, GPU indices, GPU counts, GPU types, features, the
+    job's own node filters, and the CPUs and memory it asks of each node (refused with
+    Slurm's `Requested node configuration is not available` and the numbers).  The reason
+    is one sentence a user can act on.
     """
     views = nodes if isinstance(nodes, Mapping) else {n.node_id: n for n in nodes}
-    req = request
+    why = _gpus_never_fit(request, views)
+    if why is not None or not request.asks:
+        return why
+    if request.gpu_share and request.ask.exclusive:
+        return "--gpu-share asks for part of one GPU; it cannot be combined with --exclusive"
+    if request.node_gpu_ids is not None:
+        named = {nid for nid, _ in request.node_gpu_ids}
+        eligible = [views[nid] for nid in sorted(named)]
+    else:
+        eligible = _eligible(request, views)
+    return ask_never_fits(request, eligible, len(eligible) < len(views))
+
+
+def _eligible(req: JobRequest, views: Mapping[str, NodeView]) -> list[NodeView]:
+    """The nodes the request's filters accept (all of them, unlooked at, when it has none)."""
+    if (
+        req.nodelist is None
+        and req.allowed_nodes is None
+        and req.gpu_type is None
+        and not req.exclude
+        and not req.requires
+    ):
+        return list(views.values())
+    return [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
+
+
+def _gpus_never_fit(req: JobRequest, views: Mapping[str, NodeView]) -> str | None:
+    """`could_ever_fit` for the job's GPUs and node filters alone."""
     if req.gpus < 0:
         return "a job cannot ask for a negative number of GPUs"
     if req.gpu_share:
@@ -65,7 +95,7 @@ def could_ever_fit(
             return f"node {nid} is not in the cluster"
     if req.node_gpu_ids is not None:
         return _pinned_never_fits(req, views)
-    eligible = [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
+    eligible = _eligible(req, views)
     if not eligible:
         return _why_none_eligible(req, list(views.values()))
     if req.nodes is not None:
@@ -209,15 +239,19 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
     `runnable_when_idle` is False when even an idle cluster of the nodes that are up now
     could not run the job (a pinned node is down, every allowed node is draining, ...):
     such a job must not hold up the queue.  The reason depends only on the request and on
-    which nodes are up, so callers may cache it per request shape for a pass.
+    which nodes are up, so callers may cache it per request shape for a pass (for a job
+    that asks for CPUs or memory it names the most free on one node as the pool is when
+    asked: a pass may keep that too).
     """
     if req.node_gpu_ids is not None:
         down = [nid for nid, _ in req.node_gpu_ids if not pool.is_up(nid)]
         if down:
             return _down_sentence(down), False
+        if req.asks:
+            return ask_wait_reason(req, pool), True
         parts = [f"{_gpu_list(ids)} on {nid}" for nid, ids in req.node_gpu_ids]
         return "waiting for " + " and ".join(parts), True
-    if could_ever_fit(req, pool.up_views()) is not None:
+    if _never_on_up(req, pool):
         down = sorted(
             view.node_id
             for view in _named_or_all(req, pool.views)
@@ -226,6 +260,8 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
         if down:
             return _down_sentence(down), False
         return "no node that is up can run it", False
+    if req.asks:
+        return ask_wait_reason(req, pool), True
     if req.nodes is not None:
         per = gpus_per_node(req) or 0
         return (
@@ -244,6 +280,17 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
     if req.gpus == 0:
         return "waiting for a node", True
     return f"waiting for {req.gpus} {kind}GPU{'' if req.gpus == 1 else 's'}", True
+
+
+def _never_on_up(req: JobRequest, pool: FreePool) -> bool:
+    """`could_ever_fit(req, pool.up_views())` refuses it: for an "N GPUs anywhere" request
+    (`JobRequest.fit_key`), from the pool's largest node that is up, without a walk over
+    every node."""
+    if req.fit_key is None:
+        return could_ever_fit(req, pool.up_views()) is not None
+    if not pool.up_count or not 0 <= req.gpus <= pool.eligible(req).max_total:
+        return True
+    return req.asks and ask_never_fits(req, list(pool.up_views().values()), False) is not None
 
 
 def _down_sentence(down: Sequence[str]) -> str:

@@ -11,6 +11,11 @@ one has room (fill_first: the least room that fits, on the busiest node — so s
 together), else to a free GPU chosen as a one-GPU job's; spread takes a free GPU first, then
 the least-used shared one.
 
+A job that asks for CPUs or memory (`JobRequest.asks`) fits a node only where they are free
+too: each kind of placement below takes only nodes with that room (`FreePool.room_for`), and
+its placements carry the counts the job holds there.  `--exclusive` takes idle nodes whole
+(all their GPUs, CPUs and memory).  A job that asks nothing takes the paths it always took.
+
 Whether a request could *ever* fit, and why it waits, is `fit.py` (re-exported here).
 """
 
@@ -66,12 +71,52 @@ def _candidates(
             yield nid
 
 
+def _held(
+    pool: FreePool, req: JobRequest, nid: str, gpu_ids: tuple[int, ...], share: int = 0
+) -> Placement | None:
+    """`gpu_ids` of `nid` with the CPUs and memory the job asks there, if they are free
+    (`--exclusive`: every GPU the node has, if it is idle)."""
+    if req.ask.exclusive:
+        gpu_ids = tuple(sorted(pool.usable(nid)))
+    room = pool.room_for(nid, len(gpu_ids), req.ask)
+    if room is None:
+        return None
+    return Placement(nid, gpu_ids, share, room[0], room[1])
+
+
+def _room_check(pool: FreePool, req: JobRequest, gpus: int) -> Callable[[str], bool]:
+    """Whether a node has the job's CPUs and memory for `gpus` GPUs there (or is idle)."""
+    ask = req.ask
+    if ask.exclusive:
+        return pool.idle
+    if not ask.whole_memory:  # the same counts on every node: two lookups a node
+        cpus = ask.cpus_on(gpus, 0)
+        return pool.has_free(cpus, ask.mem_on(gpus, cpus, 0))
+
+    def has_room(nid: str) -> bool:
+        return pool.room_for(nid, gpus, ask) is not None
+
+    return has_room
+
+
+def _hopeless(pool: FreePool, req: JobRequest, gpus: int) -> bool:
+    """No node can have the CPUs and memory the job asks with `gpus` GPUs (O(1))."""
+    ask = req.ask
+    if ask.exclusive:
+        return False
+    cpus = ask.cpus_on(gpus, 0)
+    mem = 1 if ask.whole_memory else ask.mem_on(gpus, cpus, 0)
+    return not pool.could_hold(cpus, mem)
+
+
 def place(req: JobRequest, pool: FreePool, default_policy: Policy) -> tuple[Placement, ...] | None:
     """Where `req` would run on `pool`'s free GPUs now, or None if it does not fit.
 
     Does not change `pool`; the caller `take`s the placement if it starts the job.
     """
     policy: Policy = req.policy or default_policy
+    if req.asks:
+        return _place_asking(req, pool, policy)
     if req.node_gpu_ids is not None:
         return _place_pinned(req, pool)
     if req.nodes is not None:
@@ -99,27 +144,76 @@ def place(req: JobRequest, pool: FreePool, default_policy: Policy) -> tuple[Plac
     return None
 
 
+def _place_asking(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Placement, ...] | None:
+    """`place` for a job that asks for CPUs, memory or whole nodes."""
+    if req.node_gpu_ids is not None:
+        return _place_pinned(req, pool)
+    if req.nodes is not None:
+        per = gpus_per_node(req)
+        if per is None or req.nodes <= 0 or _hopeless(pool, req, per):
+            return None
+        return _place_gang(req, pool, req.nodes, per, policy)
+    if req.gpu_ids is not None:
+        return _place_indices(req, pool, policy)
+    if req.gpu_share:
+        return None if req.ask.exclusive else _place_share(req, pool, policy)
+    need = req.gpus
+    if need > pool.total_free:
+        return None
+    eligible = pool.eligible(req)
+    if req.distributed and need > eligible.max_total:
+        return _place_split(req, pool, need, eligible, policy)
+    ask = req.ask
+    if not (ask.exclusive or ask.whole_memory):  # the same counts on every node
+        cpus = ask.cpus_on(need, 0)
+        mem = ask.mem_on(need, cpus, 0)
+        if not pool.could_hold(cpus, mem):
+            return None
+        for nid in _candidates(pool, need, eligible, policy, pool.has_free(cpus, mem)):
+            return (Placement(nid, _lowest(pool.free(nid), need), 0, cpus, mem),)
+        return None
+    for nid in _candidates(pool, need, eligible, policy, _room_check(pool, req, need)):
+        return (_held_now(pool, req, nid, need),)
+    return None
+
+
+def _held_now(pool: FreePool, req: JobRequest, nid: str, gpus: int) -> Placement:
+    """The lowest `gpus` free GPUs of a node that has the job's room (checked)."""
+    held = _held(pool, req, nid, _lowest(pool.free(nid), gpus))
+    assert held is not None
+    return held
+
+
 def _place_share(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Placement, ...] | None:
     """A share of one GPU: a shared GPU with room, or a free one (see the module docstring)."""
     share = req.gpu_share
     eligible = pool.eligible(req)
     members = eligible.nodes
+    accept = _room_check(pool, req, 1) if req.asks else None
     if policy == "fill_first" and pool.has_shared:
-        spot = pool.best_shared(share, policy, members)
+        spot = pool.best_shared(share, policy, members, accept)
         if spot is not None:
-            return (Placement(spot[0], (spot[1],), share),)
+            return (_share_on(pool, req, spot[0], spot[1]),)
     if pool.total_free:
-        if members is not None and len(members) * 8 < pool.up_count:
-            nid = next(_candidates(pool, 1, eligible, policy), None)
+        if accept is not None or (members is not None and len(members) * 8 < pool.up_count):
+            nid = next(_candidates(pool, 1, eligible, policy, accept), None)
         else:
             nid = pool.best_node(1, policy, members)
         if nid is not None:
-            return (Placement(nid, (min(pool.free(nid)),), share),)
+            return (_share_on(pool, req, nid, min(pool.free(nid))),)
     if policy == "spread" and pool.has_shared:
-        spot = pool.best_shared(share, policy, members)
+        spot = pool.best_shared(share, policy, members, accept)
         if spot is not None:
-            return (Placement(spot[0], (spot[1],), share),)
+            return (_share_on(pool, req, spot[0], spot[1]),)
     return None
+
+
+def _share_on(pool: FreePool, req: JobRequest, nid: str, gpu: int) -> Placement:
+    if not req.asks:
+        return Placement(nid, (gpu,), req.gpu_share)
+    held = _held(pool, req, nid, (gpu,), req.gpu_share)
+    assert held is not None  # the node was accepted for its room
+    return held
 
 
 def _place_pinned(req: JobRequest, pool: FreePool) -> tuple[Placement, ...] | None:
@@ -132,7 +226,10 @@ def _place_pinned(req: JobRequest, pool: FreePool) -> tuple[Placement, ...] | No
     for nid, gpus in wanted.items():
         if nid not in eligible or not pool.is_up(nid) or not gpus <= pool.free(nid):
             return None
-    return tuple(Placement(nid, tuple(sorted(gpus))) for nid, gpus in wanted.items())
+    if not req.asks:
+        return tuple(Placement(nid, tuple(sorted(gpus))) for nid, gpus in wanted.items())
+    held = [_held(pool, req, nid, tuple(sorted(gpus))) for nid, gpus in wanted.items()]
+    return None if None in held else tuple(p for p in held if p is not None)
 
 
 def _place_indices(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Placement, ...] | None:
@@ -142,11 +239,16 @@ def _place_indices(req: JobRequest, pool: FreePool, policy: Policy) -> tuple[Pla
     if len(ids) > pool.total_free:
         return None
 
+    room = _room_check(pool, req, len(ids)) if req.asks else None
+
     def has_all(nid: str) -> bool:
-        return ids <= pool.free(nid)
+        return ids <= pool.free(nid) and (room is None or room(nid))
 
     for nid in _candidates(pool, len(ids), pool.eligible(req), policy, has_all):
-        return (Placement(nid, tuple(sorted(ids))),)
+        if room is None:
+            return (Placement(nid, tuple(sorted(ids))),)
+        held = _held(pool, req, nid, tuple(sorted(ids)))
+        return None if held is None else (held,)
     return None
 
 
@@ -166,7 +268,8 @@ def _place_gang(
     views = pool.views
     racks: dict[str | None, list[str]] = {}
     chosen: list[str] | None = None
-    for nid in _candidates(pool, per_node, pool.eligible(req), policy):
+    accept = _room_check(pool, req, per_node) if req.asks else None
+    for nid in _candidates(pool, per_node, pool.eligible(req), policy, accept):
         in_rack = racks.setdefault(views[nid].rack, [])
         in_rack.append(nid)
         if len(in_rack) == n_nodes:
@@ -182,9 +285,10 @@ def _place_gang(
                 break
     # Ranked in name order, as Slurm ranks an allocation's nodes: the first node of the
     # job's nodelist (`scontrol show hostnames | head -n1`) is the one of rank 0.
-    return tuple(
-        Placement(nid, _lowest(pool.free(nid), per_node)) for nid in sorted(chosen, key=name_order)
-    )
+    chosen = sorted(chosen, key=name_order)
+    if accept is not None:
+        return tuple(_held_now(pool, req, nid, per_node) for nid in chosen)
+    return tuple(Placement(nid, _lowest(pool.free(nid), per_node)) for nid in chosen)
 
 
 def name_order(name: str) -> tuple[tuple[int, int | str], ...]:
@@ -211,8 +315,11 @@ def _place_split(
     do it with that many nodes, one rack is preferred.
     """
     nodes = list(_candidates(pool, 1, eligible, "spread"))
-    counts = [pool.free_count(nid) for nid in nodes]
-    if sum(counts) < need:
+    usable = {nid: pool.free_count(nid) for nid in nodes}
+    if req.asks:  # on each node, only as many GPUs as its CPUs and memory allow
+        usable = {nid: _most_gpus(pool, req, nid) for nid in nodes}
+        nodes = sorted((n for n in nodes if usable[n]), key=lambda n: (-usable[n], n))
+    if sum(usable.values()) < need:
         return None
 
     def greedy(order: Sequence[str]) -> list[str] | None:
@@ -222,7 +329,7 @@ def _place_split(
             if got >= need:
                 break
             picked.append(nid)
-            got += pool.free_count(nid)
+            got += usable[nid]
         return picked if got >= need else None
 
     best = greedy(nodes)
@@ -235,10 +342,24 @@ def _place_split(
     placements = []
     left = need
     for nid in best:
-        share = min(left, pool.free_count(nid))
-        placements.append(Placement(nid, _lowest(pool.free(nid), share)))
+        share = min(left, usable[nid])
+        if req.asks:
+            placements.append(_held_now(pool, req, nid, share))
+        else:
+            placements.append(Placement(nid, _lowest(pool.free(nid), share)))
         left -= share
     return tuple(placements)
+
+
+def _most_gpus(pool: FreePool, req: JobRequest, nid: str) -> int:
+    """The most free GPUs of `nid` a split job may take there, given its CPUs and memory
+    (an idle node's every GPU for `--exclusive`)."""
+    if req.ask.exclusive:
+        return len(pool.usable(nid)) if pool.idle(nid) else 0
+    for gpus in range(pool.free_count(nid), 0, -1):
+        if pool.room_for(nid, gpus, req.ask) is not None:
+            return gpus
+    return 0
 
 
 # --------------------------------------------------------------------------- never / not now

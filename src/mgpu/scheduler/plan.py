@@ -18,6 +18,10 @@ start to a later time without crossing an end only lengthens what must stay free
 search walks the times at which GPUs come free, soonest first, and looks only at the nodes
 freeing then.
 
+A job that asks for CPUs or memory fits a node at a time only where, beside its GPUs, the
+most CPUs and memory held at once during its run leave room for its own (`--exclusive`:
+nothing held there at all, and it takes every GPU); running jobs hold theirs until they end.
+
 What each job waits for is read off the timeline: whoever uses the GPUs it gets between now
 and its estimated start (jobs running or planned ahead of it, reservations), plus the job
 ahead of it when the policy forbids passing it.
@@ -35,12 +39,15 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from mgpu.resources import ResourceAsk
+
 from .placement import FreePool, gpus_per_node, requested_gpus, shape_key
-from .reservations import RESERVATION_PREFIX, reservation_gpus
+from .reservations import reservation_gpus
+from .room import need_on
 from .timeline import Line, Staircase, mask_positions
 from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy, Reservation
 
-__all__ = ["WAITING_ON_MAX", "PlanTimeout", "Planned", "Planner", "plan_queue"]
+__all__ = ["WAITING_ON_MAX", "PlanTimeout", "Planned", "Planner"]
 
 
 _CHECK_EVERY = 64
@@ -84,7 +91,7 @@ class Planner:
         self.views = {n.node_id: n for n in nodes if pool.is_up(n.node_id)}
         self.reservations = {r.name: r for r in reservations}
         self.lines: dict[str, Line] = {}
-        self.pending: dict[str, list[tuple[str, float, tuple[int, ...], int]]] = {}
+        self.pending: dict[str, list[tuple[str, float, Placement]]] = {}
         self.event_times: list[float] = []
         self.event_nodes: dict[float, dict[str, None]] = {}  # ordered: the plan is repeatable
         self.blocks: dict[str, list[tuple[float, float, tuple[int, ...], str]]] = {}
@@ -101,8 +108,7 @@ class Planner:
                 continue
             for p in placements:
                 if p.node_id in self.views:
-                    units = p.share or SHARE_UNITS
-                    self.pending.setdefault(p.node_id, []).append((job_id, end, p.gpu_ids, units))
+                    self.pending.setdefault(p.node_id, []).append((job_id, end, p))
                     self._event(end, p.node_id)
         self._res_masks: dict[str, dict[str, int]] = {}
         # Per request shape, starts found so far: booking only ever adds use, so a later
@@ -128,10 +134,14 @@ class Planner:
         gpus = tuple(view.gpu_indices)
         pos = {g: i for i, g in enumerate(gpus)}
         held = self.pending.pop(nid, [])
-        # A GPU neither free, nor held by a job we know of, is used outside mgpu.
+        # A GPU neither free, nor held by a job we know of, is used outside mgpu; so are
+        # CPUs and memory held now but by none of them.
         known = set(view.free_gpus) | self.freed.get(nid, set())
-        for _, _, ids, _ in held:
-            known.update(ids)
+        cpus = view.cpus - self.pool.free_cpus(nid)
+        mem = view.mem_mb - self.pool.free_mem(nid)
+        for _, _, hold in held:
+            known.update(hold.gpu_ids)
+            cpus, mem = cpus - hold.cpus, mem - hold.mem_mb
         mask, used = 0, [0] * len(gpus)
         for g, p in pos.items():
             if g not in known:
@@ -141,9 +151,12 @@ class Planner:
             (bs, be, sum(1 << pos[g] for g in ids if g in pos), name)
             for bs, be, ids, name in self.blocks.get(nid, ())
         ]
-        line = Line(self.now, gpus, (mask, tuple(used)), blocks)
-        for job_id, end, ids, units in held:
-            line.add(self.now, max(end, self.now), [pos[g] for g in ids if g in pos], units, job_id)
+        line = Line(self.now, gpus, (mask, tuple(used), max(0, cpus), max(0, mem)), blocks)
+        for job_id, end, hold in held:
+            positions = [pos[g] for g in hold.gpu_ids if g in pos]
+            units = hold.share or SHARE_UNITS
+            end = max(end, self.now)
+            line.add(self.now, end, positions, units, job_id, hold.cpus, hold.mem_mb)
         self.lines[nid] = line
         return line
 
@@ -152,7 +165,8 @@ class Planner:
         t, end = planned.start, planned.start + duration
         for p in planned.placements:
             line = self.line(p.node_id)
-            line.add(t, end, [line.pos[g] for g in p.gpu_ids], p.share or SHARE_UNITS, job_id)
+            positions = [line.pos[g] for g in p.gpu_ids]
+            line.add(t, end, positions, p.share or SHARE_UNITS, job_id, p.cpus, p.mem_mb)
             self._event(end, p.node_id)
         if t <= self.now:
             self.pool.take(planned.placements)
@@ -161,7 +175,7 @@ class Planner:
         """GPUs held now that are to be free now (overdue jobs, preemption victims); before
         any `earliest` or `commit`."""
         for p in placements:
-            self.pool.release(p.node_id, p.gpu_ids, p.share)
+            self.pool.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb)
             self.freed.setdefault(p.node_id, set()).update(p.gpu_ids)
 
     def waiting_on(self, planned: Planned, own: str | None) -> list[str]:
@@ -293,13 +307,16 @@ class Planner:
         something on it ends), so the search starts there, at those nodes.
         """
         own = job.reservation
+        ask = job.ask if job.asks else None
         fits: Callable[[str, float], tuple[tuple[object, ...], Placement] | None]
         if job.gpu_share:
-            fits = self._share_fit(job.gpu_share, duration, res, own)
+            if ask is not None and ask.exclusive:
+                return None
+            fits = self._share_fit(job.gpu_share, duration, res, own, ask)
         elif job.gpu_ids is not None:
-            fits = self._ids_fit(frozenset(job.gpu_ids), duration, res, own)
+            fits = self._ids_fit(frozenset(job.gpu_ids), duration, res, own, ask)
         else:
-            fits = self._count_fit(requested_gpus(job), duration, res, own)
+            fits = self._count_fit(requested_gpus(job), duration, res, own, ask)
         best: Placement | None
         if known > floor:
             floor = known
@@ -366,23 +383,53 @@ class Planner:
     def _sign(self) -> int:
         return 1 if self.policy == "fill_first" else -1
 
+    def _room(
+        self, line: Line, nid: str, t: float, end: float, gpus: int, ask: ResourceAsk
+    ) -> tuple[int, int] | None:
+        """(CPUs, MiB) `ask` holds on `nid` with `gpus` GPUs there, if they stay free for
+        all of [t, end) (`--exclusive`: if nothing else is held there then), else None."""
+        view = self.views[nid]
+        cpus, mem = need_on(ask, gpus, view)
+        held_cpus, held_mem = line.room_peak(t, end)
+        if ask.exclusive:
+            return (cpus, mem) if not (held_cpus or held_mem) else None
+        if (cpus and held_cpus + cpus > view.cpus) or (mem and held_mem + mem > view.mem_mb):
+            return None
+        return cpus, mem
+
     def _count_fit(
-        self, need: int, duration: float, res: Reservation | None, own: str | None
+        self,
+        need: int,
+        duration: float,
+        res: Reservation | None,
+        own: str | None,
+        ask: ResourceAsk | None = None,
     ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
         sign = self._sign()
 
         def fits(nid: str, t: float) -> tuple[tuple[object, ...], Placement] | None:
             line = self.line(nid)
-            free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), need)
+            n = len(line.gpus) if ask is not None and ask.exclusive else need
+            free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), n)
             if not free:
                 return None
-            ids = tuple(line.gpus[p] for p in mask_positions(free, need))
-            return (sign * free.bit_count(), nid), Placement(nid, ids)
+            ids = tuple(line.gpus[p] for p in mask_positions(free, n))
+            if ask is None:
+                return (sign * free.bit_count(), nid), Placement(nid, ids)
+            room = self._room(line, nid, t, t + duration, n, ask)
+            if room is None or (ask.exclusive and len(ids) < need):
+                return None
+            return (sign * free.bit_count(), nid), Placement(nid, ids, 0, *room)
 
         return fits
 
     def _ids_fit(
-        self, ids: frozenset[int], duration: float, res: Reservation | None, own: str | None
+        self,
+        ids: frozenset[int],
+        duration: float,
+        res: Reservation | None,
+        own: str | None,
+        ask: ResourceAsk | None = None,
     ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
         sign = self._sign()
 
@@ -390,22 +437,39 @@ class Planner:
             line = self.line(nid)
             if not ids <= line.pos.keys():
                 return None
-            wanted = sum(1 << line.pos[g] for g in ids)
+            held = ids if ask is None or not ask.exclusive else frozenset(line.gpus)
+            wanted = sum(1 << line.pos[g] for g in held)
             free = line.free_for(t, t + duration, own, self._allowed(line, nid, res) & wanted, 1)
             if free != wanted:
                 return None
-            return (sign * free.bit_count(), nid), Placement(nid, tuple(sorted(ids)))
+            if ask is None:
+                return (sign * free.bit_count(), nid), Placement(nid, tuple(sorted(ids)))
+            room = self._room(line, nid, t, t + duration, len(held), ask)
+            if room is None:
+                return None
+            return (sign * free.bit_count(), nid), Placement(nid, tuple(sorted(held)), 0, *room)
 
         return fits
 
     def _share_fit(
-        self, share: int, duration: float, res: Reservation | None, own: str | None
+        self,
+        share: int,
+        duration: float,
+        res: Reservation | None,
+        own: str | None,
+        ask: ResourceAsk | None = None,
     ) -> Callable[[str, float], tuple[tuple[object, ...], Placement] | None]:
         sign = self._sign()
 
         def fits(nid: str, t: float) -> tuple[tuple[object, ...], Placement] | None:
             line = self.line(nid)
             allowed = self._allowed(line, nid, res)
+            room = (0, 0)
+            if ask is not None:
+                found = self._room(line, nid, t, t + duration, 1, ask)
+                if found is None:
+                    return None
+                room = found
             peak = line.peak(t, t + duration, own)
             best: tuple[int, int] | None = None
             for p, used in enumerate(peak):
@@ -416,7 +480,7 @@ class Planner:
                         best = key
             if best is None:
                 return None
-            return (best[0], nid), Placement(nid, (line.gpus[best[1]],), share)
+            return (best[0], nid), Placement(nid, (line.gpus[best[1]],), share, *room)
 
         return fits
 
@@ -456,6 +520,8 @@ class Planner:
                 self._tick()
                 line = self.line(nid)
                 free = line.free_for(t, t + duration, own, self._allowed(line, nid, res), least)
+                if free and job.asks:
+                    free = self._with_room(job, line, nid, t, t + duration, free, per)
                 total -= room.pop(nid, 0).bit_count()
                 if free:
                     room[nid] = free
@@ -471,7 +537,7 @@ class Planner:
                 sign = self._sign()
                 order = sorted(room, key=lambda n: (sign * room[n].bit_count(), n))
                 return tuple(
-                    Placement(nid, self._ids(nid, room[nid], per)) for nid in order[: job.nodes]
+                    self._across_at(job, nid, room[nid], per) for nid in order[: job.nodes]
                 )
             if total < need:
                 return None
@@ -479,7 +545,7 @@ class Planner:
             left = need
             for nid in sorted(room, key=lambda n: (-room[n].bit_count(), n)):
                 take = min(room[nid].bit_count(), left)
-                placements.append(Placement(nid, self._ids(nid, room[nid], take)))
+                placements.append(self._across_at(job, nid, room[nid], take))
                 left -= take
                 if not left:
                     break
@@ -501,6 +567,41 @@ class Planner:
                 return Planned(t, got)
         return None
 
+    def _with_room(
+        self,
+        job: JobRequest,
+        line: Line,
+        nid: str,
+        t: float,
+        end: float,
+        free: int,
+        per: int | None,
+    ) -> int:
+        """Of the GPUs `free` on `nid` for [t, end), those a job asking for CPUs and memory
+        may count there: all or none for a gang (`per` each; `--exclusive`: every GPU), the
+        most its room allows for a split; 0 when none."""
+        ask = job.ask
+        every = (1 << len(line.gpus)) - 1
+        if ask.exclusive:
+            idle = free == every and self._room(line, nid, t, end, len(line.gpus), ask)
+            return free if idle else 0
+        if per is not None:
+            return free if self._room(line, nid, t, end, per, ask) is not None else 0
+        for gpus in range(free.bit_count(), 0, -1):
+            if self._room(line, nid, t, end, gpus, ask) is not None:
+                return sum(1 << p for p in mask_positions(free, gpus))
+        return 0
+
+    def _across_at(self, job: JobRequest, nid: str, free: int, n: int) -> Placement:
+        """`n` of the GPUs `free` on `nid` (all of them for `--exclusive`), with the CPUs and
+        memory the job holds there."""
+        if not job.asks:
+            return Placement(nid, self._ids(nid, free, n))
+        if job.ask.exclusive:
+            n = free.bit_count()
+        cpus, mem = need_on(job.ask, n, self.views[nid])
+        return Placement(nid, self._ids(nid, free, n), 0, cpus, mem)
+
     def _ids(self, nid: str, free: int, n: int) -> tuple[int, ...]:
         gpus = self.line(nid).gpus
         return tuple(gpus[p] for p in mask_positions(free, n))
@@ -515,6 +616,8 @@ class Planner:
         if not wanted or any(nid not in self.views for nid in wanted):
             return None
         own = job.reservation
+        if job.asks and job.ask.exclusive:
+            wanted = {nid: set(self.views[nid].gpu_indices) for nid in wanted}
 
         def attempt(t: float) -> bool:
             for nid, ids in wanted.items():
@@ -526,54 +629,17 @@ class Planner:
                 free = line.free_for(t, t + duration, own, self._allowed(line, nid, res) & mask, 1)
                 if free != mask:
                     return False
+                if job.asks and self._room(line, nid, t, t + duration, len(ids), job.ask) is None:
+                    return False
             return True
 
-        placements = tuple(Placement(nid, tuple(sorted(ids))) for nid, ids in wanted.items())
+        placements = tuple(
+            Placement(nid, tuple(sorted(ids)), 0, *need_on(job.ask, len(ids), self.views[nid]))
+            for nid, ids in wanted.items()
+        )
         if attempt(floor):
             return Planned(floor, placements)
         for t, _ in self._times_after(floor, frozenset(wanted), res):
             if attempt(t):
                 return Planned(t, placements)
         return None
-
-
-def plan_queue(
-    planner: Planner,
-    jobs: Iterable[JobRequest],
-    duration: Callable[[JobRequest], float],
-    ordered: bool,
-    max_jobs: int,
-    floor: float,
-    ahead: str | None = None,
-) -> tuple[dict[str, float], dict[str, tuple[str, ...]]]:
-    """Estimate `jobs` (in order) on `planner`; `ordered`: no job starts before the one ahead
-    of it (fifo/priority), nor before `floor` (the start of `ahead`, the blocked head).
-    Stops after `max_jobs` or when the planner's time runs out."""
-    starts: dict[str, float] = {}
-    waits: dict[str, tuple[str, ...]] = {}
-    for count, job in enumerate(jobs):
-        if count >= max_jobs:
-            break
-        if planner.deadline is not None and time.perf_counter() > planner.deadline:
-            break
-        own_floor = floor if ordered and job.reservation is None else planner.now
-        d = duration(job)
-        try:
-            planned = planner.earliest(job, d, own_floor)
-        except PlanTimeout:
-            break
-        if planned is None:
-            continue
-        planner.commit(job.job_id, planned, d)
-        starts[job.job_id] = planned.start
-        on = planner.waiting_on(planned, job.reservation)
-        if ordered and ahead is not None and planned.start == own_floor > planner.now:
-            on.insert(0, ahead)
-        if job.reservation is not None and planned.start > planner.now:
-            res = planner.reservations.get(job.reservation)
-            if res is not None and planned.start == res.start:
-                on.append(RESERVATION_PREFIX + res.name)
-        waits[job.job_id] = tuple(dict.fromkeys(on))
-        if ordered and job.reservation is None and planned.start >= floor:
-            floor, ahead = planned.start, job.job_id
-    return starts, waits

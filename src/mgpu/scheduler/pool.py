@@ -12,14 +12,21 @@ A pool may also be kept from pass to pass by its caller and updated a node at a 
 (`put`, `drop`: the master's node index), rather than built from every node's view at
 every pass; the pass then works on a `fork` of it.  So that copies cost a copy of a few
 dicts, not of every node's free set, the free sets are frozen and replaced when they change.
+
+CPUs and memory (`room.NodeRoom`) are kept beside the GPUs for the nodes that report them;
+copies share that index until one of them changes it.  A job with a CPU or memory ask fits a
+node only where both are free too (`room_for`); a job that asks nothing never looks at them.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 
+from mgpu.resources import ResourceAsk
+
+from .room import NodeRoom
 from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy
 
 __all__ = ["Eligible", "FreePool"]
@@ -86,6 +93,8 @@ class FreePool:
         "_buckets",
         "_eligible",
         "_free",
+        "_room",
+        "_room_own",
         "_rooms",
         "_shared",
         "_up",
@@ -103,6 +112,10 @@ class FreePool:
     _eligible: dict[_EligibleKey, Eligible]
     _shared: dict[str, dict[int, int]]
     _rooms: dict[int, dict[tuple[str, int], None]]
+    _room: NodeRoom | None
+    """Free CPUs and memory; None while no node reports either."""
+    _room_own: bool
+    """`_room` is this pool's alone (else copy it before a change)."""
     total_free: int
     max_gpus: int
     up_count: int
@@ -116,6 +129,7 @@ class FreePool:
         self._up = None
         self._shared = {}
         self._rooms = {}
+        reporting: list[NodeView] = []  # nodes that say what CPUs or memory they have
         max_gpus = 0
         sets: dict[tuple[int, ...], frozenset[int]] = {}  # most nodes have the same GPUs
         for node in nodes:
@@ -130,6 +144,9 @@ class FreePool:
                     every = sets[indices] = frozenset(indices)
                 all_of[nid] = every
                 free_of[nid] = self._free_of(nid, node, every)
+                if node.cpus or node.mem_mb:
+                    reporting.append(node)
+        self._room, self._room_own = NodeRoom.of(reporting) if reporting else None, True
         self.max_gpus = max_gpus
         buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
         for nid, free in free_of.items():
@@ -163,6 +180,8 @@ class FreePool:
             other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
         else:
             other._shared, other._rooms = {}, {}
+        other._room = self._room  # shared until either changes it
+        other._room_own = self._room_own = self._room is None
         other.total_free = self.total_free
         other.max_gpus = self.max_gpus
         other.up_count = self.up_count
@@ -215,6 +234,8 @@ class FreePool:
             bisect.insort(self._buckets[len(free)], nid)
             self.total_free += len(free)
             self.up_count += 1
+            if node.cpus or node.mem_mb:
+                self._own_room().put(node)
 
     def drop(self, node_id: str) -> None:
         """Forget one node (a pool kept up to date by its caller)."""
@@ -243,6 +264,8 @@ class FreePool:
             self._all.pop(nid, None)
             for g, used in self._shared.pop(nid, {}).items():
                 self._room_remove(nid, g, used)
+            if self._room is not None and nid in self._room.cpus:
+                self._own_room().drop(nid)
         if (
             new is None
             or new.schedulable != old.schedulable
@@ -271,6 +294,74 @@ class FreePool:
         free = self._free.get(node_id)
         return 0 if free is None else len(free)
 
+    # -- CPUs and memory
+
+    def _own_room(self) -> NodeRoom:
+        """This pool's CPU/memory index, copied first if it is shared with another pool."""
+        if self._room is None:
+            self._room = NodeRoom()
+        elif not self._room_own:
+            self._room = self._room.copy()
+        self._room_own = True
+        return self._room
+
+    def free_cpus(self, node_id: str) -> int:
+        room = self._room
+        return 0 if room is None else room.cpus.get(node_id, 0)
+
+    def free_mem(self, node_id: str) -> int:
+        room = self._room
+        return 0 if room is None else room.mem.get(node_id, 0)
+
+    def most_room(self, nodes: Iterable[str] | None = None) -> tuple[int, int]:
+        """The most free CPUs, and the most free memory, on one of `nodes` (None: any)."""
+        return (0, 0) if self._room is None else self._room.most(nodes)
+
+    def room_for(self, node_id: str, gpus: int, ask: ResourceAsk) -> tuple[int, int] | None:
+        """(CPUs, MiB) `ask` holds on the node with `gpus` GPUs there, if both are free
+        there (`--exclusive`: the node idle, all of both), else None."""
+        view = self.views[node_id]
+        cpus = ask.cpus_on(gpus, view.cpus)
+        mem = ask.mem_on(gpus, cpus, view.mem_mb)
+        room = self._room
+        if ask.exclusive:
+            return (cpus, mem) if self.idle(node_id) else None
+        if room is None:
+            return (0, 0) if not (cpus or mem) else None
+        if (cpus and room.cpus.get(node_id, 0) < cpus) or (mem and room.mem.get(node_id, 0) < mem):
+            return None
+        return cpus, mem
+
+    def has_free(self, cpus: int, mem_mb: int) -> Callable[[str], bool]:
+        """Whether a node has `cpus` and `mem_mb` free: a test for one placement's walk
+        over many nodes (valid until the pool next changes)."""
+        room = self._room
+        if room is None:
+            return _ALWAYS if not (cpus or mem_mb) else _NEVER
+        free_cpus, free_mem = room.cpus.get, room.mem.get
+
+        def has(node_id: str) -> bool:
+            return (not cpus or free_cpus(node_id, 0) >= cpus) and (
+                not mem_mb or free_mem(node_id, 0) >= mem_mb
+            )
+
+        return has
+
+    def idle(self, node_id: str) -> bool:
+        """Nothing holds anything on the node: all its GPUs, CPUs and memory are free."""
+        view = self.views[node_id]
+        free = self._free.get(node_id)
+        if free is None or len(free) != len(self._all[node_id]) or node_id in self._shared:
+            return False
+        return self.free_cpus(node_id) == view.cpus and self.free_mem(node_id) == view.mem_mb
+
+    def could_hold(self, cpus: int, mem_mb: int) -> bool:
+        """Whether some node might have `cpus` and `mem_mb` free (False: none has, O(1))."""
+        room = self._room
+        if room is None:
+            return not (cpus or mem_mb)
+        return cpus <= room.top_cpus and mem_mb <= room.top_mem
+
     def shared(self, node_id: str) -> Mapping[int, int]:
         """The node's shared GPUs: index -> share units in use."""
         return self._shared.get(node_id, _NO_SHARES)
@@ -284,9 +375,14 @@ class FreePool:
         return self._shared.keys()
 
     def best_shared(
-        self, share: int, policy: Policy, members: Set[str] | None = None
+        self,
+        share: int,
+        policy: Policy,
+        members: Set[str] | None = None,
+        accept: Callable[[str], bool] | None = None,
     ) -> tuple[str, int] | None:
-        """A shared GPU with room for `share` units (among `members`' nodes), or None.
+        """A shared GPU with room for `share` units (among `members`' nodes, on a node
+        `accept`ed: one with the CPUs and memory the job asks), or None.
 
         fill_first: the least room that fits (pack), on the busiest node; spread: the most
         room (least used), on the node with the most free GPUs.  Ties: node id, GPU index.
@@ -298,6 +394,8 @@ class FreePool:
             best: tuple[int, str, int] | None = None
             for nid, g in self._rooms[room]:
                 if members is not None and nid not in members:
+                    continue
+                if accept is not None and not accept(nid):
                     continue
                 key = (sign * len(free[nid]), nid, g)
                 if best is None or key < best:
@@ -391,19 +489,26 @@ class FreePool:
             free = self._free.get(p.node_id)
             if free is None:
                 continue
+            if p.cpus or p.mem_mb:
+                self._own_room().take(p.node_id, p.cpus, p.mem_mb)
             if p.share:
                 self._take_share(p.node_id, free, p.gpu_ids, p.share)
                 continue
             self._replace(p.node_id, free, free.difference(p.gpu_ids))
 
-    def release(self, node_id: str, gpu_ids: Iterable[int], share: int = 0) -> None:
+    def release(
+        self, node_id: str, gpu_ids: Iterable[int], share: int = 0, cpus: int = 0, mem_mb: int = 0
+    ) -> None:
         """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored.
 
         With `share`, a fractional job's units go back; its GPU is free once none are left.
+        `cpus` and `mem_mb` the job held there come back too.
         """
         free = self._free.get(node_id)
         if free is None:
             return
+        if cpus or mem_mb:
+            self._own_room().give(self.views[node_id], cpus, mem_mb)
         if share:
             self._release_share(node_id, free, gpu_ids, share)
             return
@@ -419,7 +524,7 @@ class FreePool:
     def release_all(self, placements: Iterable[Placement]) -> None:
         """`release` every placement (a job's GPUs, whole or shared)."""
         for p in placements:
-            self.release(p.node_id, p.gpu_ids, p.share)
+            self.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb)
 
     def block(self, placements: Iterable[Placement]) -> None:
         """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
@@ -427,6 +532,9 @@ class FreePool:
         placements = list(placements)
         if self._shared:
             self.withhold(placements)
+            for p in placements:  # CPUs and memory as `take` holds them
+                if (p.cpus or p.mem_mb) and p.node_id in self._free:
+                    self._own_room().take(p.node_id, p.cpus, p.mem_mb)
         else:
             self.take(placements)  # the same when nothing is shared, and quicker
         every = self._all = dict(self._all)  # copy on write: other copies keep theirs
@@ -439,7 +547,8 @@ class FreePool:
         return self._all.get(node_id, _EMPTY)
 
     def withhold(self, placements: Iterable[Placement]) -> list[tuple[str, int, int]]:
-        """`block` the GPUs and return what `restore` needs to put them back exactly."""
+        """`block` the GPUs (their CPUs and memory are left alone: admin reservations hold
+        GPUs only) and return what `restore` needs to put them back exactly."""
         taken: list[tuple[str, int, int]] = []
         for p in placements:
             nid = p.node_id
@@ -538,6 +647,14 @@ class FreePool:
         del old[bisect.bisect_left(old, node_id)]
         bisect.insort(self._buckets[after], node_id)
         self.total_free += after - before
+
+
+def _ALWAYS(node_id: str) -> bool:
+    return True
+
+
+def _NEVER(node_id: str) -> bool:
+    return False
 
 
 _EMPTY: frozenset[int] = frozenset()

@@ -14,7 +14,9 @@ equal priority are taken youngest first (least work lost), as Slurm does.
   priority first until the job fits, then any that turn out unneeded are dropped.
 
 A fractional victim gives back only its share: its GPU is free for a whole-GPU job once every
-share on it is gone, so all of them must be victims.
+share on it is gone, so all of them must be victims.  A victim gives back the CPUs and memory
+it holds too: a job that asks for them needs enough of both freed beside its GPUs
+(`--exclusive`: the node idle once the victims are gone).
 
 The plan's placement is what the job would get once the victims are gone; the core
 protects it from backfill until the job starts (on a later pass).
@@ -122,31 +124,66 @@ def _by_node(
     return by_node
 
 
+def _room_after(
+    pool: FreePool, node_id: str, victims: Iterable[RunningJob], job: JobRequest, gpus: int
+) -> bool:
+    """The node has the CPUs and memory `job` asks (with `gpus` GPUs there) once `victims`
+    stop (`--exclusive`: nothing is left on it)."""
+    if not job.asks:
+        return True
+    cpus, mem = pool.free_cpus(node_id), pool.free_mem(node_id)
+    for v in victims:
+        for p in v.placements:
+            if p.node_id == node_id:
+                cpus, mem = cpus + p.cpus, mem + p.mem_mb
+    view = pool.views[node_id]
+    if job.ask.exclusive:
+        idle = len(_freed(pool, node_id, victims)) == len(pool.usable(node_id))
+        return idle and cpus >= view.cpus and mem >= view.mem_mb
+    need_cpus = job.ask.cpus_on(gpus, view.cpus)
+    need_mem = job.ask.mem_on(gpus, need_cpus, view.mem_mb)
+    return (not need_cpus or cpus >= need_cpus) and (not need_mem or mem >= need_mem)
+
+
 def _clear(
     pool: FreePool,
     node_id: str,
     victims: Sequence[RunningJob],
     need: int,
     ids: frozenset[int] | None,
+    job: JobRequest,
 ) -> list[RunningJob] | None:
-    """The fewest of `victims` (in order) whose GPUs on `node_id` make the request fit there."""
+    """The fewest of `victims` (in order) whose GPUs (and CPUs and memory) on `node_id`
+    make the request fit there."""
     if ids is not None:
         # Every holder of a wanted GPU that is not free must go (all sharers of a shared one).
         missing = ids - pool.free(node_id)
-        chosen = [v for v in victims if _gpus_on(v, node_id) & missing]
-        return chosen if ids <= _freed(pool, node_id, chosen) else None
-    chosen = []
-    free = set(pool.free(node_id))
+        holders = [v for v in victims if _gpus_on(v, node_id) & missing]
+        for v in victims:  # then the fewest more, in order, for its CPUs and memory
+            if _room_after(pool, node_id, holders, job, len(ids)):
+                break
+            if v not in holders:
+                holders.append(v)
+        if ids <= _freed(pool, node_id, holders) and _room_after(
+            pool, node_id, holders, job, len(ids)
+        ):
+            return holders
+        return None
+
+    def enough(trial: list[RunningJob]) -> bool:
+        free = _freed(pool, node_id, trial) if trial else pool.free(node_id)
+        return len(free) >= need and _room_after(pool, node_id, trial, job, need)
+
+    chosen: list[RunningJob] = []
     for v in victims:
-        if len(free) >= need:
+        if enough(chosen):
             break
         chosen.append(v)
-        free = _freed(pool, node_id, chosen)
-    if len(free) < need:
+    if not enough(chosen):
         return None
     for v in reversed(list(chosen)):  # drop the ones that turned out unnecessary
         trial = [c for c in chosen if c is not v]
-        if len(_freed(pool, node_id, trial)) >= need:
+        if enough(trial):
             chosen = trial
     return chosen
 
@@ -168,7 +205,7 @@ def _one_node(
     for nid, victims in _by_node(pool, job, candidates).items():
         if ids is not None and not ids <= set(pool.views[nid].gpu_indices):
             continue
-        chosen = _clear(pool, nid, victims, need, ids)
+        chosen = _clear(pool, nid, victims, need, ids, job)
         if chosen is None:
             continue
         key = (*_cost(chosen, priorities), nid)
@@ -201,7 +238,7 @@ def _gang(
     for nid in nodes:
         if not pool.is_up(nid) or nid not in eligible:
             continue
-        chosen = _clear(pool, nid, by_node.get(nid, []), per, None)
+        chosen = _clear(pool, nid, by_node.get(nid, []), per, None, job)
         if chosen is not None:
             options.append(((*_cost(chosen, priorities), nid), chosen))
     if len(options) < job.nodes:

@@ -11,9 +11,10 @@ derived on demand (`running_stats`).  Both give identical answers for the same j
 same order: the order is the set's (first put first), and every answer is the one a walk
 over the jobs in that order would give.
 
-The running jobs' usage so far (fairshare) is kept exactly (`Fraction`s of GPU-seconds), so
-it does not depend on the order jobs came and went: `running_usage` is the same sum made at
-once.
+The running jobs' usage so far (fairshare) is kept exactly (`Fraction`s of GPU-seconds, and
+of CPU- and MiB-seconds beside them), so it does not depend on the order jobs came and went:
+`running_usage` is the same sum made at once.  The billing weights (`BillingWeights`) apply
+when it is read.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from itertools import chain
 from typing import overload
 
 from .backfill import Release, release_events
-from .types import SHARE_UNITS, Placement, RunningJob
+from .types import GPU_BILLING, SHARE_UNITS, BillingWeights, Placement, RunningJob
 
 __all__ = ["RunningSet", "RunningStats", "running_stats", "running_usage"]
 
@@ -38,25 +39,58 @@ def _end(job: RunningJob, default_limit: float) -> float:
     return job.start_time + (default_limit if job.time_limit is None else job.time_limit)
 
 
-def running_usage(now: float, running: Iterable[RunningJob]) -> dict[str, float]:
-    """Each user's running work so far at `now` in GPU-seconds (a share counts F): the sum
-    of GPUs x (now - start) over their jobs, exact and then rounded, never below 0."""
+def running_usage(
+    now: float, running: Iterable[RunningJob], billing: BillingWeights = GPU_BILLING
+) -> dict[str, float]:
+    """Each user's running work so far at `now` in GPU-seconds (a share counts F), or what
+    `billing` charges for it: the sum of GPUs x (now - start) over their jobs (and of their
+    CPUs and memory), exact and then rounded, never below 0."""
     units: dict[str, int] = {}
     started: dict[str, Fraction] = {}
+    held: dict[str, list[Fraction]] = {}
     for r in running:
         units[r.user] = units.get(r.user, 0) + r.gpu_units
         started[r.user] = started.get(r.user, Fraction(0)) + r.gpu_units * Fraction(r.start_time)
-    return _usage(now, units, started)
+        if r.cpus or r.mem_mb:
+            _hold(held, r, 1)
+    return _usage(now, units, started, held, billing)
+
+
+def _hold(held: dict[str, list[Fraction]], job: RunningJob, sign: int) -> None:
+    """Add (`sign` 1) or take out (-1) the job's CPUs and memory: [cpus, MiB, Σ cpus·start,
+    Σ MiB·start] per user."""
+    sums = held.setdefault(job.user, [Fraction(0)] * 4)
+    start = Fraction(job.start_time)
+    sums[0] += sign * job.cpus
+    sums[1] += sign * job.mem_mb
+    sums[2] += sign * job.cpus * start
+    sums[3] += sign * job.mem_mb * start
+    if not (sums[0] or sums[1]):
+        del held[job.user]
 
 
 def _usage(
-    now: float, units: Mapping[str, int], started: Mapping[str, Fraction]
+    now: float,
+    units: Mapping[str, int],
+    started: Mapping[str, Fraction],
+    held: Mapping[str, list[Fraction]],
+    billing: BillingWeights,
 ) -> dict[str, float]:
     at = Fraction(now)
     out: dict[str, float] = {}
+    if billing.gpu_only:
+        for user, n in units.items():
+            if n:
+                out[user] = max(0.0, float((n * at - started[user]) / SHARE_UNITS))
+        return out
+    gpu, cpu, mem = (Fraction(w) for w in (billing.gpu, billing.cpu, billing.mem_gb / 1024))
     for user, n in units.items():
-        if n:
-            out[user] = max(0.0, float((n * at - started[user]) / SHARE_UNITS))
+        total = gpu * (n * at - started[user]) / SHARE_UNITS
+        sums = held.get(user)
+        if sums is not None:
+            total += cpu * (sums[0] * at - sums[2]) + mem * (sums[1] * at - sums[3])
+        if total:
+            out[user] = max(0.0, float(total))
     return out
 
 
@@ -126,6 +160,7 @@ class RunningSet(Sequence[RunningJob], RunningStats):
         self._units: dict[str, int] = {}
         self._count: dict[str, int] = {}
         self._started: dict[str, Fraction] = {}
+        self._held: dict[str, list[Fraction]] = {}
         self._floor: dict[str, tuple[float, Counter[int], Counter[int]]] = {}
         for job in jobs:
             self.put(job)
@@ -152,6 +187,8 @@ class RunningSet(Sequence[RunningJob], RunningStats):
         self._started[user] = self._started.get(user, Fraction(0)) + job.gpu_units * Fraction(
             job.start_time
         )
+        if job.cpus or job.mem_mb:
+            _hold(self._held, job, 1)
         if job.preemptible:
             if old is not None and not old.preemptible:  # appended last: out of order
                 self._pre_sorted = False
@@ -181,6 +218,8 @@ class RunningSet(Sequence[RunningJob], RunningStats):
         self._units[user] -= old.gpu_units
         self._count[user] -= 1
         self._started[user] -= old.gpu_units * Fraction(old.start_time)
+        if old.cpus or old.mem_mb:
+            _hold(self._held, old, -1)
         if not self._count[user]:
             del self._units[user], self._count[user], self._started[user]
         if old.preemptible:
@@ -207,6 +246,7 @@ class RunningSet(Sequence[RunningJob], RunningStats):
         other._units = dict(self._units)
         other._count = dict(self._count)
         other._started = dict(self._started)
+        other._held = {u: list(sums) for u, sums in self._held.items()}
         other._floor = {u: (t, Counter(a), Counter(p)) for u, (t, a, p) in self._floor.items()}
         return other
 
@@ -235,9 +275,9 @@ class RunningSet(Sequence[RunningJob], RunningStats):
 
     # -- the answers
 
-    def usage(self, now: float) -> dict[str, float]:
-        """`running_usage(now, self)`, from the kept sums."""
-        return _usage(now, self._units, self._started)
+    def usage(self, now: float, billing: BillingWeights = GPU_BILLING) -> dict[str, float]:
+        """`running_usage(now, self, billing)`, from the kept sums."""
+        return _usage(now, self._units, self._started, self._held, billing)
 
     def per_user(self) -> tuple[dict[str, int], dict[str, int]]:
         return dict(self._units), dict(self._count)

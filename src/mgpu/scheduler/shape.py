@@ -54,4 +54,5 @@ def shape_key(req: JobRequest) -> tuple[object, ...]:
         req.requires,
         req.gpu_share,
         req.reservation,
+        req.ask,
     )

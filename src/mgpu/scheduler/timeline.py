@@ -1,5 +1,6 @@
 """Per-node GPU timelines for the planner (`plan.py`): who uses each GPU until when, with
-admin reservation windows, and the bookkeeping that keeps a job's searches short."""
+the CPUs and memory held beside them, admin reservation windows, and the bookkeeping that
+keeps a job's searches short."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Iterable, Sequence
 from .reservations import RESERVATION_PREFIX
 from .types import SHARE_UNITS
 
-State = tuple[int, tuple[int, ...]]
-"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU)."""
+State = tuple[int, tuple[int, ...], int, int]
+"""One stretch of a node's timeline: (bitmask of GPUs in use, units used per GPU, CPUs
+held, memory held in MiB)."""
 
 
 class Line:
@@ -46,8 +48,18 @@ class Line:
         self.segs.insert(i + 1, self.segs[i])
         return i + 1
 
-    def add(self, t0: float, t1: float, positions: Sequence[int], units: int, holder: str) -> None:
-        """`holder` uses `units` of each GPU at `positions` during [t0, t1)."""
+    def add(
+        self,
+        t0: float,
+        t1: float,
+        positions: Sequence[int],
+        units: int,
+        holder: str,
+        cpus: int = 0,
+        mem_mb: int = 0,
+    ) -> None:
+        """`holder` uses `units` of each GPU at `positions`, and `cpus` and `mem_mb`, during
+        [t0, t1)."""
         if t1 <= t0:
             return
         for p in positions:
@@ -64,12 +76,13 @@ class Line:
             old = segs[k]
             memo = states.get(id(old))
             if memo is None:
-                mask, used = old
+                mask, used, held_cpus, held_mem = old
                 u = list(used)
                 for p in positions:
                     u[p] = min(SHARE_UNITS, u[p] + units)
                     mask |= 1 << p
-                memo = states[id(old)] = (old, (mask, tuple(u)))
+                new = (mask, tuple(u), held_cpus + cpus, held_mem + mem_mb)
+                memo = states[id(old)] = (old, new)
             segs[k] = memo[1]
 
     def free_for(self, t: float, end: float, own: str | None, allowed: int, need: int) -> int:
@@ -106,6 +119,21 @@ class Line:
                     if bmask >> p & 1:
                         peak[p] = SHARE_UNITS
         return peak
+
+    def room_peak(self, t: float, end: float) -> tuple[int, int]:
+        """The most CPUs, and the most memory, held at once during [t, end)."""
+        times, segs = self.times, self.segs
+        i = bisect_right(times, t) - 1
+        n = len(times)
+        cpus = mem = 0
+        while i < n and times[i] < end:
+            seg = segs[i]
+            if seg[2] > cpus:
+                cpus = seg[2]
+            if seg[3] > mem:
+                mem = seg[3]
+            i += 1
+        return cpus, mem
 
     def until(
         self, t: float, positions: Iterable[int], own: str | None, limit: int

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from mgpu.model import WaitCode
+from mgpu.resources import NO_ASK, ResourceAsk
 
 Policy = Literal["fill_first", "spread"]
 QueuePolicy = Literal["fifo", "priority", "backfill"]
@@ -47,6 +48,14 @@ class NodeView:
     shared: Mapping[int, int] = field(default_factory=dict)
     """GPUs holding fractional jobs: index -> share units in use (1..`SHARE_UNITS`).
     Such a GPU is not in `free_gpus`: no whole-GPU job may use it until its shares are gone."""
+    cpus: int = 0
+    """CPUs the node offers to jobs; 0: it does not say (an older agent), and then it holds
+    no job that asks for CPUs."""
+    free_cpus: int = 0
+    """Of those, not held by a running job."""
+    mem_mb: int = 0
+    """Memory (MiB) the node offers to jobs; 0: it does not say, as for `cpus`."""
+    free_mem_mb: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +107,33 @@ class JobRequest:
     master has checked the user may use it)."""
     held: bool = False
     """Held (`--hold`, `mgpu hold`): never eligible until released."""
+    ask: ResourceAsk = NO_ASK
+    """CPUs and memory it needs on each node, beside its GPUs (`ResourceAsk.cpus_on` and
+    `mem_on` for a given node); the cluster's per-GPU defaults already applied."""
+    kill_invalid_dep: bool = True
+    """A dependency that can never be satisfied cancels it; False (a Slurm job's default):
+    it waits, as DependencyNeverSatisfied."""
+    over_partition_time: bool = False
+    """Its time limit is over its Slurm partition's `max_time`: it waits (PartitionTimeLimit)."""
     # Derived once here rather than in every pass: a pass tests them over the whole queue.
     counted: bool = field(init=False, repr=False, compare=False)
     """Asks for `gpus` whole GPUs with no per-GPU or per-node shape (no `--gpu-ids`,
     `--node-gpu-ids`, `--nodes`, share): its whole-GPU need is `gpus`."""
     plain: bool = field(init=False, repr=False, compare=False)
-    """`counted`, and no node filter, split or reservation either: "N GPUs anywhere"."""
+    """`counted`, and no node filter, split, reservation or CPU/memory ask either: "N GPUs
+    anywhere"."""
+    asks: bool = field(init=False, repr=False, compare=False)
+    """Asks for CPUs, memory or whole nodes (`ask` is not empty): every fit counts them."""
+    fit_key: object = field(init=False, repr=False, compare=False)
+    """A cheap key of everything that decides where the job fits, for a "N GPUs anywhere"
+    job: `gpus` when `plain`, `gpus` and the ask's numbers (as text) when it is plain but
+    for its ask; None otherwise (then `shape.shape_key`).  A pass keys its per-shape answers
+    by it."""
 
     def __post_init__(self) -> None:
+        ask = self.ask
+        asks = ask is not NO_ASK and not ask.empty
+        object.__setattr__(self, "asks", asks)
         counted = (
             self.node_gpu_ids is None
             and self.nodes is None
@@ -123,7 +151,29 @@ class JobRequest:
             and not self.exclude
             and not self.requires
             and not self.distributed
-            and self.reservation is None,
+            and self.reservation is None
+            and not asks,
+        )
+        key: object = None
+        if self.plain:
+            key = self.gpus
+        elif asks and counted and self._unfiltered():
+            # A string: it keeps its hash, which a pass over a long queue asks for twice.
+            key = (
+                f"{self.gpus} {ask.cpus_per_node} {ask.cpus_per_gpu} {ask.mem_per_node_mb} "
+                f"{ask.mem_per_gpu_mb} {ask.mem_per_cpu_mb} {ask.exclusive:d}"
+            )
+        object.__setattr__(self, "fit_key", key)
+
+    def _unfiltered(self) -> bool:
+        return (
+            self.nodelist is None
+            and self.gpu_type is None
+            and self.allowed_nodes is None
+            and not self.exclude
+            and not self.requires
+            and not self.distributed
+            and self.reservation is None
         )
 
 
@@ -135,6 +185,10 @@ class Placement:
     gpu_ids: tuple[int, ...]
     share: int = 0
     """Share units of each GPU listed that the job holds (a fractional job); 0 = whole GPUs."""
+    cpus: int = 0
+    """CPUs the job holds on the node (a count: the master picks which)."""
+    mem_mb: int = 0
+    """Memory (MiB) the job holds on the node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +213,20 @@ class RunningJob:
     # Derived once: every pass reads it for every running job (usage, per-user counts).
     gpu_units: int = field(init=False, repr=False, compare=False)
     """GPUs held in share units: a fractional job holds its share, a whole GPU 1000."""
+    cpus: int = field(init=False, repr=False, compare=False)
+    """CPUs held over all its nodes."""
+    mem_mb: int = field(init=False, repr=False, compare=False)
+    """Memory (MiB) held over all its nodes."""
 
     def __post_init__(self) -> None:
-        units = sum(len(p.gpu_ids) * (p.share or SHARE_UNITS) for p in self.placements)
+        units = cpus = mem = 0
+        for p in self.placements:
+            units += len(p.gpu_ids) * (p.share or SHARE_UNITS)
+            cpus += p.cpus
+            mem += p.mem_mb
         object.__setattr__(self, "gpu_units", units)
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "mem_mb", mem)
 
     @property
     def gpus(self) -> int:
@@ -208,6 +272,31 @@ class PriorityWeights:
 
 
 @dataclass(frozen=True, slots=True)
+class BillingWeights:
+    """What fairshare charges per second of a running job (Slurm's `TRESBillingWeights`):
+    per GPU held (a share counting F), per CPU, per GiB of memory.  The default charges
+    GPU-seconds alone."""
+
+    gpu: float = 1.0
+    cpu: float = 0.0
+    mem_gb: float = 0.0
+
+    @property
+    def gpu_only(self) -> bool:
+        """Charges GPUs alone, at 1 per GPU-second (what usage was before weights)."""
+        return self.gpu == 1.0 and not self.cpu and not self.mem_gb
+
+    def rate(self, gpus: float, cpus: int = 0, mem_mb: int = 0) -> float:
+        """Billing units per second of a job holding these (GPU-seconds by default)."""
+        if self.gpu_only:
+            return gpus
+        return self.gpu * gpus + self.cpu * cpus + self.mem_gb * mem_mb / 1024
+
+
+GPU_BILLING = BillingWeights()
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     queue_policy: QueuePolicy = "backfill"
     placement_policy: Policy = "fill_first"
@@ -228,6 +317,8 @@ class SchedulerConfig:
     plan_seconds: float | None = 0.02
     """Wall-time budget of the estimates per pass (the only clock the core reads, and only
     to stop estimating: decisions never depend on it); None = no time budget."""
+    billing: BillingWeights = GPU_BILLING
+    """What fairshare usage charges (`usage.py`, `running.py`): GPU-seconds by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +329,8 @@ class Snapshot:
     """Jobs that may start now (`eligibility()` let them through), in submit order."""
     running: Sequence[RunningJob] = ()
     usage: Mapping[str, float] = field(default_factory=dict)
-    """Each user's decayed GPU-seconds (fairshare)."""
+    """Each user's decayed usage (fairshare): GPU-seconds, or billing units by
+    `SchedulerConfig.billing`."""
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     reservations: Sequence[Reservation] = ()
     """Active and future reservations (those ended are left out)."""

@@ -33,7 +33,13 @@ it gives one, else `time_limit_factor × run time` (so 1.0 means perfect estimat
 textbook setting for EASY backfill); a factor of 0 leaves the limit to the scheduler's
 default (`SchedulerConfig.default_time_limit`, 24 h).
 
-Fairshare usage is the master's ledger (`scheduler/usage.py`): each ended attempt's
+CPUs and memory: simulated nodes offer `ClusterShape.cpus_per_node` and `mem_per_node_mb`
+(0: they do not say, and every job shares them as before); a job asks for the CSV's `cpus`
+and `mem_mb`, or the defaults per GPU (`asks.py`), and the core places it where they are
+free, as in the master.
+
+Fairshare usage is the master's ledger (`scheduler/usage.py`), charging by
+`SchedulerConfig.billing`: each ended attempt's
 GPU-seconds, added when it ends and halved every half-life after (default 7 days, as
 `scheduling.fairshare_half_life_hours`), plus the GPU-seconds of running attempts so far,
 which are registered as they start and stop so that a snapshot costs one `exp` in all.
@@ -52,6 +58,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from mgpu.resources import NO_ASK
 from mgpu.scheduler import (
     SHARE_UNITS,
     Dependency,
@@ -68,8 +75,10 @@ from mgpu.scheduler import (
     requested_gpus,
     schedule,
 )
+from mgpu.scheduler.room import format_mb
 from mgpu.scheduler.types import QueuePolicy
 
+from .asks import NodeSize, trace_ask
 from .traces import Trace, TraceJob
 
 __all__ = [
@@ -97,10 +106,18 @@ class SimulationError(RuntimeError):
 class ClusterShape:
     nodes: int
     gpus_per_node: int
+    cpus_per_node: int = 0
+    """CPUs each node offers (0: it does not say: jobs share them, none may ask for any)."""
+    mem_per_node_mb: int = 0
+    """Memory (MiB) each node offers (0: as for CPUs)."""
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def node(self) -> NodeSize:
+        return NodeSize(self.gpus_per_node, self.cpus_per_node, self.mem_per_node_mb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +195,19 @@ def to_request(
     factor: float,
     job_id: str | None = None,
     dependencies: tuple[Dependency, ...] = (),
+    node: NodeSize | None = None,
 ) -> JobRequest:
     """The request the simulated user submits for `job` (see the module docstring);
-    `dependencies` name other requests' ids (the trace's own ids when `job_id` is None)."""
+    `dependencies` name other requests' ids (the trace's own ids when `job_id` is None);
+    `node`: what a node offers, for its CPUs and memory (`asks.trace_ask`)."""
     limit = job.time_limit
     if limit is None and factor > 0:
         limit = job.run * factor
+    ask = NO_ASK
+    if node is not None:
+        ask, _ = trace_ask(job.cpus, job.mem_mb, gpus, bool(job.gpu_share), node)
     return JobRequest(
+        ask=ask,
         job_id=job.job_id if job_id is None else job_id,
         user=job.user,
         submit_time=job.submit,
@@ -210,7 +233,10 @@ class _Cluster:
         self.every = every
         self.free = [set(every) for _ in self.ids]
         self.shared: list[dict[int, int]] = [{} for _ in self.ids]
-        self.views = [NodeView(nid, every, frozenset(every)) for nid in self.ids]
+        self.cpus, self.mem = shape.cpus_per_node, shape.mem_per_node_mb
+        self.free_cpus = [self.cpus] * len(self.ids)
+        self.free_mem = [self.mem] * len(self.ids)
+        self.views = [self._view(i) for i in range(len(self.ids))]
         self.dirty: set[int] = set()
         self.total_free = shape.gpus
         self.busy_units = 0
@@ -231,6 +257,14 @@ class _Cluster:
                     f"the scheduler started job {job_id} on GPUs {sorted(p.gpu_ids)} of "
                     f"{p.node_id}, which are not all free"
                 )
+            if p.cpus > self.free_cpus[i] or p.mem_mb > self.free_mem[i]:
+                raise SimulationError(
+                    f"the scheduler started job {job_id} with {p.cpus} CPUs and "
+                    f"{p.mem_mb} MiB on {p.node_id}, which has {self.free_cpus[i]} CPUs and "
+                    f"{self.free_mem[i]} MiB free"
+                )
+            self.free_cpus[i] -= p.cpus
+            self.free_mem[i] -= p.mem_mb
             if p.share:
                 shared = self.shared[i]
                 for g in ids:
@@ -256,6 +290,8 @@ class _Cluster:
     def release(self, placements: Sequence[Placement]) -> None:
         for p in placements:
             i = self.index[p.node_id]
+            self.free_cpus[i] += p.cpus
+            self.free_mem[i] += p.mem_mb
             if p.share:
                 shared = self.shared[i]
                 for g in p.gpu_ids:
@@ -273,11 +309,21 @@ class _Cluster:
                 self.busy_units -= SHARE_UNITS * len(p.gpu_ids)
             self.dirty.add(i)
 
+    def _view(self, i: int) -> NodeView:
+        return NodeView(
+            self.ids[i],
+            self.every,
+            frozenset(self.free[i]),
+            shared=dict(self.shared[i]),
+            cpus=self.cpus,
+            free_cpus=self.free_cpus[i],
+            mem_mb=self.mem,
+            free_mem_mb=self.free_mem[i],
+        )
+
     def node_views(self) -> list[NodeView]:
         for i in self.dirty:
-            self.views[i] = NodeView(
-                self.ids[i], self.every, frozenset(self.free[i]), shared=dict(self.shared[i])
-            )
+            self.views[i] = self._view(i)
         self.dirty.clear()
         return self.views
 
@@ -301,7 +347,7 @@ class _Replay:
         # Reservation starts and ends: event times of their own.
         self.boundaries = sorted({t for r in self.reservations for t in (r.start, r.end)})
         self.cluster = _Cluster(shape)
-        self.usage = UsageLedger(config.half_life)
+        self.usage = UsageLedger(config.half_life, config.scheduler.billing)
         self.jobs = sorted(jobs, key=lambda j: j.submit)
         self.requests: list[JobRequest] = []
         self.results: list[JobResult] = []
@@ -313,11 +359,17 @@ class _Replay:
         self.has_dependencies = any(job.dependency for job in self.jobs)
         self.final: dict[str, str] = {}  # job id → how it ended, for dependencies
         for slot, job in enumerate(self.jobs):
+            _check_room(job, shape)
             gpus = min(job.gpus, shape.gpus)
             self.capped += gpus < job.gpus
             deps = tuple(Dependency(kind, slots[t]) for kind, t in job.dependency if t in slots)
             # The scheduler sees the job's position as its id: trace ids need not be unique.
-            req = to_request(job, gpus, shape.gpus_per_node, factor, str(slot), deps)
+            req = to_request(job, gpus, shape.gpus_per_node, factor, str(slot), deps, shape.node)
+            if job.cpus is not None or job.mem_mb is not None:
+                self.capped += (
+                    trace_ask(job.cpus, job.mem_mb, gpus, bool(job.gpu_share), shape.node)[1]
+                    and gpus == job.gpus
+                )
             self.requests.append(req)
             result = JobResult(job.job_id, job.user, req.gpus, job.submit, share=job.gpu_share)
             self.results.append(result)
@@ -467,14 +519,16 @@ class _Replay:
             req.submit_time,
         )
         self.preemptible_running += req.preemptible
-        self.usage.start(req.user, units / SHARE_UNITS, now)
+        cpus = sum(p.cpus for p in placements)
+        mem = sum(p.mem_mb for p in placements)
+        self.usage.start(req.user, units / SHARE_UNITS, now, cpus, mem)
         heapq.heappush(self.ends, (now + res.run, self.attempt[slot], slot))
 
     def _stop(self, job_id: str, now: float) -> RunningJob:
         job = self.running.pop(job_id)
         self.cluster.release(job.placements)
         self.preemptible_running -= job.preemptible
-        self.usage.stop(job.user, job.gpu_amount, job.start_time, now)
+        self.usage.stop(job.user, job.gpu_amount, job.start_time, now, job.cpus, job.mem_mb)
         self.busy_gpu_seconds += job.gpu_amount * (now - job.start_time)
         return job
 
@@ -510,6 +564,20 @@ class _Replay:
             self.busy.append(busy)
 
 
+def _check_room(job: TraceJob, shape: ClusterShape) -> None:
+    """A job asking for CPUs or memory needs nodes that offer them (one sentence)."""
+    if job.cpus is not None and not shape.cpus_per_node:
+        raise ValueError(
+            f"trace job {job.job_id} asks for {job.cpus} CPUs but the simulated nodes offer "
+            "none: give --cpus-per-node"
+        )
+    if job.mem_mb is not None and not shape.mem_per_node_mb:
+        raise ValueError(
+            f"trace job {job.job_id} asks for {job.mem_mb} MiB of memory but the simulated "
+            "nodes offer none: give --mem-per-node"
+        )
+
+
 def simulate(jobs: Sequence[TraceJob], config: SimConfig) -> SimResult:
     """Replay `jobs` on `config.cluster` with `config.policy`; see the module docstring."""
     t0 = time.perf_counter()
@@ -535,6 +603,11 @@ def describe_mapping(
     unit = "1 GPU per SWF processor" if trace.format == "swf" else "GPUs as in the CSV"
     nodes = "1 node" if shape.nodes == 1 else f"{shape.nodes} nodes"
     size = f"{nodes} x {shape.gpus_per_node} GPUs = {shape.gpus} GPUs"
+    if shape.cpus_per_node or shape.mem_per_node_mb:
+        room = [f"{shape.cpus_per_node} CPUs"] if shape.cpus_per_node else []
+        if shape.mem_per_node_mb:
+            room.append(f"{format_mb(shape.mem_per_node_mb)} of memory")
+        size += f" ({' and '.join(room)} per node)"
     if trace.max_procs:
         size += f" (the log's machine: {trace.max_procs} processors)"
     if time_limit_factor > 0:

@@ -10,7 +10,9 @@
   `user` and `time_limit` may be left out or left empty), times in seconds; `gpus` below 1
   (0.25) is a share of one GPU, as `--gpu-share` asks; optional `priority` (as
   `--priority`), `preemptible` (0/1), `reservation` (as `--reservation`, replayed against
-  `SimConfig.reservations`) and `dependency` columns too.  A
+  `SimConfig.reservations`), `cpus` (the job's CPUs) and `mem_mb` (its memory: MiB, or a
+  size such as `16G`; left empty or out: the cluster's defaults per GPU, `simulator.py`) and
+  `dependency` columns too.  A
   dependency is written as `--dependency` is (`afterok:ID[:ID...]`, several joined by `,`
   in a quoted cell), where a job's ID is its line number minus one (the header is line 1,
   so the first job is 1); it must name a job of the file.  A hand-made file, so a malformed
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from mgpu.resources import SizeError, parse_size_mb
+
 __all__ = [
     "Trace",
     "TraceError",
@@ -46,7 +50,7 @@ __all__ = [
 
 TraceFormat = Literal["swf", "csv"]
 CSV_COLUMNS = ("submit_time", "duration", "gpus", "user", "time_limit")
-_OPTIONAL_CSV = ("priority", "preemptible", "dependency", "reservation")
+_OPTIONAL_CSV = ("priority", "preemptible", "dependency", "reservation", "cpus", "mem_mb")
 _DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok")
 _REQUIRED_CSV = ("submit_time", "duration", "gpus")
 _SWF_FIELDS = 18
@@ -77,6 +81,10 @@ class TraceJob:
     `gpus=1`; 0 = whole GPUs."""
     reservation: str | None = None
     """`--reservation NAME`."""
+    cpus: int | None = None
+    """CPUs the job asks for in all (None: the trace does not say)."""
+    mem_mb: int | None = None
+    """Memory (MiB) the job asks for in all (None: the trace does not say)."""
 
     @property
     def gpu_amount(self) -> float:
@@ -286,7 +294,34 @@ def _csv_job(row: list[str], lineno: int, columns: list[str], source: str) -> Tr
         dependency=_dependency(cell.get("dependency", ""), where),
         gpu_share=share,
         reservation=cell.get("reservation") or None,
+        cpus=_cpus(cell.get("cpus", ""), where),
+        mem_mb=_mem(cell.get("mem_mb", ""), where),
     )
+
+
+def _cpus(text: str, where: str) -> int | None:
+    """The `cpus` cell: a whole number of at least 1, or empty (not said)."""
+    if not text:
+        return None
+    value = _integer(text, "cpus", where)
+    if value < 1:
+        raise TraceError(f"{where}: cpus must be at least 1, got {text!r}")
+    return value
+
+
+def _mem(text: str, where: str) -> int | None:
+    """The `mem_mb` cell: MiB, or a size such as 16G; empty: not said."""
+    if not text:
+        return None
+    try:
+        value = parse_size_mb(text)
+    except SizeError:
+        raise TraceError(
+            f"{where}: mem_mb must be MiB or a size such as 16G, got {text!r}"
+        ) from None
+    if value < 1:
+        raise TraceError(f"{where}: mem_mb must be more than 0, got {text!r}")
+    return value
 
 
 def _gpus(text: str, where: str) -> tuple[int, int]:

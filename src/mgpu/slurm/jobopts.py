@@ -9,6 +9,7 @@ import os
 
 from mgpu.gpurequest import lay_over
 from mgpu.slurm import begintime, optable, opts, output
+from mgpu.slurm import resources as slurm_resources
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -21,8 +22,15 @@ JOB_OPTIONS = optable.options("sbatch")
 GPU_OPTIONS = tuple(sorted(optable.names("sbatch", "gpu")))
 """One GPU request, however it is spelt: a layer that names one replaces the one below
 (mgpu.gpurequest)."""
-NOT_SCHEDULED = ("cpus-per-task", "mem", "mem-per-cpu")
-"""Passed to the job's SLURM_* variables; mgpu schedules GPUs, not CPUs or memory (yet)."""
+
+
+class Merged(dict[str, str]):
+    """Every option's value, and which of them an input variable (`SBATCH_MEM_PER_NODE`
+    ...) gave: Slurm's memory options obey a rule of their own about those."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.from_env: set[str] = set()
 
 
 def layer(into: dict[str, str], found: list[tuple[str, str]]) -> None:
@@ -63,12 +71,15 @@ def merged(
 ) -> dict[str, str]:
     """Every option's value with Slurm's precedence: the command line over the SBATCH_*
     variables over the script's `#SBATCH` lines, a later line over an earlier one."""
-    values: dict[str, str] = {}
+    values = Merged()
     if script is not None:
         for name, value in directive_options(prog, script):
             layer(values, [(name, value)])
-    layer(values, optable.env_options(prog, environ))
+    from_env = optable.env_options(prog, environ)
+    layer(values, from_env)
+    values.from_env = {name for name, _ in from_env}
     layer(values, command_line)
+    values.from_env -= {name for name, _ in command_line}
     return values
 
 
@@ -125,25 +136,6 @@ def _nodes(prog: str, text: str | None) -> int | None:
     if not low.isdigit() or int(low) < 1:
         raise fail(prog, f'"{text}" is not a valid node count')
     return int(low)
-
-
-_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-
-
-def memory_mb(prog: str, option: str, text: str | None) -> int | None:
-    """Slurm's `16G`, `16000` (megabytes), `500M`, `1T` in megabytes."""
-    if text is None:
-        return None
-    raw = text.strip().upper().removesuffix("B")
-    unit = raw[-1] if raw and raw[-1] in _UNITS else "M"
-    number = raw[:-1] if raw and raw[-1] in _UNITS else raw
-    try:
-        value = float(number)
-    except ValueError:
-        raise fail(prog, f"Invalid --{option} specification") from None
-    if value < 0:
-        raise fail(prog, f"Invalid --{option} specification")
-    return int(value * _UNITS[unit] + 0.999)
 
 
 def gpu_request(prog: str, values: dict[str, str], ignored: list[str]) -> dict[str, Any]:
@@ -270,6 +262,20 @@ def submit_fields(
             os.path.join(cwd, os.path.expanduser(values["chdir"] or ""))
         )
     fields["env"] = export_env(prog, values.get("export"), environ)
+    exported = values.get("export")
+    if exported is not None and exported.strip().upper() == "ALL":
+        exported = None  # srun's default: not passed on (as sbatch's SLURM_EXPORT_ENV)
+    bind = values.get("gpu-bind")
+    if bind is not None:
+        from mgpu import gpubind  # (only when given: the CLI starts fast)
+
+        try:
+            gpubind.parse(bind)
+        except ValueError as e:
+            raise fail(prog, str(e)) from None
+    kill = values.get("kill-on-invalid-dep")
+    if kill is not None and kill.lower() not in ("yes", "no"):
+        raise fail(prog, "Invalid --kill-on-invalid-dep specification")
     mode = values.get("open-mode")
     if mode is not None and mode not in ("append", "truncate"):
         raise fail(prog, "Invalid --open-mode specification")
@@ -277,8 +283,6 @@ def submit_fields(
         "ntasks": _int(prog, "ntasks", values.get("ntasks")),
         "ntasks_per_node": _int(prog, "ntasks-per-node", values.get("ntasks-per-node")),
         "cpus_per_task": _int(prog, "cpus-per-task", values.get("cpus-per-task")),
-        "mem_per_node_mb": memory_mb(prog, "mem", values.get("mem")),
-        "mem_per_cpu_mb": memory_mb(prog, "mem-per-cpu", values.get("mem-per-cpu")),
         "gpus_per_task": (
             _count(prog, "gpus-per-task", values["gpus-per-task"] or "")[1]
             if values.get("gpus-per-task") is not None
@@ -289,19 +293,46 @@ def submit_fields(
         "error": values.get("error"),
         "open_mode": mode or "truncate",
     }
+    block.update(_cpus_memory(prog, values, ignored))
+    # Only when given: a master of an older mgpu refuses keys it does not know.
+    if bind is not None:
+        block["gpu_bind"] = bind
+    if kill is not None and kill.lower() == "yes":
+        block["kill_invalid_dep"] = True
+    if exported:
+        block["export_env"] = environ.get("SLURM_EXPORT_ENV", exported)
+    if not block_sent and block.get("exclusive"):  # mgpu srun's job: no whole nodes
+        ignored.append("--exclusive")
     warnings = []
-    unscheduled = [f"--{n}={values[n]}" for n in NOT_SCHEDULED if values.get(n) is not None]
     warned = optable.names(prog, "warn")
     ignored += [f"--{n}" for n in values if n in warned]
-    if unscheduled or ignored:
-        parts = []
-        if unscheduled:
-            where = ", passed to the job's SLURM_* variables" if block_sent else ""
-            parts.append(f"{' '.join(unscheduled)} not scheduled by mgpu (only GPUs are){where}")
-        if ignored:
-            parts.append(f"ignored: {' '.join(ignored)}")
-        warnings.append("; ".join(parts))
+    if ignored:
+        warnings.append(f"ignored: {' '.join(ignored)}")
     return {k: v for k, v in fields.items() if v is not None}, block, warnings
+
+
+def _cpus_memory(prog: str, values: Mapping[str, str], ignored: list[str]) -> dict[str, Any]:
+    """The slurm block's CPU and memory keys (mgpu.slurm.resources: Slurm's checks); the
+    newer ones only when given, for a master of an older mgpu."""
+    per_gpu = _int(prog, "cpus-per-gpu", values.get("cpus-per-gpu"))
+    if per_gpu is not None and values.get("cpus-per-task") is not None:
+        raise fail(prog, slurm_resources.CPUS_EXCLUSIVE)
+    from_env = values.from_env if isinstance(values, Merged) else set()
+    memory = slurm_resources.memory_option(prog, values, from_env)
+    out: dict[str, Any] = {"mem_per_node_mb": None, "mem_per_cpu_mb": None}
+    if memory is not None:
+        key = {"mem": "mem_per_node_mb", "mem-per-cpu": "mem_per_cpu_mb"}
+        out[key.get(memory, "mem_per_gpu_mb")] = slurm_resources.memory_mb(
+            prog, memory, values[memory]
+        )
+    whole, note = slurm_resources.exclusive(prog, values.get("exclusive"))
+    if note is not None:
+        ignored.append(note)
+    if per_gpu is not None:
+        out["cpus_per_gpu"] = per_gpu
+    if whole:
+        out["exclusive"] = True
+    return out
 
 
 _WORDS = {

@@ -7,14 +7,16 @@ none), the argument (`=` required, `?` optional: only as `--name=value` or `-xVA
 none), the commands that take it (`b` sbatch, `r` srun, `a` salloc), and its use in mgpu:
 
 - `job:FIELD`: the submit field FIELD, the value as it is;
-- `job`: honoured by `jobopts.submit_fields` (a field or the `slurm` block, with checks);
+- `job`: honoured by `jobopts.submit_fields` (a field or the `slurm` block, with checks;
+  CPUs and memory: mgpu.slurm.resources);
 - `gpu`: one spelling of the GPU request (`jobopts.GPU_OPTIONS`: one rule for all);
-- `cpu`: not scheduled (mgpu schedules GPUs), passed to the job's SLURM_* variables;
 - `cli`: the command's own behaviour (`--parsable`, `--wait`, `--help` ...);
 - `step`: srun's, for its tasks' output and life, not the job's;
 - `warn`: accepted, and ignored with a warning (nothing about what runs, or when, changes
   beyond what the warning says);
 - `refuse`: refused in one sentence (REFUSED): ignoring it would change what runs;
+- `pyxis`: NVIDIA pyxis's container options, a SPANK plugin's rows after Slurm's own
+  (mgpu.slurm.pyxis: the image and options honoured, or refused in one sentence);
 - `=NAME`: another spelling of NAME (Slurm's deprecated and hidden forms: `--cpu_bind`,
   `--tasks-per-node`, `--pack-group`, `--cluster`).
 
@@ -28,6 +30,7 @@ shape from the job (mgpu.client.steps), as today.
 from __future__ import annotations
 
 from mgpu.slurm.opts import Option
+from mgpu.slurm.pyxis import ROWS as PYXIS_ROWS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,8 +65,8 @@ cores-per-socket    - = bra warn
 cpu-bind            - = r   warn
 cpu_bind            - = r   =cpu-bind
 cpu-freq            - = bra warn
-cpus-per-gpu        - = bra warn
-cpus-per-task       c = bra cpu
+cpus-per-gpu        - = bra job
+cpus-per-task       c = bra job
 deadline            - = bra warn
 debugger-test       - - r   warn
 delay-boot          - = bra warn
@@ -74,13 +77,13 @@ epilog              - = r   refuse
 error               e = br  job
 exact               - - r   step
 exclude             x = bra job:exclude
-exclusive           - ? bra warn
+exclusive           - ? bra job
 export              - = br  job
 export-file         - = b   warn
 extra-node-info     B = bra warn
 get-user-env        - ? ba  warn
 gid                 - = bra warn
-gpu-bind            - = bra warn
+gpu-bind            - = bra job
 gpu-freq            - = bra warn
 gpus                G = bra gpu
 gpus-per-node       - = bra gpu
@@ -100,17 +103,17 @@ jobid               - = r   step
 job-name            J = bra job:name
 kill-command        K ? a   warn
 kill-on-bad-exit    K ? r   step
-kill-on-invalid-dep - = b   warn
+kill-on-invalid-dep - = b   job
 label               l - r   step
 licenses            L = bra warn
 mail-type           - = bra job
 mail-user           - = bra job
 threads             T = r   warn
 mcs-label           - = bra warn
-mem                 - = bra cpu
+mem                 - = bra job
 mem-bind            - = bra warn
-mem-per-cpu         - = bra cpu
-mem-per-gpu         - = bra warn
+mem-per-cpu         - = bra job
+mem-per-gpu         - = bra job
 mincpus             - = bra warn
 mpi                 - = r   warn
 msg-timeout         - = r   warn
@@ -404,7 +407,7 @@ class Row:
         return self.use[1:] if self.use.startswith("=") else self.name
 
 
-ROWS = [Row(*line.split()) for line in OPTIONS.strip().splitlines()]
+ROWS = [Row(*line.split()) for line in f"{OPTIONS.strip()}\n{PYXIS_ROWS.strip()}".splitlines()]
 
 
 def rows(command: str) -> list[Row]:

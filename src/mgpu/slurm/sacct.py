@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from mgpu.slurm import common, fields, opts, output, states
+from mgpu.slurm import common, fields, opts, output, states, tres
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -48,9 +48,20 @@ def _cpus(job: dict[str, Any]) -> str:
     block = common.slurm_block(job)
     if job.get("_ntasks"):  # a step: its own tasks
         return str(job["_ntasks"] * (block.get("cpus_per_task") or 1))
-    nodes = int(_nnodes(job))
-    tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * nodes
-    return str(tasks * (block.get("cpus_per_task") or 1))
+    return str(tres.alloc_cpus(job))
+
+
+def _req_mem(job: dict[str, Any]) -> str:
+    mb = tres.req_mem(job)
+    return "" if mb is None else tres.memory(mb)
+
+
+def _alloc_tres(job: dict[str, Any]) -> str:
+    """The job's; a step's without billing (Slurm bills jobs, not steps)."""
+    text = tres.tres(job, alloc=True, by_name=True)
+    if not _suffix(job):
+        return text
+    return ",".join(i for i in text.split(",") if not i.startswith("billing="))
 
 
 def _uid(job: dict[str, Any]) -> str:
@@ -70,6 +81,17 @@ def _group(job: dict[str, Any]) -> str:
         return grp.getgrgid(pwd.getpwnam(str(job.get("user"))).pw_gid).gr_name
     except (KeyError, ImportError):
         return ""
+
+
+def _max_rss(job: dict[str, Any]) -> str:
+    """The job's peak memory as sacct writes it: KiB, in a larger unit where exact."""
+    mb = job.get("max_rss_mb")
+    if not isinstance(mb, int):
+        return ""
+    value, units = mb * 1024, "KMGTP"
+    while value and value % 1024 == 0 and units[1:]:
+        value, units = value // 1024, units[1:]
+    return f"{value}{units[0]}"
 
 
 def _state(job: dict[str, Any]) -> str:
@@ -166,7 +188,8 @@ GETTERS: dict[str, Any] = {
     "Account": lambda j: "",
     "AllocCPUS": _cpus,
     "NCPUS": _cpus,
-    "ReqCPUS": lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1),
+    "ReqCPUS": _job_level(lambda j: str(tres.req_cpus(j))),
+    "ReqMem": _job_level(_req_mem),
     "State": _state,
     "ExitCode": states.exit_code,
     "DerivedExitCode": _job_level(states.exit_code),
@@ -183,8 +206,8 @@ GETTERS: dict[str, Any] = {
     "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
     "WorkDir": _job_level(lambda j: str(j.get("cwd") or "")),
     "Reason": _job_level(lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
-    "ReqTRES": _job_level(lambda j: f"gres/gpu={j.get('gpus') or 0}"),
-    "AllocTRES": lambda j: f"gres/gpu={j.get('gpus') or 0}",
+    "ReqTRES": _job_level(lambda j: tres.tres(j, alloc=False, by_name=True)),
+    "AllocTRES": _alloc_tres,
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
     "ArrayTaskID": lambda j: str(j.get("array_task_id") if j.get("array_job_id") else ""),
     "Priority": _job_level(lambda j: str(j.get("priority") or 0)),
@@ -195,6 +218,7 @@ GETTERS: dict[str, Any] = {
     "Cluster": lambda j: "mgpu",
     "NTasks": _ntasks,
     "Comment": lambda j: "",
+    "MaxRSS": _max_rss,
 }
 """The values mgpu has; a field of Slurm's it has not is empty, as sacct's are for data
 the cluster does not gather."""

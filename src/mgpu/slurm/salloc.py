@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from mgpu.slurm import common, jobopts, optable, opts
+from mgpu.slurm import common, jobopts, optable, opts, pyxis
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ def main(argv: list[str]) -> int:
     fields, block, warnings = jobopts.submit_fields(PROG, values, {}, os.getcwd())
     for warning in warnings:
         common.warn(PROG, warning)
+    if pyxis.given(values):  # checked now; the allocation's steps run in the container
+        pyxis.request(PROG, values, os.getcwd())
+        os.environ.update(pyxis.exported(values))
     words = ["alloc", *jobopts.mgpu_words(fields), "--slurm-block", allocation_block(block)]
     return jobopts.exec_mgpu([*words, *(["--", *command] if command else [])])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mgpu.slurm import common, jobopts, opts, output
+from mgpu.slurm import common, jobopts, opts, output, pyxis
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -85,6 +85,11 @@ class Batch:
             submit_dir=cwd,
         )
         self.fields.setdefault("cwd", cwd)
+        if pyxis.given(self.values):
+            image, _, notes = pyxis.request(PROG, self.values, self.fields["cwd"])
+            self.warnings += notes
+            if image is not None:
+                self.script = pyxis.batch_wrapper(self.script, self.script_name, self.values)
         self.parsable = "parsable" in self.values
         self.quiet = "quiet" in self.values
         self.wait = "wait" in self.values

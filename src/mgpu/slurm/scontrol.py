@@ -7,7 +7,7 @@ import os
 import shlex
 
 from mgpu.safetext import escape_controls
-from mgpu.slurm import common, output, states
+from mgpu.slurm import common, output, states, tres
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -94,12 +94,21 @@ def job_text(job: dict[str, Any]) -> str:
         f"ReqNodeList={_listed(job.get('nodelist'))} ExcNodeList={_listed(job.get('exclude'))}",
         f"NodeList={nodes}",  # empty until it runs; then its first node runs the script
         *([f"BatchHost={first_node if block.get('batch') else '(null)'}"] if first_node else []),
-        f"NumNodes={n_nodes} NumCPUs={n_nodes} NumTasks={block.get('ntasks') or n_nodes} "
-        f"CPUs/Task={block.get('cpus_per_task') or 1}",
-        f"TRES=node={n_nodes},gres/gpu={job.get('gpus') or 0}",
+        f"NumNodes={n_nodes} NumCPUs={tres.num_cpus(job)} "
+        f"NumTasks={block.get('ntasks') or n_nodes} "
+        f"CPUs/Task={block.get('cpus_per_task') or 1} ReqB:S:C:T=*:*:*:*",
+        f"TRES={_job_tres(job)}",
+        "MinCPUsNode={} MinMemory{}={} MinTmpDiskNode=0".format(
+            block.get("cpus_per_task") or 1, *tres.min_memory(job)
+        ),
         f"Command={_command(job, block, workdir)}",
         f"WorkDir={workdir}",
     ]
+    asked = job.get("resources") or {}
+    if asked.get("cpus_per_gpu"):
+        lines.append(f"CpusPerTres=gres:gpu:{asked['cpus_per_gpu']}")
+    if asked.get("mem_per_gpu_mb") is not None:
+        lines.append(f"MemPerTres=gres:gpu:{asked['mem_per_gpu_mb']}")
     if out:
         lines += [f"StdErr={err}", "StdIn=/dev/null", f"StdOut={out}"]
     return _block(lines)
@@ -114,11 +123,19 @@ def _command(job: dict[str, Any], block: dict[str, Any], workdir: str) -> str:
     if name == "wrap":
         return "(null)"
     base = block.get("submit_dir") or workdir
-    try:  # a script job's command is its arguments, quoted; Slurm prints them unquoted
+    try:  # a script job's command is its name and arguments, quoted; Slurm's unquoted
         args = shlex.split(str(job.get("command") or ""))
     except ValueError:
         args = [str(job.get("command"))]
+    if args[:1] == [name]:
+        args = args[1:]
     return " ".join([f"{base.rstrip('/')}/{name}", *args])
+
+
+def _job_tres(job: dict[str, Any]) -> str:
+    """What the job holds once it runs, else what it asks (scontrol's TRES=)."""
+    held = tres.tres(job, alloc=True, by_name=False)
+    return held or tres.tres(job, alloc=False, by_name=False)
 
 
 def node_text(node: dict[str, Any]) -> str:
@@ -126,10 +143,15 @@ def node_text(node: dict[str, Any]) -> str:
     busy = sum(1 for g in gpus if g.get("busy_job"))
     state = states.node_state(node)
     kinds = {g.get("name") for g in gpus}
+    cpus, cpus_free = tres.node_cpus(node)
+    mem, mem_free = tres.node_memory(node)
+    alloc_mem = mem - mem_free if mem_free is not None else 0
     lines = [
         f"NodeName={node['node_id']} Arch=x86_64",
+        f"CPUAlloc={cpus - cpus_free} CPUEfctv={cpus} CPUTot={cpus} CPULoad=N/A",
         f"Gres=gpu:{len(gpus)} GresUsed=gpu:{busy}",
         f"NodeAddr={node.get('ip') or node.get('hostname')} NodeHostName={node.get('hostname')}",
+        f"RealMemory={mem} AllocMem={alloc_mem} FreeMem={'N/A' if mem_free is None else mem_free}",
         f"State={state.upper()}" + (f" Reason={node['reason']}" if node.get("reason") else ""),
         f"AvailableFeatures={','.join(sorted(k for k in kinds if k)) or '(null)'}",
     ]

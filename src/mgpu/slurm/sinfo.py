@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mgpu.slurm import common, fields, opts, output, states
+from mgpu.slurm import common, fields, opts, output, states, tres
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,6 +23,12 @@ COMPACT = {
     "drained": "drain",
     "down": "down",
 }
+
+
+def compact(state: str) -> str:
+    """sinfo's short state, its `*` (not responding) kept: `idle*`, `mix*`."""
+    base = state.rstrip("*")
+    return COMPACT.get(base, base) + state[len(base) :]
 
 
 class Partition:
@@ -89,7 +95,7 @@ COLUMNS: list[tuple[str, str, str, Any]] = [
     ("a", "available", "AVAIL", lambda r: "up"),
     ("l", "timelimit", "TIMELIMIT", lambda r: r.limit),
     ("D", "nodes", "NODES", lambda r: str(len(r.nodes))),
-    ("t", "statecompact", "STATE", lambda r: COMPACT.get(r.state, r.state)),
+    ("t", "statecompact", "STATE", lambda r: compact(r.state)),
     ("T", "statelong", "STATE", lambda r: r.state),
     ("N", "nodelist", "NODELIST", lambda r: _names(r.nodes)),
     (
@@ -99,14 +105,47 @@ COLUMNS: list[tuple[str, str, str, Any]] = [
         lambda r: ",".join(n.get("hostname") or n["node_id"] for n in r.nodes),
     ),
     ("G", "gres", "GRES", _gres),
-    ("c", "cpus", "CPUS", lambda r: "1"),
-    ("m", "memory", "MEMORY", lambda r: "1"),
+    ("c", "cpus", "CPUS", lambda r: _least(r, [tres.node_cpus(n)[0] for n in r.nodes], True)),
+    ("C", "cpusstate", "CPUS(A/I/O/T)", lambda r: _cpus_aiot(r)),
+    ("m", "memory", "MEMORY", lambda r: _least(r, [tres.node_memory(n)[0] for n in r.nodes])),
+    ("e", "freemem", "FREE_MEM", lambda r: _free_memory(r)),
     ("E", "reason", "REASON", lambda r: ",".join(n.get("reason") or "none" for n in r.nodes[:1])),
     ("F", "nodeaiot", "NODES(A/I/O/T)", lambda r: _aiot(r)),
 ]
 """sinfo's fields, each once: `-o %X` by its letter, `-O name` by its name (any case,
 whole, as sinfo's opts.c compares them)."""
 KNOWN, LONG_NAMES = fields.columns(COLUMNS)
+
+
+def _least(row: Row, values: list[int], units: bool = False) -> str:
+    """sinfo's `N` for nodes alike, `N+` (the least) for nodes that differ; CPUs in
+    Slurm's units (`1K`)."""
+    low, high = min(values, default=0), max(values, default=0)
+    text = tres.convert(low) if units else str(low)
+    return text if low == high else f"{text}+"
+
+
+def _free_memory(row: Row) -> str:
+    """FREE_MEM: `N`, or the range `LOW-HIGH`; N/A for nodes that do not say."""
+    free = [tres.node_memory(n)[1] for n in row.nodes]
+    low = "N/A" if not free or None in free else str(min(f or 0 for f in free))
+    high = "N/A" if not free or None in free else str(max(f or 0 for f in free))
+    return high if low == high else f"{low}-{high}"
+
+
+def _cpus_aiot(row: Row) -> str:
+    """CPUS(A/I/O/T): held by jobs, free, free on nodes that take no jobs (down,
+    drained), all."""
+    alloc = idle = other = total = 0
+    for node in row.nodes:
+        cpus, free = tres.node_cpus(node)
+        total += cpus
+        alloc += cpus - free
+        if states.node_state(node) in ("down", "drained", "draining"):
+            other += free
+        else:
+            idle += free
+    return f"{alloc}/{idle}/{other}/{total}"
 
 
 def _aiot(row: Row) -> str:
@@ -126,7 +165,8 @@ def rows(
         by_state: dict[str, list[Any]] = {}
         for node in (by_id[i] for i in part.nodes if i in by_id):
             state = states.node_state(node)
-            if wanted and state not in wanted and COMPACT[state] not in wanted:
+            base = state.rstrip("*")  # `-t idle` lists the idle nodes that do not respond too
+            if wanted and not {state, base, compact(state), compact(base)} & wanted:
                 continue
             if per_node:
                 out.append(Row(part, state, [node]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from mgpu.slurm import common, fields, opts, output, states
+from mgpu.slurm import common, fields, opts, output, states, tres
 from mgpu.slurm.common import fail
 
 TYPE_CHECKING = False
@@ -61,12 +61,6 @@ def _gres(job: dict[str, Any]) -> str:
     return f"gres:gpu:{gpus}" if gpus else "N/A"
 
 
-def _cpus(job: dict[str, Any]) -> str:
-    block = common.slurm_block(job)
-    tasks = block.get("ntasks") or (block.get("ntasks_per_node") or 1) * int(_nodes(job))
-    return str(tasks * (block.get("cpus_per_task") or 1))
-
-
 def _where(job: dict[str, Any]) -> str:
     if job.get("state") == "queued":
         return f"({states.reason(job)})"
@@ -97,12 +91,6 @@ def _when(key: str) -> Any:
     return lambda job: common.timestamp(job.get(key), "N/A")
 
 
-def _memory(job: dict[str, Any]) -> str:
-    block = common.slurm_block(job)
-    mb = block.get("mem_per_node_mb") or block.get("mem_per_cpu_mb")
-    return f"{mb}M" if mb else "0"
-
-
 COLUMNS: list[tuple[str, str, str, Any]] = [
     # %-letter, its -O names, title, value
     ("i", "jobid jobarrayid", "JOBID", _shown_id),
@@ -123,9 +111,9 @@ COLUMNS: list[tuple[str, str, str, Any]] = [
     ("N", "nodelist", "NODELIST", common.hostlist),
     ("B", "batchhost", "EXEC_HOST", lambda j: common.hostlist(j).split(",")[0] or "n/a"),
     ("P", "partition", "PARTITION", common.partition),
-    ("C", "numcpus", "CPUS", _cpus),
+    ("C", "numcpus", "CPUS", lambda j: str(tres.num_cpus(j))),
     ("c", "mincpus", "MIN_CPUS", lambda j: str(common.slurm_block(j).get("cpus_per_task") or 1)),
-    ("m", "minmemory", "MIN_MEMORY", _memory),
+    ("m", "minmemory", "MIN_MEMORY", lambda j: tres.min_memory(j)[1]),
     ("b", "tres-per-node", "TRES_PER_NODE", _gres),
     ("o", "command", "COMMAND", lambda j: str(j.get("script_name") or j.get("command") or "")),
     ("Z", "workdir", "WORK_DIR", lambda j: str(j.get("cwd") or "")),

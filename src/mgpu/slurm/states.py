@@ -45,6 +45,7 @@ END_CODES = {
     "idle": "CANCELLED",
     "dependency_never": "CANCELLED",
     "never_fits": "FAILED",
+    "out_of_memory": "OUT_OF_MEMORY",
 }
 """An ended job's typed `end_code` (mgpu.model.EndCode) as Slurm's state."""
 
@@ -85,6 +86,8 @@ WAIT_CODES = {
     "resources": "Resources",
     "priority": "Priority",
     "dependency": "Dependency",
+    "dependency_never_satisfied": "DependencyNeverSatisfied",
+    "partition_time_limit": "PartitionTimeLimit",
     "begin_time": "BeginTime",
     "reservation": "Reservation",
     "node_not_available": "ReqNodeNotAvail",
@@ -108,7 +111,10 @@ def reason(job: dict[str, Any]) -> str:
 
 
 def exit_code(job: dict[str, Any]) -> str:
-    """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL)."""
+    """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL), `0:125`
+    (killed for its memory, as Slurm says it)."""
+    if job.get("end_code") == "out_of_memory":
+        return "0:125"
     code = job.get("exit_code")
     if not isinstance(code, int):
         return "0:0"
@@ -120,12 +126,19 @@ def exit_code(job: dict[str, Any]) -> str:
 
 
 def node_state(node: dict[str, Any]) -> str:
-    """Slurm's long node state: idle, mixed, allocated, draining, drained, down."""
+    """Slurm's long node state: idle, mixed, allocated, draining, drained, down; with
+    Slurm's `*` (not responding) while the node's agent is not connected: it lost its link,
+    or a new leader has not heard from it yet (down once silent for its timeout)."""
+    state = node.get("state")
+    if state == "offline":
+        return "down"
+    return _up_state(node) + ("*" if node.get("connected") is False else "")
+
+
+def _up_state(node: dict[str, Any]) -> str:
     state = node.get("state")
     gpus = node.get("gpus") or []
     busy = sum(1 for g in gpus if g.get("busy_job"))
-    if state == "offline" or node.get("connected") is False:
-        return "down"
     if state == "drained":
         return "drained"
     if state == "draining":

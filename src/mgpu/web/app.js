@@ -240,6 +240,7 @@ const NODE_FILTERS = {
   free: (r) => r[1] === "online" && r[2].includes("f"),
   full: (r) => r[2].length > 0 && !/[fn]/.test(r[2]),
   draining: (r) => r[1] === "draining" || r[1] === "drained",
+  reconnecting: (r) => r[1] === "reconnecting",
   offline: (r) => r[1] === "offline",
 };
 
@@ -337,15 +338,23 @@ function nodeJobs(n) {
     `<a href="#/job/${esc(j.id)}">${esc(j.id)}</a> ${esc(j.name || "")} (${esc(j.user)})`).join(", ")}</div>`;
 }
 
+// CPUs and memory the node offers to jobs and what of them is free (where its agent says).
+function hostUse(n) {
+  const parts = [];
+  if (n.cpus != null) parts.push(`CPUs ${esc(n.cpus_free)} free of ${esc(n.cpus)}`);
+  if (n.mem_mb != null) parts.push(`memory ${(n.mem_free_mb / 1024).toFixed(1)} GB free of ${(n.mem_mb / 1024).toFixed(1)} GB`);
+  return parts.length ? `<div class="note">${parts.join(" · ")}</div>` : "";
+}
+
 // A node's card is its head and these sections, in order: add one here for a new view of a
 // node (it gets the node's JSON from node_details in mgpu.master.dashboard).
-const NODE_SECTIONS = [gpuTable, nodeJobs];
+const NODE_SECTIONS = [hostUse, gpuTable, nodeJobs];
 
 function nodeCard(n, closable) {
   const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);
   const where = [n.hostname, n.ip].filter(Boolean).join(" · ");
   return `<div class="node" data-node="${esc(n.node_id)}">
-    <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "offline" : n.state)}
+    <div class="node-head"><b>${esc(n.node_id)}</b>${badge(n.connected === false && n.state !== "offline" ? "reconnecting" : n.state)}
       <span class="muted">${esc(where)}</span>${sim ? badge("simulated", "sim") : ""}
       ${n.reason ? `<span class="muted">${esc(n.reason)}</span>` : ""}
       ${closable ? `<span class="spacer"></span><button type="button" class="small" data-close="${esc(n.node_id)}" title="close">×</button>` : ""}</div>
@@ -604,6 +613,11 @@ function renderJob(j) {
   rows.push(["retries", `${esc(j.retries)} of ${esc(j.max_retries)}`]);
   if (j.priority_value != null) rows.push(["priority", Math.round(j.priority_value)]);
   if (j.reservation) rows.push(["reservation", esc(j.reservation)]);
+  if (j.cpus || j.mem_mb) {
+    rows.push(["per node", `${j.cpus ? esc(j.cpus) + " CPUs" : "CPUs shared"}, ` +
+      (j.mem_mb ? `${(j.mem_mb / 1024).toFixed(1)} GB memory` : "memory shared")]);
+  }
+  if (j.max_rss_mb != null) rows.push(["peak memory", `${(j.max_rss_mb / 1024).toFixed(1)} GB`]);
   if (j.expected_start) rows.push(["expected start", `${ts(j.expected_start)} (${startIn(j.expected_start, now)})`]);
   if (waitsFor(j)) rows.push(["waits for", waitsFor(j)]);
   if (j.gpu_util_mean != null || j.gpu_memory_peak_mb != null) {

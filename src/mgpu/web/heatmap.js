@@ -6,7 +6,9 @@
 // The letters of GET /api/dashboard/overview's "heat" rows (mgpu.master.dashboard).
 const HEAT_WORDS = { b: "busy", s: "shared", f: "free", x: "used outside mgpu", n: "not offered", d: "down" };
 const HEAT_VARS = { b: "--busy", s: "--shared", f: "--free", x: "--foreign", n: "--held", d: "--bad" };
-const TILE_BG = { online: "#eef0f4", draining: "#fbe6c4", drained: "#d9dde5", offline: "#f6d6d3" };
+const TILE_BG = {
+  online: "#eef0f4", draining: "#fbe6c4", drained: "#d9dde5", reconnecting: "#fdf3e2", offline: "#f6d6d3",
+};
 
 class HeatMap {
   constructor(root, onPick) {

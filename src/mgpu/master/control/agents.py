@@ -33,6 +33,7 @@ from mgpu.master.monitor.gpuwatch import (
     WatchAction,
 )
 from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
+from mgpu.master.state.cpus import offered_cpus
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.registry import AgentLink, NodeRecord
 from mgpu.master.state.steps import Step, is_step_id
@@ -133,6 +134,9 @@ class Agents:
         node.ip = hello.ip
         node.gpus = list(hello.gpus)
         node.gpu_source = hello.gpu_source
+        reserve = self.config.reserve(hello.node_id)
+        node.cpus = offered_cpus(hello.cpus or [], reserve.cpus)
+        node.mem_mb = max(0, hello.mem_mb - reserve.mem) if hello.mem_mb else 0
         node.features = list(hello.features)
         node.run_as_user = hello.run_as_user
         node.containment, node.gpu_isolation = hello.containment, hello.gpu_isolation
@@ -199,6 +203,10 @@ class Agents:
         for job_id in result.unlaunched:
             never = f"the launch never reached {node.node_id}"
             self.life.slot_lost(self.state.jobs[job_id], EndReason.NOT_LAUNCHED, never)
+        for step_id in result.lost_steps:  # not there: never launched, or the agent restarted
+            step = self.state.steps.by_id[step_id]
+            if self.state.steps.node_exited(step, node.node_id, None, f"{node.node_id} lost it"):
+                self.outputs.close(step.id)
         return list(result.kill), resume
 
     def disconnected(self, node_id: str, link: AgentLink) -> None:
@@ -319,10 +327,12 @@ class Agents:
             reason = EndReason.PROLOG_FAILED if msg.requeue_free else EndReason.LAUNCH_FAILED
             self.life.slot_lost(job, reason, why)
             return
-        node.failures = 0
+        node.failures = 0  # out of memory too: the job's own failure, not the node's
         if msg.epilog_error is not None:  # as Slurm: the node drains, the job's result stands
             self.nodes.drain(node.node_id, msg.epilog_error)
-        self.life.slot_exited(job, slot, msg.exit_code, msg.timed_out)
+        if msg.max_rss_mb is not None:
+            job.max_rss_mb = max(job.max_rss_mb or 0, msg.max_rss_mb)
+        self.life.slot_exited(job, slot, msg.exit_code, msg.timed_out, msg.out_of_memory)
 
     def apply_watch(self, actions: list[WatchAction]) -> None:
         """Apply what GpuWatch made of a heartbeat."""

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.lifecycle import Lifecycle
+from mgpu.master.control.livesteps import LiveSteps
 from mgpu.master.control.sessions import Sessions
 from mgpu.master.control.srun import Sruns, launch_in_job
 from mgpu.master.control.submit import SubmitError
@@ -69,6 +70,8 @@ class Allocations:
         self.config = config
         self.sruns = Sruns(state, life, sessions, config)
         """`srun` inside any running job (a batch job, an allocation): Slurm's steps."""
+        self.live = LiveSteps(state.steps, self.uow)
+        """Every step of a running job kept in the store: a master that takes over knows it."""
 
     def running(self, job_id: str) -> Job:
         """The running allocation `job_id`, or SubmitError saying why there is none."""

@@ -58,6 +58,7 @@ from mgpu.master.control.sessions import Sessions, held_by_client
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import JobSpec, SubmitError, SubmitResult
 from mgpu.master.control.submitkeys import Made, SubmitKeys
+from mgpu.master.control.tokenadmin import TokensAndAudit
 from mgpu.master.monitor.gpuwatch import GpuWatch
 from mgpu.master.monitor.metrics import JobMetrics
 from mgpu.master.runtime import gcpause
@@ -75,8 +76,8 @@ from mgpu.master.store import arrays
 from mgpu.master.store.base import Store
 from mgpu.master.store.outputs import OutputReader, OutputStore
 from mgpu.master.store.submitbatch import SubmitBatch
-from mgpu.model import EndReason, Job, JobState, NodeState
-from mgpu.protocol import AgentMessage, GpuDesc, Hello, Welcome
+from mgpu.model import EndReason, Job, JobState
+from mgpu.protocol import AgentMessage, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
 
 log = logging.getLogger("mgpu.master")
@@ -84,7 +85,7 @@ log = logging.getLogger("mgpu.master")
 __all__ = ["Cluster", "Conflict", "NotFound", "SubmitResult"]
 
 
-class Cluster(Reads):
+class Cluster(Reads, TokensAndAudit):
     def __init__(
         self,
         config: ClusterConfig,
@@ -111,6 +112,7 @@ class Cluster(Reads):
         self.counters = self.state.counters
         half_life = config.scheduling.fairshare_half_life_hours * 3600
         self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
+        self.usage.billing = scheduler_config(config.scheduling).billing  # what a second costs
         self.uow = UnitOfWork(store, self.timers, self.usage)
         self.job_metrics = JobMetrics()
         self.loop_lag = LoopLag()
@@ -149,6 +151,7 @@ class Cluster(Reads):
         self.allocations = Allocations(self.state, self.life, self.sessions, config)
         self.loop.on_tick += [self.sessions.check, self.allocations.check]
         self.admission = Admission(config.site.admission, config.scheduling.max_gpus_per_user)
+        self.admission.asks = self.loop.asks
         self.jobctl = JobControl(
             self.state, self.life, self.loop, self.admission, self.admission_context
         )
@@ -163,23 +166,17 @@ class Cluster(Reads):
         self._rejudge_armed = False
         self.bulk = Bulk(self)
         self._load()
+        self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())
 
     def _load(self) -> None:
+        up = []
         for node_id, rec in self.store.load_nodes().items():
             node = self.state.node(node_id)
-            node.hostname = rec.get("hostname", "")
-            node.ip = rec.get("ip", "")
-            # Unchecked: a record from before hellos were bounded must not stop the master;
-            # the agent's next hello replaces it with checked values.
-            node.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
-            node.gpu_source = rec.get("gpu_source", "unknown")
-            node.drain_requested = bool(rec.get("drain_requested"))
-            node.reason = rec.get("reason")
-            node.failures = int(rec.get("failures", 0))
-            node.features = list(rec.get("features", []))
+            node.from_record(rec)
             node.heard_now(self.clock)  # grace: agents get a full timeout to come back
-            node.state = NodeState.OFFLINE
+            if rec.get("up"):
+                up.append(node)
         for entry in self.config.nodes:
             self.state.node(entry.node_id)
         running = []
@@ -190,6 +187,8 @@ class Cluster(Reads):
                 running.append(job)
         if running:
             self.store.save_jobs(running)  # rewritten: drops a credential stored in clear
+        for node in up:  # after its jobs: a draining node that holds one is not drained
+            node.as_it_was()
         log.info("loaded %d active jobs, %d nodes", len(self.jobs), len(self.nodes))
 
     # ---- who asks ---------------------------------------------------------
@@ -315,7 +314,9 @@ class Cluster(Reads):
             request_for=(
                 self.loop.request_for
                 if cached
-                else lambda job: job_request(job, self.access.allowed_nodes(job.user))
+                else lambda job: job_request(
+                    job, self.access.allowed_nodes(job.user), self.loop.asks
+                )
             ),
             job_exists=lambda job_id: self._find_dependency_target(job_id) is not None,
             groups=unix_groups,
@@ -590,51 +591,6 @@ class Cluster(Reads):
 
     def output_reader(self, run_id: str, since: int = 0, follow: bool = True) -> OutputReader:
         return self.outputs.reader(run_id, since, follow=follow)
-
-    # ---- tokens and audit ---------------------------------------------------
-
-    def create_token(
-        self, user: str, admin: bool, allow_root: bool, actor: Actor
-    ) -> tuple[str, str]:
-        """A new token (its id and secret), audited."""
-        token_id, token = self.tokens.create(user, admin, allow_root=allow_root)
-        detail = f"id {token_id}" + (" admin" if admin else "")
-        detail += " allow-root" if allow_root else ""
-        self.audit("token_create", actor.user, actor.address, user, detail)
-        return token_id, token
-
-    def list_tokens(self) -> list[dict[str, Any]]:
-        return self.tokens.list()
-
-    def token_guarded(self, token_id: str) -> str | None:
-        """What the token is, when only the cluster's owner may revoke it."""
-        return self.tokens.guarded(token_id)
-
-    def revoke_token(self, token_id: str, actor: Actor) -> bool:
-        revoked = self.tokens.revoke(token_id)
-        if revoked:
-            self.audit("token_revoke", actor.user, actor.address, token_id)
-        return revoked
-
-    def audit(
-        self,
-        kind: str,
-        actor: str | None,
-        address: str | None,
-        target: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        """One audit event, written now."""
-        self.store.record_event(kind, actor=actor, address=address, target=target, detail=detail)
-
-    def audit_rows(
-        self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
-    ) -> None:
-        """Audit events (kind, actor, address, target, detail) in one transaction."""
-        self.store.record_events(rows)
-
-    def audit_events(self, since: float) -> list[dict[str, Any]]:
-        return self.store.events(since=since)
 
     def readiness(self) -> dict[str, Any]:
         """`/readyz`: whether the store takes writes and the loop runs, and nodes online."""

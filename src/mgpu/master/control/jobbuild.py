@@ -17,6 +17,7 @@ from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.store import arrays
 from mgpu.model import ALLOCATION, Job, SlurmOptions, WaitCode
 from mgpu.signalspec import format_signal
+from mgpu.slurmasks import slurm_ask
 
 __all__ = ["SubmitDefaults", "build_jobs", "build_template", "submit_warnings"]
 
@@ -57,7 +58,14 @@ def _slurm_placement(
     """The job's SlurmOptions as stored (its partition resolved, its array's shape) and
     the partition it runs in."""
     part = choose_partition(slurm.partition, defaults.cluster)
-    slurm = replace(slurm, partition=part.name, partition_nodes=part.nodes)
+    slurm = replace(
+        slurm,
+        partition=part.name,
+        partition_nodes=part.nodes,
+        partition_max_time=None
+        if part.max_time is None or math.isinf(part.max_time)
+        else part.max_time,
+    )
     if spec.array is not None:
         count, low, high, step = slurmenv.array_shape(spec.array.indices)
         slurm = replace(slurm, array_count=count, array_min=low, array_max=high, array_step=step)
@@ -71,22 +79,16 @@ def _within_partition(
     asked: bool,
 ) -> float | None:
     """The time limit of a job in partition `part`: its max_time, for a job that gives
-    none (or the cluster's default, if shorter); a longer --time is refused, in Slurm's
-    words, and so is a --nodelist that names none of its nodes."""
+    none (or the cluster's default, if shorter); a --time over it is kept, and the job
+    waits as PartitionTimeLimit (Slurm's default, EnforcePartLimits=NO).  A --nodelist
+    that names none of its nodes is refused."""
     outside = nodelist is not None and not set(nodelist) & set(part.nodes or nodelist)
     if part.nodes is not None and outside:
         raise specs.SpecError(
             f"--nodelist names no node of partition {part.name!r} ({', '.join(part.nodes)})"
         )
-    if part.max_time is not None and not math.isinf(part.max_time):
-        if not asked:  # the cluster's default limit, within the partition's
-            time_limit = min(time_limit or math.inf, part.max_time)
-        elif time_limit is None or time_limit > part.max_time:
-            raise specs.SpecError(
-                "Requested time limit is invalid (missing or exceeds some limit): --time "
-                f"{specs.format_time_limit(time_limit)} is over partition {part.name!r}'s "
-                f"{specs.format_time_limit(part.max_time)}"
-            )
+    if part.max_time is not None and not math.isinf(part.max_time) and not asked:
+        time_limit = min(time_limit or math.inf, part.max_time)  # the default, within it
     return time_limit
 
 
@@ -116,7 +118,8 @@ def build_template(
     else:
         time_limit = None if math.isinf(spec.time) else spec.time
     shape = spec.shape
-    env = {k: v for k, v in (spec.env or {}).items() if not execspec.is_reserved_env_name(k)}
+    kept = spec.slurm is not None  # a Slurm job's own MASTER_ADDR... (execspec)
+    env = {k: v for k, v in (spec.env or {}).items() if not execspec.is_reserved_env_name(k, kept)}
     slurm = spec.slurm
     if slurm is not None:
         try:
@@ -157,6 +160,7 @@ def build_template(
         eligible_time=now,
         begin_time=spec.begin,
         image=spec.image,
+        container=None if spec.container is None else spec.container.model_dump(),
         held=spec.hold,
         held_by=user if spec.hold else None,
         signal=None if spec.signal is None else format_signal(spec.signal),
@@ -167,6 +171,8 @@ def build_template(
         gpu_share=spec.gpu_share,
         reservation=spec.reservation,
         slurm=slurm,
+        # A Slurm job's -c, --mem... (mgpu's own --cpus/--mem over them, each kind alone).
+        ask=spec.ask if slurm is None else slurm_ask(slurm, shape.nodes or 1, own=spec.ask),
     )
     if base.held:
         base.reason, base.reason_code = "held", WaitCode.HELD

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from mgpu import slurmenv
 from mgpu.config import ClusterConfig
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
 from mgpu.model import Job, Slot
@@ -26,6 +27,7 @@ __all__ = [
     "job_env",
     "job_launch",
     "preempt_warning",
+    "rendezvous_env",
     "slurm_env",
     "step_launch",
     "terminal_size",
@@ -54,20 +56,30 @@ def job_env(
     if job.array_job_id is not None:
         env["MGPU_ARRAY_JOB_ID"] = job.array_job_id
         env["MGPU_ARRAY_TASK_ID"] = str(job.array_task_id)
-    if job.port is not None:
-        dist = {
-            "MASTER_ADDR": nodes[alloc[0].node_id].ip,
-            "MASTER_PORT": str(job.port),
-            "NNODES": str(len(alloc)),
-            "NODE_RANK": str(rank),
-            "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
-            "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
-        }
-        env.update(dist)
-        # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
-        env.update({f"PET_{k}": dist[k] for k in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")})
-        env.update({f"PET_{k}": dist[k] for k in ("MASTER_ADDR", "MASTER_PORT")})
+    for name, value in rendezvous_env(job, rank, slot, nodes).items():
+        env.setdefault(name, value)  # a Slurm job's own (it exported them) stand
     return env
+
+
+def rendezvous_env(
+    job: Job, rank: int, slot: Slot, nodes: Mapping[str, NodeRecord]
+) -> dict[str, str]:
+    """torchrun's variables of a distributed run on node `rank`: none for a Slurm job that
+    did not ask (`--distributed`), whose script sets its own as in Slurm."""
+    alloc = job.allocation
+    if job.port is None or (job.slurm is not None and not job.distributed):
+        return {}
+    dist = {
+        "MASTER_ADDR": nodes[alloc[0].node_id].ip,
+        "MASTER_PORT": str(job.port),
+        "NNODES": str(len(alloc)),
+        "NODE_RANK": str(rank),
+        "NPROC_PER_NODE": str(len(slot.gpu_ids) or 1),
+        "WORLD_SIZE": str(sum(len(s.gpu_ids) or 1 for s in alloc)),
+    }
+    # torchrun reads PET_* as defaults for its flags: a bare `torchrun x.py` joins.
+    pet = ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT")
+    return {**dist, **{f"PET_{k}": dist[k] for k in pet}}
 
 
 def slurm_env(
@@ -122,7 +134,9 @@ def grant(
 ) -> Grant:
     """What the run on `slot`'s node was granted: the job's GPUs there, or `gpus` of them
     (an srun task's), and a fractional job's (`--gpu-share F`) share: F and its part of
-    the GPU's memory (rounded down, from the node's hello).  `step`: an srun task."""
+    the GPU's memory (rounded down, from the node's hello); the CPUs and memory the job
+    holds there (None: it holds none, and shares the node's).  `step`: an srun task, which
+    runs within its job's CPUs and memory (it holds none of its own)."""
     units = job_share_units(job) or None
     memory = None
     if units is not None:
@@ -137,6 +151,8 @@ def grant(
         gpu_memory_mb=None if units is None or memory is None else memory * units // SHARE_UNITS,
         slurm=job.slurm is not None,
         step=step,
+        cpus=None if slot.cpu_ids is None else list(slot.cpu_ids),
+        mem_mb=slot.mem_mb,
     )
 
 
@@ -178,6 +194,7 @@ def job_launch(
         mpi=job.mpi,
         hostfile=hostfile(job, nodes) if job.mpi else None,
         image=job.image,
+        container=None if job.container is None else ContainerOptions(**job.container),
         prolog=site.prolog,
         epilog=site.epilog,
         prolog_timeout=site.prolog_timeout,

@@ -123,14 +123,24 @@ class Lifecycle:
 
     # ---- starting ---------------------------------------------------------
 
-    def start(self, job: Job, placements: Sequence[tuple[str, Sequence[int]]]) -> None:
-        """queued → running on `placements` (node, GPUs), which the caller found free."""
+    def start(
+        self,
+        job: Job,
+        placements: Sequence[tuple[str, Sequence[int]]],
+        held: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        """queued → running on `placements` (node, GPUs), which the caller found free;
+        `held`: the CPUs and MiB it holds on each (a count: which CPUs is picked here),
+        which the caller found free too (None: none, the node's are shared)."""
         job.epoch += 1
         token = new_job_token(job.id, self.token_suffix)
         self._tokens[job.id] = token
         job.job_token_hashes = [token_hash(token)]
         job.transition(JobState.RUNNING, "launching")
-        job.allocation = [Slot(node_id=n, gpu_ids=list(g)) for n, g in placements]
+        job.allocation = [
+            self._new_slot(job, n, g, held[i] if held else (0, 0))
+            for i, (n, g) in enumerate(placements)
+        ]
         job.attempts.append(
             Attempt(
                 epoch=job.epoch,
@@ -139,10 +149,11 @@ class Lifecycle:
             )
         )
         job.start_time = job.exit_code = job.failed_node = job.port = None
-        job.timed_out = job.limit_changed = False
+        job.timed_out = job.limit_changed = job.out_of_memory = False
+        job.max_rss_mb = None  # this run's, as its agents tell it
         job.stop_reason = job.stop_text = None
-        for node_id, gpu_ids in placements:
-            self.state.allocate(job, node_id, gpu_ids)
+        for slot in job.allocation:
+            self.state.allocate(job, slot.node_id, slot.gpu_ids, slot.cpu_ids or (), slot.mem_mb)
         self.uow.persist(job)  # written before any agent hears of it (see UnitOfWork)
         self.state.counters["started"] += 1
         if job.kind == ALLOCATION:
@@ -154,6 +165,22 @@ class Lifecycle:
             self.uow.send(first.link, ReservePort(job_id=job.id, epoch=job.epoch))
         else:
             self.launch(job, port=None)
+
+    def _new_slot(
+        self, job: Job, node_id: str, gpu_ids: Sequence[int], held: tuple[int, int]
+    ) -> Slot:
+        """The job's slot on a node, with the CPU ids it gets there (see `start`)."""
+        cpus, mem_mb = held
+        cpu_ids = self.state.pick_cpus(node_id, cpus, gpu_ids) if cpus else None
+        if cpus and cpu_ids is None:  # the caller checked: a bug, not a user's error
+            raise RuntimeError(f"{cpus} CPUs of node {node_id} for job {job.id} are not free")
+        return Slot(
+            node_id=node_id,
+            gpu_ids=list(gpu_ids),
+            cpus=cpus or None,
+            cpu_ids=cpu_ids,
+            mem_mb=mem_mb or None,
+        )
 
     def launch(self, job: Job, port: int | None) -> None:
         """Send every rank its launch (pending → sent); `port`: the rank-0 node's reserved
@@ -217,12 +244,22 @@ class Lifecycle:
 
     # ---- ending -----------------------------------------------------------
 
-    def slot_exited(self, job: Job, slot: Slot, exit_code: int | None, timed_out: bool) -> None:
+    def slot_exited(
+        self,
+        job: Job,
+        slot: Slot,
+        exit_code: int | None,
+        timed_out: bool,
+        out_of_memory: bool = False,
+    ) -> None:
         """One slot's process ended with `exit_code`; the last one ends the run."""
         slot.phase = SlotPhase.EXITED
         slot.exit_code = exit_code
         if timed_out:
             job.timed_out = True
+        if out_of_memory:
+            job.out_of_memory = True
+            job.failed_node = job.failed_node or slot.node_id
         live = [s for s in job.allocation if not s.done]
         if exit_code != 0 and live and job.desired is not DesiredState.STOP:
             # As srun --kill-on-bad-exit: one rank failing ends the others.
@@ -252,11 +289,13 @@ class Lifecycle:
             if job.desired is DesiredState.REQUEUE:
                 return job.stop_reason, job.stop_text or "requeue requested"
             return job.stop_reason, job.stop_text or "cancelled"
+        where = f" on {job.failed_node}" if job.failed_node and len(job.allocation) > 1 else ""
+        if job.out_of_memory:  # before the time limit: the kill was the limit's
+            return EndReason.OUT_OF_MEMORY, f"out of memory{where}: killed at its memory limit"
         if job.timed_out:
             return EndReason.TIMEOUT, "time limit reached"
         if not failed:
             return EndReason.EXIT_OK, None
-        where = f" on {job.failed_node}" if job.failed_node and len(job.allocation) > 1 else ""
         return EndReason.EXIT_NONZERO, f"exit code {job.exit_code}{where}"
 
     def request_stop(self, job: Job, reason: EndReason, text: str | None = None) -> None:
@@ -314,6 +353,7 @@ class Lifecycle:
         now = self.state.clock.time()
         self._charge(job, now)
         self._end_attempt(job, now, why)
+        job.last_end = reason
         job.restarts += 1  # MGPU_RESTART_COUNT of the next run, whatever the cause
         job.transition(JobState.QUEUED, text)
         job.stop_reason = job.stop_text = None
@@ -337,6 +377,7 @@ class Lifecycle:
         if job.state == JobState.RUNNING:
             self._charge(job, now)
             self.kill_slots(job, final.value)  # ranks still running elsewhere
+            job.last_end = last or reason  # a run ended (a queued job's last one stands)
         job.transition(final, text)
         job.end_code = (last or reason).end_code
         self._forget_credential(job)  # the run's credential dies with it
@@ -408,10 +449,14 @@ class Lifecycle:
             self.outputs.close(step.id)
 
     def _charge(self, job: Job, now: float) -> None:
-        """Add the ending attempt's GPU-seconds to its user's fairshare usage."""
-        if job.start_time is not None and job.gpus > 0:
+        """Add what the ending attempt cost (GPU-seconds by default; `scheduling.billing`)
+        to its user's fairshare usage."""
+        cpus = sum(s.cpus or 0 for s in job.allocation)
+        mem = sum(s.mem_mb or 0 for s in job.allocation)
+        if job.start_time is not None and (job.gpus > 0 or cpus or mem):
             amount = job.gpus * job.gpu_fraction  # a share is charged F of its GPU's time
-            self.usage.add(job.user, amount * max(0.0, now - job.start_time), now)
+            seconds = max(0.0, now - job.start_time)
+            self.usage.charge(job.user, amount, cpus, mem, seconds, now)
             self.uow.usage_changed()
 
     @staticmethod

@@ -43,6 +43,7 @@ from mgpu.master.control.nodes import NodeAdmin
 from mgpu.master.control.windows import ReservationWindows
 from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.turns import bulk_turn
+from mgpu.master.state.asks import AskRules, held_on_nodes
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.runindex import RunningIndex
 from mgpu.master.state.shares import job_share_units
@@ -257,6 +258,8 @@ class SchedulingLoop:
         self.usage = usage
         self.config = config
         self.allowed_nodes = allowed_nodes
+        self.asks = AskRules.from_config(config)
+        """The cluster's CPU and memory defaults per GPU (JobRequest.ask)."""
         self.targets = targets
         self.reservations = reservations
         """The active and future reservations at a time (master/control/reservations.py)."""
@@ -411,7 +414,7 @@ class SchedulingLoop:
     def request_for(self, job: Job) -> JobRequest:
         req = self._requests.get(job.id)
         if req is None:
-            req = job_request(job, self.allowed_nodes(job.user))
+            req = job_request(job, self.allowed_nodes(job.user), self.asks)
             if job.state == JobState.QUEUED and job.id in self.state.jobs:
                 self._requests[job.id] = req
         return req
@@ -421,7 +424,7 @@ class SchedulingLoop:
         time while it is submitted), so that the first pass after it does not hold the
         event loop building 100,000 of them."""
         for job in jobs:
-            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user))
+            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user), self.asks)
 
     def queued_requests(self, now: float, jobs: Iterable[Job]) -> list[JobRequest]:
         """The requests of the queued ones among `jobs` (cached), in their order."""
@@ -458,7 +461,7 @@ class SchedulingLoop:
     def usage_at(self, now: float, running: RunningSet) -> dict[str, float]:
         """Each user's usage: ended work, decayed, plus the running work the set keeps."""
         usage = self.usage.snapshot(now)
-        for user, used in running.usage(now).items():
+        for user, used in running.usage(now, self.usage.billing).items():
             usage[user] = usage.get(user, 0.0) + used
         return usage
 
@@ -629,10 +632,15 @@ class SchedulingLoop:
                     continue
                 placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
                 share = job_share_units(job)
-                if not all(self.state.free(n, g, share) for n, g in placements):
+                held = held_on_nodes(self.request_for(job).ask, start.placements, self.state.nodes)
+                free, room = self.state.free, self.state.room
+                if not all(
+                    free(n, g, share) and room(n, *h)
+                    for (n, g), h in zip(placements, held, strict=True)
+                ):
                     log.info("start of %s dropped: %s changed since the plan", job.id, placements)
                     continue
-                self.life.start(job, placements)
+                self.life.start(job, placements, held)
                 self._requests.pop(job.id, None)
                 self.expected_start.pop(job.id, None)
                 self.waiting_on.pop(job.id, None)

@@ -193,6 +193,7 @@ class NodeAdmin:
                 node.link.close()
                 node.link = None
             node.move(NodeEvent.LOST)
+            self.store.save_node(node.node_id, node.to_record())  # the next leader: down
             log.warning("node %s lost: silent for %.0f s", node.node_id, silent)
             for job in self.state.running_jobs_on(node):
                 self.life.slot_lost(job, EndReason.NODE_LOST, f"node {node.node_id} lost")

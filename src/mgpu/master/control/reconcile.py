@@ -14,7 +14,12 @@ applies the result:
   agent neither reported started nor reports now: the launch never reached it (the master
   died before sending it, or the connection did).  Requeued free: no retry, no failure;
 * **resume** — runs the master expects of this epoch on this node, ended or not, with
-  the output it should tell the agent it already has (the agent re-sends the rest).
+  the output it should tell the agent it already has (the agent re-sends the rest);
+* **lost steps** — steps whose process the master expects on this node, not ended, that
+  the agent does not report: the launch never reached it (a master that took over knows
+  the step from the store, control/livesteps.py, but its launch died with the old one) or
+  the agent restarted without it.  Their process there ends, with no exit code, so that
+  the step ends and its srun client is told, rather than wait for ever.
 
 An exited run the agent has not been told to forget is reported with `exited`: it is
 never killed, and not lost either (its end is re-sent).
@@ -58,6 +63,8 @@ class Reconciliation:
     """(job or step id, epoch) of each run whose output the master keeps taking."""
     unlaunched: tuple[str, ...] = ()
     """Job ids whose launch never reached the agent: requeued free."""
+    lost_steps: tuple[str, ...] = ()
+    """Step ids whose process on the node is gone: it ends there."""
 
 
 def reconcile(reports: Sequence[RunningReport], expected: Mapping[str, Expected]) -> Reconciliation:
@@ -88,7 +95,12 @@ def reconcile(reports: Sequence[RunningReport], expected: Mapping[str, Expected]
     ]
     lost = tuple(job_id for job_id, started in missing if started)
     unlaunched = tuple(job_id for job_id, started in missing if not started)
-    return Reconciliation(tuple(kill), lost, tuple(resume), unlaunched=unlaunched)
+    lost_steps = tuple(
+        run_id
+        for run_id, e in expected.items()
+        if e.here and not e.ended and e.step and run_id not in matched
+    )
+    return Reconciliation(tuple(kill), lost, tuple(resume), unlaunched, lost_steps)
 
 
 def expectations(
@@ -98,10 +110,12 @@ def expectations(
     jobs: Mapping[str, Job],
     steps: Mapping[str, Step],
 ) -> dict[str, Expected]:
-    """What the master expects on `node_id` of the jobs it placed there (`node_jobs`) and of
-    each reported id, from its live jobs and steps."""
+    """What the master expects on `node_id` of the jobs it placed there (`node_jobs`), of
+    the steps with a process there not ended, and of each reported id, from its live jobs
+    and steps."""
     out: dict[str, Expected] = {}
-    for run_id in [*node_jobs, *(r.job_id for r in reports)]:
+    on_node = [i for i, s in steps.items() if s.runs_on(node_id) and not s.ended_on(node_id)]
+    for run_id in [*node_jobs, *on_node, *(r.job_id for r in reports)]:
         if run_id in out:
             continue
         if is_step_id(run_id):

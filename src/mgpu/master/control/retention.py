@@ -107,4 +107,5 @@ class Retention:
         if p.audit_days is not None:
             more |= self.store.delete_events_before(now - p.audit_days * DAY, SLICE) == SLICE
         more |= self.store.delete_submit_keys_before(now - submitkeys.KEPT_S, SLICE) == SLICE
+        more |= self.store.delete_request_keys_before(now - submitkeys.KEPT_S, SLICE) == SLICE
         return more

@@ -14,9 +14,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from mgpu import gpubind
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig, Partition
 from mgpu.model import OPEN_MODES, SlurmOptions
+from mgpu.slurmasks import CPUS_EXCLUSIVE, MEMORY_EXCLUSIVE
 from mgpu.slurmenv import check_pattern
 
 __all__ = ["PartitionChoice", "choose_partition", "parse_slurm_block"]
@@ -29,9 +31,11 @@ _COUNTS = {
     "ntasks": ("--ntasks", 1),
     "ntasks_per_node": ("--ntasks-per-node", 1),
     "cpus_per_task": ("--cpus-per-task", 1),
+    "cpus_per_gpu": ("--cpus-per-gpu", 1),
     "gpus_per_task": ("--gpus-per-task", 1),
     "mem_per_node_mb": ("--mem", 0),  # --mem=0: all of the node's memory, in Slurm
     "mem_per_cpu_mb": ("--mem-per-cpu", 0),
+    "mem_per_gpu_mb": ("--mem-per-gpu", 0),
 }
 _TEXTS = {
     "job_name_default": "the job's default name",
@@ -40,8 +44,11 @@ _TEXTS = {
     "error": "--error",
     "submit_host": "the submit host",
     "submit_dir": "the submit directory",
+    "gpu_bind": "--gpu-bind",
+    "export_env": "--export",
 }
-_KNOWN = frozenset({"batch", "open_mode", *_COUNTS, *_TEXTS})
+_FLAGS = ("batch", "kill_invalid_dep", "exclusive")
+_KNOWN = frozenset({"open_mode", *_FLAGS, *_COUNTS, *_TEXTS})
 _PARTITION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 MAX_PATTERN_CHARS = 4096
 
@@ -56,12 +63,14 @@ def parse_slurm_block(value: Any) -> SlurmOptions | None:
     if unknown:
         raise specs.SpecError(f"the slurm block has no option {unknown[0]!r:.60}")
     out: dict[str, Any] = {}
-    batch = value.get("batch", False)
-    if not isinstance(batch, bool):
-        raise specs.SpecError("the slurm block's batch must be true or false")
-    out["batch"] = batch
+    for key in _FLAGS:
+        flag = value.get(key, False)
+        if not isinstance(flag, bool):
+            raise specs.SpecError(f"the slurm block's {key} must be true or false")
+        out[key] = flag
     for key, (option, least) in _COUNTS.items():
         out[key] = _count(value.get(key), option, least)
+    _check_cpus_memory(out)
     for key, what in _TEXTS.items():
         out[key] = _text(value.get(key), what)
     mode = value.get("open_mode") or "truncate"
@@ -76,9 +85,23 @@ def parse_slurm_block(value: Any) -> SlurmOptions | None:
     for key in ("output", "error"):
         if out[key] is not None:
             check_pattern(out[key], _TEXTS[key])
+    if out["gpu_bind"] is not None:
+        try:
+            gpubind.parse(out["gpu_bind"])
+        except ValueError as e:
+            raise specs.SpecError(str(e)) from None
     if out["submit_dir"] is not None and not os.path.isabs(out["submit_dir"]):
         raise specs.SpecError(f"the submit directory {out['submit_dir']!r:.60} is not absolute")
     return SlurmOptions(**out)
+
+
+def _check_cpus_memory(out: dict[str, Any]) -> None:
+    """Slurm's refusals of CPU and memory options that cannot go together (its words)."""
+    forms = ("mem_per_node_mb", "mem_per_cpu_mb", "mem_per_gpu_mb")
+    if sum(out[f] is not None for f in forms) > 1:
+        raise specs.SpecError(MEMORY_EXCLUSIVE)
+    if out["cpus_per_task"] is not None and out["cpus_per_gpu"] is not None:
+        raise specs.SpecError(CPUS_EXCLUSIVE)
 
 
 def _count(value: Any, option: str, least: int) -> int | None:

@@ -17,9 +17,11 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from mgpu import execspec
+from mgpu import gpubind
 from mgpu.config import ClusterConfig
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control import launch
+from mgpu.master.control.admission import CONTAINER_FEATURE
 from mgpu.master.control.launch import job_env, known_hostname, slurm_node_names, terminal_size
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.nodes import Conflict
@@ -53,9 +55,16 @@ class SrunRequest:
     """-w: these of the job's nodes (ids or hostnames)."""
     gpus_per_task: int | None = None
     """Each task its own GPUs of its node; None: the job's, else all of the node's."""
+    cpus_per_task: int | None = None
+    """-c: each task's CPUs, within the job's on its node (None: the job's -c)."""
+    gpu_bind: str | None = None
+    """`--gpu-bind` (or srun's SLURM_GPU_BIND); None: the job's (mgpu.gpubind)."""
     kill_on_bad_exit: bool = False
     pty: bool = False
     pty_size: Sequence[int] | None = None
+    image: str | None = None
+    """Run each task in this image (pyxis's `--container-image`)."""
+    container: ContainerOptions | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +75,8 @@ class TaskPlan:
     localids: list[int]
     gpu_ids: list[list[int]]
     warnings: list[str]
+    bind_notes: list[str | None] = dataclasses.field(default_factory=list)
+    """Each task's `--gpu-bind=verbose,` line (None: not verbose)."""
 
 
 def job_tasks_per_node(job: Job) -> list[int] | None:
@@ -106,10 +117,16 @@ def plan_tasks(
     job_counts: Sequence[int] | None,
     job_gpus_per_task: int | None,
     request: SrunRequest,
+    job_gpu_bind: str | None = None,
+    node_sizes: Sequence[int] | None = None,
+    node_cpus: Sequence[int | None] | None = None,
 ) -> TaskPlan:
     """Place `request`'s tasks on the job's nodes (rank r: `names[r]` its id and hostname,
-    `gpus[r]` its GPUs; `job_counts`: the job's tasks per node, or None), or SubmitError
-    with srun's sentence."""
+    `gpus[r]` its GPUs, `node_sizes[r]` its node's GPU count, `node_cpus[r]` the CPUs the
+    job holds there (None or 0: it holds none of its own); `job_counts`: the job's tasks
+    per node, or None), or SubmitError with srun's sentence.  Each task sees the GPUs its
+    `--gpu-bind` gives it (the request's, else the job's; without one, `--gpus-per-task`'s
+    own slice, else every GPU of the step on its node)."""
     refused = f"Unable to create step for job {job_label}: "
     warnings: list[str] = []
     size = len(names)
@@ -160,20 +177,39 @@ def plan_tasks(
     pairs = list(zip(ranks, counts, strict=True))
     if job_counts is not None and any(c > job_counts[r] for r, c in pairs):
         raise SubmitError(refused + "More processors requested than permitted")
+    if request.cpus_per_task is not None and node_cpus is not None:
+        for rank, count in pairs:
+            held = node_cpus[rank]
+            if held and count * request.cpus_per_task > held:
+                raise SubmitError(refused + "More processors requested than permitted")
     per_task = request.gpus_per_task if request.gpus_per_task is not None else job_gpus_per_task
-    plan_ranks: list[int] = []
-    localids: list[int] = []
-    gpu_ids: list[list[int]] = []
+    bind = _binding(request.gpu_bind or job_gpu_bind, per_task)
+    plan = TaskPlan([], [], [], warnings)
     for rank, count in pairs:
         node_gpus = list(gpus[rank])
         if per_task and count * per_task > len(node_gpus):
             raise SubmitError(refused + "Requested node configuration is not available")
+        step_gpus = node_gpus[: count * per_task] if per_task else node_gpus
+        size = node_sizes[rank] if node_sizes is not None else max(node_gpus, default=-1) + 1
         for local in range(count):
-            plan_ranks.append(rank)
-            localids.append(local)
-            own = node_gpus[local * per_task : (local + 1) * per_task] if per_task else node_gpus
-            gpu_ids.append(own)
-    return TaskPlan(plan_ranks, localids, gpu_ids, warnings)
+            own = gpubind.task_gpus(bind, step_gpus, local, size)
+            plan.ranks.append(rank)
+            plan.localids.append(local)
+            plan.gpu_ids.append(own)
+            verbose = bind is not None and bind.verbose
+            plan.bind_notes.append(gpubind.verbose_line(own, step_gpus) if verbose else None)
+    return plan
+
+
+def _binding(text: str | None, per_task: int | None) -> gpubind.GpuBind | None:
+    """The step's binding: `--gpu-bind`'s, else `--gpus-per-task=N`'s implied `per_task:N`
+    (as srun's), else none (SubmitError: a bad one, in srun's words)."""
+    if text is not None:
+        try:
+            return gpubind.parse(text)
+        except ValueError as e:
+            raise SubmitError(str(e)) from None
+    return gpubind.GpuBind("per_task", number=per_task) if per_task else None
 
 
 class Sruns:
@@ -212,20 +248,29 @@ class Sruns:
             job_tasks_per_node(job),
             gpus_per_task if isinstance(gpus_per_task, int) else None,
             request,
+            job_gpu_bind=job.slurm.gpu_bind if job.slurm is not None else None,
+            node_sizes=[_node_size(nodes, s.node_id, s.gpu_ids) for s in job.allocation],
+            node_cpus=[s.cpus for s in job.allocation],
         )
         for rank in sorted(set(plan.ranks)):
             node = nodes.get(job.allocation[rank].node_id)
             if node is None or node.link is None:
                 raise Conflict(f"{job.allocation[rank].node_id} is not connected")
+            if request.image is not None and CONTAINER_FEATURE not in node.features:
+                raise SubmitError(
+                    f"Unable to create step for job {job.id}: {node.node_id} has no container "
+                    f"runtime (podman, docker or apptainer) to run --container-image "
+                    f"{request.image}"
+                )
         node_ids = [job.allocation[r].node_id for r in plan.ranks]
         group = self.state.steps.new_group(job.id, job.epoch, node_ids, self._stored_next(job))
         group.kill_on_bad_exit = request.kill_on_bad_exit
         group.name = os.path.basename(request.argv[0]) if request.argv else ""
         group.start_time = self.state.clock.time()
-        for step, rank, localid, gpu_ids in zip(
-            group.tasks, plan.ranks, plan.localids, plan.gpu_ids, strict=True
+        for step, rank, localid, gpu_ids, note in zip(
+            group.tasks, plan.ranks, plan.localids, plan.gpu_ids, plan.bind_notes, strict=True
         ):
-            step.pty, step.host = request.pty, slurm_names[rank]
+            step.pty, step.host, step.bind_note = request.pty, slurm_names[rank], note
             step.pty_size = None if request.pty_size is None else list(request.pty_size)
             # srun inside a job's own process (a batch script) prints its output into the
             # job's: not twice there.  An allocation's srun runs on the client's machine.
@@ -262,6 +307,8 @@ class Sruns:
             node_tasks=[plan.ranks.count(r) for r in step_ranks],
             node_procids=[i for i, r in enumerate(plan.ranks) if r == rank],
         )
+        if request.cpus_per_task is not None:  # srun -c: the step's own
+            own["SLURM_CPUS_PER_TASK"] = str(request.cpus_per_task)
         return launch_in_job(
             step,
             job,
@@ -274,6 +321,8 @@ class Sruns:
             credential=self.life.credential(job),
             config=self.config,
             task=own,
+            image=request.image,
+            container=request.container,
         )
 
     def cancel(self, group: TaskStep) -> bool:
@@ -336,6 +385,13 @@ def _hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str:
     return known_hostname(nodes, node_id) or node_id
 
 
+def _node_size(nodes: Mapping[str, NodeRecord], node_id: str, held: Sequence[int]) -> int:
+    """The node's GPU count as a map or mask numbers them (its highest index plus one)."""
+    node = nodes.get(node_id)
+    indices = [g.index for g in node.gpus] if node is not None else []
+    return max([*indices, *held], default=-1) + 1
+
+
 def launch_in_job(
     step: Step,
     job: Job,
@@ -348,16 +404,27 @@ def launch_in_job(
     credential: str,
     config: ClusterConfig,
     task: Mapping[str, str] | None = None,
+    image: str | None = None,
+    container: ContainerOptions | None = None,
 ) -> Launch:
     """A step's process on the job's node `rank`, its argv executed directly (srun's way):
-    the environment of the srun that asked, the job's variables on that node, then the
-    task's own (`task`)."""
-    own = {k: v for k, v in srun_env.items() if not execspec.is_reserved_env_name(k)}
+    the environment of the srun that asked (as its `--export` made it) as it is, as
+    Slurm's, with the job's variables on that node (`MGPU_*`, `SLURM_*`) and the task's own
+    (`task`) over it; torchrun's (a `--distributed` run's) only where it set none."""
+    # MGPU_* are the job's own; CUDA_VISIBLE_DEVICES the grant's (the agent's, too).
+    own = {
+        k: v
+        for k, v in srun_env.items()
+        if not k.startswith("MGPU_") and k != "CUDA_VISIBLE_DEVICES"
+    }
     slot = job.allocation[rank]
-    env = {**own, **job_env(dataclasses.replace(job, env={}), rank, slot, nodes, credential)}
+    mgpu = job_env(dataclasses.replace(job, env={}, port=None), rank, slot, nodes, credential)
+    env = {**own, **mgpu}
     if job.slurm is not None:  # a Slurm job's SLURM_* on that node
         env.update(launch.slurm_env(job, rank, nodes, config))
     env.update(task or {})
+    for name, value in launch.rendezvous_env(job, rank, slot, nodes).items():
+        env.setdefault(name, value)
     return Launch(
         job_id=step.id,
         epoch=job.epoch,
@@ -369,4 +436,6 @@ def launch_in_job(
         user=job.user,
         allow_root=job.allow_root,
         pty=terminal_size(step.pty_size) if step.pty else None,
+        image=image,
+        container=container,
     )

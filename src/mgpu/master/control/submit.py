@@ -38,9 +38,11 @@ from pydantic import (
 
 from mgpu import execspec
 from mgpu import spec as specs
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control.notifytargets import parse_target
 from mgpu.master.control.slurmblock import parse_slurm_block
 from mgpu.model import SlurmOptions
+from mgpu.resources import NO_ASK, ResourceAsk, SizeError, parse_size_mb
 from mgpu.scheduler.shares import share_units
 from mgpu.signalspec import SignalSpec, format_signal, parse_signal
 
@@ -266,6 +268,32 @@ def _gpu_share(value: Any) -> float | None:
     return float(value)
 
 
+MAX_JOB_CPUS = 4096
+"""CPUs a job may ask of one node (protocol.MAX_CPUS_PER_NODE: no node offers more)."""
+
+
+def _mem(value: Any) -> int | None:
+    """`--mem SIZE` per node: MiB as a number, or text in Slurm's units (`8G`, `512M`);
+    0 is all of each node's memory (Slurm's `--mem=0`)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise specs.SpecError("--mem must be a size such as 8G or 512M")
+    if isinstance(value, int):
+        if not 0 <= value <= 1 << 40:
+            raise specs.SpecError(f"--mem {value} is not a memory size (like 512M, 16G)")
+        return value
+    text = _text_of(value, "--mem", "8G or 512M")
+    assert text is not None
+    try:
+        mb = parse_size_mb(text)
+    except SizeError as e:
+        raise specs.SpecError(f"--mem: {e}") from None
+    if mb > 1 << 40:
+        raise specs.SpecError(f"--mem {text} is more memory than any node has")
+    return mb
+
+
 _RESERVATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -368,6 +396,8 @@ class JobSpec(BaseModel):
     cwd: Annotated[str, AfterValidator(_cwd)] | None = None
     env: Annotated[dict[str, str] | None, AfterValidator(_env)] = None
     image: Annotated[str, AfterValidator(_image)] | None = None
+    container: ContainerOptions | None = None
+    """pyxis's container options (`srun --container-mounts ...`): with `image` only."""
     signal: Signal = None
     """`--signal [B:]SIG@SECONDS`: a warning before the time limit (and at preemption)."""
     hold: bool = False
@@ -384,6 +414,10 @@ class JobSpec(BaseModel):
         None
     )
     reservation: Annotated[str, AfterValidator(reservation_name)] | None = None
+    cpus: int | None = Field(default=None, ge=1, le=MAX_JOB_CPUS)
+    """`--cpus N`: CPUs held on each node of the job (None: none asked)."""
+    mem: Annotated[int | None, PlainValidator(_mem), _schema(_STR, {"type": "integer"})] = None
+    """`--mem SIZE`: MiB held on each node of the job; 0: all of its memory."""
     pty: bool = False
     """Run on a pseudo-terminal (`mgpu srun --pty`): one program, on one node."""
     pty_size: PtySize = None
@@ -397,7 +431,7 @@ class JobSpec(BaseModel):
 
     _shape: Shape = PrivateAttr(default_factory=lambda: Shape(gpus=1))
 
-    @field_validator("gpus", "nodes", "gpus_per_node", "priority", "retries", mode="before")
+    @field_validator("gpus", "nodes", "gpus_per_node", "priority", "retries", "cpus", mode="before")
     @classmethod
     def _whole_number(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool):  # JSON true is not 1 GPU
@@ -417,6 +451,8 @@ class JobSpec(BaseModel):
                 )
         elif self.argv is None and self.command is None:
             raise specs.SpecError("the command is empty; give the command to run")
+        if self.container is not None and self.image is None:
+            raise specs.SpecError("container options need an image (--container-image)")
         if self.image is not None and self.slurm is not None and self.slurm.batch:
             # Its -o/-e files are opened on the node as its user, which a root runtime is
             # not (docs/SECURITY.md): refused here as the CLI's script + --image is.
@@ -447,9 +483,17 @@ class JobSpec(BaseModel):
         return self._shape
 
     @property
+    def ask(self) -> ResourceAsk:
+        """The CPUs and memory it asks of each node (`--cpus`, `--mem`)."""
+        if self.cpus is None and self.mem is None:
+            return NO_ASK
+        return ResourceAsk(cpus_per_node=self.cpus, mem_per_node_mb=self.mem)
+
+    @property
     def dropped_env(self) -> list[str]:
         """Names in `env` the scheduler sets itself: valid, but not passed to the job."""
-        return sorted(n for n in self.env or () if execspec.is_reserved_env_name(n))
+        slurm = self.slurm is not None
+        return sorted(n for n in self.env or () if execspec.is_reserved_env_name(n, slurm))
 
 
 def _reconcile(spec: JobSpec) -> Shape:

@@ -8,9 +8,9 @@ in the job's transaction (`submit_keys`), so that a master that takes over knows
 second request while the first is still being admitted here waits for the first's answer.
 Keys are forgotten after a day (control/retention.py).
 
-A key is one user's: the owner is checked before any answer is given, the stored one's and
-the one still being made here alike, so another user who sends the same key (guessed, or
-seen) gets a refusal, never the job (docs/SECURITY.md).
+A key is one user's: stored and looked up by (user, key), so another user who sends the
+same key (guessed, seen, or by chance) makes a submit of their own: never the first one's
+job, and never a refusal that would let one user block another's key (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -38,23 +38,21 @@ Made = tuple[str, tuple[str, ...] | None]
 class SubmitKeys:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._in_flight: dict[str, tuple[str, asyncio.Future[Made]]] = {}
-        """Keys being made here: the submitting user, and the answer to come."""
+        self._in_flight: dict[tuple[str, str], asyncio.Future[Made]] = {}
+        """(user, key) of the submits being made here: the answer to come."""
 
     async def once(self, key: str, user: str, make: Callable[[], Awaitable[Made]]) -> Made:
         """What the submit with this key made: before (here or on another master), or now
         by `make()`.  A key of another user's submit is refused: it is not theirs to see."""
         if not KEY_PATTERN.fullmatch(key):
             raise SubmitError("Idempotency-Key: 8 to 128 letters, digits or '_.:-'")
-        if (in_flight := self._in_flight.get(key)) is not None:
-            owner, made_by_first = in_flight
-            _check_owner(owner, user)  # before its answer: the first's job is not ours to see
+        if (made_by_first := self._in_flight.get((user, key))) is not None:
             return await asyncio.shield(made_by_first)  # the same submit, still being made
         earlier = self._stored(key, user)
         if earlier is not None:
             return earlier
         running: asyncio.Future[Made] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = (user, running)
+        self._in_flight[user, key] = running
         try:
             made = await make()
         except BaseException as e:
@@ -62,12 +60,12 @@ class SubmitKeys:
             running.exception()  # retrieved: nobody may be waiting
             raise
         finally:
-            self._in_flight.pop(key, None)
+            self._in_flight.pop((user, key), None)
         running.set_result(made)
         return made
 
     def _stored(self, key: str, user: str) -> Made | None:
-        job_id = self.store.job_of_submit_key(key)
+        job_id = self.store.job_of_submit_key(key, user)
         if job_id is None:
             return None
         array = self.store.get_array(job_id)
@@ -83,6 +81,7 @@ class SubmitKeys:
 
 
 def _check_owner(owner: str | None, user: str) -> None:
-    """Refuse `user` a key made by another (or by a job since gone)."""
+    """Refuse `user` a key whose job is not theirs (its job since gone): never expected,
+    the key being looked up by its user."""
     if owner != user:
         raise SubmitError("this Idempotency-Key belongs to another submit")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
 
@@ -88,13 +88,16 @@ async def start_step(job_id: str, body: StepRequest, cl: Ctl, owned: OwnedJob) -
 
 
 @router.get("/api/steps/{step_id}/output")
-async def step_output(step_id: str, cl: Ctl, owned: OwnedJob) -> StreamingResponse:
-    # JSON lines: its output, then {"end": true, "exit_code": ...}.
+async def step_output(
+    step_id: str, cl: Ctl, owned: OwnedJob, since: int = Query(default=0, ge=0)
+) -> StreamingResponse:
+    # JSON lines: its output, then {"end": true, "exit_code": ...}.  `since`: the records a
+    # client that reconnects (another master took over) already has.
     step = cl.step(step_id)
     if step is None:
         raise missing("job or node", step_id)
     owned(step.job_id, "read the output of")
-    stream = follow(cl, step.id, StepNews(step))
+    stream = follow(cl, step.id, StepNews(step), since=since)
     return StreamingResponse(stream, media_type="application/x-ndjson")
 
 

@@ -42,6 +42,7 @@ from mgpu.master.http import (
 )
 from mgpu.master.http.deps import EdgeState
 from mgpu.master.http.guard import AuditRow, FailedLogins, Guard
+from mgpu.master.http.requestkeys import RequestKeyGate
 from mgpu.master.http.standby import StandbyGate
 from mgpu.master.http.submit import install_submit
 from mgpu.master.runtime import gcpause
@@ -155,6 +156,8 @@ def create_app(
 
     app = FastAPI(title="mgpu master", version="0.1.0", lifespan=lifespan)
     app.state.edge = edge
+    # Inside Guard (who asks is known, the body bounded): job control answered once a key.
+    app.add_middleware(RequestKeyGate)
     # Authentication and the body limit run before FastAPI reads a body.
     app.add_middleware(
         Guard,

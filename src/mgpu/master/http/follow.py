@@ -123,17 +123,21 @@ class JobNews:
 
 @dataclass
 class StepNews:
-    """A step's end, with its exit code."""
+    """A step's end, with its exit code, once its output has been read: the end is looked
+    at before the output is read (as SrunNews's), so output stored while the reader read
+    comes before the end, never after it (where the client would not see it)."""
 
     step: Step
     tick: float = STEP_TICK
+    _done: bool = False
 
     def changed(self) -> list[asyncio.Event]:
+        self._done = self.step.done
         return [self.step.finished]
 
     def now(self) -> tuple[list[dict[str, Any]], bool]:
         step = self.step
-        if not step.done:
+        if not self._done:
             return [], False
         return [{"end": True, "exit_code": step.exit_code, "error": step.error}], True
 

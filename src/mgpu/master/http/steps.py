@@ -2,7 +2,8 @@
 
 `POST /api/jobs/{id}/srun` starts a step of tasks in the running job `id` (a batch job,
 an allocation): 201 `{"step_id", "slurm_step": "ID.N", "tasks": [{"task", "node_id",
-"host", "run_id"}], "warnings"}`; a step the job cannot hold is 400 with srun's sentence
+"host", "run_id"}], "warnings"}` (a task's `gpu_bind`: its `--gpu-bind=verbose,`
+line); a step the job cannot hold is 400 with srun's sentence
 (`Unable to create step for job 12: More processors requested than permitted`), a job
 that is not running 409.
 
@@ -28,9 +29,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mgpu import execspec
+from mgpu.containeropts import ContainerOptions
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.control.srun import SrunRequest
 from mgpu.master.control.submit import PtySize
@@ -65,9 +67,23 @@ class SrunBody(BaseModel):
     ntasks_per_node: Count | None = None
     nodelist: NodeList = Field(default_factory=list)
     gpus_per_task: Annotated[int, Field(ge=1, le=1024)] | None = None
+    cpus_per_task: Annotated[int, Field(ge=1, le=MAX_TASKS)] | None = None
+    """`srun -c N`: each task's CPUs, within what the job holds on its node."""
+    gpu_bind: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     kill_on_bad_exit: bool = False
     pty: bool = False
     pty_size: PtySize = None
+    image: Annotated[str, AfterValidator(execspec.validate_image)] | None = None
+    """The tasks run in this image (pyxis's `--container-image`), with `container`'s options."""
+    container: ContainerOptions | None = None
+
+    @model_validator(mode="after")
+    def _container_needs_image(self) -> SrunBody:
+        if self.container is not None and self.image is None:
+            raise ValueError("container options need an image (--container-image)")
+        if self.image is not None and self.pty:
+            raise ValueError("--pty does not work with an image: container steps get no terminal")
+        return self
 
 
 @router.post("/api/jobs/{job_id}/srun")
@@ -83,13 +99,19 @@ async def start(job_id: str, body: SrunBody, cl: Ctl, owned: OwnedJob) -> JSONRe
         ntasks_per_node=body.ntasks_per_node,
         nodelist=body.nodelist,
         gpus_per_task=body.gpus_per_task,
+        cpus_per_task=body.cpus_per_task,
+        gpu_bind=body.gpu_bind,
         kill_on_bad_exit=body.kill_on_bad_exit,
         pty=body.pty,
         pty_size=body.pty_size,
+        image=body.image,
+        container=body.container,
     )
     group, warnings = cl.start_srun(job_id, req, owned.actor)
     tasks = [
-        {"task": t.task, "node_id": t.node_id, "host": t.host, "run_id": t.id} for t in group.tasks
+        {"task": t.task, "node_id": t.node_id, "host": t.host, "run_id": t.id}
+        | ({"gpu_bind": t.bind_note} if t.bind_note else {})
+        for t in group.tasks
     ]
     answer = {
         "step_id": group.id,
@@ -147,7 +169,13 @@ async def cancel(step_id: str, cl: Ctl, owned: OwnedJob) -> dict[str, Any]:
 
 
 def _marked(chunk: bytes, task: int) -> bytes:
-    """Stored records as the step's: each one's stream and text, and its task."""
+    """Stored records as the step's: each one's stream and text, and its task; with where
+    its run's stream stands (`ep`, `n`, `at`, as the store has them), so that a client
+    that reconnects to another master shows none of it twice (mgpu.client.resume)."""
     records = (json.loads(raw) for raw in chunk.splitlines())
-    marked = ({"s": rec["s"], "d": rec["d"], "t": task} for rec in records)
+    marked = (
+        {"s": rec["s"], "d": rec["d"], "t": task}
+        | {k: rec[k] for k in ("ep", "n", "at") if k in rec}
+        for rec in records
+    )
     return "".join(json.dumps(m, separators=(",", ":")) + "\n" for m in marked).encode()

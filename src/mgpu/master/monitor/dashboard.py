@@ -92,9 +92,17 @@ def gpu_letters(node: NodeRecord) -> str:
     return "".join(out)
 
 
+RECONNECTING = "reconnecting"
+"""What the page shows for a node that is up but whose agent is not connected: it lost its
+link, or a new leader has not heard from it yet.  Offline once silent for its timeout."""
+
+
 def node_state(node: NodeRecord) -> str:
-    """The state the page shows: a node that is not connected is offline, whatever it was."""
-    return node.state.value if node.connected else NodeState.OFFLINE.value
+    """The state the page shows: the node's, or `reconnecting` while its agent is not
+    connected (not offline until it has been silent for its timeout)."""
+    if node.connected or node.state == NodeState.OFFLINE:
+        return node.state.value
+    return RECONNECTING
 
 
 def node_details(node: NodeRecord, jobs: Mapping[str, Job]) -> dict[str, Any]:

@@ -111,6 +111,14 @@ def render_metrics(cluster: MetricsSource) -> str:
         ncount[node.state] += 1
     for ns, n in ncount.items():
         nodes.labels(ns.value).set(n)
+    Gauge(
+        "mgpu_nodes_reconnecting",
+        "Nodes up but their agent not connected (a new leader not yet heard from it): "
+        "offered no work, offline once silent for their timeout",
+        registry=reg,
+    ).set(
+        sum(1 for n in cluster.nodes.values() if n.state != NodeState.OFFLINE and not n.connected)
+    )
     gpus = Gauge("mgpu_gpus", "GPUs by use", ["state"], registry=reg)
     total = sum(len(n.gpus) for n in cluster.nodes.values())
     busy = sum(len(n.busy) + len(n.shares) for n in cluster.nodes.values())  # shared: busy
@@ -121,6 +129,7 @@ def render_metrics(cluster: MetricsSource) -> str:
     gpus.labels("foreign").set(foreign)
     gpus.labels("free").set(total - busy - foreign)
     _gpu_gauges(cluster, reg)
+    _host_gauges(cluster, reg)
     events = Counter("mgpu_jobs_ended", "Jobs ended since start", ["outcome"], registry=reg)
     for k in ("completed", "failed"):
         events.labels(k).inc(cluster.counters[k])
@@ -177,3 +186,38 @@ def _gpu_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
                 power.labels(*key).set(tel.power_w)
             if tel.foreign_memory_mb is not None:
                 outside.labels(*key).set(tel.foreign_memory_mb * _MIB)
+
+
+def _host_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
+    """CPUs and memory each node offers and has free (only nodes that say them), and what
+    each running job holds (only jobs that hold some: the others share their nodes')."""
+    cpus = Gauge("mgpu_node_cpus", "CPUs a node offers to jobs", ["node"], registry=reg)
+    free = Gauge("mgpu_node_cpus_free", "Of those, not held by a job", ["node"], registry=reg)
+    mem = Gauge("mgpu_node_memory_bytes", "Memory a node offers to jobs", ["node"], registry=reg)
+    mem_free = Gauge(
+        "mgpu_node_memory_free_bytes", "Of that, not held by a job", ["node"], registry=reg
+    )
+    for node in cluster.nodes.values():
+        if node.cpus:
+            cpus.labels(node.node_id).set(len(node.cpus))
+            free.labels(node.node_id).set(node.free_cpu_count())
+        if node.mem_mb:
+            mem.labels(node.node_id).set(node.mem_mb * _MIB)
+            mem_free.labels(node.node_id).set(node.free_mem_mb() * _MIB)
+    job_cpus = Gauge(
+        "mgpu_job_cpus", "CPUs a running job holds on a node", ["job", "node"], registry=reg
+    )
+    job_mem = Gauge(
+        "mgpu_job_memory_bytes",
+        "Memory a running job holds on a node",
+        ["job", "node"],
+        registry=reg,
+    )
+    for job in cluster.jobs.values():
+        if job.state != JobState.RUNNING:
+            continue
+        for slot in job.allocation:
+            if slot.cpus:
+                job_cpus.labels(job.id, slot.node_id).set(slot.cpus)
+            if slot.mem_mb:
+                job_mem.labels(job.id, slot.node_id).set(slot.mem_mb * _MIB)

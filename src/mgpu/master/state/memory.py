@@ -7,6 +7,12 @@ that slot has ended, the job ends or is requeued, or the node is declared lost. 
 free, whole (`NodeRecord.busy`: one job), or shared (`NodeRecord.shares`: fractional jobs'
 share units, adding up to at most `SHARE_UNITS`); never whole and shared at once.  Shares are
 not stored apart: at start-up `hold` rebuilds them from the running jobs' records.
+
+CPUs and memory follow the same rule: a job that holds some (it asked, or the cluster's
+defaults per GPU did) takes CPU ids (`NodeRecord.cpu_jobs`, picked by `pick_cpus`) and
+MiB (`NodeRecord.mem_jobs`) with its GPUs, kept in its slots, and gives them back with
+them; `hold` rebuilds them from the slots after a restart.  A job that holds none shares
+the node's CPUs and memory, as every job did before they were scheduled.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Iterable
 
 from mgpu.config import ClusterConfig
 from mgpu.master.runtime.clock import Clock
+from mgpu.master.state.cpus import pick_cpus
 from mgpu.master.state.nodeindex import NodeIndex
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
@@ -107,9 +114,37 @@ class ControllerState:
             return not any(g in node.shares for g in gpu_ids)
         return all(sum(node.shares.get(g, {}).values()) + share <= SHARE_UNITS for g in gpu_ids)
 
-    def allocate(self, job: Job, node_id: str, gpu_ids: Iterable[int]) -> None:
+    def room(self, node_id: str, cpus: int, mem_mb: int) -> bool:
+        """Has the node `cpus` CPUs and `mem_mb` MiB free now (0 of each: always)?"""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return False
+        return (not cpus or node.free_cpu_count() >= cpus) and (
+            not mem_mb or node.free_mem_mb() >= mem_mb
+        )
+
+    def pick_cpus(self, node_id: str, count: int, gpu_ids: Iterable[int]) -> list[int] | None:
+        """Which `count` free CPUs of the node a job on `gpu_ids` gets (near them, whole
+        cores where it can); None when fewer are free."""
+        node = self.nodes[node_id]
+        wanted = set(gpu_ids)
+        near = {g.numa_node for g in node.gpus if g.index in wanted and g.numa_node is not None}
+        return pick_cpus(node.cpus, node.cpu_jobs, count, near)
+
+    def allocate(
+        self,
+        job: Job,
+        node_id: str,
+        gpu_ids: Iterable[int],
+        cpu_ids: Iterable[int] = (),
+        mem_mb: int | None = None,
+    ) -> None:
         node = self.nodes[node_id]
         node.jobs.add(job.id)
+        for c in cpu_ids:
+            node.cpu_jobs[c] = job.id
+        if mem_mb:
+            node.mem_jobs[job.id] = mem_mb
         units = job_share_units(job)
         for g in gpu_ids:
             if units:
@@ -123,6 +158,10 @@ class ControllerState:
         if node is None:
             return
         node.jobs.discard(job.id)
+        for c in slot.cpu_ids or ():
+            if node.cpu_jobs.get(c) == job.id:
+                del node.cpu_jobs[c]
+        node.mem_jobs.pop(job.id, None)
         for g in slot.gpu_ids:
             if node.busy.get(g) == job.id:
                 del node.busy[g]
@@ -135,8 +174,9 @@ class ControllerState:
         self.wake()
 
     def hold(self, job: Job) -> None:
-        """Mark the GPUs of a running job busy (a job loaded as running at start-up)."""
+        """Mark the GPUs, CPUs and memory of a running job held (a job loaded as running
+        at start-up)."""
         for slot in job.allocation:
             node = self.node(slot.node_id)
             if slot.phase != SlotPhase.EXITED:  # held ranks of an --mpi job too
-                self.allocate(job, node.node_id, slot.gpu_ids)
+                self.allocate(job, node.node_id, slot.gpu_ids, slot.cpu_ids or (), slot.mem_mb)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from mgpu.model import NODE_MOVES, NodeEvent, NodeState
-from mgpu.protocol import GpuDesc, GpuTelemetry, batch_frames, encode
+from mgpu.protocol import CpuDesc, GpuDesc, GpuTelemetry, batch_frames, encode
 from mgpu.scheduler.types import SHARE_UNITS
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def _why_unencodable(error: Exception) -> str:
     return f"it cannot be encoded ({str(error).splitlines()[0][:200]})"
 
 
-SHAPE_FIELDS = frozenset({"gpus", "gpu_type", "rack", "features"})
+SHAPE_FIELDS = frozenset({"gpus", "gpu_type", "rack", "features", "cpus", "mem_mb"})
 """What a node is: what decides whether a job could ever run on it."""
 VIEW_FIELDS = SHAPE_FIELDS | {"state", "link", "foreign_blocked", "busy"}
 """The fields the scheduler's view of a node reads (master/snapshot.node_views)."""
@@ -221,6 +221,15 @@ class NodeRecord:
     GPU in `busy` too; an entry goes when its last share does)."""
     jobs: set[str] = field(default_factory=set)
     """Jobs with a live slot here (GPU jobs and CPU-only jobs alike)."""
+    cpus: list[CpuDesc] = field(default_factory=list)
+    """The CPUs it offers to jobs (what its agent said less the config's reserve), by id;
+    empty: it does not say (an older agent), and it holds no job that asks for CPUs."""
+    mem_mb: int = 0
+    """Memory (MiB) it offers to jobs, the reserve taken off; 0: it does not say."""
+    cpu_jobs: dict[int, str] = field(default_factory=dict)
+    """CPU id -> the job holding it (the ledger, as `busy` for GPUs)."""
+    mem_jobs: dict[str, int] = field(default_factory=dict)
+    """Job id -> the memory (MiB) it holds here."""
     link: AgentLink | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -257,6 +266,13 @@ class NodeRecord:
             g.index for g in self.gpus if g.index not in self.busy and g.index not in self.shares
         )
 
+    def free_cpu_count(self) -> int:
+        """Offered CPUs no job holds."""
+        return sum(1 for c in self.cpus if c.id not in self.cpu_jobs)
+
+    def free_mem_mb(self) -> int:
+        return max(0, self.mem_mb - sum(self.mem_jobs.values()))
+
     def shared_units(self) -> dict[int, int]:
         """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
         return {g: sum(jobs.values()) for g, jobs in self.shares.items()}
@@ -283,7 +299,35 @@ class NodeRecord:
             "reason": self.reason,
             "failures": self.failures,
             "features": self.features,
+            "cpus": [c.model_dump() for c in self.cpus],
+            "mem_mb": self.mem_mb,
+            "up": self.state != NodeState.OFFLINE,
         }
+
+    def from_record(self, rec: dict[str, Any]) -> None:
+        """Take a stored record back (`to_record`'s), the node offline until it is heard.
+        Unchecked: a record from before hellos were bounded must not stop the master; the
+        agent's next hello replaces it with checked values."""
+        self.hostname = rec.get("hostname", "")
+        self.ip = rec.get("ip", "")
+        self.gpus = [GpuDesc.model_construct(**g) for g in rec.get("gpus", [])]
+        self.gpu_source = rec.get("gpu_source", "unknown")
+        self.drain_requested = bool(rec.get("drain_requested"))
+        self.reason = rec.get("reason")
+        self.failures = int(rec.get("failures", 0))
+        self.features = list(rec.get("features", []))
+        self.cpus = [CpuDesc.model_construct(**c) for c in rec.get("cpus", [])]
+        self.mem_mb = int(rec.get("mem_mb", 0))
+        self.state = NodeState.OFFLINE
+
+    def as_it_was(self) -> None:
+        """Loaded by a master that has not heard from its agent yet (a new leader, a master
+        restarted), a node that was up is shown as it was: online, or draining/drained as
+        its drain request says; not connected until its agent says hello here, and
+        declared lost only once silent for its timeout (master/control/nodes.py)."""
+        self.state = NodeState.ONLINE
+        if self.drain_requested:
+            self.move(NodeEvent.DRAIN)
 
     def to_public(self, job_users: dict[str, str] | None = None) -> dict[str, Any]:
         gpus = []
@@ -330,4 +374,9 @@ class NodeRecord:
             "last_seen": self.last_seen,
             "jobs": sorted(self.jobs),
             "gpus": gpus,
+            # null: the node does not say (an agent from before CPUs were scheduled)
+            "cpus": len(self.cpus) if self.cpus else None,
+            "cpus_free": self.free_cpu_count() if self.cpus else None,
+            "mem_mb": self.mem_mb or None,
+            "mem_free_mb": self.free_mem_mb() if self.mem_mb else None,
         }

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from mgpu import spec as specs
 from mgpu.config import Scheduling
+from mgpu.master.state.asks import AskRules
 from mgpu.master.state.registry import NodeRecord
 from mgpu.master.state.shares import job_share_units
 from mgpu.model import Job, JobState
 from mgpu.scheduler import (
+    BillingWeights,
     Dependency,
     DependencyTarget,
     Eligibility,
@@ -59,13 +61,20 @@ def node_views(nodes: Iterable[NodeRecord]) -> list[NodeView]:
             rack=n.rack,
             features=frozenset(n.features),
             shared=n.shared_units() if n.shares else {},
+            cpus=len(n.cpus),
+            free_cpus=n.free_cpu_count(),
+            mem_mb=n.mem_mb,
+            free_mem_mb=n.free_mem_mb(),
         )
         for n in nodes
     ]
 
 
-def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobRequest:
-    """What a queued job asks for; `allowed_nodes` are the nodes its user may use."""
+def job_request(
+    job: Job, allowed_nodes: frozenset[str] | None = None, asks: AskRules | None = None
+) -> JobRequest:
+    """What a queued job asks for; `allowed_nodes` are the nodes its user may use, `asks`
+    the cluster's defaults of CPUs and memory per GPU (None: the job's ask as given)."""
     return JobRequest(
         job_id=job.id,
         user=job.user,
@@ -97,7 +106,16 @@ def job_request(job: Job, allowed_nodes: frozenset[str] | None = None) -> JobReq
         held=job.held,
         gpu_share=job_share_units(job),
         reservation=job.reservation,
+        kill_invalid_dep=job.slurm is None or job.slurm.kill_invalid_dep,
+        over_partition_time=_over_partition_time(job),
+        ask=job.ask if asks is None else asks.effective(job),
     )
+
+
+def _over_partition_time(job: Job) -> bool:
+    """A Slurm job's time limit (None: unlimited) is over its partition's `max_time`."""
+    top = job.slurm.partition_max_time if job.slurm is not None else None
+    return top is not None and (job.time_limit is None or job.time_limit > top)
 
 
 def _in_partition(job: Job, allowed: frozenset[str] | None) -> frozenset[str] | None:
@@ -114,7 +132,8 @@ def running_job(job: Job, now: float) -> RunningJob:
         job_id=job.id,
         user=job.user,
         placements=tuple(
-            Placement(s.node_id, tuple(s.gpu_ids), job_share_units(job)) for s in job.allocation
+            Placement(s.node_id, tuple(s.gpu_ids), job_share_units(job), s.cpus or 0, s.mem_mb or 0)
+            for s in job.allocation
         ),
         start_time=now if job.start_time is None else job.start_time,  # None: launching
         time_limit=job.time_limit,
@@ -143,6 +162,7 @@ def scheduler_config(s: Scheduling) -> SchedulerConfig:
             max_age=w.max_age_hours * 3600,
         ),
         shares=s.shares,
+        billing=BillingWeights(s.billing.gpu, s.billing.cpu, s.billing.mem_gb),
         max_gpus_per_user=s.max_gpus_per_user,
         max_running_jobs_per_user=s.max_running_jobs_per_user,
         preemption=s.preemption,

@@ -50,6 +50,8 @@ class Step:
     to_job_output: bool = True
     """Its output is added to the job's too (not where srun prints it into the job's own
     output, as in a batch script: it would be there twice)."""
+    bind_note: str | None = None
+    """`--gpu-bind=verbose,...`: the line about its GPUs srun prints on its stderr."""
 
     @property
     def on_nodes(self) -> list[str]:
@@ -108,12 +110,18 @@ class Steps:
         """Told when a task of a `TaskStep` ends (before the group's end, if it is the last)."""
         self.on_group_end: list[Callable[[TaskStep], None]] = []
         """Told when a `TaskStep` has ended (its exit code known), not when its job did."""
+        self.on_change: list[Callable[[Step | TaskStep], None]] = []
+        """Told when a step is made or one of its processes ends (a task: its `TaskStep`):
+        the store keeps the running jobs' steps (master/control/livesteps.py)."""
+        self.on_forget: list[Callable[[str], None]] = []
+        """Told when a job's steps are forgotten (it ended)."""
 
     def new(self, job_id: str, epoch: int, node_id: str) -> Step:
         n = self._counter.get(job_id, 0) + 1
         self._counter[job_id] = n
         step = Step(id=f"{job_id}{STEP_SEPARATOR}{n}", job_id=job_id, epoch=epoch, node_id=node_id)
         self.by_id[step.id] = step
+        self._changed(step)
         return step
 
     def new_group(
@@ -132,7 +140,29 @@ class Steps:
             group.tasks.append(step)
             self.by_id[step.id] = step
         self.groups[group.id] = group
+        self._changed(group)
         return group
+
+    def restored(self, run: Step | TaskStep) -> None:
+        """A step a master that took over read back from the store: known, numbered on."""
+        tasks = run.tasks if isinstance(run, TaskStep) else [run]
+        for step in tasks:
+            self.by_id[step.id] = step
+        n = int(run.id[len(run.job_id) + len(STEP_SEPARATOR) :].split(".")[0])
+        self._counter[run.job_id] = max(self._counter.get(run.job_id, 0), n)
+        if isinstance(run, TaskStep):
+            self.groups[run.id] = run
+            numbered = self._slurm_counter.get(run.job_id, 0)
+            self._slurm_counter[run.job_id] = max(numbered, run.number + 1)
+
+    def number_from(self, job_id: str, number: int) -> None:
+        """The job's next Slurm step number is `number` at least (its stored ones)."""
+        if job_id in self._slurm_counter:
+            self._slurm_counter[job_id] = max(self._slurm_counter[job_id], number)
+
+    def _changed(self, run: Step | TaskStep) -> None:
+        for told in self.on_change:
+            told(run)
 
     def numbering(self, job_id: str) -> bool:
         """Whether this master numbers the job's steps already (it started one)."""
@@ -147,6 +177,7 @@ class Steps:
         step.done = True
         step.finished.set()
         group = step.group
+        self._changed(step if group is None else group)
         if group is None or group.done:
             return
         for told in self.on_task_end:
@@ -177,6 +208,7 @@ class Steps:
         if error is not None and step.error is None:
             step.error = f"{node_id}: {error}" if len(step.on_nodes) > 1 else error
         if not all(n in step.exits for n in step.on_nodes):
+            self._changed(step)
             return False
         codes = [step.exits[n] for n in step.on_nodes]
         bad = [c for c in codes if c != 0]
@@ -197,4 +229,6 @@ class Steps:
             del self.by_id[step.id]
         self._counter.pop(job_id, None)
         self._slurm_counter.pop(job_id, None)
+        for told in self.on_forget:
+            told(job_id)
         return live

@@ -6,7 +6,9 @@ end of the turn.  Messages to agents go to the outbox (`send`) and leave in `flu
 the write: an agent never hears of a state the master could lose in a crash.  Until a
 job's change is written, queries find it here (`pending`): a job that has just ended is in
 no other place for that moment.  A srun step that ended is a row of its own
-(`step_ended`), written in the same flush without rewriting its job (store/steps.py).
+(`step_ended`), written in the same flush without rewriting its job (store/steps.py);
+so are the running jobs' steps as they change (`step_changed`: control/livesteps.py), before
+the launch or the agent's `Forget` that follows from the change is sent.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class UnitOfWork:
         self.usage = usage
         self._dirty: dict[str, Job] = {}
         self._steps: list[StepRow] = []
+        self._live: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {}
+        """Steps changed this turn: their job, and their record as it will be at the flush."""
+        self._steps_gone: list[str] = []
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._usage_dirty = False
         self._flush_armed = False
@@ -56,6 +61,17 @@ class UnitOfWork:
     def step_ended(self, job_id: str, step: dict[str, Any]) -> None:
         """Write a srun step that ended (one row: its job's record is not written again)."""
         self._steps.append((job_id, step))
+        self._arm_flush()
+
+    def step_changed(self, step_id: str, job_id: str, record: Callable[[], dict[str, Any]]) -> None:
+        """Write a running job's step as `record()` says at the flush."""
+        self._live[step_id] = (job_id, record)
+        self._arm_flush()
+
+    def steps_forgotten(self, job_id: str) -> None:
+        """The job's steps are forgotten (it ended): so are their rows."""
+        self._live = {k: v for k, v in self._live.items() if v[0] != job_id}
+        self._steps_gone.append(job_id)
         self._arm_flush()
 
     def pending_steps(self, job_id: str) -> list[dict[str, Any]]:
@@ -94,9 +110,10 @@ class UnitOfWork:
             self.store.save_jobs(jobs, event=event, detail=detail, meta=usage)
             self._dirty.clear()  # after the write: queries find them here until it is done
             self._usage_dirty = False
-        if self._steps:
-            self.store.save_steps(self._steps)
-            self._steps = []
+        if self._steps or self._live or self._steps_gone:
+            live = [(step_id, job, record()) for step_id, (job, record) in self._live.items()]
+            self.store.save_steps(self._steps, live=live, gone=self._steps_gone)
+            self._steps, self._live, self._steps_gone = [], {}, []
         outbox, self._outbox = self._outbox, []
         for link, message in outbox:
             try:

@@ -60,8 +60,9 @@ that stores the job, so an id shown to anyone is never handed out again (a resta
 crash).  An id handed out for a submit that was refused or never written may be given
 again: nobody saw it."""
 
-SCHEMA_VERSION = 3
-"""The schema this mgpu writes (2 added `submit_keys`, 3 `job_steps`: store/steps.py); the
+SCHEMA_VERSION = 4
+"""The schema this mgpu writes (2 added `submit_keys`, 3 `job_steps`: store/steps.py, 4
+`live_steps`, `request_keys` and submit keys by user: schema.py); the
 store migrates an older database up to it at open (schema.py, `schema_version` table).  A database
 from before versions existed counts as version 0."""
 
@@ -241,20 +242,45 @@ class Store(ABC):
         `key`, in one transaction."""
 
     @abstractmethod
-    def job_of_submit_key(self, key: str) -> str | None:
-        """The job a submit with this idempotency key stored (None: none did, or it was
-        pruned): a client that lost the answer and asks again gets that job, not a new one."""
+    def job_of_submit_key(self, key: str, user: str) -> str | None:
+        """The job `user`'s submit with this idempotency key stored (None: none did, or it
+        was pruned): a client that lost the answer and asks again gets that job, not a new
+        one.  A key is its user's: another user's same key is another submit."""
 
     @abstractmethod
     def delete_submit_keys_before(self, before: float, limit: int) -> int:
         """Forget up to `limit` idempotency keys stored before `before`; how many went."""
 
-    # ---- srun steps that ended (store/steps.py; the queries: sqlstore.py) ---------------
+    @abstractmethod
+    def request_answer(self, user: str, key: str) -> str | None:
+        """The answer stored for `user`'s request with this idempotency key (a job-control
+        request, a step's start: control/requestkeys.py), or None."""
 
     @abstractmethod
-    def save_steps(self, rows: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    def save_request_answer(self, user: str, key: str, answer: str) -> None:
+        """Store the answer of `user`'s request with this key (a first one stays)."""
+
+    @abstractmethod
+    def delete_request_keys_before(self, before: float, limit: int) -> int:
+        """Forget up to `limit` request keys stored before `before`; how many went."""
+
+    # ---- srun steps (store/steps.py; the queries: sqlstore.py) ---------------------------
+
+    @abstractmethod
+    def save_steps(
+        self,
+        rows: Sequence[tuple[str, dict[str, Any]]],
+        live: Sequence[tuple[str, str, dict[str, Any]]] = (),
+        gone: Sequence[str] = (),
+    ) -> None:
         """Store steps that ended (job id, step), one row each, in one transaction; each of
-        their jobs keeps its last `steps.STEPS_KEPT`."""
+        their jobs keeps its last `steps.STEPS_KEPT`.  In the same one: the running jobs'
+        steps as they stand now (`live`: step id, job id, record) and the jobs whose steps
+        are all forgotten (`gone`: they ended)."""
+
+    @abstractmethod
+    def live_steps(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The running jobs' steps as last stored (step id, job id, record), in no order."""
 
     @abstractmethod
     def steps_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:

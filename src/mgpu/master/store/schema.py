@@ -5,11 +5,15 @@ renders them: column types, the migration's lock).
 order: MIGRATIONS[i] takes version i to i + 1.  Version 1 is the tables as mgpu made
 them before versions (IF NOT EXISTS: an older database keeps its rows; a SQLite state
 dir of then gets the token grant columns added), 2 added `submit_keys`, 3 `job_steps`
-(steps.py moves the steps out of the job records).
+(steps.py moves the steps out of the job records), 4 `live_steps` (the steps running jobs
+run, for a master that takes over: steps.py), `request_keys` (job-control requests'
+idempotency keys: control/requestkeys.py) and a submit's key made one user's (`submit_keys`
+keyed by user and key).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +89,33 @@ JOB_STEPS = """CREATE TABLE IF NOT EXISTS job_steps (
     PRIMARY KEY (job_id, number)
 )"""
 
+LIVE_STEPS = (
+    """CREATE TABLE IF NOT EXISTS live_steps (
+    id {key} PRIMARY KEY,
+    job_id {key} NOT NULL,
+    record TEXT NOT NULL
+)""",
+    "CREATE INDEX IF NOT EXISTS live_steps_job ON live_steps(job_id)",
+)
+
+KEYED_BY_USER = (
+    """CREATE TABLE IF NOT EXISTS request_keys (
+    "user" {key} NOT NULL,
+    key {key} NOT NULL,
+    answer TEXT NOT NULL,
+    time {real} NOT NULL,
+    PRIMARY KEY ("user", key)
+)""",
+    "CREATE INDEX IF NOT EXISTS request_keys_time ON request_keys(time)",
+    """CREATE TABLE submit_keys_by_user (
+    "user" {key} NOT NULL,
+    key {key} NOT NULL,
+    job_id TEXT NOT NULL,
+    time {real} NOT NULL,
+    PRIMARY KEY ("user", key)
+)""",
+)
+
 STORE_TABLES = (
     "jobs",
     "arrays",
@@ -123,7 +154,35 @@ def _to_3(conn: Any, d: Dialect) -> None:
     many(conn, d.sql(steps.REWRITE), records)
 
 
-MIGRATIONS: tuple[Callable[[Any, Dialect], None], ...] = (_to_1, _to_2, _to_3)
+def _to_4(conn: Any, d: Dialect) -> None:
+    """The running steps' table, the requests' keys, and each submit's key made its user's
+    (a key another user sent too is theirs apart, not a refusal: the old rows keep their
+    job's user)."""
+    for statement in (*LIVE_STEPS, *KEYED_BY_USER):
+        conn.execute(d.ddl(statement))
+    found = conn.execute(
+        'SELECT k.key, k.job_id, k.time, j."user", a.record FROM submit_keys k '
+        "LEFT JOIN jobs j ON j.id = k.job_id LEFT JOIN arrays a ON a.id = k.job_id"
+    ).fetchall()
+    rows = [(_user_of(user, array), key, job_id, at) for key, job_id, at, user, array in found]
+    insert = 'INSERT INTO submit_keys_by_user("user", key, job_id, time) VALUES (?,?,?,?)'
+    many(conn, d.sql(insert), [r for r in rows if r[0] is not None])
+    conn.execute("DROP TABLE submit_keys")
+    conn.execute("ALTER TABLE submit_keys_by_user RENAME TO submit_keys")
+    conn.execute(d.ddl(SUBMIT_KEYS[1]))
+
+
+def _user_of(user: Any, array_record: Any) -> str | None:
+    """A stored key's user: its job's, or its array's (in the array's record)."""
+    if user is not None:
+        return str(user)
+    if array_record is None:
+        return None  # its job is gone: the key is too
+    found = json.loads(array_record).get("user")
+    return None if found is None else str(found)
+
+
+MIGRATIONS: tuple[Callable[[Any, Dialect], None], ...] = (_to_1, _to_2, _to_3, _to_4)
 """MIGRATIONS[i] takes a database from version i to i + 1."""
 
 

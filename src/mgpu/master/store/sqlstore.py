@@ -47,7 +47,11 @@ SET_META = (
     "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value"
 )
 EVENT = "INSERT INTO events(time, kind, actor, address, target, detail) VALUES (?,?,?,?,?,?)"
-SUBMIT_KEY = "INSERT INTO submit_keys(key, job_id, time) VALUES (?,?,?)"
+SUBMIT_KEY = 'INSERT INTO submit_keys("user", key, job_id, time) VALUES (?,?,?,?)'
+REQUEST_KEY = (
+    'INSERT INTO request_keys("user", key, answer, time) VALUES (?,?,?,?) '
+    'ON CONFLICT("user", key) DO NOTHING'
+)  # the first answer stays: a request sent again is told what the first one was
 EVENT_KEYS = ("time", "kind", "actor", "address", "target", "detail")
 
 
@@ -148,7 +152,8 @@ class SqlStore(Store):
         all_events: list[tuple[Any, ...]] = [(now, *e, None) for e in events]
         if event is not None:
             all_events.insert(0, (now, *event, detail))
-        key_rows = [(key, job_id, now) for key, job_id in keys]
+        users = {job.id: job.user for job in jobs}
+        key_rows = [(users.get(job_id, ""), key, job_id, now) for key, job_id in keys]
         self._rows(
             [(UPSERT_JOB, rows), (EVENT, all_events), (SET_META, metas), (SUBMIT_KEY, key_rows)]
         )
@@ -186,7 +191,7 @@ class SqlStore(Store):
             if top is not None:
                 c.execute(q(SET_META), (LAST_JOB_ID, str(top)))
             if key is not None:
-                c.execute(q(SUBMIT_KEY), (key, template.id, now))
+                c.execute(q(SUBMIT_KEY), (template.user, key, template.id, now))
 
         self._write(work)
         self._counted(top)
@@ -315,9 +320,26 @@ class SqlStore(Store):
 
     # ---- srun steps (steps.py) --------------------------------------------
 
-    def save_steps(self, rows: Sequence[steps.StepRow]) -> None:
-        """Store steps that ended, and prune their jobs to their last STEPS_KEPT."""
-        self._rows([(steps.UPSERT, steps.upsert_rows(rows)), (steps.PRUNE, steps.prune_rows(rows))])
+    def save_steps(
+        self,
+        rows: Sequence[steps.StepRow],
+        live: Sequence[steps.LiveRow] = (),
+        gone: Sequence[str] = (),
+    ) -> None:
+        """Store steps that ended, and prune their jobs to their last STEPS_KEPT; the
+        running jobs' steps as they are now, and those of jobs that ended gone."""
+        self._rows(
+            [
+                (steps.UPSERT, steps.upsert_rows(rows)),
+                (steps.PRUNE, steps.prune_rows(rows)),
+                (steps.LIVE_GONE, [(job_id,) for job_id in dict.fromkeys(gone)]),
+                (steps.LIVE_UPSERT, steps.live_rows(live)),
+            ]
+        )
+
+    def live_steps(self) -> list[steps.LiveRow]:
+        rows = self._all(steps.LIVE_ALL)
+        return [(str(i), str(j), json.loads(r)) for i, j, r in rows]
 
     def steps_of(self, job_ids: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
         """The stored steps of these jobs, oldest first (jobs without any are left out)."""
@@ -425,14 +447,28 @@ class SqlStore(Store):
             self._ended.pop(job_id, None)
         return rows
 
-    def job_of_submit_key(self, key: str) -> str | None:
-        row = self._one("SELECT job_id FROM submit_keys WHERE key=?", (key,))
+    def job_of_submit_key(self, key: str, user: str) -> str | None:
+        row = self._one('SELECT job_id FROM submit_keys WHERE "user"=? AND key=?', (user, key))
         return None if row is None else str(row[0])
+
+    def request_answer(self, user: str, key: str) -> str | None:
+        row = self._one('SELECT answer FROM request_keys WHERE "user"=? AND key=?', (user, key))
+        return None if row is None else str(row[0])
+
+    def save_request_answer(self, user: str, key: str, answer: str) -> None:
+        self._rows([(REQUEST_KEY, [(user, key, answer, time.time())])])
+
+    def delete_request_keys_before(self, before: float, limit: int) -> int:
+        return self._change(
+            'DELETE FROM request_keys WHERE ("user", key) IN (SELECT "user", key '
+            "FROM request_keys WHERE time < ? ORDER BY time LIMIT ?)",
+            (before, limit),
+        )
 
     def delete_submit_keys_before(self, before: float, limit: int) -> int:
         return self._change(
-            "DELETE FROM submit_keys WHERE key IN "
-            "(SELECT key FROM submit_keys WHERE time < ? ORDER BY time LIMIT ?)",
+            'DELETE FROM submit_keys WHERE ("user", key) IN (SELECT "user", key '
+            "FROM submit_keys WHERE time < ? ORDER BY time LIMIT ?)",
             (before, limit),
         )
 

@@ -9,6 +9,12 @@ master that takes over lists them and numbers on from them (`last_step_number`).
 
 Schema version 3 made the table and moved the steps of every stored job record into it
 (schema.py, with `moved_out`).  The store's queries of them are in sqlstore.py.
+
+`live_steps` (schema version 4) holds the steps of running jobs, ended or not, as the
+leader knows them (master/control/livesteps.py writes them): one row a step, written in the
+flush that sends its launch (and again with each of its processes' ends, before the agent
+is told to forget them), so that a master that takes over knows every step an agent
+reports and what each srun client follows.  A job's rows go when it ends.
 """
 
 from __future__ import annotations
@@ -19,7 +25,16 @@ from typing import Any
 
 from mgpu.master.store.base import encode
 
-__all__ = ["STEPS_KEPT", "StepRow", "grouped", "moved_out", "prune_rows", "upsert_rows"]
+__all__ = [
+    "STEPS_KEPT",
+    "LiveRow",
+    "StepRow",
+    "grouped",
+    "live_rows",
+    "moved_out",
+    "prune_rows",
+    "upsert_rows",
+]
 
 STEPS_KEPT = 1000
 """Ended steps kept per job: its last ones (a job that runs srun in a loop)."""
@@ -41,6 +56,19 @@ LAST = "SELECT MAX(number) FROM job_steps WHERE job_id=?"
 WITH_STEPS = "SELECT id, record FROM jobs WHERE record LIKE ? OR record LIKE ?"
 WITH_STEPS_ARGS = ('%"steps":[{%', '%"steps": [{%')  # only records with steps: no full parse
 REWRITE = "UPDATE jobs SET record=? WHERE id=?"
+LIVE_UPSERT = (
+    "INSERT INTO live_steps(id, job_id, record) VALUES (?,?,?) "
+    "ON CONFLICT(id) DO UPDATE SET record=excluded.record"
+)
+LIVE_GONE = "DELETE FROM live_steps WHERE job_id=?"
+LIVE_ALL = "SELECT id, job_id, record FROM live_steps"
+
+LiveRow = tuple[str, str, dict[str, Any]]
+"""A running job's step: its id, its job's id, its record (master/control/livesteps.py)."""
+
+
+def live_rows(rows: Sequence[LiveRow]) -> list[tuple[str, str, str]]:
+    return [(step_id, job_id, encode(record)) for step_id, job_id, record in rows]
 
 
 def upsert_rows(rows: Sequence[StepRow]) -> list[tuple[str, int, str]]:
