@@ -135,6 +135,8 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_CPUS_PER_TASK": slurm.cpus_per_task,
         "SLURM_CPUS_PER_GPU": slurm.cpus_per_gpu,
         "SLURM_GPUS_PER_TASK": slurm.gpus_per_task,
+        "SLURM_GPUS": slurm.gpus,
+        "SLURM_GPUS_PER_NODE": slurm.gpus_per_node,
         "SLURM_GPU_BIND": slurm.gpu_bind,  # srun reads these two, as Slurm's
         "SLURM_EXPORT_ENV": slurm.export_env,
         "SLURM_SUBMIT_HOST": slurm.submit_host,

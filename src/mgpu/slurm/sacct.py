@@ -45,10 +45,15 @@ def _nnodes(job: dict[str, Any]) -> str:
 def _cpus(job: dict[str, Any]) -> str:
     if job.get("state") == "queued":
         return "0"
-    block = common.slurm_block(job)
-    if job.get("_ntasks"):  # a step: its own tasks
-        return str(job["_ntasks"] * (block.get("cpus_per_task") or 1))
-    return str(tres.alloc_cpus(job))
+    if job.get(STEP) is not None and not all(s.get("cpus") for s in job.get("allocation") or ()):
+        # a step of a job whose nodes do not say their CPUs: its own tasks times -c
+        return str((job.get("_ntasks") or 1) * (common.slurm_block(job).get("cpus_per_task") or 1))
+    return str(tres.alloc_cpus(job))  # a step's: the job's CPUs on its nodes, as Slurm's
+
+
+def _req_cpus(job: dict[str, Any]) -> str:
+    """The job's ask; a step's (and the batch step's): the CPUs it holds, as Slurm's."""
+    return _cpus(job) if _suffix(job) else str(tres.req_cpus(job))
 
 
 def _req_mem(job: dict[str, Any]) -> str:
@@ -58,7 +63,7 @@ def _req_mem(job: dict[str, Any]) -> str:
 
 def _alloc_tres(job: dict[str, Any]) -> str:
     """The job's; a step's without billing (Slurm bills jobs, not steps)."""
-    text = tres.tres(job, alloc=True, by_name=True)
+    text = tres.tres(job, alloc=True, by_name=True, step=job.get(STEP) is not None)
     if not _suffix(job):
         return text
     return ",".join(i for i in text.split(",") if not i.startswith("billing="))
@@ -117,6 +122,7 @@ STEP = "_step"
 def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     """A row for each srun step the job ran (its `steps`): the job's, with the step's name,
     state, exit code, times and nodes."""
+    slots = {slot.get("node_id"): slot for slot in job.get("allocation") or ()}
     return [
         {
             **job,
@@ -128,11 +134,30 @@ def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
             "exit_code": step.get("exit_code"),
             "start_time": step.get("start"),
             "end_time": step.get("end"),
-            "allocation": [{"node_id": node} for node in step.get("nodes") or ()],
+            # the job's slots on the step's nodes: its CPUs, memory and GPUs there
+            "allocation": [slots.get(n) or {"node_id": n} for n in step.get("nodes") or ()],
             "_ntasks": step.get("ntasks"),
         }
         for i, step in enumerate(job.get("steps") or ())
     ]
+
+
+def _exit_code(row: dict[str, Any]) -> str:
+    """`EXIT:SIGNAL`; a cancelled job's own line `0:0`, as Slurm's (its batch step says
+    the signal that ended the script)."""
+    if row.get("state") == "cancelled" and not _suffix(row):
+        return "0:0"
+    return states.exit_code(row)
+
+
+def derived_exit_code(job: dict[str, Any]) -> str:
+    """Slurm's DerivedExitCode: the highest `EXIT:SIGNAL` of the job's srun steps (as
+    slurmctld's, the larger wait status: an exit code over a signal), `0:0` with none."""
+    best = (0, 0)
+    for row in step_rows(job):
+        code, _, signal = states.exit_code(row).partition(":")
+        best = max(best, (int(code), int(signal or 0)))
+    return f"{best[0]}:{best[1]}"
 
 
 STEPS_ASKED = 500
@@ -188,11 +213,11 @@ GETTERS: dict[str, Any] = {
     "Account": lambda j: "",
     "AllocCPUS": _cpus,
     "NCPUS": _cpus,
-    "ReqCPUS": _job_level(lambda j: str(tres.req_cpus(j))),
+    "ReqCPUS": _req_cpus,
     "ReqMem": _job_level(_req_mem),
     "State": _state,
-    "ExitCode": states.exit_code,
-    "DerivedExitCode": _job_level(states.exit_code),
+    "ExitCode": _exit_code,
+    "DerivedExitCode": _job_level(derived_exit_code),
     "Elapsed": lambda j: common.clock(_elapsed(j)),
     "ElapsedRaw": lambda j: str(int(_elapsed(j))),
     "Submit": lambda j: common.timestamp(j.get("submit_time")),
@@ -339,8 +364,9 @@ def main(argv: list[str]) -> int:
     client = common.make_client()
     jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
     jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
-    if "allocations" not in given:
+    if "allocations" not in given or any(c[0] == "DerivedExitCode" for c in columns):
         ask_steps(client, jobs)
+    if "allocations" not in given:
         jobs = [row for j in jobs for row in (j, batch_step(j), *step_rows(j)) if row is not None]
     parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
     lines = fields.render_fields(
