@@ -259,6 +259,18 @@ CASES: tuple[Case, ...] = (
         ),
         racy=("SLURM_STEP_ID", "SLURM_STEPID", "sacct:step:NodeList"),
     ),
+    *(
+        Case(name, (Submit(options, _script("@REC@ batch --batch", "srun @REC@ s")),))
+        for name, options in (
+            ("cpus_per_task", ("-N", "2", "--ntasks-per-node=2", "-c", "2")),
+            ("cpus_per_gpu", ("--gpus=2", "--cpus-per-gpu=3")),
+            ("mem", ("--mem=1000",)),
+            ("mem_per_cpu", ("--mem-per-cpu=300", "-c", "2")),
+            ("mem_per_gpu", ("--gpus=2", "--mem-per-gpu=500")),
+            ("mem_zero", ("--mem=0",)),
+            ("exclusive", ("--exclusive",)),
+        )
+    ),
     Case(
         "array",
         (

@@ -11,10 +11,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from realslurm import RealSlurm, real_slurm, unavailable
+from realslurm import CPUS, MEMORY_MB, RealSlurm, real_slurm, unavailable
 from runner import System, environment_for, mgpu_system, slurm_system
 
-from helpers import LocalCluster, local_cluster
+from helpers import LocalCluster
+
+NODES = ("node001", "node002")
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +37,18 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSlurm]:
 
 @pytest.fixture(scope="session")
 def mgpu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with local_cluster(tmp_path_factory.mktemp("mgpu"), agents=2, gpus=4) as c:
-        yield c
+    """node001 and node002 as Slurm's: 4 GPUs, CPUS CPUs and MEMORY_MB of memory each."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("mgpu"))
+    try:
+        cluster.start_master()
+        shape = ["--fake-cpus", str(CPUS), "--fake-mem", f"{MEMORY_MB}M"]
+        for name in NODES:
+            cluster.start_agent(name, gpus=4, wait=False, extra=shape)
+        for name in NODES:
+            cluster.wait_node(name, "online")
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,10 @@ compare.py writes it (`env:SLURM_GTIDS`, `sacct:batch:NodeList`, `scontrol:Comma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,8 +20,13 @@ class Entry:
     name: str
     reason: str
     patterns: tuple[str, ...]
+    when: Callable[[Any, Any], bool] | None = None
+    """Where set, the entry covers only the differences whose values (Slurm's, mgpu's)
+    it accepts: the intended kind of difference, not any value at those keys."""
 
-    def matches(self, case: str, key: str) -> bool:
+    def matches(self, case: str, key: str, slurm: Any = None, mgpu: Any = None) -> bool:
+        if self.when is not None and not self.when(slurm, mgpu):
+            return False
         return any(fnmatchcase(f"{case}/{key}", p) for p in self.patterns)
 
 
@@ -55,25 +62,55 @@ INTENDED: tuple[Entry, ...] = (
         ),
     ),
     Entry(
-        "cpus-and-memory",
-        "CPUs and memory are not scheduled (mgpu schedules GPUs): the CPU counts, "
-        "the CPU and memory TRES and the per-node CPU/memory minimums are not Slurm's",
+        "no-memory-asked",
+        "a job that asks for no memory holds none of its own in mgpu: it shares its node's, "
+        "so that a lab that asks nothing packs jobs onto GPUs as before; Slurm with "
+        "memory scheduled and no DefMemPer* gives it the whole node's (mem= in its TRES)",
+        ("*/sacct:*:ReqTRES", "*/sacct:*:AllocTRES", "*/sacct:job:ReqMem", "*/scontrol:TRES"),
+        when=lambda slurm, mgpu: _without_mem(slurm) == (mgpu or ""),
+    ),
+    Entry(
+        "cpus-spread",
+        "`-N 2 -n 4`: mgpu gives each node the CPUs of its own tasks (2 and 2); Slurm's "
+        "cons_tres may hold more on the first node (3 and 1) for the same tasks",
         (
-            *_env("SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE"),
-            *_scontrol(
-                "NumCPUs",
-                "TRES",
-                "MinCPUsNode",
-                "MinMemoryNode",
-                "MinTmpDiskNode",
-                "ReqB:S:C:T",
-                "Socks/Node",
-                "NtasksPerN:B:S:C",
-                "CoreSpec",
-            ),
-            "*/sacct:*:ReqTRES",
-            "*/sacct:*:AllocTRES",
+            *_env("SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", case="step_shapes"),
+            "step_shapes/sacct:*:AllocCPUS",
+            "step_shapes/sacct:*:ReqCPUS",
+            "step_shapes/sacct:*:AllocTRES",
         ),
+    ),
+    Entry(
+        "tasks-per-node-of-cpus",
+        "a job of no task count but --exclusive or --cpus-per-gpu: Slurm's "
+        "SLURM_TASKS_PER_NODE counts its CPUs (its srun still starts one task); mgpu's "
+        "says the one task per node srun starts",
+        (
+            *_env("SLURM_TASKS_PER_NODE", case="exclusive"),
+            *_env("SLURM_TASKS_PER_NODE", case="cpus_per_gpu"),
+        ),
+    ),
+    Entry(
+        "exclusive-gpus-named",
+        "an --exclusive job holds its node's GPUs in both (AllocTRES gres/gpu); mgpu also "
+        "names them to it (CUDA_VISIBLE_DEVICES, SLURM_GPUS_ON_NODE...), Slurm names none "
+        "to a job that asked for none",
+        _env(
+            "CUDA_VISIBLE_DEVICES",
+            "GPU_DEVICE_ORDINAL",
+            "SLURM_GPUS_ON_NODE",
+            "SLURM_JOB_GPUS",
+            "SLURM_STEP_GPUS",
+            case="exclusive",
+        ),
+        when=lambda slurm, mgpu: slurm is None,
+    ),
+    Entry(
+        "mem-zero-named",
+        "`--mem=0` (all of the node's memory): mgpu's SLURM_MEM_PER_NODE says the memory "
+        "held; Slurm 22.05 leaves it unset",
+        _env("SLURM_MEM_PER_NODE", case="mem_zero"),
+        when=lambda slurm, mgpu: slurm is None,
     ),
     Entry(
         "accounts",
@@ -90,6 +127,15 @@ INTENDED: tuple[Entry, ...] = (
         "a job or step that asked for no GPU sees none: mgpu sets CUDA_VISIBLE_DEVICES "
         "(and SLURM_STEP_GPUS) empty, where Slurm without device cgroups leaves them unset",
         ("*/env:CUDA_VISIBLE_DEVICES", "*/env:SLURM_STEP_GPUS"),
+        when=lambda slurm, mgpu: slurm is None and mgpu == "",
+    ),
+    Entry(
+        "gpu-bind-none-devices",
+        "`srun --gpu-bind=none`: every task sees all of its job's GPUs on the node; mgpu "
+        "names them (CUDA_VISIBLE_DEVICES...), Slurm leaves the variables unset (without "
+        "device cgroups, as here, CUDA then sees the whole node)",
+        _env("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURM_STEP_GPUS", case="gpus_per_task"),
+        when=lambda slurm, mgpu: slurm is None and bool(mgpu),
     ),
     Entry(
         "scontrol-fields",
@@ -160,33 +206,10 @@ INTENDED: tuple[Entry, ...] = (
 
 KNOWN: tuple[Entry, ...] = (
     Entry(
-        "steps-keep-exports",
-        "issue 31 item 1: a step gets mgpu's MASTER_ADDR/MASTER_PORT/WORLD_SIZE/NODE_RANK "
-        "over the script's own (fixed on branch h31-env)",
-        _env("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK"),
-    ),
-    Entry(
-        "gpu-bind",
-        "issue 31 item 4: `--gpu-bind=none` is ignored (fixed on branch h31-env)",
-        ("gpus_per_task/*",),
-    ),
-    Entry(
-        "missing-variables",
-        "Slurm sets SLURM_GPUS_PER_NODE in a job of --gpus-per-node, and SLURM_TASK_PID in "
-        "every step task; mgpu not yet",
-        _env("SLURM_GPUS_PER_NODE", "SLURM_TASK_PID"),
-    ),
-    Entry(
         "export-none-user-env",
         "`--export=NONE` or a list: Slurm loads the account's login environment into the "
         "batch script (`--get-user-env`: USER, LOGNAME, SLURM_GET_USER_ENV); mgpu not",
         ("export_none/*",),
-    ),
-    Entry(
-        "srun-reads-ntasks",
-        "srun inside a job takes SLURM_NTASKS as its -n (so `srun --ntasks-per-node=1` in a "
-        "4-task job still runs 4 tasks, with a warning); mgpu's srun takes the shape asked",
-        ("spellings/*",),
     ),
     Entry(
         "signal-exit",
@@ -201,25 +224,21 @@ KNOWN: tuple[Entry, ...] = (
         ("kill_on_bad_exit/*",),
     ),
     Entry(
-        "derived-exit-code",
-        "sacct's DerivedExitCode is the highest exit code of the job's srun steps in Slurm; "
-        "mgpu prints the job's own exit code",
-        ("*/sacct:job:DerivedExitCode",),
-    ),
-    Entry(
-        "scontrol-job-text",
-        "`scontrol show job`: Slurm prints Command as the script's absolute path and "
-        "arguments ((null) for --wrap), StdOut/StdErr expanded and absolute, Reason "
-        "NonZeroExitCode for a failed job; mgpu the script's name, the patterns as given, None",
-        _scontrol("Command", "StdOut", "StdErr", "Reason"),
-    ),
-    Entry(
         "never-run-job",
-        "a job cancelled by a dependency that can never be satisfied: Slurm keeps its "
-        "reason (DependencyNeverSatisfied), clears a satisfied dependency and shows "
-        "StartTime as the cancel time; mgpu differs in these fields",
+        "a job ended by a dependency that can never be satisfied (--kill-on-invalid-dep="
+        "yes): Slurm keeps its reason (DependencyNeverSatisfied), its dependency as "
+        "`afternotok:ID(failed)`, EligibleTime Unknown, NumTasks N/A, "
+        "KillOInInvalidDependent=Yes, Timelimit Partition_Limit; a job cancelled before it "
+        "ran: Timelimit Partition_Limit; mgpu differs in these fields",
         (
-            "dependency_chain/scontrol:*",
+            *_scontrol(
+                "Reason",
+                "Dependency",
+                "EligibleTime",
+                "NumTasks",
+                "KillOInInvalidDependent",
+                case="dependency_chain",
+            ),
             "dependency_chain/sacct:job:Timelimit",
             "dependency_chain/sacct:job:Reason",
             "commands/sacct-held:Timelimit",
@@ -232,21 +251,24 @@ KNOWN: tuple[Entry, ...] = (
         "column), `CANCELLED` in mgpu",
         ("commands/sacct-*:State",),
     ),
-    Entry(
-        "cancelled-exit-code",
-        "a running job cancelled: Slurm's job line says ExitCode `0:0` (its batch step "
-        "`0:15`), mgpu's job line `0:15`",
-        ("commands/sacct-runner:ExitCode",),
-    ),
 )
 
 
-def explain(case: str, key: str) -> tuple[str, Entry | None]:
-    """("intended" | "known" | "", the entry) for a difference of `case`."""
+def _without_mem(value: object) -> str | None:
+    """A TRES list without its `mem=` item (a ReqMem: empty); None if it had none."""
+    text = str(value or "")
+    if "mem=" not in text:
+        return "" if text.endswith(("M", "G", "T")) and text[:1].isdigit() else None
+    return ",".join(item for item in text.split(",") if not item.startswith("mem="))
+
+
+def explain(case: str, key: str, slurm: Any = None, mgpu: Any = None) -> tuple[str, Entry | None]:
+    """("intended" | "known" | "", the entry) for a difference of `case` at `key`, the two
+    sides' values `slurm` and `mgpu`."""
     for entry in INTENDED:
-        if entry.matches(case, key):
+        if entry.matches(case, key, slurm, mgpu):
             return "intended", entry
     for entry in KNOWN:
-        if entry.matches(case, key):
+        if entry.matches(case, key, slurm, mgpu):
             return "known", entry
     return "", None

@@ -29,6 +29,11 @@ CLUSTER = "mgpu"
 PARTITION = "main"
 """mgpu's partition when the config names none."""
 
+CPUS = 8
+MEMORY_MB = 4000
+"""Each node's CPUs and memory (mgpu's agents are given the same: --fake-cpus, --fake-mem);
+the tier's machine may have fewer: nothing binds tasks to CPUs (TaskPlugin=task/none)."""
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sacct")
 
 
@@ -109,7 +114,7 @@ class RealSlurm:
         self.munge_socket = r / "munge.sock"
         node_lines = [
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
-            f"CPUs=8 RealMemory=4000 Gres=gpu:{self.gpus} State=UNKNOWN"
+            f"CPUs={CPUS} RealMemory={MEMORY_MB} Gres=gpu:{self.gpus} State=UNKNOWN"
             for n in self.nodes
         ]
         accounting = (
@@ -143,7 +148,9 @@ class RealSlurm:
                     "ProctrackType=proctrack/pgid",
                     "TaskPlugin=task/none",
                     "SelectType=select/cons_tres",
-                    "SelectTypeParameters=CR_Core",
+                    # CPUs and memory scheduled, as mgpu's; no DefMemPer*: Slurm's
+                    # defaults (a job that asks no memory holds the node's).
+                    "SelectTypeParameters=CR_Core_Memory",
                     "GresTypes=gpu",
                     "MpiDefault=none",
                     "ReturnToService=2",

@@ -19,7 +19,8 @@ RECORDER = Path(__file__).resolve().parent / "record.py"
 
 SACCT_FIELDS = (
     "JobID,JobName,Partition,State,ExitCode,DerivedExitCode,NNodes,NodeList,User,Group,UID,"
-    "WorkDir,Timelimit,ReqTRES,AllocTRES,Reason,Priority,Comment,Cluster,NTasks"
+    "WorkDir,Timelimit,ReqTRES,AllocTRES,Reason,Priority,Comment,Cluster,NTasks,AllocCPUS,"
+    "ReqCPUS,ReqMem"
 )
 
 

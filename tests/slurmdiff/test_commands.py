@@ -15,11 +15,12 @@ from intended import explain
 from runner import Outcome, System, parse_keyvalues
 
 PENDING = (
-    ("held", ("-H",)),
-    ("later", ("--begin=now+1hour",)),
-    ("big", ("-N", "2", "--gpus-per-node=4")),
+    ("held", ("-H", "-c", "2", "--mem=1000")),
+    ("later", ("--begin=now+1hour", "--gpus=1", "--cpus-per-gpu=2", "--mem-per-gpu=500")),
+    ("big", ("-N", "2", "--gpus-per-node=4", "--mem-per-cpu=100")),
 )
-"""Jobs that wait: on a hold, a begin time, and the GPUs `runner` holds."""
+"""Jobs that wait: on a hold, a begin time, and the GPUs `runner` holds; each asking
+CPUs and memory in one of Slurm's ways."""
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
@@ -101,7 +102,7 @@ def sides(systems: tuple[System, System]) -> Iterator[tuple[Side, Side]]:
 def _check(diffs: list[Difference]) -> None:
     unexplained, known = [], []
     for diff in diffs:
-        kind, entry = explain("commands", diff.key)
+        kind, entry = explain("commands", diff.key, diff.slurm, diff.mgpu)
         if kind == "known" and entry is not None:
             known.append(f"{entry.name}: {diff}")
         elif not kind:
@@ -121,7 +122,7 @@ def _compare_dicts(what: str, a: dict[str, str], b: dict[str, str]) -> list[Diff
 
 def test_squeue_states_and_reasons(sides: tuple[Side, Side]) -> None:
     s, m = sides
-    fmt = ["-h", "-o", "%j|%t|%T|%r|%D|%b|%P|%u|%l", "-u", "root"]
+    fmt = ["-h", "-o", "%j|%t|%T|%r|%D|%b|%P|%u|%l|%C|%m", "-u", "root"]
     _check(
         _compare_dicts(
             "squeue", s.by_name("\n".join(s.squeue(*fmt))), m.by_name("\n".join(m.squeue(*fmt)))
@@ -147,7 +148,7 @@ def test_squeue_default_columns(sides: tuple[Side, Side]) -> None:
     _check(diffs)
 
 
-@pytest.mark.parametrize("name", ["held", "runner", "dep"])
+@pytest.mark.parametrize("name", ["held", "later", "big", "runner", "dep"])
 def test_scontrol_show_job(sides: tuple[Side, Side], name: str) -> None:
     fields = []
     for side in sides:

@@ -28,7 +28,7 @@ def test_same_as_slurm(case: Case, outcomes: dict[str, tuple[Outcome, Outcome]])
     assert on_slurm.ids == on_mgpu.ids, "the two clusters' job ids drifted apart"
     unexplained, known = [], []
     for diff in compare(on_slurm, on_mgpu, case.unordered, case.racy):
-        kind, entry = explain(case.name, diff.key)
+        kind, entry = explain(case.name, diff.key, diff.slurm, diff.mgpu)
         if kind == "known" and entry is not None:
             known.append(f"{entry.name}: {diff}")
         elif not kind:
