@@ -17,16 +17,32 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mgpu.model import Job
-from mgpu.scheduler import Dependency, JobRequest, NodeView, Placement, RunningJob
+from mgpu.scheduler import (
+    Decisions,
+    Dependency,
+    JobRequest,
+    NodeView,
+    Placement,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+    schedule,
+)
+from mgpu.scheduler.types import QueuePolicy
 
 __all__ = [
     "HOUR",
+    "MIB_PER_GIB",
+    "PASS_NOW",
     "asgi_call",
+    "cpu_node",
     "http_scope",
     "job",
     "master_job",
     "node",
     "running",
+    "schedule_pass",
+    "started",
     "websocket_scope",
 ]
 
@@ -168,3 +184,45 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+# --------------------------------------------------------------------------- CPUs, memory
+
+MIB_PER_GIB = 1024
+PASS_NOW = 1000.0
+"""The `now` of the scheduler passes `schedule_pass` runs."""
+
+
+def cpu_node(
+    nid: str = "n1", *, gpus: int = 4, cpus: int = 8, free_cpus: int | None = None, **kw: Any
+) -> NodeView:
+    """A node offering `cpus` CPUs (all free unless `free_cpus`) and 64G of memory (all
+    free unless `free_mem_mb`)."""
+    kw.setdefault("mem_mb", 64 * MIB_PER_GIB)
+    kw.setdefault("free_mem_mb", kw["mem_mb"])
+    return node(nid, gpus=gpus, cpus=cpus, free_cpus=cpus if free_cpus is None else free_cpus, **kw)
+
+
+def schedule_pass(
+    nodes: list[NodeView],
+    pending: list[JobRequest],
+    running_jobs: list[RunningJob] | None = None,
+    policy: QueuePolicy = "backfill",
+    **config: Any,
+) -> Decisions:
+    """One pass of the core at `PASS_NOW` (no preemption unless `config` says so)."""
+    config.setdefault("preemption", False)
+    return schedule(
+        Snapshot(
+            now=PASS_NOW,
+            nodes=nodes,
+            pending=pending,
+            running=running_jobs or [],
+            config=SchedulerConfig(queue_policy=policy, **config),
+        )
+    )
+
+
+def started(d: Decisions) -> dict[str, tuple[Placement, ...]]:
+    """The pass's starts: job id -> its placements."""
+    return {s.job_id: s.placements for s in d.starts}

@@ -513,6 +513,11 @@ class VirtualCluster:
         """Start `argv` in the root namespace (e.g. the master), tracked for cleanup."""
         return self._popen(list(argv), **kwargs)
 
+    def stop(self, proc: subprocess.Popen[Any], grace: float | None = None) -> None:
+        """Stop one tracked process and its whole session now (SIGTERM, then SIGKILL after
+        `grace` s; default: the cluster's term_grace), before the cluster itself closes."""
+        self._terminate(proc, grace=self.term_grace if grace is None else grace)
+
     def close(self) -> None:
         """Kill tracked processes, then delete namespaces, links and files. Idempotent."""
         if self._closed:

@@ -8,15 +8,18 @@ found the tests that need a server skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 USER = "mgpu"
@@ -193,6 +196,37 @@ class PgServer:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+    def processes(self) -> list[int]:
+        """The server's processes: the postmaster, then each of its children (backends,
+        WAL writer, checkpointer...)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:  # field 4: the parent
+                children.append(int(entry.name))
+        return [postmaster, *children]
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The whole server stopped (SIGSTOP to every process of it: a frozen machine, as
+        far as its clients can tell; its kernel still acknowledges their packets) for the
+        block, and continued (SIGCONT) after it, whatever happens in it."""
+        pids = self.processes()
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         self._pg_ctl("stop", "-m", "fast", "-w", check=False)

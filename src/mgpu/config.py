@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from mgpu.hostlist import HostlistError, expand
+from mgpu.kubesection import KubernetesSection
 from mgpu.resources import SizeError, parse_size_mb
 from mgpu.spec import SpecError, parse_time_limit
 
@@ -334,6 +335,17 @@ class Partition(JobResourceDefaults):
     max_time: str | None = None
     """The longest --time a job may ask for here, Slurm's syntax (`2-00:00:00`); it is
     also the limit of a job that gives none."""
+    kubernetes: KubernetesSection | None = None
+    """Its nodes are a Kubernetes cluster's Nodes and its jobs run as Pods."""
+
+    @model_validator(mode="after")
+    def _kube_lists_no_nodes(self) -> Partition:
+        if self.kubernetes is not None and self.nodes:
+            raise ValueError(
+                f"partition {self.name!r} is backed by Kubernetes: its nodes are the Nodes "
+                "its kubernetes.node_selector picks, not a list"
+            )
+        return self
 
     @field_validator("nodes")
     @classmethod
@@ -428,6 +440,10 @@ class ClusterConfig(_Strict):
 
     def partition(self, name: str) -> Partition | None:
         return next((p for p in self.all_partitions() if p.name == name), None)
+
+    def kube_partitions(self) -> list[Partition]:
+        """The partitions backed by Kubernetes (mgpu.master.kube)."""
+        return [p for p in self.partitions if p.kubernetes is not None]
 
     @field_validator("nodes")
     @classmethod

@@ -102,6 +102,9 @@ class EndReason(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     """Killed by its node for going past its memory limit: its own failure, no retry spent,
     the node not blamed."""
+    NO_ROOM = "no_room"
+    """Kubernetes had no room for its Pods after all (another workload won the race):
+    back to the queue with a backoff, no retry spent, no node blamed."""
 
     def to_state(self) -> JobState:
         return _END_STATE[self]
@@ -218,6 +221,7 @@ _END_STATE: dict[EndReason, JobState] = {
     EndReason.PREEMPTED: JobState.QUEUED,
     EndReason.REQUEUED: JobState.QUEUED,
     EndReason.OUT_OF_MEMORY: JobState.FAILED,
+    EndReason.NO_ROOM: JobState.QUEUED,
 }
 _RUN_END: dict[EndReason, str | None] = {
     EndReason.EXIT_OK: "exit",
@@ -461,6 +465,8 @@ class Job:
     slurm: SlurmOptions | None = None
     """Submitted the Slurm way (`sbatch`): Slurm's options mgpu has no field of its own
     for; None: mgpu's own behaviour (and every job stored before this field)."""
+    pods: list[dict[str, str]] = field(default_factory=list)
+    """A Kubernetes partition's job: its last run's Pods (`name`, `node`, `phase`)."""
 
     def transition(self, new: JobState, reason: str | None = None) -> None:
         if new not in ALLOWED[self.state]:
@@ -606,6 +612,7 @@ class Job:
             "max_rss_mb": self.max_rss_mb,
             "resources": None if self.ask.empty else self.ask.to_record(),
             "slurm": None if self.slurm is None else self.slurm.to_record(),
+            **({"pods": [dict(p) for p in self.pods]} if self.pods else {}),
         }
 
 

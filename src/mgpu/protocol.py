@@ -260,9 +260,21 @@ class Hello(BaseModel):
         return value
 
 
+class RunMemory(BaseModel):
+    """A running run's peak memory on this node so far (the kernel's count, MiB)."""
+
+    job_id: str
+    epoch: int
+    max_rss_mb: int = Field(ge=0)
+
+
 class Heartbeat(BaseModel):
     type: Literal["heartbeat"] = "heartbeat"
     telemetry: list[GpuTelemetry] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+    memory: list[RunMemory] = Field(default_factory=list, max_length=MAX_RUNNING_REPORTS)
+    """The running runs' peak memory so far (those whose memory the node counts), so that a
+    running job's MaxRSS is known before it ends (`Exited.max_rss_mb` has the last word).
+    Absent from an older agent: a master then learns the peak at the end only."""
 
 
 class Started(BaseModel):

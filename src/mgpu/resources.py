@@ -13,10 +13,10 @@ the Slurm layer alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["NO_ASK", "ResourceAsk", "SizeError", "parse_size_mb"]
+__all__ = ["NO_ASK", "ResourceAsk", "SizeError", "parse_size_mb", "within_mem_per_cpu"]
 
 _UNIT_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -98,3 +98,36 @@ class ResourceAsk:
 _ASK_FIELDS = tuple(f.name for f in fields(ResourceAsk))
 
 NO_ASK = ResourceAsk()
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def within_mem_per_cpu(ask: ResourceAsk, cap_mb: int | None, gpus: int) -> ResourceAsk:
+    """`ask` with its CPUs raised, as Slurm raises them, so that no CPU holds more than
+    `cap_mb` MiB (MaxMemPerCPU; `gpus`: what the job takes on a node).  Slurm's
+    `_valid_pn_min_mem`: a `--mem-per-cpu` of M over the cap C multiplies the CPUs by
+    r = ceil(M / C) and gives each ceil(M / r); a memory per node (or per GPU) raises the
+    CPUs per node to at least ceil(memory / C).  The job is never refused for it (a count
+    no node has is refused as any other: `could_ever_fit`)."""
+    if not cap_mb or ask.whole_memory:
+        return ask
+    per_cpu = ask.mem_per_cpu_mb
+    if per_cpu is not None:
+        if per_cpu <= cap_mb:
+            return ask
+        r = _ceil_div(per_cpu, cap_mb)
+        if ask.cpus_per_node is None and ask.cpus_per_gpu is None:
+            cpus: dict[str, int | None] = {"cpus_per_node": r}
+        else:
+            cpus = {
+                "cpus_per_node": None if ask.cpus_per_node is None else ask.cpus_per_node * r,
+                "cpus_per_gpu": None if ask.cpus_per_gpu is None else ask.cpus_per_gpu * r,
+            }
+        return replace(ask, mem_per_cpu_mb=_ceil_div(per_cpu, r), **cpus)  # type: ignore[arg-type]
+    have = ask.cpus_on(gpus, 0)
+    least = _ceil_div(ask.mem_on(gpus, have, 0), cap_mb)
+    if have >= least:
+        return ask
+    return replace(ask, cpus_per_node=(ask.cpus_per_node or 0) + least - have)

@@ -55,6 +55,8 @@ def slurm_ask(slurm: SlurmOptions, nodes: int, own: ResourceAsk | None = None) -
         exclusive=slurm.exclusive,
     )
     own = own or NO_ASK
+    if own.exclusive:
+        ask = dataclasses.replace(ask, exclusive=True)
     if own.cpus_per_node is not None:
         ask = dataclasses.replace(ask, cpus_per_node=own.cpus_per_node, cpus_per_gpu=None)
     if own.mem_per_node_mb is not None:

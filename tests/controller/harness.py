@@ -41,6 +41,7 @@ from mgpu.protocol import (
     Output,
     PortReserved,
     ReservePort,
+    RunMemory,
     RunningReport,
     Started,
     Welcome,
@@ -207,8 +208,10 @@ class FakeAgent:
     def port(self, job_id: str, port: int = 29500) -> None:
         self.send(PortReserved(job_id=job_id, epoch=self.epoch(job_id), port=port))
 
-    def heartbeat(self, telemetry: list[GpuTelemetry] | None = None) -> None:
-        self.send(Heartbeat(telemetry=telemetry or []))
+    def heartbeat(
+        self, telemetry: list[GpuTelemetry] | None = None, memory: list[RunMemory] | None = None
+    ) -> None:
+        self.send(Heartbeat(telemetry=telemetry or [], memory=memory or []))
 
     def running(self, job_id: str, exited: bool = False) -> RunningReport:
         """This agent's report of a run, for a hello."""

@@ -166,3 +166,18 @@ def test_cpus_near_the_jobs_gpu_and_whole_cores_are_picked(h: Harness) -> None:
     agent.hello()
     job = h.start(gpu_ids="1", cpus=2)
     assert h.job(job).allocation[0].cpu_ids == [2, 6]  # one whole core, on GPU 1's node
+
+
+def test_more_memory_per_cpu_than_the_cap_gets_more_cpus_as_in_slurm(
+    make_harness: Callable[..., Harness],
+) -> None:
+    """MaxMemPerCPU: Slurm raises the job's CPU count rather than refuse it."""
+    h = make_harness({"resources": {"max_mem_per_cpu": "2G"}})
+    h.agent("n1", gpus=2, cpus=8, mem_mb=16384)
+    job = h.start(gpus=1, cpus=1, mem="6G")
+    slot = h.job(job).allocation[0]
+    assert (slot.cpus, slot.mem_mb, len(slot.cpu_ids or ())) == (3, 6144, 3)
+    assert h.job(job).ask.cpus_per_node == 1  # the ask is kept as given
+    # Raised past what any node has: refused as any such request is, with the numbers.
+    with pytest.raises(SubmitError, match="10 CPUs asked per node, the most any node offers is 8"):
+        h.submit(gpus=1, mem="20G")

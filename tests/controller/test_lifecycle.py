@@ -35,6 +35,7 @@ END_REASONS = [
     (EndReason.PREEMPTED, JobState.QUEUED, False, DesiredState.PREEMPT),
     (EndReason.REQUEUED, JobState.QUEUED, False, DesiredState.REQUEUE),
     (EndReason.OUT_OF_MEMORY, JobState.FAILED, False, DesiredState.STOP),
+    (EndReason.NO_ROOM, JobState.QUEUED, False, DesiredState.STOP),
 ]
 
 

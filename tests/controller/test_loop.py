@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from harness import Harness
 
-from mgpu.master.control.loop import Plan
+from mgpu.master.control.passplan import Plan
 from mgpu.model import EndReason, JobState, NodeEvent
 from mgpu.protocol import Launch
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from harness import Harness
 
 from mgpu.model import EndCode, EndReason, JobState
+from mgpu.protocol import RunMemory
 from mgpu.slurm import sacct, states
 
 
@@ -53,3 +54,23 @@ def test_end_reason_is_how_the_last_run_ended(h: Harness) -> None:
     assert (public["end_reason"], public["end_code"], public["max_rss_mb"]) == ("exit", "failed", 5)
     assert sacct.GETTERS["MaxRSS"](public) == "5M"
     assert states.exit_code(public) == "3:0"
+
+
+def test_a_running_jobs_peak_is_known_before_it_ends(h: Harness) -> None:
+    """The agent's heartbeats carry each running job's peak so far: `mgpu show` and sacct's
+    MaxRSS have it while the job runs; a stale run's or another node's word is not taken."""
+    a, b = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    job_id = h.start()
+    epoch = h.job(job_id).epoch
+    assert h.job(job_id).to_public()["max_rss_mb"] is None
+    a.heartbeat(memory=[RunMemory(job_id=job_id, epoch=epoch, max_rss_mb=300)])
+    public = h.job(job_id).to_public()
+    assert public["state"] == "running" and public["max_rss_mb"] == 300
+    assert sacct.GETTERS["MaxRSS"](public) == "300M"
+    a.heartbeat(memory=[RunMemory(job_id=job_id, epoch=epoch, max_rss_mb=200)])  # a peak
+    assert h.job(job_id).max_rss_mb == 300  # never goes down
+    a.heartbeat(memory=[RunMemory(job_id=job_id, epoch=epoch - 1, max_rss_mb=900)])
+    b.heartbeat(memory=[RunMemory(job_id=job_id, epoch=epoch, max_rss_mb=900)])
+    assert h.job(job_id).max_rss_mb == 300  # an older run's, a node it does not run on
+    a.exited(job_id, 0, max_rss_mb=350)
+    assert h.stored(job_id).max_rss_mb == 350

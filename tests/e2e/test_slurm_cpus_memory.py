@@ -183,14 +183,15 @@ def test_what_no_node_could_hold_is_refused_and_nothing_queued(
 
 
 @pytest.mark.parametrize(
-    ("command", "words"),
+    ("command", "words", "held"),
     [
-        ("srun", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"]),  # mgpu srun's own job
-        ("salloc", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"]),  # the block goes along
+        ("srun", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"], (2, 512)),  # mgpu srun's
+        ("salloc", ["-c", "2", "--mem=512M", "--gres=gpu:1", "true"], (2, 512)),  # the block
+        ("srun", ["--exclusive", "--gres=gpu:1", "true"], (4, 8192)),  # the whole node
     ],
 )
 def test_srun_and_salloc_outside_a_job_hold_what_they_ask(
-    node: LocalCluster, tmp_path: Path, command: str, words: list[str]
+    node: LocalCluster, tmp_path: Path, command: str, words: list[str], held: tuple[int, int]
 ) -> None:
     c = node
     before = {j["id"] for j in c.client().queue(all=True)["jobs"]}
@@ -204,4 +205,4 @@ def test_srun_and_salloc_outside_a_job_hold_what_they_ask(
     )
     assert res.returncode == 0, res.stderr
     (job,) = [j for j in c.client().queue(all=True)["jobs"] if j["id"] not in before]
-    assert (job["cpus"], job["mem_mb"]) == (2, 512)
+    assert (job["cpus"], job["mem_mb"]) == held

@@ -10,7 +10,7 @@ The layers, lowest first (docs/ARCHITECTURE.md draws them): the shared base modu
 the master and the agent side by side (neither imports the other), then the client, the
 Slurm commands over it, and the package's own entry points on top (`mgpu.client.cli`, the
 `mgpu` command, among them).  Inside the master: runtime < store < state < security <
-monitor < control < ha < http < server.
+monitor < control < kube (a Kubernetes partition's driver) < ha < http < server.
 """
 
 from __future__ import annotations
@@ -136,6 +136,7 @@ MASTER_LAYERS = [
     "security",
     "monitor",
     "control",
+    "kube",
     "ha",
     "http",
     "server",

@@ -149,16 +149,23 @@ def test_v1_limits_go_in_cgroups_the_shim_joins(tmp_path: Path) -> None:
 
 def test_v1_without_a_cpuset_takes_a_quota(tmp_path: Path) -> None:
     limits, runs = _v1(tmp_path, cpuset=False)
-    made = runlimits.apply(limits, "7", 1, [0, 1], None, None)
+    made = runlimits.apply(limits, "7", 1, [0, 1], None, "/freezer/run")
     assert _read(runs[CPU], "cpu.cfs_quota_us") == "100000"  # 2 CPUs of a 50 ms period
-    assert made.join == [str(runs[CPU])] and made.memory == ""
+    # Its memory is counted (not limited) in a v1 cgroup of its own.
+    assert made.join == [str(runs[MEMORY]), str(runs[CPU])] and made.memory == str(runs[MEMORY])
 
 
-def test_a_grant_of_none_limits_nothing(tmp_path: Path) -> None:
+def test_a_grant_of_none_limits_nothing_and_counts_its_memory(tmp_path: Path) -> None:
     limits, runs = _v1(tmp_path)
-    made = runlimits.apply(limits, "7", 1, None, None, None)
-    assert made.join == [] and made.memory == ""  # v1: no cgroup to join
+    made = runlimits.apply(limits, "7", 1, None, None, "/freezer/run")
+    # v1: a memory cgroup of no limit, joined so that its peak is the run's own.
+    assert made.join == [str(runs[MEMORY])] and made.memory == str(runs[MEMORY])
     assert _read(runs[MEMORY], "memory.limit_in_bytes") == ""
+    assert _read(runs[MEMORY], "memory.memsw.limit_in_bytes") == ""
+    # A node that contains runs by their process tree (no cgroup of the run's): nothing
+    # made, so that nothing escaping the tree is caught by a cgroup either.
+    made = runlimits.apply(limits, "8", 1, None, None, None)
+    assert made.join == [] and made.memory == ""
     assert _read(runs[CPUSET], "cpuset.cpus") == "" and _read(runs[CPU], "cpu.cfs_quota_us") == ""
 
 
@@ -222,3 +229,18 @@ def test_cpu_lists() -> None:
     assert runlimits.cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert runlimits.cpu_list("") == set()
     assert runlimits.format_cpus([11, 0, 1, 2, 8, 10]) == "0-2,8,10-11"
+
+
+def test_a_count_that_cannot_be_made_does_not_refuse_the_run(tmp_path: Path) -> None:
+    limits, runs = _v1(tmp_path)
+    base = Path(limits.where[MEMORY].base)
+    (runs[MEMORY] / "memory.limit_in_bytes").unlink()
+    (runs[MEMORY] / "memory.memsw.limit_in_bytes").unlink()
+    runs[MEMORY].rmdir()
+    base.chmod(0o500)  # (root ignores modes: a file where the directory would go instead)
+    (base / "7.1").write_text("")
+    try:
+        made = runlimits.apply(limits, "7", 1, None, None, "/freezer/run")
+    finally:
+        base.chmod(0o755)
+    assert made.join == [] and made.memory == "" and made.note() is None

@@ -6,14 +6,22 @@ from dataclasses import replace
 
 import pytest
 
-from factories import HOUR, job, node, running
+from factories import (
+    HOUR,
+    MIB_PER_GIB,
+    PASS_NOW,
+    cpu_node,
+    job,
+    node,
+    running,
+    schedule_pass,
+    started,
+)
 from mgpu.model import WaitCode
 from mgpu.resources import NO_ASK, ResourceAsk
 from mgpu.scheduler import (
-    Decisions,
     FreePool,
     JobRequest,
-    NodeView,
     Placement,
     RunningJob,
     SchedulerConfig,
@@ -22,46 +30,14 @@ from mgpu.scheduler import (
     place,
     schedule,
 )
-from mgpu.scheduler.types import QueuePolicy, code_of
+from mgpu.scheduler.types import code_of
 
-NOW = 1000.0
-G = 1024
-
-
-def cpu_node(
-    nid: str = "n1", *, gpus: int = 4, cpus: int = 8, free_cpus: int | None = None, **kw: object
-) -> NodeView:
-    """A node offering `cpus` CPUs (all free unless `free_cpus`) and 64G of memory."""
-    kw.setdefault("mem_mb", 64 * G)
-    kw.setdefault("free_mem_mb", kw["mem_mb"])
-    return node(nid, gpus=gpus, cpus=cpus, free_cpus=cpus if free_cpus is None else free_cpus, **kw)
+NOW = PASS_NOW
+G = MIB_PER_GIB
 
 
 def asks(**kw: object) -> ResourceAsk:
     return ResourceAsk(**kw)  # type: ignore[arg-type]
-
-
-def run(
-    nodes: list[NodeView],
-    pending: list[JobRequest],
-    running_jobs: list[RunningJob] | None = None,
-    policy: QueuePolicy = "backfill",
-    **config: object,
-) -> Decisions:
-    config.setdefault("preemption", False)
-    return schedule(
-        Snapshot(
-            now=NOW,
-            nodes=nodes,
-            pending=pending,
-            running=running_jobs or [],
-            config=SchedulerConfig(queue_policy=policy, **config),  # type: ignore[arg-type]
-        )
-    )
-
-
-def started(d: Decisions) -> dict[str, tuple[Placement, ...]]:
-    return {s.job_id: s.placements for s in d.starts}
 
 
 # --------------------------------------------------------------------------- one node
@@ -99,7 +75,7 @@ def test_the_job_goes_where_its_cpus_are_free() -> None:
 def test_two_jobs_whose_gpus_fit_but_cpus_do_not_run_one_after_the_other() -> None:
     a = job("a", submit=1.0, gpus=1, time_limit=HOUR, ask=asks(cpus_per_node=6))
     b = job("b", submit=2.0, gpus=1, time_limit=HOUR, ask=asks(cpus_per_node=6))
-    first = run([cpu_node()], [a, b])
+    first = schedule_pass([cpu_node()], [a, b])
     assert set(started(first)) == {"a"}
     assert first.reasons["b"] == "waiting for 6 CPUs: the most free on one node is 2"
     assert code_of(first.reasons["b"]) is WaitCode.RESOURCES
@@ -108,22 +84,22 @@ def test_two_jobs_whose_gpus_fit_but_cpus_do_not_run_one_after_the_other() -> No
     (pa,) = started(first)["a"]
     busy = cpu_node(free=(1, 2, 3), free_cpus=2)
     holding = RunningJob("a", "alice", (pa,), NOW, HOUR)
-    assert started(run([busy], [b], [holding])) == {}
+    assert started(schedule_pass([busy], [b], [holding])) == {}
     # Once a ended, b starts.
-    assert set(started(run([cpu_node()], [b]))) == {"b"}
+    assert set(started(schedule_pass([cpu_node()], [b]))) == {"b"}
 
 
 def test_a_lab_that_asks_nothing_packs_gpus_on_two_cores() -> None:
     # rule 6: --fake-gpus 4 on two cores still runs four one-GPU jobs at once
     laptop = cpu_node("laptop", gpus=4, cpus=2)
-    d = run([laptop], [job(f"j{i}", submit=float(i)) for i in range(4)])
+    d = schedule_pass([laptop], [job(f"j{i}", submit=float(i)) for i in range(4)])
     assert len(d.starts) == 4
     assert all(p.cpus == 0 and p.mem_mb == 0 for s in d.starts for p in s.placements)
 
 
 def test_memory_counts_like_cpus_and_names_itself_in_the_reason() -> None:
     nodes = [cpu_node("n1", free_mem_mb=10 * G), cpu_node("n2", free_mem_mb=12 * G + 512)]
-    d = run(nodes, [job("big", gpus=1, ask=asks(mem_per_node_mb=16 * G))])
+    d = schedule_pass(nodes, [job("big", gpus=1, ask=asks(mem_per_node_mb=16 * G))])
     assert d.reasons["big"] == "waiting for 16G of memory: the most free on one node is 12.5G"
 
 
@@ -149,17 +125,19 @@ def test_a_share_job_holds_its_cpus_on_its_gpus_node() -> None:
 def test_exclusive_takes_an_idle_node_whole() -> None:
     nodes = [cpu_node("n1", free=(1, 2, 3), free_cpus=7), cpu_node("n2")]
     got = place(job(gpus=1, ask=asks(exclusive=True)), FreePool(nodes), "fill_first")
-    assert got == (Placement("n2", (0, 1, 2, 3), 0, 8, 64 * G),)
+    assert got == (Placement("n2", (0, 1, 2, 3), 0, 8, 64 * G, True),)
 
 
 def test_exclusive_keeps_a_node_to_one_job() -> None:
     only = cpu_node("n1")
-    d = run([only], [job("x", submit=1.0, ask=asks(exclusive=True)), job("y", submit=2.0)])
+    d = schedule_pass(
+        [only], [job("x", submit=1.0, ask=asks(exclusive=True)), job("y", submit=2.0)]
+    )
     assert set(started(d)) == {"x"}
     assert d.reasons["y"] == "waiting for 1 GPU"
     # Nor does an exclusive job start beside a running one, even a job asking nothing.
     busy = cpu_node("n1", free=(1, 2, 3))
-    d = run([busy], [job("x", ask=asks(exclusive=True))])
+    d = schedule_pass([busy], [job("x", ask=asks(exclusive=True))])
     assert d.reasons["x"] == "waiting for a whole node"
 
 
@@ -196,14 +174,14 @@ def test_backfill_does_not_take_the_cpus_the_head_waits_for() -> None:
     head = job("head", submit=1.0, gpus=1, time_limit=HOUR, ask=asks(cpus_per_node=8))
     long = job("long", submit=2.0, gpus=1, time_limit=3 * HOUR, ask=asks(cpus_per_node=2))
     short = job("short", submit=3.0, gpus=1, time_limit=HOUR / 2, ask=asks(cpus_per_node=2))
-    d = run(nodes, [head, long, short], [holder])
+    d = schedule_pass(nodes, [head, long, short], [holder])
     assert set(started(d)) == {"short"}
     assert d.expected_start["head"] == NOW + HOUR
     assert d.reasons["head"] == "waiting for 8 CPUs: the most free on one node is 2"
     # `long` waits until after the head's hour: the head holds all 8 CPUs until then.
     assert d.expected_start["long"] == NOW + 2 * HOUR
     # A job asking nothing still backfills onto the free GPUs.
-    d = run(nodes, [head, job("plain", submit=2.0, time_limit=3 * HOUR)], [holder])
+    d = schedule_pass(nodes, [head, job("plain", submit=2.0, time_limit=3 * HOUR)], [holder])
     assert set(started(d)) == {"plain"}
 
 
@@ -214,7 +192,7 @@ def test_the_planner_holds_running_jobs_cpus_until_they_end() -> None:
         job("a", submit=1.0, gpus=1, time_limit=HOUR, ask=asks(cpus_per_node=4)),
         job("b", submit=2.0, gpus=1, time_limit=HOUR, ask=asks(cpus_per_node=4)),
     ]
-    d = run(nodes, waiting, [holder], policy="priority", plan_jobs=100)
+    d = schedule_pass(nodes, waiting, [holder], policy="priority", plan_jobs=100)
     assert d.expected_start == {"a": NOW + 2 * HOUR, "b": NOW + 2 * HOUR}
     assert d.waiting_on["a"] == ("r1",)
 
@@ -226,10 +204,10 @@ def test_preempting_a_job_frees_its_cpus_for_the_head() -> None:
     nodes = [cpu_node(free=(1, 2, 3), free_cpus=2)]
     victim = running("low", "n1", (0,), now=NOW, ends_in=10 * HOUR, cpus=6, preemptible=True)
     head = job("head", gpus=1, priority=1000, ask=asks(cpus_per_node=8))
-    d = run(nodes, [head], [victim], preemption=True)
+    d = schedule_pass(nodes, [head], [victim], preemption=True)
     assert d.preempt == ["low"]
     # Without the CPU ask the head fits now: no one is preempted.
-    d = run(nodes, [replace(head, ask=NO_ASK)], [victim], preemption=True)
+    d = schedule_pass(nodes, [replace(head, ask=NO_ASK)], [victim], preemption=True)
     assert d.preempt == [] and set(started(d)) == {"head"}
 
 
@@ -309,7 +287,7 @@ def test_could_ever_fit_refuses_with_slurms_sentence(req: JobRequest, expected: 
 def test_a_job_no_node_that_is_up_could_hold_does_not_block_the_queue() -> None:
     nodes = [cpu_node("n1", cpus=8), cpu_node("n2", cpus=64, up=False)]
     big = job("big", submit=1.0, ask=asks(cpus_per_node=32))
-    d = run(nodes, [big, job("small", submit=2.0)], policy="fifo")
+    d = schedule_pass(nodes, [big, job("small", submit=2.0)], policy="fifo")
     assert set(started(d)) == {"small"}
     assert d.reasons["big"] == "n2 is down or draining"
 
@@ -317,12 +295,12 @@ def test_a_job_no_node_that_is_up_could_hold_does_not_block_the_queue() -> None:
 def test_a_gangs_reason_names_what_each_node_must_have_free() -> None:
     nodes = [cpu_node("n1", free_cpus=2), cpu_node("n2")]
     gang = job("g", gpus=4, nodes=2, gpus_per_node=2, ask=asks(cpus_per_node=4, mem_per_gpu_mb=G))
-    d = run(nodes, [gang])
+    d = schedule_pass(nodes, [gang])
     assert (
         d.reasons["g"]
         == "waiting for 2 nodes with 2 free GPUs and 4 CPUs and 2G of memory free each"
     )
     whole = job("w", gpus=2, nodes=2, gpus_per_node=1, ask=asks(exclusive=True))
-    assert run([cpu_node("n1", free=(1, 2, 3)), cpu_node("n2")], [whole]).reasons["w"] == (
-        "waiting for 2 whole nodes"
-    )
+    assert schedule_pass([cpu_node("n1", free=(1, 2, 3)), cpu_node("n2")], [whole]).reasons[
+        "w"
+    ] == ("waiting for 2 whole nodes")

@@ -94,7 +94,7 @@ def test_srun_cpu_bind_underscore_is_warned_not_refused() -> None:
         "srun", ["--cpu_bind=cores", "-n2", "hostname"], srun.OPTIONS, "", in_order=True
     )
     assert command == ["hostname"]
-    _, _, warnings = jobopts.submit_fields("srun", values, {}, "/", block_sent=False)
+    _, _, warnings = jobopts.submit_fields("srun", values, {}, "/")
     assert warnings == ["ignored: --cpu-bind"]
 
 

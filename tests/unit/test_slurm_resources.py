@@ -215,6 +215,7 @@ def test_mgpus_own_cpus_and_mem_stand_over_slurms_each_kind_alone() -> None:
         ({"cpus_per_gpu": 4, "mem_per_gpu_mb": 1024}, 2, 1, ["--cpus", "8", "--mem", "2048M"]),
         ({"mem_per_cpu_mb": 100, "ntasks": 2}, 0, 1, ["--cpus", "2", "--mem", "200M"]),
         ({"mem_per_node_mb": 0}, 1, 1, ["--mem", "0M"]),
+        ({"exclusive": True}, 1, 1, ["--exclusive"]),
     ],
 )
 def test_srun_outside_a_job_asks_mgpu_srun_for_the_same(

@@ -19,7 +19,13 @@ from factories import master_job
 from mgpu.master.security.auth import TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
-from mgpu.master.store.base import SCHEMA_VERSION, Store, StoreError, StoreUnavailable
+from mgpu.master.store.base import (
+    SCHEMA_VERSION,
+    KeyTaken,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 from mgpu.master.store.fence import LEASE_TABLE, Fenced
 from mgpu.master.store.postgres import PostgresStore
 from mgpu.master.store.sqlite import SqliteStore
@@ -161,6 +167,23 @@ def test_a_submits_idempotency_key_is_stored_with_its_job(store: Store) -> None:
     assert store.job_of_submit_key("k" * 32, "alice") is None and store.get_job("101") is not None
 
 
+def test_a_key_stored_already_fails_its_whole_transaction(store: Store) -> None:
+    """A submit sent again is not looked up first (control/submitkeys.py): its key's row
+    refuses it, KeyTaken, and nothing of its transaction is written."""
+    store.save_jobs([master_job("101")], keys=[("k" * 32, "101")])
+    with pytest.raises(KeyTaken):
+        store.save_jobs(
+            [master_job("102"), master_job("103")],
+            events=[("submit", "alice", None, "102")],
+            keys=[("n" * 32, "102"), ("k" * 32, "103")],
+        )
+    with pytest.raises(KeyTaken):
+        store.save_array(master_job("104"), [0, 1], None, key="k" * 32)
+    assert [store.get_job(i) for i in ("102", "103")] == [None, None]
+    assert store.get_array("104") is None and store.job_of_submit_key("n" * 32, "alice") is None
+    assert store.job_of_submit_key("k" * 32, "alice") == "101"
+
+
 def test_a_task_number_past_any_integer_finds_the_highest_array(store: Store) -> None:
     """`mgpu show 9223372036854775808` (a number past SQLite's integers): an answer, not a
     500 (the API fuzz found it)."""
@@ -196,6 +219,8 @@ def test_a_deposed_leader_writes_nothing(pg_url: str, tmp_path: Path) -> None:
                 lambda: store.save_node("n1", {}),
                 lambda: TokenStore(store, tmp_path, "f").create("eve", admin=True),
                 lambda: NodeSecrets(store).verify("n2", None, connected=False),
+                # More rows than one query carries: the pipeline's check refuses it too.
+                lambda: store.save_jobs([_ended(str(i)) for i in range(100, 200)]),  # type: ignore[misc]
             ]
             for write in writes:
                 with pytest.raises(Fenced):

@@ -27,6 +27,7 @@ import os
 import random
 import signal
 import socket
+import ssl as ssl_errors
 import time
 from collections import deque
 from collections.abc import Callable
@@ -339,6 +340,15 @@ class Agent:
         except (websockets.InvalidMessage, websockets.InvalidHandshake, EOFError):
             if self._tls_auto:  # a loopback master may speak only TLS (--tls)
                 self.transport.switch(self.master, not self.tls)
+            raise
+        except ssl_errors.SSLCertVerificationError:
+            raise  # a certificate that is not the cluster's: never a reason to go plain
+        except ssl_errors.SSLError:
+            # A plain master answers a TLS hello in HTTP (WRONG_VERSION_NUMBER): a loopback
+            # master of unknown transport guessed TLS after a cut handshake (a master that
+            # re-executes itself) is plain again, or no dial would ever reach it.
+            if self._tls_auto and self.tls:
+                self.transport.switch(self.master, False)
             raise
 
     async def _converse(self, ws: Any) -> None:

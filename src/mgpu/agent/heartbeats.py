@@ -1,6 +1,7 @@
 """The agent's heartbeats: one at once on each connection and then every interval (the
-master sets it), each with a GPU telemetry sample; and on each beat the MPS daemon and
-limits brought in line with the running jobs, in a thread the heartbeat does not wait for.
+master sets it), each with a GPU telemetry sample and the running jobs' peak memory so far;
+and on each beat the MPS daemon and limits brought in line with the running jobs, in a
+thread the heartbeat does not wait for.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launcher import Launcher
 from mgpu.agent.mps import MpsControl
-from mgpu.protocol import Heartbeat
+from mgpu.protocol import Heartbeat, RunMemory
 
 log = logging.getLogger("mgpu.agent")
 
@@ -55,8 +56,17 @@ class Heartbeats:
                 )
             except Exception as e:  # a heartbeat must go out even when sampling fails
                 log.warning("GPU telemetry failed: %s", e)
-            self.send(Heartbeat(telemetry=telemetry))
+            self.send(Heartbeat(telemetry=telemetry, memory=self._peaks()))
             await asyncio.sleep(self.interval())
+
+    def _peaks(self) -> list[RunMemory]:
+        """The running runs' peak memory so far (none, if the counters cannot be read)."""
+        try:
+            peaks = self.launcher.peaks()
+            return [RunMemory(job_id=j, epoch=e, max_rss_mb=mb) for j, e, mb in peaks]
+        except Exception as e:
+            log.warning("reading the jobs' memory failed: %s", e)
+            return []
 
     def _settle_mps(self, jobs: list[str], as_of: float) -> None:
         """MPS limits and daemon brought in line with the running jobs (stopped when no

@@ -379,6 +379,20 @@ class Launcher:
             self.kill(run, "out of memory", 0.0)
         return use
 
+    def peaks(self) -> list[tuple[str, int, int]]:
+        """(job id, epoch, MiB) of each running run's peak memory so far: the kernel's
+        (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`), else the highest sampled; a
+        few small reads a run, for the heartbeat."""
+        out = []
+        for run in self.running.values():
+            if not run.rec.memory or run.exited.is_set():
+                continue
+            use = runlimits.memory_use(run.rec.memory)
+            peak = max(use.peak_bytes or 0, use.current_bytes or 0, run.peak_bytes)
+            if peak:
+                out.append((run.rec.job_id, run.rec.epoch, -(-peak // runlimits.MB)))
+        return out
+
     def _memory_at_end(self, run: Running) -> None:
         """How much memory the ended run used, and whether it ran out (the kernel's count;
         where it keeps none, a limit hit and the job killed by SIGKILL)."""

@@ -15,9 +15,11 @@ down), else from its v1 hierarchy, where each run gets a cgroup
   past it is killed whole: v2 `memory.oom.group` 1 has the kernel kill all of it, v1 kills
   one process, and the agent (`Launcher.watch_memory`) kills the rest once it sees the
   kill counted.  Its peak is the kernel's (v2 `memory.peak`, v1 `memory.max_usage_in_bytes`,
-  else the highest `memory.current` sampled): of a run with a memory limit, and of every
-  run whose own v2 cgroup has the memory controller (a v1 cgroup is made for a limit
-  only: a node that limits nothing puts no run in one).
+  else the highest `memory.current` sampled), sent while the run goes on and at its end:
+  of every run, limited or not, where the node has a memory controller and contains runs
+  in cgroups (a run without a grant is counted, not limited: its own v2 cgroup, or a v1
+  cgroup with no limit, which charges its parent as before; one that cannot be made costs
+  the run its count only).
 
 The files are root's and not writable by others: a job (its user's processes) can neither
 raise its limits nor leave its cgroups.  A grant of None is no limit; a limit the node has
@@ -253,16 +255,14 @@ def _run_dir(
 def _apply_memory(
     limits: Limits, job_id: str, epoch: int, mem_mb: int | None, run: str | None, made: RunLimits
 ) -> None:
-    where = limits.where.get(MEMORY)
-    if mem_mb is None and (where is None or where.version == 1 or run is None):
-        return  # v1: a cgroup of its own for a limit only (v2: its own counts it for free)
+    if mem_mb is None:
+        _count_memory(limits, job_id, epoch, run, made)
+        return
     path = _run_dir(limits, MEMORY, job_id, epoch, run, made)
     if path is None:
         made.unheld.append(f"{mem_mb} MB of memory")
         return
     made.memory = path
-    if mem_mb is None:
-        return  # counted, not limited
     limit = str(max(mem_mb, 1) * MB)
     if limits.where[MEMORY].version == 2:
         cgroups.write(path, "memory.max", limit)
@@ -271,6 +271,25 @@ def _apply_memory(
     else:
         cgroups.write(path, "memory.limit_in_bytes", limit)
         _write_if_there(path, "memory.memsw.limit_in_bytes", limit)
+
+
+def _count_memory(
+    limits: Limits, job_id: str, epoch: int, run: str | None, made: RunLimits
+) -> None:
+    """A run granted no memory: counted, not limited (its peak is reported as any run's),
+    in its own v2 cgroup or a v1 cgroup of no limit; never refused for it.  Only a run
+    contained in a cgroup of its own (`run`) is: on a node that contains runs by their
+    process tree, a cgroup would also catch what escapes the tree, which it must not
+    change."""
+    where = limits.where.get(MEMORY)
+    if where is None or run is None:
+        return
+    try:
+        path = _run_dir(limits, MEMORY, job_id, epoch, run, made)
+    except OSError as e:
+        log.debug("job %s: its memory is not counted: %s", job_id, e)
+        return
+    made.memory = path or ""
 
 
 def _apply_cpus(

@@ -80,7 +80,7 @@ class Client(MasterSession):
         gpus_per_node, nodelist, exclude, name, time ("1:00:00"), priority,
         retries, dependency ("afterok:ID"), array ("0-9%2"), distributed, mpi,
         preemptible, gpu_type, policy, cwd, env, gpu_share (0.25), reservation, cpus
-        (per node), mem ("8G" or MiB, per node).
+        (per node), mem ("8G" or MiB, per node), exclusive (whole nodes).
 
         Without `cwd` the job runs in this directory (refused if its path is not UTF-8:
         the job would run elsewhere).  Without `env` it gets this process's environment,

@@ -55,6 +55,11 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--mem", metavar="SIZE", help="memory held on each of its nodes (8G, 512M; 0: all)"
     )
+    g.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="whole nodes: every GPU, CPU and all memory of each; nothing else runs beside it",
+    )
     g.add_argument("--json", action="store_true", help="machine-readable output")
     t = p.add_argument_group("client waiting limits (from the original tool)")
     t.add_argument("--session-timeout", type=float, help="stop following after S seconds")
@@ -94,6 +99,7 @@ JOB_FIELDS = (
     "reservation",
     "cpus",
     "mem",
+    "exclusive",
 )
 
 

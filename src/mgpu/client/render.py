@@ -353,6 +353,8 @@ def render_job(job: dict[str, Any]) -> str:
             + (f"  mem {mem_text(a['mem_mb'])}" if a.get("mem_mb") else "")
             + held.get(a.get("share_enforced"), "")
         )
+    for pod in job.get("pods") or []:  # a Kubernetes partition's job
+        lines.append(f"  pod:        {pod['name']}  node {pod.get('node') or '-'}  {pod['phase']}")
     attempts = job.get("attempts") or []
     if attempts:
         lines.append("  attempts:")

@@ -234,6 +234,8 @@ def _ended(step_id: str, rec: dict[str, Any]) -> int:
         _say(f"error: {line}")
     if rec.get("error") and not lines:
         _say(f"error: step {step_id}: {rec['error']}")
+    if any(t.get("out_of_memory") for t in rec.get("tasks") or []):
+        return 1  # as Slurm's srun after a task's "Out Of Memory"
     code = rec.get("exit_code")
     return code if isinstance(code, int) and 0 <= code < 256 else 1
 
@@ -244,9 +246,11 @@ def failures(tasks: list[dict[str, Any]]) -> list[str]:
     groups: dict[tuple[str, str], list[int]] = {}
     for t in tasks:
         code = t.get("exit_code")
-        if code == 0:
+        if t.get("out_of_memory"):
+            what = "Out Of Memory"
+        elif code == 0:
             continue
-        if code is None:  # never ran, or lost: why, as the master knows it
+        elif code is None:  # never ran, or lost: why, as the master knows it
             what = str(t.get("error") or "Unknown exit code")
         elif code > 128:
             what = signal.strsignal(code - 128) or f"Signal {code - 128}"

@@ -135,6 +135,19 @@ def _leadership(
     return Leadership(database, advertised_address(host, port), Fence(), timing)
 
 
+def check_kube_templates(config: ClusterConfig) -> None:
+    """The Kubernetes partitions' Pod templates, dry-run on their API servers: a master
+    whose template is refused does not start (one sentence per problem)."""
+    import asyncio
+
+    from mgpu.errors import MgpuError
+    from mgpu.master.kube.validate import check_partitions
+
+    errors = asyncio.run(check_partitions(config))
+    if errors:
+        raise MgpuError("\n".join(errors))
+
+
 def run_master(
     host: str | None,
     port: int | None,
@@ -159,11 +172,16 @@ def run_master(
     from mgpu.master.http.connections import ConnectionLimits, protocol_class
 
     setup_logging(verbose)
+    from mgpu.master.runtime.testclock import install_from_env
+
+    install_from_env()  # a test hook, off unless $MGPU_TEST_CLOCK_OFFSET_FILE is set
     config: ClusterConfig = load_config(config_path)
     if database:
         config.database = database
     host = host or (config.cluster.master.host if config_path else "127.0.0.1")
     port = port or (config.cluster.master.port if config_path else 8080)
+    if config.kube_partitions():
+        check_kube_templates(config)
     secure_state_dir(state_dir)
     os.umask(PRIVATE_UMASK)  # what it writes from now on: the DB, output, certificates
     log = logging.getLogger("mgpu.master")

@@ -8,7 +8,7 @@ resource that is short, with the most free on one node.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 
 from .pool import FreePool
 from .room import ask_text, format_mb, need_on
@@ -41,7 +41,7 @@ def _most_gpus(node: NodeView, req: JobRequest) -> int:
     return 0
 
 
-def ask_never_fits(req: JobRequest, eligible: Sequence[NodeView], restricted: bool) -> str | None:
+def ask_never_fits(req: JobRequest, eligible: Collection[NodeView], restricted: bool) -> str | None:
     """Why no idle node of `eligible` (those its filters accept, each with GPUs enough for
     it) could hold the job's CPUs and memory, or None.  `restricted`: its filters left out
     some nodes (the sentence then says "it may use")."""
@@ -98,7 +98,7 @@ def _ask(req: JobRequest, cpus: int, mem: int) -> str:
     return text or "nothing"
 
 
-def _sentence(req: JobRequest, gpus: int, nodes: Sequence[NodeView], restricted: bool) -> str:
+def _sentence(req: JobRequest, gpus: int, nodes: Collection[NodeView], restricted: bool) -> str:
     """Slurm's refusal with the short resource and the most any of `nodes` offers."""
     where = "any node it may use" if restricted else "any node"
     most_cpus = max((v.cpus for v in nodes), default=0)

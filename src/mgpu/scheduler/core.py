@@ -243,6 +243,8 @@ class _Pass:
 
             if head is None:
                 placements = self._place(job, pool) if need <= pool.total_free else None
+                if placements is not None and has_limits and self._over_limit(job, placements):
+                    continue
                 if placements is not None:
                     self._start(job, placements, need)
                     continue
@@ -269,6 +271,8 @@ class _Pass:
                 and self.now + self._time_limit(job) <= reservation.time
             ):
                 placements = self._place(job, pool)
+            if placements is not None and has_limits and self._over_limit(job, placements):
+                continue
             if placements is not None:
                 self._start(job, placements, need, shadow)
                 continue
@@ -303,6 +307,8 @@ class _Pass:
                 pool = self._member_pool(res)
                 if need <= pool.total_free:
                     placements = self._place(job, pool)
+            if placements is not None and has_limits and self._over_limit(job, placements):
+                continue
             if placements is not None:
                 self._start(job, placements, need)
             else:
@@ -379,6 +385,18 @@ class _Pass:
         self.started.append((self.now + limit, placements))
         self.started_ids.append(job.job_id)
 
+    def _over_limit(self, job: JobRequest, placements: tuple[Placement, ...]) -> bool:
+        """An `--exclusive` job holds every GPU of its nodes, more than it asked for: the
+        per-user limit counts what it would hold (its reason set when that is too much)."""
+        if not (job.asks and job.ask.exclusive):
+            return False
+        limited = self._limit_reason(job, sum(len(p.gpu_ids) for p in placements))
+        if limited is None:
+            return False
+        self.decisions.reasons[job.job_id] = limited
+        self.held.add(job.job_id)
+        return True
+
     def _time_limit(self, job: JobRequest) -> float:
         return self.config.default_time_limit if job.time_limit is None else job.time_limit
 
@@ -453,6 +471,8 @@ class _Pass:
                     shared={g: u for g, u in main.shared(nid).items() if g in view.gpu_indices},
                     free_cpus=main.free_cpus(nid),
                     free_mem_mb=main.free_mem(nid),
+                    bare_jobs=main.bare_jobs(nid),
+                    whole=main.held_whole(nid),
                 )
                 for view in reservation_views(res, main.views)
                 if main.is_up(nid := view.node_id)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from .askfit import ask_never_fits, ask_wait_reason
-from .pool import FreePool, _statically_eligible, _why_not_eligible
+from .filters import statically_eligible, why_not_eligible
+from .pool import FreePool
 from .shape import gpus_per_node
 from .shares import format_share
 from .types import SHARE_UNITS, JobRequest, NodeView
@@ -79,7 +80,7 @@ def _eligible(req: JobRequest, views: Mapping[str, NodeView]) -> list[NodeView]:
         and not req.requires
     ):
         return list(views.values())
-    return [v for v in _named_or_all(req, views) if _statically_eligible(req, v)]
+    return [v for v in _named_or_all(req, views) if statically_eligible(req, v)]
 
 
 def _gpus_never_fit(req: JobRequest, views: Mapping[str, NodeView]) -> str | None:
@@ -177,7 +178,7 @@ def _pinned_never_fits(req: JobRequest, views: Mapping[str, NodeView]) -> str | 
         missing = sorted(set(ids) - set(node.gpu_indices))
         if missing:
             return f"{nid} has no {_gpu_list(missing)} ({describe_gpus(node)})"
-        why = _why_not_eligible(req, node)
+        why = why_not_eligible(req, node)
         if why is not None:
             return why
     return None
@@ -255,7 +256,7 @@ def wait_reason(req: JobRequest, pool: FreePool) -> tuple[str, bool]:
         down = sorted(
             view.node_id
             for view in _named_or_all(req, pool.views)
-            if not pool.is_up(view.node_id) and _statically_eligible(req, view)
+            if not pool.is_up(view.node_id) and statically_eligible(req, view)
         )
         if down:
             return _down_sentence(down), False
@@ -290,7 +291,7 @@ def _never_on_up(req: JobRequest, pool: FreePool) -> bool:
         return could_ever_fit(req, pool.up_views()) is not None
     if not pool.up_count or not 0 <= req.gpus <= pool.eligible(req).max_total:
         return True
-    return req.asks and ask_never_fits(req, list(pool.up_views().values()), False) is not None
+    return req.asks and ask_never_fits(req, pool.up_views().values(), False) is not None
 
 
 def _down_sentence(down: Sequence[str]) -> str:

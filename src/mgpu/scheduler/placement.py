@@ -60,7 +60,9 @@ def _candidates(
         scored = []
         for nid in eligible.nodes:
             count = pool.free_count(nid)
-            if count >= need and (accept is None or accept(nid)):
+            if count < need or (not count and pool.held_whole(nid)):
+                continue
+            if accept is None or accept(nid):
                 scored.append((count if policy == "fill_first" else -count, nid))
         scored.sort()
         yield from (nid for _, nid in scored)
@@ -76,12 +78,13 @@ def _held(
 ) -> Placement | None:
     """`gpu_ids` of `nid` with the CPUs and memory the job asks there, if they are free
     (`--exclusive`: every GPU the node has, if it is idle)."""
-    if req.ask.exclusive:
+    whole = req.ask.exclusive
+    if whole:
         gpu_ids = tuple(sorted(pool.usable(nid)))
     room = pool.room_for(nid, len(gpu_ids), req.ask)
     if room is None:
         return None
-    return Placement(nid, gpu_ids, share, room[0], room[1])
+    return Placement(nid, gpu_ids, share, room[0], room[1], whole)
 
 
 def _room_check(pool: FreePool, req: JobRequest, gpus: int) -> Callable[[str], bool]:
@@ -225,6 +228,8 @@ def _place_pinned(req: JobRequest, pool: FreePool) -> tuple[Placement, ...] | No
     eligible = pool.eligible(req)
     for nid, gpus in wanted.items():
         if nid not in eligible or not pool.is_up(nid) or not gpus <= pool.free(nid):
+            return None
+        if pool.held_whole(nid):
             return None
     if not req.asks:
         return tuple(Placement(nid, tuple(sorted(gpus))) for nid, gpus in wanted.items())

@@ -175,7 +175,7 @@ class Planner:
         """GPUs held now that are to be free now (overdue jobs, preemption victims); before
         any `earliest` or `commit`."""
         for p in placements:
-            self.pool.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb)
+            self.pool.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb, p.whole)
             self.freed.setdefault(p.node_id, set()).update(p.gpu_ids)
 
     def waiting_on(self, planned: Planned, own: str | None) -> list[str]:
@@ -419,7 +419,7 @@ class Planner:
             room = self._room(line, nid, t, t + duration, n, ask)
             if room is None or (ask.exclusive and len(ids) < need):
                 return None
-            return (sign * free.bit_count(), nid), Placement(nid, ids, 0, *room)
+            return (sign * free.bit_count(), nid), Placement(nid, ids, 0, *room, ask.exclusive)
 
         return fits
 
@@ -447,7 +447,8 @@ class Planner:
             room = self._room(line, nid, t, t + duration, len(held), ask)
             if room is None:
                 return None
-            return (sign * free.bit_count(), nid), Placement(nid, tuple(sorted(held)), 0, *room)
+            placed = Placement(nid, tuple(sorted(held)), 0, *room, ask.exclusive)
+            return (sign * free.bit_count(), nid), placed
 
         return fits
 
@@ -600,7 +601,7 @@ class Planner:
         if job.ask.exclusive:
             n = free.bit_count()
         cpus, mem = need_on(job.ask, n, self.views[nid])
-        return Placement(nid, self._ids(nid, free, n), 0, cpus, mem)
+        return Placement(nid, self._ids(nid, free, n), 0, cpus, mem, job.ask.exclusive)
 
     def _ids(self, nid: str, free: int, n: int) -> tuple[int, ...]:
         gpus = self.line(nid).gpus
@@ -633,8 +634,11 @@ class Planner:
                     return False
             return True
 
+        whole = job.asks and job.ask.exclusive
         placements = tuple(
-            Placement(nid, tuple(sorted(ids)), 0, *need_on(job.ask, len(ids), self.views[nid]))
+            Placement(
+                nid, tuple(sorted(ids)), 0, *need_on(job.ask, len(ids), self.views[nid]), whole
+            )
             for nid, ids in wanted.items()
         )
         if attempt(floor):

@@ -16,63 +16,25 @@ dicts, not of every node's free set, the free sets are frozen and replaced when 
 CPUs and memory (`room.NodeRoom`) are kept beside the GPUs for the nodes that report them;
 copies share that index until one of them changes it.  A job with a CPU or memory ask fits a
 node only where both are free too (`room_for`); a job that asks nothing never looks at them.
+
+`--exclusive` needs two things more, which neither GPUs nor CPUs show: a job that holds
+nothing of a node (`--gpus 0`, no ask) still runs there, so the node is not idle (`_bare`
+counts them); and a node an exclusive job holds takes no other job, not even one that would
+hold nothing (`_whole`: such nodes are passed over where a job needs no free GPU).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator, Mapping, Set
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 
 from mgpu.resources import ResourceAsk
 
+from .filters import Eligible, EligibleKey, accepted_nodes, filter_key
 from .room import NodeRoom
 from .types import SHARE_UNITS, JobRequest, NodeView, Placement, Policy
 
 __all__ = ["Eligible", "FreePool"]
-
-_EligibleKey = tuple[
-    frozenset[str] | None, frozenset[str], frozenset[str] | None, str | None, frozenset[str]
-]
-_NO_FILTERS: _EligibleKey = (None, frozenset(), None, None, frozenset())
-
-
-# --------------------------------------------------------------------------- request shape
-
-
-def _why_not_eligible(req: JobRequest, node: NodeView) -> str | None:
-    """Why the request's static filters reject this node (ignoring up/down), or None."""
-    nid = node.node_id
-    if req.nodelist is not None and nid not in req.nodelist:
-        return f"{nid} is not in the job's --nodelist"
-    if nid in req.exclude:
-        return f"{nid} is excluded by the job's --exclude"
-    if req.allowed_nodes is not None and nid not in req.allowed_nodes:
-        return f"user {req.user} may not use {nid}"
-    if req.gpu_type is not None and node.gpu_type != req.gpu_type:
-        return f"{nid} has no {req.gpu_type} GPUs"
-    if req.requires and not req.requires <= node.features:
-        missing = ", ".join(sorted(req.requires - node.features))
-        return f"{nid} lacks {missing}"
-    return None
-
-
-def _statically_eligible(req: JobRequest, node: NodeView) -> bool:
-    return _why_not_eligible(req, node) is None
-
-
-@dataclass(frozen=True, slots=True)
-class Eligible:
-    """The schedulable nodes a request's static filters accept."""
-
-    nodes: frozenset[str] | None
-    """None means every schedulable node (the request has no filters)."""
-    max_total: int
-    """Most GPUs any accepted node has in total (busy or not)."""
-
-    def __contains__(self, node_id: object) -> bool:
-        return self.nodes is None or node_id in self.nodes
-
 
 # --------------------------------------------------------------------------- the free pool
 
@@ -90,6 +52,7 @@ class FreePool:
 
     __slots__ = (
         "_all",
+        "_bare",
         "_buckets",
         "_eligible",
         "_free",
@@ -98,6 +61,7 @@ class FreePool:
         "_rooms",
         "_shared",
         "_up",
+        "_whole",
         "max_gpus",
         "total_free",
         "up_count",
@@ -109,13 +73,17 @@ class FreePool:
     _up: dict[str, NodeView] | None
     _free: dict[str, frozenset[int]]
     _buckets: list[list[str]]
-    _eligible: dict[_EligibleKey, Eligible]
+    _eligible: dict[EligibleKey, Eligible]
     _shared: dict[str, dict[int, int]]
     _rooms: dict[int, dict[tuple[str, int], None]]
     _room: NodeRoom | None
     """Free CPUs and memory; None while no node reports either."""
     _room_own: bool
     """`_room` is this pool's alone (else copy it before a change)."""
+    _bare: dict[str, int]
+    """Schedulable node -> its running jobs that hold none of its GPUs, CPUs or memory."""
+    _whole: set[str]
+    """Schedulable nodes an `--exclusive` job holds."""
     total_free: int
     max_gpus: int
     up_count: int
@@ -129,6 +97,7 @@ class FreePool:
         self._up = None
         self._shared = {}
         self._rooms = {}
+        self._bare, self._whole = {}, set()
         reporting: list[NodeView] = []  # nodes that say what CPUs or memory they have
         max_gpus = 0
         sets: dict[tuple[int, ...], frozenset[int]] = {}  # most nodes have the same GPUs
@@ -146,6 +115,8 @@ class FreePool:
                 free_of[nid] = self._free_of(nid, node, every)
                 if node.cpus or node.mem_mb:
                     reporting.append(node)
+                if node.bare_jobs or node.whole:
+                    self._occupy(node)
         self._room, self._room_own = NodeRoom.of(reporting) if reporting else None, True
         self.max_gpus = max_gpus
         buckets: list[list[str]] = [[] for _ in range(max_gpus + 1)]
@@ -157,6 +128,13 @@ class FreePool:
         self.total_free = sum(map(len, free_of.values()))
         self.up_count = len(free_of)
         self._eligible = {}
+
+    def _occupy(self, node: NodeView) -> None:
+        """Note the node's jobs that no free count shows (see the module docstring)."""
+        if node.bare_jobs > 0:
+            self._bare[node.node_id] = node.bare_jobs
+        if node.whole:
+            self._whole.add(node.node_id)
 
     def _free_of(self, nid: str, node: NodeView, every: frozenset[int]) -> frozenset[int]:
         """The node's free set, its shared GPUs indexed (at init or `put`)."""
@@ -180,6 +158,8 @@ class FreePool:
             other._rooms = {room: dict(spots) for room, spots in self._rooms.items()}
         else:
             other._shared, other._rooms = {}, {}
+        other._bare = dict(self._bare) if self._bare else {}
+        other._whole = set(self._whole) if self._whole else set()
         other._room = self._room  # shared until either changes it
         other._room_own = self._room_own = self._room is None
         other.total_free = self.total_free
@@ -236,6 +216,8 @@ class FreePool:
             self.up_count += 1
             if node.cpus or node.mem_mb:
                 self._own_room().put(node)
+            if node.bare_jobs or node.whole:
+                self._occupy(node)
 
     def drop(self, node_id: str) -> None:
         """Forget one node (a pool kept up to date by its caller)."""
@@ -266,6 +248,8 @@ class FreePool:
                 self._room_remove(nid, g, used)
             if self._room is not None and nid in self._room.cpus:
                 self._own_room().drop(nid)
+            self._bare.pop(nid, None)
+            self._whole.discard(nid)
         if (
             new is None
             or new.schedulable != old.schedulable
@@ -348,12 +332,23 @@ class FreePool:
         return has
 
     def idle(self, node_id: str) -> bool:
-        """Nothing holds anything on the node: all its GPUs, CPUs and memory are free."""
+        """Nothing runs on the node: all its GPUs, CPUs and memory are free, and no job
+        that holds none of them runs there either."""
         view = self.views[node_id]
         free = self._free.get(node_id)
         if free is None or len(free) != len(self._all[node_id]) or node_id in self._shared:
             return False
+        if node_id in self._bare or node_id in self._whole:
+            return False
         return self.free_cpus(node_id) == view.cpus and self.free_mem(node_id) == view.mem_mb
+
+    def held_whole(self, node_id: str) -> bool:
+        """An `--exclusive` job holds the node: no other job may start there."""
+        return node_id in self._whole
+
+    def bare_jobs(self, node_id: str) -> int:
+        """Jobs running on the node that hold none of its GPUs, CPUs or memory."""
+        return self._bare.get(node_id, 0)
 
     def could_hold(self, cpus: int, mem_mb: int) -> bool:
         """Whether some node might have `cpus` and `mem_mb` free (False: none has, O(1))."""
@@ -420,8 +415,12 @@ class FreePool:
         if need > self.max_gpus:
             return
         sizes = range(need, self.max_gpus + 1)
+        whole = self._whole
         for k in sizes if policy == "fill_first" else reversed(sizes):
-            yield from self._buckets[k]
+            if k == 0 and whole:  # a node held whole has no free GPU: only here
+                yield from (nid for nid in self._buckets[0] if nid not in whole)
+            else:
+                yield from self._buckets[k]
 
     def best_node(self, need: int, policy: Policy, members: Set[str] | None = None) -> str | None:
         """The best node for `policy` with at least `need` free GPUs (among `members`)."""
@@ -431,11 +430,16 @@ class FreePool:
             return None
         buckets = self._buckets
         sizes = range(need, top + 1) if policy == "fill_first" else range(top, need - 1, -1)
+        whole = self._whole
         for k in sizes:
             bucket = buckets[k]
             if bucket:
+                if k == 0 and whole:  # a node held whole has no free GPU: only here
+                    bucket = [nid for nid in bucket if nid not in whole]
                 if members is None:
-                    return bucket[0]
+                    if bucket:
+                        return bucket[0]
+                    continue
                 for nid in bucket:
                     if nid in members:
                         return nid
@@ -443,39 +447,11 @@ class FreePool:
 
     def eligible(self, req: JobRequest) -> Eligible:
         """The schedulable nodes that pass the request's static filters (cached per pass)."""
-        if (
-            req.nodelist is None
-            and req.allowed_nodes is None
-            and req.gpu_type is None
-            and not req.exclude
-            and not req.requires
-        ):
-            key: _EligibleKey = _NO_FILTERS
-        else:
-            key = (req.nodelist, req.exclude, req.allowed_nodes, req.gpu_type, req.requires)
+        key = filter_key(req)
         found = self._eligible.get(key)
         if found is None:
-            found = self._compute_eligible(req, key)
-            self._eligible[key] = found
+            found = self._eligible[key] = accepted_nodes(req, key, self._free, self.views)
         return found
-
-    def _compute_eligible(self, req: JobRequest, key: _EligibleKey) -> Eligible:
-        if key == _NO_FILTERS:
-            totals = [len(self.views[nid].gpu_indices) for nid in self._free]
-            return Eligible(None, max(totals, default=0))
-        # Start from the smallest explicit list, then filter.
-        base: Iterable[str] = self._free
-        if req.nodelist is not None:
-            base = req.nodelist
-        if req.allowed_nodes is not None and (
-            req.nodelist is None or len(req.allowed_nodes) < len(req.nodelist)
-        ):
-            base = req.allowed_nodes
-        accepted = frozenset(
-            nid for nid in base if nid in self._free and _statically_eligible(req, self.views[nid])
-        )
-        most = max((len(self.views[nid].gpu_indices) for nid in accepted), default=0)
-        return Eligible(accepted, most)
 
     # -- updates
 
@@ -489,6 +465,10 @@ class FreePool:
             free = self._free.get(p.node_id)
             if free is None:
                 continue
+            if p.whole:
+                self._whole.add(p.node_id)
+            elif not (p.gpu_ids or p.cpus or p.mem_mb):
+                self._bare[p.node_id] = self._bare.get(p.node_id, 0) + 1
             if p.cpus or p.mem_mb:
                 self._own_room().take(p.node_id, p.cpus, p.mem_mb)
             if p.share:
@@ -497,15 +477,31 @@ class FreePool:
             self._replace(p.node_id, free, free.difference(p.gpu_ids))
 
     def release(
-        self, node_id: str, gpu_ids: Iterable[int], share: int = 0, cpus: int = 0, mem_mb: int = 0
+        self,
+        node_id: str,
+        gpu_ids: Sequence[int],
+        share: int = 0,
+        cpus: int = 0,
+        mem_mb: int = 0,
+        whole: bool = False,
     ) -> None:
         """Mark GPUs free again (simulation of a job ending); unknown GPUs are ignored.
 
         With `share`, a fractional job's units go back; its GPU is free once none are left.
-        `cpus` and `mem_mb` the job held there come back too.
+        `cpus` and `mem_mb` the job held there come back too; `whole`: it held the node
+        whole.  A job that held nothing there (no GPU, CPU or memory) leaves it too.
         """
         free = self._free.get(node_id)
         if free is None:
+            return
+        if whole:
+            self._whole.discard(node_id)
+        elif not (gpu_ids or cpus or mem_mb):
+            left = self._bare.get(node_id, 0) - 1
+            if left > 0:
+                self._bare[node_id] = left
+            else:
+                self._bare.pop(node_id, None)
             return
         if cpus or mem_mb:
             self._own_room().give(self.views[node_id], cpus, mem_mb)
@@ -524,7 +520,7 @@ class FreePool:
     def release_all(self, placements: Iterable[Placement]) -> None:
         """`release` every placement (a job's GPUs, whole or shared)."""
         for p in placements:
-            self.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb)
+            self.release(p.node_id, p.gpu_ids, p.share, p.cpus, p.mem_mb, p.whole)
 
     def block(self, placements: Iterable[Placement]) -> None:
         """Make the placements' GPUs unusable for good, free, shared or busy (whatever their
@@ -532,9 +528,11 @@ class FreePool:
         placements = list(placements)
         if self._shared:
             self.withhold(placements)
-            for p in placements:  # CPUs and memory as `take` holds them
+            for p in placements:  # CPUs, memory and a whole node as `take` holds them
                 if (p.cpus or p.mem_mb) and p.node_id in self._free:
                     self._own_room().take(p.node_id, p.cpus, p.mem_mb)
+                if p.whole and p.node_id in self._free:
+                    self._whole.add(p.node_id)
         else:
             self.take(placements)  # the same when nothing is shared, and quicker
         every = self._all = dict(self._all)  # copy on write: other copies keep theirs

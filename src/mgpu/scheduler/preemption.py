@@ -139,6 +139,15 @@ def _room_after(
     view = pool.views[node_id]
     if job.ask.exclusive:
         idle = len(_freed(pool, node_id, victims)) == len(pool.usable(node_id))
+        bare = pool.bare_jobs(node_id)
+        if bare:  # the jobs that hold nothing there must go too
+            gone = sum(
+                1
+                for v in victims
+                for p in v.placements
+                if p.node_id == node_id and not (p.gpu_ids or p.cpus or p.mem_mb)
+            )
+            idle = idle and gone >= bare
         return idle and cpus >= view.cpus and mem >= view.mem_mb
     need_cpus = job.ask.cpus_on(gpus, view.cpus)
     need_mem = job.ask.mem_on(gpus, need_cpus, view.mem_mb)

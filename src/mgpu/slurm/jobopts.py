@@ -241,10 +241,9 @@ def submit_fields(
     values: dict[str, str],
     environ: Mapping[str, str],
     cwd: str,
-    block_sent: bool = True,
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(the submit fields mgpu has, the `slurm` block, warnings) of the options;
-    `block_sent`: whether the block goes with the job (sbatch) or not (mgpu srun, alloc)."""
+    """(the submit fields mgpu has, the `slurm` block, warnings) of the options (the block
+    goes with the job, or becomes `mgpu srun`'s own options: `resources.own_words`)."""
     for name in sorted(optable.names(prog, "refuse") & values.keys()):
         raise fail(prog, optable.REFUSED[name])
     ignored: list[str] = []
@@ -304,8 +303,6 @@ def submit_fields(
         block["kill_invalid_dep"] = True
     if exported:
         block["export_env"] = environ.get("SLURM_EXPORT_ENV", exported)
-    if not block_sent and block.get("exclusive"):  # mgpu srun's job: no whole nodes
-        ignored.append("--exclusive")
     warnings = []
     warned = optable.names(prog, "warn")
     ignored += [f"--{n}" for n in values if n in warned]

@@ -95,8 +95,8 @@ def exclusive(prog: str, text: str | None) -> tuple[bool, str | None]:
 
 
 def own_words(block: Mapping[str, object], gpus_per_node: int, nodes: int) -> list[str]:
-    """`mgpu srun`'s `--cpus N --mem SIZE` for Slurm's options of an srun outside any job
-    (its own new job): the same CPUs and memory per node, as numbers."""
+    """`mgpu srun`'s `--cpus N --mem SIZE` (and `--exclusive`) for Slurm's options of an
+    srun outside any job (its own new job): the same CPUs and memory per node, as numbers."""
     per_task = block.get("cpus_per_task")
     per_gpu = block.get("cpus_per_gpu")
     ntasks, per_node = block.get("ntasks"), block.get("ntasks_per_node")
@@ -120,4 +120,6 @@ def own_words(block: Mapping[str, object], gpus_per_node: int, nodes: int) -> li
             mem = per_gpu_mem * gpus_per_node
     if isinstance(mem, int) and (mem or block.get("mem_per_node_mb") == 0):
         words += ["--mem", f"{mem}M"]
+    if block.get("exclusive"):
+        words.append("--exclusive")
     return words

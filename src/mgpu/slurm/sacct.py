@@ -130,7 +130,9 @@ def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
             "name": step.get("name") or "",
             "state": step.get("state"),
             "reason": None,
-            "end_code": None,  # its own state says how it ended, not its job's code
+            # Its own end says how it ended, not its job's code (out_of_memory: a task
+            # killed for its memory, OUT_OF_MEMORY and 0:125 as Slurm's step).
+            "end_code": step.get("end_code"),
             "exit_code": step.get("exit_code"),
             "start_time": step.get("start"),
             "end_time": step.get("end"),

@@ -153,9 +153,7 @@ def main(argv: list[str]) -> int:
     if os.environ.get("MGPU_JOB_ID") or values.get("jobid"):
         return in_job(values, command, image, container)
     job_values = {k: v for k, v in values.items() if k not in STEP_ONLY}
-    fields, block, warnings = jobopts.submit_fields(
-        PROG, job_values, {}, os.getcwd(), block_sent=False
-    )
+    fields, block, warnings = jobopts.submit_fields(PROG, job_values, {}, os.getcwd())
     for warning in warnings:
         common.warn(PROG, warning)
     nodes = fields.get("nodes") or 1

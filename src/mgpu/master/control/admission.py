@@ -45,7 +45,6 @@ from typing import Any
 
 from mgpu import spec as specs
 from mgpu.config import Admission as AdmissionConfig
-from mgpu.master.control.resourcefit import over_max_mem_per_cpu
 from mgpu.master.control.submit import JobSpec, SubmitError
 from mgpu.master.state.asks import AskRules
 from mgpu.model import Job
@@ -86,8 +85,8 @@ class Admission:
         self._verdicts_for: Sequence[NodeView] | None = None
         self._verdicts: dict[tuple[object, ...], str | None] = {}
         self.asks: AskRules | None = None
-        """The cluster's CPU and memory rules (`max_mem_per_cpu` per partition); None:
-        none."""
+        """The cluster's CPU and memory rules (defaults and `max_mem_per_cpu` per
+        partition), already in each job's request (`request_for`); None: none."""
 
     async def admit(self, jobs: Sequence[Job], spec: JobSpec, ctx: AdmissionContext) -> None:
         """Apply the mutators to every job, then the validators; raise SubmitError."""
@@ -171,10 +170,6 @@ class Admission:
                 f"to run --image {job.image}"
             )
         request = request_for(job)
-        if self.asks is not None:
-            too_much = over_max_mem_per_cpu(request, self.asks.rules_for(job))
-            if too_much is not None:
-                return too_much
         # The verdict depends on the request's shape and the nodes' alone: remembered for
         # as long as the caller passes the same node list (master/state/nodeindex.py keeps one
         # until the cluster's shape changes), so a submit does not cost O(nodes).

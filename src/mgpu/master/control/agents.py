@@ -52,6 +52,7 @@ from mgpu.protocol import (
     Output,
     PortReserved,
     Resume,
+    RunMemory,
     RunningReport,
     SetTimeLimit,
     Started,
@@ -61,7 +62,7 @@ from mgpu.protocol import (
 
 log = logging.getLogger("mgpu.master")
 
-RunMessage = Started | Output | Exited | PortReserved
+RunMessage = Started | Output | Exited | PortReserved | RunMemory
 """What an agent says about one run (a job's slot, or a step): fenced by its epoch."""
 
 __all__ = ["Agents"]
@@ -240,6 +241,17 @@ class Agents:
             node, self.state.jobs, self.state.nodes.values(), node.last_seen
         )
         self.apply_watch(actions)
+        for use in msg.memory:
+            self._peak_so_far(node, use)
+
+    def _peak_so_far(self, node: NodeRecord, use: RunMemory) -> None:
+        """A running job's peak memory on `node` so far: its MaxRSS before it ends (in
+        memory only; the end's count is stored).  A step's is its own, not the job's."""
+        if is_step_id(use.job_id):
+            return
+        found = self._running(node, use)
+        if found is not None and use.max_rss_mb > (found[0].max_rss_mb or 0):
+            found[0].max_rss_mb = use.max_rss_mb
 
     def _terminal_ack(self, node: NodeRecord, msg: TerminalAck) -> None:
         if node.link is not None:  # typed input the agent passed on: room for more
@@ -407,5 +419,7 @@ class Agents:
         if step is None or step.ended_on(node.node_id):
             return
         code, error = msg.exit_code, msg.launch_error
+        if msg.out_of_memory:
+            step.out_of_memory = True
         if self.state.steps.node_exited(step, node.node_id, code, error):
             self.outputs.close(step.id)

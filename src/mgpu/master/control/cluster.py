@@ -34,7 +34,7 @@ import functools
 import getpass
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mgpu import spec as specs
@@ -165,6 +165,8 @@ class Cluster(Reads, TokensAndAudit):
         """Jobs queued while no node was known: judged once nodes have joined."""
         self._rejudge_armed = False
         self.bulk = Bulk(self)
+        self.services: list[Callable[[], Awaitable[None]]] = []
+        """More tasks to run beside the loop (a Kubernetes partition's: mgpu.master.kube)."""
         self._load()
         self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())
@@ -290,17 +292,17 @@ class Cluster(Reads, TokensAndAudit):
         if array is None:
             await self.submits.write(jobs, event, known, key)  # this turn's: one commit
         else:
-            try:
-                indices = list(array.indices)
-                self.store.save_array(template, indices, array.max_running, event, key)
-            except BaseException:
-                for job in jobs:
-                    self.loop.forget(job)
-                raise
-            known()
-            # Told to the quick passes a few thousand a turn: they look at each one told.
-            await in_slices(jobs, self.loop.queued, most=QUEUED_PER_TURN)
-            self.state.wake()
+
+            async def queue_them() -> None:
+                known()
+                # Told to the quick passes a few thousand a turn: they look at each one told.
+                await in_slices(jobs, self.loop.queued, most=QUEUED_PER_TURN)
+                self.state.wake()
+
+            row = (template, list(array.indices), array.max_running, event, key)
+            await self.submits.write_array(
+                row, queue_them, lambda: list(map(self.loop.forget, jobs))
+            )
         return base_id, (tuple(j.id for j in jobs) if array is not None else None)
 
     def admission_context(self, cached: bool = False) -> AdmissionContext:
@@ -596,9 +598,9 @@ class Cluster(Reads, TokensAndAudit):
         """`/readyz`: whether the store takes writes and the loop runs, and nodes online."""
         online = sum(1 for n in self.nodes.values() if n.schedulable)
         loop_alive = self.clock.monotonic() - self.loop_tick < 10
-        try:
-            self.store.set_meta("readyz", str(time.time()))
-            writable = True
+        try:  # a database that does not answer: no write waits in line for it
+            if writable := self.store.answering():
+                self.store.set_meta("readyz", str(time.time()))
         except Exception:
             writable = False
         ready = writable and loop_alive
@@ -613,7 +615,11 @@ class Cluster(Reads, TokensAndAudit):
 
     async def run(self) -> None:
         await asyncio.gather(
-            self.loop.run(), self.notifier.run(), self.loop_lag.run(), self.retention.run()
+            self.loop.run(),
+            self.notifier.run(),
+            self.loop_lag.run(),
+            self.retention.run(),
+            *(service() for service in self.services),
         )
 
     def wake(self) -> None:

@@ -91,6 +91,7 @@ def _process(step: Step) -> dict[str, Any]:
         "host": step.host,
         "to_job_output": step.to_job_output,
         "bind_note": step.bind_note,
+        "out_of_memory": step.out_of_memory,
     }
 
 
@@ -121,6 +122,7 @@ def _step(step_id: str, job_id: str, epoch: int, rec: dict[str, Any]) -> Step:
     step.pty, step.pty_size = bool(rec["pty"]), rec.get("pty_size")
     step.host, step.to_job_output = str(rec.get("host") or ""), bool(rec["to_job_output"])
     step.bind_note = rec.get("bind_note")
+    step.out_of_memory = bool(rec.get("out_of_memory"))
     if step.done:
         step.finished.set()
     return step

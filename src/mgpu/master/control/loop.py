@@ -34,17 +34,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from mgpu.config import ClusterConfig
 from mgpu.master.control.lifecycle import Lifecycle
 from mgpu.master.control.nodes import NodeAdmin
+from mgpu.master.control.passplan import Head, Plan
 from mgpu.master.control.windows import ReservationWindows
 from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.master.state.asks import AskRules, held_on_nodes
 from mgpu.master.state.memory import ControllerState
+from mgpu.master.state.partscope import partition_scope, scoped
 from mgpu.master.state.runindex import RunningIndex
 from mgpu.master.state.shares import job_share_units
 from mgpu.master.state.snapshot import (
@@ -58,9 +60,7 @@ from mgpu.master.state.snapshot import (
 from mgpu.model import DesiredState, EndReason, Job, JobState
 from mgpu.scheduler import (
     ARRAY_LIMIT,
-    Decisions,
     DependencyTarget,
-    Eligibility,
     JobRequest,
     Reservation,
     SchedulerConfig,
@@ -104,28 +104,6 @@ the running ones (with a thousand queued, the estimates were ~70 % of a pass; Sl
 them in its backfill cycle, not at every event)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """One pass's verdicts, computed from a snapshot and not applied yet."""
-
-    now: float
-    eligibility: Eligibility
-    decisions: Decisions | None
-    """None when no queued job was eligible (no scheduler call was needed)."""
-    seconds: float
-    """CPU time the planning took."""
-    quick: bool = False
-    """A quick pass's: its verdicts cover the head of the queue alone."""
-    capped: Mapping[str, list[str]] = field(default_factory=dict)
-    """A full pass's: each capped array's tasks waiting for its cap, in submit order."""
-    queued: int = 0
-    """A full pass's: how many jobs were queued."""
-    users: frozenset[str] = frozenset()
-    """A full pass's: the users of the jobs it could start (fairshare normalisation)."""
-    estimated: bool = True
-    """A full pass's: it made every waiting job's estimate (else the last ones stand)."""
-
-
 @dataclass(slots=True)
 class Limits:
     """The sizes at which the loop changes its ways (module docstring): tests lower them."""
@@ -134,93 +112,6 @@ class Limits:
     quick_depth: int = QUICK_DEPTH
     estimate_running: int = ESTIMATE_RUNNING
     estimate_queued: int = ESTIMATE_QUEUED
-
-
-@dataclass(slots=True)
-class Head:
-    """What the quick passes of a long queue look at, as the last full pass left it, and the
-    jobs queued since."""
-
-    order: list[str] = field(default_factory=list)
-    """The last full pass's pending jobs in priority order."""
-    cursor: int = 0
-    """Where in `order` the first job still queued may be."""
-    would_start: list[str] = field(default_factory=list)
-    """Jobs the last full pass would have started (backfill deep in the queue): the quick
-    passes that follow look at them too, so that depth does not hide them."""
-    fresh: dict[str, None] = field(default_factory=dict)
-    """Jobs queued since the last full pass's snapshot, in submit order."""
-    fresh_old: dict[str, None] = field(default_factory=dict)
-    """Jobs queued before the snapshot of the full pass under way (or last)."""
-    capped: Mapping[str, list[str]] = field(default_factory=dict)
-    """Each capped array's tasks waiting for its cap, in submit order."""
-    capped_at: dict[str, int] = field(default_factory=dict)
-    users: frozenset[str] = frozenset()
-    """Users of the last full pass's pending jobs (fairshare normalisation)."""
-    queued: int = 0
-    """How many jobs the last full pass saw queued."""
-
-    def snapshot_taken(self) -> None:
-        """A full pass reads the queue now: the jobs queued so far are in it."""
-        self.fresh_old.update(self.fresh)
-        self.fresh = {}
-
-    def full_applied(self, plan: Plan) -> None:
-        """A full pass's plan is carried out: the quick passes start from it."""
-        self.fresh_old = {}
-        self.queued = plan.queued
-        self.capped, self.capped_at = plan.capped, {}
-        self.order = plan.decisions.order if plan.decisions is not None else []
-        self.cursor = 0
-        self.users = plan.users
-
-    def pick(self, jobs: Mapping[str, Job], depth: int) -> list[Job]:
-        """The queued jobs a quick pass looks at: the head of the last full order, the
-        jobs the last full pass would have started, the first fresh ones, the next tasks
-        of each capped array."""
-        queued = JobState.QUEUED
-        picked: dict[str, Job] = {}
-        order, k, leading = self.order, self.cursor, True
-        while k < len(order) and len(picked) < depth:
-            job = jobs.get(order[k])
-            if job is not None and job.state is queued:
-                picked[job.id] = job
-                leading = False
-            elif leading:  # started or gone: the next quick pass need not look again
-                self.cursor = k + 1
-            k += 1
-        if self.would_start:
-            still = [job for job in map(jobs.get, self.would_start) if job and job.state is queued]
-            self.would_start = [job.id for job in still]
-            for job in still:
-                picked.setdefault(job.id, job)
-        for fresh in (self.fresh_old, self.fresh):
-            gone, taken = [], 0
-            for job_id in fresh:
-                if taken >= depth:
-                    break
-                job = jobs.get(job_id)
-                if job is None or job.state is not queued:
-                    gone.append(job_id)
-                    continue
-                picked.setdefault(job_id, job)
-                taken += 1
-            for job_id in gone:
-                del fresh[job_id]
-        for array_id, tasks in self.capped.items():
-            k = self.capped_at.get(array_id, 0)
-            leading, taken, cap = True, 0, None
-            while k < len(tasks) and (cap is None or taken < cap):
-                job = jobs.get(tasks[k])
-                if job is not None and job.state is queued:
-                    picked.setdefault(job.id, job)
-                    cap = min(depth, job.array_max_running or 1)
-                    taken += 1
-                    leading = False
-                elif leading:
-                    self.capped_at[array_id] = k + 1
-                k += 1
-        return list(picked.values())
 
 
 @dataclass(slots=True)
@@ -267,6 +158,7 @@ class SchedulingLoop:
         self.head = Head()
         self.pacing = Pacing()
         self._requests: dict[str, JobRequest] = {}
+        self.kube = partition_scope(config)  # None: no Kubernetes partition
         self.priorities: dict[str, float] = {}
         self.factors: Mapping[str, dict[str, float]] = {}
         """The last pass's (jobs it did not see, like those waiting for a dependency, have
@@ -411,10 +303,19 @@ class SchedulingLoop:
 
     # ---- requests (cached per queued job) ---------------------------------
 
+    def _request(self, job: Job) -> JobRequest:
+        req = job_request(job, self.allowed_nodes(job.user), self.asks)
+        return scoped(req, job, self.state.kube_nodes, self.kube) if self.kube else req
+
+    def rescope(self) -> None:
+        """A Kubernetes partition's Nodes changed: every request is built again."""
+        self._requests.clear()
+        self.state.wake()
+
     def request_for(self, job: Job) -> JobRequest:
         req = self._requests.get(job.id)
         if req is None:
-            req = job_request(job, self.allowed_nodes(job.user), self.asks)
+            req = self._request(job)
             if job.state == JobState.QUEUED and job.id in self.state.jobs:
                 self._requests[job.id] = req
         return req
@@ -424,7 +325,7 @@ class SchedulingLoop:
         time while it is submitted), so that the first pass after it does not hold the
         event loop building 100,000 of them."""
         for job in jobs:
-            self._requests[job.id] = job_request(job, self.allowed_nodes(job.user), self.asks)
+            self._requests[job.id] = self._request(job)
 
     def queued_requests(self, now: float, jobs: Iterable[Job]) -> list[JobRequest]:
         """The requests of the queued ones among `jobs` (cached), in their order."""
@@ -632,10 +533,11 @@ class SchedulingLoop:
                     continue
                 placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
                 share = job_share_units(job)
-                held = held_on_nodes(self.request_for(job).ask, start.placements, self.state.nodes)
+                ask = self.request_for(job).ask
+                held = held_on_nodes(ask, start.placements, self.state.nodes)
                 free, room = self.state.free, self.state.room
                 if not all(
-                    free(n, g, share) and room(n, *h)
+                    free(n, g, share) and room(n, *h, ask.exclusive)
                     for (n, g), h in zip(placements, held, strict=True)
                 ):
                     log.info("start of %s dropped: %s changed since the plan", job.id, placements)

@@ -352,6 +352,9 @@ class Sruns:
         code = group.exit_code
         cancelled = group.error is not None and "cancel" in group.error
         state = "cancelled" if cancelled else "completed" if code == 0 else "failed"
+        oom = group.out_of_memory and not cancelled  # sacct: OUT_OF_MEMORY, 0:125
+        if oom:
+            state = "failed"
         hosts = list(dict.fromkeys(t.host or t.node_id for t in group.tasks))
         self.uow.step_ended(
             job.id,
@@ -362,6 +365,7 @@ class Sruns:
                 "end": self.state.clock.time(),
                 "exit_code": code,
                 "state": state,
+                "end_code": "out_of_memory" if oom else None,
                 "nodes": hosts,
                 "ntasks": len(group.tasks),
             },

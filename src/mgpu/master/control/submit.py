@@ -418,6 +418,9 @@ class JobSpec(BaseModel):
     """`--cpus N`: CPUs held on each node of the job (None: none asked)."""
     mem: Annotated[int | None, PlainValidator(_mem), _schema(_STR, {"type": "integer"})] = None
     """`--mem SIZE`: MiB held on each node of the job; 0: all of its memory."""
+    exclusive: bool = False
+    """`--exclusive`: whole nodes (every GPU, CPU and all memory of each node it runs on);
+    no other job starts on them while it runs."""
     pty: bool = False
     """Run on a pseudo-terminal (`mgpu srun --pty`): one program, on one node."""
     pty_size: PtySize = None
@@ -485,9 +488,11 @@ class JobSpec(BaseModel):
     @property
     def ask(self) -> ResourceAsk:
         """The CPUs and memory it asks of each node (`--cpus`, `--mem`)."""
-        if self.cpus is None and self.mem is None:
+        if self.cpus is None and self.mem is None and not self.exclusive:
             return NO_ASK
-        return ResourceAsk(cpus_per_node=self.cpus, mem_per_node_mb=self.mem)
+        return ResourceAsk(
+            cpus_per_node=self.cpus, mem_per_node_mb=self.mem, exclusive=self.exclusive
+        )
 
     @property
     def dropped_env(self) -> list[str]:

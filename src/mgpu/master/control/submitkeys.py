@@ -8,6 +8,12 @@ in the job's transaction (`submit_keys`), so that a master that takes over knows
 second request while the first is still being admitted here waits for the first's answer.
 Keys are forgotten after a day (control/retention.py).
 
+A key is not looked up before the submit: nearly every submit is a first one, and a
+lookup is a round trip to the database on the submit's way.  Its row goes in with the
+job's; a key stored already makes that transaction fail whole (KeyTaken, the row's
+unique constraint: store/submitbatch.py sorts a batch out), and only then is the stored
+job looked up and given as the answer.
+
 A key is one user's: stored and looked up by (user, key), so another user who sends the
 same key (guessed, seen, or by chance) makes a submit of their own: never the first one's
 job, and never a refusal that would let one user block another's key (docs/SECURITY.md).
@@ -21,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from mgpu import spec as specs
 from mgpu.master.control.submit import SubmitError
-from mgpu.master.store.base import Store
+from mgpu.master.store.base import KeyTaken, Store
 
 __all__ = ["KEPT_S", "KEY_PATTERN", "Made", "SubmitKeys"]
 
@@ -48,13 +54,16 @@ class SubmitKeys:
             raise SubmitError("Idempotency-Key: 8 to 128 letters, digits or '_.:-'")
         if (made_by_first := self._in_flight.get((user, key))) is not None:
             return await asyncio.shield(made_by_first)  # the same submit, still being made
-        earlier = self._stored(key, user)
-        if earlier is not None:
-            return earlier
         running: asyncio.Future[Made] = asyncio.get_running_loop().create_future()
         self._in_flight[user, key] = running
         try:
-            made = await make()
+            try:
+                made = await make()
+            except KeyTaken:  # sent before (here or to another master): that job
+                earlier = self._stored(key, user)
+                if earlier is None:  # pruned meanwhile (a day old): never expected
+                    raise SubmitError("this Idempotency-Key was used and forgotten") from None
+                made = earlier
         except BaseException as e:
             running.set_exception(e if isinstance(e, Exception) else SubmitError(str(e)))
             running.exception()  # retrieved: nobody may be waiting

@@ -49,7 +49,7 @@ from mgpu.master.runtime import gcpause
 from mgpu.master.security.auth import BadTokenThrottle, TokenStore
 from mgpu.master.security.nodeauth import NodeSecrets
 from mgpu.master.store import open_store
-from mgpu.master.store.base import Store
+from mgpu.master.store.base import ANSWER_WITHIN, Store
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.outputs import FileOutputStore, OutputStore
 from mgpu.tlsutil import ensure_ca
@@ -90,6 +90,10 @@ def open_cluster(
     tokens.bootstrap(owner)
     outputs = open_outputs(state_dir, config.database, store)
     cluster = Cluster(config, store, tokens, outputs, NodeSecrets(store), owner=owner)
+    if config.kube_partitions():  # else nothing of Kubernetes is imported
+        from mgpu.master.kube.driver import services
+
+        cluster.services += services(cluster)
     gcpause.watch()
     gcpause.tune()
     gcpause.freeze()  # what was loaded lives long: full collections skip it
@@ -140,6 +144,7 @@ def create_app(
                 yield
             return
         cluster = open_cluster(state_dir, config, store, tls)
+        cluster.store.answer_within = ANSWER_WITHIN  # loaded: from now on no long wait
         app.state.cluster = cluster
         if announce is not None and announce[2]:
             _announce_join(state_dir, announce[0], announce[1])
@@ -227,6 +232,7 @@ async def _stand_by(
             log.critical("cannot open the cluster as its leader: %s", e, exc_info=True)
             logging.shutdown()
             os._exit(EXIT_DEPOSED)  # the lease runs out; another master takes it
+        store.answer_within = ANSWER_WITHIN  # loaded: from now on no long wait
         grace = config.ha.takeover_grace
         cluster.node_admin.grace(config.networking.timeout + 15 if grace is None else grace)
         cluster.node_admin.holds_lease = leadership.may_send  # no lease: no node judged

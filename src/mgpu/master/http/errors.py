@@ -9,6 +9,7 @@ on every route; the body is always `{"detail": ONE_SENTENCE}`.
 | `SubmitError`, `ReservationRequestError` | 400 | a request that cannot be honoured as asked |
 | `BadQuery`, `BadFilter` | 400 | an accounting query or a dashboard filter typed wrong |
 | `SpecError`, a pydantic `ValidationError`, `RequestValidationError` | 422 | a malformed value |
+| `StoreUnavailable` (`StoreStalled`) | 503 | the database does not answer now; `Retry-After` |
 
 Routes raise; `install` answers.  A WebSocket route, which cannot be answered by an
 exception handler before its accept, sends `answer(...)` as its denial response.
@@ -30,6 +31,7 @@ from mgpu.master.http.deps import client_address, cluster, identity
 from mgpu.master.http.sentences import validation_sentence
 from mgpu.master.monitor.dashboard import BadFilter
 from mgpu.master.monitor.observe import BadQuery
+from mgpu.master.store.base import RETRY_AFTER_S, StoreUnavailable
 from mgpu.spec import SpecError
 
 __all__ = ["STATUS", "answer", "error", "install", "missing"]
@@ -45,6 +47,7 @@ STATUS: dict[type[Exception], int] = {
     SpecError: 422,
     ValidationError: 422,
     RequestValidationError: 422,
+    StoreUnavailable: 503,
 }
 
 
@@ -54,7 +57,8 @@ def missing(what: str, name: str) -> NotFound:
 
 
 def error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 def _sentence(exc: Exception) -> str:

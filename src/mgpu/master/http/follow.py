@@ -161,7 +161,13 @@ class SrunNews:
             return [], False
         group = self.group
         tasks = [
-            {"task": t.task, "host": t.host, "exit_code": t.exit_code, "error": t.error}
+            {
+                "task": t.task,
+                "host": t.host,
+                "exit_code": t.exit_code,
+                "error": t.error,
+                "out_of_memory": t.out_of_memory,
+            }
             for t in group.tasks
         ]
         end = {"end": True, "exit_code": group.exit_code, "error": group.error}

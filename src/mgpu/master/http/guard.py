@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mgpu.master.runtime.turns import RequestTurns
 from mgpu.master.security.auth import BadTokenThrottle, Identity
+from mgpu.master.store.base import RETRY_AFTER_S, StoreUnavailable
 
 SUBMIT_BODY_LIMIT = 4 << 20
 """POST /api/jobs: a full environment and a job script fit with room to spare."""
@@ -202,7 +203,11 @@ class Guard:
         # discards what arrives after the answer) or, when big or of unknown size, cut off.
         cut_off = declared > DRAIN_LIMIT or "transfer-encoding" in headers
         if not is_open(path):
-            refusal = await self._authenticate(scope, headers)
+            try:
+                refusal = await self._authenticate(scope, headers)
+            except StoreUnavailable as e:  # a token not seen yet, the database away
+                await _refuse(send, 503, str(e), close=cut_off, retry_after=True)
+                return
             if refusal is not None:
                 await _refuse(send, 401, refusal, close=cut_off)
                 return
@@ -232,10 +237,14 @@ class Guard:
         await self.app(scope, limited_receive, closing_send)
 
 
-async def _refuse(send: Send, status: int, detail: str, close: bool) -> None:
+async def _refuse(
+    send: Send, status: int, detail: str, close: bool, retry_after: bool = False
+) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if close:
         headers.append((b"connection", b"close"))
+    if retry_after:
+        headers.append((b"retry-after", b"%d" % RETRY_AFTER_S))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

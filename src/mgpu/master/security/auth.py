@@ -120,7 +120,9 @@ class TokenStore:
         self.store.mark_owner_token(token_hash(token))
 
     def create(self, user: str, admin: bool, allow_root: bool = False) -> tuple[str, str]:
-        self._cache.clear()
+        # Only the secrets found unknown may have changed; the known ones stay, so that
+        # they are still served while the database does not answer (store/dbthread.py).
+        self._cache = {k: v for k, v in self._cache.items() if v is not None}
         return self._new(user, admin, "user", allow_root=allow_root)
 
     def guarded(self, token_id: str) -> str | None:

@@ -4,7 +4,9 @@ A job keeps its CPU and memory ask as given (`Job.ask`); the scheduler sees it w
 defaults per GPU of its partition, else of the cluster (`resources:`), filled in where the
 job asked nothing of that kind, as Slurm's DefCpuPerGPU and DefMemPerGPU: a job of 2 GPUs
 without `--cpus` under `def_cpus_per_gpu: 8` holds 16 CPUs.  With no defaults configured a
-job that asks nothing holds nothing, and shares its node's CPUs and memory.
+job that asks nothing holds nothing, and shares its node's CPUs and memory.  A job asking
+more memory per CPU than `max_mem_per_cpu` gets more CPUs, as Slurm's MaxMemPerCPU gives
+them (`resources.within_mem_per_cpu`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from mgpu.config import ClusterConfig, JobResourceDefaults
 from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job
-from mgpu.resources import ResourceAsk
+from mgpu.resources import ResourceAsk, within_mem_per_cpu
 from mgpu.scheduler.types import Placement
 
 __all__ = ["AskRules", "defaults_apply", "held_on_nodes"]
@@ -58,7 +60,12 @@ class AskRules:
         return self.partitions.get(name, self.cluster) if name else self.cluster
 
     def effective(self, job: Job) -> ResourceAsk:
-        return defaults_apply(job.ask, self.rules_for(job))
+        rules = self.rules_for(job)
+        ask = defaults_apply(job.ask, rules)
+        if rules.max_mem_per_cpu and not ask.empty:
+            gpus = job.gpus_per_node if job.gpus_per_node is not None else job.gpus
+            ask = within_mem_per_cpu(ask, rules.max_mem_per_cpu, gpus)
+        return ask
 
 
 def held_on_nodes(

@@ -47,6 +47,9 @@ class ControllerState:
         """Set when something happened that the scheduling loop should look at."""
         self._waiters: dict[str, asyncio.Event] = {}
         self.counters: dict[str, int] = {"started": 0, "failed": 0, "completed": 0}
+        self.kube_nodes: dict[str, str] = {}
+        """Node id → the Kubernetes-backed partition it is a Node of (mgpu.master.kube):
+        only that partition's jobs run there, and its jobs nowhere else."""
 
     def wake(self) -> None:
         self.wakeup.set()
@@ -114,10 +117,11 @@ class ControllerState:
             return not any(g in node.shares for g in gpu_ids)
         return all(sum(node.shares.get(g, {}).values()) + share <= SHARE_UNITS for g in gpu_ids)
 
-    def room(self, node_id: str, cpus: int, mem_mb: int) -> bool:
-        """Has the node `cpus` CPUs and `mem_mb` MiB free now (0 of each: always)?"""
+    def room(self, node_id: str, cpus: int, mem_mb: int, whole: bool = False) -> bool:
+        """Has the node `cpus` CPUs and `mem_mb` MiB free now (0 of each: always), and no
+        `--exclusive` job on it?  `whole`: a start that takes the node whole needs it idle."""
         node = self.nodes.get(node_id)
-        if node is None:
+        if node is None or node.whole_job is not None or (whole and node.jobs):
             return False
         return (not cpus or node.free_cpu_count() >= cpus) and (
             not mem_mb or node.free_mem_mb() >= mem_mb
@@ -141,6 +145,8 @@ class ControllerState:
     ) -> None:
         node = self.nodes[node_id]
         node.jobs.add(job.id)
+        if job.ask.exclusive:
+            node.whole_job = job.id
         for c in cpu_ids:
             node.cpu_jobs[c] = job.id
         if mem_mb:
@@ -158,6 +164,8 @@ class ControllerState:
         if node is None:
             return
         node.jobs.discard(job.id)
+        if node.whole_job == job.id:
+            node.whole_job = None
         for c in slot.cpu_ids or ():
             if node.cpu_jobs.get(c) == job.id:
                 del node.cpu_jobs[c]

@@ -230,7 +230,15 @@ class NodeRecord:
     """CPU id -> the job holding it (the ledger, as `busy` for GPUs)."""
     mem_jobs: dict[str, int] = field(default_factory=dict)
     """Job id -> the memory (MiB) it holds here."""
+    whole_job: str | None = None
+    """The `--exclusive` job holding it whole: no other job starts here while it runs."""
     link: AgentLink | None = None
+    partition: str | None = None
+    """The Kubernetes-backed partition whose Node this is (mgpu.master.kube); None: a
+    node of mgpu's own agent."""
+    others: list[dict[str, Any]] = field(default_factory=list)
+    """A Kubernetes Node's Pods that are not mgpu's running jobs (other workloads, Pods
+    still terminating): what each holds, shown with the node."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -272,6 +280,15 @@ class NodeRecord:
 
     def free_mem_mb(self) -> int:
         return max(0, self.mem_mb - sum(self.mem_jobs.values()))
+
+    def bare_job_count(self) -> int:
+        """Jobs running here that hold none of its GPUs, CPUs or memory (`--gpus 0`, no
+        ask): no GPU or CPU shows them, yet the node is not idle for `--exclusive`."""
+        if not self.jobs:
+            return 0
+        holding = {*self.busy.values(), *self.cpu_jobs.values(), *self.mem_jobs}
+        holding.update(job_id for tenants in self.shares.values() for job_id in tenants)
+        return len(self.jobs - holding)
 
     def shared_units(self) -> dict[int, int]:
         """Shared GPUs: index -> share units in use (what `NodeView.shared` holds)."""
@@ -379,4 +396,10 @@ class NodeRecord:
             "cpus_free": self.free_cpu_count() if self.cpus else None,
             "mem_mb": self.mem_mb or None,
             "mem_free_mb": self.free_mem_mb() if self.mem_mb else None,
+            **self._kube_public(),
         }
+
+    def _kube_public(self) -> dict[str, Any]:
+        if self.partition is None:
+            return {}
+        return {"partition": self.partition, "kubernetes": True, "pods": list(self.others)}

@@ -65,6 +65,8 @@ def node_views(nodes: Iterable[NodeRecord]) -> list[NodeView]:
             free_cpus=n.free_cpu_count(),
             mem_mb=n.mem_mb,
             free_mem_mb=n.free_mem_mb(),
+            bare_jobs=n.bare_job_count(),
+            whole=n.whole_job is not None,
         )
         for n in nodes
     ]
@@ -132,7 +134,14 @@ def running_job(job: Job, now: float) -> RunningJob:
         job_id=job.id,
         user=job.user,
         placements=tuple(
-            Placement(s.node_id, tuple(s.gpu_ids), job_share_units(job), s.cpus or 0, s.mem_mb or 0)
+            Placement(
+                s.node_id,
+                tuple(s.gpu_ids),
+                job_share_units(job),
+                s.cpus or 0,
+                s.mem_mb or 0,
+                job.ask.exclusive,
+            )
             for s in job.allocation
         ),
         start_time=now if job.start_time is None else job.start_time,  # None: launching

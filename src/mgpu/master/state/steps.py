@@ -52,6 +52,8 @@ class Step:
     output, as in a batch script: it would be there twice)."""
     bind_note: str | None = None
     """`--gpu-bind=verbose,...`: the line about its GPUs srun prints on its stderr."""
+    out_of_memory: bool = False
+    """Its node killed it for its memory limit (Slurm's task `Out Of Memory`)."""
 
     @property
     def on_nodes(self) -> list[str]:
@@ -88,6 +90,11 @@ class TaskStep:
     @property
     def ended(self) -> bool:
         return all(t.done for t in self.tasks)
+
+    @property
+    def out_of_memory(self) -> bool:
+        """A task was killed for its memory: the step ends OUT_OF_MEMORY, as Slurm's."""
+        return any(t.out_of_memory for t in self.tasks)
 
 
 def is_step_id(run_id: str) -> bool:

@@ -2,36 +2,66 @@
 the agent messages that wait on them, sent only after.
 
 A change marks its job dirty (`persist`); the first one of a turn arms one `flush` at the
-end of the turn.  Messages to agents go to the outbox (`send`) and leave in `flush`, after
-the write: an agent never hears of a state the master could lose in a crash.  Until a
-job's change is written, queries find it here (`pending`): a job that has just ended is in
-no other place for that moment.  A srun step that ended is a row of its own
-(`step_ended`), written in the same flush without rewriting its job (store/steps.py);
-so are the running jobs' steps as they change (`step_changed`: control/livesteps.py), before
-the launch or the agent's `Forget` that follows from the change is sent.
+end of the turn.  Messages to agents go to the outbox (`send`) and leave after the write
+that holds the changes before them: an agent never hears of a state the master could lose
+in a crash.  Until a job's change is written, queries find it here (`pending`): a job
+that has just ended is in no other place for that moment.  A srun step that ended is a
+row of its own (`step_ended`), written in the same transaction without rewriting its job
+(store/steps.py); so are the running jobs' steps as they change (`step_changed`:
+control/livesteps.py), before the launch or the agent's `Forget` that follows from the
+change is sent.
+
+The write is handed to the store's thread (`Store.save_jobs_later`, store/dbthread.py)
+and the event loop goes on: one batch is written at a time, the changes of the turns
+meanwhile make the next one (group commit), and each batch's messages leave once it is
+written.  A flush given an audit event (a user's cancel, say) waits for its write, for
+the store's `answer_within` at most.  A batch the database refused for want of a
+connection (StoreUnavailable) is not lost: its jobs, steps and messages go back ahead of
+what came since, and are written again a moment later.  Without a running event loop
+(the controller tests, a shutdown) every flush waits for its write.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 
 from mgpu.master.runtime.clock import Timers
 from mgpu.master.state.registry import AgentLink, Unsendable
-from mgpu.master.store.base import Store
+from mgpu.master.store.base import Store, StoreUnavailable
 from mgpu.master.store.steps import StepRow
 from mgpu.model import Job
 from mgpu.scheduler import UsageLedger
 
 log = logging.getLogger("mgpu.master")
 
-__all__ = ["UnitOfWork"]
+__all__ = ["RETRY_S", "UnitOfWork"]
 
 Event = tuple[str, str | None, str | None, str]
 """An audit event written with the jobs: (kind, actor, address, target)."""
+
+RETRY_S = 1.0
+"""Seconds before a batch the database refused is written again."""
+
+
+@dataclass(eq=False)
+class Batch:
+    """One flush's write and what waits on it."""
+
+    jobs: dict[str, Job]
+    steps: list[StepRow]
+    outbox: list[tuple[AgentLink, BaseModel]]
+    usage: bool
+    live: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = field(default_factory=dict)
+    """Running jobs' steps: their job, and their record as it is when the batch is written."""
+    gone: list[str] = field(default_factory=list)
+    """Jobs whose steps are forgotten (they ended)."""
+    done: bool = field(default=False)
 
 
 class UnitOfWork:
@@ -47,6 +77,9 @@ class UnitOfWork:
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._usage_dirty = False
         self._flush_armed = False
+        self._writing: list[Batch] = []
+        """Batches handed to the store and not written yet, oldest first."""
+        self._retry_armed = False
         self.on_unsendable: Callable[[str, BaseModel, str], None] = lambda n, m, why: None
         """Told of a message that could not be encoded (node id, message, why)."""
         self.on_persist: Callable[[Job], None] = lambda job: None
@@ -76,7 +109,8 @@ class UnitOfWork:
 
     def pending_steps(self, job_id: str) -> list[dict[str, Any]]:
         """The job's steps that ended and are not written yet."""
-        return [step for owner, step in self._steps if owner == job_id]
+        rows = [row for batch in self._writing for row in batch.steps] + self._steps
+        return [step for owner, step in rows if owner == job_id]
 
     def usage_changed(self) -> None:
         self._usage_dirty = True
@@ -89,32 +123,123 @@ class UnitOfWork:
 
     def pending(self, job_id: str) -> Job | None:
         """A job whose change is not written yet."""
-        return self._dirty.get(job_id)
+        job = self._dirty.get(job_id)
+        if job is None:
+            for batch in reversed(self._writing):
+                if (job := batch.jobs.get(job_id)) is not None:
+                    break
+        return job
 
     def pending_jobs(self) -> Iterable[Job]:
-        return self._dirty.values()
+        found: dict[str, Job] = {}
+        for batch in self._writing:
+            found.update(batch.jobs)
+        found.update(self._dirty)
+        return found.values()
 
     def _arm_flush(self) -> None:
         if not self._flush_armed:
             self._flush_armed = True
             self.timers.call_soon(self.flush)
 
-    def flush(self, event: Event | None = None, detail: str | None = None) -> None:
+    def flush(
+        self, event: Event | None = None, detail: str | None = None, wait: bool = False
+    ) -> None:
         """Write every changed job in one transaction (with `event` for the audit log, if
-        given), then send what waited on it."""
+        given), then send what waited on it.  Without `event` or `wait`, while a batch is
+        being written, the changes wait for it (they go in the next one); with either,
+        this one is written after it and waited for."""
         self._flush_armed = False
+        wait = wait or event is not None
+        if not wait and self._writing:
+            return  # group commit: armed again once the batch in flight is written
+        batch = Batch(
+            self._dirty, self._steps, self._outbox, self._usage_dirty, self._live, self._steps_gone
+        )
+        self._dirty, self._steps, self._outbox, self._usage_dirty = {}, [], [], False
+        self._live, self._steps_gone = {}, []
+        if not (batch.jobs or batch.steps or batch.live or batch.gone or batch.usage or event):
+            if self._writing:  # messages only: after the writes before them
+                self._writing[-1].outbox += batch.outbox
+            else:
+                self._send(batch.outbox)
+            return
         # The usage ledger goes in the jobs' transaction: one commit per flush.
-        usage = ("usage", self.usage.dumps()) if self._usage_dirty else None
-        if self._dirty or event is not None or usage is not None:
-            jobs = list(self._dirty.values())
-            self.store.save_jobs(jobs, event=event, detail=detail, meta=usage)
-            self._dirty.clear()  # after the write: queries find them here until it is done
-            self._usage_dirty = False
-        if self._steps or self._live or self._steps_gone:
-            live = [(step_id, job, record()) for step_id, (job, record) in self._live.items()]
-            self.store.save_steps(self._steps, live=live, gone=self._steps_gone)
-            self._steps, self._live, self._steps_gone = [], {}, []
-        outbox, self._outbox = self._outbox, []
+        usage = ("usage", self.usage.dumps()) if batch.usage else None
+        live = [(step_id, job, record()) for step_id, (job, record) in batch.live.items()]
+        try:
+            later = self.store.save_jobs_later(
+                list(batch.jobs.values()),
+                event,
+                detail,
+                usage,
+                ended_steps=batch.steps,
+                live_steps=live,
+                gone_steps=batch.gone,
+            )
+        except StoreUnavailable as e:  # refused before it was given (the queue is full)
+            self._written(batch, e)
+            if wait:
+                raise
+            return
+        self._writing.append(batch)
+        if _running_loop() and not wait:
+            later.then(lambda error: self._written(batch, error))
+            return
+        error: BaseException | None = None
+        try:  # a user's change, or no event loop: the caller goes on once it is written
+            later.wait(self.store.answer_within if _running_loop() else None)
+        except StoreUnavailable as e:
+            if not later.future.done():  # still being written: followed up then
+                later.then(lambda error: self._written(batch, error))
+                raise
+            error = e
+        except BaseException as e:
+            error = e
+        self._written(batch, error)
+        if error is not None:
+            raise error
+
+    def _written(self, batch: Batch, error: BaseException | None) -> None:
+        """The batch's write is over: send what waited on it, or (the database could not
+        be reached) put it back ahead of what came since, to be written again."""
+        if batch.done:
+            return
+        batch.done = True
+        if batch in self._writing:
+            self._writing.remove(batch)
+        if error is None:
+            self._send(batch.outbox)
+        elif isinstance(error, StoreUnavailable):
+            log.warning(
+                "writing %d job change(s) failed (%s): trying again", len(batch.jobs), error
+            )
+            self._dirty = {**batch.jobs, **self._dirty}  # a newer change wins
+            self._steps = batch.steps + self._steps
+            self._live = {**batch.live, **self._live}  # a newer record wins
+            self._steps_gone = batch.gone + self._steps_gone
+            self._outbox = batch.outbox + self._outbox
+            self._usage_dirty |= batch.usage
+            self._retry_later()
+            return
+        else:  # Fenced (this master steps down), or a bug: nothing of it is sent
+            raise error
+        pending = self._dirty or self._steps or self._live or self._steps_gone
+        if pending or self._outbox or self._usage_dirty:
+            self._arm_flush()
+
+    def _retry_later(self) -> None:
+        if self._retry_armed:
+            return
+        self._retry_armed = True
+
+        def retry() -> None:
+            self._retry_armed = False
+            self._arm_flush()
+
+        self.timers.call_later(RETRY_S, retry)
+
+    def _send(self, outbox: list[tuple[AgentLink, BaseModel]]) -> None:
         for link, message in outbox:
             try:
                 link.send(message)
@@ -122,5 +247,14 @@ class UnitOfWork:
                 self.on_unsendable(link.node_id, message, str(e))
 
     def flush_all(self) -> None:
-        """Everything to disk now (shutdown)."""
-        self.flush()
+        """Everything to disk now (shutdown): written after what is being written, and
+        waited for."""
+        self.flush(wait=True)
+
+
+def _running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

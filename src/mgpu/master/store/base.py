@@ -15,28 +15,43 @@ srun steps a job ran are rows of their own (store/steps.py), never in its record
 
 from __future__ import annotations
 
+import asyncio
 import json
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from mgpu import spec as specs
-from mgpu.errors import MgpuError
+from mgpu.master.store.errors import (  # re-exported: the store's callers catch them here
+    ANSWER_WITHIN,
+    RETRY_AFTER_S,
+    KeyTaken,
+    StoreError,
+    StoreStalled,
+    StoreUnavailable,
+)
 from mgpu.master.store.fence import Fence
 from mgpu.model import Job
 
+if TYPE_CHECKING:
+    from mgpu.master.store.dbthread import Later
+
 __all__ = [
     "ACTIVE_STATES",
+    "ANSWER_WITHIN",
     "LAST_JOB_ID",
     "RECENTLY_ENDED",
+    "RETRY_AFTER_S",
     "SCHEMA_VERSION",
     "SCRIPT_OF_ARRAY",
     "Event",
+    "KeyTaken",
     "Store",
     "StoreError",
+    "StoreStalled",
     "StoreUnavailable",
     "TokenRow",
 ]
@@ -75,14 +90,6 @@ TokenRow = tuple[str, str, int, str, int, int]
 TOKEN_KEYS = ("id", "user", "admin", "kind", "created", "revoked", "owner", "allow_root")
 
 
-class StoreError(MgpuError):
-    """The store cannot be opened or used: one sentence for the operator."""
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached (for longer than the store waits for it)."""
-
-
 def task_record(job: Job) -> dict[str, Any]:
     """A job's record to store: an array task's script (up to 1 MiB) is not copied into
     each of its up to 100,000 rows: the array's row holds it."""
@@ -108,6 +115,10 @@ class Store(ABC):
     write first checks `fence` (a shared database: only the leader writes)."""
 
     fence: Fence
+
+    answer_within: float | None = None
+    """Seconds a caller on an event loop's thread waits for the database at most, then
+    StoreStalled (None: as long as it takes; `mgpu master` sets it once it serves)."""
 
     def __init__(self) -> None:
         self.fence = Fence()
@@ -149,6 +160,22 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the database (connections, background threads)."""
+
+    def _bound(self) -> float | None:
+        """How long this caller may wait for the database: `answer_within` on an event
+        loop's thread (the master's), else as long as it takes."""
+        if self.answer_within is None:
+            return None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return self.answer_within
+
+    def answering(self) -> bool:
+        """Whether the database answers now (False: it has kept a statement for longer
+        than `answer_within`; reads are refused until it answers again)."""
+        return True
 
     @abstractmethod
     def schema_version(self) -> int:
@@ -218,6 +245,27 @@ class Store(ABC):
         in the same one: one commit, not one each.
         A job's first row keeps its place (`seq`): submit order for the queue."""
 
+    @abstractmethod
+    def save_jobs_later(
+        self,
+        jobs: list[Job],
+        event: Event | None = None,
+        detail: str | None = None,
+        meta: tuple[str, str] | None = None,
+        events: Sequence[Event] = (),
+        keys: Sequence[tuple[str, str]] = (),
+        ended_steps: Sequence[tuple[str, dict[str, Any]]] = (),
+        new_jobs: bool = False,
+        live_steps: Sequence[tuple[str, str, dict[str, Any]]] = (),
+        gone_steps: Sequence[str] = (),
+    ) -> Later[None]:
+        """`save_jobs` (and `save_steps`' rows: `ended_steps`, the running jobs' `live_steps`
+        and the ended jobs' `gone_steps`, in one transaction) handed to the store's thread:
+        the group commits go on meanwhile and follow up once it is done (store/dbthread.py).
+        `new_jobs`: only jobs never written before, which nothing else writes until this is
+        done (a submit's): PostgreSQL writes them beside the other writes.  SQLite writes at
+        once."""
+
     def _remember_ended(self, jobs: list[Job]) -> None:
         """After the commit: the ended jobs just written, for get_job(s)."""
         ended = self._ended
@@ -240,6 +288,17 @@ class Store(ABC):
         """Store an array as one row (`mgpu.master.store.arrays`): its tasks are the template at
         each index until they change; with the audit event and the submit's idempotency
         `key`, in one transaction."""
+
+    @abstractmethod
+    def save_array_later(
+        self,
+        template: Job,
+        indices: list[int],
+        max_running: int | None,
+        event: Event | None = None,
+        key: str | None = None,
+    ) -> Later[None]:
+        """`save_array` handed to the store's thread (SQLite: at once)."""
 
     @abstractmethod
     def job_of_submit_key(self, key: str, user: str) -> str | None:

@@ -66,7 +66,8 @@ def _read_source(path: Path) -> sqlite3.Connection:
         raise StoreError(f"{path} does not exist: give the state dir of a master that used SQLite")
     try:
         source = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-        copy = sqlite3.connect(":memory:", isolation_level=None)
+        # Read in the PostgreSQL store's thread (store/dbthread.py), one thread at a time.
+        copy = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         try:
             source.backup(copy)
         finally:

@@ -5,17 +5,24 @@ Several masters on one PostgreSQL database elect a leader through one row, `mgpu
 `generation` grows by one.  The leader's every write transaction first reads that row with
 `FOR SHARE` and goes on only if the generation is still its own: a standby's takeover
 (an UPDATE of the row) waits for a write in flight to commit, and every write after it
-sees the new generation and is refused.  A deposed leader that wakes up (SIGSTOP, a long
-pause, a network cut healed) therefore cannot change anything, whatever it believes.
+sees the new generation and is refused.  The check is one statement (`statement()`) that
+fails unless the generation is this master's, so a transaction of a few rows is sent as
+one query, the check first: one round trip, one implicit transaction (postgres.py).  A
+deposed leader that wakes up (SIGSTOP, a long pause, a network cut healed) therefore
+cannot change anything, whatever it believes.
 
 SQLite has one master: its store never fences (`Fence.generation` stays None).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 LEASE_TABLE = "mgpu_lease"
+
+REFUSED = "mgpu-fenced"
+"""What `statement()` fails with (in the error's message) when the lease is not this
+master's."""
 
 LEASE_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (
@@ -46,6 +53,40 @@ class Fence:
         self.generation: int | None = None
         self.lost = False
         """Set once a check failed: the master steps down (never writes again)."""
+
+    def statement(self) -> str | None:
+        """The check as one statement to send first in a write transaction's query (None:
+        nothing to check).  It fails (PostgreSQL's invalid_text_representation naming
+        REFUSED, `refused`) unless the row carries this master's generation, and holds the
+        row FOR SHARE until the transaction ends.  Fenced at once once a check failed."""
+        if self.lost:
+            self.deny(None)
+        if self.generation is None:
+            return None
+        return (
+            f"SELECT CAST(COALESCE((SELECT CASE WHEN generation = {int(self.generation)} "
+            f"THEN '1' END FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE), '{REFUSED}') AS integer)"
+        )
+
+    @staticmethod
+    def refused(error: BaseException) -> bool:
+        """Whether `error` is `statement()`'s refusal."""
+        return getattr(error, "sqlstate", None) == "22P02" and REFUSED in str(error)
+
+    def deny(self, conn: Executes | None) -> NoReturn:
+        """Raise Fenced, for good (`conn`, out of any transaction: to say which generation
+        leads now)."""
+        self.lost = True
+        row = None
+        if conn is not None:
+            try:
+                row = conn.execute(f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1").fetchone()
+            except Exception:
+                row = None
+        raise Fenced(
+            f"another master leads now (generation {None if row is None else row[0]}, "
+            f"this master's {self.generation}): this master stopped writing"
+        )
 
     def check(self, conn: Executes) -> None:
         """Inside a write transaction, before its first write: raise Fenced unless the

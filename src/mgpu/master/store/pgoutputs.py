@@ -13,6 +13,11 @@ appended.  A master that dies loses its buffer, but the resume point in job_outp
 written in the same transaction as the rows, so it is behind what was lost and the agent
 re-sends that to the next leader; the agent forgets a run only after `when_stored`.
 
+What the event loop itself waits for (a job's stored size at its first append here, a
+closing job's last records) runs in a thread of its own and is waited for OPEN_WAIT at
+most, then left to the flusher: a database paused or cut keeps the statement, not the
+loop (store/dbthread.py).
+
 Every write transaction checks the fence first (store/fence.py): a deposed master's flush
 gets Fenced and the store writes nothing more.  A lost connection is reconnected and the
 write retried for RETRY_FOR seconds (then again at the next flush): rows go in with ON
@@ -34,6 +39,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from mgpu.master.store.base import StoreStalled
+from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
@@ -145,6 +152,18 @@ class PgOutputStore(OutputStore):
         self._stopping = False
         self._flusher = threading.Thread(target=self._run, name="mgpu-output-flush", daemon=True)
         self._flusher.start()
+        self._waiter = DbThread("mgpu-output-wait")
+        """Runs what the event loop waits for, OPEN_WAIT at most (`_waited`)."""
+
+    def _waited(self, work: Callable[[], T]) -> T:
+        """`work()`, which the caller waits for: on an event loop, in the waiter thread,
+        OPEN_WAIT at most (then StoreStalled; it still runs), and refused at once while
+        the waiter is stuck on a statement."""
+        if _running_loop() is None:
+            return work()
+        if self._waiter.busy_for() > OPEN_WAIT:
+            raise StoreStalled()
+        return Later(self._waiter.give(work)).wait(OPEN_WAIT)
 
     # ---- connections -----------------------------------------------------
 
@@ -237,8 +256,8 @@ class PgOutputStore(OutputStore):
                     job.full = self.cap is not None and job.bytes >= self.cap
                 return job
         try:
-            row = self._size(job_id, OPEN_WAIT)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as e:
+            row = self._waited(lambda: self._size(job_id, OPEN_WAIT))
+        except (psycopg.OperationalError, psycopg.InterfaceError, StoreStalled) as e:
             # The database is away: the loop does not wait for it; the flusher adds the
             # stored size before it writes (a requeued job may then pass its cap a little).
             log.warning("job output: job %s's stored size unknown for now (%s)", job_id, e)
@@ -300,7 +319,7 @@ class PgOutputStore(OutputStore):
                     self._let_go(job_id)
         if job is not None and job.buf and not self.fenced:
             try:
-                self.flush(OPEN_WAIT)  # the loop waits little: with the database away
+                self._waited(lambda: self.flush(OPEN_WAIT))  # little: the database may be away
             except Exception as e:  # the flusher tries again
                 log.warning("job output: job %s's last records not written yet: %s", job_id, e)
         self._have.pop(job_id, None)
@@ -596,6 +615,7 @@ class PgOutputStore(OutputStore):
         """Stop the flusher and write what is left (shutdown)."""
         self._stopping = True
         self._kick.set()
+        self._waiter.stop(OPEN_WAIT)
         self._flusher.join(timeout=RETRY_FOR + 5)
         try:
             if not self.fenced:

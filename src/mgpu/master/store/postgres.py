@@ -2,10 +2,20 @@
 
 The schema, migrations and queries are the SQLite store's too (schema.py, sqlstore.py;
 dialect.py spells them for PostgreSQL); here only how they run, on psycopg 3: one
-connection in autocommit mode, each write an explicit transaction whose first statement
-is the fence's check (store/fence.py), so a master that no longer holds the lease writes
-nothing.  Text keys are `COLLATE "C"`: ids sort by their bytes, as SQLite's do, whatever
-the database's locale.
+connection in autocommit mode, each write a transaction whose first statement is the
+fence's check (store/fence.py), so a master that no longer holds the lease writes
+nothing.  A write of a few rows goes as one query, check and rows (one round trip, one
+implicit transaction); more rows go in a pipeline.  Text keys are `COLLATE "C"`: ids sort
+by their bytes, as SQLite's do, whatever the database's locale.
+
+The connection is one thread's (store/dbthread.py): every statement runs there, in the
+order given, never on the event loop; a caller on the loop waits `answer_within` seconds
+at most (StoreStalled), and the group commits do not wait at all (`_later`).  Each
+statement is bounded on the server too (`statement_timeout`).  Submits' new jobs have a
+second thread and connection of their own (`new_jobs`): a submit's commit then does not
+wait behind the running jobs' (each waits for its WAL flush, which PostgreSQL makes for
+both at once when they meet).  Order holds all the same: the other writes of a job come
+only once its submit committed (the controller knows the job from then on).
 
 The database may go away (restarted, failed over): a statement that finds the connection
 lost reconnects and runs its whole transaction again, for up to `retry_for` seconds, then
@@ -17,7 +27,6 @@ gives it: without its password.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -27,7 +36,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from mgpu.dbaddress import describe
-from mgpu.master.store.base import StoreError, StoreUnavailable
+from mgpu.master.store.base import StoreError, StoreStalled, StoreUnavailable
+from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.dialect import POSTGRES
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.pglink import Link, params
@@ -43,8 +53,10 @@ T = TypeVar("T")
 RETRY_FOR = 60.0
 """Seconds the store waits for a lost database before a write or read fails."""
 
-ONE_QUERY_ROWS = 16
-"""Rows a write sends as one query; more go through executemany."""
+ONE_QUERY_ROWS = 64
+"""Rows a write sends as one query; more go through executemany, in a pipeline."""
+STATEMENT_TIMEOUT_MS = 60_000
+"""A statement of the store's that runs longer is ended by the server."""
 
 
 def _first_line(e: BaseException) -> str:
@@ -68,21 +80,36 @@ def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
     return isinstance(e, psycopg.OperationalError) and state[:2] in ("08", "57")
 
 
+def _log_failure(future: Any) -> None:
+    """A write nobody waits for any more (StoreStalled) that failed after all."""
+    error = future.exception()
+    if error is not None:
+        log.error("a write given while the database did not answer failed: %s", error)
+
+
 class PostgresStore(SqlStore):
     dialect = POSTGRES
 
     def __init__(self, url: str, retry_for: float = RETRY_FOR, link: Link | None = None) -> None:
         super().__init__()
-        self.url, self.link = url, link or Link()  # link: how to connect (store/pglink.py)
+        link = link or Link()  # how to connect (store/pglink.py)
+        self.url, self.link = url, link
+        self._store_link = Link(
+            link.application_name, {"statement_timeout": STATEMENT_TIMEOUT_MS, **link.settings}
+        )
         self.where = describe(url)
         self.retry_for = retry_for
-        self._conn: psycopg.Connection[Any] | None = None
+        self._threads = (DbThread("mgpu-store"), DbThread("mgpu-store-submits"))
+        """Where every statement runs (store/dbthread.py): the first for all but the new
+        jobs of submits; each its own connection in `_conns`."""
+        self._conns: list[psycopg.Connection[Any] | None] = [None, None]
         self._reader: psycopg.Connection[Any] | None = None
         """read_finished's connection, used from threads (under _reader_lock)."""
         self._reader_lock = threading.Lock()
         try:
-            self._conn = self._connect()
+            self._threads[0].give(self.connection).result()
         except psycopg.Error as e:
+            self._stop_threads(0)
             raise StoreError(f"cannot reach the database {self.where}: {_first_line(e)}") from None
         try:
             self._migrate()
@@ -95,34 +122,86 @@ class PostgresStore(SqlStore):
             raise
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(autocommit=True, **params(self.url, self.link))
+        return psycopg.connect(autocommit=True, **params(self.url, self._store_link))
+
+    def _lane(self) -> int | None:
+        """Which of the store's threads the caller is (None: none of them)."""
+        return next((i for i, thread in enumerate(self._threads) if thread.here()), None)
 
     def connection(self) -> psycopg.Connection[Any]:
-        """The store's connection, opened again if it was lost."""
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            self._conn = self._connect()
-        return self._conn
+        """The connection of the store's thread that calls (the first's, from elsewhere),
+        opened again if it was lost."""
+        lane = self._lane() or 0
+        conn = self._conns[lane]
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                conn.close()
+                self._conns[lane] = None
+            conn = self._conns[lane] = self._connect()
+        return conn
 
     def _migrate(self) -> None:
         """Bring the database to SCHEMA_VERSION (schema.py; an advisory lock: masters
         starting together do it one at a time)."""
         migrate(self.connection(), POSTGRES, f"the database {self.where}")
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    def close(self, wait: float = 5.0) -> None:
+        """Close the connections, once what was given to the store's thread is done (for
+        `wait` seconds at most: a database that does not answer keeps its writes)."""
+        self._stop_threads(wait)
+        for lane, thread in enumerate(self._threads):
+            conn = self._conns[lane]
+            if conn is not None and not thread.alive():
+                conn.close()
+                self._conns[lane] = None
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
 
+    def _stop_threads(self, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        for thread in self._threads:
+            thread.stop(max(deadline - time.monotonic(), 0.0))
+
     # ---- running statements -----------------------------------------------
 
+    def answering(self) -> bool:
+        within = self.answer_within
+        return within is None or all(t.busy_for() <= within for t in self._threads)
+
+    def _later(
+        self, work: Callable[[], T], after: Callable[[], None] | None = None, new_jobs: bool = False
+    ) -> Later[T]:
+        if self._lane() is not None:
+            return Later.now(work, after)
+        return Later(self._threads[1 if new_jobs else 0].give(work), after)
+
     def _run(
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        write: bool,
+        one_query: bool = False,
+        own_transaction: bool = False,
+    ) -> T:
+        """`_run_here` in the store's thread; a caller on the event loop waits
+        `answer_within` at most (StoreStalled), and a read is refused at once while the
+        database does not answer.  A write not answered in time is still made, in order."""
+        if self._lane() is not None:
+            return self._run_here(work, write, one_query, own_transaction)
+        bound = self._bound()
+        answering = bound is None or self.answering()
+        if not answering and not write:
+            raise StoreStalled()
+        later = self._later(lambda: self._run_here(work, write, one_query, own_transaction))
+        try:
+            return later.wait(bound if answering else 0.0)
+        except StoreStalled:
+            if write:
+                later.future.add_done_callback(_log_failure)
+            raise
+
+    def _run_here(
         self,
         work: Callable[[psycopg.Connection[Any]], T],
         write: bool,
@@ -180,39 +259,37 @@ class PostgresStore(SqlStore):
         return self._run(work, write=True, one_query=one_query)
 
     def _write_rows(self, parts: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
-        """Each statement of `parts` for each of its rows, in one transaction: a few rows as
-        one query (the values bound here; one round trip), many through executemany."""
+        """Each statement of `parts` for each of its rows, in one transaction, the fence's
+        check first: a few rows as one query (the values bound here; one round trip, one
+        implicit transaction), many through executemany in a pipeline."""
         statements = [(sql, row) for sql, rows in parts for row in rows]
         if not statements:
             return
-        if len(statements) > ONE_QUERY_ROWS:
+        fence = self.fence
 
-            def many(c: psycopg.Connection[Any]) -> None:
-                with c.cursor() as cur:
-                    for sql, rows in parts:
-                        _many(cur, sql, rows)
-
-            self._write(many)
-            return
+        def many(c: psycopg.Connection[Any]) -> None:
+            check = fence.statement()
+            with c.pipeline(), c.transaction(), c.cursor() as cur:
+                if check is not None:
+                    cur.execute(check)
+                for sql, rows in parts:
+                    _many(cur, sql, rows)
 
         def one(c: psycopg.Connection[Any]) -> None:
+            check = fence.statement()
             with psycopg.ClientCursor(c) as cur:
                 text = ";".join(cur.mogrify(sql, row) for sql, row in statements)
-                if self.fence.generation is None and not self.fence.lost:
-                    cur.execute(text)  # its own transaction: one round trip
-                    return
-                # Fenced: BEGIN, the fence's check, then the rows and the COMMIT together.
-                c.execute("BEGIN")
-                try:
-                    self.fence.check(c)
-                    cur.execute(text + ";COMMIT")
-                except BaseException:
-                    if not c.closed and not c.broken:
-                        with contextlib.suppress(psycopg.Error):
-                            c.execute("ROLLBACK")
-                    raise
+                cur.execute(text if check is None else f"{check};{text}")
 
-        self._run(one, write=True, one_query=True, own_transaction=True)
+        def fenced(c: psycopg.Connection[Any]) -> None:
+            try:
+                (many if len(statements) > ONE_QUERY_ROWS else one)(c)
+            except psycopg.errors.InvalidTextRepresentation as e:
+                if fence.refused(e):
+                    fence.deny(c)
+                raise
+
+        self._run(fenced, write=True, own_transaction=True)
 
     def _read_apart(self, work: Callable[[Any], T]) -> T:
         """Through a connection of its own (kept for the next such read), one thread at

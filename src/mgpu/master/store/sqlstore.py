@@ -5,13 +5,16 @@
 (`SqliteStore`: sqlite.py; `PostgresStore`: postgres.py) through four primitives:
 `_read` (a read on the store's connection), `_read_apart` (a read on a connection of its
 own, from a thread), `_write` (work in one write transaction after the fence's check;
-`one_query`: one statement) and `_write_rows` (statements over rows in one transaction).
+`one_query`: one statement) and `_write_rows` (statements over rows in one transaction);
+and `_later`, which hands writes to the store's thread (PostgreSQL: store/dbthread.py)
+or runs them at once (SQLite).
 A write may run again after its connection was lost (PostgreSQL), so each is an upsert,
 ignores a row already there, or is harmless twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from abc import abstractmethod
@@ -24,9 +27,12 @@ from mgpu.master.store.base import (
     LAST_JOB_ID,
     TOKEN_KEYS,
     Event,
+    KeyTaken,
     Store,
+    StoreStalled,
     TokenRow,
 )
+from mgpu.master.store.dbthread import Later
 from mgpu.master.store.dialect import Dialect, many
 from mgpu.model import Job
 
@@ -77,6 +83,14 @@ class SqlStore(Store):
     def _write_rows(self, parts: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
         """Each statement of `parts` (in the dialect) for each of its rows, in one write
         transaction."""
+
+    def _later(
+        self, work: Callable[[], T], after: Callable[[], None] | None = None, new_jobs: bool = False
+    ) -> Later[T]:
+        """`work` (which calls the primitives above) in the store's thread, `after` on the
+        caller's once it is done (store/dbthread.py); here: at once.  `new_jobs`: it writes
+        only jobs never written before (a submit's), which may go beside the other writes."""
+        return Later.now(work, after)
 
     # ---- running queries written once ---------------------------------------
 
@@ -145,7 +159,22 @@ class SqlStore(Store):
         events: Sequence[Event] = (),
         keys: Sequence[tuple[str, str]] = (),
     ) -> None:
-        rows = self._job_rows(jobs)
+        self.save_jobs_later(jobs, event, detail, meta, events, keys).wait(self._bound())
+
+    def save_jobs_later(
+        self,
+        jobs: list[Job],
+        event: Event | None = None,
+        detail: str | None = None,
+        meta: tuple[str, str] | None = None,
+        events: Sequence[Event] = (),
+        keys: Sequence[tuple[str, str]] = (),
+        ended_steps: Sequence[steps.StepRow] = (),
+        new_jobs: bool = False,
+        live_steps: Sequence[steps.LiveRow] = (),
+        gone_steps: Sequence[str] = (),
+    ) -> Later[None]:
+        rows = self._job_rows(jobs)  # here: the seq counter is the caller's thread's
         top = self._top_id(jobs)
         now = time.time()
         metas = [m for m in (meta, None if top is None else (LAST_JOB_ID, str(top))) if m]
@@ -154,11 +183,20 @@ class SqlStore(Store):
             all_events.insert(0, (now, *event, detail))
         users = {job.id: job.user for job in jobs}
         key_rows = [(users.get(job_id, ""), key, job_id, now) for key, job_id in keys]
-        self._rows(
-            [(UPSERT_JOB, rows), (EVENT, all_events), (SET_META, metas), (SUBMIT_KEY, key_rows)]
-        )
-        self._counted(top)
-        self._remember_ended(jobs)
+        parts: list[tuple[str, Sequence[Sequence[Any]]]] = [
+            (UPSERT_JOB, rows),
+            (EVENT, all_events),
+            (SET_META, metas),
+            (SUBMIT_KEY, key_rows),
+        ]
+        if ended_steps or live_steps or gone_steps:
+            parts += self._step_parts(ended_steps, live_steps, gone_steps)
+
+        def after() -> None:
+            self._counted(top)
+            self._remember_ended(jobs)
+
+        return self._later(lambda: _keyed(lambda: self._rows(parts)), after, new_jobs)
 
     def save_array(
         self,
@@ -168,6 +206,16 @@ class SqlStore(Store):
         event: Event | None = None,
         key: str | None = None,
     ) -> None:
+        self.save_array_later(template, indices, max_running, event, key).wait(self._bound())
+
+    def save_array_later(
+        self,
+        template: Job,
+        indices: list[int],
+        max_running: int | None,
+        event: Event | None = None,
+        key: str | None = None,
+    ) -> Later[None]:
         self._seq += 1
         seq = self._seq
         record = json.dumps(template.to_record(), separators=(",", ":"))
@@ -193,9 +241,11 @@ class SqlStore(Store):
             if key is not None:
                 c.execute(q(SUBMIT_KEY), (template.user, key, template.id, now))
 
-        self._write(work)
-        self._counted(top)
-        self._array_seq[template.id] = seq
+        def after() -> None:
+            self._counted(top)
+            self._array_seq[template.id] = seq
+
+        return self._later(lambda: _keyed(lambda: self._write(work)), after, new_jobs=True)
 
     def get_array(self, array_id: str) -> tuple[Job, tuple[int, ...], int | None] | None:
         row = self._one("SELECT record, indices, max_running FROM arrays WHERE id=?", (array_id,))
@@ -328,14 +378,20 @@ class SqlStore(Store):
     ) -> None:
         """Store steps that ended, and prune their jobs to their last STEPS_KEPT; the
         running jobs' steps as they are now, and those of jobs that ended gone."""
-        self._rows(
-            [
-                (steps.UPSERT, steps.upsert_rows(rows)),
-                (steps.PRUNE, steps.prune_rows(rows)),
-                (steps.LIVE_GONE, [(job_id,) for job_id in dict.fromkeys(gone)]),
-                (steps.LIVE_UPSERT, steps.live_rows(live)),
-            ]
-        )
+        self._rows(self._step_parts(rows, live, gone))
+
+    @staticmethod
+    def _step_parts(
+        rows: Sequence[steps.StepRow],
+        live: Sequence[steps.LiveRow] = (),
+        gone: Sequence[str] = (),
+    ) -> list[tuple[str, Sequence[Sequence[Any]]]]:
+        return [
+            (steps.UPSERT, steps.upsert_rows(rows)),
+            (steps.PRUNE, steps.prune_rows(rows)),
+            (steps.LIVE_GONE, [(job_id,) for job_id in dict.fromkeys(gone)]),
+            (steps.LIVE_UPSERT, steps.live_rows(live)),
+        ]
 
     def live_steps(self) -> list[steps.LiveRow]:
         rows = self._all(steps.LIVE_ALL)
@@ -395,13 +451,16 @@ class SqlStore(Store):
         target: str | None = None,
         detail: str | None = None,
     ) -> None:
-        self._rows([(EVENT, [(time.time(), kind, actor, address, target, detail)])])
+        self.record_events([(kind, actor, address, target, detail)])
 
     def record_events(
         self, rows: list[tuple[str, str | None, str | None, str | None, str | None]]
     ) -> None:
+        """In line to be written when the database does not answer (StoreStalled): an
+        audit row never fails what it records."""
         now = time.time()
-        self._rows([(EVENT, [(now, *row) for row in rows])])
+        with contextlib.suppress(StoreStalled):
+            self._rows([(EVENT, [(now, *row) for row in rows])])
 
     def events(self, since: float = 0.0, limit: int = 1000) -> list[dict[str, Any]]:
         rows = self._all(
@@ -581,3 +640,14 @@ class SqlStore(Store):
 
     def forget_node_secret(self, node_id: str) -> bool:
         return self._change("DELETE FROM node_secrets WHERE node_id=?", (node_id,)) > 0
+
+
+def _keyed(write: Callable[[], T]) -> T:
+    """`write()`, a submit's transaction: a key stored already (its row's unique
+    constraint; the backends' own errors) raises KeyTaken, nothing of it written."""
+    try:
+        return write()
+    except Exception as e:
+        if "submit_keys" in str(e) and type(e).__name__ in ("IntegrityError", "UniqueViolation"):
+            raise KeyTaken(str(e).splitlines()[0]) from None
+        raise

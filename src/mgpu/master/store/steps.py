@@ -41,7 +41,7 @@ STEPS_KEPT = 1000
 
 StepRow = tuple[str, dict[str, Any]]
 """A step that ended: its job's id, and `{"number", "name", "start", "end", "exit_code",
-"state", "nodes", "ntasks"}`."""
+"state", "end_code", "nodes", "ntasks"}` (`end_code`: `out_of_memory` or None)."""
 
 # Written with `?` placeholders (dialect.py makes PostgreSQL's).
 UPSERT = (

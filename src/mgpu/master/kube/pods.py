@@ -1,0 +1,518 @@
+"""Jobs' runs as Pods: made at a launch, followed to their end, deleted at a kill.
+
+What an agent does with a run, done through the API server: the master's messages to a
+Kubernetes Node (`deliver`: launch, kill, time limit, forget, port) become Pods made and
+deleted; what the Pods do becomes the agent's messages to the master (started, output,
+exited), so the controller's rules apply unchanged: the run's states, exit code, time
+limit, a node's failure and requeue.  What has no agent's word is decided here:
+
+* a Pod that stays unschedulable past `unschedulable_timeout` (another workload won the
+  race): every Pod of the run is deleted and the job goes back to the queue with
+  Kubernetes' own sentence and a backoff (`NO_ROOM`: no retry spent, no node blamed);
+* an image that cannot be pulled past `image_pull_timeout`: the job fails with the reason;
+* an evicted or preempted Pod, or one deleted by someone else once it ran: its node's
+  failure (`NODE_LOST`: requeued by mgpu's rules);
+* a Pod stuck Terminating past its grace plus `force_delete_after`: force-deleted (its
+  resources stay counted taken until it is gone: mgpu.master.kube.capacity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pwd
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from mgpu.kube import (
+    KubeClient,
+    KubeConflict,
+    KubeError,
+    KubeUnreachable,
+    PodView,
+    unschedulable_message,
+)
+from mgpu.kubesection import KubernetesSection
+from mgpu.master.kube.gang import first_pod_ip, holder_launch
+from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, pod_name
+from mgpu.master.kube.runs import (
+    IMAGE_FAILURES,
+    NO_ROOM_REASONS,
+    PodRun,
+    container_state,
+    waiting_message,
+)
+from mgpu.master.state.steps import is_step_id
+from mgpu.model import EndReason, Job, JobState, SlotPhase
+from mgpu.protocol import (
+    Exited,
+    Forget,
+    Kill,
+    Launch,
+    Output,
+    PortReserved,
+    ReservePort,
+    SetTimeLimit,
+    Started,
+)
+
+if TYPE_CHECKING:
+    from mgpu.master.control.cluster import Cluster
+
+log = logging.getLogger("mgpu.master.kube")
+
+__all__ = ["PodRuns"]
+
+RENDEZVOUS_PORT = 29500
+"""MASTER_PORT of a job on several Pods: each Pod has its own address, so no port is
+reserved (torchrun's default)."""
+MAX_BACKOFF = 300.0
+NO_STEPS = "job steps (srun, mgpu rsh) do not run on a Kubernetes partition yet"
+
+
+class PodRuns:
+    def __init__(
+        self, cluster: Cluster, partition: str, section: KubernetesSection, client: KubeClient
+    ) -> None:
+        self.cl = cluster
+        self.partition = partition
+        self.section = section
+        self.client = client
+        self.namespace = section.namespace
+        self.runs: dict[str, PodRun] = {}
+        """Pod name → its run."""
+        self.no_room: dict[str, int] = {}
+        """Job id → times it was sent back for want of room (its backoff)."""
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- plumbing ---------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a Kubernetes task failed", exc_info=task.exception())
+
+    def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    def tell(self, node_id: str, message: BaseModel) -> None:
+        """Give the master a message as if the node's agent sent it."""
+        self.cl.agent_message(node_id, message)  # type: ignore[arg-type]
+
+    def _job(self, job_id: str, epoch: int) -> Job | None:
+        job = self.cl.jobs.get(job_id)
+        ok = job is not None and job.state == JobState.RUNNING and job.epoch == epoch
+        return job if ok else None
+
+    def of_job(self, job_id: str, epoch: int) -> list[PodRun]:
+        runs = [r for r in self.runs.values() if r.job_id == job_id and r.epoch == epoch]
+        return sorted(runs, key=lambda r: r.rank)
+
+    # ---- the master's messages --------------------------------------------
+
+    def deliver(self, node_id: str, message: BaseModel) -> None:
+        """A message of the master to a Node's agent (called as the unit of work sends
+        it: what it causes happens after, on the loop)."""
+        loop = asyncio.get_running_loop()
+        if isinstance(message, Launch) and is_step_id(message.job_id):
+            refused = _exited(message.job_id, message.epoch, launch_error=NO_STEPS)
+            loop.call_soon(self.tell, node_id, refused)
+        elif isinstance(message, Launch):
+            self.spawn(self.launch(node_id, message))
+        elif isinstance(message, Kill):
+            self.kill(node_id, message.job_id, message.epoch, message.grace)
+        elif isinstance(message, SetTimeLimit):
+            for run in self.runs.values():
+                if run.job_id == message.job_id and run.epoch == message.epoch:
+                    run.time_limit = message.time_limit
+        elif isinstance(message, ReservePort):
+            port = PortReserved(job_id=message.job_id, epoch=message.epoch, port=RENDEZVOUS_PORT)
+            loop.call_soon(self.tell, node_id, port)
+        elif isinstance(message, Forget):
+            for run in list(self.runs.values()):
+                if (run.job_id, run.epoch, run.slot_node) == (
+                    message.job_id,
+                    message.epoch,
+                    node_id,
+                ):
+                    self.spawn(self.delete(run, grace=None))
+        else:
+            log.info("%s: %s is not done on Kubernetes", node_id, type(message).__name__)
+
+    async def launch(self, node_id: str, launch: Launch) -> None:
+        job = self._job(launch.job_id, launch.epoch)
+        if job is None:
+            return
+        rank = next(i for i, s in enumerate(job.allocation) if s.node_id == node_id)
+        try:
+            uid, gid = self._identity(launch)
+        except LookupError as e:
+            self.tell(node_id, _exited(launch.job_id, launch.epoch, launch_error=str(e)))
+            return
+        if rank == 0:  # the held slots' Pods (mgpu.master.kube.gang), made with rank 0's
+            nodes = self.cl.nodes
+            for held, slot in enumerate(job.allocation):
+                if held and slot.phase == SlotPhase.HELD:
+                    holder = holder_launch(launch, job, held, nodes)
+                    self.spawn(self._create(job, slot.node_id, holder, held, (uid, gid), True))
+        await self._create(job, node_id, launch, rank, (uid, gid), False)
+
+    async def _create(
+        self,
+        job: Job,
+        node_id: str,
+        launch: Launch,
+        rank: int,
+        ids: tuple[int, int],
+        holds: bool,
+    ) -> None:
+        """Make the Pod of rank `rank`: the other ranks of a gang once rank 0's Pod has
+        its address (their rendezvous)."""
+        gang = len(job.allocation)
+        master_addr = None
+        if gang > 1 and rank > 0 and not holds:
+            master_addr = await first_pod_ip(
+                lambda: next((r for r in self.of_job(job.id, launch.epoch) if r.rank == 0), None),
+                lambda: self._job(job.id, launch.epoch) is not None,
+            )
+            if master_addr is None:
+                return  # the run is over before its rank 0 had an address
+        first = self.cl.nodes.get(job.allocation[0].node_id)
+        shape = PodShape(
+            cluster=self.cl.config.cluster.name,
+            rank=rank,
+            slot_node=node_id,
+            pinned=job.nodelist is not None,
+            gang=gang,
+            gpus=len(launch.grant.gpus),
+            uid=ids[0],
+            gid=ids[1],
+            master_addr=master_addr,
+            node_addr=first.ip if first is not None else "",
+            holds=holds,
+        )
+        pod = build_pod(launch, self.section, shape)
+        name = pod["metadata"]["name"]
+        run = PodRun(name, launch.job_id, launch.epoch, rank, node_id, time.monotonic())
+        run.time_limit, run.kill_grace = launch.time_limit, launch.kill_grace
+        run.image = str(pod["spec"]["containers"][0].get("image") or "")
+        run.holds = holds
+        self.runs[name] = run
+        try:
+            made = await self.client.create_pod(pod, self.namespace)
+            run.uid = str((made.get("metadata") or {}).get("uid", ""))
+        except KubeConflict:
+            pass  # made already (a launch sent again): the watch has it
+        except KubeUnreachable as e:
+            self.runs.pop(name, None)
+            self.send_back(launch.job_id, launch.epoch, str(e))
+            return
+        except KubeError as e:
+            self.runs.pop(name, None)
+            error = " ".join([str(e), *e.causes])
+            teller = job.allocation[0].node_id  # a held slot has no exit of its own
+            self.tell(teller, _exited(launch.job_id, launch.epoch, launch_error=error))
+            return
+        if run.killing:  # killed while it was being made
+            await self.delete(run, grace=run.kill_grace)
+
+    def _identity(self, launch: Launch) -> tuple[int, int]:
+        """The uid and gid the Pod runs as: the job's user's, as this machine knows it."""
+        user = launch.user or self.cl.default_user
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise LookupError(f"user {user} is not known on the master") from None
+        if entry.pw_uid == 0 and not (self.section.allow_root and launch.allow_root):
+            raise LookupError(
+                f"jobs do not run as root on Kubernetes partition {self.partition} "
+                "(kubernetes.allow_root is false)"
+            )
+        return entry.pw_uid, entry.pw_gid
+
+    def kill(self, node_id: str, job_id: str, epoch: int | None, grace: float) -> None:
+        for run in list(self.runs.values()):
+            if run.job_id != job_id or run.slot_node != node_id or run.ended:
+                continue
+            if epoch is not None and run.epoch != epoch:
+                continue
+            if not run.killing:
+                run.killing = True
+                run.force_at = time.monotonic() + grace + self.section.force_delete_after
+                # A Pod still being made is not found: `launch` deletes it once it is.
+                self.spawn(self.delete(run, grace=grace))
+
+    async def delete(self, run: PodRun, grace: float | None, force: bool = False) -> None:
+        try:
+            await self.client.delete_pod(
+                run.name, self.namespace, grace_seconds=_grace(grace), force=force
+            )
+        except KubeError as e:
+            log.warning("%s", e)
+
+    # ---- what the Pods do -------------------------------------------------
+
+    def observe(self, run: PodRun, pod: dict[str, Any], deleted: bool) -> None:
+        """A change of one of mgpu's Pods (or its deletion)."""
+        view = PodView.of(pod)
+        run.uid, run.node, run.phase = view.uid, view.node, view.phase
+        run.ip = str((pod.get("status") or {}).get("podIP") or "") or run.ip
+        if view.deleting and run.phase not in ("Succeeded", "Failed"):
+            run.phase = "Terminating"
+        self._show(run.job_id, run.epoch)
+        if deleted:
+            run.gone = True
+            self.runs.pop(run.name, None)
+        if run.ended:
+            return
+        state, details = container_state(pod)
+        now = time.monotonic()
+        if run.holds and state:
+            run.started_at = run.started_at or now
+        elif state in ("running", "terminated") and run.log_task is None:
+            self._started(run, view, pod)
+        if state == "terminated" and run.holds:
+            if not run.killing:  # nobody ended it: what it held is no longer held
+                self.lost(run, f"pod {run.name} holding the job's slot ended")
+            run.ended = True
+            return
+        if state == "terminated":
+            if not run.finishing:
+                run.finishing = True
+                self.spawn(self._finish(run, view, details))
+            return
+        if deleted:
+            self._gone(run, view)
+            return
+        if view.phase == "Failed":
+            self._failed(run, view)
+            return
+        unschedulable = unschedulable_message(pod)
+        if unschedulable is not None and not view.node:
+            run.unschedulable_since = run.unschedulable_since or now
+            run.unschedulable_why = unschedulable
+        else:
+            run.unschedulable_since = None
+        if state == "waiting" and str(details.get("reason")) in IMAGE_FAILURES:
+            run.pull_since = run.pull_since or now
+            run.pull_why = waiting_message(details)
+        else:
+            run.pull_since = None
+
+    def _started(self, run: PodRun, view: PodView, pod: dict[str, Any]) -> None:
+        run.started_at = run.started_at or time.monotonic()
+        ip = str((pod.get("status") or {}).get("podIP") or "") or self._node_ip(view.node)
+        try:
+            started = Started(
+                job_id=run.job_id,
+                epoch=run.epoch,
+                pid=1,
+                hostname=view.node or run.slot_node,
+                ip=ip,
+                time=time.time(),
+            )
+        except ValueError:
+            started = Started(
+                job_id=run.job_id, epoch=run.epoch, pid=1, hostname=run.slot_node,
+                ip="0.0.0.0", time=time.time(),
+            )  # fmt: skip
+        self.tell(run.slot_node, started)
+        run.log_task = asyncio.get_running_loop().create_task(self._follow(run))
+
+    def _node_ip(self, node_id: str) -> str:
+        node = self.cl.nodes.get(node_id)
+        return node.ip if node is not None and node.ip else "0.0.0.0"
+
+    async def _follow(self, run: PodRun) -> None:
+        """The Pod's log as the run's output, with byte offsets: after a master restart it
+        is read again from its start and the master keeps only what it lacks."""
+        offset = 0
+        try:
+            async for line in self.client.follow_log(run.name, self.namespace, container=CONTAINER):
+                data = line.text + "\n"
+                end = offset + len(data.encode())
+                out = Output(job_id=run.job_id, epoch=run.epoch, stream="o", data=data)
+                out.offset, out.end = offset, end
+                self.tell(run.slot_node, out)
+                offset = end
+        except KubeError as e:
+            log.warning("the output of job %s: %s", run.job_id, e)
+
+    async def _finish(self, run: PodRun, view: PodView, details: dict[str, Any]) -> None:
+        """Its container ended: its whole log to the master, then its exit."""
+        if run.log_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(run.log_task), 60)
+            except TimeoutError:
+                log.warning("the log of pod %s did not end: its exit is told", run.name)
+        if run.ended:
+            return
+        if view.phase == "Failed" and view.reason and not view.deleting:
+            self._failed(run, view)
+            return
+        run.ended = True
+        reason = str(details.get("reason") or "")
+        code = details.get("exitCode")
+        self.tell(
+            run.slot_node,
+            _exited(
+                run.job_id,
+                run.epoch,
+                exit_code=int(code) if code is not None else None,
+                timed_out=run.timed_out,
+                out_of_memory=reason == "OOMKilled",
+            ),
+        )
+
+    def _failed(self, run: PodRun, view: PodView) -> None:
+        """The Pod failed without its container's end: refused by its kubelet for want
+        of room (a pinned Pod), else evicted or preempted: its node's failure."""
+        why = f"pod {run.name} on {view.node or run.slot_node}: {view.reason or 'failed'}"
+        if any(view.reason.startswith(r) for r in NO_ROOM_REASONS):
+            self.send_back(run.job_id, run.epoch, why)
+        else:
+            self.lost(run, why)
+
+    def _gone(self, run: PodRun, view: PodView) -> None:
+        """Deleted before its container's end was seen."""
+        if run.killing:
+            run.ended = True
+            if not run.holds:
+                self.tell(run.slot_node, _exited(run.job_id, run.epoch, timed_out=run.timed_out))
+        elif run.started_at is None:
+            job = self._job(run.job_id, run.epoch)
+            run.ended = True
+            if job is not None:
+                self.cl.life.slot_lost(job, EndReason.NOT_LAUNCHED, f"pod {run.name} deleted")
+        else:
+            self.lost(run, f"pod {run.name} was deleted on {view.node or run.slot_node}")
+
+    def lost(self, run: PodRun, why: str) -> None:
+        """The run is gone without its exit: its node's failure, as an agent that no
+        longer has it (requeued by mgpu's rules)."""
+        for other in self.of_job(run.job_id, run.epoch):
+            other.ended = True
+        run.ended = True
+        job = self._job(run.job_id, run.epoch)
+        node = self.cl.nodes.get(run.slot_node)
+        if job is None:
+            return
+        if node is not None and job.stop_reason is None:
+            self.cl.node_admin.charge_failure(node, why)
+        self.cl.life.slot_lost(job, EndReason.NODE_LOST, why)
+
+    def send_back(self, job_id: str, epoch: int, why: str) -> None:
+        """Kubernetes has no room for the run: every Pod of it deleted, the job queued
+        again with a backoff (no retry spent, no node blamed)."""
+        for run in self.of_job(job_id, epoch):
+            run.ended = True
+            self.spawn(self.delete(run, grace=None, force=True))
+        job = self._job(job_id, epoch)
+        if job is None:
+            return
+        count = self.no_room[job_id] = self.no_room.get(job_id, 0) + 1
+        self.cl.life.requeue(job, EndReason.NO_ROOM, f"Kubernetes has no room: {why}")
+        backoff = min(self.section.requeue_backoff * 2 ** (count - 1), MAX_BACKOFF)
+        job.eligible_time = max(job.eligible_time, time.time() + backoff)
+        self.cl.uow.persist(job)
+        log.info("job %s back to the queue for %.0f s: %s", job_id, backoff, why)
+
+    def _show(self, job_id: str, epoch: int) -> None:
+        """The job's `pods` as its Pods now are; a Pod of this run already deleted (its
+        rank ended and was forgotten first) stays listed as it last was."""
+        job = self._job(job_id, epoch)
+        if job is None:
+            return
+        runs = self.of_job(job_id, epoch)
+        pods = [{"name": r.name, "node": r.node, "phase": r.phase} for r in runs]
+        names = {r.name for r in runs}
+        cluster = self.cl.config.cluster.name
+        ranks = {pod_name(cluster, job_id, epoch, r): r for r in range(len(job.allocation))}
+        pods += [p for p in job.pods if p.get("name") in ranks and p.get("name") not in names]
+        pods.sort(key=lambda p: ranks.get(str(p.get("name")), 0))
+        if pods and pods != job.pods:
+            job.pods = pods
+            self.cl.uow.persist(job)
+
+    # ---- bounded waits ----------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """The waits that ran out: for room, for an image, the time limit, a Pod stuck
+        being deleted."""
+        section = self.section
+        for run in list(self.runs.values()):
+            if not run.killing and self._job(run.job_id, run.epoch) is None:
+                # The master gave the run up without a kill (its node was lost, say): its
+                # Pod must not stay behind, holding what it holds.
+                self.kill(run.slot_node, run.job_id, run.epoch, run.kill_grace)
+            if run.ended:
+                if run.killing and run.force_at is not None and now > run.force_at:
+                    self._force(run)
+                continue
+            since = run.unschedulable_since
+            if since is not None and now - since > section.unschedulable_timeout:
+                self.send_back(run.job_id, run.epoch, run.unschedulable_why)
+                continue
+            if run.pull_since is not None and now - run.pull_since > section.image_pull_timeout:
+                self._image_failed(run)
+                continue
+            if _past_limit(run, now) and not run.holds:
+                run.timed_out = True
+                self.kill(run.slot_node, run.job_id, run.epoch, run.kill_grace)
+            if run.killing and run.force_at is not None and now > run.force_at:
+                self._force(run)
+
+    def _force(self, run: PodRun) -> None:
+        run.force_at = None
+        if not run.gone:
+            log.warning("pod %s is still terminating past its grace: force-deleted", run.name)
+            self.spawn(self.delete(run, grace=None, force=True))
+
+    def _image_failed(self, run: PodRun) -> None:
+        for other in self.of_job(run.job_id, run.epoch):
+            other.ended = True
+            self.spawn(self.delete(other, grace=None, force=True))
+        error = f"the image {run.image} cannot be pulled ({run.pull_why})"
+        job = self._job(run.job_id, run.epoch)
+        teller = job.allocation[0].node_id if job is not None else run.slot_node
+        self.tell(teller, _exited(run.job_id, run.epoch, launch_error=error))
+
+
+def _past_limit(run: PodRun, now: float) -> bool:
+    limit, started = run.time_limit, run.started_at
+    return limit is not None and started is not None and not run.killing and now - started > limit
+
+
+def _grace(grace: float | None) -> int | None:
+    return None if grace is None else max(1, round(grace))
+
+
+def _exited(
+    job_id: str,
+    epoch: int,
+    *,
+    exit_code: int | None = None,
+    launch_error: str | None = None,
+    timed_out: bool = False,
+    out_of_memory: bool = False,
+) -> Exited:
+    """An exit to tell the master; a `launch_error` here is fatal (the job's, not a node's)."""
+    return Exited(
+        job_id=job_id,
+        epoch=epoch,
+        exit_code=exit_code,
+        time=time.time(),
+        timed_out=timed_out,
+        launch_error=launch_error,
+        fatal=launch_error is not None,
+        out_of_memory=out_of_memory,
+    )
