@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit e2e k8s k8s-build venv sysdeps bench down clean dist gpu-test
+.PHONY: demo test lint typecheck unit e2e slurmdiff k8s k8s-build venv sysdeps bench down clean dist gpu-test
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,15 @@ e2e: venv $(TEST_EXTRAS)
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
 
+# The differential tier: the same job scripts on a real Slurm 22.05 (Debian's slurm-wlm,
+# started from a config of its own) and on mgpu, compared field by field; one Slurm and one
+# mgpu for the whole run, so it runs apart from xdist.  -rxs: the known differences (xfail)
+# and, where Slurm cannot start, the reason it skipped.
+SLURMDIFF := $(BIN)/pytest -q -rxs tests/slurmdiff
+
+slurmdiff: venv sysdeps
+	$(SLURMDIFF)
+
 # The Kubernetes tier: a real Kubernetes 1.20 (etcd, API server, scheduler, controller
 # manager, two kubelets in network namespaces with fake GPUs) per test module.
 # scripts/k8s/build.sh builds it from Debian's source package once per machine (about 6
@@ -84,6 +93,7 @@ test: sysdeps venv $(TEST_EXTRAS)
 	$(CONTROLLER_ON_POSTGRES)
 	$(BIN)/pytest -q $(E2E_WORKERS) tests/e2e --ignore=$(API_FUZZ)
 	$(BIN)/pytest -q $(API_FUZZ) tests/netns
+	$(SLURMDIFF)
 	@$(MAKE) --no-print-directory k8s
 
 # The GPU tier: a real master and agent on this machine's NVIDIA GPUs (no --fake-gpus).

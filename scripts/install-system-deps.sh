@@ -10,13 +10,17 @@
 #                                   (tests/unit/test_completion.py)
 #   postgresql                      a real PostgreSQL for the store's tests and the HA tests
 #                                   (tests/pgserver.py runs it as the postgres account)
+#   slurm-wlm, slurm-client, munge  a real Slurm 22.05 beside mgpu for the differential tier
+#   slurmdbd, mariadb-server        (tests/slurmdiff: its own munged, MariaDB, slurmdbd for
+#                                   sacct, slurmctld and slurmd, config in a temp dir; the
+#                                   packages' own services are not started: see below)
 #
 # Idempotent and fast when everything is present (one dpkg-query, no apt-get).
 # Skips with a message (exit 0) when not root or when apt-get is unavailable, so
 # `make test` still runs elsewhere; the tests needing these packages then skip.
 set -euo pipefail
 
-PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh postgresql)
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh postgresql slurm-wlm slurm-client munge slurmdbd mariadb-server)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 
@@ -54,6 +58,17 @@ run() {
     fi
 }
 
+# The Slurm, munge and MariaDB packages start their services on install where they can:
+# a test machine runs none of them (the tier starts its own, from its own config).  A
+# policy-rc.d that says no keeps them stopped, unless the machine has one of its own.
+if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\n# install-system-deps.sh: no service starts while it installs\nexit 101\n' \
+        >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f "$logfile" /usr/sbin/policy-rc.d' EXIT
+fi
+
 run apt-get update -qq
-run apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Another apt run (a parallel installer) holds the lock for a while: wait for it.
+run apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
 log "done"

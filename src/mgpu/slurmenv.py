@@ -117,8 +117,6 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_NODELIST": nodelist,
         "SLURM_NNODES": str(len(names)),
         "SLURM_JOB_NUM_NODES": str(len(names)),
-        "SLURM_NTASKS": str(sum(counts)),
-        "SLURM_NPROCS": str(sum(counts)),
         "SLURM_TASKS_PER_NODE": tasks_per_node(counts),
         "SLURM_JOB_CPUS_PER_NODE": tasks_per_node(cpus),
         "SLURM_CPUS_ON_NODE": str(cpus[rank]),
@@ -137,12 +135,16 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_CPUS_PER_TASK": slurm.cpus_per_task,
         "SLURM_CPUS_PER_GPU": slurm.cpus_per_gpu,
         "SLURM_GPUS_PER_TASK": slurm.gpus_per_task,
+        "SLURM_GPUS": slurm.gpus,
+        "SLURM_GPUS_PER_NODE": slurm.gpus_per_node,
         "SLURM_GPU_BIND": slurm.gpu_bind,  # srun reads these two, as Slurm's
         "SLURM_EXPORT_ENV": slurm.export_env,
         "SLURM_SUBMIT_HOST": slurm.submit_host,
         "SLURM_SUBMIT_DIR": slurm.submit_dir or job.cwd,
     }
     env.update({k: str(v) for k, v in optional.items() if v is not None})
+    if slurm.ntasks is not None or slurm.ntasks_per_node is not None:  # Slurm's: only then
+        env["SLURM_NTASKS"] = env["SLURM_NPROCS"] = str(sum(counts))
     env.update(memory_env(job, rank))
     if job.array_job_id is not None and job.array_task_id is not None:
         env.update(array_env(job))
@@ -309,12 +311,17 @@ def task_env(
     ntasks: int,
     step_hosts: Sequence[str],
     node_tasks: Sequence[int],
+    node_procids: Sequence[int] = (),
 ) -> dict[str, str]:
     """One task's variables: `procid` its rank in the step, `localid` on its node, `nodeid`
-    its node's index in the step; `step_hosts` the step's nodes' hostnames in order and
-    `node_tasks` their task counts.  The GPUs it sees are its grant's (mgpu.agent.grants)."""
+    its node's index in the step; `step_hosts` the step's nodes' hostnames in order,
+    `node_tasks` their task counts and `node_procids` the ranks of the tasks on this task's
+    node (SLURM_GTIDS; default its own).  The GPUs it sees are its grant's
+    (mgpu.agent.grants).  As srun's, SLURM_NNODES is the step's node count."""
     nodelist = compress(list(step_hosts))
     return {
+        "SLURM_GTIDS": ",".join(str(p) for p in node_procids or (procid,)),
+        "SLURM_NNODES": str(len(step_hosts)),
         "SLURM_STEP_ID": str(step_id),
         "SLURM_STEPID": str(step_id),
         "SLURM_PROCID": str(procid),

@@ -34,6 +34,10 @@ class SlurmOptions:
     exclusive: bool = False
     """--exclusive: whole nodes.  What these ask of a node: mgpu.slurm.resources.slurm_ask."""
     gpus_per_task: int | None = None
+    gpus: int | None = None
+    """`--gpus` as asked (SLURM_GPUS, scontrol's TresPerJob); None: not asked so."""
+    gpus_per_node: int | None = None
+    """`--gpus-per-node` as asked (SLURM_GPUS_PER_NODE); None: not asked so."""
     partition: str | None = None
     """As asked; once stored, the partition the job runs in (the default one when it named
     none, or one that does not exist)."""
@@ -57,6 +61,8 @@ class SlurmOptions:
     open_mode: str = "truncate"
     submit_host: str | None = None
     submit_dir: str | None = None
+    script_path: str | None = None
+    """The batch script as sbatch found it (scontrol's Command); None: not said."""
     array_count: int | None = None
     """An array's shape (SLURM_ARRAY_TASK_COUNT, _MIN, _MAX, _STEP), set at submit."""
     array_min: int | None = None

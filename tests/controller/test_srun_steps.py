@@ -185,8 +185,11 @@ def test_task_env_formats_as_slurm() -> None:
         ntasks=6,
         step_hosts=["node01", "node02", "node03"],
         node_tasks=[2, 2, 1],
+        node_procids=[4, 5],
     )
     assert env["SLURM_STEP_NODELIST"] == "node[01-03]"
+    # As srun's: the tasks on this node, and the step's nodes (the job has maybe more).
+    assert (env["SLURM_GTIDS"], env["SLURM_NNODES"]) == ("4,5", "3")
     assert env["SLURM_STEP_TASKS_PER_NODE"] == env["SLURM_TASKS_PER_NODE"] == "2(x2),1"
     assert (env["SLURM_STEP_ID"], env["SLURM_PROCID"]) == ("3", "5")
     assert not grants.OWNED.intersection(env)  # its GPUs are its grant's

@@ -291,33 +291,27 @@ def test_jobs_find_the_commands_first_on_their_path(slurm_cluster: LocalCluster,
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the wrappers are a root agent's")
-@pytest.mark.skipif(loginbin.real_slurm() is not None, reason="this machine has a real Slurm")
-def test_a_login_shell_script_keeps_the_commands(
-    slurm_cluster: LocalCluster, tmp_path: Path
-) -> None:
-    """`#!/bin/bash -l` re-reads /etc/profile (PATH reset), and `env -i bash -lc` strips
-    every variable: Slurm's commands are still found, as /usr/bin's are on a cluster."""
+@pytest.mark.skipif(loginbin.real_slurm() is None, reason="this machine has no Slurm of its own")
+def test_a_machines_own_slurm_is_not_shadowed(slurm_cluster: LocalCluster) -> None:
+    """A machine with its own Slurm (scripts/install-system-deps.sh installs one for the
+    differential tier): the agents, which would write login wrappers, write none, and a
+    login shell in a job finds the machine's commands; the job's own PATH still has
+    mgpu's first."""
     c = slurm_cluster
-    script = tmp_path / "login.sh"
-    script.write_text(
-        "#!/bin/bash -l\n"
-        'echo "path=$PATH"\n'
-        "echo \"hosts=$(scontrol show hostnames 'gpu[1-2]' | tr '\\n' ' ')\"\n"
-        'echo "step=$(srun -n1 echo ran)"\n'
-        "bare=$(env -i bash -lc 'command -v srun scontrol sbatch' 2>/dev/null)\n"
-        'echo "bare=$(echo $bare)"\n'
+    job = c.client().submit(
+        'echo "$MGPU_SLURM_BIN"; command -v srun; bash -lc "command -v srun sbatch"',
+        gpus=0,
+        cwd="/",
     )
-    job_id = sbatch(c, f"--chdir={tmp_path}", str(script))
-    assert c.client().wait(job_id, timeout=90)["state"] == "completed"
-    said = dict(
-        line.split("=", 1)
-        for line in c.client().logs(job_id).splitlines()  # a profile may say more
-        if line.partition("=")[0] in ("path", "hosts", "step", "bare")
-    )
-    assert "slurm-bin" not in said["path"]  # the login shell did reset PATH
-    assert (said["hosts"], said["step"]) == ("gpu1 gpu2 ", "ran"), said
-    found = said["bare"].split()
-    assert [p.rpartition("/")[2] for p in found] == ["srun", "scontrol", "sbatch"], said
+    assert c.client().wait(job.id, timeout=60)["state"] == "completed"
+    bin_dir, first, *login = c.client().logs(job.id).splitlines()[-4:]
+    assert first == f"{bin_dir}/srun"  # the job's PATH: mgpu's commands first
+    real = loginbin.real_slurm()
+    assert real is not None and not loginbin.is_ours(Path(real))
+    # A login shell resets PATH: the machine's own Slurm, not a wrapper of mgpu's.
+    assert len(login) == 2 and not any(loginbin.is_ours(Path(p)) for p in login), login
+    for name in slurmbin.SLURM_COMMANDS:
+        assert not loginbin.is_ours(loginbin.LOGIN_BIN / name)
 
 
 def test_srun_outside_a_job_and_salloc(slurm_cluster: LocalCluster) -> None:

@@ -60,6 +60,7 @@ def test_the_scripts_directives(tmp_path: Path) -> None:
         "error": None,
         "open_mode": "truncate",
         "submit_dir": str(tmp_path),
+        "script_path": str(tmp_path / "train.sh"),  # as sbatch found it (Command)
     }
     # CPUs and memory are scheduled: only the ignored options are warned of.
     assert b.warnings == ["ignored: --account"]

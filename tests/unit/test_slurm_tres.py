@@ -44,7 +44,7 @@ def job(**over: Any) -> dict[str, Any]:
 QUEUED = {"state": "queued", "allocation": [], "start_time": None}
 PLAIN = {"resources": None, "slurm": {"ntasks": 4, "cpus_per_task": 2}}
 """A job that asked for nothing and holds nothing of its own: its tasks times -c."""
-PLAIN_ALLOCATION = [{"node_id": "n1", "gpu_ids": [0], "cpus": None, "mem_mb": None}]
+PLAIN_ALLOCATION = [{"node_id": "n1", "gpu_ids": [], "cpus": None, "mem_mb": None}]
 
 
 @pytest.mark.parametrize(
@@ -71,8 +71,11 @@ def squeue_line(fmt: str, j: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("over", "line"),
     [
-        ({}, "16|16G"),  # granted CPUs; the memory held on a node
-        (QUEUED, "16|16G"),  # asked: 4 per GPU, 2 GPUs, 2 nodes; 8 GiB per GPU
+        # As Slurm 22.05 (measured, tests/slurmdiff): %C the CPUs granted, or while
+        # pending its tasks times -c (not --cpus-per-gpu's); %m only a size asked per
+        # node or CPU (--mem-per-gpu's is MemPerTres)
+        ({}, "16|0"),
+        (QUEUED, "4|0"),
         ({**QUEUED, "resources": {"mem_per_cpu_mb": 2048, "cpus_per_node": 3}}, "6|2G"),
         ({**QUEUED, "resources": {"mem_per_node_mb": 16000}}, "4|16000M"),  # 2 tasks x 2
         ({**PLAIN, "allocation": PLAIN_ALLOCATION, "nodes": 1}, "8|0"),  # as before
@@ -96,13 +99,11 @@ SACCT = "AllocCPUS,ReqCPUS,ReqMem,AllocTRES,ReqTRES"
 
 def test_sacct_cpus_memory_and_tres() -> None:
     assert sacct_row(SACCT, job()) == (
-        "16|16|32G|billing=16,cpu=16,gres/gpu=4,mem=32G,node=2|"
-        "billing=16,cpu=16,gres/gpu=4,mem=32G,node=2"
-    )
+        "16|4|32G|billing=16,cpu=16,gres/gpu=4,mem=32G,node=2|"
+        "billing=4,cpu=4,gres/gpu=4,mem=32G,node=2"
+    )  # ReqCPUS: its tasks times -c, as Slurm's (the CPUs per GPU come with the grant)
     # Pending: nothing allocated, what it asks.
-    assert sacct_row(SACCT, job(**QUEUED)) == (
-        "0|16|32G||billing=16,cpu=16,gres/gpu=4,mem=32G,node=2"
-    )
+    assert sacct_row(SACCT, job(**QUEUED)) == ("0|4|32G||billing=4,cpu=4,gres/gpu=4,mem=32G,node=2")
     # A job that asked for nothing: its tasks times -c, no memory, no GPU if none.
     plain = job(**PLAIN, allocation=PLAIN_ALLOCATION, nodes=1, gpus=0)
     assert sacct_row(SACCT, plain) == "8|8||billing=8,cpu=8,node=1|billing=8,cpu=8,node=1"
@@ -112,15 +113,16 @@ def test_sacct_steps_are_not_billed() -> None:
     batch = sacct.batch_step(job(slurm={"batch": True, "partition": "gpu"}))
     assert batch is not None
     assert sacct_row("JobID,AllocTRES,ReqTRES,ReqMem", batch) == (
-        "77.batch|cpu=16,gres/gpu=4,mem=32G,node=2||"
+        "77.batch|cpu=8,gres/gpu=2,mem=16G,node=1||"
     )
 
 
 def test_scontrol_show_job() -> None:
     text = scontrol.job_text(job())
-    assert "NumNodes=2 NumCPUs=16 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=*:*:*:*" in text
+    assert "NumNodes=2 NumCPUs=16 NumTasks=4 CPUs/Task=1 ReqB:S:C:T=0:0:*:*" in text
     assert "   TRES=cpu=16,mem=32G,node=2,billing=16,gres/gpu=4\n" in text  # Slurm's id order
-    assert "   MinCPUsNode=1 MinMemoryNode=16G MinTmpDiskNode=0\n" in text
+    assert "   Socks/Node=* NtasksPerN:B:S:C=2:0:*:* CoreSpec=*\n" in text
+    assert "   MinCPUsNode=2 MinMemoryNode=0 MinTmpDiskNode=0\n" in text  # per GPU: 0
     assert "   CpusPerTres=gres:gpu:4\n" in text
     assert "   MemPerTres=gres:gpu:8192\n" in text
     pending = scontrol.job_text(job(**QUEUED, resources={"mem_per_cpu_mb": 1000}))

@@ -6,7 +6,8 @@ it is a Slurm job or an srun task.  Here alone that becomes
 
 * the GPU variables of the run's environment (`variables`): `CUDA_VISIBLE_DEVICES` (MIG
   instances by UUID: CUDA numbers them apart from mgpu's indices), `MGPU_GPU_IDS`, a
-  Slurm job's `SLURM_JOB_GPUS` and `SLURM_GPUS_ON_NODE`, an srun task's `SLURM_STEP_GPUS`,
+  Slurm job's `SLURM_JOB_GPUS`, `SLURM_GPUS_ON_NODE` and `GPU_DEVICE_ORDINAL`, an srun
+  task's `SLURM_STEP_GPUS`,
   and a share's `MGPU_GPU_SHARE`, `MGPU_GPU_MEMORY_LIMIT_MB` and
   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (mgpu.agent.mps reads these, `share_variables`, to
   run it under MPS; the device it names is `share_device`'s);
@@ -52,6 +53,7 @@ OWNED = frozenset(
         "SLURM_JOB_GPUS",
         "SLURM_GPUS_ON_NODE",
         "SLURM_STEP_GPUS",
+        "GPU_DEVICE_ORDINAL",
         "MGPU_GPU_SHARE",
         "MGPU_GPU_MEMORY_LIMIT_MB",
     }
@@ -88,6 +90,8 @@ def variables(grant: Grant, gpus: Sequence[GpuInfo]) -> dict[str, str]:
     if grant.slurm and job_gpus:
         env["SLURM_JOB_GPUS"] = _ids(job_gpus)
         env["SLURM_GPUS_ON_NODE"] = str(len(job_gpus))
+    if (grant.slurm or grant.step) and grant.gpus:
+        env["GPU_DEVICE_ORDINAL"] = visible  # Slurm's gres/gpu sets both (AMD's ROCm reads it)
     if grant.step:
         env["SLURM_STEP_GPUS"] = _ids(grant.gpus)
     env.update(share_variables(grant))

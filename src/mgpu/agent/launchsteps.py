@@ -305,6 +305,7 @@ def prepare_environment(st: Launching) -> None:
     st.env["MGPU_RUN_TAG"] = st.tag
     if "SLURM_JOB_ID" in st.env:  # the uid is the node's to say (mgpu.slurmenv)
         st.env["SLURM_JOB_UID"] = str(st.ctx.uid if req.user_ids is None else req.user_ids[0])
+        st.env["SLURM_JOB_GID"] = str(os.getgid() if req.user_ids is None else req.user_ids[1])
     if req.slurm_bin and (slurm := slurmbin.job_path(st.env["PATH"])):  # sbatch, srun...
         st.env["PATH"], st.env["MGPU_SLURM_BIN"] = slurm
         loginbin.install(slurm[1])  # for `#!/bin/bash -l` and `env -i`, which reset PATH

@@ -21,6 +21,7 @@ Whether a request could *ever* fit, and why it waits, is `fit.py` (re-exported h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence, Set
 
 from .fit import could_ever_fit, describe_gpus, format_ids, wait_reason
@@ -287,9 +288,19 @@ def _place_gang(
             chosen.extend(nodes[: n_nodes - len(chosen)])
             if len(chosen) == n_nodes:
                 break
+    # Ranked in name order, as Slurm ranks an allocation's nodes: the first node of the
+    # job's nodelist (`scontrol show hostnames | head -n1`) is the one of rank 0.
+    chosen = sorted(chosen, key=name_order)
     if accept is not None:
         return tuple(_held_now(pool, req, nid, per_node) for nid in chosen)
     return tuple(Placement(nid, _lowest(pool.free(nid), per_node)) for nid in chosen)
+
+
+def name_order(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key for node names: their numbers as numbers (`n2` before `n10`)."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
+    )
 
 
 def _group_by_rack(pool: FreePool, nodes: Sequence[str]) -> dict[str | None, list[str]]:

@@ -294,6 +294,9 @@ def submit_fields(
     }
     block.update(_cpus_memory(prog, values, ignored))
     # Only when given: a master of an older mgpu refuses keys it does not know.
+    for option, key in (("gpus", "gpus"), ("gpus-per-node", "gpus_per_node")):
+        if values.get(option) is not None:  # SLURM_GPUS, SLURM_GPUS_PER_NODE
+            block[key] = _count(prog, option, values[option] or "")[1]
     if bind is not None:
         block["gpu_bind"] = bind
     if kill is not None and kill.lower() == "yes":

@@ -45,10 +45,15 @@ def _nnodes(job: dict[str, Any]) -> str:
 def _cpus(job: dict[str, Any]) -> str:
     if job.get("state") == "queued":
         return "0"
-    block = common.slurm_block(job)
-    if job.get("_ntasks"):  # a step: its own tasks
-        return str(job["_ntasks"] * (block.get("cpus_per_task") or 1))
-    return str(tres.alloc_cpus(job))
+    if job.get(STEP) is not None and not all(s.get("cpus") for s in job.get("allocation") or ()):
+        # a step of a job whose nodes do not say their CPUs: its own tasks times -c
+        return str((job.get("_ntasks") or 1) * (common.slurm_block(job).get("cpus_per_task") or 1))
+    return str(tres.alloc_cpus(job))  # a step's: the job's CPUs on its nodes, as Slurm's
+
+
+def _req_cpus(job: dict[str, Any]) -> str:
+    """The job's ask; a step's (and the batch step's): the CPUs it holds, as Slurm's."""
+    return _cpus(job) if _suffix(job) else str(tres.req_cpus(job))
 
 
 def _req_mem(job: dict[str, Any]) -> str:
@@ -58,7 +63,7 @@ def _req_mem(job: dict[str, Any]) -> str:
 
 def _alloc_tres(job: dict[str, Any]) -> str:
     """The job's; a step's without billing (Slurm bills jobs, not steps)."""
-    text = tres.tres(job, alloc=True, by_name=True)
+    text = tres.tres(job, alloc=True, by_name=True, step=job.get(STEP) is not None)
     if not _suffix(job):
         return text
     return ",".join(i for i in text.split(",") if not i.startswith("billing="))
@@ -106,7 +111,8 @@ def batch_step(job: dict[str, Any]) -> dict[str, Any] | None:
     """The `ID.batch` row of a batch job that has started, else None."""
     if not common.slurm_block(job).get("batch") or not job.get("start_time"):
         return None
-    return {**job, BATCH_STEP: True}
+    # The script ran on the allocation's first node, as one task.
+    return {**job, BATCH_STEP: True, "allocation": (job.get("allocation") or [])[:1]}
 
 
 STEP = "_step"
@@ -116,6 +122,7 @@ STEP = "_step"
 def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     """A row for each srun step the job ran (its `steps`): the job's, with the step's name,
     state, exit code, times and nodes."""
+    slots = {slot.get("node_id"): slot for slot in job.get("allocation") or ()}
     return [
         {
             **job,
@@ -129,11 +136,30 @@ def step_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
             "exit_code": step.get("exit_code"),
             "start_time": step.get("start"),
             "end_time": step.get("end"),
-            "allocation": [{"node_id": node} for node in step.get("nodes") or ()],
+            # the job's slots on the step's nodes: its CPUs, memory and GPUs there
+            "allocation": [slots.get(n) or {"node_id": n} for n in step.get("nodes") or ()],
             "_ntasks": step.get("ntasks"),
         }
         for i, step in enumerate(job.get("steps") or ())
     ]
+
+
+def _exit_code(row: dict[str, Any]) -> str:
+    """`EXIT:SIGNAL`; a cancelled job's own line `0:0`, as Slurm's (its batch step says
+    the signal that ended the script)."""
+    if row.get("state") == "cancelled" and not _suffix(row):
+        return "0:0"
+    return states.exit_code(row)
+
+
+def derived_exit_code(job: dict[str, Any]) -> str:
+    """Slurm's DerivedExitCode: the highest `EXIT:SIGNAL` of the job's srun steps (as
+    slurmctld's, the larger wait status: an exit code over a signal), `0:0` with none."""
+    best = (0, 0)
+    for row in step_rows(job):
+        code, _, signal = states.exit_code(row).partition(":")
+        best = max(best, (int(code), int(signal or 0)))
+    return f"{best[0]}:{best[1]}"
 
 
 STEPS_ASKED = 500
@@ -165,6 +191,13 @@ def _suffix(row: dict[str, Any]) -> str:
     return f".{row[STEP]}" if row.get(STEP) is not None else ""
 
 
+def _ntasks(row: dict[str, Any]) -> str:
+    """A step's tasks (the batch step's: its one script); empty on a job's own line."""
+    if row.get(BATCH_STEP):
+        return "1"
+    return str(row.get("_ntasks") or "") if row.get(STEP) is not None else ""
+
+
 def _step_id(getter: Any) -> Any:
     return lambda j: getter(j) + _suffix(j)
 
@@ -182,11 +215,11 @@ GETTERS: dict[str, Any] = {
     "Account": lambda j: "",
     "AllocCPUS": _cpus,
     "NCPUS": _cpus,
-    "ReqCPUS": _job_level(lambda j: str(tres.req_cpus(j))),
+    "ReqCPUS": _req_cpus,
     "ReqMem": _job_level(_req_mem),
     "State": _state,
-    "ExitCode": states.exit_code,
-    "DerivedExitCode": states.exit_code,
+    "ExitCode": _exit_code,
+    "DerivedExitCode": _job_level(derived_exit_code),
     "Elapsed": lambda j: common.clock(_elapsed(j)),
     "ElapsedRaw": lambda j: str(int(_elapsed(j))),
     "Submit": lambda j: common.timestamp(j.get("submit_time")),
@@ -196,20 +229,21 @@ GETTERS: dict[str, Any] = {
     "NodeList": lambda j: common.hostlist(j) or "None assigned",
     "NNodes": _nnodes,
     "AllocNodes": lambda j: "0" if j.get("state") == "queued" else _nnodes(j),
-    "User": lambda j: str(j.get("user") or ""),
+    "User": _job_level(lambda j: str(j.get("user") or "")),
     "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
-    "WorkDir": lambda j: str(j.get("cwd") or ""),
-    "Reason": lambda j: states.reason(j) if j.get("state") == "queued" else "None",
+    "WorkDir": _job_level(lambda j: str(j.get("cwd") or "")),
+    "Reason": _job_level(lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
     "ReqTRES": _job_level(lambda j: tres.tres(j, alloc=False, by_name=True)),
     "AllocTRES": _alloc_tres,
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
     "ArrayTaskID": lambda j: str(j.get("array_task_id") if j.get("array_job_id") else ""),
-    "Priority": lambda j: str(j.get("priority") or 0),
-    "UID": lambda j: _uid(j),
-    "Group": lambda j: _group(j),
+    "Priority": _job_level(lambda j: str(j.get("priority") or 0)),
+    "UID": _job_level(lambda j: _uid(j)),
+    "Group": _job_level(lambda j: _group(j)),
     "QOS": lambda j: "normal",
     "Restarts": lambda j: str(j.get("restart_count") or 0),
     "Cluster": lambda j: "mgpu",
+    "NTasks": _ntasks,
     "Comment": lambda j: "",
     "MaxRSS": _max_rss,
 }
@@ -332,8 +366,9 @@ def main(argv: list[str]) -> int:
     client = common.make_client()
     jobs = [j for j in gather(client, given) if wanted is None or _state(j) in wanted]
     jobs.sort(key=lambda j: (j.get("submit_time") or 0, str(j["id"])))
-    if "allocations" not in given:
+    if "allocations" not in given or any(c[0] == "DerivedExitCode" for c in columns):
         ask_steps(client, jobs)
+    if "allocations" not in given:
         jobs = [row for j in jobs for row in (j, batch_step(j), *step_rows(j)) if row is not None]
     parsable = "P" if "parsable2" in given else "p" if "parsable" in given else None
     lines = fields.render_fields(

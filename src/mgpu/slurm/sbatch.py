@@ -53,6 +53,7 @@ class Batch:
             self.script = read_script(path)
             self.script_name = os.path.basename(path) or "script"
             self.name_default = self.script_name
+            self.script_path = path
         else:
             self.script = _decode((stdin or sys.stdin.buffer).read(MAX_SCRIPT_BYTES + 1), "stdin")
             self.script_name, self.name_default, self.args = "sbatch", "sbatch", []
@@ -73,6 +74,9 @@ class Batch:
         self._options([], environ, cwd)
         return self
 
+    script_path: str | None = None
+    """The script as named on the command line (None: --wrap, stdin)."""
+
     def _options(self, found: list[tuple[str, str]], environ: Mapping[str, str], cwd: str) -> None:
         self.values = jobopts.merged(PROG, self.script, found, environ)
         self.fields, self.slurm, self.warnings = jobopts.submit_fields(
@@ -85,6 +89,10 @@ class Batch:
             submit_dir=cwd,
         )
         self.fields.setdefault("cwd", cwd)
+        if self.script_path is not None:  # scontrol's Command, only when given
+            self.slurm["script_path"] = command_path(
+                self.script_path, self.fields["cwd"], environ.get("PATH", "")
+            )
         if pyxis.given(self.values):
             image, _, notes = pyxis.request(PROG, self.values, self.fields["cwd"])
             self.warnings += notes
@@ -110,6 +118,21 @@ def _decode(data: bytes, where: str) -> str:
         raise fail(
             PROG, f"Batch script from {where} is not UTF-8 text (byte {e.start + 1})"
         ) from None
+
+
+def command_path(name: str, workdir: str, path: str) -> str:
+    """The script's path as Slurm's sbatch records it (`search_path`, the working
+    directory last): a name with no leading `.` or `/` found readable on PATH or in the
+    job's working directory is that file's path; anything else stays as given."""
+    if name.startswith((".", "/")):
+        return name
+    for directory in [*(d for d in path.split(":") if d), workdir]:
+        if not directory.startswith("/"):
+            directory = os.path.join(workdir, directory)
+        full = os.path.join(directory, name)
+        if os.path.isfile(full) and os.access(full, os.R_OK):
+            return full
+    return name
 
 
 def read_script(path: str) -> str:

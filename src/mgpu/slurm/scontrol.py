@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 
 from mgpu.safetext import escape_controls
 from mgpu.slurm import common, output, states, tres
@@ -63,40 +65,56 @@ def job_text(job: dict[str, Any]) -> str:
 
         used = (job.get("end_time") or time.time()) - job["start_time"]
     workdir = str(job.get("cwd") or "")
-    out = block.get("output") or (f"{workdir}/slurm-{job['id']}.out" if block else None)
-    err = block.get("error") or out
+    out = err = None
+    if block:  # as Slurm's: expanded (but what only the node knows) and absolute
+        default = "slurm-%A_%a.out" if job.get("array_job_id") else "slurm-%j.out"
+        out = _file_name(block.get("output") or default, job, workdir)
+        err = _file_name(block["error"], job, workdir) if block.get("error") else out
     array = ""
     if job.get("array_job_id"):
         array = f" ArrayJobId={job['array_job_id']} ArrayTaskId={job.get('array_task_id')}"
-    deps = ",".join(job.get("dependency") or []) or "(null)"
+    # As Slurm's: a waiting job's conditions, each `(unfulfilled)`; met, they are gone.
+    waiting = state == "PENDING"
+    deps = ",".join(f"{d}(unfulfilled)" for d in job.get("dependency") or [] if waiting) or "(null)"
     n_nodes = len(job.get("allocation") or []) or job.get("nodes") or 1
+    # A held job, or one waiting on another, has no eligible time yet.
+    eligible = common.timestamp(job.get("begin_time") or job.get("submit_time"))
+    if waiting and states.reason(job) in ("JobHeldUser", "JobHeldAdmin", "Dependency"):
+        eligible = "Unknown"
+    first_node = next((a["node_id"] for a in job.get("allocation") or ()), None)
+    # A pending job of -N: Slurm's min-max node count (`2-2`).
+    shown_nodes = f"{n_nodes}-{n_nodes}" if waiting and n_nodes > 1 else str(n_nodes)
+    per_node_tasks = block.get("ntasks_per_node")
+    n_tasks = block.get("ntasks") or (per_node_tasks or 1) * n_nodes
+    cpus_per_task = block.get("cpus_per_task") or 1
     lines = [
         f"JobId={common.own_id(job)}{array} JobName={common.job_name(job)}",
         f"UserId={_uid(str(job.get('user')))}",
         f"Priority={job.get('priority') or 0} Nice=0 Account=(null) QOS=normal",
-        f"JobState={state} Reason={states.reason(job)} Dependency={deps}",
+        f"JobState={state} Reason={_reason(job, state)} Dependency={deps}",
         f"Requeue={0 if job.get('max_retries') == 0 else 1} "
         f"Restarts={job.get('restart_count') or 0} "
         f"BatchFlag={1 if block.get('batch') else 0} Reboot=0 ExitCode={states.exit_code(job)}",
         f"RunTime={common.clock(used)} TimeLimit={common.time_limit(job, 'sacct')} TimeMin=N/A",
-        f"SubmitTime={common.timestamp(job.get('submit_time'))} "
-        f"EligibleTime={common.timestamp(job.get('begin_time') or job.get('submit_time'))}",
+        f"SubmitTime={common.timestamp(job.get('submit_time'))} EligibleTime={eligible}",
         f"StartTime={common.timestamp(job.get('start_time') or job.get('expected_start'))} "
         f"EndTime={common.timestamp(job.get('end_time'))} Deadline=N/A",
         f"Partition={common.partition(job)} AllocNode:Sid={block.get('submit_host') or 'N/A'}:0",
         f"ReqNodeList={_listed(job.get('nodelist'))} ExcNodeList={_listed(job.get('exclude'))}",
-        f"NodeList={nodes or '(null)'}",
-        f"BatchHost={nodes.split(',')[0] if nodes and block.get('batch') else '(null)'}",
-        f"NumNodes={n_nodes} NumCPUs={tres.num_cpus(job)} "
-        f"NumTasks={block.get('ntasks') or n_nodes} "
-        f"CPUs/Task={block.get('cpus_per_task') or 1} ReqB:S:C:T=*:*:*:*",
+        f"NodeList={nodes}",  # empty until it runs; then its first node runs the script
+        *([f"BatchHost={first_node if block.get('batch') else '(null)'}"] if first_node else []),
+        f"NumNodes={shown_nodes} NumCPUs={tres.num_cpus(job)} NumTasks={n_tasks} "
+        f"CPUs/Task={cpus_per_task} ReqB:S:C:T=0:0:*:*",
         f"TRES={_job_tres(job)}",
+        f"Socks/Node=* NtasksPerN:B:S:C={per_node_tasks or 0}:0:*:* CoreSpec=*",
         "MinCPUsNode={} MinMemory{}={} MinTmpDiskNode=0".format(
-            block.get("cpus_per_task") or 1, *tres.min_memory(job)
+            cpus_per_task * (per_node_tasks or 1), *tres.min_memory(job)
         ),
-        f"Command={job.get('script_name') or job.get('command') or ''}",
+        f"Command={_command(job, block, workdir)}",
         f"WorkDir={workdir}",
     ]
+    if block.get("gpus") is not None:
+        lines.append(f"TresPerJob=gres:gpu:{block['gpus']}")
     asked = job.get("resources") or {}
     if asked.get("cpus_per_gpu"):
         lines.append(f"CpusPerTres=gres:gpu:{asked['cpus_per_gpu']}")
@@ -105,6 +123,63 @@ def job_text(job: dict[str, Any]) -> str:
     if out:
         lines += [f"StdErr={err}", "StdIn=/dev/null", f"StdOut={out}"]
     return _block(lines)
+
+
+_FILE_PATTERN = re.compile(r"%(%)|%(\d*)([AajJux])")
+
+
+def _reason(job: dict[str, Any], state: str) -> str:
+    """The pending reason; a failed job's `NonZeroExitCode`, as Slurm's."""
+    if state == "FAILED" and isinstance(job.get("exit_code"), int) and job["exit_code"] > 0:
+        return "NonZeroExitCode"
+    return states.reason(job)
+
+
+def _file_name(pattern: str, job: dict[str, Any], workdir: str) -> str:
+    """An -o/-e pattern as `scontrol show job` prints it: %A %a %j %J %u %x %% expanded
+    (the node's %N %n %t are left, as Slurm leaves them), under the working directory
+    unless absolute.  A backslash turns expansion off (mgpu.slurmenv.expand_pattern)."""
+    if "\\" in pattern:
+        name = re.sub(r"\\(\\?)", r"\1", pattern)
+    else:
+        task = job.get("array_task_id") if job.get("array_job_id") else None
+        values = {
+            "A": str(job.get("array_job_id") or common.own_id(job)),
+            "a": str(task) if task is not None else "4294967294",
+            "j": common.own_id(job),
+            "J": common.own_id(job),
+            "u": str(job.get("user") or ""),
+            "x": common.job_name(job),
+        }
+
+        def one(m: re.Match[str]) -> str:
+            if m.group(1):
+                return "%"
+            value = values[m.group(3)]
+            width = min(int(m.group(2)), 10) if m.group(2) else 0
+            return value.rjust(width, "0") if value.isdigit() else value
+
+        name = _FILE_PATTERN.sub(one, pattern)
+    return name if name.startswith("/") else f"{workdir.rstrip('/')}/{name}"
+
+
+def _command(job: dict[str, Any], block: dict[str, Any], workdir: str) -> str:
+    """A batch job's script as Slurm names it: its path in the submit directory and its
+    arguments; `(null)` for `--wrap`.  Another job's: its command."""
+    name = job.get("script_name")
+    if not block.get("batch") or not name:
+        return str(name or job.get("command") or "")
+    if name == "wrap":
+        return "(null)"
+    path = block.get("script_path")
+    base = block.get("submit_dir") or workdir
+    try:  # a script job's command is its name and arguments, quoted; Slurm's unquoted
+        args = shlex.split(str(job.get("command") or ""))
+    except ValueError:
+        args = [str(job.get("command"))]
+    if args[:1] == [name]:
+        args = args[1:]
+    return " ".join([path or f"{base.rstrip('/')}/{name}", *args])
 
 
 def _job_tres(job: dict[str, Any]) -> str:

@@ -57,6 +57,10 @@ def _time_left(job: dict[str, Any]) -> str:
 
 
 def _gres(job: dict[str, Any]) -> str:
+    """The GPUs asked per node; N/A for a Slurm job that asked them per job (`--gpus`:
+    scontrol's TresPerJob), as Slurm's."""
+    if common.slurm_block(job).get("gpus") is not None:
+        return "N/A"
     gpus = job.get("gpus_per_node") if (job.get("nodes") or 1) > 1 else job.get("gpus")
     return f"gres:gpu:{gpus}" if gpus else "N/A"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from typing import Any
 
 from mgpu.slurm import common, jobopts, optable, opts, pyxis
@@ -61,10 +62,11 @@ def in_job(
     export = values.get("export")
     if export is None:
         export = os.environ.get("SRUN_EXPORT_ENV") or os.environ.get("SLURM_EXPORT_ENV")
+    nodes, ntasks, per_node = step_shape(values, os.environ)
     options = steps.StepOptions(
-        nodes=_int((values.get("nodes") or "").partition("-")[0] or None),
-        ntasks=_int(values.get("ntasks")),
-        ntasks_per_node=_int(values.get("ntasks-per-node")),
+        nodes=nodes,
+        ntasks=ntasks,
+        ntasks_per_node=per_node,
         nodelist=values.get("nodelist"),
         gpus_per_task=_int(per_task.rpartition(":")[2]) if per_task else None,
         cpus_per_task=_cpus_per_task(values.get("cpus-per-task")),
@@ -79,6 +81,30 @@ def in_job(
         container=container,
     )
     return int(steps.run_step(argv, options))
+
+
+def step_shape(
+    values: dict[str, str], environ: Mapping[str, str]
+) -> tuple[int | None, int | None, int | None]:
+    """(nodes, tasks, tasks per node) of a step, as Slurm's srun reads them in a job: a
+    task count not given is the job's SLURM_NTASKS (srun's input variable); a tasks-per-
+    node that does not fit the tasks on the nodes is dropped, with Slurm's warning."""
+    nodes = _int((values.get("nodes") or "").partition("-")[0] or None)
+    given = values.get("ntasks")
+    if given is None:
+        given = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS")
+    ntasks = _int(given)
+    per_node = _int(values.get("ntasks-per-node"))
+    on_nodes = nodes or _int(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES"))
+    if ntasks and per_node and on_nodes and per_node * on_nodes != ntasks:
+        common.warn(
+            PROG,
+            f"can't honor --ntasks-per-node set to {per_node} which doesn't match the "
+            f"requested tasks {ntasks} with the number of requested nodes {on_nodes}. "
+            "Ignoring --ntasks-per-node.",
+        )
+        per_node = None
+    return nodes, ntasks, per_node
 
 
 def with_inherited(values: dict[str, str], environ: dict[str, str] | Any) -> dict[str, str]:

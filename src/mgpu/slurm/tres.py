@@ -92,18 +92,11 @@ def _task_cpus(job: dict[str, Any]) -> int:
     return int(tasks) * int(block.get("cpus_per_task") or 1)
 
 
-def _asked_cpus_per_node(job: dict[str, Any]) -> int:
-    asked = _asked(job)
-    per_gpu = _int(asked.get("cpus_per_gpu")) * _gpus_per_node(job)
-    return _int(asked.get("cpus_per_node")) + per_gpu
-
-
 def req_cpus(job: dict[str, Any]) -> int:
-    """The CPUs the job asks for, on all its nodes."""
-    if _asked(job).get("exclusive"):  # every CPU of its nodes: known once placed
-        granted = _granted(job, "cpus")
-        return sum(granted) if granted else _task_cpus(job)
-    per_node = _asked_cpus_per_node(job)
+    """The CPUs the job asks for, on all its nodes, as sacct's ReqCPUS: its tasks times -c
+    (Slurm 22.05 counts neither --cpus-per-gpu nor --exclusive here: what they add is
+    known once placed, AllocCPUS)."""
+    per_node = _int(_asked(job).get("cpus_per_node"))
     return per_node * _nodes(job) if per_node else _task_cpus(job)
 
 
@@ -135,11 +128,15 @@ def _node_memory(job: dict[str, Any]) -> int | None:
 
 
 def min_memory(job: dict[str, Any]) -> tuple[str, str]:
-    """(`Node` or `CPU`, the size): scontrol's MinMemoryNode/MinMemoryCPU, squeue's %m."""
-    per_cpu = _asked(job).get("mem_per_cpu_mb")
+    """(`Node` or `CPU`, the size): scontrol's MinMemoryNode/MinMemoryCPU, squeue's %m.
+    As Slurm's: only a size asked per node or per CPU; `--mem=0`, `--mem-per-gpu` (its
+    MemPerTres) and `--exclusive` show 0."""
+    asked = _asked(job)
+    per_cpu = asked.get("mem_per_cpu_mb")
     if isinstance(per_cpu, int):
         return "CPU", memory(per_cpu)
-    return "Node", memory(_node_memory(job) or 0)
+    per_node = asked.get("mem_per_node_mb")
+    return "Node", memory(per_node if isinstance(per_node, int) else 0)
 
 
 def req_mem(job: dict[str, Any]) -> int | None:
@@ -156,7 +153,16 @@ def _alloc_mem(job: dict[str, Any]) -> int | None:
     return sum(granted) if granted else None
 
 
-def tres(job: dict[str, Any], alloc: bool, by_name: bool) -> str:
+def _held_gpus(job: dict[str, Any], step: bool) -> int:
+    """The GPUs the job's nodes hold for it (an --exclusive job's: all of theirs); a
+    step's, only where its job asked for GPUs (Slurm's steps get the job's GPU ask)."""
+    if step and not _int(job.get("gpus")):
+        return 0
+    held = sum(len(slot.get("gpu_ids") or ()) for slot in job["allocation"])
+    return held or _int(job.get("gpus"))
+
+
+def tres(job: dict[str, Any], alloc: bool, by_name: bool, step: bool = False) -> str:
     """`cpu=..,mem=..,node=..,billing=..,gres/gpu=..` of what the job holds (`alloc`; empty
     before it starts) or asks; sacct's sorted by name.  Billing is its CPUs, as Slurm's
     without TRESBillingWeights."""
@@ -168,7 +174,7 @@ def tres(job: dict[str, Any], alloc: bool, by_name: bool) -> str:
     if mem:
         items.append(("mem", memory(mem)))
     items += [("node", str(_nodes(job))), ("billing", str(cpus))]
-    gpus = _int(job.get("gpus"))
+    gpus = _held_gpus(job, step) if alloc else _int(job.get("gpus"))
     if gpus:
         items.append(("gres/gpu", str(gpus)))
     if by_name:

@@ -93,10 +93,18 @@ def slurm_env(
 
 
 def slurm_node_names(job: Job, nodes: Mapping[str, NodeRecord]) -> tuple[str, ...]:
-    """The job's nodes as SLURM_JOB_NODELIST names them, in rank order (mgpu.slurmenv)."""
-    return slurmenv.node_names(
-        [(s.node_id, known_hostname(nodes, s.node_id)) for s in job.allocation]
-    )
+    """The job's nodes as SLURM_JOB_NODELIST names them, in rank order (mgpu.slurmenv).
+    A host name that several of the cluster's nodes share (agents on one machine) names
+    none of them, also in a job on one of them: the node ids do, as squeue's do."""
+    seen: dict[str, int] = {}
+    for node in nodes.values():
+        if node.hostname:
+            seen[node.hostname] = seen.get(node.hostname, 0) + 1
+    hosts = []
+    for slot in job.allocation:
+        hostname = known_hostname(nodes, slot.node_id)
+        hosts.append((slot.node_id, hostname if hostname and seen[hostname] == 1 else None))
+    return slurmenv.node_names(hosts)
 
 
 def known_hostname(nodes: Mapping[str, NodeRecord], node_id: str) -> str | None:
@@ -111,8 +119,10 @@ def output_files(
     """A batch job's -o/-e files, written on its first node (None: none here)."""
     if job.slurm is None or not job.slurm.batch or rank != 0:
         return None, None
-    hosts = [(s.node_id, nodes[s.node_id].hostname) for s in job.allocation]
-    return slurmenv.output_files(job, slurmenv.node_names(hosts)[0])
+    first = job.allocation[0].node_id
+    # %N is the host's short name, as slurmstepd's (not the node's Slurm name).
+    host = (known_hostname(nodes, first) or first).split(".")[0]
+    return slurmenv.output_files(job, host)
 
 
 def grant(

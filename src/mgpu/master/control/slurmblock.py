@@ -33,6 +33,8 @@ _COUNTS = {
     "cpus_per_task": ("--cpus-per-task", 1),
     "cpus_per_gpu": ("--cpus-per-gpu", 1),
     "gpus_per_task": ("--gpus-per-task", 1),
+    "gpus": ("--gpus", 0),
+    "gpus_per_node": ("--gpus-per-node", 0),
     "mem_per_node_mb": ("--mem", 0),  # --mem=0: all of the node's memory, in Slurm
     "mem_per_cpu_mb": ("--mem-per-cpu", 0),
     "mem_per_gpu_mb": ("--mem-per-gpu", 0),
@@ -44,6 +46,7 @@ _TEXTS = {
     "error": "--error",
     "submit_host": "the submit host",
     "submit_dir": "the submit directory",
+    "script_path": "the script's path",
     "gpu_bind": "--gpu-bind",
     "export_env": "--export",
 }

@@ -305,6 +305,7 @@ class Sruns:
             ntasks=len(plan.ranks),
             step_hosts=[names[r] for r in step_ranks],
             node_tasks=[plan.ranks.count(r) for r in step_ranks],
+            node_procids=[i for i, r in enumerate(plan.ranks) if r == rank],
         )
         if request.cpus_per_task is not None:  # srun -c: the step's own
             own["SLURM_CPUS_PER_TASK"] = str(request.cpus_per_task)
