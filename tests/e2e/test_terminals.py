@@ -55,8 +55,10 @@ class Term:
         self.seen = b""
 
     def read(self, timeout: float = 0.05) -> bytes:
-        ready, _, _ = select.select([self.master], [], [], timeout)
-        if ready:
+        # poll, not select: a long test process may hold a descriptor past select's 1024.
+        poller = select.poll()
+        poller.register(self.master, select.POLLIN)
+        if poller.poll(timeout * 1000):
             with contextlib.suppress(OSError):
                 self.seen += os.read(self.master, 65536)
         return self.seen
