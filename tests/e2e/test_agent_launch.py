@@ -4,7 +4,6 @@ failed launches and `--mpi` hostfiles leave nothing behind."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pwd
@@ -16,9 +15,9 @@ import pytest
 
 from helpers import LocalCluster, local_cluster
 from mgpu import Client
-from mgpu.agent.agent import Agent, AgentOptions
 from mgpu.agent.launcher import JobError, Launcher, LaunchRequest
 from mgpu.protocol import Welcome, encode
+from standinmaster import agent_served_until
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs a root agent")
 
@@ -73,30 +72,11 @@ async def _fake_master(tmp_path: Path) -> dict[str, Any]:
                 done.set()
                 return
 
-    agent = await _agent_served_until(serve, done, tmp_path)
+    agent = await agent_served_until(serve, done, tmp_path)
     for run in agent.launcher.running.values():  # all ended; nothing to stop
         assert run.exited.is_set()
     seen["spool"] = sorted(p.name for p in agent.launcher.spool.iterdir())
     return seen
-
-
-async def _agent_served_until(serve: Any, done: asyncio.Event, tmp_path: Path) -> Agent:
-    """Run a real agent against the stand-in master `serve` until `done` (30 s at most)."""
-    import websockets
-
-    async with websockets.serve(serve, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        agent = Agent(
-            AgentOptions("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
-        )
-        task = asyncio.create_task(agent.run())
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return agent
 
 
 def test_impossible_launches_fail_their_jobs_not_the_node_or_the_connection(
@@ -148,7 +128,7 @@ def test_a_short_jobs_start_goes_with_its_end_and_a_long_jobs_start_goes_alone(
                     done.set()
                     return
 
-        await _agent_served_until(serve, done, tmp_path)
+        await agent_served_until(serve, done, tmp_path)
 
     asyncio.run(scenario())
     told = [(m["type"], m["job_id"]) for f in frames for m in f]

@@ -10,7 +10,6 @@ is the one a real cluster takes."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -22,8 +21,9 @@ import pytest
 
 from helpers import wait_for
 from mgpu.agent import cgroups, runlimits
-from mgpu.agent.agent import Agent, AgentOptions
+from mgpu.agent.agent import Agent
 from mgpu.protocol import Welcome, encode
+from standinmaster import agent_served_until
 
 PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 pytestmark = [
@@ -102,7 +102,6 @@ def launch(job_id: str, script: str, *args: str, **grant: Any) -> dict[str, Any]
 
 async def _serve(tmp_path: Path, frame: list[dict[str, Any]]) -> dict[str, Any]:
     """A real agent given `frame` by a stand-in master; every job's exit and output."""
-    import websockets
 
     seen: dict[str, Any] = {"exited": {}, "out": {}}
     done = asyncio.Event()
@@ -124,19 +123,7 @@ async def _serve(tmp_path: Path, frame: list[dict[str, Any]]) -> dict[str, Any]:
                 done.set()
                 return
 
-    async with websockets.serve(serve, "127.0.0.1", 0) as server:
-        port = server.sockets[0].getsockname()[1]
-        agent = Agent(
-            AgentOptions("n1", "127.0.0.1", port, tmp_path / "state", 1, container_runtime="none")
-        )
-        task = asyncio.create_task(agent.run())
-        try:
-            await asyncio.wait_for(done.wait(), 120)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            _clean_up(agent)
+    agent = await agent_served_until(serve, done, tmp_path, timeout=120, after=_clean_up)
     seen["limits"] = agent.launcher.limits
     return seen
 
