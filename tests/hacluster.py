@@ -198,3 +198,24 @@ def leader_standby_and_agents(
         yield cluster
     finally:
         cluster.stop()
+
+
+def follow_logs(
+    ha: HaCluster, job_id: str, err: Path
+) -> tuple[subprocess.Popen[str], list[str], threading.Thread]:
+    """`mgpu logs -f JOB` as a user runs it (its own session, stderr to `err`): the
+    process, the lines it printed so far (filled by the returned reader thread)."""
+    with open(err, "wb") as err_file:
+        follow = subprocess.Popen(
+            [str(BIN / "mgpu"), "logs", "-f", job_id],
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            env=ha.env,
+            start_new_session=True,
+        )
+    got: list[str] = []
+    assert follow.stdout is not None
+    reader = threading.Thread(target=lambda: got.extend(follow.stdout or []), daemon=True)
+    reader.start()
+    return follow, got, reader

@@ -9,14 +9,13 @@ kills them by process group at its end.)"""
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hacluster import HaCluster
+from hacluster import HaCluster, follow_logs
 from helpers import BIN, kill_group, wait_for
 
 FAILOVER_S = 10.0
@@ -115,19 +114,7 @@ def test_logs_follow_through_a_failover_shows_every_line_once(
     lines = 80
     job = ha.client().submit(f"for i in $(seq 1 {lines}); do echo line-$i; sleep 0.1; done", gpus=1)
     err = tmp_path / "follow.err"
-    with open(err, "wb") as err_file:
-        follow = subprocess.Popen(
-            [str(BIN / "mgpu"), "logs", "-f", job.id],
-            stdout=subprocess.PIPE,
-            stderr=err_file,
-            text=True,
-            env=ha.env,
-            start_new_session=True,
-        )
-    got: list[str] = []
-    assert follow.stdout is not None
-    reader = threading.Thread(target=lambda: got.extend(follow.stdout or []), daemon=True)
-    reader.start()
+    follow, got, reader = follow_logs(ha, job.id, err)
     try:
         wait_for(lambda: got, timeout=60, what="the first line followed")
         fail_over(ha)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from hacluster import HaCluster, leader_standby_and_agents
-from helpers import BIN, kill_group, wait_for
+from hacluster import HaCluster, follow_logs, leader_standby_and_agents
+from helpers import kill_group, wait_for
 from mgpu.client.api import Client
 
 CLIENT_TIMEOUT = 30.0
@@ -62,19 +61,7 @@ def test_clients_leave_a_frozen_leader_for_the_new_one(
     script = f"for i in $(seq 1 {lines}); do echo line-$i; sleep 0.1; done"
     job = ha.client().submit(script, gpus=1)
     err = tmp_path / "follow.err"
-    with open(err, "wb") as err_file:
-        follow = subprocess.Popen(
-            [str(BIN / "mgpu"), "logs", "-f", job.id],
-            stdout=subprocess.PIPE,
-            stderr=err_file,
-            text=True,
-            env=ha.env,
-            start_new_session=True,
-        )
-    got: list[str] = []
-    assert follow.stdout is not None
-    reader_thread = threading.Thread(target=lambda: got.extend(follow.stdout or []), daemon=True)
-    reader_thread.start()
+    follow, got, reader_thread = follow_logs(ha, job.id, err)
     frozen = ha.masters[0]
     assert frozen is not None
     try:
