@@ -44,7 +44,7 @@ from mgpu.master.control.passplan import Head, Plan
 from mgpu.master.control.windows import ReservationWindows
 from mgpu.master.runtime import gcpause
 from mgpu.master.runtime.turns import bulk_turn
-from mgpu.master.state.asks import AskRules, held_on_nodes
+from mgpu.master.state.asks import AskRules
 from mgpu.master.state.memory import ControllerState
 from mgpu.master.state.partscope import partition_scope, scoped
 from mgpu.master.state.runindex import RunningIndex
@@ -534,7 +534,7 @@ class SchedulingLoop:
                 placements = [(p.node_id, list(p.gpu_ids)) for p in start.placements]
                 share = job_share_units(job)
                 ask = self.request_for(job).ask
-                held = held_on_nodes(ask, start.placements, self.state.nodes)
+                held = [(p.cpus, p.mem_mb) for p in start.placements]  # as the core counted
                 free, room = self.state.free, self.state.room
                 if not all(
                     free(n, g, share) and room(n, *h, ask.exclusive)

@@ -12,16 +12,13 @@ them (`resources.within_mem_per_cpu`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mgpu.config import ClusterConfig, JobResourceDefaults
-from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job
 from mgpu.resources import ResourceAsk, within_mem_per_cpu
-from mgpu.scheduler.types import Placement
 
-__all__ = ["AskRules", "defaults_apply", "held_on_nodes"]
+__all__ = ["AskRules", "defaults_apply"]
 
 _FIELDS = ("def_cpus_per_gpu", "def_mem_per_gpu", "max_mem_per_cpu")
 
@@ -66,18 +63,3 @@ class AskRules:
             gpus = job.gpus_per_node if job.gpus_per_node is not None else job.gpus
             ask = within_mem_per_cpu(ask, rules.max_mem_per_cpu, gpus)
         return ask
-
-
-def held_on_nodes(
-    ask: ResourceAsk, placements: Sequence[Placement], nodes: Mapping[str, NodeRecord]
-) -> list[tuple[int, int]]:
-    """The CPUs and MiB a start holds on each of its nodes: what the scheduler core said,
-    else what `ask` comes to there (a core that does not count them yet)."""
-    out = []
-    for p in placements:
-        node = nodes.get(p.node_id)
-        offered_cpus, offered_mem = (len(node.cpus), node.mem_mb) if node else (0, 0)
-        gpus = len(p.gpu_ids)
-        cpus = p.cpus or ask.cpus_on(gpus, offered_cpus)
-        out.append((cpus, p.mem_mb or ask.mem_on(gpus, cpus, offered_mem)))
-    return out
