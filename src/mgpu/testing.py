@@ -60,9 +60,10 @@ def free_port() -> int:
 
 
 def wait_for(
-    condition: Callable[[], T | None], timeout: float = 15.0, interval: float = 0.02, what: str = ""
+    condition: Callable[[], T | None], timeout: float = 45.0, interval: float = 0.02, what: str = ""
 ) -> T:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds.
+    The default bound is generous: CI runs the suite beside a cold Kubernetes build."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -167,7 +168,8 @@ class LocalCluster:
         self.master = self._spawn(argv, self.root / "master.log")
         if wait:
             wait_for(self._load_tokens, what="the master's tokens")
-            wait_for(lambda: self.client().nodes() is not None, what="the master")
+            with self.client() as client:
+                wait_for(lambda: client.nodes() is not None, timeout=60, what="the master")
         return self.master
 
     def _load_tokens(self) -> bool:
@@ -209,15 +211,21 @@ class LocalCluster:
             self.wait_node(node_id, "online")
         return proc
 
-    def wait_node(self, node_id: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            for n in self.client().nodes():
-                matches = n["node_id"] == node_id and n["state"] == state
-                if matches and (state != "online" or n["connected"]):
-                    return n
-            return None
+    def wait_node(self, node_id: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Poll the node list until `node_id` is in `state` (and connected, for online).
+        One client polls, on one kept-alive connection: a client a poll would leave its
+        closed connections to the master's per-address cap until the master sees them go,
+        and a starting agent can take long on a loaded machine (CI builds Kubernetes)."""
+        with self.client() as client:
 
-        return wait_for(check, timeout=timeout, what=f"{node_id} {state}")
+            def check() -> dict[str, Any] | None:
+                for n in client.nodes():
+                    matches = n["node_id"] == node_id and n["state"] == state
+                    if matches and (state != "online" or n["connected"]):
+                        return n
+                return None
+
+            return wait_for(check, timeout=timeout, interval=0.05, what=f"{node_id} {state}")
 
     def client(self) -> Client:
         return Client(self.address, connect_timeout=2.0, token=self.admin_token or None)

@@ -123,9 +123,19 @@ class Connection:
                 sock.close()
                 raise
         self.sock = sock
-        self.watch: Watch | None = None
+        self._reader = _SocketReader(sock)
+        self.file = io.BufferedReader(self._reader)
+
+    @property
+    def watch(self) -> Watch | None:
         """Asked between slices of each wait for the server's bytes (see the module's text)."""
-        self.file = io.BufferedReader(_SocketReader(sock, self))
+        return self._reader.watch
+
+    @watch.setter
+    def watch(self, watch: Watch | None) -> None:
+        # Kept by the reader, which holds no reference back: a Connection dropped unclosed
+        # is freed (its socket closed) at once, not left to the cycle collector.
+        self._reader.watch = watch
 
     def settimeout(self, timeout: float | None) -> None:
         self.sock.settimeout(timeout)
@@ -174,16 +184,16 @@ class _SocketReader(io.RawIOBase):
     """A socket as a raw stream, so that io.BufferedReader gives it readline and read: what
     `socket.makefile("rb")` does, for a `_socket.socket` as for an `ssl.SSLSocket`."""
 
-    def __init__(self, sock: Any, conn: Connection) -> None:
+    def __init__(self, sock: Any) -> None:
         self._sock = sock
-        self._conn = conn
+        self.watch: Watch | None = None
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        if self._conn.watch is not None:
-            self._wait(self._conn.watch)
+        if self.watch is not None:
+            self._wait(self.watch)
         return int(self._sock.recv_into(buffer))
 
     def _wait(self, watch: Watch) -> None:
@@ -204,7 +214,9 @@ class _SocketReader(io.RawIOBase):
                 step = min(step, limit - waited)
                 if step <= 0:
                     raise TimeoutError("timed out")
-            if select.select([self._sock], [], [], step)[0]:
+            poller = select.poll()  # not select(): a descriptor past 1024 is fine here
+            poller.register(self._sock, select.POLLIN)
+            if poller.poll(step * 1000):
                 return
             waited = time.monotonic() - began
 

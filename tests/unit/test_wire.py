@@ -95,3 +95,26 @@ def test_broken_answers_are_errors(reply: bytes) -> None:
         r.read()
     conn.close()
     thread.join(5)
+
+
+def test_a_connection_dropped_unclosed_closes_its_socket_at_once() -> None:
+    """No reference cycle keeps it: a Client made per call and never closed (a script's
+    loop, a test's poll) must not leave its connections open on the master until the cycle
+    collector runs, where they count against the per-address cap."""
+    import gc
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    with srv:
+        conn = Connection("127.0.0.1", srv.getsockname()[1], 5)
+        conn.watch = lambda waited: 0.1  # the watch a leader-watched wait sets
+        accepted, _ = srv.accept()
+        with accepted:
+            accepted.settimeout(5)
+            gc.disable()
+            try:
+                del conn
+                assert accepted.recv(1) == b""  # closed from the client's side
+            finally:
+                gc.enable()
