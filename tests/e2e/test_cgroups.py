@@ -259,7 +259,7 @@ def test_readopted_run_keeps_its_cgroup_and_stale_ones_go(
         assert cgroups.enter(stale, stray.pid)
 
         c.start_agent("node001", gpus=2)
-        wait_for(lambda: stray.poll() is not None, timeout=15, what="the stale cgroup killed")
+        wait_for(lambda: stray.poll() is not None, timeout=30, what="the stale cgroup killed")
         assert not os.path.exists(stale)
         assert client.show(job.id)["state"] == "running"
         assert _alive(pids[0])  # the re-adopted run's cgroup was left alone...

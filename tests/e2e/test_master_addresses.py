@@ -260,7 +260,7 @@ def test_the_agent_leaves_a_stopped_master(two: tuple[LocalCluster, str]) -> Non
     os.killpg(c.master.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        wait_for(lambda: "lost" in c.log("node001"), timeout=15, what="the agent to leave")
+        wait_for(lambda: "lost" in c.log("node001"), timeout=30, what="the agent to leave")
         assert time.monotonic() - stopped < 8  # a ping each 1 s, 3 s for its pong, 1 s to close
     finally:
         os.killpg(c.master.pid, signal.SIGCONT)

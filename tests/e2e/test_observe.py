@@ -177,7 +177,7 @@ def test_idle_jobs_are_flagged_and_idle_interactive_jobs_cancelled(obs: LocalClu
         time.sleep(0.6)
         assert c.show(batch)["idle"] is False  # loaded GPUs: not idle
         fake_file(obs, "node001").write_text(json.dumps({"util": 0}))
-        wait_for(lambda: c.show(batch)["idle"], timeout=10, what="idle flag")
+        wait_for(lambda: c.show(batch)["idle"], timeout=30, what="idle flag")
         listed = {j["id"]: j for j in json.loads(obs.cli("queue", "--json").stdout)["jobs"]}
         assert listed[batch]["idle"] is True
         assert "idle:" in obs.cli("show", batch, check=True).stdout
@@ -192,7 +192,7 @@ def test_idle_jobs_are_flagged_and_idle_interactive_jobs_cancelled(obs: LocalClu
         assert state(obs, batch) == "running"
         # Busy again: the flag goes away.
         fake_file(obs, "node001").unlink()
-        wait_for(lambda: not c.show(batch)["idle"], timeout=10, what="idle flag cleared")
+        wait_for(lambda: not c.show(batch)["idle"], timeout=30, what="idle flag cleared")
     finally:
         fake_file(obs, "node001").unlink(missing_ok=True)
         srun.kill()

@@ -107,7 +107,7 @@ class Rel:
         self.c.master.wait(timeout=10)
 
     def wait_disconnected(self, node: str) -> None:
-        wait_for(lambda: not self.node(node)["connected"], timeout=10, what=f"{node} disconnected")
+        wait_for(lambda: not self.node(node)["connected"], timeout=30, what=f"{node} disconnected")
 
     def stop(self) -> None:
         self.c.stop()
@@ -272,13 +272,13 @@ def test_launch_failure_retries_with_backoff_then_drains_the_node(rel: Rel) -> N
         n = rel.node("node001")
         return n if n["failures"] >= 1 else None
 
-    wait_for(failed_once, timeout=10, what="first launch failure")
+    wait_for(failed_once, timeout=30, what="first launch failure")
     # The job is back in the queue: a node failure, not the job's.
     job = rel.show(job_id)
     assert job["retries"] >= 1 and "could not launch" in job["attempts"][0]["end_reason"]
 
     # After node_failure_threshold (2) consecutive failures the node drains itself.
-    drained = rel.c.wait_node("node001", "drained", timeout=15)
+    drained = rel.c.wait_node("node001", "drained", timeout=60)
     assert drained["failures"] == 2
     assert "2 consecutive failures" in drained["reason"]
     assert "could not launch the job" in drained["reason"]

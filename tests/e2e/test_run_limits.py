@@ -135,7 +135,7 @@ def _clean_up(agent: Agent) -> None:
     for run in launcher.running.values():
         for path in filter(None, (run.rec.cgroup, *run.rec.limits)):
             cgroups.kill(path)
-            wait_for(lambda p=path: not cgroups.populated(p), timeout=10, what=path)
+            wait_for(lambda p=path: not cgroups.populated(p), timeout=30, what=path)
             cgroups.release(path)
     bases = {w.base for w in launcher.limits.where.values()} | {launcher.containment.base}
     for base in filter(None, bases):

@@ -189,7 +189,7 @@ def test_prolog_failure_requeues_without_spending_retries_and_drains(
     c.start_agent("node001", gpus=2)
     client = c.client()
     job = client.submit('echo "ran on $MGPU_NODE_ID"', gpus=1, env={"SECRET": "user-value"})
-    node = c.wait_node("node001", "drained", timeout=20)
+    node = c.wait_node("node001", "drained", timeout=60)
     assert "prolog failed: scratch disk full" in node["reason"], node
     shown = client.show(job.id)
     # Two failed starts, both free: with max_retries 0 a counted requeue would fail the job.
@@ -215,7 +215,7 @@ def test_prolog_failure_requeues_without_spending_retries_and_drains(
     assert client.show(slow.id)["state"] == "running"
     client.cancel(slow.id)
     assert client.wait(slow.id, timeout=15)["state"] == "cancelled"
-    wait_for(lambda: not psutil.pid_exists(pid), timeout=10, what="the prolog killed")
+    wait_for(lambda: not psutil.pid_exists(pid), timeout=30, what="the prolog killed")
     assert client.logs(slow.id) == ""
 
 

@@ -177,7 +177,7 @@ def test_an_address_at_its_cap_is_refused_at_once(slow: LocalCluster) -> None:
                 sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: master\r\nConnection: close\r\n\r\n")
                 return _answer(sock)[0] == 200
 
-        wait_for(served_again, timeout=10, what="a connection once one of the cap closed")
+        wait_for(served_again, timeout=30, what="a connection once one of the cap closed")
 
 
 def _agent_socket(cluster: LocalCluster, source: str = "127.0.0.1") -> ClientConnection:
@@ -203,5 +203,5 @@ def test_agent_connections_beyond_the_hellos_awaited_are_closed(slow: LocalClust
                 except ConnectionClosed:
                     return False
 
-        wait_for(heard, timeout=10, what="a hello read once one of the waiting closed")
+        wait_for(heard, timeout=30, what="a hello read once one of the waiting closed")
     assert slow.wait_node("node001", "online")  # the real agent was never disturbed

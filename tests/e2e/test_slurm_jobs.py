@@ -125,7 +125,7 @@ def test_a_cancelled_jobs_last_words_reach_its_file(one_node: LocalCluster, tmp_
     wait_for(lambda: out.exists() and "started" in out.read_text(), timeout=30, what="started")
     one_node.client().cancel(job_id)
     assert ended(one_node, job_id)["state"] == "cancelled"
-    wait_for(lambda: "got TERM" in out.read_text(), timeout=10, what="the last words")
+    wait_for(lambda: "got TERM" in out.read_text(), timeout=30, what="the last words")
     # One file for both streams: one stream, in the order written (dash says "Terminated"
     # of the script's sleep, killed with it, before the trap runs), as `mgpu logs` has it.
     text = out.read_text()

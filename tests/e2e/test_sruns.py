@@ -189,7 +189,7 @@ srun sh -c 'echo $SLURM_PROCID >> {started}; exec sleep {marker}'
     client.cancel(job.id)
     end = client.wait(job.id, timeout=30)
     assert end["state"] == "cancelled"
-    wait_for(lambda: not tasks(), timeout=15, what="the tasks to be stopped")
+    wait_for(lambda: not tasks(), timeout=30, what="the tasks to be stopped")
 
 
 def test_srun_inside_an_allocation_runs_its_tasks_there(

@@ -321,7 +321,7 @@ def test_gang_that_cannot_fit_waits_without_holding_nodes(mn: MultiNode, tmp_pat
         assert all(j["state"] == "queued" for j in jobs), jobs
         return all(j["reason"] and j["reason"] != "waiting to be scheduled" for j in jobs)
 
-    wait_for(both_waiting, timeout=10, what="gang jobs considered and waiting")
+    wait_for(both_waiting, timeout=30, what="gang jobs considered and waiting")
     # Scheduling passes come at least once a second: for longer than that, nothing
     # changes; in particular neither gang job holds part of its allocation.
     window_end = time.monotonic() + 1.5

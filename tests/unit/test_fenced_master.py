@@ -41,7 +41,7 @@ def test_the_first_refused_write_deposes_the_leader(tmp_path: Path, pg_url: str)
             conn.execute("UPDATE mgpu_lease SET generation = generation + 1, holder = 'other'")
         refused = client.post("/api/jobs", json={"command": "true", "gpus": 0}, headers=auth)
         assert refused.status_code >= 500
-        wait_for(lambda: lost, timeout=5, what="the leader to step down")
+        wait_for(lambda: lost, timeout=30, what="the leader to step down")
         assert "another master leads now" in lost[0]
         assert not leadership.may_send()
         with psycopg.connect(pg_url, autocommit=True) as conn:
