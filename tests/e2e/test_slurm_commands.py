@@ -111,10 +111,10 @@ def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
         assert got[queued.id] == {
             "JobID": queued.id,
             "JobName": "held",
-            "State": "CANCELLED",
+            "State": "CANCELLED by 0",  # Slurm's: the canceller's uid (root's)
             "ExitCode": "0:0",
         }
-        assert got[running.id]["State"] == "CANCELLED"
+        assert got[running.id]["State"] == "CANCELLED by 0"
         assert squeue(c, "-j", running.id) == []  # ended: no longer listed
         assert squeue(c, "-t", "CA", "-j", queued.id, "-o", "%i|%T") == [[queued.id, "CANCELLED"]]
     finally:
@@ -166,7 +166,7 @@ def test_sbatch_squeue_scancel_sacct(slurm_cluster: LocalCluster, tmp_path: Path
     assert run(c, "scancel", job_id).returncode == 0
     c.client().wait(job_id, timeout=30)
     assert [(r["JobID"], r["State"]) for r in sacct(c, "-j", job_id, "-X")] == [
-        (job_id, "CANCELLED")
+        (job_id, "CANCELLED by 0")
     ]
 
 
@@ -459,7 +459,7 @@ def test_an_array_task_answers_to_its_own_number(slurm_cluster: LocalCluster) ->
         assert time.monotonic() - began < 20  # woken by the task's end, not the 30 s poll
         rows = sacct(c, "-j", number, "-X", "--format=JobID,JobIDRaw,State")
         assert [(r["JobID"], r["JobIDRaw"], r["State"]) for r in rows] == [
-            (f"{array_id}_1", number, "CANCELLED")
+            (f"{array_id}_1", number, "CANCELLED by 0")
         ]
         assert c.client().show(f"{array_id}_0")["state"] == "running"  # the other task
     finally:

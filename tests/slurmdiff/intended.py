@@ -245,12 +245,6 @@ KNOWN: tuple[Entry, ...] = (
             "commands/sacct-held:Start",
         ),
     ),
-    Entry(
-        "cancelled-by",
-        "sacct's State of a cancelled job is `CANCELLED by UID` in Slurm (`CANCELLED+` in a "
-        "column), `CANCELLED` in mgpu",
-        ("commands/sacct-*:State",),
-    ),
 )
 
 

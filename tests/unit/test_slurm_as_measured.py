@@ -97,6 +97,20 @@ def test_sacct_a_cancelled_jobs_line_says_0_0_its_batch_step_the_signal() -> Non
     assert fields.render_fields(cols, rows, False, "P") == ["7|0:0", "7.batch|0:15"]
 
 
+def test_sacct_a_job_a_user_cancelled_says_by_whom_as_slurms() -> None:
+    """Slurm's `CANCELLED by UID` (the canceller's uid; `CANCELLED+` in a 10-wide column)
+    on the job's own line; its batch step, and a job the cluster ended, say CANCELLED."""
+    cols = fields.parse_fields("sacct", "JobID,State", sacct.KNOWN)
+    cancelled = job(state="cancelled", end_code="cancelled", exit_code=143, cancelled_by="root")
+    rows = [cancelled, sacct.batch_step(cancelled)]
+    assert fields.render_fields(cols, rows, False, "P") == ["7|CANCELLED by 0", "7.batch|CANCELLED"]
+    assert fields.render_fields(cols, rows[:1], False, None)[0].split() == ["7", "CANCELLED+"]
+    unknown = job(state="cancelled", end_code="cancelled", cancelled_by="nosuchacct31")
+    assert fields.render_fields(cols, [unknown], False, "P") == ["7|CANCELLED by nosuchacct31"]
+    by_cluster = job(state="cancelled", end_code="dependency_never", cancelled_by=None)
+    assert fields.render_fields(cols, [by_cluster], False, "P") == ["7|CANCELLED"]
+
+
 def test_scontrol_output_files_expanded_and_absolute_and_a_failed_jobs_reason() -> None:
     block = {"batch": True, "submit_dir": "/work/run", "output": "out/%x-%j-%u-%N.out"}
     shown = scontrol.job_text(job(slurm={**block, "error": "/abs/%x.%4j.err"}))

@@ -103,6 +103,17 @@ def _state(job: dict[str, Any]) -> str:
     return states.state(job)
 
 
+def _shown_state(row: dict[str, Any]) -> str:
+    """sacct's State: a job a user cancelled is `CANCELLED by UID` (the canceller's uid;
+    their name where this machine has no such account), as Slurm's; its steps' lines and
+    a job the cluster ended say the state alone."""
+    name = _state(row)
+    by = row.get("cancelled_by")
+    if name != "CANCELLED" or not by or _suffix(row):
+        return name
+    return f"CANCELLED by {_uid({'user': by}) or by}"
+
+
 BATCH_STEP = "_batch_step"
 """Marks the row of a job's `ID.batch` line (its script, as Slurm's batch step)."""
 
@@ -217,7 +228,7 @@ GETTERS: dict[str, Any] = {
     "NCPUS": _cpus,
     "ReqCPUS": _req_cpus,
     "ReqMem": _job_level(_req_mem),
-    "State": _state,
+    "State": _shown_state,
     "ExitCode": _exit_code,
     "DerivedExitCode": _job_level(derived_exit_code),
     "Elapsed": lambda j: common.clock(_elapsed(j)),
