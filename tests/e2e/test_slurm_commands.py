@@ -549,3 +549,28 @@ def test_a_running_jobs_start_time_cannot_change(slurm_cluster: LocalCluster) ->
     finally:
         gate.touch()
         c.client().cancel(job_id)
+
+
+def test_a_job_a_dependency_never_met_ended_reads_as_slurms(slurm_cluster: LocalCluster) -> None:
+    """`-d afternotok:OK --kill-on-invalid-dep=yes`: once OK ends well the job can never
+    run and is ended; scontrol and sacct say so in Slurm's fields."""
+    c = slurm_cluster
+    ok = sbatch(c, "--gres=gpu:0", "-o", "/dev/null", "--wrap", "true")
+    never = sbatch(
+        c, "--gres=gpu:0", "-o", "/dev/null", "-d", f"afternotok:{ok}",
+        "--kill-on-invalid-dep=yes", "--wrap", "echo never",
+    )  # fmt: skip
+    assert c.client().wait(ok, timeout=60)["state"] == "completed"
+    assert c.client().wait(never, timeout=60)["state"] == "cancelled"
+    res = run(c, "scontrol", "show", "job", never)
+    assert res.returncode == 0, res.stderr
+    shown = dict(item.split("=", 1) for item in res.stdout.split() if "=" in item)
+    assert shown["Reason"] == "DependencyNeverSatisfied"
+    assert shown["Dependency"] == f"afternotok:{ok}(failed)"
+    assert (shown["EligibleTime"], shown["NumTasks"]) == ("Unknown", "N/A")
+    assert shown["KillOInInvalidDependent"] == "Yes"
+    rows = sacct(c, "-X", "-j", never, "--format=State,Timelimit,Reason,Start")
+    assert rows == [
+        {"State": "CANCELLED", "Timelimit": "Partition_Limit", "Reason": "Dependency",
+         "Start": "None"}
+    ]  # fmt: skip

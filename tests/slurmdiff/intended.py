@@ -223,28 +223,6 @@ KNOWN: tuple[Entry, ...] = (
         "exits 143; mgpu FAILED with the failing task's code, srun exits with it",
         ("kill_on_bad_exit/*",),
     ),
-    Entry(
-        "never-run-job",
-        "a job ended by a dependency that can never be satisfied (--kill-on-invalid-dep="
-        "yes): Slurm keeps its reason (DependencyNeverSatisfied), its dependency as "
-        "`afternotok:ID(failed)`, EligibleTime Unknown, NumTasks N/A, "
-        "KillOInInvalidDependent=Yes, Timelimit Partition_Limit; a job cancelled before it "
-        "ran: Timelimit Partition_Limit; mgpu differs in these fields",
-        (
-            *_scontrol(
-                "Reason",
-                "Dependency",
-                "EligibleTime",
-                "NumTasks",
-                "KillOInInvalidDependent",
-                case="dependency_chain",
-            ),
-            "dependency_chain/sacct:job:Timelimit",
-            "dependency_chain/sacct:job:Reason",
-            "commands/sacct-held:Timelimit",
-            "commands/sacct-held:Start",
-        ),
-    ),
 )
 
 

@@ -99,6 +99,26 @@ def _max_rss(job: dict[str, Any]) -> str:
     return f"{value}{units[0]}"
 
 
+def _unstarted(job: dict[str, Any]) -> str:
+    return "Unknown" if job.get("state") == "queued" else "None"
+
+
+def _time_limit(job: dict[str, Any]) -> str:
+    """Slurm's: a job of no limit of its own that has not started is held to its
+    partition's, `Partition_Limit` (once it starts, the partition's own)."""
+    if job.get("time_limit") is None and not job.get("start_time"):
+        return "Partition_Limit"
+    return common.time_limit(job, "sacct")
+
+
+def _reason(job: dict[str, Any]) -> str:
+    """A waiting job's reason; an ended one's is Slurm's `state_reason_prev`: for a job a
+    dependency never met ended, the Dependency it waited on; else None."""
+    if job.get("state") == "queued":
+        return states.reason(job)
+    return "Dependency" if states.never_met(job) else "None"
+
+
 def _state(job: dict[str, Any]) -> str:
     return states.state(job)
 
@@ -235,15 +255,16 @@ GETTERS: dict[str, Any] = {
     "ElapsedRaw": lambda j: str(int(_elapsed(j))),
     "Submit": lambda j: common.timestamp(j.get("submit_time")),
     "Eligible": lambda j: common.timestamp(j.get("submit_time")),
-    "Start": lambda j: common.timestamp(j.get("start_time")),
+    # as Slurm's: a job that ended without starting started `None` (one waiting: Unknown)
+    "Start": lambda j: common.timestamp(j.get("start_time"), _unstarted(j)),
     "End": lambda j: common.timestamp(j.get("end_time")),
     "NodeList": lambda j: common.hostlist(j) or "None assigned",
     "NNodes": _nnodes,
     "AllocNodes": lambda j: "0" if j.get("state") == "queued" else _nnodes(j),
     "User": _job_level(lambda j: str(j.get("user") or "")),
-    "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
+    "Timelimit": _job_level(_time_limit),
     "WorkDir": _job_level(lambda j: str(j.get("cwd") or "")),
-    "Reason": _job_level(lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
+    "Reason": _job_level(_reason),
     "ReqTRES": _job_level(lambda j: tres.tres(j, alloc=False, by_name=True)),
     "AllocTRES": _alloc_tres,
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),
