@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -574,3 +575,26 @@ def test_a_job_a_dependency_never_met_ended_reads_as_slurms(slurm_cluster: Local
         {"State": "CANCELLED", "Timelimit": "Partition_Limit", "Reason": "Dependency",
          "Start": "None"}
     ]  # fmt: skip
+
+
+def test_export_none_runs_the_script_in_the_accounts_login_environment(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`--export=NONE`: none of the submitting shell's variables, but the account's login
+    environment (USER, LOGNAME...), as Slurm's --get-user-env; `ALL` (the default) sends
+    the shell's own."""
+    c = slurm_cluster
+    line = 'echo "user=$USER logname=$LOGNAME get=${SLURM_GET_USER_ENV-} mark=${MARK31-unset}"'
+    seen = {}
+    for export in ("NONE", "ALL"):
+        out = tmp_path / f"{export}.out"
+        res = run(
+            c, "sbatch", "--parsable", f"--export={export}", "--gres=gpu:0", "-o", str(out),
+            "--wrap", line, env={"MARK31": "from-shell", "USER": "someone", "LOGNAME": "x"},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert c.client().wait(res.stdout.strip(), timeout=60)["state"] == "completed"
+        seen[export] = out.read_text()
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    assert seen["NONE"] == f"user={user} logname={user} get=1 mark=unset\n"
+    assert seen["ALL"] == "user=someone logname=x get= mark=from-shell\n"

@@ -206,12 +206,6 @@ INTENDED: tuple[Entry, ...] = (
 
 KNOWN: tuple[Entry, ...] = (
     Entry(
-        "export-none-user-env",
-        "`--export=NONE` or a list: Slurm loads the account's login environment into the "
-        "batch script (`--get-user-env`: USER, LOGNAME, SLURM_GET_USER_ENV); mgpu not",
-        ("export_none/*",),
-    ),
-    Entry(
         "signal-exit",
         "a batch script killed by a signal: Slurm says CANCELLED/`0:9`, mgpu FAILED/`137:0` "
         "and a `Killed` line from its launcher shell",
