@@ -213,9 +213,10 @@ KNOWN: tuple[Entry, ...] = (
     ),
     Entry(
         "kill-on-bad-exit-state",
-        "`srun -K`: Slurm records the step CANCELLED `0:15` (its tasks killed) and srun "
-        "exits 143; mgpu FAILED with the failing task's code, srun exits with it",
-        ("kill_on_bad_exit/*",),
+        "`srun -K`: the step is CANCELLED `0:15` and srun exits 143 in both; the shell "
+        "that launches each of mgpu's killed tasks also writes `Terminated` into the "
+        "output (the cause of signal-exit's `Killed` line)",
+        ("kill_on_bad_exit/content:*",),
     ),
 )
 
