@@ -143,6 +143,10 @@ def test_a_job_a_dependency_never_met_ended_shows_slurms_fields() -> None:
     assert fields.render_fields(cols, [waiting], False, "P") == [
         "7|PENDING|Partition_Limit|None|Unknown"
     ]
+    # One that waited on a dependency, then ran: Slurm's previous reason, Dependency.
+    after = job(dependency=["afterok:6"])
+    assert fields.render_fields(cols, [after, job()], False, "P")[0].split("|")[3] == "Dependency"
+    assert fields.render_fields(cols, [job()], False, "P")[0].split("|")[3] == "None"
     limited = job(time_limit=3600.0)
     assert fields.render_fields(cols, [limited], False, "P")[0].split("|")[2] == "01:00:00"
 

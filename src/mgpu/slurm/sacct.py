@@ -112,11 +112,12 @@ def _time_limit(job: dict[str, Any]) -> str:
 
 
 def _reason(job: dict[str, Any]) -> str:
-    """A waiting job's reason; an ended one's is Slurm's `state_reason_prev`: for a job a
-    dependency never met ended, the Dependency it waited on; else None."""
+    """A waiting job's reason; a job's that has left the queue is Slurm's
+    `state_reason_prev`: for one that waited on a dependency (met, or never met), the
+    Dependency it waited on; else None."""
     if job.get("state") == "queued":
         return states.reason(job)
-    return "Dependency" if states.never_met(job) else "None"
+    return "Dependency" if states.never_met(job) or job.get("dependency") else "None"
 
 
 def _state(job: dict[str, Any]) -> str:
