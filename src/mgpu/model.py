@@ -430,6 +430,9 @@ class Job:
     """Kept from starting (`--hold`, `mgpu hold`) until `mgpu release`."""
     held_by: str | None = None
     """Who held it: a job an admin held for another user only an admin releases."""
+    cancelled_by: str | None = None
+    """The account that cancelled it (`mgpu cancel`, `scancel`); None: not cancelled by a
+    user (ended by the cluster itself, or not cancelled)."""
     signal: str | None = None
     """`--signal` in its canonical form `[B:]SIG@SECONDS` (mgpu.signalspec.format_signal)."""
     restarts: int = 0
@@ -599,6 +602,7 @@ class Job:
             "gpu_util_mean": (None if self.gpu_util_mean is None else round(self.gpu_util_mean, 1)),
             "held": self.held,
             "held_by": self.held_by,
+            "cancelled_by": self.cancelled_by,
             "signal": self.signal,
             "restart_count": self.restarts,
             "notify": shown_target(self.notify),

@@ -139,6 +139,9 @@ def job_env(job: Job, rank: int, where: Where) -> dict[str, str]:
         "SLURM_GPUS_PER_NODE": slurm.gpus_per_node,
         "SLURM_GPU_BIND": slurm.gpu_bind,  # srun reads these two, as Slurm's
         "SLURM_EXPORT_ENV": slurm.export_env,
+        # --export other than ALL: the node loads the account's login environment under
+        # the variables sent, as Slurm's sbatch asks (mgpu.agent.userenv)
+        "SLURM_GET_USER_ENV": "1" if slurm.export_env else None,
         "SLURM_SUBMIT_HOST": slurm.submit_host,
         "SLURM_SUBMIT_DIR": slurm.submit_dir or job.cwd,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -111,10 +112,10 @@ def test_squeue_and_sacct_parsed_as_slurms(slurm_cluster: LocalCluster) -> None:
         assert got[queued.id] == {
             "JobID": queued.id,
             "JobName": "held",
-            "State": "CANCELLED",
+            "State": "CANCELLED by 0",  # Slurm's: the canceller's uid (root's)
             "ExitCode": "0:0",
         }
-        assert got[running.id]["State"] == "CANCELLED"
+        assert got[running.id]["State"] == "CANCELLED by 0"
         assert squeue(c, "-j", running.id) == []  # ended: no longer listed
         assert squeue(c, "-t", "CA", "-j", queued.id, "-o", "%i|%T") == [[queued.id, "CANCELLED"]]
     finally:
@@ -166,7 +167,7 @@ def test_sbatch_squeue_scancel_sacct(slurm_cluster: LocalCluster, tmp_path: Path
     assert run(c, "scancel", job_id).returncode == 0
     c.client().wait(job_id, timeout=30)
     assert [(r["JobID"], r["State"]) for r in sacct(c, "-j", job_id, "-X")] == [
-        (job_id, "CANCELLED")
+        (job_id, "CANCELLED by 0")
     ]
 
 
@@ -459,7 +460,7 @@ def test_an_array_task_answers_to_its_own_number(slurm_cluster: LocalCluster) ->
         assert time.monotonic() - began < 20  # woken by the task's end, not the 30 s poll
         rows = sacct(c, "-j", number, "-X", "--format=JobID,JobIDRaw,State")
         assert [(r["JobID"], r["JobIDRaw"], r["State"]) for r in rows] == [
-            (f"{array_id}_1", number, "CANCELLED")
+            (f"{array_id}_1", number, "CANCELLED by 0")
         ]
         assert c.client().show(f"{array_id}_0")["state"] == "running"  # the other task
     finally:
@@ -549,3 +550,51 @@ def test_a_running_jobs_start_time_cannot_change(slurm_cluster: LocalCluster) ->
     finally:
         gate.touch()
         c.client().cancel(job_id)
+
+
+def test_a_job_a_dependency_never_met_ended_reads_as_slurms(slurm_cluster: LocalCluster) -> None:
+    """`-d afternotok:OK --kill-on-invalid-dep=yes`: once OK ends well the job can never
+    run and is ended; scontrol and sacct say so in Slurm's fields."""
+    c = slurm_cluster
+    ok = sbatch(c, "--gres=gpu:0", "-o", "/dev/null", "--wrap", "true")
+    never = sbatch(
+        c, "--gres=gpu:0", "-o", "/dev/null", "-d", f"afternotok:{ok}",
+        "--kill-on-invalid-dep=yes", "--wrap", "echo never",
+    )  # fmt: skip
+    assert c.client().wait(ok, timeout=60)["state"] == "completed"
+    assert c.client().wait(never, timeout=60)["state"] == "cancelled"
+    res = run(c, "scontrol", "show", "job", never)
+    assert res.returncode == 0, res.stderr
+    shown = dict(item.split("=", 1) for item in res.stdout.split() if "=" in item)
+    assert shown["Reason"] == "DependencyNeverSatisfied"
+    assert shown["Dependency"] == f"afternotok:{ok}(failed)"
+    assert (shown["EligibleTime"], shown["NumTasks"]) == ("Unknown", "N/A")
+    assert shown["KillOInInvalidDependent"] == "Yes"
+    rows = sacct(c, "-X", "-j", never, "--format=State,Timelimit,Reason,Start")
+    assert rows == [
+        {"State": "CANCELLED", "Timelimit": "Partition_Limit", "Reason": "Dependency",
+         "Start": "None"}
+    ]  # fmt: skip
+
+
+def test_export_none_runs_the_script_in_the_accounts_login_environment(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """`--export=NONE`: none of the submitting shell's variables, but the account's login
+    environment (USER, LOGNAME...), as Slurm's --get-user-env; `ALL` (the default) sends
+    the shell's own."""
+    c = slurm_cluster
+    line = 'echo "user=$USER logname=$LOGNAME get=${SLURM_GET_USER_ENV-} mark=${MARK31-unset}"'
+    seen = {}
+    for export in ("NONE", "ALL"):
+        out = tmp_path / f"{export}.out"
+        res = run(
+            c, "sbatch", "--parsable", f"--export={export}", "--gres=gpu:0", "-o", str(out),
+            "--wrap", line, env={"MARK31": "from-shell", "USER": "someone", "LOGNAME": "x"},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert c.client().wait(res.stdout.strip(), timeout=60)["state"] == "completed"
+        seen[export] = out.read_text()
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    assert seen["NONE"] == f"user={user} logname={user} get=1 mark=unset\n"
+    assert seen["ALL"] == "user=someone logname=x get= mark=from-shell\n"

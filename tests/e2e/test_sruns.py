@@ -121,7 +121,8 @@ echo done
     assert (end["state"], end["exit_code"]) == ("completed", 0), out
     lines = out.splitlines()
     assert "highest=4" in lines
-    assert "killed=5" in lines  # -K: task 0's sleep stopped, the failed task's code
+    # -K: task 0's sleep stopped; as Slurm's srun, the step cancelled: the signal's 143
+    assert "killed=143" in lines
     host = end["allocation"][1]["node_id"]  # Slurm's name for it: the hosts here share one
     assert f"srun: error: {host}: task 1: Exited with exit code 4" in lines
     assert f"srun: error: {host}: task 1: Exited with exit code 5" in lines
@@ -137,7 +138,7 @@ echo done
     # Every step that ran is kept with the job, and sacct lists them after its batch step.
     kept = cluster.client().show(job_id)["steps"]
     shown = [(s["number"], s["name"], s["state"], s["exit_code"], s["ntasks"]) for s in kept]
-    assert shown[:2] == [(0, "sh", "failed", 4, 2), (1, "sh", "failed", 5, 2)]
+    assert shown[:2] == [(0, "sh", "failed", 4, 2), (1, "sh", "cancelled", 143, 2)]
     assert sorted(shown[2:]) == [(2, "sh", "completed", 0, 2), (3, "sh", "completed", 0, 2)]
     res = subprocess.run(
         [str(BIN / "mgpu"), "sacct", "-j", job_id, "-P", "-n", "--format=JobID,State,ExitCode"],
@@ -150,7 +151,7 @@ echo done
         f"{job_id}|COMPLETED|0:0",
         f"{job_id}.batch|COMPLETED|0:0",
         f"{job_id}.0|FAILED|4:0",
-        f"{job_id}.1|FAILED|5:0",
+        f"{job_id}.1|CANCELLED|0:15",  # -K: Slurm's step, its tasks killed
     ], res.stderr
     # Listings leave the steps out (store/steps.py); sacct without -j asks for them.
     (listed,) = [j for j in cluster.client().queue(all=True)["jobs"] if j["id"] == job_id]
@@ -163,7 +164,11 @@ echo done
         timeout=30,
     )
     rows = [row for row in res.stdout.splitlines() if row.startswith(f"{job_id}.")]
-    assert rows[:3] == [f"{job_id}.batch|COMPLETED", f"{job_id}.0|FAILED", f"{job_id}.1|FAILED"]
+    assert rows[:3] == [
+        f"{job_id}.batch|COMPLETED",
+        f"{job_id}.0|FAILED",
+        f"{job_id}.1|CANCELLED",
+    ]
     assert len(rows) == 5, res.stderr
 
 

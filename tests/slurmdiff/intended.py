@@ -206,12 +206,6 @@ INTENDED: tuple[Entry, ...] = (
 
 KNOWN: tuple[Entry, ...] = (
     Entry(
-        "export-none-user-env",
-        "`--export=NONE` or a list: Slurm loads the account's login environment into the "
-        "batch script (`--get-user-env`: USER, LOGNAME, SLURM_GET_USER_ENV); mgpu not",
-        ("export_none/*",),
-    ),
-    Entry(
         "signal-exit",
         "a batch script killed by a signal: Slurm says CANCELLED/`0:9`, mgpu FAILED/`137:0` "
         "and a `Killed` line from its launcher shell",
@@ -219,37 +213,10 @@ KNOWN: tuple[Entry, ...] = (
     ),
     Entry(
         "kill-on-bad-exit-state",
-        "`srun -K`: Slurm records the step CANCELLED `0:15` (its tasks killed) and srun "
-        "exits 143; mgpu FAILED with the failing task's code, srun exits with it",
-        ("kill_on_bad_exit/*",),
-    ),
-    Entry(
-        "never-run-job",
-        "a job ended by a dependency that can never be satisfied (--kill-on-invalid-dep="
-        "yes): Slurm keeps its reason (DependencyNeverSatisfied), its dependency as "
-        "`afternotok:ID(failed)`, EligibleTime Unknown, NumTasks N/A, "
-        "KillOInInvalidDependent=Yes, Timelimit Partition_Limit; a job cancelled before it "
-        "ran: Timelimit Partition_Limit; mgpu differs in these fields",
-        (
-            *_scontrol(
-                "Reason",
-                "Dependency",
-                "EligibleTime",
-                "NumTasks",
-                "KillOInInvalidDependent",
-                case="dependency_chain",
-            ),
-            "dependency_chain/sacct:job:Timelimit",
-            "dependency_chain/sacct:job:Reason",
-            "commands/sacct-held:Timelimit",
-            "commands/sacct-held:Start",
-        ),
-    ),
-    Entry(
-        "cancelled-by",
-        "sacct's State of a cancelled job is `CANCELLED by UID` in Slurm (`CANCELLED+` in a "
-        "column), `CANCELLED` in mgpu",
-        ("commands/sacct-*:State",),
+        "`srun -K`: the step is CANCELLED `0:15` and srun exits 143 in both; the shell "
+        "that launches each of mgpu's killed tasks also writes `Terminated` into the "
+        "output (the cause of signal-exit's `Killed` line)",
+        ("kill_on_bad_exit/content:*",),
     ),
 )
 

@@ -97,6 +97,60 @@ def test_sacct_a_cancelled_jobs_line_says_0_0_its_batch_step_the_signal() -> Non
     assert fields.render_fields(cols, rows, False, "P") == ["7|0:0", "7.batch|0:15"]
 
 
+def test_sacct_a_job_a_user_cancelled_says_by_whom_as_slurms() -> None:
+    """Slurm's `CANCELLED by UID` (the canceller's uid; `CANCELLED+` in a 10-wide column)
+    on the job's own line; its batch step, and a job the cluster ended, say CANCELLED."""
+    cols = fields.parse_fields("sacct", "JobID,State", sacct.KNOWN)
+    cancelled = job(state="cancelled", end_code="cancelled", exit_code=143, cancelled_by="root")
+    rows = [cancelled, sacct.batch_step(cancelled)]
+    assert fields.render_fields(cols, rows, False, "P") == ["7|CANCELLED by 0", "7.batch|CANCELLED"]
+    assert fields.render_fields(cols, rows[:1], False, None)[0].split() == ["7", "CANCELLED+"]
+    unknown = job(state="cancelled", end_code="cancelled", cancelled_by="nosuchacct31")
+    assert fields.render_fields(cols, [unknown], False, "P") == ["7|CANCELLED by nosuchacct31"]
+    by_cluster = job(state="cancelled", end_code="dependency_never", cancelled_by=None)
+    assert fields.render_fields(cols, [by_cluster], False, "P") == ["7|CANCELLED"]
+
+
+def test_a_job_a_dependency_never_met_ended_shows_slurms_fields() -> None:
+    """--kill-on-invalid-dep=yes: the job ends unplaced; Slurm keeps its reason, its
+    dependency `(failed)`, no eligible time, no task count, and sacct's partition limit."""
+    never = job(
+        name="third",
+        state="cancelled",
+        end_code="dependency_never",
+        exit_code=None,
+        start_time=None,
+        allocation=[],
+        nodes=1,
+        dependency=["afternotok:20"],
+        slurm={"batch": True, "submit_dir": "/work/run", "kill_invalid_dep": True},
+    )
+    shown = dict(item.split("=", 1) for item in scontrol.job_text(never).split() if "=" in item)
+    assert shown["Reason"] == "DependencyNeverSatisfied"
+    assert shown["Dependency"] == "afternotok:20(failed)"
+    assert shown["EligibleTime"] == "Unknown"
+    assert shown["NumTasks"] == "N/A"
+    assert shown["KillOInInvalidDependent"] == "Yes"
+    cols = fields.parse_fields("sacct", "JobID,State,Timelimit,Reason,Start", sacct.KNOWN)
+    assert fields.render_fields(cols, [never], False, "P") == [
+        "7|CANCELLED|Partition_Limit|Dependency|None"
+    ]
+    # One that ran keeps its own fields; one still waiting its `Unknown` start.
+    ran = dict(item.split("=", 1) for item in scontrol.job_text(job()).split() if "=" in item)
+    assert (ran["NumTasks"], ran["Dependency"]) == ("2", "(null)")
+    assert "KillOInInvalidDependent" not in ran
+    waiting = job(state="queued", end_code=None, start_time=None, end_time=None, allocation=[])
+    assert fields.render_fields(cols, [waiting], False, "P") == [
+        "7|PENDING|Partition_Limit|None|Unknown"
+    ]
+    # One that waited on a dependency, then ran: Slurm's previous reason, Dependency.
+    after = job(dependency=["afterok:6"])
+    assert fields.render_fields(cols, [after, job()], False, "P")[0].split("|")[3] == "Dependency"
+    assert fields.render_fields(cols, [job()], False, "P")[0].split("|")[3] == "None"
+    limited = job(time_limit=3600.0)
+    assert fields.render_fields(cols, [limited], False, "P")[0].split("|")[2] == "01:00:00"
+
+
 def test_scontrol_output_files_expanded_and_absolute_and_a_failed_jobs_reason() -> None:
     block = {"batch": True, "submit_dir": "/work/run", "output": "out/%x-%j-%u-%N.out"}
     shown = scontrol.job_text(job(slurm={**block, "error": "/abs/%x.%4j.err"}))

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mgpu import execspec
-from mgpu.agent import bindmount, containers, jobenv, privileged, usermounts
+from mgpu.agent import bindmount, containers, jobenv, privileged, userenv, usermounts
 from mgpu.agent.gpus import GpuInfo
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, LaunchRequest, Running
 from mgpu.agent.launchsteps import UserIds
@@ -144,6 +144,8 @@ class SiteHooks:
         self._plain: set[tuple[str, int]] = set()
         """Runs this agent process started with no side files (no epilog, no container):
         their end needs no look at the spool (most runs; adopted ones are not here)."""
+        self._notes: dict[tuple[str, int], str] = {}
+        """What preparing a run has to say on its stderr (a login environment not had)."""
 
     # ---- start-up -------------------------------------------------------------
 
@@ -165,7 +167,7 @@ class SiteHooks:
         if key in self.pending or self.launcher.find(*key) is not None:
             return True  # a duplicate of a launch being prepared or done
         setup = self.host.share_setup(msg)
-        if not (msg.image or msg.prolog or setup is not None):
+        if not (msg.image or msg.prolog or setup is not None or userenv.wanted(msg)):
             return False
         for job_id, epoch in list(self.pending):
             if job_id == msg.job_id and epoch != msg.epoch:
@@ -218,6 +220,10 @@ class SiteHooks:
                 if not res.ok:
                     self._exit(msg, f"prolog failed: {res.error}", free=True)
                     return
+            if userenv.wanted(msg):  # sbatch --export=NONE: as Slurm's --get-user-env
+                note = await userenv.load(msg)
+                if note:
+                    self._notes[key] = note
         except asyncio.CancelledError:
             self._cancelled(pending)
             return
@@ -361,6 +367,7 @@ class SiteHooks:
         """The run of `msg` to start, for its user `user` (mgpu.agent.jobenv.run_as): its
         command line, environment and ids wrapped by `wrap` (a container)."""
         argv, env, ids, note = self.wrap(msg, env, user)
+        note = jobenv.with_note(self._notes.pop((msg.job_id, msg.epoch), None), note)
         return jobenv.launch_request(msg, argv, env, ids, note, gpus, owner=user)
 
     def wrap(
@@ -513,6 +520,7 @@ class SiteHooks:
         """Remove what `wrap` wrote for a run that did not start."""
         plain = (job_id, epoch) in self._plain
         self._pinned.pop((job_id, epoch), None)
+        self._notes.pop((job_id, epoch), None)
         self.forget(job_id, epoch)
         if not plain:
             with contextlib.suppress(OSError):

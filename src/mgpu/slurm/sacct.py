@@ -99,8 +99,40 @@ def _max_rss(job: dict[str, Any]) -> str:
     return f"{value}{units[0]}"
 
 
+def _unstarted(job: dict[str, Any]) -> str:
+    return "Unknown" if job.get("state") == "queued" else "None"
+
+
+def _time_limit(job: dict[str, Any]) -> str:
+    """Slurm's: a job of no limit of its own that has not started is held to its
+    partition's, `Partition_Limit` (once it starts, the partition's own)."""
+    if job.get("time_limit") is None and not job.get("start_time"):
+        return "Partition_Limit"
+    return common.time_limit(job, "sacct")
+
+
+def _reason(job: dict[str, Any]) -> str:
+    """A waiting job's reason; a job's that has left the queue is Slurm's
+    `state_reason_prev`: for one that waited on a dependency (met, or never met), the
+    Dependency it waited on; else None."""
+    if job.get("state") == "queued":
+        return states.reason(job)
+    return "Dependency" if states.never_met(job) or job.get("dependency") else "None"
+
+
 def _state(job: dict[str, Any]) -> str:
     return states.state(job)
+
+
+def _shown_state(row: dict[str, Any]) -> str:
+    """sacct's State: a job a user cancelled is `CANCELLED by UID` (the canceller's uid;
+    their name where this machine has no such account), as Slurm's; its steps' lines and
+    a job the cluster ended say the state alone."""
+    name = _state(row)
+    by = row.get("cancelled_by")
+    if name != "CANCELLED" or not by or _suffix(row):
+        return name
+    return f"CANCELLED by {_uid({'user': by}) or by}"
 
 
 BATCH_STEP = "_batch_step"
@@ -217,22 +249,23 @@ GETTERS: dict[str, Any] = {
     "NCPUS": _cpus,
     "ReqCPUS": _req_cpus,
     "ReqMem": _job_level(_req_mem),
-    "State": _state,
+    "State": _shown_state,
     "ExitCode": _exit_code,
     "DerivedExitCode": _job_level(derived_exit_code),
     "Elapsed": lambda j: common.clock(_elapsed(j)),
     "ElapsedRaw": lambda j: str(int(_elapsed(j))),
     "Submit": lambda j: common.timestamp(j.get("submit_time")),
     "Eligible": lambda j: common.timestamp(j.get("submit_time")),
-    "Start": lambda j: common.timestamp(j.get("start_time")),
+    # as Slurm's: a job that ended without starting started `None` (one waiting: Unknown)
+    "Start": lambda j: common.timestamp(j.get("start_time"), _unstarted(j)),
     "End": lambda j: common.timestamp(j.get("end_time")),
     "NodeList": lambda j: common.hostlist(j) or "None assigned",
     "NNodes": _nnodes,
     "AllocNodes": lambda j: "0" if j.get("state") == "queued" else _nnodes(j),
     "User": _job_level(lambda j: str(j.get("user") or "")),
-    "Timelimit": _job_level(lambda j: common.time_limit(j, "sacct")),
+    "Timelimit": _job_level(_time_limit),
     "WorkDir": _job_level(lambda j: str(j.get("cwd") or "")),
-    "Reason": _job_level(lambda j: states.reason(j) if j.get("state") == "queued" else "None"),
+    "Reason": _job_level(_reason),
     "ReqTRES": _job_level(lambda j: tres.tres(j, alloc=False, by_name=True)),
     "AllocTRES": _alloc_tres,
     "ArrayJobID": lambda j: str(j.get("array_job_id") or j["id"]),

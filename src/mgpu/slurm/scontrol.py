@@ -73,19 +73,24 @@ def job_text(job: dict[str, Any]) -> str:
     array = ""
     if job.get("array_job_id"):
         array = f" ArrayJobId={job['array_job_id']} ArrayTaskId={job.get('array_task_id')}"
-    # As Slurm's: a waiting job's conditions, each `(unfulfilled)`; met, they are gone.
     waiting = state == "PENDING"
-    deps = ",".join(f"{d}(unfulfilled)" for d in job.get("dependency") or [] if waiting) or "(null)"
+    never_met = states.never_met(job)
+    deps = _dependency(job, waiting, never_met)
     n_nodes = len(job.get("allocation") or []) or job.get("nodes") or 1
-    # A held job, or one waiting on another, has no eligible time yet.
+    # A held job, or one waiting on another, has no eligible time yet (nor ever will one
+    # whose dependency can never be met).
     eligible = common.timestamp(job.get("begin_time") or job.get("submit_time"))
-    if waiting and states.reason(job) in ("JobHeldUser", "JobHeldAdmin", "Dependency"):
+    if never_met or (
+        waiting and states.reason(job) in ("JobHeldUser", "JobHeldAdmin", "Dependency")
+    ):
         eligible = "Unknown"
     first_node = next((a["node_id"] for a in job.get("allocation") or ()), None)
     # A pending job of -N: Slurm's min-max node count (`2-2`).
     shown_nodes = f"{n_nodes}-{n_nodes}" if waiting and n_nodes > 1 else str(n_nodes)
     per_node_tasks = block.get("ntasks_per_node")
     n_tasks = block.get("ntasks") or (per_node_tasks or 1) * n_nodes
+    if not block.get("ntasks") and not job.get("start_time") and not waiting:
+        n_tasks = "N/A"  # as Slurm's: a job that ended unplaced asked no task count
     cpus_per_task = block.get("cpus_per_task") or 1
     lines = [
         f"JobId={common.own_id(job)}{array} JobName={common.job_name(job)}",
@@ -113,6 +118,8 @@ def job_text(job: dict[str, Any]) -> str:
         f"Command={_command(job, block, workdir)}",
         f"WorkDir={workdir}",
     ]
+    if block.get("kill_invalid_dep"):
+        lines.append("KillOInInvalidDependent=Yes")  # (sic: Slurm 22.05's spelling)
     if block.get("gpus") is not None:
         lines.append(f"TresPerJob=gres:gpu:{block['gpus']}")
     asked = job.get("resources") or {}
@@ -129,10 +136,25 @@ _FILE_PATTERN = re.compile(r"%(%)|%(\d*)([AajJux])")
 
 
 def _reason(job: dict[str, Any], state: str) -> str:
-    """The pending reason; a failed job's `NonZeroExitCode`, as Slurm's."""
+    """The pending reason; a failed job's `NonZeroExitCode`, and a job ended by a
+    dependency never met `DependencyNeverSatisfied`, as Slurm's."""
     if state == "FAILED" and isinstance(job.get("exit_code"), int) and job["exit_code"] > 0:
         return "NonZeroExitCode"
+    if states.never_met(job):
+        return "DependencyNeverSatisfied"
     return states.reason(job)
+
+
+def _dependency(job: dict[str, Any], waiting: bool, never_met: bool) -> str:
+    """Slurm's Dependency: a waiting job's conditions, each `(unfulfilled)` (met, they are
+    gone); those that can never be met `(failed)`, kept after the job ended of it."""
+    if never_met or (waiting and states.reason(job) == "DependencyNeverSatisfied"):
+        status = "failed"
+    elif waiting:
+        status = "unfulfilled"
+    else:
+        return "(null)"
+    return ",".join(f"{d}({status})" for d in job.get("dependency") or []) or "(null)"
 
 
 def _file_name(pattern: str, job: dict[str, Any], workdir: str) -> str:

@@ -110,6 +110,12 @@ def reason(job: dict[str, Any]) -> str:
     return WAIT_CODES.get(str(job.get("reason_code")), "None")
 
 
+def never_met(job: dict[str, Any]) -> bool:
+    """The job ended, never run, because a dependency of it can never be met
+    (`--kill-on-invalid-dep=yes`)."""
+    return job.get("end_code") == "dependency_never"
+
+
 def exit_code(job: dict[str, Any]) -> str:
     """sacct's and scontrol's `EXIT:SIGNAL`: `0:0`, `1:0`, `0:9` (killed by SIGKILL), `0:125`
     (killed for its memory, as Slurm says it)."""

@@ -477,6 +477,7 @@ class Cluster(Reads, TokensAndAudit):
         self.uow.flush(event=event, detail=detail)
 
     def _cancel(self, job: Job, actor: str | None) -> None:
+        job.cancelled_by = actor  # sacct's `CANCELLED by UID`
         if job.state == JobState.QUEUED:
             text = "cancelled" if actor is None else f"cancelled by {actor}"
             self.life.finish(job, EndReason.CANCELLED, text)

@@ -7,7 +7,8 @@ never a new job.  Where they go follows srun's options within what the job holds
 (`plan_tasks`, pure), then each task is one process (a `Step` of its own, id
 `JOBID.sN.T`) with Slurm's per-task variables (`mgpu.slurmenv.task_env`).  Its tasks'
 ends make the step's: the highest exit code, as srun's; with `--kill-on-bad-exit` the
-first task that fails stops the others, and its code is the step's.
+first task that fails stops the others, and its code is the step's, unless it killed
+some: then the step is cancelled with their signal, as Slurm's (CANCELLED 0:15, 143).
 """
 
 from __future__ import annotations
@@ -350,7 +351,7 @@ class Sruns:
         if job is None or job.state != JobState.RUNNING:
             return
         code = group.exit_code
-        cancelled = group.error is not None and "cancel" in group.error
+        cancelled = group.stopped or (group.error is not None and "cancel" in group.error)
         state = "cancelled" if cancelled else "completed" if code == 0 else "failed"
         oom = group.out_of_memory and not cancelled  # sacct: OUT_OF_MEMORY, 0:125
         if oom:

@@ -79,6 +79,8 @@ class TaskStep:
     kill_on_bad_exit: bool = False
     failed_task: int | None = None
     """With kill_on_bad_exit: the task whose failure stopped the others."""
+    stopped: bool = False
+    """With kill_on_bad_exit: a task's failure killed others (Slurm's step CANCELLED)."""
     done: bool = False
     exit_code: int | None = None
     error: str | None = None
@@ -202,6 +204,15 @@ class Steps:
         if group.failed_task is not None:  # the task that failed first, not its victims
             first = group.tasks[group.failed_task].exit_code
             group.exit_code = 1 if first is None else first
+            # ...unless it killed others: Slurm's srun -K cancels the step, which ends
+            # with the signal its tasks were killed by (CANCELLED 0:15, srun exits 143).
+            killed = [
+                c
+                for i, t in enumerate(group.tasks)
+                if i != group.failed_task and (c := t.exit_code) is not None and c > 128
+            ]
+            if killed:
+                group.exit_code, group.stopped = max(killed), True
         group.error = error or next((t.error for t in group.tasks if t.error), None)
         group.done = True
         group.finished.set()
