@@ -186,7 +186,7 @@ def test_a_step_runs_in_a_one_node_jobs_pod(
     )
     job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
     wait_for("the job running", lambda: nobody.show(job_id)["state"] != "queued", 120)
-    [pod] = job_pods(kube, f"mgpu.io/job={job_id}")
+    [pod] = wait_for("the job's pod", lambda: job_pods(kube, f"mgpu.io/job={job_id}"), 120)
     job = nobody.wait(job_id, timeout=180)
     out = nobody.logs(job_id)
     assert job["state"] == "completed", (job, out)
