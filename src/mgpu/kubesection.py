@@ -11,13 +11,29 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["KubernetesSection"]
+__all__ = ["KubernetesSection", "PodSteps"]
 
 _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class PodSteps(BaseModel):
+    """`kubernetes.steps`: each Pod of a job runs mgpu's pod agent for that job's steps
+    (`srun`, `mgpu rsh` in its batch script: mgpu.podagent).  Absent: steps are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    master: str = Field(min_length=1)
+    """How the Pods reach the master(s), `[SCHEME://]HOST:PORT[,HOST:PORT]`: the Pods'
+    `$MGPU_MASTER`, which the pod agent and the job's `srun` dial."""
+    bin: str = Field(pattern=r"^/[^\x00]*$")
+    """A directory in the Pods (the image's, or a volume of the template) holding mgpu's
+    `mgpu` (whose `pod-agent` runs there) and Slurm's commands: first on the job's PATH."""
+    agent_wait: float = Field(default=60.0, gt=0)
+    """Seconds a step waits for its Pod's agent to connect before it fails with a sentence."""
 
 
 class KubernetesSection(BaseModel):
@@ -49,6 +65,8 @@ class KubernetesSection(BaseModel):
     """Seconds before a job sent back for want of room may start again (doubling, to 5 min)."""
     force_delete_after: float = Field(default=30.0, ge=0)
     """Seconds past a Pod's grace before one stuck Terminating is force-deleted."""
+    steps: PodSteps | None = None
+    """Job steps in the Pods (mgpu's pod agent); None: a job's steps are refused."""
 
     @field_validator("node_selector")
     @classmethod

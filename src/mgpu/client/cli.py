@@ -468,6 +468,10 @@ def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
     at = 0  # `mgpu [--host H] [--port P] [--token T] sbatch ...`, `mgpu slurm-bin`
     while at + 1 < len(args_list) and args_list[at] in ("--host", "--port", "--token"):
         at += 2
+    if args_list[at : at + 1] == ["pod-agent"]:  # in a job's Pod (mgpu.podagent)
+        from mgpu.podagent import main as pod_agent
+
+        raise SystemExit(pod_agent())
     if at < len(args_list) and args_list[at] in SLURM_COMMANDS:
         from mgpu.slurm.main import main as slurm_main
 

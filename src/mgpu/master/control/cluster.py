@@ -35,7 +35,7 @@ import getpass
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
@@ -79,6 +79,9 @@ from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState
 from mgpu.protocol import AgentMessage, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
+
+if TYPE_CHECKING:  # imported only by a master with a Kubernetes partition
+    from mgpu.master.kube.podagents import PodAgents
 
 log = logging.getLogger("mgpu.master")
 
@@ -167,6 +170,8 @@ class Cluster(Reads, TokensAndAudit):
         self.bulk = Bulk(self)
         self.services: list[Callable[[], Awaitable[None]]] = []
         """More tasks to run beside the loop (a Kubernetes partition's: mgpu.master.kube)."""
+        self.pod_agents: PodAgents | None = None
+        """The Kubernetes partitions' pod agents (their jobs' steps), if any."""
         self._load()
         self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)
         self.sessions.track(self.jobs.values())

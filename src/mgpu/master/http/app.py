@@ -35,6 +35,7 @@ from mgpu.master.http import (
     nodes,
     observe,
     partitions,
+    podagent,
     public,
     reservations,
     steps,
@@ -70,6 +71,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     dashboard.router,  # the page's compact views
     observe.router,  # history, reports, utilisation
     agents.router,
+    podagent.router,  # the agents in the Pods of a Kubernetes partition's jobs
     steps.router,  # srun inside a job: Slurm's steps
     partitions.router,  # sinfo's partitions
 )

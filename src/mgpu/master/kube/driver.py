@@ -37,6 +37,7 @@ from mgpu.master.kube.capacity import (
     tolerated,
 )
 from mgpu.master.kube.link import KubeLink
+from mgpu.master.kube.podagents import PodAgents
 from mgpu.master.kube.pods import PodRuns
 from mgpu.master.kube.podspec import (
     ANN_HOLDS,
@@ -64,9 +65,12 @@ WATCH_RETRY = 10.0
 
 
 class KubePartition:
-    def __init__(self, cluster: Cluster, partition: Partition) -> None:
+    def __init__(
+        self, cluster: Cluster, partition: Partition, agents: PodAgents | None = None
+    ) -> None:
         assert partition.kubernetes is not None
         self.cl = cluster
+        self.agents = agents
         self.name = partition.name
         self.section: KubernetesSection = partition.kubernetes
         self.cluster_label = label_value(cluster.config.cluster.name)
@@ -95,7 +99,7 @@ class KubePartition:
         except KubeError as e:
             log.error("Kubernetes partition %s: %s", self.name, e)
             return
-        self.runs = PodRuns(self.cl, self.name, section, self.client)
+        self.runs = PodRuns(self.cl, self.name, section, self.client, self.agents)
         nodes = self._watching(
             lambda c: c.watch_nodes(section.label_selector()), "nodes", self._node_event
         )
@@ -377,5 +381,7 @@ def _live(slot: Slot, holds: bool) -> bool:
 
 
 def services(cluster: Cluster) -> list[Callable[[], Awaitable[None]]]:
-    """The config's Kubernetes partitions, each a task for the master to run."""
-    return [KubePartition(cluster, p).run for p in cluster.config.kube_partitions()]
+    """The config's Kubernetes partitions, each a task for the master to run; their pod
+    agents (the jobs' steps) are the cluster's `pod_agents`."""
+    agents = cluster.pod_agents = PodAgents()
+    return [KubePartition(cluster, p, agents).run for p in cluster.config.kube_partitions()]

@@ -6,7 +6,8 @@
   bound to those GPUs.  So each held slot gets a Pod too, that requests the slot's GPUs,
   CPUs and memory and runs nothing of the job's (it waits to be deleted): Kubernetes holds
   what mgpu's ledger holds, and the job is all its Pods or none (one held Pod unplaced
-  sends the whole job back).  It is deleted when the job's run ends.
+  sends the whole job back).  It is deleted when the job's run ends.  Where the partition
+  runs steps (`kubernetes.steps`), its pod agent runs the job's steps sent to its node.
 * **Rendezvous.**  A Node's address does not reach a process in a Pod: the gang meets at
   its rank-0 Pod's address.  Rank 0 names its own (`$(MGPU_POD_IP)`, the downward API);
   the Pods of the other ranks are made once rank 0's Pod has an address (the kubelet gives
@@ -37,11 +38,20 @@ HOLD_COMMAND = [
 POLL = 0.25
 
 
-def holder_launch(launch: Launch, job: Job, rank: int, nodes: Mapping[str, NodeRecord]) -> Launch:
+def holder_launch(
+    launch: Launch,
+    job: Job,
+    rank: int,
+    nodes: Mapping[str, NodeRecord],
+    credential: str | None = None,
+) -> Launch:
     """The Pod of held slot `rank`, from the job's rank-0 launch: that slot's GPUs, CPUs
-    and memory; nothing of the job's command, script or credential."""
+    and memory; nothing of the job's command or script.  `credential`: the job's, for the
+    Pod's agent of the job's steps (mgpu.podagent), when the partition runs steps."""
     slot = job.allocation[rank]
     env = {"MGPU_JOB_ID": job.id, "MGPU_NODE_RANK": str(rank), "MGPU_HOLDS": "1"}
+    if credential is not None:
+        env["MGPU_TOKEN"] = credential
     return launch.model_copy(
         update={
             "argv": list(HOLD_COMMAND),

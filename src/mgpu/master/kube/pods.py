@@ -37,6 +37,7 @@ from mgpu.kube import (
 )
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.gang import first_pod_ip, holder_launch
+from mgpu.master.kube.podagents import PodAgents
 from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, pod_name
 from mgpu.master.kube.runs import (
     IMAGE_FAILURES,
@@ -70,14 +71,21 @@ RENDEZVOUS_PORT = 29500
 """MASTER_PORT of a job on several Pods: each Pod has its own address, so no port is
 reserved (torchrun's default)."""
 MAX_BACKOFF = 300.0
-NO_STEPS = "job steps (srun, mgpu rsh) do not run on a Kubernetes partition yet"
 
 
 class PodRuns:
     def __init__(
-        self, cluster: Cluster, partition: str, section: KubernetesSection, client: KubeClient
+        self,
+        cluster: Cluster,
+        partition: str,
+        section: KubernetesSection,
+        client: KubeClient,
+        agents: PodAgents | None = None,
     ) -> None:
         self.cl = cluster
+        self.agents = agents if agents is not None else PodAgents()
+        """The pod agents that run the jobs' steps (mgpu.master.kube.podagents)."""
+        self.agents.partitions.append(self)
         self.partition = partition
         self.section = section
         self.client = client
@@ -123,9 +131,12 @@ class PodRuns:
         """A message of the master to a Node's agent (called as the unit of work sends
         it: what it causes happens after, on the loop)."""
         loop = asyncio.get_running_loop()
-        if isinstance(message, Launch) and is_step_id(message.job_id):
-            refused = _exited(message.job_id, message.epoch, launch_error=NO_STEPS)
-            loop.call_soon(self.tell, node_id, refused)
+        if is_step_id(getattr(message, "job_id", "")):
+            if self.section.steps is not None:  # the job's Pod's agent runs it
+                loop.call_soon(self.agents.deliver, self, node_id, message)
+            elif isinstance(message, Launch):
+                refused = _exited(message.job_id, message.epoch, launch_error=self._no_steps())
+                loop.call_soon(self.tell, node_id, refused)
         elif isinstance(message, Launch):
             self.spawn(self.launch(node_id, message))
         elif isinstance(message, Kill):
@@ -162,7 +173,8 @@ class PodRuns:
             nodes = self.cl.nodes
             for held, slot in enumerate(job.allocation):
                 if held and slot.phase == SlotPhase.HELD:
-                    holder = holder_launch(launch, job, held, nodes)
+                    credential = launch.env.get("MGPU_TOKEN") if self.section.steps else None
+                    holder = holder_launch(launch, job, held, nodes, credential)
                     self.spawn(self._create(job, slot.node_id, holder, held, (uid, gid), True))
         await self._create(job, node_id, launch, rank, (uid, gid), False)
 
@@ -224,6 +236,12 @@ class PodRuns:
             return
         if run.killing:  # killed while it was being made
             await self.delete(run, grace=run.kill_grace)
+
+    def _no_steps(self) -> str:
+        return (
+            f"job steps (srun, mgpu rsh) do not run on Kubernetes partition {self.partition}: "
+            "its config has no kubernetes.steps"
+        )
 
     def _identity(self, launch: Launch) -> tuple[int, int]:
         """The uid and gid the Pod runs as: the job's user's, as this machine knows it."""
@@ -449,6 +467,7 @@ class PodRuns:
         """The waits that ran out: for room, for an image, the time limit, a Pod stuck
         being deleted."""
         section = self.section
+        self.agents.check(now)
         for run in list(self.runs.values()):
             if not run.killing and self._job(run.job_id, run.epoch) is None:
                 # The master gave the run up without a kill (its node was lost, say): its

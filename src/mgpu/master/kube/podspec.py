@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu.kubesection import KubernetesSection
+from mgpu.master.kube.podsteps import pod_agent_env, with_pod_agent
 from mgpu.protocol import Launch
 
 __all__ = [
@@ -198,6 +199,11 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
         env.append({"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env += [e for e in env_t if e.get("name") not in job_env and e.get("name") != POD_IP]
     env += [{"name": k, "value": v} for k, v in job_env.items()]
+    if section.steps is not None:  # the pod agent beside the job (mgpu.master.kube.podsteps)
+        command = with_pod_agent(command)
+        agent_env = pod_agent_env(section.steps)
+        ours = {e["name"] for e in agent_env}
+        env = agent_env + [e for e in env if e.get("name") not in ours]
     container.update(
         {
             "name": CONTAINER,

@@ -1,0 +1,212 @@
+"""The pod agents of the jobs' Pods, and the steps the master sends to a Kubernetes Node.
+
+On mgpu's own nodes a step (`srun`, `mgpu rsh`) is a launch sent to the node's agent.
+On a Kubernetes partition a Node has no agent of mgpu's; the job's Pod on it has one
+(mgpu.podagent), which connects to `/api/kube/pod` with the job's credential and names
+its Pod.  It is admitted only for a Pod this master runs for that very job and run
+(epoch), not ended: it may then be sent that job's steps on that Pod's node, and tell
+their start, output and end, nothing else (a message about any other run is dropped).
+A step sent before its Pod's agent is there waits for it, `steps.agent_wait` at most,
+then ends with a sentence; so does a step whose agent went away and did not come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from mgpu.master.kube.podsteps import step_for_pod
+from mgpu.master.kube.runs import PodRun
+from mgpu.model import JobState
+from mgpu.protocol import Exited, Kill, Launch, Output, SignalRun, Started, encode
+
+if TYPE_CHECKING:
+    from mgpu.master.kube.pods import PodRuns
+
+log = logging.getLogger("mgpu.master.kube")
+
+__all__ = ["PodAgent", "PodAgents"]
+
+OUTBOX_LIMIT = 10_000
+"""Messages queued for one agent that does not read: past it, the link is closed."""
+
+
+@dataclass(eq=False)
+class PodAgent:
+    """One connected pod agent: its Pod's run, and what is to be written to it."""
+
+    pod: str
+    runs: PodRuns
+    run: PodRun
+    outbox: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    closed: bool = False
+
+    def send(self, message: BaseModel) -> None:
+        if self.closed:
+            return
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            log.warning("pod agent of %s reads nothing: its link is closed", self.pod)
+            self.closed = True
+            self.outbox.put_nowait("")  # wakes the writer, which sees `closed`
+            return
+        self.outbox.put_nowait(encode(message))
+
+
+@dataclass
+class _Step:
+    """A step sent to a Pod: waiting for its agent (`since`), or with it."""
+
+    pod: str
+    node_id: str
+    runs: PodRuns
+    launch: Launch
+    since: float | None = None
+    """When it began to wait for the Pod's agent (None: the agent has it)."""
+
+
+class PodAgents:
+    """Every partition's pod agents, by Pod name, and the steps sent to them."""
+
+    def __init__(self) -> None:
+        self.partitions: list[PodRuns] = []
+        self.agents: dict[str, PodAgent] = {}
+        self.steps: dict[str, _Step] = {}
+        """Step run id → where it was sent."""
+
+    # ---- the agents' connections ------------------------------------------
+
+    def admit(self, pod: str, token_id: str) -> PodAgent | str:
+        """The agent of `pod` for a caller authenticated as `token_id`, or why not."""
+        for runs in self.partitions:
+            run = runs.runs.get(pod)
+            if run is None:
+                continue
+            if runs.section.steps is None:
+                return f"partition {runs.partition} runs no steps (kubernetes.steps)"
+            if token_id != f"job:{run.job_id}":
+                return f"not the credential of the job of pod {pod}"
+            job = runs.cl.jobs.get(run.job_id)
+            if run.ended or job is None or job.state != JobState.RUNNING or job.epoch != run.epoch:
+                return f"pod {pod} runs no job now"
+            return PodAgent(pod, runs, run)
+        return f"no pod {pod} of a running job here"
+
+    def attach(self, agent: PodAgent) -> None:
+        """`agent` is its Pod's (a newer connection replaces an older one); the steps that
+        waited for it are sent."""
+        old = self.agents.get(agent.pod)
+        if old is not None:
+            old.closed = True
+            old.outbox.put_nowait("")
+        self.agents[agent.pod] = agent
+        log.info("pod agent of %s connected", agent.pod)
+        for step in self.steps.values():
+            if step.pod == agent.pod:
+                step.since = None
+                agent.send(step.launch)  # again after a reconnect: the agent knows its own
+
+    def detach(self, agent: PodAgent) -> None:
+        agent.closed = True
+        if self.agents.get(agent.pod) is agent:
+            del self.agents[agent.pod]
+            now = time.monotonic()
+            for step in self.steps.values():
+                if step.pod == agent.pod and step.since is None:
+                    step.since = now  # it may come back (a dropped connection)
+
+    def received(self, agent: PodAgent, message: BaseModel) -> None:
+        """A message of `agent`: a start, output or end of a step sent to it, else
+        dropped."""
+        if not isinstance(message, (Started, Output, Exited)):
+            log.warning("pod agent of %s sent a %s: dropped", agent.pod, type(message).__name__)
+            return
+        step = self.steps.get(message.job_id)
+        if step is None or step.pod != agent.pod or step.launch.epoch != message.epoch:
+            return  # not one of its steps (or one already ended)
+        if isinstance(message, Exited):
+            del self.steps[message.job_id]
+        step.runs.tell(step.node_id, message)
+
+    # ---- the master's messages --------------------------------------------
+
+    def deliver(self, runs: PodRuns, node_id: str, message: BaseModel) -> None:
+        """The master's message about a step run on the Kubernetes Node `node_id`."""
+        if isinstance(message, Launch):
+            self._launch(runs, node_id, message)
+            return
+        step = self.steps.get(getattr(message, "job_id", ""))
+        if step is None:
+            return
+        agent = self.agents.get(step.pod)
+        if isinstance(message, Kill):
+            if agent is None:  # never started, or its agent is away: it ends now
+                self._end(step, f"killed ({message.reason}) before its pod's agent had it")
+            else:
+                agent.send(message)
+        elif isinstance(message, SignalRun) and agent is not None:
+            agent.send(message)
+
+    def _launch(self, runs: PodRuns, node_id: str, launch: Launch) -> None:
+        step = runs.cl.state.steps.by_id.get(launch.job_id)
+        job = None if step is None else runs._job(step.job_id, launch.epoch)
+        run = None
+        if step is not None:
+            run = next(
+                (
+                    r
+                    for r in runs.of_job(step.job_id, launch.epoch)
+                    if r.slot_node == node_id and not r.ended
+                ),
+                None,
+            )
+        if job is None or run is None:
+            refused = f"the job has no pod on {node_id} to run the step"
+            runs.tell(node_id, _ended(launch, refused))
+            return
+        if launch.pty is not None:
+            why = "a step on a terminal (--pty) does not run on a Kubernetes partition"
+            runs.tell(node_id, _ended(launch, why))
+            return
+        slot = next(s for s in job.allocation if s.node_id == node_id)
+        sent = _Step(run.name, node_id, runs, step_for_pod(launch, list(slot.gpu_ids)))
+        self.steps[launch.job_id] = sent
+        agent = self.agents.get(run.name)
+        if agent is None:
+            sent.since = time.monotonic()
+        else:
+            agent.send(sent.launch)
+
+    # ---- bounded waits ----------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """Steps whose Pod's agent did not come within `agent_wait`, or whose Pod ended."""
+        for step in list(self.steps.values()):
+            run = step.runs.runs.get(step.pod)
+            if run is None or run.ended:
+                self._end(step, f"pod {step.pod} ended")
+                continue
+            steps = step.runs.section.steps
+            wait = steps.agent_wait if steps is not None else 0.0
+            if step.since is not None and now - step.since > wait:
+                what = "did not connect" if run.started_at is None else "is not connected"
+                self._end(step, f"the mgpu pod agent of pod {step.pod} {what} within {wait:g} s")
+
+    def _end(self, step: _Step, why: str) -> None:
+        self.steps.pop(step.launch.job_id, None)
+        step.runs.tell(step.node_id, _ended(step.launch, why))
+
+
+def _ended(launch: Launch, why: str) -> Exited:
+    """A step's end told for its agent: it never ran (or is lost), with why."""
+    return Exited(
+        job_id=launch.job_id,
+        epoch=launch.epoch,
+        exit_code=None,
+        time=time.time(),
+        launch_error=why,
+    )

@@ -1,0 +1,199 @@
+"""`srun` steps inside a job on a Kubernetes partition (a real Kubernetes 1.20,
+tests/kubecluster.py): each Pod of the job runs mgpu's pod agent (`kubernetes.steps`),
+which dials the master from the Pod network with the job's credential, over TLS pinned
+to the cluster's CA, and runs the job's steps sent to its Pod's node.
+
+A batch script on two Pods runs `srun` across both (four tasks, their SLURM_PROCID,
+LOCALID and NODEID, in the Pod of their node, with the GPU the container sees), its
+output in the job's, srun's exit codes, and the steps' sacct rows; a 1-node job runs a
+step in its own Pod.  The Pods' image is a static busybox: the test's own Python (the venv
+and this checkout's source) reaches them as hostPath volumes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN, LocalCluster
+from kubecluster import IMAGE_BUSYBOX, KubeCluster, free_port, wait_for
+from kubemaster import job_pods
+from mgpu import Client
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ENV = {"PATH": "/bin:/usr/bin", "HOME": "/tmp"}
+SLURM = {"batch": True, "partition": "k8s", "job_name_default": "job.sh", "submit_dir": "/"}
+SHIM = '#!/bin/sh\nPYTHONPATH={src} exec {python} -m {command} "$@"\n'
+
+
+def _host_paths(extra: list[Path]) -> list[tuple[str, str, str]]:
+    """(name, path on the machine, path in the Pod) of what a Pod needs to run this
+    Python and mgpu: the venv, its base interpreter, the C libraries, the source."""
+    paths = [sys.prefix, sys.base_prefix, "/lib/x86_64-linux-gnu", "/lib64"]
+    paths += ["/usr/lib/x86_64-linux-gnu", *map(str, extra)]
+    unique = list(dict.fromkeys(p for p in paths if os.path.exists(p)))
+    return [(f"h{i}", os.path.realpath(p), p) for i, p in enumerate(unique)]
+
+
+@pytest.fixture(scope="module")
+def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What a site puts in its image: `mgpu` and Slurm's `srun`, here shims of the
+    test's Python and this checkout's source."""
+    where = tmp_path_factory.mktemp("podbin")
+    where.chmod(0o755)
+    for name, command in (("mgpu", "mgpu"), ("srun", "mgpu.slurm srun")):
+        shim = where / name
+        shim.write_text(SHIM.format(src=SRC, python=sys.executable, command=command))
+        shim.chmod(0o755)
+    return where
+
+
+def _config(kube: KubeCluster, bin_dir: Path, port: int) -> str:
+    mounts = _host_paths([SRC, bin_dir])
+    volumes = ", ".join(f"{{name: {n}, hostPath: {{path: {h}}}}}" for n, h, _ in mounts)
+    volume_mounts = ", ".join(
+        f"{{name: {n}, mountPath: {p}, readOnly: true}}" for n, _, p in mounts
+    )
+    return f"""
+cluster: {{name: lab}}
+networking: {{timeout: 20}}
+scheduling: {{kill_grace: 2}}
+partitions:
+  - name: k8s
+    default: true
+    kubernetes:
+      kubeconfig: {kube.kubeconfig}
+      namespace: default
+      image: {IMAGE_BUSYBOX}
+      unschedulable_timeout: 30
+      requeue_backoff: 1
+      steps: {{master: "{kube.vc.gateway_ip}:{port}", bin: {bin_dir}, agent_wait: 60}}
+      pod_template:
+        spec:
+          volumes: [{volumes}]
+          containers:
+            - name: main
+              workingDir: /tmp
+              volumeMounts: [{volume_mounts}]
+"""
+
+
+class _PodNetworkMaster(LocalCluster):
+    """A master the Pods reach: bound to every address (the test cluster's gateway
+    too), so it serves TLS, as a master on a real network does."""
+
+    def start_master(self, wait: bool = True) -> subprocess.Popen[bytes]:
+        argv = [str(BIN / "mgpu"), "master", "--host", "0.0.0.0", "--port", str(self.port)]
+        argv += ["--state-dir", str(self.state_dir)]
+        if self.config_path is not None:
+            argv += ["--config", str(self.config_path)]
+        self.master = self._spawn(argv, self.root / "master.log")
+        wait_for("the master's tokens", self._load_tokens, 60)
+        return self.master
+
+
+@pytest.fixture(scope="module")
+def master(
+    kube: KubeCluster, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("kmaster")
+    port = free_port()
+    cluster = _PodNetworkMaster(root, _config(kube, bin_dir, port))
+    cluster.port = port
+    cluster.address = f"127.0.0.1:{port}"
+    cluster.env["MGPU_MASTER"] = cluster.address
+    try:
+        cluster.start_master()
+
+        def online() -> bool:
+            nodes = cluster.client().nodes()
+            ours = [n for n in nodes if n.get("kubernetes")]
+            return len(ours) == 2 and all(n["state"] == "online" for n in nodes)
+
+        wait_for("both Nodes as mgpu nodes", online, 120)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _sacct(master: LocalCluster, token: str, job_id: str) -> list[str]:
+    done = subprocess.run(
+        [str(BIN / "mgpu"), "sacct", "-j", job_id, "-n", "-P", "--format=JobID,State,ExitCode"],
+        env={**master.env, "MGPU_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+TWO_NODES = """\
+#!/bin/sh
+srun -N2 --ntasks-per-node=2 sh -c 'echo "task $SLURM_PROCID local $SLURM_LOCALID \
+node $SLURM_NODEID on $(hostname) gpu $CUDA_VISIBLE_DEVICES"'
+echo "first=$?"
+srun -n2 sh -c 'echo "exiting $SLURM_PROCID"; exit $((SLURM_PROCID + 3))'
+echo "second=$?"
+"""
+
+
+def test_srun_steps_run_across_the_jobs_two_pods(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    job_id = nobody.submit_script(
+        TWO_NODES, name="job.sh", nodes=2, gpus_per_node=1, env=ENV, slurm=SLURM
+    ).id
+
+    def both() -> dict[str, str] | None:  # rank → its Pod's name, once both are made
+        pods = job_pods(kube, f"mgpu.io/job={job_id}")
+        names = {p["metadata"]["labels"]["mgpu.io/rank"]: p["metadata"]["name"] for p in pods}
+        return names if len(names) == 2 else None
+
+    names = wait_for("the job's two pods", both, 120)
+    job = nobody.wait(job_id, timeout=240)
+    out = nobody.logs(job_id)
+    assert job["state"] == "completed", (job, out, (master.root / "master.log").read_text()[-3000:])
+    tasks = sorted(line for line in out.splitlines() if line.startswith("task "))
+    assert tasks == [
+        f"task 0 local 0 node 0 on {names['0']} gpu 0",
+        f"task 1 local 1 node 0 on {names['0']} gpu 0",
+        f"task 2 local 0 node 1 on {names['1']} gpu 0",
+        f"task 3 local 1 node 1 on {names['1']} gpu 0",
+    ], out
+    assert "first=0" in out and "second=4" in out, out  # srun's: its tasks' highest code
+    assert sorted(x for x in out.splitlines() if x.startswith("exiting")) == [
+        "exiting 0",
+        "exiting 1",
+    ]
+    rows = _sacct(master, nobody_token, job_id)
+    assert f"{job_id}.0|COMPLETED|0:0" in rows, rows
+    assert f"{job_id}.1|FAILED|4:0" in rows, rows
+    wait_for("the job's pods gone", lambda: not job_pods(kube, f"mgpu.io/job={job_id}"), 60)
+
+
+def test_a_step_runs_in_a_one_node_jobs_pod(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    script = (
+        '#!/bin/sh\nsrun sh -c \'echo "step in $(hostname) as $(id -u)"; exit 7\'\necho "srun=$?"\n'
+    )
+    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
+    wait_for("the job running", lambda: nobody.show(job_id)["state"] != "queued", 120)
+    [pod] = wait_for("the job's pod", lambda: job_pods(kube, f"mgpu.io/job={job_id}"), 120)
+    job = nobody.wait(job_id, timeout=180)
+    out = nobody.logs(job_id)
+    assert job["state"] == "completed", (job, out)
+    uid = pod["spec"]["containers"][0]["securityContext"]["runAsUser"]
+    assert out.splitlines() == [
+        f"step in {pod['metadata']['name']} as {uid}",
+        f"srun: error: {job['pods'][0]['node']}: task 0: Exited with exit code 7",  # srun's
+        "srun=7",
+    ], out
+    assert f"{job_id}.0|FAILED|7:0" in _sacct(master, nobody_token, job_id)
