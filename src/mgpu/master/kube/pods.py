@@ -31,6 +31,8 @@ from mgpu.kube import (
     KubeClient,
     KubeConflict,
     KubeError,
+    KubeForbidden,
+    KubeUnauthorized,
     KubeUnreachable,
     PodView,
     unschedulable_message,
@@ -256,8 +258,23 @@ class PodRuns:
             await self.client.delete_pod(
                 run.name, self.namespace, grace_seconds=_grace(grace), force=force
             )
+        except (KubeForbidden, KubeUnauthorized) as e:
+            log.warning("%s", e)
+            if run.killing and not run.ended:
+                self._refused_kill(run, str(e))
         except KubeError as e:
             log.warning("%s", e)
+
+    def _refused_kill(self, run: PodRun, why: str) -> None:
+        """The API server refuses to delete a run's Pod (RBAC narrowed): no deletion will
+        ever be seen, so the run ends now (its job is not left waiting for one) and the Pod
+        is left where it is: no longer the job's, it counts as another workload's, its GPUs
+        taken until someone deletes it."""
+        run.ended = True
+        run.force_at = None
+        log.error("pod %s is left running: %s", run.name, why)
+        if not run.holds:
+            self.tell(run.slot_node, _exited(run.job_id, run.epoch, timed_out=run.timed_out))
 
     # ---- what the Pods do -------------------------------------------------
 
