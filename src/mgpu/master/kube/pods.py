@@ -45,6 +45,7 @@ from mgpu.master.kube.runs import (
     NO_ROOM_REASONS,
     PodRun,
     container_state,
+    generation_of,
     waiting_message,
 )
 from mgpu.master.state.steps import is_step_id
@@ -201,6 +202,7 @@ class PodRuns:
             master_addr=master_addr,
             node_addr=first.ip if first is not None else "",
             holds=holds,
+            generation=self.generation(),
         )
         pod = build_pod(launch, self.section, shape)
         name = pod["metadata"]["name"]
@@ -213,7 +215,10 @@ class PodRuns:
             made = await self.client.create_pod(pod, self.namespace)
             run.uid = str((made.get("metadata") or {}).get("uid", ""))
         except KubeConflict:
-            pass  # made already (a launch sent again): the watch has it
+            # Made already: by this master (a launch sent again: the watch has it), or by
+            # a deposed one whose launch was never stored (its Pod must not run as ours).
+            if await self._deposed_pod_in_the_way(run, launch):
+                return
         except KubeUnreachable as e:
             self.runs.pop(name, None)
             self.send_back(launch.job_id, launch.epoch, str(e))
@@ -226,6 +231,26 @@ class PodRuns:
             return
         if run.killing:  # killed while it was being made
             await self.delete(run, grace=run.kill_grace)
+
+    def generation(self) -> int | None:
+        """This master's lease generation (None: one master, no lease)."""
+        return self.cl.store.fence.generation
+
+    async def _deposed_pod_in_the_way(self, run: PodRun, launch: Launch) -> bool:
+        """The Pod named as this run's was made by another master generation: a deposed
+        leader's, for a launch it never stored.  It is deleted and the job sent back (its
+        next run is another Pod); True then."""
+        mine = self.generation()
+        try:
+            there = generation_of(PodView.of(await self.client.get_pod(run.name, self.namespace)))
+        except KubeError as e:
+            log.warning("%s", e)
+            return False
+        if mine is None or there == mine:
+            return False
+        why = f"pod {run.name} of another master (generation {there}) was in the way"
+        self.send_back(launch.job_id, launch.epoch, why)
+        return True
 
     def _identity(self, launch: Launch) -> tuple[int, int]:
         """The uid and gid the Pod runs as: the job's user's, as this machine knows it."""
