@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu.kubesection import KubernetesSection
+from mgpu.master.kube.podoutput import runner
 from mgpu.protocol import Launch
 
 __all__ = [
@@ -133,6 +134,10 @@ def _command(launch: Launch) -> tuple[list[str], dict[str, str]]:
     """The container's command and what it adds to the environment."""
     if launch.script is not None:
         name = launch.script_name or "script"
+        if launch.output_file is not None:  # -o/-e files (mgpu.master.kube.podoutput)
+            error = launch.error_file or launch.output_file
+            argv = runner(name, launch.output_file, error, launch.open_append, launch.argv)
+            return argv, {SCRIPT_VARIABLE: launch.script}
         return ["/bin/sh", "-c", SCRIPT_RUNNER, name, *launch.argv], {
             SCRIPT_VARIABLE: launch.script
         }
