@@ -71,10 +71,18 @@ def test_a_file_that_cannot_be_opened_is_slurms_sentence(shell: list[str], tmp_p
 
 def test_a_batch_pod_with_output_files_runs_the_runner() -> None:
     launch = Launch(job_id="5", epoch=1, argv=["x"], env={}, grant=Grant(gpus=[]),
-                    script=SCRIPT, script_name="job.sh", output_file="slurm-5.out")  # fmt: skip
+                    script=SCRIPT, script_name="job.sh", output_file="slurm-5.out",
+                    cwd="/nas/alice/run")  # fmt: skip
     shape = PodShape(cluster="lab", rank=0, slot_node="n1", pinned=False, gang=1, gpus=0,
                      uid=1000, gid=1000)  # fmt: skip
-    container = build_pod(launch, KubernetesSection(image="i"), shape)["spec"]["containers"][0]
-    assert container["command"] == runner("job.sh", "slurm-5.out", "slurm-5.out", False, ["x"])
-    env = {e["name"]: e.get("value") for e in container["env"]}
+    mount = {"name": "nas", "mountPath": "/nas"}
+    template = {"spec": {"containers": [{"name": "main", "volumeMounts": [mount]}]}}
+    container = build_pod(launch, KubernetesSection(image="i", pod_template=template), shape)
+    job = container["spec"]["containers"][0]
+    assert job["command"] == runner("job.sh", "slurm-5.out", "slurm-5.out", False, ["x"])
+    assert job["workingDir"] == "/nas/alice/run"
+    env = {e["name"]: e.get("value") for e in job["env"]}
     assert env["MGPU_BATCH_SCRIPT"] == SCRIPT
+    # No volume holds the job's directory: the files would go with the container; none.
+    bare = build_pod(launch, KubernetesSection(image="i"), shape)["spec"]["containers"][0]
+    assert "slurm-5.out" not in bare["command"]
