@@ -219,7 +219,11 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         foreign = [g for g in gpus if g.get("foreign_blocked") and not g.get("busy_job")]
         state = n["state"] + ("" if n.get("connected", True) else "*")
         util, mem = _gpu_use(gpus)
-        reason = [n.get("reason") or ""] + [_foreign_note(n["node_id"], g) for g in foreign]
+        reason = [n.get("reason") or ""]
+        if n.get("kubernetes"):  # a Kubernetes Node: the other Pods that hold its GPUs
+            reason += [_pod_note(p) for p in n.get("pods") or [] if p.get("gpus")]
+        else:
+            reason += [_foreign_note(n["node_id"], g) for g in foreign]
         reason += [shared_note(g) for g in gpus if g.get("shared_jobs")]
         reason.append(_shares_note(gpus))
         if n.get("run_as_user"):  # a non-root agent cannot switch users
@@ -279,6 +283,12 @@ def shared_note(gpu: dict[str, Any]) -> str:
     used = gpu.get("share_used") or sum(t["share"] for t in tenants)
     jobs = "1 job" if len(tenants) == 1 else f"{len(tenants)} jobs"
     return f"GPU {gpu['index']} shared: {used:g} used by {jobs}"
+
+
+def _pod_note(pod: dict[str, Any]) -> str:
+    """`pod default/train holds 2 GPUs (Running)`: another workload's Pod on a Node."""
+    gpus = int(pod["gpus"])
+    return f"pod {pod['name']} holds {gpus} GPU{'' if gpus == 1 else 's'} ({pod.get('phase')})"
 
 
 def _foreign_note(node_id: str, gpu: dict[str, Any]) -> str:

@@ -307,8 +307,8 @@ function gpuTable(n) {
     const t = g.telemetry || {};
     const st = gpuState(n, g);
     const tenants = g.shared_jobs || [];
-    const note = st === "foreign"
-      ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
+    const note = st === "foreign" && n.kubernetes ? ' <span class="note">held by a Pod outside mgpu</span>'
+      : st === "foreign" ? ` <span class="note">${esc(t.foreign_memory_mb)} MB outside mgpu</span>`
       : (t.foreign_processes || []).length && st === "busy" ? ' <span class="note">+ foreign use</span>'
       : st === "shared" ? ` <span class="note">${esc(+g.share_used.toFixed(3))} used by ${tenants.length} job${tenants.length === 1 ? "" : "s"}</span>` : "";
     const mem = t.memory_used_mb == null ? "-"
@@ -346,9 +346,20 @@ function hostUse(n) {
   return parts.length ? `<div class="note">${parts.join(" · ")}</div>` : "";
 }
 
+// A Kubernetes Node: its partition, and who holds its GPUs (mgpu's jobs' Pods, others' Pods).
+function kubePods(n) {
+  if (!n.kubernetes) return "";
+  const gpus = (h) => `${esc(h.gpus)} GPU${h.gpus === 1 ? "" : "s"}`;
+  const held = (n.gpu_holders || []).map((h) => h.kind === "job"
+    ? `job <a href="#/job/${esc(h.job)}">${esc(h.job)}</a> (${h.pod ? "pod " + esc(h.pod) + ", " : ""}${gpus(h)})`
+    : `pod ${esc(h.pod)} (${gpus(h)}, ${esc(h.phase)})`);
+  return `<div class="note" data-kube="${esc(n.partition)}">Kubernetes partition ${esc(n.partition)}` +
+    ` · GPUs held by: ${held.length ? held.join(", ") : "nobody"}</div>`;
+}
+
 // A node's card is its head and these sections, in order: add one here for a new view of a
 // node (it gets the node's JSON from node_details in mgpu.master.dashboard).
-const NODE_SECTIONS = [hostUse, gpuTable, nodeJobs];
+const NODE_SECTIONS = [hostUse, kubePods, gpuTable, nodeJobs];
 
 function nodeCard(n, closable) {
   const sim = (n.gpus || []).some((g) => g.telemetry && g.telemetry.simulated);

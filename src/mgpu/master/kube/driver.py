@@ -47,7 +47,7 @@ from mgpu.master.kube.podspec import (
     label_value,
     template_parts,
 )
-from mgpu.master.kube.runs import PodRun, container_state, run_of
+from mgpu.master.kube.runs import PodRun, container_state, generation_of, run_of
 from mgpu.model import JobState, Slot, SlotPhase
 from mgpu.protocol import Hello, RunningReport
 
@@ -296,6 +296,13 @@ class KubePartition:
         runs that job there; else it is deleted."""
         assert self.runs is not None
         run = run_of(view, time.monotonic())
+        made_by, mine = generation_of(view), self.runs.generation()
+        if made_by is not None and mine is not None and made_by > mine:
+            # A newer leader's Pod: this master is the deposed one, and judges nothing.
+            log.warning(
+                "pod %s is of a newer master (generation %d): left alone", view.name, made_by
+            )
+            return None
         job = None if run is None else self.cl.jobs.get(run.job_id)
         if (
             run is None

@@ -31,6 +31,8 @@ from mgpu.kube import (
     KubeClient,
     KubeConflict,
     KubeError,
+    KubeForbidden,
+    KubeUnauthorized,
     KubeUnreachable,
     PodView,
     unschedulable_message,
@@ -44,6 +46,7 @@ from mgpu.master.kube.runs import (
     NO_ROOM_REASONS,
     PodRun,
     container_state,
+    generation_of,
     waiting_message,
 )
 from mgpu.master.state.steps import is_step_id
@@ -211,6 +214,7 @@ class PodRuns:
             master_addr=master_addr,
             node_addr=first.ip if first is not None else "",
             holds=holds,
+            generation=self.generation(),
         )
         pod = build_pod(launch, self.section, shape)
         name = pod["metadata"]["name"]
@@ -223,7 +227,10 @@ class PodRuns:
             made = await self.client.create_pod(pod, self.namespace)
             run.uid = str((made.get("metadata") or {}).get("uid", ""))
         except KubeConflict:
-            pass  # made already (a launch sent again): the watch has it
+            # Made already: by this master (a launch sent again: the watch has it), or by
+            # a deposed one whose launch was never stored (its Pod must not run as ours).
+            if await self._deposed_pod_in_the_way(run, launch):
+                return
         except KubeUnreachable as e:
             self.runs.pop(name, None)
             self.send_back(launch.job_id, launch.epoch, str(e))
@@ -242,6 +249,26 @@ class PodRuns:
             f"job steps (srun, mgpu rsh) do not run on Kubernetes partition {self.partition}: "
             "its config has no kubernetes.steps"
         )
+
+    def generation(self) -> int | None:
+        """This master's lease generation (None: one master, no lease)."""
+        return self.cl.store.fence.generation
+
+    async def _deposed_pod_in_the_way(self, run: PodRun, launch: Launch) -> bool:
+        """The Pod named as this run's was made by another master generation: a deposed
+        leader's, for a launch it never stored.  It is deleted and the job sent back (its
+        next run is another Pod); True then."""
+        mine = self.generation()
+        try:
+            there = generation_of(PodView.of(await self.client.get_pod(run.name, self.namespace)))
+        except KubeError as e:
+            log.warning("%s", e)
+            return False
+        if mine is None or there == mine:
+            return False
+        why = f"pod {run.name} of another master (generation {there}) was in the way"
+        self.send_back(launch.job_id, launch.epoch, why)
+        return True
 
     def _identity(self, launch: Launch) -> tuple[int, int]:
         """The uid and gid the Pod runs as: the job's user's, as this machine knows it."""
@@ -274,8 +301,23 @@ class PodRuns:
             await self.client.delete_pod(
                 run.name, self.namespace, grace_seconds=_grace(grace), force=force
             )
+        except (KubeForbidden, KubeUnauthorized) as e:
+            log.warning("%s", e)
+            if run.killing and not run.ended:
+                self._refused_kill(run, str(e))
         except KubeError as e:
             log.warning("%s", e)
+
+    def _refused_kill(self, run: PodRun, why: str) -> None:
+        """The API server refuses to delete a run's Pod (RBAC narrowed): no deletion will
+        ever be seen, so the run ends now (its job is not left waiting for one) and the Pod
+        is left where it is: no longer the job's, it counts as another workload's, its GPUs
+        taken until someone deletes it."""
+        run.ended = True
+        run.force_at = None
+        log.error("pod %s is left running: %s", run.name, why)
+        if not run.holds:
+            self.tell(run.slot_node, _exited(run.job_id, run.epoch, timed_out=run.timed_out))
 
     # ---- what the Pods do -------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.podsteps import pod_agent_env, with_pod_agent
+from mgpu.master.kube.podoutput import runner
 from mgpu.protocol import Launch
 
 __all__ = [
@@ -118,22 +119,33 @@ class PodShape:
     """The Pod holds a batch job's slot and runs nothing of the job's."""
 
 
+def _on_volume(cwd: str | None, container: dict[str, Any]) -> bool:
+    """Whether a template volume mounts the job's directory."""
+    for mount in container.get("volumeMounts") or [] if cwd else []:
+        path = str(mount.get("mountPath") or "")
+        if cwd and path and (cwd == path or cwd.startswith(path.rstrip("/") + "/")):
+            return True
+    return False
+
+
 def _working_dir(cwd: str | None, container: dict[str, Any]) -> str | None:
     """The job's directory where the template mounts it (a volume holds it), else the
     template's own working directory."""
-    if cwd:
-        for mount in container.get("volumeMounts") or []:
-            path = str(mount.get("mountPath") or "")
-            if path and (cwd == path or cwd.startswith(path.rstrip("/") + "/")):
-                return posixpath.normpath(cwd)
+    if cwd and _on_volume(cwd, container):
+        return posixpath.normpath(cwd)
     wd = container.get("workingDir")
     return str(wd) if wd else None
 
 
-def _command(launch: Launch) -> tuple[list[str], dict[str, str]]:
-    """The container's command and what it adds to the environment."""
+def _command(launch: Launch, files: bool) -> tuple[list[str], dict[str, str]]:
+    """The container's command and what it adds to the environment; `files`: the -o/-e
+    files are written (the job's directory is on a volume: they outlive the Pod)."""
     if launch.script is not None:
         name = launch.script_name or "script"
+        if files and launch.output_file is not None:  # mgpu.master.kube.podoutput
+            error = launch.error_file or launch.output_file
+            argv = runner(name, launch.output_file, error, launch.open_append, launch.argv)
+            return argv, {SCRIPT_VARIABLE: launch.script}
         return ["/bin/sh", "-c", SCRIPT_RUNNER, name, *launch.argv], {
             SCRIPT_VARIABLE: launch.script
         }
@@ -190,7 +202,7 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
     meta_t, spec = template_parts(copy.deepcopy(section.pod_template))
     containers = list(spec.get("containers") or [{}])
     container = dict(containers[0])
-    command, extra_env = _command(launch)
+    command, extra_env = _command(launch, files=_on_volume(launch.cwd, container))
     env_t = [e for e in container.get("env") or [] if isinstance(e, dict)]
     job_env = {**launch.env, **_gpu_env(launch, shape.gpus), **extra_env}
     env: list[dict[str, Any]] = []

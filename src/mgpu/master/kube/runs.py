@@ -13,6 +13,7 @@ from typing import Any
 
 from mgpu.kube import PodView
 from mgpu.master.kube.podspec import (
+    ANN_GENERATION,
     ANN_HOLDS,
     ANN_JOB,
     ANN_NODE,
@@ -26,6 +27,7 @@ __all__ = [
     "NO_ROOM_REASONS",
     "PodRun",
     "container_state",
+    "generation_of",
     "run_of",
     "waiting_message",
 ]
@@ -73,6 +75,15 @@ class PodRun:
     of it is the job's."""
     ip: str = ""
     """Its Pod's address, once it has one."""
+
+
+def generation_of(view: PodView) -> int | None:
+    """The generation of the master that made the Pod (its lease's: mgpu.master.ha), None
+    when it does not say (a master of one SQLite store has none)."""
+    try:
+        return int(view.annotations[ANN_GENERATION])
+    except (KeyError, ValueError):
+        return None
 
 
 def run_of(view: PodView, now: float) -> PodRun | None:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from fastapi import Request, Response
 
+from mgpu.master.monitor.kubeholders import gpu_holders
 from mgpu.master.monitor.observe import Observed
 from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job, JobState, NodeState
@@ -113,6 +114,8 @@ def node_details(node: NodeRecord, jobs: Mapping[str, Job]) -> dict[str, Any]:
         {"id": j.id, "name": j.name, "user": j.user, "state": j.state.value, "gpus": j.gpus}
         for j in here
     ]
+    if node.partition is not None:  # a Kubernetes Node: who holds its GPUs, Pod by Pod
+        out["gpu_holders"] = gpu_holders(node, jobs)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from mgpu.master.monitor.kubeholders import gpu_holders
 from mgpu.master.runtime.looplag import LoopLag
 from mgpu.master.state.registry import NodeRecord
 from mgpu.model import Job, JobState, NodeState
@@ -130,6 +131,7 @@ def render_metrics(cluster: MetricsSource) -> str:
     gpus.labels("free").set(total - busy - foreign)
     _gpu_gauges(cluster, reg)
     _host_gauges(cluster, reg)
+    _kube_gauges(cluster, reg)
     events = Counter("mgpu_jobs_ended", "Jobs ended since start", ["outcome"], registry=reg)
     for k in ("completed", "failed"):
         events.labels(k).inc(cluster.counters[k])
@@ -221,3 +223,39 @@ def _host_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
                 job_cpus.labels(job.id, slot.node_id).set(slot.cpus)
             if slot.mem_mb:
                 job_mem.labels(job.id, slot.node_id).set(slot.mem_mb * _MIB)
+
+
+def _kube_gauges(cluster: MetricsSource, reg: CollectorRegistry) -> None:
+    """A Kubernetes partition's Nodes: which partition each is in, its GPUs by holder
+    (mgpu's jobs, other workloads' Pods, free) and who holds them, Pod by Pod."""
+    member = Gauge(
+        "mgpu_kubernetes_node",
+        "1 for each node that is a Kubernetes Node of a Kubernetes-backed partition",
+        ["node", "partition"],
+        registry=reg,
+    )
+    by = Gauge(
+        "mgpu_kubernetes_gpus",
+        "A Kubernetes Node's GPUs by holder: mgpu (its jobs), others (other Pods), free",
+        ["node", "holder"],
+        registry=reg,
+    )
+    held = Gauge(
+        "mgpu_kubernetes_pod_gpus",
+        "GPUs a Pod holds on a Kubernetes Node: an mgpu job's (job is its id) or another "
+        "workload's (job empty; pod is namespace/name)",
+        ["node", "pod", "job"],
+        registry=reg,
+    )
+    for node in cluster.nodes.values():
+        if node.partition is None:
+            continue
+        member.labels(node.node_id, node.partition).set(1)
+        holders = gpu_holders(node, cluster.jobs)
+        mine = sum(h["gpus"] for h in holders if h["kind"] == "job")
+        others = min(len(node.gpus) - mine, sum(h["gpus"] for h in holders if h["kind"] == "pod"))
+        by.labels(node.node_id, "mgpu").set(mine)
+        by.labels(node.node_id, "others").set(max(0, others))
+        by.labels(node.node_id, "free").set(max(0, len(node.gpus) - mine - others))
+        for h in holders:
+            held.labels(node.node_id, h["pod"] or "", h["job"] or "").set(h["gpus"])

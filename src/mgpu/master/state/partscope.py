@@ -13,10 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from mgpu.config import ClusterConfig
-from mgpu.model import Job
+from mgpu.model import ALLOCATION, Job
 from mgpu.scheduler import JobRequest
 
-__all__ = ["PartitionScope", "job_partition", "partition_scope", "scoped"]
+__all__ = [
+    "PartitionScope",
+    "job_partition",
+    "kube_allocation_refused",
+    "partition_scope",
+    "scoped",
+]
 
 
 @dataclass(frozen=True)
@@ -52,3 +58,21 @@ def scoped(
     if not kube_nodes:
         return req
     return replace(req, exclude=req.exclude | frozenset(kube_nodes))
+
+
+def kube_allocation_refused(job: Job, config: ClusterConfig) -> str | None:
+    """Why an allocation (salloc, `mgpu alloc`) cannot be made in `job`'s partition, when
+    that is a Kubernetes one (None: it can).  An allocation's slots are held by nothing
+    that runs, and its steps run on the nodes' agents: a Kubernetes Node has neither, and
+    GPUs that no Pod holds are another workload's to take."""
+    scope = partition_scope(config)
+    if scope is None or job.kind != ALLOCATION:
+        return None
+    part = job_partition(job, scope.default)
+    if part not in scope.kube:
+        return None
+    return (
+        f"partition {part} runs jobs as Kubernetes Pods and holds no allocation (salloc, "
+        "mgpu alloc): submit the work as a job there (sbatch, srun or mgpu submit), or "
+        "allocate in another partition"
+    )

@@ -1,0 +1,54 @@
+"""A Slurm batch job's -o/-e files in its Pod: written by the job's own user, in the job's
+working directory (a template volume mounts it: the site's NAS), as on mgpu's own nodes
+(mgpu.agent.outputfiles), while every byte still goes to the Pod's log (`mgpu logs`, the
+master's copy).
+
+The batch script's runner, a POSIX sh (busybox's will do), opens the files first
+(truncated, or appended to with --open-mode=append); one it cannot open ends the job with
+Slurm's sentence on stderr and status 53, as slurmstepd.  It then runs the script with its
+stdout and stderr through `tee -a`: each chunk the script writes goes to the file and to
+the log alike, so neither loses or repeats a line.  One file for both (the default) is one
+stream, as in Slurm; a separate -e file gets stderr.  The script's exit status is the
+Pod's.  The runner needs no privilege: it is the job's user, as the script is."""
+
+from __future__ import annotations
+
+__all__ = ["OPEN_FAILED", "runner"]
+
+OPEN_FAILED = 53
+"""The runner's status when an output file cannot be opened (mgpu.agent.outputfiles's)."""
+
+_WRITE_SCRIPT = (
+    'f=$(mktemp) && printf "%s" "$MGPU_BATCH_SCRIPT" > "$f" && chmod 700 "$f" '
+    "&& unset MGPU_BATCH_SCRIPT || exit 1"
+)
+_LINES = [
+    "out=$1 err=$2 mode=$3; shift 3",
+    _WRITE_SCRIPT,
+    "opened() {",
+    '  if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 )',
+    '  else why=$( { : >"$1"; } 2>&1 ); fi && return',
+    '  echo "slurmstepd: error: Could not open $2 file $1: ${why##*: }" >&2',
+    f"  exit {OPEN_FAILED}",
+    "}",
+    'opened "$out" stdout',
+    '[ "$err" = "$out" ] || opened "$err" stderr',
+    # Descriptor 3 is the Pod's stdout (its log); 4 carries the script's status out of the
+    # pipeline (sh has no pipefail), 5 the script's stdout past its stderr's own tee.
+    "exec 3>&1",
+    'if [ "$err" = "$out" ]; then',
+    '  c=$( { { "$f" "$@" 3>&- 4>&-; echo $? >&4; } 2>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
+    "else",
+    '  c=$( { { { "$f" "$@" 3>&- 4>&- 5>&-; echo $? >&4; } 2>&1 >&5 5>&- |',
+    '    tee -a "$err" >&2 4>&- 5>&-; } 5>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
+    "fi",
+    'exit "${c:-1}"',
+]
+RUNNER = "\n".join(_LINES)
+
+
+def runner(name: str, output: str, error: str, append: bool, argv: list[str]) -> list[str]:
+    """The container's command: the batch script (in MGPU_BATCH_SCRIPT) run with `argv`,
+    its output also written to `output` and `error` (relative to the working directory)."""
+    mode = "append" if append else "truncate"
+    return ["/bin/sh", "-c", RUNNER, name, output, error, mode, *argv]
