@@ -53,12 +53,9 @@ from mgpu.master.store.outputs import (
     is_marker,
 )
 from mgpu.master.store.outputtables import (
-    FROM_STAGE,
-    RUN_UPSERT,
-    SIZE_UPSERT,
-    STAGE,
     Run,
     create_output_tables,
+    write_rows,
 )
 from mgpu.master.store.pglink import Link, params
 from mgpu.master.store.pgreader import PgOutputReader
@@ -500,19 +497,7 @@ class PgOutputStore(OutputStore):
         return batch
 
     def _write(self, conn: psycopg.Connection[Any], batch: _Batch) -> None:
-        with conn.transaction():
-            self.fence.check(conn)
-            with conn.cursor() as cur:
-                # COPY is several times faster than INSERTs; through a temporary table,
-                # so that rows a lost commit may have stored already are skipped.
-                cur.execute(STAGE)
-                with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
-                    for row in batch.rows:
-                        copy.write_row(row)
-                cur.execute(FROM_STAGE)
-                cur.executemany(SIZE_UPSERT, batch.sizes)
-                if batch.runs:
-                    cur.executemany(RUN_UPSERT, batch.runs)
+        write_rows(conn, self.fence, batch.rows, batch.sizes, batch.runs)
 
     # ---- reads -------------------------------------------------------------
 
