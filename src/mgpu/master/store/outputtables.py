@@ -13,6 +13,7 @@ db import`'s copy of a SQLite cluster's output files into them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,11 @@ RUN_UPSERT = (
 )
 
 
-ONE_QUERY_ROWS = 64
-"""Records a flush sends as one query; more go through COPY."""
+ONE_QUERY_ENV = "MGPU_TEST_OUTPUT_ONE_QUERY_ROWS"
+ONE_QUERY_ROWS = int(os.environ.get(ONE_QUERY_ENV) or 64)
+"""Records a flush sends as one query; more go through COPY.  `$MGPU_TEST_OUTPUT_ONE_QUERY_ROWS`
+is a test hook (0: every flush through COPY, for the HA test that stops a leader inside a
+transaction of several round trips)."""
 ROWS_INSERT = "INSERT INTO job_output (job_id, n, line) VALUES"
 
 
