@@ -36,7 +36,7 @@ Measured, printed and written to bench/results/failover.json:
   this PostgreSQL cluster and on one master with SQLite, the same agents and jobs; run
   `BENCH_FAILOVER_TPUT_RUNS` times on each (alternating), the median quoted with the load
   average at each run (the machine may be shared).  `BENCH_FAILOVER_ONLY=throughput`
-  measures that alone (no kills).
+  measures that alone (no kills), written to bench/results/failover-throughput.json.
 
 Not a test (tests/e2e/test_failover.py is).  Needs PostgreSQL's server binaries
 (Debian's `postgresql`; scripts/install-system-deps.sh installs them).
@@ -76,6 +76,8 @@ from mgpu.testing import LocalCluster, wait_for
 from pgserver import PgServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"
+TPUT_RESULTS = RESULTS.with_name("failover-throughput.json")
+"""Where `BENCH_FAILOVER_ONLY=throughput` writes its pair of medians."""
 NODES = ("node001", "node002", "node003", "node004")
 GPUS = 4
 AHEAD = 48
@@ -439,7 +441,15 @@ def main() -> int:
         f"runs {tput_pg['runs_jobs_per_s']} / {tput_sqlite['runs_jobs_per_s']}"
     )
     if only_throughput:
-        print(json.dumps({"postgresql": tput_pg, "sqlite": tput_sqlite}, indent=1))
+        alone = {
+            **{k: result[k] for k in ("machine", "postgresql")},
+            "jobs_a_run": n_tput,
+            "postgresql_two_masters": tput_pg,
+            "sqlite_one_master": tput_sqlite,
+            "postgresql_share_of_sqlite": share,
+        }
+        TPUT_RESULTS.write_text(json.dumps(alone, indent=2) + "\n")
+        print(f"written to {TPUT_RESULTS}")
         return 0
     result["throughput"] = {
         "sqlite_one_master": tput_sqlite,

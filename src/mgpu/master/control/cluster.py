@@ -118,6 +118,7 @@ class Cluster(Reads, TokensAndAudit):
         self.usage = UsageLedger.loads(half_life, store.get_meta("usage"))
         self.usage.billing = scheduler_config(config.scheduling).billing  # what a second costs
         self.uow = UnitOfWork(store, self.timers, self.usage)
+        self.uow.outputs_stored = outputs.when_stored  # an end is written after its output
         self.job_metrics = JobMetrics()
         self.loop_lag = LoopLag()
         self.gpuwatch = GpuWatch(config)

@@ -19,12 +19,20 @@ the store's `answer_within` at most.  A batch the database refused for want of a
 connection (StoreUnavailable) is not lost: its jobs, steps and messages go back ahead of
 what came since, and are written again a moment later.  Without a running event loop
 (the controller tests, a shutdown) every flush waits for its write.
+
+A job's end is written only once the output of every job that ended is stored
+(`outputs_stored`: PostgreSQL's output store writes a moment later, store/pgoutputs.py): a
+new leader drops the output an agent re-sends for a run that ended, so a master killed
+between the two writes must not have stored the end alone.  The batch waits for that
+without the event loop waiting (a user's change, which waits for its write, waits for it
+too), and the changes meanwhile go in the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +55,16 @@ Event = tuple[str, str | None, str | None, str]
 
 RETRY_S = 1.0
 """Seconds before a batch the database refused is written again."""
+OUTPUT_WAIT = 0.5
+"""Seconds a flush that waits (a user's change) gives the ended jobs' output at most, on
+the event loop: a paused database then costs its write's bound, not twice that."""
+
+OutputsStored = Callable[[Callable[[], None], bool, bool], None]
+"""`OutputStore.when_stored(then, ended, in_thread)`."""
+
+
+def _stored_at_once(then: Callable[[], None], ended: bool, in_thread: bool) -> None:
+    then()
 
 
 @dataclass(eq=False)
@@ -61,6 +79,8 @@ class Batch:
     """Running jobs' steps: their job, and their record as it is when the batch is written."""
     gone: list[str] = field(default_factory=list)
     """Jobs whose steps are forgotten (they ended)."""
+    handed: bool = field(default=False)
+    """Given to the store (it waited for the ended jobs' output before)."""
     done: bool = field(default=False)
 
 
@@ -84,6 +104,9 @@ class UnitOfWork:
         """Told of a message that could not be encoded (node id, message, why)."""
         self.on_persist: Callable[[Job], None] = lambda job: None
         """Told of every change (the scheduler's running-job index: master/state/runindex.py)."""
+        self.outputs_stored: OutputsStored = _stored_at_once
+        """The output store's `when_stored`: a batch is written after the ended jobs'
+        output (module docstring)."""
 
     def persist(self, job: Job) -> None:
         """Write this job's change with this turn's flush."""
@@ -164,6 +187,24 @@ class UnitOfWork:
             else:
                 self._send(batch.outbox)
             return
+        self._writing.append(batch)
+        if _running_loop() and not wait:  # the batch is written once the output is
+            self.outputs_stored(lambda: self._write(batch, event, detail, wait), True, False)
+            return
+        stored = threading.Event()
+        self.outputs_stored(stored.set, True, True)
+        if not stored.wait(OUTPUT_WAIT):
+            log.warning("ended jobs' output not stored yet: their end is written first")
+        for before in list(self._writing):  # batches still waiting for output go first
+            if before is not batch:
+                self._write(before, None, None, False)
+        self._write(batch, event, detail, wait)
+
+    def _write(self, batch: Batch, event: Event | None, detail: str | None, wait: bool) -> None:
+        """Hand the batch (in `_writing`) to the store; what waits on it follows its write."""
+        if batch.done or batch.handed:
+            return  # given already, or put back meanwhile (a batch before it failed)
+        batch.handed = True
         # The usage ledger goes in the jobs' transaction: one commit per flush.
         usage = ("usage", self.usage.dumps()) if batch.usage else None
         live = [(step_id, job, record()) for step_id, (job, record) in batch.live.items()]
@@ -182,7 +223,6 @@ class UnitOfWork:
             if wait:
                 raise
             return
-        self._writing.append(batch)
         if _running_loop() and not wait:
             later.then(lambda error: self._written(batch, error))
             return

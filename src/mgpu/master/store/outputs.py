@@ -217,9 +217,14 @@ class OutputStore(ABC):
     def close_all(self) -> None:
         """Shutdown: everything appended stored, files and connections closed."""
 
-    def when_stored(self, then: Callable[[], None]) -> None:
-        """Call `then` once every record appended so far is stored for good (before the
-        master lets an agent forget a run: it would not re-send its output)."""
+    def when_stored(
+        self, then: Callable[[], None], ended: bool = False, in_thread: bool = False
+    ) -> None:
+        """Call `then` once every record appended so far (`ended`: to the jobs closed so
+        far) is stored for good: before the master lets an agent forget a run (it would
+        not re-send its output), and before an ended job's end is written (a new leader
+        drops the output of an ended run).  `then` runs on the event loop that runs here,
+        if any; `in_thread`: in whichever thread finds them stored (an Event's `set`)."""
         then()
 
     def add_usage(self, by_user: Mapping[str, int]) -> None:

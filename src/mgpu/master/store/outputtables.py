@@ -1,5 +1,6 @@
-"""The PostgreSQL output store's tables (store/pgoutputs.py), and `mgpu db import`'s copy
-of a SQLite cluster's output files into them.
+"""The PostgreSQL output store's tables (store/pgoutputs.py), how its flushes write them
+(`write_rows`: a few records as one query, one round trip; many through COPY), and `mgpu
+db import`'s copy of a SQLite cluster's output files into them.
 
 - `job_output(job_id, n, line)`: record `n` of a job, the JSON line readers send as is.
 - `job_output_size(job_id, records, bytes, marked)`: a job's count and size (read once
@@ -12,6 +13,7 @@ of a SQLite cluster's output files into them.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,67 @@ RUN_UPSERT = (
     "ON CONFLICT (job_id, epoch, node, stream) "
     "DO UPDATE SET at = GREATEST(job_output_run.at, excluded.at)"
 )
+
+
+ONE_QUERY_ENV = "MGPU_TEST_OUTPUT_ONE_QUERY_ROWS"
+ONE_QUERY_ROWS = int(os.environ.get(ONE_QUERY_ENV) or 64)
+"""Records a flush sends as one query; more go through COPY.  `$MGPU_TEST_OUTPUT_ONE_QUERY_ROWS`
+is a test hook (0: every flush through COPY, for the HA test that stops a leader inside a
+transaction of several round trips)."""
+ROWS_INSERT = "INSERT INTO job_output (job_id, n, line) VALUES"
+
+
+def write_rows(
+    conn: psycopg.Connection[Any],
+    fence: Fence,
+    rows: list[tuple[str, int, str]],
+    sizes: list[tuple[str, int, int, bool]],
+    runs: list[tuple[str, int, str, str, int]],
+) -> None:
+    """One flush of the output store: records, each job's size and its runs' offsets, in
+    one transaction after the fence's check.  Rows a lost commit may have stored already
+    are skipped, sizes and offsets are values: written twice, the same."""
+    if len(rows) <= ONE_QUERY_ROWS:
+        _write_one(conn, fence, rows, sizes, runs)
+        return
+    with conn.transaction():
+        fence.check(conn)
+        with conn.cursor() as cur:
+            # COPY is several times faster than INSERTs; through a temporary table,
+            # so that rows a lost commit may have stored already are skipped.
+            cur.execute(STAGE)
+            with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cur.execute(FROM_STAGE)
+            cur.executemany(SIZE_UPSERT, sizes)
+            if runs:
+                cur.executemany(RUN_UPSERT, runs)
+
+
+def _write_one(
+    conn: psycopg.Connection[Any],
+    fence: Fence,
+    rows: list[tuple[str, int, str]],
+    sizes: list[tuple[str, int, int, bool]],
+    runs: list[tuple[str, int, str, str, int]],
+) -> None:
+    """A few rows as one query, the fence's check first: one round trip, one implicit
+    transaction (a job that prints a line or two: most flushes)."""
+    check = fence.statement()
+    with psycopg.ClientCursor(conn) as cur:
+        parts = [] if check is None else [check]
+        if rows:
+            values = ",".join(cur.mogrify("(%s,%s,%s)", row) for row in rows)
+            parts.append(f"{ROWS_INSERT} {values} ON CONFLICT DO NOTHING")
+        parts += [cur.mogrify(SIZE_UPSERT, size) for size in sizes]
+        parts += [cur.mogrify(RUN_UPSERT, run) for run in runs]
+        try:
+            cur.execute(";".join(parts))
+        except psycopg.errors.InvalidTextRepresentation as e:
+            if fence.refused(e):
+                fence.deny(conn)  # raises Fenced
+            raise
 
 
 def create_output_tables(conn: psycopg.Connection[Any]) -> None:

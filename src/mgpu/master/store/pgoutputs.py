@@ -13,10 +13,14 @@ appended.  A master that dies loses its buffer, but the resume point in job_outp
 written in the same transaction as the rows, so it is behind what was lost and the agent
 re-sends that to the next leader; the agent forgets a run only after `when_stored`.
 
-What the event loop itself waits for (a job's stored size at its first append here, a
-closing job's last records) runs in a thread of its own and is waited for OPEN_WAIT at
-most, then left to the flusher: a database paused or cut keeps the statement, not the
-loop (store/dbthread.py).
+The event loop never waits on the database here.  A job's stored size (a requeued job's
+earlier runs, or another leader's) is looked up by the flusher before it writes the job's
+first records: until then the job's counts are this master's alone, and a reader of it
+reads the stored rows (a chatty job whose earlier runs reached the cap may pass it by
+what it prints meanwhile, FLUSH_INTERVAL's worth).  A job that ends has its last records
+written by the flusher at once (`close` wakes it); the controller orders the job's end
+after them (`when_stored` with the job: state/unitofwork.py), so a master killed between
+the two has the records, not an end without them.
 
 Every write transaction checks the fence first (store/fence.py): a deposed master's flush
 gets Fenced and the store writes nothing more.  A lost connection is reconnected and the
@@ -40,7 +44,6 @@ from typing import Any, TypeVar
 import psycopg
 
 from mgpu.master.store.base import StoreStalled
-from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
     ALL_SENT,
@@ -50,12 +53,9 @@ from mgpu.master.store.outputs import (
     is_marker,
 )
 from mgpu.master.store.outputtables import (
-    FROM_STAGE,
-    RUN_UPSERT,
-    SIZE_UPSERT,
-    STAGE,
     Run,
     create_output_tables,
+    write_rows,
 )
 from mgpu.master.store.pglink import Link, params
 from mgpu.master.store.pgreader import PgOutputReader
@@ -77,7 +77,8 @@ LEFT_KEPT = 10000
 RETRY_FOR = 10.0
 """Seconds a write retries a lost connection before it gives up (until the next flush)."""
 OPEN_WAIT = 0.5
-"""Seconds a job's first append waits for its stored size (then the flusher finds it)."""
+"""Seconds a first append or a close off the event loop (tests, tools) waits for the
+database (then the flusher does it)."""
 
 
 @dataclass(eq=False)
@@ -98,8 +99,11 @@ class _Job:
     buf: list[tuple[str, Run | None, int]] = field(default_factory=list)
     """Records `stored`.. not yet written: line (no newline), its run's stream and offset."""
     resolved: bool = True
-    """False while the stored size is unknown (the database was away at the first append):
-    counts are then this master's alone, and readers wait for the flusher to find it."""
+    """False while the stored size is unknown (a first append on the event loop, or while
+    the database was away): counts are then this master's alone, and readers wait for
+    the flusher to find it."""
+    node_id: str = ""
+    """The node of the first append here (a marker the flusher finds due names it)."""
     appended: int = 0
     written: int = 0
     """Records appended by this master, and how many of them are written (when_stored)."""
@@ -152,18 +156,6 @@ class PgOutputStore(OutputStore):
         self._stopping = False
         self._flusher = threading.Thread(target=self._run, name="mgpu-output-flush", daemon=True)
         self._flusher.start()
-        self._waiter = DbThread("mgpu-output-wait")
-        """Runs what the event loop waits for, OPEN_WAIT at most (`_waited`)."""
-
-    def _waited(self, work: Callable[[], T]) -> T:
-        """`work()`, which the caller waits for: on an event loop, in the waiter thread,
-        OPEN_WAIT at most (then StoreStalled; it still runs), and refused at once while
-        the waiter is stuck on a statement."""
-        if _running_loop() is None:
-            return work()
-        if self._waiter.busy_for() > OPEN_WAIT:
-            raise StoreStalled()
-        return Later(self._waiter.give(work)).wait(OPEN_WAIT)
 
     # ---- connections -----------------------------------------------------
 
@@ -256,18 +248,20 @@ class PgOutputStore(OutputStore):
                     job.full = self.cap is not None and job.bytes >= self.cap
                 return job
         try:
-            row = self._waited(lambda: self._size(job_id, OPEN_WAIT))
+            if _running_loop() is not None:
+                raise StoreStalled()  # the loop does not wait: the flusher finds the size
+            records, size, marked = self._size(job_id, OPEN_WAIT)
         except (psycopg.OperationalError, psycopg.InterfaceError, StoreStalled) as e:
-            # The database is away: the loop does not wait for it; the flusher adds the
-            # stored size before it writes (a requeued job may then pass its cap a little).
-            log.warning("job output: job %s's stored size unknown for now (%s)", job_id, e)
-            job = _Job(0, 0, 0, 0, False, False, self.owner(job_id), resolved=False)
+            # The flusher adds the stored size before it writes (module docstring).
+            if not isinstance(e, StoreStalled):
+                log.warning("job output: job %s's stored size unknown for now (%s)", job_id, e)
+            owner = self.owner(job_id)
+            job = _Job(0, 0, 0, 0, False, False, owner, resolved=False, node_id=node_id)
             with self._lock:
                 self._jobs[job_id] = job
                 self._moved(job_id)
                 self._unresolved.add(job_id)
             return job
-        records, size, marked = row
         full = self.cap is not None and size >= self.cap
         job = _Job(records, size, records, size, marked, full, self.owner(job_id))
         with self._lock:
@@ -289,22 +283,45 @@ class PgOutputStore(OutputStore):
         )
         return (int(row[0]), int(row[1]), bool(row[2])) if row else (0, 0, False)
 
-    def _resolve(self, wait: float) -> None:
-        """Add the stored size to the counts of jobs first appended to while the database
-        was away (in the flusher, before their records are numbered for good)."""
+    def _resolve(self, wait: float, only: str | None = None) -> None:
+        """Add the stored size to the counts of jobs first appended to on the event loop
+        or while the database was away (in the flusher, before their records are numbered
+        for good; or in a reader's thread, `only` its job): one query for all of them."""
         with self._lock:
-            pending = [(job_id, self._jobs[job_id]) for job_id in self._unresolved]
+            pending = [
+                (job_id, self._jobs[job_id])
+                for job_id in self._unresolved
+                if only is None or job_id == only
+            ]
+        if not pending:
+            return
+        found = {
+            job_id: (int(records), int(size), bool(marked))
+            for job_id, records, size, marked in self._retry(
+                lambda c: c.execute(
+                    "SELECT job_id, records, bytes, marked FROM job_output_size "
+                    "WHERE job_id = ANY(%s)",
+                    ([job_id for job_id, _ in pending],),
+                ).fetchall(),
+                wait=wait,
+            )
+        }
         for job_id, job in pending:
-            records, size, _ = self._size(job_id, wait)
+            records, size, marked = found.get(job_id, (0, 0, False))
             with self._lock:
-                if self._jobs.get(job_id) is not job:
+                if self._jobs.get(job_id) is not job or job.resolved:
                     continue  # deleted meanwhile
                 job.stored, job.stored_bytes = records, size
                 job.records += records
                 job.bytes += size
+                at_cap = self.cap is not None and size >= self.cap
                 job.full = job.full or (self.cap is not None and job.bytes >= self.cap)
                 job.resolved = True
                 self._unresolved.discard(job_id)
+                if at_cap and not marked and not job.marked:  # as _open would have
+                    marker = self._marker(job.node_id, True).rstrip(b"\n")
+                    self._add(job_id, job, marker, None, 0)
+                    job.marked = True
 
     def close(self, job_id: str) -> None:
         """The job ended: its last records are written now, before its end is (the
@@ -318,10 +335,13 @@ class PgOutputStore(OutputStore):
                 if not job.buf:
                     self._let_go(job_id)
         if job is not None and job.buf and not self.fenced:
-            try:
-                self._waited(lambda: self.flush(OPEN_WAIT))  # little: the database may be away
-            except Exception as e:  # the flusher tries again
-                log.warning("job output: job %s's last records not written yet: %s", job_id, e)
+            if _running_loop() is None:  # tests, tools: written before this returns
+                try:
+                    self.flush(OPEN_WAIT)
+                except Exception as e:  # the flusher tries again
+                    log.warning("job output: job %s's last records not written yet: %s", job_id, e)
+            else:
+                self._kick.set()  # written now, by the flusher; the end waits (when_stored)
         self._have.pop(job_id, None)
         self._wake(job_id)
 
@@ -346,13 +366,17 @@ class PgOutputStore(OutputStore):
         with self._lock:
             return self._left.get(job_id, self._pruned)
 
-    def when_stored(self, then: Callable[[], None]) -> None:
+    def when_stored(
+        self, then: Callable[[], None], ended: bool = False, in_thread: bool = False
+    ) -> None:
         with self._lock:
             need = [
-                (job_id, job, job.appended) for job_id in self._dirty if (job := self._jobs[job_id])
+                (job_id, job, job.appended)
+                for job_id in self._dirty
+                if (job := self._jobs[job_id]) and not (ended and job.open)
             ]
             if need:
-                self._waiting.append((need, _running_loop(), then))
+                self._waiting.append((need, None if in_thread else _running_loop(), then))
                 self._kick.set()
         if not need:
             then()
@@ -393,6 +417,9 @@ class PgOutputStore(OutputStore):
                 self.flush()
             except Fenced as e:
                 log.error("job output: %s", e)
+                with self._lock:  # nothing will be stored: what waits goes on (and is fenced)
+                    due, self._waiting = self._waiting, []
+                self._call([(loop, then) for _, loop, then in due])
                 return
             except Exception:
                 log.exception("job output: writing failed; retrying")
@@ -470,19 +497,7 @@ class PgOutputStore(OutputStore):
         return batch
 
     def _write(self, conn: psycopg.Connection[Any], batch: _Batch) -> None:
-        with conn.transaction():
-            self.fence.check(conn)
-            with conn.cursor() as cur:
-                # COPY is several times faster than INSERTs; through a temporary table,
-                # so that rows a lost commit may have stored already are skipped.
-                cur.execute(STAGE)
-                with cur.copy("COPY job_output_stage (job_id, n, line) FROM STDIN") as copy:
-                    for row in batch.rows:
-                        copy.write_row(row)
-                cur.execute(FROM_STAGE)
-                cur.executemany(SIZE_UPSERT, batch.sizes)
-                if batch.runs:
-                    cur.executemany(RUN_UPSERT, batch.runs)
+        write_rows(conn, self.fence, batch.rows, batch.sizes, batch.runs)
 
     # ---- reads -------------------------------------------------------------
 
@@ -506,7 +521,10 @@ class PgOutputStore(OutputStore):
             return out
 
     def page(self, job_id: str, pos: int, end: int | None) -> list[str]:
-        """Stored records from `pos` on, PAGE at most, consecutive."""
+        """Stored records from `pos` on, PAGE at most, consecutive (a job whose stored size
+        is not known yet is looked up first: its buffer is readable then)."""
+        if job_id in self._unresolved:
+            self._resolve(RETRY_FOR, job_id)
         query = "SELECT n, line FROM job_output WHERE job_id = %s AND n >= %s"
         args: list[Any] = [job_id, pos]
         if end is not None:
@@ -615,7 +633,6 @@ class PgOutputStore(OutputStore):
         """Stop the flusher and write what is left (shutdown)."""
         self._stopping = True
         self._kick.set()
-        self._waiter.stop(OPEN_WAIT)
         self._flusher.join(timeout=RETRY_FOR + 5)
         try:
             if not self.fenced:
