@@ -505,6 +505,12 @@ class PgOutputStore(OutputStore):
                 size += len(line) + 1
             return out
 
+    def stored_count(self, job_id: str) -> int | None:
+        """A job's records stored for good, if it is in memory (None: all of them are)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None or not job.resolved else job.stored
+
     def page(self, job_id: str, pos: int, end: int | None) -> list[str]:
         """Stored records from `pos` on, PAGE at most, consecutive."""
         query = "SELECT n, line FROM job_output WHERE job_id = %s AND n >= %s"
