@@ -329,6 +329,39 @@ def test_a_reader_sees_buffered_records_then_stored_ones(pg_url: str, slow_flush
         store.close_all()
 
 
+def test_a_reader_says_how_far_what_it_read_is_stored(pg_url: str, slow_flush: None) -> None:
+    """What a follower read from the leader's memory is not stored for good: a client
+    reopens after a failover from `stored()`, not from what it received (the new leader
+    numbers the agent's copy of the rest otherwise: client/resume.py)."""
+    store = PgOutputStore(pg_url, Fence())
+    try:
+        for i in range(5):
+            store.append("j", "o", f"{i}\n", "n1", epoch=1, end=2 * (i + 1))
+        assert store.flush() == 5
+        for i in range(5, 8):
+            store.append("j", "o", f"{i}\n", "n1", epoch=1, end=2 * (i + 1))
+        reader = store.reader("j", 2)
+        assert reader.stored() == 2
+        while reader.step() is not None:
+            pass
+        assert reader.stored() == 5  # read 8, of which 3 from memory only
+        assert store.flush() == 3
+        assert reader.stored() == 8
+        store.close("j")
+        assert store.reader("j", 8).stored() == 8  # out of memory: all stored
+    finally:
+        store.close_all()
+
+
+def test_a_file_reader_has_every_record_it_read_stored(tmp_path: Path) -> None:
+    store = FileOutputStore(tmp_path)
+    store.append("j", "o", "a\n", "n1")
+    reader = store.reader("j")
+    assert reader.step() is not None
+    assert reader.stored() is None
+    reader.close()
+
+
 def test_an_ended_jobs_last_records_are_written_at_its_close(pg_url: str, slow_flush: None) -> None:
     """Before the controller stores the job's end: a master killed then has both."""
     store = PgOutputStore(pg_url, Fence())

@@ -63,7 +63,7 @@ def test_each_stream_and_node_is_checked_apart() -> None:
     assert resume.take(rec("n2\n", 3, node="n2")) == "n2\n"  # a stream not seen before
 
 
-def test_a_rewind_happens_once_and_skips_records_without_offsets_shown_before() -> None:
+def test_a_rewind_happens_once_per_reopening_and_skips_records_without_offsets() -> None:
     resume = Resume()
     assert resume.take(rec("marker", None)) == "marker"
     assert resume.take(rec("a\n", 2)) == "a\n"
@@ -72,5 +72,54 @@ def test_a_rewind_happens_once_and_skips_records_without_offsets_shown_before() 
         resume.take(rec("c\n", 6))  # "b\n" (2-4) missing
     assert resume.take(rec("marker", None)) is None  # shown before the rewind
     assert resume.take(rec("a\nb\n", 4)) == "b\n"
+    assert resume.take(rec("c\n", 6)) == "c\n"
     resume.reopen()
-    assert resume.take(rec("z\n", 10)) == "z\n"  # a gap again: no second rewind
+    with pytest.raises(Rewind):  # a second failover's gap: rewound again, not lost
+        resume.take(rec("z\n", 10))
+    assert resume.since() == 0
+    assert resume.take(rec("a\nb\nc\n", 6)) is None
+    assert resume.take(rec("y\nz\n", 10)) == "y\nz\n"
+
+
+def test_a_gap_after_the_rewind_itself_is_shown_not_rewound_for_ever() -> None:
+    resume = Resume()
+    assert resume.take(rec("a\n", 2)) == "a\n"
+    resume.reopen()
+    with pytest.raises(Rewind):
+        resume.take(rec("c\n", 6))
+    # From the start the store still lacks "b\n" (dropped at a cap): shown as it is.
+    assert resume.take(rec("c\n", 6)) == "c\n"
+
+
+def test_marks_reopen_where_the_records_are_stored_for_good() -> None:
+    """A leader on PostgreSQL sent records 3-5 from its memory and died before storing
+    them; the new leader holds the agent's copy of that output in one record (number 3):
+    opened from the last mark (3), not from the 6 records received, nothing is skipped."""
+    resume = Resume()
+    resume.mark(0)
+    for i in range(1, 4):
+        assert resume.take(rec(f"line-{i}\n", 7 * i)) == f"line-{i}\n"
+    resume.mark(3)
+    for i in range(4, 7):
+        assert resume.take(rec(f"line-{i}\n", 7 * i)) == f"line-{i}\n"
+    assert resume.since() == 3  # records 3-5 were never said to be stored
+    resume.reopen()
+    assert resume.since() == 3
+    resume.mark(3)
+    assert resume.take(rec(lines(4, 8), 56)) == lines(7, 8)  # the agent's copy, and more
+    assert resume.take(rec("line-9\n", 63)) == "line-9\n"
+    assert resume.since() == 3
+    resume.mark(5)
+    assert resume.since() == 5
+
+
+def test_without_marks_every_record_received_counts() -> None:
+    """A master with its output in files: its records never change, so a reopening goes on
+    from every record received (and a mark is never past what was received)."""
+    resume = Resume()
+    assert resume.take(rec("a\n", 2)) == "a\n"
+    assert resume.take(rec("b\n", 4)) == "b\n"
+    assert resume.since() == 2
+    resume.reopen()
+    resume.mark(7)
+    assert resume.since() == 2

@@ -365,11 +365,19 @@ class Client(MasterSession):
         return "".join(r.get("d", "") for r in self.stream(job_id, follow=False))
 
     def stream(
-        self, job_id: str, follow: bool = True, read_timeout: float = 60.0, since: int = 0
+        self,
+        job_id: str,
+        follow: bool = True,
+        read_timeout: float = 60.0,
+        since: int = 0,
+        marks: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Output records ({"s","d","n"}), and when following, status lines and a last
-        {"end": true, "state", "exit_code"} line."""
+        {"end": true, "state", "exit_code"} line.  `marks`: also {"stored": N}, how far the
+        records are stored for good (where to reopen from: mgpu.client.resume)."""
         path = f"/api/jobs/{_quote(job_id)}/output?follow={'1' if follow else '0'}&since={since}"
+        if marks:
+            path += "&marks=1"
         if len(self.addresses) > 1:  # the master pings every 5 s: a silent one has stopped
             read_timeout = min(read_timeout, FOLLOW_SILENCE)
         return self._stream_path(path, read_timeout)

@@ -35,3 +35,12 @@ class Standby(RequestError):
     def __init__(self, message: str, leader: str | None) -> None:
         super().__init__(503, message)
         self.leader = leader
+
+
+class Unavailable(RequestError):
+    """A leader's 503 with `Retry-After`: its database does not answer now (paused, cut,
+    restarting); nothing was done, and `retry_after` seconds from now it may be."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(503, message)
+        self.retry_after = retry_after

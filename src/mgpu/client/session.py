@@ -3,7 +3,11 @@ small pool of keep-alive connections (`mgpu.wire`), in TLS where the cluster's C
 
 Every request goes through `_through_leader`: a master that cannot be reached, or a
 standby, sends it on to the next one (or the one the standby names) while a failover
-runs; a request whose answer was lost is asked again only when that does no harm.  With
+runs; a request whose answer was lost is asked again only when that does no harm.  A
+leader whose database is away answers at once with a 503 and `Retry-After`: a request
+that does no harm asked twice (a read, a submit with its idempotency key) is asked again
+after that wait, for as long as a failover is waited for (`_Patience`), so that a paused,
+cut or restarting database costs users a wait, not an error.  With
 several masters, a wait for an answer is watched (`mgpu.client.leaderwatch`): a leader
 that says nothing (stopped, frozen) is left as soon as another master leads, never waited
 on for the whole timeout nor asked again.  The pool lets threads sharing one Client (as
@@ -18,7 +22,14 @@ import os
 import time
 
 from mgpu.client import jsonlite as json  # json's loads/dumps, without its import cost
-from mgpu.client.errors import ConnectError, LostConnection, NoAnswer, RequestError, Standby
+from mgpu.client.errors import (
+    ConnectError,
+    LostConnection,
+    NoAnswer,
+    RequestError,
+    Standby,
+    Unavailable,
+)
 from mgpu.client.leader import (
     FAILOVER_WAIT,
     MULTI_CONNECT_TIMEOUT,
@@ -122,12 +133,19 @@ class MasterSession:
         next one (or the one the standby names) until one leads.  After a lost answer only
         when `safe` (a read): a request that makes something may have been done."""
         search: _Search | None = None
+        patience: _Patience | None = None
         while True:
             try:
                 result = attempt()
             except Standby as e:
                 search = search or _Search(self)
                 search.next(e, e.leader)
+                continue
+            except Unavailable as e:  # the leader's database is away: nothing was done
+                if not safe:
+                    raise
+                patience = patience or _Patience(self)
+                patience.wait(e)
                 continue
             except LostConnection as e:
                 if not safe:
@@ -371,6 +389,9 @@ class MasterSession:
                     raise Standby(detail, leader if isinstance(leader, str) else hint)
                 if hint:
                     raise Standby(detail, hint)
+                retry_after = _seconds((headers or {}).get("retry-after"))
+                if retry_after is not None:  # a leader whose database does not answer now
+                    raise Unavailable(detail, retry_after)
             raise RequestError(status, detail)
         return payload
 
@@ -427,6 +448,36 @@ class _Search:
             f"no mgpu master leads{after} ({where}); is a failover stuck? (set --host or "
             "$MGPU_MASTER to HOST:PORT,HOST:PORT; $MGPU_FAILOVER_WAIT: seconds to wait)"
         )
+
+
+class _Patience:
+    """One request's waits on a leader whose database is away: its `Retry-After` each time
+    (half a second at least, five at most), as long as a failover is waited for (with one
+    master, unless $MGPU_FAILOVER_WAIT is set: none, its 503 is the answer)."""
+
+    def __init__(self, client: MasterSession) -> None:
+        c = client
+        several = len(c.addresses) > 1 or c.failover_wait_set
+        self.wait_for = c.failover_wait if several else 0.0
+        self.deadline = time.monotonic() + self.wait_for
+
+    def wait(self, error: Unavailable) -> None:
+        """Sleep before the request is sent again, or raise `error` when the wait is over."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            if self.wait_for > 0:
+                raise Unavailable(f"{error} (still so after {self.wait_for:g} s)", 0) from None
+            raise error
+        time.sleep(min(max(error.retry_after, 0.5), 5.0, left))
+
+
+def _seconds(value: str | None) -> float | None:
+    """A `Retry-After` of seconds (its date form is not sent by masters: None)."""
+    try:
+        seconds = float(value) if value is not None else -1.0
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None  # NaN too
 
 
 def _reason(error: MgpuError) -> str:

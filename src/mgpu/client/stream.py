@@ -79,7 +79,7 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
     tries = 0
     while True:
         try:
-            for rec in client.stream(job_id, follow=follow, since=resume.since()):
+            for rec in client.stream(job_id, follow=follow, since=resume.since(), marks=True):
                 if "d" in rec:
                     tries = 0
                     text = resume.take(rec)
@@ -87,6 +87,8 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
                         continue
                     text = escape_output(text) if escape else text
                     _write(sys.stdout, prefixer.render(rec.get("n", ""), rec["s"], text))
+                elif "stored" in rec:
+                    resume.mark(rec["stored"])
                 elif rec.get("end"):
                     return 0
             if not follow or client.show(job_id).get("state") not in ("queued", "running"):
@@ -131,7 +133,11 @@ def follow(
         while True:
             try:
                 records = client.stream(
-                    job_id, follow=True, read_timeout=max_wait_time, since=resume.since()
+                    job_id,
+                    follow=True,
+                    read_timeout=max_wait_time,
+                    since=resume.since(),
+                    marks=True,
                 )
                 for rec in records:
                     silent = 0
@@ -151,6 +157,8 @@ def follow(
                             prefixer.multi = _is_multi_node(client, job_id)
                         out = sys.stdout if rec["s"] == "o" else sys.stderr
                         _write(out, prefixer.render(rec.get("n", ""), rec["s"], text))
+                    elif "stored" in rec:
+                        resume.mark(rec["stored"])
                     elif rec.get("end"):
                         status.clear()
                         return _exit_code(rec, job_id)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.state.steps import Step, TaskStep
+from mgpu.master.store.outputs import OutputReader
 from mgpu.model import Job, JobState
 
 __all__ = [
@@ -182,6 +183,8 @@ class Tail:
     run_id: str
     since: int = 0
     mark: Callable[[bytes], bytes] | None = None
+    stored: bool = False
+    """Say how far the records are stored for good (`{"stored": N}`, client/resume.py)."""
 
 
 def follow(
@@ -192,24 +195,47 @@ def follow(
     output: bool = True,
     ping: bytes | None = None,
     periodic: bool = True,
+    stored: bool = False,
 ) -> AsyncIterator[bytes]:
     """The run's output from byte `since` (`output` False: none) and its news, until the
     news says it has ended; `news` None: the output there is now, and no more.  `periodic`
-    False: no look but on an event (an attach: idle, it costs nothing)."""
+    False: no look but on an event (an attach: idle, it costs nothing).  `stored`: with
+    marks of how far the records are stored (`Tail.stored`)."""
     if news is None:
-        return _once(cl, run_id, since)
+        return _once(cl, run_id, since, stored)
     # Without its output, nothing but news is sent: an append wakes no one.
-    tails = [Tail(run_id, since)] if output else []
+    tails = [Tail(run_id, since, stored=stored)] if output else []
     return follow_tails(cl, tails, news, ping, periodic)
 
 
-async def _once(cl: Cluster, run_id: str, since: int) -> AsyncIterator[bytes]:
+async def _once(cl: Cluster, run_id: str, since: int, stored: bool) -> AsyncIterator[bytes]:
     once = cl.output_reader(run_id, since, follow=False)
+    teller = _Stored(once) if stored else None
     try:
+        if teller is not None and (first := teller.news()):
+            yield first
         async for chunk in once.chunks():
             yield chunk
+            if teller is not None and (mark := teller.news()):
+                yield mark
     finally:
         once.close()
+
+
+class _Stored:
+    """A reader's `{"stored": N}` lines: one first, then one each time N grows (none for a
+    reader whose every record is stored: a file)."""
+
+    def __init__(self, reader: OutputReader) -> None:
+        self.reader = reader
+        self.sent: int | None = None
+
+    def news(self) -> bytes | None:
+        stored = self.reader.stored()
+        if stored is None or stored == self.sent:
+            return None
+        self.sent = stored
+        return b'{"stored":%d}\n' % stored
 
 
 async def follow_tails(
@@ -223,14 +249,20 @@ async def follow_tails(
     the news says the run has ended (see `follow`)."""
     wakes = [cl.watch_output(t.run_id) for t in tails]
     readers = [cl.output_reader(t.run_id, t.since) for t in tails]
+    tellers = [_Stored(r) if t.stored else None for t, r in zip(tails, readers, strict=True)]
     try:
+        for teller in tellers:
+            if teller is not None and (first := teller.news()):
+                yield first  # before any record: the client knows marks will come
         while True:
             for wake in wakes:
                 wake.clear()  # before reading: an append from here on wakes us again
             changed = news.changed()
-            for tail, reader in zip(tails, readers, strict=True):
+            for tail, reader, teller in zip(tails, readers, tellers, strict=True):
                 async for chunk in reader.chunks():
                     yield chunk if tail.mark is None else tail.mark(chunk)
+                if teller is not None and (stored := teller.news()):
+                    yield stored
             lines, ended = news.now()
             for record in lines:
                 yield line(record)

@@ -155,11 +155,14 @@ async def output(
     owned: OwnedJob,
     follow: bool = False,
     since: int = Query(default=0, ge=0),
+    marks: bool = False,
 ) -> StreamingResponse:
     # JSON lines (follow.py): its output; `follow`: then its state as it changes, its end.
+    # `marks`: and how far its records are stored for good ({"stored": N}: where a client
+    # reopens after a failover, client/resume.py).
     job_id = owned(job_id, "read the output of").id  # a task's own number: the task's id
     news = JobNews(cl, job_id) if follow else None
-    stream = follow_output(cl, job_id, news, since, ping=b'{"ping":1}\n')
+    stream = follow_output(cl, job_id, news, since, ping=b'{"ping":1}\n', stored=marks)
     return StreamingResponse(stream, media_type="application/x-ndjson")
 
 

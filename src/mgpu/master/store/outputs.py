@@ -82,6 +82,11 @@ class OutputReader(ABC):
             else:
                 await asyncio.sleep(0)  # only skipped or a long line: let others in
 
+    def stored(self) -> int | None:
+        """How many records from the first are stored for good, as any master will number
+        them, up to where this reader stands; None where every record read is (a file)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Let go of what the reader holds (a file, a page of rows)."""

@@ -520,6 +520,12 @@ class PgOutputStore(OutputStore):
                 size += len(line) + 1
             return out
 
+    def stored_count(self, job_id: str) -> int | None:
+        """A job's records stored for good, if it is in memory (None: all of them are)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None or not job.resolved else job.stored
+
     def page(self, job_id: str, pos: int, end: int | None) -> list[str]:
         """Stored records from `pos` on, PAGE at most, consecutive (a job whose stored size
         is not known yet is looked up first: its buffer is readable then)."""

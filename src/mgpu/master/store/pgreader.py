@@ -23,6 +23,9 @@ class Rows(Protocol):
     def left_at(self, job_id: str) -> int:
         """A stamp that changes when the job enters or leaves the store's memory."""
 
+    def stored_count(self, job_id: str) -> int | None:
+        """Records stored for good of a job in memory (None: not in memory, all stored)."""
+
 
 class PgOutputReader(OutputReader):
     """Stored rows from record `start` on, a page at a time, then the master's buffer.
@@ -88,6 +91,13 @@ class PgOutputReader(OutputReader):
             if got is None:
                 return
             yield got
+
+    def stored(self) -> int:
+        """Where this reader stands, or below it the records not yet stored: a leader's
+        follower is sent them from its memory, and a master that dies before storing them
+        loses them (the agent sends that output again to the next, cut into other records)."""
+        stored = self.store.stored_count(self.job_id)
+        return self._pos if stored is None else min(self._pos, stored)
 
     def close(self) -> None:
         self._rows.clear()
