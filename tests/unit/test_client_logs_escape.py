@@ -24,7 +24,9 @@ class FakeClient:
     def show(self, job_id: str) -> dict[str, Any]:
         return {"id": job_id, "allocation": [{"node_id": "n1"}]}
 
-    def stream(self, job_id: str, follow: bool = False, since: int = 0) -> Iterator[dict[str, Any]]:
+    def stream(
+        self, job_id: str, follow: bool = False, since: int = 0, marks: bool = False
+    ) -> Iterator[dict[str, Any]]:
         yield {"s": "o", "n": "n1", "d": HOSTILE[:20]}  # a sequence split across records
         yield {"s": "e", "n": "n1", "d": HOSTILE[20:]}
 

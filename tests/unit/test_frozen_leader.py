@@ -263,7 +263,7 @@ def test_logs_follow_goes_on_on_the_new_leader_when_its_stream_goes_quiet(
     finally:
         Quiet.release.set()
     assert capsys.readouterr().out == "".join(f"line {i}\n" for i in range(6))
-    assert [q.partition("&since=")[2] for q in NewLeader.asked] == ["3"]
+    assert [q.partition("&since=")[2] for q in NewLeader.asked] == ["3&marks=1"]
     assert took < api.FOLLOW_SILENCE, f"{took:.1f} s: it waited for the silence to end"
 
 
