@@ -8,9 +8,10 @@ is still one in the design).  `from mgpu.x import y` counts as importing the mod
 The layers, lowest first (docs/ARCHITECTURE.md draws them): the shared base modules
 (`mgpu.model`, `mgpu.protocol`, `mgpu.spec`, ...), the pure scheduler, the simulator, then
 the master and the agent side by side (neither imports the other), then the client, the
-Slurm commands over it, and the package's own entry points on top (`mgpu.client.cli`, the
-`mgpu` command, among them).  Inside the master: runtime < store < state < security <
-monitor < control < kube (a Kubernetes partition's driver) < ha < http < server.
+Slurm commands over it (and beside them the pod agent, mgpu.podagent), and the package's
+own entry points on top (`mgpu.client.cli`, the `mgpu` command, among them).  Inside the
+master: runtime < store < state < security < monitor < control < kube (a Kubernetes
+partition's driver) < ha < http < server.
 """
 
 from __future__ import annotations
@@ -153,6 +154,8 @@ def layer(module: str) -> tuple[int, str]:
     ranks = {"scheduler": SCHEDULER, "sim": SIM, "master": DAEMONS, "agent": DAEMONS}
     ranks["client"] = CLIENT
     ranks["slurm"] = SLURM  # Slurm's commands, over the client (its API, its steps)
+    ranks["podagent"] = SLURM  # the agent in a Kubernetes Pod: the agent's grants, the
+    # client's leader search; a peer of Slurm's commands (neither imports the other)
     if package in ranks:
         return ranks[package], package
     return BASE, "base"

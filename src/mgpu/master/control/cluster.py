@@ -35,7 +35,7 @@ import getpass
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mgpu import spec as specs
 from mgpu.config import ClusterConfig
@@ -80,9 +80,6 @@ from mgpu.master.store.submitbatch import SubmitBatch
 from mgpu.model import EndReason, Job, JobState
 from mgpu.protocol import AgentMessage, Hello, Welcome
 from mgpu.scheduler import DependencyTarget, NodeView, UsageLedger
-
-if TYPE_CHECKING:  # imported only by a master with a Kubernetes partition
-    from mgpu.master.kube.podagents import PodAgents
 
 log = logging.getLogger("mgpu.master")
 
@@ -172,7 +169,9 @@ class Cluster(Reads, TokensAndAudit):
         self.bulk = Bulk(self)
         self.services: list[Callable[[], Awaitable[None]]] = []
         """More tasks to run beside the loop (a Kubernetes partition's: mgpu.master.kube)."""
-        self.pod_agents: PodAgents | None = None
+        # The Kubernetes driver's pod agents (mgpu.master.kube.podagents.PodAgents), set by
+        # the driver; typed loosely because the controller sits below the kube layer.
+        self.pod_agents: Any = None
         """The Kubernetes partitions' pod agents (their jobs' steps), if any."""
         self._load()
         self.allocations.live.restore(store.live_steps(), self.jobs, store.last_step_number)

@@ -15,6 +15,7 @@ import logging
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from mgpu.master.http.deps import cluster
+from mgpu.master.kube.podagents import PodAgent, PodAgents
 from mgpu.protocol import Refused, encode, parse_agent_messages
 
 __all__ = ["POD_AGENT_PATH", "POD_HEADER", "router"]
@@ -32,7 +33,7 @@ async def pod_agent_channel(ws: WebSocket) -> None:
     cl = cluster(ws)
     ident = ws.scope.get("state", {}).get("identity")
     pod = ws.headers.get(POD_HEADER, "")
-    agents = cl.pod_agents
+    agents: PodAgents | None = cl.pod_agents
     await ws.accept()
     if agents is None:
         admitted: object = "this master has no Kubernetes partition"
@@ -44,8 +45,6 @@ async def pod_agent_channel(ws: WebSocket) -> None:
             await ws.send_text(encode(Refused(reason=str(admitted))))
             await ws.close(code=1008)
         return
-    from mgpu.master.kube.podagents import PodAgent
-
     assert isinstance(admitted, PodAgent)
     agent = admitted
     agents.attach(agent)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel
 
@@ -26,7 +26,26 @@ from mgpu.model import JobState
 from mgpu.protocol import Exited, Kill, Launch, Output, SignalRun, Started, encode
 
 if TYPE_CHECKING:
-    from mgpu.master.kube.pods import PodRuns
+    from mgpu.kubesection import KubernetesSection
+    from mgpu.master.control.cluster import Cluster
+    from mgpu.model import Job
+
+
+class PodRuns(Protocol):
+    """What the agents need of a partition's Pod runs (mgpu.master.kube.pods.PodRuns,
+    which holds the agents: a Protocol here, not an import back)."""
+
+    cl: Cluster
+    partition: str
+    section: KubernetesSection
+    runs: dict[str, PodRun]
+
+    def tell(self, node_id: str, message: BaseModel) -> None: ...
+
+    def _job(self, job_id: str, epoch: int) -> Job | None: ...
+
+    def of_job(self, job_id: str, epoch: int) -> list[PodRun]: ...
+
 
 log = logging.getLogger("mgpu.master.kube")
 
