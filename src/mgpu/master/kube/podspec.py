@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mgpu.kubesection import KubernetesSection
-from mgpu.master.kube.podsteps import pod_agent_env, with_pod_agent
 from mgpu.master.kube.podoutput import runner
+from mgpu.master.kube.podsteps import pod_agent_env, with_pod_agent
 from mgpu.protocol import Launch
 
 __all__ = [
