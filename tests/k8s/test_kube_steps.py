@@ -197,3 +197,33 @@ def test_a_step_runs_in_a_one_node_jobs_pod(
         "srun=7",
     ], out
     assert f"{job_id}.0|FAILED|7:0" in _sacct(master, nobody_token, job_id)
+
+
+TRAPS_USR1 = """\
+#!/bin/sh
+trap 'echo "got USR1"; exit 0' USR1
+echo ready
+while :; do sleep 1; done
+"""
+
+
+def test_scancel_signal_reaches_the_batch_script_in_its_pod(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    """`scancel --signal=USR1 -b`: the pod agent signals the batch script, whose trap
+    writes a line that `mgpu logs` shows; scancel says nothing failed."""
+    job_id = nobody.submit_script(TRAPS_USR1, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
+    wait_for("the script ready", lambda: "ready" in nobody.logs(job_id), 180)
+    # Its Pod's agent connects beside the script: a signal sent before waits for it.
+    done = subprocess.run(
+        [str(BIN / "mgpu"), "scancel", "--signal=USR1", "-b", job_id],
+        env={**master.env, "MGPU_TOKEN": nobody_token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    job = nobody.wait(job_id, timeout=120)
+    out = nobody.logs(job_id)
+    assert job["state"] == "completed", (job, out)
+    assert out.splitlines() == ["ready", "got USR1"], out

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mgpu.podagent import jobsignal
 from mgpu.protocol import (
     Exited,
     Kill,
@@ -151,6 +152,10 @@ class PodAgent:
             run = self.runs.get(message.job_id)
             if run is not None:
                 _signal(run.proc.pid, message.signal, group=not message.top_only)
+            elif message.job_id == os.environ.get("MGPU_JOB_ID"):  # the job's own processes
+                steps = {r.proc.pid for r in self.runs.values()}
+                sent = jobsignal.send(message.signal, os.getpid(), steps, message.top_only)
+                log.info("signal %d to %d process(es) of the job", message.signal, sent)
 
     async def _launch(self, launch: Launch) -> None:
         env = step_env(launch, dict(os.environ))
@@ -276,5 +281,7 @@ def main() -> int:
             time.sleep(RETRY[min(attempt, len(RETRY) - 1)])
     else:
         return 1
+    with contextlib.suppress(OSError):  # out of the job's process group: its signals
+        os.setsid()
     asyncio.run(PodAgent(url, token, pod, context).serve())
     return 0

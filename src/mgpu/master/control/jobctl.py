@@ -243,6 +243,10 @@ class JobControl:
             raise Conflict(f"job {job.id}: Job/step already completing or completed")
         if job.state == JobState.QUEUED:
             raise Conflict(f"job {job.id}: Job is pending execution")
+        for slot in job.allocation:
+            node = self.state.nodes.get(slot.node_id)
+            if node is not None and node.link is not None and node.link.no_signal:
+                raise Conflict(f"job {job.id} cannot be signalled: {node.link.no_signal}")
         own = asked.batch_only or asked.full or not is_batch(job)
         sent = 0
         if own:

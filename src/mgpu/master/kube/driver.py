@@ -193,7 +193,13 @@ class KubePartition:
                 node.mem_mb = fresh.mem_mb
             return
         assert self.runs is not None
-        link = self.links[name] = KubeLink(name, self.runs.deliver)
+        no_signal = None
+        if self.section.steps is None:  # nothing of mgpu's in the Pod to send a signal
+            no_signal = (
+                f"its Kubernetes partition {self.name} runs no mgpu pod agents "
+                "(kubernetes.steps): it can be cancelled, not signalled"
+            )
+        link = self.links[name] = KubeLink(name, self.runs.deliver, no_signal)
         hello = Hello(
             node_id=name,
             hostname=name,

@@ -17,9 +17,15 @@ __all__ = ["KubeLink"]
 
 
 class KubeLink(AgentLink):
-    def __init__(self, node_id: str, deliver: Callable[[str, BaseModel], None]) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        deliver: Callable[[str, BaseModel], None],
+        no_signal: str | None = None,
+    ) -> None:
         super().__init__(node_id, ws=None)
         self._deliver = deliver
+        self.no_signal = no_signal
 
     def send(self, message: BaseModel) -> None:
         if not self.closed:

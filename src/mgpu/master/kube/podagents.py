@@ -8,6 +8,11 @@ its Pod.  It is admitted only for a Pod this master runs for that very job and r
 their start, output and end, nothing else (a message about any other run is dropped).
 A step sent before its Pod's agent is there waits for it, `steps.agent_wait` at most,
 then ends with a sentence; so does a step whose agent went away and did not come back.
+
+A signal to the job itself (`scancel --signal`, `-b`, a cancel's `--signal` warning) goes
+to the agent of each of the job's Pods on that node, which sends it to the job's processes
+in its Pod (mgpu.podagent.jobsignal); one sent before the agent is there waits for it as a
+step does, then is dropped with a line in the log.
 """
 
 from __future__ import annotations
@@ -96,6 +101,8 @@ class PodAgents:
         self.agents: dict[str, PodAgent] = {}
         self.steps: dict[str, _Step] = {}
         """Step run id → where it was sent."""
+        self.signals: dict[str, list[tuple[float, SignalRun]]] = {}
+        """Pod name → signals to its job that wait for its agent (since when)."""
 
     # ---- the agents' connections ------------------------------------------
 
@@ -128,6 +135,8 @@ class PodAgents:
             if step.pod == agent.pod:
                 step.since = None
                 agent.send(step.launch)  # again after a reconnect: the agent knows its own
+        for _, waiting in self.signals.pop(agent.pod, []):
+            agent.send(waiting)
 
     def detach(self, agent: PodAgent) -> None:
         agent.closed = True
@@ -169,6 +178,23 @@ class PodAgents:
                 agent.send(message)
         elif isinstance(message, SignalRun) and agent is not None:
             agent.send(message)
+
+    def signal_job(self, runs: PodRuns, node_id: str, message: SignalRun) -> None:
+        """The master's signal to the job's own run on `node_id` (not a step): to the
+        agent of each of its live Pods there (a held slot's runs nothing of the job's)."""
+        for run in runs.of_job(message.job_id, message.epoch):
+            if run.slot_node == node_id:
+                self.signal_pod(run, message)
+
+    def signal_pod(self, run: PodRun, message: SignalRun) -> None:
+        """`message` to the agent of `run`'s Pod, now or once it connects."""
+        if run.ended or run.holds:
+            return
+        agent = self.agents.get(run.name)
+        if agent is not None:
+            agent.send(message)
+        else:
+            self.signals.setdefault(run.name, []).append((time.monotonic(), message))
 
     def _launch(self, runs: PodRuns, node_id: str, launch: Launch) -> None:
         step = runs.cl.state.steps.by_id.get(launch.job_id)
@@ -214,6 +240,22 @@ class PodAgents:
             if step.since is not None and now - step.since > wait:
                 what = "did not connect" if run.started_at is None else "is not connected"
                 self._end(step, f"the mgpu pod agent of pod {step.pod} {what} within {wait:g} s")
+        for pod, waiting in list(self.signals.items()):
+            self._expire_signals(pod, waiting, now)
+
+    def _expire_signals(self, pod: str, waiting: list[tuple[float, SignalRun]], now: float) -> None:
+        """Signals that waited for `pod`'s agent past `agent_wait`, or whose Pod ended."""
+        runs = next((r for r in self.partitions if pod in r.runs), None)
+        run = None if runs is None else runs.runs[pod]
+        steps = None if runs is None else runs.section.steps
+        wait = steps.agent_wait if steps is not None else 0.0
+        kept = [(since, m) for since, m in waiting if now - since <= wait]
+        if run is None or run.ended or len(kept) < len(waiting):
+            log.warning("signal to the job of pod %s not sent: its pod agent is not there", pod)
+        if run is None or run.ended or not kept:
+            del self.signals[pod]
+        else:
+            self.signals[pod] = kept
 
     def _end(self, step: _Step, why: str) -> None:
         self.steps.pop(step.launch.job_id, None)

@@ -9,7 +9,9 @@ Slurm's sentence on stderr and status 53, as slurmstepd.  It then runs the scrip
 stdout and stderr through `tee -a`: each chunk the script writes goes to the file and to
 the log alike, so neither loses or repeats a line.  One file for both (the default) is one
 stream, as in Slurm; a separate -e file gets stderr.  The script's exit status is the
-Pod's.  The runner needs no privilege: it is the job's user, as the script is."""
+Pod's; `MGPU_BATCH_TOP=1` in its environment marks it and its children as the job's
+processes for the pod agent's signals (mgpu.podagent.jobsignal).  The runner needs no
+privilege: it is the job's user, as the script is."""
 
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ _LINES = [
     # pipeline (sh has no pipefail), 5 the script's stdout past its stderr's own tee.
     "exec 3>&1",
     'if [ "$err" = "$out" ]; then',
-    '  c=$( { { "$f" "$@" 3>&- 4>&-; echo $? >&4; } 2>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
+    '  c=$( { { MGPU_BATCH_TOP=1 "$f" "$@" 3>&- 4>&-; echo $? >&4; } 2>&1 |',
+    '    tee -a "$out" >&3 4>&-; } 4>&1 )',
     "else",
-    '  c=$( { { { "$f" "$@" 3>&- 4>&- 5>&-; echo $? >&4; } 2>&1 >&5 5>&- |',
+    '  c=$( { { { MGPU_BATCH_TOP=1 "$f" "$@" 3>&- 4>&- 5>&-; echo $? >&4; } 2>&1 >&5 5>&- |',
     '    tee -a "$err" >&2 4>&- 5>&-; } 5>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
     "fi",
     'exit "${c:-1}"',

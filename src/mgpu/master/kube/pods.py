@@ -60,6 +60,7 @@ from mgpu.protocol import (
     PortReserved,
     ReservePort,
     SetTimeLimit,
+    SignalRun,
     Started,
 )
 
@@ -142,8 +143,13 @@ class PodRuns:
                 loop.call_soon(self.tell, node_id, refused)
         elif isinstance(message, Launch):
             self.spawn(self.launch(node_id, message))
+        elif isinstance(message, SignalRun):
+            if self.section.steps is not None:  # the job's Pods' agents send it
+                loop.call_soon(self.agents.signal_job, self, node_id, message)
+            else:  # refused before it is sent (mgpu.master.control.jobctl)
+                log.warning("%s: no signal without kubernetes.steps", node_id)
         elif isinstance(message, Kill):
-            self.kill(node_id, message.job_id, message.epoch, message.grace)
+            self.kill(node_id, message.job_id, message.epoch, message.grace, message)
         elif isinstance(message, SetTimeLimit):
             for run in self.runs.values():
                 if run.job_id == message.job_id and run.epoch == message.epoch:
@@ -284,7 +290,14 @@ class PodRuns:
             )
         return entry.pw_uid, entry.pw_gid
 
-    def kill(self, node_id: str, job_id: str, epoch: int | None, grace: float) -> None:
+    def kill(
+        self, node_id: str, job_id: str, epoch: int | None, grace: float, kill: Kill | None = None
+    ) -> None:
+        """Delete the run's Pods on `node_id` with `grace`; a `kill` that names a signal
+        (`--signal`'s warning) has it sent first by the Pods' agents, and the job
+        `signal_lead` seconds to end on its own (only with kubernetes.steps)."""
+        warn = kill is not None and kill.signal is not None and self.section.steps is not None
+        lead = kill.signal_lead if warn and kill is not None else 0.0
         for run in list(self.runs.values()):
             if run.job_id != job_id or run.slot_node != node_id or run.ended:
                 continue
@@ -292,9 +305,27 @@ class PodRuns:
                 continue
             if not run.killing:
                 run.killing = True
-                run.force_at = time.monotonic() + grace + self.section.force_delete_after
-                # A Pod still being made is not found: `launch` deletes it once it is.
-                self.spawn(self.delete(run, grace=grace))
+                run.force_at = time.monotonic() + lead + grace + self.section.force_delete_after
+                if warn and kill is not None and kill.signal is not None:
+                    signal = SignalRun(
+                        job_id=run.job_id,
+                        epoch=run.epoch,
+                        signal=kill.signal,
+                        top_only=kill.signal_batch,
+                    )
+                    self.agents.signal_pod(run, signal)
+                    self.spawn(self._delete_after(run, lead, grace))
+                else:
+                    # A Pod still being made is not found: `launch` deletes it once it is.
+                    self.spawn(self.delete(run, grace=grace))
+
+    async def _delete_after(self, run: PodRun, lead: float, grace: float) -> None:
+        """Delete the Pod `lead` seconds after its signal, or once it ended on its own."""
+        deadline = time.monotonic() + lead
+        while not (run.ended or run.gone) and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        if not run.gone:
+            await self.delete(run, grace=grace)
 
     async def delete(self, run: PodRun, grace: float | None, force: bool = False) -> None:
         try:

@@ -77,6 +77,9 @@ class AgentLink:
         self.closed = False
         self.input: dict[str, InputWindow] = {}
         """Run id → its typed input in flight on this link."""
+        self.no_signal: str | None = None
+        """Why a job's run on this node cannot be signalled (a Kubernetes Node whose
+        partition runs no pod agents); None: it can."""
 
     def send(self, message: BaseModel) -> None:
         """Queue one message, encoded on its own: one that cannot be (a lone surrogate in

@@ -1,0 +1,87 @@
+"""A signal to the job itself, in its Pod (`scancel --signal`, `-b`, a cancel's warning).
+
+The pod agent runs as the job's user in the job's container, so it may signal the job's
+processes there, as mgpu's own agent does on its nodes (mgpu.agent.jobsignal): every
+process of the job, parents first, or for `-b` (`top_only`) its top process only: the
+batch script (the container's first process, or under the -o/-e runner the script it
+runs: marked with `BATCH_MARK`, mgpu.master.kube.podoutput).  Never the agent itself nor
+its steps (each in its own session, signalled as steps), nor the -o/-e runner and its
+output copies (they would end, and the job's output file with them).
+
+A process is the container's pid 1 when the script is not run by the runner: Linux
+delivers it only a signal it traps (a script that traps nothing is not ended by one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+__all__ = ["BATCH_MARK", "Proc", "read_procs", "send", "targets"]
+
+BATCH_MARK = "MGPU_BATCH_TOP=1"
+"""In the environment of the batch script the -o/-e runner starts (and its children)."""
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    sid: int
+    marked: bool
+    """Its environment holds BATCH_MARK."""
+
+
+def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list[int]:
+    """The pids a signal to the job goes to, parents first.  `me`: the agent's pid (its
+    own session); `steps`: its steps' pids (each leads its own session)."""
+    spared = {me, *steps}
+    job = [p for p in procs if p.pid not in spared and p.sid not in spared]
+    marked = [p for p in job if p.marked]
+    if marked:  # the runner's script: the runner and its copies are spared
+        job = marked
+        pids = {p.pid for p in marked}
+        tops = [p for p in marked if p.ppid not in pids]
+    else:
+        tops = [p for p in job if p.pid == 1]
+    if top_only:
+        return [p.pid for p in tops]
+    by_pid = {p.pid: p for p in job}
+
+    def depth(p: Proc) -> int:
+        seen = 0
+        while p.ppid in by_pid and seen < len(by_pid):
+            p, seen = by_pid[p.ppid], seen + 1
+        return seen
+
+    return [p.pid for p in sorted(job, key=lambda p: (depth(p), p.pid))]
+
+
+def read_procs(root: str = "/proc") -> list[Proc]:
+    """The processes this container shows, as `targets` needs them."""
+    procs = []
+    mark = BATCH_MARK.encode()
+    for name in os.listdir(root):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{root}/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            marked = False
+            with contextlib.suppress(OSError), open(f"{root}/{name}/environ", "rb") as f:
+                marked = mark in f.read().split(b"\0")  # unreadable: another user's
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        procs.append(Proc(int(name), int(fields[1]), int(fields[3]), marked))
+    return procs
+
+
+def send(sig: int, me: int, steps: set[int], top_only: bool) -> int:
+    """Send `sig` to the job's processes in this container; how many it went to."""
+    sent = 0
+    for pid in targets(read_procs(), me, steps, top_only):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            sent += 1
+    return sent

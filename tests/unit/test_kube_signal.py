@@ -1,0 +1,149 @@
+"""`scancel --signal` (and `-b`, and a cancel's `--signal` warning) for a job on a
+Kubernetes partition: delivered through the job's Pods' agents with `kubernetes.steps`
+(mgpu.master.kube.podagents, mgpu.podagent.jobsignal), refused with a sentence without
+it.  Against a real Kubernetes: tests/k8s/test_kube_signal.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from mgpu.kubesection import KubernetesSection, PodSteps
+from mgpu.master.control.jobctl import Actor, JobControl, SignalAsked
+from mgpu.master.control.nodes import Conflict
+from mgpu.master.kube.link import KubeLink
+from mgpu.master.kube.podagents import PodAgent
+from mgpu.master.kube.pods import PodRuns
+from mgpu.master.kube.runs import PodRun
+from mgpu.model import Job, JobState, Slot, SlotPhase
+from mgpu.podagent.jobsignal import Proc, targets
+from mgpu.protocol import Kill, SignalRun
+
+STEPS = PodSteps(master="10.0.0.1:8443", bin="/opt/mgpu/bin", agent_wait=5)
+
+
+def _job() -> Job:
+    job = Job(id="42", argv=["x"], command="x", user="ann")
+    job.state, job.epoch = JobState.RUNNING, 3
+    job.allocation = [Slot(node_id="n1", gpu_ids=[1], phase=SlotPhase.STARTED)]
+    return job
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.deleted: list[tuple[str, int | None]] = []
+
+    async def delete_pod(self, name: str, namespace: str, **kw: Any) -> None:
+        self.deleted.append((name, kw.get("grace_seconds")))
+
+
+def _runs(steps: PodSteps | None = STEPS) -> tuple[PodRuns, _Client]:
+    cl: Any = SimpleNamespace(jobs={"42": _job()})
+    client = _Client()
+    runs = PodRuns(cl, "k8s", KubernetesSection(steps=steps), client)  # type: ignore[arg-type]
+    runs.runs["pod-42"] = PodRun("pod-42", "42", 3, 0, "n1", time.monotonic())
+    return runs, client
+
+
+def _connected(runs: PodRuns) -> PodAgent:
+    agent = PodAgent("pod-42", runs, runs.runs["pod-42"])
+    runs.agents.attach(agent)
+    return agent
+
+
+def test_a_signal_to_the_job_goes_to_its_pods_agent_once_it_is_there() -> None:
+    async def scenario() -> None:
+        runs, _ = _runs()
+        runs.deliver("n1", SignalRun(job_id="42", epoch=3, signal=10, top_only=True))
+        await asyncio.sleep(0)  # delivered on the loop, after the unit of work
+        agent = _connected(runs)  # it waited for the agent
+        sent = SignalRun.model_validate_json(await agent.outbox.get())
+        assert (sent.job_id, sent.signal, sent.top_only) == ("42", 10, True)
+        runs.deliver("n2", SignalRun(job_id="42", epoch=3, signal=12))  # no pod of it there
+        runs.deliver("n1", SignalRun(job_id="42", epoch=2, signal=12))  # an older run
+        await asyncio.sleep(0)
+        assert agent.outbox.empty()
+
+    asyncio.run(scenario())
+
+
+def test_a_signal_whose_agent_never_comes_is_dropped_after_agent_wait() -> None:
+    async def scenario() -> None:
+        runs, _ = _runs()
+        runs.agents.signal_job(runs, "n1", SignalRun(job_id="42", epoch=3, signal=10))
+        runs.agents.check(time.monotonic() + 1)
+        assert runs.agents.signals
+        runs.agents.check(time.monotonic() + 6)
+        assert not runs.agents.signals
+        agent = _connected(runs)
+        assert agent.outbox.empty()
+
+    asyncio.run(scenario())
+
+
+def test_a_kill_with_a_signal_sends_it_first_then_deletes_the_pod_with_its_grace() -> None:
+    async def scenario() -> None:
+        runs, client = _runs()
+        agent = _connected(runs)
+        kill = Kill(job_id="42", epoch=3, grace=20, signal=10, signal_lead=600)
+        runs.deliver("n1", kill)
+        sent = SignalRun.model_validate_json(await asyncio.wait_for(agent.outbox.get(), 45))
+        assert (sent.signal, sent.top_only) == (10, False)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not client.deleted  # the job has its lead to end on its own
+        runs.runs["pod-42"].ended = True  # it did (its trap exited)
+        deadline = time.monotonic() + 45
+        while not client.deleted and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert client.deleted == [("pod-42", 20)]
+
+    asyncio.run(scenario())
+
+
+def test_a_kill_without_steps_deletes_the_pod_at_once() -> None:
+    async def scenario() -> None:
+        runs, client = _runs(steps=None)
+        runs.deliver("n1", Kill(job_id="42", epoch=3, grace=20, signal=10, signal_lead=600))
+        deadline = time.monotonic() + 45
+        while not client.deleted and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert client.deleted == [("pod-42", 20)]
+
+    asyncio.run(scenario())
+
+
+def test_a_jobs_signal_without_pod_agents_is_refused_with_a_sentence() -> None:
+    job = _job()
+    link = KubeLink("n1", lambda node_id, message: None, no_signal="no pod agents here")
+    state: Any = SimpleNamespace(nodes={"n1": SimpleNamespace(link=link)})
+    control = JobControl.__new__(JobControl)
+    control.state = state
+    actor = Actor(user="ann", admin=False)
+    try:
+        control.signal(job, actor, SignalAsked(10))
+    except Conflict as e:
+        assert str(e) == "job 42 cannot be signalled: no pod agents here"
+    else:
+        raise AssertionError("the signal was not refused")
+
+
+def _p(pid: int, ppid: int, sid: int, marked: bool = False) -> Proc:
+    return Proc(pid, ppid, sid, marked)
+
+
+def test_the_pod_agent_signals_the_jobs_processes_never_itself_or_its_steps() -> None:
+    # pid 1: the batch script; 7 its child; 20 the agent (own session); 30 a step, 31 its child.
+    procs = [_p(7, 1, 1), _p(1, 0, 1), _p(20, 1, 20), _p(30, 20, 30), _p(31, 30, 30)]
+    assert targets(procs, me=20, steps={30}, top_only=False) == [1, 7]
+    assert targets(procs, me=20, steps={30}, top_only=True) == [1]
+
+
+def test_under_the_output_runner_only_the_marked_script_and_its_children() -> None:
+    # pid 1 the -o/-e runner, 5 its subshell, 6 tee, 8 the script (marked), 9 its child.
+    procs = [_p(1, 0, 1), _p(5, 1, 1), _p(6, 5, 1), _p(8, 5, 1, True), _p(9, 8, 1, True)]
+    procs.append(_p(20, 1, 20))
+    assert targets(procs, me=20, steps=set(), top_only=False) == [8, 9]
+    assert targets(procs, me=20, steps=set(), top_only=True) == [8]
