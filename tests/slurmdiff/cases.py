@@ -169,7 +169,9 @@ CASES: tuple[Case, ...] = (
     Case(
         "dependency_chain",
         (
-            Submit(("--wrap", "echo first > first.txt", "-J", "first")),
+            # The first job outlives the next submissions, so both clusters hold them on
+            # their dependency (one submitted after its target ended never waits: None).
+            Submit(("--wrap", "sleep 5; echo first > first.txt", "-J", "first")),
             Submit(("-d", "afterok:{J0}", "--wrap", "cat first.txt; echo second", "-J", "second")),
             Submit(
                 (
