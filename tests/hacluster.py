@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +219,26 @@ def follow_logs(
     reader = threading.Thread(target=lambda: got.extend(follow.stdout or []), daemon=True)
     reader.start()
     return follow, got, reader
+
+
+class Timed(threading.Thread):
+    """`work()` in a thread, started at once: what it gave or raised, when it ended
+    (monotonic) and how long it took."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ended = 0.0
+        self.took = 0.0
+        self.start()
+
+    def run(self) -> None:
+        began = time.monotonic()
+        try:
+            self.result = self.work()
+        except BaseException as e:
+            self.error = e
+        self.ended = time.monotonic()
+        self.took = self.ended - began

@@ -245,3 +245,19 @@ def _has_account(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def own_server() -> Iterator[PgServer]:
+    """A PostgreSQL of the test's own, durable (`synchronous_commit` on), stopped at the
+    end whatever happened; the test skips where PostgreSQL is not installed."""
+    import pytest
+
+    bin_dir = bindir()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
+    server = PgServer(bin_dir, settings={"synchronous_commit": "on"}).start()
+    try:
+        yield server
+    finally:
+        server.stop()

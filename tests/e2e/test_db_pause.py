@@ -42,14 +42,8 @@ lose both."""
 
 @pytest.fixture
 def server() -> Iterator[PgServer]:
-    bin_dir = pgserver.bindir()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
-    server = PgServer(bin_dir, settings={"synchronous_commit": "on"}).start()
-    try:
-        yield server
-    finally:
-        server.stop()  # never left stopped: `paused()` continues it whatever happens
+    with pgserver.own_server() as server:
+        yield server  # never left stopped: `paused()` continues it whatever happens
 
 
 @pytest.fixture

@@ -10,17 +10,15 @@ database); pgserver's `paused()` continues it whatever happens."""
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 import pgserver
-from hacluster import HaCluster, leader_standby_and_agents
+from hacluster import HaCluster, Timed, leader_standby_and_agents
 from pgserver import PgServer
 
 PAUSE_S = 8.0
@@ -29,14 +27,8 @@ PAUSE_S = 8.0
 
 @pytest.fixture
 def server() -> Iterator[PgServer]:
-    bin_dir = pgserver.bindir()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
-    server = PgServer(bin_dir, settings={"synchronous_commit": "on"}).start()
-    try:
+    with pgserver.own_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -45,26 +37,6 @@ def ha(tmp_path: Path, server: PgServer, monkeypatch: pytest.MonkeyPatch) -> Ite
     with leader_standby_and_agents(tmp_path, server.create_database("mgpu")) as cluster:
         cluster.env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
         yield cluster
-
-
-class Timed(threading.Thread):
-    """`work()` in a thread: what it gave or raised, and how long it took."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.took = 0.0
-        self.start()
-
-    def run(self) -> None:
-        began = time.monotonic()
-        try:
-            self.result = self.work()
-        except BaseException as e:
-            self.error = e
-        self.took = time.monotonic() - began
 
 
 def test_submits_during_a_database_pause_wait_and_make_one_job_each(

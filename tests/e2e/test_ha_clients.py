@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
-from hacluster import HaCluster, follow_logs, leader_standby_and_agents
+from hacluster import HaCluster, Timed, follow_logs, leader_standby_and_agents
 from helpers import kill_group, wait_for
 from mgpu.client.api import Client
 
@@ -33,25 +31,6 @@ def ha(tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator
     with leader_standby_and_agents(tmp_path, pg_url) as cluster:
         cluster.env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
         yield cluster
-
-
-class Timed(threading.Thread):
-    """`work()` in a thread: when it ended (monotonic), what it gave or raised."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.ended = 0.0
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.result = self.work()
-        except BaseException as e:
-            self.error = e
-        self.ended = time.monotonic()
 
 
 def test_clients_leave_a_frozen_leader_for_the_new_one(

@@ -18,16 +18,10 @@ from pgserver import PgServer
 
 @pytest.fixture
 def primary() -> Iterator[PgServer]:
-    bin_dir = pgserver.bindir()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
     # Synchronous replication, as docs/HA.md advises: a commit returns once the standby has
     # it, so a failover loses no transaction a master was told had committed.
-    server = PgServer(bin_dir, settings={"synchronous_commit": "on"}).start()
-    try:
+    with pgserver.own_server() as server:
         yield server
-    finally:
-        server.stop()
 
 
 def rows(url: str) -> list[int]:

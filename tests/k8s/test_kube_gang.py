@@ -19,7 +19,7 @@ import pytest
 
 from helpers import BIN, LocalCluster
 from kubecluster import IMAGE_BUSYBOX, KubeCluster, wait_for
-from kubemaster import job_pods, kube_master
+from kubemaster import host_volumes, job_pods, kube_master
 from mgpu import Client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
@@ -39,21 +39,8 @@ dist.destroy_process_group()
 """
 
 
-def _host_paths(code: Path) -> list[tuple[str, str, str]]:
-    """(name, path on the machine, path in the Pod) of what a Pod needs to run this Python
-    with torch, where it runs them from (the loader's /lib64, /lib of a merged /usr)."""
-    paths = [sys.prefix, sys.base_prefix, "/lib/x86_64-linux-gnu", "/lib64"]
-    paths += ["/usr/lib/x86_64-linux-gnu", str(code)]
-    unique = list(dict.fromkeys(p for p in paths if os.path.exists(p)))
-    return [(f"h{i}", os.path.realpath(p), p) for i, p in enumerate(unique)]
-
-
 def _config(kube: KubeCluster, code: Path) -> str:
-    mounts = _host_paths(code)
-    volumes = ", ".join(f"{{name: {n}, hostPath: {{path: {h}}}}}" for n, h, _ in mounts)
-    volume_mounts = ", ".join(
-        f"{{name: {n}, mountPath: {p}, readOnly: true}}" for n, _, p in mounts
-    )
+    volumes, volume_mounts = host_volumes([code])
     return f"""
 cluster: {{name: lab}}
 networking: {{timeout: 20}}

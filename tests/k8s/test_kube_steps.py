@@ -21,7 +21,7 @@ import pytest
 
 from helpers import BIN, LocalCluster
 from kubecluster import IMAGE_BUSYBOX, KubeCluster, free_port, wait_for
-from kubemaster import job_pods
+from kubemaster import host_volumes, job_pods
 from mgpu import Client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
@@ -30,15 +30,6 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = {"PATH": "/bin:/usr/bin", "HOME": "/tmp"}
 SLURM = {"batch": True, "partition": "k8s", "job_name_default": "job.sh", "submit_dir": "/"}
 SHIM = '#!/bin/sh\nPYTHONPATH={src} exec {python} -m {command} "$@"\n'
-
-
-def _host_paths(extra: list[Path]) -> list[tuple[str, str, str]]:
-    """(name, path on the machine, path in the Pod) of what a Pod needs to run this
-    Python and mgpu: the venv, its base interpreter, the C libraries, the source."""
-    paths = [sys.prefix, sys.base_prefix, "/lib/x86_64-linux-gnu", "/lib64"]
-    paths += ["/usr/lib/x86_64-linux-gnu", *map(str, extra)]
-    unique = list(dict.fromkeys(p for p in paths if os.path.exists(p)))
-    return [(f"h{i}", os.path.realpath(p), p) for i, p in enumerate(unique)]
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +46,7 @@ def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(kube: KubeCluster, bin_dir: Path, port: int) -> str:
-    mounts = _host_paths([SRC, bin_dir])
-    volumes = ", ".join(f"{{name: {n}, hostPath: {{path: {h}}}}}" for n, h, _ in mounts)
-    volume_mounts = ", ".join(
-        f"{{name: {n}, mountPath: {p}, readOnly: true}}" for n, _, p in mounts
-    )
+    volumes, volume_mounts = host_volumes([SRC, bin_dir])
     return f"""
 cluster: {{name: lab}}
 networking: {{timeout: 20}}
