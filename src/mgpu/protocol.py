@@ -310,6 +310,7 @@ class Exited(BaseModel):
     job_id: str
     epoch: int
     exit_code: int | None = Field(ge=-MAX_EXIT_CODE, le=MAX_EXIT_CODE)
+    """The process's exit code; -N where signal N killed it (Python's returncode)."""
     time: Timestamp
     timed_out: bool = False
     launch_error: ErrorText = None

@@ -595,7 +595,7 @@ class Agent:
         # again if a new connection began meanwhile: it rewound to the master's copy.
         while not await self._send_all_output(run) and self.connected:
             pass
-        code = self.launcher.exit_code(run)
+        code, signum = self.launcher.ending(run)
         error = outputfiles.open_failure(code, run.rec.err_path)  # fails the job (fatal)
         if code is None:
             error = "the job's process vanished while the agent was down"
@@ -607,7 +607,7 @@ class Agent:
             Exited(
                 job_id=run.rec.job_id,
                 epoch=run.rec.epoch,
-                exit_code=code,
+                exit_code=code if signum is None else -signum,  # -N: killed by signal N
                 time=min(ended, time.time()),
                 timed_out=run.timed_out,
                 launch_error=error,

@@ -63,12 +63,16 @@ def send(
 def _unwrap(child: psutil.Process) -> tuple[psutil.Process | None, set[int]]:
     """The job's top process for the shim's `child`, and mgpu's own processes to spare:
     under the -o/-e wrapper (mgpu.agent.outputfiles) the top is the batch script, the one
-    child whose SLURM_TASK_PID is its own pid; the wrapper and its output copies are
-    mgpu's (a USR1 would end them, and the job's output file with them)."""
+    child or grandchild (under the subshell that waits for it) whose SLURM_TASK_PID is its
+    own pid; the wrapper, that subshell and its output copies are mgpu's (a USR1 would end
+    them, and the job's output file with them)."""
     with contextlib.suppress(psutil.Error):
         if child.cmdline()[3:4] != [outputfiles.MARK]:
             return child, set()
         kids = child.children()
+        for kid in list(kids):
+            with contextlib.suppress(psutil.Error):
+                kids += kid.children()
         script = None
         for kid in kids:
             with contextlib.suppress(psutil.Error):

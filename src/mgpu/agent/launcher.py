@@ -49,7 +49,14 @@ import psutil
 from mgpu.agent import cgroups, devices, jobsignal, launchsteps, privileged, recycle, runlimits
 from mgpu.agent.launchsteps import LaunchRequest
 from mgpu.agent.runrecord import RunRecord, RunRecords, same_process
-from mgpu.agent.spawn import READ_CHUNK, JobError, LaunchError, OwnShim, process_start_time
+from mgpu.agent.spawn import (
+    READ_CHUNK,
+    JobError,
+    LaunchError,
+    OwnShim,
+    process_start_time,
+    read_exit,
+)
 from mgpu.agent.spawner import Spawned, Spawner
 from mgpu.agent.terminal import Terminal
 
@@ -326,18 +333,24 @@ class Launcher:
     # ---- exit ---------------------------------------------------------------
 
     def exit_code(self, run: Running) -> int | None:
-        """The job's exit status.  Our own child: the shim exits with the job's code (or
-        dies of a signal: 128+N, as a shell reports it).  Adopted after an agent restart:
-        the code the shim wrote to its file."""
+        """The job's exit status, as a shell reports it (a signal's death: 128+N)."""
+        return self.ending(run)[0]
+
+    def ending(self, run: Running) -> tuple[int | None, int | None]:
+        """The job's exit status (as a shell reports it: a signal's death is 128+N) and
+        the signal that killed it, if one did.  Our own child: the shim exits with the
+        job's code (or dies of a signal itself).  Adopted after an agent restart: the
+        code the shim wrote to its file.  The signal: what the shim wrote there."""
         if run.popen is not None:
             rc = run.popen.wait()  # None: its spawner died before it told (as if adopted)
+            if rc is not None and rc < 0:
+                return 128 - rc, -rc
+            if rc is not None and rc <= 128:
+                return rc, None  # an exit: no file to read (the usual end)
             if rc is not None:
-                return 128 - rc if rc < 0 else rc
-        try:
-            with open(run.rec.exit_path, "rb") as f:
-                return int(f.readline())  # the rest: what an earlier run left (see SHIM)
-        except (OSError, ValueError):
-            return None
+                code, signum = read_exit(run.rec.exit_path)
+                return rc, signum if code == rc else None
+        return read_exit(run.rec.exit_path)
 
     async def kill_leftovers(self, run: Running, timeout: float = 5.0) -> None:
         """Leftovers die with the job, as in Slurm: its process group, and everything in its

@@ -104,12 +104,22 @@ _LINES = [
     'if [ "$err" = "$out" ]; then',
     "  cat <&6 >&7; exec 2>&1; copy 5 7; o=$! e=",
     "else copy 5 7; o=$!; copy 6 8; e=$!; fi",
-    "exec 5<&- 6<&- 7>&- 8>&-",
-    # 4. the job, in the foreground
-    '/bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"; c=$?',
+    "exec 5<&- 6<&- 7>&- 8>&- 4>&1 5>&2",
+    # 4. the job, in the foreground of a subshell whose stderr is read: the shell's line
+    # for a death by signal (`Killed`) is not the job's output (Slurm's has none), and
+    # the wrapper then dies of that signal itself, so that the shim tells it too.
+    # (It outlives the SIGTERM of a cancel, as the wrapper does, to tell the script's end;
+    # the script starts with the signals at their defaults all the same.)
+    "said=$( trap : TERM INT HUP; { ( exec 1>&4 2>&5 4>&- 5>&-",
+    '  exec /bin/sh -c \'SLURM_TASK_PID=$$; export SLURM_TASK_PID; exec "$@"\' batch "$@"',
+    "); echo $?; } 2>&1 ); exec 4>&- 5>&-",
+    "c=${said##*[!0-9]}",
     # Ignored from here: a trapped signal would cut `wait` short (the agent's SIGTERM comes
     # several times: to the group, the cgroup, each process), and the copies with it.
-    "trap '' TERM INT HUP; kill -9 $keep 2>/dev/null; wait $o $e; exit $c",
+    "trap '' TERM INT HUP; kill -9 $keep 2>/dev/null; wait $o $e",
+    'if [ "$c" != "$said" ] && [ "$c" -gt 128 ] && [ "$c" -lt 193 ]; then',
+    "  ulimit -c 0; trap - TERM INT HUP; kill -$((c - 128)) $$; fi",
+    "exit $c",
 ]
 WRAPPER = "\n".join(_LINES)
 MARK = "slurm-batch"

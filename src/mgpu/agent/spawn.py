@@ -26,6 +26,7 @@ __all__ = [
     "LaunchError",
     "process_start_ticks",
     "process_start_time",
+    "read_exit",
     "ticks_to_time",
 ]
 
@@ -35,16 +36,21 @@ __all__ = [
 # after the job exited, so the write needs no atomicity.  It writes over the start of the
 # file (`1<>`, not `>`): an exit file is used again by later runs (mgpu.agent.recycle) and
 # keeps its block, where truncating it would free the block and the write allocate it
-# again (~0.1 ms a job on this project's CI machine).  Its first line is the code; the
-# agent blanks that line before each run.
+# again (~0.1 ms a job on this project's CI machine).  The shim's own stderr goes there
+# too (descriptor 9 keeps the job's): the shell's line for a command a signal killed
+# (`Killed`, `Terminated`) is not the job's output (Slurm's has none), and it tells a
+# death by signal N from an exit with 128+N.  So the file is that line, if any, then the
+# code; the agent blanks its first line before each run (see `read_exit`).  The command
+# runs in a subshell, which dash turns into the command itself (one fork, as before), so
+# that the shell that waits for it is the one whose stderr is the file.
 # `read` waits at the gate (stdin) until the agent has put the shim in the run's cgroup.
 # The umask is set by the shim itself: posix_spawn (`spawn_own`) cannot set one.
 UMASK = privileged.SET_CHILD_UMASK + "; "
+_RUN = 'exec 9>&2 2<>/proc/self/fd/$0; ("$@" 2>&9 9>&-); c=$?; echo $c >&2; exit $c'
 SHIM = (
     UMASK + "trap : TERM INT HUP; read -r _; exec </dev/null; "
     'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 1<>/proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c'
+    "echo 126 1<>/proc/self/fd/$0; exit 126; }; shift; " + _RUN
 )
 # With a terminal (mgpu.agent.terminal): $1 is the pty's slave, opened as stdin by the shim,
 # a session leader, after the gate, which makes it its controlling terminal.  The signals
@@ -53,10 +59,27 @@ SHIM = (
 PTY_SHIM = (
     UMASK + 'trap : TERM INT HUP QUIT TSTP TTIN TTOU; read -r _; exec 0<>"$1"; shift; '
     'cd -- "$1" 2>/dev/null || { echo "mgpu: cannot enter the working directory $1" >&2; '
-    "echo 126 1<>/proc/self/fd/$0; exit 126; }; shift; "
-    '"$@"; c=$?; echo $c 1<>/proc/self/fd/$0; exit $c'
+    "echo 126 1<>/proc/self/fd/$0; exit 126; }; shift; " + _RUN
 )
 READ_CHUNK = 256 * 1024
+
+
+def read_exit(path: str) -> tuple[int | None, int | None]:
+    """What a shim wrote to its exit file: the job's code (None: not written, the run
+    did not end through its shim) and the signal that killed it (None: it exited).  A
+    signal's death is a code of 128+N after a line of the shell's (`Killed`); dash says
+    nothing of SIGINT and SIGPIPE, which then read as exits 130 and 141."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512).split(b"\n")
+    except OSError:
+        return None, None
+    said = head[0] and not head[0].strip().lstrip(b"-").isdigit()
+    try:
+        code = int(head[1] if said and len(head) > 1 else head[0])
+    except ValueError:
+        return None, None  # blanked, and not written since
+    return code, code - 128 if said and 128 < code < 128 + 65 else None
 
 
 class LaunchError(RuntimeError):

@@ -1,0 +1,29 @@
+"""How a process ended, as mgpu stores it and as people and shells read it.
+
+A job's `exit_code` is its process's code, or -N where signal N killed it (Python's
+`returncode`; sacct's `0:N`).  A command that relays a job's end exits as a shell would
+report it: 128+N for a signal's death."""
+
+from __future__ import annotations
+
+__all__ = ["describe", "shell_status"]
+
+
+def describe(code: int) -> str:
+    """`exit code 3`, `killed by signal 9 (SIGKILL)`."""
+    if code >= 0:
+        return f"exit code {code}"
+    import signal  # here: it imports enum, which `mgpu queue` never needs
+
+    try:
+        name = f" ({signal.Signals(-code).name})"
+    except ValueError:
+        name = ""
+    return f"killed by signal {-code}{name}"
+
+
+def shell_status(code: int) -> int:
+    """The status a shell would give: the code, or 128+N for a death by signal N; 1 for a
+    code no exit status can carry."""
+    status = 128 - code if code < 0 else code
+    return status if 0 <= status < 256 else 1
