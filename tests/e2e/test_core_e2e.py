@@ -136,6 +136,23 @@ def test_submit_interactive_exit_code_and_output(cluster: LocalCluster) -> None:
     assert ok.returncode == 0, ok.stderr
 
 
+def test_a_job_killed_by_a_signal_says_so_without_a_shell_line(cluster: LocalCluster) -> None:
+    # Killed by SIGKILL: stored as -9 (Python's returncode), told as a shell tells it
+    # (137), and no `Killed` line from mgpu's own shell in the job's output.
+    res = cluster.cli("submit", "--interactive", "--name", "sigkill", "echo dying; kill -9 $$")
+    assert res.returncode == 137, res.stderr
+    assert (res.stdout, res.stderr) == ("dying\n", "")
+    c = cluster.client()
+    job = next(j for j in c.queue(all=True)["jobs"] if j["name"] == "sigkill")
+    shown = c.show(job["id"])
+    assert (shown["state"], shown["exit_code"]) == ("failed", -9)
+    assert shown["reason"] == "killed by signal 9 (SIGKILL)"
+    # An exit with 137 is an exit, not a signal's death.
+    plain = c.wait(c.submit("echo Killed >&2; exit 137").id, timeout=60)
+    assert (plain["state"], plain["exit_code"]) == ("failed", 137)
+    assert c.logs(plain["id"]) == "Killed\n"
+
+
 def test_srun_ctrl_c_cancels_the_job(cluster: LocalCluster) -> None:
     proc = start_srun(cluster, "--name", "ctrlc", "--", "sh", "-c", "echo up; sleep 300")
     try:

@@ -204,21 +204,7 @@ INTENDED: tuple[Entry, ...] = (
     ),
 )
 
-KNOWN: tuple[Entry, ...] = (
-    Entry(
-        "signal-exit",
-        "a batch script killed by a signal: Slurm says CANCELLED/`0:9`, mgpu FAILED/`137:0` "
-        "and a `Killed` line from its launcher shell",
-        ("killed_by_signal/*",),
-    ),
-    Entry(
-        "kill-on-bad-exit-state",
-        "`srun -K`: the step is CANCELLED `0:15` and srun exits 143 in both; the shell "
-        "that launches each of mgpu's killed tasks also writes `Terminated` into the "
-        "output (the cause of signal-exit's `Killed` line)",
-        ("kill_on_bad_exit/content:*",),
-    ),
-)
+KNOWN: tuple[Entry, ...] = ()
 
 
 def _without_mem(value: object) -> str | None:

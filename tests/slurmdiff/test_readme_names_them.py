@@ -13,6 +13,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _table(header: str) -> list[str]:
     text = README.read_text()
+    if f"| {header} |" not in text:
+        return []  # none (the README says so in words)
     start = text.index(f"| {header} |")
     rows = []
     for line in text[start:].splitlines()[2:]:

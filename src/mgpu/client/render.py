@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from mgpu import exits
 from mgpu.durations import format_duration
 from mgpu.safetext import escape_controls
 
@@ -313,7 +314,7 @@ def render_job(job: dict[str, Any]) -> str:
         f"  command:    {job['command']}",
         f"  gpus:       {job['gpus']}"
         + (f" (a share of {job['gpu_share']:g})" if job.get("gpu_share") else ""),
-        f"  exit code:  {job['exit_code'] if job['exit_code'] is not None else '-'}",
+        f"  exit code:  {_exit(job['exit_code'])}",
         f"  submitted:  {_ts(job['submit_time'])}",
         f"  started:    {_ts(job.get('start_time'))}",
         f"  ended:      {_ts(job.get('end_time'))}",
@@ -467,3 +468,10 @@ def parse_since(text: str) -> float:
         from mgpu.client.api import MgpuError
 
         raise MgpuError(f"--since {text!r} is not a duration like 7d, 12h or 30m") from None
+
+
+def _exit(code: int | None) -> str:
+    """`mgpu show`'s exit code: `3`, `-9 (killed by signal 9 (SIGKILL))`, `-`."""
+    if code is None:
+        return "-"
+    return f"{code} ({exits.describe(code)})" if code < 0 else str(code)

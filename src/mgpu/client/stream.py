@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from mgpu import exits
 from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer
 from mgpu.client.resume import Resume, Rewind
 
@@ -249,9 +250,7 @@ def _exit_code(rec: dict[str, Any], job_id: str) -> int:
     reason = rec.get("reason")
     if state != "failed" or code is None:
         print(f"mgpu: job {job_id} {state}" + (f": {reason}" if reason else ""), file=sys.stderr)
-    if isinstance(code, int):
-        return code if 0 <= code < 256 else 1
-    return 1
+    return exits.shell_status(code) if isinstance(code, int) else 1
 
 
 def run_step(client: Client, job_id: str, host: str, argv: list[str]) -> int:

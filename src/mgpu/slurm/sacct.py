@@ -144,7 +144,12 @@ def batch_step(job: dict[str, Any]) -> dict[str, Any] | None:
     if not common.slurm_block(job).get("batch") or not job.get("start_time"):
         return None
     # The script ran on the allocation's first node, as one task.
-    return {**job, BATCH_STEP: True, "allocation": (job.get("allocation") or [])[:1]}
+    row = {**job, BATCH_STEP: True, "allocation": (job.get("allocation") or [])[:1]}
+    code = job.get("exit_code")
+    if job.get("state") == "failed" and isinstance(code, int) and code < 0:
+        # a signal ended the script: Slurm's step is CANCELLED (its job stays FAILED)
+        row["state"], row["end_code"] = "cancelled", None
+    return row
 
 
 STEP = "_step"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+from mgpu import exits
 from mgpu.slurm import common, jobopts, opts, output, pyxis
 from mgpu.slurm.common import fail
 
@@ -243,7 +244,7 @@ def wait_for(client: Client, job: Any) -> int:
         if j.get("state") == "completed":
             codes.append(0)
         else:
-            codes.append(code if isinstance(code, int) and code > 0 else 1)
+            codes.append(exits.shell_status(code) if isinstance(code, int) and code else 1)
     return max(codes or [0])
 
 

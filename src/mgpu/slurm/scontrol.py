@@ -136,10 +136,12 @@ _FILE_PATTERN = re.compile(r"%(%)|%(\d*)([AajJux])")
 
 
 def _reason(job: dict[str, Any], state: str) -> str:
-    """The pending reason; a failed job's `NonZeroExitCode`, and a job ended by a
-    dependency never met `DependencyNeverSatisfied`, as Slurm's."""
-    if state == "FAILED" and isinstance(job.get("exit_code"), int) and job["exit_code"] > 0:
-        return "NonZeroExitCode"
+    """The pending reason; a failed job's `NonZeroExitCode` (`JobLaunchFailure` where a
+    signal killed its script, as slurmctld says it), and a job ended by a dependency
+    never met `DependencyNeverSatisfied`, as Slurm's."""
+    code = job.get("exit_code")
+    if state == "FAILED" and isinstance(code, int) and code:
+        return "NonZeroExitCode" if code > 0 else "JobLaunchFailure"
     if states.never_met(job):
         return "DependencyNeverSatisfied"
     return states.reason(job)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
+from mgpu import exits
 from mgpu.config import ClusterConfig
 from mgpu.master.control.launch import job_launch, preempt_warning
 from mgpu.master.monitor.metrics import JobMetrics
@@ -296,7 +297,11 @@ class Lifecycle:
             return EndReason.TIMEOUT, "time limit reached"
         if not failed:
             return EndReason.EXIT_OK, None
-        return EndReason.EXIT_NONZERO, f"exit code {job.exit_code}{where}"
+        code = job.exit_code
+        return (
+            EndReason.EXIT_NONZERO,
+            f"{exits.describe(code) if code is not None else 'failed'}{where}",
+        )
 
     def request_stop(self, job: Job, reason: EndReason, text: str | None = None) -> None:
         """Ask a running job to stop for `reason` (cancelled, idle, preempted, requeued):

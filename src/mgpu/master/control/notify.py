@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any, TypeVar
 
+from mgpu import exits
 from mgpu import spec as specs
 from mgpu.config import Notify as NotifyConfig
 from mgpu.durations import format_duration
@@ -108,7 +109,11 @@ def describe_end(job: Job) -> str:
     name = f" ({job.name})" if job.name else ""
     verb = _VERB.get(job.state, job.state.value)
     if job.state == JobState.FAILED and job.exit_code not in (None, 0):
-        verb += f" with exit code {job.exit_code}"
+        verb += (
+            f" ({exits.describe(job.exit_code)})"
+            if job.exit_code < 0
+            else f" with exit code {job.exit_code}"
+        )
     elif job.state == JobState.FAILED and job.reason:
         verb += f" ({job.reason})"
     if job.start_time is None:
