@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -19,6 +20,20 @@ from mgpu.agent import outputfiles, spawn
 # The shim without its gate (`read`: the agent opens it once the shim is in its cgroup).
 SHIM = spawn.SHIM.replace("read -r _; ", "")
 assert SHIM != spawn.SHIM
+
+
+def start_shim(
+    tmp_path: Path, argv: list[str], fd: int, out: IO[bytes], err: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """The shim in a session of its own, its exit file `fd`, in `tmp_path`."""
+    return subprocess.Popen(
+        ["/bin/sh", "-c", SHIM, str(fd), str(tmp_path), *argv],
+        pass_fds=(fd,),
+        stdout=out,
+        stderr=err,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def run_shim(tmp_path: Path, argv: list[str]) -> tuple[int, bytes, bytes, tuple[int | None, ...]]:
@@ -31,14 +46,8 @@ def run_shim(tmp_path: Path, argv: list[str]) -> tuple[int, bytes, bytes, tuple[
     with open(tmp_path / "out", "w+b") as out, open(tmp_path / "err", "w+b") as err:
         try:
             os.pwrite(fd, b"\n", 0)
-            proc = subprocess.run(
-                ["/bin/sh", "-c", SHIM, str(fd), str(tmp_path), *argv],
-                pass_fds=(fd,),
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                timeout=60,
-            )
+            proc = start_shim(tmp_path, argv, fd, out, err)
+            proc.wait(timeout=60)
         finally:
             os.close(fd)
         out.seek(0)
@@ -113,14 +122,7 @@ def test_a_cancel_s_sigterm_leaves_the_wrapper_telling_the_script_s_own_exit(
     exit_path.write_bytes(b"\n")
     fd = os.open(exit_path, os.O_RDWR)
     with open(tmp_path / "out", "w+b") as out:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", SHIM, str(fd), str(tmp_path), *argv],
-            pass_fds=(fd,),
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = start_shim(tmp_path, argv, fd, out, out)
         os.close(fd)
         try:
             deadline = time.monotonic() + 60
