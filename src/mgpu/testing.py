@@ -225,7 +225,17 @@ class LocalCluster:
                         return n
                 return None
 
-            return wait_for(check, timeout=timeout, interval=0.05, what=f"{node_id} {state}")
+            try:
+                return wait_for(check, timeout=timeout, interval=0.05, what=f"{node_id} {state}")
+            except AssertionError as e:  # say what the agent did, not only that it did not
+                raise AssertionError(f"{e}\n{self._agent_story(node_id)}") from None
+
+    def _agent_story(self, node_id: str) -> str:
+        proc = self.agents.get(node_id)
+        rc = None if proc is None else proc.poll()
+        how = "not started here" if proc is None else "running" if rc is None else f"exited {rc}"
+        tail = self.log(node_id).splitlines()[-15:]
+        return f"agent {node_id}: {how}; its log ends:\n" + "\n".join(tail)
 
     def client(self) -> Client:
         return Client(self.address, connect_timeout=2.0, token=self.admin_token or None)

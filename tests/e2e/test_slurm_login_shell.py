@@ -76,26 +76,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Two agents that see no Slurm of the machine's own, writing the login wrappers."""
     root = tmp_path_factory.mktemp("login")
     before = {n for n in slurmbin.SLURM_COMMANDS if (loginbin.LOGIN_BIN / n).exists()}
-    prefix: list[str] = []
-    if loginbin.real_slurm() is not None:
+    hide = loginbin.real_slurm() is not None
+    if hide:
         reason = _can_hide(root)
         if reason is not None:
             pytest.skip(f"this machine has a real Slurm and cannot hide it: {reason}")
-        prefix = _hiding_prefix(root / "hidden")
     with contextlib.ExitStack() as stack:
         os.environ[loginbin.LOGIN_BIN_VAR] = str(loginbin.LOGIN_BIN)
         try:  # the cluster's processes take the environment as they start
             c = LocalCluster(root)
             stack.callback(c.stop)
             c.start_master()
-            for name in ("gpu1", "gpu2"):
+            for name in ("gpu1", "gpu2"):  # each its own overlay dirs: a shared
+                # upper/work dir is undefined in overlayfs, and a mount may fail on it
+                prefix = _hiding_prefix(root / f"hidden-{name}") if hide else []
                 c.start_agent(name, gpus=2, wait=False, prefix=prefix)
         finally:
             os.environ[loginbin.LOGIN_BIN_VAR] = ""
         for name in ("gpu1", "gpu2"):
             c.wait_node(name, "online")
         yield c
-    if prefix:  # the machine's own /usr/local/bin got nothing of the agents'
+    if hide:  # the machine's own /usr/local/bin got nothing of the agents'
         after = {n for n in slurmbin.SLURM_COMMANDS if (loginbin.LOGIN_BIN / n).exists()}
         assert after == before
     for name in set(slurmbin.SLURM_COMMANDS) - before:
