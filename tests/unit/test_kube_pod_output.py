@@ -86,3 +86,23 @@ def test_a_batch_pod_with_output_files_runs_the_runner() -> None:
     # No volume holds the job's directory: the files would go with the container; none.
     bare = build_pod(launch, KubernetesSection(image="i"), shape)["spec"]["containers"][0]
     assert "slurm-5.out" not in bare["command"]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_a_script_without_files_writes_one_stream_in_its_order(shell: list[str]) -> None:
+    """No volume, no files: the script's stderr is its stdout, so the Pod's log (the
+    runtime reads a container's streams apart) keeps the order the script wrote in."""
+    launch = Launch(job_id="5", epoch=1, argv=["a", "b"], env={}, grant=Grant(gpus=[]),
+                    script=SCRIPT, script_name="job.sh", output_file="slurm-5.out")  # fmt: skip
+    shape = PodShape(cluster="lab", rank=0, slot_node="n1", pinned=False, gang=1, gpus=0,
+                     uid=1000, gid=1000)  # fmt: skip
+    command = build_pod(launch, KubernetesSection(image="i"), shape)["spec"]["containers"][0][
+        "command"
+    ]
+    done = subprocess.run(
+        [*shell, *command[1:]], capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MGPU_BATCH_SCRIPT": SCRIPT},
+    )  # fmt: skip
+    assert done.returncode == 7
+    assert done.stdout == "out 1\nerr 1\nout 2\nerr 2\nout 3\nerr 3\nargs a b\n"
+    assert done.stderr == ""

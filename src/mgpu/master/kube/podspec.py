@@ -69,10 +69,12 @@ RENDEZVOUS_ADDRESS = ("MASTER_ADDR", "PET_MASTER_ADDR")
 CONTAINER = "job"
 SCRIPT_VARIABLE = "MGPU_BATCH_SCRIPT"
 # The batch script travels in the Pod's environment (no ConfigMap: no more RBAC), is
-# written to a private file by the job's own user and run with its #! interpreter.
+# written to a private file by the job's own user and run with its #! interpreter. Its
+# stderr is its stdout: the runtime reads a container's two streams apart, so a line on
+# one could reach the Pod's log (one stream to read) before an earlier one on the other.
 SCRIPT_RUNNER = (
     'f=$(mktemp) && printf "%s" "$MGPU_BATCH_SCRIPT" > "$f" && chmod 700 "$f" '
-    '&& unset MGPU_BATCH_SCRIPT && exec "$f" "$@"'
+    '&& unset MGPU_BATCH_SCRIPT && exec "$f" "$@" 2>&1'
 )
 
 
