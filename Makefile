@@ -75,7 +75,7 @@ slurmdiff: venv sysdeps
 k8s-build:
 	@bash scripts/k8s/build.sh || echo "make: Kubernetes not built here; tests/k8s will skip"
 
-k8s: venv k8s-build
+k8s: venv $(TEST_EXTRAS) k8s-build
 	$(BIN)/pytest -q tests/k8s
 
 # The executables the `make dist` test runs are built while lint and typecheck run

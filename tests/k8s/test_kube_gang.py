@@ -89,6 +89,8 @@ def test_torchrun_all_reduces_across_two_pods(
     master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str, code: Path
 ) -> None:
     torchrun = f"{sys.prefix}/bin/torchrun"
+    if not os.access(torchrun, os.X_OK):
+        pytest.skip("no torchrun in this venv (make test installs torch)")
     command = f"{torchrun} {code}/allreduce.py"  # its flags from mgpu's PET_* variables
     job_id = nobody.submit(command, nodes=2, gpus_per_node=1, env=ENV).id
     wait_for("the job running", lambda: nobody.show(job_id)["state"] != "queued", 120)
@@ -144,4 +146,16 @@ def test_a_batch_job_on_two_nodes_is_two_pods(
     job = nobody.wait(job_id, timeout=120)
     assert job["state"] == "completed", job
     assert nobody.logs(job_id) == "nodes=2\ndone\n"  # the script ran once, on rank 0
+    wait_for("the job's pods gone", lambda: not _pods(kube, job_id), 60)
+
+
+def test_a_gang_whose_rank0_fails_at_once_ends(
+    master: LocalCluster, kube: KubeCluster, nobody: Client
+) -> None:
+    """Rank 0 fails before rank 1's Pod is made (rank 1 waits for rank 0's address): the
+    master's kill reaches rank 1 while it waits, and the job ends failed, no Pod left;
+    it once stayed running for ever."""
+    job_id = nobody.submit("exit 3", nodes=2, gpus_per_node=1, env=ENV).id
+    job = nobody.wait(job_id, timeout=180)
+    assert job["state"] == "failed" and job["exit_code"] == 3, job
     wait_for("the job's pods gone", lambda: not _pods(kube, job_id), 60)

@@ -66,12 +66,15 @@ def holder_launch(
 
 async def first_pod_ip(rank0: Callable[[], PodRun | None], alive: Callable[[], bool]) -> str | None:
     """The rank-0 Pod's address once it has one; None once the run is over (sent back,
-    failed, cancelled: the caller makes no Pod)."""
+    failed, cancelled, or rank 0 ended without one: the caller makes no Pod).  Rank 0's
+    run, once seen, is kept: a quick rank 0 may have ended and left the runs, its address
+    still the gang's."""
+    seen: PodRun | None = None
     while alive():
-        run = rank0()
-        if run is not None and run.ip:
-            return run.ip
-        if run is not None and run.ended:
+        seen = rank0() or seen
+        if seen is not None and seen.ip:
+            return seen.ip
+        if seen is not None and (seen.ended or seen.gone):
             return None
         await asyncio.sleep(POLL)
     return None

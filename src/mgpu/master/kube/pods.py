@@ -98,6 +98,9 @@ class PodRuns:
         """Pod name → its run."""
         self.no_room: dict[str, int] = {}
         """Job id → times it was sent back for want of room (its backoff)."""
+        self.awaiting: dict[tuple[str, int, str], bool] = {}
+        """(job, epoch, node) of a gang's rank whose Pod waits for rank 0's address →
+        whether it was killed meanwhile (its Pod is then never made)."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- plumbing ---------------------------------------------------------
@@ -201,12 +204,9 @@ class PodRuns:
         gang = len(job.allocation)
         master_addr = None
         if gang > 1 and rank > 0 and not holds:
-            master_addr = await first_pod_ip(
-                lambda: next((r for r in self.of_job(job.id, launch.epoch) if r.rank == 0), None),
-                lambda: self._job(job.id, launch.epoch) is not None,
-            )
+            master_addr = await self._rank0_address(job, launch.epoch, node_id)
             if master_addr is None:
-                return  # the run is over before its rank 0 had an address
+                return
         first = self.cl.nodes.get(job.allocation[0].node_id)
         shape = PodShape(
             cluster=self.cl.config.cluster.name,
@@ -249,6 +249,26 @@ class PodRuns:
             return
         if run.killing:  # killed while it was being made
             await self.delete(run, grace=run.kill_grace)
+
+    async def _rank0_address(self, job: Job, epoch: int, node_id: str) -> str | None:
+        """The address a gang's rank meets rank 0 at; None when its Pod is not to be
+        made: the run is over, or this rank was killed while it waited (rank 0 failed
+        first: its exit is told here, as no Pod will tell it), or rank 0's Pod ended
+        without an address."""
+        key = (job.id, epoch, node_id)
+        self.awaiting[key] = False
+        try:
+            address = await first_pod_ip(
+                lambda: next((r for r in self.of_job(job.id, epoch) if r.rank == 0), None),
+                lambda: self._job(job.id, epoch) is not None and not self.awaiting[key],
+            )
+        finally:
+            killed = self.awaiting.pop(key)
+        if address is not None or self._job(job.id, epoch) is None:
+            return address
+        why = None if killed else "the job's rank-0 pod ended before it had an address"
+        self.tell(node_id, _exited(job.id, epoch, launch_error=why))
+        return None
 
     def _no_steps(self) -> str:
         return (
@@ -296,6 +316,9 @@ class PodRuns:
         """Delete the run's Pods on `node_id` with `grace`; a `kill` that names a signal
         (`--signal`'s warning) has it sent first by the Pods' agents, and the job
         `signal_lead` seconds to end on its own (only with kubernetes.steps)."""
+        for key in self.awaiting:  # a Pod not made yet is never made
+            if key[0] == job_id and key[2] == node_id and epoch in (None, key[1]):
+                self.awaiting[key] = True
         warn = kill is not None and kill.signal is not None and self.section.steps is not None
         lead = kill.signal_lead if warn and kill is not None else 0.0
         for run in list(self.runs.values()):
