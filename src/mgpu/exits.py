@@ -6,7 +6,7 @@ report it: 128+N for a signal's death."""
 
 from __future__ import annotations
 
-__all__ = ["describe", "shell_status"]
+__all__ = ["describe", "shell_code", "shell_status"]
 
 
 def describe(code: int) -> str:
@@ -22,8 +22,12 @@ def describe(code: int) -> str:
     return f"killed by signal {-code}{name}"
 
 
+def shell_code(code: int) -> int:
+    """The code as a shell reports it: a death by signal N (-N) is 128+N."""
+    return 128 - code if code < 0 else code
+
+
 def shell_status(code: int) -> int:
-    """The status a shell would give: the code, or 128+N for a death by signal N; 1 for a
-    code no exit status can carry."""
-    status = 128 - code if code < 0 else code
+    """`shell_code`, or 1 for a code no exit status can carry."""
+    status = shell_code(code)
     return status if 0 <= status < 256 else 1

@@ -46,6 +46,7 @@ from typing import Any
 
 import psutil
 
+from mgpu import exits
 from mgpu.agent import cgroups, devices, jobsignal, launchsteps, privileged, recycle, runlimits
 from mgpu.agent.launchsteps import LaunchRequest
 from mgpu.agent.runrecord import RunRecord, RunRecords, same_process
@@ -341,16 +342,15 @@ class Launcher:
         the signal that killed it, if one did.  Our own child: the shim exits with the
         job's code (or dies of a signal itself).  Adopted after an agent restart: the
         code the shim wrote to its file.  The signal: what the shim wrote there."""
-        if run.popen is not None:
-            rc = run.popen.wait()  # None: its spawner died before it told (as if adopted)
-            if rc is not None and rc < 0:
-                return 128 - rc, -rc
-            if rc is not None and rc <= 128:
-                return rc, None  # an exit: no file to read (the usual end)
-            if rc is not None:
-                code, signum = read_exit(run.rec.exit_path)
-                return rc, signum if code == rc else None
-        return read_exit(run.rec.exit_path)
+        rc = None if run.popen is None else run.popen.wait()
+        if rc is None:  # adopted, or its spawner died before it told
+            return read_exit(run.rec.exit_path)
+        if rc < 0:
+            return exits.shell_code(rc), -rc
+        if rc <= 128:
+            return rc, None  # an exit: no file to read (the usual end)
+        code, signum = read_exit(run.rec.exit_path)
+        return rc, signum if code == rc else None
 
     async def kill_leftovers(self, run: Running, timeout: float = 5.0) -> None:
         """Leftovers die with the job, as in Slurm: its process group, and everything in its

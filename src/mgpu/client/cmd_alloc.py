@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from mgpu import exits
 from mgpu.client import jsonlite as json
 from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, RequestError
 from mgpu.client.options import UsageError, add_job_options, job_options, make_client
@@ -275,7 +276,7 @@ def _run_here(argv: list[str], env: dict[str, str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc  # a signal's death as a shell reports it
+    return exits.shell_code(rc)
 
 
 def _release(client: Client, job_id: str, code: int) -> None:

@@ -471,7 +471,7 @@ def parse_since(text: str) -> float:
 
 
 def _exit(code: int | None) -> str:
-    """`mgpu show`'s exit code: `3`, `-9 (killed by signal 9 (SIGKILL))`, `-`."""
+    """`mgpu show`'s exit code: `3`, `killed by signal 9 (SIGKILL)`, `-`."""
     if code is None:
         return "-"
-    return f"{code} ({exits.describe(code)})" if code < 0 else str(code)
+    return exits.describe(code) if code < 0 else str(code)

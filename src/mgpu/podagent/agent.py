@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mgpu import exits
 from mgpu.podagent import jobsignal
 from mgpu.protocol import (
     Exited,
@@ -188,7 +189,7 @@ class PodAgent:
         code = await proc.wait()
         run.ended.set()
         self.runs.pop(launch.job_id, None)
-        self.tell(_exited(launch, 128 - code if code < 0 else code, None))
+        self.tell(_exited(launch, exits.shell_code(code), None))
 
     async def _pump(self, run: _Run, stream: asyncio.StreamReader, name: str) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mgpu import exits
 from mgpu.config import ClusterConfig
 from mgpu.master.control.launch import step_launch
 from mgpu.master.control.lifecycle import Lifecycle, awaits_port
@@ -419,8 +420,8 @@ class Agents:
         if step is None or step.ended_on(node.node_id):
             return
         code, error = msg.exit_code, msg.launch_error
-        if code is not None and code < 0:
-            code = 128 - code  # a task's death by signal N: 128+N, as srun reports it
+        if code is not None:
+            code = exits.shell_code(code)  # a task's death by signal N: 128+N, as srun
         if msg.out_of_memory:
             step.out_of_memory = True
         if self.state.steps.node_exited(step, node.node_id, code, error):
