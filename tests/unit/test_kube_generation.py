@@ -7,8 +7,11 @@ leader's launch that was never stored) is deleted and the job sent back."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from mgpu.config import Partition
 from mgpu.kube import PodView
@@ -81,6 +84,19 @@ def test_a_deposed_master_leaves_a_newer_leaders_pod_alone() -> None:
     assert _adopted(mine=5, made_by=4) == ["mgpu-lab-5-1-0"]  # a stray of an older one
     assert _adopted(mine=5, made_by=None) == ["mgpu-lab-5-1-0"]
     assert _adopted(mine=None, made_by=6) == ["mgpu-lab-5-1-0"]  # one master: no lease
+
+
+def test_a_newer_masters_pod_is_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A deposed master sees each watch event of the new leader's Pods: one warning each."""
+    runs = _runs(5, _Client())
+    kp = KubePartition(runs.cl, Partition(name="k8s", kubernetes=KubernetesSection()))
+    kp.runs = runs
+    with caplog.at_level(logging.WARNING, logger="mgpu.master.kube"):
+        for _ in range(3):
+            assert kp._adopt(PodView.of(_pod(6))) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "pod mgpu-lab-5-1-0 is of a newer master (generation 6): left alone"
+    ]
 
 
 def test_an_older_generations_pod_in_the_way_of_a_launch_is_sent_back() -> None:

@@ -89,6 +89,8 @@ class KubePartition:
         self._synced = {"nodes": False, "pods": False}
         self.started = False
         """Both watches have listed, and the Nodes have said hello."""
+        self.left_alone: set[str] = set()
+        """Pods of a newer master seen: each is warned of once, not at every event."""
 
     # ---- running ----------------------------------------------------------
 
@@ -305,9 +307,11 @@ class KubePartition:
         made_by, mine = generation_of(view), self.runs.generation()
         if made_by is not None and mine is not None and made_by > mine:
             # A newer leader's Pod: this master is the deposed one, and judges nothing.
-            log.warning(
-                "pod %s is of a newer master (generation %d): left alone", view.name, made_by
-            )
+            if view.name not in self.left_alone:
+                self.left_alone.add(view.name)
+                log.warning(
+                    "pod %s is of a newer master (generation %d): left alone", view.name, made_by
+                )
             return None
         job = None if run is None else self.cl.jobs.get(run.job_id)
         if (
