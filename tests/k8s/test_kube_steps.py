@@ -194,6 +194,20 @@ while :; do sleep 1; done
 """
 
 
+def test_the_time_limits_signal_warning_reaches_the_batch_script(
+    master: LocalCluster, kube: KubeCluster, nobody: Client
+) -> None:
+    """`--time=1 --signal=B:USR1@50`: the pod agent signals the batch script 50 s before
+    its one-minute limit, as slurmstepd would; its trap ends the job before the limit."""
+    job_id = nobody.submit_script(
+        TRAPS_USR1, name="job.sh", gpus=1, env=ENV, slurm=SLURM, time="1", signal="B:USR1@50"
+    ).id
+    job = nobody.wait(job_id, timeout=240)
+    out = nobody.logs(job_id)
+    assert job["state"] == "completed", (job, out)
+    assert out.splitlines() == ["ready", "got USR1"], out
+
+
 def test_scancel_signal_reaches_the_batch_script_in_its_pod(
     master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
 ) -> None:

@@ -147,3 +147,31 @@ def test_under_the_output_runner_only_the_marked_script_and_its_children() -> No
     procs.append(_p(20, 1, 20))
     assert targets(procs, me=20, steps=set(), top_only=False) == [8, 9]
     assert targets(procs, me=20, steps=set(), top_only=True) == [8]
+
+
+def test_the_time_limits_signal_warning_goes_to_the_pods_agent_once() -> None:
+    """`--signal=B:USR1@60` with a 600 s limit: the Pod's agent sends USR1 to the batch
+    script 60 s before the limit (as slurmstepd), once, and the Pod is not deleted then."""
+
+    async def scenario() -> None:
+        runs, client = _runs()
+        agent = _connected(runs)
+        run = runs.runs["pod-42"]
+        run.time_limit, run.started_at = 600.0, 1000.0
+        runs.arm_warning(run, 10, 60.0, True)
+        runs.check(1000.0 + 530)  # 70 s left: not yet
+        assert agent.outbox.empty()
+        runs.check(1000.0 + 545)  # 55 s left
+        sent = SignalRun.model_validate_json(await asyncio.wait_for(agent.outbox.get(), 45))
+        assert (sent.job_id, sent.epoch, sent.signal, sent.top_only) == ("42", 3, 10, True)
+        runs.check(1000.0 + 550)
+        assert agent.outbox.empty() and not run.killing and not client.deleted
+
+    asyncio.run(scenario())
+
+
+def test_no_time_limit_warning_is_armed_without_pod_agents() -> None:
+    runs, _ = _runs(steps=None)
+    run = runs.runs["pod-42"]
+    runs.arm_warning(run, 10, 60.0, False)
+    assert run.warning is None

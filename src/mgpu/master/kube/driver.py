@@ -38,7 +38,7 @@ from mgpu.master.kube.capacity import (
 )
 from mgpu.master.kube.link import KubeLink
 from mgpu.master.kube.podagents import PodAgents
-from mgpu.master.kube.pods import PodRuns
+from mgpu.master.kube.pods import PodRuns, past_limit
 from mgpu.master.kube.podspec import (
     ANN_HOLDS,
     ANN_JOB,
@@ -50,6 +50,7 @@ from mgpu.master.kube.podspec import (
 from mgpu.master.kube.runs import PodRun, container_state, generation_of, run_of
 from mgpu.model import JobState, Slot, SlotPhase
 from mgpu.protocol import Hello, RunningReport
+from mgpu.signalspec import parse_signal
 
 if TYPE_CHECKING:
     from mgpu.master.control.cluster import Cluster
@@ -329,6 +330,10 @@ class KubePartition:
         run.kill_grace = self.cl.config.scheduling.kill_grace
         if job.start_time is not None:
             run.started_at = time.monotonic() - max(0.0, time.time() - job.start_time)
+        warning = None if job.signal is None else parse_signal(job.signal)
+        if warning is not None and not past_limit(run, time.monotonic(), lead=warning.seconds):
+            # Not yet warned (within its lead: the master that launched it did, once).
+            self.runs.arm_warning(run, warning.number, warning.seconds, warning.batch_only)
         self.runs.runs[run.name] = run
         return run
 

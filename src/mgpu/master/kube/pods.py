@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mgpu.master.kube")
 
-__all__ = ["PodRuns"]
+__all__ = ["PodRuns", "past_limit"]
 
 RENDEZVOUS_PORT = 29500
 """MASTER_PORT of a job on several Pods: each Pod has its own address, so no port is
@@ -226,6 +226,8 @@ class PodRuns:
         name = pod["metadata"]["name"]
         run = PodRun(name, launch.job_id, launch.epoch, rank, node_id, time.monotonic())
         run.time_limit, run.kill_grace = launch.time_limit, launch.kill_grace
+        if launch.signal is not None:
+            self.arm_warning(run, launch.signal, launch.signal_lead, launch.signal_batch)
         run.image = str(pod["spec"]["containers"][0].get("image") or "")
         run.holds = holds
         self.runs[name] = run
@@ -269,6 +271,14 @@ class PodRuns:
         why = None if killed else "the job's rank-0 pod ended before it had an address"
         self.tell(node_id, _exited(job.id, epoch, launch_error=why))
         return None
+
+    def arm_warning(self, run: PodRun, number: int, lead: float, batch: bool) -> None:
+        """`--signal`'s warning for `run`, sent `lead` seconds before its time limit by its
+        Pod's agent (none without kubernetes.steps: nothing in the Pod could send it)."""
+        if self.section.steps is None:
+            return
+        run.warn_lead = lead
+        run.warning = SignalRun(job_id=run.job_id, epoch=run.epoch, signal=number, top_only=batch)
 
     def _no_steps(self) -> str:
         return (
@@ -580,7 +590,10 @@ class PodRuns:
             if run.pull_since is not None and now - run.pull_since > section.image_pull_timeout:
                 self._image_failed(run)
                 continue
-            if _past_limit(run, now) and not run.holds:
+            if run.warning is not None and past_limit(run, now, lead=run.warn_lead):
+                self.agents.signal_pod(run, run.warning)  # --signal's, as an agent's
+                run.warning = None
+            if past_limit(run, now) and not run.holds:
                 run.timed_out = True
                 self.kill(run.slot_node, run.job_id, run.epoch, run.kill_grace)
             if run.killing and run.force_at is not None and now > run.force_at:
@@ -602,9 +615,12 @@ class PodRuns:
         self.tell(teller, _exited(run.job_id, run.epoch, launch_error=error))
 
 
-def _past_limit(run: PodRun, now: float) -> bool:
+def past_limit(run: PodRun, now: float, lead: float = 0.0) -> bool:
+    """Whether the run is within `lead` seconds of its time limit, or past it."""
     limit, started = run.time_limit, run.started_at
-    return limit is not None and started is not None and not run.killing and now - started > limit
+    if limit is None or started is None or run.killing:
+        return False
+    return now - started > limit - lead
 
 
 def _grace(grace: float | None) -> int | None:

@@ -21,6 +21,7 @@ from mgpu.master.kube.podspec import (
     LABEL_EPOCH,
     LABEL_RANK,
 )
+from mgpu.protocol import SignalRun
 
 __all__ = [
     "IMAGE_FAILURES",
@@ -51,6 +52,10 @@ class PodRun:
     """Monotonic seconds when it was made (or found again)."""
     time_limit: float | None = None
     kill_grace: float = 10.0
+    warning: SignalRun | None = None
+    """`--signal`'s warning, sent by the Pod's agent `warn_lead` seconds before the time
+    limit (with kubernetes.steps); None once sent."""
+    warn_lead: float = 0.0
     image: str = ""
     uid: str = ""
     node: str = ""
