@@ -134,17 +134,18 @@ def remove_cgroup_root(name: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         pids = set()
-        for tree in trees:
-            for procs in tree.rglob("cgroup.procs"):
+        for tree in trees:  # os.walk, not rglob: containerd may remove a cgroup mid-walk
+            for where, _, files in os.walk(tree):
                 with contextlib.suppress(OSError):
-                    pids |= {int(p) for p in procs.read_text().split()}
+                    if "cgroup.procs" in files:
+                        pids |= {int(p) for p in Path(where, "cgroup.procs").read_text().split()}
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         busy = []
         for tree in trees:
-            dirs = sorted((p for p in tree.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
-            for path in [*dirs, tree]:
+            dirs = [Path(where) for where, _, _ in os.walk(tree, topdown=False)]  # deepest first
+            for path in dirs:
                 try:
                     path.rmdir()
                 except FileNotFoundError:
