@@ -91,7 +91,8 @@ class KubePartition:
         self.started = False
         """Both watches have listed, and the Nodes have said hello."""
         self.left_alone: set[str] = set()
-        """Pods of a newer master seen: each is warned of once, not at every event."""
+        """Pods of a newer master seen: each is warned of once, not at every event
+        (forgotten once deleted)."""
 
     # ---- running ----------------------------------------------------------
 
@@ -287,6 +288,7 @@ class KubePartition:
             return
         if deleted:
             self.mine.pop(view.name, None)
+            self.left_alone.discard(view.name)
         else:
             self.mine[view.name] = obj
         if not self.started or self.runs is None:
