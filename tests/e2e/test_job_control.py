@@ -18,8 +18,10 @@ from mgpu import Client
 OTHER = "daemon"
 """A real account of every Debian system, standing in for a user who is not an admin."""
 
+# The checkpoint is moved into place: a test waiting for it never reads it half written.
 CHECKPOINT = """#!/bin/sh
-trap 'date +%s.%N > {ckpt}.time; echo "saved $MGPU_RESTART_COUNT" > {ckpt}; exit 0' USR1
+trap 'date +%s.%N > {ckpt}.time
+echo "saved $MGPU_RESTART_COUNT" > {ckpt}.new; mv {ckpt}.new {ckpt}; exit 0' USR1
 echo "run $MGPU_RESTART_COUNT"
 sleep 60 & wait
 """
