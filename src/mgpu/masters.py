@@ -29,6 +29,8 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     Address = tuple[str, int]
 
 __all__ = ["MAX_HOPS", "Search", "Transport", "pinned_ca_path"]
@@ -142,30 +144,49 @@ class Transport:
 
 
 class Search:
-    """One walk through `masters` until one leads (the caller dials; this says where)."""
+    """One walk through `masters` until one leads (the caller dials; this says where).
 
-    def __init__(self, masters: list[Address], transport: Transport) -> None:
+    A master that said nothing (a frozen leader: it takes the connection and never
+    answers) is dialled last, and a standby's hint that names it is not followed while
+    another is untried: each dial of it costs a whole timeout, and the leader that took
+    over from it is elsewhere."""
+
+    def __init__(
+        self, masters: list[Address], transport: Transport, silent: Iterable[Address] = ()
+    ) -> None:
         self.masters = masters
         self.transport = transport
         self.tried: list[Address] = []
+        self.silent: set[Address] = set(silent)
         self.named: Address | None = None
         """The listed master a standby named last (a new round starts there)."""
         self.hops = 0
 
-    def failed(self, address: Address, hint: str | None = None) -> Address | None:
-        """`address` did not lead (`hint`: where it says the leader is): the master to dial
-        next, or None once every one was tried (pause, then `again`)."""
+    def failed(
+        self, address: Address, hint: str | None = None, silent: bool = False
+    ) -> Address | None:
+        """`address` did not lead (`hint`: where it says the leader is; `silent`: it said
+        nothing in time): the master to dial next, or None once every one was tried
+        (pause, then `again`)."""
         self.tried.append(address)
+        if silent:
+            self.silent.add(address)
         leader = self.transport.hinted(hint, self.masters, address[1])
         if leader is not None and leader in self.masters:
             self.named = leader
-        if leader is not None and leader not in self.tried and self.hops < MAX_HOPS:
+        untried = sorted(
+            (a for a in self.masters if a not in self.tried), key=lambda a: a in self.silent
+        )
+        fresh = leader is not None and leader not in self.tried and self.hops < MAX_HOPS
+        if fresh and not (leader in self.silent and untried and untried[0] not in self.silent):
             self.hops += 1
             return leader
-        untried = [a for a in self.masters if a not in self.tried]
         return untried[0] if untried else None
 
     def again(self) -> Address:
-        """A new round after the pause: from the listed master named last, else the first."""
+        """A new round after the pause: from the listed master named last, else the first
+        (one that said nothing only when every one did)."""
         self.tried, self.hops = [], 0
-        return self.named or self.masters[0]
+        start = [self.named] if self.named is not None else []
+        order = start + [a for a in self.masters if a not in start]
+        return min(order, key=lambda a: a in self.silent)

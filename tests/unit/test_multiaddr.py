@@ -32,7 +32,7 @@ from mgpu.client import leader as leader_cache
 from mgpu.client.api import Client, ConnectError, LostConnection, resolve_addresses
 from mgpu.client.stream import print_logs
 from mgpu.errors import MgpuError
-from mgpu.masters import pinned_ca_path
+from mgpu.masters import Search, Transport, pinned_ca_path
 from mgpu.protocol import Welcome
 
 MGPU = Path(sys.executable).parent / "mgpu"
@@ -472,6 +472,63 @@ def test_the_agent_dials_in_turn_and_follows_the_hint(tmp_path: Path) -> None:
     assert dialled[:5] == [("dead", 1), ("standby", 2), ("leader", 3), ("leader", 3), ("dead", 1)]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 1.6  # a small backoff while all refuse: a failover is seen soon
+
+
+def _keepalive_timeout() -> Exception:
+    """What websockets raises when the link's pings went unanswered (a frozen master)."""
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.frames import Close, CloseCode
+
+    return ConnectionClosedError(None, Close(CloseCode.INTERNAL_ERROR, "keepalive ping timeout"))
+
+
+def test_an_agent_whose_leader_froze_dials_it_last(tmp_path: Path) -> None:
+    """A frozen leader keeps the link open and answers no ping: once the agent drops it,
+    it dials the other masters first (each dial of the frozen one costs a whole handshake
+    timeout), and does not follow a standby's hint back to it while another is untried."""
+    agent = _agent(tmp_path, [("frozen", 1), ("standby", 2), ("third", 3)])
+    dialled: list[tuple[str, int]] = []
+
+    async def session() -> None:
+        dialled.append(agent.master)
+        if len(dialled) == 1:
+            agent._welcomed = True  # it led, then stopped answering pings
+            raise _keepalive_timeout()
+        if len(dialled) > 5:
+            raise _Stop
+        if agent.master == ("frozen", 1):
+            raise TimeoutError("timed out during opening handshake")
+        raise StandbyMaster("a standby", "frozen:1")  # it has not taken over yet
+
+    agent._session = session  # type: ignore[method-assign]
+    with pytest.raises(_Stop):
+        asyncio.run(agent._dial_forever())
+    assert dialled[:4] == [("frozen", 1), ("standby", 2), ("third", 3), ("standby", 2)]
+
+
+def test_a_link_closed_by_the_master_is_not_silence() -> None:
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.frames import Close, CloseCode
+
+    from mgpu.agent.link import said_nothing
+
+    assert said_nothing(_keepalive_timeout())
+    assert said_nothing(TimeoutError("timed out during opening handshake"))
+    closed = Close(CloseCode.GOING_AWAY, "bye")
+    assert not said_nothing(ConnectionClosedError(closed, closed, True))
+    assert not said_nothing(ConnectionResetError("reset"))
+
+
+def test_a_search_tries_a_silent_master_last_and_still_tries_it() -> None:
+    masters = [("a", 1), ("b", 2), ("c", 3)]
+    walk = Search(masters, Transport(None, None))
+    assert walk.failed(("a", 1), silent=True) == ("b", 2)
+    assert walk.failed(("b", 2), "a:1") == ("c", 3)  # not back to the silent one
+    assert walk.failed(("c", 3), "a:1") is None  # the others all tried: a pause
+    assert walk.again() == ("b", 2)  # named, but silent: the others first
+    assert walk.failed(("b", 2), "a:1") == ("c", 3)
+    assert walk.failed(("c", 3), "a:1") == ("a", 1)  # only the silent one left: its turn
+    assert Search(masters, Transport(None, None), silent=[("a", 1)]).again() == ("b", 2)
 
 
 def test_the_agent_follows_no_hint_outside_its_list(tmp_path: Path) -> None:

@@ -45,7 +45,13 @@ from mgpu.agent.hostres import HostResources, detect_host
 from mgpu.agent.identity import NodeIdentity, NodeIdentityError
 from mgpu.agent.launcher import JobError, Launcher, LaunchError, Running
 from mgpu.agent.launchsteps import UserIds
-from mgpu.agent.link import StandbyMaster, ip_towards, open_link, standby_refusal
+from mgpu.agent.link import (
+    StandbyMaster,
+    ip_towards,
+    open_link,
+    said_nothing,
+    standby_refusal,
+)
 from mgpu.agent.mps import MpsControl
 from mgpu.agent.options import AgentOptions
 from mgpu.agent.site import SiteHooks
@@ -260,6 +266,7 @@ class Agent:
         while True:
             self._welcomed = False
             hint = None
+            silent = False
             try:
                 await self._session()
             except (AgentRefused, NodeIdentityError):
@@ -270,21 +277,25 @@ class Agent:
             except DeposedMaster as e:
                 self._say_failing(str(e))
             except (TimeoutError, OSError) as e:
+                silent = said_nothing(e)
                 if self._welcomed:
                     log.warning("connection to the master at %s lost: %s", self.url, e)
                 else:
                     self._say_failing(f"cannot reach the master at {self.url}: {e}")
             except Exception as e:
+                silent = said_nothing(e)
                 log.warning("connection to the master lost: %s", e)
             self.connected = False
             if self._welcomed:  # it led: a new round, from it (a blip), then the others
                 self._failing.clear()
                 search, delay = Search(self.masters, self.transport), 0.2
-                if self.master not in self.masters:  # a hinted leader: that link only
+                if silent:  # frozen: whoever took over is elsewhere; it is dialled last
+                    self._use(search.failed(self.master, silent=True) or self.master)
+                elif self.master not in self.masters:  # a hinted leader: that link only
                     self._use(self.masters[0])
                 await asyncio.sleep(0.1 * (0.5 + random.random()))
                 continue
-            after = search.failed(self.master, hint)
+            after = search.failed(self.master, hint, silent)
             if after is not None:
                 self._use(after)
                 continue

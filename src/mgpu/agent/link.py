@@ -56,6 +56,20 @@ def open_link(url: str, ssl: Any, several: bool) -> _Unredirected:
     )
 
 
+def said_nothing(error: BaseException) -> bool:
+    """The master went silent: it never answered the handshake, or stopped answering the
+    link's pings (a frozen master keeps the connection open and says nothing)."""
+    if isinstance(error, TimeoutError):
+        return True
+    if not isinstance(error, websockets.ConnectionClosed) or error.sent is None:
+        return False
+    return error.rcvd is None and error.sent.reason == KEEPALIVE_TIMEOUT
+
+
+KEEPALIVE_TIMEOUT = "keepalive ping timeout"
+"""The reason websockets closes a link with when its pings go unanswered."""
+
+
 def standby_refusal(error: websockets.InvalidStatus, where: str) -> StandbyMaster | None:
     """The StandbyMaster a refused handshake means (a 503), else None."""
     response = error.response

@@ -420,7 +420,7 @@ class _Search:
         c = self.client
         here = (c.host, c.port)
         self.errors[here] = _reason(error)
-        after = self.walk.failed(here, hint)
+        after = self.walk.failed(here, hint, silent=isinstance(error, NoAnswer))
         if after is not None:
             c._use(after)
             return
