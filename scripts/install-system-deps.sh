@@ -4,6 +4,8 @@
 #   iproute2, util-linux, hostname  network/UTS namespaces for multi-node tests (tests/netns.py)
 #   openmpi-bin, libopenmpi-dev     MPI runtime + headers (to build mpi4py in the venv)
 #   chromium                        headless browser tests of the web UI
+#   nodejs                          the dashboard's scripts run beside their Python twins
+#                                   (tests/unit/test_resume_js.py)
 #   podman, runc, busybox-static    a real --image job (tests/e2e/test_site.py: rootful podman,
 #                                   runc for hybrid-cgroup VMs, a busybox image built locally)
 #   zsh                             the zsh completion script, typed into a real zsh
@@ -20,7 +22,7 @@
 # `make test` still runs elsewhere; the tests needing these packages then skip.
 set -euo pipefail
 
-PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium podman runc busybox-static zsh postgresql slurm-wlm slurm-client munge slurmdbd mariadb-server)
+PACKAGES=(iproute2 util-linux hostname openmpi-bin libopenmpi-dev chromium nodejs podman runc busybox-static zsh postgresql slurm-wlm slurm-client munge slurmdbd mariadb-server)
 
 log() { printf 'install-system-deps: %s\n' "$*" >&2; }
 

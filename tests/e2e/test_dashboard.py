@@ -139,6 +139,37 @@ def test_dashboard_shows_follows_and_cancels_a_job(
     assert errors == []
 
 
+def test_a_followed_output_goes_on_after_the_master_restarts(
+    cluster: LocalCluster, browser_page: Any
+) -> None:
+    """The job page's stream breaks with its master; it is opened again where it stood once
+    the master is back: every line the job printed meanwhile shown, none twice."""
+    page = browser_page
+    errors = page_errors(page)
+    job_id = cluster.cli("submit", "--gpus", "1", TICKER, check=True).stdout.strip()
+    wait_for(lambda: cluster.client().show(job_id)["state"] == "running", what="job running")
+    page.goto(f"http://{cluster.address}/")
+    page.evaluate(f"localStorage.setItem('mgpu-token', {cluster.admin_token!r})")
+    page.goto(f"http://{cluster.address}/#/job/{job_id}")
+    page.locator("#output", has_text="tick 5").wait_for()
+    assert cluster.master is not None
+    cluster.master.kill()
+    cluster.master.wait(timeout=30)
+    page.locator("#output-status", has_text="reconnecting").wait_for(timeout=30000)
+    cluster.start_master()
+    cluster.wait_node("node001", "online")
+    later = len(cluster.client().logs(job_id).splitlines()) // 2 + 5  # printed while down
+    page.locator("#output", has_text=f"tick {later}\n").wait_for(timeout=60000)
+    text = page.inner_text("#output")
+    for stream in ("tick", "warn"):
+        seen = [int(n) for n in re.findall(rf"^{stream} (\d+)$", text, re.MULTILINE)]
+        assert seen == list(range(1, len(seen) + 1)), f"{stream}: lost or twice"
+    assert page.inner_text("#output-status") == "following…"
+    cluster.client().cancel(job_id)
+    page.locator("#output-status", has_text="ended: cancelled").wait_for()
+    assert errors == []
+
+
 def test_dashboard_shows_shared_gpus_and_estimates(
     cluster: LocalCluster, browser_page: Any
 ) -> None:

@@ -2,7 +2,8 @@
 // Pages (by URL hash): #/ overview, #/job/ID a job, #/accounting reports.
 // Live: the overview polls two compact views (/api/dashboard/overview and one page of
 // /api/dashboard/jobs) every POLL_MS, slower on a big cluster, and redraws only what
-// changed (ETag); a job page follows its output through GET /api/jobs/ID/output?follow=1.
+// changed (ETag); a job page follows its output through GET /api/jobs/ID/output?follow=1,
+// opened again where it stood when its master restarts or another takes over (resume.js).
 // The node heat map is heatmap.js.
 "use strict";
 
@@ -668,27 +669,84 @@ function appendOutput(rec, multi) {
   if ($("output-scroll").checked) pre.scrollTop = pre.scrollHeight;
 }
 
+const FOLLOW_QUIET_MS = 16000;
+// A followed stream with nothing, not even a ping, this long is dropped and opened again:
+// the master pings every 5 s, so it has stopped (a frozen leader keeps the connection).
+const FOLLOW_RETRY_MAX_MS = 5000;
+
+class FollowRefused extends Error {}
+// The master refused the stream for good (no such job, not allowed): not opened again.
+
+// Follows the job's output until it ends or the page leaves it. A stream that breaks or goes
+// quiet (the master restarted, or another took over) is opened again where the stored
+// records end (OutputResume): no line shown twice or lost.
 async function followOutput(id) {
   const ctrl = new AbortController();
   state.stream = ctrl;
   $("output").textContent = "";
-  $("output-status").textContent = "following…";
+  const status = $("output-status");
+  status.textContent = "following…";
   const nodes = new Set();
+  const resume = new OutputResume();
+  let tries = 0;
+  while (!ctrl.signal.aborted) {
+    let why;
+    try {
+      if (await readOutput(id, resume, nodes, ctrl.signal, () => { tries = 0; })) return;
+      const j = await api(`/api/jobs/${encodeURIComponent(id)}`);
+      if (j.state !== "queued" && j.state !== "running") {
+        status.textContent = `ended: ${j.state}` + (j.exit_code == null ? "" : ` (exit ${j.exit_code})`);
+        refreshJob().catch(() => {});
+        return;
+      }
+      why = "the master ended the stream early";
+    } catch (e) {
+      if (ctrl.signal.aborted) return; // the page left this job
+      if (e instanceof OutputRewind) continue;
+      if (e instanceof FollowRefused) {
+        status.textContent = "cannot follow: " + e.message;
+        return;
+      }
+      why = e.message;
+    }
+    resume.reopen();
+    tries += 1;
+    status.textContent = `reconnecting (${why})…`;
+    await new Promise((done) => setTimeout(done, Math.min(FOLLOW_RETRY_MAX_MS, 250 * 2 ** tries)));
+  }
+}
+
+// One open of the job's output stream from where `resume` stands: true once the job's end
+// was read, false when the stream closed before it. Throws on a broken or quiet stream.
+async function readOutput(id, resume, nodes, pageSignal, onOutput) {
+  const open = new AbortController();
+  const leave = () => open.abort();
+  pageSignal.addEventListener("abort", leave);
+  let quiet = null;
+  const awake = () => {
+    clearTimeout(quiet);
+    quiet = setTimeout(() => open.abort(new Error("the master went quiet")), FOLLOW_QUIET_MS);
+  };
   try {
-    const resp = await fetch(`/api/jobs/${encodeURIComponent(id)}/output?follow=1`, { headers: headers(), signal: ctrl.signal });
+    awake();
+    const url = `/api/jobs/${encodeURIComponent(id)}/output?follow=1&marks=1&since=${resume.since()}`;
+    const resp = await fetch(url, { headers: headers(), signal: open.signal });
     if (!resp.ok) {
       let detail = `HTTP ${resp.status}`;
       try { detail = (await resp.json()).detail || detail; } catch (e) { /* not JSON */ }
       if (resp.status === 401) showLogin(detail);
-      $("output-status").textContent = "cannot follow: " + detail;
-      return;
+      if (resp.status >= 500 || resp.status === 429) throw new Error(detail); // a standby, a restart
+      throw new FollowRefused(detail);
     }
+    const status = $("output-status");
+    status.textContent = "following…";
     const reader = resp.body.getReader();
     const dec = new TextDecoder();
     let buf = "";
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) break;
+      if (done) return false;
+      awake();
       buf += dec.decode(value, { stream: true });
       let i;
       while ((i = buf.indexOf("\n")) >= 0) {
@@ -697,21 +755,28 @@ async function followOutput(id) {
         if (!line.trim()) continue;
         const rec = JSON.parse(line);
         if ("d" in rec) {
+          const text = resume.take(rec);
+          if (text === null) continue;
+          onOutput();
           if (rec.n) nodes.add(rec.n);
-          appendOutput(rec, nodes.size > 1);
+          appendOutput({ ...rec, d: text }, nodes.size > 1);
+        } else if ("stored" in rec) {
+          resume.mark(rec.stored);
         } else if (rec.end) {
-          $("output-status").textContent = `ended: ${rec.state}` +
+          status.textContent = `ended: ${rec.state}` +
             (rec.exit_code == null ? "" : ` (exit ${rec.exit_code})`) + (rec.reason ? ` — ${rec.reason}` : "");
           refreshJob().catch(() => {});
+          return true;
         } else if (rec.status) {
-          $("output-status").textContent = rec.status === "queued"
+          status.textContent = rec.status === "queued"
             ? `queued${rec.position ? ` (position ${rec.position})` : ""}: ${rec.reason || ""}`
             : "following…";
         }
       }
     }
-  } catch (e) {
-    if (e.name !== "AbortError") $("output-status").textContent = "stream lost: " + e.message;
+  } finally {
+    clearTimeout(quiet);
+    pageSignal.removeEventListener("abort", leave);
   }
 }
 

@@ -51,6 +51,7 @@ PAGE_HEADERS = {
 STATIC = {
     "app.js": "text/javascript",
     "heatmap.js": "text/javascript",
+    "resume.js": "text/javascript",
     "style.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
