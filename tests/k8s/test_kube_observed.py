@@ -158,7 +158,9 @@ RBAC_ROLE = {
     "metadata": {"name": "mgpu-jobs", "namespace": "default"},
     "rules": [{"apiGroups": [""], "resources": ["pods"],
                "verbs": ["create", "get", "list", "watch", "delete"]},
-              {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}],
+              {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+              {"apiGroups": [""], "resources": ["secrets"],
+               "verbs": ["create", "list", "patch", "delete"]}],
 }  # fmt: skip
 NOBODY = [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "mgpu-test-nobody"}]
 

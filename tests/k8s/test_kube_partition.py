@@ -159,6 +159,35 @@ def test_a_batch_script_runs_with_slurms_variables(master: LocalCluster, nobody:
     assert nobody.logs(job_id) == f"id={job_id} part=k8s gpus=2\nargs=a b\n"
 
 
+def test_the_jobs_credential_and_script_are_in_its_pods_secret(
+    master: LocalCluster, kube: KubeCluster, nobody: Client
+) -> None:
+    """Whoever may read the namespace's Pods sees neither the job's credential (it acts as
+    the job's user) nor its script: they are in the Pod's Secret, which the job still
+    reads, and which Kubernetes deletes with the Pod."""
+    script = '#!/bin/sh\n# the-private-part\necho "token=${#MGPU_TOKEN}"\nsleep 300\n'
+    slurm = {"batch": True, "partition": "k8s", "job_name_default": "s.sh", "submit_dir": "/"}
+    job_id = nobody.submit_script(script, name="s.sh", env=ENV, slurm=slurm).id
+    _running(nobody, job_id)
+    wait_for("the job's output", lambda: nobody.logs(job_id).startswith("token="), 90)
+    assert nobody.logs(job_id) != "token=0\n"  # the job has its credential
+    [pod] = _pods(kube, f"mgpu.io/job={job_id}")
+    assert "the-private-part" not in str(pod) and "mgpujob_" not in str(pod)
+    name = pod["metadata"]["name"]
+    secret = kube.get(f"/api/v1/namespaces/default/secrets/{name}")
+    assert set(secret["data"]) == {"MGPU_TOKEN", "MGPU_BATCH_SCRIPT"}
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", name, pod["metadata"]["uid"])
+    nobody.cancel(job_id)
+    assert nobody.wait(job_id, timeout=60)["state"] == "cancelled"
+
+    def secret_gone() -> bool:
+        names = kube.get("/api/v1/namespaces/default/secrets")["items"]
+        return name not in [s["metadata"]["name"] for s in names]
+
+    wait_for("the pod's secret deleted with it", secret_gone, 90)
+
+
 def test_a_job_of_root_does_not_run_as_root(master: LocalCluster) -> None:
     job = master.client().submit("id -u", env=ENV)
     ended = master.client().wait(job.id, timeout=120)

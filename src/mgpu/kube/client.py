@@ -90,12 +90,15 @@ class KubeClient:
         *,
         params: Mapping[str, str | int] | None = None,
         body: Any = None,
+        content_type: str | None = None,
     ) -> Any:
-        """One call; its decoded JSON answer, or a KubeError saying what `doing` met."""
+        """One call; its decoded JSON answer, or a KubeError saying what `doing` met.
+        `content_type`: the body's, when not plain JSON (a merge patch)."""
+        headers = self._headers()
+        if content_type is not None:
+            headers["Content-Type"] = content_type
         try:
-            resp = await self._http.request(
-                method, path, params=params, json=body, headers=self._headers()
-            )
+            resp = await self._http.request(method, path, params=params, json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise unreachable(self.server, doing, exc) from None
         return self._decode(resp, doing)
@@ -265,6 +268,55 @@ class KubeClient:
         """A Pod's log line by line, following it until the container ends; the connection
         is made again when it drops, and no line is lost or given twice (LogFollower)."""
         return LogFollower(self, name, namespace or self.namespace, container, **kw).lines()
+
+    # -- secrets
+
+    def _secrets(self, namespace: str | None) -> str:
+        return f"/api/v1/namespaces/{_q(namespace or self.namespace)}/secrets"
+
+    async def create_secret(
+        self, secret: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        ns = namespace or self.namespace
+        result: dict[str, Any] = await self.request(
+            "POST", self._secrets(ns), f"create a secret in namespace {ns}", body=dict(secret)
+        )
+        return result
+
+    async def own_secret(
+        self, name: str, owner: Mapping[str, Any], namespace: str | None = None
+    ) -> None:
+        """Make `owner` (an ownerReference) the Secret's owner: Kubernetes' garbage
+        collector deletes the Secret once its owner is gone."""
+        ns = namespace or self.namespace
+        await self.request(
+            "PATCH",
+            f"{self._secrets(ns)}/{_q(name)}",
+            f"set the owner of secret {ns}/{name}",
+            body={"metadata": {"ownerReferences": [dict(owner)]}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def list_secrets(
+        self, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> ObjectList:
+        ns = namespace or self.namespace
+        params = _selectors(label_selector, None)
+        body = await self.request("GET", self._secrets(ns), f"list secrets in {ns}", params=params)
+        return ObjectList(body)
+
+    async def delete_secret(self, name: str, namespace: str | None = None) -> bool:
+        """Delete a Secret; False when it was already gone."""
+        ns = namespace or self.namespace
+        try:
+            await self.request(
+                "DELETE", f"{self._secrets(ns)}/{_q(name)}", f"delete secret {ns}/{name}"
+            )
+        except KubeError as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return True
 
     # -- events
 

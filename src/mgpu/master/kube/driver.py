@@ -349,6 +349,8 @@ class KubePartition:
             if self.runs.runs.get(name) is None:
                 self._adopt(view)
         self._sync_nodes()
+        pods = {name: PodView.of(obj).uid for name, obj in self.mine.items()}
+        self.runs.spawn(self.runs.sweep_secrets(pods))
         for name, obj in sorted(self.mine.items()):
             run = self.runs.runs.get(name)
             if run is not None and not run.ended:

@@ -50,6 +50,7 @@ __all__ = [
     "LABEL_RANK",
     "PodShape",
     "build_pod",
+    "keep_private",
     "label_value",
     "pod_name",
     "template_parts",
@@ -68,10 +69,14 @@ POD_IP = "MGPU_POD_IP"
 RENDEZVOUS_ADDRESS = ("MASTER_ADDR", "PET_MASTER_ADDR")
 CONTAINER = "job"
 SCRIPT_VARIABLE = "MGPU_BATCH_SCRIPT"
-# The batch script travels in the Pod's environment (no ConfigMap: no more RBAC), is
-# written to a private file by the job's own user and run with its #! interpreter. Its
+# The batch script travels in the Pod's environment, from the Pod's Secret (`keep_private`),
+# is written to a private file by the job's own user and run with its #! interpreter. Its
 # stderr is its stdout: the runtime reads a container's two streams apart, so a line on
 # one could reach the Pod's log (one stream to read) before an earlier one on the other.
+PRIVATE_ENV = ("MGPU_TOKEN", SCRIPT_VARIABLE)
+"""What of a job's environment is its own: its credential (it acts as the job's user) and
+its batch script.  Kept in a Secret, not in the Pod's spec that every reader of the
+namespace's Pods sees."""
 SCRIPT_RUNNER = (
     'f=$(mktemp) && printf "%s" "$MGPU_BATCH_SCRIPT" > "$f" && chmod 700 "$f" '
     '&& unset MGPU_BATCH_SCRIPT && exec "$f" "$@" 2>&1'
@@ -295,3 +300,38 @@ def _rendezvous(env: dict[str, str], shape: PodShape) -> dict[str, str]:
 
 def _job_label(launch: Launch) -> str:
     return label_value(launch.job_id)
+
+
+def keep_private(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """Moves the job's credential and batch script (PRIVATE_ENV) out of `pod`'s spec into
+    a Secret of the Pod's name, which its container's environment refers to; the Secret
+    (None: nothing private).  It is made before the Pod and owned by it once the Pod is
+    made (mgpu.master.kube.pods), so Kubernetes deletes it with the Pod."""
+    meta = pod["metadata"]
+    name = meta["name"]
+    data: dict[str, str] = {}
+    for container in pod["spec"]["containers"]:
+        env = []
+        for e in container.get("env") or []:
+            if e.get("name") in PRIVATE_ENV and "value" in e:
+                data[e["name"]] = e["value"]
+                e = {
+                    "name": e["name"],
+                    "valueFrom": {"secretKeyRef": {"name": name, "key": e["name"]}},
+                }
+            env.append(e)
+        container["env"] = env
+    if not data:
+        return None
+    labels = {k: v for k, v in meta["labels"].items() if k.startswith("mgpu.io/")}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {ANN_JOB: meta["annotations"][ANN_JOB]},
+        },
+        "stringData": data,
+    }
