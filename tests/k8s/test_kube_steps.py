@@ -23,6 +23,7 @@ from helpers import BIN, LocalCluster
 from kubecluster import IMAGE_BUSYBOX, KubeCluster, free_port, wait_for
 from kubemaster import host_volumes, job_pods
 from mgpu import Client
+from mgpu.errors import MgpuError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a real Kubernetes)")
 
@@ -228,3 +229,43 @@ def test_scancel_signal_reaches_the_batch_script_in_its_pod(
     out = nobody.logs(job_id)
     assert job["state"] == "completed", (job, out)
     assert out.splitlines() == ["ready", "got USR1"], out
+
+
+def test_a_step_goes_on_through_a_master_restart(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str, bin_dir: Path
+) -> None:
+    """The master is killed while a step runs in the job's Pod and started again: the
+    step is followed again (the Node's hello reports it, its Pod's agent says it runs it),
+    and its end reaches srun and sacct.  Before, the restarted master took it for lost and
+    dropped its end.  (Last in the module: it restarts the module's master.)"""
+    go = bin_dir / f"go-{os.getpid()}"  # a hostPath volume: the Pod sees it appear
+    script = (
+        "#!/bin/sh\n"
+        f"srun sh -c 'echo step-up; while [ ! -e {go} ]; do sleep 0.2; done; "
+        "echo step-done; exit 5'\n"
+        'echo "srun=$?"\n'
+    )
+    env = {**ENV, "MGPU_FAILOVER_WAIT": "120"}  # srun waits for its one master to be back
+    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=env, slurm=SLURM).id
+    wait_for("the step running", lambda: "step-up" in nobody.logs(job_id), 180)
+    assert master.master is not None
+    master.master.kill()
+    master.master.wait(timeout=30)
+    master.start_master()
+
+    def online() -> bool:
+        try:
+            nodes = master.client().nodes()
+        except MgpuError:  # not listening yet
+            return False
+        return [n["state"] for n in nodes if n.get("kubernetes")] == ["online", "online"]
+
+    wait_for("both Nodes online again", online, 120)
+    go.touch()
+    job = nobody.wait(job_id, timeout=180)
+    out = nobody.logs(job_id)
+    log = (master.root / "master.log").read_text()[-3000:]
+    assert job["state"] == "completed", (job, out, log)
+    assert out.splitlines()[0] == "step-up" and "step-done" in out, out
+    assert out.splitlines()[-1] == "srun=5", out  # the step's own exit code, through srun
+    assert f"{job_id}.0|FAILED|5:0" in _sacct(master, nobody_token, job_id)

@@ -19,9 +19,10 @@ from mgpu.master.kube.podagents import PodAgent, PodAgents
 from mgpu.master.kube.podspec import PodShape, build_pod
 from mgpu.master.kube.podsteps import step_for_pod
 from mgpu.master.kube.runs import PodRun
+from mgpu.master.state.steps import Step
 from mgpu.model import Job, JobState, Slot
 from mgpu.podagent.agent import step_env
-from mgpu.protocol import Exited, Grant, Launch, Output
+from mgpu.protocol import Exited, Grant, Launch, Output, Started
 
 STEPS = PodSteps(master="10.0.0.1:8443", bin="/opt/mgpu/bin")
 
@@ -184,3 +185,53 @@ def test_a_step_on_a_node_without_the_jobs_pod_is_refused(grant: Grant) -> None:
     agents.deliver(runs, "n2", _launch(job_id="42.s1.0", grant=grant))  # type: ignore[arg-type]
     [(_, end)] = runs.told
     assert "no pod on n2" in end.launch_error
+
+
+def _stored_step(step_id: str, node: str = "n1", epoch: int = 3, done: bool = False) -> Step:
+    return Step(id=step_id, job_id="42", epoch=epoch, node_id=node, done=done)
+
+
+def test_a_restarted_master_follows_the_steps_its_pods_agents_run() -> None:
+    """After a master's start, the stored steps running in the job's Pod are followed
+    again: reported in the Node's hello (not lost), their end from the Pod's agent told
+    (it was dropped before: the step stayed running, its srun waiting)."""
+
+    async def scenario() -> None:
+        runs = _Runs()
+        agents = _agents(runs)
+        by_id = runs.cl.state.steps.by_id
+        by_id["42.s1.0"] = _stored_step("42.s1.0")
+        by_id["42.s2.0"] = _stored_step("42.s2.0", done=True)  # ended: not followed
+        by_id["42.s3.0"] = _stored_step("42.s3.0", node="n2")  # another Pod's
+        by_id["42.s4.0"] = _stored_step("42.s4.0", epoch=2)  # an earlier run's
+        agents.adopt(runs, runs.runs["pod-42"])  # type: ignore[arg-type]
+        assert agents.on_node("n1") == [("42.s1.0", 3)]
+        agent = agents.admit("pod-42", "job:42")
+        assert isinstance(agent, PodAgent)
+        agents.attach(agent)
+        assert agent.outbox.empty()  # an adopted step is not sent again: it runs there
+        started = Started(job_id="42.s1.0", epoch=3, pid=7, hostname="p", ip="1.2.3.4", time=1.0)
+        agents.received(agent, started)  # the agent says it has it
+        agents.check(time.monotonic() + 3600)  # confirmed: no wait runs out
+        agents.received(agent, Exited(job_id="42.s1.0", epoch=3, exit_code=4, time=2.0))
+        assert [(n, m.type) for n, m in runs.told] == [("n1", "started"), ("n1", "exited")]
+        assert runs.told[-1][1].exit_code == 4
+        assert agents.on_node("n1") == []
+
+    asyncio.run(scenario())
+
+
+def test_an_adopted_step_its_pods_agent_does_not_have_ends_with_a_sentence() -> None:
+    runs = _Runs(steps=PodSteps(master="m:1", bin="/b", agent_wait=5))
+    agents = _agents(runs)
+    runs.cl.state.steps.by_id["42.s1.0"] = _stored_step("42.s1.0")
+    agents.adopt(runs, runs.runs["pod-42"])  # type: ignore[arg-type]
+    agent = agents.admit("pod-42", "job:42")
+    assert isinstance(agent, PodAgent)
+    agents.attach(agent)  # it connects, and never says it runs the step
+    agents.check(time.monotonic() + 1)
+    assert not runs.told
+    agents.check(time.monotonic() + 6)
+    [(node, end)] = runs.told
+    assert node == "n1" and end.exit_code is None
+    assert "pod agent of pod pod-42 does not run it" in end.launch_error

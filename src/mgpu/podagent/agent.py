@@ -7,7 +7,9 @@ TLS pinned to the CA the job's credential names) with the job's credential
 (`$MGPU_TOKEN`) and its Pod's name (`$MGPU_POD_NAME`); the master sends it only the
 steps of its job on its Pod's node (mgpu.master.kube.podagents) and it answers as an
 agent does: started, output (with byte offsets), exited.  A dropped connection is dialled
-again; a step's messages not sent yet wait for it.  It holds no secret of its own.
+again; a step's messages not sent yet wait for it, and each running step's start is told
+again (a master that started meanwhile learns what runs here).  It holds no secret of its
+own.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def step_env(launch: Launch, pod_env: dict[str, str]) -> dict[str, str]:
 class _Run:
     launch: Launch
     proc: asyncio.subprocess.Process
+    started: Started
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     killing: bool = False
 
@@ -119,6 +122,8 @@ class PodAgent:
 
     async def _session(self, ws: Any) -> bool:
         """One connection; True when the master refused this agent."""
+        for run in list(self.runs.values()):  # a master that started since knows them so
+            self.tell(run.started)
         writer = asyncio.create_task(self._write(ws))
         try:
             async for raw in ws:
@@ -173,17 +178,16 @@ class PodAgent:
         except (OSError, ValueError) as e:
             self.tell(_exited(launch, None, f"{launch.argv[0] if launch.argv else ''}: {e}"))
             return
-        run = self.runs[launch.job_id] = _Run(launch, proc)
-        self.tell(
-            Started(
-                job_id=launch.job_id,
-                epoch=launch.epoch,
-                pid=proc.pid,
-                hostname=self.hostname,
-                ip=self.ip,
-                time=time.time(),
-            )
+        started = Started(
+            job_id=launch.job_id,
+            epoch=launch.epoch,
+            pid=proc.pid,
+            hostname=self.hostname,
+            ip=self.ip,
+            time=time.time(),
         )
+        run = self.runs[launch.job_id] = _Run(launch, proc, started)
+        self.tell(started)
         assert proc.stdout is not None and proc.stderr is not None
         await asyncio.gather(self._pump(run, proc.stdout, "o"), self._pump(run, proc.stderr, "e"))
         code = await proc.wait()

@@ -250,6 +250,8 @@ class KubePartition:
                     exit_code=int(code) if code is not None else None,
                 )
             )
+        for step_id, epoch in self.agents.on_node(name) if self.agents is not None else []:
+            reports.append(RunningReport(job_id=step_id, epoch=epoch, pid=1))  # in its Pod
         return reports
 
     # ---- Pods -------------------------------------------------------------
@@ -348,6 +350,9 @@ class KubePartition:
             view = PodView.of(self.mine[name])
             if self.runs.runs.get(name) is None:
                 self._adopt(view)
+        if self.agents is not None:  # their steps, before the Nodes' hellos
+            for adopted in list(self.runs.runs.values()):
+                self.agents.adopt(self.runs, adopted)
         self._sync_nodes()
         pods = {name: PodView.of(obj).uid for name, obj in self.mine.items()}
         self.runs.spawn(self.runs.sweep_secrets(pods))

@@ -88,7 +88,12 @@ class _Step:
     pod: str
     node_id: str
     runs: PodRuns
-    launch: Launch
+    step_id: str
+    epoch: int
+    launch: Launch | None = None
+    """What the Pod's agent was sent; None: a step an earlier master sent, found in the
+    store after this one started (`adopt`): the agent is sent nothing, it says it has it
+    (its Started again, at each connection)."""
     since: float | None = None
     """When it began to wait for the Pod's agent (None: the agent has it)."""
 
@@ -131,10 +136,15 @@ class PodAgents:
             old.outbox.put_nowait("")
         self.agents[agent.pod] = agent
         log.info("pod agent of %s connected", agent.pod)
+        now = time.monotonic()
         for step in self.steps.values():
-            if step.pod == agent.pod:
-                step.since = None
-                agent.send(step.launch)  # again after a reconnect: the agent knows its own
+            if step.pod != agent.pod:
+                continue
+            if step.launch is None:  # adopted: it must say it has it, within agent_wait
+                step.since = step.since or now
+                continue
+            step.since = None
+            agent.send(step.launch)  # again after a reconnect: the agent knows its own
         for _, waiting in self.signals.pop(agent.pod, []):
             agent.send(waiting)
 
@@ -154,11 +164,34 @@ class PodAgents:
             log.warning("pod agent of %s sent a %s: dropped", agent.pod, type(message).__name__)
             return
         step = self.steps.get(message.job_id)
-        if step is None or step.pod != agent.pod or step.launch.epoch != message.epoch:
+        if step is None or step.pod != agent.pod or step.epoch != message.epoch:
             return  # not one of its steps (or one already ended)
         if isinstance(message, Exited):
             del self.steps[message.job_id]
+        else:
+            step.since = None  # an adopted step its agent has
         step.runs.tell(step.node_id, message)
+
+    def adopt(self, runs: PodRuns, run: PodRun) -> None:
+        """After this master's start, the stored steps of `run`'s job still running on its
+        Pod's node (an earlier master sent them): followed again, waiting for the Pod's
+        agent to say it has them (else they end after `agent_wait`, as a lost launch)."""
+        now = time.monotonic()
+        for step in runs.cl.state.steps.by_id.values():
+            if (
+                step.id not in self.steps
+                and (step.job_id, step.epoch) == (run.job_id, run.epoch)
+                and step.runs_on(run.slot_node)
+                and not step.ended_on(run.slot_node)
+            ):
+                self.steps[step.id] = _Step(
+                    run.name, run.slot_node, runs, step.id, step.epoch, since=now
+                )
+
+    def on_node(self, node_id: str) -> list[tuple[str, int]]:
+        """The steps (id, epoch) followed on the Kubernetes Node `node_id`: a Node's hello
+        reports them as running, so that they are not taken for lost."""
+        return [(s.step_id, s.epoch) for s in self.steps.values() if s.node_id == node_id]
 
     # ---- the master's messages --------------------------------------------
 
@@ -211,20 +244,21 @@ class PodAgents:
             )
         if job is None or run is None:
             refused = f"the job has no pod on {node_id} to run the step"
-            runs.tell(node_id, _ended(launch, refused))
+            runs.tell(node_id, _ended(launch.job_id, launch.epoch, refused))
             return
         if launch.pty is not None:
             why = "a step on a terminal (--pty) does not run on a Kubernetes partition"
-            runs.tell(node_id, _ended(launch, why))
+            runs.tell(node_id, _ended(launch.job_id, launch.epoch, why))
             return
         slot = next(s for s in job.allocation if s.node_id == node_id)
-        sent = _Step(run.name, node_id, runs, step_for_pod(launch, list(slot.gpu_ids)))
+        for_pod = step_for_pod(launch, list(slot.gpu_ids))
+        sent = _Step(run.name, node_id, runs, launch.job_id, launch.epoch, for_pod)
         self.steps[launch.job_id] = sent
         agent = self.agents.get(run.name)
         if agent is None:
             sent.since = time.monotonic()
         else:
-            agent.send(sent.launch)
+            agent.send(for_pod)
 
     # ---- bounded waits ----------------------------------------------------
 
@@ -238,6 +272,10 @@ class PodAgents:
             steps = step.runs.section.steps
             wait = steps.agent_wait if steps is not None else 0.0
             if step.since is not None and now - step.since > wait:
+                if step.launch is None and step.pod in self.agents:
+                    what = "does not run it (an earlier master sent it)"
+                    self._end(step, f"the mgpu pod agent of pod {step.pod} {what}")
+                    continue
                 what = "did not connect" if run.started_at is None else "is not connected"
                 self._end(step, f"the mgpu pod agent of pod {step.pod} {what} within {wait:g} s")
         for pod, waiting in list(self.signals.items()):
@@ -258,15 +296,15 @@ class PodAgents:
             self.signals[pod] = kept
 
     def _end(self, step: _Step, why: str) -> None:
-        self.steps.pop(step.launch.job_id, None)
-        step.runs.tell(step.node_id, _ended(step.launch, why))
+        self.steps.pop(step.step_id, None)
+        step.runs.tell(step.node_id, _ended(step.step_id, step.epoch, why))
 
 
-def _ended(launch: Launch, why: str) -> Exited:
+def _ended(step_id: str, epoch: int, why: str) -> Exited:
     """A step's end told for its agent: it never ran (or is lost), with why."""
     return Exited(
-        job_id=launch.job_id,
-        epoch=launch.epoch,
+        job_id=step_id,
+        epoch=epoch,
         exit_code=None,
         time=time.time(),
         launch_error=why,
