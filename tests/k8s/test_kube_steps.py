@@ -11,9 +11,15 @@ and this checkout's source) reaches them as hostPath volumes."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,6 +235,45 @@ def test_scancel_signal_reaches_the_batch_script_in_its_pod(
     out = nobody.logs(job_id)
     assert job["state"] == "completed", (job, out)
     assert out.splitlines() == ["ready", "got USR1"], out
+
+
+def test_srun_pty_into_a_running_job_is_a_terminal_in_its_pod(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    """`srun --jobid=ID --pty /bin/sh` from outside the job (as `kubectl exec -it`): a
+    shell on a pty in the job's Pod, of the user's terminal's size, its exit code srun's."""
+    job_id = nobody.submit_script(TRAPS_USR1, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
+    wait_for("the script ready", lambda: "ready" in nobody.logs(job_id), 180)
+    ours, theirs = os.openpty()
+    fcntl.ioctl(theirs, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 101, 0, 0))
+    env = {**master.env, "MGPU_TOKEN": nobody_token, "PYTHONPATH": str(SRC)}
+    srun = [sys.executable, "-m", "mgpu.slurm", "srun", f"--jobid={job_id}", "--pty", "/bin/sh"]
+    proc = subprocess.Popen(
+        srun, stdin=theirs, stdout=theirs, stderr=theirs, env=env, start_new_session=True
+    )
+    seen = b""
+
+    def shown(pattern: bytes) -> bool:
+        nonlocal seen
+        if select.select([ours], [], [], 0.2)[0]:
+            with contextlib.suppress(OSError):
+                seen += os.read(ours, 65536)
+        return pattern in seen
+
+    try:
+        wait_for("the shell's prompt", lambda: shown(b"$ "), 120)
+        os.write(ours, b"tty; stty size; echo hi-$((6*7)); exit 3\n")
+        wait_for("the shell's answers", lambda: shown(b"hi-42"), 60)
+        assert proc.wait(timeout=60) == 3, seen
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        os.close(ours)
+        os.close(theirs)
+    assert b"/dev/pts/" in seen and b"31 101" in seen, seen  # a pty, the user's size
+    nobody.cancel(job_id)
+    assert nobody.wait(job_id, timeout=60)["state"] == "cancelled"
 
 
 def test_a_step_goes_on_through_a_master_restart(

@@ -17,7 +17,7 @@ from mgpu.master.http.partitions import partitions_public
 from mgpu.master.kube.capacity import blocked_cpus, blocked_gpus, offer, others_on, tolerated
 from mgpu.master.kube.gang import HOLD_COMMAND, holder_launch
 from mgpu.master.kube.podspec import PodShape, build_pod, pod_name
-from mgpu.master.state.partscope import kube_allocation_refused, partition_scope, scoped
+from mgpu.master.state.partscope import kube_refused, partition_scope, scoped
 from mgpu.model import Job, Slot
 from mgpu.protocol import Grant, Launch
 from mgpu.scheduler import JobRequest
@@ -280,13 +280,25 @@ def test_an_allocation_is_refused_on_a_kubernetes_partition() -> None:
     """salloc / `mgpu alloc` there: one sentence (issue 33; docs/KUBERNETES.md)."""
     alloc = _job("k8s")
     alloc.kind = "allocation"
-    why = kube_allocation_refused(alloc, _config())
+    why = kube_refused(alloc, _config())
     assert why is not None and why.startswith(
         "partition k8s runs jobs as Kubernetes Pods and holds no allocation (salloc, mgpu alloc)"
     )
     default = _job(None)
     default.kind = "allocation"
-    assert kube_allocation_refused(default, _config("k8s")) == why  # the default partition's
-    assert kube_allocation_refused(default, _config("own")) is None
-    assert kube_allocation_refused(_job("k8s"), _config()) is None  # a job, not an allocation
-    assert kube_allocation_refused(alloc, ClusterConfig()) is None
+    assert kube_refused(default, _config("k8s")) == why  # the default partition's
+    assert kube_refused(default, _config("own")) is None
+    assert kube_refused(_job("k8s"), _config()) is None  # a job, not an allocation
+    assert kube_refused(alloc, ClusterConfig()) is None
+
+
+def test_a_job_on_a_terminal_is_refused_on_a_kubernetes_partition() -> None:
+    """`srun --pty bash` as a job there: its Pod's command would have no terminal (a
+    step on a pty in a running job's Pod has one: `srun --jobid=ID --pty`)."""
+    job = _job("k8s")
+    job.pty = True
+    why = kube_refused(job, _config())
+    assert why is not None and "have no terminal" in why and "srun --jobid=ID --pty" in why
+    other = _job("own")
+    other.pty = True
+    assert kube_refused(other, _config()) is None

@@ -7,6 +7,8 @@ Kubernetes: tests/k8s/test_kube_steps.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -22,7 +24,17 @@ from mgpu.master.kube.runs import PodRun
 from mgpu.master.state.steps import Step
 from mgpu.model import Job, JobState, Slot
 from mgpu.podagent.agent import step_env
-from mgpu.protocol import Exited, Grant, Launch, Output, Started
+from mgpu.protocol import (
+    Exited,
+    Grant,
+    Launch,
+    Output,
+    Started,
+    TerminalAck,
+    TerminalInput,
+    TerminalResize,
+    TerminalSize,
+)
 
 STEPS = PodSteps(master="10.0.0.1:8443", bin="/opt/mgpu/bin")
 
@@ -235,3 +247,34 @@ def test_an_adopted_step_its_pods_agent_does_not_have_ends_with_a_sentence() -> 
     [(node, end)] = runs.told
     assert node == "n1" and end.exit_code is None
     assert "pod agent of pod pod-42 does not run it" in end.launch_error
+
+
+def test_a_terminal_steps_input_goes_to_its_pods_agent_or_is_acknowledged() -> None:
+    """`srun --pty` in a Pod: typed input and size changes go to the Pod's agent, its
+    acknowledgements back; input while the agent is away is acknowledged as dropped (the
+    client's window must not wait for it)."""
+
+    async def scenario() -> None:
+        runs = _Runs()
+        agents = _agents(runs)
+        runs.cl.state.steps.by_id["42.s1.0"] = SimpleNamespace(job_id="42")
+        size = TerminalSize(rows=30, cols=100)
+        launch = _launch(job_id="42.s1.0", pty=size)
+        agents.deliver(runs, "n1", launch)  # type: ignore[arg-type]
+        typed = TerminalInput(job_id="42.s1.0", epoch=3, data=base64.b64encode(b"ls\n").decode())
+        agents.deliver(runs, "n1", typed)  # type: ignore[arg-type]
+        [(node, ack)] = runs.told  # no agent yet: dropped
+        assert node == "n1" and isinstance(ack, TerminalAck) and ack.bytes == 3
+        agent = agents.admit("pod-42", "job:42")
+        assert isinstance(agent, PodAgent)
+        agents.attach(agent)
+        assert Launch.model_validate_json(await agent.outbox.get()).pty == size
+        agents.deliver(runs, "n1", typed)  # type: ignore[arg-type]
+        resize = TerminalResize(job_id="42.s1.0", epoch=3, size=size)
+        agents.deliver(runs, "n1", resize)  # type: ignore[arg-type]
+        sent = [json.loads(await agent.outbox.get())["type"] for _ in range(2)]
+        assert sent == ["terminal_input", "terminal_resize"]
+        agents.received(agent, TerminalAck(job_id="42.s1.0", epoch=3, bytes=3))
+        assert [m.type for _, m in runs.told] == ["terminal_ack", "terminal_ack"]
+
+    asyncio.run(scenario())

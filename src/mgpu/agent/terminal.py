@@ -84,13 +84,17 @@ def _winsize(rows: int, cols: int) -> bytes:
 
 
 class Terminal:
-    def __init__(self, master: int, path: str, sink: int) -> None:
+    def __init__(
+        self, master: int, path: str, sink: int, keep: Callable[[bytes], object] | None = None
+    ) -> None:
         self.master = master
         """The pty's master side (non-blocking), the agent's end."""
         self.path = path
         """The slave's device (/dev/pts/N), which the shim opens as its stdin."""
         self.sink = sink
-        """The run's stdout spool file, opened for appending."""
+        """The run's stdout spool file, opened for appending (-1: none, `keep` takes it)."""
+        self.keep = keep
+        """What takes the program's output when there is no spool file (a pod agent's)."""
         self._pending = bytearray()
         self._reading = False
         self._writing = False
@@ -103,11 +107,16 @@ class Terminal:
 
     @classmethod
     def open(
-        cls, rows: int, cols: int, owner: tuple[int, int] | None, out_path: Path
+        cls,
+        rows: int,
+        cols: int,
+        owner: tuple[int, int] | None,
+        out: Path | Callable[[bytes], object],
     ) -> tuple[Terminal, int]:
         """A new pty of that size whose slave belongs to `owner` (uid, gid; None: this
-        agent's user); returns it and the slave's descriptor (the caller closes it once the
-        shim has it)."""
+        agent's user), its output appended to the file `out` (or given to it, a function);
+        returns it and the slave's descriptor (the caller closes it once the shim has
+        it)."""
         master, slave = os.openpty()  # non-inheritable; glibc opens the slave O_NOCTTY
         sink = -1
         try:
@@ -116,14 +125,15 @@ class Terminal:
                 os.fchown(slave, owner[0], -1)  # the group stays the devpts one (tty)
             os.fchmod(slave, TTY_MODE)
             path = os.ttyname(slave)
-            sink = os.open(out_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            if not callable(out):
+                sink = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             os.set_blocking(master, False)
         except BaseException:
             for fd in (master, slave, sink):
                 if fd >= 0:
                     os.close(fd)
             raise
-        return cls(master, path, sink), slave
+        return cls(master, path, sink, out if callable(out) else None), slave
 
     def start(self, on_data: Callable[[], object]) -> None:
         """Read the program's output as it comes; `on_data` after each piece is stored."""
@@ -147,7 +157,10 @@ class Terminal:
             return None
         if not data:
             return None
-        os.write(self.sink, data)
+        if self.keep is not None:
+            self.keep(data)
+        else:
+            os.write(self.sink, data)
         return data
 
     def _stop_reading(self) -> None:
@@ -229,5 +242,6 @@ class Terminal:
         dropped, self._pending = len(self._pending), bytearray()
         self._consumed(dropped, now=True)  # the master's window must not wait for it
         for fd in (self.master, self.sink):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)

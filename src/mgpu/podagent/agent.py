@@ -15,6 +15,7 @@ own.
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import contextlib
 import logging
@@ -23,11 +24,12 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from mgpu import exits
+from mgpu.agent.terminal import Terminal
 from mgpu.podagent import jobsignal
 from mgpu.protocol import (
     Exited,
@@ -36,6 +38,9 @@ from mgpu.protocol import (
     Output,
     SignalRun,
     Started,
+    TerminalAck,
+    TerminalInput,
+    TerminalResize,
     encode,
     parse_master_messages,
 )
@@ -73,6 +78,8 @@ class _Run:
     started: Started
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     killing: bool = False
+    terminal: Terminal | None = None
+    """`srun --pty`: the pty it runs on (its output is the pty's)."""
 
 
 class PodAgent:
@@ -162,22 +169,53 @@ class PodAgent:
                 steps = {r.proc.pid for r in self.runs.values()}
                 sent = jobsignal.send(message.signal, os.getpid(), steps, message.top_only)
                 log.info("signal %d to %d process(es) of the job", message.signal, sent)
+        elif isinstance(message, TerminalInput):
+            self._typed(message)
+        elif isinstance(message, TerminalResize):
+            run = self.runs.get(message.job_id)
+            if run is not None and run.terminal is not None:
+                run.terminal.resize(message.size.rows, message.size.cols)
+
+    def _typed(self, message: TerminalInput) -> None:
+        """Typed input for a step's pty; every byte acknowledged as it leaves (written, or
+        dropped), which lets its client send more (as mgpu's agent does)."""
+        job_id, epoch = message.job_id, message.epoch
+        data = base64.b64decode(message.data)
+
+        def ack(n: int) -> None:
+            self.tell(TerminalAck(job_id=job_id, epoch=epoch, bytes=n))
+
+        run = self.runs.get(job_id)
+        if run is None or run.terminal is None:
+            ack(len(data))
+        else:
+            run.terminal.write(data, ack)
 
     async def _launch(self, launch: Launch) -> None:
         env = step_env(launch, dict(os.environ))
+        terminal, slave, argv = None, -1, list(launch.argv)
+        if launch.pty is not None:  # the program's stdin, stdout and stderr: a new pty
+            out = _OutputTeller(self, launch, "o")
+            terminal, slave = Terminal.open(launch.pty.rows, launch.pty.cols, None, out.tell)
+            argv = [*_ON_TERMINAL, terminal.path, *argv]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *launch.argv,
+                *argv,
                 env=env,
                 cwd=launch.cwd if launch.cwd and os.path.isdir(launch.cwd) else None,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                stdout=slave if terminal is not None else asyncio.subprocess.PIPE,
+                stderr=slave if terminal is not None else asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
         except (OSError, ValueError) as e:
+            if terminal is not None:
+                terminal.close()
             self.tell(_exited(launch, None, f"{launch.argv[0] if launch.argv else ''}: {e}"))
             return
+        finally:
+            if slave >= 0:
+                os.close(slave)  # the program has it
         started = Started(
             job_id=launch.job_id,
             epoch=launch.epoch,
@@ -186,32 +224,28 @@ class PodAgent:
             ip=self.ip,
             time=time.time(),
         )
-        run = self.runs[launch.job_id] = _Run(launch, proc, started)
+        run = self.runs[launch.job_id] = _Run(launch, proc, started, terminal=terminal)
         self.tell(started)
-        assert proc.stdout is not None and proc.stderr is not None
-        await asyncio.gather(self._pump(run, proc.stdout, "o"), self._pump(run, proc.stderr, "e"))
-        code = await proc.wait()
+        if terminal is not None:
+            terminal.start(lambda: None)
+            code = await proc.wait()
+            terminal.drain()  # what it wrote last
+            terminal.close()
+        else:
+            assert proc.stdout is not None and proc.stderr is not None
+            await asyncio.gather(
+                self._pump(run, proc.stdout, "o"), self._pump(run, proc.stderr, "e")
+            )
+            code = await proc.wait()
         run.ended.set()
         self.runs.pop(launch.job_id, None)
         self.tell(_exited(launch, exits.shell_code(code), None))
 
     async def _pump(self, run: _Run, stream: asyncio.StreamReader, name: str) -> None:
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        offset = 0
+        out = _OutputTeller(self, run.launch, name)
         while True:
             chunk = await stream.read(CHUNK)
-            data = decoder.decode(chunk, final=not chunk)
-            if data:
-                end = offset + len(data.encode())
-                out = Output(
-                    job_id=run.launch.job_id,
-                    epoch=run.launch.epoch,
-                    stream="o" if name == "o" else "e",
-                    data=data,
-                )
-                out.offset, out.end = offset, end
-                self.tell(out)
-                offset = end
+            out.tell(chunk)
             if not chunk:
                 return
 
@@ -228,6 +262,36 @@ class PodAgent:
             if run.ended.is_set():
                 return
         _signal(pid, signal.SIGKILL, group=True)
+
+
+_ON_TERMINAL = ("/bin/sh", "-c", 'exec <"$0" && exec "$@"')
+"""Runs a step on its pty: the program's session leader (a new session) opens the pty's
+path as its stdin, which makes it the session's controlling terminal (Linux), so Ctrl-C
+and a size change reach the program's process group; then the program replaces it."""
+
+
+class _OutputTeller:
+    """One stream of a step's output told to the master as it comes: text (UTF-8, a
+    character cut between two reads kept for the next), with its byte offsets."""
+
+    def __init__(self, agent: PodAgent, launch: Launch, stream: str) -> None:
+        self.agent, self.launch = agent, launch
+        self.stream: Literal["o", "e"] = "o" if stream == "o" else "e"
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.offset = 0
+
+    def tell(self, chunk: bytes) -> None:
+        """`chunk` read (b"": the end of the stream)."""
+        data = self.decoder.decode(chunk, final=not chunk)
+        if not data:
+            return
+        end = self.offset + len(data.encode())
+        out = Output(
+            job_id=self.launch.job_id, epoch=self.launch.epoch, stream=self.stream, data=data
+        )
+        out.offset, out.end = self.offset, end
+        self.agent.tell(out)
+        self.offset = end
 
 
 def _signal(pid: int, sig: int, group: bool) -> None:

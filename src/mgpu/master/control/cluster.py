@@ -68,7 +68,7 @@ from mgpu.master.security.access import Access, unix_groups
 from mgpu.master.security.auth import Identity, TokenStore
 from mgpu.master.security.nodeauth import HelloVerdict, NodeSecrets
 from mgpu.master.state.memory import ControllerState
-from mgpu.master.state.partscope import kube_allocation_refused
+from mgpu.master.state.partscope import kube_refused
 from mgpu.master.state.registry import AgentLink, NodeRecord
 from mgpu.master.state.snapshot import job_request, running_job, scheduler_config
 from mgpu.master.state.steps import Step, TaskStep
@@ -260,7 +260,7 @@ class Cluster(Reads, TokensAndAudit):
                 check_target(spec.notify, self.config.notify)
             except specs.SpecError as e:
                 raise SubmitError(str(e)) from None
-        refused = kube_allocation_refused(template, self.config)
+        refused = kube_refused(template, self.config)
         if refused is not None:
             raise SubmitError(refused)
         ctx = self.admission_context(cached=True)

@@ -18,6 +18,7 @@ step does, then is dropped with a line in the log.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,18 @@ from pydantic import BaseModel
 from mgpu.master.kube.podsteps import step_for_pod
 from mgpu.master.kube.runs import PodRun
 from mgpu.model import JobState
-from mgpu.protocol import Exited, Kill, Launch, Output, SignalRun, Started, encode
+from mgpu.protocol import (
+    Exited,
+    Kill,
+    Launch,
+    Output,
+    SignalRun,
+    Started,
+    TerminalAck,
+    TerminalInput,
+    TerminalResize,
+    encode,
+)
 
 if TYPE_CHECKING:
     from mgpu.kubesection import KubernetesSection
@@ -160,7 +172,7 @@ class PodAgents:
     def received(self, agent: PodAgent, message: BaseModel) -> None:
         """A message of `agent`: a start, output or end of a step sent to it, else
         dropped."""
-        if not isinstance(message, (Started, Output, Exited)):
+        if not isinstance(message, (Started, Output, Exited, TerminalAck)):
             log.warning("pod agent of %s sent a %s: dropped", agent.pod, type(message).__name__)
             return
         step = self.steps.get(message.job_id)
@@ -209,8 +221,12 @@ class PodAgents:
                 self._end(step, f"killed ({message.reason}) before its pod's agent had it")
             else:
                 agent.send(message)
-        elif isinstance(message, SignalRun) and agent is not None:
+        elif isinstance(message, (SignalRun, TerminalInput, TerminalResize)) and agent:
             agent.send(message)
+        elif isinstance(message, TerminalInput):  # dropped: its client may send more
+            typed = len(base64.b64decode(message.data))
+            ack = TerminalAck(job_id=message.job_id, epoch=message.epoch, bytes=typed)
+            step.runs.tell(node_id, ack)
 
     def signal_job(self, runs: PodRuns, node_id: str, message: SignalRun) -> None:
         """The master's signal to the job's own run on `node_id` (not a step): to the
@@ -245,10 +261,6 @@ class PodAgents:
         if job is None or run is None:
             refused = f"the job has no pod on {node_id} to run the step"
             runs.tell(node_id, _ended(launch.job_id, launch.epoch, refused))
-            return
-        if launch.pty is not None:
-            why = "a step on a terminal (--pty) does not run on a Kubernetes partition"
-            runs.tell(node_id, _ended(launch.job_id, launch.epoch, why))
             return
         slot = next(s for s in job.allocation if s.node_id == node_id)
         for_pod = step_for_pod(launch, list(slot.gpu_ids))

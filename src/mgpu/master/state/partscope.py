@@ -19,7 +19,7 @@ from mgpu.scheduler import JobRequest
 __all__ = [
     "PartitionScope",
     "job_partition",
-    "kube_allocation_refused",
+    "kube_refused",
     "partition_scope",
     "scoped",
 ]
@@ -60,17 +60,24 @@ def scoped(
     return replace(req, exclude=req.exclude | frozenset(kube_nodes))
 
 
-def kube_allocation_refused(job: Job, config: ClusterConfig) -> str | None:
-    """Why an allocation (salloc, `mgpu alloc`) cannot be made in `job`'s partition, when
-    that is a Kubernetes one (None: it can).  An allocation's slots are held by nothing
-    that runs, and its steps run on the nodes' agents: a Kubernetes Node has neither, and
-    GPUs that no Pod holds are another workload's to take."""
+def kube_refused(job: Job, config: ClusterConfig) -> str | None:
+    """Why an allocation (salloc, `mgpu alloc`), or a job on a terminal (`srun --pty`),
+    cannot be made in `job`'s partition, when that is a Kubernetes one (None: it can).  An
+    allocation's slots are held by nothing that runs, and its steps run on the nodes'
+    agents: a Kubernetes Node has neither, and GPUs that no Pod holds are another
+    workload's to take.  A Pod's command runs without a terminal (a step in it has one)."""
     scope = partition_scope(config)
-    if scope is None or job.kind != ALLOCATION:
+    if scope is None or (job.kind != ALLOCATION and not job.pty):
         return None
     part = job_partition(job, scope.default)
     if part not in scope.kube:
         return None
+    if job.kind != ALLOCATION:  # a job on a terminal: a Pod's command has none
+        return (
+            f"partition {part} runs jobs as Kubernetes Pods, which have no terminal: run "
+            "the job there without --pty, then `srun --jobid=ID --pty ...` into it (a "
+            "step on a terminal in its Pod), or use another partition"
+        )
     return (
         f"partition {part} runs jobs as Kubernetes Pods and holds no allocation (salloc, "
         "mgpu alloc): submit the work as a job there (sbatch, srun or mgpu submit), or "
