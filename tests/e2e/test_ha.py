@@ -430,7 +430,7 @@ def test_a_running_job_goes_on_through_a_kill_9_of_the_leader(masters: Any) -> N
     os.killpg(a.proc.pid, signal.SIGKILL)
     killed = time.monotonic()
     wait_for(b.leads, timeout=30, interval=0.05, what="the standby to lead")
-    assert time.monotonic() - killed < 5
+    assert time.monotonic() - killed < 15  # its lease's TTL, with a loaded machine's slack
     client = b.cluster.client()
     wait_for(
         lambda: any(n["node_id"] == "n1" and n["connected"] for n in client.nodes()),

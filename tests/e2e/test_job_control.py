@@ -217,7 +217,8 @@ def test_signal_before_the_time_limit_lets_the_job_save_its_work(
     assert (job["state"], job["exit_code"]) == ("completed", 0)  # it left on its own
     assert ckpt.read_text() == "saved 0\n"  # written by the trap, in the job's environment
     when = float(Path(f"{ckpt}.time").read_text()) - job["start_time"]
-    assert 2.7 <= when <= 5.0, f"signalled {when:.2f} s after the start, not 3"
+    # 3 s after the start: never before, and well before the 8 s limit however loaded.
+    assert 2.7 <= when <= 7.0, f"signalled {when:.2f} s after the start, not 3"
 
 
 TOP_ONLY = """#!/bin/sh

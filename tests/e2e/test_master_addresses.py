@@ -261,7 +261,8 @@ def test_the_agent_leaves_a_stopped_master(two: tuple[LocalCluster, str]) -> Non
     stopped = time.monotonic()
     try:
         wait_for(lambda: "lost" in c.log("node001"), timeout=30, what="the agent to leave")
-        assert time.monotonic() - stopped < 8  # a ping each 1 s, 3 s for its pong, 1 s to close
+        # A ping each 1 s, 3 s for its pong, 1 s to close: about 5 s (never, without pings).
+        assert time.monotonic() - stopped < 20
     finally:
         os.killpg(c.master.pid, signal.SIGCONT)
     before = c.log("node001").count("connected to the master")

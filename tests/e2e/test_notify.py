@@ -235,7 +235,8 @@ def test_one_users_flood_neither_drops_nor_delays_anothers(
             body = wait_for(lambda: receiver.bodies[0] if receiver.bodies else None, timeout=30)
             took = time.monotonic() - t0
             assert body["job_id"] == bobs and body["user"] == "bob"
-            assert took < 5, f"bob's notification took {took:.1f} s"
+            # Within seconds (15: a loaded machine), not behind alice's thousands.
+            assert took < 15, f"bob's notification took {took:.1f} s"
             # Alice's receiver holds only a few of hers at once.
             assert len(silent.accepted) <= 2 * notify.ACTIVE_PER_RECEIVER
             log = c.log("master")
@@ -331,7 +332,7 @@ def test_a_name_that_resolves_to_loopback_is_not_sent_to(receiver: Receiver) -> 
 def test_a_silent_receiver_never_holds_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """A receiver that accepts and never answers: the notifier's task waits on it, the loop
     keeps turning (its longest pause is measured), and the try times out."""
-    monkeypatch.setattr(notify, "TIMEOUT", 1.0)
+    monkeypatch.setattr(notify, "TIMEOUT", 3.0)
     silent = socket.create_server(("127.0.0.1", 0))
     port = silent.getsockname()[1]
 
@@ -342,7 +343,7 @@ def test_a_silent_receiver_never_holds_the_event_loop(monkeypatch: pytest.Monkey
         runner = asyncio.create_task(n.run())
         assert n.put(delivery)
         worst, last = 0.0, time.monotonic()
-        end = last + 1.5
+        end = last + 3.5
         while time.monotonic() < end:
             await asyncio.sleep(0.01)
             now = time.monotonic()
@@ -356,8 +357,8 @@ def test_a_silent_receiver_never_holds_the_event_loop(monkeypatch: pytest.Monkey
         worst = asyncio.run(scenario())
     finally:
         silent.close()
-    # Never the try's whole TIMEOUT (1 s): slack for a loaded machine's late wake-ups.
-    assert worst < 0.8, f"the event loop paused {worst:.3f} s"
+    # Never the try's whole TIMEOUT (3 s): slack for a loaded machine's late wake-ups.
+    assert worst < 2.0, f"the event loop paused {worst:.3f} s"
     assert delivery.tries == 1 and len(delivery.errors) == 1  # timed out, a retry waits
 
 

@@ -512,7 +512,7 @@ def test_site_validator_does_not_block_the_event_loop(tmp_path: Path) -> None:
     the loop keeps turning; its process group is killed."""
     pidfile = tmp_path / "pid"
     adm = _validator(tmp_path, f"echo $$ > {pidfile}\nsleep 30 & wait\n")
-    adm.config.validator_timeout = 0.5
+    adm.config.validator_timeout = 3.0  # a blocked loop would stall this long
 
     async def main() -> tuple[str, float]:
         gaps: list[float] = []
@@ -538,9 +538,9 @@ def test_site_validator_does_not_block_the_event_loop(tmp_path: Path) -> None:
 
     t0 = time.monotonic()
     message, longest_gap = asyncio.run(main())
-    assert message == "the site's job validator did not answer within 0.5 s"
-    assert time.monotonic() - t0 < 5
-    assert longest_gap < 0.2, longest_gap
+    assert message == "the site's job validator did not answer within 3 s"
+    assert time.monotonic() - t0 < 15
+    assert longest_gap < 1.0, longest_gap  # not the 3 s wait: a loaded machine's slack
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # killed with its group (the sleep child too)
