@@ -215,3 +215,19 @@ def test_a_narrowed_rbac_is_one_sentence_until_allowed(
         assert "Traceback" not in text, text[-3000:]
     finally:
         cluster.stop()
+
+
+def test_an_output_file_that_cannot_be_opened_fails_the_job_with_slurms_sentence(
+    master: LocalCluster, nobody: Client, shared: Path
+) -> None:
+    """`-o` in a directory that does not exist: the runner ends with 53 and Slurm's
+    sentence, and the job fails with that sentence as its reason, the script never run."""
+    script = "#!/bin/sh\necho the-script-ran\n"
+    slurm = {"batch": True, "partition": "k8s", "job_name_default": "job.sh",
+             "submit_dir": str(shared), "output": "no-such-dir/out-%j.txt"}  # fmt: skip
+    job_id = nobody.submit_script(script, name="job.sh", env=ENV, slurm=slurm, cwd=str(shared)).id
+    job = nobody.wait(job_id, timeout=150)
+    assert job["state"] == "failed", job
+    path = f"{shared}/no-such-dir/out-{job_id}.txt"
+    assert f"Could not open stdout file {path}: No such file or directory" in job["reason"], job
+    assert "the-script-ran" not in nobody.logs(job_id)

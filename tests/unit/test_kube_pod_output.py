@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mgpu.kubesection import KubernetesSection
-from mgpu.master.kube.podoutput import OPEN_FAILED, runner
+from mgpu.master.kube.podoutput import OPEN_FAILED, open_failure, runner
 from mgpu.master.kube.podspec import PodShape, build_pod
 from mgpu.protocol import Grant, Launch
 
@@ -63,10 +63,16 @@ def test_a_separate_error_file_and_append(shell: list[str], tmp_path: Path) -> N
 def test_a_file_that_cannot_be_opened_is_slurms_sentence(shell: list[str], tmp_path: Path) -> None:
     done = _run(shell, tmp_path, "no/such/dir/x.out", "no/such/dir/x.out")
     assert done.returncode == OPEN_FAILED
-    assert done.stderr.startswith(
-        "slurmstepd: error: Could not open stdout file no/such/dir/x.out: "
+    # Slurm's words: the path from the working directory, the C library's reason.
+    assert done.stderr == (
+        f"slurmstepd: error: Could not open stdout file {tmp_path}/no/such/dir/x.out: "
+        "No such file or directory\n"
     ), done.stderr
     assert "out 1" not in done.stdout  # the script did not run
+    first_line = done.stderr.splitlines()[0]
+    assert open_failure(done.returncode, first_line) == (
+        f"Could not open stdout file {tmp_path}/no/such/dir/x.out: No such file or directory"
+    )
 
 
 def test_a_batch_pod_with_output_files_runs_the_runner() -> None:

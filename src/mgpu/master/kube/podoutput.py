@@ -5,7 +5,9 @@ master's copy).
 
 The batch script's runner, a POSIX sh (busybox's will do), opens the files first
 (truncated, or appended to with --open-mode=append); one it cannot open ends the job with
-Slurm's sentence on stderr and status 53, as slurmstepd.  It then runs the script with its
+Slurm's sentence on stderr and status 53, as slurmstepd: the master, seeing both (the
+sentence is the first line of the Pod's log), fails the job with it as a launch error, as
+mgpu's own agent does.  It then runs the script with its
 stdout and stderr through `tee -a`: each chunk the script writes goes to the file and to
 the log alike, so neither loses or repeats a line.  One file for both (the default) is one
 stream, as in Slurm; a separate -e file gets stderr.  The script's exit status is the
@@ -15,10 +17,13 @@ privilege: it is the job's user, as the script is."""
 
 from __future__ import annotations
 
-__all__ = ["OPEN_FAILED", "runner"]
+__all__ = ["OPEN_FAILED", "open_failure", "runner"]
 
 OPEN_FAILED = 53
 """The runner's status when an output file cannot be opened (mgpu.agent.outputfiles's)."""
+OPEN_FAILED_MARK = "slurmstepd: error: Could not open "
+"""How the runner's sentence begins: the first line of the Pod's log (nothing else has
+written there yet)."""
 
 _WRITE_SCRIPT = (
     'f=$(mktemp) && printf "%s" "$MGPU_BATCH_SCRIPT" > "$f" && chmod 700 "$f" '
@@ -26,11 +31,17 @@ _WRITE_SCRIPT = (
 )
 _LINES = [
     "out=$1 err=$2 mode=$3; shift 3",
+    # Named from the working directory in the sentence, as Slurm names them (fname_create).
+    "case $out in /*) ;; *) out=$PWD/$out ;; esac",
+    "case $err in /*) ;; *) err=$PWD/$err ;; esac",
     _WRITE_SCRIPT,
     "opened() {",
     '  if [ "$mode" = append ]; then why=$( { : >>"$1"; } 2>&1 )',
     '  else why=$( { : >"$1"; } 2>&1 ); fi && return',
-    '  echo "slurmstepd: error: Could not open $2 file $1: ${why##*: }" >&2',
+    # dash's and busybox's words for a missing directory are the C library's in Slurm's.
+    '  why=${why##*: }; case $why in "Directory nonexistent"|"nonexistent directory")',
+    '    why="No such file or directory" ;; esac',
+    f'  echo "{OPEN_FAILED_MARK}$2 file $1: $why" >&2',
     f"  exit {OPEN_FAILED}",
     "}",
     'opened "$out" stdout',
@@ -48,6 +59,15 @@ _LINES = [
     'exit "${c:-1}"',
 ]
 RUNNER = "\n".join(_LINES)
+
+
+def open_failure(exit_code: int | None, first_line: str | None) -> str | None:
+    """Slurm's sentence of a batch job whose -o/-e file could not be opened (the runner's
+    status and the first line of the Pod's log: the job fails, a launch error, as on
+    mgpu's own nodes, mgpu.agent.outputfiles.open_failure); else None."""
+    if exit_code != OPEN_FAILED or not first_line or not first_line.startswith(OPEN_FAILED_MARK):
+        return None
+    return first_line.removeprefix("slurmstepd: error: ")
 
 
 def runner(name: str, output: str, error: str, append: bool, argv: list[str]) -> list[str]:

@@ -41,6 +41,7 @@ from mgpu.kube import (
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.gang import first_pod_ip, holder_launch
 from mgpu.master.kube.podagents import PodAgents
+from mgpu.master.kube.podoutput import open_failure
 from mgpu.master.kube.podspec import (
     CONTAINER,
     LABEL_CLUSTER,
@@ -525,6 +526,8 @@ class PodRuns:
         offset = 0
         try:
             async for line in self.client.follow_log(run.name, self.namespace, container=CONTAINER):
+                if offset == 0:
+                    run.first_line = line.text
                 data = line.text + "\n"
                 end = offset + len(data.encode())
                 out = Output(job_id=run.job_id, epoch=run.epoch, stream="o", data=data)
@@ -548,13 +551,14 @@ class PodRuns:
             return
         run.ended = True
         reason = str(details.get("reason") or "")
-        code = details.get("exitCode")
+        code = int(details["exitCode"]) if details.get("exitCode") is not None else None
         self.tell(
             run.slot_node,
             _exited(
                 run.job_id,
                 run.epoch,
-                exit_code=int(code) if code is not None else None,
+                exit_code=code,
+                launch_error=open_failure(code, run.first_line),  # a -o/-e file: fatal
                 timed_out=run.timed_out,
                 out_of_memory=reason == "OOMKilled",
             ),

@@ -80,6 +80,9 @@ class PodRun:
     of it is the job's."""
     ip: str = ""
     """Its Pod's address, once it has one."""
+    first_line: str | None = None
+    """The first line of its log (where the -o/-e runner says a file could not be
+    opened: mgpu.master.kube.podoutput)."""
 
 
 def generation_of(view: PodView) -> int | None:
