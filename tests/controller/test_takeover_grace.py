@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from harness import Harness
 
+from mgpu.master.control.nodes import LET_GO_AFTER
 from mgpu.model import JobState, NodeState
 
 
@@ -84,3 +85,37 @@ def test_a_master_without_the_lease_judges_no_node_and_gives_the_grace_again(
     assert h.cl.nodes["n1"].state == NodeState.ONLINE
     assert h.job(job).state == JobState.RUNNING
     assert h.cl.nodes["n2"].state != NodeState.ONLINE  # judged again after the grace
+
+
+def test_a_master_whose_lease_stays_out_lets_its_agents_go(h: Harness) -> None:
+    """A leader cut off from the database keeps its agents' links (they answer pings):
+    a standby that took over never hears from them and would lose their nodes after its
+    timeout, running their jobs a second time.  Out of the lease for LET_GO_AFTER, the
+    master closes their links, so each says hello to the master that leads; a lease out
+    for a moment only (a missed renewal) keeps them."""
+    a = h.agent("n1", gpus=2)
+    job = h.start("sleep 600", agent=a)
+    a.started(job)
+    h.settle()
+    held = [True]
+    h.cl.node_admin.holds_lease = lambda: held[0]
+    h.cl.node_admin.grace(45.0)
+    h.advance(50.0)
+    a.heartbeat()
+    h.tick()
+    held[0] = False
+    h.advance(1.0)
+    h.tick()
+    held[0] = True  # renewed in time: a blip
+    h.advance(1.0)
+    h.tick()
+    assert not a.link.closed
+    held[0] = False  # out for good (another master leads)
+    h.advance(0.5)
+    h.tick()
+    assert not a.link.closed  # not yet: within LET_GO_AFTER
+    h.advance(LET_GO_AFTER)
+    h.tick()
+    assert a.link.closed  # let go: its agent looks for the leader
+    assert h.job(job).state == JobState.RUNNING  # nothing judged meanwhile
+    assert h.cl.nodes["n1"].state == NodeState.ONLINE

@@ -10,7 +10,10 @@ Silence is measured on the monotonic clock (`NodeRecord.heard`), never the wall 
 jump of the master's clock says nothing about its agents.  And only while this master
 holds the leader's lease (`holds_lease`, master/ha): a master whose lease ran out refuses
 its agents, so their silence is its own doing; when it holds the lease again the agents
-get the takeover grace anew to find it.
+get the takeover grace anew to find it.  Once out for LET_GO_AFTER it also lets the agents
+still linked to it go (their links closed), to say hello to whichever master leads: a
+standby that took over hears nothing from an agent that stays with the old leader, and
+would lose its node after the timeout and run its jobs a second time.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from mgpu.master.store.base import Store
 from mgpu.model import EndReason, JobState, NodeEvent, NodeState
 
 log = logging.getLogger("mgpu.master")
+
+LET_GO_AFTER = 3.0
+"""Seconds this master's lease has been out before it lets its agents go: a standby that
+reaches the database has taken over by then, and a leader that only missed a renewal or
+two (a loaded machine) keeps them."""
 
 __all__ = ["Conflict", "NodeAdmin", "NotFound"]
 
@@ -64,6 +72,18 @@ class NodeAdmin:
         """Whether this master holds the leader's lease now (master/ha sets it; one
         master alone always does)."""
         self._lease_lapsed = False
+        self._lapsed_at = 0.0
+
+    def _let_agents_go(self) -> None:
+        """Close the links of the agents still linked to this master (without the lease):
+        each says hello again, to whichever master leads (this one refuses it meanwhile)."""
+        gone = 0
+        for node in self.state.nodes.values():
+            link = node.link
+            if link is not None and not link.closed and link.let_go():
+                gone += 1
+        if gone:
+            log.warning("the lease is still not held: %d agent(s) let go to find the leader", gone)
 
     def grace(self, seconds: float) -> None:
         """A new leader took over (master/ha): for `seconds` no node is declared lost and
@@ -166,15 +186,18 @@ class NodeAdmin:
         connected nodes for the heartbeat interval on the way.  None while this master
         does not hold the lease; the grace starts again once it does."""
         pace, connected = self.pace, 0
+        now = self.state.clock.monotonic()
         if not self.holds_lease():
             if not self._lease_lapsed:
                 log.warning("the lease is not held: no node is judged until it is again")
+                self._lapsed_at = now
             self._lease_lapsed = True
+            if now - self._lapsed_at >= LET_GO_AFTER:
+                self._let_agents_go()
         elif self._lease_lapsed:
             self._lease_lapsed = False
             self.grace(self.grace_seconds)
             log.info("the lease is held again: no node is lost for %.0f s", self.grace_seconds)
-        now = self.state.clock.monotonic()
         if self._lease_lapsed or now < self.grace_until:
             pace.count(sum(node.connected for node in self.state.nodes.values()))
             return

@@ -162,6 +162,12 @@ class AgentLink:
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
 
+    def let_go(self) -> bool:
+        """This master does not lead now (master/ha): the link is closed, nothing more goes
+        out, and the agent says hello again, to whichever master leads.  True: closed."""
+        self._fenced()
+        return True
+
     def _fenced(self) -> None:
         """This master may not send (master/ha): nothing more goes out on this link."""
         self.closed = True
