@@ -120,3 +120,17 @@ def test_the_wait_is_bounded_and_said(dead: str, monkeypatch: pytest.MonkeyPatch
     assert time.monotonic() - began < 10
     assert str(caught.value) == f"{STALLED} (still so after 1.5 s)"
     assert 2 <= len(Paused.asked) <= 5
+
+
+def test_with_several_masters_another_that_leads_is_asked() -> None:
+    """The master asked is cut off from the database (its 503), another took over: the
+    request goes there, not to the cut one again and again for the failover wait."""
+    from test_multiaddr import Leader
+
+    with http_server(paused(10**6)) as cut, http_server(Leader) as leader:
+        client = Client(f"http://{cut},{leader}")
+        began = time.monotonic()
+        assert client.queue() == {"jobs": [], "nodes": []}
+        assert time.monotonic() - began < 5  # not the 30 s failover wait on the cut one
+        assert client.address == leader
+    assert len(Paused.asked) == 1

@@ -144,6 +144,10 @@ class MasterSession:
             except Unavailable as e:  # the leader's database is away: nothing was done
                 if not safe:
                     raise
+                if len(self.addresses) > 1:  # away for this master alone (cut off from
+                    search = search or _Search(self)  # it): another may lead by now
+                    search.next(e)
+                    continue
                 patience = patience or _Patience(self)
                 patience.wait(e)
                 continue
