@@ -193,6 +193,18 @@ def test_a_step_runs_in_a_one_node_jobs_pod(
     assert f"{job_id}.0|FAILED|7:0" in _sacct(master, nobody_token, job_id)
 
 
+def _scancel(master: LocalCluster, token: str, *args: str) -> None:
+    """`scancel ARGS` as the token's user; it must say nothing failed."""
+    done = subprocess.run(
+        [str(BIN / "mgpu"), "scancel", *args],
+        env={**master.env, "MGPU_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
 TRAPS_USR1 = """\
 #!/bin/sh
 trap 'echo "got USR1"; exit 0' USR1
@@ -223,18 +235,29 @@ def test_scancel_signal_reaches_the_batch_script_in_its_pod(
     job_id = nobody.submit_script(TRAPS_USR1, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
     wait_for("the script ready", lambda: "ready" in nobody.logs(job_id), 180)
     # Its Pod's agent connects beside the script: a signal sent before waits for it.
-    done = subprocess.run(
-        [str(BIN / "mgpu"), "scancel", "--signal=USR1", "-b", job_id],
-        env={**master.env, "MGPU_TOKEN": nobody_token},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    _scancel(master, nobody_token, "--signal=USR1", "-b", job_id)
     job = nobody.wait(job_id, timeout=120)
     out = nobody.logs(job_id)
     assert job["state"] == "completed", (job, out)
     assert out.splitlines() == ["ready", "got USR1"], out
+
+
+def test_a_script_that_traps_nothing_dies_of_scancel_signal(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    """`scancel --signal=USR1 --full` (the batch script too, as Slurm's `-f`): the
+    script traps nothing and dies of it, as on Slurm (before, as its container's pid 1,
+    it ignored the signal and ran on)."""
+    script = "#!/bin/sh\necho ready\nsleep 300\necho after-the-sleep\n"
+    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
+    wait_for("the script ready", lambda: "ready" in nobody.logs(job_id), 180)
+    [pod] = job_pods(kube, f"mgpu.io/job={job_id}")
+    assert pod["spec"]["shareProcessNamespace"] is True
+    _scancel(master, nobody_token, "--signal=USR1", "--full", job_id)
+    job = nobody.wait(job_id, timeout=120)
+    out = nobody.logs(job_id)
+    assert job["state"] == "failed" and job["exit_code"] == 128 + 10, (job, out)  # USR1
+    assert "after-the-sleep" not in out, out
 
 
 def test_srun_pty_into_a_running_job_is_a_terminal_in_its_pod(

@@ -95,6 +95,7 @@ def test_a_launch_becomes_its_pod() -> None:
     assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 100}
     assert spec["restartPolicy"] == "Never" and spec["terminationGracePeriodSeconds"] == 7
     assert spec["automountServiceAccountToken"] is False
+    assert spec["shareProcessNamespace"] is True  # the job is not pid 1: signals reach it
     assert spec["serviceAccountName"] == "trainer" and spec["tolerations"]
     assert "nodeName" not in spec  # the kube-scheduler places it; mgpu's pick is preferred
     preferred = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

@@ -175,3 +175,15 @@ def test_no_time_limit_warning_is_armed_without_pod_agents() -> None:
     run = runs.runs["pod-42"]
     runs.arm_warning(run, 10, 60.0, False)
     assert run.warning is None
+
+
+def test_in_a_shared_namespace_the_pods_pause_is_never_signalled() -> None:
+    """shareProcessNamespace: pid 1 is the Pod's pause (it would end the Pod); the job's
+    top is the process the runtime started (parent 0), here the batch script, pid 7."""
+    # 1 pause; 7 the script, 9 its child; 12 the agent (its subshell gone: parent 1).
+    procs = [_p(1, 0, 1), _p(7, 0, 7), _p(9, 7, 7), _p(12, 1, 12), _p(30, 12, 30)]
+    assert targets(procs, me=12, steps={30}, top_only=False) == [7, 9]
+    assert targets(procs, me=12, steps={30}, top_only=True) == [7]
+    # Under the -o/-e runner (7), its marked script (8) as before.
+    runner = [_p(1, 0, 1), _p(7, 0, 7), _p(8, 7, 7, True), _p(12, 1, 12)]
+    assert targets(runner, me=12, steps=set(), top_only=True) == [8]

@@ -8,8 +8,11 @@ runs: marked with `BATCH_MARK`, mgpu.master.kube.podoutput).  Never the agent it
 its steps (each in its own session, signalled as steps), nor the -o/-e runner and its
 output copies (they would end, and the job's output file with them).
 
-A process is the container's pid 1 when the script is not run by the runner: Linux
-delivers it only a signal it traps (a script that traps nothing is not ended by one).
+The Pod shares one process namespace between its containers (`shareProcessNamespace`,
+mgpu.master.kube.podspec): pid 1 is then the Pod's pause process, never signalled, and the
+job's top process is the one the runtime started (its parent outside the namespace).  In a
+Pod of its own namespace (made by an older master) the top process is pid 1, to which
+Linux delivers only a signal it traps.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list
     """The pids a signal to the job goes to, parents first.  `me`: the agent's pid (its
     own session); `steps`: its steps' pids (each leads its own session)."""
     spared = {me, *steps}
+    started = [p for p in procs if p.ppid == 0 and p.pid not in spared]  # by the runtime
+    if any(p.pid != 1 for p in started):  # a shared namespace: pid 1 is the Pod's pause
+        spared.add(1)
     job = [p for p in procs if p.pid not in spared and p.sid not in spared]
     marked = [p for p in job if p.marked]
     if marked:  # the runner's script: the runner and its copies are spared
@@ -44,7 +50,7 @@ def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list
         pids = {p.pid for p in marked}
         tops = [p for p in marked if p.ppid not in pids]
     else:
-        tops = [p for p in job if p.pid == 1]
+        tops = [p for p in job if p.ppid == 0]
     if top_only:
         return [p.pid for p in tops]
     by_pid = {p.pid: p for p in job}

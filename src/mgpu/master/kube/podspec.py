@@ -12,7 +12,9 @@ nothing in the template overrides it:
 * its user: runAsUser/runAsGroup of the job's user, never privileged, no privilege
   escalation;
 * restartPolicy Never, the job's kill grace as terminationGracePeriodSeconds, no
-  service-account token unless the template asks for one;
+  service-account token unless the template asks for one; one process namespace for the
+  Pod (`shareProcessNamespace`), so that the job is not pid 1 (which gets only the
+  signals it traps) and dies of a SIGTERM or a `scancel --signal` as on Slurm;
 * where: the kube-scheduler places the Pod.  mgpu's own pick is only a preference
   (preferred node affinity), so that its ledger usually matches; `nodeName` is set only
   when the user pinned nodes.  A job's Pods are spread one per Node (anti-affinity), as
@@ -252,6 +254,10 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
             "affinity": {**(spec.get("affinity") or {}), **_affinity(shape, _job_label(launch))},
         }
     )
+    # The job is not its container's pid 1 (the Pod's pause is): Linux gives pid 1 only
+    # the signals it traps, so a script that traps nothing ignored its deletion's SIGTERM
+    # (a cancel waited the whole grace) and `scancel --signal`.
+    spec["shareProcessNamespace"] = True
     spec.setdefault("automountServiceAccountToken", False)
     spec["securityContext"] = {
         **(spec.get("securityContext") or {}),
