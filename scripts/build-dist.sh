@@ -6,6 +6,7 @@
 #   dist/mgpu_node       mgpu_master = `mgpu master`, mgpu_node = `mgpu node`,
 #   dist/mgpu_client     mgpu_client = mgpu, ... (scripts/frozen_entry.py)
 #   dist/mgpu_srun, dist/mgpu_queue, dist/mgpu_cancel
+#   (a link named srun, sbatch, squeue, ... is that Slurm command: a Pod's steps.bin)
 #
 # Cached: nothing is rebuilt while the sources, pyproject.toml and this script are
 # unchanged (a hash in dist/.build-hash); PyInstaller's own analysis cache is in

@@ -5,7 +5,9 @@ One binary serves every name, chosen by the name it is started under (as busybox
 `mgpu`, and the seeds' names (`mgpu_simple_master`, `mgpu_simple_node`,
 `mgpu_simple_client`, `mgpu_master_server`, `mgpu_srun_multinode`) as pyproject's scripts.
 `EXE -m mgpu ARGS` (how mgpu re-executes itself: `sys.executable -m mgpu`) is
-`mgpu ARGS` whatever the name.
+`mgpu ARGS` whatever the name.  A link named as one of Slurm's commands (`srun`, `sbatch`,
+`squeue`, ...) is that command (mgpu.slurm): a directory of such links beside `mgpu` is
+what a Kubernetes partition's `kubernetes.steps.bin` needs in a Pod.
 """
 
 import os
@@ -21,6 +23,12 @@ def _run() -> None:
         cli.main()
         return
     name = os.path.basename(sys.argv[0]).lower()
+    from mgpu.slurm import COMMANDS
+
+    if name in COMMANDS:
+        from mgpu.slurm.main import main as slurm_main
+
+        slurm_main(name)
     for prefix, entry in (
         ("mgpu_simple_master", cli.main_master),  # the seeds' names (pyproject's scripts)
         ("mgpu_simple_node", cli.main_node),

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from helpers import BIN, LocalCluster, free_port, kill_group, wait_for
+from helpers import BIN, LocalCluster, dist_dir, free_port, kill_group, wait_for
 from mgpu import Client, MgpuError
 from mgpu.agent import bindmount, containers, privileged
 from mgpu.agent.containers import Runtime
@@ -589,28 +589,10 @@ def test_systemd_units(tmp_path: Path) -> None:
     assert "After=network-online.target" in master.stdout
 
 
-def _dist_dir() -> Path:
-    """dist/ built by scripts/build-dist.sh with this Python (cached between runs)."""
-    try:
-        import PyInstaller  # noqa: F401
-    except ImportError:
-        pytest.skip("PyInstaller is not installed (pip install 'pyinstaller>=6'; or make dist)")
-    out = ROOT / "build" / "dist-test"
-    res = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-dist.sh")],
-        env={**os.environ, "PYTHON": sys.executable, "MGPU_DIST_DIR": str(out)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # a rebuild (sources changed) takes a minute or two; cached: seconds
 def test_dist_executables_run_a_cluster(tmp_path: Path) -> None:
-    dist = _dist_dir()
+    dist = dist_dir()
     bindir = tmp_path / "opt-mgpu"  # outside the venv, with no Python environment around
     bindir.mkdir()
     for name in ("mgpu_master", "mgpu_node", "mgpu_client"):
