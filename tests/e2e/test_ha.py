@@ -103,11 +103,20 @@ def masters(tmp_path: Path, pg_url: str) -> Iterator[list[Master]]:
             return m
 
         def leader_and_standby(self) -> tuple[Master, Master]:
-            """Master a, once it leads, and master b, once it stands by."""
+            """Master a, once it leads, and master b, once it stands by knowing that."""
             a = self.start("a")
             wait_for(a.leads, timeout=30, what="the first master to lead")
             b = self.start("b")
-            wait_for(lambda: b.role() == "standby", timeout=30, what="the second to stand by")
+
+            def names_a() -> bool:  # a standby from its start; it names the leader once
+                body = b.get("/readyz")[2]  # it has read the lease
+                return (
+                    b.role() == "standby"
+                    and isinstance(body, dict)
+                    and body.get("leader") == a.address
+                )
+
+            wait_for(names_a, timeout=30, what="the second to stand by, naming the first")
             return a, b
 
     try:
