@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_kube_steps import ENV, SLURM, _config, _PodNetworkMaster
+from test_kube_steps import ENV, SLURM, pod_network_master
 
 from helpers import LocalCluster, dist_dir
-from kubecluster import KubeCluster, free_port, wait_for
+from kubecluster import KubeCluster, wait_for
 from kubemaster import job_pods
 from mgpu import Client
 
@@ -37,21 +37,8 @@ def frozen_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def master(
     kube: KubeCluster, frozen_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("kdist")
-    port = free_port()
-    cluster = _PodNetworkMaster(root, _config(kube, frozen_bin, port))
-    cluster.port, cluster.address = port, f"127.0.0.1:{port}"
-    cluster.env["MGPU_MASTER"] = cluster.address
-    try:
-        cluster.start_master()
-        wait_for(
-            "both Nodes as mgpu nodes",
-            lambda: len([n for n in cluster.client().nodes() if n.get("kubernetes")]) == 2,
-            120,
-        )
+    with pod_network_master(kube, frozen_bin, tmp_path_factory.mktemp("kdist")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_a_step_runs_through_the_frozen_pod_agent(

@@ -92,11 +92,9 @@ class _PodNetworkMaster(LocalCluster):
         return self.master
 
 
-@pytest.fixture(scope="module")
-def master(
-    kube: KubeCluster, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("kmaster")
+@contextlib.contextmanager
+def pod_network_master(kube: KubeCluster, bin_dir: Path, root: Path) -> Iterator[LocalCluster]:
+    """A master of the partition whose Pods run `bin_dir`'s mgpu, once both Nodes are its."""
     port = free_port()
     cluster = _PodNetworkMaster(root, _config(kube, bin_dir, port))
     cluster.port = port
@@ -114,6 +112,14 @@ def master(
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def master(
+    kube: KubeCluster, bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    with pod_network_master(kube, bin_dir, tmp_path_factory.mktemp("kmaster")) as cluster:
+        yield cluster
 
 
 def _sacct(master: LocalCluster, token: str, job_id: str) -> list[str]:
