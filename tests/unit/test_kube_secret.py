@@ -157,7 +157,7 @@ def test_a_masters_start_gives_or_sweeps_unowned_secrets() -> None:
             secret("owned", 600, owned=True),  # Kubernetes' to delete
         ]
     )
-    asyncio.run(_runs(kube, []).sweep_secrets({"with-pod": "uid-9"}))
+    asyncio.run(_runs(kube, []).secrets.sweep({"with-pod": "uid-9"}, "lab"))
     assert kube.calls == [
         ("list_secrets", "mgpu.io/cluster=lab"),
         ("own_secret", ("with-pod", "Pod", "uid-9")),

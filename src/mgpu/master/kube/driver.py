@@ -355,7 +355,7 @@ class KubePartition:
                 self.agents.adopt(self.runs, adopted)
         self._sync_nodes()
         pods = {name: PodView.of(obj).uid for name, obj in self.mine.items()}
-        self.runs.spawn(self.runs.sweep_secrets(pods))
+        self.runs.spawn(self.runs.secrets.sweep(pods, self.cl.config.cluster.name))
         for name, obj in sorted(self.mine.items()):
             run = self.runs.runs.get(name)
             if run is not None and not run.ended:

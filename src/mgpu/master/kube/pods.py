@@ -22,8 +22,7 @@ import asyncio
 import logging
 import pwd
 import time
-from collections.abc import Coroutine, Mapping
-from datetime import datetime
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -42,15 +41,8 @@ from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.gang import first_pod_ip, holder_launch
 from mgpu.master.kube.podagents import PodAgents
 from mgpu.master.kube.podoutput import open_failure
-from mgpu.master.kube.podspec import (
-    CONTAINER,
-    LABEL_CLUSTER,
-    PodShape,
-    build_pod,
-    keep_private,
-    label_value,
-    pod_name,
-)
+from mgpu.master.kube.podsecrets import PodSecrets
+from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, keep_private, pod_name
 from mgpu.master.kube.runs import (
     IMAGE_FAILURES,
     NO_ROOM_REASONS,
@@ -85,9 +77,6 @@ RENDEZVOUS_PORT = 29500
 """MASTER_PORT of a job on several Pods: each Pod has its own address, so no port is
 reserved (torchrun's default)."""
 MAX_BACKOFF = 300.0
-SECRET_SWEEP_AGE = 120.0
-"""Seconds a Secret of mgpu's without its Pod is left at a master's start: a launch in
-flight (another master's, or this one's) makes its Pod well within this."""
 
 
 class PodRuns:
@@ -114,6 +103,8 @@ class PodRuns:
         self.awaiting: dict[tuple[str, int, str], bool] = {}
         """(job, epoch, node) of a gang's rank whose Pod waits for rank 0's address →
         whether it was killed meanwhile (its Pod is then never made)."""
+        self.secrets = PodSecrets(client, self.namespace)
+        """The jobs' Pods' Secrets (mgpu.master.kube.podsecrets)."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- plumbing ---------------------------------------------------------
@@ -247,7 +238,7 @@ class PodRuns:
         self.runs[name] = run
         try:
             if secret is not None:
-                await self._create_secret(secret)
+                await self.secrets.create(secret)
             made = await self.client.create_pod(pod, self.namespace)
             run.uid = str((made.get("metadata") or {}).get("uid", ""))
         except KubeConflict:
@@ -258,7 +249,7 @@ class PodRuns:
         except KubeError as e:
             self.runs.pop(name, None)
             if secret is not None:
-                self.spawn(self._delete_secret(name))
+                self.spawn(self.secrets.delete(name))
             if isinstance(e, KubeUnreachable):
                 self.send_back(launch.job_id, launch.epoch, str(e))
                 return
@@ -267,54 +258,9 @@ class PodRuns:
             self.tell(teller, _exited(launch.job_id, launch.epoch, launch_error=error))
             return
         if secret is not None and run.uid:
-            self.spawn(self._own_secret(name, run.uid))
+            self.spawn(self.secrets.own(name, run.uid))
         if run.killing:  # killed while it was being made
             await self.delete(run, grace=run.kill_grace)
-
-    async def _create_secret(self, secret: dict[str, Any]) -> None:
-        """The Pod's Secret (podspec.keep_private); one of the same name is a left-over of
-        this run's earlier try (a launch sent again, a deposed master's): made afresh."""
-        try:
-            await self.client.create_secret(secret, self.namespace)
-        except KubeConflict:
-            await self.client.delete_secret(secret["metadata"]["name"], self.namespace)
-            await self.client.create_secret(secret, self.namespace)
-
-    async def _own_secret(self, name: str, uid: str) -> None:
-        """The Pod owns its Secret: Kubernetes deletes the Secret with it, whoever deletes
-        the Pod (left unowned, the next master start sweeps it: mgpu.master.kube.driver)."""
-        owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
-        try:
-            await self.client.own_secret(name, owner, self.namespace)
-        except KubeError as e:
-            log.warning("%s", e)
-
-    async def sweep_secrets(self, pods: Mapping[str, str]) -> None:
-        """At a master's start (`pods`: the names and uids of mgpu's Pods): a Secret whose
-        Pod is there but does not own it is given to it; one without a Pod, made more than
-        SECRET_SWEEP_AGE ago (a master stopped between making it and its Pod), deleted."""
-        selector = f"{LABEL_CLUSTER}={label_value(self.cl.config.cluster.name)}"
-        try:
-            found = await self.client.list_secrets(self.namespace, label_selector=selector)
-        except KubeError as e:
-            log.warning("%s", e)
-            return
-        for item in found.items:
-            meta = item.get("metadata") or {}
-            name = str(meta.get("name") or "")
-            if meta.get("ownerReferences"):
-                continue
-            if name in pods:
-                await self._own_secret(name, pods[name])
-            elif _age(meta.get("creationTimestamp")) > SECRET_SWEEP_AGE:
-                log.info("deleting secret %s: its pod is gone", name)
-                await self._delete_secret(name)
-
-    async def _delete_secret(self, name: str) -> None:
-        try:
-            await self.client.delete_secret(name, self.namespace)
-        except KubeError as e:
-            log.warning("%s", e)
 
     async def _rank0_address(self, job: Job, epoch: int, node_id: str) -> str | None:
         """The address a gang's rank meets rank 0 at; None when its Pod is not to be
@@ -680,15 +626,6 @@ class PodRuns:
         job = self._job(run.job_id, run.epoch)
         teller = job.allocation[0].node_id if job is not None else run.slot_node
         self.tell(teller, _exited(run.job_id, run.epoch, launch_error=error))
-
-
-def _age(stamp: Any) -> float:
-    """Seconds since a Kubernetes timestamp (0 when there is none to read)."""
-    try:
-        made = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0
-    return max(0.0, time.time() - made.timestamp())
 
 
 def past_limit(run: PodRun, now: float, lead: float = 0.0) -> bool:
