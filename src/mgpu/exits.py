@@ -6,7 +6,21 @@ report it: 128+N for a signal's death."""
 
 from __future__ import annotations
 
-__all__ = ["describe", "shell_code", "shell_status"]
+__all__ = [
+    "OPEN_FAILED",
+    "OPEN_FAILED_MARK",
+    "describe",
+    "open_failure",
+    "shell_code",
+    "shell_status",
+]
+
+OPEN_FAILED = 53
+"""The status of a batch job's -o/-e wrapper when a file cannot be opened, as slurmstepd's
+(mgpu.agent.outputfiles on mgpu's nodes, mgpu.master.kube.podoutput in a Pod)."""
+OPEN_FAILED_MARK = "slurmstepd: error: Could not open "
+"""How the wrapper's sentence begins: among the first lines of the job's stderr (nothing
+else has written there yet)."""
 
 
 def describe(code: int) -> str:
@@ -31,3 +45,14 @@ def shell_status(code: int) -> int:
     """`shell_code`, or 1 for a code no exit status can carry."""
     status = shell_code(code)
     return status if 0 <= status < 256 else 1
+
+
+def open_failure(code: int | None, first_lines: list[str]) -> str | None:
+    """Slurm's sentence of a batch job whose -o/-e file could not be opened (the wrapper's
+    status and its line among the first of the job's stderr); else None."""
+    if code != OPEN_FAILED:
+        return None
+    for line in first_lines[:4]:
+        if line.startswith(OPEN_FAILED_MARK):
+            return line.removeprefix("slurmstepd: error: ")
+    return None

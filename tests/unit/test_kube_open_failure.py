@@ -9,8 +9,8 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from mgpu.exits import OPEN_FAILED, open_failure
 from mgpu.kubesection import KubernetesSection
-from mgpu.master.kube.podoutput import OPEN_FAILED, open_failure
 from mgpu.master.kube.pods import PodRuns
 from mgpu.master.kube.runs import PodRun
 
@@ -18,12 +18,12 @@ SENTENCE = "slurmstepd: error: Could not open stdout file /nas/x/out.txt: Permis
 
 
 def test_the_runners_sentence_with_its_status_is_an_open_failure() -> None:
-    assert open_failure(OPEN_FAILED, SENTENCE) == (
+    assert open_failure(OPEN_FAILED, [SENTENCE]) == (
         "Could not open stdout file /nas/x/out.txt: Permission denied"
     )
-    assert open_failure(OPEN_FAILED, "the script's own first line") is None
-    assert open_failure(OPEN_FAILED, None) is None  # nothing in the log
-    assert open_failure(1, SENTENCE) is None
+    assert open_failure(OPEN_FAILED, ["the script's own first line"]) is None
+    assert open_failure(OPEN_FAILED, []) is None  # nothing in the log
+    assert open_failure(1, [SENTENCE]) is None
 
 
 def _ended(first_line: str | None, code: int) -> Any:

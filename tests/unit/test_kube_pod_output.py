@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from mgpu.exits import open_failure
 from mgpu.kubesection import KubernetesSection
-from mgpu.master.kube.podoutput import OPEN_FAILED, open_failure, runner
+from mgpu.master.kube.podoutput import OPEN_FAILED, runner
 from mgpu.master.kube.podspec import PodShape, build_pod
 from mgpu.protocol import Grant, Launch
 
@@ -70,7 +71,7 @@ def test_a_file_that_cannot_be_opened_is_slurms_sentence(shell: list[str], tmp_p
     ), done.stderr
     assert "out 1" not in done.stdout  # the script did not run
     first_line = done.stderr.splitlines()[0]
-    assert open_failure(done.returncode, first_line) == (
+    assert open_failure(done.returncode, [first_line]) == (
         f"Could not open stdout file {tmp_path}/no/such/dir/x.out: No such file or directory"
     )
 

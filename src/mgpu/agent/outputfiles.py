@@ -37,11 +37,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from mgpu import exits
+from mgpu.exits import OPEN_FAILED, OPEN_FAILED_MARK
+
 __all__ = ["OPEN_FAILED", "WRAPPER", "open_failure", "share_spool", "wrap"]
 
-OPEN_FAILED = 53
-"""The wrapper's exit status when an output file cannot be opened."""
-_MARK = "slurmstepd: error: Could not open "
 
 _LINES = [
     "trap : TERM INT HUP; dir=$1 out=$2 err=$3 mode=$4; shift 4",
@@ -61,7 +61,7 @@ _LINES = [
     "  why=${3:-was replaced while it was opened}; why=${why##*: }",
     '  case $why in "Directory nonexistent"|"No such file")',
     '    why="No such file or directory" ;; esac',
-    f'  echo "{_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}',
+    f'  echo "{OPEN_FAILED_MARK}$2 file $1: $why" >&2; exit {OPEN_FAILED}',
     "}",
     # Onto descriptor 9, and nothing is created through a link: an existing name is opened
     # for reading (which never creates), a new one created exclusively (O_EXCL follows no
@@ -153,7 +153,4 @@ def open_failure(exit_code: int | None, err_path: str) -> str | None:
             head = f.read(8192).decode("utf-8", "replace").splitlines()
     except OSError:
         return None
-    for line in head[:4]:
-        if line.startswith(_MARK):
-            return line.removeprefix("slurmstepd: error: ")
-    return None
+    return exits.open_failure(exit_code, head)

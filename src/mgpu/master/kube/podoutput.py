@@ -17,13 +17,9 @@ privilege: it is the job's user, as the script is."""
 
 from __future__ import annotations
 
-__all__ = ["OPEN_FAILED", "open_failure", "runner"]
+from mgpu.exits import OPEN_FAILED, OPEN_FAILED_MARK
 
-OPEN_FAILED = 53
-"""The runner's status when an output file cannot be opened (mgpu.agent.outputfiles's)."""
-OPEN_FAILED_MARK = "slurmstepd: error: Could not open "
-"""How the runner's sentence begins: the first line of the Pod's log (nothing else has
-written there yet)."""
+__all__ = ["OPEN_FAILED", "runner"]
 
 _WRITE_SCRIPT = (
     'f=$(mktemp) && printf "%s" "$MGPU_BATCH_SCRIPT" > "$f" && chmod 700 "$f" '
@@ -59,15 +55,6 @@ _LINES = [
     'exit "${c:-1}"',
 ]
 RUNNER = "\n".join(_LINES)
-
-
-def open_failure(exit_code: int | None, first_line: str | None) -> str | None:
-    """Slurm's sentence of a batch job whose -o/-e file could not be opened (the runner's
-    status and the first line of the Pod's log: the job fails, a launch error, as on
-    mgpu's own nodes, mgpu.agent.outputfiles.open_failure); else None."""
-    if exit_code != OPEN_FAILED or not first_line or not first_line.startswith(OPEN_FAILED_MARK):
-        return None
-    return first_line.removeprefix("slurmstepd: error: ")
 
 
 def runner(name: str, output: str, error: str, append: bool, argv: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from mgpu import exits
 from mgpu.kube import (
     KubeClient,
     KubeConflict,
@@ -40,7 +41,6 @@ from mgpu.kube import (
 from mgpu.kubesection import KubernetesSection
 from mgpu.master.kube.gang import first_pod_ip, holder_launch
 from mgpu.master.kube.podagents import PodAgents
-from mgpu.master.kube.podoutput import open_failure
 from mgpu.master.kube.podsecrets import PodSecrets
 from mgpu.master.kube.podspec import CONTAINER, PodShape, build_pod, keep_private, pod_name
 from mgpu.master.kube.runs import (
@@ -498,13 +498,14 @@ class PodRuns:
         run.ended = True
         reason = str(details.get("reason") or "")
         code = int(details["exitCode"]) if details.get("exitCode") is not None else None
+        first = [run.first_line] if run.first_line is not None else []  # the runner's say
         self.tell(
             run.slot_node,
             _exited(
                 run.job_id,
                 run.epoch,
                 exit_code=code,
-                launch_error=open_failure(code, run.first_line),  # a -o/-e file: fatal
+                launch_error=exits.open_failure(code, first),  # an -o/-e file: fatal
                 timed_out=run.timed_out,
                 out_of_memory=reason == "OOMKilled",
             ),
