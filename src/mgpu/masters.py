@@ -29,8 +29,6 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     Address = tuple[str, int]
 
 __all__ = ["MAX_HOPS", "Search", "Transport", "pinned_ca_path"]
@@ -151,13 +149,12 @@ class Search:
     another is untried: each dial of it costs a whole timeout, and the leader that took
     over from it is elsewhere."""
 
-    def __init__(
-        self, masters: list[Address], transport: Transport, silent: Iterable[Address] = ()
-    ) -> None:
+    def __init__(self, masters: list[Address], transport: Transport) -> None:
         self.masters = masters
         self.transport = transport
         self.tried: list[Address] = []
-        self.silent: set[Address] = set(silent)
+        self.silent: set[Address] = set()
+        """The masters that said nothing in this walk (`failed(..., silent=True)`)."""
         self.named: Address | None = None
         """The listed master a standby named last (a new round starts there)."""
         self.hops = 0

@@ -528,7 +528,9 @@ def test_a_search_tries_a_silent_master_last_and_still_tries_it() -> None:
     assert walk.again() == ("b", 2)  # named, but silent: the others first
     assert walk.failed(("b", 2), "a:1") == ("c", 3)
     assert walk.failed(("c", 3), "a:1") == ("a", 1)  # only the silent one left: its turn
-    assert Search(masters, Transport(None, None), silent=[("a", 1)]).again() == ("b", 2)
+    fresh = Search(masters, Transport(None, None))
+    fresh.failed(("a", 1), silent=True)
+    assert fresh.again() == ("b", 2)
 
 
 def test_the_agent_follows_no_hint_outside_its_list(tmp_path: Path) -> None:

@@ -71,8 +71,8 @@ class NodeAdmin:
         self.holds_lease: Callable[[], bool] = lambda: True
         """Whether this master holds the leader's lease now (master/ha sets it; one
         master alone always does)."""
-        self._lease_lapsed = False
-        self._lapsed_at = 0.0
+        self._lapsed_at: float | None = None
+        """When this master's lease was last found out (None: it holds it)."""
 
     def _let_agents_go(self) -> None:
         """Close the links of the agents still linked to this master (without the lease):
@@ -188,17 +188,16 @@ class NodeAdmin:
         pace, connected = self.pace, 0
         now = self.state.clock.monotonic()
         if not self.holds_lease():
-            if not self._lease_lapsed:
+            if self._lapsed_at is None:
                 log.warning("the lease is not held: no node is judged until it is again")
                 self._lapsed_at = now
-            self._lease_lapsed = True
             if now - self._lapsed_at >= LET_GO_AFTER:
                 self._let_agents_go()
-        elif self._lease_lapsed:
-            self._lease_lapsed = False
+        elif self._lapsed_at is not None:
+            self._lapsed_at = None
             self.grace(self.grace_seconds)
             log.info("the lease is held again: no node is lost for %.0f s", self.grace_seconds)
-        if self._lease_lapsed or now < self.grace_until:
+        if self._lapsed_at is not None or now < self.grace_until:
             pace.count(sum(node.connected for node in self.state.nodes.values()))
             return
         least = pace.timeout  # no node's is shorter: most are judged without a lookup
