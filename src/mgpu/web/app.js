@@ -677,6 +677,11 @@ const FOLLOW_RETRY_MAX_MS = 5000;
 class FollowRefused extends Error {}
 // The master refused the stream for good (no such job, not allowed): not opened again.
 
+// The output pane's last word on a job that ended (its end record, or its JSON).
+function endedText(job) {
+  return `ended: ${job.state}` + (job.exit_code == null ? "" : ` (exit ${job.exit_code})`);
+}
+
 // Follows the job's output until it ends or the page leaves it. A stream that breaks or goes
 // quiet (the master restarted, or another took over) is opened again where the stored
 // records end (OutputResume): no line shown twice or lost.
@@ -695,7 +700,7 @@ async function followOutput(id) {
       if (await readOutput(id, resume, nodes, ctrl.signal, () => { tries = 0; })) return;
       const j = await api(`/api/jobs/${encodeURIComponent(id)}`);
       if (j.state !== "queued" && j.state !== "running") {
-        status.textContent = `ended: ${j.state}` + (j.exit_code == null ? "" : ` (exit ${j.exit_code})`);
+        status.textContent = endedText(j);
         refreshJob().catch(() => {});
         return;
       }
@@ -763,8 +768,7 @@ async function readOutput(id, resume, nodes, pageSignal, onOutput) {
         } else if ("stored" in rec) {
           resume.mark(rec.stored);
         } else if (rec.end) {
-          status.textContent = `ended: ${rec.state}` +
-            (rec.exit_code == null ? "" : ` (exit ${rec.exit_code})`) + (rec.reason ? ` — ${rec.reason}` : "");
+          status.textContent = endedText(rec) + (rec.reason ? ` — ${rec.reason}` : "");
           refreshJob().catch(() => {});
           return true;
         } else if (rec.status) {
