@@ -272,3 +272,45 @@ def test_the_agent_leaves_a_stopped_master(two: tuple[LocalCluster, str]) -> Non
         what="the agent back",
     )
     c.wait_node("node001", "online")
+
+
+def test_srun_goes_on_through_its_only_masters_restart(tmp_path: Path) -> None:
+    """A cluster with one master (no $MGPU_FAILOVER_WAIT): the master is killed while a
+    batch job's `srun` step runs and stays down a few seconds (longer than three quick
+    reopens: srun gave up then, and the batch script saw it fail).  srun waits for it,
+    follows the step again, prints its output once and exits with the step's code."""
+    c = LocalCluster(tmp_path, CONFIG)
+    try:
+        c.start_master()
+        c.start_agent("node001", gpus=1)
+        shims = tmp_path / "shims"
+        shims.mkdir()
+        (shims / "srun").write_text(SRUN)
+        (shims / "srun").chmod(0o755)
+        go = tmp_path / "go"
+        env = {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+        env.pop("MGPU_FAILOVER_WAIT", None)
+        script = (
+            "#!/bin/sh\n"
+            f"srun sh -c 'echo step-up; {gate(go)} echo step-done; exit 5'\n"
+            'echo "srun=$?"\n'
+        )
+        client = c.client()
+        job = client.submit_script(script, gpus=1, env=env, slurm={"batch": True})
+        wait_for(lambda: "step-up" in client.logs(job.id), timeout=60, what="the step")
+        assert c.master is not None
+        os.killpg(c.master.pid, signal.SIGKILL)
+        c.master.wait(timeout=10)
+        time.sleep(6)  # the fault: the master stays down, not a wait for an event
+        c.start_master()
+        c.wait_node("node001", "online")
+        go.touch()
+        client = c.client()
+        end = client.wait(job.id, timeout=60)
+        out = client.logs(job.id)
+        assert end["state"] == "completed", (end, out)
+        lines = out.splitlines()
+        assert lines[:2] == ["step-up", "step-done"] and lines[-1] == "srun=5", out
+        assert "Exited with exit code 5" in lines[2] and len(lines) == 4, out
+    finally:
+        c.stop()

@@ -319,8 +319,7 @@ def test_a_step_goes_on_through_a_master_restart(
         "echo step-done; exit 5'\n"
         'echo "srun=$?"\n'
     )
-    env = {**ENV, "MGPU_FAILOVER_WAIT": "120"}  # srun waits for its one master to be back
-    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=env, slurm=SLURM).id
+    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
     wait_for("the step running", lambda: "step-up" in nobody.logs(job_id), 180)
     assert master.master is not None
     master.master.kill()

@@ -370,19 +370,20 @@ def follow_step(client: Client, step_id: str, multi: bool) -> int:
     nodes); Ctrl-C kills the step.  Its exit code.  A connection that breaks (the master
     restarted, another took over) is opened again from the start, what was shown dropped
     by its offsets (`Resume.from_start`): none lost, none twice."""
+    from mgpu.client.reopen import Reopens
     from mgpu.client.resume import Resume
     from mgpu.client.stream import LinePrefixer
 
     prefixer = LinePrefixer()
     prefixer.multi = multi
     resume = Resume()
-    tries = 0
+    reopens = Reopens(client.failover_wait)
     try:
         while True:
             try:
                 for rec in client.step_stream(step_id, since=resume.since()):
                     if "d" in rec:
-                        tries = 0
+                        reopens.flowed()
                         text = resume.take(rec)
                         if text is None:
                             continue
@@ -398,11 +399,9 @@ def follow_step(client: Client, step_id: str, multi: bool) -> int:
             except (ConnectError, NoAnswer) as e:  # broke, or went quiet (another leads now)
                 error = e
             resume.from_start()
-            tries += 1
-            if tries > FOLLOW_TRIES:
+            if not reopens.again():
                 _say(f"lost step {step_id}: {error}")
                 return 255
-            time.sleep(min(2.0, 0.2 * 2**tries))
     except KeyboardInterrupt:
         try:
             client.cancel_step(step_id)
@@ -410,8 +409,3 @@ def follow_step(client: Client, step_id: str, multi: bool) -> int:
         except MgpuError:
             _say(f"could not cancel step {step_id}")
         return 130
-
-
-FOLLOW_TRIES = 3
-"""Times a step's output is asked for again in a row after its stream broke (each open
-itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from typing import Any
 
 from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer, _quote
 from mgpu.client.render import _ranges
+from mgpu.client.reopen import Reopens
 from mgpu.client.resume import Resume
 from mgpu.client.stream import LinePrefixer
 from mgpu.client.submitenv import portable_environment, step_environment
@@ -165,16 +165,12 @@ class Labeller(LinePrefixer):
         return f"{node:>{self.width}}: "
 
 
-RESUME_TRIES = 3
-"""Times the step's output is asked for again in a row after its connection broke (each
-open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
-
-
 def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) -> int:
     """Print the step's output until it ends: its exit code (130 if interrupted).  A
     connection that breaks (the master restarted, another took over) is opened again
     from the start, what each task already printed dropped by its offsets
-    (`Resume.from_start`): none lost, none twice, however the new master cut them."""
+    (`Resume.from_start`): none lost, none twice, however the new master cut them; it is
+    opened again through a failover or a single master's restart (`Reopens`)."""
     numbers = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
     labeller = Labeller(max(numbers, default=0) + 1, label)
     shown = {t: Resume() for t in numbers}
@@ -185,7 +181,7 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    tries = 0
+    reopens = Reopens(client.failover_wait)
     try:
         while True:
             counts = [shown[t].since() if t in shown else 0 for t in numbers]
@@ -195,7 +191,7 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
                     if "d" in rec:
                         task = int(rec.get("t", 0))
                         text = shown.setdefault(task, Resume()).take(rec)
-                        tries = 0
+                        reopens.flowed()
                         if text is None:
                             continue
                         out = sys.stdout if rec.get("s") == "o" else sys.stderr
@@ -208,11 +204,9 @@ def follow(client: Client, step_id: str, tasks: list[int] | int, label: bool) ->
                 error = e
             for resume in shown.values():
                 resume.from_start()
-            tries += 1
-            if tries > RESUME_TRIES:
+            if not reopens.again():
                 _say(f"error: lost step {step_id}: {error}")
                 return 1
-            time.sleep(min(2.0, 0.2 * 2**tries))  # one master restarting: a moment
     except KeyboardInterrupt:
         try:
             client._request("POST", f"/api/sruns/{_quote(step_id)}/cancel")

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from mgpu import exits
 from mgpu.client.api import Client, ConnectError, MgpuError, NoAnswer
+from mgpu.client.reopen import Reopens
 from mgpu.client.resume import Resume, Rewind
 
 
@@ -63,11 +64,6 @@ def escape_output(text: str) -> str:
     return "\n".join("\t".join(map(escape_controls, line.split("\t"))) for line in text.split("\n"))
 
 
-RESUME_TRIES = 3
-"""Times a stream is opened again in a row after its connection broke or went quiet (each
-open itself looks for the leader while a failover runs: Client's $MGPU_FAILOVER_WAIT)."""
-
-
 def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> int:
     """Both streams to stdout, in the order they came; escaped on a terminal unless `raw`.
     A connection that breaks or goes quiet (the master restarted or stopped, another took
@@ -77,12 +73,12 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
     prefixer.multi = len(job.get("allocation") or []) > 1 or bool(job.get("nodes", 0) or 0) > 1
     escape = not raw and sys.stdout.isatty()
     resume = Resume()  # what was printed: a reconnect asks for what comes after it
-    tries = 0
+    reopens = Reopens(client.failover_wait)
     while True:
         try:
             for rec in client.stream(job_id, follow=follow, since=resume.since(), marks=True):
                 if "d" in rec:
-                    tries = 0
+                    reopens.flowed()
                     text = resume.take(rec)
                     if text is None:
                         continue
@@ -100,10 +96,8 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
         except (ConnectError, NoAnswer) as e:  # broke midway, or went quiet (a stopped master)
             error = e
         resume.reopen()
-        tries += 1
-        if tries > RESUME_TRIES:
+        if not reopens.again():
             raise MgpuError(f"{error} (job {job_id} may still be running)") from None
-        time.sleep(min(2.0, 0.2 * 2**tries))  # one master restarting: a moment
 
 
 def follow(
