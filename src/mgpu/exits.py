@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "OPEN_FAILED",
     "OPEN_FAILED_MARK",
+    "POD_INIT_MARK",
     "describe",
     "open_failure",
     "shell_code",
@@ -21,6 +22,10 @@ OPEN_FAILED = 53
 OPEN_FAILED_MARK = "slurmstepd: error: Could not open "
 """How the wrapper's sentence begins: among the first lines of the job's stderr (nothing
 else has written there yet)."""
+
+POD_INIT_MARK = "MGPU_POD_INIT=1"
+"""In the environment of `mgpu pod-init` only (mgpu.podagent.init), the process that tells a
+Pod's job's death by signal: the pod agent never signals it (mgpu.podagent.jobsignal)."""
 
 
 def describe(code: int) -> str:

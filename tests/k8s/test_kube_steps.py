@@ -262,8 +262,31 @@ def test_a_script_that_traps_nothing_dies_of_scancel_signal(
     _scancel(master, nobody_token, "--signal=USR1", "--full", job_id)
     job = nobody.wait(job_id, timeout=120)
     out = nobody.logs(job_id)
-    assert job["state"] == "failed" and job["exit_code"] == 128 + 10, (job, out)  # USR1
+    assert job["state"] == "failed" and job["exit_code"] == -10, (job, out)  # USR1's death
     assert "after-the-sleep" not in out, out
+
+
+def test_a_script_killed_by_a_signal_reads_as_slurms_0_9(
+    master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
+) -> None:
+    """A batch script killed by SIGKILL: Kubernetes says exit code 137, as for `exit 137`;
+    `mgpu pod-init` tells the death by signal, so the job is FAILED `0:9` as on Slurm
+    (was `137:0`), and one that exits 137 stays `137:0`."""
+    killed = nobody.submit_script(
+        "#!/bin/sh\necho before\nkill -9 $$\necho after\n",
+        name="job.sh", gpus=1, env=ENV, slurm=SLURM,
+    ).id  # fmt: skip
+    exits = nobody.submit_script(
+        "#!/bin/sh\necho Killed\nexit 137\n", name="job.sh", gpus=1, env=ENV, slurm=SLURM
+    ).id
+    job = nobody.wait(killed, timeout=180)
+    out = nobody.logs(killed)
+    assert (job["state"], job["exit_code"]) == ("failed", -9), (job, out)
+    assert out == "before\n", out
+    assert f"{killed}|FAILED|0:9" in _sacct(master, nobody_token, killed)
+    job = nobody.wait(exits, timeout=180)
+    assert (job["state"], job["exit_code"]) == ("failed", 137), job
+    assert f"{exits}|FAILED|137:0" in _sacct(master, nobody_token, exits)
 
 
 def test_srun_pty_into_a_running_job_is_a_terminal_in_its_pod(

@@ -113,3 +113,30 @@ def test_a_script_without_files_writes_one_stream_in_its_order(shell: list[str])
     assert done.returncode == 7
     assert done.stdout == "out 1\nerr 1\nout 2\nerr 2\nout 3\nerr 3\nargs a b\n"
     assert done.stderr == ""
+
+
+def _run_script(shell: list[str], cwd: Path, script: str) -> subprocess.CompletedProcess[str]:
+    argv = runner("job.sh", "o.txt", "o.txt", False, [])
+    return subprocess.run(
+        [*shell, *argv[1:]], cwd=cwd, capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MGPU_BATCH_SCRIPT": script},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_a_script_killed_by_a_signal_kills_the_runner_with_it(
+    shell: list[str], tmp_path: Path
+) -> None:
+    """The runner dies of the script's signal (so `mgpu pod-init` tells `-9`), and the
+    shell's `Killed` line is in neither the file nor the log (Slurm's output has none)."""
+    done = _run_script(shell, tmp_path, "#!/bin/sh\necho before\nkill -9 $$\n")
+    assert done.returncode == -9, done
+    assert (tmp_path / "o.txt").read_text() == "before\n"
+    assert done.stdout == "before\n" and done.stderr == ""
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_a_script_that_exits_137_is_an_exit(shell: list[str], tmp_path: Path) -> None:
+    done = _run_script(shell, tmp_path, "#!/bin/sh\necho Killed\nexit 137\n")
+    assert done.returncode == 137, done
+    assert done.stdout == "Killed\n"

@@ -187,3 +187,16 @@ def test_in_a_shared_namespace_the_pods_pause_is_never_signalled() -> None:
     # Under the -o/-e runner (7), its marked script (8) as before.
     runner = [_p(1, 0, 1), _p(7, 0, 7), _p(8, 7, 7, True), _p(12, 1, 12)]
     assert targets(runner, me=12, steps=set(), top_only=True) == [8]
+
+
+def test_under_pod_init_its_child_is_the_top_and_it_is_never_signalled() -> None:
+    """`mgpu pod-init` (7, the runtime's process, marked) sends on what it is sent: the
+    agent signals its child (8, the batch script) and the script's own child (9), never
+    pod-init itself, which would send the signal to the script a second time."""
+    init = Proc(7, 0, 7, False, init=True)
+    procs = [_p(1, 0, 1), init, _p(8, 7, 7), _p(9, 8, 7), _p(12, 1, 12), _p(30, 12, 30)]
+    assert targets(procs, me=12, steps={30}, top_only=False) == [8, 9]
+    assert targets(procs, me=12, steps={30}, top_only=True) == [8]
+    # Under the -o/-e runner (8) too: its marked script (10).
+    runner = [_p(1, 0, 1), init, _p(8, 7, 7), _p(10, 8, 7, True), _p(12, 1, 12)]
+    assert targets(runner, me=12, steps=set(), top_only=True) == [10]

@@ -472,6 +472,10 @@ def main(argv: Sequence[str] | None = None, prefix: Sequence[str] = ()) -> None:
         from mgpu.podagent import main as pod_agent
 
         raise SystemExit(pod_agent())
+    if args_list[at : at + 1] == ["pod-init"]:  # a job's first process in its Pod
+        from mgpu.podagent.init import main as pod_init
+
+        raise SystemExit(pod_init(args_list[at + 1 :]))
     if at < len(args_list) and args_list[at] in SLURM_COMMANDS:
         from mgpu.slurm.main import main as slurm_main
 

@@ -21,6 +21,8 @@ import contextlib
 import os
 from dataclasses import dataclass
 
+from mgpu.exits import POD_INIT_MARK
+
 __all__ = ["BATCH_MARK", "Proc", "read_procs", "send", "targets"]
 
 BATCH_MARK = "MGPU_BATCH_TOP=1"
@@ -34,6 +36,8 @@ class Proc:
     sid: int
     marked: bool
     """Its environment holds BATCH_MARK."""
+    init: bool = False
+    """Its environment holds POD_INIT_MARK: `mgpu pod-init`, which sends on what it gets."""
 
 
 def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list[int]:
@@ -43,14 +47,15 @@ def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list
     started = [p for p in procs if p.ppid == 0 and p.pid not in spared]  # by the runtime
     if any(p.pid != 1 for p in started):  # a shared namespace: pid 1 is the Pod's pause
         spared.add(1)
-    job = [p for p in procs if p.pid not in spared and p.sid not in spared]
+    inits = {p.pid for p in procs if p.init}  # pod-init: its child is the job's top
+    job = [p for p in procs if p.pid not in spared | inits and p.sid not in spared]
     marked = [p for p in job if p.marked]
     if marked:  # the runner's script: the runner and its copies are spared
         job = marked
         pids = {p.pid for p in marked}
         tops = [p for p in marked if p.ppid not in pids]
     else:
-        tops = [p for p in job if p.ppid == 0]
+        tops = [p for p in job if p.ppid == 0 or p.ppid in inits]
     if top_only:
         return [p.pid for p in tops]
     by_pid = {p.pid: p for p in job}
@@ -67,19 +72,20 @@ def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list
 def read_procs(root: str = "/proc") -> list[Proc]:
     """The processes this container shows, as `targets` needs them."""
     procs = []
-    mark = BATCH_MARK.encode()
+    mark, init = BATCH_MARK.encode(), POD_INIT_MARK.encode()
     for name in os.listdir(root):
         if not name.isdigit():
             continue
         try:
             with open(f"{root}/{name}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            marked = False
+            env: list[bytes] = []
             with contextlib.suppress(OSError), open(f"{root}/{name}/environ", "rb") as f:
-                marked = mark in f.read().split(b"\0")  # unreadable: another user's
+                env = f.read().split(b"\0")  # unreadable: another user's
         except (OSError, IndexError):
             continue  # ended meanwhile
-        procs.append(Proc(int(name), int(fields[1]), int(fields[3]), marked))
+        pid, ppid, sid = int(name), int(fields[1]), int(fields[3])
+        procs.append(Proc(pid, ppid, sid, mark in env, init in env))
     return procs
 
 

@@ -42,17 +42,25 @@ _LINES = [
     "}",
     'opened "$out" stdout',
     '[ "$err" = "$out" ] || opened "$err" stderr',
-    # Descriptor 3 is the Pod's stdout (its log); 4 carries the script's status out of the
-    # pipeline (sh has no pipefail), 5 the script's stdout past its stderr's own tee.
+    # Descriptor 3 is the Pod's stdout (its log); 4 carries what the script's shell said
+    # out of the pipeline (sh has no pipefail); 6 and 7 are the script's stdout and stderr.
+    # The script runs in the foreground of a command substitution whose stderr is read:
+    # the shell's line for a death by signal (`Killed`) is not the job's output (Slurm's
+    # has none), and the runner then dies of that signal itself, so that `mgpu pod-init`
+    # (mgpu.podagent.init) tells it.
+    'run() { said=$( { ( MGPU_BATCH_TOP=1 exec "$f" "$@" >&6 2>&7 3>&- 4>&- 6>&- 7>&- )',
+    '  echo $?; } 2>&1 ); echo "$said" >&4; }',
     "exec 3>&1",
     'if [ "$err" = "$out" ]; then',
-    '  c=$( { { MGPU_BATCH_TOP=1 "$f" "$@" 3>&- 4>&-; echo $? >&4; } 2>&1 |',
-    '    tee -a "$out" >&3 4>&-; } 4>&1 )',
+    '  c=$( { run "$@" 6>&1 7>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
     "else",
-    '  c=$( { { { MGPU_BATCH_TOP=1 "$f" "$@" 3>&- 4>&- 5>&-; echo $? >&4; } 2>&1 >&5 5>&- |',
-    '    tee -a "$err" >&2 4>&- 5>&-; } 5>&1 | tee -a "$out" >&3 4>&-; } 4>&1 )',
+    '  c=$( { { run "$@" 6>&5 7>&1 5>&- | tee -a "$err" >&2 4>&- 5>&-; } 5>&1 |',
+    '    tee -a "$out" >&3 4>&-; } 4>&1 )',
     "fi",
-    'exit "${c:-1}"',
+    "code=${c##*[!0-9]}",
+    'if [ "$code" != "$c" ] && [ "$code" -gt 128 ] && [ "$code" -lt 193 ]; then',
+    "  ulimit -c 0; kill -$((code - 128)) $$; fi",
+    'exit "${code:-1}"',
 ]
 RUNNER = "\n".join(_LINES)
 

@@ -47,6 +47,7 @@ from mgpu.master.kube.runs import (
     IMAGE_FAILURES,
     NO_ROOM_REASONS,
     PodRun,
+    container_end,
     container_state,
     generation_of,
     waiting_message,
@@ -497,7 +498,7 @@ class PodRuns:
             return
         run.ended = True
         reason = str(details.get("reason") or "")
-        code = int(details["exitCode"]) if details.get("exitCode") is not None else None
+        code = container_end(details)
         first = [run.first_line] if run.first_line is not None else []  # the runner's say
         self.tell(
             run.slot_node,

@@ -232,6 +232,9 @@ def build_pod(launch: Launch, section: KubernetesSection, shape: PodShape) -> di
             "command": command,
             "env": env,
             "resources": _resources(launch, section, shape.gpus),
+            # where `mgpu pod-init` says how the job ended (mgpu.podagent.init)
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File",
             "securityContext": {
                 **(container.get("securityContext") or {}),
                 "runAsUser": shape.uid,

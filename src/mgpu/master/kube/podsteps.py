@@ -6,13 +6,15 @@ slot's) starts `$MGPU_SLURM_BIN/mgpu pod-agent` beside its own command (mgpu.pod
 it dials the master (`$MGPU_MASTER`) with the job's credential and names its Pod
 (`$MGPU_POD_NAME`, the downward API), and runs the job's steps sent to that Pod's node.
 The agent is started in a subshell that exits at once, so it is no child of the job's
-script (a script's bare `wait` does not wait for it); it ends with the container.
+script (a script's bare `wait` does not wait for it); it ends with the container.  The
+job's own command then runs under `mgpu pod-init`, which tells its death by a signal.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mgpu.exits import POD_INIT_MARK
 from mgpu.kubesection import PodSteps
 from mgpu.protocol import Grant, Launch
 
@@ -23,9 +25,11 @@ POD_IP = "MGPU_POD_IP"
 SLURM_BIN = "MGPU_SLURM_BIN"
 WRAPPER = (
     'export PATH="$MGPU_SLURM_BIN:${PATH:-/usr/bin:/bin}"; '
-    '( "$MGPU_SLURM_BIN/mgpu" pod-agent </dev/null >/dev/null 2>&1 & ); exec "$@"'
+    '( "$MGPU_SLURM_BIN/mgpu" pod-agent </dev/null >/dev/null 2>&1 & ); '
+    f'export {POD_INIT_MARK}; exec "$MGPU_SLURM_BIN/mgpu" pod-init -- "$@"'
 )
-"""The Pod's command: the pod agent started aside, then the job's own command."""
+"""The Pod's command: the pod agent started aside, then the job's own command under
+`mgpu pod-init` (mgpu.podagent.init: a death by signal told as such)."""
 
 
 def with_pod_agent(command: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ __all__ = [
     "IMAGE_FAILURES",
     "NO_ROOM_REASONS",
     "PodRun",
+    "container_end",
     "container_state",
     "generation_of",
     "run_of",
@@ -116,6 +117,18 @@ def container_state(pod: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
                 if key in state:
                     return key, dict(state[key] or {})
     return "", {}
+
+
+def container_end(details: Mapping[str, Any]) -> int | None:
+    """A terminated container's exit code, or -N where `mgpu pod-init` says signal N
+    killed the job (its termination message; Kubernetes says 128+N either way)."""
+    code = details.get("exitCode")
+    if code is None:
+        return None
+    told = str(details.get("message") or "").strip()
+    if told.startswith("-") and told[1:].isdigit() and int(code) == 128 + int(told[1:]):
+        return int(told)
+    return int(code)
 
 
 def waiting_message(details: Mapping[str, Any]) -> str:
