@@ -347,3 +347,45 @@ def test_a_follower_gets_the_output_then_the_state_then_the_end(h: Harness) -> N
     assert [line["d"] for line in lines if "d" in line] == ["hi\n"]
     assert lines[-1] == {"end": True, "state": "completed", "exit_code": 0, "reason": None}
     assert len(lines) == 4
+
+
+def test_a_follower_is_pinged_only_while_its_master_holds_the_lease(h: Harness) -> None:
+    """A quiet job's follower gets a ping each tick, so its client knows the master lives;
+    out of its lease (cut off from the database) the master pings no more, so a client of
+    several masters asks the others whether one leads now (mgpu.client.leaderwatch)."""
+    h.agent("n1", gpus=1)
+    job_id = h.start("sleep 100")
+    holds = [True]
+    h.cl.node_admin.holds_lease = lambda: holds[0]
+
+    async def pings(ticks: int) -> int:
+        news = JobNews(h.cl, job_id, tick=0.01)
+        feed = follow(h.cl, job_id, news, ping=b'{"ping":1}\n')
+        got = 0
+        async with asyncio.timeout(30):
+            async for chunk in feed:
+                got += chunk.count(b'"ping"')
+                ticks -= 1
+                if ticks <= 0:
+                    break
+        await feed.aclose()  # type: ignore[attr-defined]
+        return got
+
+    assert asyncio.run(pings(5)) >= 3
+
+    async def quiet() -> bool:
+        holds[0] = False
+        news = JobNews(h.cl, job_id, tick=0.01)
+        feed = follow(h.cl, job_id, news, ping=b'{"ping":1}\n')
+        first = await anext(feed)  # the status line
+        assert b'"status"' in first
+        try:
+            async with asyncio.timeout(0.5):  # 50 ticks without a word
+                await anext(feed)
+        except TimeoutError:
+            return True
+        finally:
+            await feed.aclose()  # type: ignore[attr-defined]
+        return False
+
+    assert asyncio.run(quiet())

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +29,7 @@ from test_sruns import SRUN
 
 from hacluster import HaCluster, leader_standby_and_agents
 from helpers import BIN, kill_group, wait_for
+from mgpu import Client
 
 FAILOVER_S = 30.0
 """What a test allows a standby to lead in (the issue's target is 5 s: bench/failover.py
@@ -307,6 +309,7 @@ def _cut_while_a_job_and_a_step_run(ha: CutCluster, tmp_path: Path, cut: Proxy) 
     try:
         new = ha.leader(timeout=FAILOVER_S + 30, other_than=0)
         assert new == 1
+        _reads_reach_the_new_leader(ha)
         time.sleep(max(0.0, 10.0 - (time.monotonic() - cut_at)))  # the cut lasts ~10 s
     finally:
         cut.open.set()  # healed
@@ -330,3 +333,23 @@ def _cut_while_a_job_and_a_step_run(ha: CutCluster, tmp_path: Path, cut: Proxy) 
     assert _lines(runs) == [long.id]  # the long job ran once
     assert ha.ready(1) and not ha.ready(0), "the old leader leads again"
     assert all(r["master"] == 0 for r in ha.restarts), ha.restarts
+
+
+def _reads_reach_the_new_leader(ha: CutCluster) -> None:
+    """The cut leader still answers from its memory (its nodes gone to the new leader),
+    marked `X-Mgpu-Lease: lapsed`; a client that asks it first is sent to the new leader
+    and sees both nodes online there."""
+    token = ha.client().token
+    request = urllib.request.Request(
+        f"http://{ha.addresses[0]}/api/nodes", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.headers.get("X-Mgpu-Lease") == "lapsed"
+    client = Client(f"http://{ha.addresses[0]},{ha.addresses[1]}", token=token)
+    client._use(("127.0.0.1", int(ha.addresses[0].rpartition(":")[2])))  # asked first
+
+    def both_online() -> bool:
+        return sorted(n["state"] for n in client.nodes()) == ["online", "online"]
+
+    wait_for(both_online, timeout=60, what="both nodes online, as the new leader sees them")
+    assert client.address == ha.addresses[1]

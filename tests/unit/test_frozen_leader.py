@@ -278,3 +278,38 @@ def test_a_lone_master_is_not_watched(stopped: str, taking: str) -> None:
     finally:
         lone.close()
         several.close()
+
+
+class Lapsed(_Master):
+    """A leader out of its lease (cut off from its database alone, or the database
+    paused): it answers from its memory, with `X-Mgpu-Lease: lapsed`."""
+
+    def do_GET(self) -> None:
+        data = json.dumps({"jobs": ["stale"], "nodes": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Mgpu-Lease", "lapsed")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_lapsed_leaders_read_goes_to_the_master_that_leads_now(taking: str) -> None:
+    """Cut off from the database alone, the old leader's memory is stale (its nodes not
+    connected, its output quiet): once another master leads, a read is asked there."""
+    Taking.lead.set()
+    with http_server(Lapsed) as lapsed:
+        client = Client(f"http://{lapsed},{taking}")
+        assert client.address == lapsed
+        assert client.queue() == {"jobs": [], "nodes": []}
+        assert client.address == taking
+
+
+def test_a_lapsed_leaders_read_is_its_answer_while_none_other_leads(taking: str) -> None:
+    """A paused database: no other master leads, the lapsed leader's memory is the best
+    answer there is, and it is had at once."""
+    with http_server(Lapsed) as lapsed:
+        client = Client(f"http://{lapsed},{taking}")
+        assert client.queue() == {"jobs": ["stale"], "nodes": []}
+        assert client.address == lapsed
+    assert Taking.readyz == 1  # asked once, whether it leads

@@ -53,7 +53,10 @@ def test_a_signal_sent_to_it_reaches_the_job_and_the_mark_does_not(tmp_path: Pat
         f"trap 'echo term >> {out}; exit 3' TERM; env > {tmp_path}/env; touch {ready}; "
         "while :; do sleep 0.1; done"
     )
-    code = f"import sys; from mgpu.podagent import init; init.MESSAGE_PATH = {str(tmp_path / 'msg')!r}; sys.exit(init.main(sys.argv[1:]))"
+    code = (
+        "import sys; from mgpu.podagent import init; "
+        f"init.MESSAGE_PATH = {str(tmp_path / 'msg')!r}; sys.exit(init.main(sys.argv[1:]))"
+    )
     env = {**os.environ, "MGPU_POD_INIT": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "sh", "-c", job], env=env, start_new_session=True

@@ -58,6 +58,11 @@ SUBMIT_PATH = "/api/jobs"
 """Where jobs are submitted (each submit carries its own idempotency key)."""
 
 
+LAPSED = "x-mgpu-lease"
+"""A leader whose lease ran out says so on its answers (`lapsed`; mgpu.master.http.standby):
+a client of several masters then asks the others whether one leads now."""
+
+
 class MasterSession:
     """The connection side of `mgpu.Client`: which master leads, and the requests to it."""
 
@@ -108,6 +113,8 @@ class MasterSession:
         """Guards the idle pool; never held while talking to the master."""
         self._tls_lock = _thread.allocate_lock()
         self._idle: list[Connection] = []
+        self._lapsed: tuple[str, int] | None = None
+        """The master whose last answer said its lease ran out (`LAPSED`)."""
 
     @property
     def address(self) -> str:
@@ -134,7 +141,9 @@ class MasterSession:
         when `safe` (a read): a request that makes something may have been done."""
         search: _Search | None = None
         patience: _Patience | None = None
+        moved = len(self.addresses) < 2  # nowhere else to ask
         while True:
+            self._lapsed = None
             try:
                 result = attempt()
             except Standby as e:
@@ -176,6 +185,12 @@ class MasterSession:
                 search = search or _Search(self)
                 search.next(e, shown_address(e.leader) if e.leader else None)
                 continue
+            if safe and self._lapsed == (self.host, self.port) and not moved:
+                moved = True  # once: the answer of a master whose lease ran out
+                other = self.leader_elsewhere((self.host, self.port))
+                if other is not None:  # it is cut off alone: ask the one that leads
+                    self._use(other)
+                    continue
             found_leader(self.addresses, (self.host, self.port))
             return result
 
@@ -361,6 +376,8 @@ class MasterSession:
                 conn.close()
             else:
                 self._checkin(conn)
+            if resp.headers.get(LAPSED) == "lapsed":
+                self._lapsed = (conn.host, conn.port)
             return self._decode(resp.status, raw, resp.headers)
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:

@@ -77,8 +77,8 @@ def print_logs(client: Client, job_id: str, follow: bool, raw: bool = False) -> 
     while True:
         try:
             for rec in client.stream(job_id, follow=follow, since=resume.since(), marks=True):
+                reopens.flowed()  # a master answers (a database paused: its memory's)
                 if "d" in rec:
-                    reopens.flowed()
                     text = resume.take(rec)
                     if text is None:
                         continue

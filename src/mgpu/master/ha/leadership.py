@@ -155,6 +155,12 @@ class Leadership:
             and clock() < self._deadline
         )
 
+    def lapsed(self) -> bool:
+        """This master leads, was not deposed, and its lease ran out by its own clock: its
+        database is away (paused: it is the best answer there is) or it alone is cut off
+        from it (another master may lead by now: mgpu.master.http.standby tells clients)."""
+        return self.leading and self.lost is None and clock() >= self._deadline
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mgpu-lease", daemon=True)
         self._thread.start()

@@ -269,7 +269,11 @@ async def follow_tails(
             if ended:
                 return
             timeout = news.tick if periodic else None
-            if not await _any([*wakes, *changed], timeout) and ping is not None:
+            quiet = not await _any([*wakes, *changed], timeout)
+            # Out of its lease, the master is quiet: a client then asks the other masters
+            # whether one leads now (mgpu.client.leaderwatch); none does while the
+            # database is paused, and the stream goes on here.
+            if quiet and ping is not None and cl.node_admin.holds_lease():
                 yield ping
     finally:
         for tail, reader, wake in zip(tails, readers, wakes, strict=True):

@@ -8,20 +8,27 @@ master, and the leader while it is still opening the cluster, answers every rout
 terminal) is refused at its handshake with the same answer, so the peer sees an HTTP 503
 and tries the leader.  The gate is the outermost middleware: nothing behind it (the token
 check included) runs on a master that has no controller.
+
+A leader whose lease ran out by its own clock (its database does not answer it) still
+answers from its memory, the best answer while the database is paused; but it may be cut
+off alone while another master leads, so its answers say so (`X-Mgpu-Lease: lapsed`): a
+client that knows other masters asks them whether one leads (mgpu.client.session).
 """
 
 from __future__ import annotations
 
 import json
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mgpu.master.ha.leadership import Leadership
 
-__all__ = ["LEADER_HEADER", "OPEN_ON_STANDBY", "StandbyGate", "standby_answer"]
+__all__ = ["LAPSED_HEADER", "LEADER_HEADER", "OPEN_ON_STANDBY", "StandbyGate", "standby_answer"]
 
 OPEN_ON_STANDBY = frozenset({"/healthz", "/readyz", "/metrics", "/api/ca"})
 LEADER_HEADER = "X-Mgpu-Leader"
+LAPSED_HEADER = "X-Mgpu-Lease"
+"""`lapsed` on the answers of a leader whose lease ran out (see the module's text)."""
 
 
 def standby_answer(leadership: Leadership) -> tuple[dict[str, str | None], list[tuple[str, str]]]:
@@ -50,6 +57,8 @@ class StandbyGate:
             or scope["type"] not in ("http", "websocket")
             or scope["path"] in OPEN_ON_STANDBY
         ):
+            if scope["type"] == "http" and self.leadership.lapsed():
+                send = _marked(send)
             await self.app(scope, receive, send)
             return
         body, extra = standby_answer(self.leadership)
@@ -67,3 +76,15 @@ class StandbyGate:
             return
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": data})
+
+
+def _marked(send: Send) -> Send:
+    """`send` with the lapsed lease's header on the answer's start."""
+
+    async def marked(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [*message.get("headers", []), (b"x-mgpu-lease", b"lapsed")]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return marked
