@@ -178,6 +178,15 @@ sys.exit(run_step(sys.argv[1:], StepOptions()))
 """
 
 
+def _srun_env(c: LocalCluster, tmp_path: Path) -> dict[str, str]:
+    """The cluster's environment with the `srun` stand-in (and `mgpu`) first on PATH."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "srun").write_text(SRUN)
+    (shims / "srun").chmod(0o755)
+    return {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+
+
 def test_a_step_output_resumes_from_each_tasks_count(tmp_path: Path) -> None:
     """`srun` inside a job reconnects with how many records of each task it has
     (`/api/sruns/ID/output?since=N,M`): the master sends only those after them."""
@@ -186,12 +195,8 @@ def test_a_step_output_resumes_from_each_tasks_count(tmp_path: Path) -> None:
         c.start_master()
         c.start_agent("node001", gpus=1)
         c.start_agent("node002", gpus=1)
-        shims = tmp_path / "shims"
-        shims.mkdir()
-        (shims / "srun").write_text(SRUN)
-        (shims / "srun").chmod(0o755)
         gate = tmp_path / "gate"
-        env = {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+        env = _srun_env(c, tmp_path)
         script = "#!/bin/sh\nsrun sh -c 'echo a$SLURM_PROCID; echo b$SLURM_PROCID'\n"
         script += f"while [ ! -e {gate} ]; do sleep 0.05; done\n"
         client = c.client()
@@ -283,12 +288,8 @@ def test_srun_goes_on_through_its_only_masters_restart(tmp_path: Path) -> None:
     try:
         c.start_master()
         c.start_agent("node001", gpus=1)
-        shims = tmp_path / "shims"
-        shims.mkdir()
-        (shims / "srun").write_text(SRUN)
-        (shims / "srun").chmod(0o755)
         go = tmp_path / "go"
-        env = {**c.env, "PATH": f"{shims}:{BIN}:{c.env.get('PATH', '')}"}
+        env = _srun_env(c, tmp_path)
         env.pop("MGPU_FAILOVER_WAIT", None)
         script = (
             "#!/bin/sh\n"
