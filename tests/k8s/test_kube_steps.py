@@ -289,6 +289,25 @@ def test_a_script_killed_by_a_signal_reads_as_slurms_0_9(
     assert f"{exits}|FAILED|137:0" in _sacct(master, nobody_token, exits)
 
 
+def test_a_cancels_sigterm_reaches_the_batch_script_through_pod_init(
+    master: LocalCluster, kube: KubeCluster, nobody: Client
+) -> None:
+    """`mgpu cancel`: the kubelet sends SIGTERM to the container's first process, now
+    `mgpu pod-init`, which sends it on to the batch script: its trap runs within the kill
+    grace and its line is in the job's output."""
+    script = (
+        "#!/bin/sh\ntrap 'echo got-TERM; exit 0' TERM\necho ready\nwhile :; do sleep 0.2; done\n"
+    )
+    job_id = nobody.submit_script(script, name="job.sh", gpus=1, env=ENV, slurm=SLURM).id
+    wait_for("the script ready", lambda: "ready" in nobody.logs(job_id), 180)
+    [pod] = job_pods(kube, f"mgpu.io/job={job_id}")
+    assert "pod-init" in " ".join(pod["spec"]["containers"][0]["command"])
+    nobody.cancel(job_id)
+    assert nobody.wait(job_id, timeout=120)["state"] == "cancelled"
+    wait_for("the trap's line", lambda: "got-TERM" in nobody.logs(job_id), 60)
+    assert nobody.logs(job_id).splitlines() == ["ready", "got-TERM"]
+
+
 def test_srun_pty_into_a_running_job_is_a_terminal_in_its_pod(
     master: LocalCluster, kube: KubeCluster, nobody: Client, nobody_token: str
 ) -> None:

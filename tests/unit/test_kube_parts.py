@@ -226,3 +226,21 @@ def test_a_followed_log_resumes_without_loss_or_repeat(drop_after: int) -> None:
     got = asyncio.run(collect())
     assert got == ["zero", "one", "one again", "two", "three", "four"]
     assert len(server.since) == 2 and server.since[1] is not None  # it did reconnect
+
+
+def test_the_kubelets_own_error_in_a_followed_log_is_not_the_jobs() -> None:
+    """A Pod deleted while its log is followed (a cancel): the kubelet ends the stream with
+    its own unstamped sentence in the body, which was shown as the job's last line."""
+    lines = [
+        "2024-05-01T10:00:00.9Z ready",
+        "2024-05-01T10:00:01.1Z got-TERM",
+        'rpc error: code = NotFound desc = an error occurred when try to find container "d2": '
+        "not found",
+    ]
+    server = _ScriptedLogs(lines, drop_after=99)
+    follower = LogFollower(server, "p", "ns", "main", retry_delay=0)  # type: ignore[arg-type]
+
+    async def collect() -> list[str]:
+        return [line.text async for line in follower.lines()]
+
+    assert asyncio.run(collect()) == ["ready", "got-TERM"]

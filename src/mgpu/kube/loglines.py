@@ -3,12 +3,15 @@
 The log is asked for with `timestamps=true`: each line starts with the kubelet's RFC 3339
 timestamp (nanoseconds).  A new connection asks from the last timestamp seen (`sinceTime`
 has whole seconds, so it starts at or before it) and skips what was already given: lines
-older than that timestamp, and as many lines stamped exactly with it as were given."""
+older than that timestamp, and as many lines stamped exactly with it as were given.  A
+line with no timestamp that is the kubelet's own error (`SERVER_SAYS`: the container was
+removed while its log was followed) is not the job's and is dropped."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,6 +20,17 @@ from mgpu.kube.errors import KubeError, KubeNotFound, KubeUnreachable
 
 if TYPE_CHECKING:
     from mgpu.kube.api import KubeApi
+
+
+log = logging.getLogger(__name__)
+
+SERVER_SAYS = (
+    "rpc error: code = ",
+    "unable to retrieve container logs for ",
+    "failed to try resolving symlinks in path ",
+)
+"""How the kubelet's own words begin when it writes them into a log it streams (unstamped,
+in an answer of 200): the container was removed while it was followed (a deleted Pod)."""
 
 
 @dataclass(frozen=True)
@@ -85,8 +99,12 @@ class LogFollower:
                 async for raw in self.client.stream_lines(path, doing, self._params(), None):
                     stamp, _, text = raw.decode(errors="replace").partition(" ")
                     ns = timestamp_ns(stamp)
-                    if ns is None:  # not a stamped line: give it as it is
-                        yield LogLine("", raw.decode(errors="replace"))
+                    if ns is None:  # not a stamped line: give it as it is, unless
+                        text = raw.decode(errors="replace")
+                        if text.startswith(SERVER_SAYS):  # the server's, not the job's
+                            log.debug("pod %s's log: %s", self.name, text)
+                            continue
+                        yield LogLine("", text)
                         continue
                     if ns < self._last_ns:
                         continue
