@@ -21,6 +21,8 @@ HOSTILE = "ok\tcol\n\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2J\x9b31mend\
 
 
 class FakeClient:
+    failover_wait = 30.0  # how long a broken stream is opened again (mgpu.client.reopen)
+
     def show(self, job_id: str) -> dict[str, Any]:
         return {"id": job_id, "allocation": [{"node_id": "n1"}]}
 
