@@ -31,7 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     Address = tuple[str, int]
 
-__all__ = ["MAX_HOPS", "Search", "Transport", "pinned_ca_path"]
+__all__ = ["MAX_HOPS", "PROBE_TIMEOUT", "Search", "Transport", "leads", "pinned_ca_path"]
 
 MAX_HOPS = 4
 """Hints followed in one round at most (two standbys naming each other end there)."""
@@ -187,3 +187,27 @@ class Search:
         start = [self.named] if self.named is not None else []
         order = start + [a for a in self.masters if a not in start]
         return min(order, key=lambda a: a in self.silent)
+
+
+PROBE_TIMEOUT = 1.0
+"""Seconds one master has to answer `/readyz` (a stopped one is not waited for)."""
+
+
+def leads(address: tuple[str, int], context: object | None) -> bool:
+    """Whether the master at `address` answers `/readyz` with 200 (it leads and
+    schedules) within PROBE_TIMEOUT; `context`: TLS, or None for plain HTTP."""
+    from mgpu.wire import Connection
+
+    try:
+        conn = Connection(address[0], address[1], PROBE_TIMEOUT, context)
+    except OSError:
+        return False
+    try:
+        conn.settimeout(PROBE_TIMEOUT)
+        resp = conn.request("GET", "/readyz", None, {})
+        resp.read()
+        return resp.status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()

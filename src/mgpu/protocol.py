@@ -193,6 +193,9 @@ class Hello(BaseModel):
     """The CPUs it may give jobs (None: an agent from before CPUs were scheduled)."""
     mem_mb: int | None = Field(default=None, ge=0, le=1 << 40)
     """Its memory, MiB (MemTotal, or `--fake-mem`); None: not said."""
+    watches_leader: bool = False
+    """It knows several masters and leaves this one as soon as another leads (it asks
+    their `/readyz`): a master out of its lease need not let it go (master/control/nodes)."""
 
     @field_validator("node_id")
     @classmethod

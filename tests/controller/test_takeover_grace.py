@@ -119,3 +119,19 @@ def test_a_master_whose_lease_stays_out_lets_its_agents_go(h: Harness) -> None:
     assert a.link.closed  # let go: its agent looks for the leader
     assert h.job(job).state == JobState.RUNNING  # nothing judged meanwhile
     assert h.cl.nodes["n1"].state == NodeState.ONLINE
+
+
+def test_an_agent_that_watches_for_the_leader_is_kept_out_of_the_lease(h: Harness) -> None:
+    """An agent that knows several masters asks the others whether one leads and leaves by
+    itself (Hello.watches_leader): the master out of its lease keeps it, so through a
+    paused database, when no master leads, its node stays connected; the others go."""
+    a, b = h.agent("n1", gpus=1), h.agent("n2", gpus=1)
+    a.link.watches_leader = True
+    h.settle()
+    h.cl.node_admin.holds_lease = lambda: False
+    h.advance(0.5)
+    h.tick()
+    h.advance(LET_GO_AFTER)
+    h.tick()
+    assert not a.link.closed and b.link.closed
+    assert h.cl.nodes["n1"].connected

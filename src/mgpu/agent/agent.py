@@ -51,6 +51,7 @@ from mgpu.agent.link import (
     open_link,
     said_nothing,
     standby_refusal,
+    watch_leader,
 )
 from mgpu.agent.mps import MpsControl
 from mgpu.agent.options import AgentOptions
@@ -118,6 +119,8 @@ class Agent:
         self._choose_tls()
         self._welcomed = False
         """Whether the session now (or last) was welcomed: the master dialled leads."""
+        self._leads_elsewhere: tuple[str, int] | None = None
+        """Another master that leads now, found while linked to a deposed one."""
         self._ssl_context: Any = None
         """The cluster CA pinned (one CA for every master of the cluster)."""
         self.generations = LeaderGeneration(options.node_dir)
@@ -289,7 +292,10 @@ class Agent:
             if self._welcomed:  # it led: a new round, from it (a blip), then the others
                 self._failing.clear()
                 search, delay = Search(self.masters, self.transport), 0.2
-                if silent:  # frozen: whoever took over is elsewhere; it is dialled last
+                if self._leads_elsewhere is not None:  # deposed: the one that leads now
+                    self._use(self._leads_elsewhere)
+                    self._leads_elsewhere = None
+                elif silent:  # frozen: whoever took over is elsewhere; it is dialled last
                     self._use(search.failed(self.master, silent=True) or self.master)
                 elif self.master not in self.masters:  # a hinted leader: that link only
                     self._use(self.masters[0])
@@ -382,6 +388,7 @@ class Agent:
             node_secret=self.identity.secret,
             containment=self.launcher.containment.method,
             gpu_isolation=self.launcher.isolation.method,
+            watches_leader=len(self.masters) > 1,
         )
         await ws.send(encode(hello))
         reply = parse_master_message(await asyncio.wait_for(ws.recv(), timeout=30))
@@ -426,6 +433,9 @@ class Agent:
         log.info("connected to the master at %s as %s", _shown(self.master), self.node_id)
         sender = asyncio.create_task(self._sender(ws))
         beater = asyncio.create_task(self.heartbeats.beat(self.gpus, self.gpu_source))
+        several = len(self.masters) > 1  # another may lead: it is dialled once it does
+        args = (self.master, self.masters, self.transport, self._ssl_context, ws)
+        watcher = asyncio.create_task(watch_leader(*args)) if several else None
         try:
             async for raw in ws:
                 for msg in handlers.parse_frame(self, raw):
@@ -434,6 +444,10 @@ class Agent:
             sender.cancel()
             beater.cancel()
             self.connected = False
+            if watcher is not None and watcher.done() and not watcher.cancelled():
+                self._leads_elsewhere = watcher.result()
+            elif watcher is not None:
+                watcher.cancel()
 
     def _running_reports(self) -> list[RunningReport]:
         reps = []

@@ -5,12 +5,15 @@ Which master to dial, and whether a hint may be followed, is `mgpu.masters.Searc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
 
 import websockets
 from websockets.asyncio.client import connect
+
+from mgpu.masters import Transport, leads
 
 MULTI_OPEN_TIMEOUT = 3.0
 """Seconds for one master of several to answer the handshake (a stopped one accepts the
@@ -104,3 +107,30 @@ def ip_towards(host: str) -> str:
             ip = "127.0.0.1"
         _ip_cache[host] = ip
     return ip
+
+
+WATCH_EVERY = 2.0
+"""Seconds between two askings of the other masters, with several, whether one leads now."""
+
+
+async def watch_leader(
+    here: tuple[str, int],
+    masters: list[tuple[str, int]],
+    transport: Transport,
+    context: Any,
+    ws: Any,
+) -> tuple[str, int]:
+    """With several masters, while linked to `here`: ask the others' `/readyz` every
+    WATCH_EVERY seconds; once one leads (`here` was deposed: cut off from the database, or
+    stopped and found out), close the link `ws` and say which.  A master out of its lease
+    keeps such an agent (it lets others go): through a paused database, when none leads,
+    the agent stays, and its node is shown connected."""
+    while True:
+        await asyncio.sleep(WATCH_EVERY)
+        for address in masters:
+            if address == here or (transport.tls(address) and context is None):
+                continue
+            tls = context if transport.tls(address) else None
+            if await asyncio.to_thread(leads, address, tls):
+                await ws.close()
+                return address

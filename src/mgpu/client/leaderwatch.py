@@ -26,8 +26,6 @@ STREAM_QUIET = 6.0
 ASK_EVERY = 3.0
 """Seconds between two askings while the wait goes on (no other master leads yet: the
 standby takes over once the leader's lease has run out, some 3 s)."""
-PROBE_TIMEOUT = 1.0
-"""Seconds one master has to answer `/readyz` (a stopped one is not waited for)."""
 
 
 class NewLeader(TimeoutError):
@@ -62,23 +60,3 @@ class LeaderWatch:
         if leader is not None:
             raise NewLeader(leader, waited)
         return ASK_EVERY
-
-
-def leads(address: Address, context: object | None) -> bool:
-    """Whether the master at `address` answers `/readyz` with 200 (it leads and
-    schedules) within PROBE_TIMEOUT; `context`: TLS, or None for plain HTTP."""
-    from mgpu.wire import Connection
-
-    try:
-        conn = Connection(address[0], address[1], PROBE_TIMEOUT, context)
-    except OSError:
-        return False
-    try:
-        conn.settimeout(PROBE_TIMEOUT)
-        resp = conn.request("GET", "/readyz", None, {})
-        resp.read()
-        return resp.status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()

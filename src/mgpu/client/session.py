@@ -38,10 +38,10 @@ from mgpu.client.leader import (
     resolve_addresses,
     shown_address,
 )
-from mgpu.client.leaderwatch import LeaderWatch, NewLeader, leads
+from mgpu.client.leaderwatch import LeaderWatch, NewLeader
 from mgpu.errors import MgpuError
 from mgpu.idempotent import keyed
-from mgpu.masters import Search, Transport
+from mgpu.masters import Search, Transport, leads
 from mgpu.wire import Connection
 
 TYPE_CHECKING = False

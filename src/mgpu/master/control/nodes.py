@@ -13,7 +13,10 @@ its agents, so their silence is its own doing; when it holds the lease again the
 get the takeover grace anew to find it.  Once out for LET_GO_AFTER it also lets the agents
 still linked to it go (their links closed), to say hello to whichever master leads: a
 standby that took over hears nothing from an agent that stays with the old leader, and
-would lose its node after the timeout and run its jobs a second time.
+would lose its node after the timeout and run its jobs a second time.  An agent that
+watches for the leader itself (it asks the other masters, `Hello.watches_leader`) is
+kept: it leaves once another master leads, and stays, shown connected, through a paused
+database, when none does.
 """
 
 from __future__ import annotations
@@ -80,7 +83,9 @@ class NodeAdmin:
         gone = 0
         for node in self.state.nodes.values():
             link = node.link
-            if link is not None and not link.closed and link.let_go():
+            if link is None or link.closed or getattr(link, "watches_leader", False):
+                continue  # it goes by itself once another master leads: a paused
+            if link.let_go():  # database keeps it here, shown connected
                 gone += 1
         if gone:
             log.warning("the lease is still not held: %d agent(s) let go to find the leader", gone)

@@ -162,6 +162,9 @@ class AgentLink:
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
 
+    watches_leader = False
+    """Its agent leaves a master out of its lease once another leads (Hello.watches_leader)."""
+
     def let_go(self) -> bool:
         """This master does not lead now (master/ha): the link is closed, nothing more goes
         out, and the agent says hello again, to whichever master leads.  True: closed."""
