@@ -194,3 +194,31 @@ def test_a_job_past_its_memory_is_killed_whole_and_its_neighbour_finishes(
     assert any("cgroup.procs" in line for line in refused), lines
     if runlimits.CPUSET in limits.where:
         assert any("cpuset.cpus" in line for line in refused), lines
+
+
+def test_a_v1_cpuset_taken_away_is_made_again_with_its_cpus() -> None:
+    """The agent's v1 cpuset directory removed while it runs (it is empty between runs: an
+    rmdir of it succeeds): the next run's directory is made again under it, and a new v1
+    cpuset has no CPUs, so a grant of a CPU fell back to a quota of one (the job saw every
+    CPU).  It is given its parent's CPUs again, and the run its own CPU."""
+    key = f"test-cpuset-{os.getpid()}"
+    containment = cgroups.choose(key)
+    limits = runlimits.choose(key, containment)
+    where = limits.where.get(runlimits.CPUSET)
+    mine = sorted(runlimits.cpu_list(Path("/proc/self/status").read_text().split(
+        "Cpus_allowed_list:")[1].split()[0]))  # fmt: skip
+    if where is None or where.version != 1 or len(mine) < 2:
+        pytest.skip("needs a v1 cpuset hierarchy and two CPUs")
+    made = None
+    try:
+        assert cgroups.release(where.base)  # taken away
+        made = runlimits.apply(limits, "cpus", 1, [mine[1]], None, None)
+        [path] = [p for p in made.join if p.startswith(where.base + "/")]
+        assert Path(path, "cpuset.cpus").read_text().strip() == str(mine[1])
+        assert not any(p.startswith("/sys/fs/cgroup/cpu/") for p in made.join)  # no quota
+    finally:
+        for path in made.join if made is not None else []:
+            cgroups.release(path)
+        for base in {w.base for w in limits.where.values()} | {containment.base}:
+            if base is not None:
+                cgroups.release(base)

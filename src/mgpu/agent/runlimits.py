@@ -297,7 +297,11 @@ def _apply_cpus(
 ) -> None:
     path = _run_dir(limits, CPUSET, job_id, epoch, run, made)
     if path is not None:
-        here = cpu_list(_read(os.path.dirname(path), _effective(limits.where[CPUSET])))
+        where = limits.where[CPUSET]
+        if where.version == 1:  # made again if it was taken away since (a new v1 cpuset has
+            for above in (os.path.dirname(where.base), where.base):  # no CPUs: the quota,
+                _inherit_cpuset(above)  # where its job was granted CPUs it could have had)
+        here = cpu_list(_read(os.path.dirname(path), _effective(where)))
         if set(cpus) <= here and cpus:
             if limits.where[CPUSET].version == 1:
                 cgroups.write(path, "cpuset.mems", _read(os.path.dirname(path), "cpuset.mems"))
