@@ -300,7 +300,8 @@ def _apply_cpus(
         where = limits.where[CPUSET]
         if where.version == 1:  # made again if it was taken away since (a new v1 cpuset has
             for above in (os.path.dirname(where.base), where.base):  # no CPUs: the quota,
-                _inherit_cpuset(above)  # where its job was granted CPUs it could have had)
+                with contextlib.suppress(OSError):  # where its job was granted CPUs it
+                    _inherit_cpuset(above)  # could have had); best done, checked below
         here = cpu_list(_read(os.path.dirname(path), _effective(where)))
         if set(cpus) <= here and cpus:
             if limits.where[CPUSET].version == 1:
