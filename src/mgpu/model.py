@@ -381,6 +381,9 @@ class Job:
     max_retries: int = 5
     preemptible: bool = False
     dependency: list[tuple[str, str]] = field(default_factory=list)
+    waited_on_dependency: bool | None = None
+    """It waited in the queue for a dependency not yet met (sacct's Reason once it left the
+    queue, Slurm's `state_reason_prev`; None: a record from before this was kept)."""
     array_job_id: str | None = None
     array_task_id: int | None = None
     array_max_running: int | None = None
@@ -591,6 +594,7 @@ class Job:
             "max_retries": self.max_retries,
             "preemptible": self.preemptible,
             "dependency": [f"{k}:{j}" for k, j in self.dependency],
+            "waited_on_dependency": self.waited_on_dependency,
             "array_job_id": self.array_job_id,
             "array_task_id": self.array_task_id,
             "cwd": self.cwd,

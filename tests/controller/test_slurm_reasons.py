@@ -80,3 +80,28 @@ def test_a_begin_already_past_runs_at_once(h: Harness) -> None:
     now_job = h.submit(gpus=1, begin=h.clock.now - 5)
     h.tick()
     assert [launch.job_id for launch in a.launches()] == [now_job]
+
+
+def test_sacct_says_dependency_only_for_a_job_that_waited_on_one(h: Harness) -> None:
+    """Slurm's sacct Reason after a job left the queue is the reason it last waited for: a
+    job held on its dependency says `Dependency`; one whose dependency was already met
+    when it was submitted never waited on it and says `None` (mgpu said `Dependency` for
+    any job with a dependency)."""
+    from mgpu.slurm import sacct
+
+    a = h.agent("n1", gpus=2)
+    first = h.start("true", gpus=1, agent=a)
+    waited = h.submit(gpus=1, dependency=f"afterok:{first}")
+    h.tick()
+    assert h.job(waited).reason_code is WaitCode.DEPENDENCY
+    a.started(first)
+    a.exited(first, 0)
+    h.settle()
+    met = h.submit(gpus=1, dependency=f"afterok:{first}")  # its target already completed
+    h.tick()
+    reasons = {j: sacct._reason(h.job(j).to_public()) for j in (waited, met)}
+    assert h.job(waited).state is not JobState.QUEUED and h.job(met).state is not JobState.QUEUED
+    assert reasons == {waited: "Dependency", met: "None"}
+    stored = h.job(waited).to_public()
+    del stored["waited_on_dependency"]  # a record from before the flag: as before
+    assert sacct._reason(stored) == "Dependency"

@@ -114,10 +114,14 @@ def _time_limit(job: dict[str, Any]) -> str:
 def _reason(job: dict[str, Any]) -> str:
     """A waiting job's reason; a job's that has left the queue is Slurm's
     `state_reason_prev`: for one that waited on a dependency (met, or never met), the
-    Dependency it waited on; else None."""
+    Dependency it waited on; else None (a dependency already met at submit: never waited
+    on).  A record from before `waited_on_dependency` was kept: any dependency."""
     if job.get("state") == "queued":
         return states.reason(job)
-    return "Dependency" if states.never_met(job) or job.get("dependency") else "None"
+    waited = job.get("waited_on_dependency")
+    if waited is None:
+        waited = bool(job.get("dependency"))
+    return "Dependency" if states.never_met(job) or waited else "None"
 
 
 def _state(job: dict[str, Any]) -> str:

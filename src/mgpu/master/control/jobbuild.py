@@ -153,6 +153,7 @@ def build_template(
         max_retries=defaults.max_retries if spec.retries is None else spec.retries,
         preemptible=spec.preemptible,
         dependency=[(d.kind, d.job_id) for d in spec.dependency],
+        waited_on_dependency=False,
         cwd=spec.cwd,
         env=env,
         interactive=spec.interactive,

@@ -57,7 +57,7 @@ from mgpu.master.state.snapshot import (
     job_request,
     scheduler_config,
 )
-from mgpu.model import DesiredState, EndReason, Job, JobState
+from mgpu.model import DesiredState, EndReason, Job, JobState, WaitCode
 from mgpu.scheduler import (
     ARRAY_LIMIT,
     DependencyTarget,
@@ -509,6 +509,9 @@ class SchedulingLoop:
             if job is not None:
                 # advisory and changing: in memory, not written each pass
                 job.reason, job.reason_code = why, code_of(why)
+                if job.reason_code == WaitCode.DEPENDENCY and not job.waited_on_dependency:
+                    job.waited_on_dependency = True  # once: sacct's Reason after it ran
+                    self.life.uow.persist(job)
                 if plan.now < job.not_before < next_backoff:
                     next_backoff = job.not_before
                 self._note_dependents(job_id)
