@@ -87,3 +87,31 @@ def test_a_jobs_steps_are_forgotten_with_it(h: Harness) -> None:
     assert h.store.live_steps() == []
     h.crash()
     assert h.cl.steps.by_id == {}
+
+
+def test_a_job_that_never_had_a_step_asks_no_step_rows_gone(h: Harness) -> None:
+    """A job's end deletes its live steps' rows only if it had steps: most jobs never have
+    one, and the delete was a statement per job (a round of a PostgreSQL transaction)."""
+    asked: list[list[str]] = []
+    save = h.store.save_jobs_later
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.append(list(kwargs.get("gone_steps") or ()))  # type: ignore[call-overload]
+        return save(*args, **kwargs)  # type: ignore[arg-type]
+
+    h.store.save_jobs_later = spy  # type: ignore[method-assign]
+    n1 = h.agent("n1")
+    plain = h.submit("true", gpus=1)
+    h.tick()
+    n1.started(plain)
+    n1.exited(plain, 0)
+    h.settle()
+    assert h.job(plain).state == JobState.COMPLETED
+    assert not any(asked), asked
+    stepped, n1b, _ = _batch(h)
+    h.cl.allocations.sruns.start(stepped, SrunRequest(argv=["train"], env={}))
+    h.settle()
+    h.cl.cancel(h.job(stepped))
+    n1b.exited(stepped, 143)
+    h.settle()
+    assert [stepped] in asked

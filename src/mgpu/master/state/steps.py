@@ -245,8 +245,9 @@ class Steps:
                 live.append(step)
                 self.end(step, None, "the job ended")
             del self.by_id[step.id]
-        self._counter.pop(job_id, None)
-        self._slurm_counter.pop(job_id, None)
-        for told in self.on_forget:
-            told(job_id)
+        had_steps = self._counter.pop(job_id, None) is not None
+        had_steps |= self._slurm_counter.pop(job_id, None) is not None
+        if had_steps:  # most jobs never had one: nothing of theirs to forget in the store
+            for told in self.on_forget:
+                told(job_id)
         return live
