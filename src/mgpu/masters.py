@@ -211,3 +211,18 @@ def leads(address: tuple[str, int], context: object | None) -> bool:
         return False
     finally:
         conn.close()
+
+
+def leader_elsewhere(
+    masters: list[Address], here: Address, transport: Transport, context: object | None
+) -> Address | None:
+    """The master of `masters` other than `here` that leads now (`leads`), if any.  A TLS
+    one is asked only once the cluster's CA is pinned (`context`): before that, nothing
+    of it could be believed."""
+    for address in masters:
+        tls = transport.tls(address)
+        if address == here or (tls and context is None):
+            continue
+        if leads(address, context if tls else None):
+            return address
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import connect
 
-from mgpu.masters import Transport, leads
+from mgpu.masters import Transport, leader_elsewhere
 
 MULTI_OPEN_TIMEOUT = 3.0
 """Seconds for one master of several to answer the handshake (a stopped one accepts the
@@ -127,10 +127,7 @@ async def watch_leader(
     the agent stays, and its node is shown connected."""
     while True:
         await asyncio.sleep(WATCH_EVERY)
-        for address in masters:
-            if address == here or (transport.tls(address) and context is None):
-                continue
-            tls = context if transport.tls(address) else None
-            if await asyncio.to_thread(leads, address, tls):
-                await ws.close()
-                return address
+        leader = await asyncio.to_thread(leader_elsewhere, masters, here, transport, context)
+        if leader is not None:
+            await ws.close()
+            return leader
