@@ -313,3 +313,40 @@ def test_a_lapsed_leaders_read_is_its_answer_while_none_other_leads(taking: str)
         assert client.queue() == {"jobs": ["stale"], "nodes": []}
         assert client.address == lapsed
     assert Taking.readyz == 1  # asked once, whether it leads
+
+
+class LapsedStream(_Master):
+    """A leader out of its lease that still has job 7 running in its memory: its stream
+    says `lapsed`, sends a stale record and stays open."""
+
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.path.partition("?")[0] == "/api/jobs/7":
+            self._answer(200, {"id": "7", "state": "running", "allocation": []})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Mgpu-Lease", "lapsed")
+        self.end_headers()
+        _chunk(self, {"s": "o", "d": "stale\n", "n": "n1"})
+        self.release.wait(20)
+        self.close_connection = True
+
+
+def test_logs_follow_opened_on_a_lapsed_leader_follows_the_one_that_leads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The stream a master out of its lease opens is closed unread once another master
+    leads, and followed there from the start."""
+    NewLeader.asked = []
+    LapsedStream.release.clear()
+    try:
+        with http_server(LapsedStream) as lapsed, http_server(NewLeader) as new:
+            client = Client(f"http://{lapsed},{new}")
+            assert print_logs(client, "7", follow=True) == 0
+    finally:
+        LapsedStream.release.set()
+    assert capsys.readouterr().out == "".join(f"line {i}\n" for i in range(6))
+    assert [q.partition("&since=")[2].split("&")[0] for q in NewLeader.asked] == ["0"]

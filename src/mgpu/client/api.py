@@ -18,11 +18,11 @@ from mgpu.client.errors import LostConnection as LostConnection
 from mgpu.client.errors import NoAnswer as NoAnswer
 from mgpu.client.errors import RequestError as RequestError
 from mgpu.client.errors import Standby as Standby
-from mgpu.client.leader import FOLLOW_SILENCE, shown_address
+from mgpu.client.leader import FOLLOW_SILENCE
 from mgpu.client.leader import resolve_address as resolve_address
 from mgpu.client.leader import resolve_addresses as resolve_addresses
 from mgpu.client.leaderwatch import STREAM_QUIET, LeaderWatch
-from mgpu.client.session import LAPSED, SUBMIT_PATH, MasterSession
+from mgpu.client.session import SUBMIT_PATH, MasterSession
 from mgpu.client.submitenv import portable_environment as _portable_environment
 from mgpu.client.submitenv import shown_names as _names
 from mgpu.client.submitenv import submit_dir as _submit_dir
@@ -387,7 +387,10 @@ class Client(MasterSession):
         midway raises LostConnection (a ConnectError): the caller asks again with what it
         has (`since`); a record is only ever given whole."""
         conn, resp = self._through_leader(
-            lambda: self._open_stream(path, read_timeout), True, "GET"
+            lambda: self._open_stream(path, read_timeout),
+            True,
+            "GET",
+            drop=lambda opened: opened[0].close(),
         )
         if conn.watch is not None:  # several masters: a quiet stream is one that pings
             conn.watch = LeaderWatch((conn.host, conn.port), self.leader_elsewhere, STREAM_QUIET)
@@ -412,11 +415,7 @@ class Client(MasterSession):
             resp = conn.request("GET", path, None, self._headers())
             if resp.status >= 400:
                 self._decode(resp.status, resp.read(), resp.headers)
-            if resp.headers.get(LAPSED) == "lapsed" and len(self.addresses) > 1:
-                other = self.leader_elsewhere((conn.host, conn.port))
-                if other is not None:  # it is cut off alone: follow the one that leads
-                    conn.close()
-                    raise Standby(f"{self.address} is out of its lease", shown_address(other))
+            self._note_lapse(conn, resp.headers)  # cut off alone: follow the one that leads
             conn.settimeout(read_timeout)
         except OSError as e:
             conn.close()

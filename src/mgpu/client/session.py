@@ -41,7 +41,7 @@ from mgpu.client.leader import (
 from mgpu.client.leaderwatch import LeaderWatch, NewLeader
 from mgpu.errors import MgpuError
 from mgpu.idempotent import keyed
-from mgpu.masters import Search, Transport, leads
+from mgpu.masters import Search, Transport, leader_elsewhere
 from mgpu.wire import Connection
 
 TYPE_CHECKING = False
@@ -135,10 +135,18 @@ class MasterSession:
         self._choose_tls()
         self.close()
 
-    def _through_leader(self, attempt: Callable[[], _T], safe: bool, what: str) -> _T:
+    def _through_leader(
+        self,
+        attempt: Callable[[], _T],
+        safe: bool,
+        what: str,
+        drop: Callable[[_T], None] | None = None,
+    ) -> _T:
         """`attempt()` on the leader: on a master that cannot be reached, or a standby, the
         next one (or the one the standby names) until one leads.  After a lost answer only
-        when `safe` (a read): a request that makes something may have been done."""
+        when `safe` (a read): a request that makes something may have been done.  A read
+        answered by a master out of its lease (`lapsed`) is asked once of the one that
+        leads, if another does; `drop(result)` lets go of the answer left (a stream)."""
         search: _Search | None = None
         patience: _Patience | None = None
         moved = len(self.addresses) < 2  # nowhere else to ask
@@ -189,6 +197,8 @@ class MasterSession:
                 moved = True  # once: the answer of a master whose lease ran out
                 other = self.leader_elsewhere((self.host, self.port))
                 if other is not None:  # it is cut off alone: ask the one that leads
+                    if drop is not None:
+                        drop(result)
                     self._use(other)
                     continue
             found_leader(self.addresses, (self.host, self.port))
@@ -239,18 +249,9 @@ class MasterSession:
         return conn
 
     def leader_elsewhere(self, here: tuple[str, int]) -> tuple[str, int] | None:
-        """The listed master other than `here` that leads now (its `/readyz`), if any."""
-        for address in self.addresses:
-            if address == here:
-                continue
-            context = None
-            if self.transport.tls(address):
-                context = self._ssl_context  # the cluster's CA, once one master showed it
-                if context is None:
-                    continue
-            if leads(address, context):
-                return address
-        return None
+        """The listed master other than `here` that leads now (its `/readyz`), if any (a
+        TLS one once the cluster's CA is pinned: once one master showed it)."""
+        return leader_elsewhere(self.addresses, here, self.transport, self._ssl_context)
 
     def _tls_failed(self, e: Exception) -> MgpuError:
         # A ConnectError: the search goes on to the other masters (one may be an impostor).
@@ -376,9 +377,14 @@ class MasterSession:
                 conn.close()
             else:
                 self._checkin(conn)
-            if resp.headers.get(LAPSED) == "lapsed":
-                self._lapsed = (conn.host, conn.port)
+            self._note_lapse(conn, resp.headers)
             return self._decode(resp.status, raw, resp.headers)
+
+    def _note_lapse(self, conn: Connection, headers: Any) -> None:
+        """Remember a master whose answer says its lease ran out (`_through_leader` then
+        asks the one that leads instead, if another does)."""
+        if headers.get(LAPSED) == "lapsed":
+            self._lapsed = (conn.host, conn.port)
 
     def _broken(self, e: OSError, timed_out: str) -> MgpuError:
         """One sentence for a connection that failed mid-request."""
