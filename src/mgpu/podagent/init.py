@@ -75,18 +75,10 @@ def top(child: int, root: str = "/proc") -> int:
     mgpu.master.kube.podoutput: the runner and its copies of the output go on to its
     end), else the child: what the kubelet's signal reached before there was pod-init."""
     procs = {p.pid: p for p in jobsignal.read_procs(root)}
-
-    def under_child(pid: int) -> bool:
-        seen = 0
-        while pid in procs and seen < len(procs):
-            if procs[pid].ppid == child:
-                return True
-            pid, seen = procs[pid].ppid, seen + 1
-        return False
-
     for p in sorted(procs.values(), key=lambda p: p.pid):
         parent = procs.get(p.ppid)
-        if p.marked and not (parent is not None and parent.marked) and under_child(p.pid):
+        top_marked = p.marked and not (parent is not None and parent.marked)
+        if top_marked and child in jobsignal.ancestors(p.pid, procs):
             return p.pid
     return child
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from mgpu.exits import POD_INIT_MARK
 
-__all__ = ["BATCH_MARK", "Proc", "read_procs", "send", "targets"]
+__all__ = ["BATCH_MARK", "Proc", "ancestors", "read_procs", "send", "targets"]
 
 BATCH_MARK = "MGPU_BATCH_TOP=1"
 """In the environment of the batch script the -o/-e runner starts (and its children)."""
@@ -61,12 +62,18 @@ def targets(procs: list[Proc], me: int, steps: set[int], top_only: bool) -> list
     by_pid = {p.pid: p for p in job}
 
     def depth(p: Proc) -> int:
-        seen = 0
-        while p.ppid in by_pid and seen < len(by_pid):
-            p, seen = by_pid[p.ppid], seen + 1
-        return seen
+        return sum(1 for _ in ancestors(p.pid, by_pid))
 
     return [p.pid for p in sorted(job, key=lambda p: (depth(p), p.pid))]
+
+
+def ancestors(pid: int, procs: Mapping[int, Proc]) -> Iterator[int]:
+    """The parent of `pid`, its parent, and so on while `procs` holds them: a bounded walk
+    (processes read one by one may make a loop as pids are reused)."""
+    seen = 0
+    while pid in procs and procs[pid].ppid in procs and seen < len(procs):
+        pid, seen = procs[pid].ppid, seen + 1
+        yield pid
 
 
 def read_procs(root: str = "/proc") -> list[Proc]:
