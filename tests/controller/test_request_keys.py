@@ -75,3 +75,47 @@ def test_a_cancel_sent_again_with_its_key_gets_the_first_answer(tmp_path: Path) 
         return await _post(app, f"/api/jobs/{job_id}/cancel", token, KEY)
 
     assert _run(tmp_path, again) == once
+
+
+def test_a_master_killed_once_the_cancel_is_written_has_its_answer_too(tmp_path: Path) -> None:
+    """The answer is stored in the transaction that writes the cancel (state/keyhold.py):
+    a master that dies right after that write (here: every write after it is lost) left
+    the answer with it, and the cancel sent again to the next master gets it, not "already
+    ended".  Written apart, the answer was lost with the master."""
+
+    async def first(app: Any, token: str) -> tuple[str, Any]:
+        status, made = await asgi_call(
+            app,
+            http_scope(
+                "/api/jobs",
+                "POST",
+                {"content-type": "application/json", "authorization": f"Bearer {token}"},
+            ),
+            b'{"command": "true", "gpus": 0, "hold": true}',
+        )
+        assert status == 201, made
+        job_id = made["job_id"]
+        store = app.state.cluster.store
+        write = store._write_rows
+        dead: list[bool] = []
+
+        def dies_after_the_cancel(parts: Any) -> None:
+            if dead:
+                return  # the master is gone: nothing more reaches the database
+            write(parts)
+            if any(f"'{job_id}'" in str(rows) and "cancelled" in str(rows) for _, rows in parts):
+                dead.append(True)
+
+        store._write_rows = dies_after_the_cancel
+        answer = await _post(app, f"/api/jobs/{job_id}/cancel", token, KEY)
+        assert dead, "the cancel was not written"
+        return job_id, answer
+
+    job_id, answer = _run(tmp_path, first)
+    once = (200, {"cancelled": [job_id], "already_ended": []})
+    assert answer == once
+
+    async def again(app: Any, token: str) -> Any:  # the master that takes over
+        return await _post(app, f"/api/jobs/{job_id}/cancel", token, KEY)
+
+    assert _run(tmp_path, again) == once

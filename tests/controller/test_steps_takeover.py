@@ -6,12 +6,20 @@ srun client is told; and a job's steps are forgotten with it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
 from harness import FakeAgent, Harness
 
 from mgpu.master.control.allocations import StepRequest
+from mgpu.master.control.jobctl import Actor
+from mgpu.master.control.requestkeys import Answer, RequestKeys
 from mgpu.master.control.srun import SrunRequest
 from mgpu.model import JobState
 from mgpu.protocol import RunningReport
+
+KEY = "0123456789abcdef0123456789abcdef"
 
 
 def _batch(h: Harness) -> tuple[str, FakeAgent, FakeAgent]:
@@ -115,3 +123,35 @@ def test_a_job_that_never_had_a_step_asks_no_step_rows_gone(h: Harness) -> None:
     n1b.exited(stepped, 143)
     h.settle()
     assert [stepped] in asked
+
+
+def test_a_keyed_steps_start_and_its_answer_are_one_write(h: Harness) -> None:
+    """A step started with an Idempotency-Key (srun after a lost answer sends it again) is
+    written with its answer, in one transaction: a master killed between two writes would
+    have left the step without the answer, and the start sent again made a second step."""
+    job_id, _, _ = _batch(h)
+    h.settle()
+    writes: list[str] = []
+    write = h.store._write_rows  # type: ignore[attr-defined]
+
+    def recorded(parts: Any) -> None:
+        writes.append(str(parts))
+        write(parts)
+
+    h.store._write_rows = recorded  # type: ignore[attr-defined]
+    keys = RequestKeys(h.store, h.cl.uow)
+
+    async def start() -> Answer:
+        request = SrunRequest(argv=["train"], env={})
+        group, _ = h.cl.start_srun(job_id, request, Actor("root", admin=True))
+        return Answer(201, "application/json", json.dumps({"step_id": group.id}).encode())
+
+    made = asyncio.run(keys.once("root", KEY, "POST srun", start))
+    step_id = json.loads(made.body)["step_id"]
+    with_step = [w for w in writes if "live_steps" in w and step_id in w]
+    assert with_step, writes
+    assert "request_keys" in with_step[0] and KEY in with_step[0]
+    again = asyncio.run(keys.once("root", KEY, "POST srun", start))  # sent again
+    assert again == made
+    assert [r for r in h.store.live_steps() if r[0].startswith(step_id)]
+    assert len(h.cl.steps.groups) == 1

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mgpu.idempotent import keyed
 from mgpu.master.control.requestkeys import Answer, RequestKeys
 from mgpu.master.control.submit import SubmitError
+from mgpu.master.store.fence import Fenced
 
 __all__ = ["RequestKeyGate"]
 
@@ -32,7 +33,7 @@ class RequestKeyGate:
         if cluster is None:
             return None
         if self._keys is None or self._keys.store is not cluster.store:
-            self._keys = RequestKeys(cluster.store)  # a new term's store: its own keys
+            self._keys = RequestKeys(cluster.store, cluster.uow)  # a new term's: its own
         return self._keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,6 +52,12 @@ class RequestKeyGate:
             answer = await keys.once(ident.user, key, asked, lambda: self._answer(scope, body))
         except SubmitError as e:
             answer = Answer(400, "application/json", json.dumps({"detail": str(e)}).encode())
+        except Fenced as e:  # writing the answer found another master leading
+            leadership = getattr(scope["app"].state, "leadership", None)
+            if leadership is not None:
+                leadership.deposed(str(e))  # as the app's own handler of it does
+            said = {"detail": str(e), "role": "standby", "leader": None}
+            answer = Answer(503, "application/json", json.dumps(said).encode())
         await _send(send, answer)
 
     async def _answer(self, scope: Scope, body: bytes) -> Answer:

@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mgpu.master.runtime.clock import Timers
+from mgpu.master.state.keyhold import HELD, Event, KeyHold
 from mgpu.master.state.registry import AgentLink, Unsendable
 from mgpu.master.store.base import Store, StoreUnavailable
 from mgpu.master.store.steps import StepRow
@@ -50,8 +51,6 @@ log = logging.getLogger("mgpu.master")
 
 __all__ = ["RETRY_S", "UnitOfWork"]
 
-Event = tuple[str, str | None, str | None, str]
-"""An audit event written with the jobs: (kind, actor, address, target)."""
 
 RETRY_S = 1.0
 """Seconds before a batch the database refused is written again."""
@@ -79,6 +78,8 @@ class Batch:
     """Running jobs' steps: their job, and their record as it is when the batch is written."""
     gone: list[str] = field(default_factory=list)
     """Jobs whose steps are forgotten (they ended)."""
+    answers: list[tuple[str, str, str]] = field(default_factory=list)
+    """Keyed requests' answers: (user, key, answer) (state/keyhold.py)."""
     handed: bool = field(default=False)
     """Given to the store (it waited for the ended jobs' output before)."""
     done: bool = field(default=False)
@@ -94,6 +95,7 @@ class UnitOfWork:
         self._live: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {}
         """Steps changed this turn: their job, and their record as it will be at the flush."""
         self._steps_gone: list[str] = []
+        self._answers: list[tuple[str, str, str]] = []
         self._outbox: list[tuple[AgentLink, BaseModel]] = []
         self._usage_dirty = False
         self._flush_armed = False
@@ -171,7 +173,14 @@ class UnitOfWork:
         """Write every changed job in one transaction (with `event` for the audit log, if
         given), then send what waited on it.  Without `event` or `wait`, while a batch is
         being written, the changes wait for it (they go in the next one); with either,
-        this one is written after it and waited for."""
+        this one is written after it and waited for.  A user's change (`event`) made while
+        a keyed request is answered is held for its answer (state/keyhold.py)."""
+        hold = HELD.get()
+        if event is not None and hold is not None and hold.open:
+            earlier, hold.change = hold.change, (event, detail)
+            if earlier is None:
+                return  # written with the answer (flush_answer)
+            event, detail = earlier  # a second change: the first is written now
         self._flush_armed = False
         wait = wait or event is not None
         if not wait and self._writing:
@@ -179,9 +188,11 @@ class UnitOfWork:
         batch = Batch(
             self._dirty, self._steps, self._outbox, self._usage_dirty, self._live, self._steps_gone
         )
+        batch.answers = self._answers
         self._dirty, self._steps, self._outbox, self._usage_dirty = {}, [], [], False
-        self._live, self._steps_gone = {}, []
-        if not (batch.jobs or batch.steps or batch.live or batch.gone or batch.usage or event):
+        self._live, self._steps_gone, self._answers = {}, [], []
+        written = batch.jobs or batch.steps or batch.live or batch.gone or batch.answers
+        if not (written or batch.usage or event):
             if self._writing:  # messages only: after the writes before them
                 self._writing[-1].outbox += batch.outbox
             else:
@@ -217,6 +228,7 @@ class UnitOfWork:
                 ended_steps=batch.steps,
                 live_steps=live,
                 gone_steps=batch.gone,
+                answers=batch.answers,
             )
         except StoreUnavailable as e:  # refused before it was given (the queue is full)
             self._written(batch, e)
@@ -258,13 +270,14 @@ class UnitOfWork:
             self._steps = batch.steps + self._steps
             self._live = {**batch.live, **self._live}  # a newer record wins
             self._steps_gone = batch.gone + self._steps_gone
+            self._answers = batch.answers + self._answers
             self._outbox = batch.outbox + self._outbox
             self._usage_dirty |= batch.usage
             self._retry_later()
             return
         else:  # Fenced (this master steps down), or a bug: nothing of it is sent
             raise error
-        pending = self._dirty or self._steps or self._live or self._steps_gone
+        pending = self._dirty or self._steps or self._live or self._steps_gone or self._answers
         if pending or self._outbox or self._usage_dirty:
             self._arm_flush()
 
@@ -285,6 +298,16 @@ class UnitOfWork:
                 link.send(message)
             except Unsendable as e:  # this message only: the rest of the batch goes out
                 self.on_unsendable(link.node_id, message, str(e))
+
+    def flush_answer(self, hold: KeyHold, answer: str | None) -> None:
+        """The keyed request's held change and its `answer` (None: not kept, a master's
+        failure) written in one transaction with what else is pending, and waited for; a
+        change after this is written at once."""
+        hold.open = False
+        if answer is not None:
+            self._answers.append((hold.user, hold.key, answer))
+        event, detail = hold.change if hold.change is not None else (None, None)
+        self.flush(event, detail, wait=True)
 
     def flush_all(self) -> None:
         """Everything to disk now (shutdown): written after what is being written, and

@@ -258,9 +258,12 @@ class Store(ABC):
         new_jobs: bool = False,
         live_steps: Sequence[tuple[str, str, dict[str, Any]]] = (),
         gone_steps: Sequence[str] = (),
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Later[None]:
         """`save_jobs` (and `save_steps`' rows: `ended_steps`, the running jobs' `live_steps`
-        and the ended jobs' `gone_steps`, in one transaction) handed to the store's thread:
+        and the ended jobs' `gone_steps`; keyed requests' `answers` as
+        `save_request_answer` takes them, (user, key, answer): in one transaction) handed
+        to the store's thread:
         the group commits go on meanwhile and follow up once it is done (store/dbthread.py).
         `new_jobs`: only jobs never written before, which nothing else writes until this is
         done (a submit's): PostgreSQL writes them beside the other writes.  SQLite writes at

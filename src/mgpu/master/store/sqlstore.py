@@ -173,6 +173,7 @@ class SqlStore(Store):
         new_jobs: bool = False,
         live_steps: Sequence[steps.LiveRow] = (),
         gone_steps: Sequence[str] = (),
+        answers: Sequence[tuple[str, str, str]] = (),
     ) -> Later[None]:
         rows = self._job_rows(jobs)  # here: the seq counter is the caller's thread's
         top = self._top_id(jobs)
@@ -188,6 +189,7 @@ class SqlStore(Store):
             (EVENT, all_events),
             (SET_META, metas),
             (SUBMIT_KEY, key_rows),
+            (REQUEST_KEY, [(user, key, answer, now) for user, key, answer in answers]),
         ]
         if ended_steps or live_steps or gone_steps:
             parts += self._step_parts(ended_steps, live_steps, gone_steps)
