@@ -550,3 +550,28 @@ def test_open_output_store_picks_by_database(tmp_path: Path, pg_url: str) -> Non
         assert isinstance(store, PgOutputStore)
     finally:
         store.close_all()
+
+
+def test_a_fresh_jobs_first_record_looks_nothing_up(pg_url: str) -> None:
+    """A job whose first run this master started (`fresh`) has nothing stored: its first
+    record is numbered from 0 without a query for its stored size (a round trip and a
+    statement a job on PostgreSQL); any other job's first record asks."""
+    store = PgOutputStore(pg_url, Fence())
+    asked: list[str] = []
+    size = store._size
+
+    def counted(job_id: str, wait: float = 10.0) -> tuple[int, int, bool]:
+        asked.append(job_id)
+        return size(job_id, wait)
+
+    store._size = counted  # type: ignore[method-assign]
+    try:
+        store.fresh("f")
+        store.append("f", "o", "first\n", "n1", epoch=1, end=6)
+        store.append("g", "o", "first\n", "n1", epoch=1, end=6)
+        assert asked == ["g"]
+        store.close("f")
+        store.close("g")
+        assert _rows(pg_url, "f") == _rows(pg_url, "g") != []
+    finally:
+        store.close_all()

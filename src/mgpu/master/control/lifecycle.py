@@ -134,6 +134,8 @@ class Lifecycle:
         `held`: the CPUs and MiB it holds on each (a count: which CPUs is picked here),
         which the caller found free too (None: none, the node's are shared)."""
         job.epoch += 1
+        if job.epoch == 1:  # never run: nothing of its output is stored anywhere
+            self.outputs.fresh(job.id)
         token = new_job_token(job.id, self.token_suffix)
         self._tokens[job.id] = token
         job.job_token_hashes = [token_hash(token)]

@@ -161,6 +161,10 @@ class OutputStore(ABC):
         self._have: dict[str, dict[tuple[int, str, str], int]] = {}
         """job -> (epoch, node, stream) -> bytes of that run's stream stored so far."""
 
+    def fresh(self, job_id: str) -> None:  # noqa: B027  (a hint: most stores need none)
+        """The job's first run starts here: it has no stored output (a store that looks a
+        job's size up at its first record need not)."""
+
     def accept(
         self,
         job_id: str,

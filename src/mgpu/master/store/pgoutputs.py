@@ -149,6 +149,8 @@ class PgOutputStore(OutputStore):
         """when_stored's callbacks: the records each waits for (job, appended), its loop."""
         self._unresolved: set[str] = set()
         """Jobs whose stored size is not known yet (see _Job.resolved)."""
+        self._fresh: dict[str, None] = {}
+        """Jobs whose first run this master started: nothing stored to look up (`fresh`)."""
         self.fenced = False
         """Set once a write was fenced: this master no longer leads and stores nothing more."""
         self._retry(create_output_tables, "write")
@@ -247,6 +249,11 @@ class PgOutputStore(OutputStore):
                     job.owner = self.owner(job_id)
                     job.full = self.cap is not None and job.bytes >= self.cap
                 return job
+            if job_id in self._fresh:  # its first run, started here: nothing stored
+                del self._fresh[job_id]
+                job = self._jobs[job_id] = _Job(0, 0, 0, 0, False, False, self.owner(job_id))
+                self._moved(job_id)
+                return job
         try:
             if _running_loop() is not None:
                 raise StoreStalled()  # the loop does not wait: the flusher finds the size
@@ -323,12 +330,20 @@ class PgOutputStore(OutputStore):
                     self._add(job_id, job, marker, None, 0)
                     job.marked = True
 
+    def fresh(self, job_id: str) -> None:
+        with self._lock:
+            self._fresh[job_id] = None
+            if len(self._fresh) > LEFT_KEPT:  # jobs that print nothing: looked up, if ever
+                for old in list(itertools.islice(self._fresh, LEFT_KEPT // 2)):
+                    del self._fresh[old]
+
     def close(self, job_id: str) -> None:
         """The job ended: its last records are written now, before its end is (the
         controller stores the end after this call, in this turn): a master killed then
         has both, as with files, where the agent that forgot the run would not re-send
         them and a new leader would drop output of an ended run."""
         with self._lock:
+            self._fresh.pop(job_id, None)
             job = self._jobs.get(job_id)
             if job is not None:
                 job.open = False
