@@ -35,7 +35,12 @@ Measured, printed and written to bench/results/failover.json:
 - throughput (jobs/s, first submit to last end) of 300 jobs that only print their id, on
   this PostgreSQL cluster and on one master with SQLite, the same agents and jobs; run
   `BENCH_FAILOVER_TPUT_RUNS` times on each (alternating), the median quoted with the load
-  average at each run (the machine may be shared).  `BENCH_FAILOVER_ONLY=throughput`
+  average at each run (the machine may be shared), and the median of each PostgreSQL
+  run's share of the SQLite run before it, after a warm-up of 100 jobs on each
+  that is not counted (the first runs after a start were the slowest, on both stores).
+  Each run also says where the CPU went, in ms per job: the masters', PostgreSQL's own
+  processes', the agents' with their jobs', and the whole machine's (all on one machine
+  here: what PostgreSQL spends, the jobs do not get).  `BENCH_FAILOVER_ONLY=throughput`
   measures that alone (no kills), written to bench/results/failover-throughput.json.
 
 Not a test (tests/e2e/test_failover.py is).  Needs PostgreSQL's server binaries
@@ -63,6 +68,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 # tests/pgserver.py (the server the tests start) and tests/hacluster.py (the masters)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -100,17 +107,54 @@ def start_agents(cluster: LocalCluster) -> None:
         cluster.wait_node(n, "online", timeout=60)
 
 
-def throughput(cluster: LocalCluster, n: int) -> dict[str, Any]:
-    """`n` one-GPU jobs that print their id: jobs/s from the first submit to the last end."""
+WARM_UP_JOBS = 100
+"""Jobs run on each cluster before the measured runs, not counted."""
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time of these processes and of their children they waited for (an agent's
+    jobs), in seconds; a process gone meanwhile counts for nothing."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def cpu_groups(cluster: LocalCluster, server: PgServer | None) -> dict[str, float]:
+    """CPU seconds so far of the cluster's masters, agents (with their jobs), and the
+    PostgreSQL server's processes (None: this cluster has none), and of the machine."""
+    masters = [p.pid for p in getattr(cluster, "masters", [cluster.master]) if p is not None]
+    machine = psutil.cpu_times()
+    groups = {
+        "masters": cpu_seconds(masters),
+        **{f"master{i}": cpu_seconds([pid]) for i, pid in enumerate(masters)},
+        "agents_and_jobs": cpu_seconds([p.pid for p in cluster.agents.values()]),
+        "machine": machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
+    }
+    if server is not None:
+        groups["postgresql"] = cpu_seconds(server.processes())
+    return groups
+
+
+def throughput(cluster: LocalCluster, n: int, server: PgServer | None = None) -> dict[str, Any]:
+    """`n` one-GPU jobs that print their id: jobs/s from the first submit to the last end,
+    and the CPU each group of processes spent per job meanwhile (`cpu_groups`)."""
     client = cluster.client()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    cpu_before = cpu_groups(cluster, server)
     t0 = time.time()
     ids = [client.submit("echo $MGPU_JOB_ID", gpus=1, env=env).id for _ in range(n)]
     submitted = time.time() - t0
     jobs = client.wait_all(ids, timeout=600)
+    cpu_after = cpu_groups(cluster, server)
     ends = [j["end_time"] for j in jobs if j.get("end_time")]
     wall = (max(ends) if ends else time.time()) - t0
     return {
+        "cpu_ms_per_job": {
+            k: round((cpu_after[k] - cpu_before[k]) * 1000 / n, 2) for k in cpu_before
+        },
         "jobs": n,
         "completed": sum(1 for j in jobs if j["state"] == "completed"),
         "submit_s": round(submitted, 3),
@@ -383,6 +427,7 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         **ordered[(len(ordered) - 1) // 2],
         "runs_jobs_per_s": [r["jobs_per_s"] for r in runs],
+        "runs_cpu_ms_per_job": [r["cpu_ms_per_job"] for r in runs],
         "runs_load_average": [r["load_average"] for r in runs],
     }
 
@@ -422,9 +467,11 @@ def main() -> int:
             bench = Failover(root / "pg", server, seed, n_jobs)
             try:
                 bench.start()
+                throughput(sqlite, WARM_UP_JOBS)  # started processes settle, caches fill
+                throughput(bench.cluster, WARM_UP_JOBS)
                 for _ in range(n_runs):  # alternating: both see the same load, by and large
                     runs_sqlite.append(throughput(sqlite, n_tput))
-                    runs_pg.append(throughput(bench.cluster, n_tput))
+                    runs_pg.append(throughput(bench.cluster, n_tput, server))
                 sqlite.stop()
                 if not only_throughput:
                     result.update(bench.run())
@@ -435,10 +482,19 @@ def main() -> int:
             server.stop()
     tput_sqlite, tput_pg = median_run(runs_sqlite), median_run(runs_pg)
     share = round(tput_pg["jobs_per_s"] / tput_sqlite["jobs_per_s"], 2)
+    # Each PostgreSQL run against the SQLite run just before it (the same minute's load).
+    paired = zip(runs_pg, runs_sqlite, strict=True)
+    pairs = sorted(p["jobs_per_s"] / q["jobs_per_s"] for p, q in paired)
+    share_of_pairs = round(pairs[(len(pairs) - 1) // 2], 2)
     print(
         f"throughput (median of {n_runs}): PostgreSQL, two masters {tput_pg['jobs_per_s']} "
-        f"jobs/s; SQLite, one master {tput_sqlite['jobs_per_s']} jobs/s ({share:.0%}); "
+        f"jobs/s; SQLite, one master {tput_sqlite['jobs_per_s']} jobs/s ({share:.0%}; "
+        f"median of the pairs' shares {share_of_pairs:.0%}); "
         f"runs {tput_pg['runs_jobs_per_s']} / {tput_sqlite['runs_jobs_per_s']}"
+    )
+    print(
+        f"CPU ms a job (median run): PostgreSQL {tput_pg['cpu_ms_per_job']}; "
+        f"SQLite {tput_sqlite['cpu_ms_per_job']}"
     )
     if only_throughput:
         alone = {
@@ -447,6 +503,7 @@ def main() -> int:
             "postgresql_two_masters": tput_pg,
             "sqlite_one_master": tput_sqlite,
             "postgresql_share_of_sqlite": share,
+            "postgresql_share_of_sqlite_median_of_pairs": share_of_pairs,
         }
         TPUT_RESULTS.write_text(json.dumps(alone, indent=2) + "\n")
         print(f"written to {TPUT_RESULTS}")
@@ -455,6 +512,7 @@ def main() -> int:
         "sqlite_one_master": tput_sqlite,
         "postgresql_two_masters": tput_pg,
         "postgresql_share_of_sqlite": share,
+        "postgresql_share_of_sqlite_median_of_pairs": share_of_pairs,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
