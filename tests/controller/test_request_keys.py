@@ -30,6 +30,21 @@ async def _post(app: Any, path: str, token: str, key: str | None, body: Any = No
     return await asgi_call(app, http_scope(path, "POST", headers), data)
 
 
+async def _held_job(app: Any, token: str) -> str:
+    """A job submitted held (it stays queued): its id."""
+    status, made = await asgi_call(
+        app,
+        http_scope(
+            "/api/jobs",
+            "POST",
+            {"content-type": "application/json", "authorization": f"Bearer {token}"},
+        ),
+        b'{"command": "true", "gpus": 0, "hold": true}',
+    )
+    assert status == 201, made
+    return str(made["job_id"])
+
+
 def _run(tmp_path: Path, work: Any) -> Any:
     app = create_app(tmp_path, ClusterConfig())
 
@@ -43,17 +58,7 @@ def _run(tmp_path: Path, work: Any) -> Any:
 
 def test_a_cancel_sent_again_with_its_key_gets_the_first_answer(tmp_path: Path) -> None:
     async def first(app: Any, token: str) -> tuple[str, list[Any]]:
-        status, made = await asgi_call(
-            app,
-            http_scope(
-                "/api/jobs",
-                "POST",
-                {"content-type": "application/json", "authorization": f"Bearer {token}"},
-            ),
-            b'{"command": "true", "gpus": 0, "hold": true}',
-        )
-        assert status == 201, made
-        job_id = made["job_id"]
+        job_id = await _held_job(app, token)
         path = f"/api/jobs/{job_id}/cancel"
         answers = [await _post(app, path, token, KEY), await _post(app, path, token, KEY)]
         answers.append(await _post(app, path, token, None))  # no key: asked anew
@@ -84,17 +89,7 @@ def test_a_master_killed_once_the_cancel_is_written_has_its_answer_too(tmp_path:
     ended".  Written apart, the answer was lost with the master."""
 
     async def first(app: Any, token: str) -> tuple[str, Any]:
-        status, made = await asgi_call(
-            app,
-            http_scope(
-                "/api/jobs",
-                "POST",
-                {"content-type": "application/json", "authorization": f"Bearer {token}"},
-            ),
-            b'{"command": "true", "gpus": 0, "hold": true}',
-        )
-        assert status == 201, made
-        job_id = made["job_id"]
+        job_id = await _held_job(app, token)
         store = app.state.cluster.store
         write = store._write_rows
         dead: list[bool] = []
