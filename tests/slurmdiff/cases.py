@@ -20,6 +20,9 @@ class Submit:
     env: dict[str, str] = field(default_factory=dict)
     """Added to the submitting environment."""
     name: str = "job.sh"
+    after_end: bool = False
+    """Submitted only once the jobs submitted before it in its case ended, on each
+    cluster (a dependency met before the submit)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,17 @@ CASES: tuple[Case, ...] = (
                     *("-d", "afternotok:{J0}", "--kill-on-invalid-dep=yes"),
                     *("--wrap", "echo never", "-J", "third"),
                 )
+            ),
+        ),
+    ),
+    Case(
+        "dependency_met_at_submit",
+        (
+            # Its target ended before it was submitted: it never waits (Reason None).
+            Submit(("--wrap", "echo first > first.txt", "-J", "first")),
+            Submit(
+                ("-d", "afterok:{J0}", "--wrap", "cat first.txt; echo second", "-J", "second"),
+                after_end=True,
             ),
         ),
     ),

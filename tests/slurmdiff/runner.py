@@ -181,14 +181,17 @@ def run_both(
 ) -> dict[str, tuple[Outcome, Outcome]]:
     """Every case on both systems.  Submitted in lockstep, a submission to Slurm then the
     same to mgpu, so that both fresh clusters give each job the same id (an array's
-    tasks take ids of their own on Slurm: arrays come last); then waited for together."""
+    tasks take ids of their own on Slurm: arrays come last); then waited for together.
+    A submission `after_end` first waits, on its cluster, for its case's jobs to end."""
     outcomes: dict[str, tuple[Outcome, Outcome]] = {}
     for case in cases:
         pair = (Outcome(slurm.root / case.name), Outcome(mgpu.root / case.name))
         for out in pair:
             prepare(case, out.workdir)
-        for i in range(len(case.submits)):
+        for i, sub in enumerate(case.submits):
             for system, out in zip((slurm, mgpu), pair, strict=True):
+                if sub.after_end:
+                    wait_ended(system, [out])
                 submit_one(system, case, i, out)
         outcomes[case.name] = pair
     with ThreadPoolExecutor(2) as pool:
