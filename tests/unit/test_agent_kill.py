@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,3 +112,48 @@ def test_a_clock_step_between_two_agents_does_not_hide_a_live_run(
     # Another boot's ticks say nothing: its record is judged by its start time.
     run.rec.boot_id = "another-boot"
     assert same_process(run.rec) is False
+
+
+def test_a_kill_reaches_the_job_a_fork_of_the_shim_became_after_it(tmp_path: Path) -> None:
+    """The shim's subshell, forked but not yet the job's command when the kill's SIGTERM
+    comes, still has the shim's trap: the signal is the trap's and is dropped, and the job
+    it then becomes ran until the SIGKILL (srun -K read 137, not 143, on a loaded node).
+    Here the fork keeps a trap for a moment, then becomes `sleep 60`: it is sent SIGTERM
+    again once it has, and the run ends by it well within the grace time."""
+    script = "trap : TERM; (trap : TERM; sleep 0.5; exec sleep 60); echo $? > " + str(
+        tmp_path / "code"
+    )
+    shim = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
+    try:
+        wait_for(
+            lambda: any(
+                p.name() == "sleep" for p in psutil.Process(shim.pid).children(recursive=True)
+            ),
+            timeout=30,
+            what="the fork's first sleep",
+        )
+        started = process_start_time(shim.pid)
+        assert started is not None
+        launcher = Launcher(tmp_path / "spool", lambda *a: None)
+        run = run_of(shim.pid, started, tmp_path)
+
+        async def main() -> None:
+            async def exits() -> None:
+                await asyncio.to_thread(shim.wait, 60)
+                run.exited.set()
+
+            waiting = asyncio.create_task(exits())
+            launcher.kill(run, "cancelled", 30.0)
+            assert run.kill_task is not None
+            await asyncio.wait_for(run.kill_task, 60)
+            await waiting
+
+        began = time.monotonic()
+        asyncio.run(main())
+        took = time.monotonic() - began
+        assert (tmp_path / "code").read_text().strip() == "143"  # `sleep 60` died of TERM
+        assert took < 30, f"{took:.1f} s: it waited for the SIGKILL"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shim.pid, signal.SIGKILL)
+        shim.wait(timeout=10)

@@ -491,12 +491,60 @@ class Launcher:
             if run.exited.is_set():
                 return
         targets = self._job_processes(run)
+        forks = self._forks_of_shim(run, targets)
         self._signal(run, targets, signal.SIGTERM)
+        ends = asyncio.get_running_loop().time() + grace
+        await self._term_when_started(run, forks, ends)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(run.exited.wait(), timeout=grace)
+            left = ends - asyncio.get_running_loop().time()
+            await asyncio.wait_for(run.exited.wait(), timeout=max(left, 0.0))
         # Escaped descendants (setsid) may outlive the shim: check them all.
         targets |= self._job_processes(run)
         self._signal(run, targets, signal.SIGKILL)
+
+    @staticmethod
+    def _forks_of_shim(run: Running, procs: set[psutil.Process]) -> set[psutil.Process]:
+        """Those of `procs` that are the shim's shell forked and not yet the job: the
+        subshell that is about to exec the job's command (its command line is still the
+        shim's).  A SIGTERM it gets before it has reset the shim's trap is the trap's and
+        is dropped with it: the job it then becomes never saw the signal."""
+        try:
+            shim = psutil.Process(run.rec.pid).cmdline()
+        except psutil.Error:
+            return set()
+        forks = set()
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                if p.pid != run.rec.pid and p.cmdline() == shim:
+                    forks.add(p)
+        return forks
+
+    async def _term_when_started(
+        self, run: Running, forks: set[psutil.Process], ends: float
+    ) -> None:
+        """SIGTERM each of `forks` again once it has become the job (another command
+        line), until the run exits or `ends` (the grace time's end); one that ended or
+        never becomes the job is left alone."""
+        try:
+            shim = psutil.Process(run.rec.pid).cmdline()
+        except psutil.Error:
+            return
+        loop = asyncio.get_running_loop()
+        pause = 0.05
+        while forks and not run.exited.is_set() and loop.time() < ends:
+            with contextlib.suppress(TimeoutError):
+                timeout = min(pause, max(ends - loop.time(), 0.0))
+                await asyncio.wait_for(run.exited.wait(), timeout=timeout)
+            pause = min(pause * 2, 1.0)
+            for p in list(forks):
+                try:
+                    if not p.is_running():
+                        forks.discard(p)
+                    elif p.cmdline() != shim:
+                        forks.discard(p)
+                        p.send_signal(signal.SIGTERM)  # checks it is still that process
+                except psutil.Error:
+                    forks.discard(p)
 
     def pid_reused(self, run: Running) -> bool:
         """Does the run's pid name another process now?  Once the shim has ended and been
