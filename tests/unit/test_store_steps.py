@@ -101,8 +101,9 @@ def test_a_version_3_databases_submit_keys_become_their_users(backend: Backend) 
     assert store.job_of_submit_key("a" * 32, "carol") == "9"  # an array's user, from its row
     assert store.job_of_submit_key("k" * 32, "bob") is None
     assert store.live_steps() == []
-    store.save_request_answer("alice", "r" * 32, '{"a":1}')
-    store.save_request_answer("alice", "r" * 32, '{"a":2}')  # sent again: the first stays
+    store.save_jobs_later([], answers=[("alice", "r" * 32, '{"a":1}')]).wait(None)
+    sent_again = [("alice", "r" * 32, '{"a":2}')]  # the first stays
+    store.save_jobs_later([], answers=sent_again).wait(None)
     assert store.request_answer("alice", "r" * 32) == '{"a":1}'
     assert store.request_answer("bob", "r" * 32) is None
     assert store.delete_request_keys_before(float("inf"), 10) == 1

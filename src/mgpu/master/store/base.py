@@ -261,9 +261,8 @@ class Store(ABC):
         answers: Sequence[tuple[str, str, str]] = (),
     ) -> Later[None]:
         """`save_jobs` (and `save_steps`' rows: `ended_steps`, the running jobs' `live_steps`
-        and the ended jobs' `gone_steps`; keyed requests' `answers` as
-        `save_request_answer` takes them, (user, key, answer): in one transaction) handed
-        to the store's thread:
+        and the ended jobs' `gone_steps`; keyed requests' `answers`, (user, key, answer),
+        a first one staying: in one transaction) handed to the store's thread:
         the group commits go on meanwhile and follow up once it is done (store/dbthread.py).
         `new_jobs`: only jobs never written before, which nothing else writes until this is
         done (a submit's): PostgreSQL writes them beside the other writes.  SQLite writes at
@@ -317,10 +316,6 @@ class Store(ABC):
     def request_answer(self, user: str, key: str) -> str | None:
         """The answer stored for `user`'s request with this idempotency key (a job-control
         request, a step's start: control/requestkeys.py), or None."""
-
-    @abstractmethod
-    def save_request_answer(self, user: str, key: str, answer: str) -> None:
-        """Store the answer of `user`'s request with this key (a first one stays)."""
 
     @abstractmethod
     def delete_request_keys_before(self, before: float, limit: int) -> int:

@@ -516,9 +516,6 @@ class SqlStore(Store):
         row = self._one('SELECT answer FROM request_keys WHERE "user"=? AND key=?', (user, key))
         return None if row is None else str(row[0])
 
-    def save_request_answer(self, user: str, key: str, answer: str) -> None:
-        self._rows([(REQUEST_KEY, [(user, key, answer, time.time())])])
-
     def delete_request_keys_before(self, before: float, limit: int) -> int:
         return self._change(
             'DELETE FROM request_keys WHERE ("user", key) IN (SELECT "user", key '
