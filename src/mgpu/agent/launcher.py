@@ -491,10 +491,10 @@ class Launcher:
             if run.exited.is_set():
                 return
         targets = self._job_processes(run)
-        forks = self._forks_of_shim(run, targets)
+        shim, forks = self._forks_of_shim(run, targets)
         self._signal(run, targets, signal.SIGTERM)
         ends = asyncio.get_running_loop().time() + grace
-        await self._term_when_started(run, forks, ends)
+        await self._term_when_started(run, shim, forks, ends)
         with contextlib.suppress(TimeoutError):
             left = ends - asyncio.get_running_loop().time()
             await asyncio.wait_for(run.exited.wait(), timeout=max(left, 0.0))
@@ -503,32 +503,31 @@ class Launcher:
         self._signal(run, targets, signal.SIGKILL)
 
     @staticmethod
-    def _forks_of_shim(run: Running, procs: set[psutil.Process]) -> set[psutil.Process]:
-        """Those of `procs` that are the shim's shell forked and not yet the job: the
-        subshell that is about to exec the job's command (its command line is still the
-        shim's).  A SIGTERM it gets before it has reset the shim's trap is the trap's and
-        is dropped with it: the job it then becomes never saw the signal."""
+    def _forks_of_shim(
+        run: Running, procs: set[psutil.Process]
+    ) -> tuple[list[str], set[psutil.Process]]:
+        """The shim's command line, and those of `procs` that are the shim's shell forked
+        and not yet the job: the subshell that is about to exec the job's command (its
+        command line is still the shim's).  A SIGTERM it gets before it has reset the
+        shim's trap is the trap's and is dropped with it: the job it then becomes never
+        saw the signal."""
         try:
             shim = psutil.Process(run.rec.pid).cmdline()
         except psutil.Error:
-            return set()
+            return [], set()
         forks = set()
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 if p.pid != run.rec.pid and p.cmdline() == shim:
                     forks.add(p)
-        return forks
+        return shim, forks
 
     async def _term_when_started(
-        self, run: Running, forks: set[psutil.Process], ends: float
+        self, run: Running, shim: list[str], forks: set[psutil.Process], ends: float
     ) -> None:
-        """SIGTERM each of `forks` again once it has become the job (another command
-        line), until the run exits or `ends` (the grace time's end); one that ended or
-        never becomes the job is left alone."""
-        try:
-            shim = psutil.Process(run.rec.pid).cmdline()
-        except psutil.Error:
-            return
+        """SIGTERM each of `forks` again once it has become the job (a command line other
+        than the `shim`'s), until the run exits or `ends` (the grace time's end); one that
+        ended or never becomes the job is left alone."""
         loop = asyncio.get_running_loop()
         pause = 0.05
         while forks and not run.exited.is_set() and loop.time() < ends:
