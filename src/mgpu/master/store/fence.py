@@ -76,15 +76,20 @@ class Fence:
     def deny(self, conn: Executes | None) -> NoReturn:
         """Raise Fenced, for good (`conn`, out of any transaction: to say which generation
         leads now)."""
-        self.lost = True
         row = None
         if conn is not None:
             try:
                 row = conn.execute(f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1").fetchone()
             except Exception:
                 row = None
-        raise Fenced(
-            f"another master leads now (generation {None if row is None else row[0]}, "
+        raise self.fenced(None if row is None else row[0])
+
+    def fenced(self, leading: object) -> Fenced:
+        """The error to raise, for good, now that a check failed (`leading`: the
+        generation the lease row carries, None if unknown)."""
+        self.lost = True
+        return Fenced(
+            f"another master leads now (generation {leading}, "
             f"this master's {self.generation}): this master stopped writing"
         )
 
@@ -97,8 +102,4 @@ class Fence:
             f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE"
         ).fetchone()
         if self.lost or row is None or int(row[0]) != self.generation:
-            self.lost = True
-            raise Fenced(
-                f"another master leads now (generation {None if row is None else row[0]}, "
-                f"this master's {self.generation}): this master stopped writing"
-            )
+            raise self.fenced(None if row is None else row[0])
