@@ -22,6 +22,7 @@ import psycopg
 
 from mgpu.master.store.fence import Fence
 from mgpu.master.store.outputs import CHUNK, RUN_TAIL, is_marker
+from mgpu.master.store.pgwith import statement
 
 Run = tuple[int, str, str]
 """A run's stream: (epoch, node, stream)."""
@@ -110,14 +111,23 @@ def _write_one(
     """A few rows as one query, the fence's check first: one round trip, one implicit
     transaction (a job that prints a line or two: most flushes)."""
     check = fence.statement()
+    inserts: list[tuple[str, list[Any]]] = [
+        (f"{ROWS_INSERT} (%s,%s,%s) ON CONFLICT DO NOTHING", list(rows)),
+        (SIZE_UPSERT, list(sizes)),
+        (RUN_UPSERT, list(runs)),
+    ]
+    single = statement(inserts, check)  # one, prepared once its shape is known: pgwith.py
     with psycopg.ClientCursor(conn) as cur:
-        parts = [] if check is None else [check]
-        if rows:
-            values = ",".join(cur.mogrify("(%s,%s,%s)", row) for row in rows)
-            parts.append(f"{ROWS_INSERT} {values} ON CONFLICT DO NOTHING")
-        parts += [cur.mogrify(SIZE_UPSERT, size) for size in sizes]
-        parts += [cur.mogrify(RUN_UPSERT, run) for run in runs]
         try:
+            if single is not None:
+                cur.execute(single[0], single[1])
+                return
+            parts = [] if check is None else [check]
+            if rows:
+                values = ",".join(cur.mogrify("(%s,%s,%s)", row) for row in rows)
+                parts.append(f"{ROWS_INSERT} {values} ON CONFLICT DO NOTHING")
+            parts += [cur.mogrify(SIZE_UPSERT, size) for size in sizes]
+            parts += [cur.mogrify(RUN_UPSERT, run) for run in runs]
             cur.execute(";".join(parts))
         except psycopg.errors.InvalidTextRepresentation as e:
             if fence.refused(e):

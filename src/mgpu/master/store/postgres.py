@@ -5,7 +5,8 @@ dialect.py spells them for PostgreSQL); here only how they run, on psycopg 3: on
 connection in autocommit mode, each write a transaction whose first statement is the
 fence's check (store/fence.py), so a master that no longer holds the lease writes
 nothing.  A write of a few rows goes as one query, check and rows (one round trip, one
-implicit transaction); more rows go in a pipeline.  Text keys are `COLLATE "C"`: ids sort
+implicit transaction; one statement where it can be, pgwith.py, so that it runs
+prepared); more rows go in a pipeline.  Text keys are `COLLATE "C"`: ids sort
 by their bytes, as SQLite's do, whatever the database's locale.
 
 The connection is one thread's (store/dbthread.py): every statement runs there, in the
@@ -41,6 +42,7 @@ from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.dialect import POSTGRES
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.pglink import Link, params
+from mgpu.master.store.pgwith import statement
 from mgpu.master.store.schema import STORE_TABLES, migrate
 from mgpu.master.store.sqlstore import SqlStore
 
@@ -277,6 +279,10 @@ class PostgresStore(SqlStore):
 
         def one(c: psycopg.Connection[Any]) -> None:
             check = fence.statement()
+            single = statement(parts, check)
+            if single is not None:  # prepared once its shape is known: pgwith.py
+                c.execute(single[0], single[1])
+                return
             with psycopg.ClientCursor(c) as cur:
                 text = ";".join(cur.mogrify(sql, row) for sql, row in statements)
                 cur.execute(text if check is None else f"{check};{text}")
