@@ -156,7 +156,7 @@ class Later(Generic[T]):
             else:
                 self.future.add_done_callback(lambda _: finish())
             return
-        self.future.add_done_callback(lambda _: _call_soon(loop, finish))
+        self.future.add_done_callback(lambda _: _on_loop(loop, finish))
 
     async def result(self, timeout: float | None) -> T:
         """The write's result awaited, `timeout` seconds at most (None: as long as it
@@ -171,7 +171,12 @@ class Later(Generic[T]):
         return self._finish()
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """`callback()` on `loop`'s thread: at once where the write was finished there (the
+    submit lane's), else on its next turn."""
+    if asyncio._get_running_loop() is loop:
+        callback()
+        return
     try:
         loop.call_soon_threadsafe(callback)
     except RuntimeError:  # the loop is closed (shutdown): nobody is left to tell

@@ -13,10 +13,13 @@ The connection is one thread's (store/dbthread.py): every statement runs there, 
 order given, never on the event loop; a caller on the loop waits `answer_within` seconds
 at most (StoreStalled), and the group commits do not wait at all (`_later`).  Each
 statement is bounded on the server too (`statement_timeout`).  Submits' new jobs have a
-second thread and connection of their own (`new_jobs`): a submit's commit then does not
-wait behind the running jobs' (each waits for its WAL flush, which PostgreSQL makes for
-both at once when they meet).  Order holds all the same: the other writes of a job come
-only once its submit committed (the controller knows the job from then on).
+connection of their own (`new_jobs`): a submit's commit then does not wait behind the
+running jobs' (each waits for its WAL flush, which PostgreSQL makes for both at once when
+they meet).  On the event loop they are written there, through psycopg's asynchronous
+connection and as one statement (store/pgsubmits.py: a submit's user waits for the
+write, and a thread's hand-overs cost more than the database); elsewhere, and for arrays,
+through a second thread.  Order holds all the same: the other writes of a job come only
+once its submit committed (the controller knows the job from then on).
 
 The database may go away (restarted, failed over): a statement that finds the connection
 lost reconnects and runs its whole transaction again, for up to `retry_for` seconds, then
@@ -42,9 +45,10 @@ from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.dialect import POSTGRES
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.pglink import Link, params
+from mgpu.master.store.pgsubmits import SubmitLane
 from mgpu.master.store.pgwith import statement
 from mgpu.master.store.schema import STORE_TABLES, migrate
-from mgpu.master.store.sqlstore import SqlStore
+from mgpu.master.store.sqlstore import SqlStore, key_taken
 
 __all__ = ["RETRY_FOR", "PostgresStore"]
 
@@ -108,6 +112,15 @@ class PostgresStore(SqlStore):
         self._reader: psycopg.Connection[Any] | None = None
         """read_finished's connection, used from threads (under _reader_lock)."""
         self._reader_lock = threading.Lock()
+        self._submits = SubmitLane(
+            lambda: params(self.url, self._store_link),
+            lambda: self.fence,
+            retry_for,
+            self.where,
+            _lost,
+            key_taken,
+        )
+        """Submits' new jobs written on the event loop (store/pgsubmits.py)."""
         try:
             self._threads[0].give(self.connection).result()
         except psycopg.Error as e:
@@ -150,6 +163,7 @@ class PostgresStore(SqlStore):
     def close(self, wait: float = 5.0) -> None:
         """Close the connections, once what was given to the store's thread is done (for
         `wait` seconds at most: a database that does not answer keeps its writes)."""
+        self._submits.close()
         self._stop_threads(wait)
         for lane, thread in enumerate(self._threads):
             conn = self._conns[lane]
@@ -170,7 +184,8 @@ class PostgresStore(SqlStore):
 
     def answering(self) -> bool:
         within = self.answer_within
-        return within is None or all(t.busy_for() <= within for t in self._threads)
+        busy = [t.busy_for() for t in self._threads] + [self._submits.busy_for()]
+        return within is None or all(b <= within for b in busy)
 
     def _later(
         self, work: Callable[[], T], after: Callable[[], None] | None = None, new_jobs: bool = False
@@ -178,6 +193,16 @@ class PostgresStore(SqlStore):
         if self._lane() is not None:
             return Later.now(work, after)
         return Later(self._threads[1 if new_jobs else 0].give(work), after)
+
+    def _later_rows(
+        self,
+        parts: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+        after: Callable[[], None],
+        new_jobs: bool,
+    ) -> Later[None]:
+        if not new_jobs or self._lane() is not None or not self._submits.serves():
+            return super()._later_rows(parts, after, new_jobs)
+        return Later(self._submits.give([(self._q(sql), rows) for sql, rows in parts]), after)
 
     def _run(
         self,

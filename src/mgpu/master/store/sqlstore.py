@@ -198,6 +198,16 @@ class SqlStore(Store):
             self._counted(top)
             self._remember_ended(jobs)
 
+        return self._later_rows(parts, after, new_jobs)
+
+    def _later_rows(
+        self,
+        parts: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+        after: Callable[[], None],
+        new_jobs: bool,
+    ) -> Later[None]:
+        """A submit's or a change's rows handed to `_later` (a store may write new jobs
+        its own way: PostgreSQL's submit lane)."""
         return self._later(lambda: _keyed(lambda: self._rows(parts)), after, new_jobs)
 
     def save_array(
@@ -647,6 +657,18 @@ def _keyed(write: Callable[[], T]) -> T:
     try:
         return write()
     except Exception as e:
-        if "submit_keys" in str(e) and type(e).__name__ in ("IntegrityError", "UniqueViolation"):
-            raise KeyTaken(str(e).splitlines()[0]) from None
-        raise
+        taken = key_taken(e)
+        if taken is e:
+            raise
+        raise taken from None
+
+
+def key_taken(error: Exception) -> Exception:
+    """KeyTaken for a submit's write that failed on its key's unique constraint (the
+    backends' own errors); else `error` itself."""
+    if "submit_keys" in str(error) and type(error).__name__ in (
+        "IntegrityError",
+        "UniqueViolation",
+    ):
+        return KeyTaken(str(error).splitlines()[0])
+    return error

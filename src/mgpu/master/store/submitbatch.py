@@ -75,10 +75,13 @@ class SubmitBatch:
             loop.call_soon(self.flush)
         self._batch.append((jobs, event, keys, then, done))
         self.ids.update(job.id for job in jobs)
+        within = self.store.answer_within  # past it: StoreStalled, the write goes on
+        timer = None if within is None else loop.call_later(within, _stalled, done)
         try:
-            await asyncio.wait_for(asyncio.shield(done), self.store.answer_within)
-        except TimeoutError:
-            raise StoreStalled() from None
+            await done  # not through wait_for and shield: each costs the loop a turn
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def write_array(
         self, row: ArrayRow, then: Callable[[], Awaitable[None]], undo: Callable[[], Any]
@@ -166,6 +169,11 @@ class SubmitBatch:
             self._batch += again
             self.ids.update(job.id for jobs, *_ in again for job in jobs)
         return False
+
+
+def _stalled(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_exception(StoreStalled())
 
 
 async def _undone(undo: Callable[[], Any]) -> None:
