@@ -374,6 +374,41 @@ def test_an_ended_jobs_last_records_are_written_at_its_close(pg_url: str, slow_f
         store.close_all()
 
 
+def test_jobs_that_end_within_the_flush_gap_share_one_flush(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each close wakes the flusher: the first is written at once, the closes after it,
+    within FLUSH_GAP, together (one transaction, not one each)."""
+    monkeypatch.setattr(pgoutputs, "FLUSH_GAP", 2.0)  # far longer than the closes take
+    store = PgOutputStore(pg_url, Fence())
+    writes = 0
+    write = store._write
+
+    def counted(conn: Any, batch: Any) -> None:
+        nonlocal writes
+        writes += 1
+        write(conn, batch)
+
+    store._write = counted  # type: ignore[method-assign]
+
+    async def end_jobs() -> None:
+        stored = [asyncio.Event() for _ in range(10)]
+        loop = asyncio.get_running_loop()
+        for i, event in enumerate(stored):
+            store.append(f"j{i}", "o", "done\n", "n1", epoch=1, end=5)
+            store.close(f"j{i}")  # on the loop: wakes the flusher, does not wait
+            store.when_stored(lambda e=event: loop.call_soon_threadsafe(e.set), ended=True)
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in stored)), 30)
+
+    try:
+        asyncio.run(end_jobs())
+        assert all(len(_rows(pg_url, f"j{i}")) == 1 for i in range(10))
+        assert 1 <= writes <= 2  # one each without the gap
+    finally:
+        store.close_all()
+
+
 def test_a_second_master_reads_what_the_first_stored(pg_url: str) -> None:
     first = PgOutputStore(pg_url, Fence())
     for i in range(1000):

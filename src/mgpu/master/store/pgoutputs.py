@@ -18,7 +18,8 @@ earlier runs, or another leader's) is looked up by the flusher before it writes 
 first records: until then the job's counts are this master's alone, and a reader of it
 reads the stored rows (a chatty job whose earlier runs reached the cap may pass it by
 what it prints meanwhile, FLUSH_INTERVAL's worth).  A job that ends has its last records
-written by the flusher at once (`close` wakes it); the controller orders the job's end
+written by the flusher at once (`close` wakes it; FLUSH_GAP after the flush before at the
+soonest, so that jobs ending together share one); the controller orders the job's end
 after them (`when_stored` with the job: state/unitofwork.py), so a master killed between
 the two has the records, not an end without them.
 
@@ -68,6 +69,12 @@ FLUSH_INTERVAL = 0.05
 """Seconds between flushes: how long a record may wait in memory."""
 FLUSH_RECORDS = 2000
 """Buffered records that start a flush before the interval is up."""
+FLUSH_GAP = 0.01
+"""Seconds from one flush to the next at least.  Each job that ends wakes the flusher
+(its end is written after its output): jobs ending a few ms apart then share a flush, one
+transaction and one WAL flush for all, instead of one each (the jobs' ends, which wait on
+it, are written together too).  Their ends wait this much longer at most, and only while
+flushes follow each other this closely."""
 BATCH_ROWS = 20000
 """Rows one transaction writes at most (a buffer grown during an outage goes in parts)."""
 PAGE = 256
@@ -338,8 +345,9 @@ class PgOutputStore(OutputStore):
                     del self._fresh[old]
 
     def close(self, job_id: str) -> None:
-        """The job ended: its last records are written now, before its end is (the
-        controller stores the end after this call, in this turn): a master killed then
+        """The job ended: its last records are written now (FLUSH_GAP after the flush
+        before at the latest), before its end is (the controller stores the end after
+        them: `when_stored`): a master killed then
         has both, as with files, where the agent that forgot the run would not re-send
         them and a new leader would drop output of an ended run."""
         with self._lock:
@@ -423,9 +431,14 @@ class PgOutputStore(OutputStore):
     # ---- the flusher -----------------------------------------------------
 
     def _run(self) -> None:
+        last = 0.0
         while not self._stopping:
             self._kick.wait(FLUSH_INTERVAL)
+            soon = FLUSH_GAP - (time.monotonic() - last)
+            if soon > 0:  # woken right after a flush: what wakes it meanwhile comes along
+                time.sleep(soon)
             self._kick.clear()
+            last = time.monotonic()
             if self._stopping:
                 return  # close_all writes the rest
             try:
