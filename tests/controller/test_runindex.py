@@ -1,6 +1,7 @@
 """The running jobs the scheduler sees are kept by the jobs' changes (master/state/runindex.py):
-after any sequence of transitions they are exactly what a walk over every job gives, and a
-pass over the kept set decides as one over a list made afresh."""
+after any sequence of transitions they are exactly what a walk over every job gives (a
+launching job's start up to LAUNCHING_RECOUNT), and a pass over the kept set decides as
+one over a list made afresh."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from harness import Harness, _run
 
 from mgpu.master.control.jobctl import Actor, JobControl
 from mgpu.master.control.loop import decide
+from mgpu.master.state.runindex import LAUNCHING_RECOUNT
 from mgpu.master.state.snapshot import collect, running_job
 from mgpu.model import EndReason, JobState
 from mgpu.scheduler import RunningJob
@@ -104,6 +106,24 @@ def test_a_running_jobs_view_is_made_again_only_when_what_it_is_made_of_changes(
     _run(h.cl.jobctl.update(h.job(job_id), update, ADMIN))
     second = index.refresh(h.clock.now).get(job_id)
     assert second is not None and second is not first and second.time_limit == 1200
+
+
+def test_a_launching_job_counts_from_now_again_once_a_recount_has_passed(h: Harness) -> None:
+    h.agent("n1", gpus=2)
+    job_id = h.submit("sleep", gpus=1, time="10")
+    h.tick()  # sent to its node, not started yet
+    index = h.cl.loop.running
+    first = index.refresh(h.clock.now).get(job_id)
+    assert first is not None and first.start_time == h.clock.now
+    h.advance(LAUNCHING_RECOUNT / 2)  # passes meanwhile: the same view
+    assert index.refresh(h.clock.now).get(job_id) is first
+    h.advance(LAUNCHING_RECOUNT)
+    again = index.refresh(h.clock.now).get(job_id)
+    assert again is not None and again.start_time == h.clock.now
+    h.agents["n1"].started(job_id)  # its start is known: counted from it from now on
+    h.advance(LAUNCHING_RECOUNT * 3)
+    started = index.refresh(h.clock.now).get(job_id)
+    assert started is not None and started.start_time == h.job(job_id).start_time
 
 
 def test_a_pass_over_the_kept_set_decides_as_one_over_a_list_made_afresh(h: Harness) -> None:

@@ -7,9 +7,10 @@ a job that runs gets its `RunningJob` (made anew only when what it is made of ch
 one that no longer runs leaves.  The kept `RunningSet` (scheduler/running.py) keeps what a
 pass derives from the running jobs (per-user counts, the preemptible ones, when GPUs come
 back, the running work's usage), and each array's running tasks are counted here.  A job
-still launching (no start time) counts from `now`, as it always did: it is made anew at
-every refresh until its start is known (a handful at a time).  The set is built from every
-job at the first refresh (jobs loaded at start-up were not touched).
+still launching (no start time) counts from `now`, as it always did: it is made anew until
+its start is known (a handful at a time), once LAUNCHING_RECOUNT has passed since it was
+last made.  The set is built from every job at the first refresh (jobs loaded at start-up
+were not touched).
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from mgpu.scheduler.running import RunningSet
 __all__ = ["RunningIndex"]
 
 _Key = tuple[object, ...]
+
+LAUNCHING_RECOUNT = 1.0
+"""Seconds after which a launching job is counted from `now` again.  Passes come up to a
+hundred a second while jobs stream in, and making each launching job anew at each one was
+a good part of a pass; a second in an expected end changes no plan that matters (Slurm's
+backfill plans in minutes: bf_resolution, 60 s)."""
 
 
 def _key(job: Job) -> _Key:
@@ -39,8 +46,9 @@ class RunningIndex:
         """Each array's running tasks."""
         self._made: dict[str, _Key | None] = {}
         """The key each kept job was made from (None: launching, made at every refresh)."""
-        self._launching: dict[str, None] = {}
-        """Kept jobs whose start is not known yet (made again at every refresh)."""
+        self._launching: dict[str, float] = {}
+        """Kept jobs whose start is not known yet, with the `now` they were made at (made
+        again LAUNCHING_RECOUNT later)."""
         self._array: dict[str, str] = {}
         self._touched: dict[str, None] = {}
         self._built = False
@@ -57,8 +65,9 @@ class RunningIndex:
         touched, self._touched = self._touched, {}
         for job_id in touched:
             self._update(job_id, now)
-        for job_id in [j for j in self._launching if j not in touched]:
-            self._update(job_id, now)  # still launching: it counts from now
+        for job_id, made in list(self._launching.items()):
+            if job_id not in touched and not 0 <= now - made < LAUNCHING_RECOUNT:
+                self._update(job_id, now)  # still launching: it counts from now
         return self.set
 
     def _update(self, job_id: str, now: float) -> None:
@@ -83,7 +92,7 @@ class RunningIndex:
             self.arrays[job.array_job_id] = self.arrays.get(job.array_job_id, 0) + 1
         self._made[job_id] = key
         if key is None:
-            self._launching[job_id] = None
+            self._launching[job_id] = now
         else:
             self._launching.pop(job_id, None)
         self.set.put(running_job(job, now))
