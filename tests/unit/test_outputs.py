@@ -284,17 +284,22 @@ def slow_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pgoutputs, "FLUSH_RECORDS", 10**9)
 
 
-def test_appends_go_in_a_few_transactions(pg_url: str) -> None:
-    store = PgOutputStore(pg_url, Fence())
-    writes = 0
+def _count_writes(store: PgOutputStore) -> list[int]:
+    """The store's flush transactions, counted in the list's one item."""
+    writes = [0]
     write = store._write
 
     def counted(conn: Any, batch: Any) -> None:
-        nonlocal writes
-        writes += 1
+        writes[0] += 1
         write(conn, batch)
 
     store._write = counted  # type: ignore[method-assign]
+    return writes
+
+
+def test_appends_go_in_a_few_transactions(pg_url: str) -> None:
+    store = PgOutputStore(pg_url, Fence())
+    writes = _count_writes(store)
     try:
         for i in range(20000):
             store.append("j", "o", f"line {i}\n", "n1", epoch=1, end=i + 1)
@@ -302,7 +307,7 @@ def test_appends_go_in_a_few_transactions(pg_url: str) -> None:
         store.when_stored(stored.set)
         assert stored.wait(30)
         assert len(_rows(pg_url, "j")) == 20000
-        assert writes <= 200  # a transaction per FLUSH_RECORDS or FLUSH_INTERVAL, not per line
+        assert writes[0] <= 200  # a transaction per FLUSH_RECORDS or FLUSH_INTERVAL, not per line
     finally:
         store.close_all()
 
@@ -381,15 +386,7 @@ def test_jobs_that_end_within_the_flush_gap_share_one_flush(
     within FLUSH_GAP, together (one transaction, not one each)."""
     monkeypatch.setattr(pgoutputs, "FLUSH_GAP", 2.0)  # far longer than the closes take
     store = PgOutputStore(pg_url, Fence())
-    writes = 0
-    write = store._write
-
-    def counted(conn: Any, batch: Any) -> None:
-        nonlocal writes
-        writes += 1
-        write(conn, batch)
-
-    store._write = counted  # type: ignore[method-assign]
+    writes = _count_writes(store)
 
     async def end_jobs() -> None:
         stored = [asyncio.Event() for _ in range(10)]
@@ -404,7 +401,7 @@ def test_jobs_that_end_within_the_flush_gap_share_one_flush(
     try:
         asyncio.run(end_jobs())
         assert all(len(_rows(pg_url, f"j{i}")) == 1 for i in range(10))
-        assert 1 <= writes <= 2  # one each without the gap
+        assert 1 <= writes[0] <= 2  # one each without the gap
     finally:
         store.close_all()
 

@@ -13,10 +13,12 @@ import psycopg
 import pytest
 
 from factories import master_job
-from mgpu.master.store.base import KeyTaken
+from mgpu.master.store.base import KeyTaken, StoreUnavailable
 from mgpu.master.store.fence import LEASE_TABLE, Fenced
 from mgpu.master.store.postgres import PostgresStore
 from mgpu.model import Job
+from pgserver import PgServer
+from stores import durable
 
 
 @pytest.fixture
@@ -141,3 +143,25 @@ def test_a_write_the_database_keeps_stalls_the_store_until_it_is_made(
 
         asyncio.run(asyncio.wait_for(main(), 60))
     assert _count(pg_url, "SELECT COUNT(*) FROM jobs") == 1
+
+
+def test_a_database_gone_for_too_long_fails_the_submit_with_one_clear_error(
+    pg_url: str, postgres: PgServer
+) -> None:
+    store = PostgresStore(durable(pg_url), retry_for=1.0)
+
+    async def main() -> None:
+        await _submit(store, master_job("00000001"))
+        postgres.kill()
+        try:
+            with pytest.raises(StoreUnavailable, match="unreachable for 1 s"):
+                await _submit(store, master_job("00000002"))
+        finally:
+            postgres.start()
+        await _submit(store, master_job("00000003"))  # back: the lane goes on
+
+    try:
+        asyncio.run(main())
+        assert store.get_job("00000002") is None and store.get_job("00000003") is not None
+    finally:
+        store.close()

@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 
-from mgpu.master.store.base import StoreUnavailable
 from mgpu.master.store.fence import LEASE_TABLE, Fence, Fenced
+from mgpu.master.store.pgretry import Unreachable, lost
 from mgpu.master.store.pgwith import statement
 
 __all__ = ["SubmitLane"]
-
-log = logging.getLogger("mgpu.master")
 
 Parts = Sequence[tuple[str, Sequence[Sequence[Any]]]]
 
@@ -48,7 +45,6 @@ class SubmitLane:
         fence: Callable[[], Fence],
         retry_for: float,
         where: str,
-        lost: Callable[[Any, psycopg.Error], bool],
         keyed: Callable[[Exception], Exception],
     ) -> None:
         self._params = connect
@@ -56,7 +52,7 @@ class SubmitLane:
         self._fence = fence
         """The store's fence as it is now (the master sets it once it leads)."""
         self._retry_for, self._where = retry_for, where
-        self._is_lost, self._keyed = lost, keyed
+        self._keyed = keyed
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tail: asyncio.Task[None] | None = None
@@ -120,8 +116,7 @@ class SubmitLane:
     async def _write(self, parts: Parts) -> None:
         """`parts` in one transaction after the fence's check, again on a new connection
         while the database is unreachable (up to retry_for)."""
-        deadline: float | None = None
-        pause = 0.05
+        tries = Unreachable(self._where, self._retry_for)
         while True:
             conn = self._conn
             try:
@@ -135,25 +130,11 @@ class SubmitLane:
             except psycopg.Error as e:
                 if self._fence().refused(e):
                     raise await self._deposed(conn) from None
-                if not self._is_lost(conn, e):
+                if not lost(conn, e):
                     raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self._retry_for
-                    log.warning(
-                        "the database %s is unreachable (%s): trying again for up to %.0f s",
-                        self._where,
-                        _first_line(e),
-                        self._retry_for,
-                    )
-                if now >= deadline:
-                    raise StoreUnavailable(
-                        f"the database {self._where} has been unreachable for "
-                        f"{self._retry_for:.0f} s: {_first_line(e)}"
-                    ) from None
+                pause = tries.pause(e)
                 self._drop()
-                await asyncio.sleep(min(pause, max(deadline - now, 0.0)))
-                pause = min(pause * 2, 1.0)
+                await asyncio.sleep(pause)
 
     async def _rows(self, conn: psycopg.AsyncConnection[Any], parts: Parts) -> None:
         check = self._fence().statement()  # Fenced at once once a check failed
@@ -186,7 +167,3 @@ class SubmitLane:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.closed:
             conn.pgconn.finish()  # no round trip: close() would need the loop
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -45,6 +45,7 @@ from mgpu.master.store.dbthread import DbThread, Later
 from mgpu.master.store.dialect import POSTGRES
 from mgpu.master.store.fence import Fenced
 from mgpu.master.store.pglink import Link, params
+from mgpu.master.store.pgretry import Unreachable, first_line, lost
 from mgpu.master.store.pgsubmits import SubmitLane
 from mgpu.master.store.pgwith import statement
 from mgpu.master.store.schema import STORE_TABLES, migrate
@@ -65,10 +66,6 @@ STATEMENT_TIMEOUT_MS = 60_000
 """A statement of the store's that runs longer is ended by the server."""
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def _many(cur: psycopg.Cursor[Any], sql: str, rows: Sequence[Sequence[Any]]) -> None:
     """One statement for these rows: execute for one (one round trip), executemany (its
     pipeline) for more."""
@@ -76,14 +73,6 @@ def _many(cur: psycopg.Cursor[Any], sql: str, rows: Sequence[Sequence[Any]]) -> 
         cur.execute(sql, rows[0])
     elif rows:
         cur.executemany(sql, rows)
-
-
-def _lost(conn: psycopg.Connection[Any] | None, e: psycopg.Error) -> bool:
-    """Whether the error means the connection to the database is gone (then try again)."""
-    if conn is None or conn.closed or conn.broken:
-        return True
-    state = e.sqlstate or ""
-    return isinstance(e, psycopg.OperationalError) and state[:2] in ("08", "57")
 
 
 def _log_failure(future: Any) -> None:
@@ -117,7 +106,6 @@ class PostgresStore(SqlStore):
             lambda: self.fence,
             retry_for,
             self.where,
-            _lost,
             key_taken,
         )
         """Submits' new jobs written on the event loop (store/pgsubmits.py)."""
@@ -125,13 +113,13 @@ class PostgresStore(SqlStore):
             self._threads[0].give(self.connection).result()
         except psycopg.Error as e:
             self._stop_threads(0)
-            raise StoreError(f"cannot reach the database {self.where}: {_first_line(e)}") from None
+            raise StoreError(f"cannot reach the database {self.where}: {first_line(e)}") from None
         try:
             self._migrate()
             self.reload()
         except psycopg.Error as e:
             self.close()
-            raise StoreError(f"cannot use the database {self.where}: {_first_line(e)}") from None
+            raise StoreError(f"cannot use the database {self.where}: {first_line(e)}") from None
         except BaseException:
             self.close()
             raise
@@ -241,8 +229,7 @@ class PostgresStore(SqlStore):
         which PostgreSQL runs as one transaction of its own: while the fence has no
         generation (one master), it goes without BEGIN and COMMIT, one round trip.
         `own_transaction`: `work` checks the fence and makes its transaction itself."""
-        deadline: float | None = None
-        pause = 0.05
+        tries = Unreachable(self.where, self.retry_for)
         while True:
             conn: psycopg.Connection[Any] | None = None
             try:
@@ -258,26 +245,12 @@ class PostgresStore(SqlStore):
             except Fenced:
                 raise
             except psycopg.Error as e:
-                if not _lost(conn, e):
+                if not lost(conn, e):
                     raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.retry_for
-                    log.warning(
-                        "the database %s is unreachable (%s): trying again for up to %.0f s",
-                        self.where,
-                        _first_line(e),
-                        self.retry_for,
-                    )
-                if now >= deadline:
-                    raise StoreUnavailable(
-                        f"the database {self.where} has been unreachable for "
-                        f"{self.retry_for:.0f} s: {_first_line(e)}"
-                    ) from None
+                pause = tries.pause(e)
                 if conn is not None and not conn.closed:
                     conn.close()
-                time.sleep(min(pause, max(deadline - now, 0.0)))
-                pause = min(pause * 2, 1.0)
+                time.sleep(pause)
 
     def _read(self, work: Callable[[Any], T]) -> T:
         return self._run(work, write=False)
@@ -337,7 +310,7 @@ class PostgresStore(SqlStore):
                         self._reader = None
                     if attempt == 2:
                         raise StoreUnavailable(
-                            f"cannot read from the database {self.where}: {_first_line(e)}"
+                            f"cannot read from the database {self.where}: {first_line(e)}"
                         ) from None
         raise AssertionError("unreachable")
 
