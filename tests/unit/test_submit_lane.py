@@ -165,3 +165,28 @@ def test_a_database_gone_for_too_long_fails_the_submit_with_one_clear_error(
         assert store.get_job("00000002") is None and store.get_job("00000003") is not None
     finally:
         store.close()
+
+
+def test_a_closed_lane_ends_what_was_given_and_takes_nothing_more(
+    store: PostgresStore, pg_url: str
+) -> None:
+    with psycopg.connect(pg_url) as blocker:
+        blocker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")  # the first write waits
+
+        async def main() -> None:
+            given = [_submit(store, master_job(f"{i:08d}")) for i in (1, 2)]
+            while store._submits.busy_for() == 0:
+                await asyncio.sleep(0.01)
+            store._submits.close()
+            results = await asyncio.gather(*given, return_exceptions=True)
+            assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+            with pytest.raises(StoreUnavailable, match="closed"):
+                await _submit(store, master_job("00000003"))
+            assert store._submits._conn is None
+
+        asyncio.run(asyncio.wait_for(main(), 60))
+        blocker.rollback()
+    # The first was sent already: the server may still commit it, as any client's (its
+    # caller was told it failed; a submit sent again finds it by its key).  The second
+    # was never sent.
+    assert _count(pg_url, "SELECT COUNT(*) FROM jobs WHERE id <> '00000001'") == 0

@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from mgpu.master.store.base import StoreUnavailable
 from mgpu.master.store.fence import LEASE_TABLE, Fence, Fenced
 from mgpu.master.store.pgretry import Unreachable, lost
 from mgpu.master.store.pgwith import statement
@@ -57,7 +58,9 @@ class SubmitLane:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tail: asyncio.Task[None] | None = None
         """The last write given: the next one starts once it ended."""
+        self._pending: set[asyncio.Task[None]] = set()
         self._busy_since: float | None = None
+        self._closed = False
 
     def serves(self) -> bool:
         """Whether a write given now can go this way (the caller runs the event loop)."""
@@ -77,7 +80,12 @@ class SubmitLane:
             self._loop, self._tail = loop, None
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
+        if self._closed:
+            future.set_exception(StoreUnavailable("the store is closed"))
+            return future
         self._tail = loop.create_task(self._after(self._tail, parts, future))
+        self._pending.add(self._tail)
+        self._tail.add_done_callback(self._pending.discard)
         return future
 
     def busy_for(self) -> float:
@@ -86,9 +94,10 @@ class SubmitLane:
         return 0.0 if since is None else time.monotonic() - since
 
     def close(self) -> None:
-        """Stop writing: what is still queued fails; the connection is closed."""
-        if self._tail is not None and not self._tail.done():
-            self._tail.cancel()
+        """Stop writing: what is still given fails (cancelled); the connection is closed."""
+        self._closed = True
+        for task in list(self._pending):
+            task.cancel()
         self._tail = None
         self._drop()
 
@@ -98,10 +107,11 @@ class SubmitLane:
         parts: Parts,
         future: concurrent.futures.Future[None],
     ) -> None:
+        started = False
         try:
             if before is not None and not before.done():
                 await asyncio.wait([before])  # its outcome is its own caller's
-            self._busy_since = time.monotonic()
+            self._busy_since, started = time.monotonic(), True
             await self._write(parts)
         except Exception as e:
             future.set_exception(self._keyed(e))
@@ -111,7 +121,8 @@ class SubmitLane:
         else:
             future.set_result(None)
         finally:
-            self._busy_since = None
+            if started:
+                self._busy_since = None
 
     async def _write(self, parts: Parts) -> None:
         """`parts` in one transaction after the fence's check, again on a new connection
