@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -30,11 +30,9 @@ import psycopg
 from mgpu.master.store.base import StoreUnavailable
 from mgpu.master.store.fence import LEASE_TABLE, Fence, Fenced
 from mgpu.master.store.pgretry import Unreachable, lost
-from mgpu.master.store.pgwith import statement
+from mgpu.master.store.pgwith import Parts, statement
 
 __all__ = ["SubmitLane"]
-
-Parts = Sequence[tuple[str, Sequence[Sequence[Any]]]]
 
 
 class SubmitLane:
