@@ -341,7 +341,7 @@ SELECT a.pid, a.state, a.wait_event FROM pg_stat_activity a
    AND starts_with(a.application_name, %s)
 """
 """The leader's backends inside a write transaction past its fence's check (the lease row
-held FOR SHARE), with what each is doing."""
+held FOR KEY SHARE), with what each is doing."""
 STALLED = (
     HOLDING
     + """
@@ -389,7 +389,7 @@ def test_a_leader_stopped_holding_the_lease_row_does_not_stop_the_standby(
     masters: Any, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The leader is stopped inside a write transaction (its fence holds the lease row
-    FOR SHARE; caught in pg_stat_activity): the standby leads within seconds all the same,
+    FOR KEY SHARE; caught in pg_stat_activity): the standby leads within seconds all the same,
     while the leader stays stopped, and once continued the old leader leads no more."""
     # A few output records go as one query, which never waits on the master holding the
     # row: every flush through COPY here, a transaction of several round trips.

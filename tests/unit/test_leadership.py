@@ -92,7 +92,7 @@ def test_the_advertised_address() -> None:
 def test_a_leader_stopped_inside_a_write_transaction_does_not_stop_the_standby(
     pg_url: str,
 ) -> None:
-    """The leader's write transaction holds the lease row (its fence's FOR SHARE) and then
+    """The leader's write transaction holds the lease row (its fence's FOR KEY SHARE) and then
     nothing more happens on it, as when the leader is stopped (SIGSTOP) or cut off between
     two statements: once the lease has expired the standby ends that leader's database
     sessions and leads; a connection that is not the old leader's is left alone."""
@@ -112,7 +112,7 @@ def test_a_leader_stopped_inside_a_write_transaction_does_not_stop_the_standby(
             psycopg.connect(pg_url, autocommit=True, application_name="psql") as other,
         ):
             writer.execute("BEGIN")
-            a.fence.check(writer)  # holds the lease row FOR SHARE, then stalls
+            a.fence.check(writer)  # holds the lease row FOR KEY SHARE, then stalls
             a._stop.set()  # and the leader renews no more
             assert a._thread is not None
             a._thread.join(5)

@@ -92,3 +92,47 @@ def test_the_fence_refuses_a_write_after_a_takeover(conn: Any, pg_url: str) -> N
         with pytest.raises(Fenced), writer.transaction():
             fence.check(writer)
     assert fence.lost
+
+
+def _writer_in_flight(pg_url: str, generation: int) -> Any:
+    """A connection inside a write transaction that passed the fence's check (and holds
+    the lease row as every write does until it commits)."""
+    fence = Fence()
+    fence.generation = generation
+    writer = psycopg.connect(pg_url)
+    writer.execute("SET lock_timeout = 2000")
+    fence.check(writer)
+    return writer
+
+
+def test_a_renewal_neither_waits_for_the_leaders_writes_nor_holds_them_up(
+    conn: Any, pg_url: str
+) -> None:
+    assert lease.take(conn, "a", None, 30) == 1
+    conn.execute("SET lock_timeout = 2000")  # a wait would fail, not hang
+    writer = _writer_in_flight(pg_url, 1)
+    try:
+        assert lease.renew(conn, "a", 1, None, 30)  # the write in flight holds the row
+        with conn.transaction():  # a renewal in flight: a new write's check goes on
+            assert lease.renew(conn, "a", 1, None, 30)
+            other = _writer_in_flight(pg_url, 1)
+            other.commit()
+            other.close()
+        writer.commit()
+    finally:
+        writer.close()
+
+
+def test_a_take_waits_for_a_write_of_the_expired_generation_in_flight(
+    conn: Any, pg_url: str
+) -> None:
+    assert lease.take(conn, "a", None, 0.2) == 1
+    writer = _writer_in_flight(pg_url, 1)
+    try:
+        wait_for(lambda: not lease.read(conn).live, timeout=5, what="the lease to expire")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            lease.take(conn, "b", None, 30, lock_timeout=0.3)
+        writer.commit()  # its write lands before any of the next generation's
+    finally:
+        writer.close()
+    assert lease.take(conn, "b", None, 30, lock_timeout=0.3) == 2

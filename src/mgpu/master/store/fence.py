@@ -3,9 +3,14 @@
 Several masters on one PostgreSQL database elect a leader through one row, `mgpu_lease`
 (`store/lease.py` takes and renews it).  Each time a master takes the lease the row's
 `generation` grows by one.  The leader's every write transaction first reads that row with
-`FOR SHARE` and goes on only if the generation is still its own: a standby's takeover
-(an UPDATE of the row) waits for a write in flight to commit, and every write after it
-sees the new generation and is refused.  The check is one statement (`statement()`) that
+`FOR KEY SHARE` and goes on only if the generation is still its own: a standby's takeover
+(which locks the row `FOR UPDATE` first, store/lease.py) waits for a write in flight to
+commit, and every write after it sees the new generation and is refused.  The leader's
+own renewals (an UPDATE of the row's expiry, which locks it `FOR NO KEY UPDATE`) neither
+wait for its writes nor hold them up: with `FOR SHARE`, a renewal waited for a moment
+when no write held the row (10 ms a renewal on a busy leader, longer the busier it is:
+a lease that could run out for want of a gap) and then stopped every write until it
+committed.  The check is one statement (`statement()`) that
 fails unless the generation is this master's, so a transaction of a few rows is sent as
 one query, the check first: one round trip, one implicit transaction (postgres.py).  A
 deposed leader that wakes up (SIGSTOP, a long pause, a network cut healed) therefore
@@ -58,14 +63,14 @@ class Fence:
         """The check as one statement to send first in a write transaction's query (None:
         nothing to check).  It fails (PostgreSQL's invalid_text_representation naming
         REFUSED, `refused`) unless the row carries this master's generation, and holds the
-        row FOR SHARE until the transaction ends.  Fenced at once once a check failed."""
+        row FOR KEY SHARE until the transaction ends.  Fenced at once once a check failed."""
         if self.lost:
             self.deny(None)
         if self.generation is None:
             return None
         return (
             f"SELECT CAST(COALESCE((SELECT CASE WHEN generation = {int(self.generation)} "
-            f"THEN '1' END FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE), '{REFUSED}') AS integer)"
+            f"THEN '1' END FROM {LEASE_TABLE} WHERE id = 1 FOR KEY SHARE), '{REFUSED}') AS integer)"
         )
 
     @staticmethod
@@ -99,7 +104,7 @@ class Fence:
         if self.generation is None and not self.lost:
             return
         row = conn.execute(
-            f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE"
+            f"SELECT generation FROM {LEASE_TABLE} WHERE id = 1 FOR KEY SHARE"
         ).fetchone()
         if self.lost or row is None or int(row[0]) != self.generation:
             raise self.fenced(None if row is None else row[0])

@@ -3,12 +3,14 @@
 One row (`fence.LEASE_TABLE`, id 1).  Every time is the database's `clock_timestamp()`,
 never a master's clock: masters on different machines need not agree on the time, only
 the database's clock decides when a lease has run out.  Each statement runs on its own
-(autocommit): taking the lease is one `INSERT ... ON CONFLICT DO UPDATE ... WHERE` that
-bumps the generation by one only when no row exists or the row's lease has expired, so two
-standbys racing for it cannot both win (the row is locked by the first; the second sees its
-new expiry and gets no row back).  The take also waits for every write transaction of the
-old leader in flight (they hold the row `FOR SHARE`: `fence.Fence.check`), so no write of
-an older generation lands after a newer one began.
+(autocommit), but a take: it locks the row `FOR UPDATE`, then one `INSERT ... ON CONFLICT
+DO UPDATE ... WHERE` bumps the generation by one only when no row exists or the row's lease
+has expired, so two standbys racing for it cannot both win (the row is locked by the
+first; the second sees its new expiry and gets no row back).  The lock makes the take wait
+for every write transaction of the old leader in flight (they hold the row `FOR KEY
+SHARE`: `fence.Fence.check`), so no write of an older generation lands after a newer one
+began.  A renewal changes no key and takes no such lock: it does not wait for the leader's
+writes, nor they for it.
 
 That wait is bounded (`lock_timeout`): a leader stopped (SIGSTOP), paused or cut off inside
 a write transaction would otherwise hold the row, and every standby's take behind it, for
@@ -64,11 +66,13 @@ def take(
 ) -> int | None:
     """Take the lease if no one holds it (absent or expired): the new generation, else None.
     `lock_timeout`: seconds to wait for the row's lock at most (then
-    psycopg.errors.LockNotAvailable; `conn` must be in autocommit)."""
-    if lock_timeout is None:
-        return _take(conn, holder, address, ttl)
+    psycopg.errors.LockNotAvailable; `conn` in autocommit: the take is one transaction)."""
     with conn.transaction():
-        conn.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_timeout * 1000))}")
+        if lock_timeout is not None:
+            conn.execute(f"SET LOCAL lock_timeout = {max(1, round(lock_timeout * 1000))}")
+        # The upsert's own lock (FOR NO KEY UPDATE) would not wait for the writes' FOR KEY
+        # SHARE: this one does.
+        conn.execute(f"SELECT 1 FROM {LEASE_TABLE} WHERE id = 1 FOR UPDATE")
         return _take(conn, holder, address, ttl)
 
 
