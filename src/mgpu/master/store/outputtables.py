@@ -119,8 +119,8 @@ def _write_one(
     single = statement(inserts, check)  # one, prepared once its shape is known: pgwith.py
     with psycopg.ClientCursor(conn) as cur:
         try:
-            if single is not None:
-                cur.execute(single[0], single[1])
+            if single is not None:  # bound by the server (a ClientCursor's is never prepared)
+                conn.execute(single[0], single[1])
                 return
             parts = [] if check is None else [check]
             if rows:
