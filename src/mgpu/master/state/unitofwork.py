@@ -30,7 +30,6 @@ too), and the changes meanwhile go in the next batch.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -40,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mgpu.master.runtime.clock import Timers
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.state.keyhold import HELD, Event, KeyHold
 from mgpu.master.state.registry import AgentLink, Unsendable
 from mgpu.master.store.base import Store, StoreUnavailable
@@ -199,7 +199,7 @@ class UnitOfWork:
                 self._send(batch.outbox)
             return
         self._writing.append(batch)
-        if _running_loop() and not wait:  # the batch is written once the output is
+        if running_loop() is not None and not wait:  # the batch is written once the output is
             self.outputs_stored(lambda: self._write(batch, event, detail, wait), True, False)
             return
         stored = threading.Event()
@@ -235,12 +235,12 @@ class UnitOfWork:
             if wait:
                 raise
             return
-        if _running_loop() and not wait:
+        if running_loop() is not None and not wait:
             later.then(lambda error: self._written(batch, error))
             return
         error: BaseException | None = None
         try:  # a user's change, or no event loop: the caller goes on once it is written
-            later.wait(self.store.answer_within if _running_loop() else None)
+            later.wait(self.store.answer_within if running_loop() is not None else None)
         except StoreUnavailable as e:
             if not later.future.done():  # still being written: followed up then
                 later.then(lambda error: self._written(batch, error))
@@ -313,11 +313,3 @@ class UnitOfWork:
         """Everything to disk now (shutdown): written after what is being written, and
         waited for."""
         self.flush(wait=True)
-
-
-def _running_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

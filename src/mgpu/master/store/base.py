@@ -15,7 +15,6 @@ srun steps a job ran are rows of their own (store/steps.py), never in its record
 
 from __future__ import annotations
 
-import asyncio
 import json
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from mgpu import spec as specs
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.store.errors import (  # re-exported: the store's callers catch them here
     ANSWER_WITHIN,
     RETRY_AFTER_S,
@@ -164,11 +164,7 @@ class Store(ABC):
     def _bound(self) -> float | None:
         """How long this caller may wait for the database: `answer_within` on an event
         loop's thread (the master's), else as long as it takes."""
-        if self.answer_within is None:
-            return None
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if self.answer_within is None or running_loop() is None:
             return None
         return self.answer_within
 

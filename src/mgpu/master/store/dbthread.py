@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.store.errors import StoreStalled
 
 __all__ = ["QUEUE_LIMIT", "DbThread", "Later"]
@@ -137,10 +138,7 @@ class Later(Generic[T]):
         """`callback(None)` once the write is done (`after` run first), or
         `callback(error)`: on the running event loop's thread (at once if it is done
         already), or in whichever thread finishes it where no loop runs here."""
-        try:
-            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        loop = running_loop()
 
         def finish() -> None:
             try:
@@ -174,7 +172,7 @@ class Later(Generic[T]):
 def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     """`callback()` on `loop`'s thread: at once where the write was finished there (the
     submit lane's), else on its next turn."""
-    if asyncio._get_running_loop() is loop:
+    if running_loop() is loop:
         callback()
         return
     try:

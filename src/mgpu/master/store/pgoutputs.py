@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.store.base import StoreStalled
 from mgpu.master.store.fence import Fence, Fenced
 from mgpu.master.store.outputs import (
@@ -262,7 +263,7 @@ class PgOutputStore(OutputStore):
                 self._moved(job_id)
                 return job
         try:
-            if _running_loop() is not None:
+            if running_loop() is not None:
                 raise StoreStalled()  # the loop does not wait: the flusher finds the size
             records, size, marked = self._size(job_id, OPEN_WAIT)
         except (psycopg.OperationalError, psycopg.InterfaceError, StoreStalled) as e:
@@ -358,7 +359,7 @@ class PgOutputStore(OutputStore):
                 if not job.buf:
                     self._let_go(job_id)
         if job is not None and job.buf and not self.fenced:
-            if _running_loop() is None:  # tests, tools: written before this returns
+            if running_loop() is None:  # tests, tools: written before this returns
                 try:
                     self.flush(OPEN_WAIT)
                 except Exception as e:  # the flusher tries again
@@ -399,7 +400,7 @@ class PgOutputStore(OutputStore):
                 if (job := self._jobs[job_id]) and not (ended and job.open)
             ]
             if need:
-                self._waiting.append((need, None if in_thread else _running_loop(), then))
+                self._waiting.append((need, None if in_thread else running_loop(), then))
                 self._kick.set()
         if not need:
             then()
@@ -678,13 +679,6 @@ class PgOutputStore(OutputStore):
             for conn in self._conns.values():
                 conn.close()
             self._conns.clear()
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 def open_output_store(

@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.store.base import StoreUnavailable
 from mgpu.master.store.fence import LEASE_TABLE, Fence, Fenced
 from mgpu.master.store.pgretry import Unreachable, lost
@@ -62,11 +63,7 @@ class SubmitLane:
 
     def serves(self) -> bool:
         """Whether a write given now can go this way (the caller runs the event loop)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return True
+        return running_loop() is not None
 
     def give(self, parts: Parts) -> concurrent.futures.Future[None]:
         """Write `parts` (an INSERT with `%s` placeholders, its rows) in one transaction,

@@ -32,6 +32,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.store.base import KeyTaken, Store, StoreStalled
 from mgpu.model import Job
 
@@ -62,9 +63,8 @@ class SubmitBatch:
         """Store `jobs` with `event` (this turn's batch, one transaction), then `then()`.
         `key`: the submit's idempotency key, stored with them for its first job."""
         keys = [] if key is None or not jobs else [(key, jobs[0].id)]
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             self.store.save_jobs(jobs, event=event, keys=keys)
             then()
             return
