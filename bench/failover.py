@@ -41,14 +41,16 @@ Measured, printed and written to bench/results/failover.json:
   Each run also says where the CPU went, in ms per job: the masters', PostgreSQL's own
   processes', the agents' with their jobs', and the whole machine's (all on one machine
   here: what PostgreSQL spends, the jobs do not get).  `BENCH_FAILOVER_ONLY=throughput`
-  measures that alone (no kills), written to bench/results/failover-throughput.json.
+  measures that alone (no kills), written to bench/results/failover-throughput.json;
+  `BENCH_FAILOVER_SUBMITTERS=K` has K clients submit at once instead of one (written to
+  failover-throughput-K-submitters.json).
 
 Not a test (tests/e2e/test_failover.py is).  Needs PostgreSQL's server binaries
 (Debian's `postgresql`; scripts/install-system-deps.sh installs them).
 
     python bench/failover.py   [BENCH_FAILOVER_SEED=7 BENCH_FAILOVER_JOBS=1000
                                 BENCH_FAILOVER_TPUT_JOBS=300 BENCH_FAILOVER_TPUT_RUNS=3
-                                BENCH_FAILOVER_ONLY=throughput]
+                                BENCH_FAILOVER_ONLY=throughput BENCH_FAILOVER_SUBMITTERS=1]
 """
 
 from __future__ import annotations
@@ -138,15 +140,40 @@ def cpu_groups(cluster: LocalCluster, server: PgServer | None) -> dict[str, floa
     return groups
 
 
+SUBMITTERS = int(os.environ.get("BENCH_FAILOVER_SUBMITTERS", 1))
+"""Clients (threads, one connection each) that submit the throughput runs' jobs at once."""
+
+
+def submit_echoes(cluster: LocalCluster, n: int, submitters: int) -> list[str]:
+    """`n` one-GPU jobs that print their id, submitted one after another by each of
+    `submitters` clients at once: their ids."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    shares = [n // submitters + (i < n % submitters) for i in range(submitters)]
+    ids: list[list[str]] = [[] for _ in shares]
+
+    def submit(i: int) -> None:
+        client = cluster.client()
+        ids[i] = [client.submit("echo $MGPU_JOB_ID", gpus=1, env=env).id for _ in range(shares[i])]
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(1, submitters)]
+    for t in threads:
+        t.start()
+    submit(0)
+    for t in threads:
+        t.join()
+    return [job_id for part in ids for job_id in part]
+
+
 def throughput(cluster: LocalCluster, n: int, server: PgServer | None = None) -> dict[str, Any]:
     """`n` one-GPU jobs that print their id: jobs/s from the first submit to the last end,
     and the CPU each group of processes spent per job meanwhile (`cpu_groups`)."""
     client = cluster.client()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     cpu_before = cpu_groups(cluster, server)
     t0 = time.time()
-    ids = [client.submit("echo $MGPU_JOB_ID", gpus=1, env=env).id for _ in range(n)]
+    ids = submit_echoes(cluster, n, SUBMITTERS)
     submitted = time.time() - t0
+    if len(ids) < n:
+        raise RuntimeError(f"{n - len(ids)} of {n} submits failed")
     jobs = client.wait_all(ids, timeout=600)
     cpu_after = cpu_groups(cluster, server)
     ends = [j["end_time"] for j in jobs if j.get("end_time")]
@@ -156,6 +183,7 @@ def throughput(cluster: LocalCluster, n: int, server: PgServer | None = None) ->
             k: round((cpu_after[k] - cpu_before[k]) * 1000 / n, 2) for k in cpu_before
         },
         "jobs": n,
+        "submitters": SUBMITTERS,
         "completed": sum(1 for j in jobs if j["state"] == "completed"),
         "submit_s": round(submitted, 3),
         "wall_s": round(wall, 3),
@@ -505,8 +533,11 @@ def main() -> int:
             "postgresql_share_of_sqlite": share,
             "postgresql_share_of_sqlite_median_of_pairs": share_of_pairs,
         }
-        TPUT_RESULTS.write_text(json.dumps(alone, indent=2) + "\n")
-        print(f"written to {TPUT_RESULTS}")
+        out = TPUT_RESULTS
+        if SUBMITTERS > 1:
+            out = out.with_name(f"{out.stem}-{SUBMITTERS}-submitters.json")
+        out.write_text(json.dumps(alone, indent=2) + "\n")
+        print(f"written to {out}")
         return 0
     result["throughput"] = {
         "sqlite_one_master": tput_sqlite,
