@@ -157,7 +157,7 @@ def resume_postgres(pids: list[int]) -> None:
 
 class LeaseRowWatch:
     """Which master's database sessions hold the lease row (`RowShareLock` on mgpu_lease,
-    its fence's `FOR SHARE`: a write transaction in flight), from pg_stat_activity and
+    its fence's `FOR KEY SHARE`: a write transaction in flight), from pg_stat_activity and
     pg_locks; a session is mapped to its master by the server-side address it connected
     to (the socket table, /proc/net/tcp)."""
 
