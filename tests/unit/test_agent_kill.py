@@ -114,15 +114,10 @@ def test_a_clock_step_between_two_agents_does_not_hide_a_live_run(
     assert same_process(run.rec) is False
 
 
-def test_a_kill_reaches_the_job_a_fork_of_the_shim_became_after_it(tmp_path: Path) -> None:
-    """The shim's subshell, forked but not yet the job's command when the kill's SIGTERM
-    comes, still has the shim's trap: the signal is the trap's and is dropped, and the job
-    it then becomes ran until the SIGKILL (srun -K read 137, not 143, on a loaded node).
-    Here the fork keeps a trap for a moment, then becomes `sleep 60`: it is sent SIGTERM
-    again once it has, and the run ends by it well within the grace time."""
-    script = "trap : TERM; (trap : TERM; sleep 0.5; exec sleep 60); echo $? > " + str(
-        tmp_path / "code"
-    )
+def _killed_within_the_grace_time(tmp_path: Path, script: str) -> None:
+    """Start `script` as a shim (`sh -c`), kill its run once a `sleep` of it runs, and
+    check that it wrote 143 (its `sleep 60` died of SIGTERM) to tmp_path/code well before
+    the grace time's SIGKILL."""
     shim = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
     try:
         wait_for(
@@ -157,3 +152,27 @@ def test_a_kill_reaches_the_job_a_fork_of_the_shim_became_after_it(tmp_path: Pat
         with contextlib.suppress(ProcessLookupError):
             os.killpg(shim.pid, signal.SIGKILL)
         shim.wait(timeout=10)
+
+
+def test_a_kill_reaches_the_job_a_fork_of_the_shim_became_after_it(tmp_path: Path) -> None:
+    """The shim's subshell, forked but not yet the job's command when the kill's SIGTERM
+    comes, still has the shim's trap: the signal is the trap's and is dropped, and the job
+    it then becomes ran until the SIGKILL (srun -K read 137, not 143, on a loaded node).
+    Here the fork keeps a trap for a moment, then becomes `sleep 60`: it is sent SIGTERM
+    again once it has, and the run ends by it well within the grace time."""
+    code = tmp_path / "code"
+    _killed_within_the_grace_time(
+        tmp_path, f"trap : TERM; (trap : TERM; sleep 0.5; exec sleep 60); echo $? > {code}"
+    )
+
+
+def test_a_kill_reaches_the_job_a_fork_of_the_output_wrapper_became_after_it(
+    tmp_path: Path,
+) -> None:
+    """The same through a shell between the shim and the job, as the -o/-e wrapper is
+    (agent/outputfiles.py): its subshell, forked with the wrapper's trap, has the
+    wrapper's command line, not the shim's."""
+    code = tmp_path / "code"
+    wrapper = f"trap : TERM; (trap : TERM; sleep 0.5; exec sleep 60); echo $? > {code}"
+    shim = f"trap : TERM; /bin/sh -c '{wrapper}' wrapper; exit $?"  # a fork, not an exec
+    _killed_within_the_grace_time(tmp_path, shim)

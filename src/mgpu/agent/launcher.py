@@ -491,10 +491,10 @@ class Launcher:
             if run.exited.is_set():
                 return
         targets = self._job_processes(run)
-        shim, forks = self._forks_of_shim(run, targets)
+        forks = self._forks_not_yet_execed(targets)
         self._signal(run, targets, signal.SIGTERM)
         ends = asyncio.get_running_loop().time() + grace
-        await self._term_when_started(run, shim, forks, ends)
+        await self._term_when_started(run, forks, ends)
         with contextlib.suppress(TimeoutError):
             left = ends - asyncio.get_running_loop().time()
             await asyncio.wait_for(run.exited.wait(), timeout=max(left, 0.0))
@@ -503,31 +503,28 @@ class Launcher:
         self._signal(run, targets, signal.SIGKILL)
 
     @staticmethod
-    def _forks_of_shim(
-        run: Running, procs: set[psutil.Process]
-    ) -> tuple[list[str], set[psutil.Process]]:
-        """The shim's command line, and those of `procs` that are the shim's shell forked
-        and not yet the job: the subshell that is about to exec the job's command (its
-        command line is still the shim's).  A SIGTERM it gets before it has reset the
-        shim's trap is the trap's and is dropped with it: the job it then becomes never
-        saw the signal."""
-        try:
-            shim = psutil.Process(run.rec.pid).cmdline()
-        except psutil.Error:
-            return [], set()
-        forks = set()
+    def _forks_not_yet_execed(procs: set[psutil.Process]) -> dict[psutil.Process, list[str]]:
+        """Those of `procs` that are their parent shell forked and not yet what it will
+        run (the same command line as the parent), each with that command line: the
+        shim's subshell about to exec the job's command, or the -o/-e wrapper's
+        (agent/outputfiles.py).  A SIGTERM such a fork gets before it has reset its
+        parent's trap is the trap's and is dropped with it: the command it then becomes
+        never saw the signal."""
+        forks: dict[psutil.Process, list[str]] = {}
         for p in procs:
             with contextlib.suppress(psutil.Error):
-                if p.pid != run.rec.pid and p.cmdline() == shim:
-                    forks.add(p)
-        return shim, forks
+                parent = p.parent()
+                line = p.cmdline()
+                if parent is not None and line and line == parent.cmdline():
+                    forks[p] = line
+        return forks
 
     async def _term_when_started(
-        self, run: Running, shim: list[str], forks: set[psutil.Process], ends: float
+        self, run: Running, forks: dict[psutil.Process, list[str]], ends: float
     ) -> None:
-        """SIGTERM each of `forks` again once it has become the job (a command line other
-        than the `shim`'s), until the run exits or `ends` (the grace time's end); one that
-        ended or never becomes the job is left alone."""
+        """SIGTERM each of `forks` again once it has become another command (a command
+        line other than the one noted), until the run exits or `ends` (the grace time's
+        end); one that ended or never execs is left alone."""
         loop = asyncio.get_running_loop()
         pause = 0.05
         while forks and not run.exited.is_set() and loop.time() < ends:
@@ -535,15 +532,15 @@ class Launcher:
                 timeout = min(pause, max(ends - loop.time(), 0.0))
                 await asyncio.wait_for(run.exited.wait(), timeout=timeout)
             pause = min(pause * 2, 1.0)
-            for p in list(forks):
+            for p, line in list(forks.items()):
                 try:
                     if not p.is_running():
-                        forks.discard(p)
-                    elif p.cmdline() != shim:
-                        forks.discard(p)
+                        del forks[p]
+                    elif p.cmdline() != line:
+                        del forks[p]
                         p.send_signal(signal.SIGTERM)  # checks it is still that process
                 except psutil.Error:
-                    forks.discard(p)
+                    forks.pop(p, None)
 
     def pid_reused(self, run: Running) -> bool:
         """Does the run's pid name another process now?  Once the shim has ended and been
