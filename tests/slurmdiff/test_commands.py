@@ -99,9 +99,13 @@ def sides(systems: tuple[System, System]) -> Iterator[tuple[Side, Side]]:
             side.system.run("scancel", *side.ids.values())
 
 
-def _check(diffs: list[Difference]) -> None:
+def _check(diffs: list[Difference], racy: tuple[str, ...] = ()) -> None:
+    """Fail on a difference neither intended nor known; `racy`: keys whose value depends
+    on timing on Slurm's side, not compared."""
     unexplained, known = [], []
     for diff in diffs:
+        if diff.key in racy:
+            continue
         kind, entry = explain("commands", diff.key, diff.slurm, diff.mgpu)
         if kind == "known" and entry is not None:
             known.append(f"{entry.name}: {diff}")
@@ -197,7 +201,10 @@ def test_scancel_then_sacct_with_field_prefixes(sides: tuple[Side, Side]) -> Non
                 diffs.append(Difference(f"sacct-{name}:{outputs[0][0][i]}", va, vb))
         if len(a.split()) != len(b.split()):
             diffs.append(Difference(f"sacct-{name}:columns", a, b))
-    _check(diffs)
+    # The held job never starts: mgpu shows Start None.  Slurm shows None too, or, once in
+    # a clean-clone run (a rerun passed), a time: what its controller had set by the
+    # cancel.  A race on Slurm's side.
+    _check(diffs, racy=("sacct-held:Start",))
 
 
 def test_sinfo(sides: tuple[Side, Side]) -> None:
