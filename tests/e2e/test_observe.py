@@ -395,12 +395,20 @@ def _read_pty(fd: int, until: float) -> bytes:
     return out
 
 
-def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
+def test_srun_shows_queue_position_while_waiting(obs: LocalCluster, tmp_path: Path) -> None:
     holder = submit(obs, "sleep 60", "node002:1")
     wait_for(lambda: state(obs, holder) == "running")
     argv = [str(BIN / "mgpu"), "srun", "--node-gpu-ids", "node002:1"]
     pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    verbose = subprocess.Popen([*argv, "-v", "--", "echo", "verbose"], env=obs.env, **pipes)
+    said = tmp_path / "verbose.err"  # read as it grows: the holder goes once it is there
+    with said.open("w") as err:
+        verbose = subprocess.Popen(
+            [*argv, "-v", "--", "echo", "verbose"],
+            env=obs.env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     plain = subprocess.Popen([*argv, "--", "echo", "plain"], env=obs.env, **pipes)
     master_fd, slave_fd = pty.openpty()
     tty = subprocess.Popen(
@@ -409,9 +417,14 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
     os.close(slave_fd)
     try:
         wait_for(lambda: sum(j["state"] == "queued" for j in obs.client().queue()["jobs"]) >= 3)
-        seen = _read_pty(master_fd, time.monotonic() + 1.5)
+        # The position first, then the scheduler's reason once a pass has seen the job.
+        wait_for(lambda: "waiting for" in said.read_text(), timeout=60, what="the reason")
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"queued (position " not in seen and time.monotonic() < deadline:
+            seen += _read_pty(master_fd, time.monotonic() + 0.5)
         obs.client().cancel(holder)
-        v_out, v_err = verbose.communicate(timeout=30)
+        v_out, _ = verbose.communicate(timeout=30)
         p_out, p_err = plain.communicate(timeout=30)
         t_out, _ = tty.communicate(timeout=30)
         seen += _read_pty(master_fd, time.monotonic() + 0.5)
@@ -421,6 +434,7 @@ def test_srun_shows_queue_position_while_waiting(obs: LocalCluster) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    v_err = said.read_text()
     assert (v_out, p_out, t_out) == ("verbose\n", "plain\n", b"tty\n")
     assert "queued (position " in v_err and "waiting for" in v_err
     assert p_err == ""  # not a terminal and not verbose: stderr stays clean
