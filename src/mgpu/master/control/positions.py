@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from itertools import islice
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.runtime.turns import bulk_turn
 from mgpu.model import Job, JobState
 
@@ -58,10 +59,11 @@ class QueuePositions:
         stale = now - self._made_at > MAX_AGE or place is None
         if stale and self._walk is None:
             self._made_at = now
-            try:
-                self._walk = asyncio.get_running_loop().create_task(self.walk())
-            except RuntimeError:  # no loop (tests/controller): count now
+            loop = running_loop()
+            if loop is None:  # no loop (tests/controller): count now
                 self._swap(self._count_now())
+            else:
+                self._walk = loop.create_task(self.walk())
             place = self._table.get(job_id)
         return place
 

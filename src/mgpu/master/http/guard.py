@@ -25,6 +25,7 @@ from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mgpu.master.runtime.loop import running_loop
 from mgpu.master.runtime.turns import RequestTurns
 from mgpu.master.security.auth import BadTokenThrottle, Identity
 from mgpu.master.store.base import RETRY_AFTER_S, StoreUnavailable
@@ -117,10 +118,9 @@ class FailedLogins:
         else:
             entry.more = True
         if self._timer is None:
-            try:
-                self._timer = asyncio.get_running_loop().call_later(self.window, self.flush)
-            except RuntimeError:  # no loop (a unit test): written on the next flush
-                pass
+            loop = running_loop()
+            if loop is not None:  # else (a unit test) written on the next flush
+                self._timer = loop.call_later(self.window, self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:

@@ -9,10 +9,11 @@ none.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from mgpu.master.runtime.loop import running_loop
 
 __all__ = ["Clock", "LoopTimers", "SystemClock", "Timers"]
 
@@ -49,13 +50,15 @@ class LoopTimers:
     """The running asyncio loop's timers; without a loop (start-up, shutdown) at once."""
 
     def call_soon(self, callback: Callable[[], None]) -> None:
-        try:
-            asyncio.get_running_loop().call_soon(callback)
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             callback()
+        else:
+            loop.call_soon(callback)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
-        try:
-            asyncio.get_running_loop().call_later(delay, callback)
-        except RuntimeError:
+        loop = running_loop()
+        if loop is None:
             callback()
+        else:
+            loop.call_later(delay, callback)

@@ -15,6 +15,8 @@ import asyncio
 import weakref
 from collections import deque
 
+from mgpu.master.runtime.loop import running_loop
+
 __all__ = ["REQUESTS_PER_TURN", "RequestTurns", "bulk_turn"]
 
 _locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -26,9 +28,8 @@ async def bulk_turn() -> None:
     """Let the loop run, then wait for a turn no other bulk slice has claimed and claim it
     (in place of the `sleep(0)` between two slices of synchronous bulk work)."""
     await asyncio.sleep(0)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # driven by hand, without a loop (tests/controller): nobody to wait for
+    loop = running_loop()
+    if loop is None:  # driven by hand, without a loop (tests/controller): nobody to wait for
         return
     lock = _locks.get(loop)
     if lock is None:
