@@ -22,9 +22,9 @@ at most TTL + retry (3 s) after the leader's last renewal; the rest of the 5 s g
 opening the cluster.
 
 A leader stopped, paused or cut off in the middle of a write transaction holds the lease
-row (its fence's `FOR KEY SHARE`) for as long as its database session lives.  A standby reads
-the lease first and tries to take it only once it has expired, waiting `take_wait` for the
-row at most; when that wait runs out it ends the expired holder's database sessions
+row (its fence's `FOR KEY SHARE`) for as long as its database session lives.  A standby
+reads the lease first and tries to take it only once it has expired, waiting `take_wait`
+for the row at most; when that wait runs out it ends the expired holder's database sessions
 (`lease.end_expired`: all of this master's connections carry its holder's tag in their
 `application_name`, `link`) and takes the lease at its next try.  The leader's own sessions
 also end themselves once idle in a transaction for the TTL

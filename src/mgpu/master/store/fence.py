@@ -10,11 +10,11 @@ own renewals (an UPDATE of the row's expiry, which locks it `FOR NO KEY UPDATE`)
 wait for its writes nor hold them up: with `FOR SHARE`, a renewal waited for a moment
 when no write held the row (10 ms a renewal on a busy leader, longer the busier it is:
 a lease that could run out for want of a gap) and then stopped every write until it
-committed.  The check is one statement (`statement()`) that
-fails unless the generation is this master's, so a transaction of a few rows is sent as
-one query, the check first: one round trip, one implicit transaction (postgres.py).  A
-deposed leader that wakes up (SIGSTOP, a long pause, a network cut healed) therefore
-cannot change anything, whatever it believes.
+committed.  The check is one statement (`statement()`) that fails unless the generation
+is this master's, so a transaction of a few rows is sent as one query, the check first:
+one round trip, one implicit transaction (postgres.py).  A deposed leader that wakes up
+(SIGSTOP, a long pause, a network cut healed) therefore cannot change anything, whatever
+it believes.
 
 SQLite has one master: its store never fences (`Fence.generation` stays None).
 """

@@ -117,11 +117,11 @@ def _write_one(
         (RUN_UPSERT, list(runs)),
     ]
     single = statement(inserts, check)  # one, prepared once its shape is known: pgwith.py
-    with psycopg.ClientCursor(conn) as cur:
-        try:
-            if single is not None:  # bound by the server (a ClientCursor's is never prepared)
-                conn.execute(single[0], single[1])
-                return
+    try:
+        if single is not None:  # bound by the server: a ClientCursor's is never prepared
+            conn.execute(single[0], single[1])
+            return
+        with psycopg.ClientCursor(conn) as cur:  # the statements one by one, as one query
             parts = [] if check is None else [check]
             if rows:
                 values = ",".join(cur.mogrify("(%s,%s,%s)", row) for row in rows)
@@ -129,10 +129,10 @@ def _write_one(
             parts += [cur.mogrify(SIZE_UPSERT, size) for size in sizes]
             parts += [cur.mogrify(RUN_UPSERT, run) for run in runs]
             cur.execute(";".join(parts))
-        except psycopg.errors.InvalidTextRepresentation as e:
-            if fence.refused(e):
-                fence.deny(conn)  # raises Fenced
-            raise
+    except psycopg.errors.InvalidTextRepresentation as e:
+        if fence.refused(e):
+            fence.deny(conn)  # raises Fenced
+        raise
 
 
 def create_output_tables(conn: psycopg.Connection[Any]) -> None:
