@@ -185,16 +185,35 @@ def test_scancel_then_sacct_with_field_prefixes(sides: tuple[Side, Side]) -> Non
             )
 
         _until(accounted, "the accounting of the cancelled jobs")
-        text = side.system.check("sacct", "-X", "-j", ids, fmt)
-        header, rule, *rows = text.splitlines()
-        outputs.append((header.split(), rule, {row.split()[2]: side.named(row) for row in rows}))
+        found: dict[str, tuple[list[str], str, dict[str, str]]] = {}
+
+        def both_rows(
+            side: Side = side,
+            ids: str = ids,
+            found: dict[str, tuple[list[str], str, dict[str, str]]] = found,
+        ) -> bool:
+            # Rows are found by their job id (the second column), not by a word's place
+            # in the row; the formatted listing is asked again until it has both.
+            header, rule, *rows = side.system.check("sacct", "-X", "-j", ids, fmt).splitlines()
+            by_name = {side.named(row.split()[1]).strip("<>"): row for row in rows if row.split()}
+            found["last"] = (header.split(), rule, {k: side.named(v) for k, v in by_name.items()})
+            return {"runner", "held"} <= by_name.keys()
+
+        try:
+            _until(both_rows, "both cancelled jobs in the formatted sacct")
+        except AssertionError:
+            pass  # compared below as they are: the difference shows the rows
+        outputs.append(found["last"])
     diffs = []
     if outputs[0][0] != outputs[1][0]:
         diffs.append(Difference("sacct:header", outputs[0][0], outputs[1][0]))
     if outputs[0][1] != outputs[1][1]:
         diffs.append(Difference("sacct:rule", outputs[0][1], outputs[1][1]))
     for name in ("runner", "held"):
-        a, b = outputs[0][2].get(name, ""), outputs[1][2].get(name, "")
+        if name not in outputs[0][2] or name not in outputs[1][2]:
+            diffs.append(Difference(f"sacct-{name}:row", outputs[0][2], outputs[1][2]))
+            continue
+        a, b = outputs[0][2][name], outputs[1][2][name]
         for i, (va, vb) in enumerate(zip(a.split(), b.split(), strict=False)):
             va, vb = sides[0].norm.field(va), sides[1].norm.field(vb)
             if va != vb:
