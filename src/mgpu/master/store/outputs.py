@@ -44,6 +44,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from mgpu.master.store.spares import Spares
+
 Record = dict[str, Any]
 
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -316,7 +318,8 @@ class OutputStore(ABC):
 
 
 class FileOutputStore(OutputStore):
-    """One JSON-lines file per job under `root` (the state dir's `output/`)."""
+    """One JSON-lines file per job under `root` (the state dir's `output/`); a job's new
+    file is a spare made ahead off the event loop (spares.py), not created on it."""
 
     def __init__(self, root: Path) -> None:
         super().__init__()
@@ -332,6 +335,7 @@ class FileOutputStore(OutputStore):
         self._owners: dict[str, str] = {}
         """The user of each open file."""
         self._repaired: set[str] = set()
+        self._spares = Spares(root)
 
     def path(self, job_id: str) -> Path:
         return self.root / f"{job_id}.jsonl"
@@ -422,7 +426,11 @@ class FileOutputStore(OutputStore):
         size (a file at the cap is full; if the cap was lowered, the marker is added)."""
         name = f"{job_id}.jsonl"
         path = os.path.join(self._root, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        try:  # an earlier run's (or master's) file; else a spare linked there, else created
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self._spares.link(path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
         size = os.fstat(fd).st_size
         if name not in self._repaired and size and self._repair(self.path(job_id)):
             size = os.fstat(fd).st_size
@@ -507,6 +515,7 @@ class FileOutputStore(OutputStore):
         return FileOutputReader(path, start, stop_at_current_end=not follow)
 
     def close_all(self) -> None:
+        self._spares.close()
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
