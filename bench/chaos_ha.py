@@ -12,6 +12,8 @@ database.  While it runs:
 - users loop: `mgpu queue` every 1 s and `mgpu submit` every 2 s (whole processes), the
   Python `Client.queue()` every 0.5 s, and `mgpu logs -f` on a job printing "tick N T"
   every 0.2 s (started again whenever it exits early);
+- a chatty job prints 400 lines every 0.5 s: the leader's output flushes of more than 64
+  records go through COPY, a transaction of several round trips (the worst moment below);
 - a prober asks both masters' `/readyz` every 0.1 s; a watcher polls the nodes every
   0.25 s (bench/failover.py's NodeWatch).
 
@@ -82,6 +84,8 @@ from pgserver import PgServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 AHEAD = 24
+CHATTER_LINES = 400
+"""Lines the chatty job prints every 0.5 s: its flushes exceed ONE_QUERY_ROWS (64)."""
 CATCH_S = 60.0
 """How long a worst-moment fault waits for the leader to be caught holding the lease row."""
 
@@ -201,6 +205,11 @@ class ChaosHa:
         ticker += 'while true; do i=$((i+1)); echo "tick $i $(date +%s.%N)"; sleep 0.2; done'
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         self.follow_job = client.submit(ticker, gpus=0, env=env).id
+        # A chatty job: bursts of more records than one query takes, so the leader's output
+        # flushes go through COPY, a transaction of several round trips that holds the
+        # lease row between them: the worst moment, which one-statement writes rarely show.
+        chatter = f"while true; do seq -f 'chatter %g' {CHATTER_LINES}; sleep 0.5; done"
+        self.chatter_job = client.submit(chatter, gpus=0, env=env).id
         self.users = Users(c, self.script, self.ids)
         self.users.start(self.follow_job)
         self.probe = ReadyProbe(c)
@@ -327,6 +336,7 @@ class ChaosHa:
             ln for ln in client.logs(self.follow_job).splitlines() if ln.startswith("tick ")
         ]
         client.cancel(self.follow_job)
+        client.cancel(self.chatter_job)
         self.probe.stop()
         self.nodes.stop()
         lines = self.lines()
