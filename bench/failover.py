@@ -43,7 +43,10 @@ Measured, printed and written to bench/results/failover.json:
   here: what PostgreSQL spends, the jobs do not get).  `BENCH_FAILOVER_ONLY=throughput`
   measures that alone (no kills), written to bench/results/failover-throughput.json;
   `BENCH_FAILOVER_SUBMITTERS=K` has K clients submit at once instead of one (written to
-  failover-throughput-K-submitters.json).
+  failover-throughput-K-submitters.json).  `BENCH_FAILOVER_PG_PARENT=/dev/shm` puts
+  PostgreSQL's data in that directory instead of /tmp: a diagnostic only (on tmpfs a
+  commit's WAL flush costs nothing, and nothing is durable), which shows how much of the
+  difference is the flush (written to failover-throughput-pg-on-<dir>.json).
 
 Not a test (tests/e2e/test_failover.py is).  Needs PostgreSQL's server binaries
 (Debian's `postgresql`; scripts/install-system-deps.sh installs them).
@@ -141,6 +144,8 @@ def cpu_groups(cluster: LocalCluster, server: PgServer | None) -> dict[str, floa
 
 
 SUBMITTERS = int(os.environ.get("BENCH_FAILOVER_SUBMITTERS", 1))
+PG_PARENT = os.environ.get("BENCH_FAILOVER_PG_PARENT", "/tmp")
+"""Where PostgreSQL's data directory is made (module docstring: not /tmp, a diagnostic)."""
 """Clients (threads, one connection each) that submit the throughput runs' jobs at once."""
 
 
@@ -478,7 +483,7 @@ def main() -> int:
         },
         "cluster": f"2 masters, {len(NODES)} agents x {GPUS} fake GPUs, loopback",
         "config": {"heartbeat_interval_s": HEARTBEAT, "timeout_s": TIMEOUT, "ha": "defaults"},
-        "postgresql": {"bin": str(bin_dir), "settings": PG_SETTINGS},
+        "postgresql": {"bin": str(bin_dir), "settings": PG_SETTINGS, "data_under": PG_PARENT},
         "seed": seed,
     }
     runs_sqlite: list[dict[str, Any]] = []
@@ -487,7 +492,7 @@ def main() -> int:
         root = Path(tmp)
         (root / "sqlite").mkdir()
         sqlite = LocalCluster(root / "sqlite", CONFIG)
-        server = PgServer(bin_dir, settings=PG_SETTINGS).start()
+        server = PgServer(bin_dir, settings=PG_SETTINGS, parent=PG_PARENT).start()
         try:
             sqlite.start_master()
             start_agents(sqlite)
@@ -536,6 +541,8 @@ def main() -> int:
         out = TPUT_RESULTS
         if SUBMITTERS > 1:
             out = out.with_name(f"{out.stem}-{SUBMITTERS}-submitters.json")
+        if PG_PARENT != "/tmp":
+            out = out.with_name(f"{out.stem}-pg-on-{Path(PG_PARENT).name}.json")
         out.write_text(json.dumps(alone, indent=2) + "\n")
         print(f"written to {out}")
         return 0

@@ -58,12 +58,16 @@ class PgServer:
     (a synchronous primary: `synchronous_standby_names="*"`, `synchronous_commit="on"`)."""
 
     def __init__(
-        self, bin_dir: Path, port: int | None = None, settings: dict[str, str] | None = None
+        self,
+        bin_dir: Path,
+        port: int | None = None,
+        settings: dict[str, str] | None = None,
+        parent: str = "/tmp",
     ) -> None:
         self.bin = bin_dir
         self.port = port or free_port()
         self.settings = dict(settings or {})
-        self.dir = Path(tempfile.mkdtemp(prefix="mgpu-pg-", dir="/tmp"))
+        self.dir = Path(tempfile.mkdtemp(prefix="mgpu-pg-", dir=parent))
         self.data = self.dir / "data"
         self.account: str | None = None
         if os.geteuid() == 0:
