@@ -117,8 +117,14 @@ def per_fault(
         seen = ticks_seen.get(line)
         if seen is None:
             f["logs_f_missing"] += 1
-        else:
-            f["logs_f_lag_s"] = round(max(f["logs_f_lag_s"], seen - printed), 2)
+        elif seen - printed > f["logs_f_lag_s"]:
+            f["logs_f_lag_s"] = round(seen - printed, 2)
+            # which tick and when, from the fault's start: to tell a lag's cause afterwards
+            f["logs_f_lag_tick"] = {
+                "tick": line.split()[1],
+                "printed_after_s": round(printed - records[k]["t0"], 2),
+                "seen_after_s": round(seen - records[k]["t0"], 2),
+            }
     job_starts = sorted(t for _, kind, t in lines if kind == "start")
     for k, r in enumerate(records):
         upto = records[k + 1]["t0"] if k + 1 < len(records) else end
