@@ -144,9 +144,9 @@ def cpu_groups(cluster: LocalCluster, server: PgServer | None) -> dict[str, floa
 
 
 SUBMITTERS = int(os.environ.get("BENCH_FAILOVER_SUBMITTERS", 1))
-PG_PARENT = os.environ.get("BENCH_FAILOVER_PG_PARENT", "/tmp")
-"""Where PostgreSQL's data directory is made (module docstring: not /tmp, a diagnostic)."""
 """Clients (threads, one connection each) that submit the throughput runs' jobs at once."""
+PG_PARENT = os.environ.get("BENCH_FAILOVER_PG_PARENT", "/tmp")
+"""Where PostgreSQL's data directory is made (other than /tmp: a diagnostic, see above)."""
 
 
 def submit_echoes(cluster: LocalCluster, n: int, submitters: int) -> list[str]:

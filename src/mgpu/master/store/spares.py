@@ -40,8 +40,9 @@ class Spares:
         self._filler: threading.Thread | None = None
         self._closed = False
         self._usable = True
-        """False once a link failed for a reason other than a name taken (a filesystem
-        without hard links): the store creates every file itself from then on."""
+        """False if `dir` cannot be made or read, or once a link failed for a reason other
+        than a name taken (a filesystem without hard links): the store then creates every
+        file itself."""
         try:
             os.makedirs(self.dir, exist_ok=True)
             names = [n for n in os.listdir(self.dir) if n.isdigit()]
