@@ -47,6 +47,10 @@ Measured, printed and written to bench/results/failover.json:
   PostgreSQL's data in that directory instead of /tmp: a diagnostic only (on tmpfs a
   commit's WAL flush costs nothing, and nothing is durable), which shows how much of the
   difference is the flush (written to failover-throughput-pg-on-<dir>.json).
+  `BENCH_FAILOVER_SQLITE_SYNC=FULL` runs the SQLite master with `synchronous=FULL`, every
+  commit waiting for the disk as PostgreSQL's durable one does (by default SQLite's commit
+  does not wait; a power loss may drop the last ones): a diagnostic too, which compares
+  the two stores at the same durability (written to failover-throughput-sqlite-full.json).
 
 Not a test (tests/e2e/test_failover.py is).  Needs PostgreSQL's server binaries
 (Debian's `postgresql`; scripts/install-system-deps.sh installs them).
@@ -84,6 +88,7 @@ from chaos import stats  # bench/: the same figures of a list of times
 import pgserver
 from hacluster import HaCluster
 from mgpu import Client
+from mgpu.master.store.sqlite import SYNCHRONOUS_ENV
 from mgpu.testing import LocalCluster, wait_for
 from pgserver import PgServer
 
@@ -147,6 +152,8 @@ SUBMITTERS = int(os.environ.get("BENCH_FAILOVER_SUBMITTERS", 1))
 """Clients (threads, one connection each) that submit the throughput runs' jobs at once."""
 PG_PARENT = os.environ.get("BENCH_FAILOVER_PG_PARENT", "/tmp")
 """Where PostgreSQL's data directory is made (other than /tmp: a diagnostic, see above)."""
+SQLITE_SYNC = os.environ.get("BENCH_FAILOVER_SQLITE_SYNC", "NORMAL").upper()
+"""The SQLite master's `synchronous` (FULL: a diagnostic, see above)."""
 
 
 def submit_echoes(cluster: LocalCluster, n: int, submitters: int) -> list[str]:
@@ -471,6 +478,9 @@ def main() -> int:
     n_tput = int(os.environ.get("BENCH_FAILOVER_TPUT_JOBS", 300))
     n_runs = max(1, int(os.environ.get("BENCH_FAILOVER_TPUT_RUNS", 3)))
     only_throughput = os.environ.get("BENCH_FAILOVER_ONLY") == "throughput"
+    if SQLITE_SYNC not in ("NORMAL", "FULL"):
+        print(f"BENCH_FAILOVER_SQLITE_SYNC is NORMAL or FULL, not {SQLITE_SYNC}")
+        return 2
     bin_dir = pgserver.bindir()
     if bin_dir is None:
         print("PostgreSQL is not installed (scripts/install-system-deps.sh installs it)")
@@ -484,6 +494,7 @@ def main() -> int:
         "cluster": f"2 masters, {len(NODES)} agents x {GPUS} fake GPUs, loopback",
         "config": {"heartbeat_interval_s": HEARTBEAT, "timeout_s": TIMEOUT, "ha": "defaults"},
         "postgresql": {"bin": str(bin_dir), "settings": PG_SETTINGS, "data_under": PG_PARENT},
+        "sqlite": {"synchronous": SQLITE_SYNC},
         "seed": seed,
     }
     runs_sqlite: list[dict[str, Any]] = []
@@ -492,6 +503,8 @@ def main() -> int:
         root = Path(tmp)
         (root / "sqlite").mkdir()
         sqlite = LocalCluster(root / "sqlite", CONFIG)
+        if SQLITE_SYNC != "NORMAL":
+            sqlite.env[SYNCHRONOUS_ENV] = SQLITE_SYNC
         server = PgServer(bin_dir, settings=PG_SETTINGS, parent=PG_PARENT).start()
         try:
             sqlite.start_master()
@@ -531,7 +544,7 @@ def main() -> int:
     )
     if only_throughput:
         alone = {
-            **{k: result[k] for k in ("machine", "postgresql")},
+            **{k: result[k] for k in ("machine", "postgresql", "sqlite")},
             "jobs_a_run": n_tput,
             "postgresql_two_masters": tput_pg,
             "sqlite_one_master": tput_sqlite,
@@ -543,6 +556,8 @@ def main() -> int:
             out = out.with_name(f"{out.stem}-{SUBMITTERS}-submitters.json")
         if PG_PARENT != "/tmp":
             out = out.with_name(f"{out.stem}-pg-on-{Path(PG_PARENT).name}.json")
+        if SQLITE_SYNC != "NORMAL":
+            out = out.with_name(f"{out.stem}-sqlite-{SQLITE_SYNC.lower()}.json")
         out.write_text(json.dumps(alone, indent=2) + "\n")
         print(f"written to {out}")
         return 0

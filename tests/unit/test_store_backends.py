@@ -28,7 +28,7 @@ from mgpu.master.store.base import (
 )
 from mgpu.master.store.fence import LEASE_TABLE, Fenced
 from mgpu.master.store.postgres import PostgresStore
-from mgpu.master.store.sqlite import SqliteStore
+from mgpu.master.store.sqlite import SYNCHRONOUS_ENV, SqliteStore
 from mgpu.model import JobState
 from mgpu.testing import wait_for
 from mgpu.tokens import hash_secret
@@ -80,6 +80,22 @@ def test_a_state_dir_from_before_schema_versions_is_migrated_without_loss(
         assert again.schema_version() == SCHEMA_VERSION and again.get_job("7") == job
     finally:
         again.close()
+
+
+def test_sqlite_commits_wait_for_the_disk_only_under_the_benchmarks_diagnostic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PRAGMA synchronous: 1 is NORMAL (a master's crash loses nothing), 2 is FULL.
+    for value, expected in ((None, 1), ("FULL", 2), ("OFF", 1)):
+        if value is None:
+            monkeypatch.delenv(SYNCHRONOUS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SYNCHRONOUS_ENV, value)
+        store = SqliteStore(tmp_path / f"{value}.db")
+        try:
+            assert store.db.execute("PRAGMA synchronous").fetchone() == (expected,)
+        finally:
+            store.close()
 
 
 def test_a_database_of_a_newer_mgpu_is_refused(backend: Backend) -> None:

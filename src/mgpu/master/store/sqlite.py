@@ -10,6 +10,7 @@ schema.py's, shared with PostgreSQL; here only the connection and its transactio
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +36,15 @@ T = TypeVar("T")
 MEMORY = ":memory:"
 """A store that lives in memory only (the controller tests)."""
 
+SYNCHRONOUS_ENV = "MGPU_TEST_SQLITE_SYNCHRONOUS"
+"""A benchmark's diagnostic, never set in use (bench/failover.py): `FULL` makes every
+commit wait for the disk, as PostgreSQL's durable commit does; else NORMAL (above)."""
+
+
+def synchronous() -> str:
+    """The `synchronous` setting the store runs with: NORMAL, or FULL for the diagnostic."""
+    return "FULL" if os.environ.get(SYNCHRONOUS_ENV) == "FULL" else "NORMAL"
+
 
 def migrate(db: sqlite3.Connection, where: str) -> None:
     """Bring the database to SCHEMA_VERSION (schema.py), in one transaction (`db` in
@@ -52,7 +62,7 @@ class SqliteStore(SqlStore):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute(f"PRAGMA synchronous={synchronous()}")
         self._checkpointer: Checkpointer | None = None
         if path != MEMORY:  # checkpoints off the event loop (walcheckpoint.py)
             self.db.execute("PRAGMA wal_autocheckpoint=0")
