@@ -177,6 +177,55 @@ def test_a_paused_database_leaves_the_leader_answering_and_losing_nothing(
     assert {n["state"] for n in client.nodes()} == {"online"}
 
 
+def test_agents_that_watch_for_the_leader_stay_linked_through_the_pause(
+    tmp_path: Path, server: PgServer
+) -> None:
+    """An agent given several masters watches for the leader itself, and a master out of
+    its lease keeps it (control/nodes.py).  Jobs that end during the pause have their ends
+    written when the database answers again, and their agents told to forget them, which
+    may come before the lease is renewed: those messages wait for the renewal
+    (state/registry.py, `may_hold`).  Before, each closed its agent's link, and every
+    agent said hello again (and launches were sent again) after every pause."""
+    cluster = HaCluster(tmp_path, server.create_database("mgpu"), masters=1, config=CONFIG)
+    # A second master address where nothing answers: the agents watch for a leader there
+    # (none ever leads) and stay with this one, as with a standby on a paused database.
+    masters = f"{cluster.addresses[0]},127.0.0.1:{pgserver.free_port()}"
+    try:
+        cluster.start_master(0)
+        assert cluster.leader(timeout=60) == 0
+        for node in ("node001", "node002"):
+            cluster.start_agent(node, gpus=2, wait=False, extra=["--master-host", masters])
+        for node in ("node001", "node002"):
+            cluster.wait_node(node, "online", timeout=60)
+        client = cluster.client()
+        flowing = [client.submit(f"sleep {1 + i % 3}; echo done", gpus=1).id for i in range(4)]
+        wait_for(
+            lambda: sum(client.show(j)["state"] == "running" for j in flowing) >= 2,
+            timeout=60,
+            what="jobs running when the database is paused",
+        )
+        before = {n: len(cluster.log(n)) for n in ("master0", "node001", "node002")}
+        with server.paused():
+            time.sleep(PAUSE_S)
+        ended = client.wait_all(flowing, timeout=120)
+        assert {j["id"]: j["state"] for j in ended} == dict.fromkeys(flowing, "completed")
+        again = {j["id"]: j["attempts"] for j in ended if len(_started(j)) != 1}
+        assert not again, f"{again}\n{cluster.logs_of_masters()}"
+        # Their agents were told to forget them (the lease renewed by then): links intact.
+        wait_for(
+            lambda: "lease is held again" in cluster.log("master0")[before["master0"] :],
+            timeout=60,
+            what="the lease renewed after the pause",
+        )
+        since = {n: cluster.log(n)[k:] for n, k in before.items()}
+        assert "disconnected" not in since["master0"], since["master0"]
+        for node in ("node001", "node002"):
+            assert "connection to the master lost" not in since[node], since[node]
+        assert {n["state"] for n in client.nodes()} == {"online"}
+    finally:
+        cluster.stop()
+
+
 def _started(job: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's attempts that started on a node (a launch that never reached one did not)."""
     return [a for a in job.get("attempts") or [] if a.get("start_time") is not None]

@@ -1,5 +1,8 @@
 """A master whose lease ran out sends agents nothing (master/state/registry.py's AgentLink
-with `may_send`, master/ha/leadership.py): what was queued is dropped, the link closed."""
+with `may_send`, master/ha/leadership.py): what was queued is dropped, the link closed.
+To an agent that watches for the leader itself, a master only out of its lease (`may_hold`:
+a paused database) holds what it sends until the lease is renewed, and drops it with the
+link once it learns it was deposed."""
 
 from __future__ import annotations
 
@@ -69,3 +72,72 @@ def test_a_single_master_sends_as_before() -> None:
         return ws
 
     assert len(asyncio.run(main()).frames) == 1
+
+
+async def _until(check: Any, what: str) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not {what} within 5 s")
+
+
+def _watching_link(ws: FakeWebSocket, sending: list[bool], holding: list[bool]) -> AgentLink:
+    link = AgentLink("n1", ws, may_send=lambda: sending[0], may_hold=lambda: holding[0])
+    link.watches_leader = True
+    return link
+
+
+def test_a_watching_agents_messages_wait_for_the_lease_to_be_renewed() -> None:
+    sending, holding = [False], [True]  # out of its lease: the database paused
+
+    async def main() -> tuple[AgentLink, FakeWebSocket]:
+        ws = FakeWebSocket()
+        link = _watching_link(ws, sending, holding)
+        writer = asyncio.create_task(link.writer())
+        link.send(Kill(job_id="a1", reason="cancelled"))
+        link.send(Kill(job_id="a2", reason="cancelled"))
+        for _ in range(20):  # the writer has taken them and waits: nothing out, still open
+            await asyncio.sleep(0.01)
+        assert ws.frames == [] and not link.closed and not ws.closed
+        sending[0], holding[0] = True, False  # renewed
+        await _until(lambda: ws.frames, "sent once the lease was renewed")
+        link.close()
+        await asyncio.wait_for(writer, 5)
+        return link, ws
+
+    _, ws = asyncio.run(main())
+    sent = "".join(ws.frames)
+    assert '"a1"' in sent and '"a2"' in sent and sent.index('"a1"') < sent.index('"a2"')
+
+
+def test_held_messages_are_dropped_with_the_link_once_the_master_was_deposed() -> None:
+    sending, holding = [False], [True]
+
+    async def main() -> tuple[AgentLink, FakeWebSocket]:
+        ws = FakeWebSocket()
+        link = _watching_link(ws, sending, holding)
+        writer = asyncio.create_task(link.writer())
+        link.send(Kill(job_id="a1", reason="cancelled"))
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert not link.closed
+        holding[0] = False  # another master took the lease: this one may not wait any more
+        await asyncio.wait_for(writer, 5)
+        return link, ws
+
+    link, ws = asyncio.run(main())
+    assert link.closed and ws.frames == [] and ws.closed
+
+
+def test_an_agent_that_does_not_watch_for_the_leader_is_let_go_at_once() -> None:
+    async def main() -> tuple[AgentLink, FakeWebSocket]:
+        ws = FakeWebSocket()
+        link = AgentLink("n1", ws, may_send=lambda: False, may_hold=lambda: True)
+        writer = asyncio.create_task(link.writer())
+        link.send(Kill(job_id="a1", reason="cancelled"))
+        await asyncio.wait_for(writer, 5)
+        return link, ws
+
+    link, ws = asyncio.run(main())
+    assert link.closed and ws.frames == [] and ws.closed

@@ -16,7 +16,8 @@ standby that took over hears nothing from an agent that stays with the old leade
 would lose its node after the timeout and run its jobs a second time.  An agent that
 watches for the leader itself (it asks the other masters, `Hello.watches_leader`) is
 kept: it leaves once another master leads, and stays, shown connected, through a paused
-database, when none does.
+database, when none does; what this master sends it meanwhile waits for the lease's
+renewal (state/registry.py's `AgentLink.may_hold`), not closing its link.
 """
 
 from __future__ import annotations

@@ -161,6 +161,13 @@ class Leadership:
         from it (another master may lead by now: mgpu.master.http.standby tells clients)."""
         return self.leading and self.lost is None and clock() >= self._deadline
 
+    def may_hold(self) -> bool:
+        """Whether what this master would send agents now may wait for its lease's renewal:
+        its lease ran out by its own clock and nothing more (`lapsed`, and no write of it
+        was refused).  Sent once renewed (the same generation: no other master led
+        meanwhile); dropped once it learns it was deposed."""
+        return self.lapsed() and not self.fence.lost
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="mgpu-lease", daemon=True)
         self._thread.start()

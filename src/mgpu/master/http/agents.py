@@ -89,7 +89,12 @@ async def _admit(ws: WebSocket, cl: Cluster, state: EdgeState, first: Hello) -> 
         with contextlib.suppress(Exception):
             await ws.close(code=1013, reason="this master's lease is not valid now: try again")
         return None
-    link = AgentLink(first.node_id, ws, None if election is None else election.may_send)
+    link = AgentLink(
+        first.node_id,
+        ws,
+        None if election is None else election.may_send,
+        None if election is None else election.may_hold,
+    )
     link.watches_leader = first.watches_leader
     welcome = cl.agent_hello(first, link, new_secret)
     if election is not None:

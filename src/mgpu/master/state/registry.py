@@ -29,6 +29,8 @@ ACK = '{"type":"forget"'
 """How an encoded `Forget` begins: an acknowledgement, which need not leave at once."""
 ACK_WAIT = 0.02
 """Seconds a frame of acknowledgements alone waits for another message to go with."""
+HOLD_POLL = 0.05
+"""Seconds between two looks, while a link holds its messages, whether the lease is back."""
 
 
 INPUT_WINDOW = 256 * 1024
@@ -66,13 +68,25 @@ class AgentLink:
     queues and the agent hold of one terminal's input is bounded, and the terminal's
     client waits (master/http/attach.py) rather than the master's memory growing."""
 
-    def __init__(self, node_id: str, ws: Any, may_send: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        ws: Any,
+        may_send: Callable[[], bool] | None = None,
+        may_hold: Callable[[], bool] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.ws = ws
         self.may_send = may_send
         """Several masters (master/ha): whether this one may send anything now (it leads
         and its lease has not run out).  When not, nothing more is sent on this link and
         it is closed: the agent says hello again, to whichever master leads."""
+        self.may_hold = may_hold
+        """Whether this master is only out of its lease (Leadership.may_hold): then what
+        goes to an agent that watches for the leader itself is held until the lease is
+        renewed, not dropped with the link.  Such an agent stays through a paused
+        database (control/nodes.py); without this, the writes that waited for the
+        database would close its link with their messages the moment it answers again."""
         self.outbox: asyncio.Queue[str | None] = asyncio.Queue()
         self.closed = False
         self.input: dict[str, InputWindow] = {}
@@ -86,7 +100,7 @@ class AgentLink:
         a string, say) raises Unsendable here and never reaches the connection's frames."""
         if self.closed:
             return
-        if self.may_send is not None and not self.may_send():
+        if self.may_send is not None and not self.may_send() and not self._holds():
             self._fenced()
             return
         try:
@@ -139,7 +153,7 @@ class AgentLink:
                         items.append(self.outbox.get_nowait())
             closing = items[-1] is None
             encoded = [i for i in items if i is not None]
-            if self.may_send is not None and not self.may_send():
+            if self.may_send is not None and not self.may_send() and not await self._renewed():
                 self._fenced()  # not one of them goes out
                 with contextlib.suppress(Exception):
                     await self.ws.close(code=1012)
@@ -155,6 +169,19 @@ class AgentLink:
                 with contextlib.suppress(Exception):
                     await self.ws.close()
                 return
+
+    def _holds(self) -> bool:
+        """Whether what this link would send waits for the lease's renewal (`may_hold`)."""
+        return self.watches_leader and self.may_hold is not None and self.may_hold()
+
+    async def _renewed(self) -> bool:
+        """Wait while the link holds its messages (`_holds`): True once this master may
+        send again; False once it may not wait any more (deposed) or the link closed."""
+        while self._holds() and not self.closed:
+            await asyncio.sleep(HOLD_POLL)
+            if self.may_send is None or self.may_send():
+                return True
+        return False
 
     def close(self) -> None:
         self.closed = True
