@@ -1,8 +1,10 @@
 """Test helpers: the local-cluster harness lives in the package (benchmarks use it too)."""
 
+import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,20 @@ __all__ = [
     "free_port",
     "kill_group",
     "local_cluster",
+    "until",
     "wait_for",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+async def until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    """`wait_for` on a running event loop: poll `cond` every 10 ms, not blocking the loop;
+    fail after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 def dist_dir() -> Path:

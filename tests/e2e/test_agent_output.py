@@ -9,10 +9,10 @@ import contextlib
 import hashlib
 import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from helpers import until
 from mgpu.agent.agent import OUTPUT_QUEUED_MAX, Agent, AgentOptions
 from mgpu.agent.spawn import READ_CHUNK
 from mgpu.protocol import Welcome, encode
@@ -27,13 +27,6 @@ FLOOD_LAUNCH = json.dumps(
 def queued(agent: Agent) -> int:
     """Characters of output in the agent's outbox (what waits in its memory)."""
     return sum(len(text) for kind, text in agent.outbox if kind == "output")
-
-
-async def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def take_output(ws: Any, got: dict[str, Any]) -> None:

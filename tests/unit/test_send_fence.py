@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mgpu.master.state.registry import AgentLink
+from helpers import until
+from mgpu.master.state.registry import HOLD_POLL, AgentLink
 from mgpu.protocol import Kill, Launch
 
 
@@ -63,10 +64,7 @@ def test_a_single_master_sends_as_before() -> None:
         link = AgentLink("n1", ws)
         writer = asyncio.create_task(link.writer())
         link.send(Kill(job_id="a1", reason="cancelled"))
-        for _ in range(500):
-            if ws.frames:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: ws.frames, 5, "the message sent")
         link.close()
         await asyncio.wait_for(writer, 5)
         return ws
@@ -74,12 +72,10 @@ def test_a_single_master_sends_as_before() -> None:
     assert len(asyncio.run(main()).frames) == 1
 
 
-async def _until(check: Any, what: str) -> None:
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"not {what} within 5 s")
+async def _held_a_while(link: AgentLink) -> None:
+    """Until the writer has taken what was queued, then four of its looks at the lease."""
+    await until(link.outbox.empty, 5, "the writer to take the messages")
+    await asyncio.sleep(HOLD_POLL * 4)
 
 
 def _watching_link(ws: FakeWebSocket, sending: list[bool], holding: list[bool]) -> AgentLink:
@@ -97,11 +93,10 @@ def test_a_watching_agents_messages_wait_for_the_lease_to_be_renewed() -> None:
         writer = asyncio.create_task(link.writer())
         link.send(Kill(job_id="a1", reason="cancelled"))
         link.send(Kill(job_id="a2", reason="cancelled"))
-        for _ in range(20):  # the writer has taken them and waits: nothing out, still open
-            await asyncio.sleep(0.01)
+        await _held_a_while(link)  # the writer has taken them and waits: nothing out, open
         assert ws.frames == [] and not link.closed and not ws.closed
         sending[0], holding[0] = True, False  # renewed
-        await _until(lambda: ws.frames, "sent once the lease was renewed")
+        await until(lambda: ws.frames, 5, "sent once the lease was renewed")
         link.close()
         await asyncio.wait_for(writer, 5)
         return link, ws
@@ -119,8 +114,7 @@ def test_held_messages_are_dropped_with_the_link_once_the_master_was_deposed() -
         link = _watching_link(ws, sending, holding)
         writer = asyncio.create_task(link.writer())
         link.send(Kill(job_id="a1", reason="cancelled"))
-        for _ in range(20):
-            await asyncio.sleep(0.01)
+        await _held_a_while(link)
         assert not link.closed
         holding[0] = False  # another master took the lease: this one may not wait any more
         await asyncio.wait_for(writer, 5)
