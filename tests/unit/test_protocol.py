@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from factories import websocket_scope
+from helpers import until
 from mgpu.config import ClusterConfig
 from mgpu.master.control.cluster import Cluster
 from mgpu.master.state.registry import AgentLink, Unsendable
@@ -133,13 +134,6 @@ def test_acknowledgements_alone_wait_for_the_next_message_to_share_its_frame(
     assert encode(forget).startswith(ACK)  # how the link tells an acknowledgement
     kill = Kill(job_id="e5f6a7b8", reason="cancelled")
 
-    async def until(condition: Any) -> None:
-        for _ in range(2000):
-            if condition():
-                return
-            await asyncio.sleep(0.001)
-        raise AssertionError("not in time")
-
     async def main() -> tuple[list[str], list[str]]:
         ws = FakeWebSocket()
         link = AgentLink("n1", ws)
@@ -148,10 +142,10 @@ def test_acknowledgements_alone_wait_for_the_next_message_to_share_its_frame(
         await asyncio.sleep(0.02)
         assert ws.frames == []  # still waiting for company
         link.send(kill)
-        await until(lambda: len(ws.frames) == 1)
+        await until(lambda: len(ws.frames) == 1, timeout=30, what="the shared frame")
         together = list(ws.frames)
         link.send(forget)
-        await until(lambda: len(ws.frames) == 2)
+        await until(lambda: len(ws.frames) == 2, timeout=30, what="the lone Forget's frame")
         link.close()
         await asyncio.wait_for(writer, 5)
         return together, ws.frames[1:]
