@@ -79,11 +79,11 @@ class Master:
 
     def stands_by_for(self, leader: Master) -> bool:
         """A standby that has read the lease: a (re)started master says "standby" before
-        it knows who leads, so the role alone is not enough."""
+        it knows who leads, so the role alone is not enough.  `/readyz` says both."""
         body = self.get("/readyz")[2]
         return (
-            self.role() == "standby"
-            and isinstance(body, dict)
+            isinstance(body, dict)
+            and body.get("role") == "standby"
             and body.get("leader") == leader.address
         )
 
