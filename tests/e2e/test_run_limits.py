@@ -222,3 +222,42 @@ def test_a_v1_cpuset_taken_away_is_made_again_with_its_cpus() -> None:
         for base in {w.base for w in limits.where.values()} | {containment.base}:
             if base is not None:
                 cgroups.release(base)
+
+
+def test_a_neighbour_starting_beside_an_agent_does_not_cost_it_its_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two agents starting on one machine (tests, several node ids): each removes the
+    others' empty directories (`cgroups.sweep`).  A removal between this agent's making its
+    own directory in a hierarchy and checking it took that hierarchy for one it cannot
+    use: its jobs ran held to no memory ("not limited"; seen in CI, slurmdiff's agents).
+    Staged here at that very moment: the directory is made again."""
+    with open("/proc/self/mountinfo") as f, open("/proc/self/cgroup") as g:
+        mountinfo, self_cgroup = f.read(), g.read()
+    mine, neighbour = f"test-mine-{os.getpid()}", f"test-neighbour-{os.getpid()}"
+    owns = {c: cgroups.v1_hierarchy(mountinfo, self_cgroup, c) for c in runlimits.CONTROLLERS}
+    bases = {c: os.path.join(own, cgroups.TOP, mine) for c, own in owns.items() if own}
+    if runlimits.MEMORY not in bases:
+        pytest.skip("no v1 memory hierarchy here")
+    access, raced = os.access, set()
+
+    def neighbour_sweeps_first(path: Any, mode: int, **kw: Any) -> bool:
+        for base in set(bases.values()) - raced:
+            if str(path).startswith(base + "/"):
+                raced.add(base)
+                theirs = os.path.join(os.path.dirname(base), neighbour)
+                os.makedirs(theirs, exist_ok=True)
+                cgroups.sweep(cgroups.Containment(cgroups.V1_FREEZER, theirs), set())
+                assert not os.path.isdir(base)  # the race staged: this agent's is gone
+        return access(path, mode, **kw)
+
+    monkeypatch.setattr(os, "access", neighbour_sweeps_first)
+    try:
+        limits = runlimits.choose(mine, cgroups.Containment(cgroups.PROCESS_TREE))
+    finally:
+        monkeypatch.undo()
+        for base in bases.values():
+            cgroups.release(base)
+            cgroups.release(os.path.join(os.path.dirname(base), neighbour))
+    assert raced == set(bases.values())
+    assert limits.where == {c: runlimits.Hierarchy(1, b) for c, b in bases.items()}

@@ -26,12 +26,14 @@ removed when it starts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,8 @@ METHODS = (V2, V1_FREEZER, PROCESS_TREE)
 
 TOP = "mgpu"
 """The directory under the agent's own cgroup that holds every agent's runs."""
+_REMADE = 5
+"""How many times an agent's directory removed by a neighbour's start-up is made again."""
 CHOICE_ENV = "MGPU_JOB_CONTAINMENT"
 """Set to a method name in the agent's environment to use that one (tests, workarounds)."""
 
@@ -170,19 +174,35 @@ def choose(
         if prefer not in ("auto", "", method):
             continue
         base = os.path.join(own, TOP, key)
+        why = make_base(base, "cgroup.kill" if method == V2 else "freezer.state")
+        if why is None:
+            return Containment(method, base)
+        log.debug("cannot use %s: %s", method, why)
+    return Containment(PROCESS_TREE)
+
+
+def make_base(base: str, needed: str, prepare: Callable[[], None] | None = None) -> str | None:
+    """Make an agent's directory `base` in a hierarchy (`prepare`d, once made) and check
+    that its runs' cgroups can go there (`needed` and `cgroup.procs` writable): None, or
+    why not (then it is removed).  Another agent starting beside this one removes the
+    empty directories of others (`sweep`), so this one may go between its making and its
+    check: it is made again then, not taken for a hierarchy that cannot be used."""
+    for _ in range(_REMADE):
         try:
             os.makedirs(base, exist_ok=True)
+            if prepare is not None:
+                prepare()
         except OSError as e:
-            log.debug("cannot use %s at %s: %s", method, base, e)
-            continue
-        needed = "cgroup.kill" if method == V2 else "freezer.state"
-        if os.path.exists(os.path.join(base, needed)) and os.access(
-            os.path.join(base, "cgroup.procs"), os.W_OK
-        ):
-            return Containment(method, base)
-        log.debug("cannot use %s at %s: no writable %s", method, base, needed)
-        release(base)
-    return Containment(PROCESS_TREE)
+            if not os.path.isdir(base) and e.errno == errno.ENOENT:
+                continue  # removed as it was being prepared
+            release(base)
+            return f"cannot make {base}: {e.strerror}"
+        if all(os.access(os.path.join(base, name), os.W_OK) for name in (needed, "cgroup.procs")):
+            return None
+        if os.path.isdir(base):
+            release(base)
+            return f"{base}/{needed} is not writable"
+    return f"{base} was removed each time it was made"
 
 
 # ---- one run ------------------------------------------------------------------------------
@@ -346,6 +366,7 @@ __all__ = [
     "create",
     "enter",
     "kill",
+    "make_base",
     "pids",
     "populated",
     "release",

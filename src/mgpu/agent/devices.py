@@ -241,16 +241,8 @@ def _v1_base(key: str, mountinfo_path: str, cgroup_path: str) -> tuple[str | Non
     if own is None:
         return None, "no v1 devices cgroup"
     base = os.path.join(own, cgroups.TOP, key)
-    try:
-        os.makedirs(base, exist_ok=True)
-    except OSError as e:
-        return None, f"cannot make {base}: {e.strerror}"
-    if os.access(os.path.join(base, "devices.deny"), os.W_OK) and os.access(
-        os.path.join(base, "cgroup.procs"), os.W_OK
-    ):
-        return base, ""
-    cgroups.release(base)
-    return None, f"{base}/devices.deny is not writable"
+    why = cgroups.make_base(base, "devices.deny")
+    return (base, "") if why is None else (None, why)
 
 
 def _bpf_works(containment: cgroups.Containment) -> str | None:

@@ -166,21 +166,16 @@ def v1_base(own: str, key: str, ctrl: str) -> str | None:
     """This agent's directory of run cgroups in the v1 hierarchy of `ctrl` (made, a cpuset's
     CPUs and memory nodes copied down from its parent), or None where it cannot be used."""
     base = os.path.join(own, cgroups.TOP, key)
-    try:
-        os.makedirs(base, exist_ok=True)
-        if ctrl == CPUSET:
-            for path in (os.path.dirname(base), base):
-                _inherit_cpuset(path)
-    except OSError as e:
-        log.debug("cannot use the v1 %s hierarchy at %s: %s", ctrl, base, e)
-        cgroups.release(base)
-        return None
+
+    def inherit() -> None:
+        for path in (os.path.dirname(base), base):
+            _inherit_cpuset(path)
+
     probe = {CPUSET: "cpuset.cpus", CPU: "cpu.cfs_quota_us", MEMORY: "memory.limit_in_bytes"}
-    if os.access(os.path.join(base, probe[ctrl]), os.W_OK) and os.access(
-        os.path.join(base, "cgroup.procs"), os.W_OK
-    ):
+    why = cgroups.make_base(base, probe[ctrl], inherit if ctrl == CPUSET else None)
+    if why is None:
         return base
-    cgroups.release(base)
+    log.debug("cannot use the v1 %s hierarchy: %s", ctrl, why)
     return None
 
 
