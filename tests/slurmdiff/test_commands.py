@@ -164,6 +164,17 @@ def test_scontrol_show_job(sides: tuple[Side, Side], name: str) -> None:
 def test_scancel_then_sacct_with_field_prefixes(sides: tuple[Side, Side]) -> None:
     """sacct matches field names by prefix in any case (`time` is Timelimit)."""
     for side in sides:
+        # Slurm's controller sends a pending job to its accounting store in the background;
+        # one cancelled before that is stored from the cancel alone (named "allocation", no
+        # partition, no time limit: seen once in a run).  Compared once each has both.
+        ids = f"{side.ids['runner']},{side.ids['held']}"
+
+        def stored(side: Side = side, ids: str = ids) -> bool:
+            res = side.system.run("sacct", "-X", "-n", "-P", "-o", "JobName", "-j", ids)
+            return res.returncode == 0 and sorted(res.stdout.split()) == ["held", "runner"]
+
+        _until(stored, "the accounting store to have both jobs")
+    for side in sides:
         side.system.check("scancel", side.ids["runner"], side.ids["held"])
     for side in sides:
         _until(
