@@ -100,6 +100,25 @@ def test_choose_without_permission_or_cgroupfs(tmp_path: Path) -> None:
     assert cgroups.choose("k", "auto", str(missing), str(missing)).method == "process-tree"
 
 
+def test_a_v2_base_made_again_enables_its_runs_controllers_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neighbour agent's start-up removes this agent's empty directory; the next run's
+    cgroup makes it again.  A new v2 cgroup enables nothing for its children, so the run's
+    CPU and memory limit files would not be there: the parent's controllers are enabled."""
+    top = tmp_path / "agent" / cgroups.TOP
+    top.mkdir(parents=True)
+    (top / "cgroup.subtree_control").write_text("cpuset cpu memory\n")
+    base = top / "n1-abc"  # not there: removed
+    writes: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(cgroups, "write", lambda *a: writes.append(a))
+    path = cgroups.create(cgroups.Containment(cgroups.V2, str(base)), "7", 1)
+    assert path == str(base / "7.1") and os.path.isdir(path)
+    assert writes == [
+        (str(base), "cgroup.subtree_control", f"+{c}") for c in ("cpuset", "cpu", "memory")
+    ]
+
+
 def test_agent_key_is_per_node_and_spool(tmp_path: Path) -> None:
     one = cgroups.agent_key("node001", tmp_path / "a" / "spool")
     assert one.startswith("node001-") and "/" not in one

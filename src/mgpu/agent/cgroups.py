@@ -221,13 +221,26 @@ def create(containment: Containment, job_id: str, epoch: int) -> str | None:
             kill(path)  # a leftover of this very run (an agent crash before it was removed)
             return path
         except FileNotFoundError:
-            # Another agent's start-up sweep removed our (then empty) base: make it again.
+            # Another agent's start-up sweep removed our (then empty) base: make it again,
+            # with the controllers its runs had (their CPU and memory limits need them).
             with contextlib.suppress(OSError):
                 os.makedirs(containment.base, exist_ok=True)
+                if containment.method == V2:
+                    _enable_as_parent(containment.base)
         except OSError as e:
             log.warning("cannot create cgroup %s: %s", path, e)
             return None
     return None
+
+
+def _enable_as_parent(path: str) -> None:
+    """Enable in a v2 cgroup made again the controllers its parent enables for it, as
+    mgpu.agent.runlimits.enable_v2 had, from the parent down."""
+    for ctrl in _read(os.path.dirname(path), "cgroup.subtree_control").split():
+        try:
+            write(path, "cgroup.subtree_control", f"+{ctrl}")
+        except OSError as e:
+            log.debug("cannot enable %s in %s again: %s", ctrl, path, e)
 
 
 def enter(path: str, pid: int) -> bool:
