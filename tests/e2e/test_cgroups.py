@@ -8,6 +8,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -117,6 +118,25 @@ def test_a_v2_base_made_again_enables_its_runs_controllers_again(
     assert writes == [
         (str(base), "cgroup.subtree_control", f"+{c}") for c in ("cpuset", "cpu", "memory")
     ]
+
+
+def test_a_run_dir_is_made_again_when_its_base_goes_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neighbour agent's start-up removes this agent's empty directory just as a run's
+    limit cgroup is being made in it: the launch was refused (a retry spent)."""
+    base = tmp_path / "mgpu" / "n1-abc"
+    base.mkdir(parents=True)
+    mkdir, removed = os.mkdir, []
+
+    def neighbour_sweeps_first(path: Any, *args: Any, **kw: Any) -> None:
+        if not removed and str(path) == str(base / "7.1"):
+            removed.append(cgroups.release(str(base)))
+        mkdir(path, *args, **kw)
+
+    monkeypatch.setattr(os, "mkdir", neighbour_sweeps_first)
+    cgroups.make_run_dir(str(base / "7.1"))
+    assert removed == [True] and (base / "7.1").is_dir()
 
 
 def test_agent_key_is_per_node_and_spool(tmp_path: Path) -> None:

@@ -208,6 +208,19 @@ def make_base(base: str, needed: str, prepare: Callable[[], None] | None = None)
 # ---- one run ------------------------------------------------------------------------------
 
 
+def make_run_dir(path: str) -> None:
+    """Make a run's cgroup (v1 limits, device rules) and the agent's directory above it,
+    which a neighbour agent's start-up may remove, empty, at that very moment (`sweep`):
+    made again then.  One left by this very run (an agent crash) is reused."""
+    for _ in range(_REMADE - 1):
+        try:
+            os.makedirs(path, exist_ok=True)
+            return
+        except FileNotFoundError:
+            continue
+    os.makedirs(path, exist_ok=True)
+
+
 def create(containment: Containment, job_id: str, epoch: int) -> str | None:
     """A fresh cgroup for one run (None: none, use the process tree)."""
     if containment.base is None:
@@ -380,6 +393,7 @@ __all__ = [
     "enter",
     "kill",
     "make_base",
+    "make_run_dir",
     "pids",
     "populated",
     "release",

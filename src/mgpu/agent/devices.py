@@ -287,7 +287,7 @@ def apply(
     assert iso.base is not None
     path = os.path.join(iso.base, cgroups.run_name(job_id, epoch))
     try:
-        os.makedirs(path, exist_ok=True)  # one left by this very run (an agent crash): reused
+        cgroups.make_run_dir(path)
         for rule in v1_rules(deny):
             cgroups.write(path, "devices.deny", rule)
     except OSError as e:

@@ -242,7 +242,7 @@ def _run_dir(
             raise OSError(f"no cgroup of its own for its {ctrl} limits")
         return run
     path = os.path.join(where.base, cgroups.run_name(job_id, epoch))
-    os.makedirs(path, exist_ok=True)  # one left by this very run (an agent crash): reused
+    cgroups.make_run_dir(path)
     made.join.append(path)
     return path
 
