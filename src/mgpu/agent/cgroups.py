@@ -33,7 +33,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,11 +249,17 @@ def create(containment: Containment, job_id: str, epoch: int) -> str | None:
 def _enable_as_parent(path: str) -> None:
     """Enable in a v2 cgroup made again the controllers its parent enables for it, as
     mgpu.agent.runlimits.enable_v2 had, from the parent down."""
-    for ctrl in _read(os.path.dirname(path), "cgroup.subtree_control").split():
+    enable(path, _read(os.path.dirname(path), "cgroup.subtree_control").split())
+
+
+def enable(path: str, controllers: Iterable[str]) -> None:
+    """Enable v2 `controllers` for the children of `path`, each where the kernel lets it
+    (one that it refuses is left off; the caller sees which are on)."""
+    for ctrl in controllers:
         try:
             write(path, "cgroup.subtree_control", f"+{ctrl}")
         except OSError as e:
-            log.debug("cannot enable %s in %s again: %s", ctrl, path, e)
+            log.debug("cannot enable %s in %s: %s", ctrl, path, e)
 
 
 def enter(path: str, pid: int) -> bool:
@@ -390,6 +396,7 @@ __all__ = [
     "candidates",
     "choose",
     "create",
+    "enable",
     "enter",
     "kill",
     "make_base",

@@ -152,12 +152,7 @@ def enable_v2(base: str, wanted: Sequence[str]) -> list[str]:
     for path in (top, os.path.dirname(base), base):
         have = _words(path, "cgroup.controllers")
         on = _words(path, "cgroup.subtree_control")
-        for ctrl in wanted:
-            if ctrl in have and ctrl not in on:
-                try:
-                    cgroups.write(path, "cgroup.subtree_control", f"+{ctrl}")
-                except OSError as e:
-                    log.debug("cannot enable %s in %s: %s", ctrl, path, e)
+        cgroups.enable(path, [c for c in wanted if c in have and c not in on])
     on = _words(base, "cgroup.subtree_control")
     return [c for c in wanted if c in on]
 
