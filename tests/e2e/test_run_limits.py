@@ -242,12 +242,12 @@ def test_a_neighbour_starting_beside_an_agent_does_not_cost_it_its_limits(
     access, raced = os.access, set()
 
     def neighbour_sweeps_first(path: Any, mode: int, **kw: Any) -> bool:
-        for base in set(bases.values()) - raced:
-            if str(path).startswith(base + "/"):
+        for ctrl, base in bases.items():
+            if base not in raced and str(path).startswith(base + "/"):
                 raced.add(base)
                 theirs = os.path.join(os.path.dirname(base), neighbour)
                 os.makedirs(theirs, exist_ok=True)
-                cgroups.sweep(cgroups.Containment(cgroups.V1_FREEZER, theirs), set())
+                runlimits.sweep(runlimits.Limits({ctrl: runlimits.Hierarchy(1, theirs)}), set())
                 assert not os.path.isdir(base)  # the race staged: this agent's is gone
         return access(path, mode, **kw)
 

@@ -161,19 +161,28 @@ def test_scontrol_show_job(sides: tuple[Side, Side], name: str) -> None:
     _check(_compare_dicts("scontrol", fields[0], fields[1]))
 
 
+def _cancelled_ids(side: Side) -> str:
+    """The jobs the next test cancels (runner, held), as sacct's `-j` takes them."""
+    return f"{side.ids['runner']},{side.ids['held']}"
+
+
+def _cancelled_jobs(side: Side, field: str) -> list[str] | None:
+    """One sacct field of the jobs the next test cancels, a line each; None where sacct
+    failed."""
+    res = side.system.run("sacct", "-X", "-n", "-P", "-o", field, "-j", _cancelled_ids(side))
+    return res.stdout.splitlines() if res.returncode == 0 else None
+
+
 def test_scancel_then_sacct_with_field_prefixes(sides: tuple[Side, Side]) -> None:
     """sacct matches field names by prefix in any case (`time` is Timelimit)."""
     for side in sides:
         # Slurm's controller sends a pending job to its accounting store in the background;
         # one cancelled before that is stored from the cancel alone (named "allocation", no
         # partition, no time limit: seen once in a run).  Compared once each has both.
-        ids = f"{side.ids['runner']},{side.ids['held']}"
-
-        def stored(side: Side = side, ids: str = ids) -> bool:
-            res = side.system.run("sacct", "-X", "-n", "-P", "-o", "JobName", "-j", ids)
-            return res.returncode == 0 and sorted(res.stdout.split()) == ["held", "runner"]
-
-        _until(stored, "the accounting store to have both jobs")
+        _until(
+            lambda side=side: sorted(_cancelled_jobs(side, "JobName") or []) == ["held", "runner"],
+            "the accounting store to have both jobs",
+        )
     for side in sides:
         side.system.check("scancel", side.ids["runner"], side.ids["held"])
     for side in sides:
@@ -184,13 +193,12 @@ def test_scancel_then_sacct_with_field_prefixes(sides: tuple[Side, Side]) -> Non
     fmt = "--format=User%20,JobID,Jobname%40,partition,state,time,start,nodelist,exitcode"
     outputs = []
     for side in sides:
-        ids = f"{side.ids['runner']},{side.ids['held']}"
+        ids = _cancelled_ids(side)
 
-        def accounted(side: Side = side, ids: str = ids) -> bool:
-            res = side.system.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", ids)
-            states = res.stdout.splitlines()
+        def accounted(side: Side = side) -> bool:
+            states = _cancelled_jobs(side, "State")
             return (
-                res.returncode == 0
+                states is not None
                 and len(states) == 2
                 and all(t.startswith("CANCELLED") for t in states)
             )
